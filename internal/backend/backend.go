@@ -1,0 +1,106 @@
+// Package backend defines the interface every sandbox backend (container,
+// fncall, microvm, fullvm) implements. The daemon only talks to this
+// interface; the shared conformance suite in backend/conformance checks
+// that a backend honours it.
+package backend
+
+import (
+	"context"
+	"io"
+	"syscall"
+	"time"
+)
+
+// Spec is everything a backend needs to create one sandbox. The daemon
+// resolves images to layers and validates limits before calling Create.
+type Spec struct {
+	ID       string
+	Hostname string
+	// Layers are read-only lower layers, top-most first, as host paths to
+	// directories (EROFS mounts arrive as directories too).
+	Layers []string
+	// Limits. Zero means "no limit" for memory and pids, and "no quota"
+	// for CPU.
+	CPUMillis   int64 // 1000 = one core
+	MemoryBytes int64
+	PidsMax     int64
+	// Defaults applied to every process started in the sandbox.
+	Env     []string
+	Workdir string
+}
+
+// Backend creates sandboxes and re-adopts them after a daemon restart.
+type Backend interface {
+	Name() string
+	// Create builds and starts a sandbox. On error nothing is left behind.
+	Create(ctx context.Context, spec Spec) (Sandbox, error)
+	// Adopt reattaches to a sandbox created by an earlier daemon from the
+	// state it returned. If the sandbox is gone, Adopt releases whatever is
+	// left of it and returns an error of category NotFound.
+	Adopt(ctx context.Context, id string, state []byte) (Sandbox, error)
+	// Sweep removes every resource of this backend that belongs to no id
+	// in keep: orphans of a crash between create steps.
+	Sweep(ctx context.Context, keep map[string]bool) error
+}
+
+// Sandbox is one live sandbox.
+type Sandbox interface {
+	ID() string
+	// State is an opaque blob the daemon persists so that Adopt can find
+	// the sandbox again after a restart.
+	State() []byte
+	// Root is a host path of the sandbox's root filesystem, or "" where
+	// the filesystem is not reachable from the host (VM backends): file
+	// operations then go through Start.
+	Root() string
+	// Start starts a process in the sandbox.
+	Start(ctx context.Context, p ProcSpec) (Process, error)
+	// Done is closed when the sandbox stops on its own (its init died).
+	Done() <-chan struct{}
+	// Stats reads resource use; counters are cumulative.
+	Stats() (Stats, error)
+	// Destroy stops every process and releases every resource. It is
+	// idempotent and safe after the sandbox died.
+	Destroy(ctx context.Context) error
+}
+
+// ProcSpec describes a process to start.
+type ProcSpec struct {
+	Argv []string
+	Env  []string // full environment; the daemon merges the sandbox defaults
+	Cwd  string
+	UID  uint32
+	GID  uint32
+	// Which standard streams to connect. Unconnected streams are /dev/null.
+	Stdin, Stdout, Stderr bool
+}
+
+// Process is a running process in a sandbox. Its streams are nil when not
+// requested in the ProcSpec.
+type Process interface {
+	Pid() int // pid inside the sandbox
+	Stdin() io.WriteCloser
+	Stdout() io.ReadCloser
+	Stderr() io.ReadCloser
+	// Signal sends sig to the process, or to its whole process group.
+	Signal(sig syscall.Signal, group bool) error
+	// Wait blocks until the process exits.
+	Wait() (ExitStatus, error)
+	// Close releases the handle; a process still running is killed with
+	// its process group.
+	Close() error
+}
+
+// ExitStatus is how a process ended.
+type ExitStatus struct {
+	Code   int            // exit code, or -1 when killed by a signal
+	Signal syscall.Signal // the killing signal, or 0
+}
+
+// Stats are resource counters of a sandbox.
+type Stats struct {
+	MemoryBytes uint64 // current usage
+	OOMKills    uint64 // cumulative count of OOM kills in the sandbox
+	CPUUsage    time.Duration
+	Pids        uint64
+}
