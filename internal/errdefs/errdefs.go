@@ -53,10 +53,14 @@ type catErr struct {
 	cat Category
 	msg string
 	err error
+	// whole is set when msg already includes err's text (New with %w).
+	whole bool
 }
 
 func (e *catErr) Error() string {
 	switch {
+	case e.whole:
+		return e.msg
 	case e.msg != "" && e.err != nil:
 		return e.msg + ": " + e.err.Error()
 	case e.msg != "":
@@ -78,7 +82,7 @@ func (e *catErr) Is(target error) bool {
 // New returns an error of category c with a formatted message. %w verbs wrap.
 func New(c Category, format string, args ...any) error {
 	wrapped := fmt.Errorf(format, args...)
-	return &catErr{cat: c, msg: wrapped.Error(), err: errors.Unwrap(wrapped)}
+	return &catErr{cat: c, msg: wrapped.Error(), err: errors.Unwrap(wrapped), whole: true}
 }
 
 // Wrap attaches category c to err with a message; nil stays nil.
