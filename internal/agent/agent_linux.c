@@ -1,0 +1,789 @@
+//go:build linux && cgo
+
+/*
+ * warren-init: the PID 1 of every sandbox. It reaps zombies and starts
+ * processes on request from the host. It runs from an ELF constructor of
+ * the warren binary before the Go runtime exists (the way runc's nsenter
+ * does), so an idle agent costs a few hundred KB instead of a Go heap and
+ * its threads. See doc.go for the wire protocol.
+ *
+ * Design: single-threaded epoll loop over the listening socket, a
+ * signalfd for SIGCHLD, one socket per client connection and, while a
+ * process is starting, the read end of its exec-status pipe. Memory is a
+ * small malloc'd record per connection plus the EXEC payload until fork.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <link.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+
+#define AGENT_ENV "_WARREN_AGENT_FD"
+#define PROTO_VERSION 1
+#define MAX_PAYLOAD (4u << 20)
+#define HDR_LEN 5
+#define INLINE_PAYLOAD 64 /* PING and SIGNAL frames never touch malloc */
+#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+enum { W_LISTEN, W_SIGNAL, W_SOCK, W_PIPE };
+enum { C_IDLE, C_STARTING, C_RUNNING };
+
+struct conn;
+
+/* What an epoll event points at; a conn embeds one per fd it watches. */
+struct watch {
+	int kind;
+	struct conn *c;
+};
+
+struct conn {
+	struct watch wsock, wpipe;
+	int fd;      /* client socket, -1 once closed */
+	int pipefd;  /* exec-status pipe while C_STARTING, else -1 */
+	pid_t pid;   /* 0 until forked */
+	int state;
+	int reaped, status, released;
+	int bad;     /* protocol violation seen while receiving fds */
+	/* frame being received */
+	uint8_t hdr[HDR_LEN];
+	uint32_t hgot, plen, pgot;
+	uint8_t *payload;
+	uint8_t inl[INLINE_PAYLOAD];
+	int fds[3], nfds; /* SCM_RIGHTS fds received with the frame */
+	struct conn *prev, *next; /* all live conns, for pid lookup */
+	struct conn *dead;        /* freed at the end of an epoll batch */
+};
+
+/* Sent by the child through the CLOEXEC pipe when a setup step fails. */
+struct child_err {
+	int32_t err;
+	char step[12];
+};
+
+static int epfd = -1, lfd = -1, sfd = -1;
+static struct watch wlisten = {W_LISTEN, NULL}, wsignal = {W_SIGNAL, NULL};
+static struct conn *conns, *dead_conns;
+static uint32_t nrunning;
+static int listen_paused;
+static struct rlimit orig_nofile;
+static int have_nofile;
+
+static void fatal(const char *what)
+{
+	/* The only output the agent ever writes: it is about to die. */
+	const char *e = strerror(errno);
+	struct iovec iov[] = {
+		{(void *)"warren-init: ", 13}, {(void *)what, strlen(what)},
+		{(void *)": ", 2},            {(void *)e, strlen(e)},
+		{(void *)"\n", 1},
+	};
+	(void)!writev(2, iov, 5);
+	_exit(1);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	p[0] = v;
+	p[1] = v >> 8;
+	p[2] = v >> 16;
+	p[3] = v >> 24;
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* ---- replies ---------------------------------------------------------- */
+
+/* Replies are tiny; a full socket buffer means the client stopped reading,
+ * which we treat as a broken connection rather than buffering. */
+static int send_frame(struct conn *c, uint8_t type, const uint8_t *p, uint32_t n)
+{
+	uint8_t buf[HDR_LEN + 32];
+	if (c->fd < 0 || n > sizeof(buf) - HDR_LEN)
+		return -1;
+	put32(buf, n);
+	buf[4] = type;
+	memcpy(buf + HDR_LEN, p, n);
+	ssize_t w = send(c->fd, buf, HDR_LEN + n, MSG_NOSIGNAL | MSG_DONTWAIT);
+	return w == (ssize_t)(HDR_LEN + n) ? 0 : -1;
+}
+
+static void send_failed(struct conn *c, int err, const char *step)
+{
+	uint8_t p[4 + sizeof(((struct child_err *)0)->step)];
+	size_t n = strnlen(step, sizeof(p) - 5);
+	put32(p, (uint32_t)err);
+	memcpy(p + 4, step, n);
+	p[4 + n] = 0;
+	send_frame(c, 'F', p, 4 + n + 1);
+}
+
+/* ---- connection lifecycle --------------------------------------------- */
+
+static void resume_listen(void)
+{
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &wlisten};
+	if (listen_paused && epoll_ctl(epfd, EPOLL_CTL_ADD, lfd, &ev) == 0)
+		listen_paused = 0;
+}
+
+static void close_fds(struct conn *c)
+{
+	for (int i = 0; i < c->nfds; i++)
+		close(c->fds[i]);
+	c->nfds = 0;
+}
+
+static void reset_frame(struct conn *c)
+{
+	if (c->payload && c->payload != c->inl)
+		free(c->payload);
+	c->payload = NULL;
+	c->hgot = c->plen = c->pgot = 0;
+	close_fds(c);
+	c->bad = 0;
+}
+
+/* Unlink now, free after the epoll batch: later events of the same batch
+ * may still point at this conn (they see fd == -1 and skip it). */
+static void release(struct conn *c)
+{
+	if (c->released)
+		return;
+	c->released = 1;
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	c->dead = dead_conns;
+	dead_conns = c;
+}
+
+/* Close the client side of c. kill_it: the client can no longer observe
+ * the process, so it dies with its process group (cancellation = close).
+ * The record stays until the process is reaped, to keep the pid known. */
+static void drop(struct conn *c, int kill_it)
+{
+	if (c->fd >= 0) {
+		close(c->fd);
+		c->fd = -1;
+	}
+	if (c->pipefd >= 0) {
+		close(c->pipefd);
+		c->pipefd = -1;
+	}
+	reset_frame(c);
+	if (c->pid > 0 && !c->reaped) {
+		if (kill_it) {
+			kill(-c->pid, SIGKILL);
+			/* before setsid() in the child there is no group yet */
+			kill(c->pid, SIGKILL);
+		}
+	} else {
+		release(c);
+	}
+	resume_listen();
+}
+
+/* Discard unread input before close: unread data makes close() reset the
+ * peer, and it may carry fds that would otherwise stay in flight. */
+static void drain(int fd)
+{
+	static uint8_t buf[4096];
+	char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+	for (int i = 0; i < 16; i++) {
+		struct iovec iov = {buf, sizeof(buf)};
+		struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1,
+				   .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+		if (recvmsg(fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) <= 0)
+			return;
+		for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
+			if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+				continue;
+			int *fds = (int *)CMSG_DATA(h);
+			for (size_t k = 0; k < (h->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++)
+				close(fds[k]);
+		}
+	}
+}
+
+static void fail(struct conn *c, int err, const char *step)
+{
+	send_failed(c, err, step);
+	if (c->fd >= 0)
+		drain(c->fd);
+	drop(c, 1);
+}
+
+static void send_exited(struct conn *c)
+{
+	uint8_t p[8];
+	int st = c->status;
+	put32(p, WIFEXITED(st) ? (uint32_t)WEXITSTATUS(st) : (uint32_t)-1);
+	put32(p + 4, WIFSIGNALED(st) ? (uint32_t)WTERMSIG(st) : 0);
+	send_frame(c, 'X', p, sizeof(p));
+	if (c->fd >= 0)
+		drain(c->fd);
+}
+
+/* The exec-status pipe has data (a setup step failed) or EOF (exec
+ * succeeded, or the child died, which reap() handles). */
+static void finish_start(struct conn *c)
+{
+	struct child_err ce;
+	ssize_t n = read(c->pipefd, &ce, sizeof(ce));
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	close(c->pipefd);
+	c->pipefd = -1;
+	if (n != 0) {
+		if (n != (ssize_t)sizeof(ce)) {
+			ce.err = n < 0 ? errno : EIO;
+			strcpy(ce.step, "exec");
+		}
+		ce.step[sizeof(ce.step) - 1] = 0;
+		send_failed(c, ce.err, ce.step);
+		drop(c, 1);
+		return;
+	}
+	c->state = C_RUNNING;
+	uint8_t p[4];
+	put32(p, (uint32_t)c->pid);
+	if (send_frame(c, 'R', p, 4) < 0)
+		drop(c, 1);
+}
+
+static void reap(void)
+{
+	struct signalfd_siginfo si;
+	while (read(sfd, &si, sizeof(si)) == sizeof(si))
+		;
+	for (;;) {
+		int st;
+		pid_t pid = waitpid(-1, &st, WNOHANG);
+		if (pid <= 0)
+			return;
+		struct conn *c = conns;
+		while (c && c->pid != pid)
+			c = c->next;
+		if (!c)
+			continue; /* an orphan reparented to us: reaped silently */
+		nrunning--;
+		c->reaped = 1;
+		c->status = st;
+		if (c->pipefd >= 0)
+			finish_start(c); /* the child is gone: read cannot block */
+		if (c->fd >= 0 && c->state == C_RUNNING)
+			send_exited(c);
+		drop(c, 0);
+	}
+}
+
+/* ---- child ------------------------------------------------------------ */
+
+static void __attribute__((noreturn)) child_fail(int errfd, const char *step)
+{
+	struct child_err ce = {.err = errno};
+	strncpy(ce.step, step, sizeof(ce.step) - 1);
+	(void)!write(errfd, &ce, sizeof(ce));
+	_exit(127);
+}
+
+static const char *env_path(char **envp)
+{
+	for (; *envp; envp++)
+		if (strncmp(*envp, "PATH=", 5) == 0)
+			return *envp + 5;
+	return DEFAULT_PATH;
+}
+
+/* execvpe() semantics, but with PATH from the request env, and without
+ * the /bin/sh fallback on ENOEXEC (the client gets a clear error). */
+static void __attribute__((noreturn)) exec_path(char **argv, char **envp, int errfd)
+{
+	const char *file = argv[0];
+	if (strchr(file, '/')) {
+		execve(file, argv, envp);
+		child_fail(errfd, "exec");
+	}
+	char buf[4096];
+	size_t flen = strlen(file);
+	int eacces = 0;
+	for (const char *p = env_path(envp);; p++) {
+		const char *end = strchrnul(p, ':');
+		size_t dlen = end - p;
+		if (dlen + flen + 2 <= sizeof(buf)) {
+			/* an empty PATH element means the working directory */
+			size_t off = 0;
+			if (dlen) {
+				memcpy(buf, p, dlen);
+				buf[dlen] = '/';
+				off = dlen + 1;
+			}
+			memcpy(buf + off, file, flen + 1);
+			execve(buf, argv, envp);
+			switch (errno) {
+			case EACCES:
+				eacces = 1;
+				break;
+			case ENOENT: case ENOTDIR: case ESTALE: case ENODEV: case ETIMEDOUT:
+				break;
+			default:
+				child_fail(errfd, "exec");
+			}
+		}
+		if (!*end)
+			break;
+		p = end;
+	}
+	errno = eacces ? EACCES : ENOENT;
+	child_fail(errfd, "exec");
+}
+
+/* close_range() needs Linux 5.9 and may be filtered by seccomp: fall back
+ * to closing one by one up to the fd limit. */
+static void close_between(unsigned int lo, unsigned int hi)
+{
+	if (lo > hi || close_range(lo, hi, 0) == 0)
+		return;
+	struct rlimit r;
+	unsigned int max = 1u << 20; /* the kernel's default nr_open */
+	if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < max)
+		max = r.rlim_cur;
+	for (unsigned int fd = lo; fd <= hi && fd < max; fd++)
+		close(fd);
+}
+
+/* Runs in the forked child; never returns. Every step that can fail
+ * reports (errno, step) on errfd, which the agent turns into FAILED. */
+static void __attribute__((noreturn)) child(struct conn *c, int errfd)
+{
+	const uint8_t *p = c->payload;
+	uint32_t flags = get32(p), argc = get32(p + 12), envc = get32(p + 16);
+	uid_t uid = get32(p + 4);
+	gid_t gid = get32(p + 8);
+
+	/* The agent blocks everything; the program must start pristine. */
+	struct sigaction sa = {.sa_handler = SIG_DFL};
+	for (int s = 1; s < NSIG; s++)
+		sigaction(s, &sa, NULL); /* fails harmlessly for KILL, STOP, glibc's own */
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+
+	/* errfd must survive the dup2s onto 0-2 below */
+	if (errfd < 3 && (errfd = fcntl(errfd, F_DUPFD_CLOEXEC, 3)) < 0)
+		_exit(127);
+
+	/* Own session and group, so pgid == pid and group signals reach
+	 * everything the program forks. */
+	if (setsid() < 0)
+		child_fail(errfd, "setsid");
+	/* A user namespace with setgroups "deny" refuses this; fine if we
+	 * already have no supplementary groups. */
+	if (setgroups(0, NULL) < 0 && !(errno == EPERM && getgroups(0, NULL) == 0))
+		child_fail(errfd, "setgroups");
+	if (setgid(gid) < 0)
+		child_fail(errfd, "setgid");
+	if (setuid(uid) < 0)
+		child_fail(errfd, "setuid");
+
+	const char *cwd = (const char *)p + 20;
+	if (chdir(*cwd ? cwd : "/") < 0)
+		child_fail(errfd, "chdir");
+
+	/* Standard streams. Passed fds first move above 2 so that dup2 onto
+	 * 0-2 cannot clobber one another. */
+	int src[3] = {-1, -1, -1};
+	for (int i = 0, k = 0; i < 3; i++) {
+		if (!(flags & (1u << i)))
+			continue;
+		src[i] = c->fds[k++];
+		if (src[i] < 3 && (src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3)) < 0)
+			child_fail(errfd, "stdio");
+	}
+	for (int i = 0; i < 3; i++) {
+		if (src[i] >= 0) {
+			if (dup2(src[i], i) < 0)
+				child_fail(errfd, "stdio");
+			continue;
+		}
+		int n = open("/dev/null", O_RDWR);
+		if (n < 0) {
+			close(i); /* no /dev/null in this root: leave the stream closed */
+		} else if (n != i) {
+			if (dup2(n, i) < 0)
+				child_fail(errfd, "stdio");
+			close(n);
+		}
+	}
+
+	/* Everything else goes: the listen socket, signalfd, epoll fd, other
+	 * clients' sockets and fds. Only errfd (CLOEXEC) stays until exec. */
+	close_between(3, errfd - 1);
+	close_between(errfd + 1, ~0u);
+
+	/* The agent raised its own fd limit; the program gets the original. */
+	if (have_nofile)
+		setrlimit(RLIMIT_NOFILE, &orig_nofile);
+
+	/* Strings were validated by the agent before fork. */
+	char **argv = malloc((argc + 1) * sizeof(char *));
+	char **envp = malloc((envc + 1) * sizeof(char *));
+	if (!argv || !envp)
+		child_fail(errfd, "memory");
+	const char *s = cwd + strlen(cwd) + 1;
+	for (uint32_t i = 0; i < argc; i++, s += strlen(s) + 1)
+		argv[i] = (char *)s;
+	argv[argc] = NULL;
+	for (uint32_t i = 0; i < envc; i++, s += strlen(s) + 1)
+		envp[i] = (char *)s;
+	envp[envc] = NULL;
+	exec_path(argv, envp, errfd);
+}
+
+/* ---- memory --------------------------------------------------------- */
+
+/* Drop our mappings of the binary's read-only segments once startup is
+ * over. The agent lives inside a multi-megabyte binary, and the kernel maps
+ * 64 KiB around every page fault, so startup code (glibc init, ifunc
+ * resolution) leaves ~1 MiB of text mapped that the loop never runs again.
+ * The pages stay in the shared page cache; only our PTEs go, and the loop
+ * faults back what it uses. Never applied to writable segments, whose
+ * private copies MADV_DONTNEED would discard. */
+static int trim_segments(struct dl_phdr_info *info, size_t size, void *data)
+{
+	(void)size;
+	(void)data;
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type != PT_LOAD || (ph->p_flags & PF_W))
+			continue;
+		uintptr_t start = (info->dlpi_addr + ph->p_vaddr) & ~(pg - 1);
+		uintptr_t end = info->dlpi_addr + ph->p_vaddr + ph->p_memsz;
+		madvise((void *)start, end - start, MADV_DONTNEED);
+	}
+	return 1; /* the main program is all there is in a static binary */
+}
+
+/* ---- requests --------------------------------------------------------- */
+
+/* An EXEC payload is five u32 then exactly 1 (cwd) + argc + envc
+ * NUL-terminated strings, with nothing after and a non-empty argv[0]; the
+ * attached fds match the flags. */
+static int exec_valid(const struct conn *c)
+{
+	const uint8_t *p = c->payload;
+	uint32_t n = c->plen;
+	if (c->state != C_IDLE || n < 21)
+		return 0;
+	uint32_t flags = get32(p), argc = get32(p + 12), envc = get32(p + 16);
+	if ((flags & ~7u) || __builtin_popcount(flags) != c->nfds || argc == 0)
+		return 0;
+	uint64_t strings = 0;
+	uint32_t start = 20, argv0 = 0;
+	for (uint32_t i = 20; i < n; i++) {
+		if (p[i])
+			continue;
+		if (strings == 1)
+			argv0 = i - start;
+		strings++;
+		start = i + 1;
+	}
+	return strings == 1 + (uint64_t)argc + envc && p[n - 1] == 0 && argv0 > 0;
+}
+
+static void start_exec(struct conn *c)
+{
+	if (!exec_valid(c)) {
+		fail(c, EINVAL, "proto");
+		return;
+	}
+	int pp[2];
+	if (pipe2(pp, O_CLOEXEC | O_NONBLOCK) < 0) {
+		fail(c, errno, "pipe");
+		return;
+	}
+	pid_t pid = fork();
+	if (pid < 0) {
+		int e = errno;
+		close(pp[0]);
+		close(pp[1]);
+		fail(c, e, "fork");
+		return;
+	}
+	if (pid == 0) {
+		close(pp[0]);
+		child(c, pp[1]);
+	}
+	close(pp[1]);
+	reset_frame(c); /* frees the payload and our copies of the fds */
+	c->pid = pid;
+	c->pipefd = pp[0];
+	c->state = C_STARTING;
+	nrunning++;
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &c->wpipe};
+	if (epoll_ctl(epfd, EPOLL_CTL_ADD, c->pipefd, &ev) < 0)
+		fail(c, errno, "epoll");
+}
+
+/* Act on the complete frame in c. Anything unexpected fails the
+ * connection (and so kills its process). */
+static void handle_frame(struct conn *c)
+{
+	uint8_t type = c->hdr[4];
+	if (c->bad || (type != 'E' && c->nfds)) {
+		fail(c, EINVAL, "proto");
+		return;
+	}
+	if (type == 'E') {
+		start_exec(c); /* consumes the frame or drops the connection */
+		return;
+	}
+	if (type == 'P' && c->plen == 0) {
+		uint8_t p[8];
+		put32(p, PROTO_VERSION);
+		put32(p + 4, nrunning);
+		if (send_frame(c, 'p', p, 8) < 0) {
+			drop(c, 1);
+			return;
+		}
+	} else if (type == 'S' && c->plen == 5 && c->state != C_IDLE) {
+		/* The pid is ours until reaped, so it cannot name a stranger.
+		 * No reply: signalling a process that just exited is a no-op. */
+		if (!c->reaped)
+			kill(c->payload[4] ? -c->pid : c->pid, (int)get32(c->payload));
+	} else {
+		fail(c, EINVAL, "proto");
+		return;
+	}
+	reset_frame(c);
+}
+
+/* recv into buf, collecting any SCM_RIGHTS fds into c->fds. */
+static ssize_t recv_fds(struct conn *c, void *buf, size_t len)
+{
+	char cbuf[CMSG_SPACE(sizeof(int) * 4)]; /* one spare slot detects abuse */
+	struct iovec iov = {buf, len};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1,
+			   .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+	ssize_t n = recvmsg(c->fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	if (n < 0)
+		return n;
+	for (struct cmsghdr *h = CMSG_FIRSTHDR(&m); h; h = CMSG_NXTHDR(&m, h)) {
+		if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
+			continue;
+		int *fds = (int *)CMSG_DATA(h);
+		for (size_t k = 0; k < (h->cmsg_len - CMSG_LEN(0)) / sizeof(int); k++) {
+			if (c->nfds < 3) {
+				c->fds[c->nfds++] = fds[k];
+			} else {
+				close(fds[k]);
+				c->bad = 1;
+			}
+		}
+	}
+	if (m.msg_flags & MSG_CTRUNC)
+		c->bad = 1;
+	return n;
+}
+
+/* Receive at most one frame per readiness event: level-triggered epoll
+ * brings us back, and other connections get their turn. */
+static void on_sock(struct conn *c)
+{
+	for (;;) {
+		uint8_t *dst;
+		size_t want;
+		if (c->hgot < HDR_LEN) {
+			dst = c->hdr + c->hgot;
+			want = HDR_LEN - c->hgot;
+		} else {
+			dst = c->payload + c->pgot;
+			want = c->plen - c->pgot;
+		}
+		if (want) {
+			ssize_t n = recv_fds(c, dst, want);
+			if (n < 0 && (errno == EAGAIN || errno == EINTR))
+				return;
+			if (n <= 0) {
+				drop(c, 1); /* client closed or broke: cancel */
+				return;
+			}
+			if (c->hgot < HDR_LEN) {
+				c->hgot += n;
+				if (c->hgot < HDR_LEN)
+					continue;
+				c->plen = get32(c->hdr);
+				if (c->plen > MAX_PAYLOAD) {
+					fail(c, EINVAL, "proto");
+					return;
+				}
+				c->payload = c->plen <= INLINE_PAYLOAD ? c->inl : malloc(c->plen);
+				if (!c->payload) {
+					fail(c, ENOMEM, "proto");
+					return;
+				}
+			} else {
+				c->pgot += n;
+			}
+		}
+		if (c->hgot == HDR_LEN && c->pgot == c->plen) {
+			handle_frame(c);
+			return;
+		}
+	}
+}
+
+static void on_listen(void)
+{
+	for (;;) {
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+				/* Stop polling the listener until a connection goes
+				 * away, instead of spinning on a level-triggered fd. */
+				if (epoll_ctl(epfd, EPOLL_CTL_DEL, lfd, NULL) == 0)
+					listen_paused = 1;
+			}
+			return;
+		}
+		struct conn *c = calloc(1, sizeof(*c));
+		struct epoll_event ev = {.events = EPOLLIN};
+		if (c) {
+			c->wsock = (struct watch){W_SOCK, c};
+			c->wpipe = (struct watch){W_PIPE, c};
+			c->fd = fd;
+			c->pipefd = -1;
+			ev.data.ptr = &c->wsock;
+		}
+		if (!c || epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+			close(fd);
+			free(c);
+			continue;
+		}
+		c->next = conns;
+		if (conns)
+			conns->prev = c;
+		conns = c;
+	}
+}
+
+static void __attribute__((noreturn)) agent_main(int fd)
+{
+	prctl(PR_SET_NAME, "warren-init", 0, 0, 0);
+	/* Sandbox processes may share our uid: keep them from ptracing us
+	 * or opening our fds through /proc/1/fd. */
+	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	/* Reap orphans even when we are not PID 1 (tests, nested setups). */
+	prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+	unsetenv(AGENT_ENV);
+
+	/* An inherited SIG_IGN for SIGCHLD would make children unwaitable. */
+	signal(SIGCHLD, SIG_DFL);
+	sigset_t all, chld;
+	sigfillset(&all);
+	sigprocmask(SIG_SETMASK, &all, NULL);
+	sigemptyset(&chld);
+	sigaddset(&chld, SIGCHLD);
+	if ((sfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC)) < 0)
+		fatal("signalfd");
+
+	int acc = 0;
+	socklen_t sl = sizeof(acc);
+	if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &sl) < 0 || !acc)
+		fatal("listen fd is not a listening socket");
+	lfd = fd;
+	if (fcntl(lfd, F_SETFD, FD_CLOEXEC) < 0 ||
+	    fcntl(lfd, F_SETFL, fcntl(lfd, F_GETFL) | O_NONBLOCK) < 0)
+		fatal("fcntl");
+
+	/* Each running process holds a socket (and a pipe while starting):
+	 * take the hard limit; children get the original back. */
+	if (getrlimit(RLIMIT_NOFILE, &orig_nofile) == 0) {
+		struct rlimit r = orig_nofile;
+		have_nofile = 1;
+		r.rlim_cur = r.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &r);
+	}
+
+	if ((epfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
+		fatal("epoll_create1");
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &wlisten};
+	if (epoll_ctl(epfd, EPOLL_CTL_ADD, lfd, &ev) < 0)
+		fatal("epoll_ctl");
+	ev.data.ptr = &wsignal;
+	if (epoll_ctl(epfd, EPOLL_CTL_ADD, sfd, &ev) < 0)
+		fatal("epoll_ctl");
+
+	reap(); /* zombies inherited from whoever exec'd us */
+	dl_iterate_phdr(trim_segments, NULL);
+	for (;;) {
+		struct epoll_event evs[32];
+		int n = epoll_wait(epfd, evs, 32, -1);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			fatal("epoll_wait");
+		}
+		for (int i = 0; i < n; i++) {
+			struct watch *w = evs[i].data.ptr;
+			switch (w->kind) {
+			case W_LISTEN:
+				on_listen();
+				break;
+			case W_SIGNAL:
+				reap();
+				break;
+			case W_SOCK:
+				if (w->c->fd >= 0)
+					on_sock(w->c);
+				break;
+			case W_PIPE:
+				if (w->c->pipefd >= 0)
+					finish_start(w->c);
+				break;
+			}
+		}
+		while (dead_conns) {
+			struct conn *c = dead_conns;
+			dead_conns = c->dead;
+			free(c);
+		}
+	}
+}
+
+/* Runs before the Go runtime starts. Without the env var this is an
+ * ordinary warren process and we return at once. */
+__attribute__((constructor)) static void warren_agent_init(void)
+{
+	const char *s = getenv(AGENT_ENV);
+	if (!s)
+		return;
+	char *end;
+	errno = 0;
+	long fd = strtol(s, &end, 10);
+	if (errno || end == s || *end || fd < 0 || fd > 1 << 20) {
+		errno = EINVAL;
+		fatal(AGENT_ENV);
+	}
+	agent_main((int)fd);
+}
