@@ -1,0 +1,449 @@
+// Package conformance is the test suite every sandbox backend must pass:
+// lifecycle, exec semantics, isolation, limits, death, restart adoption and
+// clean-up. A backend's own test calls Run with a Harness; the suite runs
+// against the real kernel, never a fake.
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// Harness adapts a backend to the suite.
+type Harness struct {
+	// New returns a backend instance. Called again with the same
+	// directories to simulate a daemon restart.
+	New func(t *testing.T) backend.Backend
+	// Layers returns the read-only layers of a busybox root.
+	Layers func(t *testing.T) []string
+	// Resources lists every host resource the backend's sandboxes can own
+	// (mounts, cgroups, directories, processes), as strings, so the suite
+	// can check that they return to baseline.
+	Resources func(t *testing.T) []string
+	// Kill kills a sandbox's init from the host, as a crash would.
+	Kill func(t *testing.T, sb backend.Sandbox)
+}
+
+var seq struct {
+	sync.Mutex
+	n int
+}
+
+func newID(prefix string) string {
+	seq.Lock()
+	defer seq.Unlock()
+	seq.n++
+	return fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), seq.n)
+}
+
+// Result is a finished process.
+type Result struct {
+	Stdout, Stderr string
+	Status         backend.ExitStatus
+}
+
+// Exec runs argv in sb with optional stdin and returns its output.
+func Exec(t *testing.T, sb backend.Sandbox, p backend.ProcSpec, stdin string) Result {
+	t.Helper()
+	r, err := TryExec(sb, p, stdin)
+	if err != nil {
+		t.Fatalf("exec %v: %v", p.Argv, err)
+	}
+	return r
+}
+
+// TryExec is Exec that returns the error.
+func TryExec(sb backend.Sandbox, p backend.ProcSpec, stdin string) (Result, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p.Stdout, p.Stderr = true, true
+	p.Stdin = stdin != ""
+	if p.Env == nil {
+		p.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	}
+	if p.Cwd == "" {
+		p.Cwd = "/"
+	}
+	proc, err := sb.Start(ctx, p)
+	if err != nil {
+		return Result{}, err
+	}
+	defer proc.Close()
+	if p.Stdin {
+		go func() {
+			_, _ = io.WriteString(proc.Stdin(), stdin)
+			proc.Stdin().Close()
+		}()
+	}
+	var out, errb bytes.Buffer
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _, _ = io.Copy(&out, proc.Stdout()) }()
+	go func() { defer wg.Done(); _, _ = io.Copy(&errb, proc.Stderr()) }()
+	st, err := proc.Wait()
+	wg.Wait()
+	return Result{Stdout: out.String(), Stderr: errb.String(), Status: st}, err
+}
+
+func sh(t *testing.T, sb backend.Sandbox, script string) Result {
+	t.Helper()
+	return Exec(t, sb, backend.ProcSpec{Argv: []string{"/bin/sh", "-c", script}}, "")
+}
+
+func create(t *testing.T, b backend.Backend, h Harness, mod func(*backend.Spec)) backend.Sandbox {
+	t.Helper()
+	spec := backend.Spec{ID: newID("conf"), Layers: h.Layers(t), MemoryBytes: 256 << 20, PidsMax: 256}
+	if mod != nil {
+		mod(&spec)
+	}
+	sb, err := b.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+	return sb
+}
+
+func diff(before, after []string) []string {
+	seen := map[string]int{}
+	for _, s := range before {
+		seen[s]++
+	}
+	var extra []string
+	for _, s := range after {
+		if seen[s] > 0 {
+			seen[s]--
+			continue
+		}
+		extra = append(extra, s)
+	}
+	sort.Strings(extra)
+	return extra
+}
+
+// checkNoLeaks fails t if the host holds more backend resources than at
+// baseline. Resources vanish asynchronously (a dying netns, a cgroup whose
+// last task is exiting), so it polls briefly.
+func checkNoLeaks(t *testing.T, h Harness, baseline []string) {
+	t.Helper()
+	var extra []string
+	for i := 0; i < 100; i++ {
+		extra = diff(baseline, h.Resources(t))
+		if len(extra) == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("leaked resources:\n%s", strings.Join(extra, "\n"))
+}
+
+// Run runs the whole suite.
+func Run(t *testing.T, h Harness) {
+	b := h.New(t)
+
+	t.Run("Lifecycle", func(t *testing.T) {
+		base := h.Resources(t)
+		sb := create(t, b, h, nil)
+		if r := sh(t, sb, "true"); r.Status.Code != 0 {
+			t.Fatalf("true: %+v", r)
+		}
+		select {
+		case <-sb.Done():
+			t.Fatal("Done closed while the sandbox is alive")
+		default:
+		}
+		if len(sb.State()) == 0 {
+			t.Fatal("empty State")
+		}
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Fatalf("second Destroy: %v", err)
+		}
+		checkNoLeaks(t, h, base)
+		if _, err := sb.Start(context.Background(), backend.ProcSpec{Argv: []string{"true"}}); err == nil {
+			t.Fatal("Start after Destroy succeeded")
+		}
+	})
+
+	t.Run("BadInput", func(t *testing.T) {
+		base := h.Resources(t)
+		_, err := b.Create(context.Background(), backend.Spec{ID: "../x", Layers: h.Layers(t)})
+		if !errors.Is(err, errdefs.ErrInvalid) {
+			t.Fatalf("bad id: got %v, want invalid", err)
+		}
+		_, err = b.Create(context.Background(), backend.Spec{ID: newID("nolayer")})
+		if !errors.Is(err, errdefs.ErrInvalid) {
+			t.Fatalf("no layers: got %v, want invalid", err)
+		}
+		_, err = b.Create(context.Background(), backend.Spec{ID: newID("missing"), Layers: []string{"/nonexistent/layer"}})
+		if err == nil {
+			t.Fatal("missing layer dir accepted")
+		}
+		sb := create(t, b, h, nil)
+		_, err = b.Create(context.Background(), backend.Spec{ID: sb.ID(), Layers: h.Layers(t)})
+		if !errors.Is(err, errdefs.ErrConflict) {
+			t.Fatalf("duplicate id: got %v, want conflict", err)
+		}
+		// The duplicate attempt must not have hurt the original.
+		if r := sh(t, sb, "echo ok"); r.Stdout != "ok\n" {
+			t.Fatalf("original sandbox broken after duplicate create: %+v", r)
+		}
+		_ = sb.Destroy(context.Background())
+		checkNoLeaks(t, h, base)
+	})
+
+	t.Run("ExecSemantics", func(t *testing.T) {
+		sb := create(t, b, h, func(s *backend.Spec) { s.Hostname = "box" })
+		cases := []struct {
+			name   string
+			p      backend.ProcSpec
+			stdin  string
+			stdout string
+			stderr string
+			code   int
+			sig    syscall.Signal
+		}{
+			{name: "exit code", p: backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "exit 3"}}, code: 3},
+			{name: "streams", p: backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "echo out; echo err >&2"}}, stdout: "out\n", stderr: "err\n"},
+			{name: "stdin", p: backend.ProcSpec{Argv: []string{"cat"}}, stdin: "hello\n", stdout: "hello\n"},
+			{name: "env", p: backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "echo $FOO"}, Env: []string{"PATH=/bin", "FOO=bar"}}, stdout: "bar\n"},
+			{name: "cwd", p: backend.ProcSpec{Argv: []string{"pwd"}, Cwd: "/tmp"}, stdout: "/tmp\n"},
+			{name: "uid", p: backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "id -u; id -g"}, UID: 65534, GID: 65534}, stdout: "65534\n65534\n"},
+			{name: "signal", p: backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "kill -9 $$"}}, code: -1, sig: syscall.SIGKILL},
+			{name: "hostname", p: backend.ProcSpec{Argv: []string{"hostname"}}, stdout: "box\n"},
+			{name: "pid namespace", p: backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "cat /proc/1/comm"}}, stdout: "warren-init\n"},
+		}
+		for _, c := range cases {
+			r := Exec(t, sb, c.p, c.stdin)
+			if r.Stdout != c.stdout || r.Stderr != c.stderr || r.Status.Code != c.code || r.Status.Signal != c.sig {
+				t.Errorf("%s: got %+v, want stdout %q stderr %q code %d sig %d", c.name, r, c.stdout, c.stderr, c.code, c.sig)
+			}
+		}
+		_, err := TryExec(sb, backend.ProcSpec{Argv: []string{"/no/such/binary"}}, "")
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("missing binary: got %v, want not_found", err)
+		}
+		_, err = TryExec(sb, backend.ProcSpec{Argv: []string{"true"}, Cwd: "/no/such/dir"}, "")
+		if !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("missing cwd: got %v, want invalid", err)
+		}
+	})
+
+	t.Run("CancelKillsProcessGroup", func(t *testing.T) {
+		sb := create(t, b, h, nil)
+		ctx := context.Background()
+		proc, err := sb.Start(ctx, backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "sleep 1000 & sleep 1000"}, Cwd: "/", Env: []string{"PATH=/bin"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return strings.Count(sh(t, sb, "ps -o comm").Stdout, "sleep") == 2 })
+		proc.Close()
+		waitFor(t, func() bool { return !strings.Contains(sh(t, sb, "ps -o comm").Stdout, "sleep") })
+	})
+
+	t.Run("Isolation", func(t *testing.T) {
+		sb := create(t, b, h, nil)
+		if r := sh(t, sb, "ls /sys/class/net"); strings.TrimSpace(r.Stdout) != "lo" {
+			t.Errorf("network interfaces: %q, want only lo", r.Stdout)
+		}
+		if r := sh(t, sb, "cat /sys/class/net/lo/operstate /sys/class/net/lo/flags"); !strings.Contains(r.Stdout, "0x9") {
+			t.Errorf("lo not up: %q", r.Stdout)
+		}
+		for _, f := range []string{"/proc/kcore", "/proc/timer_list", "/proc/sched_debug", "/proc/keys"} {
+			// Masked means empty; a kernel without the file is fine too.
+			if r := sh(t, sb, "[ ! -e "+f+" ] || wc -c < "+f); strings.TrimSpace(r.Stdout) != "" && strings.TrimSpace(r.Stdout) != "0" {
+				t.Errorf("%s not masked: %+v", f, r)
+			}
+		}
+		if r := sh(t, sb, "mknod /tmp/sda b 8 0"); r.Status.Code == 0 {
+			t.Error("mknod of a block device succeeded")
+		}
+		if r := sh(t, sb, "echo 1 > /proc/sys/vm/drop_caches"); r.Status.Code == 0 {
+			t.Error("/proc/sys is writable")
+		}
+		if r := sh(t, sb, "mount -t tmpfs none /mnt"); r.Status.Code == 0 {
+			t.Error("mount succeeded inside the sandbox")
+		}
+		if r := sh(t, sb, "ls /dev"); strings.Contains(r.Stdout, "sda") || strings.Contains(r.Stdout, "vda") || strings.Contains(r.Stdout, "mem") {
+			t.Errorf("/dev exposes host devices: %q", r.Stdout)
+		}
+		// init, sh, ls and wc at most: nothing of the host.
+		r := sh(t, sb, "ls -d /proc/[0-9]* | wc -l")
+		if n, err := strconv.Atoi(strings.TrimSpace(r.Stdout)); err != nil || n > 4 {
+			t.Errorf("sandbox sees %q processes, want at most 4", r.Stdout)
+		}
+	})
+
+	t.Run("HostRoot", func(t *testing.T) {
+		sb := create(t, b, h, nil)
+		root := sb.Root()
+		if root == "" {
+			t.Skip("backend has no host-visible root")
+		}
+		if err := os.WriteFile(filepath.Join(root, "tmp/hello"), []byte("hi"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if r := sh(t, sb, "cat /tmp/hello; echo x > /tmp/back"); r.Stdout != "hi" {
+			t.Fatalf("file written on host not seen inside: %+v", r)
+		}
+		if b, _ := os.ReadFile(filepath.Join(root, "tmp/back")); string(b) != "x\n" {
+			t.Fatalf("file written inside not seen on host: %q", b)
+		}
+		// The image's layers stay untouched.
+		for _, l := range h.Layers(t) {
+			if _, err := os.Stat(filepath.Join(l, "tmp/hello")); err == nil {
+				t.Fatal("write reached a read-only layer")
+			}
+		}
+	})
+
+	t.Run("MemoryLimit", func(t *testing.T) {
+		sb := create(t, b, h, func(s *backend.Spec) { s.MemoryBytes = 32 << 20 })
+		r := sh(t, sb, "x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo survived")
+		if r.Status.Signal != syscall.SIGKILL && r.Status.Code == 0 {
+			t.Fatalf("allocation beyond the memory limit was not killed: %+v", r)
+		}
+		st, err := sb.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.OOMKills == 0 {
+			t.Fatalf("OOMKills = 0 after an OOM kill (result %+v)", r)
+		}
+		// The sandbox survives its process being OOM-killed.
+		if r := sh(t, sb, "echo alive"); r.Stdout != "alive\n" {
+			t.Fatalf("sandbox unusable after OOM: %+v", r)
+		}
+	})
+
+	t.Run("PidsLimit", func(t *testing.T) {
+		sb := create(t, b, h, func(s *backend.Spec) { s.PidsMax = 16 })
+		r := sh(t, sb, "for i in $(seq 1 40); do sleep 30 & done 2>&1; wait")
+		if !strings.Contains(r.Stdout+r.Stderr, "fork") {
+			t.Fatalf("40 processes under pids.max=16 did not fail to fork: %+v", r)
+		}
+		st, _ := sb.Stats()
+		if st.Pids > 16 {
+			t.Fatalf("pids %d > limit 16", st.Pids)
+		}
+	})
+
+	t.Run("InitDies", func(t *testing.T) {
+		base := h.Resources(t)
+		sb := create(t, b, h, nil)
+		h.Kill(t, sb)
+		select {
+		case <-sb.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("Done not closed after init was killed")
+		}
+		if _, err := TryExec(sb, backend.ProcSpec{Argv: []string{"true"}}, ""); err == nil {
+			t.Fatal("exec into a dead sandbox succeeded")
+		}
+		if err := sb.Destroy(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		checkNoLeaks(t, h, base)
+	})
+
+	t.Run("AdoptAfterRestart", func(t *testing.T) {
+		base := h.Resources(t)
+		sb := create(t, b, h, nil)
+		sh(t, sb, "echo before > /tmp/f")
+		b2 := h.New(t)
+		sb2, err := b2.Adopt(context.Background(), sb.ID(), sb.State())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := sh(t, sb2, "cat /tmp/f"); r.Stdout != "before\n" {
+			t.Fatalf("adopted sandbox: %+v", r)
+		}
+		if err := sb2.Destroy(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		checkNoLeaks(t, h, base)
+		if _, err := b2.Adopt(context.Background(), sb.ID(), sb.State()); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("adopt of a destroyed sandbox: got %v, want not_found", err)
+		}
+	})
+
+	t.Run("SweepOrphans", func(t *testing.T) {
+		base := h.Resources(t)
+		keep := create(t, b, h, nil)
+		orphan := create(t, b, h, nil)
+		sh(t, orphan, "sleep 1000 >/dev/null 2>&1 & true")
+		keepSet := map[string]bool{keep.ID(): true}
+		// Subtests run one at a time, so no other sandbox of this suite is
+		// alive here and sweeping everything but keep is safe.
+		if err := h.New(t).Sweep(context.Background(), keepSet); err != nil {
+			t.Fatal(err)
+		}
+		if r := sh(t, keep, "echo kept"); r.Stdout != "kept\n" {
+			t.Fatalf("kept sandbox harmed by sweep: %+v", r)
+		}
+		select {
+		case <-orphan.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("orphan still running after sweep")
+		}
+		_ = orphan.Destroy(context.Background())
+		_ = keep.Destroy(context.Background())
+		checkNoLeaks(t, h, base)
+	})
+
+	t.Run("ConcurrentCreate", func(t *testing.T) {
+		base := h.Resources(t)
+		var wg sync.WaitGroup
+		errs := make(chan error, 16)
+		for i := 0; i < 16; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sb, err := b.Create(context.Background(), backend.Spec{ID: newID("par"), Layers: h.Layers(t)})
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer sb.Destroy(context.Background())
+				r, err := TryExec(sb, backend.ProcSpec{Argv: []string{"hostname"}}, "")
+				if err != nil || strings.TrimSpace(r.Stdout) != sb.ID() {
+					errs <- fmt.Errorf("exec in %s: %+v %v", sb.ID(), r, err)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		checkNoLeaks(t, h, base)
+	})
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for i := 0; i < 200; i++ {
+		if cond() {
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	t.Fatal("condition not met within 5s")
+}

@@ -1,0 +1,460 @@
+// Package container is the `container` backend: each sandbox is a set of
+// Linux namespaces (mount, pid, uts, ipc, net, cgroup) around an OverlayFS
+// root, with one cgroup for its limits and a tiny agent as PID 1. There is
+// no helper process per sandbox on the host: the daemon watches each init
+// through a pidfd, and sandboxes keep running when the daemon dies.
+package container
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/agent"
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/cleanup"
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// Name is the backend's name in the API.
+const Name = "container"
+
+// Options configure the backend.
+type Options struct {
+	// StateDir holds per-sandbox writable layers: <StateDir>/sandboxes/<id>.
+	StateDir string
+	// RunDir holds per-sandbox mount points and agent sockets:
+	// <RunDir>/sb/<id>. It should be on tmpfs (/run/warren).
+	RunDir string
+	// CgroupParent is the parent group of all sandboxes (default "warren").
+	CgroupParent string
+	// InitBinary is the statically linked warren binary executed as each
+	// sandbox's init (default: this process's own executable).
+	InitBinary string
+}
+
+// Backend is the container backend.
+type Backend struct {
+	opts Options
+	mon  *monitor
+}
+
+var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+// New checks the host and returns the backend.
+func New(opts Options) (*Backend, error) {
+	if opts.StateDir == "" || opts.RunDir == "" {
+		return nil, errdefs.Invalidf("container backend: StateDir and RunDir are required")
+	}
+	if opts.CgroupParent == "" {
+		opts.CgroupParent = "warren"
+	}
+	if opts.InitBinary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find own executable: %w", err)
+		}
+		opts.InitBinary = exe
+	}
+	if err := checkStatic(opts.InitBinary); err != nil {
+		return nil, err
+	}
+	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.RunDir, "sb")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "create "+d)
+		}
+	}
+	mon, err := newMonitor()
+	if err != nil {
+		return nil, fmt.Errorf("epoll: %w", err)
+	}
+	return &Backend{opts: opts, mon: mon}, nil
+}
+
+// checkStatic refuses an init binary that needs a dynamic loader: it runs
+// inside sandbox roots that have none.
+func checkStatic(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Invalid, err, "init binary")
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	n, _ := io.ReadFull(f, buf)
+	if bytes.Contains(buf[:n], []byte("/lib64/ld-linux")) || bytes.Contains(buf[:n], []byte("/lib/ld-linux")) {
+		return errdefs.Invalidf("%s is dynamically linked; the sandbox init must be static (build with `make build`)", path)
+	}
+	return nil
+}
+
+func (b *Backend) Name() string { return Name }
+
+// state is what the daemon persists for Adopt.
+type state struct {
+	Pid       int    `json:"pid"`
+	StartTime uint64 `json:"start_time"` // /proc/<pid>/stat field 22, guards against pid reuse
+}
+
+func (b *Backend) runDir(id string) string   { return filepath.Join(b.opts.RunDir, "sb", id) }
+func (b *Backend) stateDir(id string) string { return filepath.Join(b.opts.StateDir, "sandboxes", id) }
+func (b *Backend) rootfs(id string) string   { return filepath.Join(b.runDir(id), "rootfs") }
+func (b *Backend) socket(id string) string   { return filepath.Join(b.runDir(id), "agent.sock") }
+
+// Create builds the sandbox's root, cgroup and namespaces and starts its
+// init. Every step pushes its undo onto one cleanup stack.
+func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sandbox, retErr error) {
+	if !idRE.MatchString(spec.ID) {
+		return nil, errdefs.Invalidf("bad sandbox id %q", spec.ID)
+	}
+	if len(spec.Layers) == 0 {
+		return nil, errdefs.Invalidf("sandbox %s: no image layers", spec.ID)
+	}
+	var cu cleanup.Cleanup
+	defer func() {
+		if retErr != nil {
+			_ = cu.Clean()
+		}
+	}()
+	run, st := b.runDir(spec.ID), b.stateDir(spec.ID)
+	if _, err := os.Stat(run); err == nil {
+		return nil, errdefs.Conflictf("sandbox %s already exists on this node", spec.ID)
+	}
+	for _, d := range []string{filepath.Join(st, "upper"), filepath.Join(st, "work"), b.rootfs(spec.ID)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			_ = os.RemoveAll(run)
+			_ = os.RemoveAll(st)
+			return nil, fsErr(err, "create sandbox directories")
+		}
+	}
+	cu.Add(func() error { return errors.Join(os.RemoveAll(run), os.RemoveAll(st)) })
+
+	if err := mountOverlay(spec.Layers, filepath.Join(st, "upper"), filepath.Join(st, "work"), b.rootfs(spec.ID)); err != nil {
+		return nil, err
+	}
+	cu.Add(func() error { return unmount(b.rootfs(spec.ID)) })
+
+	grp, err := cgroups.New(b.opts.CgroupParent, spec.ID, cgroups.Resources{
+		CPUMillis: spec.CPUMillis, MemoryBytes: spec.MemoryBytes, PidsMax: spec.PidsMax,
+	})
+	if err != nil {
+		return nil, err
+	}
+	cu.Add(func() error { _ = grp.Kill(5 * time.Second); return grp.Delete() })
+
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: b.socket(spec.ID), Net: "unix"})
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "agent socket")
+	}
+	ln.SetUnlinkOnClose(false)
+	lnFile, err := ln.File()
+	ln.Close()
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "agent socket")
+	}
+	defer lnFile.Close()
+
+	pid, err := b.startInit(spec, grp, lnFile)
+	if err != nil {
+		return nil, err
+	}
+	cu.Add(func() error { return unix.Kill(pid, unix.SIGKILL) })
+
+	s, err := b.attach(spec.ID, pid, grp)
+	if err != nil {
+		return nil, err
+	}
+	cu.Release()
+	return s, nil
+}
+
+// startInit starts the init stage in new namespaces, places it in its
+// cgroup, sends it its config and waits until it has become the agent.
+func (b *Backend) startInit(spec backend.Spec, grp cgroups.Group, lnFile *os.File) (int, error) {
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return 0, errdefs.Wrap(errdefs.Internal, err, "pipe")
+	}
+	defer cfgR.Close()
+	defer cfgW.Close()
+	stR, stW, err := os.Pipe()
+	if err != nil {
+		return 0, errdefs.Wrap(errdefs.Internal, err, "pipe")
+	}
+	defer stR.Close()
+	defer stW.Close()
+
+	cmd := &exec.Cmd{
+		Path:       b.opts.InitBinary,
+		Args:       []string{initArg0},
+		Env:        []string{},
+		ExtraFiles: []*os.File{cfgR, lnFile, stW},
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS |
+				syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
+			// Its own session: signals to the daemon's terminal or process
+			// group never reach sandboxes.
+			Setsid: true,
+		},
+	}
+	if err := cmd.Start(); err != nil {
+		return 0, errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
+	}
+	pid := cmd.Process.Pid
+	// We reap it through the monitor, not os/exec.
+	_ = cmd.Process.Release()
+	fail := func(err error) (int, error) {
+		_ = unix.Kill(pid, unix.SIGKILL)
+		var ws unix.WaitStatus
+		_, _ = unix.Wait4(pid, &ws, 0, nil)
+		return 0, err
+	}
+	cfgR.Close()
+	stW.Close()
+	if err := grp.AddProc(pid); err != nil {
+		return fail(err)
+	}
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = spec.ID
+	}
+	if err := json.NewEncoder(cfgW).Encode(initConfig{Rootfs: b.rootfs(spec.ID), Hostname: hostname}); err != nil {
+		return fail(errdefs.Wrap(errdefs.Internal, err, "send init config"))
+	}
+	cfgW.Close()
+	// EOF without a message means execveat succeeded and closed the pipe.
+	msg, _ := io.ReadAll(stR)
+	if len(msg) > 0 {
+		return fail(errdefs.Internalf("sandbox init: %s", msg))
+	}
+	return pid, nil
+}
+
+func (b *Backend) attach(id string, pid int, grp cgroups.Group) (*sandbox, error) {
+	st, err := procStartTime(pid)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.NotFound, err, "sandbox init is gone")
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.NotFound, err, "pidfd_open sandbox init")
+	}
+	// The pid may have been reused between reading its start time and
+	// opening the pidfd; check again now that the pidfd pins the process.
+	if st2, err := procStartTime(pid); err != nil || st2 != st {
+		unix.Close(pidfd)
+		return nil, errdefs.NotFoundf("sandbox init %d is gone", pid)
+	}
+	s := &sandbox{
+		b: b, id: id, grp: grp, st: state{Pid: pid, StartTime: st},
+		done: make(chan struct{}), agent: agent.NewClient(b.socket(id)),
+	}
+	if err := b.mon.watch(pidfd, pid, func() { s.doneOnce.Do(func() { close(s.done) }) }); err != nil {
+		unix.Close(pidfd)
+		return nil, errdefs.Wrap(errdefs.Internal, err, "watch sandbox init")
+	}
+	return s, nil
+}
+
+// Adopt reattaches to a sandbox of an earlier daemon.
+func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sandbox, error) {
+	if !idRE.MatchString(id) {
+		return nil, errdefs.Invalidf("bad sandbox id %q", id)
+	}
+	var st state
+	if err := json.Unmarshal(blob, &st); err != nil {
+		_ = b.teardown(id)
+		return nil, errdefs.Wrap(errdefs.NotFound, err, "sandbox state unreadable")
+	}
+	if cur, err := procStartTime(st.Pid); err != nil || cur != st.StartTime {
+		_ = b.teardown(id)
+		return nil, errdefs.NotFoundf("sandbox %s: init %d is gone", id, st.Pid)
+	}
+	grp, err := cgroups.Load(b.opts.CgroupParent, id)
+	if err != nil {
+		_ = b.teardown(id)
+		return nil, err
+	}
+	s, err := b.attach(id, st.Pid, grp)
+	if err != nil {
+		_ = b.teardown(id)
+		return nil, err
+	}
+	return s, nil
+}
+
+// Sweep removes sandboxes whose ids are not in keep.
+func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
+	ids := map[string]bool{}
+	for _, dir := range []string{filepath.Join(b.opts.RunDir, "sb"), filepath.Join(b.opts.StateDir, "sandboxes")} {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			ids[e.Name()] = true
+		}
+	}
+	groups, err := cgroups.List(b.opts.CgroupParent)
+	if err != nil {
+		return err
+	}
+	for _, g := range groups {
+		ids[g] = true
+	}
+	var errs []error
+	for id := range ids {
+		if !keep[id] {
+			errs = append(errs, b.teardown(id))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// teardown removes everything a sandbox id may own, whatever state it is
+// in: processes (via its cgroup), the root mount, the cgroup, directories.
+func (b *Backend) teardown(id string) error {
+	var errs []error
+	if grp, err := cgroups.Load(b.opts.CgroupParent, id); err == nil {
+		errs = append(errs, grp.Kill(10*time.Second), grp.Delete())
+	}
+	errs = append(errs, unmount(b.rootfs(id)))
+	errs = append(errs, os.RemoveAll(b.runDir(id)), os.RemoveAll(b.stateDir(id)))
+	return errors.Join(errs...)
+}
+
+type sandbox struct {
+	b        *Backend
+	id       string
+	grp      cgroups.Group
+	st       state
+	agent    *agent.Client
+	done     chan struct{}
+	doneOnce sync.Once
+
+	destroyMu sync.Mutex
+	destroyed bool
+}
+
+func (s *sandbox) ID() string            { return s.id }
+func (s *sandbox) Root() string          { return s.b.rootfs(s.id) }
+func (s *sandbox) Done() <-chan struct{} { return s.done }
+func (s *sandbox) State() []byte {
+	b, _ := json.Marshal(s.st)
+	return b
+}
+
+func (s *sandbox) Start(ctx context.Context, p backend.ProcSpec) (backend.Process, error) {
+	select {
+	case <-s.done:
+		return nil, errdefs.Conflictf("sandbox %s is not running", s.id)
+	default:
+	}
+	return s.agent.Start(ctx, p)
+}
+
+func (s *sandbox) Stats() (backend.Stats, error) {
+	st, err := s.grp.Stats()
+	return backend.Stats{MemoryBytes: st.MemoryBytes, OOMKills: st.OOMKills, CPUUsage: st.CPUUsage, Pids: st.Pids}, err
+}
+
+// Destroy kills the sandbox's init (which takes its whole pid namespace
+// with it), waits for it, and releases every resource.
+func (s *sandbox) Destroy(ctx context.Context) error {
+	s.destroyMu.Lock()
+	defer s.destroyMu.Unlock()
+	if s.destroyed {
+		return nil
+	}
+	select {
+	case <-s.done:
+	default:
+		if cur, err := procStartTime(s.st.Pid); err == nil && cur == s.st.StartTime {
+			_ = unix.Kill(s.st.Pid, unix.SIGKILL)
+		}
+		select {
+		case <-s.done:
+		case <-time.After(10 * time.Second):
+			return errdefs.Internalf("sandbox %s: init did not exit after SIGKILL", s.id)
+		}
+	}
+	if err := s.b.teardown(s.id); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "release sandbox "+s.id)
+	}
+	s.destroyed = true
+	return nil
+}
+
+func mountOverlay(layers []string, upper, work, target string) error {
+	for _, l := range layers {
+		if strings.ContainsAny(l, ":,\x00") {
+			return errdefs.Invalidf("layer path %q contains ':' or ','", l)
+		}
+	}
+	data := "lowerdir=" + strings.Join(layers, ":") + ",upperdir=" + upper + ",workdir=" + work
+	if len(data) >= os.Getpagesize() {
+		return errdefs.Invalidf("too many image layers (%d) for one overlay mount", len(layers))
+	}
+	if err := unix.Mount("overlay", target, "overlay", unix.MS_NODEV, data); err != nil {
+		return fsErr(err, "mount overlay root")
+	}
+	return nil
+}
+
+func unmount(target string) error {
+	err := unix.Unmount(target, unix.MNT_DETACH)
+	if err == nil || err == unix.EINVAL || err == unix.ENOENT {
+		return nil
+	}
+	return fmt.Errorf("unmount %s: %w", target, err)
+}
+
+func fsErr(err error, what string) error {
+	switch {
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+		return errdefs.Wrap(errdefs.Exhausted, err, what)
+	case errors.Is(err, unix.ENOENT):
+		return errdefs.Wrap(errdefs.NotFound, err, what)
+	}
+	return errdefs.Wrap(errdefs.Internal, err, what)
+}
+
+// procStartTime returns field 22 of /proc/<pid>/stat (start time in clock
+// ticks since boot), which together with the pid names a process uniquely.
+func procStartTime(pid int) (uint64, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	line, err := bufio.NewReader(f).ReadString('\n')
+	if err != nil && line == "" {
+		return 0, err
+	}
+	// The command name may contain spaces and parens: parse after the last ')'.
+	i := strings.LastIndexByte(line, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("bad /proc/%d/stat", pid)
+	}
+	fields := strings.Fields(line[i+1:])
+	if len(fields) < 20 {
+		return 0, fmt.Errorf("bad /proc/%d/stat", pid)
+	}
+	if fields[0] == "Z" || fields[0] == "X" {
+		return 0, fmt.Errorf("process %d is a zombie", pid)
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
+}
