@@ -1,0 +1,605 @@
+// Package image stores sandbox images as stacks of read-only layers.
+//
+// For now an image is one layer: a root filesystem directory or tarball
+// imported into a directory tree. The Layer interface leaves room for
+// layers that are mounted on demand (EROFS files, OCI blobs).
+//
+// Layout under the store root (<statedir>/images):
+//
+//	layers/sha256-<hex>/fs         the layer's tree
+//	layers/sha256-<hex>/meta.json  digest, size, file count, builder, created
+//	images/<name>.json             one record per image ("/" in names as %2F)
+//	tmp/                           imports in progress; emptied by Open
+//
+// A layer's digest is the sha256 of the canonical tar stream of its tree
+// (tarx.Create), so importing identical content twice stores it once.
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/tarx"
+)
+
+// BuilderVersion identifies how layer trees are built and hashed; it is
+// recorded in each layer's meta.json.
+const BuilderVersion = "warren-tarx/1"
+
+// Layer is one read-only layer of an image.
+type Layer interface {
+	// Digest is "sha256:<hex>".
+	Digest() string
+	// Mount returns a host directory with the layer's tree and a release
+	// func; for directory layers it is the directory itself. EROFS layers
+	// will mount on demand and refcount. While not released, the layer is
+	// kept by garbage collection even if no image references it any more.
+	Mount(ctx context.Context) (dir string, release func(), err error)
+}
+
+// Image is an image record.
+type Image struct {
+	Name      string    `json:"name"`
+	ID        string    `json:"id"`     // sha256 of the layer digest list
+	Layers    []string  `json:"layers"` // digests, bottom first
+	SizeBytes int64     `json:"size_bytes"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// LayerMeta is the content of a layer's meta.json.
+type LayerMeta struct {
+	Digest  string    `json:"digest"`
+	Size    int64     `json:"size"`  // bytes of regular file content
+	Files   int64     `json:"files"` // entries in the tree
+	Builder string    `json:"builder"`
+	Created time.Time `json:"created"`
+}
+
+// Store is an image and layer store. It is safe for concurrent use by one
+// process; two processes must not open the same root.
+type Store struct {
+	root string
+
+	mu      sync.Mutex     // publishing, records, garbage collection
+	holds   map[string]int // digest -> unreleased Mounts
+	orphans map[string]bool
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._:/-]{0,127}$`)
+
+// ValidName reports an Invalid error unless name is a valid image name:
+// [a-z0-9][a-z0-9._:/-]{0,127}.
+func ValidName(name string) error {
+	if !nameRE.MatchString(name) {
+		return errdefs.Invalidf("invalid image name %q: want [a-z0-9][a-z0-9._:/-]{0,127}", name)
+	}
+	return nil
+}
+
+// Open opens (creating if needed) the store at root, and removes what a
+// crash left in its tmp directory. It does not collect unreferenced
+// layers: call GC once running sandboxes have taken their layers again.
+func Open(root string) (*Store, error) {
+	s := &Store{root: root, holds: map[string]int{}, orphans: map[string]bool{}}
+	for _, d := range []string{root, s.layersDir(), s.imagesDir(), s.tmpDir()} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "image store")
+		}
+	}
+	ents, err := os.ReadDir(s.tmpDir())
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "image store")
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(s.tmpDir(), e.Name())); err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "image store: removing leftover")
+		}
+	}
+	// Leftover record temp files from a crash.
+	recs, err := os.ReadDir(s.imagesDir())
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "image store")
+	}
+	for _, e := range recs {
+		if strings.HasPrefix(e.Name(), ".tmp-") {
+			_ = os.Remove(filepath.Join(s.imagesDir(), e.Name()))
+		}
+	}
+	return s, nil
+}
+
+// Root returns the store's root directory.
+func (s *Store) Root() string { return s.root }
+
+func (s *Store) layersDir() string { return filepath.Join(s.root, "layers") }
+func (s *Store) imagesDir() string { return filepath.Join(s.root, "images") }
+func (s *Store) tmpDir() string    { return filepath.Join(s.root, "tmp") }
+
+func (s *Store) recordPath(name string) string {
+	return filepath.Join(s.imagesDir(), strings.ReplaceAll(name, "/", "%2F")+".json")
+}
+
+func digestHex(digest string) (string, error) {
+	h, ok := strings.CutPrefix(digest, "sha256:")
+	if !ok || len(h) != 64 || strings.Trim(h, "0123456789abcdef") != "" {
+		return "", errdefs.Invalidf("invalid layer digest %q", digest)
+	}
+	return h, nil
+}
+
+func (s *Store) layerPath(digest string) (string, error) {
+	h, err := digestHex(digest)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(s.layersDir(), "sha256-"+h), nil
+}
+
+// ImportDir imports the tree at dir (a host directory; symlinks in it are
+// copied as symlinks, never followed out of it) as a one-layer image
+// called name. Owners, modes (setuid included), xattrs and times are kept;
+// device nodes and fifos are dropped (the sandbox gets its own /dev).
+// Importing over an existing name replaces that image; the old layers are
+// garbage-collected unless another image or an unreleased Mount uses
+// them. A failed import leaves nothing behind.
+func (s *Store) ImportDir(ctx context.Context, name, dir string) (Image, error) {
+	if err := ValidName(name); err != nil {
+		return Image{}, err
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return Image{}, errdefs.NotFoundf("no such directory: %s", dir)
+		}
+		return Image{}, errdefs.Wrap(errdefs.Invalid, err, "import source")
+	}
+	if !fi.IsDir() {
+		return Image{}, errdefs.Invalidf("import source %s is not a directory", dir)
+	}
+	return s.importWith(ctx, name, func(fsDir string) (tarx.Stats, error) {
+		pr, pw := io.Pipe()
+		done := make(chan error, 1)
+		go func() {
+			err := tarx.Create(ctx, dir, pw, "/")
+			pw.CloseWithError(err)
+			done <- err
+		}()
+		st, err := tarx.Extract(ctx, fsDir, pr, layerOptions())
+		pr.CloseWithError(errors.New("extraction stopped"))
+		if cerr := <-done; cerr != nil {
+			return st, fmt.Errorf("reading %s: %w", dir, cerr)
+		}
+		return st, err
+	})
+}
+
+// ImportTar imports a root filesystem tarball (plain or gzip-compressed)
+// as a one-layer image called name, with the same rules as ImportDir. A
+// corrupt or truncated tarball is an Invalid error.
+func (s *Store) ImportTar(ctx context.Context, name string, r io.Reader) (Image, error) {
+	if err := ValidName(name); err != nil {
+		return Image{}, err
+	}
+	return s.importWith(ctx, name, func(fsDir string) (tarx.Stats, error) {
+		return tarx.Extract(ctx, fsDir, r, layerOptions())
+	})
+}
+
+func layerOptions() tarx.Options {
+	return tarx.Options{KeepOwners: true, KeepSetuid: true, SkipDevices: true}
+}
+
+func (s *Store) importWith(ctx context.Context, name string, fill func(fsDir string) (tarx.Stats, error)) (img Image, err error) {
+	tmp, err := os.MkdirTemp(s.tmpDir(), "import-")
+	if err != nil {
+		return Image{}, errdefs.Wrap(errdefs.Internal, err, "import")
+	}
+	defer func() {
+		if tmp != "" {
+			_ = os.RemoveAll(tmp)
+		}
+	}()
+	fsDir := filepath.Join(tmp, "fs")
+	if err := os.Mkdir(fsDir, 0o755); err != nil {
+		return Image{}, errdefs.Wrap(errdefs.Internal, err, "import")
+	}
+	st, err := fill(fsDir)
+	if err != nil {
+		return Image{}, fmt.Errorf("import %s: %w", name, err)
+	}
+	digest, err := treeDigest(ctx, fsDir)
+	if err != nil {
+		return Image{}, fmt.Errorf("import %s: hashing layer: %w", name, err)
+	}
+	meta := LayerMeta{Digest: digest, Size: st.Bytes, Files: st.Entries, Builder: BuilderVersion, Created: time.Now().UTC()}
+	if err := writeJSON(filepath.Join(tmp, "meta.json"), meta); err != nil {
+		return Image{}, fmt.Errorf("import %s: %w", name, err)
+	}
+	if err := os.Chmod(tmp, 0o711); err != nil {
+		return Image{}, errdefs.Wrap(errdefs.Internal, err, "import "+name)
+	}
+	if err := syncFS(tmp); err != nil {
+		return Image{}, fmt.Errorf("import %s: %w", name, err)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	lp, _ := s.layerPath(digest)
+	published := false
+	if existing, err := readMeta(lp); err == nil {
+		meta = existing // identical content: keep the stored copy
+	} else {
+		if _, serr := os.Lstat(lp); serr == nil {
+			// A layer directory without readable metadata: replace it.
+			if err := s.discardLocked(lp); err != nil {
+				return Image{}, errdefs.Wrap(errdefs.Internal, err, "import "+name)
+			}
+		}
+		if err := os.Rename(tmp, lp); err != nil {
+			return Image{}, errdefs.Wrap(errnoCategory(err), err, "import "+name+": publishing layer")
+		}
+		tmp = ""
+		published = true
+		_ = syncDir(s.layersDir())
+	}
+	img = Image{
+		Name:      name,
+		ID:        imageID([]string{digest}),
+		Layers:    []string{digest},
+		SizeBytes: meta.Size,
+		CreatedAt: time.Now().UTC(),
+	}
+	if err := s.writeRecordLocked(img); err != nil {
+		if published {
+			_ = s.gcLocked()
+		}
+		return Image{}, fmt.Errorf("import %s: %w", name, err)
+	}
+	_ = s.gcLocked() // the image may have replaced one
+	return img, nil
+}
+
+func imageID(layers []string) string {
+	sum := sha256.Sum256([]byte(strings.Join(layers, "\n")))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// treeDigest hashes the canonical tar stream of dir.
+func treeDigest(ctx context.Context, dir string) (string, error) {
+	h := sha256.New()
+	if err := tarx.Create(ctx, dir, h, "/"); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func errnoCategory(err error) errdefs.Category {
+	var en unix.Errno
+	if errors.As(err, &en) && (en == unix.ENOSPC || en == unix.EDQUOT) {
+		return errdefs.Exhausted
+	}
+	return errdefs.Internal
+}
+
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "sync")
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		return errdefs.Wrap(errnoCategory(err), err, "sync")
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// writeJSON writes v to path through a temp file, fsynced, then renamed.
+func writeJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "encode "+filepath.Base(path))
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-")
+	if err != nil {
+		return errdefs.Wrap(errnoCategory(err), err, "write "+filepath.Base(path))
+	}
+	tmp := f.Name()
+	_, err = f.Write(append(data, '\n'))
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return errdefs.Wrap(errnoCategory(err), err, "write "+filepath.Base(path))
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+func readMeta(layerPath string) (LayerMeta, error) {
+	var m LayerMeta
+	data, err := os.ReadFile(filepath.Join(layerPath, "meta.json"))
+	if err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+func (s *Store) writeRecordLocked(img Image) error {
+	return writeJSON(s.recordPath(img.Name), img)
+}
+
+// Get returns the image called name; NotFound if there is none.
+func (s *Store) Get(name string) (Image, error) {
+	if err := ValidName(name); err != nil {
+		return Image{}, err
+	}
+	return s.readRecord(s.recordPath(name), name)
+}
+
+func (s *Store) readRecord(path, name string) (Image, error) {
+	var img Image
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return img, errdefs.NotFoundf("image %s not found", name)
+		}
+		return img, errdefs.Wrap(errdefs.Internal, err, "read image "+name)
+	}
+	if err := json.Unmarshal(data, &img); err != nil {
+		return img, errdefs.Wrap(errdefs.Internal, err, "corrupt image record "+path)
+	}
+	return img, nil
+}
+
+// List returns every image, sorted by name.
+func (s *Store) List() ([]Image, error) {
+	ents, err := os.ReadDir(s.imagesDir())
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "list images")
+	}
+	imgs := []Image{}
+	for _, e := range ents {
+		n := e.Name()
+		if strings.HasPrefix(n, ".") || !strings.HasSuffix(n, ".json") {
+			continue
+		}
+		img, err := s.readRecord(filepath.Join(s.imagesDir(), n), n)
+		if errdefs.CategoryOf(err) == errdefs.NotFound {
+			continue // removed meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		imgs = append(imgs, img)
+	}
+	sort.Slice(imgs, func(i, j int) bool { return imgs[i].Name < imgs[j].Name })
+	return imgs, nil
+}
+
+// Remove removes the image record called name (NotFound if there is
+// none); layers no other image uses are garbage-collected, except those
+// still held by an unreleased Mount, which go when released. The caller
+// checks that no sandbox uses the image.
+func (s *Store) Remove(name string) error {
+	if err := ValidName(name); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := os.Remove(s.recordPath(name)); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return errdefs.NotFoundf("image %s not found", name)
+		}
+		return errdefs.Wrap(errdefs.Internal, err, "remove image "+name)
+	}
+	_ = syncDir(s.imagesDir())
+	if err := s.gcLocked(); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "image "+name+" removed, but collecting its layers failed")
+	}
+	return nil
+}
+
+// GC removes the layers that no image references and no unreleased Mount
+// holds. Remove and imports do this by themselves; the daemon calls it
+// after a restart once the sandboxes it adopted hold their layers again.
+func (s *Store) GC() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gcLocked()
+}
+
+func (s *Store) gcLocked() error {
+	imgs, err := s.List()
+	if err != nil {
+		return err // never collect on a partial view
+	}
+	used := map[string]bool{}
+	for _, img := range imgs {
+		for _, d := range img.Layers {
+			used[d] = true
+		}
+	}
+	ents, err := os.ReadDir(s.layersDir())
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		h, ok := strings.CutPrefix(e.Name(), "sha256-")
+		if !ok {
+			continue
+		}
+		digest := "sha256:" + h
+		if used[digest] {
+			delete(s.orphans, digest)
+			continue
+		}
+		if s.holds[digest] > 0 {
+			s.orphans[digest] = true
+			continue
+		}
+		delete(s.orphans, digest)
+		if err := s.discardLocked(filepath.Join(s.layersDir(), e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// discardLocked moves a layer directory out of layers/ atomically, then
+// deletes it; a crash in between leaves it in tmp/ for Open to remove.
+func (s *Store) discardLocked(dir string) error {
+	trash, err := os.MkdirTemp(s.tmpDir(), "gc-")
+	if err != nil {
+		return err
+	}
+	dst := filepath.Join(trash, "layer")
+	if err := os.Rename(dir, dst); err != nil {
+		os.Remove(trash)
+		return err
+	}
+	return os.RemoveAll(trash)
+}
+
+// Layer returns the stored layer with that digest; NotFound if absent.
+func (s *Store) Layer(digest string) (Layer, error) {
+	lp, err := s.layerPath(digest)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(lp, "fs")); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, errdefs.NotFoundf("layer %s not found", digest)
+		}
+		return nil, errdefs.Wrap(errdefs.Internal, err, "layer "+digest)
+	}
+	return &dirLayer{s: s, digest: digest, dir: filepath.Join(lp, "fs")}, nil
+}
+
+// LayerMeta returns the metadata of the stored layer with that digest.
+func (s *Store) LayerMeta(digest string) (LayerMeta, error) {
+	lp, err := s.layerPath(digest)
+	if err != nil {
+		return LayerMeta{}, err
+	}
+	m, err := readMeta(lp)
+	if errors.Is(err, os.ErrNotExist) {
+		return m, errdefs.NotFoundf("layer %s not found", digest)
+	}
+	if err != nil {
+		return m, errdefs.Wrap(errdefs.Internal, err, "layer "+digest)
+	}
+	return m, nil
+}
+
+type dirLayer struct {
+	s      *Store
+	digest string
+	dir    string
+}
+
+func (l *dirLayer) Digest() string { return l.digest }
+
+func (l *dirLayer) Mount(ctx context.Context) (string, func(), error) {
+	if err := ctx.Err(); err != nil {
+		return "", nil, err
+	}
+	s := l.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Check under the lock so that GC cannot remove it between the check
+	// and the hold.
+	if _, err := os.Stat(l.dir); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", nil, errdefs.NotFoundf("layer %s not found", l.digest)
+		}
+		return "", nil, errdefs.Wrap(errdefs.Internal, err, "layer "+l.digest)
+	}
+	s.holds[l.digest]++
+	var once sync.Once
+	return l.dir, func() { once.Do(func() { s.release(l.digest) }) }, nil
+}
+
+func (s *Store) release(digest string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.holds[digest]--
+	if s.holds[digest] > 0 {
+		return
+	}
+	delete(s.holds, digest)
+	if s.orphans[digest] {
+		_ = s.gcLocked()
+	}
+}
+
+// LayerDirs mounts the layers of img and returns their directories
+// top-most first, ready for an overlayfs lowerdir, and a func releasing
+// them (idempotent). Until released, the layers survive garbage collection
+// even if img is removed or replaced. img may be a stale value: only its
+// Layers are used, so a daemon that persisted them can take its layers
+// again after a restart.
+func (s *Store) LayerDirs(ctx context.Context, img Image) (dirs []string, release func(), err error) {
+	if len(img.Layers) == 0 {
+		return nil, nil, errdefs.Invalidf("image %s has no layers", img.Name)
+	}
+	var releases []func()
+	releaseAll := func() {
+		for i := len(releases) - 1; i >= 0; i-- {
+			releases[i]()
+		}
+	}
+	for i := len(img.Layers) - 1; i >= 0; i-- {
+		l, err := s.Layer(img.Layers[i])
+		if err == nil {
+			var dir string
+			var rel func()
+			dir, rel, err = l.Mount(ctx)
+			if err == nil {
+				dirs = append(dirs, dir)
+				releases = append(releases, rel)
+				continue
+			}
+		}
+		releaseAll()
+		return nil, nil, fmt.Errorf("image %s: %w", img.Name, err)
+	}
+	var once sync.Once
+	return dirs, func() { once.Do(releaseAll) }, nil
+}
