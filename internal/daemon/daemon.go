@@ -1,0 +1,410 @@
+// Package daemon is the heart of `warren serve`: the Manager keeps the
+// sandboxes of one node, persists them in the store, runs commands and
+// background processes in them, moves files in and out, and deletes them
+// when their lifetime passes.
+//
+// Sandboxes outlive the daemon: Close stops timers and watchers but leaves
+// every sandbox running, and New re-adopts them from the store. Background
+// processes do not survive a daemon restart: the agent kills a process
+// whose connection drops, and Close closes those connections.
+//
+// Every error the Manager returns carries an errdefs category.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/metrics"
+	"github.com/warrenrl/warren/internal/sandboxfs"
+	"github.com/warrenrl/warren/internal/store"
+)
+
+// Defaults of Config.
+const (
+	DefaultStateDir        = "/var/lib/warren"
+	DefaultBackend         = "container"
+	DefaultTimeout         = time.Hour
+	MaxTimeout             = 24 * time.Hour
+	DefaultMemoryBytes     = 512 << 20
+	DefaultPids            = 1024
+	DefaultExecTimeout     = 10 * time.Minute
+	MaxProcessesPerSandbox = 1024
+)
+
+// Config configures a Manager.
+type Config struct {
+	StateDir string                     // default /var/lib/warren
+	Backends map[string]backend.Backend // by name; "container" is the default backend
+	Images   *image.Store
+	Metrics  *metrics.Metrics // nil: no metrics
+	// DefaultTimeout is the sandbox lifetime when a request asks for none
+	// (default 1h); MaxTimeout caps requested lifetimes (default 24h).
+	DefaultTimeout     time.Duration
+	MaxTimeout         time.Duration
+	DefaultMemoryBytes int64         // default 512 MiB
+	DefaultPids        int64         // default 1024
+	DefaultExecTimeout time.Duration // default 10 min
+	Logger             *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.DefaultTimeout <= 0 {
+		c.DefaultTimeout = DefaultTimeout
+	}
+	if c.MaxTimeout <= 0 {
+		c.MaxTimeout = MaxTimeout
+	}
+	if c.DefaultTimeout > c.MaxTimeout {
+		c.DefaultTimeout = c.MaxTimeout
+	}
+	if c.DefaultMemoryBytes <= 0 {
+		c.DefaultMemoryBytes = DefaultMemoryBytes
+	}
+	if c.DefaultPids <= 0 {
+		c.DefaultPids = DefaultPids
+	}
+	if c.DefaultExecTimeout <= 0 {
+		c.DefaultExecTimeout = DefaultExecTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// ops are the operation names of warren_errors_total.
+var ops = []string{
+	"Create", "Get", "List", "Delete", "ExtendTimeout",
+	"Exec", "ExecStream", "StartProcess", "ListProcesses", "WaitProcess", "SignalProcess", "WriteStdin",
+	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
+	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
+}
+
+// Manager owns the sandboxes of this node. It is safe for concurrent use.
+type Manager struct {
+	cfg     Config
+	log     *slog.Logger
+	store   *store.Store
+	metrics *metrics.Metrics
+	images  *image.Store
+	idem    *idemCache
+
+	// imgMu orders image resolution in Create (read) against RemoveImage
+	// (write), so an image cannot vanish between the in-use check and a
+	// create that is resolving it.
+	imgMu sync.RWMutex
+
+	mu        sync.RWMutex
+	sandboxes map[string]*sandbox
+	closed    bool
+
+	closing   chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup // watchers, housekeeping, process collectors
+}
+
+// sandbox is the daemon's view of one sandbox. Fields below mu are guarded
+// by it; nothing holds mu across a backend call except the short store
+// writes that keep the record in step with the state.
+type sandbox struct {
+	id          string
+	backendName string
+	b           backend.Backend
+
+	ready   chan struct{} // closed when Create finished, either way
+	removed chan struct{} // closed when the sandbox left the map
+
+	mu           sync.Mutex
+	info         *warrenv1.Sandbox // State is the lifecycle state
+	sb           backend.Sandbox   // nil while creating, or when never adopted
+	backendState []byte
+	imageLayers  []string      // digests, bottom first
+	fs           *sandboxfs.FS // nil when the backend has no host root
+	timer        *time.Timer
+	release      func() // releases the image layers; nil once released
+	deleting     chan struct{}
+	deleteErr    error
+	gone         bool
+	procs        map[string]*process
+	procSeq      int
+	procPending  int
+}
+
+// New opens the store under cfg.StateDir and re-adopts the sandboxes an
+// earlier daemon left: live ones run on, those that died meanwhile are
+// kept as DEAD, half-created and half-deleted ones are removed, and each
+// backend then sweeps resources that belong to no known sandbox.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	cfg.setDefaults()
+	if len(cfg.Backends) == 0 {
+		return nil, errdefs.Invalidf("daemon: no backend configured")
+	}
+	for name, b := range cfg.Backends {
+		if b == nil || b.Name() != name {
+			return nil, errdefs.Invalidf("daemon: backend %q is misconfigured", name)
+		}
+	}
+	if cfg.Images == nil {
+		return nil, errdefs.Invalidf("daemon: no image store configured")
+	}
+	st, err := store.Open(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Metrics.InitOps(ops...)
+	m := &Manager{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		store:     st,
+		metrics:   cfg.Metrics,
+		images:    cfg.Images,
+		idem:      newIdemCache(idemTTL, idemMaxBytes),
+		sandboxes: map[string]*sandbox{},
+		closing:   make(chan struct{}),
+	}
+	if err := m.adoptAll(ctx); err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	m.spawn(m.housekeeping)
+	return m, nil
+}
+
+// Close stops timers, watchers and background processes, and closes the
+// store. Sandboxes keep running: a new Manager adopts them.
+func (m *Manager) Close() error {
+	var err error
+	m.closeOnce.Do(func() {
+		m.mu.Lock()
+		m.closed = true
+		all := slices.Collect(maps.Values(m.sandboxes))
+		m.mu.Unlock()
+		close(m.closing)
+		for _, s := range all {
+			s.mu.Lock()
+			if s.timer != nil {
+				s.timer.Stop()
+			}
+			procs := slices.Collect(maps.Values(s.procs))
+			s.mu.Unlock()
+			for _, p := range procs {
+				p.kill()
+			}
+		}
+		m.wg.Wait()
+		err = m.store.Close()
+	})
+	return err
+}
+
+// spawn runs f in a goroutine that Close waits for; after Close it does
+// not run f.
+func (m *Manager) spawn(f func()) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.closed {
+		return false
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		f()
+	}()
+	return true
+}
+
+func (m *Manager) housekeeping() {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.closing:
+			return
+		case <-t.C:
+			m.idem.prune()
+		}
+	}
+}
+
+// observe counts a failed op in the metrics and makes sure the error has
+// a category: errors without one become Internal, except context errors,
+// which keep their meaning for the API layer.
+func (m *Manager) observe(op string, errp *error) {
+	err := *errp
+	if err == nil {
+		return
+	}
+	if errdefs.CategoryOf(err) == errdefs.Unknown &&
+		!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		err = errdefs.Wrap(errdefs.Internal, err, op)
+		*errp = err
+	}
+	m.metrics.Error(op, err)
+}
+
+// withCategory gives err category c when it has none.
+func withCategory(err error, c errdefs.Category, msg string) error {
+	if err == nil {
+		return nil
+	}
+	if errdefs.CategoryOf(err) != errdefs.Unknown {
+		return err
+	}
+	return errdefs.Wrap(c, err, msg)
+}
+
+// ctxError turns a context's end into an error: DeadlineExceeded keeps its
+// category; cancellation stays recognisable with errors.Is.
+func ctxError(ctx context.Context, what string) error {
+	err := context.Cause(ctx)
+	if err == nil {
+		err = ctx.Err()
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return errdefs.New(errdefs.DeadlineExceeded, "%s: %w", what, err)
+	}
+	return errdefs.New(errdefs.Unknown, "%s: %w", what, err)
+}
+
+func stateLabel(st warrenv1.SandboxState) string {
+	switch st {
+	case warrenv1.SandboxState_SANDBOX_STATE_CREATING:
+		return metrics.StateCreating
+	case warrenv1.SandboxState_SANDBOX_STATE_RUNNING:
+		return metrics.StateRunning
+	case warrenv1.SandboxState_SANDBOX_STATE_DEAD:
+		return metrics.StateDead
+	case warrenv1.SandboxState_SANDBOX_STATE_DELETING:
+		return metrics.StateDeleting
+	}
+	return ""
+}
+
+// setState changes the lifecycle state and the gauges; s.mu held.
+func (m *Manager) setState(s *sandbox, st warrenv1.SandboxState) {
+	m.metrics.SandboxState(stateLabel(s.info.GetState()), stateLabel(st))
+	s.info.State = st
+}
+
+// persist writes the sandbox's record; s.mu held.
+func (m *Manager) persist(s *sandbox) error {
+	return m.store.Put(store.Record{
+		ID:           s.id,
+		Backend:      s.backendName,
+		BackendState: s.backendState,
+		ImageLayers:  s.imageLayers,
+		Sandbox:      s.info,
+	})
+}
+
+// releaseLayers drops the sandbox's hold on its image layers, once.
+func (s *sandbox) releaseLayers() {
+	s.mu.Lock()
+	rel := s.release
+	s.release = nil
+	s.mu.Unlock()
+	if rel != nil {
+		rel()
+	}
+}
+
+// lookup finds a sandbox in any state.
+func (m *Manager) lookup(id string) (*sandbox, error) {
+	m.mu.RLock()
+	s := m.sandboxes[id]
+	m.mu.RUnlock()
+	if s == nil {
+		return nil, errdefs.NotFoundf("sandbox %s not found", id)
+	}
+	return s, nil
+}
+
+// view is what operations on a running sandbox need of it, read under its
+// lock.
+type view struct {
+	sb      backend.Sandbox
+	fs      *sandboxfs.FS // nil: no host-visible root
+	env     map[string]string
+	workdir string
+	backend string
+}
+
+// live finds a running sandbox and returns it with a view of it.
+func (m *Manager) live(id string) (*sandbox, view, error) {
+	if id == "" {
+		return nil, view{}, errdefs.Invalidf("sandbox id is required")
+	}
+	s, err := m.lookup(id)
+	if err != nil {
+		return nil, view{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.notRunningLocked(); err != nil {
+		return nil, view{}, err
+	}
+	return s, view{sb: s.sb, fs: s.fs, env: s.info.GetEnv(), workdir: s.info.GetWorkdir(), backend: s.backendName}, nil
+}
+
+// notRunningLocked explains why a sandbox cannot run anything; s.mu held.
+func (s *sandbox) notRunningLocked() error {
+	switch {
+	case s.gone:
+		return errdefs.NotFoundf("sandbox %s not found", s.id)
+	case s.info.GetState() == warrenv1.SandboxState_SANDBOX_STATE_RUNNING && s.sb != nil:
+		return nil
+	case s.info.GetState() == warrenv1.SandboxState_SANDBOX_STATE_DEAD:
+		return errdefs.Conflictf("sandbox %s is dead: %s", s.id, s.info.GetDeadReason())
+	case s.info.GetState() == warrenv1.SandboxState_SANDBOX_STATE_DELETING:
+		return errdefs.Conflictf("sandbox %s is being deleted", s.id)
+	case s.info.GetState() == warrenv1.SandboxState_SANDBOX_STATE_CREATING:
+		return errdefs.Conflictf("sandbox %s is still being created", s.id)
+	}
+	return errdefs.Conflictf("sandbox %s is not running", s.id)
+}
+
+// explain turns a backend failure during an operation into a Conflict when
+// the sandbox died or went away meanwhile, which is the likely cause.
+func (m *Manager) explain(s *sandbox, err error, what string) error {
+	s.mu.Lock()
+	why := s.notRunningLocked()
+	s.mu.Unlock()
+	if why != nil {
+		return why
+	}
+	return withCategory(err, errdefs.Internal, what)
+}
+
+func (m *Manager) isClosed() bool {
+	select {
+	case <-m.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+func cloneSandbox(s *warrenv1.Sandbox) *warrenv1.Sandbox {
+	return proto.Clone(s).(*warrenv1.Sandbox)
+}
+
+func unixMs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}

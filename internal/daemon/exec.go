@@ -1,0 +1,373 @@
+package daemon
+
+import (
+	"context"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+const (
+	maxIdempotencyKey = 256
+	// passwdMax caps how much of /etc/passwd and /etc/group is read.
+	passwdMax = 4 << 20
+	// killWait is how long a process may take to die after SIGKILL or
+	// Close before the call gives up on its exit status.
+	killWait = 10 * time.Second
+	// replayChunk is the largest output event when replaying a cached
+	// result on a stream.
+	replayChunk = 1 << 20
+)
+
+// Exec runs a command to completion and returns its captured output.
+func (m *Manager) Exec(ctx context.Context, req *warrenv1.ExecRequest) (_ *warrenv1.ExecResult, err error) {
+	defer m.observe("Exec", &err)
+	return m.exec(ctx, req, nil)
+}
+
+// ExecStream runs a command and sends its output as it comes; the last
+// event carries the result, with empty stdout and stderr. The output
+// limits apply to what is sent. A failed send or a cancelled ctx kills the
+// command.
+func (m *Manager) ExecStream(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error) (err error) {
+	defer m.observe("ExecStream", &err)
+	ss := &serialSender{send: send}
+	defer ss.close()
+	res, err := m.exec(ctx, req, ss.send1)
+	if err != nil {
+		return err
+	}
+	final := proto.Clone(res).(*warrenv1.ExecResult)
+	final.Stdout, final.Stderr = nil, nil
+	if err := ss.send1(&warrenv1.ExecEvent{Event: &warrenv1.ExecEvent_Result{Result: final}}); err != nil {
+		return withCategory(err, errdefs.Unavailable, "send exec result")
+	}
+	return nil
+}
+
+// serialSender serialises sends from the two output readers and refuses
+// sends once the call returned (a reader abandoned in drain must not touch
+// a finished stream).
+type serialSender struct {
+	mu     sync.Mutex
+	send   func(*warrenv1.ExecEvent) error
+	closed bool
+}
+
+func (s *serialSender) send1(ev *warrenv1.ExecEvent) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errdefs.Unavailablef("stream closed")
+	}
+	return s.send(ev)
+}
+
+func (s *serialSender) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+}
+
+// exec runs req once, or returns the cached outcome of an earlier run with
+// the same idempotency key (waiting for it while it runs).
+func (m *Manager) exec(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error) (*warrenv1.ExecResult, error) {
+	key := req.GetIdempotencyKey()
+	if key == "" {
+		res, _, err := m.execOnce(ctx, req, send, send == nil)
+		return res, err
+	}
+	if len(key) > maxIdempotencyKey {
+		return nil, errdefs.Invalidf("idempotency_key longer than %d bytes", maxIdempotencyKey)
+	}
+	if _, err := m.lookup(req.GetSandboxId()); err != nil {
+		return nil, err
+	}
+	e, first := m.idem.begin(req.GetSandboxId(), key)
+	if !first {
+		select {
+		case <-e.done:
+		case <-ctx.Done():
+			return nil, ctxError(ctx, "wait for the first run of idempotency key "+key)
+		}
+		res, err := e.outcome()
+		if err == nil && send != nil {
+			if err := replay(res, send); err != nil {
+				return nil, withCategory(err, errdefs.Unavailable, "send exec output")
+			}
+		}
+		return res, err
+	}
+	// Output is kept even when streaming, for the retries.
+	res, started, err := m.execOnce(ctx, req, send, true)
+	if started {
+		m.idem.finish(e, res, err)
+	} else {
+		m.idem.abandon(e, err)
+	}
+	return res, err
+}
+
+// replay sends a cached result's output as stream events.
+func replay(res *warrenv1.ExecResult, send func(*warrenv1.ExecEvent) error) error {
+	for b := res.GetStdout(); len(b) > 0; {
+		n := min(len(b), replayChunk)
+		if err := send(&warrenv1.ExecEvent{Event: &warrenv1.ExecEvent_Stdout{Stdout: b[:n]}}); err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	for b := res.GetStderr(); len(b) > 0; {
+		n := min(len(b), replayChunk)
+		if err := send(&warrenv1.ExecEvent{Event: &warrenv1.ExecEvent_Stderr{Stderr: b[:n]}}); err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// execOnce validates and runs one exec. started reports whether the
+// command was started (its outcome is then final for idempotency).
+func (m *Manager) execOnce(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error, keep bool) (*warrenv1.ExecResult, bool, error) {
+	s, v, err := m.live(req.GetSandboxId())
+	if err != nil {
+		return nil, false, err
+	}
+	limit, err := outputLimit(req.GetOutputLimitBytes())
+	if err != nil {
+		return nil, false, err
+	}
+	timeout, err := m.execTimeout(req.GetTimeoutMs(), m.cfg.DefaultExecTimeout)
+	if err != nil {
+		return nil, false, err
+	}
+	spec, err := m.procSpec(ctx, v, req)
+	if err != nil {
+		return nil, false, err
+	}
+	spec.Stdin = len(req.GetStdin()) > 0
+	return m.run(ctx, s, v.sb, spec, runOpts{stdin: req.GetStdin(), timeout: timeout, limit: limit, keep: keep, send: send})
+}
+
+// execTimeout validates timeout_ms; 0 selects def (0: none).
+func (m *Manager) execTimeout(ms int64, def time.Duration) (time.Duration, error) {
+	switch {
+	case ms < 0:
+		return 0, errdefs.Invalidf("timeout_ms %d is negative", ms)
+	case ms == 0:
+		return def, nil
+	case ms > m.cfg.MaxTimeout.Milliseconds():
+		return 0, errdefs.Invalidf("timeout_ms %d exceeds the maximum of %d", ms, m.cfg.MaxTimeout.Milliseconds())
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// procSpec builds the process spec of an exec request: argv, merged env,
+// cwd and the resolved user. Streams are left for the caller to set.
+func (m *Manager) procSpec(ctx context.Context, v view, req *warrenv1.ExecRequest) (backend.ProcSpec, error) {
+	argv, err := argvOf(req)
+	if err != nil {
+		return backend.ProcSpec{}, err
+	}
+	if err := validateEnv(req.GetEnv()); err != nil {
+		return backend.ProcSpec{}, err
+	}
+	cwd := req.GetCwd()
+	if cwd == "" {
+		cwd = v.workdir
+	}
+	if cwd == "" {
+		cwd = "/"
+	}
+	if err := validateAbsPath("cwd", cwd); err != nil {
+		return backend.ProcSpec{}, err
+	}
+	var read fileReader
+	if v.fs != nil {
+		read = func(path string) ([]byte, error) {
+			data, _, _, err := v.fs.ReadFile(ctx, path, 0, passwdMax)
+			return data, err
+		}
+	}
+	id, err := resolveUser(req.GetUser(), read)
+	if err != nil {
+		return backend.ProcSpec{}, err
+	}
+	return backend.ProcSpec{
+		Argv:   argv,
+		Env:    mergeEnv(v.env, req.GetEnv(), id.Home),
+		Cwd:    cwd,
+		UID:    id.UID,
+		GID:    id.GID,
+		Stdout: true,
+		Stderr: true,
+	}, nil
+}
+
+type runOpts struct {
+	stdin   []byte
+	timeout time.Duration // 0: none
+	limit   int64
+	keep    bool
+	send    func(*warrenv1.ExecEvent) error // stream output as it comes
+}
+
+type waitResult struct {
+	st  backend.ExitStatus
+	err error
+}
+
+// run starts a process, feeds its stdin, captures its output within the
+// limits and waits for it: until it exits, its timeout passes (SIGKILL to
+// its process group), or the call is cancelled (Close kills the group).
+func (m *Manager) run(ctx context.Context, s *sandbox, sb backend.Sandbox, spec backend.ProcSpec, o runOpts) (*warrenv1.ExecResult, bool, error) {
+	var oomBefore uint64
+	if st, err := sb.Stats(); err == nil {
+		oomBefore = st.OOMKills
+	}
+	start := time.Now()
+	proc, err := sb.Start(ctx, spec)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, false, ctxError(ctx, "start process")
+		}
+		return nil, false, m.explain(s, err, "start process")
+	}
+	defer proc.Close()
+
+	sendFailed := make(chan struct{})
+	var sendErr error
+	var failOnce sync.Once
+	onSendErr := func(err error) {
+		failOnce.Do(func() {
+			sendErr = err
+			close(sendFailed)
+		})
+	}
+	var sendOut, sendErrOut func([]byte) error
+	if o.send != nil {
+		sendOut = func(b []byte) error {
+			return o.send(&warrenv1.ExecEvent{Event: &warrenv1.ExecEvent_Stdout{Stdout: b}})
+		}
+		sendErrOut = func(b []byte) error {
+			return o.send(&warrenv1.ExecEvent{Event: &warrenv1.ExecEvent_Stderr{Stderr: b}})
+		}
+	}
+	stdout := newCapture(o.limit, o.keep, sendOut)
+	stderr := newCapture(o.limit, o.keep, sendErrOut)
+	col := collect(onSendErr, streamSource{proc.Stdout(), stdout}, streamSource{proc.Stderr(), stderr})
+	if spec.Stdin {
+		if w := proc.Stdin(); w != nil {
+			go feedStdin(w, o.stdin)
+		}
+	}
+	waitCh := make(chan waitResult, 1)
+	go func() {
+		st, err := proc.Wait()
+		waitCh <- waitResult{st, err}
+	}()
+
+	var timeoutC <-chan time.Time
+	if o.timeout > 0 {
+		t := time.NewTimer(o.timeout)
+		defer t.Stop()
+		timeoutC = t.C
+	}
+	var (
+		wr       waitResult
+		timedOut bool
+		stopErr  error
+	)
+	select {
+	case wr = <-waitCh:
+	case <-timeoutC:
+		timedOut = true
+		_ = proc.Signal(syscall.SIGKILL, true)
+		wr = awaitExit(proc, waitCh)
+	case <-ctx.Done():
+		stopErr = ctxError(ctx, "exec cancelled")
+		_ = proc.Close()
+		wr = awaitExit(proc, waitCh)
+	case <-sendFailed:
+		stopErr = withCategory(sendErr, errdefs.Unavailable, "send exec output")
+		_ = proc.Close()
+		wr = awaitExit(proc, waitCh)
+	case <-m.closing:
+		stopErr = errdefs.Unavailablef("daemon is shutting down")
+		_ = proc.Close()
+		wr = awaitExit(proc, waitCh)
+	}
+	dur := time.Since(start)
+	col.drain(pipeGrace)
+	res := buildResult(proc.Pid(), dur, wr.st, timedOut, stdout, stderr)
+	if wr.err != nil {
+		if stopErr != nil {
+			return res, true, stopErr
+		}
+		return nil, true, m.explain(s, wr.err, "wait for process")
+	}
+	if isKill(wr.st) && !timedOut {
+		if st, err := sb.Stats(); err == nil && st.OOMKills > oomBefore {
+			res.OomKilled = true
+		}
+	}
+	m.metrics.ObserveExec(dur.Seconds())
+	return res, true, stopErr
+}
+
+// isKill reports an exit by SIGKILL, directly or as a shell's 128+9.
+func isKill(st backend.ExitStatus) bool {
+	return st.Signal == syscall.SIGKILL || st.Code == 128+int(syscall.SIGKILL)
+}
+
+// awaitExit waits for a killed process's exit status, closing the handle
+// if SIGKILL was not enough, and gives up after killWait.
+func awaitExit(proc backend.Process, waitCh <-chan waitResult) waitResult {
+	t := time.NewTimer(killWait)
+	defer t.Stop()
+	select {
+	case wr := <-waitCh:
+		return wr
+	case <-t.C:
+	}
+	_ = proc.Close()
+	t.Reset(killWait)
+	select {
+	case wr := <-waitCh:
+		return wr
+	case <-t.C:
+		return waitResult{err: errdefs.Internalf("process %d did not exit after being killed", proc.Pid())}
+	}
+}
+
+// feedStdin writes data and closes the pipe; a process that exits without
+// reading it breaks the pipe, which is fine.
+func feedStdin(w io.WriteCloser, data []byte) {
+	_, _ = w.Write(data)
+	_ = w.Close()
+}
+
+// buildResult assembles an ExecResult; the captures are frozen.
+func buildResult(pid int, dur time.Duration, st backend.ExitStatus, timedOut bool, stdout, stderr *capture) *warrenv1.ExecResult {
+	res := &warrenv1.ExecResult{
+		ExitCode:   int32(st.Code),
+		Signal:     int32(st.Signal),
+		TimedOut:   timedOut,
+		DurationMs: dur.Milliseconds(),
+		Pid:        int32(pid),
+	}
+	if st.Signal != 0 {
+		res.ExitCode = -1
+	}
+	res.Stdout, res.StdoutTruncated, res.StdoutDroppedBytes = stdout.result()
+	res.Stderr, res.StderrTruncated, res.StderrDroppedBytes = stderr.result()
+	return res
+}

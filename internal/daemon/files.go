@@ -1,0 +1,170 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/sandboxfs"
+)
+
+// MaxReadFile caps one ReadFile response.
+const MaxReadFile = 64 << 20
+
+// fsOf returns the file system of a running sandbox.
+func (m *Manager) fsOf(id string) (*sandboxfs.FS, error) {
+	_, v, err := m.live(id)
+	if err != nil {
+		return nil, err
+	}
+	if v.fs == nil {
+		return nil, errdefs.Invalidf("file operations not supported by backend %s", v.backend)
+	}
+	return v.fs, nil
+}
+
+func fileInfoProto(fi sandboxfs.FileInfo) *warrenv1.FileInfo {
+	return &warrenv1.FileInfo{
+		Name:        fi.Name,
+		Path:        fi.Path,
+		Size:        fi.Size,
+		Mode:        fi.UnixPerm(),
+		IsDir:       fi.IsDir,
+		IsSymlink:   fi.IsSymlink,
+		LinkTarget:  fi.LinkTarget,
+		MtimeUnixMs: unixMs(fi.MTime),
+		Type:        fi.Type,
+	}
+}
+
+// WriteFile writes (or appends to) a file in the sandbox.
+func (m *Manager) WriteFile(ctx context.Context, req *warrenv1.WriteFileRequest) (_ *warrenv1.WriteFileResponse, err error) {
+	defer m.observe("WriteFile", &err)
+	fs, err := m.fsOf(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	mode := os.FileMode(req.GetMode())
+	if mode == 0 {
+		mode = 0o644
+	}
+	if mode&^os.FileMode(0o7777) != 0 {
+		return nil, errdefs.Invalidf("invalid mode %#o: permission bits only", req.GetMode())
+	}
+	err = fs.WriteFile(ctx, req.GetPath(), bytes.NewReader(req.GetContent()), mode, req.GetAppend(), req.GetMakeParents())
+	if err != nil {
+		return nil, withCategory(err, errdefs.Internal, "write "+req.GetPath())
+	}
+	return &warrenv1.WriteFileResponse{}, nil
+}
+
+// ReadFile reads length bytes (0: to the end, capped at 64 MiB) from
+// offset of a file in the sandbox.
+func (m *Manager) ReadFile(ctx context.Context, req *warrenv1.ReadFileRequest) (_ *warrenv1.ReadFileResponse, err error) {
+	defer m.observe("ReadFile", &err)
+	if req.GetOffset() < 0 || req.GetLength() < 0 {
+		return nil, errdefs.Invalidf("offset and length must not be negative")
+	}
+	fs, err := m.fsOf(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	length := req.GetLength()
+	if length == 0 || length > MaxReadFile {
+		length = MaxReadFile
+	}
+	data, size, eof, err := fs.ReadFile(ctx, req.GetPath(), req.GetOffset(), length)
+	if err != nil {
+		return nil, withCategory(err, errdefs.Internal, "read "+req.GetPath())
+	}
+	return &warrenv1.ReadFileResponse{Content: data, Size: size, Eof: eof}, nil
+}
+
+// ListFiles lists a directory of the sandbox.
+func (m *Manager) ListFiles(ctx context.Context, req *warrenv1.ListFilesRequest) (_ *warrenv1.ListFilesResponse, err error) {
+	defer m.observe("ListFiles", &err)
+	fs, err := m.fsOf(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	list, err := fs.List(ctx, req.GetPath())
+	if err != nil {
+		return nil, withCategory(err, errdefs.Internal, "list "+req.GetPath())
+	}
+	resp := &warrenv1.ListFilesResponse{Files: make([]*warrenv1.FileInfo, 0, len(list))}
+	for _, fi := range list {
+		resp.Files = append(resp.Files, fileInfoProto(fi))
+	}
+	return resp, nil
+}
+
+// StatFile describes one path of the sandbox (a symlink itself, not its
+// target).
+func (m *Manager) StatFile(ctx context.Context, req *warrenv1.StatFileRequest) (_ *warrenv1.FileInfo, err error) {
+	defer m.observe("StatFile", &err)
+	fs, err := m.fsOf(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	fi, err := fs.Stat(ctx, req.GetPath())
+	if err != nil {
+		return nil, withCategory(err, errdefs.Internal, "stat "+req.GetPath())
+	}
+	return fileInfoProto(fi), nil
+}
+
+// MakeDir creates a directory (mode default 0755) in the sandbox.
+func (m *Manager) MakeDir(ctx context.Context, req *warrenv1.MakeDirRequest) (_ *warrenv1.MakeDirResponse, err error) {
+	defer m.observe("MakeDir", &err)
+	fs, err := m.fsOf(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	mode := os.FileMode(req.GetMode())
+	if mode == 0 {
+		mode = 0o755
+	}
+	if mode&^os.FileMode(0o7777) != 0 {
+		return nil, errdefs.Invalidf("invalid mode %#o: permission bits only", req.GetMode())
+	}
+	if err := fs.Mkdir(ctx, req.GetPath(), mode, req.GetParents()); err != nil {
+		return nil, withCategory(err, errdefs.Internal, "mkdir "+req.GetPath())
+	}
+	return &warrenv1.MakeDirResponse{}, nil
+}
+
+// RemoveFile removes a file, or a directory tree when recursive.
+func (m *Manager) RemoveFile(ctx context.Context, req *warrenv1.RemoveFileRequest) (_ *warrenv1.RemoveFileResponse, err error) {
+	defer m.observe("RemoveFile", &err)
+	fs, err := m.fsOf(req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	if err := fs.Remove(ctx, req.GetPath(), req.GetRecursive()); err != nil {
+		return nil, withCategory(err, errdefs.Internal, "remove "+req.GetPath())
+	}
+	return &warrenv1.RemoveFileResponse{}, nil
+}
+
+// TarOut writes the tree at path of the sandbox to w as a tar stream.
+func (m *Manager) TarOut(ctx context.Context, id, path string, w io.Writer) (err error) {
+	defer m.observe("TarOut", &err)
+	fs, err := m.fsOf(id)
+	if err != nil {
+		return err
+	}
+	return withCategory(fs.TarOut(ctx, path, w), errdefs.Internal, "archive "+path)
+}
+
+// TarIn extracts the tar stream r under path of the sandbox.
+func (m *Manager) TarIn(ctx context.Context, id, path string, r io.Reader) (err error) {
+	defer m.observe("TarIn", &err)
+	fs, err := m.fsOf(id)
+	if err != nil {
+		return err
+	}
+	return withCategory(fs.TarIn(ctx, path, r), errdefs.Internal, "extract into "+path)
+}

@@ -1,0 +1,186 @@
+package daemon
+
+import (
+	"io"
+	"os"
+	"sync"
+	"time"
+)
+
+// Output limits per stream.
+const (
+	DefaultOutputLimit = 1 << 20  // 1 MiB
+	MaxOutputLimit     = 64 << 20 // 64 MiB
+	// pipeGrace is how long the output pipes may keep delivering after the
+	// process exited: a background child that inherited stdout must not
+	// hold the call open.
+	pipeGrace = 200 * time.Millisecond
+	readChunk = 32 << 10
+)
+
+// capture keeps the first limit bytes of a stream and counts the rest. It
+// never stops reading, so a process that writes without end (`yes`) does
+// not block on a full pipe. It is safe for concurrent use.
+type capture struct {
+	limit int64
+	keep  bool               // keep the bytes within the limit in memory
+	send  func([]byte) error // optional: called with each chunk within the limit
+
+	mu      sync.Mutex
+	buf     []byte
+	total   int64
+	frozen  bool // result taken: later bytes are ignored
+	sendErr error
+}
+
+func newCapture(limit int64, keep bool, send func([]byte) error) *capture {
+	return &capture{limit: limit, keep: keep, send: send}
+}
+
+// add records one chunk read from the stream. It returns the error of the
+// send callback, once, when sending failed.
+func (c *capture) add(p []byte) error {
+	c.mu.Lock()
+	if c.frozen {
+		c.mu.Unlock()
+		return nil
+	}
+	var fit []byte
+	if room := c.limit - c.total; room > 0 {
+		fit = p[:min(room, int64(len(p)))]
+	}
+	if c.keep && len(fit) > 0 {
+		if c.buf == nil {
+			c.buf = make([]byte, 0, min(c.limit, 64<<10))
+		}
+		c.buf = append(c.buf, fit...)
+	}
+	c.total += int64(len(p))
+	send := c.send != nil && len(fit) > 0 && c.sendErr == nil
+	c.mu.Unlock()
+	if !send {
+		return nil
+	}
+	if err := c.send(append([]byte(nil), fit...)); err != nil {
+		c.mu.Lock()
+		c.sendErr = err
+		c.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// readFrom reads r until EOF, a read error or a read deadline. Failed sends
+// do not stop it: the stream is drained regardless. onSendErr is called
+// once on the first failed send.
+func (c *capture) readFrom(r io.Reader, onSendErr func(error)) {
+	buf := make([]byte, readChunk)
+	reported := false
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if serr := c.add(buf[:n]); serr != nil && !reported {
+				reported = true
+				if onSendErr != nil {
+					onSendErr(serr)
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// result freezes the capture and returns the kept bytes, whether output
+// was cut, and how many bytes were dropped past the limit.
+func (c *capture) result() (data []byte, truncated bool, dropped int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.frozen = true
+	if c.total > c.limit {
+		dropped = c.total - c.limit
+		truncated = true
+	}
+	return c.buf, truncated, dropped
+}
+
+type deadliner interface{ SetReadDeadline(time.Time) error }
+
+// collector reads a process's output streams into captures.
+type collector struct {
+	readers []io.Reader
+	wg      sync.WaitGroup
+	done    chan struct{}
+}
+
+type streamSource struct {
+	r io.Reader // nil: not connected
+	c *capture
+}
+
+// collect starts one reader goroutine per connected stream.
+func collect(onSendErr func(error), srcs ...streamSource) *collector {
+	col := &collector{done: make(chan struct{})}
+	for _, s := range srcs {
+		if s.r == nil || isNilReader(s.r) {
+			continue
+		}
+		col.readers = append(col.readers, s.r)
+		col.wg.Add(1)
+		go func() {
+			defer col.wg.Done()
+			s.c.readFrom(s.r, onSendErr)
+		}()
+	}
+	go func() {
+		col.wg.Wait()
+		close(col.done)
+	}()
+	return col
+}
+
+// isNilReader catches a typed nil (*os.File)(nil) behind the interface.
+func isNilReader(r io.Reader) bool {
+	f, ok := r.(*os.File)
+	return ok && f == nil
+}
+
+// drain is called once the process exited: the streams get grace to reach
+// EOF, then reading stops. Streams that support read deadlines (pipes as
+// *os.File, sockets) get one; others are closed when the grace passed.
+// drain returns when every reader stopped, or after a further second (a
+// reader stuck in a non-interruptible read is abandoned; its capture is
+// frozen by result, so late bytes are ignored).
+func (col *collector) drain(grace time.Duration) {
+	select {
+	case <-col.done:
+		return
+	default:
+	}
+	deadline := time.Now().Add(grace)
+	for _, r := range col.readers {
+		if d, ok := r.(deadliner); ok {
+			// os.ErrNoDeadline (a non-pollable file): the close below
+			// is the fallback.
+			_ = d.SetReadDeadline(deadline)
+		}
+	}
+	t := time.NewTimer(grace + 50*time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-col.done:
+		return
+	case <-t.C:
+	}
+	for _, r := range col.readers {
+		if c, ok := r.(io.Closer); ok {
+			_ = c.Close()
+		}
+	}
+	t.Reset(time.Second)
+	select {
+	case <-col.done:
+	case <-t.C:
+	}
+}

@@ -1,0 +1,665 @@
+package daemon
+
+import (
+	"cmp"
+	"context"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cleanup"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/metrics"
+	"github.com/warrenrl/warren/internal/sandboxfs"
+	"github.com/warrenrl/warren/internal/store"
+)
+
+const (
+	// destroyTimeout bounds a backend Destroy that no caller waits for
+	// (timeouts, dead sandboxes) or whose caller went away.
+	destroyTimeout = 2 * time.Minute
+	// adoptWorkers is how many sandboxes New adopts in parallel.
+	adoptWorkers = 8
+	// retryDestroy is when a failed deletion of an expired sandbox is
+	// tried again.
+	retryDestroy = time.Minute
+)
+
+const (
+	stateCreating = warrenv1.SandboxState_SANDBOX_STATE_CREATING
+	stateRunning  = warrenv1.SandboxState_SANDBOX_STATE_RUNNING
+	stateDead     = warrenv1.SandboxState_SANDBOX_STATE_DEAD
+	stateDeleting = warrenv1.SandboxState_SANDBOX_STATE_DELETING
+)
+
+// Create validates the request, resolves the image, persists a CREATING
+// record, has the backend create the sandbox and persists it as RUNNING.
+// On failure everything done is rolled back.
+func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *warrenv1.Sandbox, err error) {
+	defer m.observe("Create", &err)
+	start := time.Now()
+	p, err := m.validateCreate(req)
+	if err != nil {
+		return nil, err
+	}
+	b := m.cfg.Backends[p.backend]
+	info := &warrenv1.Sandbox{
+		Id:              p.id,
+		Image:           p.image,
+		Backend:         p.backend,
+		State:           stateCreating,
+		Resources:       p.resources,
+		Env:             maps.Clone(p.env),
+		Workdir:         p.workdir,
+		Labels:          maps.Clone(p.labels),
+		CreatedAtUnixMs: start.UnixMilli(),
+		Hostname:        p.hostname,
+	}
+	s := &sandbox{
+		backendName: p.backend,
+		b:           b,
+		ready:       make(chan struct{}),
+		removed:     make(chan struct{}),
+		info:        info,
+	}
+
+	// Reserve the id.
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, errdefs.Unavailablef("daemon is shutting down")
+	}
+	if p.id == "" {
+		for p.id = newID(); m.sandboxes[p.id] != nil; p.id = newID() {
+		}
+	} else if m.sandboxes[p.id] != nil {
+		m.mu.Unlock()
+		return nil, errdefs.Conflictf("sandbox %s already exists", p.id)
+	}
+	s.id, info.Id = p.id, p.id
+	if info.Hostname == "" {
+		info.Hostname = p.id
+	}
+	m.sandboxes[p.id] = s
+	m.mu.Unlock()
+	m.metrics.SandboxState("", metrics.StateCreating)
+
+	var cl cleanup.Cleanup
+	defer func() {
+		if err != nil {
+			if cerr := cl.Clean(); cerr != nil {
+				m.log.Warn("rollback of failed create incomplete", "sandbox", p.id, "err", cerr)
+			}
+		}
+	}()
+	cl.Add(func() error {
+		m.forget(s)
+		return nil
+	})
+
+	// Resolve the image and hold its layers for the sandbox's life.
+	m.imgMu.RLock()
+	img, err := m.images.Get(p.image)
+	var layers []string
+	var release func()
+	if err == nil {
+		layers, release, err = m.images.LayerDirs(ctx, img)
+	}
+	m.imgMu.RUnlock()
+	if err != nil {
+		return nil, withCategory(err, errdefs.Internal, "resolve image "+p.image)
+	}
+	cl.Add(func() error {
+		release()
+		return nil
+	})
+	s.mu.Lock()
+	s.imageLayers = img.Layers
+	s.mu.Unlock()
+
+	// A crash from here on leaves a CREATING record that New sweeps.
+	s.mu.Lock()
+	err = m.persist(s)
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	cl.Add(func() error { return m.store.Delete(p.id) })
+
+	sb, err := b.Create(ctx, backend.Spec{
+		ID:          p.id,
+		Hostname:    info.Hostname,
+		Layers:      layers,
+		CPUMillis:   p.resources.CpuMillis,
+		MemoryBytes: p.resources.MemoryBytes,
+		PidsMax:     p.resources.PidsMax,
+		Env:         envList(p.env),
+		Workdir:     p.workdir,
+	})
+	if err != nil {
+		return nil, withCategory(err, errdefs.Internal, "create sandbox "+p.id)
+	}
+	cl.Add(func() error {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
+		defer cancel()
+		return sb.Destroy(dctx)
+	})
+
+	var fs *sandboxfs.FS
+	if root := sb.Root(); root != "" {
+		fs = sandboxfs.New(root)
+	}
+	s.mu.Lock()
+	s.sb, s.fs, s.backendState, s.release = sb, fs, sb.State(), release
+	m.setState(s, stateRunning)
+	expires := time.Now().Add(p.timeout)
+	info.ExpiresAtUnixMs = expires.UnixMilli()
+	if err = m.persist(s); err != nil {
+		s.sb, s.fs, s.backendState, s.release = nil, nil, nil, nil
+		m.setState(s, stateCreating)
+		info.ExpiresAtUnixMs = 0
+		s.mu.Unlock()
+		return nil, err
+	}
+	m.armTimerLocked(s, expires)
+	out := cloneSandbox(info)
+	close(s.ready)
+	s.mu.Unlock()
+	cl.Release()
+
+	m.spawn(func() { m.watch(s, sb) })
+	m.metrics.ObserveCreate(time.Since(start).Seconds())
+	m.log.Debug("sandbox created", "sandbox", p.id, "image", p.image, "backend", p.backend, "took", time.Since(start))
+	return out, nil
+}
+
+// forget removes a sandbox from the map and wakes whoever waits on it.
+func (m *Manager) forget(s *sandbox) {
+	m.mu.Lock()
+	if m.sandboxes[s.id] == s {
+		delete(m.sandboxes, s.id)
+	}
+	m.mu.Unlock()
+	s.mu.Lock()
+	if !s.gone {
+		s.gone = true
+		m.metrics.SandboxState(stateLabel(s.info.GetState()), "")
+		if s.timer != nil {
+			s.timer.Stop()
+		}
+		close(s.removed)
+		select {
+		case <-s.ready:
+		default:
+			close(s.ready)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// Get returns one sandbox.
+func (m *Manager) Get(ctx context.Context, req *warrenv1.GetRequest) (_ *warrenv1.Sandbox, err error) {
+	defer m.observe("Get", &err)
+	s, err := m.lookup(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		return nil, errdefs.NotFoundf("sandbox %s not found", s.id)
+	}
+	return cloneSandbox(s.info), nil
+}
+
+// List returns the sandboxes whose labels include every requested label,
+// sorted by creation time, then id.
+func (m *Manager) List(ctx context.Context, req *warrenv1.ListRequest) (_ *warrenv1.ListResponse, err error) {
+	defer m.observe("List", &err)
+	m.mu.RLock()
+	all := make([]*sandbox, 0, len(m.sandboxes))
+	for _, s := range m.sandboxes {
+		all = append(all, s)
+	}
+	m.mu.RUnlock()
+	want := req.GetLabels()
+	resp := &warrenv1.ListResponse{Sandboxes: make([]*warrenv1.Sandbox, 0, len(all))}
+	for _, s := range all {
+		s.mu.Lock()
+		if !s.gone && labelsMatch(s.info.GetLabels(), want) {
+			resp.Sandboxes = append(resp.Sandboxes, cloneSandbox(s.info))
+		}
+		s.mu.Unlock()
+	}
+	sortSandboxes(resp.Sandboxes)
+	return resp, nil
+}
+
+func labelsMatch(have, want map[string]string) bool {
+	for k, v := range want {
+		if hv, ok := have[k]; !ok || hv != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Delete destroys a sandbox and forgets it. Deleting a sandbox that is
+// being deleted waits for that deletion; one being created is deleted once
+// its creation finished.
+func (m *Manager) Delete(ctx context.Context, req *warrenv1.DeleteRequest) (_ *warrenv1.DeleteResponse, err error) {
+	defer m.observe("Delete", &err)
+	s, err := m.lookup(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if err := m.remove(ctx, s, metrics.ReasonUser); err != nil {
+		return nil, err
+	}
+	return &warrenv1.DeleteResponse{}, nil
+}
+
+// remove deletes a sandbox: DELETING, kill its processes, Destroy, drop the
+// record and the layers. reason is counted when the sandbox was alive.
+func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
+	s.mu.Lock()
+	for {
+		if s.gone {
+			s.mu.Unlock()
+			return errdefs.NotFoundf("sandbox %s not found", s.id)
+		}
+		if ch := s.deleting; ch != nil {
+			s.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return ctxError(ctx, "wait for deletion of sandbox "+s.id)
+			}
+			s.mu.Lock()
+			err := s.deleteErr
+			s.mu.Unlock()
+			return err
+		}
+		if s.info.GetState() != stateCreating {
+			break
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.ready:
+		case <-ctx.Done():
+			return ctxError(ctx, "wait for creation of sandbox "+s.id)
+		}
+		s.mu.Lock()
+	}
+	prev := s.info.GetState()
+	done := make(chan struct{})
+	s.deleting, s.deleteErr = done, nil
+	m.setState(s, stateDeleting)
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	if err := m.persist(s); err != nil {
+		m.log.Warn("persist deleting state", "sandbox", s.id, "err", err)
+	}
+	sb := s.sb
+	procs := make([]*process, 0, len(s.procs))
+	for _, p := range s.procs {
+		procs = append(procs, p)
+	}
+	s.mu.Unlock()
+
+	var err error
+	if sb != nil {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
+		err = sb.Destroy(dctx)
+		cancel()
+	}
+	for _, p := range procs {
+		p.kill()
+	}
+	if err != nil {
+		err = withCategory(err, errdefs.Internal, "destroy sandbox "+s.id)
+		s.mu.Lock()
+		m.setState(s, prev)
+		s.deleting, s.deleteErr = nil, err
+		if perr := m.persist(s); perr != nil {
+			m.log.Warn("persist state after failed delete", "sandbox", s.id, "err", perr)
+		}
+		// Keep the lifetime; an expired sandbox is retried later, not
+		// in a tight loop.
+		m.armTimerLocked(s, later(time.UnixMilli(s.info.GetExpiresAtUnixMs()), time.Now().Add(retryDestroy)))
+		s.mu.Unlock()
+		close(done)
+		return err
+	}
+	if derr := m.store.Delete(s.id); derr != nil {
+		// The record comes back as DEAD after a restart; Delete forgets it.
+		m.log.Warn("delete record", "sandbox", s.id, "err", derr)
+	}
+	s.releaseLayers()
+	m.idem.dropSandbox(s.id)
+	m.forget(s)
+	close(done)
+	if prev == stateRunning {
+		m.metrics.SandboxEnded(reason)
+	}
+	m.log.Debug("sandbox deleted", "sandbox", s.id, "reason", reason)
+	return nil
+}
+
+// ExtendTimeout sets a sandbox's deadline to now + timeout_seconds (0: the
+// node default).
+func (m *Manager) ExtendTimeout(ctx context.Context, req *warrenv1.ExtendTimeoutRequest) (_ *warrenv1.Sandbox, err error) {
+	defer m.observe("ExtendTimeout", &err)
+	s, err := m.lookup(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	d, err := m.lifetime(req.GetTimeoutSeconds())
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch st := s.info.GetState(); {
+	case s.gone:
+		return nil, errdefs.NotFoundf("sandbox %s not found", s.id)
+	case st == stateDeleting || s.deleting != nil:
+		return nil, errdefs.Conflictf("sandbox %s is being deleted", s.id)
+	case st == stateCreating:
+		return nil, errdefs.Conflictf("sandbox %s is still being created", s.id)
+	}
+	expires := time.Now().Add(d)
+	old := s.info.GetExpiresAtUnixMs()
+	s.info.ExpiresAtUnixMs = expires.UnixMilli()
+	if err := m.persist(s); err != nil {
+		s.info.ExpiresAtUnixMs = old
+		return nil, err
+	}
+	m.armTimerLocked(s, expires)
+	return cloneSandbox(s.info), nil
+}
+
+// armTimerLocked (re)arms the sandbox's lifetime timer; s.mu held. One
+// runtime timer per sandbox: cheap for thousands.
+func (m *Manager) armTimerLocked(s *sandbox, expires time.Time) {
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	if m.isClosed() {
+		return
+	}
+	s.timer = time.AfterFunc(time.Until(expires), func() {
+		m.spawn(func() { m.expire(s) })
+	})
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// expire deletes a sandbox whose lifetime passed.
+func (m *Manager) expire(s *sandbox) {
+	if m.isClosed() {
+		return
+	}
+	s.mu.Lock()
+	exp := time.UnixMilli(s.info.GetExpiresAtUnixMs())
+	stale := s.gone || s.deleting != nil || time.Now().Before(exp)
+	s.mu.Unlock()
+	if stale {
+		return // deleted, or extended after this timer fired
+	}
+	m.log.Info("sandbox timed out", "sandbox", s.id)
+	if err := m.remove(context.Background(), s, metrics.ReasonTimeout); err != nil &&
+		errdefs.CategoryOf(err) != errdefs.NotFound {
+		m.log.Error("delete timed-out sandbox", "sandbox", s.id, "err", err)
+	}
+}
+
+// watch waits for a sandbox's init to die on its own.
+func (m *Manager) watch(s *sandbox, sb backend.Sandbox) {
+	select {
+	case <-sb.Done():
+		m.died(s, sb, "init exited")
+	case <-s.removed:
+	case <-m.closing:
+	}
+}
+
+// died marks a running sandbox DEAD, releases its resources and keeps the
+// record until Delete (or its lifetime passes).
+func (m *Manager) died(s *sandbox, sb backend.Sandbox, why string) {
+	s.mu.Lock()
+	if s.gone || s.sb != sb || s.info.GetState() != stateRunning || s.deleting != nil {
+		s.mu.Unlock()
+		return
+	}
+	m.setState(s, stateDead)
+	s.info.DeadReason = why
+	if err := m.persist(s); err != nil {
+		m.log.Warn("persist dead state", "sandbox", s.id, "err", err)
+	}
+	s.fs = nil
+	procs := make([]*process, 0, len(s.procs))
+	for _, p := range s.procs {
+		procs = append(procs, p)
+	}
+	s.mu.Unlock()
+	m.log.Warn("sandbox died", "sandbox", s.id, "reason", why)
+	m.metrics.SandboxEnded(metrics.ReasonDead)
+	for _, p := range procs {
+		p.kill()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
+	defer cancel()
+	if err := sb.Destroy(ctx); err != nil {
+		m.log.Error("release resources of dead sandbox", "sandbox", s.id, "err", err)
+	}
+	s.releaseLayers()
+}
+
+// adoptAll re-adopts the sandboxes of the store, then sweeps orphans.
+func (m *Manager) adoptAll(ctx context.Context) error {
+	recs, err := m.store.List()
+	if err != nil {
+		return err
+	}
+	var (
+		mu   sync.Mutex
+		keep = map[string]map[string]bool{}
+		wg   sync.WaitGroup
+		work = make(chan store.Record)
+	)
+	for name := range m.cfg.Backends {
+		keep[name] = map[string]bool{}
+	}
+	for range min(adoptWorkers, max(1, len(recs))) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for rec := range work {
+				if m.adopt(ctx, rec) {
+					mu.Lock()
+					keep[rec.Backend][rec.ID] = true
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for _, rec := range recs {
+		work <- rec
+	}
+	close(work)
+	wg.Wait()
+	for name, b := range m.cfg.Backends {
+		if err := b.Sweep(ctx, keep[name]); err != nil {
+			m.log.Error("sweep orphaned sandbox resources", "backend", name, "err", err)
+		}
+	}
+	// The adopted sandboxes hold their layers again: collect the rest.
+	if err := m.images.GC(); err != nil {
+		m.log.Error("collect unused image layers", "err", err)
+	}
+	m.log.Info("adopted sandboxes", "records", len(recs), "running", m.count(stateRunning), "dead", m.count(stateDead))
+	return nil
+}
+
+// adopt restores one record; it reports whether the sandbox is alive (and
+// its backend resources must be kept by Sweep).
+func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
+	log := m.log.With("sandbox", rec.ID)
+	info := rec.Sandbox
+	s := &sandbox{
+		id:           rec.ID,
+		backendName:  rec.Backend,
+		b:            m.cfg.Backends[rec.Backend],
+		ready:        make(chan struct{}),
+		removed:      make(chan struct{}),
+		info:         info,
+		backendState: rec.BackendState,
+		imageLayers:  rec.ImageLayers,
+	}
+	close(s.ready)
+	info.Id = rec.ID
+	add := func() {
+		m.mu.Lock()
+		m.sandboxes[s.id] = s
+		m.mu.Unlock()
+		m.metrics.SandboxState("", stateLabel(info.GetState()))
+	}
+	// The timer goes last: an expired one fires at once and needs the
+	// sandbox in the map.
+	armTimer := func(expires time.Time) {
+		s.mu.Lock()
+		m.armTimerLocked(s, expires)
+		s.mu.Unlock()
+	}
+	markDead := func(why string) {
+		info.State, info.DeadReason = stateDead, why
+		if err := m.persist(s); err != nil {
+			log.Warn("persist dead state", "err", err)
+		}
+		add()
+		armTimer(time.UnixMilli(info.GetExpiresAtUnixMs()))
+	}
+	if s.b == nil {
+		// Kept as DEAD without a timer: its resources, if any, are left
+		// for a daemon that has the backend; Delete forgets it.
+		log.Warn("sandbox of an unconfigured backend", "backend", rec.Backend)
+		if info.GetState() != stateDead {
+			info.State, info.DeadReason = stateDead, "backend "+rec.Backend+" is not configured"
+			if err := m.persist(s); err != nil {
+				log.Warn("persist dead state", "err", err)
+			}
+		}
+		add()
+		return false
+	}
+
+	switch info.GetState() {
+	case stateDead:
+		add()
+		armTimer(time.UnixMilli(info.GetExpiresAtUnixMs()))
+		return false
+	case stateRunning:
+	default:
+		// Half-created or half-deleted: finish the job. Sweep removes
+		// whatever Adopt cannot find.
+		if len(rec.BackendState) > 0 {
+			if sb, err := s.b.Adopt(ctx, rec.ID, rec.BackendState); err == nil {
+				if err := sb.Destroy(ctx); err != nil {
+					log.Warn("destroy half-created sandbox", "err", err)
+				}
+			}
+		}
+		if err := m.store.Delete(rec.ID); err != nil {
+			log.Warn("delete record", "err", err)
+		}
+		log.Info("removed sandbox left in state " + info.GetState().String())
+		return false
+	}
+
+	// Hold the same image layers again before re-attaching: the image
+	// name may have been re-imported since.
+	var release func()
+	img := image.Image{Name: info.GetImage(), Layers: rec.ImageLayers}
+	var err error
+	m.imgMu.RLock()
+	if len(img.Layers) == 0 {
+		img, err = m.images.Get(info.GetImage())
+	}
+	if err == nil {
+		_, release, err = m.images.LayerDirs(ctx, img)
+	}
+	m.imgMu.RUnlock()
+	if err != nil {
+		log.Warn("resolve image of adopted sandbox", "image", info.GetImage(), "err", err)
+		release = nil
+	}
+	sb, err := s.b.Adopt(ctx, rec.ID, rec.BackendState)
+	if err != nil {
+		if release != nil {
+			release()
+		}
+		m.metrics.SandboxEnded(metrics.ReasonDead)
+		if errdefs.CategoryOf(err) == errdefs.NotFound {
+			log.Warn("sandbox died while the daemon was down")
+			markDead("init exited while the daemon was down")
+		} else {
+			log.Error("adopt sandbox", "err", err)
+			markDead("adopt failed after daemon restart: " + err.Error())
+		}
+		return false
+	}
+	s.sb, s.backendState, s.release = sb, sb.State(), release
+	if root := sb.Root(); root != "" {
+		s.fs = sandboxfs.New(root)
+	}
+	expires := time.UnixMilli(info.GetExpiresAtUnixMs())
+	if !time.Now().Before(expires) {
+		log.Info("sandbox expired while the daemon was down")
+		add()
+		if err := m.remove(ctx, s, metrics.ReasonTimeout); err != nil {
+			log.Error("delete expired sandbox", "err", err)
+			return true
+		}
+		return false
+	}
+	add()
+	armTimer(expires)
+	m.spawn(func() { m.watch(s, sb) })
+	return true
+}
+
+func (m *Manager) count(st warrenv1.SandboxState) int {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	n := 0
+	for _, s := range m.sandboxes {
+		s.mu.Lock()
+		if s.info.GetState() == st {
+			n++
+		}
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// sortSandboxes orders sandboxes by creation time, then id.
+func sortSandboxes(sbs []*warrenv1.Sandbox) {
+	slices.SortFunc(sbs, func(a, b *warrenv1.Sandbox) int {
+		if c := cmp.Compare(a.GetCreatedAtUnixMs(), b.GetCreatedAtUnixMs()); c != 0 {
+			return c
+		}
+		return strings.Compare(a.GetId(), b.GetId())
+	})
+}

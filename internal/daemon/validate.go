@@ -1,0 +1,259 @@
+package daemon
+
+import (
+	"crypto/rand"
+	"encoding/base32"
+	"path"
+	"regexp"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// Limits of create requests.
+const (
+	MinMemoryBytes  = 4 << 20
+	MaxMemoryBytes  = 1 << 40 // 1 TiB
+	MinPids         = 8
+	MaxPids         = 4 << 20 // the kernel's pid_max ceiling
+	maxLabels       = 64
+	maxLabelKey     = 128
+	maxLabelValue   = 1024
+	maxEnvEntries   = 1024
+	maxEnvBytes     = 1 << 20
+	maxHostnameLen  = 64
+	maxPathLen      = 4096
+	defaultPATH     = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	generatedIDLen  = 12
+	maxArgvBytes    = 1 << 20
+	maxCPUCoresHard = 64 // cpu_millis may ask for max(64, host cores) cores
+)
+
+var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+// ValidID reports whether id is a valid sandbox id.
+func ValidID(id string) bool { return idRE.MatchString(id) }
+
+var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// newID returns a random sandbox id of 12 characters from [a-z2-7]
+// (60 bits).
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return idEncoding.EncodeToString(b[:])[:generatedIDLen]
+}
+
+// maxCPUMillis is the largest cpu_millis a sandbox may ask for.
+func maxCPUMillis() int64 {
+	return int64(max(maxCPUCoresHard, runtime.NumCPU())) * 1000
+}
+
+// createParams is a validated create request with defaults applied.
+type createParams struct {
+	id, image, backend string
+	resources          *warrenv1.Resources
+	timeout            time.Duration
+	env                map[string]string
+	workdir, hostname  string
+	labels             map[string]string
+}
+
+func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, error) {
+	p := createParams{
+		id:       req.GetId(),
+		image:    req.GetImage(),
+		backend:  req.GetBackend(),
+		env:      req.GetEnv(),
+		workdir:  req.GetWorkdir(),
+		hostname: req.GetHostname(),
+		labels:   req.GetLabels(),
+	}
+	if p.id != "" && !ValidID(p.id) {
+		return p, errdefs.Invalidf("invalid sandbox id %q: want [a-z0-9][a-z0-9_.-]{0,62}", p.id)
+	}
+	if p.image == "" {
+		return p, errdefs.Invalidf("image is required")
+	}
+	if p.backend == "" {
+		p.backend = DefaultBackend
+	}
+	if _, ok := m.cfg.Backends[p.backend]; !ok {
+		return p, errdefs.Invalidf("unknown backend %q (have %s)", p.backend, strings.Join(m.backendNames(), ", "))
+	}
+	r := req.GetResources()
+	res := &warrenv1.Resources{CpuMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), PidsMax: r.GetPidsMax()}
+	switch {
+	case res.CpuMillis < 0 || res.CpuMillis > maxCPUMillis():
+		return p, errdefs.Invalidf("cpu_millis %d out of range [0, %d]", res.CpuMillis, maxCPUMillis())
+	case res.CpuMillis > 0 && res.CpuMillis < 10:
+		return p, errdefs.Invalidf("cpu_millis %d too small: at least 10 (one hundredth of a core)", res.CpuMillis)
+	case res.MemoryBytes < 0 || (res.MemoryBytes > 0 && res.MemoryBytes < MinMemoryBytes) || res.MemoryBytes > MaxMemoryBytes:
+		return p, errdefs.Invalidf("memory_bytes %d out of range [%d, %d] (0 = default)", res.MemoryBytes, MinMemoryBytes, int64(MaxMemoryBytes))
+	case res.PidsMax < 0 || (res.PidsMax > 0 && res.PidsMax < MinPids) || res.PidsMax > MaxPids:
+		return p, errdefs.Invalidf("pids_max %d out of range [%d, %d] (0 = default)", res.PidsMax, MinPids, MaxPids)
+	}
+	if res.MemoryBytes == 0 {
+		res.MemoryBytes = m.cfg.DefaultMemoryBytes
+	}
+	if res.PidsMax == 0 {
+		res.PidsMax = m.cfg.DefaultPids
+	}
+	p.resources = res
+
+	t, err := m.lifetime(req.GetTimeoutSeconds())
+	if err != nil {
+		return p, err
+	}
+	p.timeout = t
+	if err := validateEnv(p.env); err != nil {
+		return p, err
+	}
+	if p.workdir != "" {
+		if err := validateAbsPath("workdir", p.workdir); err != nil {
+			return p, err
+		}
+		p.workdir = path.Clean(p.workdir)
+	}
+	if len(p.hostname) > maxHostnameLen || strings.ContainsAny(p.hostname, "\x00/ \t\n") {
+		return p, errdefs.Invalidf("invalid hostname %q", p.hostname)
+	}
+	if len(p.labels) > maxLabels {
+		return p, errdefs.Invalidf("too many labels: %d > %d", len(p.labels), maxLabels)
+	}
+	for k, v := range p.labels {
+		if k == "" || len(k) > maxLabelKey || len(v) > maxLabelValue {
+			return p, errdefs.Invalidf("invalid label %q: keys 1-%d bytes, values up to %d", k, maxLabelKey, maxLabelValue)
+		}
+	}
+	return p, nil
+}
+
+// lifetime validates a timeout in seconds: 0 is the node default.
+func (m *Manager) lifetime(sec int64) (time.Duration, error) {
+	switch {
+	case sec < 0:
+		return 0, errdefs.Invalidf("timeout_seconds %d is negative", sec)
+	case sec == 0:
+		return m.cfg.DefaultTimeout, nil
+	case sec > int64(m.cfg.MaxTimeout/time.Second):
+		return 0, errdefs.Invalidf("timeout_seconds %d exceeds the maximum of %d", sec, int64(m.cfg.MaxTimeout/time.Second))
+	}
+	return time.Duration(sec) * time.Second, nil
+}
+
+func validateEnv(env map[string]string) error {
+	if len(env) > maxEnvEntries {
+		return errdefs.Invalidf("too many environment variables: %d > %d", len(env), maxEnvEntries)
+	}
+	size := 0
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return errdefs.Invalidf("invalid environment variable %q", k)
+		}
+		size += len(k) + len(v) + 2
+	}
+	if size > maxEnvBytes {
+		return errdefs.Invalidf("environment too large: %d bytes > %d", size, maxEnvBytes)
+	}
+	return nil
+}
+
+func validateAbsPath(what, p string) error {
+	if !strings.HasPrefix(p, "/") || len(p) > maxPathLen || strings.ContainsRune(p, 0) {
+		return errdefs.Invalidf("%s %q must be an absolute path", what, p)
+	}
+	return nil
+}
+
+// mergeEnv builds a process environment: the sandbox env, then the request
+// env over it, plus PATH and HOME when neither sets them. Sorted by name.
+func mergeEnv(sandboxEnv, reqEnv map[string]string, home string) []string {
+	env := make(map[string]string, len(sandboxEnv)+len(reqEnv)+2)
+	for k, v := range sandboxEnv {
+		env[k] = v
+	}
+	for k, v := range reqEnv {
+		env[k] = v
+	}
+	if _, ok := env["PATH"]; !ok {
+		env["PATH"] = defaultPATH
+	}
+	if _, ok := env["HOME"]; !ok {
+		if home == "" {
+			home = "/"
+		}
+		env["HOME"] = home
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// envList turns a sandbox env map into the sorted "K=V" list of
+// backend.Spec.Env.
+func envList(env map[string]string) []string {
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// argvOf returns the argv of an exec request: argv, or /bin/sh -c shell.
+func argvOf(req *warrenv1.ExecRequest) ([]string, error) {
+	argv, shell := req.GetArgv(), req.GetShell()
+	switch {
+	case len(argv) > 0 && shell != "":
+		return nil, errdefs.Invalidf("set either argv or shell, not both")
+	case shell != "":
+		if strings.ContainsRune(shell, 0) {
+			return nil, errdefs.Invalidf("shell command contains a NUL byte")
+		}
+		return []string{"/bin/sh", "-c", shell}, nil
+	case len(argv) == 0:
+		return nil, errdefs.Invalidf("argv or shell is required")
+	}
+	if argv[0] == "" {
+		return nil, errdefs.Invalidf("argv[0] is empty")
+	}
+	size := 0
+	for _, a := range argv {
+		if strings.ContainsRune(a, 0) {
+			return nil, errdefs.Invalidf("argv contains a NUL byte")
+		}
+		size += len(a) + 1
+	}
+	if size > maxArgvBytes {
+		return nil, errdefs.Invalidf("argv too large: %d bytes > %d", size, maxArgvBytes)
+	}
+	return argv, nil
+}
+
+// outputLimit validates output_limit_bytes: 0 is the 1 MiB default.
+func outputLimit(n int64) (int64, error) {
+	switch {
+	case n < 0 || n > MaxOutputLimit:
+		return 0, errdefs.Invalidf("output_limit_bytes %d out of range [0, %d]", n, MaxOutputLimit)
+	case n == 0:
+		return DefaultOutputLimit, nil
+	}
+	return n, nil
+}
+
+func (m *Manager) backendNames() []string {
+	names := make([]string, 0, len(m.cfg.Backends))
+	for n := range m.cfg.Backends {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}

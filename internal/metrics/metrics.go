@@ -1,0 +1,164 @@
+// Package metrics holds the daemon's Prometheus collectors in a registry of
+// their own, served by `warren serve` on /metrics.
+package metrics
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// Sandbox states as used in the warren_sandboxes{state} label.
+const (
+	StateCreating = "creating"
+	StateRunning  = "running"
+	StateDead     = "dead"
+	StateDeleting = "deleting"
+)
+
+// States lists every value of the state label.
+var States = []string{StateCreating, StateRunning, StateDead, StateDeleting}
+
+// Reasons a sandbox ended, for warren_sandbox_deleted_total{reason}.
+const (
+	ReasonUser    = "user"    // deleted by a Delete call while alive
+	ReasonTimeout = "timeout" // its lifetime passed
+	ReasonDead    = "dead"    // its init exited on its own
+)
+
+// Metrics are the daemon's collectors. Every method is safe on a nil
+// *Metrics (it does nothing), so components may run without metrics.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Sandboxes     *prometheus.GaugeVec   // warren_sandboxes{state}
+	CreateSeconds prometheus.Histogram   // warren_sandbox_create_seconds
+	ExecSeconds   prometheus.Histogram   // warren_exec_seconds
+	Errors        *prometheus.CounterVec // warren_errors_total{category,op}
+	Deleted       *prometheus.CounterVec // warren_sandbox_deleted_total{reason}
+}
+
+// CreateBuckets are the classic buckets of warren_sandbox_create_seconds:
+// 1 ms to 10 s, 40 exponential steps (about 26 % apart).
+func CreateBuckets() []float64 { return prometheus.ExponentialBucketsRange(0.001, 10, 40) }
+
+// ExecBuckets are the classic buckets of warren_exec_seconds: 100 µs to
+// 1 h, 50 exponential steps (about 40 % apart).
+func ExecBuckets() []float64 { return prometheus.ExponentialBucketsRange(0.0001, 3600, 50) }
+
+// New builds the collectors and registers them, with the Go runtime and
+// process collectors, in a new registry. ops are the operation names the
+// caller will report errors for; warren_errors_total is pre-initialised to
+// zero for every (category, op) pair so that rates work from the start.
+func New(ops ...string) *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		Sandboxes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "warren_sandboxes",
+			Help: "Sandboxes known to the daemon, by state.",
+		}, []string{"state"}),
+		CreateSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:                        "warren_sandbox_create_seconds",
+			Help:                        "Latency of successful sandbox creation, from request to running.",
+			Buckets:                     CreateBuckets(),
+			NativeHistogramBucketFactor: 1.1,
+		}),
+		ExecSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:                        "warren_exec_seconds",
+			Help:                        "Duration of Exec and ExecStream commands, from start to exit.",
+			Buckets:                     ExecBuckets(),
+			NativeHistogramBucketFactor: 1.1,
+		}),
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warren_errors_total",
+			Help: "Failed operations, by error category and operation.",
+		}, []string{"category", "op"}),
+		Deleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warren_sandbox_deleted_total",
+			Help: "Sandboxes that ended, by reason: user (Delete of a live sandbox), timeout (lifetime passed), dead (init exited). Each sandbox is counted once.",
+		}, []string{"reason"}),
+	}
+	for _, s := range States {
+		m.Sandboxes.WithLabelValues(s)
+	}
+	for _, r := range []string{ReasonUser, ReasonTimeout, ReasonDead} {
+		m.Deleted.WithLabelValues(r)
+	}
+	m.InitOps(ops...)
+	m.Registry.MustRegister(
+		m.Sandboxes, m.CreateSeconds, m.ExecSeconds, m.Errors, m.Deleted,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// InitOps pre-initialises warren_errors_total for every category and op.
+func (m *Metrics) InitOps(ops ...string) {
+	if m == nil {
+		return
+	}
+	for _, op := range ops {
+		for _, c := range errdefs.Categories() {
+			m.Errors.WithLabelValues(c.String(), op)
+		}
+	}
+}
+
+// Handler serves the registry in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	if m == nil {
+		return http.NotFoundHandler()
+	}
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
+
+// Error counts a failed op; nil errors are not counted.
+func (m *Metrics) Error(op string, err error) {
+	if m == nil || err == nil {
+		return
+	}
+	m.Errors.WithLabelValues(errdefs.CategoryOf(err).String(), op).Inc()
+}
+
+// SandboxState moves one sandbox from state from to state to; an empty
+// from adds a sandbox, an empty to removes one.
+func (m *Metrics) SandboxState(from, to string) {
+	if m == nil || from == to {
+		return
+	}
+	if from != "" {
+		m.Sandboxes.WithLabelValues(from).Dec()
+	}
+	if to != "" {
+		m.Sandboxes.WithLabelValues(to).Inc()
+	}
+}
+
+// ObserveCreate records the latency of a successful create.
+func (m *Metrics) ObserveCreate(seconds float64) {
+	if m == nil {
+		return
+	}
+	m.CreateSeconds.Observe(seconds)
+}
+
+// ObserveExec records the duration of one exec.
+func (m *Metrics) ObserveExec(seconds float64) {
+	if m == nil {
+		return
+	}
+	m.ExecSeconds.Observe(seconds)
+}
+
+// SandboxEnded counts a sandbox that ended for reason.
+func (m *Metrics) SandboxEnded(reason string) {
+	if m == nil {
+		return
+	}
+	m.Deleted.WithLabelValues(reason).Inc()
+}

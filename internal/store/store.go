@@ -1,0 +1,188 @@
+// Package store persists the daemon's sandbox records in one bbolt file,
+// <statedir>/warren.db, so that a restarted daemon can find (adopt) the
+// sandboxes an earlier one created. Every write is committed with fsync
+// (bbolt's default) before it returns.
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+	"google.golang.org/protobuf/proto"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// FileName is the name of the database file inside the state directory.
+const FileName = "warren.db"
+
+var bucketSandboxes = []byte("sandboxes")
+
+// Record is what the daemon keeps about one sandbox.
+type Record struct {
+	ID      string
+	Backend string
+	// BackendState is the opaque blob of backend.Sandbox.State().
+	BackendState []byte
+	// ImageLayers are the layer digests (bottom first) of the image the
+	// sandbox was created from, so a restarted daemon takes the same
+	// layers again even if the image name was re-imported since.
+	ImageLayers []string
+	// Sandbox is the API view of the sandbox; its State field is the
+	// sandbox's lifecycle state.
+	Sandbox *warrenv1.Sandbox
+}
+
+// State is the lifecycle state of the record.
+func (r Record) State() warrenv1.SandboxState { return r.Sandbox.GetState() }
+
+// encoded is the on-disk form: JSON with the proto as wire bytes, so that
+// the proto can evolve with its own compatibility rules.
+type encoded struct {
+	ID           string   `json:"id"`
+	Backend      string   `json:"backend"`
+	BackendState []byte   `json:"backend_state,omitempty"`
+	ImageLayers  []string `json:"image_layers,omitempty"`
+	Sandbox      []byte   `json:"sandbox"`
+}
+
+// Store is the sandbox database. It is safe for concurrent use.
+type Store struct {
+	db *bolt.DB
+}
+
+// Open opens (creating when needed) <dir>/warren.db. It fails with category
+// Unavailable when another daemon holds the file.
+func Open(dir string) (*Store, error) {
+	if dir == "" {
+		return nil, errdefs.Invalidf("store: empty state directory")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "store: create state directory")
+	}
+	path := filepath.Join(dir, FileName)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			return nil, errdefs.New(errdefs.Unavailable, "store: %s is locked (is another warren daemon running?): %w", path, err)
+		}
+		return nil, errdefs.Wrap(errdefs.Internal, err, "store: open "+path)
+	}
+	// Concurrent creates are group-committed by Batch; keep the added
+	// latency of a lone write small.
+	db.MaxBatchDelay = time.Millisecond
+	err = db.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists(bucketSandboxes)
+		return err
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, errdefs.Wrap(errdefs.Internal, err, "store: init "+path)
+	}
+	return &Store{db: db}, nil
+}
+
+// Path is the database file.
+func (s *Store) Path() string { return s.db.Path() }
+
+// Close closes the database.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "store: close")
+	}
+	return nil
+}
+
+// Put inserts or replaces the record of r.ID.
+func (s *Store) Put(r Record) error {
+	if r.ID == "" {
+		return errdefs.Invalidf("store: record without id")
+	}
+	if r.Sandbox == nil {
+		return errdefs.Invalidf("store: record %s without sandbox", r.ID)
+	}
+	pb, err := proto.Marshal(r.Sandbox)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "store: encode sandbox "+r.ID)
+	}
+	val, err := json.Marshal(encoded{ID: r.ID, Backend: r.Backend, BackendState: r.BackendState, ImageLayers: r.ImageLayers, Sandbox: pb})
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "store: encode record "+r.ID)
+	}
+	err = s.db.Batch(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).Put([]byte(r.ID), val)
+	})
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "store: put "+r.ID)
+	}
+	return nil
+}
+
+// Get returns the record of id, or an error of category NotFound.
+func (s *Store) Get(id string) (Record, error) {
+	var rec Record
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketSandboxes).Get([]byte(id))
+		if v == nil {
+			return errdefs.NotFoundf("store: no record for sandbox %s", id)
+		}
+		var err error
+		rec, err = decode(v)
+		return err
+	})
+	return rec, err
+}
+
+// Delete removes the record of id; a missing record is not an error.
+func (s *Store) Delete(id string) error {
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
+	})
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "store: delete "+id)
+	}
+	return nil
+}
+
+// List returns every record, sorted by id.
+func (s *Store) List() ([]Record, error) {
+	var recs []Record
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
+			rec, err := decode(v)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, rec)
+			return nil
+		})
+	})
+	if err != nil {
+		if errdefs.CategoryOf(err) == errdefs.Unknown {
+			err = errdefs.Wrap(errdefs.Internal, err, "store: list")
+		}
+		return nil, err
+	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i].ID < recs[j].ID })
+	return recs, nil
+}
+
+func decode(v []byte) (Record, error) {
+	var e encoded
+	if err := json.Unmarshal(v, &e); err != nil {
+		return Record{}, errdefs.Wrap(errdefs.Internal, err, "store: decode record")
+	}
+	sb := &warrenv1.Sandbox{}
+	if err := proto.Unmarshal(e.Sandbox, sb); err != nil {
+		return Record{}, errdefs.Wrap(errdefs.Internal, err, fmt.Sprintf("store: decode sandbox %s", e.ID))
+	}
+	return Record{ID: e.ID, Backend: e.Backend, BackendState: e.BackendState, ImageLayers: e.ImageLayers, Sandbox: sb}, nil
+}

@@ -1,0 +1,165 @@
+package store
+
+import (
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+func rec(id string, st warrenv1.SandboxState) Record {
+	return Record{
+		ID:           id,
+		Backend:      "container",
+		BackendState: []byte(`{"pid":42}`),
+		ImageLayers:  []string{"sha256:aa", "sha256:bb"},
+		Sandbox: &warrenv1.Sandbox{
+			Id: id, Image: "busybox", Backend: "container", State: st,
+			Labels: map[string]string{"team": "rl"}, CreatedAtUnixMs: 1234,
+		},
+	}
+}
+
+func TestPutGetDeleteList(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Path() != filepath.Join(dir, FileName) {
+		t.Fatalf("path %s", s.Path())
+	}
+	if _, err := s.Get("nope"); errdefs.CategoryOf(err) != errdefs.NotFound {
+		t.Fatalf("get missing: %v", err)
+	}
+	if err := s.Put(rec("b", warrenv1.SandboxState_SANDBOX_STATE_CREATING)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(rec("a", warrenv1.SandboxState_SANDBOX_STATE_RUNNING)); err != nil {
+		t.Fatal(err)
+	}
+	// Replace.
+	r := rec("b", warrenv1.SandboxState_SANDBOX_STATE_DEAD)
+	r.Sandbox.DeadReason = "init exited"
+	if err := s.Put(r); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != "b" || got.Backend != "container" || string(got.BackendState) != `{"pid":42}` ||
+		len(got.ImageLayers) != 2 || got.ImageLayers[1] != "sha256:bb" ||
+		got.State() != warrenv1.SandboxState_SANDBOX_STATE_DEAD || !proto.Equal(got.Sandbox, r.Sandbox) {
+		t.Fatalf("got %+v", got)
+	}
+	list, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 2 || list[0].ID != "a" || list[1].ID != "b" {
+		t.Fatalf("list %+v", list)
+	}
+	if err := s.Delete("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete("a"); err != nil {
+		t.Fatalf("second delete: %v", err)
+	}
+	if _, err := s.Get("a"); errdefs.CategoryOf(err) != errdefs.NotFound {
+		t.Fatalf("get deleted: %v", err)
+	}
+}
+
+func TestPersistsAcrossReopen(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(rec("x", warrenv1.SandboxState_SANDBOX_STATE_RUNNING)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.Get("x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Sandbox.GetLabels()["team"] != "rl" || got.Sandbox.GetCreatedAtUnixMs() != 1234 {
+		t.Fatalf("got %+v", got.Sandbox)
+	}
+}
+
+func TestLockedByAnotherOpener(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := Open(dir); errdefs.CategoryOf(err) != errdefs.Unavailable {
+		t.Fatalf("second open: %v", err)
+	}
+}
+
+func TestInvalid(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Put(Record{}); errdefs.CategoryOf(err) != errdefs.Invalid {
+		t.Fatalf("empty id: %v", err)
+	}
+	if err := s.Put(Record{ID: "a"}); errdefs.CategoryOf(err) != errdefs.Invalid {
+		t.Fatalf("nil sandbox: %v", err)
+	}
+	if _, err := Open(""); errdefs.CategoryOf(err) != errdefs.Invalid {
+		t.Fatalf("empty dir: %v", err)
+	}
+}
+
+func TestConcurrentPuts(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("sb%02d", i)
+			if err := s.Put(rec(id, warrenv1.SandboxState_SANDBOX_STATE_RUNNING)); err != nil {
+				t.Error(err)
+			}
+			if i%2 == 0 {
+				if err := s.Delete(id); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	list, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 32 {
+		t.Fatalf("%d records", len(list))
+	}
+}
