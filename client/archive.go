@@ -1,0 +1,83 @@
+package client
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+)
+
+func (c *Client) archiveURL(id, path string) string {
+	return c.baseURL + "/v1/sandboxes/" + url.PathEscape(id) + "/archive?" + url.Values{"path": {path}}.Encode()
+}
+
+// Upload extracts the tar stream r into the directory path of a sandbox.
+func (c *Client) Upload(ctx context.Context, sandboxID, path string, r io.Reader) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, c.archiveURL(sandboxID, path), r)
+	if err != nil {
+		return transportError(err)
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return transportError(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return httpError(resp)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return nil
+}
+
+// Download returns path of a sandbox (a file or a directory tree) as a tar
+// stream. The caller must close it. A failure in the middle of the stream
+// surfaces as a read error.
+func (c *Client) Download(ctx context.Context, sandboxID, path string) (io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.archiveURL(sandboxID, path), nil)
+	if err != nil {
+		return nil, transportError(err)
+	}
+	req.Header.Set("Accept", "application/x-tar")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, transportError(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, httpError(resp)
+	}
+	return resp.Body, nil
+}
+
+// ImportImageTar uploads a root filesystem tarball (optionally
+// gzip-compressed) as image name.
+func (c *Client) ImportImageTar(ctx context.Context, name string, r io.Reader) (*warrenv1.Image, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, c.baseURL+"/v1/images/"+url.PathEscape(name), r)
+	if err != nil {
+		return nil, transportError(err)
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, transportError(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return nil, httpError(resp)
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, transportError(err)
+	}
+	img := &warrenv1.Image{}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(data, img); err != nil {
+		return nil, &Error{Category: CategoryInternal, Code: connect.CodeInternal, Message: "decode image: " + err.Error(), err: err}
+	}
+	return img, nil
+}

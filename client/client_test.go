@@ -1,0 +1,100 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"connectrpc.com/connect"
+)
+
+func TestParseAddr(t *testing.T) {
+	cases := []struct{ addr, network, target, base string }{
+		{"unix:///run/warren/warren.sock", "unix", "/run/warren/warren.sock", "http://warren"},
+		{"unix:/tmp/w.sock", "unix", "/tmp/w.sock", "http://warren"},
+		{"unix://rel/w.sock", "unix", "rel/w.sock", "http://warren"},
+		{"/tmp/w.sock", "unix", "/tmp/w.sock", "http://warren"},
+		{"http://127.0.0.1:7070", "http", "127.0.0.1:7070", "http://127.0.0.1:7070"},
+		{"http://host:7070/", "http", "host:7070", "http://host:7070"},
+		{"https://warren.example.com/api", "https", "warren.example.com", "https://warren.example.com/api"},
+		{"localhost:7070", "http", "localhost:7070", "http://localhost:7070"},
+	}
+	for _, c := range cases {
+		n, tg, b, err := parseAddr(c.addr)
+		if err != nil || n != c.network || tg != c.target || b != c.base {
+			t.Errorf("%s: %s %s %s %v", c.addr, n, tg, b, err)
+		}
+	}
+	for _, bad := range []string{"ftp://x", "unix://", "http://", "nohostport"} {
+		if _, _, _, err := parseAddr(bad); !IsInvalid(err) {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
+}
+
+func TestNewDefaults(t *testing.T) {
+	t.Setenv(EnvAddr, "")
+	c, err := New("")
+	if err != nil || c.Addr() != DefaultAddr || !c.IsUnix() {
+		t.Fatalf("%v %v", c, err)
+	}
+	t.Setenv(EnvAddr, "http://127.0.0.1:1")
+	c, err = New("")
+	if err != nil || c.Addr() != "http://127.0.0.1:1" || c.IsUnix() {
+		t.Fatalf("%v %v", c, err)
+	}
+	// Nothing listens there: the call fails as unavailable.
+	_, err = c.Version(context.Background())
+	if !IsUnavailable(err) {
+		t.Fatalf("%v", err)
+	}
+}
+
+func TestWrapErr(t *testing.T) {
+	ce := connect.NewError(connect.CodeFailedPrecondition, errors.New("sandbox x is dead"))
+	ce.Meta().Set(CategoryHeader, "conflict")
+	err := wrapErr(ce)
+	var e *Error
+	if !errors.As(err, &e) || e.Category != CategoryConflict || e.Code != connect.CodeFailedPrecondition || e.Message != "sandbox x is dead" {
+		t.Fatalf("%#v", err)
+	}
+	if !IsConflict(err) || IsAlreadyExists(err) || err.Error() != "conflict: sandbox x is dead" {
+		t.Fatal(err)
+	}
+	// Without the header the code decides.
+	if err := wrapErr(connect.NewError(connect.CodeAlreadyExists, errors.New("x"))); !IsConflict(err) || !IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if err := wrapErr(connect.NewError(connect.CodeCanceled, context.Canceled)); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	if wrapErr(nil) != nil || CategoryOf(nil) != CategoryUnknown {
+		t.Fatal("nil")
+	}
+}
+
+func TestHTTPError(t *testing.T) {
+	mk := func(status int, body string, h http.Header) *http.Response {
+		if h == nil {
+			h = http.Header{}
+		}
+		return &http.Response{StatusCode: status, Status: http.StatusText(status), Header: h, Body: io.NopCloser(strings.NewReader(body))}
+	}
+	err := httpError(mk(404, `{"code":"not_found","message":"no such file: /x","category":"not_found"}`, nil))
+	var e *Error
+	if !errors.As(err, &e) || e.Category != CategoryNotFound || e.Code != connect.CodeNotFound || e.Message != "no such file: /x" {
+		t.Fatalf("%#v", err)
+	}
+	// A proxy's plain-text error.
+	err = httpError(mk(502, "bad gateway\n", nil))
+	if !IsUnavailable(err) || !strings.Contains(err.Error(), "bad gateway") {
+		t.Fatal(err)
+	}
+	err = httpError(mk(409, `{"code":"already_exists","message":"dup"}`, nil))
+	if !IsAlreadyExists(err) || !IsConflict(err) {
+		t.Fatal(err)
+	}
+}

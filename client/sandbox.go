@@ -1,0 +1,193 @@
+package client
+
+import (
+	"context"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+)
+
+func call[Req, Res any](ctx context.Context, fn func(context.Context, *connect.Request[Req]) (*connect.Response[Res], error), req *Req) (*Res, error) {
+	res, err := fn(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	return res.Msg, nil
+}
+
+// Create creates a sandbox and returns it once it runs.
+func (c *Client) Create(ctx context.Context, req *warrenv1.CreateRequest) (*warrenv1.Sandbox, error) {
+	return call(ctx, c.sandboxes.Create, req)
+}
+
+// Get returns one sandbox.
+func (c *Client) Get(ctx context.Context, id string) (*warrenv1.Sandbox, error) {
+	return call(ctx, c.sandboxes.Get, &warrenv1.GetRequest{Id: id})
+}
+
+// List returns the sandboxes carrying all the given labels (all sandboxes
+// for a nil map).
+func (c *Client) List(ctx context.Context, labels map[string]string) ([]*warrenv1.Sandbox, error) {
+	res, err := call(ctx, c.sandboxes.List, &warrenv1.ListRequest{Labels: labels})
+	if err != nil {
+		return nil, err
+	}
+	return res.GetSandboxes(), nil
+}
+
+// Delete destroys a sandbox.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	_, err := call(ctx, c.sandboxes.Delete, &warrenv1.DeleteRequest{Id: id})
+	return err
+}
+
+// ExtendTimeout sets the sandbox's deadline to now + timeout (rounded up to
+// whole seconds).
+func (c *Client) ExtendTimeout(ctx context.Context, id string, timeout time.Duration) (*warrenv1.Sandbox, error) {
+	return call(ctx, c.sandboxes.ExtendTimeout, &warrenv1.ExtendTimeoutRequest{Id: id, TimeoutSeconds: ceilSeconds(timeout)})
+}
+
+func ceilSeconds(d time.Duration) int64 {
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// Exec runs a command to completion and returns its captured output.
+func (c *Client) Exec(ctx context.Context, req *warrenv1.ExecRequest) (*warrenv1.ExecResult, error) {
+	return call(ctx, c.sandboxes.Exec, req)
+}
+
+// ExecStream runs a command, calls fn with every output chunk as it arrives
+// (events with Stdout or Stderr set; fn may be nil) and returns the result.
+// The event is only valid during the call. If fn returns an error the call
+// is cancelled, which kills the command, and that error is returned.
+func (c *Client) ExecStream(ctx context.Context, req *warrenv1.ExecRequest, fn func(*warrenv1.ExecEvent) error) (*warrenv1.ExecResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.sandboxes.ExecStream(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	defer st.Close()
+	var result *warrenv1.ExecResult
+	for st.Receive() {
+		ev := st.Msg()
+		if r := ev.GetResult(); r != nil {
+			result = r
+			continue
+		}
+		if fn != nil {
+			if err := fn(ev); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := st.Err(); err != nil {
+		return nil, wrapErr(err)
+	}
+	if result == nil {
+		return nil, &Error{Category: CategoryUnavailable, Code: connect.CodeUnavailable, Message: "exec stream ended without a result"}
+	}
+	return result, nil
+}
+
+// StartProcess starts a background process.
+func (c *Client) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (*warrenv1.ProcessInfo, error) {
+	return call(ctx, c.sandboxes.StartProcess, req)
+}
+
+// ListProcesses lists the background processes of a sandbox.
+func (c *Client) ListProcesses(ctx context.Context, sandboxID string) ([]*warrenv1.ProcessInfo, error) {
+	res, err := call(ctx, c.sandboxes.ListProcesses, &warrenv1.ListProcessesRequest{SandboxId: sandboxID})
+	if err != nil {
+		return nil, err
+	}
+	return res.GetProcesses(), nil
+}
+
+// WaitProcess waits for a background process to exit.
+func (c *Client) WaitProcess(ctx context.Context, req *warrenv1.WaitProcessRequest) (*warrenv1.ExecResult, error) {
+	return call(ctx, c.sandboxes.WaitProcess, req)
+}
+
+// SignalProcess sends a signal to a background process.
+func (c *Client) SignalProcess(ctx context.Context, req *warrenv1.SignalProcessRequest) error {
+	_, err := call(ctx, c.sandboxes.SignalProcess, req)
+	return err
+}
+
+// WriteStdin writes to a background process's stdin.
+func (c *Client) WriteStdin(ctx context.Context, req *warrenv1.WriteStdinRequest) error {
+	_, err := call(ctx, c.sandboxes.WriteStdin, req)
+	return err
+}
+
+// WriteFile writes a file in a sandbox.
+func (c *Client) WriteFile(ctx context.Context, req *warrenv1.WriteFileRequest) error {
+	_, err := call(ctx, c.sandboxes.WriteFile, req)
+	return err
+}
+
+// ReadFile reads (part of) a file in a sandbox.
+func (c *Client) ReadFile(ctx context.Context, req *warrenv1.ReadFileRequest) (*warrenv1.ReadFileResponse, error) {
+	return call(ctx, c.sandboxes.ReadFile, req)
+}
+
+// ListFiles lists a directory in a sandbox.
+func (c *Client) ListFiles(ctx context.Context, sandboxID, path string) ([]*warrenv1.FileInfo, error) {
+	res, err := call(ctx, c.sandboxes.ListFiles, &warrenv1.ListFilesRequest{SandboxId: sandboxID, Path: path})
+	if err != nil {
+		return nil, err
+	}
+	return res.GetFiles(), nil
+}
+
+// StatFile describes a file in a sandbox (symlinks are not followed).
+func (c *Client) StatFile(ctx context.Context, sandboxID, path string) (*warrenv1.FileInfo, error) {
+	return call(ctx, c.sandboxes.StatFile, &warrenv1.StatFileRequest{SandboxId: sandboxID, Path: path})
+}
+
+// MakeDir creates a directory in a sandbox.
+func (c *Client) MakeDir(ctx context.Context, req *warrenv1.MakeDirRequest) error {
+	_, err := call(ctx, c.sandboxes.MakeDir, req)
+	return err
+}
+
+// RemoveFile removes a file or directory in a sandbox.
+func (c *Client) RemoveFile(ctx context.Context, req *warrenv1.RemoveFileRequest) error {
+	_, err := call(ctx, c.sandboxes.RemoveFile, req)
+	return err
+}
+
+// ListImages lists the daemon's images.
+func (c *Client) ListImages(ctx context.Context) ([]*warrenv1.Image, error) {
+	res, err := call(ctx, c.images.ListImages, &warrenv1.ListImagesRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return res.GetImages(), nil
+}
+
+// GetImage returns one image.
+func (c *Client) GetImage(ctx context.Context, name string) (*warrenv1.Image, error) {
+	return call(ctx, c.images.GetImage, &warrenv1.GetImageRequest{Name: name})
+}
+
+// ImportImage imports a root filesystem directory or tarball (optionally
+// gzip-compressed) that the daemon can read at path. See ImportImageTar to
+// upload one instead.
+func (c *Client) ImportImage(ctx context.Context, name, path string) (*warrenv1.Image, error) {
+	return call(ctx, c.images.ImportImage, &warrenv1.ImportImageRequest{Name: name, Path: path})
+}
+
+// RemoveImage removes an image.
+func (c *Client) RemoveImage(ctx context.Context, name string) error {
+	_, err := call(ctx, c.images.RemoveImage, &warrenv1.RemoveImageRequest{Name: name})
+	return err
+}
+
+// Version returns the daemon's version and capabilities.
+func (c *Client) Version(ctx context.Context) (*warrenv1.VersionResponse, error) {
+	return call(ctx, c.system.Version, &warrenv1.VersionRequest{})
+}

@@ -1,0 +1,230 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenrl/warren/client"
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/tarx"
+)
+
+func newImageCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:     "image",
+		Aliases: []string{"images", "img"},
+		Short:   "Manage images",
+		Args:    groupArgs,
+		RunE:    groupRun,
+	}
+	c.AddCommand(newImageListCommand(), newImageImportCommand(), newImageRemoveCommand(), newImageBuildCommand())
+	return c
+}
+
+func newImageListCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List images",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			imgs, err := cl.ListImages(cmd.Context())
+			if err != nil {
+				return err
+			}
+			slices.SortFunc(imgs, func(a, b *warrenv1.Image) int { return strings.Compare(a.Name, b.Name) })
+			if JSONOutput(cmd) {
+				return printJSON(cmd.OutOrStdout(), &warrenv1.ListImagesResponse{Images: imgs})
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tID\tSIZE\tLAYERS\tCREATED")
+			now := time.Now()
+			for _, im := range imgs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s ago\n", im.Name, shortID(im.Id), formatBytes(im.SizeBytes), len(im.Layers), formatAge(im.CreatedAtUnixMs, now))
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+// shortID abbreviates "sha256:<hex>" to 12 hex digits.
+func shortID(id string) string {
+	_, hex, ok := strings.Cut(id, ":")
+	if !ok {
+		hex = id
+	}
+	if len(hex) > 12 {
+		hex = hex[:12]
+	}
+	return hex
+}
+
+func newImageImportCommand() *cobra.Command {
+	var forceUpload bool
+	c := &cobra.Command{
+		Use:   "import NAME PATH",
+		Short: "Import a root filesystem directory or tarball as an image",
+		Long: `Import a root filesystem directory or tarball (optionally gzip-compressed)
+as image NAME. On a local daemon (unix socket) the daemon reads PATH itself;
+on a remote one, or with --upload, the client uploads it. PATH "-" uploads
+a tarball read from stdin.`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			img, err := importPath(cmd.Context(), cl, args[0], args[1], cmd.InOrStdin(), forceUpload)
+			if err != nil {
+				return err
+			}
+			return printImage(cmd, img)
+		},
+	}
+	c.Flags().BoolVar(&forceUpload, "upload", false, "upload PATH even to a local daemon")
+	return c
+}
+
+func printImage(cmd *cobra.Command, img *warrenv1.Image) error {
+	if JSONOutput(cmd) {
+		return printJSON(cmd.OutOrStdout(), img)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s\n", img.Name, img.Id, formatBytes(img.SizeBytes))
+	return nil
+}
+
+// importPath imports the directory or tarball p as image name, by path on
+// a local daemon and by upload otherwise.
+func importPath(ctx context.Context, cl *client.Client, name, p string, stdin io.Reader, forceUpload bool) (*warrenv1.Image, error) {
+	if p == "-" {
+		return cl.ImportImageTar(ctx, name, stdin)
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		return nil, err
+	}
+	if cl.IsUnix() && !forceUpload {
+		return cl.ImportImage(ctx, name, abs)
+	}
+	if !fi.IsDir() {
+		f, err := os.Open(abs)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		return cl.ImportImageTar(ctx, name, f)
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(tarx.Create(ctx, "/", pw, abs)) }()
+	defer pr.Close()
+	return cl.ImportImageTar(ctx, name, pr)
+}
+
+func newImageRemoveCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm NAME...",
+		Aliases: []string{"remove", "delete"},
+		Short:   "Remove images",
+		Args:    minArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			failed := false
+			for _, name := range args {
+				if err := cl.RemoveImage(cmd.Context(), name); err != nil {
+					printError(cmd.ErrOrStderr(), err)
+					failed = true
+					continue
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), name)
+			}
+			if failed {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+}
+
+func newImageBuildCommand() *cobra.Command {
+	var tmpDir string
+	var forceUpload bool
+	c := &cobra.Command{
+		Use:   "build busybox|debian NAME",
+		Short: "Build a stock image on this host and import it",
+		Long: `Build a root filesystem on this host (as root) and import it as image NAME.
+
+  busybox  a minimal image from the host's static busybox (apt-get install busybox-static)
+  debian   Debian bookworm (minbase) with python3 and git, via debootstrap; takes minutes`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			kind, name := args[0], args[1]
+			var build func(ctx context.Context, dst string) error
+			switch kind {
+			case "busybox":
+				build = image.BuildBusybox
+			case "debian":
+				build = func(ctx context.Context, dst string) error {
+					return image.BuildDebian(ctx, dst, cmd.ErrOrStderr())
+				}
+			default:
+				return usagef("unknown image kind %q: want busybox or debian", kind)
+			}
+			if err := image.ValidName(name); err != nil {
+				return err
+			}
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			parent, err := os.MkdirTemp(tmpDir, "warren-build-")
+			if err != nil {
+				return err
+			}
+			// The daemon reads the tree by path: it must be able to enter
+			// the directory.
+			if err := os.Chmod(parent, 0o755); err != nil {
+				return err
+			}
+			defer os.RemoveAll(parent)
+			dst := filepath.Join(parent, "rootfs")
+			fmt.Fprintf(cmd.ErrOrStderr(), "building %s image in %s\n", kind, dst)
+			if err := build(cmd.Context(), dst); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "importing as %s\n", name)
+			img, err := importPath(cmd.Context(), cl, name, dst, nil, forceUpload)
+			if err != nil {
+				return err
+			}
+			return printImage(cmd, img)
+		},
+	}
+	c.Flags().StringVar(&tmpDir, "tmp-dir", "", "where to build the root filesystem (default $TMPDIR or /tmp)")
+	c.Flags().BoolVar(&forceUpload, "upload", false, "upload the tree even to a local daemon")
+	return c
+}

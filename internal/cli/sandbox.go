@@ -1,0 +1,326 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenrl/warren/client"
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+)
+
+func newSandboxCommand() *cobra.Command {
+	c := &cobra.Command{
+		Use:     "sandbox",
+		Aliases: []string{"sb", "sandboxes"},
+		Short:   "Create, inspect and use sandboxes",
+		Args:    groupArgs,
+		RunE:    groupRun,
+	}
+	c.AddCommand(
+		newCreateCommand(),
+		newListCommand(),
+		newGetCommand(),
+		newRemoveCommand(),
+		newExtendCommand(),
+		newExecCommand(),
+		newCopyCommand(),
+	)
+	return c
+}
+
+func newCreateCommand() *cobra.Command {
+	var (
+		req               warrenv1.CreateRequest
+		cpu               float64
+		memory            string
+		env, labels       []string
+		timeout           time.Duration
+		pids              int64
+		imageFlag, idFlag string
+		workdir, hostname string
+		backend           string
+	)
+	c := &cobra.Command{
+		Use:   "create --image IMAGE [flags]",
+		Short: "Create a sandbox and print its id",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if imageFlag == "" {
+				return usagef("--image is required")
+			}
+			req.Image, req.Id, req.Workdir, req.Hostname, req.Backend = imageFlag, idFlag, workdir, hostname, backend
+			res := &warrenv1.Resources{PidsMax: pids}
+			if cpu < 0 || cpu > math.MaxInt64/1000 {
+				return usagef("--cpu must be a positive number of cores")
+			}
+			res.CpuMillis = int64(math.Round(cpu * 1000))
+			if memory != "" {
+				n, err := parseBytes(memory)
+				if err != nil {
+					return usageError{err}
+				}
+				res.MemoryBytes = n
+			}
+			if res.CpuMillis != 0 || res.MemoryBytes != 0 || res.PidsMax != 0 {
+				req.Resources = res
+			}
+			var err error
+			if req.Env, err = parseKVs("env", env); err != nil {
+				return err
+			}
+			if req.Labels, err = parseKVs("label", labels); err != nil {
+				return err
+			}
+			if timeout < 0 {
+				return usagef("--timeout must not be negative")
+			}
+			req.TimeoutSeconds = durationSeconds(timeout)
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			sb, err := cl.Create(cmd.Context(), &req)
+			if err != nil {
+				return err
+			}
+			if JSONOutput(cmd) {
+				return printJSON(cmd.OutOrStdout(), sb)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), sb.Id)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&imageFlag, "image", "", "image name (required)")
+	f.StringVar(&idFlag, "id", "", "sandbox id (default: generated)")
+	f.StringVar(&backend, "backend", "", "backend (default: the node's default, container)")
+	f.Float64Var(&cpu, "cpu", 0, "CPU quota in cores, e.g. 1.5 (default: no quota)")
+	f.StringVar(&memory, "memory", "", "memory limit, e.g. 512Mi, 2Gi (default: node default)")
+	f.Int64Var(&pids, "pids", 0, "maximum number of processes (default: node default)")
+	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	f.StringVar(&workdir, "workdir", "", "working directory of commands")
+	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
+	f.DurationVar(&timeout, "timeout", 0, "lifetime, after which the sandbox is deleted, e.g. 30m (default: node default)")
+	f.StringVar(&hostname, "hostname", "", "hostname inside the sandbox")
+	return c
+}
+
+func newListCommand() *cobra.Command {
+	var labels []string
+	c := &cobra.Command{
+		Use:     "ls [--label k=v]...",
+		Aliases: []string{"list"},
+		Short:   "List sandboxes",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sel, err := parseKVs("label", labels)
+			if err != nil {
+				return err
+			}
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			sbs, err := cl.List(cmd.Context(), sel)
+			if err != nil {
+				return err
+			}
+			slices.SortFunc(sbs, func(a, b *warrenv1.Sandbox) int { return strings.Compare(a.Id, b.Id) })
+			if JSONOutput(cmd) {
+				return printJSON(cmd.OutOrStdout(), &warrenv1.ListResponse{Sandboxes: sbs})
+			}
+			printSandboxTable(cmd.OutOrStdout(), sbs, time.Now())
+			return nil
+		},
+	}
+	c.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes with label KEY=VALUE (repeatable; all must match)")
+	return c
+}
+
+func printSandboxTable(w io.Writer, sbs []*warrenv1.Sandbox, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tIMAGE\tSTATE\tCPU\tMEMORY\tAGE\tEXPIRES IN\tLABELS")
+	for _, s := range sbs {
+		mem := "-"
+		if m := s.GetResources().GetMemoryBytes(); m > 0 {
+			mem = formatBytes(m)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Id, s.Image, stateName(s.State),
+			formatCPU(s.GetResources().GetCpuMillis()), mem, formatAge(s.CreatedAtUnixMs, now),
+			formatExpiry(s.ExpiresAtUnixMs, now), formatKVs(s.Labels))
+	}
+	tw.Flush()
+}
+
+func newGetCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "get ID",
+		Aliases: []string{"inspect"},
+		Short:   "Show a sandbox",
+		Args:    exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			sb, err := cl.Get(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if JSONOutput(cmd) {
+				return printJSON(cmd.OutOrStdout(), sb)
+			}
+			printSandbox(cmd.OutOrStdout(), sb, time.Now())
+			return nil
+		},
+	}
+}
+
+func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s:\t%s\n", k, v)
+		}
+	}
+	row("ID", s.Id)
+	row("Image", s.Image)
+	row("Backend", s.Backend)
+	row("State", stateName(s.State))
+	row("Dead reason", s.DeadReason)
+	row("Hostname", s.Hostname)
+	row("Workdir", s.Workdir)
+	r := s.GetResources()
+	row("CPU", formatCPU(r.GetCpuMillis()))
+	if r.GetMemoryBytes() > 0 {
+		row("Memory", formatBytes(r.GetMemoryBytes()))
+	}
+	if r.GetPidsMax() > 0 {
+		row("Pids", fmt.Sprint(r.GetPidsMax()))
+	}
+	row("Created", formatTime(s.CreatedAtUnixMs)+" ("+formatAge(s.CreatedAtUnixMs, now)+" ago)")
+	if s.ExpiresAtUnixMs != 0 {
+		row("Expires", formatTime(s.ExpiresAtUnixMs)+" (in "+formatExpiry(s.ExpiresAtUnixMs, now)+")")
+	} else {
+		row("Expires", "never")
+	}
+	row("Labels", formatKVs(s.Labels))
+	row("Env", formatKVs(s.Env))
+	tw.Flush()
+}
+
+func newRemoveCommand() *cobra.Command {
+	var (
+		all    bool
+		labels []string
+	)
+	c := &cobra.Command{
+		Use:     "rm ID... | rm --all [--label k=v]...",
+		Aliases: []string{"delete", "remove"},
+		Short:   "Delete sandboxes",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if all == (len(args) > 0) {
+				return usagef("give sandbox ids or --all, not both or neither")
+			}
+			if len(labels) > 0 && !all {
+				return usagef("--label only selects sandboxes with --all")
+			}
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			ids := args
+			if all {
+				sel, err := parseKVs("label", labels)
+				if err != nil {
+					return err
+				}
+				sbs, err := cl.List(cmd.Context(), sel)
+				if err != nil {
+					return err
+				}
+				for _, s := range sbs {
+					ids = append(ids, s.Id)
+				}
+			}
+			return deleteAll(cmd, cl, ids)
+		},
+	}
+	c.Flags().BoolVar(&all, "all", false, "delete every sandbox (with --label: every matching one)")
+	c.Flags().StringArrayVar(&labels, "label", nil, "with --all, only sandboxes with label KEY=VALUE (repeatable)")
+	return c
+}
+
+// deleteAll deletes ids a few at a time, printing each deleted id; it
+// reports every failure and fails if any did.
+func deleteAll(cmd *cobra.Command, cl *client.Client, ids []string) error {
+	var (
+		mu     sync.Mutex
+		failed int
+		wg     sync.WaitGroup
+		sem    = make(chan struct{}, 16)
+	)
+	for _, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			err := cl.Delete(cmd.Context(), id)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed++
+				printError(cmd.ErrOrStderr(), err)
+				return
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), id)
+		}()
+	}
+	wg.Wait()
+	if failed > 0 {
+		return exitError{1}
+	}
+	return nil
+}
+
+func newExtendCommand() *cobra.Command {
+	var timeout time.Duration
+	c := &cobra.Command{
+		Use:   "extend ID --timeout DURATION",
+		Short: "Set a sandbox's lifetime to end DURATION from now",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if timeout <= 0 {
+				return usagef("--timeout must be positive, e.g. 30m")
+			}
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			sb, err := cl.ExtendTimeout(cmd.Context(), args[0], timeout)
+			if err != nil {
+				return err
+			}
+			if JSONOutput(cmd) {
+				return printJSON(cmd.OutOrStdout(), sb)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s expires %s\n", sb.Id, formatTime(sb.ExpiresAtUnixMs))
+			return nil
+		},
+	}
+	c.Flags().DurationVar(&timeout, "timeout", 0, "new lifetime from now, e.g. 30m (required)")
+	return c
+}

@@ -1,0 +1,172 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenrl/warren/client"
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/container"
+	"github.com/warrenrl/warren/internal/daemon"
+	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/metrics"
+	"github.com/warrenrl/warren/internal/server"
+)
+
+// version and commit identify this build; they are the daemon's, set with
+// -ldflags "-X github.com/warrenrl/warren/internal/daemon.Version=...".
+func version() string { return daemon.Version }
+func commit() string  { return daemon.Commit }
+
+type serveOptions struct {
+	stateDir, socket, runDir string
+	listen, tokenFile        string
+	insecureNoAuth           bool
+	defaultTimeout           time.Duration
+	logLevel, logFormat      string
+	cgroupParent             string
+}
+
+func newServeCommand() *cobra.Command {
+	var o serveOptions
+	c := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the Warren daemon",
+		Long: `Run the Warren daemon: the API on a unix socket (mode 0600) and, with
+--listen, on TCP with bearer-token auth. SIGTERM or SIGINT shuts it down
+gracefully; sandboxes keep running and the next daemon adopts them.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runServe(cmd, o) },
+	}
+	f := c.Flags()
+	f.StringVar(&o.stateDir, "state-dir", daemon.DefaultStateDir, "state directory (sandbox records, images, writable layers)")
+	f.StringVar(&o.socket, "socket", server.DefaultSocket, "unix socket to serve the API on")
+	f.StringVar(&o.runDir, "run-dir", "/run/warren", "runtime directory (mount points, agent sockets; tmpfs)")
+	f.StringVar(&o.listen, "listen", "", "also serve on this TCP address, e.g. 127.0.0.1:7070 (needs a token)")
+	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token for --listen (default $"+client.EnvToken+")")
+	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
+	f.DurationVar(&o.defaultTimeout, "default-timeout", daemon.DefaultTimeout, "sandbox lifetime when a create request gives none")
+	f.StringVar(&o.cgroupParent, "cgroup-parent", "warren", "parent cgroup of the sandboxes (give each daemon on a host its own)")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	return c
+}
+
+func newLogger(o serveOptions, cmd *cobra.Command) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, usagef("bad --log-level %q", o.logLevel)
+	}
+	ho := &slog.HandlerOptions{Level: level}
+	switch o.logFormat {
+	case "text":
+		return slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), ho)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), ho)), nil
+	}
+	return nil, usagef("bad --log-format %q: want text or json", o.logFormat)
+}
+
+// readToken returns the token from --token-file, else $WARREN_TOKEN.
+func readToken(file string) (string, error) {
+	if file == "" {
+		return strings.TrimSpace(os.Getenv(client.EnvToken)), nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("read token file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("token file %s is empty", file)
+	}
+	return tok, nil
+}
+
+func runServe(cmd *cobra.Command, o serveOptions) (err error) {
+	ctx := cmd.Context()
+	log, err := newLogger(o, cmd)
+	if err != nil {
+		return err
+	}
+	slog.SetDefault(log)
+	token := ""
+	if o.listen != "" {
+		if token, err = readToken(o.tokenFile); err != nil {
+			return err
+		}
+	}
+	stateDir, err := filepath.Abs(o.stateDir)
+	if err != nil {
+		return err
+	}
+	runDir, err := filepath.Abs(o.runDir)
+	if err != nil {
+		return err
+	}
+
+	met := metrics.New()
+	srv, err := server.New(server.Config{
+		SocketPath:     o.socket,
+		ListenAddr:     o.listen,
+		Token:          token,
+		InsecureNoAuth: o.insecureNoAuth,
+		Metrics:        met.Handler(),
+		Logger:         log,
+	})
+	if err != nil {
+		return err
+	}
+	// Listen first: it fails if another daemon owns the socket, before we
+	// touch its state.
+	if err := srv.Listen(); err != nil {
+		return err
+	}
+	defer srv.Close()
+	if o.listen != "" && token == "" {
+		log.Warn("serving TCP without authentication", "addr", o.listen)
+	}
+
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(runDir, 0o700); err != nil {
+		return err
+	}
+	images, err := image.Open(filepath.Join(stateDir, "images"))
+	if err != nil {
+		return fmt.Errorf("open image store: %w", err)
+	}
+	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent})
+	if err != nil {
+		return fmt.Errorf("container backend: %w", err)
+	}
+	mgr, err := daemon.New(ctx, daemon.Config{
+		StateDir:       stateDir,
+		Backends:       map[string]backend.Backend{ctr.Name(): ctr},
+		Images:         images,
+		Metrics:        met,
+		DefaultTimeout: o.defaultTimeout,
+		Logger:         log,
+	})
+	if err != nil {
+		return fmt.Errorf("start daemon: %w", err)
+	}
+	defer func() {
+		if cerr := mgr.Close(); cerr != nil {
+			log.Error("closing daemon", "err", cerr)
+			err = errors.Join(err, cerr)
+		}
+	}()
+	log.Info("warren daemon started", "version", daemon.Version, "state_dir", stateDir, "socket", o.socket)
+	err = srv.Serve(ctx, mgr)
+	log.Info("warren daemon stopped")
+	return err
+}

@@ -1,0 +1,156 @@
+package server
+
+import (
+	"context"
+	"io"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+)
+
+// Manager is what the server needs from the daemon: one method per RPC with
+// the proto types, plus the streaming and tar helpers of the plain HTTP
+// endpoints. *daemon.Manager implements it.
+type Manager interface {
+	Create(context.Context, *warrenv1.CreateRequest) (*warrenv1.Sandbox, error)
+	Get(context.Context, *warrenv1.GetRequest) (*warrenv1.Sandbox, error)
+	List(context.Context, *warrenv1.ListRequest) (*warrenv1.ListResponse, error)
+	Delete(context.Context, *warrenv1.DeleteRequest) (*warrenv1.DeleteResponse, error)
+	ExtendTimeout(context.Context, *warrenv1.ExtendTimeoutRequest) (*warrenv1.Sandbox, error)
+
+	Exec(context.Context, *warrenv1.ExecRequest) (*warrenv1.ExecResult, error)
+	ExecStream(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error) error
+	StartProcess(context.Context, *warrenv1.ExecRequest) (*warrenv1.ProcessInfo, error)
+	ListProcesses(context.Context, *warrenv1.ListProcessesRequest) (*warrenv1.ListProcessesResponse, error)
+	WaitProcess(context.Context, *warrenv1.WaitProcessRequest) (*warrenv1.ExecResult, error)
+	SignalProcess(context.Context, *warrenv1.SignalProcessRequest) (*warrenv1.SignalProcessResponse, error)
+	WriteStdin(context.Context, *warrenv1.WriteStdinRequest) (*warrenv1.WriteStdinResponse, error)
+
+	WriteFile(context.Context, *warrenv1.WriteFileRequest) (*warrenv1.WriteFileResponse, error)
+	ReadFile(context.Context, *warrenv1.ReadFileRequest) (*warrenv1.ReadFileResponse, error)
+	ListFiles(context.Context, *warrenv1.ListFilesRequest) (*warrenv1.ListFilesResponse, error)
+	StatFile(context.Context, *warrenv1.StatFileRequest) (*warrenv1.FileInfo, error)
+	MakeDir(context.Context, *warrenv1.MakeDirRequest) (*warrenv1.MakeDirResponse, error)
+	RemoveFile(context.Context, *warrenv1.RemoveFileRequest) (*warrenv1.RemoveFileResponse, error)
+	TarOut(ctx context.Context, id, path string, w io.Writer) error
+	TarIn(ctx context.Context, id, path string, r io.Reader) error
+
+	ListImages(context.Context, *warrenv1.ListImagesRequest) (*warrenv1.ListImagesResponse, error)
+	GetImage(context.Context, *warrenv1.GetImageRequest) (*warrenv1.Image, error)
+	ImportImage(context.Context, *warrenv1.ImportImageRequest) (*warrenv1.Image, error)
+	ImportImageTar(ctx context.Context, name string, r io.Reader) (*warrenv1.Image, error)
+	RemoveImage(context.Context, *warrenv1.RemoveImageRequest) (*warrenv1.RemoveImageResponse, error)
+
+	Version(context.Context, *warrenv1.VersionRequest) (*warrenv1.VersionResponse, error)
+}
+
+// unary adapts a Manager method to a connect unary handler body.
+func unary[Req, Res any](ctx context.Context, req *connect.Request[Req], fn func(context.Context, *Req) (*Res, error)) (*connect.Response[Res], error) {
+	res, err := fn(ctx, req.Msg)
+	if err != nil {
+		return nil, ToConnectError(err)
+	}
+	return connect.NewResponse(res), nil
+}
+
+// sandboxService implements warrenv1connect.SandboxServiceHandler.
+type sandboxService struct{ m Manager }
+
+func (s sandboxService) Create(ctx context.Context, r *connect.Request[warrenv1.CreateRequest]) (*connect.Response[warrenv1.Sandbox], error) {
+	return unary(ctx, r, s.m.Create)
+}
+
+func (s sandboxService) Get(ctx context.Context, r *connect.Request[warrenv1.GetRequest]) (*connect.Response[warrenv1.Sandbox], error) {
+	return unary(ctx, r, s.m.Get)
+}
+
+func (s sandboxService) List(ctx context.Context, r *connect.Request[warrenv1.ListRequest]) (*connect.Response[warrenv1.ListResponse], error) {
+	return unary(ctx, r, s.m.List)
+}
+
+func (s sandboxService) Delete(ctx context.Context, r *connect.Request[warrenv1.DeleteRequest]) (*connect.Response[warrenv1.DeleteResponse], error) {
+	return unary(ctx, r, s.m.Delete)
+}
+
+func (s sandboxService) ExtendTimeout(ctx context.Context, r *connect.Request[warrenv1.ExtendTimeoutRequest]) (*connect.Response[warrenv1.Sandbox], error) {
+	return unary(ctx, r, s.m.ExtendTimeout)
+}
+
+func (s sandboxService) Exec(ctx context.Context, r *connect.Request[warrenv1.ExecRequest]) (*connect.Response[warrenv1.ExecResult], error) {
+	return unary(ctx, r, s.m.Exec)
+}
+
+func (s sandboxService) ExecStream(ctx context.Context, r *connect.Request[warrenv1.ExecRequest], st *connect.ServerStream[warrenv1.ExecEvent]) error {
+	return ToConnectError(s.m.ExecStream(ctx, r.Msg, st.Send))
+}
+
+func (s sandboxService) StartProcess(ctx context.Context, r *connect.Request[warrenv1.ExecRequest]) (*connect.Response[warrenv1.ProcessInfo], error) {
+	return unary(ctx, r, s.m.StartProcess)
+}
+
+func (s sandboxService) ListProcesses(ctx context.Context, r *connect.Request[warrenv1.ListProcessesRequest]) (*connect.Response[warrenv1.ListProcessesResponse], error) {
+	return unary(ctx, r, s.m.ListProcesses)
+}
+
+func (s sandboxService) WaitProcess(ctx context.Context, r *connect.Request[warrenv1.WaitProcessRequest]) (*connect.Response[warrenv1.ExecResult], error) {
+	return unary(ctx, r, s.m.WaitProcess)
+}
+
+func (s sandboxService) SignalProcess(ctx context.Context, r *connect.Request[warrenv1.SignalProcessRequest]) (*connect.Response[warrenv1.SignalProcessResponse], error) {
+	return unary(ctx, r, s.m.SignalProcess)
+}
+
+func (s sandboxService) WriteStdin(ctx context.Context, r *connect.Request[warrenv1.WriteStdinRequest]) (*connect.Response[warrenv1.WriteStdinResponse], error) {
+	return unary(ctx, r, s.m.WriteStdin)
+}
+
+func (s sandboxService) WriteFile(ctx context.Context, r *connect.Request[warrenv1.WriteFileRequest]) (*connect.Response[warrenv1.WriteFileResponse], error) {
+	return unary(ctx, r, s.m.WriteFile)
+}
+
+func (s sandboxService) ReadFile(ctx context.Context, r *connect.Request[warrenv1.ReadFileRequest]) (*connect.Response[warrenv1.ReadFileResponse], error) {
+	return unary(ctx, r, s.m.ReadFile)
+}
+
+func (s sandboxService) ListFiles(ctx context.Context, r *connect.Request[warrenv1.ListFilesRequest]) (*connect.Response[warrenv1.ListFilesResponse], error) {
+	return unary(ctx, r, s.m.ListFiles)
+}
+
+func (s sandboxService) StatFile(ctx context.Context, r *connect.Request[warrenv1.StatFileRequest]) (*connect.Response[warrenv1.FileInfo], error) {
+	return unary(ctx, r, s.m.StatFile)
+}
+
+func (s sandboxService) MakeDir(ctx context.Context, r *connect.Request[warrenv1.MakeDirRequest]) (*connect.Response[warrenv1.MakeDirResponse], error) {
+	return unary(ctx, r, s.m.MakeDir)
+}
+
+func (s sandboxService) RemoveFile(ctx context.Context, r *connect.Request[warrenv1.RemoveFileRequest]) (*connect.Response[warrenv1.RemoveFileResponse], error) {
+	return unary(ctx, r, s.m.RemoveFile)
+}
+
+// imageService implements warrenv1connect.ImageServiceHandler.
+type imageService struct{ m Manager }
+
+func (s imageService) ListImages(ctx context.Context, r *connect.Request[warrenv1.ListImagesRequest]) (*connect.Response[warrenv1.ListImagesResponse], error) {
+	return unary(ctx, r, s.m.ListImages)
+}
+
+func (s imageService) GetImage(ctx context.Context, r *connect.Request[warrenv1.GetImageRequest]) (*connect.Response[warrenv1.Image], error) {
+	return unary(ctx, r, s.m.GetImage)
+}
+
+func (s imageService) ImportImage(ctx context.Context, r *connect.Request[warrenv1.ImportImageRequest]) (*connect.Response[warrenv1.Image], error) {
+	return unary(ctx, r, s.m.ImportImage)
+}
+
+func (s imageService) RemoveImage(ctx context.Context, r *connect.Request[warrenv1.RemoveImageRequest]) (*connect.Response[warrenv1.RemoveImageResponse], error) {
+	return unary(ctx, r, s.m.RemoveImage)
+}
+
+// systemService implements warrenv1connect.SystemServiceHandler.
+type systemService struct{ m Manager }
+
+func (s systemService) Version(ctx context.Context, r *connect.Request[warrenv1.VersionRequest]) (*connect.Response[warrenv1.VersionResponse], error) {
+	return unary(ctx, r, s.m.Version)
+}

@@ -1,0 +1,108 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// ListenUnix listens on a unix socket at path with mode 0600. The parent
+// directory is created with mode 0700 when missing. A stale socket left by a
+// dead daemon is removed; if another process answers on the socket,
+// ListenUnix fails with a Conflict error and leaves the socket alone.
+//
+// The socket is bound under a temporary name, restricted to 0600 and then
+// renamed into place, so it is never reachable with a wider mode. Closing
+// the listener removes the socket file if it is still this listener's.
+func ListenUnix(path string) (net.Listener, error) {
+	if path == "" {
+		return nil, errdefs.Invalidf("empty socket path")
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create socket directory: %w", err)
+	}
+	if err := removeStaleSocket(path); err != nil {
+		return nil, err
+	}
+	tmp := filepath.Join(dir, fmt.Sprintf(".warren-%d.sock", os.Getpid()))
+	_ = os.Remove(tmp)
+	ln, err := net.Listen("unix", tmp)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	ul := ln.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false)
+	fail := func(err error) (net.Listener, error) {
+		ul.Close()
+		os.Remove(tmp)
+		return nil, err
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return fail(fmt.Errorf("chmod socket: %w", err))
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(fmt.Errorf("install socket %s: %w", path, err))
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return fail(fmt.Errorf("stat socket: %w", err))
+	}
+	return &unixListener{UnixListener: ul, path: path, fi: fi}, nil
+}
+
+// removeStaleSocket removes path if it is a socket nobody listens on.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("stat socket: %w", err)
+	}
+	if fi.Mode().Type() != fs.ModeSocket {
+		return errdefs.Conflictf("%s exists and is not a socket; refusing to replace it", path)
+	}
+	conn, err := net.DialTimeout("unix", path, 2*time.Second)
+	if err == nil {
+		conn.Close()
+		return errdefs.Conflictf("another daemon is listening on %s", path)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("probe socket %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove stale socket: %w", err)
+	}
+	return nil
+}
+
+type unixListener struct {
+	*net.UnixListener
+	path string
+	fi   os.FileInfo
+	once sync.Once
+}
+
+// Addr reports the socket's final path rather than the temporary name it
+// was bound under.
+func (l *unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
+
+func (l *unixListener) Close() error {
+	err := l.UnixListener.Close()
+	l.once.Do(func() {
+		// Only remove the socket if nobody replaced it meanwhile.
+		if fi, serr := os.Lstat(l.path); serr == nil && os.SameFile(fi, l.fi) {
+			os.Remove(l.path)
+		}
+	})
+	return err
+}
