@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command: static checks, then every Go test (unit tests with the
+# race detector; the integration suites run as root against the real
+# kernel), then the Python SDK's tests when it exists.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/deps.sh
+[ "$(id -u)" = 0 ] || { echo "test.sh: run as root (namespaces, mounts, cgroups)" >&2; exit 1; }
+
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then echo "gofmt needed:" >&2; echo "$unformatted" >&2; exit 1; fi
+go vet ./...
+export CGO_ENABLED=1
+go test -race -count=1 -timeout 20m ./...
+if [ -f sdk/python/pyproject.toml ] && [ -d sdk/python/tests ]; then
+  ./scripts/test-python.sh
+fi
