@@ -24,6 +24,8 @@ type Spec struct {
 	CPUMillis   int64 // 1000 = one core
 	MemoryBytes int64
 	PidsMax     int64
+	// DiskBytes caps the writable layer; 0 leaves it on the node's disk.
+	DiskBytes int64
 	// Defaults applied to every process started in the sandbox.
 	Env     []string
 	Workdir string

@@ -40,7 +40,7 @@ func newCreateCommand() *cobra.Command {
 	var (
 		req               warrenv1.CreateRequest
 		cpu               float64
-		memory            string
+		memory, disk      string
 		env, labels       []string
 		timeout           time.Duration
 		pids              int64
@@ -69,7 +69,14 @@ func newCreateCommand() *cobra.Command {
 				}
 				res.MemoryBytes = n
 			}
-			if res.CpuMillis != 0 || res.MemoryBytes != 0 || res.PidsMax != 0 {
+			if disk != "" {
+				n, err := parseBytes(disk)
+				if err != nil {
+					return usageError{err}
+				}
+				res.DiskBytes = n
+			}
+			if res.CpuMillis != 0 || res.MemoryBytes != 0 || res.PidsMax != 0 || res.DiskBytes != 0 {
 				req.Resources = res
 			}
 			var err error
@@ -105,6 +112,7 @@ func newCreateCommand() *cobra.Command {
 	f.StringVar(&backend, "backend", "", "backend (default: the node's default, container)")
 	f.Float64Var(&cpu, "cpu", 0, "CPU quota in cores, e.g. 1.5 (default: no quota)")
 	f.StringVar(&memory, "memory", "", "memory limit, e.g. 512Mi, 2Gi (default: node default)")
+	f.StringVar(&disk, "disk", "", "disk limit of the writable layer, e.g. 1Gi (default: node default; at least 16Mi)")
 	f.Int64Var(&pids, "pids", 0, "maximum number of processes (default: node default)")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	f.StringVar(&workdir, "workdir", "", "working directory of commands")
@@ -208,6 +216,9 @@ func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
 	}
 	if r.GetPidsMax() > 0 {
 		row("Pids", fmt.Sprint(r.GetPidsMax()))
+	}
+	if r.GetDiskBytes() > 0 {
+		row("Disk", formatBytes(r.GetDiskBytes()))
 	}
 	row("Created", formatTime(s.CreatedAtUnixMs)+" ("+formatAge(s.CreatedAtUnixMs, now)+" ago)")
 	if s.ExpiresAtUnixMs != 0 {

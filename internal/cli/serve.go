@@ -30,6 +30,7 @@ type serveOptions struct {
 	listen, tokenFile        string
 	insecureNoAuth           bool
 	defaultTimeout           time.Duration
+	defaultDisk              string
 	logLevel, logFormat      string
 	cgroupParent             string
 }
@@ -53,6 +54,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token for --listen (default $"+client.EnvToken+")")
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
 	f.DurationVar(&o.defaultTimeout, "default-timeout", daemon.DefaultTimeout, "sandbox lifetime when a create request gives none")
+	f.StringVar(&o.defaultDisk, "default-disk", "", "disk limit of each sandbox's writable layer when a create request gives none, e.g. 10Gi (default: unlimited, on the state dir's filesystem)")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "warren", "parent cgroup of the sandboxes (give each daemon on a host its own)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -140,6 +142,12 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		return err
 	}
+	var defaultDisk int64
+	if o.defaultDisk != "" {
+		if defaultDisk, err = parseBytes(o.defaultDisk); err != nil {
+			return usageError{err}
+		}
+	}
 	images, err := image.Open(filepath.Join(stateDir, "images"))
 	if err != nil {
 		return fmt.Errorf("open image store: %w", err)
@@ -149,12 +157,13 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		return fmt.Errorf("container backend: %w", err)
 	}
 	mgr, err := daemon.New(ctx, daemon.Config{
-		StateDir:       stateDir,
-		Backends:       map[string]backend.Backend{ctr.Name(): ctr},
-		Images:         images,
-		Metrics:        met,
-		DefaultTimeout: o.defaultTimeout,
-		Logger:         log,
+		StateDir:         stateDir,
+		Backends:         map[string]backend.Backend{ctr.Name(): ctr},
+		Images:           images,
+		Metrics:          met,
+		DefaultTimeout:   o.defaultTimeout,
+		DefaultDiskBytes: defaultDisk,
+		Logger:           log,
 	})
 	if err != nil {
 		return fmt.Errorf("start daemon: %w", err)

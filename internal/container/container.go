@@ -76,7 +76,7 @@ func New(opts Options) (*Backend, error) {
 	if err := checkStatic(opts.InitBinary); err != nil {
 		return nil, err
 	}
-	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.RunDir, "sb")} {
+	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "disks"), filepath.Join(opts.RunDir, "sb")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "create "+d)
 		}
@@ -115,7 +115,10 @@ type state struct {
 func (b *Backend) runDir(id string) string   { return filepath.Join(b.opts.RunDir, "sb", id) }
 func (b *Backend) stateDir(id string) string { return filepath.Join(b.opts.StateDir, "sandboxes", id) }
 func (b *Backend) rootfs(id string) string   { return filepath.Join(b.runDir(id), "rootfs") }
-func (b *Backend) socket(id string) string   { return filepath.Join(b.runDir(id), "agent.sock") }
+func (b *Backend) diskImage(id string) string {
+	return filepath.Join(b.opts.StateDir, "disks", id+".img")
+}
+func (b *Backend) socket(id string) string { return filepath.Join(b.runDir(id), "agent.sock") }
 
 // Create builds the sandbox's root, cgroup and namespaces and starts its
 // init. Every step pushes its undo onto one cleanup stack.
@@ -136,7 +139,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if _, err := os.Stat(run); err == nil {
 		return nil, errdefs.Conflictf("sandbox %s already exists on this node", spec.ID)
 	}
-	for _, d := range []string{filepath.Join(st, "upper"), filepath.Join(st, "work"), b.rootfs(spec.ID)} {
+	for _, d := range []string{st, b.rootfs(spec.ID)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			_ = os.RemoveAll(run)
 			_ = os.RemoveAll(st)
@@ -144,6 +147,17 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		}
 	}
 	cu.Add(func() error { return errors.Join(os.RemoveAll(run), os.RemoveAll(st)) })
+	if spec.DiskBytes > 0 {
+		if err := mountDisk(b.diskImage(spec.ID), st, spec.DiskBytes); err != nil {
+			return nil, err
+		}
+		cu.Add(func() error { return unmountDisk(b.diskImage(spec.ID), st) })
+	}
+	for _, d := range []string{filepath.Join(st, "upper"), filepath.Join(st, "work")} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return nil, fsErr(err, "create sandbox directories")
+		}
+	}
 
 	if err := mountOverlay(spec.Layers, filepath.Join(st, "upper"), filepath.Join(st, "work"), b.rootfs(spec.ID)); err != nil {
 		return nil, err
@@ -308,6 +322,12 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 			ids[e.Name()] = true
 		}
 	}
+	disks, _ := os.ReadDir(filepath.Join(b.opts.StateDir, "disks"))
+	for _, e := range disks {
+		if id, ok := strings.CutSuffix(e.Name(), ".img"); ok {
+			ids[id] = true
+		}
+	}
 	groups, err := cgroups.List(b.opts.CgroupParent)
 	if err != nil {
 		return err
@@ -331,7 +351,7 @@ func (b *Backend) teardown(id string) error {
 	if grp, err := cgroups.Load(b.opts.CgroupParent, id); err == nil {
 		errs = append(errs, grp.Kill(10*time.Second), grp.Delete())
 	}
-	errs = append(errs, unmount(b.rootfs(id)))
+	errs = append(errs, unmount(b.rootfs(id)), unmountDisk(b.diskImage(id), b.stateDir(id)))
 	errs = append(errs, os.RemoveAll(b.runDir(id)), os.RemoveAll(b.stateDir(id)))
 	return errors.Join(errs...)
 }

@@ -98,6 +98,16 @@ func resources(t *testing.T, opts Options) []string {
 			out = append(out, "dir "+filepath.Join(d, e.Name()))
 		}
 	}
+	backing, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, p := range backing {
+		if b, err := os.ReadFile(p); err == nil && strings.HasPrefix(string(b), opts.StateDir) {
+			out = append(out, "loop "+strings.TrimSpace(string(b)))
+		}
+	}
+	disks, _ := os.ReadDir(filepath.Join(opts.StateDir, "disks"))
+	for _, e := range disks {
+		out = append(out, "disk "+e.Name())
+	}
 	groups, err := cgroups.List(opts.CgroupParent)
 	if err != nil {
 		t.Fatal(err)

@@ -55,6 +55,7 @@ type Config struct {
 	MaxTimeout         time.Duration
 	DefaultMemoryBytes int64         // default 512 MiB
 	DefaultPids        int64         // default 1024
+	DefaultDiskBytes   int64         // default 0: writable layers on the node's disk, unlimited
 	DefaultExecTimeout time.Duration // default 10 min
 	Logger             *slog.Logger
 }

@@ -138,6 +138,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		CPUMillis:   p.resources.CpuMillis,
 		MemoryBytes: p.resources.MemoryBytes,
 		PidsMax:     p.resources.PidsMax,
+		DiskBytes:   p.resources.DiskBytes,
 		Env:         envList(p.env),
 		Workdir:     p.workdir,
 	})

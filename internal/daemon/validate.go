@@ -18,6 +18,8 @@ import (
 const (
 	MinMemoryBytes  = 4 << 20
 	MaxMemoryBytes  = 1 << 40 // 1 TiB
+	MinDiskBytes    = 16 << 20
+	MaxDiskBytes    = 1 << 44 // 16 TiB
 	MinPids         = 8
 	MaxPids         = 4 << 20 // the kernel's pid_max ceiling
 	maxLabels       = 64
@@ -86,7 +88,7 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 		return p, errdefs.Invalidf("unknown backend %q (have %s)", p.backend, strings.Join(m.backendNames(), ", "))
 	}
 	r := req.GetResources()
-	res := &warrenv1.Resources{CpuMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), PidsMax: r.GetPidsMax()}
+	res := &warrenv1.Resources{CpuMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), PidsMax: r.GetPidsMax(), DiskBytes: r.GetDiskBytes()}
 	switch {
 	case res.CpuMillis < 0 || res.CpuMillis > maxCPUMillis():
 		return p, errdefs.Invalidf("cpu_millis %d out of range [0, %d]", res.CpuMillis, maxCPUMillis())
@@ -96,6 +98,11 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 		return p, errdefs.Invalidf("memory_bytes %d out of range [%d, %d] (0 = default)", res.MemoryBytes, MinMemoryBytes, int64(MaxMemoryBytes))
 	case res.PidsMax < 0 || (res.PidsMax > 0 && res.PidsMax < MinPids) || res.PidsMax > MaxPids:
 		return p, errdefs.Invalidf("pids_max %d out of range [%d, %d] (0 = default)", res.PidsMax, MinPids, MaxPids)
+	case res.DiskBytes < 0 || (res.DiskBytes > 0 && res.DiskBytes < MinDiskBytes) || res.DiskBytes > MaxDiskBytes:
+		return p, errdefs.Invalidf("disk_bytes %d out of range [%d, %d] (0 = default)", res.DiskBytes, MinDiskBytes, int64(MaxDiskBytes))
+	}
+	if res.DiskBytes == 0 {
+		res.DiskBytes = m.cfg.DefaultDiskBytes
 	}
 	if res.MemoryBytes == 0 {
 		res.MemoryBytes = m.cfg.DefaultMemoryBytes

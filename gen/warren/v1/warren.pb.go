@@ -86,10 +86,14 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 }
 
 type Resources struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CpuMillis     int64                  `protobuf:"varint,1,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`       // 1000 = one core; 0 = no quota
-	MemoryBytes   int64                  `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"` // 0 = node default
-	PidsMax       int64                  `protobuf:"varint,3,opt,name=pids_max,json=pidsMax,proto3" json:"pids_max,omitempty"`             // 0 = node default
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	CpuMillis   int64                  `protobuf:"varint,1,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`       // 1000 = one core; 0 = no quota
+	MemoryBytes int64                  `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"` // 0 = node default
+	PidsMax     int64                  `protobuf:"varint,3,opt,name=pids_max,json=pidsMax,proto3" json:"pids_max,omitempty"`             // 0 = node default
+	// Caps the writable layer (its own ext4 filesystem; filling it gives
+	// ENOSPC inside the sandbox only). 0 = node default (unlimited unless
+	// the daemon sets --default-disk). At least 16 MiB.
+	DiskBytes     int64 `protobuf:"varint,4,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -141,6 +145,13 @@ func (x *Resources) GetMemoryBytes() int64 {
 func (x *Resources) GetPidsMax() int64 {
 	if x != nil {
 		return x.PidsMax
+	}
+	return 0
+}
+
+func (x *Resources) GetDiskBytes() int64 {
+	if x != nil {
+		return x.DiskBytes
 	}
 	return 0
 }
@@ -2589,12 +2600,14 @@ var File_warren_v1_warren_proto protoreflect.FileDescriptor
 
 const file_warren_v1_warren_proto_rawDesc = "" +
 	"\n" +
-	"\x16warren/v1/warren.proto\x12\twarren.v1\"h\n" +
+	"\x16warren/v1/warren.proto\x12\twarren.v1\"\x87\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
-	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\"\xc8\x03\n" +
+	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xc8\x03\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +

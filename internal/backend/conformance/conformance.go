@@ -333,6 +333,29 @@ func Run(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("DiskLimit", func(t *testing.T) {
+		base := h.Resources(t)
+		sb := create(t, b, h, func(s *backend.Spec) { s.DiskBytes = 32 << 20 })
+		other := create(t, b, h, nil)
+		r := sh(t, sb, "dd if=/dev/zero of=/root/fill bs=1M count=64")
+		if r.Status.Code == 0 || !strings.Contains(r.Stderr, "No space left") {
+			t.Fatalf("writing 64 MiB under a 32 MiB disk limit: %+v", r)
+		}
+		if r := sh(t, sb, "rm /root/fill && echo ok > /root/after && cat /root/after"); r.Stdout != "ok\n" {
+			t.Fatalf("sandbox unusable after filling its disk: %+v", r)
+		}
+		if r := sh(t, other, "dd if=/dev/zero of=/root/f bs=1M count=40 2>&1 && echo fine"); !strings.Contains(r.Stdout, "fine") {
+			t.Fatalf("a neighbour without a disk limit was affected: %+v", r)
+		}
+		_, err := b.Create(context.Background(), backend.Spec{ID: newID("tinydisk"), Layers: h.Layers(t), DiskBytes: 4096})
+		if !errors.Is(err, errdefs.ErrInvalid) {
+			t.Fatalf("a 4 KiB disk limit: got %v, want invalid", err)
+		}
+		_ = sb.Destroy(context.Background())
+		_ = other.Destroy(context.Background())
+		checkNoLeaks(t, h, base)
+	})
+
 	t.Run("PidsLimit", func(t *testing.T) {
 		sb := create(t, b, h, func(s *backend.Spec) { s.PidsMax = 16 })
 		r := sh(t, sb, "for i in $(seq 1 40); do sleep 30 & done 2>&1; wait")
