@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -66,7 +67,7 @@ func Open(dir string) (*Store, error) {
 		return nil, errdefs.Invalidf("store: empty state directory")
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "store: create state directory")
+		return nil, errdefs.Wrap(writeCategory(err), err, "store: create state directory")
 	}
 	path := filepath.Join(dir, FileName)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
@@ -121,7 +122,7 @@ func (s *Store) Put(r Record) error {
 		return tx.Bucket(bucketSandboxes).Put([]byte(r.ID), val)
 	})
 	if err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "store: put "+r.ID)
+		return errdefs.Wrap(writeCategory(err), err, "store: put "+r.ID)
 	}
 	return nil
 }
@@ -147,7 +148,7 @@ func (s *Store) Delete(id string) error {
 		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
 	})
 	if err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "store: delete "+id)
+		return errdefs.Wrap(writeCategory(err), err, "store: delete "+id)
 	}
 	return nil
 }
@@ -185,4 +186,13 @@ func decode(v []byte) (Record, error) {
 		return Record{}, errdefs.Wrap(errdefs.Internal, err, fmt.Sprintf("store: decode sandbox %s", e.ID))
 	}
 	return Record{ID: e.ID, Backend: e.Backend, BackendState: e.BackendState, ImageLayers: e.ImageLayers, Sandbox: sb}, nil
+}
+
+// writeCategory tells a full disk (the caller may free space and retry)
+// from other write failures.
+func writeCategory(err error) errdefs.Category {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return errdefs.Exhausted
+	}
+	return errdefs.Internal
 }
