@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -42,11 +43,8 @@ func StaticBinary(t testing.TB, pkg string) string {
 	if p, ok := binCache[pkg]; ok {
 		return p
 	}
-	dir, err := os.MkdirTemp("", "warren-bin-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, filepath.Base(pkg))
+	dir := scratchDir(t)
+	out := filepath.Join(dir, strings.NewReplacer("/", "_", ".", "_").Replace(pkg))
 	cmd := exec.Command("go", "build", "-tags", "osusergo,netgo",
 		"-ldflags", "-linkmode external -extldflags -static", "-o", out, pkg)
 	cmd.Dir = ModuleRoot()
@@ -71,10 +69,7 @@ func BusyboxRoot(t testing.TB) string {
 	if err != nil {
 		t.Fatal("busybox not found: apt-get install busybox-static")
 	}
-	dir, err := os.MkdirTemp("", "warren-busybox-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := filepath.Join(scratchDir(t), "busybox-root")
 	for _, d := range []string{"bin", "etc", "tmp", "root", "proc", "sys", "dev"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -107,5 +102,27 @@ func BusyboxRoot(t testing.TB) string {
 		}
 	}
 	binCache["busybox-root"] = dir
+	return dir
+}
+
+// scratchDir returns a directory for this test process's cached binaries
+// and roots: <tmp>/warren-test/<pid>. Test processes cannot clean up after
+// themselves (the cache outlives each test), so each one removes the
+// directories of processes that no longer exist.
+func scratchDir(t testing.TB) string {
+	t.Helper()
+	base := filepath.Join(os.TempDir(), "warren-test")
+	ents, _ := os.ReadDir(base)
+	for _, e := range ents {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && pid != os.Getpid() {
+			if _, err := os.Stat("/proc/" + e.Name()); os.IsNotExist(err) {
+				_ = os.RemoveAll(filepath.Join(base, e.Name()))
+			}
+		}
+	}
+	dir := filepath.Join(base, strconv.Itoa(os.Getpid()))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	return dir
 }
