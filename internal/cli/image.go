@@ -16,6 +16,7 @@ import (
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/oci"
 	"github.com/warrenrl/warren/internal/tarx"
 )
 
@@ -27,7 +28,8 @@ func newImageCommand() *cobra.Command {
 		Args:    groupArgs,
 		RunE:    groupRun,
 	}
-	c.AddCommand(newImageListCommand(), newImageImportCommand(), newImageRemoveCommand(), newImageBuildCommand())
+	c.AddCommand(newImageListCommand(), newImageImportCommand(), newImageRemoveCommand(), newImageBuildCommand(),
+		newImageStatsCommand(), newImageVerifyCommand())
 	return c
 }
 
@@ -76,15 +78,49 @@ func shortID(id string) string {
 
 func newImageImportCommand() *cobra.Command {
 	var forceUpload bool
+	var name, platform string
 	c := &cobra.Command{
-		Use:   "import NAME PATH",
-		Short: "Import a root filesystem directory or tarball as an image",
-		Long: `Import a root filesystem directory or tarball (optionally gzip-compressed)
-as image NAME. On a local daemon (unix socket) the daemon reads PATH itself;
-on a remote one, or with --upload, the client uploads it. PATH "-" uploads
-a tarball read from stdin.`,
-		Args: exactArgs(2),
+		Use:   "import REF | NAME PATH|REF",
+		Short: "Import an OCI image, or a root filesystem directory or tarball",
+		Long: `Import an image.
+
+  warren image import REF [--name NAME]     an OCI/Docker image
+  warren image import NAME REF
+  warren image import NAME PATH             a root filesystem directory or tarball
+
+REF is one of
+  registry/repo:tag, registry/repo@sha256:..., docker://...   from a registry
+                                    (credentials from the Docker config)
+  oci:DIR[:TAG]                     an OCI image layout directory
+  docker-archive:FILE.tar[:REPO:TAG]   a 'docker save' tarball
+and is imported with progress bars for download and conversion. Each layer
+is converted once (by diffID) to an EROFS blob. The default NAME is the
+reference's repository and tag ("python:3.12"). OCI imports work on the
+daemon's image store directly (--image-store), on the daemon's host.
+
+PATH is a root filesystem directory or tarball (optionally
+gzip-compressed). On a local daemon (unix socket) the daemon reads PATH
+itself; on a remote one, or with --upload, the client uploads it. PATH "-"
+uploads a tarball read from stdin.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 1 || len(args) > 2 {
+				return usagef("%s takes REF or NAME PATH|REF, got %d argument(s)", cmd.CommandPath(), len(args))
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if !oci.IsRef(args[0]) {
+					return usagef("%q is not an image reference (to import a root filesystem: import NAME PATH)", args[0])
+				}
+				return importOCI(cmd, args[0], name, platform)
+			}
+			if oci.IsRef(args[1]) {
+				if name != "" && name != args[0] {
+					return usagef("NAME given twice: %q and --name %q", args[0], name)
+				}
+				return importOCI(cmd, args[1], args[0], platform)
+			}
 			cl, err := NewClient(cmd)
 			if err != nil {
 				return err
@@ -98,6 +134,9 @@ a tarball read from stdin.`,
 		},
 	}
 	c.Flags().BoolVar(&forceUpload, "upload", false, "upload PATH even to a local daemon")
+	c.Flags().StringVar(&name, "name", "", "image name for an OCI import (default: from the reference)")
+	c.Flags().StringVar(&platform, "platform", "", "platform of a multi-platform image (default linux/<this arch>)")
+	addImageStoreFlag(c)
 	return c
 }
 

@@ -10,6 +10,7 @@ import (
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/oci"
 )
 
 func imageProto(img image.Image) *warrenv1.Image {
@@ -142,4 +143,76 @@ func (m *Manager) imageUsers(name string) []string {
 	}
 	slices.Sort(ids)
 	return ids
+}
+
+// inUseDigests returns the layer digests of the sandboxes that are not
+// dead: the keep set for image.Store.GC (call m.images.GC(m.inUseDigests()...)
+// after adoption; an empty result must still be passed as a non-nil slice).
+func (m *Manager) inUseDigests() []string {
+	m.mu.RLock()
+	all := make([]*sandbox, 0, len(m.sandboxes))
+	for _, s := range m.sandboxes {
+		all = append(all, s)
+	}
+	m.mu.RUnlock()
+	seen := map[string]bool{}
+	out := []string{}
+	for _, s := range all {
+		s.mu.Lock()
+		if !s.gone && s.info.GetState() != stateDead {
+			for _, d := range s.imageLayers {
+				if !seen[d] {
+					seen[d] = true
+					out = append(out, d)
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+	slices.Sort(out)
+	return out
+}
+
+// digestUsers lists the ids of live sandboxes whose layer stack holds
+// digest (for removing a named layer: RemoveLayer refuses while used).
+func (m *Manager) digestUsers(digest string) []string {
+	m.mu.RLock()
+	all := make([]*sandbox, 0, len(m.sandboxes))
+	for _, s := range m.sandboxes {
+		all = append(all, s)
+	}
+	m.mu.RUnlock()
+	var ids []string
+	for _, s := range all {
+		s.mu.Lock()
+		if !s.gone && s.info.GetState() != stateDead && slices.Contains(s.imageLayers, digest) {
+			ids = append(ids, s.id)
+		}
+		s.mu.Unlock()
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// resolveLayers returns the layer digests (bottom first) of a sandbox of
+// imageName with the named layers on top, later ones higher. Create uses
+// it in place of images.Get: img := image.Image{Name: name, Layers: digests}.
+func (m *Manager) resolveLayers(imageName string, layers []string) ([]string, error) {
+	return m.images.Resolve(imageName, layers)
+}
+
+// ImportOCI imports an OCI image (registry reference, oci:DIR[:TAG] or
+// docker-archive:FILE) into the node's store, reporting progress; the
+// server streams the events of a PullImage call from it.
+func (m *Manager) ImportOCI(ctx context.Context, ref, name, platform string, progress func(oci.Event)) (_ *warrenv1.Image, err error) {
+	defer m.observe("ImportOCI", &err)
+	if !m.images.IsEROFS() {
+		return nil, errdefs.Unavailablef("OCI imports need the EROFS image store (image.OpenStore)")
+	}
+	img, err := oci.Import(ctx, m.images, ref, oci.Options{Name: name, Platform: platform, Progress: progress})
+	if err != nil {
+		return nil, withCategory(err, errdefs.Internal, "import image "+ref)
+	}
+	m.log.Info("image imported", "image", img.Name, "id", img.ID, "from", img.Source)
+	return imageProto(img), nil
 }

@@ -1,18 +1,29 @@
 // Package image stores sandbox images as stacks of read-only layers.
 //
-// For now an image is one layer: a root filesystem directory or tarball
-// imported into a directory tree. The Layer interface leaves room for
-// layers that are mounted on demand (EROFS files, OCI blobs).
+// A store opened with OpenStore keeps every layer once, as an EROFS image
+// (a "blob"), content-addressed, in a directory that may be shared by
+// several nodes; each node mounts the blobs it needs read-only through its
+// mount cache (internal/layermount), so the kernel reads only the blocks
+// that sandboxes touch. Open gives the older store whose layers are plain
+// directory trees; an EROFS store still serves such directories.
 //
-// Layout under the store root (<statedir>/images):
+// Layout under the store root (<statedir>/images, or --image-store):
 //
-//	layers/sha256-<hex>/fs         the layer's tree
-//	layers/sha256-<hex>/meta.json  digest, size, file count, builder, created
+//	blobs/sha256/<hex>.erofs       a layer's EROFS image; <hex> is its sha256
+//	blobs/sha256/<hex>.json        its LayerMeta: size, diffID, builder, files
+//	diffids/sha256/<hex>.json      diffID -> blob digest (conversion cache)
 //	images/<name>.json             one record per image ("/" in names as %2F)
-//	tmp/                           imports in progress; emptied by Open
+//	named-layers/<name>.json       named layers (warren layer build)
+//	leases/<node>.json             the digests each node's sandboxes use
+//	layers/sha256-<hex>/fs         legacy layer trees; meta.json beside
+//	tmp/                           imports in progress, spool files
 //
-// A layer's digest is the sha256 of the canonical tar stream of its tree
-// (tarx.Create), so importing identical content twice stores it once.
+// A blob is published by writing a temp file in its final directory,
+// fsyncing it, renaming it and fsyncing the directory; it is never
+// modified afterwards. A directory layer's digest is the sha256 of the
+// canonical tar stream of its tree (tarx.Create); an EROFS layer's diffID
+// is the sha256 of the tar stream it was converted from, which for a
+// directory import is that same canonical stream.
 package image
 
 import (
@@ -34,6 +45,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/layermount"
 	"github.com/warrenrl/warren/internal/tarx"
 )
 
@@ -59,25 +71,70 @@ type Image struct {
 	Layers    []string  `json:"layers"` // digests, bottom first
 	SizeBytes int64     `json:"size_bytes"`
 	CreatedAt time.Time `json:"created_at"`
+	// DiffIDs are the layers' uncompressed tar digests, in Layers order
+	// (EROFS layers only).
+	DiffIDs []string `json:"diff_ids,omitempty"`
+	// Source is where the image came from (a reference with the manifest
+	// digest), for OCI imports.
+	Source string `json:"source,omitempty"`
+	// Config is the OCI image configuration that matters to a sandbox.
+	Config *Config `json:"config,omitempty"`
 }
 
-// LayerMeta is the content of a layer's meta.json.
+// Config is the part of an OCI image configuration a sandbox may use.
+type Config struct {
+	Env        []string `json:"env,omitempty"`
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
+	Platform   string   `json:"platform,omitempty"` // os/arch[/variant]
+}
+
+// LayerMeta is the metadata of a stored layer: meta.json beside a layer
+// directory, <hex>.json beside an EROFS blob.
 type LayerMeta struct {
 	Digest  string    `json:"digest"`
 	Size    int64     `json:"size"`  // bytes of regular file content
-	Files   int64     `json:"files"` // entries in the tree
+	Files   int64     `json:"files"` // entries in the tree (EROFS: inodes)
 	Builder string    `json:"builder"`
 	Created time.Time `json:"created"`
+	// Format is FormatEROFS or FormatDir ("" in legacy records).
+	Format string `json:"format,omitempty"`
+	// DiffID is the sha256 of the tar stream the blob was converted from.
+	DiffID string `json:"diff_id,omitempty"`
+	// BlobSize is the size of the EROFS blob.
+	BlobSize int64 `json:"blob_size,omitempty"`
+	// RootOpaque: the layer hides everything below it.
+	RootOpaque bool `json:"root_opaque,omitempty"`
 }
 
-// Store is an image and layer store. It is safe for concurrent use by one
-// process; two processes must not open the same root.
-type Store struct {
-	root string
+// Layer formats (LayerMeta.Format).
+const (
+	FormatEROFS = "erofs"
+	FormatDir   = "dir"
+)
 
-	mu      sync.Mutex     // publishing, records, garbage collection
-	holds   map[string]int // digest -> unreleased Mounts
-	orphans map[string]bool
+// Store is an image and layer store. It is safe for concurrent use by one
+// process. A legacy store (Open) must not be opened by two processes; an
+// EROFS store (OpenStore) may be shared by processes and nodes, each with
+// its own mount directory.
+type Store struct {
+	root  string
+	erofs bool
+	opts  Options
+
+	mounts    *layermount.Cache
+	leaseStop chan struct{}
+	leaseDone chan struct{}
+	closeOnce sync.Once
+
+	mu        sync.Mutex     // publishing, records, garbage collection
+	holds     map[string]int // digest -> unreleased Mounts
+	orphans   map[string]bool
+	verified  map[string]bool // blobs hashed since this process mounted them
+	extraKeep map[string]bool // digests the daemon last said are in use
+	pending   map[string]time.Time
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._:/-]{0,127}$`)
@@ -91,11 +148,13 @@ func ValidName(name string) error {
 	return nil
 }
 
-// Open opens (creating if needed) the store at root, and removes what a
-// crash left in its tmp directory. It does not collect unreferenced
-// layers: call GC once running sandboxes have taken their layers again.
+// Open opens (creating if needed) a legacy store at root, whose imports
+// are directory trees, and removes what a crash left in its tmp
+// directory. It does not collect unreferenced layers: call GC once
+// running sandboxes have taken their layers again. OpenStore opens an
+// EROFS store.
 func Open(root string) (*Store, error) {
-	s := &Store{root: root, holds: map[string]int{}, orphans: map[string]bool{}}
+	s := &Store{root: root, holds: map[string]int{}, orphans: map[string]bool{}, verified: map[string]bool{}, pending: map[string]time.Time{}}
 	for _, d := range []string{root, s.layersDir(), s.imagesDir(), s.tmpDir()} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "image store")
@@ -161,6 +220,9 @@ func (s *Store) ImportDir(ctx context.Context, name, dir string) (Image, error) 
 	if err := ValidName(name); err != nil {
 		return Image{}, err
 	}
+	if s.erofs {
+		return s.importEROFS(ctx, name, func() (LayerMeta, error) { return s.importDirStream(ctx, dir) })
+	}
 	fi, err := os.Stat(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -195,6 +257,9 @@ func (s *Store) ImportTar(ctx context.Context, name string, r io.Reader) (Image,
 	if err := ValidName(name); err != nil {
 		return Image{}, err
 	}
+	if s.erofs {
+		return s.importEROFS(ctx, name, func() (LayerMeta, error) { return s.importTarStream(ctx, r) })
+	}
 	return s.importWith(ctx, name, func(fsDir string) (tarx.Stats, error) {
 		return tarx.Extract(ctx, fsDir, r, layerOptions())
 	})
@@ -226,7 +291,7 @@ func (s *Store) importWith(ctx context.Context, name string, fill func(fsDir str
 	if err != nil {
 		return Image{}, fmt.Errorf("import %s: hashing layer: %w", name, err)
 	}
-	meta := LayerMeta{Digest: digest, Size: st.Bytes, Files: st.Entries, Builder: BuilderVersion, Created: time.Now().UTC()}
+	meta := LayerMeta{Digest: digest, Size: st.Bytes, Files: st.Entries, Builder: BuilderVersion, Created: time.Now().UTC(), Format: FormatDir}
 	if err := writeJSON(filepath.Join(tmp, "meta.json"), meta); err != nil {
 		return Image{}, fmt.Errorf("import %s: %w", name, err)
 	}
@@ -266,11 +331,11 @@ func (s *Store) importWith(ctx context.Context, name string, fill func(fsDir str
 	}
 	if err := s.writeRecordLocked(img); err != nil {
 		if published {
-			_ = s.gcLocked()
+			_ = s.gcLocked(nil)
 		}
 		return Image{}, fmt.Errorf("import %s: %w", name, err)
 	}
-	_ = s.gcLocked() // the image may have replaced one
+	_ = s.gcLocked(nil) // the image may have replaced one
 	return img, nil
 }
 
@@ -361,7 +426,7 @@ func readMeta(layerPath string) (LayerMeta, error) {
 }
 
 func (s *Store) writeRecordLocked(img Image) error {
-	return writeJSON(s.recordPath(img.Name), img)
+	return s.writeRecordTemp(s.recordPath(img.Name), img)
 }
 
 // Get returns the image called name; NotFound if there is none.
@@ -429,22 +494,42 @@ func (s *Store) Remove(name string) error {
 		return errdefs.Wrap(errdefs.Internal, err, "remove image "+name)
 	}
 	_ = syncDir(s.imagesDir())
-	if err := s.gcLocked(); err != nil {
+	if s.opts.NoMounts {
+		return nil
+	}
+	if err := s.gcLocked(nil); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "image "+name+" removed, but collecting its layers failed")
 	}
 	return nil
 }
 
-// GC removes the layers that no image references and no unreleased Mount
-// holds. Remove and imports do this by themselves; the daemon calls it
-// after a restart once the sandboxes it adopted hold their layers again.
-func (s *Store) GC() error {
+// GC removes the layers that no image or layer record references, no
+// unreleased Mount holds and that are not in keep (the digests the
+// daemon's live sandboxes use), and, in an EROFS store, that no other
+// node's lease holds and that are older than the GC grace period. Remove
+// and imports do this by themselves; the daemon calls it after a restart
+// once the sandboxes it adopted hold their layers again: it then also
+// unmounts the cached layer mounts nobody took back. The keep set is
+// remembered (and published in this node's lease) until the next call.
+func (s *Store) GC(keep ...string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.gcLocked()
+	if s.opts.NoMounts {
+		return nil
+	}
+	if keep != nil || s.extraKeep == nil {
+		s.extraKeep = map[string]bool{}
+		for _, d := range keep {
+			s.extraKeep[d] = true
+		}
+	}
+	if s.mounts != nil {
+		_ = s.mounts.UnmountIdle()
+	}
+	return s.gcLocked(nil)
 }
 
-func (s *Store) gcLocked() error {
+func (s *Store) gcLocked(_ map[string]bool) error {
 	imgs, err := s.List()
 	if err != nil {
 		return err // never collect on a partial view
@@ -453,6 +538,11 @@ func (s *Store) gcLocked() error {
 	for _, img := range imgs {
 		for _, d := range img.Layers {
 			used[d] = true
+		}
+	}
+	if s.erofs {
+		if err := s.gcBlobsLocked(used, s.extraKeep); err != nil {
+			return err
 		}
 	}
 	ents, err := os.ReadDir(s.layersDir())
@@ -466,7 +556,7 @@ func (s *Store) gcLocked() error {
 			continue
 		}
 		digest := "sha256:" + h
-		if used[digest] {
+		if used[digest] || s.extraKeep[digest] {
 			delete(s.orphans, digest)
 			continue
 		}
@@ -503,6 +593,12 @@ func (s *Store) Layer(digest string) (Layer, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.erofs {
+		h := digest[len("sha256:"):]
+		if _, err := os.Stat(s.blobMetaPath(h)); err == nil {
+			return &erofsLayer{s: s, digest: digest, blob: filepath.Join(s.blobsDir(), h+".erofs")}, nil
+		}
+	}
 	if _, err := os.Stat(filepath.Join(lp, "fs")); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, errdefs.NotFoundf("layer %s not found", digest)
@@ -518,7 +614,19 @@ func (s *Store) LayerMeta(digest string) (LayerMeta, error) {
 	if err != nil {
 		return LayerMeta{}, err
 	}
+	if s.erofs {
+		m, err := readMetaFile(s.blobMetaPath(digest[len("sha256:"):]))
+		if err == nil {
+			return m, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return m, errdefs.Wrap(errdefs.Internal, err, "layer "+digest)
+		}
+	}
 	m, err := readMeta(lp)
+	if err == nil && m.Format == "" {
+		m.Format = FormatDir
+	}
 	if errors.Is(err, os.ErrNotExist) {
 		return m, errdefs.NotFoundf("layer %s not found", digest)
 	}
@@ -565,7 +673,10 @@ func (s *Store) release(digest string) {
 	}
 	delete(s.holds, digest)
 	if s.orphans[digest] {
-		_ = s.gcLocked()
+		_ = s.gcLocked(nil)
+	}
+	if s.erofs && s.mounts != nil {
+		s.writeLeaseLocked()
 	}
 }
 
@@ -586,6 +697,13 @@ func (s *Store) LayerDirs(ctx context.Context, img Image) (dirs []string, releas
 		}
 	}
 	for i := len(img.Layers) - 1; i >= 0; i-- {
+		if i < len(img.Layers)-1 && s.erofs {
+			// A layer above marked its root opaque: overlayfs would not
+			// hide the layers below it, so they are left out.
+			if m, err := s.LayerMeta(img.Layers[i+1]); err == nil && m.RootOpaque {
+				break
+			}
+		}
 		l, err := s.Layer(img.Layers[i])
 		if err == nil {
 			var dir string

@@ -1,0 +1,1193 @@
+package image
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/erofs"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/layermount"
+	"github.com/warrenrl/warren/internal/tarx"
+)
+
+// Defaults of Options.
+const (
+	DefaultGCGrace  = 10 * time.Minute
+	DefaultLeaseTTL = 7 * 24 * time.Hour
+	leaseRefresh    = time.Hour
+)
+
+// Options configure an EROFS store (OpenStore).
+type Options struct {
+	// Root is the store directory. It may be on a filesystem shared by
+	// several nodes: blobs are published atomically and never modified.
+	Root string
+	// MountDir is this node's layer mount cache, <run-dir>/layers.
+	// Required.
+	MountDir string
+	// WorkDir is node-local scratch space for conversions (spool files);
+	// "" means <Root>/tmp.
+	WorkDir string
+	// MountGrace is how long an unused layer stays mounted; 0 means
+	// layermount.DefaultGrace (60 s), negative unmounts at once.
+	MountGrace time.Duration
+	// VerifyOnMount hashes a blob before this process first mounts it
+	// (reads the whole blob: it defeats on-demand loading).
+	VerifyOnMount bool
+	// GCGrace protects blobs younger than this from garbage collection,
+	// for imports in progress on other nodes; 0 means DefaultGCGrace,
+	// negative means none.
+	GCGrace time.Duration
+	// NodeID names this node's lease file (the digests it uses), which
+	// other nodes' garbage collection honours; "" means the hostname.
+	NodeID string
+	// LeaseTTL: leases older than this (of dead nodes) are ignored; 0
+	// means DefaultLeaseTTL.
+	LeaseTTL time.Duration
+	// MaxFiles limits the entries of one layer (0: erofs.DefaultMaxFiles).
+	MaxFiles int64
+	// ForceLoop mounts through loop devices (tests of the fallback).
+	ForceLoop bool
+	// NoMounts opens the store for imports and records only (a CLI
+	// working on the daemon's store): LayerDirs fails, GC is a no-op.
+	NoMounts bool
+}
+
+// OpenStore opens (creating if needed) an EROFS store: layers are EROFS
+// images under <root>/blobs/sha256/<hex>.erofs, mounted on demand through
+// the node's mount cache. Layer directories of an older store
+// (layers/sha256-<hex>/fs) keep working and are collected once unused.
+func OpenStore(opts Options) (*Store, error) {
+	if opts.Root == "" {
+		return nil, errdefs.Invalidf("image store: no root directory")
+	}
+	if opts.MountDir == "" && !opts.NoMounts {
+		return nil, errdefs.Invalidf("image store: no mount directory")
+	}
+	if opts.GCGrace == 0 {
+		opts.GCGrace = DefaultGCGrace
+	}
+	if opts.LeaseTTL == 0 {
+		opts.LeaseTTL = DefaultLeaseTTL
+	}
+	if opts.NodeID == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			h = "node"
+		}
+		opts.NodeID = h
+	}
+	opts.NodeID = strings.Map(func(r rune) rune {
+		if r == '/' || r == 0 || r == '%' {
+			return '_'
+		}
+		return r
+	}, opts.NodeID)
+	s := &Store{root: opts.Root, erofs: true, opts: opts, holds: map[string]int{}, orphans: map[string]bool{}, verified: map[string]bool{}, pending: map[string]time.Time{}}
+	for _, d := range []string{s.root, s.layersDir(), s.imagesDir(), s.tmpDir(), s.blobsDir(), s.diffIDsDir(), s.namedDir(), s.leasesDir()} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "image store")
+		}
+	}
+	if opts.WorkDir == "" {
+		s.opts.WorkDir = s.tmpDir()
+	} else if err := os.MkdirAll(opts.WorkDir, 0o700); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "image store work dir")
+	}
+	s.cleanTemps()
+	if !opts.NoMounts {
+		mc, err := layermount.New(opts.MountDir, layermount.Options{Grace: opts.MountGrace, ForceLoop: opts.ForceLoop})
+		if err != nil {
+			return nil, err
+		}
+		s.mounts = mc
+		s.leaseStop = make(chan struct{})
+		s.leaseDone = make(chan struct{})
+		go s.leaseLoop()
+	}
+	return s, nil
+}
+
+func (s *Store) blobsDir() string   { return filepath.Join(s.root, "blobs", "sha256") }
+func (s *Store) diffIDsDir() string { return filepath.Join(s.root, "diffids", "sha256") }
+func (s *Store) namedDir() string   { return filepath.Join(s.root, "named-layers") }
+func (s *Store) leasesDir() string  { return filepath.Join(s.root, "leases") }
+
+// BlobPath returns the path of the EROFS blob with that digest.
+func (s *Store) BlobPath(digest string) (string, error) {
+	h, err := digestHex(digest)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(s.blobsDir(), h+".erofs"), nil
+}
+
+func (s *Store) blobMetaPath(h string) string { return filepath.Join(s.blobsDir(), h+".json") }
+
+// Mounts returns the node's mount cache (nil for a legacy store).
+func (s *Store) Mounts() *layermount.Cache { return s.mounts }
+
+// IsEROFS reports whether layers are stored as EROFS blobs.
+func (s *Store) IsEROFS() bool { return s.erofs }
+
+// Close stops the store's background work and unmounts the layers no
+// sandbox uses; layers still in use stay mounted for the next process.
+func (s *Store) Close() error {
+	if s.leaseStop != nil {
+		s.closeOnce.Do(func() {
+			close(s.leaseStop)
+			<-s.leaseDone
+		})
+	}
+	if s.mounts != nil {
+		return s.mounts.Close()
+	}
+	return nil
+}
+
+// cleanTemps removes this node's leftover temporary files (and anyone's
+// older than a day: a node that crashed mid-import).
+func (s *Store) cleanTemps() {
+	for _, dir := range []string{s.blobsDir(), s.diffIDsDir(), s.imagesDir(), s.namedDir(), s.leasesDir()} {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			n := e.Name()
+			if !strings.HasPrefix(n, ".tmp-") {
+				continue
+			}
+			old := false
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > 24*time.Hour {
+				old = true
+			}
+			if old || strings.HasPrefix(n, ".tmp-"+s.opts.NodeID+"-") {
+				_ = os.Remove(filepath.Join(dir, n))
+			}
+		}
+	}
+	if s.opts.WorkDir != "" {
+		ents, _ := os.ReadDir(s.opts.WorkDir)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".erofs-spool-") {
+				_ = os.Remove(filepath.Join(s.opts.WorkDir, e.Name()))
+			}
+		}
+	}
+}
+
+func randHex() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// LayerOptions tune one layer conversion.
+type LayerOptions struct {
+	// DiffID, if set, is checked against the layer's content; a layer
+	// already converted with that diffID is not converted again (the
+	// reader is then not read at all).
+	DiffID string
+	// Progress, if set, is called with the bytes of the EROFS blob
+	// written so far while it is written.
+	Progress func(written int64)
+}
+
+// LayerByDiffID returns the stored blob of a layer with that diffID.
+func (s *Store) LayerByDiffID(diffID string) (LayerMeta, bool) {
+	if !s.erofs {
+		return LayerMeta{}, false
+	}
+	h, err := digestHex(diffID)
+	if err != nil {
+		return LayerMeta{}, false
+	}
+	var idx struct {
+		Digest string `json:"digest"`
+	}
+	data, err := os.ReadFile(filepath.Join(s.diffIDsDir(), h+".json"))
+	if err != nil || json.Unmarshal(data, &idx) != nil {
+		return LayerMeta{}, false
+	}
+	m, err := s.LayerMeta(idx.Digest)
+	if err != nil || m.DiffID != diffID {
+		return LayerMeta{}, false
+	}
+	bp, _ := s.BlobPath(m.Digest)
+	if fi, err := os.Stat(bp); err != nil || fi.Size() != m.BlobSize {
+		return LayerMeta{}, false
+	}
+	return m, true
+}
+
+// ReuseLayer is LayerByDiffID for an import that will refer to the blob:
+// it also protects the blob from garbage collection until a record
+// refers to it (PutImage) or Unpin.
+func (s *Store) ReuseLayer(diffID string) (LayerMeta, bool) {
+	m, ok := s.LayerByDiffID(diffID)
+	if ok {
+		s.mu.Lock()
+		s.pending[m.Digest] = time.Now()
+		s.mu.Unlock()
+		// GC may have run between the lookup and the pin.
+		if _, err := os.Stat(s.blobMetaPath(m.Digest[len("sha256:"):])); err != nil {
+			s.unpin([]string{m.Digest})
+			return LayerMeta{}, false
+		}
+	}
+	return m, ok
+}
+
+// ImportLayer converts the uncompressed layer tar stream r into an EROFS
+// blob and publishes it (or finds it already stored). It does not create
+// any record: the blob is collected unless an image or layer record
+// refers to it within the GC grace period.
+func (s *Store) ImportLayer(ctx context.Context, r io.Reader, lo LayerOptions) (LayerMeta, error) {
+	if !s.erofs {
+		return LayerMeta{}, errdefs.Unavailablef("this image store keeps layer directories (legacy); open it with image.OpenStore for EROFS layers")
+	}
+	if lo.DiffID != "" {
+		if _, err := digestHex(lo.DiffID); err != nil {
+			return LayerMeta{}, err
+		}
+		if m, ok := s.ReuseLayer(lo.DiffID); ok {
+			return m, nil
+		}
+	}
+	tmp, err := os.CreateTemp(s.blobsDir(), ".tmp-"+s.opts.NodeID+"-")
+	if err != nil {
+		return LayerMeta{}, errdefs.Wrap(errnoCategory(err), err, "import layer")
+	}
+	tmpName := tmp.Name()
+	defer func() {
+		tmp.Close()
+		_ = os.Remove(tmpName)
+	}()
+	var out io.WriteSeeker = tmp
+	if lo.Progress != nil {
+		out = &progressWriter{f: tmp, fn: lo.Progress}
+	}
+	st, err := erofs.Convert(ctx, r, out, erofs.Options{
+		MaxFiles:     s.opts.MaxFiles,
+		TempDir:      s.opts.WorkDir,
+		ExpectDiffID: lo.DiffID,
+	})
+	if err != nil {
+		return LayerMeta{}, err
+	}
+	if err := tmp.Sync(); err != nil {
+		return LayerMeta{}, errdefs.Wrap(errnoCategory(err), err, "import layer: sync")
+	}
+	size, err := tmp.Seek(0, io.SeekEnd)
+	if err != nil {
+		return LayerMeta{}, errdefs.Wrap(errdefs.Internal, err, "import layer")
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return LayerMeta{}, errdefs.Wrap(errdefs.Internal, err, "import layer")
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, tmp); err != nil {
+		return LayerMeta{}, errdefs.Wrap(errdefs.Internal, err, "import layer: hashing blob")
+	}
+	digest := "sha256:" + hex.EncodeToString(h.Sum(nil))
+	// Protect the digest from this process's GC before it is published
+	// (or found published): GC holds s.mu while it deletes.
+	s.mu.Lock()
+	s.pending[digest] = time.Now()
+	s.mu.Unlock()
+	pinned := true
+	defer func() {
+		if pinned {
+			s.unpin([]string{digest})
+		}
+	}()
+	if err := tmp.Chmod(0o444); err != nil {
+		return LayerMeta{}, errdefs.Wrap(errdefs.Internal, err, "import layer")
+	}
+	if err := tmp.Close(); err != nil {
+		return LayerMeta{}, errdefs.Wrap(errnoCategory(err), err, "import layer")
+	}
+	meta := LayerMeta{
+		Digest:     digest,
+		Size:       st.Bytes,
+		Files:      st.Inodes(),
+		Builder:    erofs.BuilderVersion,
+		Created:    time.Now().UTC(),
+		Format:     FormatEROFS,
+		DiffID:     st.DiffID,
+		BlobSize:   size,
+		RootOpaque: st.RootOpaque,
+	}
+	hx := digest[len("sha256:"):]
+	blob := filepath.Join(s.blobsDir(), hx+".erofs")
+	if fi, err := os.Stat(blob); err == nil && fi.Size() == size {
+		// Identical content is already published: never touch it.
+		if old, err := readMetaFile(s.blobMetaPath(hx)); err == nil {
+			meta = old
+		}
+	} else {
+		// link(2), not rename(2): a blob another process published
+		// meanwhile is never replaced (and link is atomic on NFS too).
+		if err := os.Link(tmpName, blob); err != nil && !errors.Is(err, os.ErrExist) {
+			return LayerMeta{}, errdefs.Wrap(errnoCategory(err), err, "import layer: publishing blob")
+		}
+		if err := syncDir(s.blobsDir()); err != nil {
+			return LayerMeta{}, errdefs.Wrap(errnoCategory(err), err, "import layer: publishing blob")
+		}
+	}
+	if _, err := os.Stat(s.blobMetaPath(hx)); err != nil {
+		if err := s.writeJSONTemp(s.blobMetaPath(hx), meta); err != nil {
+			return LayerMeta{}, fmt.Errorf("import layer: %w", err)
+		}
+	}
+	idx := struct {
+		Digest string `json:"digest"`
+	}{digest}
+	if err := s.writeJSONTemp(filepath.Join(s.diffIDsDir(), st.DiffID[len("sha256:"):]+".json"), idx); err != nil {
+		return LayerMeta{}, fmt.Errorf("import layer: %w", err)
+	}
+	pinned = false // until a record refers to it (PutImage) or Unpin
+	return meta, nil
+}
+
+// writeJSONTemp is writeJSON with this node's temp-file prefix.
+func (s *Store) writeJSONTemp(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "encode "+filepath.Base(path))
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+s.opts.NodeID+"-")
+	if err != nil {
+		return errdefs.Wrap(errnoCategory(err), err, "write "+filepath.Base(path))
+	}
+	tmp := f.Name()
+	_, err = f.Write(append(data, '\n'))
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return errdefs.Wrap(errnoCategory(err), err, "write "+filepath.Base(path))
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+type progressWriter struct {
+	f  *os.File
+	fn func(int64)
+	n  int64
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	n, err := p.f.Write(b)
+	p.n += int64(n)
+	p.fn(p.n)
+	return n, err
+}
+
+func (p *progressWriter) Seek(off int64, whence int) (int64, error) { return p.f.Seek(off, whence) }
+
+func readMetaFile(path string) (LayerMeta, error) {
+	var m LayerMeta
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return m, err
+	}
+	err = json.Unmarshal(data, &m)
+	return m, err
+}
+
+// importTarStream converts a root filesystem or layer tarball (plain or
+// gzip-compressed) into a blob.
+func (s *Store) importTarStream(ctx context.Context, r io.Reader) (LayerMeta, error) {
+	body, err := decompress(r)
+	if err != nil {
+		return LayerMeta{}, err
+	}
+	defer body.Close()
+	return s.ImportLayer(ctx, body, LayerOptions{})
+}
+
+// decompress detects gzip by its magic number; zstd, xz and bzip2 are
+// refused.
+func decompress(r io.Reader) (io.ReadCloser, error) {
+	var magic [6]byte
+	n, err := io.ReadFull(r, magic[:])
+	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+		return nil, fmt.Errorf("reading archive: %w", err)
+	}
+	if n == 0 {
+		return nil, errdefs.Invalidf("empty archive")
+	}
+	full := io.MultiReader(bytes.NewReader(magic[:n]), r)
+	m := magic[:n]
+	switch {
+	case bytes.HasPrefix(m, []byte{0x1f, 0x8b}):
+		gz, err := gzip.NewReader(full)
+		if err != nil {
+			return nil, errdefs.New(errdefs.Invalid, "reading gzip header: %w", err)
+		}
+		return gz, nil
+	case bytes.HasPrefix(m, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+		return nil, errdefs.Invalidf("unsupported archive compression: zstd (send a plain or gzip-compressed tar)")
+	case bytes.HasPrefix(m, []byte{0xfd, '7', 'z', 'X', 'Z', 0}):
+		return nil, errdefs.Invalidf("unsupported archive compression: xz (send a plain or gzip-compressed tar)")
+	case bytes.HasPrefix(m, []byte("BZh")):
+		return nil, errdefs.Invalidf("unsupported archive compression: bzip2 (send a plain or gzip-compressed tar)")
+	}
+	return io.NopCloser(full), nil
+}
+
+// importDirStream converts the tree at dir into a blob, through its
+// canonical tar stream.
+func (s *Store) importDirStream(ctx context.Context, dir string) (LayerMeta, error) {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return LayerMeta{}, errdefs.NotFoundf("no such directory: %s", dir)
+		}
+		return LayerMeta{}, errdefs.Wrap(errdefs.Invalid, err, "import source")
+	}
+	if !fi.IsDir() {
+		return LayerMeta{}, errdefs.Invalidf("import source %s is not a directory", dir)
+	}
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := tarx.Create(ctx, dir, pw, "/")
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	m, err := s.ImportLayer(ctx, pr, LayerOptions{})
+	pr.CloseWithError(errors.New("conversion stopped"))
+	if cerr := <-done; cerr != nil && err == nil {
+		return m, fmt.Errorf("reading %s: %w", dir, cerr)
+	} else if cerr != nil && !errors.Is(cerr, io.ErrClosedPipe) && errdefs.CategoryOf(err) == errdefs.Invalid {
+		return m, fmt.Errorf("reading %s: %w", dir, cerr)
+	}
+	return m, err
+}
+
+// importEROFS imports one blob as the one-layer image name.
+func (s *Store) importEROFS(ctx context.Context, name string, conv func() (LayerMeta, error)) (Image, error) {
+	m, err := conv()
+	if err != nil {
+		return Image{}, fmt.Errorf("import %s: %w", name, err)
+	}
+	img := Image{
+		Name:      name,
+		ID:        imageID([]string{m.Digest}),
+		Layers:    []string{m.Digest},
+		DiffIDs:   []string{m.DiffID},
+		SizeBytes: m.Size,
+		CreatedAt: time.Now().UTC(),
+	}
+	if err := s.PutImage(img); err != nil {
+		return Image{}, fmt.Errorf("import %s: %w", name, err)
+	}
+	return img, nil
+}
+
+// PutImage writes the record of img (replacing one of the same name).
+// Its layers must be stored; ID and SizeBytes are filled in when empty.
+// Layers the record replaced are collected unless still used.
+func (s *Store) PutImage(img Image) error {
+	if err := ValidName(img.Name); err != nil {
+		return err
+	}
+	if len(img.Layers) == 0 {
+		return errdefs.Invalidf("image %s has no layers", img.Name)
+	}
+	var size int64
+	defer s.unpin(img.Layers)
+	for _, d := range img.Layers {
+		m, err := s.LayerMeta(d)
+		if err != nil {
+			return err
+		}
+		size += m.Size
+	}
+	if img.ID == "" {
+		img.ID = imageID(img.Layers)
+	}
+	if img.SizeBytes == 0 {
+		img.SizeBytes = size
+	}
+	if img.CreatedAt.IsZero() {
+		img.CreatedAt = time.Now().UTC()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.writeRecordLocked(img); err != nil {
+		return err
+	}
+	if !s.opts.NoMounts {
+		_ = s.gcLocked(nil)
+	}
+	return nil
+}
+
+func (s *Store) writeRecordTemp(path string, v any) error {
+	if s.erofs {
+		return s.writeJSONTemp(path, v)
+	}
+	return writeJSON(path, v)
+}
+
+// pendingTTL bounds how long a blob imported by this process is kept
+// without a record (an OCI import publishes its layers before its record).
+const pendingTTL = time.Hour
+
+// unpin ends the GC protection of freshly imported blobs once a record
+// refers to them (or the import failed).
+func (s *Store) unpin(digests []string) {
+	s.mu.Lock()
+	for _, d := range digests {
+		delete(s.pending, d)
+	}
+	s.mu.Unlock()
+}
+
+// Unpin ends the GC protection of blobs imported by ImportLayer that no
+// record will use (a failed multi-layer import).
+func (s *Store) Unpin(digests ...string) { s.unpin(digests) }
+
+// --- EROFS layers ---
+
+type erofsLayer struct {
+	s      *Store
+	digest string
+	blob   string
+}
+
+func (l *erofsLayer) Digest() string { return l.digest }
+
+func (l *erofsLayer) Mount(ctx context.Context) (string, func(), error) {
+	s := l.s
+	if s.mounts == nil {
+		return "", nil, errdefs.Unavailablef("this image store was opened without mounts")
+	}
+	s.mu.Lock()
+	if _, err := os.Stat(l.blob); err != nil {
+		s.mu.Unlock()
+		if errors.Is(err, os.ErrNotExist) {
+			return "", nil, errdefs.NotFoundf("layer %s not found", l.digest)
+		}
+		return "", nil, errdefs.Wrap(errdefs.Internal, err, "layer "+l.digest)
+	}
+	s.holds[l.digest]++
+	newHold := s.holds[l.digest] == 1
+	verify := s.opts.VerifyOnMount && !s.verified[l.digest]
+	s.mu.Unlock()
+	undo := func() { s.release(l.digest) }
+	if newHold {
+		s.writeLease()
+	}
+	if verify {
+		if err := s.Verify(ctx, l.digest); err != nil {
+			undo()
+			return "", nil, err
+		}
+		s.mu.Lock()
+		s.verified[l.digest] = true
+		s.mu.Unlock()
+	}
+	h := l.digest[len("sha256:"):]
+	dir, rel, err := s.mounts.Acquire(ctx, h, l.blob)
+	if err != nil {
+		undo()
+		return "", nil, fmt.Errorf("layer %s: %w", l.digest, err)
+	}
+	var once sync.Once
+	return dir, func() {
+		once.Do(func() {
+			rel()
+			s.release(l.digest)
+		})
+	}, nil
+}
+
+// --- named layers ---
+
+// NamedLayer is a layer record: a named single layer that sandboxes stack
+// on top of their image (workspaces, toolkits). Layer names live in their
+// own namespace, apart from image names.
+type NamedLayer struct {
+	Name      string    `json:"name"`
+	Digest    string    `json:"digest"`
+	DiffID    string    `json:"diff_id,omitempty"`
+	SizeBytes int64     `json:"size_bytes"` // regular file content
+	BlobSize  int64     `json:"blob_size"`
+	Files     int64     `json:"files"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+func (s *Store) namedPath(name string) string {
+	return filepath.Join(s.namedDir(), strings.ReplaceAll(name, "/", "%2F")+".json")
+}
+
+// BuildLayerDir makes the tree at dir the named layer name (replacing one
+// of that name). Files named ".wh.X" in the tree are whiteouts: they hide
+// X of the layers below.
+func (s *Store) BuildLayerDir(ctx context.Context, name, dir string) (NamedLayer, error) {
+	return s.buildLayer(name, func() (LayerMeta, error) { return s.importDirStream(ctx, dir) })
+}
+
+// BuildLayerTar makes the tarball read from r (plain or gzip) the named
+// layer name.
+func (s *Store) BuildLayerTar(ctx context.Context, name string, r io.Reader) (NamedLayer, error) {
+	return s.buildLayer(name, func() (LayerMeta, error) { return s.importTarStream(ctx, r) })
+}
+
+func (s *Store) buildLayer(name string, conv func() (LayerMeta, error)) (NamedLayer, error) {
+	if err := ValidName(name); err != nil {
+		return NamedLayer{}, errdefs.Invalidf("invalid layer name %q: want [a-z0-9][a-z0-9._:/-]{0,127}", name)
+	}
+	if !s.erofs {
+		return NamedLayer{}, errdefs.Unavailablef("named layers need an EROFS image store")
+	}
+	m, err := conv()
+	if err != nil {
+		return NamedLayer{}, fmt.Errorf("build layer %s: %w", name, err)
+	}
+	defer s.unpin([]string{m.Digest})
+	nl := NamedLayer{Name: name, Digest: m.Digest, DiffID: m.DiffID, SizeBytes: m.Size, BlobSize: m.BlobSize, Files: m.Files, CreatedAt: time.Now().UTC()}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.writeJSONTemp(s.namedPath(name), nl); err != nil {
+		return NamedLayer{}, fmt.Errorf("build layer %s: %w", name, err)
+	}
+	if !s.opts.NoMounts {
+		_ = s.gcLocked(nil)
+	}
+	return nl, nil
+}
+
+// GetLayer returns the named layer; NotFound if there is none.
+func (s *Store) GetLayer(name string) (NamedLayer, error) {
+	var nl NamedLayer
+	if err := ValidName(name); err != nil {
+		return nl, errdefs.Invalidf("invalid layer name %q", name)
+	}
+	data, err := os.ReadFile(s.namedPath(name))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nl, errdefs.NotFoundf("layer %s not found", name)
+		}
+		return nl, errdefs.Wrap(errdefs.Internal, err, "read layer "+name)
+	}
+	if err := json.Unmarshal(data, &nl); err != nil {
+		return nl, errdefs.Wrap(errdefs.Internal, err, "corrupt layer record "+name)
+	}
+	return nl, nil
+}
+
+// ListLayers returns the named layers, sorted by name.
+func (s *Store) ListLayers() ([]NamedLayer, error) {
+	out := []NamedLayer{}
+	if !s.erofs {
+		return out, nil
+	}
+	ents, err := os.ReadDir(s.namedDir())
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "list layers")
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if strings.HasPrefix(n, ".") || !strings.HasSuffix(n, ".json") {
+			continue
+		}
+		var nl NamedLayer
+		data, err := os.ReadFile(filepath.Join(s.namedDir(), n))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "list layers")
+		}
+		if err := json.Unmarshal(data, &nl); err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "corrupt layer record "+n)
+		}
+		out = append(out, nl)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// RemoveLayer removes the named layer record; its blob is collected unless
+// still used. The caller checks that no sandbox uses the layer.
+func (s *Store) RemoveLayer(name string) error {
+	if err := ValidName(name); err != nil {
+		return errdefs.Invalidf("invalid layer name %q", name)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := os.Remove(s.namedPath(name)); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return errdefs.NotFoundf("layer %s not found", name)
+		}
+		return errdefs.Wrap(errdefs.Internal, err, "remove layer "+name)
+	}
+	_ = syncDir(s.namedDir())
+	if !s.opts.NoMounts {
+		if err := s.gcLocked(nil); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "layer "+name+" removed, but collecting its blob failed")
+		}
+	}
+	return nil
+}
+
+// Resolve returns the layer digests, bottom first, of a sandbox made of
+// image plus the named layers on top of it, in order (the last one
+// top-most). A layer may also be given as a stored digest "sha256:<hex>".
+// The result is what LayerDirs takes (as Image.Layers) and what the
+// daemon persists for the sandbox.
+func (s *Store) Resolve(image string, layers []string) ([]string, error) {
+	img, err := s.Get(image)
+	if err != nil {
+		return nil, err
+	}
+	out := append([]string(nil), img.Layers...)
+	for _, l := range layers {
+		if strings.HasPrefix(l, "sha256:") {
+			if _, err := s.LayerMeta(l); err != nil {
+				return nil, err
+			}
+			out = append(out, l)
+			continue
+		}
+		nl, err := s.GetLayer(l)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, nl.Digest)
+	}
+	if len(out) > maxStack {
+		return nil, errdefs.Invalidf("too many layers: %d (at most %d)", len(out), maxStack)
+	}
+	return out, nil
+}
+
+// maxStack bounds the layers of one sandbox. overlayfs allows 500 lower
+// layers, but the container backend passes them in one mount option
+// string of at most a page: 40 paths of <run-dir>/layers/<64 hex> fit.
+const maxStack = 40
+
+// LayerUsers lists the image and layer records that refer to digest.
+func (s *Store) LayerUsers(digest string) (images, layers []string, err error) {
+	imgs, err := s.List()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, im := range imgs {
+		for _, d := range im.Layers {
+			if d == digest {
+				images = append(images, im.Name)
+				break
+			}
+		}
+	}
+	nls, err := s.ListLayers()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, nl := range nls {
+		if nl.Digest == digest {
+			layers = append(layers, nl.Name)
+		}
+	}
+	return images, layers, nil
+}
+
+// --- garbage collection of blobs ---
+
+// gcBlobsLocked removes the blobs that no image or layer record, no hold
+// of this process, no digest in keep and no fresh lease of another node
+// refers to, and that are older than the GC grace period.
+func (s *Store) gcBlobsLocked(used map[string]bool, keep map[string]bool) error {
+	nls, err := s.ListLayers()
+	if err != nil {
+		return err
+	}
+	for _, nl := range nls {
+		used[nl.Digest] = true
+	}
+	leased, err := s.otherLeases()
+	if err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(s.blobsDir())
+	if err != nil {
+		return err
+	}
+	grace := s.opts.GCGrace
+	var errs []error
+	present := map[string]bool{}
+	for _, e := range ents {
+		n := e.Name()
+		if strings.HasPrefix(n, ".") {
+			continue
+		}
+		h, ok := strings.CutSuffix(n, ".erofs")
+		if !ok {
+			if h2, ok := strings.CutSuffix(n, ".json"); ok {
+				// Metadata without a blob: a crash between the two.
+				if _, err := os.Stat(filepath.Join(s.blobsDir(), h2+".erofs")); errors.Is(err, os.ErrNotExist) && s.oldEnough(filepath.Join(s.blobsDir(), n), grace) {
+					_ = os.Remove(filepath.Join(s.blobsDir(), n))
+				}
+			}
+			continue
+		}
+		d := "sha256:" + h
+		if t, ok := s.pending[d]; ok && time.Since(t) > pendingTTL {
+			delete(s.pending, d)
+		}
+		if _, pending := s.pending[d]; used[d] || keep[d] || leased[d] || s.holds[d] > 0 || pending {
+			present[d] = true
+			if !used[d] && !keep[d] && !leased[d] && s.holds[d] > 0 {
+				s.orphans[d] = true // collected when released
+			} else {
+				delete(s.orphans, d)
+			}
+			continue
+		}
+		p := filepath.Join(s.blobsDir(), n)
+		if !s.oldEnough(p, grace) {
+			present[d] = true
+			continue
+		}
+		if s.mounts != nil {
+			if err := s.mounts.Forget(h); err != nil {
+				present[d] = true
+				continue
+			}
+		}
+		delete(s.orphans, d)
+		// Metadata first: a blob without it is "absent" for readers.
+		if err := os.Remove(s.blobMetaPath(h)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		delete(s.verified, d)
+	}
+	_ = syncDir(s.blobsDir())
+	// The diffID index entries of collected blobs.
+	if idx, err := os.ReadDir(s.diffIDsDir()); err == nil {
+		for _, e := range idx {
+			n := e.Name()
+			if strings.HasPrefix(n, ".") || !strings.HasSuffix(n, ".json") {
+				continue
+			}
+			var v struct {
+				Digest string `json:"digest"`
+			}
+			p := filepath.Join(s.diffIDsDir(), n)
+			data, err := os.ReadFile(p)
+			if err != nil || json.Unmarshal(data, &v) != nil || !present[v.Digest] {
+				if s.oldEnough(p, grace) {
+					_ = os.Remove(p)
+				}
+			}
+		}
+	}
+	s.writeLeaseLocked()
+	return errors.Join(errs...)
+}
+
+func (s *Store) oldEnough(p string, grace time.Duration) bool {
+	if grace <= 0 {
+		return true
+	}
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return true
+	}
+	return time.Since(fi.ModTime()) >= grace
+}
+
+// --- leases: the digests each node uses, for GC on a shared store ---
+
+type lease struct {
+	Node    string    `json:"node"`
+	Updated time.Time `json:"updated"`
+	Digests []string  `json:"digests"`
+}
+
+func (s *Store) leasePath(node string) string {
+	return filepath.Join(s.leasesDir(), node+".json")
+}
+
+func (s *Store) writeLease() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writeLeaseLocked()
+}
+
+func (s *Store) writeLeaseLocked() {
+	if !s.erofs || s.mounts == nil {
+		return
+	}
+	l := lease{Node: s.opts.NodeID, Updated: time.Now().UTC(), Digests: []string{}}
+	for d, n := range s.holds {
+		if n > 0 {
+			l.Digests = append(l.Digests, d)
+		}
+	}
+	for d := range s.extraKeep {
+		l.Digests = append(l.Digests, d)
+	}
+	sort.Strings(l.Digests)
+	_ = s.writeJSONTemp(s.leasePath(s.opts.NodeID), l)
+}
+
+// otherLeases returns the digests that other nodes' fresh leases hold.
+func (s *Store) otherLeases() (map[string]bool, error) {
+	out := map[string]bool{}
+	ents, err := os.ReadDir(s.leasesDir())
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return out, nil
+		}
+		return nil, err
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if strings.HasPrefix(n, ".") || !strings.HasSuffix(n, ".json") || n == s.opts.NodeID+".json" {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(s.leasesDir(), n))
+		if err != nil {
+			continue
+		}
+		var l lease
+		if json.Unmarshal(data, &l) != nil || time.Since(l.Updated) > s.opts.LeaseTTL {
+			continue
+		}
+		for _, d := range l.Digests {
+			out[d] = true
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) leaseLoop() {
+	defer close(s.leaseDone)
+	t := time.NewTicker(leaseRefresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.leaseStop:
+			return
+		case <-t.C:
+			s.writeLease()
+		}
+	}
+}
+
+// --- verification and observability ---
+
+// Verify checks that the stored blob has its digest and recorded size.
+// A mismatch is an Internal error naming the blob (it is corrupt: remove
+// the images that use it and import them again).
+func (s *Store) Verify(ctx context.Context, digest string) error {
+	h, err := digestHex(digest)
+	if err != nil {
+		return err
+	}
+	m, err := s.LayerMeta(digest)
+	if err != nil {
+		return err
+	}
+	if m.Format != FormatEROFS {
+		return nil // a legacy directory layer: nothing to hash
+	}
+	f, err := os.Open(filepath.Join(s.blobsDir(), h+".erofs"))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return errdefs.NotFoundf("blob of layer %s is missing", digest)
+		}
+		return errdefs.Wrap(errdefs.Internal, err, "verify "+digest)
+	}
+	defer f.Close()
+	sum := sha256.New()
+	n, err := io.Copy(sum, &ctxReader{ctx: ctx, r: f})
+	if err != nil {
+		return fmt.Errorf("verify %s: %w", digest, err)
+	}
+	if n != m.BlobSize {
+		return errdefs.Internalf("layer %s is corrupt: blob has %d bytes, metadata says %d", digest, n, m.BlobSize)
+	}
+	if got := "sha256:" + hex.EncodeToString(sum.Sum(nil)); got != digest {
+		return errdefs.Internalf("layer %s is corrupt: blob content hashes to %s", digest, got)
+	}
+	return nil
+}
+
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
+
+// Residency reports how many bytes of the layer's blob are in this
+// node's page cache (mincore on a mapping of the blob), against its
+// size: with file-backed mounts, the part of the layer that was read.
+func (s *Store) Residency(digest string) (resident, size int64, err error) {
+	bp, err := s.BlobPath(digest)
+	if err != nil {
+		return 0, 0, err
+	}
+	f, err := os.Open(bp)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, 0, errdefs.NotFoundf("layer %s not found", digest)
+		}
+		return 0, 0, errdefs.Wrap(errdefs.Internal, err, "residency "+digest)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, 0, errdefs.Wrap(errdefs.Internal, err, "residency "+digest)
+	}
+	size = fi.Size()
+	if size == 0 {
+		return 0, 0, nil
+	}
+	page := int64(os.Getpagesize())
+	const window = 1 << 30 // map at most 1 GiB at a time
+	vec := make([]byte, window/page)
+	for off := int64(0); off < size; off += window {
+		n := min(window, size-off)
+		mem, err := unix.Mmap(int(f.Fd()), off, int(n), unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			return 0, size, errdefs.Wrap(errdefs.Internal, err, "residency "+digest)
+		}
+		pages := (n + page - 1) / page
+		err = mincore(mem, vec[:pages])
+		_ = unix.Munmap(mem)
+		if err != nil {
+			return 0, size, errdefs.Wrap(errdefs.Internal, err, "residency "+digest)
+		}
+		for i := int64(0); i < pages; i++ {
+			if vec[i]&1 != 0 {
+				resident += page
+			}
+		}
+	}
+	return min(resident, size), size, nil
+}
+
+// LayerStat is the on-demand loading state of one stored layer.
+type LayerStat struct {
+	Digest   string `json:"digest"`
+	DiffID   string `json:"diff_id,omitempty"`
+	Format   string `json:"format"`
+	Size     int64  `json:"size"`     // blob bytes (EROFS) or content bytes (dir)
+	Resident int64  `json:"resident"` // blob bytes in the page cache
+	Files    int64  `json:"files"`
+	Mounted  bool   `json:"mounted"`
+	Refs     int    `json:"refs"` // sandboxes of this process using it
+}
+
+// Stats returns the loading state of the given layers.
+func (s *Store) Stats(digests []string) ([]LayerStat, error) {
+	mounted := map[string]layermount.Info{}
+	if s.mounts != nil {
+		for _, in := range s.mounts.List() {
+			mounted["sha256:"+in.Key] = in
+		}
+	}
+	out := make([]LayerStat, 0, len(digests))
+	for _, d := range digests {
+		m, err := s.LayerMeta(d)
+		if err != nil {
+			return nil, err
+		}
+		st := LayerStat{Digest: d, DiffID: m.DiffID, Format: m.Format, Files: m.Files}
+		if m.Format == FormatEROFS {
+			st.Resident, st.Size, err = s.Residency(d)
+			if err != nil {
+				return nil, err
+			}
+		} else {
+			st.Size = m.Size
+		}
+		if in, ok := mounted[d]; ok {
+			st.Mounted, st.Refs = in.Mounted, in.Refs
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// Blobs lists the digests of every stored layer (blobs and legacy
+// directories), sorted.
+func (s *Store) Blobs() ([]string, error) {
+	var out []string
+	if s.erofs {
+		ents, err := os.ReadDir(s.blobsDir())
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "list blobs")
+		}
+		for _, e := range ents {
+			if h, ok := strings.CutSuffix(e.Name(), ".erofs"); ok && !strings.HasPrefix(h, ".") {
+				out = append(out, "sha256:"+h)
+			}
+		}
+	}
+	ents, err := os.ReadDir(s.layersDir())
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "list layers")
+	}
+	for _, e := range ents {
+		if h, ok := strings.CutPrefix(e.Name(), "sha256-"); ok {
+			out = append(out, "sha256:"+h)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+func mincore(mem, vec []byte) error {
+	_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&mem[0])), uintptr(len(mem)), uintptr(unsafe.Pointer(&vec[0])))
+	if e != 0 {
+		return e
+	}
+	return nil
+}
