@@ -243,10 +243,16 @@ func (s *Store) ImportDir(ctx context.Context, name, dir string) (Image, error) 
 		}()
 		st, err := tarx.Extract(ctx, fsDir, pr, layerOptions())
 		pr.CloseWithError(errors.New("extraction stopped"))
-		if cerr := <-done; cerr != nil {
+		cerr := <-done
+		// When extraction fails (a full disk, say), the reader fails only
+		// because we stopped reading: report the extraction's error.
+		if err != nil {
+			return st, err
+		}
+		if cerr != nil {
 			return st, fmt.Errorf("reading %s: %w", dir, cerr)
 		}
-		return st, err
+		return st, nil
 	})
 }
 
