@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 )
@@ -58,26 +59,45 @@ func (c *Client) Download(ctx context.Context, sandboxID, path string) (io.ReadC
 // ImportImageTar uploads a root filesystem tarball (optionally
 // gzip-compressed) as image name.
 func (c *Client) ImportImageTar(ctx context.Context, name string, r io.Reader) (*warrenv1.Image, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, c.baseURL+"/v1/images/"+url.PathEscape(name), r)
+	img := &warrenv1.Image{}
+	if err := c.putTar(ctx, "/v1/images/"+url.PathEscape(name), r, img); err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+// BuildLayerTar uploads a tarball (optionally gzip-compressed) as the
+// named layer name. Entries ".wh.X" are whiteouts hiding X of the layers
+// below, ".wh..wh..opq" hides a whole directory below.
+func (c *Client) BuildLayerTar(ctx context.Context, name string, r io.Reader) (*warrenv1.Layer, error) {
+	l := &warrenv1.Layer{}
+	if err := c.putTar(ctx, "/v1/layers/"+url.PathEscape(name), r, l); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// putTar uploads a tarball to path and decodes the JSON answer into out.
+func (c *Client) putTar(ctx context.Context, path string, r io.Reader, out proto.Message) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, c.baseURL+path, r)
 	if err != nil {
-		return nil, transportError(err)
+		return transportError(err)
 	}
 	req.Header.Set("Content-Type", "application/x-tar")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, transportError(err)
+		return transportError(err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return nil, httpError(resp)
+		return httpError(resp)
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return nil, transportError(err)
+		return transportError(err)
 	}
-	img := &warrenv1.Image{}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(data, img); err != nil {
-		return nil, &Error{Category: CategoryInternal, Code: connect.CodeInternal, Message: "decode image: " + err.Error(), err: err}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(data, out); err != nil {
+		return &Error{Category: CategoryInternal, Code: connect.CodeInternal, Message: "decode response: " + err.Error(), err: err}
 	}
-	return img, nil
+	return nil
 }

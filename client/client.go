@@ -41,7 +41,7 @@ type Client struct {
 	images    warrenv1connect.ImageServiceClient
 	system    warrenv1connect.SystemServiceClient
 
-	http    *http.Client // plain HTTP endpoints (archives, image upload)
+	http    *http.Client // plain HTTP endpoints (archives, image and layer uploads)
 	baseURL string
 	addr    string
 	unix    bool

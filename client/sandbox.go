@@ -160,6 +160,14 @@ func (c *Client) RemoveFile(ctx context.Context, req *warrenv1.RemoveFileRequest
 	return err
 }
 
+// CommitSandbox turns the writable layer of a running sandbox into the
+// named layer name (replacing one of that name); a sandbox created from
+// the same image and layers with name on top sees the same files. The
+// sandbox is frozen while its files are read.
+func (c *Client) CommitSandbox(ctx context.Context, sandboxID, name string) (*warrenv1.Layer, error) {
+	return call(ctx, c.sandboxes.CommitSandbox, &warrenv1.CommitSandboxRequest{SandboxId: sandboxID, Name: name})
+}
+
 // ListImages lists the daemon's images.
 func (c *Client) ListImages(ctx context.Context) ([]*warrenv1.Image, error) {
 	res, err := call(ctx, c.images.ListImages, &warrenv1.ListImagesRequest{})
@@ -185,6 +193,84 @@ func (c *Client) ImportImage(ctx context.Context, name, path string) (*warrenv1.
 func (c *Client) RemoveImage(ctx context.Context, name string) error {
 	_, err := call(ctx, c.images.RemoveImage, &warrenv1.RemoveImageRequest{Name: name})
 	return err
+}
+
+// PullImage imports an OCI or Docker image on the daemon (a registry
+// reference, oci:DIR[:TAG] or docker-archive:FILE[:REPO:TAG], paths on the
+// daemon's host) and returns it. fn, if not nil, is called with every
+// progress event; if it returns an error the import is cancelled and that
+// error returned.
+func (c *Client) PullImage(ctx context.Context, req *warrenv1.PullImageRequest, fn func(*warrenv1.PullImageEvent) error) (*warrenv1.Image, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.images.PullImage(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	defer st.Close()
+	var img *warrenv1.Image
+	for st.Receive() {
+		ev := st.Msg()
+		if ev.GetImage() != nil {
+			img = ev.GetImage()
+		}
+		if fn != nil {
+			if err := fn(ev); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := st.Err(); err != nil {
+		return nil, wrapErr(err)
+	}
+	if img == nil {
+		return nil, &Error{Category: CategoryUnavailable, Code: connect.CodeUnavailable, Message: "image pull stream ended without the image"}
+	}
+	return img, nil
+}
+
+// BuildLayer makes the directory tree or tarball (optionally
+// gzip-compressed) that the daemon can read at path the named layer name.
+// See BuildLayerTar to upload one instead.
+func (c *Client) BuildLayer(ctx context.Context, name, path string) (*warrenv1.Layer, error) {
+	return call(ctx, c.images.BuildLayer, &warrenv1.BuildLayerRequest{Name: name, Path: path})
+}
+
+// ListLayers lists the named layers.
+func (c *Client) ListLayers(ctx context.Context) ([]*warrenv1.Layer, error) {
+	res, err := call(ctx, c.images.ListLayers, &warrenv1.ListLayersRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return res.GetLayers(), nil
+}
+
+// RemoveLayer removes a named layer (refused while a sandbox uses it).
+func (c *Client) RemoveLayer(ctx context.Context, name string) error {
+	_, err := call(ctx, c.images.RemoveLayer, &warrenv1.RemoveLayerRequest{Name: name})
+	return err
+}
+
+// ImageStats reports how much of each layer of the named images (named
+// layers as "layer:NAME"; everything when none are given) is in the
+// daemon node's page cache, and whether it is mounted.
+func (c *Client) ImageStats(ctx context.Context, names ...string) ([]*warrenv1.LayerStat, error) {
+	res, err := call(ctx, c.images.ImageStats, &warrenv1.ImageStatsRequest{Names: names})
+	if err != nil {
+		return nil, err
+	}
+	return res.GetLayers(), nil
+}
+
+// VerifyImage checks the digests of the stored layer blobs of the named
+// images (named layers as "layer:NAME"; every blob when none are given).
+// Corrupt blobs are reported in the results, not as an error.
+func (c *Client) VerifyImage(ctx context.Context, names ...string) ([]*warrenv1.LayerVerification, error) {
+	res, err := call(ctx, c.images.VerifyImage, &warrenv1.VerifyImageRequest{Names: names})
+	if err != nil {
+		return nil, err
+	}
+	return res.GetLayers(), nil
 }
 
 // Version returns the daemon's version and capabilities.

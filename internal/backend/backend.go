@@ -66,6 +66,21 @@ type Sandbox interface {
 	Destroy(ctx context.Context) error
 }
 
+// Committer is implemented by sandboxes whose writable layer is an
+// overlayfs upper directory on the host (the container backend), which
+// the daemon can turn into a layer (CommitSandbox).
+type Committer interface {
+	// UpperDir is the host path of the sandbox's overlayfs upper
+	// directory: what the sandbox created or changed, with deletions as
+	// overlayfs whiteouts (0/0 character devices) and opaque directories
+	// (xattr trusted.overlay.opaque=y).
+	UpperDir() string
+	// Freeze stops every process of the sandbox, so that the upper
+	// directory holds still while it is read, until thaw is called
+	// (idempotent). Calls of the daemon into the sandbox block meanwhile.
+	Freeze(ctx context.Context) (thaw func() error, err error)
+}
+
 // ProcSpec describes a process to start.
 type ProcSpec struct {
 	Argv []string

@@ -34,6 +34,9 @@ type fakeManager struct {
 	execResult *warrenv1.ExecResult
 	deleted    []string
 	sandboxes  []*warrenv1.Sandbox
+	lastLayer  *warrenv1.BuildLayerRequest // BuildLayer, or Path "upload:<bytes>" for uploads
+	lastPull   *warrenv1.PullImageRequest
+	removed    []string
 }
 
 func (f *fakeManager) Create(_ context.Context, r *warrenv1.CreateRequest) (*warrenv1.Sandbox, error) {
@@ -112,6 +115,89 @@ func (f *fakeManager) TarOut(ctx context.Context, _, p string, w io.Writer) erro
 func (f *fakeManager) TarIn(ctx context.Context, _, p string, r io.Reader) error {
 	_, err := tarx.Extract(ctx, f.root, r, tarx.Options{Dir: p})
 	return err
+}
+
+func (f *fakeManager) CommitSandbox(_ context.Context, r *warrenv1.CommitSandboxRequest) (*warrenv1.Layer, error) {
+	if r.SandboxId != "sb1" {
+		return nil, errdefs.NotFoundf("sandbox %s not found", r.SandboxId)
+	}
+	return &warrenv1.Layer{Name: r.Name, Digest: "sha256:0123456789abcdef", Files: 3, BlobSizeBytes: 8192}, nil
+}
+
+func (f *fakeManager) PullImage(_ context.Context, r *warrenv1.PullImageRequest, send func(*warrenv1.PullImageEvent) error) error {
+	f.mu.Lock()
+	f.lastPull = r
+	f.mu.Unlock()
+	for _, e := range []*warrenv1.PullImageEvent{
+		{Phase: "resolve", Message: "resolving " + r.Ref},
+		{Phase: "layer", Layers: 2, Layer: 0, Digest: "sha256:aaaaaaaaaaaaaaaa", Status: "waiting"},
+		{Phase: "layer", Layers: 2, Layer: 1, Digest: "sha256:bbbbbbbbbbbbbbbb", Status: "waiting"},
+		{Phase: "layer", Layers: 2, Layer: 0, Digest: "sha256:aaaaaaaaaaaaaaaa", Status: "exists"},
+		{Phase: "layer", Layers: 2, Layer: 1, Digest: "sha256:bbbbbbbbbbbbbbbb", Status: "downloading", Current: 10, Total: 100},
+		{Phase: "layer", Layers: 2, Layer: 1, Digest: "sha256:bbbbbbbbbbbbbbbb", Status: "done", Current: 100, Total: 100},
+		{Phase: "record", Layers: 2, Message: "writing image record x"},
+	} {
+		if err := send(e); err != nil {
+			return err
+		}
+	}
+	if strings.Contains(r.Ref, "missing") {
+		return errdefs.NotFoundf("image not found in the registry")
+	}
+	return send(&warrenv1.PullImageEvent{Phase: "done", Image: &warrenv1.Image{Name: "x", Id: "sha256:feed", Layers: []string{"a", "b"}, SizeBytes: 2048}})
+}
+
+func (f *fakeManager) BuildLayer(_ context.Context, r *warrenv1.BuildLayerRequest) (*warrenv1.Layer, error) {
+	f.mu.Lock()
+	f.lastLayer = r
+	f.mu.Unlock()
+	return &warrenv1.Layer{Name: r.Name, Digest: "sha256:0123456789abcdef", Files: 2}, nil
+}
+
+func (f *fakeManager) BuildLayerTar(_ context.Context, name string, r io.Reader) (*warrenv1.Layer, error) {
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.lastLayer = &warrenv1.BuildLayerRequest{Name: name, Path: "upload:" + string(b)}
+	f.mu.Unlock()
+	return &warrenv1.Layer{Name: name, Digest: "sha256:0123456789abcdef", Files: 1}, nil
+}
+
+func (f *fakeManager) ListLayers(context.Context, *warrenv1.ListLayersRequest) (*warrenv1.ListLayersResponse, error) {
+	return &warrenv1.ListLayersResponse{Layers: []*warrenv1.Layer{
+		{Name: "zeta", Digest: "sha256:2222222222222222", BlobSizeBytes: 4096, Files: 1},
+		{Name: "alpha", Digest: "sha256:1111111111111111", BlobSizeBytes: 1 << 20, Files: 10},
+	}}, nil
+}
+
+func (f *fakeManager) RemoveLayer(_ context.Context, r *warrenv1.RemoveLayerRequest) (*warrenv1.RemoveLayerResponse, error) {
+	if r.Name == "busy" {
+		return nil, errdefs.Conflictf("layer busy is used by sandbox sb1")
+	}
+	f.mu.Lock()
+	f.removed = append(f.removed, r.Name)
+	f.mu.Unlock()
+	return &warrenv1.RemoveLayerResponse{}, nil
+}
+
+func (f *fakeManager) ImageStats(_ context.Context, r *warrenv1.ImageStatsRequest) (*warrenv1.ImageStatsResponse, error) {
+	owner := "debian"
+	if len(r.Names) > 0 {
+		owner = r.Names[0]
+	}
+	return &warrenv1.ImageStatsResponse{Layers: []*warrenv1.LayerStat{
+		{Owner: owner, Digest: "sha256:3333333333333333", Format: "erofs", Size: 8192, Resident: 2048, Files: 5, Mounted: true, Refs: 2},
+	}}, nil
+}
+
+func (f *fakeManager) VerifyImage(_ context.Context, r *warrenv1.VerifyImageRequest) (*warrenv1.VerifyImageResponse, error) {
+	res := &warrenv1.VerifyImageResponse{Layers: []*warrenv1.LayerVerification{{Digest: "sha256:a", Ok: true}}}
+	if len(r.Names) > 0 && r.Names[0] == "bad" {
+		res.Layers = append(res.Layers, &warrenv1.LayerVerification{Digest: "sha256:b", Owner: "bad", Error: "internal: layer sha256:b is corrupt"})
+	}
+	return res, nil
 }
 
 func (f *fakeManager) Version(context.Context, *warrenv1.VersionRequest) (*warrenv1.VersionResponse, error) {
@@ -200,13 +286,15 @@ func TestErrorOutput(t *testing.T) {
 func TestCreate(t *testing.T) {
 	f, addr := startDaemon(t)
 	r := run(t, addr, "", "sandbox", "create", "--image", "debian", "--id", "x1", "--cpu", "1.5", "--memory", "512Mi",
-		"--pids", "64", "-e", "A=1", "-e", "B=x=y", "--label", "team=rl", "--timeout", "30m", "--hostname", "h", "--workdir", "/w")
+		"--pids", "64", "-e", "A=1", "-e", "B=x=y", "--label", "team=rl", "--timeout", "30m", "--hostname", "h", "--workdir", "/w",
+		"--layer", "ws", "--layer", "tools")
 	if r.code != 0 || r.stdout != "x1\n" {
 		t.Fatalf("%+v", r)
 	}
 	c := f.lastCreate
 	if c.Image != "debian" || c.Resources.CpuMillis != 1500 || c.Resources.MemoryBytes != 512<<20 || c.Resources.PidsMax != 64 ||
-		c.Env["A"] != "1" || c.Env["B"] != "x=y" || c.Labels["team"] != "rl" || c.TimeoutSeconds != 1800 || c.Hostname != "h" || c.Workdir != "/w" {
+		c.Env["A"] != "1" || c.Env["B"] != "x=y" || c.Labels["team"] != "rl" || c.TimeoutSeconds != 1800 || c.Hostname != "h" || c.Workdir != "/w" ||
+		strings.Join(c.Layers, ",") != "ws,tools" {
 		t.Fatalf("request %v", c)
 	}
 	r = run(t, addr, "", "--json", "sandbox", "create", "--image", "debian")
@@ -373,5 +461,94 @@ func TestParseBytes(t *testing.T) {
 	}
 	if formatBytes(512<<20) != "512Mi" || formatBytes(1536) != "1.5Ki" || formatBytes(10) != "10B" {
 		t.Error(formatBytes(512<<20), formatBytes(1536), formatBytes(10))
+	}
+}
+
+func TestLayersAndImages(t *testing.T) {
+	f, addr := startDaemon(t)
+	// Commit.
+	r := run(t, addr, "", "sandbox", "commit", "sb1", "snap")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "snap 0123456789ab 8Ki 3 files") {
+		t.Fatalf("commit: %+v", r)
+	}
+	if r := run(t, addr, "", "sandbox", "commit", "nope", "snap"); r.code != 1 || !strings.Contains(r.stderr, "not_found") {
+		t.Fatalf("commit of a missing sandbox: %+v", r)
+	}
+	if r := run(t, addr, "", "sandbox", "commit", "sb1"); r.code != 2 {
+		t.Fatalf("commit without a name: %+v", r)
+	}
+
+	// Layer build: by path on a local daemon, uploaded with --upload or
+	// from stdin.
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "f"), []byte("content"), 0o644)
+	r = run(t, addr, "", "layer", "build", "ws", dir)
+	if r.code != 0 || f.lastLayer.GetPath() != dir || f.lastLayer.GetName() != "ws" || !strings.HasPrefix(r.stdout, "ws 0123456789ab") {
+		t.Fatalf("build by path: %+v %v", r, f.lastLayer)
+	}
+	r = run(t, addr, "", "layer", "build", "--upload", "ws", dir)
+	if r.code != 0 || !strings.HasPrefix(f.lastLayer.GetPath(), "upload:") || !strings.Contains(f.lastLayer.GetPath(), "content") {
+		t.Fatalf("build by upload: %+v %v", r, f.lastLayer)
+	}
+	r = run(t, addr, "tarball", "--json", "layer", "build", "ws2", "-")
+	if r.code != 0 || f.lastLayer.GetPath() != "upload:tarball" || !strings.Contains(r.stdout, `"name": "ws2"`) {
+		t.Fatalf("build from stdin: %+v %v", r, f.lastLayer)
+	}
+	if r := run(t, addr, "", "layer", "build", "ws", filepath.Join(dir, "missing")); r.code != 1 {
+		t.Fatalf("build of a missing path: %+v", r)
+	}
+
+	// ls, rm.
+	r = run(t, addr, "", "layer", "ls")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[1], "alpha ") || !strings.Contains(lines[1], "1Mi") || !strings.HasPrefix(lines[2], "zeta ") {
+		t.Fatalf("layer ls: %+v", r)
+	}
+	r = run(t, addr, "", "layer", "rm", "a", "busy", "b")
+	if r.code != 1 || r.stdout != "a\nb\n" || !strings.Contains(r.stderr, "conflict: layer busy is used") {
+		t.Fatalf("layer rm: %+v", r)
+	}
+
+	// image import REF streams progress (one line per change when not on
+	// a terminal); relative oci: paths are made absolute for the daemon.
+	r = run(t, addr, "", "image", "import", "reg.example.com/x:1")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "x sha256:feed 2Ki 2 layers") || f.lastPull.GetRef() != "reg.example.com/x:1" {
+		t.Fatalf("import: %+v %v", r, f.lastPull)
+	}
+	for _, want := range []string{"resolving reg.example.com/x:1", "aaaaaaaaaaaa already stored", "bbbbbbbbbbbb downloading", "bbbbbbbbbbbb done", "writing image record x"} {
+		if !strings.Contains(strings.Join(strings.Fields(r.stderr), " "), want) {
+			t.Errorf("progress lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	r = run(t, addr, "", "image", "import", "myname", "docker://reg.example.com/y:2", "--platform", "linux/arm64")
+	if r.code != 0 || f.lastPull.GetName() != "myname" || f.lastPull.GetPlatform() != "linux/arm64" {
+		t.Fatalf("import NAME REF: %+v %v", r, f.lastPull)
+	}
+	wd, _ := os.Getwd()
+	r = run(t, addr, "", "image", "import", "oci:layoutdir:v1")
+	if r.code != 0 || f.lastPull.GetRef() != "oci:"+filepath.Join(wd, "layoutdir")+":v1" {
+		t.Fatalf("import oci: %+v %v", r, f.lastPull)
+	}
+	r = run(t, addr, "", "image", "import", "reg.example.com/missing:1")
+	if r.code != 1 || !strings.Contains(r.stderr, "not_found") {
+		t.Fatalf("failed import: %+v", r)
+	}
+
+	// stats, verify.
+	r = run(t, addr, "", "image", "stats")
+	if r.code != 0 || !strings.Contains(r.stdout, "debian") || !strings.Contains(r.stdout, "25.0%") || !strings.Contains(r.stdout, "yes") {
+		t.Fatalf("stats: %+v", r)
+	}
+	r = run(t, addr, "", "--json", "image", "stats", "layer:ws")
+	if r.code != 0 || !strings.Contains(r.stdout, `"owner": "layer:ws"`) {
+		t.Fatalf("stats --json: %+v", r)
+	}
+	r = run(t, addr, "", "image", "verify")
+	if r.code != 0 || r.stdout != "sha256:a ok\n" {
+		t.Fatalf("verify: %+v", r)
+	}
+	r = run(t, addr, "", "image", "verify", "bad")
+	if r.code != 1 || !strings.Contains(r.stderr, "sha256:b (bad): internal: layer sha256:b is corrupt") || !strings.Contains(r.stderr, "1 of 2 layers are corrupt") {
+		t.Fatalf("verify bad: %+v", r)
 	}
 }

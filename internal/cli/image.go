@@ -93,10 +93,12 @@ REF is one of
                                     (credentials from the Docker config)
   oci:DIR[:TAG]                     an OCI image layout directory
   docker-archive:FILE.tar[:REPO:TAG]   a 'docker save' tarball
-and is imported with progress bars for download and conversion. Each layer
-is converted once (by diffID) to an EROFS blob. The default NAME is the
-reference's repository and tag ("python:3.12"). OCI imports work on the
-daemon's image store directly (--image-store), on the daemon's host.
+and is imported by the daemon with progress bars for download and
+conversion. Each layer is converted once (by diffID) to an EROFS blob;
+layers already stored are not downloaded again. The default NAME is the
+reference's repository and tag ("python:3.12"). Registry credentials are
+the daemon's (its Docker config); oci: and docker-archive: paths are read
+by the daemon, on its host.
 
 PATH is a root filesystem directory or tarball (optionally
 gzip-compressed). On a local daemon (unix socket) the daemon reads PATH
@@ -135,8 +137,7 @@ uploads a tarball read from stdin.`,
 	}
 	c.Flags().BoolVar(&forceUpload, "upload", false, "upload PATH even to a local daemon")
 	c.Flags().StringVar(&name, "name", "", "image name for an OCI import (default: from the reference)")
-	c.Flags().StringVar(&platform, "platform", "", "platform of a multi-platform image (default linux/<this arch>)")
-	addImageStoreFlag(c)
+	c.Flags().StringVar(&platform, "platform", "", "platform of a multi-platform image (default linux/<the daemon's arch>)")
 	return c
 }
 

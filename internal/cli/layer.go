@@ -2,12 +2,11 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -16,40 +15,13 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
-	"github.com/warrenrl/warren/internal/daemon"
-	"github.com/warrenrl/warren/internal/errdefs"
-	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/client"
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/oci"
+	"github.com/warrenrl/warren/internal/tarx"
 )
 
-// Until the daemon serves OCI imports, named layers and layer statistics
-// (proposed: ImportImage streaming RPC, BuildLayer/ListLayers/RemoveLayer,
-// ImageStats), these commands work on the image
-// store directly: on the daemon's host, as root, with --image-store naming
-// the daemon's store (the store is safe for several processes: blobs and
-// records are published atomically, and this process never collects
-// anything nor mounts anything).
-
 func init() { AddCommand(newLayerCommand()) }
-
-const imageStoreFlag = "image-store"
-
-func addImageStoreFlag(c *cobra.Command) {
-	c.Flags().String(imageStoreFlag, filepath.Join(daemon.DefaultStateDir, "images"), "the daemon's image store directory (this command works on it directly)")
-}
-
-// openLocalStore opens the daemon's store for imports and records.
-func openLocalStore(cmd *cobra.Command) (*image.Store, error) {
-	root, _ := cmd.Flags().GetString(imageStoreFlag)
-	if root == "" {
-		return nil, usagef("--%s is empty", imageStoreFlag)
-	}
-	if _, err := os.Stat(root); err != nil {
-		return nil, errdefs.New(errdefs.NotFound, "image store %s: %w (give the daemon's store with --%s)", root, err, imageStoreFlag)
-	}
-	host, _ := os.Hostname()
-	return image.OpenStore(image.Options{Root: root, NoMounts: true, NodeID: fmt.Sprintf("%s-cli-%d", host, os.Getpid())})
-}
 
 func newLayerCommand() *cobra.Command {
 	c := &cobra.Command{
@@ -63,7 +35,8 @@ their image, later --layer flags higher:
 
 They live in their own namespace (not listed by 'warren image ls'). A file
 named .wh.NAME in a layer hides NAME of the layers below, and .wh..wh..opq
-hides a whole directory of the layers below (OCI whiteouts).`,
+hides a whole directory of the layers below (OCI whiteouts). 'warren
+sandbox commit' makes a layer of what a sandbox changed.`,
 		Args: groupArgs,
 		RunE: groupRun,
 	}
@@ -72,106 +45,115 @@ hides a whole directory of the layers below (OCI whiteouts).`,
 }
 
 func newLayerBuildCommand() *cobra.Command {
+	var forceUpload bool
 	c := &cobra.Command{
 		Use:   "build NAME DIR|TAR|-",
 		Short: "Make a directory tree or tarball (plain or gzip; - for stdin) a named layer",
-		Args:  exactArgs(2),
+		Long: `Make a directory tree or tarball (plain or gzip-compressed) the named layer
+NAME, replacing a layer of that name. On a local daemon (unix socket) the
+daemon reads DIR or TAR itself; on a remote one, or with --upload, the
+client uploads it. "-" uploads a tarball read from stdin.`,
+		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name, src := args[0], args[1]
-			s, err := openLocalStore(cmd)
+			cl, err := NewClient(cmd)
 			if err != nil {
 				return err
 			}
-			defer s.Close()
-			var nl image.NamedLayer
+			defer cl.Close()
 			start := time.Now()
-			switch fi, serr := os.Stat(src); {
-			case src == "-":
-				nl, err = s.BuildLayerTar(cmd.Context(), name, cmd.InOrStdin())
-			case serr != nil:
-				return errdefs.New(errdefs.NotFound, "%s: %w", src, serr)
-			case fi.IsDir():
-				nl, err = s.BuildLayerDir(cmd.Context(), name, src)
-			default:
-				f, oerr := os.Open(src)
-				if oerr != nil {
-					return oerr
-				}
-				defer f.Close()
-				nl, err = s.BuildLayerTar(cmd.Context(), name, f)
-			}
+			l, err := buildLayer(cmd.Context(), cl, name, src, cmd.InOrStdin(), forceUpload)
 			if err != nil {
 				return err
 			}
 			if JSONOutput(cmd) {
-				return printPlainJSON(cmd.OutOrStdout(), nl)
+				return printJSON(cmd.OutOrStdout(), l)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s %d files (%s)\n", nl.Name, shortID(nl.Digest), formatBytes(nl.BlobSize), nl.Files, time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s %d files (%s)\n", l.Name, shortID(l.Digest), formatBytes(l.BlobSizeBytes), l.Files, time.Since(start).Round(time.Millisecond))
 			return nil
 		},
 	}
-	addImageStoreFlag(c)
+	c.Flags().BoolVar(&forceUpload, "upload", false, "upload DIR or TAR even to a local daemon")
 	return c
 }
 
+// buildLayer builds the directory or tarball p as layer name, by path on a
+// local daemon and by upload otherwise.
+func buildLayer(ctx context.Context, cl *client.Client, name, p string, stdin io.Reader, forceUpload bool) (*warrenv1.Layer, error) {
+	if p == "-" {
+		return cl.BuildLayerTar(ctx, name, stdin)
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		return nil, err
+	}
+	if cl.IsUnix() && !forceUpload {
+		return cl.BuildLayer(ctx, name, abs)
+	}
+	if !fi.IsDir() {
+		f, err := os.Open(abs)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		return cl.BuildLayerTar(ctx, name, f)
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(tarx.Create(ctx, "/", pw, abs)) }()
+	defer pr.Close()
+	return cl.BuildLayerTar(ctx, name, pr)
+}
+
 func newLayerListCommand() *cobra.Command {
-	c := &cobra.Command{
+	return &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List named layers",
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, err := openLocalStore(cmd)
+			cl, err := NewClient(cmd)
 			if err != nil {
 				return err
 			}
-			defer s.Close()
-			ls, err := s.ListLayers()
+			defer cl.Close()
+			ls, err := cl.ListLayers(cmd.Context())
 			if err != nil {
 				return err
 			}
+			slices.SortFunc(ls, func(a, b *warrenv1.Layer) int { return strings.Compare(a.Name, b.Name) })
 			if JSONOutput(cmd) {
-				return printPlainJSON(cmd.OutOrStdout(), map[string]any{"layers": ls})
+				return printJSON(cmd.OutOrStdout(), &warrenv1.ListLayersResponse{Layers: ls})
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tFILES\tCREATED")
 			now := time.Now()
 			for _, l := range ls {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s ago\n", l.Name, shortID(l.Digest), formatBytes(l.BlobSize), l.Files, formatAge(l.CreatedAt.UnixMilli(), now))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s ago\n", l.Name, shortID(l.Digest), formatBytes(l.BlobSizeBytes), l.Files, formatAge(l.CreatedAtUnixMs, now))
 			}
 			return tw.Flush()
 		},
 	}
-	addImageStoreFlag(c)
-	return c
 }
 
 func newLayerRemoveCommand() *cobra.Command {
-	c := &cobra.Command{
+	return &cobra.Command{
 		Use:     "rm NAME...",
 		Aliases: []string{"remove", "delete"},
-		Short:   "Remove named layers (refused while a sandbox of any node uses one)",
+		Short:   "Remove named layers (refused while a sandbox uses one)",
 		Args:    minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := openLocalStore(cmd)
+			cl, err := NewClient(cmd)
 			if err != nil {
 				return err
 			}
-			defer s.Close()
-			inUse, err := leasedDigests(s.Root())
-			if err != nil {
-				return err
-			}
+			defer cl.Close()
 			failed := false
 			for _, n := range args {
-				nl, err := s.GetLayer(n)
-				if err == nil && inUse[nl.Digest] != "" {
-					err = errdefs.Conflictf("layer %s is used by a sandbox on node %s", n, inUse[nl.Digest])
-				}
-				if err == nil {
-					err = s.RemoveLayer(n)
-				}
-				if err != nil {
+				if err := cl.RemoveLayer(cmd.Context(), n); err != nil {
 					printError(cmd.ErrOrStderr(), err)
 					failed = true
 					continue
@@ -184,70 +166,51 @@ func newLayerRemoveCommand() *cobra.Command {
 			return nil
 		},
 	}
-	addImageStoreFlag(c)
-	return c
-}
-
-// leasedDigests reads the nodes' leases: digest -> a node using it.
-func leasedDigests(root string) (map[string]string, error) {
-	out := map[string]string{}
-	ents, err := os.ReadDir(filepath.Join(root, "leases"))
-	if err != nil {
-		if os.IsNotExist(err) {
-			return out, nil
-		}
-		return nil, err
-	}
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".") || !strings.HasSuffix(e.Name(), ".json") {
-			continue
-		}
-		var l struct {
-			Node    string    `json:"node"`
-			Updated time.Time `json:"updated"`
-			Digests []string  `json:"digests"`
-		}
-		data, err := os.ReadFile(filepath.Join(root, "leases", e.Name()))
-		if err != nil || json.Unmarshal(data, &l) != nil || time.Since(l.Updated) > image.DefaultLeaseTTL {
-			continue
-		}
-		for _, d := range l.Digests {
-			out[d] = l.Node
-		}
-	}
-	return out, nil
-}
-
-func printPlainJSON(w io.Writer, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	_, err = w.Write(append(b, '\n'))
-	return err
 }
 
 // --- warren image import REF ---
 
-// importOCI imports ref into the local store with progress on stderr.
+// importOCI has the daemon import ref, with progress on stderr.
 func importOCI(cmd *cobra.Command, ref, name, platform string) error {
-	s, err := openLocalStore(cmd)
+	ref = absRef(ref)
+	cl, err := NewClient(cmd)
 	if err != nil {
 		return err
 	}
-	defer s.Close()
+	defer cl.Close()
 	pr := newProgress(cmd.ErrOrStderr())
 	start := time.Now()
-	img, err := oci.Import(cmd.Context(), s, ref, oci.Options{Name: name, Platform: platform, Progress: pr.event})
+	img, err := cl.PullImage(cmd.Context(), &warrenv1.PullImageRequest{Ref: ref, Name: name, Platform: platform}, func(e *warrenv1.PullImageEvent) error {
+		pr.event(oci.Event{
+			Phase: e.Phase, Layer: int(e.Layer), Layers: int(e.Layers), Digest: e.Digest,
+			Status: e.Status, Current: e.Current, Total: e.Total, Message: e.Message,
+		})
+		return nil
+	})
 	pr.finish()
 	if err != nil {
 		return err
 	}
 	if JSONOutput(cmd) {
-		return printPlainJSON(cmd.OutOrStdout(), img)
+		return printJSON(cmd.OutOrStdout(), img)
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s %d layers (%s)\n", img.Name, img.ID, formatBytes(img.SizeBytes), len(img.Layers), time.Since(start).Round(100*time.Millisecond))
+	fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s %d layers (%s)\n", img.Name, img.Id, formatBytes(img.SizeBytes), len(img.Layers), time.Since(start).Round(100*time.Millisecond))
 	return nil
+}
+
+// absRef makes the path of an oci: or docker-archive: reference absolute:
+// the daemon reads it, from its own working directory.
+func absRef(ref string) string {
+	r, err := oci.ParseRef(ref)
+	if err != nil || r.Kind == oci.KindRegistry || filepath.IsAbs(r.Location) {
+		return ref
+	}
+	abs, err := filepath.Abs(r.Location)
+	if err != nil {
+		return ref
+	}
+	r.Location = abs
+	return r.String()
 }
 
 // progress draws one bar per layer: redrawn in place on a terminal, one
@@ -282,6 +245,9 @@ func (p *progress) event(e oci.Event) {
 		fmt.Fprintln(p.w, e.Message)
 		p.drawn = 0
 		return
+	case "layer":
+	default:
+		return // "done": the caller prints the image
 	}
 	for len(p.layers) < e.Layers {
 		p.layers = append(p.layers, oci.Event{Layer: len(p.layers), Status: "waiting"})
@@ -359,141 +325,92 @@ func bar(cur, total int64) string {
 // --- warren image stats / verify ---
 
 func newImageStatsCommand() *cobra.Command {
-	c := &cobra.Command{
+	return &cobra.Command{
 		Use:   "stats [NAME...]",
-		Short: "Show how much of each layer was read into this node's page cache",
-		Long: `For every layer of the named images (default: all images and named
-layers), show the bytes of its EROFS blob that are in this node's page cache
-(mincore) against its size: with on-demand loading, what sandboxes read.`,
+		Short: "Show how much of each layer was read into the daemon node's page cache",
+		Long: `For every layer of the named images (named layers as layer:NAME; default:
+all images and named layers), show the bytes of its EROFS blob that are in
+the daemon node's page cache (mincore) against its size: with on-demand
+loading, what sandboxes read. REFS is how many sandboxes of the node use
+the layer's mount.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := openLocalStore(cmd)
+			cl, err := NewClient(cmd)
 			if err != nil {
 				return err
 			}
-			defer s.Close()
-			type row struct {
-				Owner string `json:"owner"`
-				image.LayerStat
+			defer cl.Close()
+			st, err := cl.ImageStats(cmd.Context(), args...)
+			if err != nil {
+				return err
 			}
-			var rows []row
-			add := func(owner string, digests []string) error {
-				st, err := s.Stats(digests)
-				if err != nil {
-					return fmt.Errorf("%s: %w", owner, err)
-				}
-				for _, x := range st {
-					rows = append(rows, row{Owner: owner, LayerStat: x})
-				}
-				return nil
-			}
-			if len(args) == 0 {
-				imgs, err := s.List()
-				if err != nil {
-					return err
-				}
-				for _, im := range imgs {
-					if err := add(im.Name, im.Layers); err != nil {
-						return err
-					}
-				}
-				ls, err := s.ListLayers()
-				if err != nil {
-					return err
-				}
-				for _, l := range ls {
-					if err := add("layer:"+l.Name, []string{l.Digest}); err != nil {
-						return err
-					}
-				}
-			}
-			for _, n := range args {
-				if strings.HasPrefix(n, "layer:") {
-					l, err := s.GetLayer(strings.TrimPrefix(n, "layer:"))
-					if err != nil {
-						return err
-					}
-					if err := add(n, []string{l.Digest}); err != nil {
-						return err
-					}
-					continue
-				}
-				im, err := s.Get(n)
-				if err != nil {
-					return err
-				}
-				if err := add(n, im.Layers); err != nil {
-					return err
-				}
-			}
-			inUse, _ := leasedDigests(s.Root())
 			if JSONOutput(cmd) {
-				return printPlainJSON(cmd.OutOrStdout(), map[string]any{"layers": rows})
+				return printJSON(cmd.OutOrStdout(), &warrenv1.ImageStatsResponse{Layers: st})
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "IMAGE\tLAYER\tFORMAT\tRESIDENT\tSIZE\tREAD\tFILES\tIN USE")
-			sort.SliceStable(rows, func(i, j int) bool { return rows[i].Owner < rows[j].Owner })
-			for _, r := range rows {
+			fmt.Fprintln(tw, "IMAGE\tLAYER\tFORMAT\tRESIDENT\tSIZE\tREAD\tFILES\tMOUNTED\tREFS")
+			slices.SortStableFunc(st, func(a, b *warrenv1.LayerStat) int { return strings.Compare(a.Owner, b.Owner) })
+			for _, r := range st {
 				pct := "-"
-				if r.Format == image.FormatEROFS && r.Size > 0 {
+				if r.Format == "erofs" && r.Size > 0 {
 					pct = fmt.Sprintf("%.1f%%", 100*float64(r.Resident)/float64(r.Size))
 				}
-				use := "-"
-				if n := inUse[r.Digest]; n != "" {
-					use = n
+				mounted := "no"
+				if r.Mounted {
+					mounted = "yes"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Owner, shortID(r.Digest), r.Format, formatBytes(r.Resident), formatBytes(r.Size), pct, r.Files, use)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\n", r.Owner, shortID(r.Digest), r.Format, formatBytes(r.Resident), formatBytes(r.Size), pct, r.Files, mounted, r.Refs)
 			}
 			return tw.Flush()
 		},
 	}
-	addImageStoreFlag(c)
-	return c
 }
 
 func newImageVerifyCommand() *cobra.Command {
-	c := &cobra.Command{
+	return &cobra.Command{
 		Use:   "verify [NAME...]",
 		Short: "Check the digests of stored layer blobs (default: all)",
+		Long: `Hash the stored layer blobs of the named images (named layers as
+layer:NAME; default: every stored blob) and compare them with their
+digests. Exits 1 if any is corrupt (remove the images that use it and
+import them again).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := openLocalStore(cmd)
+			cl, err := NewClient(cmd)
 			if err != nil {
 				return err
 			}
-			defer s.Close()
-			var digests []string
-			if len(args) == 0 {
-				if digests, err = s.Blobs(); err != nil {
-					return err
-				}
-			}
-			for _, n := range args {
-				im, err := s.Get(n)
-				if err != nil {
-					return err
-				}
-				digests = append(digests, im.Layers...)
+			defer cl.Close()
+			vs, err := cl.VerifyImage(cmd.Context(), args...)
+			if err != nil {
+				return err
 			}
 			bad := 0
-			for _, d := range digests {
-				if err := s.Verify(cmd.Context(), d); err != nil {
-					if cmd.Context().Err() != nil {
-						return err
-					}
-					printError(cmd.ErrOrStderr(), err)
+			for _, v := range vs {
+				if !v.Ok {
 					bad++
-					continue
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s ok\n", d)
+			}
+			if JSONOutput(cmd) {
+				if err := printJSON(cmd.OutOrStdout(), &warrenv1.VerifyImageResponse{Layers: vs}); err != nil {
+					return err
+				}
+			} else {
+				for _, v := range vs {
+					owner := ""
+					if v.Owner != "" {
+						owner = " (" + v.Owner + ")"
+					}
+					if v.Ok {
+						fmt.Fprintf(cmd.OutOrStdout(), "%s%s ok\n", v.Digest, owner)
+					} else {
+						fmt.Fprintf(cmd.ErrOrStderr(), "error: %s%s: %s\n", v.Digest, owner, v.Error)
+					}
+				}
 			}
 			if bad > 0 {
-				fmt.Fprintf(cmd.ErrOrStderr(), "%d of %d layers are corrupt\n", bad, len(digests))
+				fmt.Fprintf(cmd.ErrOrStderr(), "%d of %d layers are corrupt\n", bad, len(vs))
 				return exitError{1}
 			}
 			return nil
 		},
 	}
-	addImageStoreFlag(c)
-	return c
 }
-
-var _ = context.Background

@@ -32,6 +32,7 @@ func newSandboxCommand() *cobra.Command {
 		newExtendCommand(),
 		newExecCommand(),
 		newCopyCommand(),
+		newCommitCommand(),
 	)
 	return c
 }
@@ -42,6 +43,7 @@ func newCreateCommand() *cobra.Command {
 		cpu               float64
 		memory, disk      string
 		env, labels       []string
+		layers            []string
 		timeout           time.Duration
 		pids              int64
 		imageFlag, idFlag string
@@ -57,6 +59,7 @@ func newCreateCommand() *cobra.Command {
 				return usagef("--image is required")
 			}
 			req.Image, req.Id, req.Workdir, req.Hostname, req.Backend = imageFlag, idFlag, workdir, hostname, backend
+			req.Layers = layers
 			res := &warrenv1.Resources{PidsMax: pids}
 			if cpu < 0 || cpu > math.MaxInt64/1000 {
 				return usagef("--cpu must be a positive number of cores")
@@ -108,6 +111,7 @@ func newCreateCommand() *cobra.Command {
 	}
 	f := c.Flags()
 	f.StringVar(&imageFlag, "image", "", "image name (required)")
+	f.StringArrayVar(&layers, "layer", nil, "named layer to stack on the image (repeatable; later ones higher)")
 	f.StringVar(&idFlag, "id", "", "sandbox id (default: generated)")
 	f.StringVar(&backend, "backend", "", "backend (default: the node's default, container)")
 	f.Float64Var(&cpu, "cpu", 0, "CPU quota in cores, e.g. 1.5 (default: no quota)")
@@ -115,7 +119,7 @@ func newCreateCommand() *cobra.Command {
 	f.StringVar(&disk, "disk", "", "disk limit of the writable layer, e.g. 1Gi (default: node default; at least 16Mi)")
 	f.Int64Var(&pids, "pids", 0, "maximum number of processes (default: node default)")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
-	f.StringVar(&workdir, "workdir", "", "working directory of commands")
+	f.StringVar(&workdir, "workdir", "", "working directory of commands (default: the image's)")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
 	f.DurationVar(&timeout, "timeout", 0, "lifetime, after which the sandbox is deleted, e.g. 30m (default: node default)")
 	f.StringVar(&hostname, "hostname", "", "hostname inside the sandbox")
@@ -204,6 +208,7 @@ func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
 	}
 	row("ID", s.Id)
 	row("Image", s.Image)
+	row("Layers", strings.Join(s.Layers, ", "))
 	row("Backend", s.Backend)
 	row("State", stateName(s.State))
 	row("Dead reason", s.DeadReason)
@@ -304,6 +309,36 @@ func deleteAll(cmd *cobra.Command, cl *client.Client, ids []string) error {
 		return exitError{1}
 	}
 	return nil
+}
+
+func newCommitCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "commit ID NAME",
+		Short: "Make what a sandbox changed on its image a named layer",
+		Long: `Turn the writable layer of a running sandbox (every file it created,
+changed or deleted on top of its image and layers) into the named layer
+NAME, replacing a layer of that name. A sandbox created from the same image
+and layers with --layer NAME on top sees the same files. The sandbox's
+processes are frozen while its files are read and resume afterwards.`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			start := time.Now()
+			l, err := cl.CommitSandbox(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			if JSONOutput(cmd) {
+				return printJSON(cmd.OutOrStdout(), l)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s %d files (%s)\n", l.Name, shortID(l.Digest), formatBytes(l.BlobSizeBytes), l.Files, time.Since(start).Round(time.Millisecond))
+			return nil
+		},
+	}
 }
 
 func newExtendCommand() *cobra.Command {

@@ -27,6 +27,7 @@ func commit() string  { return daemon.Commit }
 
 type serveOptions struct {
 	stateDir, socket, runDir string
+	imageStore               string
 	listen, tokenFile        string
 	insecureNoAuth           bool
 	defaultTimeout           time.Duration
@@ -49,7 +50,8 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f := c.Flags()
 	f.StringVar(&o.stateDir, "state-dir", daemon.DefaultStateDir, "state directory (sandbox records, images, writable layers)")
 	f.StringVar(&o.socket, "socket", server.DefaultSocket, "unix socket to serve the API on")
-	f.StringVar(&o.runDir, "run-dir", "/run/warren", "runtime directory (mount points, agent sockets; tmpfs)")
+	f.StringVar(&o.runDir, "run-dir", "/run/warren", "runtime directory (mount points, agent sockets, layer mounts; tmpfs)")
+	f.StringVar(&o.imageStore, "image-store", "", "image store directory: EROFS layer blobs and image records; may be on a filesystem shared by several nodes (default <state-dir>/images)")
 	f.StringVar(&o.listen, "listen", "", "also serve on this TCP address, e.g. 127.0.0.1:7070 (needs a token)")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token for --listen (default $"+client.EnvToken+")")
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
@@ -148,10 +150,27 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			return usageError{err}
 		}
 	}
-	images, err := image.Open(filepath.Join(stateDir, "images"))
+	imageStore := filepath.Join(stateDir, "images")
+	if o.imageStore != "" {
+		if imageStore, err = filepath.Abs(o.imageStore); err != nil {
+			return err
+		}
+	}
+	images, err := image.OpenStore(image.Options{
+		Root:     imageStore,
+		MountDir: filepath.Join(runDir, "layers"),
+		WorkDir:  filepath.Join(stateDir, "tmp"),
+	})
 	if err != nil {
 		return fmt.Errorf("open image store: %w", err)
 	}
+	// Deferred before the daemon's Close, so it runs after it: sandboxes
+	// keep the layers they use mounted; unused ones are unmounted.
+	defer func() {
+		if cerr := images.Close(); cerr != nil {
+			log.Warn("closing image store", "err", cerr)
+		}
+	}()
 	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent})
 	if err != nil {
 		return fmt.Errorf("container backend: %w", err)
@@ -174,7 +193,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			err = errors.Join(err, cerr)
 		}
 	}()
-	log.Info("warren daemon started", "version", daemon.Version, "state_dir", stateDir, "socket", o.socket)
+	log.Info("warren daemon started", "version", daemon.Version, "state_dir", stateDir, "image_store", imageStore, "socket", o.socket)
 	err = srv.Serve(ctx, mgr)
 	log.Info("warren daemon stopped")
 	return err

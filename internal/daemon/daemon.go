@@ -93,6 +93,8 @@ var ops = []string{
 	"Exec", "ExecStream", "StartProcess", "ListProcesses", "WaitProcess", "SignalProcess", "WriteStdin",
 	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
+	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
+	"CommitSandbox",
 }
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.
@@ -105,8 +107,8 @@ type Manager struct {
 	idem    *idemCache
 
 	// imgMu orders image resolution in Create (read) against RemoveImage
-	// (write), so an image cannot vanish between the in-use check and a
-	// create that is resolving it.
+	// and RemoveLayer (write), so an image or layer cannot vanish between
+	// the in-use check and a create that is resolving it.
 	imgMu sync.RWMutex
 
 	mu        sync.RWMutex
@@ -143,6 +145,7 @@ type sandbox struct {
 	procs        map[string]*process
 	procSeq      int
 	procPending  int
+	commit       *commitOp // the commit in progress, if any
 }
 
 // New opens the store under cfg.StateDir and re-adopts the sandboxes an
@@ -237,6 +240,9 @@ func (m *Manager) housekeeping() {
 			return
 		case <-t.C:
 			m.idem.prune()
+			// Forget the layers of sandboxes gone since adoption, so that
+			// the store can collect them (and other nodes sharing it).
+			m.images.SetKeep(m.inUseDigests()...)
 		}
 	}
 }

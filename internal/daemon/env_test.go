@@ -93,12 +93,8 @@ func newEnv(t *testing.T, tweak ...func(*Config)) *env {
 	if len(tweak) > 0 {
 		e.cfgTweak = tweak[0]
 	}
-	imgs, err := image.Open(filepath.Join(dir, "images"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.images = imgs
-	if _, err := imgs.ImportDir(context.Background(), "busybox", busyboxRoot(t)); err != nil {
+	e.openImages()
+	if _, err := e.images.ImportDir(context.Background(), "busybox", busyboxRoot(t)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.cleanup)
@@ -106,9 +102,31 @@ func newEnv(t *testing.T, tweak ...func(*Config)) *env {
 	return e
 }
 
+// openImages opens the image store as `warren serve` does, with the
+// layer mount cache under the run dir.
+func (e *env) openImages() {
+	e.t.Helper()
+	imgs, err := image.OpenStore(image.Options{
+		Root:     filepath.Join(e.dir, "images"),
+		MountDir: filepath.Join(e.opts.RunDir, "layers"),
+		WorkDir:  filepath.Join(e.dir, "tmp"),
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.images = imgs
+	e.t.Cleanup(func() {
+		imgs.Close()
+		imgs.Mounts().UnmountAll()
+	})
+}
+
 // start creates a Manager (again), as `warren serve` would at boot.
 func (e *env) start() {
 	e.t.Helper()
+	if e.images == nil {
+		e.openImages()
+	}
 	b, err := container.New(e.opts)
 	if err != nil {
 		e.t.Fatal(err)
@@ -134,7 +152,9 @@ func (e *env) start() {
 	e.m = m
 }
 
-// stop closes the Manager, leaving the sandboxes running.
+// stop closes the Manager, leaving the sandboxes running, and then the
+// image store (the layers of running sandboxes stay mounted), as `warren
+// serve` does when it stops.
 func (e *env) stop() {
 	e.t.Helper()
 	if e.m != nil {
@@ -142,6 +162,12 @@ func (e *env) stop() {
 			e.t.Errorf("close: %v", err)
 		}
 		e.m = nil
+	}
+	if e.images != nil {
+		if err := e.images.Close(); err != nil {
+			e.t.Errorf("close image store: %v", err)
+		}
+		e.images = nil
 	}
 }
 
@@ -164,6 +190,35 @@ func (e *env) cleanup() {
 	for _, g := range cgroupDirs(e.opts.CgroupParent) {
 		_ = os.Remove(g)
 	}
+	// Every sandbox is gone: closing the store (in stop) unmounted every
+	// layer.
+	if left := mountsBelow(e.t, e.dir); len(left) > 0 {
+		e.t.Errorf("cleanup: mounts left behind: %v", left)
+		for i := len(left) - 1; i >= 0; i-- {
+			_ = syscall.Unmount(left[i], syscall.MNT_DETACH)
+		}
+	}
+}
+
+// mountsBelow lists the mount points at or below dir.
+func mountsBelow(t *testing.T, dir string) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := strings.ReplaceAll(f[4], `\040`, " ")
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	return out
 }
 
 func cgroupDirs(parent string) []string {

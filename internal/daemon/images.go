@@ -3,9 +3,12 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"slices"
+	"strings"
+	"time"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
@@ -14,12 +17,35 @@ import (
 )
 
 func imageProto(img image.Image) *warrenv1.Image {
-	return &warrenv1.Image{
+	out := &warrenv1.Image{
 		Name:            img.Name,
 		Id:              img.ID,
 		Layers:          slices.Clone(img.Layers),
 		SizeBytes:       img.SizeBytes,
 		CreatedAtUnixMs: unixMs(img.CreatedAt),
+		DiffIds:         slices.Clone(img.DiffIDs),
+		Source:          img.Source,
+	}
+	if c := img.Config; c != nil {
+		out.Env = slices.Clone(c.Env)
+		out.Entrypoint = slices.Clone(c.Entrypoint)
+		out.Cmd = slices.Clone(c.Cmd)
+		out.WorkingDir = c.WorkingDir
+		out.User = c.User
+		out.Platform = c.Platform
+	}
+	return out
+}
+
+func layerProto(nl image.NamedLayer) *warrenv1.Layer {
+	return &warrenv1.Layer{
+		Name:            nl.Name,
+		Digest:          nl.Digest,
+		DiffId:          nl.DiffID,
+		SizeBytes:       nl.SizeBytes,
+		BlobSizeBytes:   nl.BlobSize,
+		Files:           nl.Files,
+		CreatedAtUnixMs: unixMs(nl.CreatedAt),
 	}
 }
 
@@ -118,6 +144,8 @@ func (m *Manager) RemoveImage(ctx context.Context, req *warrenv1.RemoveImageRequ
 		}
 		return nil, errdefs.Conflictf("image %s is used by sandbox %s%s", name, users[0], more)
 	}
+	// The layers of sandboxes deleted since adoption are no longer kept.
+	m.images.SetKeep(m.inUseDigests()...)
 	if err := m.images.Remove(name); err != nil {
 		return nil, err
 	}
@@ -206,8 +234,15 @@ func (m *Manager) resolveLayers(imageName string, layers []string) ([]string, er
 // server streams the events of a PullImage call from it.
 func (m *Manager) ImportOCI(ctx context.Context, ref, name, platform string, progress func(oci.Event)) (_ *warrenv1.Image, err error) {
 	defer m.observe("ImportOCI", &err)
+	return m.importOCI(ctx, ref, name, platform, progress)
+}
+
+func (m *Manager) importOCI(ctx context.Context, ref, name, platform string, progress func(oci.Event)) (*warrenv1.Image, error) {
 	if !m.images.IsEROFS() {
 		return nil, errdefs.Unavailablef("OCI imports need the EROFS image store (image.OpenStore)")
+	}
+	if ref == "" {
+		return nil, errdefs.Invalidf("image reference is required")
 	}
 	img, err := oci.Import(ctx, m.images, ref, oci.Options{Name: name, Platform: platform, Progress: progress})
 	if err != nil {
@@ -215,4 +250,274 @@ func (m *Manager) ImportOCI(ctx context.Context, ref, name, platform string, pro
 	}
 	m.log.Info("image imported", "image", img.Name, "id", img.ID, "from", img.Source)
 	return imageProto(img), nil
+}
+
+// pullThrottle is the least time between two progress events of one layer
+// in the same status.
+const pullThrottle = 100 * time.Millisecond
+
+// PullImage imports an OCI image and sends its progress, one event per
+// oci.Event (progress of a layer in the same status at most every
+// 100 ms); the last event has phase "done" and carries the image.
+func (m *Manager) PullImage(ctx context.Context, req *warrenv1.PullImageRequest, send func(*warrenv1.PullImageEvent) error) (err error) {
+	defer m.observe("PullImage", &err)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var sendErr error
+	type seen struct {
+		status string
+		at     time.Time
+	}
+	last := map[int]seen{}
+	// oci.Import calls progress one event at a time.
+	progress := func(e oci.Event) {
+		if sendErr != nil {
+			return
+		}
+		if e.Phase == "layer" {
+			l := last[e.Layer]
+			if l.status == e.Status && time.Since(l.at) < pullThrottle {
+				return
+			}
+			last[e.Layer] = seen{e.Status, time.Now()}
+		}
+		if sendErr = send(pullEventProto(e)); sendErr != nil {
+			cancel() // the client is gone: stop importing
+		}
+	}
+	img, err := m.importOCI(ctx, req.GetRef(), req.GetName(), req.GetPlatform(), progress)
+	if sendErr != nil {
+		return withCategory(sendErr, errdefs.Unavailable, "send progress")
+	}
+	if err != nil {
+		return err
+	}
+	return withCategory(send(&warrenv1.PullImageEvent{Phase: "done", Layers: int32(len(img.GetLayers())), Message: "imported " + img.GetName(), Image: img}), errdefs.Unavailable, "send result")
+}
+
+func pullEventProto(e oci.Event) *warrenv1.PullImageEvent {
+	return &warrenv1.PullImageEvent{
+		Phase:   e.Phase,
+		Layer:   int32(e.Layer),
+		Layers:  int32(e.Layers),
+		Digest:  e.Digest,
+		Status:  e.Status,
+		Current: e.Current,
+		Total:   e.Total,
+		Message: e.Message,
+	}
+}
+
+// BuildLayer makes the directory tree or tarball at path (on the daemon's
+// host) the named layer name.
+func (m *Manager) BuildLayer(ctx context.Context, req *warrenv1.BuildLayerRequest) (_ *warrenv1.Layer, err error) {
+	defer m.observe("BuildLayer", &err)
+	name, p := req.GetName(), req.GetPath()
+	if err := validLayerName(name); err != nil {
+		return nil, err
+	}
+	if err := validateAbsPath("path", p); err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, errdefs.NotFoundf("build layer %s: %s does not exist", name, p)
+		}
+		return nil, errdefs.New(errdefs.Invalid, "build layer %s: %w", name, err)
+	}
+	var nl image.NamedLayer
+	switch {
+	case fi.IsDir():
+		nl, err = m.images.BuildLayerDir(ctx, name, p)
+	case fi.Mode().IsRegular():
+		f, oerr := os.Open(p)
+		if oerr != nil {
+			return nil, errdefs.New(errdefs.Invalid, "build layer %s: %w", name, oerr)
+		}
+		defer f.Close()
+		nl, err = m.images.BuildLayerTar(ctx, name, f)
+	default:
+		return nil, errdefs.Invalidf("build layer %s: %s is neither a directory nor a regular file", name, p)
+	}
+	if err != nil {
+		return nil, withCategory(err, errdefs.Internal, "build layer "+name)
+	}
+	m.log.Info("layer built", "layer", name, "digest", nl.Digest, "from", p)
+	return layerProto(nl), nil
+}
+
+// BuildLayerTar makes the tarball (plain or gzip) read from r the named
+// layer name.
+func (m *Manager) BuildLayerTar(ctx context.Context, name string, r io.Reader) (_ *warrenv1.Layer, err error) {
+	defer m.observe("BuildLayerTar", &err)
+	if err := validLayerName(name); err != nil {
+		return nil, err
+	}
+	nl, err := m.images.BuildLayerTar(ctx, name, r)
+	if err != nil {
+		return nil, withCategory(err, errdefs.Internal, "build layer "+name)
+	}
+	m.log.Info("layer built", "layer", name, "digest", nl.Digest, "from", "upload")
+	return layerProto(nl), nil
+}
+
+func validLayerName(name string) error {
+	if image.ValidName(name) != nil {
+		return errdefs.Invalidf("invalid layer name %q: want [a-z0-9][a-z0-9._:/-]{0,127}", name)
+	}
+	if strings.HasPrefix(name, "sha256:") {
+		return errdefs.Invalidf("invalid layer name %q: sha256: names digests", name)
+	}
+	return nil
+}
+
+// ListLayers lists the named layers by name.
+func (m *Manager) ListLayers(ctx context.Context, req *warrenv1.ListLayersRequest) (_ *warrenv1.ListLayersResponse, err error) {
+	defer m.observe("ListLayers", &err)
+	ls, err := m.images.ListLayers()
+	if err != nil {
+		return nil, err
+	}
+	resp := &warrenv1.ListLayersResponse{Layers: make([]*warrenv1.Layer, 0, len(ls))}
+	for _, nl := range ls {
+		resp.Layers = append(resp.Layers, layerProto(nl))
+	}
+	return resp, nil
+}
+
+// RemoveLayer removes a named layer; it refuses (Conflict) while a sandbox
+// that is not dead has its blob in its layer stack.
+func (m *Manager) RemoveLayer(ctx context.Context, req *warrenv1.RemoveLayerRequest) (_ *warrenv1.RemoveLayerResponse, err error) {
+	defer m.observe("RemoveLayer", &err)
+	name := req.GetName()
+	if err := validLayerName(name); err != nil {
+		return nil, err
+	}
+	m.imgMu.Lock()
+	defer m.imgMu.Unlock()
+	nl, err := m.images.GetLayer(name)
+	if err != nil {
+		return nil, err
+	}
+	if users := m.digestUsers(nl.Digest); len(users) > 0 {
+		more := ""
+		if len(users) > 1 {
+			more = fmt.Sprintf(" and %d others", len(users)-1)
+		}
+		return nil, errdefs.Conflictf("layer %s is used by sandbox %s%s", name, users[0], more)
+	}
+	m.images.SetKeep(m.inUseDigests()...)
+	if err := m.images.RemoveLayer(name); err != nil {
+		return nil, err
+	}
+	m.log.Info("layer removed", "layer", name, "digest", nl.Digest)
+	return &warrenv1.RemoveLayerResponse{}, nil
+}
+
+// ownedLayers are the layer digests of an image or named layer.
+type ownedLayers struct {
+	owner   string // image name, "layer:NAME", or "" for any stored blob
+	digests []string
+}
+
+// layersOf resolves names (images, "layer:NAME" for named layers) to
+// their layers; no names means every image and named layer.
+func (m *Manager) layersOf(names []string) ([]ownedLayers, error) {
+	var out []ownedLayers
+	if len(names) == 0 {
+		imgs, err := m.images.List()
+		if err != nil {
+			return nil, err
+		}
+		for _, im := range imgs {
+			out = append(out, ownedLayers{im.Name, im.Layers})
+		}
+		ls, err := m.images.ListLayers()
+		if err != nil {
+			return nil, err
+		}
+		for _, l := range ls {
+			out = append(out, ownedLayers{layerPrefix + l.Name, []string{l.Digest}})
+		}
+		return out, nil
+	}
+	for _, n := range names {
+		if ln, ok := strings.CutPrefix(n, layerPrefix); ok {
+			l, err := m.images.GetLayer(ln)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, ownedLayers{n, []string{l.Digest}})
+			continue
+		}
+		im, err := m.images.Get(n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ownedLayers{n, im.Layers})
+	}
+	return out, nil
+}
+
+// layerPrefix marks a named layer among image names (ImageStats,
+// VerifyImage).
+const layerPrefix = "layer:"
+
+// ImageStats reports the on-demand loading state of the layers of the
+// given images and named layers (all when none are given).
+func (m *Manager) ImageStats(ctx context.Context, req *warrenv1.ImageStatsRequest) (_ *warrenv1.ImageStatsResponse, err error) {
+	defer m.observe("ImageStats", &err)
+	owned, err := m.layersOf(req.GetNames())
+	if err != nil {
+		return nil, err
+	}
+	resp := &warrenv1.ImageStatsResponse{}
+	for _, o := range owned {
+		if err := ctx.Err(); err != nil {
+			return nil, ctxError(ctx, "image stats")
+		}
+		st, err := m.images.Stats(o.digests)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", o.owner, withCategory(err, errdefs.Internal, "layer stats"))
+		}
+		for _, x := range st {
+			resp.Layers = append(resp.Layers, &warrenv1.LayerStat{
+				Digest: x.Digest, DiffId: x.DiffID, Format: x.Format, Size: x.Size, Resident: x.Resident,
+				Files: x.Files, Mounted: x.Mounted, Refs: int32(x.Refs), Owner: o.owner,
+			})
+		}
+	}
+	return resp, nil
+}
+
+// VerifyImage hashes the blobs of the given images and named layers
+// (every stored blob when none are given) and reports each result.
+func (m *Manager) VerifyImage(ctx context.Context, req *warrenv1.VerifyImageRequest) (_ *warrenv1.VerifyImageResponse, err error) {
+	defer m.observe("VerifyImage", &err)
+	var owned []ownedLayers
+	if len(req.GetNames()) == 0 {
+		all, err := m.images.Blobs()
+		if err != nil {
+			return nil, err
+		}
+		owned = []ownedLayers{{"", all}}
+	} else if owned, err = m.layersOf(req.GetNames()); err != nil {
+		return nil, err
+	}
+	resp := &warrenv1.VerifyImageResponse{}
+	for _, o := range owned {
+		for _, d := range o.digests {
+			v := &warrenv1.LayerVerification{Digest: d, Owner: o.owner, Ok: true}
+			if err := m.images.Verify(ctx, d); err != nil {
+				if ctx.Err() != nil {
+					return nil, ctxError(ctx, "verify "+d)
+				}
+				v.Ok, v.Error = false, err.Error()
+				m.log.Warn("layer verification failed", "digest", d, "owner", o.owner, "err", err)
+			}
+			resp.Layers = append(resp.Layers, v)
+		}
+	}
+	return resp, nil
 }

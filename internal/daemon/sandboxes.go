@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"maps"
+	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -59,7 +60,9 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Labels:          maps.Clone(p.labels),
 		CreatedAtUnixMs: start.UnixMilli(),
 		Hostname:        p.hostname,
+		Layers:          slices.Clone(p.layers),
 	}
+	imageWorkdir := false
 	s := &sandbox{
 		backendName: p.backend,
 		b:           b,
@@ -102,13 +105,26 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		return nil
 	})
 
-	// Resolve the image and hold its layers for the sandbox's life.
+	// Resolve the image and the named layers on it, and hold the layers
+	// for the sandbox's life.
 	m.imgMu.RLock()
-	img, err := m.images.Get(p.image)
 	var layers []string
 	var release func()
+	var cfg *image.Config
+	digests, err := m.resolveLayers(p.image, p.layers)
 	if err == nil {
+		img := image.Image{Name: p.image, Layers: digests}
 		layers, release, err = m.images.LayerDirs(ctx, img)
+	}
+	if err == nil {
+		if rec, gerr := m.images.Get(p.image); gerr == nil {
+			cfg = rec.Config
+		}
+		// Before the lock goes: RemoveImage and RemoveLayer see the
+		// sandbox as a user from here on.
+		s.mu.Lock()
+		s.imageLayers = digests
+		s.mu.Unlock()
 	}
 	m.imgMu.RUnlock()
 	if err != nil {
@@ -118,8 +134,21 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		release()
 		return nil
 	})
+	// The image's config gives the defaults of env and workdir.
+	if cfg != nil {
+		env := imageEnv(cfg, p.env)
+		if err := validateEnv(env); err != nil {
+			return nil, errdefs.New(errdefs.Invalid, "env of image %s with the request's: %w", p.image, err)
+		}
+		p.env = env
+		if p.workdir == "" && validateAbsPath("workdir", cfg.WorkingDir) == nil {
+			p.workdir = path.Clean(cfg.WorkingDir)
+			imageWorkdir = true
+		}
+	}
 	s.mu.Lock()
-	s.imageLayers = img.Layers
+	info.Env = maps.Clone(p.env)
+	info.Workdir = p.workdir
 	s.mu.Unlock()
 
 	// A crash from here on leaves a CREATING record that New sweeps.
@@ -150,10 +179,22 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		defer cancel()
 		return sb.Destroy(dctx)
 	})
+	// A client that gave up (cancelled, timed out, disconnected) will not
+	// learn the id: do not leave it a sandbox it cannot delete.
+	if err := ctx.Err(); err != nil {
+		return nil, ctxError(ctx, "create sandbox "+p.id)
+	}
 
 	var fs *sandboxfs.FS
 	if root := sb.Root(); root != "" {
 		fs = sandboxfs.New(root)
+		if imageWorkdir {
+			// As container runtimes do: the image's working directory
+			// exists in its sandboxes.
+			if err := fs.Mkdir(ctx, p.workdir, 0o755, true); err != nil {
+				m.log.Warn("create the image's working directory", "sandbox", p.id, "workdir", p.workdir, "err", err)
+			}
+		}
 	}
 	s.mu.Lock()
 	s.sb, s.fs, s.backendState, s.release = sb, fs, sb.State(), release
@@ -312,8 +353,15 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	for _, p := range s.procs {
 		procs = append(procs, p)
 	}
+	commit := s.commit
 	s.mu.Unlock()
 
+	// A commit in progress holds the sandbox frozen, and frozen processes
+	// cannot die: stop it first.
+	if commit != nil {
+		commit.cancel()
+		<-commit.done
+	}
 	var err error
 	if sb != nil {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
@@ -506,8 +554,9 @@ func (m *Manager) adoptAll(ctx context.Context) error {
 			m.log.Error("sweep orphaned sandbox resources", "backend", name, "err", err)
 		}
 	}
-	// The adopted sandboxes hold their layers again: collect the rest.
-	if err := m.images.GC(); err != nil {
+	// The adopted sandboxes hold their layers again: collect the rest and
+	// unmount the layer mounts no sandbox took back.
+	if err := m.images.GC(m.inUseDigests()...); err != nil {
 		m.log.Error("collect unused image layers", "err", err)
 	}
 	m.log.Info("adopted sandboxes", "records", len(recs), "running", m.count(stateRunning), "dead", m.count(stateDead))

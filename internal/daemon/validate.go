@@ -12,6 +12,7 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/image"
 )
 
 // Limits of create requests.
@@ -33,6 +34,9 @@ const (
 	generatedIDLen  = 12
 	maxArgvBytes    = 1 << 20
 	maxCPUCoresHard = 64 // cpu_millis may ask for max(64, host cores) cores
+	// MaxExtraLayers bounds the named layers of one sandbox: with its
+	// image's layer(s), one overlay mount takes at most 40 lower layers.
+	MaxExtraLayers = 39
 )
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -63,6 +67,7 @@ type createParams struct {
 	env                map[string]string
 	workdir, hostname  string
 	labels             map[string]string
+	layers             []string // named layers (or digests), bottom first
 }
 
 func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, error) {
@@ -74,12 +79,24 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 		workdir:  req.GetWorkdir(),
 		hostname: req.GetHostname(),
 		labels:   req.GetLabels(),
+		layers:   req.GetLayers(),
 	}
 	if p.id != "" && !ValidID(p.id) {
 		return p, errdefs.Invalidf("invalid sandbox id %q: want [a-z0-9][a-z0-9_.-]{0,62}", p.id)
 	}
 	if p.image == "" {
 		return p, errdefs.Invalidf("image is required")
+	}
+	if err := image.ValidName(p.image); err != nil {
+		return p, err
+	}
+	if len(p.layers) > MaxExtraLayers {
+		return p, errdefs.Invalidf("too many layers: %d (at most %d on top of the image)", len(p.layers), MaxExtraLayers)
+	}
+	for _, l := range p.layers {
+		if err := image.ValidName(l); err != nil {
+			return p, errdefs.Invalidf("invalid layer name %q: want [a-z0-9][a-z0-9._:/-]{0,127} or sha256:<hex>", l)
+		}
 	}
 	if p.backend == "" {
 		p.backend = DefaultBackend
@@ -175,6 +192,26 @@ func validateAbsPath(what, p string) error {
 		return errdefs.Invalidf("%s %q must be an absolute path", what, p)
 	}
 	return nil
+}
+
+// imageEnv merges a create request's env over the env of the image's
+// config ("K=V" entries; malformed ones are skipped).
+func imageEnv(cfg *image.Config, req map[string]string) map[string]string {
+	if cfg == nil || len(cfg.Env) == 0 {
+		return req
+	}
+	out := make(map[string]string, len(cfg.Env)+len(req))
+	for _, kv := range cfg.Env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsRune(kv, 0) {
+			continue
+		}
+		out[k] = v
+	}
+	for k, v := range req {
+		out[k] = v
+	}
+	return out
 }
 
 // mergeEnv builds a process environment: the sandbox env, then the request

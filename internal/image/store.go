@@ -34,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -533,6 +534,24 @@ func (s *Store) GC(keep ...string) error {
 		_ = s.mounts.UnmountIdle()
 	}
 	return s.gcLocked(nil)
+}
+
+// SetKeep replaces the remembered keep set of GC (the digests the
+// daemon's live sandboxes use) without collecting anything, so that the
+// layers of sandboxes deleted since the last GC are no longer kept. It
+// updates this node's lease when the set changed.
+func (s *Store) SetKeep(keep ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := make(map[string]bool, len(keep))
+	for _, d := range keep {
+		next[d] = true
+	}
+	if s.extraKeep != nil && maps.Equal(next, s.extraKeep) {
+		return
+	}
+	s.extraKeep = next
+	s.writeLeaseLocked()
 }
 
 func (s *Store) gcLocked(_ map[string]bool) error {

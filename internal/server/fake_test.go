@@ -223,6 +223,58 @@ func (f *fakeManager) RemoveImage(context.Context, *warrenv1.RemoveImageRequest)
 	return &warrenv1.RemoveImageResponse{}, nil
 }
 
+func (f *fakeManager) CommitSandbox(_ context.Context, r *warrenv1.CommitSandboxRequest) (*warrenv1.Layer, error) {
+	if _, err := f.Get(context.Background(), &warrenv1.GetRequest{Id: r.SandboxId}); err != nil {
+		return nil, err
+	}
+	return &warrenv1.Layer{Name: r.Name, Digest: "sha256:c"}, nil
+}
+
+// PullImage sends three events; ref "fail" fails after the first.
+func (f *fakeManager) PullImage(_ context.Context, r *warrenv1.PullImageRequest, send func(*warrenv1.PullImageEvent) error) error {
+	if err := send(&warrenv1.PullImageEvent{Phase: "resolve", Message: "resolving " + r.Ref}); err != nil {
+		return err
+	}
+	if r.Ref == "fail" {
+		return errdefs.NotFoundf("manifest unknown")
+	}
+	if err := send(&warrenv1.PullImageEvent{Phase: "layer", Layers: 1, Status: "done", Current: 5, Total: 5}); err != nil {
+		return err
+	}
+	return send(&warrenv1.PullImageEvent{Phase: "done", Image: &warrenv1.Image{Name: r.Name, Source: r.Ref}})
+}
+
+func (f *fakeManager) BuildLayer(_ context.Context, r *warrenv1.BuildLayerRequest) (*warrenv1.Layer, error) {
+	return &warrenv1.Layer{Name: r.Name, Digest: "sha256:l"}, nil
+}
+
+func (f *fakeManager) BuildLayerTar(_ context.Context, name string, r io.Reader) (*warrenv1.Layer, error) {
+	n, err := io.Copy(io.Discard, r)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Invalid, err, "read layer")
+	}
+	return &warrenv1.Layer{Name: name, SizeBytes: n}, nil
+}
+
+func (f *fakeManager) ListLayers(context.Context, *warrenv1.ListLayersRequest) (*warrenv1.ListLayersResponse, error) {
+	return &warrenv1.ListLayersResponse{Layers: []*warrenv1.Layer{{Name: "ws"}}}, nil
+}
+
+func (f *fakeManager) RemoveLayer(_ context.Context, r *warrenv1.RemoveLayerRequest) (*warrenv1.RemoveLayerResponse, error) {
+	if r.Name == "busy" {
+		return nil, errdefs.Conflictf("layer busy is used by sandbox sb")
+	}
+	return &warrenv1.RemoveLayerResponse{}, nil
+}
+
+func (f *fakeManager) ImageStats(_ context.Context, r *warrenv1.ImageStatsRequest) (*warrenv1.ImageStatsResponse, error) {
+	return &warrenv1.ImageStatsResponse{Layers: []*warrenv1.LayerStat{{Digest: "sha256:a", Owner: strings.Join(r.Names, ","), Size: 8192, Resident: 4096}}}, nil
+}
+
+func (f *fakeManager) VerifyImage(context.Context, *warrenv1.VerifyImageRequest) (*warrenv1.VerifyImageResponse, error) {
+	return &warrenv1.VerifyImageResponse{Layers: []*warrenv1.LayerVerification{{Digest: "sha256:a", Ok: true}, {Digest: "sha256:b", Error: "corrupt"}}}, nil
+}
+
 func (f *fakeManager) Version(context.Context, *warrenv1.VersionRequest) (*warrenv1.VersionResponse, error) {
 	return &warrenv1.VersionResponse{Version: "test", Backends: []string{"container"}}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/warrenrl/warren/gen/warren/v1/warrenv1connect"
 	"github.com/warrenrl/warren/internal/errdefs"
@@ -22,7 +24,7 @@ import (
 const (
 	DefaultReadMaxBytes    = 64 << 20  // one RPC message
 	DefaultArchiveMaxBytes = 256 << 20 // one PUT /v1/sandboxes/{id}/archive body
-	DefaultImageMaxBytes   = 16 << 30  // one PUT /v1/images/{name} body
+	DefaultImageMaxBytes   = 16 << 30  // one PUT /v1/images/{name} or /v1/layers/{name} body
 )
 
 // HandlerOptions configure NewHandler.
@@ -57,7 +59,7 @@ func (o *HandlerOptions) setDefaults() {
 
 // NewHandler returns the HTTP handler of the Warren API: the connect
 // services (gRPC, gRPC-Web and Connect protocols) and the plain HTTP
-// endpoints (archives, image upload, metrics, health).
+// endpoints (archives, image and layer uploads, metrics, health).
 func NewHandler(m Manager, o HandlerOptions) http.Handler {
 	o.setDefaults()
 	opts := []connect.HandlerOption{
@@ -82,6 +84,7 @@ func NewHandler(m Manager, o HandlerOptions) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes/{id}/archive", h.getArchive)
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/archive", h.putArchive)
 	mux.HandleFunc("PUT /v1/images/{name...}", h.putImage)
+	mux.HandleFunc("PUT /v1/layers/{name...}", h.putLayer)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
@@ -208,20 +211,34 @@ func (h *httpAPI) putArchive(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *httpAPI) putImage(w http.ResponseWriter, r *http.Request) {
+	h.putTar(w, r, func(ctx context.Context, name string, body io.Reader) (proto.Message, error) {
+		return h.m.ImportImageTar(ctx, name, body)
+	})
+}
+
+func (h *httpAPI) putLayer(w http.ResponseWriter, r *http.Request) {
+	h.putTar(w, r, func(ctx context.Context, name string, body io.Reader) (proto.Message, error) {
+		return h.m.BuildLayerTar(ctx, name, body)
+	})
+}
+
+// putTar serves an upload of a (possibly gzip-compressed) tarball to
+// {name}, answering the resulting message as JSON.
+func (h *httpAPI) putTar(w http.ResponseWriter, r *http.Request, fn func(ctx context.Context, name string, body io.Reader) (proto.Message, error)) {
 	name := r.PathValue("name")
 	if !tarContentType(r.Header.Get("Content-Type")) && !strings.HasPrefix(r.Header.Get("Content-Type"), "application/gzip") {
 		writeHTTPError(w, errdefs.Invalidf("unsupported content type %q: want application/x-tar", r.Header.Get("Content-Type")))
 		return
 	}
 	body := http.MaxBytesReader(w, r.Body, h.o.ImageMaxBytes)
-	img, err := h.m.ImportImageTar(r.Context(), name, body)
+	msg, err := fn(r.Context(), name, body)
 	if err != nil {
 		writeHTTPError(w, tooLarge(err, h.o.ImageMaxBytes))
 		return
 	}
-	data, err := protojson.Marshal(img)
+	data, err := protojson.Marshal(msg)
 	if err != nil {
-		writeHTTPError(w, errdefs.Internalf("encode image: %v", err))
+		writeHTTPError(w, errdefs.Internalf("encode response: %v", err))
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -33,6 +33,7 @@ type Manager interface {
 	StatFile(context.Context, *warrenv1.StatFileRequest) (*warrenv1.FileInfo, error)
 	MakeDir(context.Context, *warrenv1.MakeDirRequest) (*warrenv1.MakeDirResponse, error)
 	RemoveFile(context.Context, *warrenv1.RemoveFileRequest) (*warrenv1.RemoveFileResponse, error)
+	CommitSandbox(context.Context, *warrenv1.CommitSandboxRequest) (*warrenv1.Layer, error)
 	TarOut(ctx context.Context, id, path string, w io.Writer) error
 	TarIn(ctx context.Context, id, path string, r io.Reader) error
 
@@ -41,6 +42,13 @@ type Manager interface {
 	ImportImage(context.Context, *warrenv1.ImportImageRequest) (*warrenv1.Image, error)
 	ImportImageTar(ctx context.Context, name string, r io.Reader) (*warrenv1.Image, error)
 	RemoveImage(context.Context, *warrenv1.RemoveImageRequest) (*warrenv1.RemoveImageResponse, error)
+	PullImage(ctx context.Context, req *warrenv1.PullImageRequest, send func(*warrenv1.PullImageEvent) error) error
+	BuildLayer(context.Context, *warrenv1.BuildLayerRequest) (*warrenv1.Layer, error)
+	BuildLayerTar(ctx context.Context, name string, r io.Reader) (*warrenv1.Layer, error)
+	ListLayers(context.Context, *warrenv1.ListLayersRequest) (*warrenv1.ListLayersResponse, error)
+	RemoveLayer(context.Context, *warrenv1.RemoveLayerRequest) (*warrenv1.RemoveLayerResponse, error)
+	ImageStats(context.Context, *warrenv1.ImageStatsRequest) (*warrenv1.ImageStatsResponse, error)
+	VerifyImage(context.Context, *warrenv1.VerifyImageRequest) (*warrenv1.VerifyImageResponse, error)
 
 	Version(context.Context, *warrenv1.VersionRequest) (*warrenv1.VersionResponse, error)
 }
@@ -129,6 +137,10 @@ func (s sandboxService) RemoveFile(ctx context.Context, r *connect.Request[warre
 	return unary(ctx, r, s.m.RemoveFile)
 }
 
+func (s sandboxService) CommitSandbox(ctx context.Context, r *connect.Request[warrenv1.CommitSandboxRequest]) (*connect.Response[warrenv1.Layer], error) {
+	return unary(ctx, r, s.m.CommitSandbox)
+}
+
 // imageService implements warrenv1connect.ImageServiceHandler.
 type imageService struct{ m Manager }
 
@@ -146,6 +158,30 @@ func (s imageService) ImportImage(ctx context.Context, r *connect.Request[warren
 
 func (s imageService) RemoveImage(ctx context.Context, r *connect.Request[warrenv1.RemoveImageRequest]) (*connect.Response[warrenv1.RemoveImageResponse], error) {
 	return unary(ctx, r, s.m.RemoveImage)
+}
+
+func (s imageService) PullImage(ctx context.Context, r *connect.Request[warrenv1.PullImageRequest], st *connect.ServerStream[warrenv1.PullImageEvent]) error {
+	return ToConnectError(s.m.PullImage(ctx, r.Msg, st.Send))
+}
+
+func (s imageService) BuildLayer(ctx context.Context, r *connect.Request[warrenv1.BuildLayerRequest]) (*connect.Response[warrenv1.Layer], error) {
+	return unary(ctx, r, s.m.BuildLayer)
+}
+
+func (s imageService) ListLayers(ctx context.Context, r *connect.Request[warrenv1.ListLayersRequest]) (*connect.Response[warrenv1.ListLayersResponse], error) {
+	return unary(ctx, r, s.m.ListLayers)
+}
+
+func (s imageService) RemoveLayer(ctx context.Context, r *connect.Request[warrenv1.RemoveLayerRequest]) (*connect.Response[warrenv1.RemoveLayerResponse], error) {
+	return unary(ctx, r, s.m.RemoveLayer)
+}
+
+func (s imageService) ImageStats(ctx context.Context, r *connect.Request[warrenv1.ImageStatsRequest]) (*connect.Response[warrenv1.ImageStatsResponse], error) {
+	return unary(ctx, r, s.m.ImageStats)
+}
+
+func (s imageService) VerifyImage(ctx context.Context, r *connect.Request[warrenv1.VerifyImageRequest]) (*connect.Response[warrenv1.VerifyImageResponse], error) {
+	return unary(ctx, r, s.m.VerifyImage)
 }
 
 // systemService implements warrenv1connect.SystemServiceHandler.

@@ -585,3 +585,67 @@ func TestNoCompressionOnUnixSocket(t *testing.T) {
 		t.Fatalf("responses: %q", encodings)
 	}
 }
+
+func TestImageAndLayerCalls(t *testing.T) {
+	ts := startServer(t, Config{ListenAddr: "127.0.0.1:0", InsecureNoAuth: true})
+	for name, c := range map[string]*client.Client{
+		"unix-grpc":     newClient(t, "unix://"+ts.sock),
+		"tcp-connect-1": newClient(t, ts.tcp, client.WithHTTP1()),
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			// PullImage streams its events; the last one has the image.
+			var phases []string
+			img, err := c.PullImage(ctx, &warrenv1.PullImageRequest{Ref: "reg/x:1", Name: "x"}, func(e *warrenv1.PullImageEvent) error {
+				phases = append(phases, e.Phase)
+				return nil
+			})
+			if err != nil || img.GetName() != "x" || img.GetSource() != "reg/x:1" || strings.Join(phases, ",") != "resolve,layer,done" {
+				t.Fatalf("pull: %v %v %v", img, err, phases)
+			}
+			phases = nil
+			_, err = c.PullImage(ctx, &warrenv1.PullImageRequest{Ref: "fail"}, func(e *warrenv1.PullImageEvent) error {
+				phases = append(phases, e.Phase)
+				return nil
+			})
+			if !client.IsNotFound(err) || len(phases) != 1 {
+				t.Fatalf("failed pull: %v %v", err, phases)
+			}
+			stop := errors.New("stop")
+			if _, err := c.PullImage(ctx, &warrenv1.PullImageRequest{Ref: "reg/x:1"}, func(*warrenv1.PullImageEvent) error { return stop }); err != stop {
+				t.Fatalf("pull stopped by the callback: %v", err)
+			}
+			// Layers: by path, by upload (names with '/'), list, remove.
+			if l, err := c.BuildLayer(ctx, "ws", "/some/dir"); err != nil || l.GetName() != "ws" {
+				t.Fatalf("build layer: %v %v", l, err)
+			}
+			for _, n := range []string{"ws", "team/ws:1"} {
+				l, err := c.BuildLayerTar(ctx, n, strings.NewReader("0123456789"))
+				if err != nil || l.GetName() != n || l.GetSizeBytes() != 10 {
+					t.Fatalf("layer upload %s: %v %v", n, l, err)
+				}
+			}
+			if ls, err := c.ListLayers(ctx); err != nil || len(ls) != 1 {
+				t.Fatalf("list layers: %v %v", ls, err)
+			}
+			if err := c.RemoveLayer(ctx, "busy"); !client.IsConflict(err) {
+				t.Fatalf("remove busy layer: %v", err)
+			}
+			if err := c.RemoveLayer(ctx, "ws"); err != nil {
+				t.Fatal(err)
+			}
+			st, err := c.ImageStats(ctx, "a", "layer:b")
+			if err != nil || len(st) != 1 || st[0].GetOwner() != "a,layer:b" || st[0].GetResident() != 4096 {
+				t.Fatalf("stats: %v %v", st, err)
+			}
+			vs, err := c.VerifyImage(ctx)
+			if err != nil || len(vs) != 2 || !vs[0].GetOk() || vs[1].GetOk() || vs[1].GetError() != "corrupt" {
+				t.Fatalf("verify: %v %v", vs, err)
+			}
+			// CommitSandbox of an unknown sandbox.
+			if _, err := c.CommitSandbox(ctx, "nope", "l"); !client.IsNotFound(err) {
+				t.Fatalf("commit of a missing sandbox: %v", err)
+			}
+		})
+	}
+}

@@ -372,7 +372,16 @@ func (r resource) String() string { return r.kind + " " + r.what + " [" + r.id +
 // processes.
 func (e *env) resources() []resource {
 	var out []resource
+	// Layer mounts (<run>/layers/<hex>) are the node's cache, shared by
+	// sandboxes: an unused one stays for a grace period while the daemon
+	// runs, and the daemon unmounts them when it stops. They count only
+	// once it stopped.
+	layers := filepath.Join(e.runDir, "layers") + "/"
+	running := e.running()
 	for _, m := range e.mounts() {
+		if running && strings.HasPrefix(m, layers) {
+			continue
+		}
 		out = append(out, resource{"mount", e.idOfPath(m), m})
 	}
 	for _, d := range []string{filepath.Join(e.runDir, "sb"), filepath.Join(e.stateDir, "sandboxes")} {

@@ -157,18 +157,23 @@ func (x *Resources) GetDiskBytes() int64 {
 }
 
 type CreateRequest struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // optional; generated when empty; [a-z0-9][a-z0-9_.-]{0,62}
-	Image          string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
-	Backend        string                 `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"` // "container" (default)
-	Resources      *Resources             `protobuf:"bytes,4,opt,name=resources,proto3" json:"resources,omitempty"`
-	Env            map[string]string      `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Workdir        string                 `protobuf:"bytes,6,opt,name=workdir,proto3" json:"workdir,omitempty"`
-	Labels         map[string]string      `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	TimeoutSeconds int64                  `protobuf:"varint,8,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"` // 0 = node default; the sandbox is deleted when it passes
-	Hostname       string                 `protobuf:"bytes,9,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // optional; generated when empty; [a-z0-9][a-z0-9_.-]{0,62}
+	Image     string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
+	Backend   string                 `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"` // "container" (default)
+	Resources *Resources             `protobuf:"bytes,4,opt,name=resources,proto3" json:"resources,omitempty"`
+	// The env of the image's OCI config is the base of the sandbox's env;
+	// these values win over it.
+	Env            map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Workdir        string            `protobuf:"bytes,6,opt,name=workdir,proto3" json:"workdir,omitempty"` // default: the image config's working_dir
+	Labels         map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TimeoutSeconds int64             `protobuf:"varint,8,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"` // 0 = node default; the sandbox is deleted when it passes
+	Hostname       string            `protobuf:"bytes,9,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	// Named layers stacked on the image, later ones higher (at most 39).
+	// A stored layer digest "sha256:<hex>" is accepted too.
+	Layers        []string `protobuf:"bytes,10,rep,name=layers,proto3" json:"layers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
@@ -264,6 +269,13 @@ func (x *CreateRequest) GetHostname() string {
 	return ""
 }
 
+func (x *CreateRequest) GetLayers() []string {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
 type Sandbox struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -278,6 +290,7 @@ type Sandbox struct {
 	ExpiresAtUnixMs int64                  `protobuf:"varint,10,opt,name=expires_at_unix_ms,json=expiresAtUnixMs,proto3" json:"expires_at_unix_ms,omitempty"` // 0 = never
 	DeadReason      string                 `protobuf:"bytes,11,opt,name=dead_reason,json=deadReason,proto3" json:"dead_reason,omitempty"`
 	Hostname        string                 `protobuf:"bytes,12,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	Layers          []string               `protobuf:"bytes,13,rep,name=layers,proto3" json:"layers,omitempty"` // named layers on the image, bottom first
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -394,6 +407,13 @@ func (x *Sandbox) GetHostname() string {
 		return x.Hostname
 	}
 	return ""
+}
+
+func (x *Sandbox) GetLayers() []string {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
 }
 
 type GetRequest struct {
@@ -2167,8 +2187,19 @@ type Image struct {
 	Layers          []string               `protobuf:"bytes,3,rep,name=layers,proto3" json:"layers,omitempty"` // layer digests, bottom-most first
 	SizeBytes       int64                  `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	CreatedAtUnixMs int64                  `protobuf:"varint,5,opt,name=created_at_unix_ms,json=createdAtUnixMs,proto3" json:"created_at_unix_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Uncompressed tar digests of the layers, in `layers` order (EROFS
+	// layers; empty for legacy directory layers).
+	DiffIds []string `protobuf:"bytes,6,rep,name=diff_ids,json=diffIds,proto3" json:"diff_ids,omitempty"`
+	Source  string   `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"` // OCI imports: the reference with the manifest digest
+	// From the OCI image config (OCI imports only).
+	Env           []string `protobuf:"bytes,8,rep,name=env,proto3" json:"env,omitempty"` // "KEY=value"
+	Entrypoint    []string `protobuf:"bytes,9,rep,name=entrypoint,proto3" json:"entrypoint,omitempty"`
+	Cmd           []string `protobuf:"bytes,10,rep,name=cmd,proto3" json:"cmd,omitempty"`
+	WorkingDir    string   `protobuf:"bytes,11,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	User          string   `protobuf:"bytes,12,opt,name=user,proto3" json:"user,omitempty"`
+	Platform      string   `protobuf:"bytes,13,opt,name=platform,proto3" json:"platform,omitempty"` // os/arch[/variant]
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Image) Reset() {
@@ -2234,6 +2265,62 @@ func (x *Image) GetCreatedAtUnixMs() int64 {
 		return x.CreatedAtUnixMs
 	}
 	return 0
+}
+
+func (x *Image) GetDiffIds() []string {
+	if x != nil {
+		return x.DiffIds
+	}
+	return nil
+}
+
+func (x *Image) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Image) GetEnv() []string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *Image) GetEntrypoint() []string {
+	if x != nil {
+		return x.Entrypoint
+	}
+	return nil
+}
+
+func (x *Image) GetCmd() []string {
+	if x != nil {
+		return x.Cmd
+	}
+	return nil
+}
+
+func (x *Image) GetWorkingDir() string {
+	if x != nil {
+		return x.WorkingDir
+	}
+	return ""
+}
+
+func (x *Image) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *Image) GetPlatform() string {
+	if x != nil {
+		return x.Platform
+	}
+	return ""
 }
 
 type ListImagesRequest struct {
@@ -2492,6 +2579,888 @@ func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
 	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
 }
 
+type PullImageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           string                 `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`         // image name; default from the reference ("python:3.12")
+	Platform      string                 `protobuf:"bytes,3,opt,name=platform,proto3" json:"platform,omitempty"` // of a multi-platform image; default linux/<daemon arch>
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullImageRequest) Reset() {
+	*x = PullImageRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullImageRequest) ProtoMessage() {}
+
+func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
+func (*PullImageRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *PullImageRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *PullImageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PullImageRequest) GetPlatform() string {
+	if x != nil {
+		return x.Platform
+	}
+	return ""
+}
+
+type PullImageEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "resolve" (finding the image), "layer" (a layer's status changed or it
+	// progressed), "record" (writing the image record), "done" (last event,
+	// with image).
+	Phase  string `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`
+	Layer  int32  `protobuf:"varint,2,opt,name=layer,proto3" json:"layer,omitempty"`   // index, bottom first
+	Layers int32  `protobuf:"varint,3,opt,name=layers,proto3" json:"layers,omitempty"` // how many
+	Digest string `protobuf:"bytes,4,opt,name=digest,proto3" json:"digest,omitempty"`  // compressed layer digest (empty for docker-archive)
+	// Layer status: "waiting", "downloading" (current/total: compressed
+	// bytes), "converting" (current: EROFS bytes written, total: estimate),
+	// "exists" (already stored), "done".
+	Status        string `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	Current       int64  `protobuf:"varint,6,opt,name=current,proto3" json:"current,omitempty"`
+	Total         int64  `protobuf:"varint,7,opt,name=total,proto3" json:"total,omitempty"` // 0 when unknown
+	Message       string `protobuf:"bytes,8,opt,name=message,proto3" json:"message,omitempty"`
+	Image         *Image `protobuf:"bytes,9,opt,name=image,proto3" json:"image,omitempty"` // set on the last event
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullImageEvent) Reset() {
+	*x = PullImageEvent{}
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullImageEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullImageEvent) ProtoMessage() {}
+
+func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullImageEvent.ProtoReflect.Descriptor instead.
+func (*PullImageEvent) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *PullImageEvent) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *PullImageEvent) GetLayer() int32 {
+	if x != nil {
+		return x.Layer
+	}
+	return 0
+}
+
+func (x *PullImageEvent) GetLayers() int32 {
+	if x != nil {
+		return x.Layers
+	}
+	return 0
+}
+
+func (x *PullImageEvent) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *PullImageEvent) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *PullImageEvent) GetCurrent() int64 {
+	if x != nil {
+		return x.Current
+	}
+	return 0
+}
+
+func (x *PullImageEvent) GetTotal() int64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *PullImageEvent) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *PullImageEvent) GetImage() *Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
+type Layer struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Digest          string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`                         // digest of the EROFS blob
+	DiffId          string                 `protobuf:"bytes,3,opt,name=diff_id,json=diffId,proto3" json:"diff_id,omitempty"`           // digest of the tar stream it was built from
+	SizeBytes       int64                  `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"` // regular file content
+	BlobSizeBytes   int64                  `protobuf:"varint,5,opt,name=blob_size_bytes,json=blobSizeBytes,proto3" json:"blob_size_bytes,omitempty"`
+	Files           int64                  `protobuf:"varint,6,opt,name=files,proto3" json:"files,omitempty"`
+	CreatedAtUnixMs int64                  `protobuf:"varint,7,opt,name=created_at_unix_ms,json=createdAtUnixMs,proto3" json:"created_at_unix_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Layer) Reset() {
+	*x = Layer{}
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Layer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Layer) ProtoMessage() {}
+
+func (x *Layer) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Layer.ProtoReflect.Descriptor instead.
+func (*Layer) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *Layer) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Layer) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *Layer) GetDiffId() string {
+	if x != nil {
+		return x.DiffId
+	}
+	return ""
+}
+
+func (x *Layer) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *Layer) GetBlobSizeBytes() int64 {
+	if x != nil {
+		return x.BlobSizeBytes
+	}
+	return 0
+}
+
+func (x *Layer) GetFiles() int64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *Layer) GetCreatedAtUnixMs() int64 {
+	if x != nil {
+		return x.CreatedAtUnixMs
+	}
+	return 0
+}
+
+type BuildLayerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BuildLayerRequest) Reset() {
+	*x = BuildLayerRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BuildLayerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BuildLayerRequest) ProtoMessage() {}
+
+func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BuildLayerRequest.ProtoReflect.Descriptor instead.
+func (*BuildLayerRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *BuildLayerRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BuildLayerRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type ListLayersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLayersRequest) Reset() {
+	*x = ListLayersRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLayersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLayersRequest) ProtoMessage() {}
+
+func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
+func (*ListLayersRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
+}
+
+type ListLayersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Layers        []*Layer               `protobuf:"bytes,1,rep,name=layers,proto3" json:"layers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLayersResponse) Reset() {
+	*x = ListLayersResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLayersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLayersResponse) ProtoMessage() {}
+
+func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
+func (*ListLayersResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ListLayersResponse) GetLayers() []*Layer {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
+type RemoveLayerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveLayerRequest) Reset() {
+	*x = RemoveLayerRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveLayerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveLayerRequest) ProtoMessage() {}
+
+func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
+func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *RemoveLayerRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RemoveLayerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveLayerResponse) Reset() {
+	*x = RemoveLayerResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveLayerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveLayerResponse) ProtoMessage() {}
+
+func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
+func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
+}
+
+type CommitSandboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitSandboxRequest) Reset() {
+	*x = CommitSandboxRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitSandboxRequest) ProtoMessage() {}
+
+func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
+func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *CommitSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CommitSandboxRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type ImageStatsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Names         []string               `protobuf:"bytes,1,rep,name=names,proto3" json:"names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageStatsRequest) Reset() {
+	*x = ImageStatsRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageStatsRequest) ProtoMessage() {}
+
+func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageStatsRequest.ProtoReflect.Descriptor instead.
+func (*ImageStatsRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *ImageStatsRequest) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+type LayerStat struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Digest        string                 `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	DiffId        string                 `protobuf:"bytes,2,opt,name=diff_id,json=diffId,proto3" json:"diff_id,omitempty"`
+	Format        string                 `protobuf:"bytes,3,opt,name=format,proto3" json:"format,omitempty"`      // "erofs" or "dir" (legacy directory layer)
+	Size          int64                  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`         // blob bytes (erofs) or content bytes (dir)
+	Resident      int64                  `protobuf:"varint,5,opt,name=resident,proto3" json:"resident,omitempty"` // blob bytes in this node's page cache (erofs)
+	Files         int64                  `protobuf:"varint,6,opt,name=files,proto3" json:"files,omitempty"`
+	Mounted       bool                   `protobuf:"varint,7,opt,name=mounted,proto3" json:"mounted,omitempty"` // mounted in this node's layer cache
+	Refs          int32                  `protobuf:"varint,8,opt,name=refs,proto3" json:"refs,omitempty"`       // sandboxes of this node using the mount
+	Owner         string                 `protobuf:"bytes,9,opt,name=owner,proto3" json:"owner,omitempty"`      // the image name, or "layer:NAME"
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerStat) Reset() {
+	*x = LayerStat{}
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerStat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerStat) ProtoMessage() {}
+
+func (x *LayerStat) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerStat.ProtoReflect.Descriptor instead.
+func (*LayerStat) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *LayerStat) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *LayerStat) GetDiffId() string {
+	if x != nil {
+		return x.DiffId
+	}
+	return ""
+}
+
+func (x *LayerStat) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+func (x *LayerStat) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *LayerStat) GetResident() int64 {
+	if x != nil {
+		return x.Resident
+	}
+	return 0
+}
+
+func (x *LayerStat) GetFiles() int64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *LayerStat) GetMounted() bool {
+	if x != nil {
+		return x.Mounted
+	}
+	return false
+}
+
+func (x *LayerStat) GetRefs() int32 {
+	if x != nil {
+		return x.Refs
+	}
+	return 0
+}
+
+func (x *LayerStat) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+type ImageStatsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Layers        []*LayerStat           `protobuf:"bytes,1,rep,name=layers,proto3" json:"layers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageStatsResponse) Reset() {
+	*x = ImageStatsResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageStatsResponse) ProtoMessage() {}
+
+func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageStatsResponse.ProtoReflect.Descriptor instead.
+func (*ImageStatsResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ImageStatsResponse) GetLayers() []*LayerStat {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
+type VerifyImageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Names         []string               `protobuf:"bytes,1,rep,name=names,proto3" json:"names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyImageRequest) Reset() {
+	*x = VerifyImageRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyImageRequest) ProtoMessage() {}
+
+func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyImageRequest.ProtoReflect.Descriptor instead.
+func (*VerifyImageRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *VerifyImageRequest) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+type LayerVerification struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Digest        string                 `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	Owner         string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"` // image name or "layer:NAME" ("" when verifying all blobs)
+	Ok            bool                   `protobuf:"varint,3,opt,name=ok,proto3" json:"ok,omitempty"`
+	Error         string                 `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"` // why not
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayerVerification) Reset() {
+	*x = LayerVerification{}
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayerVerification) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayerVerification) ProtoMessage() {}
+
+func (x *LayerVerification) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayerVerification.ProtoReflect.Descriptor instead.
+func (*LayerVerification) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *LayerVerification) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *LayerVerification) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *LayerVerification) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *LayerVerification) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type VerifyImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Layers        []*LayerVerification   `protobuf:"bytes,1,rep,name=layers,proto3" json:"layers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyImageResponse) Reset() {
+	*x = VerifyImageResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyImageResponse) ProtoMessage() {}
+
+func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyImageResponse.ProtoReflect.Descriptor instead.
+func (*VerifyImageResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *VerifyImageResponse) GetLayers() []*LayerVerification {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
 type VersionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2500,7 +3469,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2512,7 +3481,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2525,7 +3494,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
 }
 
 type VersionResponse struct {
@@ -2540,7 +3509,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2552,7 +3521,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2565,7 +3534,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -2607,7 +3576,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xc8\x03\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xe0\x03\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -2617,13 +3586,15 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\aworkdir\x18\x06 \x01(\tR\aworkdir\x12<\n" +
 	"\x06labels\x18\a \x03(\v2$.warren.v1.CreateRequest.LabelsEntryR\x06labels\x12'\n" +
 	"\x0ftimeout_seconds\x18\b \x01(\x03R\x0etimeoutSeconds\x12\x1a\n" +
-	"\bhostname\x18\t \x01(\tR\bhostname\x1a6\n" +
+	"\bhostname\x18\t \x01(\tR\bhostname\x12\x16\n" +
+	"\x06layers\x18\n" +
+	" \x03(\tR\x06layers\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb7\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x04\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -2638,7 +3609,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	" \x01(\x03R\x0fexpiresAtUnixMs\x12\x1f\n" +
 	"\vdead_reason\x18\v \x01(\tR\n" +
 	"deadReason\x12\x1a\n" +
-	"\bhostname\x18\f \x01(\tR\bhostname\x1a6\n" +
+	"\bhostname\x18\f \x01(\tR\bhostname\x12\x16\n" +
+	"\x06layers\x18\r \x03(\tR\x06layers\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -2791,14 +3763,26 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
 	"\trecursive\x18\x03 \x01(\bR\trecursive\"\x14\n" +
-	"\x12RemoveFileResponse\"\x8f\x01\n" +
+	"\x12RemoveFileResponse\"\xd7\x02\n" +
 	"\x05Image\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
 	"\x06layers\x18\x03 \x03(\tR\x06layers\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\x12+\n" +
-	"\x12created_at_unix_ms\x18\x05 \x01(\x03R\x0fcreatedAtUnixMs\"\x13\n" +
+	"\x12created_at_unix_ms\x18\x05 \x01(\x03R\x0fcreatedAtUnixMs\x12\x19\n" +
+	"\bdiff_ids\x18\x06 \x03(\tR\adiffIds\x12\x16\n" +
+	"\x06source\x18\a \x01(\tR\x06source\x12\x10\n" +
+	"\x03env\x18\b \x03(\tR\x03env\x12\x1e\n" +
+	"\n" +
+	"entrypoint\x18\t \x03(\tR\n" +
+	"entrypoint\x12\x10\n" +
+	"\x03cmd\x18\n" +
+	" \x03(\tR\x03cmd\x12\x1f\n" +
+	"\vworking_dir\x18\v \x01(\tR\n" +
+	"workingDir\x12\x12\n" +
+	"\x04user\x18\f \x01(\tR\x04user\x12\x1a\n" +
+	"\bplatform\x18\r \x01(\tR\bplatform\"\x13\n" +
 	"\x11ListImagesRequest\">\n" +
 	"\x12ListImagesResponse\x12(\n" +
 	"\x06images\x18\x01 \x03(\v2\x10.warren.v1.ImageR\x06images\"%\n" +
@@ -2809,7 +3793,66 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x04path\x18\x02 \x01(\tR\x04path\"(\n" +
 	"\x12RemoveImageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13RemoveImageResponse\"\x10\n" +
+	"\x13RemoveImageResponse\"T\n" +
+	"\x10PullImageRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
+	"\bplatform\x18\x03 \x01(\tR\bplatform\"\xf6\x01\n" +
+	"\x0ePullImageEvent\x12\x14\n" +
+	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x14\n" +
+	"\x05layer\x18\x02 \x01(\x05R\x05layer\x12\x16\n" +
+	"\x06layers\x18\x03 \x01(\x05R\x06layers\x12\x16\n" +
+	"\x06digest\x18\x04 \x01(\tR\x06digest\x12\x16\n" +
+	"\x06status\x18\x05 \x01(\tR\x06status\x12\x18\n" +
+	"\acurrent\x18\x06 \x01(\x03R\acurrent\x12\x14\n" +
+	"\x05total\x18\a \x01(\x03R\x05total\x12\x18\n" +
+	"\amessage\x18\b \x01(\tR\amessage\x12&\n" +
+	"\x05image\x18\t \x01(\v2\x10.warren.v1.ImageR\x05image\"\xd6\x01\n" +
+	"\x05Layer\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x17\n" +
+	"\adiff_id\x18\x03 \x01(\tR\x06diffId\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\x12&\n" +
+	"\x0fblob_size_bytes\x18\x05 \x01(\x03R\rblobSizeBytes\x12\x14\n" +
+	"\x05files\x18\x06 \x01(\x03R\x05files\x12+\n" +
+	"\x12created_at_unix_ms\x18\a \x01(\x03R\x0fcreatedAtUnixMs\";\n" +
+	"\x11BuildLayerRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"\x13\n" +
+	"\x11ListLayersRequest\">\n" +
+	"\x12ListLayersResponse\x12(\n" +
+	"\x06layers\x18\x01 \x03(\v2\x10.warren.v1.LayerR\x06layers\"(\n" +
+	"\x12RemoveLayerRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
+	"\x13RemoveLayerResponse\"I\n" +
+	"\x14CommitSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\")\n" +
+	"\x11ImageStatsRequest\x12\x14\n" +
+	"\x05names\x18\x01 \x03(\tR\x05names\"\xde\x01\n" +
+	"\tLayerStat\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x17\n" +
+	"\adiff_id\x18\x02 \x01(\tR\x06diffId\x12\x16\n" +
+	"\x06format\x18\x03 \x01(\tR\x06format\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x1a\n" +
+	"\bresident\x18\x05 \x01(\x03R\bresident\x12\x14\n" +
+	"\x05files\x18\x06 \x01(\x03R\x05files\x12\x18\n" +
+	"\amounted\x18\a \x01(\bR\amounted\x12\x12\n" +
+	"\x04refs\x18\b \x01(\x05R\x04refs\x12\x14\n" +
+	"\x05owner\x18\t \x01(\tR\x05owner\"B\n" +
+	"\x12ImageStatsResponse\x12,\n" +
+	"\x06layers\x18\x01 \x03(\v2\x14.warren.v1.LayerStatR\x06layers\"*\n" +
+	"\x12VerifyImageRequest\x12\x14\n" +
+	"\x05names\x18\x01 \x03(\tR\x05names\"g\n" +
+	"\x11LayerVerification\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x0e\n" +
+	"\x02ok\x18\x03 \x01(\bR\x02ok\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"K\n" +
+	"\x13VerifyImageResponse\x124\n" +
+	"\x06layers\x18\x01 \x03(\v2\x1c.warren.v1.LayerVerificationR\x06layers\"\x10\n" +
 	"\x0eVersionRequest\"\x80\x01\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
@@ -2822,7 +3865,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x02\x12\x16\n" +
 	"\x12SANDBOX_STATE_DEAD\x10\x03\x12\x1a\n" +
-	"\x16SANDBOX_STATE_DELETING\x10\x042\xc4\t\n" +
+	"\x16SANDBOX_STATE_DELETING\x10\x042\x88\n" +
+	"\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -2844,13 +3888,23 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\bStatFile\x12\x1a.warren.v1.StatFileRequest\x1a\x13.warren.v1.FileInfo\x12@\n" +
 	"\aMakeDir\x12\x19.warren.v1.MakeDirRequest\x1a\x1a.warren.v1.MakeDirResponse\x12I\n" +
 	"\n" +
-	"RemoveFile\x12\x1c.warren.v1.RemoveFileRequest\x1a\x1d.warren.v1.RemoveFileResponse2\xa1\x02\n" +
+	"RemoveFile\x12\x1c.warren.v1.RemoveFileRequest\x1a\x1d.warren.v1.RemoveFileResponse\x12B\n" +
+	"\rCommitSandbox\x12\x1f.warren.v1.CommitSandboxRequest\x1a\x10.warren.v1.Layer2\xd8\x05\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.warren.v1.ListImagesRequest\x1a\x1d.warren.v1.ListImagesResponse\x128\n" +
 	"\bGetImage\x12\x1a.warren.v1.GetImageRequest\x1a\x10.warren.v1.Image\x12>\n" +
 	"\vImportImage\x12\x1d.warren.v1.ImportImageRequest\x1a\x10.warren.v1.Image\x12L\n" +
-	"\vRemoveImage\x12\x1d.warren.v1.RemoveImageRequest\x1a\x1e.warren.v1.RemoveImageResponse2Q\n" +
+	"\vRemoveImage\x12\x1d.warren.v1.RemoveImageRequest\x1a\x1e.warren.v1.RemoveImageResponse\x12E\n" +
+	"\tPullImage\x12\x1b.warren.v1.PullImageRequest\x1a\x19.warren.v1.PullImageEvent0\x01\x12<\n" +
+	"\n" +
+	"BuildLayer\x12\x1c.warren.v1.BuildLayerRequest\x1a\x10.warren.v1.Layer\x12I\n" +
+	"\n" +
+	"ListLayers\x12\x1c.warren.v1.ListLayersRequest\x1a\x1d.warren.v1.ListLayersResponse\x12L\n" +
+	"\vRemoveLayer\x12\x1d.warren.v1.RemoveLayerRequest\x1a\x1e.warren.v1.RemoveLayerResponse\x12I\n" +
+	"\n" +
+	"ImageStats\x12\x1c.warren.v1.ImageStatsRequest\x1a\x1d.warren.v1.ImageStatsResponse\x12L\n" +
+	"\vVerifyImage\x12\x1d.warren.v1.VerifyImageRequest\x1a\x1e.warren.v1.VerifyImageResponse2Q\n" +
 	"\rSystemService\x12@\n" +
 	"\aVersion\x12\x19.warren.v1.VersionRequest\x1a\x1a.warren.v1.VersionResponseB3Z1github.com/warrenrl/warren/gen/warren/v1;warrenv1b\x06proto3"
 
@@ -2867,7 +3921,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: warren.v1.SandboxState
 	(*Resources)(nil),             // 1: warren.v1.Resources
@@ -2909,82 +3963,115 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*ImportImageRequest)(nil),    // 37: warren.v1.ImportImageRequest
 	(*RemoveImageRequest)(nil),    // 38: warren.v1.RemoveImageRequest
 	(*RemoveImageResponse)(nil),   // 39: warren.v1.RemoveImageResponse
-	(*VersionRequest)(nil),        // 40: warren.v1.VersionRequest
-	(*VersionResponse)(nil),       // 41: warren.v1.VersionResponse
-	nil,                           // 42: warren.v1.CreateRequest.EnvEntry
-	nil,                           // 43: warren.v1.CreateRequest.LabelsEntry
-	nil,                           // 44: warren.v1.Sandbox.EnvEntry
-	nil,                           // 45: warren.v1.Sandbox.LabelsEntry
-	nil,                           // 46: warren.v1.ListRequest.LabelsEntry
-	nil,                           // 47: warren.v1.ExecRequest.EnvEntry
+	(*PullImageRequest)(nil),      // 40: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),        // 41: warren.v1.PullImageEvent
+	(*Layer)(nil),                 // 42: warren.v1.Layer
+	(*BuildLayerRequest)(nil),     // 43: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),     // 44: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),    // 45: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),    // 46: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),   // 47: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),  // 48: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),     // 49: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),             // 50: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),    // 51: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),    // 52: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),     // 53: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),   // 54: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),        // 55: warren.v1.VersionRequest
+	(*VersionResponse)(nil),       // 56: warren.v1.VersionResponse
+	nil,                           // 57: warren.v1.CreateRequest.EnvEntry
+	nil,                           // 58: warren.v1.CreateRequest.LabelsEntry
+	nil,                           // 59: warren.v1.Sandbox.EnvEntry
+	nil,                           // 60: warren.v1.Sandbox.LabelsEntry
+	nil,                           // 61: warren.v1.ListRequest.LabelsEntry
+	nil,                           // 62: warren.v1.ExecRequest.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	42, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	43, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	57, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	58, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	0,  // 3: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	1,  // 4: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	44, // 5: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	45, // 6: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	46, // 7: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	59, // 5: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	60, // 6: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	61, // 7: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	3,  // 8: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	47, // 9: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	62, // 9: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	11, // 10: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	11, // 11: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
 	13, // 12: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
 	25, // 13: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
 	33, // 14: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	2,  // 15: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	4,  // 16: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	5,  // 17: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	7,  // 18: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	9,  // 19: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	10, // 20: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	10, // 21: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	10, // 22: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	14, // 23: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	16, // 24: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	17, // 25: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	19, // 26: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	21, // 27: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	23, // 28: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	26, // 29: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	28, // 30: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	29, // 31: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	31, // 32: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	34, // 33: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	36, // 34: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	37, // 35: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	38, // 36: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	40, // 37: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	3,  // 38: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	3,  // 39: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	6,  // 40: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	8,  // 41: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	3,  // 42: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	11, // 43: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	12, // 44: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	13, // 45: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	15, // 46: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	11, // 47: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	18, // 48: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	20, // 49: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	22, // 50: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	24, // 51: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	27, // 52: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	25, // 53: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	30, // 54: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	32, // 55: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	35, // 56: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	33, // 57: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	33, // 58: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	39, // 59: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	41, // 60: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	38, // [38:61] is the sub-list for method output_type
-	15, // [15:38] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	33, // 15: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	42, // 16: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	50, // 17: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	53, // 18: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	2,  // 19: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	4,  // 20: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	5,  // 21: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	7,  // 22: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	9,  // 23: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	10, // 24: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	10, // 25: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	10, // 26: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	14, // 27: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	16, // 28: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	17, // 29: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	19, // 30: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	21, // 31: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	23, // 32: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	26, // 33: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	28, // 34: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	29, // 35: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	31, // 36: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	48, // 37: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	34, // 38: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	36, // 39: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	37, // 40: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	38, // 41: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	40, // 42: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	43, // 43: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	44, // 44: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	46, // 45: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	49, // 46: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	52, // 47: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	55, // 48: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	3,  // 49: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	3,  // 50: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	6,  // 51: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	8,  // 52: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	3,  // 53: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	11, // 54: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	12, // 55: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	13, // 56: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	15, // 57: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	11, // 58: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	18, // 59: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	20, // 60: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	22, // 61: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	24, // 62: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	27, // 63: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	25, // 64: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	30, // 65: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	32, // 66: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	42, // 67: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	35, // 68: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	33, // 69: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	33, // 70: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	39, // 71: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	41, // 72: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	42, // 73: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	45, // 74: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	47, // 75: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	51, // 76: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	54, // 77: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	56, // 78: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	49, // [49:79] is the sub-list for method output_type
+	19, // [19:49] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -3003,7 +4090,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   47,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

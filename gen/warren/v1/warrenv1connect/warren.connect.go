@@ -92,6 +92,9 @@ const (
 	// SandboxServiceRemoveFileProcedure is the fully-qualified name of the SandboxService's RemoveFile
 	// RPC.
 	SandboxServiceRemoveFileProcedure = "/warren.v1.SandboxService/RemoveFile"
+	// SandboxServiceCommitSandboxProcedure is the fully-qualified name of the SandboxService's
+	// CommitSandbox RPC.
+	SandboxServiceCommitSandboxProcedure = "/warren.v1.SandboxService/CommitSandbox"
 	// ImageServiceListImagesProcedure is the fully-qualified name of the ImageService's ListImages RPC.
 	ImageServiceListImagesProcedure = "/warren.v1.ImageService/ListImages"
 	// ImageServiceGetImageProcedure is the fully-qualified name of the ImageService's GetImage RPC.
@@ -102,6 +105,20 @@ const (
 	// ImageServiceRemoveImageProcedure is the fully-qualified name of the ImageService's RemoveImage
 	// RPC.
 	ImageServiceRemoveImageProcedure = "/warren.v1.ImageService/RemoveImage"
+	// ImageServicePullImageProcedure is the fully-qualified name of the ImageService's PullImage RPC.
+	ImageServicePullImageProcedure = "/warren.v1.ImageService/PullImage"
+	// ImageServiceBuildLayerProcedure is the fully-qualified name of the ImageService's BuildLayer RPC.
+	ImageServiceBuildLayerProcedure = "/warren.v1.ImageService/BuildLayer"
+	// ImageServiceListLayersProcedure is the fully-qualified name of the ImageService's ListLayers RPC.
+	ImageServiceListLayersProcedure = "/warren.v1.ImageService/ListLayers"
+	// ImageServiceRemoveLayerProcedure is the fully-qualified name of the ImageService's RemoveLayer
+	// RPC.
+	ImageServiceRemoveLayerProcedure = "/warren.v1.ImageService/RemoveLayer"
+	// ImageServiceImageStatsProcedure is the fully-qualified name of the ImageService's ImageStats RPC.
+	ImageServiceImageStatsProcedure = "/warren.v1.ImageService/ImageStats"
+	// ImageServiceVerifyImageProcedure is the fully-qualified name of the ImageService's VerifyImage
+	// RPC.
+	ImageServiceVerifyImageProcedure = "/warren.v1.ImageService/VerifyImage"
 	// SystemServiceVersionProcedure is the fully-qualified name of the SystemService's Version RPC.
 	SystemServiceVersionProcedure = "/warren.v1.SystemService/Version"
 )
@@ -135,6 +152,17 @@ type SandboxServiceClient interface {
 	StatFile(context.Context, *connect.Request[v1.StatFileRequest]) (*connect.Response[v1.FileInfo], error)
 	MakeDir(context.Context, *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error)
 	RemoveFile(context.Context, *connect.Request[v1.RemoveFileRequest]) (*connect.Response[v1.RemoveFileResponse], error)
+	// CommitSandbox turns the sandbox's writable layer (everything it
+	// created, changed or deleted on top of its image and layers) into the
+	// named layer `name`, replacing a layer of that name. Deletions are kept
+	// as whiteouts, so a sandbox created from the same image and layers plus
+	// the committed one on top sees the same tree. The sandbox's processes
+	// are frozen while its files are read and resumed afterwards; they keep
+	// running. Files named ".wh.*" cannot be committed (Invalid: the prefix
+	// marks whiteouts). Conflict while another commit of the sandbox runs.
+	// Needs the EROFS image store and a backend with a host-visible writable
+	// layer (container).
+	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.Layer], error)
 }
 
 // NewSandboxServiceClient constructs a client for the warren.v1.SandboxService service. By default,
@@ -256,6 +284,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("RemoveFile")),
 			connect.WithClientOptions(opts...),
 		),
+		commitSandbox: connect.NewClient[v1.CommitSandboxRequest, v1.Layer](
+			httpClient,
+			baseURL+SandboxServiceCommitSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("CommitSandbox")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -279,6 +313,7 @@ type sandboxServiceClient struct {
 	statFile      *connect.Client[v1.StatFileRequest, v1.FileInfo]
 	makeDir       *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
 	removeFile    *connect.Client[v1.RemoveFileRequest, v1.RemoveFileResponse]
+	commitSandbox *connect.Client[v1.CommitSandboxRequest, v1.Layer]
 }
 
 // Create calls warren.v1.SandboxService.Create.
@@ -371,6 +406,11 @@ func (c *sandboxServiceClient) RemoveFile(ctx context.Context, req *connect.Requ
 	return c.removeFile.CallUnary(ctx, req)
 }
 
+// CommitSandbox calls warren.v1.SandboxService.CommitSandbox.
+func (c *sandboxServiceClient) CommitSandbox(ctx context.Context, req *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.Layer], error) {
+	return c.commitSandbox.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the warren.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v1.Sandbox], error)
@@ -400,6 +440,17 @@ type SandboxServiceHandler interface {
 	StatFile(context.Context, *connect.Request[v1.StatFileRequest]) (*connect.Response[v1.FileInfo], error)
 	MakeDir(context.Context, *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error)
 	RemoveFile(context.Context, *connect.Request[v1.RemoveFileRequest]) (*connect.Response[v1.RemoveFileResponse], error)
+	// CommitSandbox turns the sandbox's writable layer (everything it
+	// created, changed or deleted on top of its image and layers) into the
+	// named layer `name`, replacing a layer of that name. Deletions are kept
+	// as whiteouts, so a sandbox created from the same image and layers plus
+	// the committed one on top sees the same tree. The sandbox's processes
+	// are frozen while its files are read and resumed afterwards; they keep
+	// running. Files named ".wh.*" cannot be committed (Invalid: the prefix
+	// marks whiteouts). Conflict while another commit of the sandbox runs.
+	// Needs the EROFS image store and a backend with a host-visible writable
+	// layer (container).
+	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.Layer], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -517,6 +568,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("RemoveFile")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceCommitSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceCommitSandboxProcedure,
+		svc.CommitSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("CommitSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warren.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -555,6 +612,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceMakeDirHandler.ServeHTTP(w, r)
 		case SandboxServiceRemoveFileProcedure:
 			sandboxServiceRemoveFileHandler.ServeHTTP(w, r)
+		case SandboxServiceCommitSandboxProcedure:
+			sandboxServiceCommitSandboxHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -636,6 +695,10 @@ func (UnimplementedSandboxServiceHandler) RemoveFile(context.Context, *connect.R
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.RemoveFile is not implemented"))
 }
 
+func (UnimplementedSandboxServiceHandler) CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.Layer], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.CommitSandbox is not implemented"))
+}
+
 // ImageServiceClient is a client for the warren.v1.ImageService service.
 type ImageServiceClient interface {
 	ListImages(context.Context, *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error)
@@ -645,6 +708,43 @@ type ImageServiceClient interface {
 	// also be uploaded: PUT /v1/images/{name} with the tar as the body.
 	ImportImage(context.Context, *connect.Request[v1.ImportImageRequest]) (*connect.Response[v1.Image], error)
 	RemoveImage(context.Context, *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error)
+	// PullImage imports an OCI or Docker image and streams progress: one
+	// event per phase change and layer progress (throttled); the last event
+	// carries the image. `ref` is a registry reference
+	// (registry/repo:tag, registry/repo@sha256:..., docker://...), an OCI
+	// layout `oci:DIR[:TAG]` or a `docker save` tarball
+	// `docker-archive:FILE[:REPO:TAG]`; paths are read by the daemon, on its
+	// host. Registry credentials come from the daemon's Docker config. Each
+	// layer is converted once (by diffID) to an EROFS blob; layers already
+	// stored are not downloaded again. Failed imports leave no image.
+	PullImage(context.Context, *connect.Request[v1.PullImageRequest]) (*connect.ServerStreamForClient[v1.PullImageEvent], error)
+	// Named layers: single read-only layers that sandboxes stack on top of
+	// their image (CreateRequest.layers), e.g. workspaces and toolkits. They
+	// have their own namespace, apart from image names.
+	//
+	// BuildLayer makes the directory tree or tarball (plain or gzip) at
+	// `path`, read by the daemon, the named layer `name` (replacing one of
+	// that name). A file ".wh.X" hides X of the layers below, ".wh..wh..opq"
+	// the whole directory below (OCI whiteouts). Tarballs can also be
+	// uploaded: PUT /v1/layers/{name} with the tar as the body (answers the
+	// Layer as JSON).
+	BuildLayer(context.Context, *connect.Request[v1.BuildLayerRequest]) (*connect.Response[v1.Layer], error)
+	ListLayers(context.Context, *connect.Request[v1.ListLayersRequest]) (*connect.Response[v1.ListLayersResponse], error)
+	// RemoveLayer removes a named layer; Conflict while a sandbox of this
+	// node that is not dead uses it. Its blob is collected once no image,
+	// layer or sandbox (of any node sharing the store) uses it.
+	RemoveLayer(context.Context, *connect.Request[v1.RemoveLayerRequest]) (*connect.Response[v1.RemoveLayerResponse], error)
+	// ImageStats reports, for every layer of the given images (and named
+	// layers as "layer:NAME"; all of both when `names` is empty), how many
+	// bytes of its EROFS blob are in this node's page cache: with on-demand
+	// loading, what sandboxes have read of it. Also whether the layer is
+	// mounted on this node and by how many sandboxes.
+	ImageStats(context.Context, *connect.Request[v1.ImageStatsRequest]) (*connect.Response[v1.ImageStatsResponse], error)
+	// VerifyImage hashes the stored blobs of the given images (named layers
+	// as "layer:NAME"; every stored blob when `names` is empty) and reports
+	// each one's result; corrupt blobs are reported, not returned as an
+	// error. Unknown names are NotFound.
+	VerifyImage(context.Context, *connect.Request[v1.VerifyImageRequest]) (*connect.Response[v1.VerifyImageResponse], error)
 }
 
 // NewImageServiceClient constructs a client for the warren.v1.ImageService service. By default, it
@@ -682,6 +782,42 @@ func NewImageServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(imageServiceMethods.ByName("RemoveImage")),
 			connect.WithClientOptions(opts...),
 		),
+		pullImage: connect.NewClient[v1.PullImageRequest, v1.PullImageEvent](
+			httpClient,
+			baseURL+ImageServicePullImageProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("PullImage")),
+			connect.WithClientOptions(opts...),
+		),
+		buildLayer: connect.NewClient[v1.BuildLayerRequest, v1.Layer](
+			httpClient,
+			baseURL+ImageServiceBuildLayerProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("BuildLayer")),
+			connect.WithClientOptions(opts...),
+		),
+		listLayers: connect.NewClient[v1.ListLayersRequest, v1.ListLayersResponse](
+			httpClient,
+			baseURL+ImageServiceListLayersProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("ListLayers")),
+			connect.WithClientOptions(opts...),
+		),
+		removeLayer: connect.NewClient[v1.RemoveLayerRequest, v1.RemoveLayerResponse](
+			httpClient,
+			baseURL+ImageServiceRemoveLayerProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("RemoveLayer")),
+			connect.WithClientOptions(opts...),
+		),
+		imageStats: connect.NewClient[v1.ImageStatsRequest, v1.ImageStatsResponse](
+			httpClient,
+			baseURL+ImageServiceImageStatsProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("ImageStats")),
+			connect.WithClientOptions(opts...),
+		),
+		verifyImage: connect.NewClient[v1.VerifyImageRequest, v1.VerifyImageResponse](
+			httpClient,
+			baseURL+ImageServiceVerifyImageProcedure,
+			connect.WithSchema(imageServiceMethods.ByName("VerifyImage")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -691,6 +827,12 @@ type imageServiceClient struct {
 	getImage    *connect.Client[v1.GetImageRequest, v1.Image]
 	importImage *connect.Client[v1.ImportImageRequest, v1.Image]
 	removeImage *connect.Client[v1.RemoveImageRequest, v1.RemoveImageResponse]
+	pullImage   *connect.Client[v1.PullImageRequest, v1.PullImageEvent]
+	buildLayer  *connect.Client[v1.BuildLayerRequest, v1.Layer]
+	listLayers  *connect.Client[v1.ListLayersRequest, v1.ListLayersResponse]
+	removeLayer *connect.Client[v1.RemoveLayerRequest, v1.RemoveLayerResponse]
+	imageStats  *connect.Client[v1.ImageStatsRequest, v1.ImageStatsResponse]
+	verifyImage *connect.Client[v1.VerifyImageRequest, v1.VerifyImageResponse]
 }
 
 // ListImages calls warren.v1.ImageService.ListImages.
@@ -713,6 +855,36 @@ func (c *imageServiceClient) RemoveImage(ctx context.Context, req *connect.Reque
 	return c.removeImage.CallUnary(ctx, req)
 }
 
+// PullImage calls warren.v1.ImageService.PullImage.
+func (c *imageServiceClient) PullImage(ctx context.Context, req *connect.Request[v1.PullImageRequest]) (*connect.ServerStreamForClient[v1.PullImageEvent], error) {
+	return c.pullImage.CallServerStream(ctx, req)
+}
+
+// BuildLayer calls warren.v1.ImageService.BuildLayer.
+func (c *imageServiceClient) BuildLayer(ctx context.Context, req *connect.Request[v1.BuildLayerRequest]) (*connect.Response[v1.Layer], error) {
+	return c.buildLayer.CallUnary(ctx, req)
+}
+
+// ListLayers calls warren.v1.ImageService.ListLayers.
+func (c *imageServiceClient) ListLayers(ctx context.Context, req *connect.Request[v1.ListLayersRequest]) (*connect.Response[v1.ListLayersResponse], error) {
+	return c.listLayers.CallUnary(ctx, req)
+}
+
+// RemoveLayer calls warren.v1.ImageService.RemoveLayer.
+func (c *imageServiceClient) RemoveLayer(ctx context.Context, req *connect.Request[v1.RemoveLayerRequest]) (*connect.Response[v1.RemoveLayerResponse], error) {
+	return c.removeLayer.CallUnary(ctx, req)
+}
+
+// ImageStats calls warren.v1.ImageService.ImageStats.
+func (c *imageServiceClient) ImageStats(ctx context.Context, req *connect.Request[v1.ImageStatsRequest]) (*connect.Response[v1.ImageStatsResponse], error) {
+	return c.imageStats.CallUnary(ctx, req)
+}
+
+// VerifyImage calls warren.v1.ImageService.VerifyImage.
+func (c *imageServiceClient) VerifyImage(ctx context.Context, req *connect.Request[v1.VerifyImageRequest]) (*connect.Response[v1.VerifyImageResponse], error) {
+	return c.verifyImage.CallUnary(ctx, req)
+}
+
 // ImageServiceHandler is an implementation of the warren.v1.ImageService service.
 type ImageServiceHandler interface {
 	ListImages(context.Context, *connect.Request[v1.ListImagesRequest]) (*connect.Response[v1.ListImagesResponse], error)
@@ -722,6 +894,43 @@ type ImageServiceHandler interface {
 	// also be uploaded: PUT /v1/images/{name} with the tar as the body.
 	ImportImage(context.Context, *connect.Request[v1.ImportImageRequest]) (*connect.Response[v1.Image], error)
 	RemoveImage(context.Context, *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error)
+	// PullImage imports an OCI or Docker image and streams progress: one
+	// event per phase change and layer progress (throttled); the last event
+	// carries the image. `ref` is a registry reference
+	// (registry/repo:tag, registry/repo@sha256:..., docker://...), an OCI
+	// layout `oci:DIR[:TAG]` or a `docker save` tarball
+	// `docker-archive:FILE[:REPO:TAG]`; paths are read by the daemon, on its
+	// host. Registry credentials come from the daemon's Docker config. Each
+	// layer is converted once (by diffID) to an EROFS blob; layers already
+	// stored are not downloaded again. Failed imports leave no image.
+	PullImage(context.Context, *connect.Request[v1.PullImageRequest], *connect.ServerStream[v1.PullImageEvent]) error
+	// Named layers: single read-only layers that sandboxes stack on top of
+	// their image (CreateRequest.layers), e.g. workspaces and toolkits. They
+	// have their own namespace, apart from image names.
+	//
+	// BuildLayer makes the directory tree or tarball (plain or gzip) at
+	// `path`, read by the daemon, the named layer `name` (replacing one of
+	// that name). A file ".wh.X" hides X of the layers below, ".wh..wh..opq"
+	// the whole directory below (OCI whiteouts). Tarballs can also be
+	// uploaded: PUT /v1/layers/{name} with the tar as the body (answers the
+	// Layer as JSON).
+	BuildLayer(context.Context, *connect.Request[v1.BuildLayerRequest]) (*connect.Response[v1.Layer], error)
+	ListLayers(context.Context, *connect.Request[v1.ListLayersRequest]) (*connect.Response[v1.ListLayersResponse], error)
+	// RemoveLayer removes a named layer; Conflict while a sandbox of this
+	// node that is not dead uses it. Its blob is collected once no image,
+	// layer or sandbox (of any node sharing the store) uses it.
+	RemoveLayer(context.Context, *connect.Request[v1.RemoveLayerRequest]) (*connect.Response[v1.RemoveLayerResponse], error)
+	// ImageStats reports, for every layer of the given images (and named
+	// layers as "layer:NAME"; all of both when `names` is empty), how many
+	// bytes of its EROFS blob are in this node's page cache: with on-demand
+	// loading, what sandboxes have read of it. Also whether the layer is
+	// mounted on this node and by how many sandboxes.
+	ImageStats(context.Context, *connect.Request[v1.ImageStatsRequest]) (*connect.Response[v1.ImageStatsResponse], error)
+	// VerifyImage hashes the stored blobs of the given images (named layers
+	// as "layer:NAME"; every stored blob when `names` is empty) and reports
+	// each one's result; corrupt blobs are reported, not returned as an
+	// error. Unknown names are NotFound.
+	VerifyImage(context.Context, *connect.Request[v1.VerifyImageRequest]) (*connect.Response[v1.VerifyImageResponse], error)
 }
 
 // NewImageServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -755,6 +964,42 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(imageServiceMethods.ByName("RemoveImage")),
 		connect.WithHandlerOptions(opts...),
 	)
+	imageServicePullImageHandler := connect.NewServerStreamHandler(
+		ImageServicePullImageProcedure,
+		svc.PullImage,
+		connect.WithSchema(imageServiceMethods.ByName("PullImage")),
+		connect.WithHandlerOptions(opts...),
+	)
+	imageServiceBuildLayerHandler := connect.NewUnaryHandler(
+		ImageServiceBuildLayerProcedure,
+		svc.BuildLayer,
+		connect.WithSchema(imageServiceMethods.ByName("BuildLayer")),
+		connect.WithHandlerOptions(opts...),
+	)
+	imageServiceListLayersHandler := connect.NewUnaryHandler(
+		ImageServiceListLayersProcedure,
+		svc.ListLayers,
+		connect.WithSchema(imageServiceMethods.ByName("ListLayers")),
+		connect.WithHandlerOptions(opts...),
+	)
+	imageServiceRemoveLayerHandler := connect.NewUnaryHandler(
+		ImageServiceRemoveLayerProcedure,
+		svc.RemoveLayer,
+		connect.WithSchema(imageServiceMethods.ByName("RemoveLayer")),
+		connect.WithHandlerOptions(opts...),
+	)
+	imageServiceImageStatsHandler := connect.NewUnaryHandler(
+		ImageServiceImageStatsProcedure,
+		svc.ImageStats,
+		connect.WithSchema(imageServiceMethods.ByName("ImageStats")),
+		connect.WithHandlerOptions(opts...),
+	)
+	imageServiceVerifyImageHandler := connect.NewUnaryHandler(
+		ImageServiceVerifyImageProcedure,
+		svc.VerifyImage,
+		connect.WithSchema(imageServiceMethods.ByName("VerifyImage")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warren.v1.ImageService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ImageServiceListImagesProcedure:
@@ -765,6 +1010,18 @@ func NewImageServiceHandler(svc ImageServiceHandler, opts ...connect.HandlerOpti
 			imageServiceImportImageHandler.ServeHTTP(w, r)
 		case ImageServiceRemoveImageProcedure:
 			imageServiceRemoveImageHandler.ServeHTTP(w, r)
+		case ImageServicePullImageProcedure:
+			imageServicePullImageHandler.ServeHTTP(w, r)
+		case ImageServiceBuildLayerProcedure:
+			imageServiceBuildLayerHandler.ServeHTTP(w, r)
+		case ImageServiceListLayersProcedure:
+			imageServiceListLayersHandler.ServeHTTP(w, r)
+		case ImageServiceRemoveLayerProcedure:
+			imageServiceRemoveLayerHandler.ServeHTTP(w, r)
+		case ImageServiceImageStatsProcedure:
+			imageServiceImageStatsHandler.ServeHTTP(w, r)
+		case ImageServiceVerifyImageProcedure:
+			imageServiceVerifyImageHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -788,6 +1045,30 @@ func (UnimplementedImageServiceHandler) ImportImage(context.Context, *connect.Re
 
 func (UnimplementedImageServiceHandler) RemoveImage(context.Context, *connect.Request[v1.RemoveImageRequest]) (*connect.Response[v1.RemoveImageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ImageService.RemoveImage is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) PullImage(context.Context, *connect.Request[v1.PullImageRequest], *connect.ServerStream[v1.PullImageEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ImageService.PullImage is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) BuildLayer(context.Context, *connect.Request[v1.BuildLayerRequest]) (*connect.Response[v1.Layer], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ImageService.BuildLayer is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) ListLayers(context.Context, *connect.Request[v1.ListLayersRequest]) (*connect.Response[v1.ListLayersResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ImageService.ListLayers is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) RemoveLayer(context.Context, *connect.Request[v1.RemoveLayerRequest]) (*connect.Response[v1.RemoveLayerResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ImageService.RemoveLayer is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) ImageStats(context.Context, *connect.Request[v1.ImageStatsRequest]) (*connect.Response[v1.ImageStatsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ImageService.ImageStats is not implemented"))
+}
+
+func (UnimplementedImageServiceHandler) VerifyImage(context.Context, *connect.Request[v1.VerifyImageRequest]) (*connect.Response[v1.VerifyImageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.ImageService.VerifyImage is not implemented"))
 }
 
 // SystemServiceClient is a client for the warren.v1.SystemService service.

@@ -1,0 +1,179 @@
+package image
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/tarx"
+	"github.com/warrenrl/warren/internal/tarx/inroot"
+)
+
+// Overlayfs xattrs of an upper directory.
+const (
+	overlayOpaque   = "trusted.overlay.opaque"
+	overlayRedirect = "trusted.overlay.redirect"
+)
+
+// CommitUpper makes the overlayfs upper directory upper (a sandbox's
+// writable layer) the named layer name, replacing one of that name.
+// Overlayfs whiteouts in it (0/0 character devices) become whiteouts of
+// the layer and opaque directories (trusted.overlay.opaque=y) opaque
+// directories of the layer, so that the layer stacked on the lower layers
+// the upper directory was made on reproduces the overlay's view. A file
+// whose name starts with ".wh." cannot be represented (the prefix marks
+// whiteouts in layer tarballs): it is an Invalid error naming it. A
+// directory renamed with redirect_dir (trusted.overlay.redirect) is
+// refused as Unavailable; the container backend mounts with it off.
+//
+// The caller keeps the tree still while it is read (the daemon freezes
+// the sandbox); changes racing the commit may or may not be in it.
+func (s *Store) CommitUpper(ctx context.Context, name, upper string) (NamedLayer, error) {
+	return s.buildLayer(name, func() (LayerMeta, error) { return s.importUpperStream(ctx, upper) })
+}
+
+func (s *Store) importUpperStream(ctx context.Context, upper string) (LayerMeta, error) {
+	fi, err := os.Stat(upper)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return LayerMeta{}, errdefs.NotFoundf("no such directory: %s", upper)
+		}
+		return LayerMeta{}, errdefs.Wrap(errdefs.Internal, err, "commit source")
+	}
+	if !fi.IsDir() {
+		return LayerMeta{}, errdefs.Invalidf("commit source %s is not a directory", upper)
+	}
+	rootfd, err := inroot.OpenRoot(upper)
+	if err != nil {
+		return LayerMeta{}, errdefs.Wrap(inroot.Category(err), err, "commit source")
+	}
+	defer unix.Close(rootfd)
+
+	// tarx.Create -> whiteout translation -> EROFS conversion.
+	treeR, treeW := io.Pipe()
+	layerR, layerW := io.Pipe()
+	created := make(chan error, 1)
+	filtered := make(chan error, 1)
+	go func() {
+		err := tarx.Create(ctx, upper, treeW, "/")
+		treeW.CloseWithError(err)
+		created <- err
+	}()
+	go func() {
+		err := upperToLayer(rootfd, treeR, layerW)
+		treeR.CloseWithError(errPipelineStopped)
+		layerW.CloseWithError(err)
+		filtered <- err
+	}()
+	m, err := s.ImportLayer(ctx, layerR, LayerOptions{})
+	layerR.CloseWithError(errPipelineStopped)
+	ferr, cerr := <-filtered, <-created
+	// The first failure in the pipeline is the cause; the later stages
+	// only see a closed pipe.
+	if cerr != nil && !errors.Is(cerr, errPipelineStopped) {
+		return m, fmt.Errorf("reading %s: %w", upper, cerr)
+	}
+	if ferr != nil && !errors.Is(ferr, errPipelineStopped) {
+		return m, ferr
+	}
+	return m, err
+}
+
+// upperToLayer copies the canonical tar stream of an upper directory from
+// r to w, turning overlayfs whiteouts and opaque directories into OCI
+// whiteout entries. rootfd is the upper directory, for reading the
+// overlay xattrs that the tar stream leaves out.
+func upperToLayer(rootfd int, r io.Reader, w io.Writer) error {
+	tr := tar.NewReader(r)
+	tw := tar.NewWriter(w)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		for k := range hdr.PAXRecords {
+			// Only meaningful to overlayfs mounted with userxattr: a
+			// sandbox must not be able to forge whiteouts with them.
+			if strings.HasPrefix(k, "SCHILY.xattr.user.overlay.") {
+				delete(hdr.PAXRecords, k)
+			}
+		}
+		if hdr.Name == "./" {
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			continue
+		}
+		name := strings.TrimSuffix(hdr.Name, "/")
+		dir, base := path.Split(name)
+		if strings.HasPrefix(base, whiteoutPrefix) {
+			return errdefs.Invalidf("cannot commit /%s: names starting with %q mark whiteouts in layers", name, whiteoutPrefix)
+		}
+		switch {
+		case hdr.Typeflag == tar.TypeChar && hdr.Devmajor == 0 && hdr.Devminor == 0:
+			wh := &tar.Header{Name: dir + whiteoutPrefix + base, Typeflag: tar.TypeReg, Mode: 0o600, ModTime: hdr.ModTime, Format: tar.FormatPAX}
+			if err := tw.WriteHeader(wh); err != nil {
+				return err
+			}
+		case hdr.Typeflag == tar.TypeDir:
+			opaque, redirect := overlayDirXattrs(rootfd, name)
+			if redirect {
+				return errdefs.Unavailablef("cannot commit /%s: it is a renamed directory (overlayfs redirect_dir); mount overlays with redirect_dir=off", name)
+			}
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			if opaque {
+				op := &tar.Header{Name: name + "/" + whiteoutPrefix + whiteoutPrefix + ".opq", Typeflag: tar.TypeReg, Mode: 0o600, ModTime: hdr.ModTime, Format: tar.FormatPAX}
+				if err := tw.WriteHeader(op); err != nil {
+					return err
+				}
+			}
+		default:
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			if _, err := io.Copy(tw, tr); err != nil {
+				return err
+			}
+		}
+	}
+	return tw.Close()
+}
+
+const whiteoutPrefix = ".wh."
+
+// errPipelineStopped closes a pipe of the commit pipeline whose reader
+// stopped (because it failed).
+var errPipelineStopped = errors.New("commit pipeline stopped")
+
+// overlayDirXattrs reads whether the directory rel (inside the upper
+// directory rootfd; symlinks never leave it) is opaque or redirected.
+func overlayDirXattrs(rootfd int, rel string) (opaque, redirect bool) {
+	fd, err := inroot.Open(rootfd, rel, unix.O_PATH|unix.O_NOFOLLOW|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return false, false // gone meanwhile, or no longer a directory
+	}
+	defer unix.Close(fd)
+	p := "/proc/self/fd/" + strconv.Itoa(fd)
+	var buf [8]byte
+	if n, err := unix.Getxattr(p, overlayOpaque, buf[:]); err == nil && n == 1 && buf[0] == 'y' {
+		opaque = true
+	}
+	if _, err := unix.Getxattr(p, overlayRedirect, nil); err == nil {
+		redirect = true
+	}
+	return opaque, redirect
+}
