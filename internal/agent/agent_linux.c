@@ -687,7 +687,8 @@ static void on_listen(void)
 	}
 }
 
-static void __attribute__((noreturn)) agent_main(int fd)
+/* Also entered in place by the container init stage (internal/container/init_linux.c). */
+void __attribute__((noreturn)) warren_agent_main(int fd)
 {
 	prctl(PR_SET_NAME, "warren-init", 0, 0, 0);
 	/* Sandbox processes may share our uid: keep them from ptracing us
@@ -785,5 +786,5 @@ __attribute__((constructor)) static void warren_agent_init(void)
 		errno = EINVAL;
 		fatal(AGENT_ENV);
 	}
-	agent_main((int)fd);
+	warren_agent_main((int)fd);
 }

@@ -45,6 +45,10 @@ type Group interface {
 	// Kill sends SIGKILL to every process in the group and waits until it
 	// is empty or the timeout passes.
 	Kill(timeout time.Duration) error
+	// Freeze stops every process in the group (and those it forks) until
+	// Thaw; it returns once they are all frozen.
+	Freeze() error
+	Thaw() error
 	Stats() (Stats, error)
 	// Delete removes the group; it must be empty.
 	Delete() error
@@ -222,9 +226,43 @@ func classify(err error, what string) error {
 	return errdefs.Wrap(errdefs.Internal, err, what)
 }
 
+// FreezeTimeout bounds Freeze: a task that cannot be frozen (in an
+// uninterruptible sleep) must not block the caller for ever.
+const FreezeTimeout = 10 * time.Second
+
+// freeze asks for the frozen state (again, as tasks may join meanwhile)
+// until the group reports it, or thaws it and fails after FreezeTimeout.
+func freeze(name string, request func() error, frozen func() (bool, error), thaw func() error) error {
+	deadline := time.Now().Add(FreezeTimeout)
+	for {
+		if err := request(); err != nil {
+			_ = thaw()
+			return classify(err, "freeze cgroup "+name)
+		}
+		ok, err := frozen()
+		if err != nil {
+			_ = thaw()
+			return classify(err, "freeze cgroup "+name)
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			_ = thaw()
+			return errdefs.Unavailablef("cgroup %s did not freeze within %v (a task in uninterruptible sleep?)", name, FreezeTimeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // killUntilEmpty repeatedly SIGKILLs the pids procs() returns until none
 // remain. Freezing first stops a fork bomb from outrunning the kill loop.
 func killUntilEmpty(procs func() ([]int, error), freeze, thaw func() error, timeout time.Duration) error {
+	// The common case on delete: the sandbox's init is gone and took its
+	// pid namespace with it, so there is nothing to freeze.
+	if pids, err := procs(); err == nil && len(pids) == 0 || errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	deadline := time.Now().Add(timeout)
 	frozen := freeze != nil && freeze() == nil
 	for {
@@ -314,6 +352,17 @@ func (g *v1Group) Procs() ([]int, error) {
 func (g *v1Group) Kill(timeout time.Duration) error {
 	return killUntilEmpty(g.Procs, g.c.Freeze, g.c.Thaw, timeout)
 }
+func (g *v1Group) Freeze() error {
+	state := filepath.Join(g.dir(cgroup1.Freezer), "freezer.state")
+	return freeze(g.name, func() error { return os.WriteFile(state, []byte("FROZEN"), 0) }, func() (bool, error) {
+		b, err := os.ReadFile(state)
+		return strings.TrimSpace(string(b)) == "FROZEN", err
+	}, g.Thaw)
+}
+func (g *v1Group) Thaw() error {
+	err := os.WriteFile(filepath.Join(g.dir(cgroup1.Freezer), "freezer.state"), []byte("THAWED"), 0)
+	return classify(err, "thaw cgroup "+g.name)
+}
 func (g *v1Group) Stats() (Stats, error) {
 	var s Stats
 	var err error
@@ -327,16 +376,34 @@ func (g *v1Group) Stats() (Stats, error) {
 	s.Pids, _ = readUint(filepath.Join(g.dir(cgroup1.Pids), "pids.current"))
 	return s, nil
 }
+
+// Delete removes the group's directory in each hierarchy. A sandbox group
+// has no children, so one rmdir each does it (the library's Delete walks
+// every hierarchy's tree first, which costs more than the create).
 func (g *v1Group) Delete() error {
-	var err error
-	// rmdir races with the last task's exit: retry briefly.
-	for i := 0; i < 50; i++ {
-		if err = g.c.Delete(); err == nil || errors.Is(err, cgroup1.ErrCgroupDeleted) {
-			return nil
+	var errs []error
+	for n := range v1Subsystems {
+		dir := g.dir(n)
+		var err error
+		// rmdir races with the last task's exit (EBUSY): retry briefly.
+		for i := 0; i < 500; i++ {
+			if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
+				err = nil
+				break
+			}
+			if !errors.Is(err, syscall.EBUSY) {
+				break
+			}
+			time.Sleep(time.Millisecond)
 		}
-		time.Sleep(2 * time.Millisecond)
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
-	return classify(err, "delete cgroup "+g.name)
+	if len(errs) > 0 {
+		return classify(errors.Join(errs...), "delete cgroup "+g.name)
+	}
+	return nil
 }
 
 type v2Group struct {
@@ -358,6 +425,18 @@ func (g *v2Group) Kill(timeout time.Duration) error {
 		return killUntilEmpty(g.Procs, nil, nil, timeout)
 	}
 	return killUntilEmpty(g.Procs, g.m.Freeze, g.m.Thaw, timeout)
+}
+func (g *v2Group) Freeze() error {
+	return freeze(g.name, func() error {
+		return os.WriteFile(filepath.Join(g.dir(), "cgroup.freeze"), []byte("1"), 0)
+	}, func() (bool, error) {
+		n, err := readKey(filepath.Join(g.dir(), "cgroup.events"), "frozen")
+		return n == 1, err
+	}, g.Thaw)
+}
+func (g *v2Group) Thaw() error {
+	err := os.WriteFile(filepath.Join(g.dir(), "cgroup.freeze"), []byte("0"), 0)
+	return classify(err, "thaw cgroup "+g.name)
 }
 func (g *v2Group) Stats() (Stats, error) {
 	var s Stats

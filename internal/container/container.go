@@ -56,6 +56,8 @@ type Backend struct {
 	mon  *monitor
 }
 
+var _ backend.Committer = (*sandbox)(nil)
+
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
 // New checks the host and returns the backend.
@@ -80,6 +82,11 @@ func New(opts Options) (*Backend, error) {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "create "+d)
 		}
+	}
+	// Sandboxes hide host directories of /proc and /sys under read-only
+	// binds of this one empty directory.
+	if err := os.MkdirAll(filepath.Join(opts.RunDir, "empty"), 0o555); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "create empty directory")
 	}
 	mon, err := newMonitor()
 	if err != nil {
@@ -113,6 +120,7 @@ type state struct {
 }
 
 func (b *Backend) runDir(id string) string   { return filepath.Join(b.opts.RunDir, "sb", id) }
+func (b *Backend) emptyDir() string          { return filepath.Join(b.opts.RunDir, "empty") }
 func (b *Backend) stateDir(id string) string { return filepath.Join(b.opts.StateDir, "sandboxes", id) }
 func (b *Backend) rootfs(id string) string   { return filepath.Join(b.runDir(id), "rootfs") }
 func (b *Backend) diskImage(id string) string {
@@ -159,10 +167,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		}
 	}
 
-	if err := mountOverlay(spec.Layers, filepath.Join(st, "upper"), filepath.Join(st, "work"), b.rootfs(spec.ID)); err != nil {
+	overlay, err := overlayData(spec.Layers, filepath.Join(st, "upper"), filepath.Join(st, "work"))
+	if err != nil {
 		return nil, err
 	}
-	cu.Add(func() error { return unmount(b.rootfs(spec.ID)) })
 
 	grp, err := cgroups.New(b.opts.CgroupParent, spec.ID, cgroups.Resources{
 		CPUMillis: spec.CPUMillis, MemoryBytes: spec.MemoryBytes, PidsMax: spec.PidsMax,
@@ -184,7 +192,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	}
 	defer lnFile.Close()
 
-	pid, err := b.startInit(spec, grp, lnFile)
+	pid, err := b.startInit(spec, overlay, grp, lnFile)
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +208,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 
 // startInit starts the init stage in new namespaces, places it in its
 // cgroup, sends it its config and waits until it has become the agent.
-func (b *Backend) startInit(spec backend.Spec, grp cgroups.Group, lnFile *os.File) (int, error) {
+func (b *Backend) startInit(spec backend.Spec, overlay string, grp cgroups.Group, lnFile *os.File) (int, error) {
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
 		return 0, errdefs.Wrap(errdefs.Internal, err, "pipe")
@@ -216,8 +224,8 @@ func (b *Backend) startInit(spec backend.Spec, grp cgroups.Group, lnFile *os.Fil
 
 	cmd := &exec.Cmd{
 		Path:       b.opts.InitBinary,
-		Args:       []string{initArg0},
-		Env:        []string{},
+		Args:       []string{"warren-init"},
+		Env:        []string{initEnv + "=1"},
 		ExtraFiles: []*os.File{cfgR, lnFile, stW},
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS |
@@ -248,7 +256,8 @@ func (b *Backend) startInit(spec backend.Spec, grp cgroups.Group, lnFile *os.Fil
 	if hostname == "" {
 		hostname = spec.ID
 	}
-	if err := json.NewEncoder(cfgW).Encode(initConfig{Rootfs: b.rootfs(spec.ID), Hostname: hostname}); err != nil {
+	cfg := initConfig(map[string]string{"rootfs": b.rootfs(spec.ID), "overlay": overlay, "hostname": hostname, "empty": b.emptyDir()})
+	if _, err := cfgW.Write(cfg); err != nil {
 		return fail(errdefs.Wrap(errdefs.Internal, err, "send init config"))
 	}
 	cfgW.Close()
@@ -369,12 +378,41 @@ type sandbox struct {
 	destroyed bool
 }
 
-func (s *sandbox) ID() string            { return s.id }
-func (s *sandbox) Root() string          { return s.b.rootfs(s.id) }
+func (s *sandbox) ID() string { return s.id }
+
+// Root reaches the sandbox's root through its init: the overlay is mounted
+// only inside the sandbox's mount namespace.
+func (s *sandbox) Root() string          { return "/proc/" + strconv.Itoa(s.st.Pid) + "/root" }
 func (s *sandbox) Done() <-chan struct{} { return s.done }
 func (s *sandbox) State() []byte {
 	b, _ := json.Marshal(s.st)
 	return b
+}
+
+// UpperDir is the overlayfs upper directory (backend.Committer).
+func (s *sandbox) UpperDir() string { return filepath.Join(s.b.stateDir(s.id), "upper") }
+
+// Freeze freezes the sandbox's cgroup (backend.Committer).
+func (s *sandbox) Freeze(ctx context.Context) (func() error, error) {
+	select {
+	case <-s.done:
+		return nil, errdefs.Conflictf("sandbox %s is not running", s.id)
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := s.grp.Freeze(); err != nil {
+		// A partial freeze must not leave processes stopped.
+		_ = s.grp.Thaw()
+		return nil, err
+	}
+	var once sync.Once
+	var terr error
+	return func() error {
+		once.Do(func() { terr = s.grp.Thaw() })
+		return terr
+	}, nil
 }
 
 func (s *sandbox) Start(ctx context.Context, p backend.ProcSpec) (backend.Process, error) {
@@ -418,20 +456,25 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	return nil
 }
 
-func mountOverlay(layers []string, upper, work, target string) error {
+// overlayData is the overlayfs mount data of a sandbox root; the init
+// stage mounts it inside the sandbox's own mount namespace.
+func overlayData(layers []string, upper, work string) (string, error) {
 	for _, l := range layers {
 		if strings.ContainsAny(l, ":,\x00") {
-			return errdefs.Invalidf("layer path %q contains ':' or ','", l)
+			return "", errdefs.Invalidf("layer path %q contains ':' or ','", l)
+		}
+		if _, err := os.Stat(l); err != nil {
+			return "", fsErr(err, "image layer")
 		}
 	}
-	data := "lowerdir=" + strings.Join(layers, ":") + ",upperdir=" + upper + ",workdir=" + work
+	// redirect_dir and metacopy off (the defaults of most kernels, made
+	// explicit): the upper directory then holds whole files and real
+	// directories, which CommitSandbox relies on to turn it into a layer.
+	data := "lowerdir=" + strings.Join(layers, ":") + ",upperdir=" + upper + ",workdir=" + work + ",redirect_dir=off,metacopy=off"
 	if len(data) >= os.Getpagesize() {
-		return errdefs.Invalidf("too many image layers (%d) for one overlay mount", len(layers))
+		return "", errdefs.Invalidf("too many image layers (%d) for one overlay mount", len(layers))
 	}
-	if err := unix.Mount("overlay", target, "overlay", unix.MS_NODEV, data); err != nil {
-		return fsErr(err, "mount overlay root")
-	}
-	return nil
+	return data, nil
 }
 
 func unmount(target string) error {
@@ -477,4 +520,21 @@ func procStartTime(pid int) (uint64, error) {
 		return 0, fmt.Errorf("process %d is a zombie", pid)
 	}
 	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// initEnv switches the warren binary into the container init stage
+// (init_linux.c), which builds the sandbox's root and becomes its agent.
+const initEnv = "_WARREN_CONTAINER_INIT"
+
+// initConfig encodes the init stage's config: NUL-separated key=value.
+func initConfig(kv map[string]string) []byte {
+	var b bytes.Buffer
+	for k, v := range kv {
+		if v == "" {
+			continue
+		}
+		b.WriteString(k + "=" + v)
+		b.WriteByte(0)
+	}
+	return b.Bytes()
 }

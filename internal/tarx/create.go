@@ -52,6 +52,7 @@ func Create(ctx context.Context, root string, w io.Writer, dir string) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "stat archive source")
 	}
+	c.dev = st.Dev
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		err = c.dir(fd, "./", st)
 	} else {
@@ -71,6 +72,10 @@ func Create(ctx context.Context, root string, w io.Writer, dir string) error {
 type devIno struct{ dev, ino uint64 }
 
 type creator struct {
+	// dev is the filesystem being archived: like tar --one-file-system,
+	// mount points below it (a sandbox's /proc, /sys, /dev) are archived
+	// as empty directories.
+	dev   uint64
 	ctx   context.Context
 	tw    *tar.Writer
 	links map[devIno]string
@@ -104,6 +109,9 @@ func (c *creator) dir(fd int, name string, st unix.Stat_t) error {
 	}
 	if err := c.tw.WriteHeader(hdr); err != nil {
 		return c.writeErr(err)
+	}
+	if st.Dev != c.dev {
+		return nil
 	}
 	names, err := inroot.ReadDirNames(fd)
 	if err != nil {

@@ -702,3 +702,46 @@ func TestCreateSubdirAndSingleFile(t *testing.T) {
 		t.Fatalf("escaping symlink left the root: %q", l)
 	}
 }
+
+// Mount points below the archived tree (a sandbox's /proc, /sys, /dev)
+// become empty directories, as with tar --one-file-system.
+func TestCreateStaysOnOneFilesystem(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs")
+	}
+	root := t.TempDir()
+	mnt := filepath.Join(root, "proc")
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "kept"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(mnt, unix.MNT_DETACH)
+	if err := os.WriteFile(filepath.Join(mnt, "hidden"), []byte("y"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := Create(context.Background(), root, &buf, "/"); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	tr := tar.NewReader(&buf)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+	}
+	got := strings.Join(names, " ")
+	if !strings.Contains(got, "kept") || !strings.Contains(got, "proc/") || strings.Contains(got, "hidden") {
+		t.Fatalf("archive entries %q: want kept and an empty proc/, not proc/hidden", got)
+	}
+}
