@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"errors"
 	"io"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -87,9 +89,57 @@ func (c *capture) readFrom(r io.Reader, onSendErr func(error)) {
 			}
 		}
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				// The deadline fires without a read once it has
+				// passed, so output still buffered in the pipe (a
+				// reader starved of CPU past the grace) would be
+				// lost: take what is there, without blocking.
+				readBuffered(r, func(b []byte) {
+					if serr := c.add(b); serr != nil && !reported && onSendErr != nil {
+						reported = true
+						onSendErr(serr)
+					}
+				})
+			}
 			return
 		}
 	}
+}
+
+// readBuffered reads what r's descriptor holds right now, up to EAGAIN or
+// EOF, and never waits for more.
+func readBuffered(r io.Reader, add func([]byte)) {
+	sc, ok := r.(interface {
+		syscall.Conn
+		SetReadDeadline(time.Time) error
+	})
+	if !ok || sc.SetReadDeadline(time.Time{}) != nil {
+		return
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	buf := make([]byte, readChunk)
+	// A writer still running (a background `yes`) refills the pipe as
+	// fast as we read: take at most a few pipe buffers.
+	budget := 1 << 20
+	_ = rc.Read(func(fd uintptr) bool {
+		for budget > 0 {
+			n, err := syscall.Read(int(fd), buf)
+			if n > 0 {
+				add(buf[:n])
+				budget -= n
+			}
+			if err == syscall.EINTR {
+				continue
+			}
+			if n <= 0 || err != nil {
+				return true
+			}
+		}
+		return true
+	})
 }
 
 // result freezes the capture and returns the kept bytes, whether output
@@ -159,14 +209,25 @@ func (col *collector) drain(grace time.Duration) {
 	default:
 	}
 	deadline := time.Now().Add(grace)
+	allDeadlines := true
 	for _, r := range col.readers {
-		if d, ok := r.(deadliner); ok {
-			// os.ErrNoDeadline (a non-pollable file): the close below
-			// is the fallback.
-			_ = d.SetReadDeadline(deadline)
+		d, ok := r.(deadliner)
+		// os.ErrNoDeadline (a non-pollable file): the close below is
+		// the fallback.
+		if !ok || d.SetReadDeadline(deadline) != nil {
+			allDeadlines = false
 		}
 	}
-	t := time.NewTimer(grace + 50*time.Millisecond)
+	wait := grace + 50*time.Millisecond
+	if allDeadlines {
+		// Every reader stops by itself once the deadline passed, after
+		// taking what the pipe still buffers; closing it from here
+		// instead could drop output that a reader starved of CPU (a
+		// loaded node) has not read yet. So wait for them, with a
+		// generous cap for a reader that never gets to run at all.
+		wait = grace + 10*time.Second
+	}
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-col.done:

@@ -210,3 +210,34 @@ func TestCollectSkipsNilStreams(t *testing.T) {
 		t.Fatal("collector of no streams did not finish")
 	}
 }
+
+// A reader that only gets to run after the grace passed (a starved
+// goroutine under load) still takes the output already in the pipe.
+func TestDeadlinePassedStillTakesBufferedOutput(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close() // held open: a background child keeps stdout
+	if _, err := w.Write([]byte("late output")); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetReadDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	c := newCapture(1<<20, true, nil)
+	done := make(chan struct{})
+	go func() {
+		c.readFrom(r, nil)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("readFrom blocked on a pipe whose writer is still open")
+	}
+	if got, _, _ := c.result(); string(got) != "late output" {
+		t.Fatalf("captured %q, want the buffered output", got)
+	}
+}
