@@ -1,0 +1,348 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+)
+
+// DensityConfig configures `warren bench density`.
+type DensityConfig struct {
+	N           int
+	Concurrency int  // creates (and deletes) in flight
+	Peers       bool // also N idle unshare+chroot and crun containers
+}
+
+// DensityReport is the result of `warren bench density`. Memory is in
+// KiB; "per sandbox" values divide a delta by N.
+type DensityReport struct {
+	Benchmark   string `json:"benchmark"`
+	Daemon      string `json:"daemon"`
+	N           int    `json:"n"`
+	Concurrency int    `json:"concurrency"`
+
+	// (MemAvailable before - after) / N, both read after sync and
+	// drop_caches: everything the node spends, kernel included.
+	NodeKiBPerSandbox float64 `json:"node_kib_per_sandbox"`
+	// The daemon's Pss (smaps_rollup) and VmRSS growth / N.
+	DaemonKiBPerSandbox    *float64 `json:"daemon_kib_per_sandbox"`
+	DaemonRSSKiBPerSandbox *float64 `json:"daemon_rss_kib_per_sandbox"`
+	// Sum of the sandbox inits' (agents') Pss / N, and their mean RSS.
+	AgentPssKiB *float64 `json:"agent_pss_kib"`
+	AgentRSSKiB *float64 `json:"agent_rss_kib,omitempty"`
+	AgentsFound int      `json:"agents_found"`
+	// Memory charged to the sandboxes' cgroups (the daemon's cgroup
+	// parent, v1 memory.usage_in_bytes, kernel memory included) / N.
+	CgroupKiBPerSandbox *float64 `json:"cgroup_kib_per_sandbox,omitempty"`
+
+	CreateS          float64 `json:"create_s"`
+	CreatePerS       float64 `json:"create_per_s"`
+	CreateP50        float64 `json:"create_p50_ms"`
+	CreateP99        float64 `json:"create_p99_ms"`
+	CreateFirstP50   float64 `json:"create_first_10pct_p50_ms"`
+	CreateLastP50    float64 `json:"create_last_10pct_p50_ms"`
+	Created          int     `json:"created"`
+	CreateErrors     int     `json:"create_errors"`
+	Verified         int     `json:"verified"`
+	VerifyFailed     int     `json:"verify_failed"`
+	DeleteS          float64 `json:"delete_s"`
+	DeletePerS       float64 `json:"delete_per_s"`
+	NodeKiBNotBack   float64 `json:"node_kib_not_returned"`
+	MemoryReturnedPc float64 `json:"memory_returned_pct"`
+
+	DaemonFDsPeak   int    `json:"daemon_fds_peak"`
+	DaemonNofile    string `json:"daemon_nofile_soft"`
+	BenchNofile     uint64 `json:"bench_nofile_soft"`
+	MemAvailBefore  int64  `json:"mem_available_before_kib"`
+	MemAvailCreated int64  `json:"mem_available_created_kib"`
+	MemAvailDeleted int64  `json:"mem_available_deleted_kib"`
+
+	// Kernel slab of one new empty memory cgroup, before the sandboxes
+	// were created and while they exist (see memcgCostKiB).
+	MemcgCostBeforeKiB *float64 `json:"memcg_cost_before_kib,omitempty"`
+	MemcgCostAtNKiB    *float64 `json:"memcg_cost_at_n_kib,omitempty"`
+
+	// /proc/meminfo deltas (after create - before) / N: where the node
+	// memory went.
+	MeminfoKiBPerSandbox map[string]float64 `json:"meminfo_kib_per_sandbox,omitempty"`
+
+	Peers []DensityPeerRow `json:"peers,omitempty"`
+	Notes []string         `json:"notes,omitempty"`
+	Error string           `json:"error,omitempty"`
+}
+
+// DensityPeerRow is N idle peer instances measured the same way.
+type DensityPeerRow struct {
+	System            string  `json:"system"`
+	N                 int     `json:"n"`
+	NodeKiBPerSandbox float64 `json:"node_kib_per_sandbox"`
+	PssKiB            float64 `json:"pss_kib"` // sum of the instances' processes' Pss / N
+	CreateS           float64 `json:"create_s"`
+	DeleteS           float64 `json:"delete_s"`
+	NodeKiBNotBack    float64 `json:"node_kib_not_returned"`
+	Note              string  `json:"note,omitempty"`
+	Error             string  `json:"error,omitempty"`
+}
+
+// RunDensity creates N idle sandboxes and measures what they cost.
+func RunDensity(ctx context.Context, env *Env, cfg DensityConfig, benchNofile uint64) (*DensityReport, error) {
+	if cfg.Concurrency < 1 {
+		cfg.Concurrency = 8
+	}
+	rep := &DensityReport{Benchmark: "density", Daemon: env.describe(), N: cfg.N, Concurrency: cfg.Concurrency, BenchNofile: benchNofile}
+	rep.checkLimits(env, cfg.N)
+	if v := memcgCostKiB(); v >= 0 {
+		rep.MemcgCostBeforeKiB = ptr(v)
+	}
+
+	before, err := settledMemAvailable()
+	if err != nil {
+		return nil, err
+	}
+	rep.MemAvailBefore = before
+	miBefore, _ := readMeminfo()
+	var dBefore procMem
+	var agentsBefore []int
+	if env.DaemonPid > 0 {
+		if dBefore, err = readProcMem(env.DaemonPid); err != nil {
+			return nil, fmt.Errorf("daemon memory: %w", err)
+		}
+		agentsBefore, _ = childrenOf(env.DaemonPid)
+	}
+	cgBefore := cgroupMemKiB(env)
+
+	env.logf("density: creating %d sandboxes, %d at a time", cfg.N, cfg.Concurrency)
+	var (
+		mu  sync.Mutex
+		ids []string
+		lat = make([]time.Duration, cfg.N)
+		seq int
+	)
+	progress := max(cfg.N/10, 1)
+	res := Loop(ctx, cfg.N, 0, cfg.Concurrency, 1, func(ctx context.Context, _ int) ([]time.Duration, error) {
+		t0 := time.Now()
+		sb, err := env.Client.Create(ctx, env.CreateRequest())
+		d := time.Since(t0)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		ids = append(ids, sb.GetId())
+		if seq < len(lat) {
+			lat[seq] = d
+		}
+		seq++
+		if seq%progress == 0 {
+			env.logf("density: %d created", seq)
+		}
+		mu.Unlock()
+		return []time.Duration{d}, nil
+	})
+	rep.Created, rep.CreateErrors = res.Done, res.Errors
+	rep.CreateS = round(res.Wall.Seconds(), 3)
+	rep.CreatePerS = round(res.PerSecond(), 1)
+	s := Summarize(res.Samples[0])
+	rep.CreateP50, rep.CreateP99 = round(s.P50, 3), round(s.P99, 3)
+	if done := lat[:min(seq, len(lat))]; len(done) >= 10 {
+		k := len(done) / 10
+		rep.CreateFirstP50 = round(Summarize(done[:k]).P50, 3)
+		rep.CreateLastP50 = round(Summarize(done[len(done)-k:]).P50, 3)
+	}
+	if res.FirstErr != nil {
+		rep.Error = "create: " + res.FirstErr.Error()
+	}
+	if len(ids) == 0 {
+		return rep, nil
+	}
+	n := float64(len(ids))
+
+	env.logf("density: measuring")
+	if env.DaemonPid > 0 {
+		rep.DaemonFDsPeak = countFDs(env.DaemonPid)
+		if dAfter, err := readProcMem(env.DaemonPid); err == nil {
+			rep.DaemonKiBPerSandbox = ptr(float64(dAfter.Pss-dBefore.Pss) / n)
+			rep.DaemonRSSKiBPerSandbox = ptr(float64(dAfter.RSS-dBefore.RSS) / n)
+		}
+		agents, _ := childrenOf(env.DaemonPid)
+		agents = slices.DeleteFunc(agents, func(p int) bool { return slices.Contains(agentsBefore, p) })
+		pss, found := sumPss(agents)
+		var rss int64
+		for _, a := range agents {
+			if m, err := readProcMem(a); err == nil {
+				rss += m.RSS
+			}
+		}
+		rep.AgentsFound = found
+		rep.AgentPssKiB = ptr(float64(pss) / n)
+		if found > 0 {
+			rep.AgentRSSKiB = ptr(float64(rss) / float64(found))
+		}
+	}
+	if cgBefore >= 0 {
+		if cg := cgroupMemKiB(env); cg >= 0 {
+			rep.CgroupKiBPerSandbox = ptr(float64(cg-cgBefore) / n)
+		}
+	}
+	created, err := settledMemAvailable()
+	if err != nil {
+		return nil, err
+	}
+	rep.MemAvailCreated = created
+	if v := memcgCostKiB(); v >= 0 {
+		rep.MemcgCostAtNKiB = ptr(v)
+	}
+	rep.NodeKiBPerSandbox = round(float64(before-created)/n, 1)
+	if miAfter, err := readMeminfo(); err == nil && miBefore != nil {
+		rep.MeminfoKiBPerSandbox = map[string]float64{}
+		for _, k := range meminfoKeys {
+			rep.MeminfoKiBPerSandbox[k] = round(float64(miAfter[k]-miBefore[k])/n, 1)
+		}
+	}
+
+	// A random 1% (at least one) must still answer.
+	k := max(1, len(ids)/100)
+	env.logf("density: checking that %d random sandboxes answer exec", k)
+	for _, i := range rand.Perm(len(ids))[:k] {
+		r, err := env.Client.Exec(ctx, &warrenv1.ExecRequest{SandboxId: ids[i], Argv: []string{"true"}})
+		if err == nil && r.GetExitCode() == 0 {
+			rep.Verified++
+		} else {
+			rep.VerifyFailed++
+		}
+	}
+
+	env.logf("density: deleting %d sandboxes", len(ids))
+	t0 := time.Now()
+	derr := deleteIDs(ctx, env.Client, ids, cfg.Concurrency)
+	rep.DeleteS = round(time.Since(t0).Seconds(), 3)
+	rep.DeletePerS = round(n/time.Since(t0).Seconds(), 1)
+	if derr != nil {
+		rep.Error = strings.TrimPrefix(rep.Error+"; ", "; ") + "delete: " + derr.Error()
+	}
+	deleted, err := settledMemAvailable()
+	if err != nil {
+		return nil, err
+	}
+	rep.MemAvailDeleted = deleted
+	rep.NodeKiBNotBack = float64(before - deleted)
+	if before > created {
+		rep.MemoryReturnedPc = round(100*float64(deleted-created)/float64(before-created), 1)
+		if rep.MemoryReturnedPc < 80 || rep.MemoryReturnedPc > 120 {
+			rep.Notes = append(rep.Notes, "memory returned is far from 100%: other processes changed the node's memory during the run, so node_kib_per_sandbox is noisy too")
+		}
+	}
+
+	if cfg.Peers {
+		rep.Peers = densityPeers(ctx, env, cfg)
+	}
+	return rep, nil
+}
+
+// checkLimits notes the limits that matter for N sandboxes.
+func (r *DensityReport) checkLimits(env *Env, n int) {
+	if env.DaemonPid > 0 {
+		soft, hard := nofileLimit(env.DaemonPid)
+		r.DaemonNofile = soft
+		if v, err := strconv.Atoi(soft); err == nil && v < n+1024 {
+			r.Notes = append(r.Notes, fmt.Sprintf("daemon RLIMIT_NOFILE %s (hard %s) is close to N=%d: it holds a pidfd per sandbox", soft, hard, n))
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/pid_max"); err == nil {
+		if v, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && v < 2*n+4096 {
+			r.Notes = append(r.Notes, fmt.Sprintf("kernel.pid_max %d is low for N=%d", v, n))
+		}
+	}
+}
+
+// cgroupMemKiB reads the memory charged below a private daemon's cgroup
+// parent (v1), -1 when not available.
+func cgroupMemKiB(env *Env) int64 {
+	if !env.Private || env.cgroupParent == "" {
+		return -1
+	}
+	for _, p := range []string{
+		filepath.Join("/sys/fs/cgroup/memory", env.cgroupParent, "memory.usage_in_bytes"),
+		filepath.Join("/sys/fs/cgroup", env.cgroupParent, "memory.current"),
+	} {
+		if b, err := os.ReadFile(p); err == nil {
+			if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+				return v / 1024
+			}
+		}
+	}
+	// The parent appears with the first sandbox: before that it is empty.
+	return 0
+}
+
+// Table prints the density report.
+func (r *DensityReport) Table(w io.Writer) error {
+	fmt.Fprintf(w, "density: %d idle sandboxes, created %d at a time (daemon: %s)\n\n", r.N, r.Concurrency, r.Daemon)
+	t := newTable("METRIC", "VALUE")
+	t.left = true
+	f := func(v *float64) string {
+		if v == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", *v)
+	}
+	t.add("node memory per sandbox (MemAvailable delta, caches dropped)", fmt.Sprintf("%.1f KiB", r.NodeKiBPerSandbox))
+	t.add("daemon Pss growth per sandbox", f(r.DaemonKiBPerSandbox)+" KiB")
+	t.add("daemon RSS growth per sandbox", f(r.DaemonRSSKiBPerSandbox)+" KiB")
+	t.add("agent Pss per sandbox (sum / N)", f(r.AgentPssKiB)+" KiB")
+	t.add("agent RSS (mean)", f(r.AgentRSSKiB)+" KiB")
+	t.add("cgroup-charged memory per sandbox", f(r.CgroupKiBPerSandbox)+" KiB")
+	if len(r.MeminfoKiBPerSandbox) > 0 {
+		var parts []string
+		for _, k := range meminfoKeys {
+			parts = append(parts, fmt.Sprintf("%s %.1f", k, r.MeminfoKiBPerSandbox[k]))
+		}
+		t.add("/proc/meminfo deltas per sandbox (KiB)", strings.Join(parts, ", "))
+	}
+	t.add("created / errors", fmt.Sprintf("%d / %d", r.Created, r.CreateErrors))
+	t.add("create wall time", fmt.Sprintf("%.2f s (%.0f/s)", r.CreateS, r.CreatePerS))
+	t.add("create latency p50 / p99", fmt.Sprintf("%s / %s ms", ms(r.CreateP50), ms(r.CreateP99)))
+	t.add("create p50, first 10% / last 10%", fmt.Sprintf("%s / %s ms", ms(r.CreateFirstP50), ms(r.CreateLastP50)))
+	t.add("random 1% answering exec", fmt.Sprintf("%d ok, %d failed", r.Verified, r.VerifyFailed))
+	t.add("delete wall time", fmt.Sprintf("%.2f s (%.0f/s)", r.DeleteS, r.DeletePerS))
+	t.add("memory returned after delete", fmt.Sprintf("%.1f%% (%.0f KiB not back)", r.MemoryReturnedPc, r.NodeKiBNotBack))
+	t.add("daemon fds at peak / RLIMIT_NOFILE", fmt.Sprintf("%d / %s", r.DaemonFDsPeak, r.DaemonNofile))
+	t.add("slab of one new memory cgroup, before / at N", f(r.MemcgCostBeforeKiB)+" / "+f(r.MemcgCostAtNKiB)+" KiB")
+	if err := t.write(w); err != nil {
+		return err
+	}
+	if len(r.Peers) > 0 {
+		fmt.Fprintln(w)
+		pt := newTable("PEER", "N", "NODE KiB/EACH", "PSS KiB/EACH", "CREATE s", "DELETE s", "KiB NOT BACK")
+		for _, p := range r.Peers {
+			pt.add(p.System, strconv.Itoa(p.N), fmt.Sprintf("%.1f", p.NodeKiBPerSandbox), fmt.Sprintf("%.1f", p.PssKiB),
+				fmt.Sprintf("%.2f", p.CreateS), fmt.Sprintf("%.2f", p.DeleteS), fmt.Sprintf("%.0f", p.NodeKiBNotBack))
+		}
+		if err := pt.write(w); err != nil {
+			return err
+		}
+		for _, p := range r.Peers {
+			if p.Note != "" {
+				fmt.Fprintf(w, "note: %s: %s\n", p.System, p.Note)
+			}
+			if p.Error != "" {
+				fmt.Fprintf(w, "error: %s: %s\n", p.System, p.Error)
+			}
+		}
+	}
+	fmt.Fprintln(w)
+	if r.Error != "" {
+		fmt.Fprintln(w, "error: "+r.Error)
+	}
+	writeNotes(w, r.Notes)
+	return nil
+}
