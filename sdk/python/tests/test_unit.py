@@ -1,0 +1,217 @@
+"""Pieces that need no daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import io
+import os
+import pickle
+import tarfile
+
+import pytest
+
+import warren
+from warren import _archive
+from warren._transport import parse_addr
+from warren.errors import error_from_status
+
+
+def test_parse_addr() -> None:
+    assert parse_addr("unix:///run/warren/warren.sock") == ("unix", "/run/warren/warren.sock", "http://warren")
+    assert parse_addr("/tmp/w.sock") == ("unix", "/tmp/w.sock", "http://warren")
+    assert parse_addr("http://127.0.0.1:7070") == ("http", "127.0.0.1:7070", "http://127.0.0.1:7070")
+    assert parse_addr("https://w.example.com/base/") == ("https", "w.example.com", "https://w.example.com/base")
+    assert parse_addr("localhost:7070") == ("http", "localhost:7070", "http://localhost:7070")
+    for bad in ("ftp://x", "unix:", "nohost", "http://"):
+        with pytest.raises(ValueError):
+            parse_addr(bad)
+
+
+def test_error_hierarchy() -> None:
+    for cls in (
+        warren.NotFoundError,
+        warren.InvalidError,
+        warren.ExhaustedError,
+        warren.ConflictError,
+        warren.UnavailableError,
+        warren.DeadlineExceededError,
+        warren.UnauthenticatedError,
+        warren.InternalError,
+        warren.CommandError,
+        warren.BatchError,
+    ):
+        assert issubclass(cls, warren.WarrenError)
+    assert issubclass(warren.AlreadyExistsError, warren.ConflictError)
+    assert issubclass(warren.TimeoutError, warren.DeadlineExceededError)
+    assert issubclass(warren.TimeoutError, builtins.TimeoutError)
+    e = warren.TimeoutError("late", timeout=1.5)
+    assert str(e) == "late" and e.timeout == 1.5 and e.category == "deadline_exceeded"
+    e2 = pickle.loads(pickle.dumps(e))
+    assert type(e2) is warren.TimeoutError and e2.timeout == 1.5
+    nf = pickle.loads(pickle.dumps(warren.NotFoundError("x", code="not_found", http_status=404)))
+    assert nf.code == "not_found" and nf.http_status == 404
+
+
+def test_error_mapping() -> None:
+    cases = {
+        ("not_found", None): warren.NotFoundError,
+        ("invalid_argument", "invalid"): warren.InvalidError,
+        ("resource_exhausted", "exhausted"): warren.ExhaustedError,
+        ("failed_precondition", "conflict"): warren.ConflictError,
+        ("already_exists", "conflict"): warren.AlreadyExistsError,
+        ("unavailable", "unavailable"): warren.UnavailableError,
+        ("deadline_exceeded", "deadline_exceeded"): warren.DeadlineExceededError,
+        ("unauthenticated", "unauthenticated"): warren.UnauthenticatedError,
+        ("internal", "internal"): warren.InternalError,
+        ("unknown", None): warren.InternalError,
+        # the category wins over the code when both are given
+        ("failed_precondition", "not_found"): warren.NotFoundError,
+    }
+    for (code, cat), cls in cases.items():
+        e = error_from_status(code, "msg", category=cat)
+        assert type(e) is cls, (code, cat, type(e))
+    assert type(error_from_status(None, "", http_status=503)) is warren.UnavailableError
+    assert type(error_from_status(None, "", http_status=404)) is warren.NotFoundError
+
+
+def test_retry_backoff_is_jittered_and_capped() -> None:
+    p = warren.RetryPolicy(initial_backoff=0.1, max_backoff=0.5, multiplier=2)
+    for n in range(1, 10):
+        cap = min(0.5, 0.1 * 2 ** (n - 1))
+        vals = [p.backoff(n) for _ in range(200)]
+        assert all(0 <= v <= cap for v in vals)
+        assert len(set(vals)) > 100  # jittered
+    assert warren.NO_RETRY.max_attempts == 1
+
+
+def test_exec_result_helpers() -> None:
+    r = warren.ExecResult(stdout=b"hi\n", stderr=b"oops\n", exit_code=1)
+    assert not r.ok and r.text == "hi\n" and r.stderr_text == "oops\n"
+    with pytest.raises(warren.CommandError) as ei:
+        r.check()
+    assert ei.value.result is r and "exited with code 1" in str(ei.value)
+    t = warren.ExecResult(stdout_truncated=True, stdout_dropped_bytes=5)
+    assert t.truncated
+    with pytest.raises(warren.CommandError):
+        t.check()
+    assert t.check(allow_truncation=True) is t
+    assert warren.ExecResult(duration_ms=1500).duration == 1.5
+
+
+def test_parse_pass_ratio() -> None:
+    assert warren.parse_pass_ratio("== 3 passed, 1 failed in 0.1s ==") == 0.75
+    assert warren.parse_pass_ratio("5 passed") == 1.0
+    assert warren.parse_pass_ratio("2 failed, 2 errors") == 0.0
+    assert warren.parse_pass_ratio("nothing here") == 0.0
+
+
+def test_batch_result() -> None:
+    async def main() -> warren.BatchResult[int]:
+        async def item(i: int) -> int:
+            await asyncio.sleep(0.001 * (5 - i))
+            if i == 2:
+                raise ValueError("two")
+            return i * 10
+
+        return await warren.map_bounded(item, range(5), concurrency=2)
+
+    res = asyncio.run(main())
+    assert len(res) == 5 and not res.ok
+    assert res.values == [0, 10, None, 30, 40]
+    assert res.successes == [0, 10, 30, 40]
+    assert [i for i, _ in res.errors] == [2]
+    with pytest.raises(warren.BatchError) as ei:
+        res.raise_for_errors()
+    assert isinstance(ei.value.__cause__, ValueError)
+    with pytest.raises(ValueError):
+        res[2].unwrap()
+
+
+def test_gather_bounded_respects_the_bound_and_cancels() -> None:
+    async def main() -> None:
+        running = 0
+        peak = 0
+
+        async def item() -> None:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.01)
+            running -= 1
+
+        await warren.gather_bounded([item for _ in range(50)], 7)
+        assert peak == 7
+
+        started = asyncio.Event()
+        cleaned = []
+
+        async def slow() -> None:
+            started.set()
+            try:
+                await asyncio.sleep(60)
+            finally:
+                cleaned.append(1)
+
+        t = asyncio.ensure_future(warren.gather_bounded([slow for _ in range(3)], 3))
+        await started.wait()
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        assert len(cleaned) == 3
+
+    asyncio.run(main())
+
+
+def test_safe_extract_refuses_escapes(tmp_path: "os.PathLike[str]") -> None:
+    def tar_with(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> io.BytesIO:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            ti = tarfile.TarInfo(name)
+            ti.type = kind
+            ti.linkname = link
+            tf.addfile(ti, io.BytesIO(b""))
+        buf.seek(0)
+        return buf
+
+    dest = os.path.join(os.fspath(tmp_path), "d")
+    for bad in (tar_with("../evil"), tar_with("/abs"), tar_with("l", tarfile.SYMTYPE, "/etc/passwd"), tar_with("l", tarfile.SYMTYPE, "../../x")):
+        with pytest.raises(ValueError):
+            _archive.safe_extract(bad, dest)
+    assert not os.path.exists(os.path.join(os.fspath(tmp_path), "evil"))
+    _archive.safe_extract(tar_with("ok/file"), dest)
+    assert os.path.isfile(os.path.join(dest, "ok", "file"))
+
+
+def test_client_validates_arguments() -> None:
+    with pytest.raises(ValueError):
+        warren.AsyncWarren("unix:///x", on_truncation="sometimes")
+    with pytest.raises(ValueError):
+        warren.AsyncWarren("unix:///x", timeout=0)
+
+    async def main() -> None:
+        w = warren.AsyncWarren("unix:///nonexistent/warren.sock")
+        sb = w.sandbox("abc")
+        with pytest.raises(ValueError):
+            await sb.exec("true", timeout=-1)
+        with pytest.raises(ValueError):
+            await sb.exec([])
+        with pytest.raises(ValueError):
+            await w.delete_all({})
+        await w.close()
+
+    asyncio.run(main())
+
+
+def test_unreachable_daemon_is_unavailable_after_retries() -> None:
+    async def main() -> None:
+        policy = warren.RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02)
+        async with warren.AsyncWarren("unix:///nonexistent/warren.sock", retry=policy) as w:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            with pytest.raises(warren.UnavailableError) as ei:
+                await w.version()
+            assert "cannot connect" in str(ei.value)
+            assert loop.time() - t0 < 5
+
+    asyncio.run(main())

@@ -1,0 +1,125 @@
+"""Warren: sandboxes for agentic RL, from Python.
+
+Async-first (:class:`AsyncWarren`, :class:`AsyncSandbox`) with a synchronous
+twin (:class:`Warren`, :class:`Sandbox`) that runs the same code on a
+private event loop thread::
+
+    import asyncio, warren
+
+    async def main():
+        async with warren.AsyncWarren() as w:
+            async with w.create("busybox") as sb:
+                r = await sb.exec("echo hello")
+                print(r.exit_code, r.text)
+
+    asyncio.run(main())
+"""
+
+from ._async import (
+    CREATE_NONCE_LABEL,
+    AsyncProcess,
+    AsyncSandbox,
+    AsyncSandboxGroup,
+    AsyncWarren,
+    Command,
+    ExecJob,
+    ExecStream,
+)
+from ._retry import NO_RETRY, RetryPolicy
+from ._sync import Process, Sandbox, SandboxGroup, SyncExecStream, Warren
+from ._types import (
+    ExecEvent,
+    ExecResult,
+    FileInfo,
+    Image,
+    ProcessInfo,
+    Resources,
+    SandboxInfo,
+    SandboxState,
+    VersionInfo,
+)
+from .batch import BatchResult, Outcome, gather_bounded, map_bounded
+from .env import (
+    AsyncSandboxEnv,
+    CommandReward,
+    Reward,
+    ResetResult,
+    SandboxEnv,
+    Shell,
+    StepResult,
+    WriteFile,
+    parse_pass_ratio,
+)
+from .errors import (
+    AlreadyExistsError,
+    BatchError,
+    CommandError,
+    ConflictError,
+    DeadlineExceededError,
+    ExhaustedError,
+    InternalError,
+    InvalidError,
+    NotFoundError,
+    OutputTruncatedWarning,
+    TimeoutError,
+    UnauthenticatedError,
+    UnavailableError,
+    WarrenError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncWarren",
+    "AsyncSandbox",
+    "AsyncProcess",
+    "AsyncSandboxGroup",
+    "ExecStream",
+    "ExecJob",
+    "Command",
+    "CREATE_NONCE_LABEL",
+    "Warren",
+    "Sandbox",
+    "Process",
+    "SandboxGroup",
+    "SyncExecStream",
+    "RetryPolicy",
+    "NO_RETRY",
+    "ExecEvent",
+    "ExecResult",
+    "FileInfo",
+    "Image",
+    "ProcessInfo",
+    "Resources",
+    "SandboxInfo",
+    "SandboxState",
+    "VersionInfo",
+    "BatchResult",
+    "Outcome",
+    "gather_bounded",
+    "map_bounded",
+    "AsyncSandboxEnv",
+    "SandboxEnv",
+    "CommandReward",
+    "Reward",
+    "ResetResult",
+    "StepResult",
+    "Shell",
+    "WriteFile",
+    "parse_pass_ratio",
+    "WarrenError",
+    "NotFoundError",
+    "InvalidError",
+    "ExhaustedError",
+    "ConflictError",
+    "AlreadyExistsError",
+    "UnavailableError",
+    "DeadlineExceededError",
+    "TimeoutError",
+    "UnauthenticatedError",
+    "InternalError",
+    "CommandError",
+    "BatchError",
+    "OutputTruncatedWarning",
+    "__version__",
+]

@@ -1,0 +1,1424 @@
+"""The asyncio client: AsyncWarren, AsyncSandbox, AsyncProcess, ExecStream
+and AsyncSandboxGroup. The synchronous twin (warren._sync) runs this very
+code on a private event loop thread."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import math
+import os
+import posixpath
+import signal as _signal
+import uuid
+import warnings
+from types import SimpleNamespace
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    AsyncIterator,
+    Awaitable,
+    BinaryIO,
+    Callable,
+    Dict,
+    Generator,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+    overload,
+)
+
+import aiohttp
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._sync import Sandbox
+
+from . import _archive
+from ._retry import RetryPolicy
+from ._transport import Transport
+from ._types import (
+    ExecEvent,
+    ExecResult,
+    FileInfo,
+    Image,
+    ProcessInfo,
+    Resources,
+    SandboxInfo,
+    SandboxState,
+    VersionInfo,
+)
+from .batch import BatchResult, Outcome, gather_bounded, map_bounded
+from .errors import (
+    AlreadyExistsError,
+    BatchError,
+    CommandError,
+    ConflictError,
+    NotFoundError,
+    OutputTruncatedWarning,
+    TimeoutError,
+    UnavailableError,
+    WarrenError,
+)
+
+__all__ = [
+    "AsyncWarren",
+    "AsyncSandbox",
+    "AsyncProcess",
+    "ExecStream",
+    "AsyncSandboxGroup",
+    "ExecJob",
+    "Command",
+    "CREATE_NONCE_LABEL",
+]
+
+log = logging.getLogger("warren")
+
+T = TypeVar("T")
+
+#: A command: a shell string (run with ``/bin/sh -c``) or an argv list.
+Command = Union[str, Sequence[str]]
+PathLike = Union[str, "os.PathLike[str]"]
+Data = Union[bytes, bytearray, memoryview, str]
+
+_SBX = "warren.v1.SandboxService/"
+_IMG = "warren.v1.ImageService/"
+_SYS = "warren.v1.SystemService/"
+
+#: Label set on sandboxes created with an explicit id, so that a retried
+#: create can tell its own sandbox (made by an attempt whose answer was lost)
+#: from somebody else's with the same id.
+CREATE_NONCE_LABEL = "warren-sdk.create-nonce"
+
+# write_file sends larger contents as a one-file tar over the archive
+# endpoint (a streamed, retry-safe upload) instead of a single JSON message.
+_WRITE_INLINE_MAX = 32 << 20
+# ReadFile returns at most this much per call.
+_READ_CHUNK = 64 << 20
+
+
+def _new_id() -> str:
+    """A random sandbox id: 16 characters of [a-z2-7] (80 bits)."""
+    return base64.b32encode(os.urandom(10)).decode("ascii").lower()
+
+
+def _ms(seconds: float) -> str:
+    return str(max(1, int(math.ceil(seconds * 1000))))
+
+
+def _b64(data: Data) -> str:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return base64.b64encode(bytes(data)).decode("ascii")
+
+
+def _set_command(body: Dict[str, Any], command: Command) -> None:
+    if isinstance(command, str):
+        if not command:
+            raise ValueError("empty command")
+        body["shell"] = command
+        return
+    if isinstance(command, (bytes, bytearray)):
+        raise TypeError("command must be a str (shell) or a sequence of str (argv), not bytes")
+    argv = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in command]
+    if not argv:
+        raise ValueError("empty argv")
+    body["argv"] = argv
+
+
+def _positive(name: str, v: float) -> float:
+    if not (v > 0) or math.isinf(v):
+        raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
+    return float(v)
+
+
+async def _finish_despite_cancel(aw: Awaitable[T], limit: float) -> T:
+    """Await ``aw`` to completion even if the caller is cancelled meanwhile
+    (for at most ``limit`` seconds), then re-raise the cancellation.
+
+    This is what makes ``async with`` clean up on cancellation: the delete
+    runs in its own task, which a second cancellation of the caller (for
+    example asyncio.run cancelling everything on Ctrl-C) does not abort."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(aw)
+    end = loop.time() + limit
+    cancelled = False
+    while not task.done():
+        left = end - loop.time()
+        if left <= 0:
+            task.cancel()
+            break
+        try:
+            await asyncio.wait({task}, timeout=left)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not task.done():
+            task.add_done_callback(_consume)
+        raise asyncio.CancelledError()
+    if not task.done():
+        task.add_done_callback(_consume)
+        raise TimeoutError(f"clean-up did not finish within {limit:g}s", timeout=limit)
+    return task.result()
+
+
+def _consume(task: "asyncio.Future[Any]") -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+# ---------------------------------------------------------------------------
+# Client
+# ---------------------------------------------------------------------------
+
+
+class AsyncWarren:
+    """An asyncio client of one Warren daemon.
+
+    One client (one connection pool) per process is enough for thousands
+    of concurrent calls. Use it as an async context manager, or call
+    :meth:`close`::
+
+        async with AsyncWarren() as w:              # $WARREN_ADDR or the default socket
+            async with w.create(image="busybox") as sb:
+                r = await sb.exec("echo hello")
+                print(r.text)
+
+    Args:
+        addr: ``unix:///path.sock`` (or a bare absolute path), ``http://host:port``,
+            ``https://...``. Default: ``$WARREN_ADDR`` or ``unix:///run/warren/warren.sock``.
+        token: bearer token for TCP listeners (default ``$WARREN_TOKEN``).
+        labels: labels added to every sandbox this client creates, e.g.
+            ``{"job": "run-42"}``; ``delete_all(labels=...)`` then reaps the
+            orphans of a crashed run.
+        timeout: default client deadline of ordinary calls, in seconds.
+        create_timeout: default deadline of ``create``.
+        exec_timeout: default command timeout of ``exec`` (sent to the daemon,
+            which kills the command when it passes) and of ``Process.wait``.
+        deadline_margin: added to a command's timeout to form the client
+            deadline of ``exec``/``wait``, so that the daemon's timeout
+            normally fires first and returns a ``timed_out`` result.
+        transfer_timeout: default deadline of uploads, downloads and image imports.
+        max_connections: connection pool size. Over HTTP/1.1 every call in
+            flight holds a connection; calls beyond the limit wait for one
+            (their deadline runs while they wait).
+        retry: the :class:`RetryPolicy` of transient failures.
+        on_truncation: what to do when an exec's output was cut at its limit:
+            ``"warn"`` (an :class:`OutputTruncatedWarning`), ``"raise"``
+            (:class:`CommandError`) or ``"ignore"``.
+    """
+
+    def __init__(
+        self,
+        addr: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        timeout: float = 60.0,
+        create_timeout: float = 300.0,
+        exec_timeout: float = 600.0,
+        deadline_margin: float = 15.0,
+        transfer_timeout: float = 600.0,
+        max_connections: int = 512,
+        retry: Optional[RetryPolicy] = None,
+        on_truncation: str = "warn",
+        user_agent: str = "warren-python",
+        ssl: Any = None,
+    ) -> None:
+        if on_truncation not in ("warn", "raise", "ignore"):
+            raise ValueError("on_truncation must be 'warn', 'raise' or 'ignore'")
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self._t = Transport(
+            addr, token=token, max_connections=max_connections, retry=retry, user_agent=user_agent, ssl=ssl
+        )
+        self.labels: Dict[str, str] = dict(labels or {})
+        self.timeout = _positive("timeout", timeout)
+        self.create_timeout = _positive("create_timeout", create_timeout)
+        self.exec_timeout = _positive("exec_timeout", exec_timeout)
+        self.deadline_margin = float(deadline_margin)
+        self.transfer_timeout = _positive("transfer_timeout", transfer_timeout)
+        self.on_truncation = on_truncation
+
+    @property
+    def addr(self) -> str:
+        """The daemon address."""
+        return self._t.addr
+
+    @property
+    def retry(self) -> RetryPolicy:
+        return self._t.retry
+
+    @property
+    def max_connections(self) -> int:
+        return self._t.max_connections
+
+    async def __aenter__(self) -> "AsyncWarren":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection pool. Sandboxes are left alone."""
+        await self._t.close()
+
+    def __repr__(self) -> str:
+        return f"<AsyncWarren {self.addr}>"
+
+    # -- low-level call helpers ------------------------------------------
+
+    async def _rpc(
+        self,
+        method: str,
+        body: Mapping[str, Any],
+        *,
+        timeout: Optional[float] = None,
+        idempotent: bool = True,
+        retry: Optional[RetryPolicy] = None,
+    ) -> Dict[str, Any]:
+        return await self._t.unary(
+            method, body, timeout=timeout if timeout is not None else self.timeout, idempotent=idempotent, retry=retry
+        )
+
+    def _exec_deadline(self, command_timeout: float) -> float:
+        return max(0.001, command_timeout + self.deadline_margin)
+
+    def _check_truncation(self, r: ExecResult, command: Any) -> None:
+        if not r.truncated or self.on_truncation == "ignore":
+            return
+        msg = (
+            f"output of {command!r} was truncated at the output limit "
+            f"(stdout dropped {r.stdout_dropped_bytes} bytes, stderr dropped {r.stderr_dropped_bytes} bytes); "
+            "raise output_limit or write large output to a file"
+        )
+        if self.on_truncation == "raise":
+            raise CommandError(msg, r)
+        warnings.warn(msg, OutputTruncatedWarning, stacklevel=4)
+
+    # -- sandboxes -------------------------------------------------------
+
+    def create(
+        self,
+        image: str,
+        *,
+        id: Optional[str] = None,
+        backend: Optional[str] = None,
+        resources: Optional[Resources] = None,
+        cpu_millis: int = 0,
+        memory_bytes: int = 0,
+        pids_max: int = 0,
+        disk_bytes: int = 0,
+        env: Optional[Mapping[str, str]] = None,
+        workdir: Optional[str] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        timeout_seconds: Optional[float] = None,
+        hostname: Optional[str] = None,
+        call_timeout: Optional[float] = None,
+    ) -> "_CreateContext":
+        """Create a sandbox. Await it for an :class:`AsyncSandbox`, or use it
+        as an async context manager, which deletes the sandbox on exit (also
+        on exceptions and cancellation)::
+
+            sb = await w.create("busybox")
+            async with w.create("busybox", memory_bytes=256 << 20) as sb: ...
+
+        Args:
+            image: image name.
+            id: sandbox id (``[a-z0-9][a-z0-9_.-]{0,62}``). When None the client
+                generates a random one, so the create is always safe to
+                retry and a cancelled create never leaks a sandbox.
+            backend: ``"container"`` (the default).
+            resources: limits; or give ``cpu_millis`` (1000 = one core),
+                ``memory_bytes``, ``pids_max`` and ``disk_bytes`` (the writable
+                layer's size, at least 16 MiB) directly. 0 = node default.
+            env: environment of every command.
+            workdir: default working directory of commands.
+            labels: merged over the client's ``labels``.
+            timeout_seconds: the sandbox's lifetime; the daemon deletes it
+                when it passes (0/None = node default, 1 h). See
+                :meth:`AsyncSandbox.extend_timeout`.
+            hostname: defaults to the id.
+            call_timeout: client deadline of this call (default ``create_timeout``).
+        """
+        if resources is not None and (cpu_millis or memory_bytes or pids_max or disk_bytes):
+            raise ValueError("give either resources or cpu_millis/memory_bytes/pids_max/disk_bytes, not both")
+        res = resources or Resources(
+            cpu_millis=cpu_millis, memory_bytes=memory_bytes, pids_max=pids_max, disk_bytes=disk_bytes
+        )
+        all_labels = dict(self.labels)
+        all_labels.update(labels or {})
+
+        def start() -> Awaitable[AsyncSandbox]:
+            return self._create(
+                image=image,
+                id=id,
+                backend=backend,
+                resources=res,
+                env=env,
+                workdir=workdir,
+                labels=all_labels,
+                timeout_seconds=timeout_seconds,
+                hostname=hostname,
+                call_timeout=call_timeout if call_timeout is not None else self.create_timeout,
+            )
+
+        return _CreateContext(start)
+
+    async def _create(
+        self,
+        *,
+        image: str,
+        id: Optional[str],
+        backend: Optional[str],
+        resources: Resources,
+        env: Optional[Mapping[str, str]],
+        workdir: Optional[str],
+        labels: Dict[str, str],
+        timeout_seconds: Optional[float],
+        hostname: Optional[str],
+        call_timeout: float,
+    ) -> "AsyncSandbox":
+        if not image:
+            raise ValueError("image is required")
+        explicit = id is not None
+        sid = id if id is not None else _new_id()
+        nonce: Optional[str] = None
+        if explicit:
+            nonce = uuid.uuid4().hex
+            labels = dict(labels)
+            labels[CREATE_NONCE_LABEL] = nonce
+        body: Dict[str, Any] = {"id": sid, "image": image}
+        if backend:
+            body["backend"] = backend
+        r = resources._to_json()
+        if r:
+            body["resources"] = r
+        if env:
+            body["env"] = dict(env)
+        if workdir:
+            body["workdir"] = workdir
+        if labels:
+            body["labels"] = labels
+        if timeout_seconds:
+            body["timeoutSeconds"] = str(int(math.ceil(timeout_seconds)))
+        if hostname:
+            body["hostname"] = hostname
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + call_timeout
+        sent = SimpleNamespace(sent=False)
+        try:
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError(f"create: client deadline of {call_timeout:g}s passed", timeout=call_timeout)
+                try:
+                    d = await self._t.unary(_SBX + "Create", body, timeout=left, idempotent=True, sent=sent)
+                    return AsyncSandbox(self, SandboxInfo._from_json(d))
+                except AlreadyExistsError as e:
+                    if not e.after_ambiguous_failure:
+                        raise
+                    # An earlier attempt may have created it and lost the
+                    # answer: adopt the sandbox if it is ours.
+                    info = await self._await_own_sandbox(sid, nonce, deadline, e)
+                    if info is not None:
+                        return AsyncSandbox(self, info)
+                    # It vanished (rolled back): create again.
+        except BaseException as e:
+            # The create may have happened with its answer lost (cancelled,
+            # timed out, connection broken): delete it so it cannot leak.
+            # API errors mean the daemon refused it: nothing to clean up.
+            maybe_made = not isinstance(e, WarrenError) or isinstance(e, (UnavailableError, TimeoutError))
+            if maybe_made and sent.sent:
+                try:
+                    await _finish_despite_cancel(self._reap(sid, nonce), 90.0)
+                except asyncio.CancelledError:
+                    raise e from None
+                except Exception as ce:  # noqa: BLE001
+                    log.warning("could not delete sandbox %s after a failed create: %s", sid, ce)
+            raise
+
+    async def _await_own_sandbox(
+        self, sid: str, nonce: Optional[str], deadline: float, original: AlreadyExistsError
+    ) -> Optional[SandboxInfo]:
+        """Wait until the sandbox ``sid`` made by one of our attempts runs.
+        Returns None if it is gone, raises ``original`` if it is not ours."""
+        loop = asyncio.get_running_loop()
+        delay = 0.05
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError(f"create: sandbox {sid} still being created at the deadline")
+            try:
+                d = await self._rpc(_SBX + "Get", {"id": sid}, timeout=min(left, self.timeout))
+            except NotFoundError:
+                return None
+            info = SandboxInfo._from_json(d)
+            if nonce is not None and info.labels.get(CREATE_NONCE_LABEL) != nonce:
+                raise original
+            if info.state == SandboxState.RUNNING:
+                return info
+            if info.state != SandboxState.CREATING:
+                raise ConflictError(f"sandbox {sid} is {info.state.name.lower()} right after its creation: {info.dead_reason}")
+            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+            delay = min(delay * 2, 0.5)
+
+    #: After a create whose request was sent fails without an answer
+    #: (cancelled, timed out, connection lost), the client deletes the
+    #: sandbox it may have made, and keeps looking for this long in case the
+    #: request reaches the daemon only after the first look.
+    create_reap_grace = 3.0
+
+    async def _reap(self, sid: str, nonce: Optional[str]) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.create_reap_grace
+        delay = 0.05
+        while True:
+            if await self._delete_if_ours(sid, nonce) or loop.time() >= end:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _delete_if_ours(self, sid: str, nonce: Optional[str]) -> bool:
+        """Delete ``sid`` if it exists and is ours; True if it existed."""
+        try:
+            d = await self._rpc(_SBX + "Get", {"id": sid})
+        except NotFoundError:
+            return False
+        if nonce is not None and SandboxInfo._from_json(d).labels.get(CREATE_NONCE_LABEL) != nonce:
+            return True  # somebody else's: leave it alone
+        await self.delete(sid, missing_ok=True)
+        return True
+
+    async def get(self, id: str, *, timeout: Optional[float] = None) -> "AsyncSandbox":
+        """Return the sandbox ``id`` (NotFoundError if there is none)."""
+        d = await self._rpc(_SBX + "Get", {"id": id}, timeout=timeout)
+        return AsyncSandbox(self, SandboxInfo._from_json(d))
+
+    def sandbox(self, id: str) -> "AsyncSandbox":
+        """A handle on sandbox ``id`` without asking the daemon."""
+        return AsyncSandbox(self, SandboxInfo(id=id))
+
+    async def list(
+        self, labels: Optional[Mapping[str, str]] = None, *, timeout: Optional[float] = None
+    ) -> List["AsyncSandbox"]:
+        """The sandboxes carrying all of ``labels`` (all sandboxes when None),
+        oldest first."""
+        body: Dict[str, Any] = {}
+        if labels:
+            body["labels"] = dict(labels)
+        d = await self._rpc(_SBX + "List", body, timeout=timeout)
+        return [AsyncSandbox(self, SandboxInfo._from_json(s)) for s in d.get("sandboxes") or []]
+
+    async def delete(self, id: str, *, missing_ok: bool = False, timeout: Optional[float] = None) -> None:
+        """Delete sandbox ``id``: its processes are killed and its files are
+        gone. With ``missing_ok`` a sandbox that does not exist is fine."""
+        try:
+            await self._rpc(_SBX + "Delete", {"id": id}, timeout=timeout, idempotent=True)
+        except NotFoundError as e:
+            if missing_ok or e.after_ambiguous_failure:
+                return
+            raise
+
+    async def delete_all(
+        self,
+        labels: Mapping[str, str],
+        *,
+        concurrency: int = 32,
+        allow_all: bool = False,
+        timeout: Optional[float] = None,
+    ) -> List[str]:
+        """Delete every sandbox carrying all of ``labels`` and return their ids.
+
+        Meant for orphan clean-up: give every run's sandboxes a label (the
+        client's ``labels``) and reap them with this. An empty ``labels``
+        would delete every sandbox of the daemon and is refused unless
+        ``allow_all``. Raises :class:`BatchError` if some deletions failed
+        (after trying them all)."""
+        if not labels and not allow_all:
+            raise ValueError("refusing to delete every sandbox: give labels, or allow_all=True")
+        victims = await self.list(labels, timeout=timeout)
+        res = await map_bounded(lambda sb: self.delete(sb.id, missing_ok=True, timeout=timeout), victims, concurrency)
+        res.raise_for_errors()
+        return [sb.id for sb in victims]
+
+    async def extend_timeout(self, id: str, seconds: float, *, timeout: Optional[float] = None) -> SandboxInfo:
+        """Set sandbox ``id``'s deadline to now + ``seconds``."""
+        body = {"id": id, "timeoutSeconds": str(int(math.ceil(seconds)))}
+        d = await self._rpc(_SBX + "ExtendTimeout", body, timeout=timeout, idempotent=True)
+        return SandboxInfo._from_json(d)
+
+    # -- images ----------------------------------------------------------
+
+    async def list_images(self, *, timeout: Optional[float] = None) -> List[Image]:
+        d = await self._rpc(_IMG + "ListImages", {}, timeout=timeout)
+        return [Image._from_json(i) for i in d.get("images") or []]
+
+    async def get_image(self, name: str, *, timeout: Optional[float] = None) -> Image:
+        d = await self._rpc(_IMG + "GetImage", {"name": name}, timeout=timeout)
+        return Image._from_json(d)
+
+    async def import_image(self, name: str, path: str, *, timeout: Optional[float] = None) -> Image:
+        """Import a root filesystem directory or tarball (optionally gzipped)
+        that the *daemon* can read at ``path`` as image ``name`` (replacing
+        an image of that name)."""
+        d = await self._rpc(
+            _IMG + "ImportImage",
+            {"name": name, "path": path},
+            timeout=timeout if timeout is not None else self.transfer_timeout,
+            idempotent=True,
+        )
+        return Image._from_json(d)
+
+    async def upload_image(
+        self,
+        name: str,
+        source: Union[PathLike, bytes, BinaryIO],
+        *,
+        timeout: Optional[float] = None,
+    ) -> Image:
+        """Upload a root filesystem as image ``name``: a local directory, a
+        local tarball (plain or gzipped), tar bytes, or a binary file object
+        (read from its current position)."""
+        import json as _json
+
+        body: Callable[[], Any]
+        spool: Optional[IO[bytes]] = None
+        idempotent = True
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            data = bytes(source)
+            body = lambda: data  # noqa: E731
+        elif isinstance(source, (str, os.PathLike)):
+            path = os.fspath(source)
+            if os.path.isdir(path):
+                spool = await asyncio.get_running_loop().run_in_executor(None, _archive.build_tar, path)
+            else:
+                spool = open(path, "rb")
+            f = spool
+            body = lambda: _archive.iter_file(f)  # noqa: E731
+        else:
+            fobj = source
+            if fobj.seekable():
+                start = fobj.tell()
+
+                async def again() -> AsyncIterator[bytes]:
+                    fobj.seek(start)
+                    while True:
+                        chunk = fobj.read(_archive.CHUNK)
+                        if not chunk:
+                            return
+                        yield chunk
+
+                body = again
+            else:
+                idempotent = False
+                body = lambda: _archive.iter_file(fobj)  # noqa: E731
+        try:
+            raw = await self._t.http(
+                "PUT",
+                "/v1/images/" + name,
+                body=body,
+                content_type="application/x-tar",
+                timeout=timeout if timeout is not None else self.transfer_timeout,
+                idempotent=idempotent,
+            )
+        finally:
+            if spool is not None:
+                spool.close()
+        assert isinstance(raw, bytes)
+        return Image._from_json(_json.loads(raw) if raw else {})
+
+    async def remove_image(self, name: str, *, missing_ok: bool = False, timeout: Optional[float] = None) -> None:
+        """Remove image ``name`` (ConflictError while a sandbox uses it)."""
+        try:
+            await self._rpc(_IMG + "RemoveImage", {"name": name}, timeout=timeout, idempotent=True)
+        except NotFoundError as e:
+            if missing_ok or e.after_ambiguous_failure:
+                return
+            raise
+
+    # -- system ----------------------------------------------------------
+
+    async def version(self, *, timeout: Optional[float] = None) -> VersionInfo:
+        d = await self._rpc(_SYS + "Version", {}, timeout=timeout)
+        return VersionInfo._from_json(d)
+
+    async def health(self, *, timeout: Optional[float] = None) -> bool:
+        """True when the daemon answers its health check (raises otherwise)."""
+        raw = await self._t.http("GET", "/healthz", timeout=timeout or self.timeout, idempotent=True)
+        return isinstance(raw, bytes) and raw.strip() == b"ok"
+
+    async def metrics(self, *, timeout: Optional[float] = None) -> str:
+        """The daemon's Prometheus metrics (text format)."""
+        raw = await self._t.http("GET", "/metrics", timeout=timeout or self.timeout, idempotent=True)
+        assert isinstance(raw, bytes)
+        return raw.decode("utf-8", "replace")
+
+    # -- batches ---------------------------------------------------------
+
+    def create_many(
+        self,
+        n: int,
+        image: str,
+        *,
+        concurrency: int = 16,
+        strict: bool = False,
+        ids: Optional[Sequence[str]] = None,
+        **create_kwargs: Any,
+    ) -> "_GroupContext":
+        """Create ``n`` sandboxes, at most ``concurrency`` at a time. Await it
+        for an :class:`AsyncSandboxGroup` or use it as an async context
+        manager (which deletes them all on exit).
+
+        Failed creations are in ``group.errors``; with ``strict`` any failure
+        deletes the sandboxes made so far and raises :class:`BatchError`.
+        A cancelled ``create_many`` deletes what it created."""
+        if n < 0:
+            raise ValueError("n must not be negative")
+        if ids is not None and len(ids) != n:
+            raise ValueError("ids must have n entries")
+
+        async def run() -> AsyncSandboxGroup:
+            made: List[AsyncSandbox] = []
+
+            def one(i: int) -> Callable[[], Awaitable[AsyncSandbox]]:
+                async def go() -> AsyncSandbox:
+                    kw = dict(create_kwargs)
+                    if ids is not None:
+                        kw["id"] = ids[i]
+                    sb = await self.create(image, **kw)
+                    made.append(sb)
+                    return sb
+
+                return go
+
+            try:
+                res = await gather_bounded([one(i) for i in range(n)], concurrency)
+            except BaseException:
+                await _finish_despite_cancel(_delete_quietly_many(self, made), 120.0)
+                raise
+            group = AsyncSandboxGroup(self, [o.value for o in res if o.ok], res.errors)  # type: ignore[misc]
+            if strict and group.errors:
+                await _finish_despite_cancel(group.delete(), 120.0)
+                res.raise_for_errors()
+            return group
+
+        return _GroupContext(run)
+
+    async def exec_many(
+        self,
+        jobs: Iterable[Union["ExecJob", Tuple[Union["AsyncSandbox", "Sandbox", str], Command]]],
+        *,
+        concurrency: Optional[int] = None,
+        **exec_kwargs: Any,
+    ) -> BatchResult[ExecResult]:
+        """Run many commands across many sandboxes, at most ``concurrency``
+        at a time (default: ``max_connections``), and return their outcomes
+        in order: a failed item holds its exception, the others their
+        :class:`ExecResult`. ``jobs`` holds ``(sandbox_or_id, command)``
+        pairs or :class:`ExecJob` objects; ``exec_kwargs`` apply to all."""
+        factories: List[Callable[[], Awaitable[ExecResult]]] = []
+        for job in jobs:
+            if isinstance(job, ExecJob):
+                sb, cmd, kw = job.sandbox, job.command, dict(exec_kwargs, **job.options)
+            else:
+                sb, cmd = job
+                kw = exec_kwargs
+            if isinstance(sb, AsyncSandbox):
+                handle = sb
+            elif isinstance(sb, str):
+                handle = self.sandbox(sb)
+            else:  # the synchronous twin's Sandbox
+                handle = sb.aio
+            factories.append(_bind_exec(handle, cmd, kw))
+        return await gather_bounded(factories, concurrency or self.max_connections)
+
+    async def map(
+        self,
+        fn: Callable[[Any], Awaitable[T]],
+        items: Iterable[Any],
+        *,
+        concurrency: Optional[int] = None,
+    ) -> BatchResult[T]:
+        """Await ``fn(item)`` for every item with a concurrency bound; per-item
+        outcomes in order."""
+        return await map_bounded(fn, items, concurrency or self.max_connections)
+
+
+def _bind_exec(sb: "AsyncSandbox", cmd: Command, kw: Mapping[str, Any]) -> Callable[[], Awaitable[ExecResult]]:
+    return lambda: sb.exec(cmd, **kw)
+
+
+async def _delete_quietly_many(client: AsyncWarren, sandboxes: Sequence["AsyncSandbox"]) -> None:
+    res = await map_bounded(lambda sb: client.delete(sb.id, missing_ok=True), list(sandboxes), 32)
+    for i, e in res.errors:
+        log.warning("could not delete sandbox %s: %s", sandboxes[i].id, e)
+
+
+class ExecJob:
+    """One item of :meth:`AsyncWarren.exec_many`: a command for a sandbox,
+    with optional per-job ``exec`` options."""
+
+    __slots__ = ("sandbox", "command", "options")
+
+    def __init__(self, sandbox: Union["AsyncSandbox", "Sandbox", str], command: Command, **options: Any) -> None:
+        self.sandbox = sandbox
+        self.command = command
+        self.options: Dict[str, Any] = options
+
+    def __repr__(self) -> str:
+        sid = self.sandbox if isinstance(self.sandbox, str) else self.sandbox.id
+        return f"ExecJob({sid!r}, {self.command!r})"
+
+
+class _CreateContext:
+    """The result of :meth:`AsyncWarren.create`: awaitable, and an async
+    context manager that deletes the sandbox on exit."""
+
+    def __init__(self, start: Callable[[], Awaitable["AsyncSandbox"]]) -> None:
+        self._start = start
+        self._sb: Optional[AsyncSandbox] = None
+
+    def __await__(self) -> Generator[Any, None, "AsyncSandbox"]:
+        return self._start().__await__()
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        self._sb = await self._start()
+        return self._sb
+
+    async def __aexit__(self, et: Any, e: Any, tb: Any) -> None:
+        if self._sb is not None:
+            await self._sb.__aexit__(et, e, tb)
+
+
+class _GroupContext:
+    def __init__(self, start: Callable[[], Awaitable["AsyncSandboxGroup"]]) -> None:
+        self._start = start
+        self._group: Optional[AsyncSandboxGroup] = None
+
+    def __await__(self) -> Generator[Any, None, "AsyncSandboxGroup"]:
+        return self._start().__await__()
+
+    async def __aenter__(self) -> "AsyncSandboxGroup":
+        self._group = await self._start()
+        return self._group
+
+    async def __aexit__(self, et: Any, e: Any, tb: Any) -> None:
+        if self._group is not None:
+            await self._group.__aexit__(et, e, tb)
+
+
+# ---------------------------------------------------------------------------
+# Sandbox
+# ---------------------------------------------------------------------------
+
+
+class AsyncSandbox:
+    """A handle on one sandbox. ``info`` is what the daemon last said about
+    it (refresh with :meth:`refresh`). As an async context manager it
+    deletes the sandbox on exit, also on exceptions and cancellation."""
+
+    def __init__(self, client: AsyncWarren, info: SandboxInfo) -> None:
+        self.client = client
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return f"<AsyncSandbox {self.id} {self.info.state.name.lower()}>"
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, et: Any, e: Any, tb: Any) -> None:
+        try:
+            await _finish_despite_cancel(self.client.delete(self.id, missing_ok=True), self.client.timeout + 60.0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as de:  # noqa: BLE001
+            if e is None:
+                raise
+            log.warning("could not delete sandbox %s: %s", self.id, de)
+
+    # -- lifecycle -------------------------------------------------------
+
+    async def refresh(self, *, timeout: Optional[float] = None) -> SandboxInfo:
+        """Ask the daemon for the sandbox's current state."""
+        d = await self.client._rpc(_SBX + "Get", {"id": self.id}, timeout=timeout)
+        self.info = SandboxInfo._from_json(d)
+        return self.info
+
+    async def delete(self, *, missing_ok: bool = False, timeout: Optional[float] = None) -> None:
+        """Delete the sandbox."""
+        await self.client.delete(self.id, missing_ok=missing_ok, timeout=timeout)
+
+    async def extend_timeout(self, seconds: float, *, timeout: Optional[float] = None) -> SandboxInfo:
+        """Set the sandbox's deadline to now + ``seconds``."""
+        self.info = await self.client.extend_timeout(self.id, seconds, timeout=timeout)
+        return self.info
+
+    # -- exec ------------------------------------------------------------
+
+    def _exec_body(
+        self,
+        command: Command,
+        env: Optional[Mapping[str, str]],
+        cwd: Optional[str],
+        user: Optional[str],
+        stdin: Optional[Data],
+        timeout: Optional[float],
+        output_limit: Optional[int],
+    ) -> Dict[str, Any]:
+        body: Dict[str, Any] = {"sandboxId": self.id}
+        _set_command(body, command)
+        if env:
+            body["env"] = dict(env)
+        if cwd:
+            body["cwd"] = cwd
+        if user:
+            body["user"] = str(user)
+        if stdin:
+            body["stdin"] = _b64(stdin)
+        if timeout is not None:
+            body["timeoutMs"] = _ms(timeout)
+        if output_limit:
+            body["outputLimitBytes"] = str(int(output_limit))
+        return body
+
+    async def exec(
+        self,
+        command: Command,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        stdin: Optional[Data] = None,
+        timeout: Optional[float] = None,
+        output_limit: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+        check: bool = False,
+    ) -> ExecResult:
+        """Run a command to completion and return its :class:`ExecResult`.
+
+        Args:
+            command: a shell string (``/bin/sh -c``) or an argv list.
+            env: merged over the sandbox's environment.
+            cwd: working directory (default: the sandbox's workdir).
+            user: name, uid or ``uid:gid`` (default root).
+            stdin: bytes (or str, UTF-8) fed to the command's stdin.
+            timeout: seconds; the daemon kills the command's process group
+                when it passes and returns ``timed_out=True``. Default: the
+                client's ``exec_timeout``. The client deadline is this plus
+                ``deadline_margin``.
+            output_limit: bytes kept per stream (default 1 MiB on the daemon).
+            idempotency_key: the daemon runs a command at most once per key
+                and sandbox (results are kept 10 minutes); generated per call
+                when None, which makes retries of this call safe.
+            check: raise :class:`CommandError` unless the command succeeded.
+
+        Cancelling the awaiting task closes the request, and the daemon kills
+        the command."""
+        t = _positive("timeout", timeout) if timeout is not None else self.client.exec_timeout
+        body = self._exec_body(command, env, cwd, user, stdin, t, output_limit)
+        body["idempotencyKey"] = idempotency_key or uuid.uuid4().hex
+        d = await self.client._rpc(_SBX + "Exec", body, timeout=self.client._exec_deadline(t), idempotent=True)
+        r = ExecResult._from_json(d)
+        self.client._check_truncation(r, command)
+        if check:
+            r.check(allow_truncation=self.client.on_truncation != "raise")
+        return r
+
+    def exec_stream(
+        self,
+        command: Command,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        stdin: Optional[Data] = None,
+        timeout: Optional[float] = None,
+        output_limit: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> "ExecStream":
+        """Run a command and stream its output: an async iterator of
+        :class:`ExecEvent` (stdout and stderr chunks as they come, then the
+        result). Use it with ``async with`` so that leaving early stops the
+        command::
+
+            async with sb.exec_stream("make test") as st:
+                async for ev in st:
+                    if ev.stdout: print(ev.stdout.decode(), end="")
+            print(st.result.exit_code)
+        """
+        t = _positive("timeout", timeout) if timeout is not None else self.client.exec_timeout
+        body = self._exec_body(command, env, cwd, user, stdin, t, output_limit)
+        body["idempotencyKey"] = idempotency_key or uuid.uuid4().hex
+        return ExecStream(self, body, self.client._exec_deadline(t), command)
+
+    # -- background processes -------------------------------------------
+
+    async def start(
+        self,
+        command: Command,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        stdin: Optional[Data] = None,
+        timeout: Optional[float] = None,
+        output_limit: Optional[int] = None,
+        call_timeout: Optional[float] = None,
+    ) -> "AsyncProcess":
+        """Start a background process and return at once. Its stdin stays
+        open for :meth:`AsyncProcess.write_stdin`; its output is kept (within
+        ``output_limit`` per stream) for :meth:`AsyncProcess.wait`.
+        ``timeout`` (seconds) kills it when it passes; None lets it run until
+        the sandbox goes. Not retried once sent (it is not idempotent)."""
+        t = _positive("timeout", timeout) if timeout is not None else None
+        body = self._exec_body(command, env, cwd, user, stdin, t, output_limit)
+        d = await self.client._rpc(_SBX + "StartProcess", body, timeout=call_timeout, idempotent=False)
+        return AsyncProcess(self, ProcessInfo._from_json(d))
+
+    async def processes(self, *, timeout: Optional[float] = None) -> List["AsyncProcess"]:
+        """The sandbox's background processes (running or exited), in start order."""
+        d = await self.client._rpc(_SBX + "ListProcesses", {"sandboxId": self.id}, timeout=timeout)
+        return [AsyncProcess(self, ProcessInfo._from_json(p)) for p in d.get("processes") or []]
+
+    def process(self, process_id: str) -> "AsyncProcess":
+        """A handle on background process ``process_id`` without asking the daemon."""
+        return AsyncProcess(self, ProcessInfo(sandbox_id=self.id, process_id=process_id, running=True))
+
+    # -- files -----------------------------------------------------------
+
+    async def read_file(
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> bytes:
+        """Read a file: all of it from ``offset``, or ``length`` bytes (fewer
+        at the end of the file). Large files are read in 64 MiB calls."""
+        if offset < 0 or (length is not None and length < 0):
+            raise ValueError("offset and length must not be negative")
+        out = bytearray()
+        pos = offset
+        while True:
+            want = _READ_CHUNK if length is None else min(_READ_CHUNK, length - len(out))
+            if length is not None and want <= 0:
+                break
+            body = {"sandboxId": self.id, "path": path, "offset": str(pos), "length": str(want)}
+            d = await self.client._rpc(_SBX + "ReadFile", body, timeout=timeout)
+            chunk = base64.b64decode(d.get("content") or "")
+            out += chunk
+            pos += len(chunk)
+            if d.get("eof") or not chunk:
+                break
+        return bytes(out)
+
+    async def read_text(self, path: str, *, encoding: str = "utf-8", timeout: Optional[float] = None) -> str:
+        """Read a whole file as text."""
+        return (await self.read_file(path, timeout=timeout)).decode(encoding)
+
+    async def write_file(
+        self,
+        path: str,
+        data: Data,
+        *,
+        mode: Optional[int] = None,
+        append: bool = False,
+        make_parents: bool = False,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """Write (or append to) a file; str is encoded as UTF-8. ``mode``
+        defaults to 0o644 for new files. Writes are retried on transient
+        failures, appends are not (they are not idempotent)."""
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        if len(raw) > _WRITE_INLINE_MAX and not append:
+            parent, name = posixpath.split(posixpath.normpath(path))
+            if not make_parents and parent not in ("", "/"):
+                st = await self.stat(parent, timeout=timeout)
+                if not st.is_dir:
+                    raise NotFoundError(f"{parent} is not a directory")
+            tar = _archive.single_file_tar(name, raw, mode if mode is not None else 0o644)
+            await self.upload_tar(tar, parent or "/", timeout=timeout)
+            return
+        chunks = [raw] if len(raw) <= _WRITE_INLINE_MAX else [
+            raw[i : i + _WRITE_INLINE_MAX] for i in range(0, len(raw), _WRITE_INLINE_MAX)
+        ]
+        for chunk in chunks:
+            body: Dict[str, Any] = {"sandboxId": self.id, "path": path, "content": _b64(chunk)}
+            if mode is not None:
+                body["mode"] = int(mode)
+            if append:
+                body["append"] = True
+            if make_parents:
+                body["makeParents"] = True
+            await self.client._rpc(_SBX + "WriteFile", body, timeout=timeout, idempotent=not append)
+
+    async def list_files(self, path: str, *, timeout: Optional[float] = None) -> List[FileInfo]:
+        """List a directory."""
+        d = await self.client._rpc(_SBX + "ListFiles", {"sandboxId": self.id, "path": path}, timeout=timeout)
+        return [FileInfo._from_json(f) for f in d.get("files") or []]
+
+    async def stat(self, path: str, *, timeout: Optional[float] = None) -> FileInfo:
+        """Describe a file (symlinks are not followed)."""
+        d = await self.client._rpc(_SBX + "StatFile", {"sandboxId": self.id, "path": path}, timeout=timeout)
+        return FileInfo._from_json(d)
+
+    async def exists(self, path: str, *, timeout: Optional[float] = None) -> bool:
+        try:
+            await self.stat(path, timeout=timeout)
+        except NotFoundError:
+            return False
+        return True
+
+    async def mkdir(
+        self, path: str, *, mode: Optional[int] = None, parents: bool = False, timeout: Optional[float] = None
+    ) -> None:
+        """Create a directory (``parents``: like ``mkdir -p``)."""
+        body: Dict[str, Any] = {"sandboxId": self.id, "path": path}
+        if mode is not None:
+            body["mode"] = int(mode)
+        if parents:
+            body["parents"] = True
+        try:
+            await self.client._rpc(_SBX + "MakeDir", body, timeout=timeout, idempotent=True)
+        except ConflictError as e:
+            if e.after_ambiguous_failure and (await self.stat(path, timeout=timeout)).is_dir:
+                return  # made by our own earlier attempt
+            raise
+
+    async def remove(
+        self, path: str, *, recursive: bool = False, missing_ok: bool = False, timeout: Optional[float] = None
+    ) -> None:
+        """Remove a file, or a directory (non-empty ones need ``recursive``)."""
+        body: Dict[str, Any] = {"sandboxId": self.id, "path": path}
+        if recursive:
+            body["recursive"] = True
+        try:
+            await self.client._rpc(_SBX + "RemoveFile", body, timeout=timeout, idempotent=True)
+        except NotFoundError as e:
+            if missing_ok or e.after_ambiguous_failure:
+                return
+            raise
+
+    def _archive_path(self) -> str:
+        return "/v1/sandboxes/" + self.id + "/archive"
+
+    async def upload(self, local_path: PathLike, remote_dir: str, *, timeout: Optional[float] = None) -> None:
+        """Copy a local directory's contents (or a single file) into the
+        directory ``remote_dir`` of the sandbox (created if missing), as a
+        tar stream."""
+        loop = asyncio.get_running_loop()
+        spool = await loop.run_in_executor(None, _archive.build_tar, local_path)
+        try:
+            await self.upload_tar(spool, remote_dir, timeout=timeout)  # type: ignore[arg-type]
+        finally:
+            spool.close()
+
+    async def upload_tar(
+        self, tar: Union[bytes, bytearray, memoryview, BinaryIO], remote_dir: str, *, timeout: Optional[float] = None
+    ) -> None:
+        """Extract a tar stream (bytes or a seekable binary file; plain or
+        gzipped) into the directory ``remote_dir`` of the sandbox."""
+        body: Callable[[], Any]
+        if isinstance(tar, (bytes, bytearray, memoryview)):
+            data = bytes(tar)
+            body = lambda: data  # noqa: E731
+        else:
+            f = tar
+            body = lambda: _archive.iter_file(f)  # noqa: E731
+        await self.client._t.http(
+            "PUT",
+            self._archive_path(),
+            params={"path": remote_dir},
+            body=body,
+            content_type="application/x-tar",
+            timeout=timeout if timeout is not None else self.client.transfer_timeout,
+            idempotent=True,
+        )
+
+    async def _download_to(self, remote_path: str, sink: IO[bytes], timeout: Optional[float]) -> None:
+        async def handle(resp: aiohttp.ClientResponse) -> None:
+            sink.seek(0)
+            sink.truncate()
+            async for chunk in resp.content.iter_chunked(1 << 20):
+                sink.write(chunk)
+
+        await self.client._t.http(
+            "GET",
+            self._archive_path(),
+            params={"path": remote_path},
+            handle=handle,
+            timeout=timeout if timeout is not None else self.client.transfer_timeout,
+            idempotent=True,
+        )
+
+    async def download_tar(self, remote_path: str, *, timeout: Optional[float] = None) -> bytes:
+        """``remote_path`` (a directory tree or one file) as tar bytes. A
+        directory's entries are named relative to it."""
+        import io
+
+        buf = io.BytesIO()
+        await self._download_to(remote_path, buf, timeout)
+        return buf.getvalue()
+
+    async def download(self, remote_path: str, local_dir: PathLike, *, timeout: Optional[float] = None) -> None:
+        """Copy ``remote_path`` of the sandbox (a directory's contents, or a
+        single file) into the local directory ``local_dir`` (created if
+        missing). Entries that would land outside ``local_dir`` are refused."""
+        spool = _archive.open_spool()
+        try:
+            await self._download_to(remote_path, spool, timeout)
+            await asyncio.get_running_loop().run_in_executor(None, _archive.safe_extract, spool, local_dir)
+        finally:
+            spool.close()
+
+
+# ---------------------------------------------------------------------------
+# Streaming exec
+# ---------------------------------------------------------------------------
+
+
+class ExecStream:
+    """A running streaming exec: an async iterator of :class:`ExecEvent`.
+
+    The last event carries the :class:`ExecResult` (also in ``result``
+    afterwards), with the streamed output gathered into its stdout and
+    stderr. :meth:`aclose` (or leaving ``async with``) stops the command if
+    it still runs."""
+
+    def __init__(self, sandbox: AsyncSandbox, body: Dict[str, Any], deadline: float, command: Command) -> None:
+        self.sandbox = sandbox
+        self._body = body
+        self._deadline = deadline
+        self._command = command
+        self._gen: Optional[AsyncIterator[Dict[str, Any]]] = None
+        self._done = False
+        self._stdout = bytearray()
+        self._stderr = bytearray()
+        #: The result, once the stream ended.
+        self.result: Optional[ExecResult] = None
+
+    def __aiter__(self) -> "ExecStream":
+        return self
+
+    async def __anext__(self) -> ExecEvent:
+        if self._done:
+            raise StopAsyncIteration
+        if self._gen is None:
+            self._gen = self.sandbox.client._t.server_stream(
+                _SBX + "ExecStream", self._body, timeout=self._deadline, idempotent=True
+            )
+        try:
+            msg = await self._gen.__anext__()
+        except StopAsyncIteration:
+            self._done = True
+            if self.result is None:
+                raise UnavailableError("exec stream ended without a result", code="unavailable") from None
+            raise
+        except BaseException:
+            self._done = True
+            raise
+        if "result" in msg:
+            r = ExecResult._from_json(msg["result"])._with_output(bytes(self._stdout), bytes(self._stderr))
+            self.result = r
+            self._done = True
+            # Read the end of the stream so the connection goes back to the
+            # pool (and an error after the result is not missed).
+            try:
+                await self._gen.__anext__()
+            except StopAsyncIteration:
+                self._gen = None
+            finally:
+                await self.aclose()
+            self.sandbox.client._check_truncation(r, self._command)
+            return ExecEvent(result=r)
+        if msg.get("stdout"):
+            b = base64.b64decode(msg["stdout"])
+            self._stdout += b
+            return ExecEvent(stdout=b)
+        if msg.get("stderr"):
+            b = base64.b64decode(msg["stderr"])
+            self._stderr += b
+            return ExecEvent(stderr=b)
+        return await self.__anext__()  # an empty event: skip it
+
+    async def aclose(self) -> None:
+        """Stop the stream (and the command, if it still runs)."""
+        self._done = True
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            await gen.aclose()  # type: ignore[attr-defined]
+
+    async def wait(self) -> ExecResult:
+        """Consume the rest of the stream and return the result."""
+        async for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    async def __aenter__(self) -> "ExecStream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+# ---------------------------------------------------------------------------
+# Background processes
+# ---------------------------------------------------------------------------
+
+
+class AsyncProcess:
+    """A background process of a sandbox (see :meth:`AsyncSandbox.start`)."""
+
+    def __init__(self, sandbox: AsyncSandbox, info: ProcessInfo) -> None:
+        self.sandbox = sandbox
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        """The process handle, e.g. ``"p-1"``."""
+        return self.info.process_id
+
+    @property
+    def pid(self) -> int:
+        """The pid inside the sandbox."""
+        return self.info.pid
+
+    def __repr__(self) -> str:
+        return f"<AsyncProcess {self.sandbox.id}/{self.id} pid={self.pid}>"
+
+    def _body(self, **extra: Any) -> Dict[str, Any]:
+        return dict({"sandboxId": self.sandbox.id, "processId": self.id}, **extra)
+
+    async def wait(self, timeout: Optional[float] = None) -> ExecResult:
+        """Wait for the process to exit and return its result. ``timeout``
+        (default: the client's ``exec_timeout``) bounds the wait; when it
+        passes :class:`DeadlineExceededError` is raised and the process keeps
+        running."""
+        t = _positive("timeout", timeout) if timeout is not None else self.sandbox.client.exec_timeout
+        d = await self.sandbox.client._rpc(
+            _SBX + "WaitProcess",
+            self._body(timeoutMs=_ms(t)),
+            timeout=self.sandbox.client._exec_deadline(t),
+        )
+        r = ExecResult._from_json(d)
+        self.sandbox.client._check_truncation(r, list(self.info.argv))
+        return r
+
+    async def signal(self, sig: int = _signal.SIGTERM, *, group: bool = False, timeout: Optional[float] = None) -> None:
+        """Send a signal (default SIGTERM) to the process, or to its whole
+        process group. ConflictError if it has exited."""
+        await self.sandbox.client._rpc(
+            _SBX + "SignalProcess", self._body(signal=int(sig), group=group), timeout=timeout, idempotent=False
+        )
+
+    async def kill(self, *, timeout: Optional[float] = None) -> None:
+        """SIGKILL the process group; an exited process is fine."""
+        try:
+            await self.signal(_signal.SIGKILL, group=True, timeout=timeout)
+        except ConflictError:
+            pass
+
+    async def write_stdin(self, data: Data, *, close: bool = False, timeout: Optional[float] = None) -> None:
+        """Write to the process's stdin (and close it with ``close``). Blocks
+        while the process does not read. Not retried once sent."""
+        body = self._body()
+        if data:
+            body["data"] = _b64(data)
+        if close:
+            body["close"] = True
+        await self.sandbox.client._rpc(_SBX + "WriteStdin", body, timeout=timeout, idempotent=False)
+
+    async def close_stdin(self, *, timeout: Optional[float] = None) -> None:
+        await self.write_stdin(b"", close=True, timeout=timeout)
+
+    async def refresh(self, *, timeout: Optional[float] = None) -> ProcessInfo:
+        """Ask the daemon for the process's current state."""
+        for p in await self.sandbox.processes(timeout=timeout):
+            if p.id == self.id:
+                self.info = p.info
+                return p.info
+        raise NotFoundError(f"process {self.id} not found in sandbox {self.sandbox.id}", code="not_found")
+
+
+# ---------------------------------------------------------------------------
+# Groups
+# ---------------------------------------------------------------------------
+
+
+class AsyncSandboxGroup(Sequence[AsyncSandbox]):
+    """Sandboxes made by :meth:`AsyncWarren.create_many`. As an async context
+    manager it deletes them all on exit. ``errors`` holds ``(index,
+    exception)`` for the creations that failed."""
+
+    def __init__(
+        self,
+        client: AsyncWarren,
+        sandboxes: Sequence[AsyncSandbox],
+        errors: Sequence[Tuple[int, BaseException]] = (),
+    ) -> None:
+        self.client = client
+        self.sandboxes: List[AsyncSandbox] = list(sandboxes)
+        self.errors: List[Tuple[int, BaseException]] = list(errors)
+
+    @overload
+    def __getitem__(self, i: int) -> AsyncSandbox: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[AsyncSandbox]: ...
+
+    def __getitem__(self, i: Union[int, slice]) -> Union[AsyncSandbox, Sequence[AsyncSandbox]]:
+        return self.sandboxes[i]
+
+    def __len__(self) -> int:
+        return len(self.sandboxes)
+
+    def __iter__(self) -> Iterator[AsyncSandbox]:
+        return iter(self.sandboxes)
+
+    def __repr__(self) -> str:
+        return f"<AsyncSandboxGroup {len(self.sandboxes)} sandboxes, {len(self.errors)} failed>"
+
+    async def exec(self, command: Command, *, concurrency: Optional[int] = None, **exec_kwargs: Any) -> BatchResult[ExecResult]:
+        """Run ``command`` in every sandbox; outcomes in sandbox order."""
+        return await self.client.exec_many(
+            [(sb, command) for sb in self.sandboxes], concurrency=concurrency, **exec_kwargs
+        )
+
+    async def map(
+        self, fn: Callable[[AsyncSandbox], Awaitable[T]], *, concurrency: Optional[int] = None
+    ) -> BatchResult[T]:
+        """Await ``fn(sandbox)`` for every sandbox; outcomes in order."""
+        return await self.client.map(fn, self.sandboxes, concurrency=concurrency)
+
+    async def delete(self, *, concurrency: int = 32) -> BatchResult[None]:
+        """Delete every sandbox of the group (missing ones are fine)."""
+        return await map_bounded(lambda sb: sb.delete(missing_ok=True), self.sandboxes, concurrency)
+
+    async def __aenter__(self) -> "AsyncSandboxGroup":
+        return self
+
+    async def __aexit__(self, et: Any, e: Any, tb: Any) -> None:
+        res = await _finish_despite_cancel(self.delete(), self.client.timeout + 120.0)
+        for i, err in res.errors:
+            log.warning("could not delete sandbox %s: %s", self.sandboxes[i].id, err)
+        if res.errors and e is None:
+            res.raise_for_errors()
+
+
+__all__ += ["Outcome", "BatchError"]

@@ -1,0 +1,617 @@
+"""The synchronous twin: Warren, Sandbox, Process, SyncExecStream and
+SandboxGroup.
+
+Nothing is implemented twice: each sync object wraps its async counterpart
+and runs its coroutines on a private event loop in a daemon thread. Ctrl-C
+(KeyboardInterrupt) while a call waits cancels the call on that loop, which
+closes its HTTP request, so the daemon stops the work (an exec is killed);
+``with`` blocks still delete their sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import signal as _signal
+import threading
+from typing import (
+    Any,
+    Awaitable,
+    BinaryIO,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+    overload,
+)
+
+from ._async import (
+    AsyncProcess,
+    AsyncSandbox,
+    AsyncSandboxGroup,
+    AsyncWarren,
+    Command,
+    Data,
+    ExecJob,
+    ExecStream,
+    PathLike,
+)
+from ._retry import RetryPolicy
+from ._types import ExecEvent, ExecResult, FileInfo, Image, ProcessInfo, Resources, SandboxInfo, VersionInfo
+from .batch import BatchResult
+
+__all__ = ["Warren", "Sandbox", "Process", "SyncExecStream", "SandboxGroup"]
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running forever in a daemon thread."""
+
+    #: How long a cancelled call may take to wind down (closing its request)
+    #: before the interrupt is re-raised in the caller's thread.
+    cancel_grace = 5.0
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._closed = False
+        self.thread = threading.Thread(target=self._main, name="warren-sync-loop", daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            try:
+                pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+                for t in pending:
+                    t.cancel()
+                if pending:
+                    self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            finally:
+                self.loop.close()
+
+    def run(self, aw: Awaitable[T]) -> T:
+        """Run ``aw`` on the loop and return its result (or raise its error)."""
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("the synchronous Warren API cannot be called from its own event loop thread")
+        if self._closed:
+            if asyncio.iscoroutine(aw):
+                aw.close()
+            raise RuntimeError("the client is closed")
+        done = threading.Event()
+        box: List[Tuple[bool, Any]] = []
+        holder: List["asyncio.Task[None]"] = []
+
+        async def main() -> None:
+            try:
+                box.append((True, await aw))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                box.append((False, e))
+            finally:
+                done.set()
+
+        def start() -> None:
+            holder.append(self.loop.create_task(main()))
+
+        def cancel() -> None:
+            if holder:
+                holder[0].cancel()
+
+        self.loop.call_soon_threadsafe(start)
+        try:
+            # Wake up now and then: a signal handled by another thread (or
+            # _thread.interrupt_main) only raises here between waits.
+            while not done.wait(0.2):
+                pass
+        except BaseException:
+            # Interrupted (Ctrl-C): cancel the call, give it a moment to
+            # close its request, then let the interrupt go on.
+            self.loop.call_soon_threadsafe(cancel)
+            done.wait(self.cancel_grace)
+            raise
+        ok, value = box[0]
+        if ok:
+            return value  # type: ignore[no-any-return]
+        raise value
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, final: Optional[Awaitable[Any]] = None) -> None:
+        if self._closed:
+            return
+        if final is not None:
+            try:
+                self.run(final)
+            except Exception:  # noqa: BLE001
+                pass
+        self._closed = True
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+
+
+class Warren:
+    """The synchronous client. Same arguments and behaviour as
+    :class:`~warren.AsyncWarren`, whose implementation it runs on a private
+    event loop thread::
+
+        with Warren() as w:
+            with w.create("busybox") as sb:
+                print(sb.exec("uname -a").text)
+    """
+
+    def __init__(
+        self,
+        addr: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        timeout: float = 60.0,
+        create_timeout: float = 300.0,
+        exec_timeout: float = 600.0,
+        deadline_margin: float = 15.0,
+        transfer_timeout: float = 600.0,
+        max_connections: int = 512,
+        retry: Optional[RetryPolicy] = None,
+        on_truncation: str = "warn",
+        user_agent: str = "warren-python",
+        ssl: Any = None,
+    ) -> None:
+        self.aio = AsyncWarren(
+            addr,
+            token=token,
+            labels=labels,
+            timeout=timeout,
+            create_timeout=create_timeout,
+            exec_timeout=exec_timeout,
+            deadline_margin=deadline_margin,
+            transfer_timeout=transfer_timeout,
+            max_connections=max_connections,
+            retry=retry,
+            on_truncation=on_truncation,
+            user_agent=user_agent,
+            ssl=ssl,
+        )
+        self._runner = _LoopThread()
+
+    def _run(self, aw: Awaitable[T]) -> T:
+        return self._runner.run(aw)
+
+    @property
+    def addr(self) -> str:
+        return self.aio.addr
+
+    def __enter__(self) -> "Warren":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool and stop the loop thread."""
+        if not self._runner.closed:
+            self._runner.close(self.aio.close())
+
+    def __repr__(self) -> str:
+        return f"<Warren {self.addr}>"
+
+    # -- sandboxes -------------------------------------------------------
+
+    def create(
+        self,
+        image: str,
+        *,
+        id: Optional[str] = None,
+        backend: Optional[str] = None,
+        resources: Optional[Resources] = None,
+        cpu_millis: int = 0,
+        memory_bytes: int = 0,
+        pids_max: int = 0,
+        disk_bytes: int = 0,
+        env: Optional[Mapping[str, str]] = None,
+        workdir: Optional[str] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        timeout_seconds: Optional[float] = None,
+        hostname: Optional[str] = None,
+        call_timeout: Optional[float] = None,
+    ) -> "Sandbox":
+        """Create a sandbox (see :meth:`AsyncWarren.create`). Use the result in
+        a ``with`` block to delete it at the end."""
+        ctx = self.aio.create(
+            image,
+            id=id,
+            backend=backend,
+            resources=resources,
+            cpu_millis=cpu_millis,
+            memory_bytes=memory_bytes,
+            pids_max=pids_max,
+            disk_bytes=disk_bytes,
+            env=env,
+            workdir=workdir,
+            labels=labels,
+            timeout_seconds=timeout_seconds,
+            hostname=hostname,
+            call_timeout=call_timeout,
+        )
+        return Sandbox(self, self._run(_await(ctx)))
+
+    def get(self, id: str, *, timeout: Optional[float] = None) -> "Sandbox":
+        return Sandbox(self, self._run(self.aio.get(id, timeout=timeout)))
+
+    def sandbox(self, id: str) -> "Sandbox":
+        return Sandbox(self, self.aio.sandbox(id))
+
+    def list(self, labels: Optional[Mapping[str, str]] = None, *, timeout: Optional[float] = None) -> List["Sandbox"]:
+        return [Sandbox(self, a) for a in self._run(self.aio.list(labels, timeout=timeout))]
+
+    def delete(self, id: str, *, missing_ok: bool = False, timeout: Optional[float] = None) -> None:
+        self._run(self.aio.delete(id, missing_ok=missing_ok, timeout=timeout))
+
+    def delete_all(
+        self, labels: Mapping[str, str], *, concurrency: int = 32, allow_all: bool = False, timeout: Optional[float] = None
+    ) -> List[str]:
+        return self._run(self.aio.delete_all(labels, concurrency=concurrency, allow_all=allow_all, timeout=timeout))
+
+    def extend_timeout(self, id: str, seconds: float, *, timeout: Optional[float] = None) -> SandboxInfo:
+        return self._run(self.aio.extend_timeout(id, seconds, timeout=timeout))
+
+    # -- images ----------------------------------------------------------
+
+    def list_images(self, *, timeout: Optional[float] = None) -> List[Image]:
+        return self._run(self.aio.list_images(timeout=timeout))
+
+    def get_image(self, name: str, *, timeout: Optional[float] = None) -> Image:
+        return self._run(self.aio.get_image(name, timeout=timeout))
+
+    def import_image(self, name: str, path: str, *, timeout: Optional[float] = None) -> Image:
+        return self._run(self.aio.import_image(name, path, timeout=timeout))
+
+    def upload_image(self, name: str, source: Union[PathLike, bytes, BinaryIO], *, timeout: Optional[float] = None) -> Image:
+        return self._run(self.aio.upload_image(name, source, timeout=timeout))
+
+    def remove_image(self, name: str, *, missing_ok: bool = False, timeout: Optional[float] = None) -> None:
+        self._run(self.aio.remove_image(name, missing_ok=missing_ok, timeout=timeout))
+
+    # -- system ----------------------------------------------------------
+
+    def version(self, *, timeout: Optional[float] = None) -> VersionInfo:
+        return self._run(self.aio.version(timeout=timeout))
+
+    def health(self, *, timeout: Optional[float] = None) -> bool:
+        return self._run(self.aio.health(timeout=timeout))
+
+    def metrics(self, *, timeout: Optional[float] = None) -> str:
+        return self._run(self.aio.metrics(timeout=timeout))
+
+    # -- batches ---------------------------------------------------------
+
+    def create_many(
+        self,
+        n: int,
+        image: str,
+        *,
+        concurrency: int = 16,
+        strict: bool = False,
+        ids: Optional[Sequence[str]] = None,
+        **create_kwargs: Any,
+    ) -> "SandboxGroup":
+        """Create ``n`` sandboxes concurrently (see :meth:`AsyncWarren.create_many`)."""
+        ctx = self.aio.create_many(n, image, concurrency=concurrency, strict=strict, ids=ids, **create_kwargs)
+        return SandboxGroup(self, self._run(_await(ctx)))
+
+    def exec_many(
+        self,
+        jobs: Iterable[Union[ExecJob, Tuple[Union["Sandbox", AsyncSandbox, str], Command]]],
+        *,
+        concurrency: Optional[int] = None,
+        **exec_kwargs: Any,
+    ) -> BatchResult[ExecResult]:
+        """Run many commands concurrently (see :meth:`AsyncWarren.exec_many`)."""
+        return self._run(self.aio.exec_many(jobs, concurrency=concurrency, **exec_kwargs))
+
+
+async def _await(aw: Awaitable[T]) -> T:
+    return await aw
+
+
+class Sandbox:
+    """The synchronous handle on a sandbox (see :class:`AsyncSandbox`). In a
+    ``with`` block it is deleted at the end, also on exceptions and Ctrl-C."""
+
+    def __init__(self, client: Warren, aio: AsyncSandbox) -> None:
+        self.client = client
+        self.aio = aio
+
+    @property
+    def id(self) -> str:
+        return self.aio.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        return self.aio.info
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id} {self.info.state.name.lower()}>"
+
+    def _run(self, aw: Awaitable[T]) -> T:
+        return self.client._run(aw)
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, et: Any, e: Any, tb: Any) -> None:
+        self._run(self.aio.__aexit__(et, e, tb))
+
+    def refresh(self, *, timeout: Optional[float] = None) -> SandboxInfo:
+        return self._run(self.aio.refresh(timeout=timeout))
+
+    def delete(self, *, missing_ok: bool = False, timeout: Optional[float] = None) -> None:
+        self._run(self.aio.delete(missing_ok=missing_ok, timeout=timeout))
+
+    def extend_timeout(self, seconds: float, *, timeout: Optional[float] = None) -> SandboxInfo:
+        return self._run(self.aio.extend_timeout(seconds, timeout=timeout))
+
+    def exec(
+        self,
+        command: Command,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        stdin: Optional[Data] = None,
+        timeout: Optional[float] = None,
+        output_limit: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+        check: bool = False,
+    ) -> ExecResult:
+        """Run a command to completion (see :meth:`AsyncSandbox.exec`)."""
+        return self._run(
+            self.aio.exec(
+                command,
+                env=env,
+                cwd=cwd,
+                user=user,
+                stdin=stdin,
+                timeout=timeout,
+                output_limit=output_limit,
+                idempotency_key=idempotency_key,
+                check=check,
+            )
+        )
+
+    def exec_stream(
+        self,
+        command: Command,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        stdin: Optional[Data] = None,
+        timeout: Optional[float] = None,
+        output_limit: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> "SyncExecStream":
+        """Run a command and iterate over its output events (see
+        :meth:`AsyncSandbox.exec_stream`); use it in a ``with`` block."""
+        st = self.aio.exec_stream(
+            command,
+            env=env,
+            cwd=cwd,
+            user=user,
+            stdin=stdin,
+            timeout=timeout,
+            output_limit=output_limit,
+            idempotency_key=idempotency_key,
+        )
+        return SyncExecStream(self.client, st)
+
+    def start(
+        self,
+        command: Command,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[str] = None,
+        stdin: Optional[Data] = None,
+        timeout: Optional[float] = None,
+        output_limit: Optional[int] = None,
+        call_timeout: Optional[float] = None,
+    ) -> "Process":
+        """Start a background process (see :meth:`AsyncSandbox.start`)."""
+        p = self._run(
+            self.aio.start(
+                command,
+                env=env,
+                cwd=cwd,
+                user=user,
+                stdin=stdin,
+                timeout=timeout,
+                output_limit=output_limit,
+                call_timeout=call_timeout,
+            )
+        )
+        return Process(self, p)
+
+    def processes(self, *, timeout: Optional[float] = None) -> List["Process"]:
+        return [Process(self, p) for p in self._run(self.aio.processes(timeout=timeout))]
+
+    def process(self, process_id: str) -> "Process":
+        return Process(self, self.aio.process(process_id))
+
+    def read_file(self, path: str, *, offset: int = 0, length: Optional[int] = None, timeout: Optional[float] = None) -> bytes:
+        return self._run(self.aio.read_file(path, offset=offset, length=length, timeout=timeout))
+
+    def read_text(self, path: str, *, encoding: str = "utf-8", timeout: Optional[float] = None) -> str:
+        return self._run(self.aio.read_text(path, encoding=encoding, timeout=timeout))
+
+    def write_file(
+        self,
+        path: str,
+        data: Data,
+        *,
+        mode: Optional[int] = None,
+        append: bool = False,
+        make_parents: bool = False,
+        timeout: Optional[float] = None,
+    ) -> None:
+        self._run(self.aio.write_file(path, data, mode=mode, append=append, make_parents=make_parents, timeout=timeout))
+
+    def list_files(self, path: str, *, timeout: Optional[float] = None) -> List[FileInfo]:
+        return self._run(self.aio.list_files(path, timeout=timeout))
+
+    def stat(self, path: str, *, timeout: Optional[float] = None) -> FileInfo:
+        return self._run(self.aio.stat(path, timeout=timeout))
+
+    def exists(self, path: str, *, timeout: Optional[float] = None) -> bool:
+        return self._run(self.aio.exists(path, timeout=timeout))
+
+    def mkdir(self, path: str, *, mode: Optional[int] = None, parents: bool = False, timeout: Optional[float] = None) -> None:
+        self._run(self.aio.mkdir(path, mode=mode, parents=parents, timeout=timeout))
+
+    def remove(
+        self, path: str, *, recursive: bool = False, missing_ok: bool = False, timeout: Optional[float] = None
+    ) -> None:
+        self._run(self.aio.remove(path, recursive=recursive, missing_ok=missing_ok, timeout=timeout))
+
+    def upload(self, local_path: PathLike, remote_dir: str, *, timeout: Optional[float] = None) -> None:
+        self._run(self.aio.upload(local_path, remote_dir, timeout=timeout))
+
+    def upload_tar(
+        self, tar: Union[bytes, bytearray, memoryview, BinaryIO], remote_dir: str, *, timeout: Optional[float] = None
+    ) -> None:
+        self._run(self.aio.upload_tar(tar, remote_dir, timeout=timeout))
+
+    def download_tar(self, remote_path: str, *, timeout: Optional[float] = None) -> bytes:
+        return self._run(self.aio.download_tar(remote_path, timeout=timeout))
+
+    def download(self, remote_path: str, local_dir: PathLike, *, timeout: Optional[float] = None) -> None:
+        self._run(self.aio.download(remote_path, local_dir, timeout=timeout))
+
+
+class SyncExecStream:
+    """The synchronous streaming exec: an iterator of :class:`ExecEvent`
+    (see :class:`ExecStream`)."""
+
+    def __init__(self, client: Warren, aio: ExecStream) -> None:
+        self.client = client
+        self.aio = aio
+
+    @property
+    def result(self) -> Optional[ExecResult]:
+        return self.aio.result
+
+    def __iter__(self) -> "SyncExecStream":
+        return self
+
+    def __next__(self) -> ExecEvent:
+        try:
+            return self.client._run(self.aio.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        """Stop the stream (and the command if it still runs)."""
+        self.client._run(self.aio.aclose())
+
+    def wait(self) -> ExecResult:
+        return self.client._run(self.aio.wait())
+
+    def __enter__(self) -> "SyncExecStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Process:
+    """The synchronous handle on a background process (see :class:`AsyncProcess`)."""
+
+    def __init__(self, sandbox: Sandbox, aio: AsyncProcess) -> None:
+        self.sandbox = sandbox
+        self.aio = aio
+
+    @property
+    def id(self) -> str:
+        return self.aio.id
+
+    @property
+    def pid(self) -> int:
+        return self.aio.pid
+
+    @property
+    def info(self) -> ProcessInfo:
+        return self.aio.info
+
+    def __repr__(self) -> str:
+        return f"<Process {self.sandbox.id}/{self.id} pid={self.pid}>"
+
+    def _run(self, aw: Awaitable[T]) -> T:
+        return self.sandbox.client._run(aw)
+
+    def wait(self, timeout: Optional[float] = None) -> ExecResult:
+        return self._run(self.aio.wait(timeout))
+
+    def signal(self, sig: int = _signal.SIGTERM, *, group: bool = False, timeout: Optional[float] = None) -> None:
+        self._run(self.aio.signal(sig, group=group, timeout=timeout))
+
+    def kill(self, *, timeout: Optional[float] = None) -> None:
+        self._run(self.aio.kill(timeout=timeout))
+
+    def write_stdin(self, data: Data, *, close: bool = False, timeout: Optional[float] = None) -> None:
+        self._run(self.aio.write_stdin(data, close=close, timeout=timeout))
+
+    def close_stdin(self, *, timeout: Optional[float] = None) -> None:
+        self._run(self.aio.close_stdin(timeout=timeout))
+
+    def refresh(self, *, timeout: Optional[float] = None) -> ProcessInfo:
+        return self._run(self.aio.refresh(timeout=timeout))
+
+
+class SandboxGroup(Sequence[Sandbox]):
+    """The synchronous group of sandboxes (see :class:`AsyncSandboxGroup`)."""
+
+    def __init__(self, client: Warren, aio: AsyncSandboxGroup) -> None:
+        self.client = client
+        self.aio = aio
+        self.sandboxes: List[Sandbox] = [Sandbox(client, a) for a in aio.sandboxes]
+
+    @property
+    def errors(self) -> List[Tuple[int, BaseException]]:
+        return self.aio.errors
+
+    @overload
+    def __getitem__(self, i: int) -> Sandbox: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Sandbox]: ...
+
+    def __getitem__(self, i: Union[int, slice]) -> Union[Sandbox, Sequence[Sandbox]]:
+        return self.sandboxes[i]
+
+    def __len__(self) -> int:
+        return len(self.sandboxes)
+
+    def __iter__(self) -> Iterator[Sandbox]:
+        return iter(self.sandboxes)
+
+    def __repr__(self) -> str:
+        return f"<SandboxGroup {len(self.sandboxes)} sandboxes, {len(self.errors)} failed>"
+
+    def exec(self, command: Command, *, concurrency: Optional[int] = None, **exec_kwargs: Any) -> BatchResult[ExecResult]:
+        return self.client._run(self.aio.exec(command, concurrency=concurrency, **exec_kwargs))
+
+    def delete(self, *, concurrency: int = 32) -> BatchResult[None]:
+        return self.client._run(self.aio.delete(concurrency=concurrency))
+
+    def __enter__(self) -> "SandboxGroup":
+        return self
+
+    def __exit__(self, et: Any, e: Any, tb: Any) -> None:
+        self.client._run(self.aio.__aexit__(et, e, tb))

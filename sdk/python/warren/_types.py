@@ -1,0 +1,386 @@
+"""Typed views of the API's messages (api/warren/v1/warren.proto).
+
+They are plain frozen dataclasses built from the Connect protocol's JSON
+(proto3 JSON mapping: lowerCamelCase names, int64 as strings, bytes as
+base64, zero values left out)."""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from .errors import CommandError
+
+__all__ = [
+    "SandboxState",
+    "Resources",
+    "SandboxInfo",
+    "ExecResult",
+    "ExecEvent",
+    "ProcessInfo",
+    "FileInfo",
+    "Image",
+    "VersionInfo",
+]
+
+
+def _int(v: Any) -> int:
+    if v is None or v == "":
+        return 0
+    return int(v)
+
+
+def _b64(v: Any) -> bytes:
+    if not v:
+        return b""
+    return base64.b64decode(v)
+
+
+def _ms_to_datetime(ms: int) -> Optional[_dt.datetime]:
+    if not ms:
+        return None
+    return _dt.datetime.fromtimestamp(ms / 1000.0, tz=_dt.timezone.utc)
+
+
+class SandboxState(str, enum.Enum):
+    """The life cycle state of a sandbox."""
+
+    UNSPECIFIED = "SANDBOX_STATE_UNSPECIFIED"
+    CREATING = "SANDBOX_STATE_CREATING"
+    RUNNING = "SANDBOX_STATE_RUNNING"
+    DEAD = "SANDBOX_STATE_DEAD"  #: init died; resources released; delete to forget it
+    DELETING = "SANDBOX_STATE_DELETING"
+
+    @classmethod
+    def _parse(cls, v: Any) -> "SandboxState":
+        if v is None or v == "":
+            return cls.UNSPECIFIED
+        if isinstance(v, int):
+            return list(cls)[v] if 0 <= v < len(cls) else cls.UNSPECIFIED
+        try:
+            return cls(v)
+        except ValueError:
+            return cls.UNSPECIFIED
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Resource limits of a sandbox. Zero means: the node's default (no CPU
+    quota for ``cpu_millis``)."""
+
+    cpu_millis: int = 0  #: 1000 = one core
+    memory_bytes: int = 0
+    pids_max: int = 0
+    #: caps the writable layer (ENOSPC inside the sandbox only); at least 16 MiB
+    disk_bytes: int = 0
+
+    @classmethod
+    def _from_json(cls, d: Optional[Mapping[str, Any]]) -> "Resources":
+        d = d or {}
+        return cls(
+            cpu_millis=_int(d.get("cpuMillis")),
+            memory_bytes=_int(d.get("memoryBytes")),
+            pids_max=_int(d.get("pidsMax")),
+            disk_bytes=_int(d.get("diskBytes")),
+        )
+
+    def _to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        if self.cpu_millis:
+            out["cpuMillis"] = str(int(self.cpu_millis))
+        if self.memory_bytes:
+            out["memoryBytes"] = str(int(self.memory_bytes))
+        if self.pids_max:
+            out["pidsMax"] = str(int(self.pids_max))
+        if self.disk_bytes:
+            out["diskBytes"] = str(int(self.disk_bytes))
+        return out
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox as the daemon describes it."""
+
+    id: str
+    image: str = ""
+    backend: str = ""
+    state: SandboxState = SandboxState.UNSPECIFIED
+    resources: Resources = field(default_factory=Resources)
+    env: Dict[str, str] = field(default_factory=dict)
+    workdir: str = ""
+    labels: Dict[str, str] = field(default_factory=dict)
+    created_at_unix_ms: int = 0
+    expires_at_unix_ms: int = 0  #: 0 = never
+    dead_reason: str = ""
+    hostname: str = ""
+
+    @property
+    def created_at(self) -> Optional[_dt.datetime]:
+        """Creation time (UTC)."""
+        return _ms_to_datetime(self.created_at_unix_ms)
+
+    @property
+    def expires_at(self) -> Optional[_dt.datetime]:
+        """When the daemon deletes the sandbox unless extended (UTC), or None."""
+        return _ms_to_datetime(self.expires_at_unix_ms)
+
+    @property
+    def running(self) -> bool:
+        return self.state == SandboxState.RUNNING
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "SandboxInfo":
+        return cls(
+            id=d.get("id", ""),
+            image=d.get("image", ""),
+            backend=d.get("backend", ""),
+            state=SandboxState._parse(d.get("state")),
+            resources=Resources._from_json(d.get("resources")),
+            env=dict(d.get("env") or {}),
+            workdir=d.get("workdir", ""),
+            labels=dict(d.get("labels") or {}),
+            created_at_unix_ms=_int(d.get("createdAtUnixMs")),
+            expires_at_unix_ms=_int(d.get("expiresAtUnixMs")),
+            dead_reason=d.get("deadReason", ""),
+            hostname=d.get("hostname", ""),
+        )
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """The outcome of a command: its captured output and how it ended.
+
+    Output beyond the exec's ``output_limit`` (per stream) is dropped by the
+    daemon; ``stdout_truncated``/``stderr_truncated`` then say so and the
+    ``*_dropped_bytes`` fields say how much was lost. The client warns about
+    truncation by default (see ``AsyncWarren(on_truncation=...)``)."""
+
+    stdout: bytes = b""
+    stderr: bytes = b""
+    exit_code: int = 0  #: -1 when killed by a signal
+    signal: int = 0  #: the signal that killed it, or 0
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    stdout_dropped_bytes: int = 0
+    stderr_dropped_bytes: int = 0
+    timed_out: bool = False  #: the exec's timeout passed and the process group was killed
+    oom_killed: bool = False  #: killed by the out-of-memory killer
+    duration_ms: int = 0
+    pid: int = 0  #: process id inside the sandbox
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0 and was neither killed nor timed out."""
+        return self.exit_code == 0 and self.signal == 0 and not self.timed_out and not self.oom_killed
+
+    @property
+    def truncated(self) -> bool:
+        """True when some output was dropped (either stream)."""
+        return self.stdout_truncated or self.stderr_truncated
+
+    @property
+    def duration(self) -> float:
+        """Run time in seconds."""
+        return self.duration_ms / 1000.0
+
+    @property
+    def text(self) -> str:
+        """stdout decoded as UTF-8 (invalid bytes replaced)."""
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def stdout_text(self) -> str:
+        return self.text
+
+    @property
+    def stderr_text(self) -> str:
+        """stderr decoded as UTF-8 (invalid bytes replaced)."""
+        return self.stderr.decode("utf-8", "replace")
+
+    def check(self, *, allow_truncation: bool = False) -> "ExecResult":
+        """Return self if the command succeeded, else raise :class:`CommandError`.
+
+        Failure means: a non-zero exit code, death by a signal, a timeout, an
+        OOM kill, or (unless ``allow_truncation``) truncated output."""
+        why = self._failure(allow_truncation)
+        if why:
+            raise CommandError(why, self)
+        return self
+
+    def _failure(self, allow_truncation: bool = False) -> str:
+        if self.timed_out:
+            return f"command timed out after {self.duration:.3f}s"
+        if self.oom_killed:
+            return "command was killed by the out-of-memory killer"
+        if self.signal:
+            return f"command was killed by signal {self.signal}"
+        if self.exit_code != 0:
+            tail = self.stderr[-400:].decode("utf-8", "replace").strip()
+            return f"command exited with code {self.exit_code}" + (f": {tail}" if tail else "")
+        if self.truncated and not allow_truncation:
+            return (
+                f"command output was truncated (stdout dropped {self.stdout_dropped_bytes} bytes, "
+                f"stderr dropped {self.stderr_dropped_bytes} bytes)"
+            )
+        return ""
+
+    @classmethod
+    def _from_json(cls, d: Optional[Mapping[str, Any]]) -> "ExecResult":
+        d = d or {}
+        return cls(
+            stdout=_b64(d.get("stdout")),
+            stderr=_b64(d.get("stderr")),
+            exit_code=_int(d.get("exitCode")),
+            signal=_int(d.get("signal")),
+            stdout_truncated=bool(d.get("stdoutTruncated", False)),
+            stderr_truncated=bool(d.get("stderrTruncated", False)),
+            stdout_dropped_bytes=_int(d.get("stdoutDroppedBytes")),
+            stderr_dropped_bytes=_int(d.get("stderrDroppedBytes")),
+            timed_out=bool(d.get("timedOut", False)),
+            oom_killed=bool(d.get("oomKilled", False)),
+            duration_ms=_int(d.get("durationMs")),
+            pid=_int(d.get("pid")),
+        )
+
+    def _with_output(self, stdout: bytes, stderr: bytes) -> "ExecResult":
+        from dataclasses import replace
+
+        return replace(self, stdout=stdout, stderr=stderr)
+
+
+@dataclass(frozen=True)
+class ExecEvent:
+    """One event of a streaming exec: a chunk of stdout, a chunk of stderr,
+    or (last) the result, whose stdout and stderr hold everything that was
+    streamed (within the output limit)."""
+
+    stdout: bytes = b""
+    stderr: bytes = b""
+    result: Optional[ExecResult] = None
+
+    @property
+    def kind(self) -> str:
+        """``"stdout"``, ``"stderr"`` or ``"result"``."""
+        if self.result is not None:
+            return "result"
+        return "stderr" if self.stderr else "stdout"
+
+    @property
+    def data(self) -> bytes:
+        """The chunk's bytes (empty for the result event)."""
+        return self.stdout or self.stderr
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A background process of a sandbox."""
+
+    sandbox_id: str
+    process_id: str  #: stable handle such as ``"p-1"``
+    pid: int = 0
+    argv: Tuple[str, ...] = ()
+    running: bool = False
+    started_at_unix_ms: int = 0
+    result: Optional[ExecResult] = None  #: set once it exited
+
+    @property
+    def started_at(self) -> Optional[_dt.datetime]:
+        return _ms_to_datetime(self.started_at_unix_ms)
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "ProcessInfo":
+        res = d.get("result")
+        return cls(
+            sandbox_id=d.get("sandboxId", ""),
+            process_id=d.get("processId", ""),
+            pid=_int(d.get("pid")),
+            argv=tuple(d.get("argv") or ()),
+            running=bool(d.get("running", False)),
+            started_at_unix_ms=_int(d.get("startedAtUnixMs")),
+            result=ExecResult._from_json(res) if res is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A file in a sandbox (symlinks are not followed)."""
+
+    name: str
+    path: str
+    size: int = 0
+    mode: int = 0  #: permission bits, e.g. 0o644
+    is_dir: bool = False
+    is_symlink: bool = False
+    link_target: str = ""
+    mtime_unix_ms: int = 0
+    type: str = ""  #: "file", "dir", "symlink" or "other"
+
+    @property
+    def mtime(self) -> Optional[_dt.datetime]:
+        return _ms_to_datetime(self.mtime_unix_ms)
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "FileInfo":
+        return cls(
+            name=d.get("name", ""),
+            path=d.get("path", ""),
+            size=_int(d.get("size")),
+            mode=_int(d.get("mode")),
+            is_dir=bool(d.get("isDir", False)),
+            is_symlink=bool(d.get("isSymlink", False)),
+            link_target=d.get("linkTarget", ""),
+            mtime_unix_ms=_int(d.get("mtimeUnixMs")),
+            type=d.get("type", ""),
+        )
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image of the daemon's store."""
+
+    name: str
+    id: str = ""  #: digest of the layer list
+    layers: Tuple[str, ...] = ()  #: layer digests, bottom-most first
+    size_bytes: int = 0
+    created_at_unix_ms: int = 0
+
+    @property
+    def created_at(self) -> Optional[_dt.datetime]:
+        return _ms_to_datetime(self.created_at_unix_ms)
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "Image":
+        return cls(
+            name=d.get("name", ""),
+            id=d.get("id", ""),
+            layers=tuple(d.get("layers") or ()),
+            size_bytes=_int(d.get("sizeBytes")),
+            created_at_unix_ms=_int(d.get("createdAtUnixMs")),
+        )
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """The daemon's version and capabilities."""
+
+    version: str = ""
+    commit: str = ""
+    backends: Tuple[str, ...] = ()
+    cgroup_mode: str = ""  #: "v1", "v2" or "hybrid"
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "VersionInfo":
+        return cls(
+            version=d.get("version", ""),
+            commit=d.get("commit", ""),
+            backends=tuple(d.get("backends") or ()),
+            cgroup_mode=d.get("cgroupMode", ""),
+        )
+
+
+def _list(d: Mapping[str, Any], key: str) -> List[Any]:
+    v = d.get(key)
+    return list(v) if v else []
