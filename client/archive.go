@@ -19,21 +19,33 @@ func (c *Client) archiveURL(id, path string) string {
 
 // Upload extracts the tar stream r into the directory path of a sandbox.
 func (c *Client) Upload(ctx context.Context, sandboxID, path string, r io.Reader) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, c.archiveURL(sandboxID, path), r)
+	resp, err := c.put(ctx, c.archiveURL(sandboxID, path), r)
 	if err != nil {
-		return transportError(err)
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return nil
+}
+
+// put sends the tar stream r to target with a PUT request. A failure, or an
+// answer that is not 2xx, is its error; otherwise the caller closes the
+// answer's body.
+func (c *Client) put(ctx context.Context, target string, r io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, target, r)
+	if err != nil {
+		return nil, transportError(err)
 	}
 	req.Header.Set("Content-Type", "application/x-tar")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return transportError(err)
+		return nil, transportError(err)
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return httpError(resp)
+		defer resp.Body.Close()
+		return nil, httpError(resp)
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return nil
+	return resp, nil
 }
 
 // Download returns path of a sandbox (a file or a directory tree) as a tar
@@ -79,19 +91,11 @@ func (c *Client) BuildLayerTar(ctx context.Context, name string, r io.Reader) (*
 
 // putTar uploads a tarball to path and decodes the JSON answer into out.
 func (c *Client) putTar(ctx context.Context, path string, r io.Reader, out proto.Message) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPut, c.baseURL+path, r)
+	resp, err := c.put(ctx, c.baseURL+path, r)
 	if err != nil {
-		return transportError(err)
-	}
-	req.Header.Set("Content-Type", "application/x-tar")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return transportError(err)
+		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return httpError(resp)
-	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
 		return transportError(err)

@@ -14,6 +14,10 @@ import (
 
 // Category classifies a failure. The names are those of the daemon's error
 // categories (internal/errdefs).
+//
+// This package is public and does not import internal/, so the names and
+// CategoryHeader are spelled again here: internal/server's
+// TestClientCategoriesMatch checks that they agree with the daemon's.
 type Category string
 
 const (
@@ -76,7 +80,9 @@ func IsAlreadyExists(err error) bool {
 	return errors.As(err, &e) && e.Code == connect.CodeAlreadyExists
 }
 
-// codeCategory is the category of a code when the server did not say.
+// codeCategory is the category of a code when the server did not say. It
+// follows the server's codeCategory (internal/server) but leaves codes it
+// cannot place Unknown, where the server says Internal.
 func codeCategory(code connect.Code) Category {
 	switch code {
 	case connect.CodeNotFound:

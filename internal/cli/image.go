@@ -152,32 +152,44 @@ func printImage(cmd *cobra.Command, img *warrenv1.Image) error {
 // importPath imports the directory or tarball p as image name, by path on
 // a local daemon and by upload otherwise.
 func importPath(ctx context.Context, cl *client.Client, name, p string, stdin io.Reader, forceUpload bool) (*warrenv1.Image, error) {
+	return sendTree(ctx, cl, p, stdin, forceUpload,
+		func(abs string) (*warrenv1.Image, error) { return cl.ImportImage(ctx, name, abs) },
+		func(r io.Reader) (*warrenv1.Image, error) { return cl.ImportImageTar(ctx, name, r) })
+}
+
+// sendTree hands the directory or tarball p ("-": a tarball read from
+// stdin) to the daemon: byPath gives it the absolute path on a local daemon
+// (unless forceUpload); byTar uploads the tarball, or the tar stream of the
+// directory, otherwise.
+func sendTree[T any](ctx context.Context, cl *client.Client, p string, stdin io.Reader, forceUpload bool,
+	byPath func(abs string) (T, error), byTar func(r io.Reader) (T, error)) (T, error) {
+	var zero T
 	if p == "-" {
-		return cl.ImportImageTar(ctx, name, stdin)
+		return byTar(stdin)
 	}
 	abs, err := filepath.Abs(p)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
 	fi, err := os.Stat(abs)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
 	if cl.IsUnix() && !forceUpload {
-		return cl.ImportImage(ctx, name, abs)
+		return byPath(abs)
 	}
 	if !fi.IsDir() {
 		f, err := os.Open(abs)
 		if err != nil {
-			return nil, err
+			return zero, err
 		}
 		defer f.Close()
-		return cl.ImportImageTar(ctx, name, f)
+		return byTar(f)
 	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(tarx.Create(ctx, "/", pw, abs)) }()
 	defer pr.Close()
-	return cl.ImportImageTar(ctx, name, pr)
+	return byTar(pr)
 }
 
 func newImageRemoveCommand() *cobra.Command {
@@ -192,21 +204,27 @@ func newImageRemoveCommand() *cobra.Command {
 				return err
 			}
 			defer cl.Close()
-			failed := false
-			for _, name := range args {
-				if err := cl.RemoveImage(cmd.Context(), name); err != nil {
-					printError(cmd.ErrOrStderr(), err)
-					failed = true
-					continue
-				}
-				fmt.Fprintln(cmd.OutOrStdout(), name)
-			}
-			if failed {
-				return exitError{1}
-			}
-			return nil
+			return removeEach(cmd, args, cl.RemoveImage)
 		},
 	}
+}
+
+// removeEach removes each of names in turn, printing each removed name;
+// it reports every failure and fails if any did.
+func removeEach(cmd *cobra.Command, names []string, remove func(ctx context.Context, name string) error) error {
+	failed := false
+	for _, name := range names {
+		if err := remove(cmd.Context(), name); err != nil {
+			printError(cmd.ErrOrStderr(), err)
+			failed = true
+			continue
+		}
+		fmt.Fprintln(cmd.OutOrStdout(), name)
+	}
+	if failed {
+		return exitError{1}
+	}
+	return nil
 }
 
 func newImageBuildCommand() *cobra.Command {

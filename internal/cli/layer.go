@@ -18,7 +18,6 @@ import (
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/oci"
-	"github.com/warrenrl/warren/internal/tarx"
 )
 
 func init() { AddCommand(newLayerCommand()) }
@@ -66,46 +65,28 @@ client uploads it. "-" uploads a tarball read from stdin.`,
 			if err != nil {
 				return err
 			}
-			if JSONOutput(cmd) {
-				return printJSON(cmd.OutOrStdout(), l)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s %d files (%s)\n", l.Name, shortID(l.Digest), formatBytes(l.BlobSizeBytes), l.Files, time.Since(start).Round(time.Millisecond))
-			return nil
+			return printLayer(cmd, l, start)
 		},
 	}
 	c.Flags().BoolVar(&forceUpload, "upload", false, "upload DIR or TAR even to a local daemon")
 	return c
 }
 
+// printLayer prints a layer built or committed since start.
+func printLayer(cmd *cobra.Command, l *warrenv1.Layer, start time.Time) error {
+	if JSONOutput(cmd) {
+		return printJSON(cmd.OutOrStdout(), l)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s %d files (%s)\n", l.Name, shortID(l.Digest), formatBytes(l.BlobSizeBytes), l.Files, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
 // buildLayer builds the directory or tarball p as layer name, by path on a
 // local daemon and by upload otherwise.
 func buildLayer(ctx context.Context, cl *client.Client, name, p string, stdin io.Reader, forceUpload bool) (*warrenv1.Layer, error) {
-	if p == "-" {
-		return cl.BuildLayerTar(ctx, name, stdin)
-	}
-	abs, err := filepath.Abs(p)
-	if err != nil {
-		return nil, err
-	}
-	fi, err := os.Stat(abs)
-	if err != nil {
-		return nil, err
-	}
-	if cl.IsUnix() && !forceUpload {
-		return cl.BuildLayer(ctx, name, abs)
-	}
-	if !fi.IsDir() {
-		f, err := os.Open(abs)
-		if err != nil {
-			return nil, err
-		}
-		defer f.Close()
-		return cl.BuildLayerTar(ctx, name, f)
-	}
-	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(tarx.Create(ctx, "/", pw, abs)) }()
-	defer pr.Close()
-	return cl.BuildLayerTar(ctx, name, pr)
+	return sendTree(ctx, cl, p, stdin, forceUpload,
+		func(abs string) (*warrenv1.Layer, error) { return cl.BuildLayer(ctx, name, abs) },
+		func(r io.Reader) (*warrenv1.Layer, error) { return cl.BuildLayerTar(ctx, name, r) })
 }
 
 func newLayerListCommand() *cobra.Command {
@@ -151,19 +132,7 @@ func newLayerRemoveCommand() *cobra.Command {
 				return err
 			}
 			defer cl.Close()
-			failed := false
-			for _, n := range args {
-				if err := cl.RemoveLayer(cmd.Context(), n); err != nil {
-					printError(cmd.ErrOrStderr(), err)
-					failed = true
-					continue
-				}
-				fmt.Fprintln(cmd.OutOrStdout(), n)
-			}
-			if failed {
-				return exitError{1}
-			}
-			return nil
+			return removeEach(cmd, args, cl.RemoveLayer)
 		},
 	}
 }

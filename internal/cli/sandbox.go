@@ -332,11 +332,7 @@ processes are frozen while its files are read and resume afterwards.`,
 			if err != nil {
 				return err
 			}
-			if JSONOutput(cmd) {
-				return printJSON(cmd.OutOrStdout(), l)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s %d files (%s)\n", l.Name, shortID(l.Digest), formatBytes(l.BlobSizeBytes), l.Files, time.Since(start).Round(time.Millisecond))
-			return nil
+			return printLayer(cmd, l, start)
 		},
 	}
 }

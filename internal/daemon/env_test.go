@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -336,6 +337,20 @@ func killPid(t *testing.T, blob []byte) {
 	if err := syscall.Kill(st.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	// SIGKILL is asynchronous (a pid namespace's init first waits for all
+	// its processes to die): wait until it has exited, as a crash that a
+	// later step relies on would have.
+	for i := 0; i < 1000; i++ {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", st.Pid))
+		if err != nil {
+			return
+		}
+		if f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:])); len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("sandbox init %d still alive 10s after SIGKILL", st.Pid)
 }
 
 // sweepLeftovers lists what is left on the host of sandbox id.

@@ -81,35 +81,51 @@ func (m *Manager) ImportImage(ctx context.Context, req *warrenv1.ImportImageRequ
 	if err := image.ValidName(name); err != nil {
 		return nil, err
 	}
-	if err := validateAbsPath("path", path); err != nil {
+	img, err := fromHostPath("import image "+name, path,
+		func(dir string) (image.Image, error) { return m.images.ImportDir(ctx, name, dir) },
+		func(r io.Reader) (image.Image, error) { return m.images.ImportTar(ctx, name, r) })
+	if err != nil {
 		return nil, err
+	}
+	m.log.Info("image imported", "image", name, "id", img.ID, "from", path)
+	return imageProto(img), nil
+}
+
+// fromHostPath reads the directory tree or tarball at path (on the
+// daemon's host) with byDir or byTar, for op ("import image NAME"): a
+// missing path is NotFound, one that is neither a directory nor a regular
+// file Invalid, and a failure of byDir or byTar without a category
+// Internal.
+func fromHostPath[T any](op, path string, byDir func(dir string) (T, error), byTar func(r io.Reader) (T, error)) (T, error) {
+	var zero T
+	if err := validateAbsPath("path", path); err != nil {
+		return zero, err
 	}
 	fi, err := os.Stat(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, errdefs.NotFoundf("import image %s: %s does not exist", name, path)
+			return zero, errdefs.NotFoundf("%s: %s does not exist", op, path)
 		}
-		return nil, errdefs.New(errdefs.Invalid, "import image %s: %w", name, err)
+		return zero, errdefs.New(errdefs.Invalid, "%s: %w", op, err)
 	}
-	var img image.Image
+	var v T
 	switch {
 	case fi.IsDir():
-		img, err = m.images.ImportDir(ctx, name, path)
+		v, err = byDir(path)
 	case fi.Mode().IsRegular():
 		f, oerr := os.Open(path)
 		if oerr != nil {
-			return nil, errdefs.New(errdefs.Invalid, "import image %s: %w", name, oerr)
+			return zero, errdefs.New(errdefs.Invalid, "%s: %w", op, oerr)
 		}
 		defer f.Close()
-		img, err = m.images.ImportTar(ctx, name, f)
+		v, err = byTar(f)
 	default:
-		return nil, errdefs.Invalidf("import image %s: %s is neither a directory nor a regular file", name, path)
+		return zero, errdefs.Invalidf("%s: %s is neither a directory nor a regular file", op, path)
 	}
 	if err != nil {
-		return nil, withCategory(err, errdefs.Internal, "import image "+name)
+		return zero, withCategory(err, errdefs.Internal, op)
 	}
-	m.log.Info("image imported", "image", name, "id", img.ID, "from", path)
-	return imageProto(img), nil
+	return v, nil
 }
 
 // ImportImageTar imports a tarball (optionally gzip-compressed) read from r
@@ -155,20 +171,12 @@ func (m *Manager) RemoveImage(ctx context.Context, req *warrenv1.RemoveImageRequ
 
 // imageUsers lists the ids of live sandboxes created from image name.
 func (m *Manager) imageUsers(name string) []string {
-	m.mu.RLock()
-	all := make([]*sandbox, 0, len(m.sandboxes))
-	for _, s := range m.sandboxes {
-		all = append(all, s)
-	}
-	m.mu.RUnlock()
 	var ids []string
-	for _, s := range all {
-		s.mu.Lock()
-		if !s.gone && s.info.GetImage() == name && s.info.GetState() != stateDead {
+	m.eachLive(func(s *sandbox) {
+		if s.info.GetImage() == name {
 			ids = append(ids, s.id)
 		}
-		s.mu.Unlock()
-	}
+	})
 	slices.Sort(ids)
 	return ids
 }
@@ -177,26 +185,16 @@ func (m *Manager) imageUsers(name string) []string {
 // dead: the keep set for image.Store.GC (call m.images.GC(m.inUseDigests()...)
 // after adoption; an empty result must still be passed as a non-nil slice).
 func (m *Manager) inUseDigests() []string {
-	m.mu.RLock()
-	all := make([]*sandbox, 0, len(m.sandboxes))
-	for _, s := range m.sandboxes {
-		all = append(all, s)
-	}
-	m.mu.RUnlock()
 	seen := map[string]bool{}
 	out := []string{}
-	for _, s := range all {
-		s.mu.Lock()
-		if !s.gone && s.info.GetState() != stateDead {
-			for _, d := range s.imageLayers {
-				if !seen[d] {
-					seen[d] = true
-					out = append(out, d)
-				}
+	m.eachLive(func(s *sandbox) {
+		for _, d := range s.imageLayers {
+			if !seen[d] {
+				seen[d] = true
+				out = append(out, d)
 			}
 		}
-		s.mu.Unlock()
-	}
+	})
 	slices.Sort(out)
 	return out
 }
@@ -204,22 +202,26 @@ func (m *Manager) inUseDigests() []string {
 // digestUsers lists the ids of live sandboxes whose layer stack holds
 // digest (for removing a named layer: RemoveLayer refuses while used).
 func (m *Manager) digestUsers(digest string) []string {
-	m.mu.RLock()
-	all := make([]*sandbox, 0, len(m.sandboxes))
-	for _, s := range m.sandboxes {
-		all = append(all, s)
-	}
-	m.mu.RUnlock()
 	var ids []string
-	for _, s := range all {
-		s.mu.Lock()
-		if !s.gone && s.info.GetState() != stateDead && slices.Contains(s.imageLayers, digest) {
+	m.eachLive(func(s *sandbox) {
+		if slices.Contains(s.imageLayers, digest) {
 			ids = append(ids, s.id)
+		}
+	})
+	slices.Sort(ids)
+	return ids
+}
+
+// eachLive calls f, with s.mu held, for every sandbox that is neither gone
+// nor dead.
+func (m *Manager) eachLive(f func(s *sandbox)) {
+	for _, s := range m.snapshot() {
+		s.mu.Lock()
+		if !s.gone && s.info.GetState() != stateDead {
+			f(s)
 		}
 		s.mu.Unlock()
 	}
-	slices.Sort(ids)
-	return ids
 }
 
 // resolveLayers returns the layer digests (bottom first) of a sandbox of
@@ -316,32 +318,11 @@ func (m *Manager) BuildLayer(ctx context.Context, req *warrenv1.BuildLayerReques
 	if err := validLayerName(name); err != nil {
 		return nil, err
 	}
-	if err := validateAbsPath("path", p); err != nil {
+	nl, err := fromHostPath("build layer "+name, p,
+		func(dir string) (image.NamedLayer, error) { return m.images.BuildLayerDir(ctx, name, dir) },
+		func(r io.Reader) (image.NamedLayer, error) { return m.images.BuildLayerTar(ctx, name, r) })
+	if err != nil {
 		return nil, err
-	}
-	fi, err := os.Stat(p)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, errdefs.NotFoundf("build layer %s: %s does not exist", name, p)
-		}
-		return nil, errdefs.New(errdefs.Invalid, "build layer %s: %w", name, err)
-	}
-	var nl image.NamedLayer
-	switch {
-	case fi.IsDir():
-		nl, err = m.images.BuildLayerDir(ctx, name, p)
-	case fi.Mode().IsRegular():
-		f, oerr := os.Open(p)
-		if oerr != nil {
-			return nil, errdefs.New(errdefs.Invalid, "build layer %s: %w", name, oerr)
-		}
-		defer f.Close()
-		nl, err = m.images.BuildLayerTar(ctx, name, f)
-	default:
-		return nil, errdefs.Invalidf("build layer %s: %s is neither a directory nor a regular file", name, p)
-	}
-	if err != nil {
-		return nil, withCategory(err, errdefs.Internal, "build layer "+name)
 	}
 	m.log.Info("layer built", "layer", name, "digest", nl.Digest, "from", p)
 	return layerProto(nl), nil

@@ -263,12 +263,7 @@ func (m *Manager) Get(ctx context.Context, req *warrenv1.GetRequest) (_ *warrenv
 // sorted by creation time, then id.
 func (m *Manager) List(ctx context.Context, req *warrenv1.ListRequest) (_ *warrenv1.ListResponse, err error) {
 	defer m.observe("List", &err)
-	m.mu.RLock()
-	all := make([]*sandbox, 0, len(m.sandboxes))
-	for _, s := range m.sandboxes {
-		all = append(all, s)
-	}
-	m.mu.RUnlock()
+	all := m.snapshot()
 	want := req.GetLabels()
 	resp := &warrenv1.ListResponse{Sandboxes: make([]*warrenv1.Sandbox, 0, len(all))}
 	for _, s := range all {
@@ -280,6 +275,18 @@ func (m *Manager) List(ctx context.Context, req *warrenv1.ListRequest) (_ *warre
 	}
 	sortSandboxes(resp.Sandboxes)
 	return resp, nil
+}
+
+// snapshot returns the sandboxes of the manager at this moment, in no
+// particular order.
+func (m *Manager) snapshot() []*sandbox {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	all := make([]*sandbox, 0, len(m.sandboxes))
+	for _, s := range m.sandboxes {
+		all = append(all, s)
+	}
+	return all
 }
 
 func labelsMatch(have, want map[string]string) bool {

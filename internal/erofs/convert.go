@@ -52,6 +52,7 @@ import (
 	goerofs "github.com/erofs/go-erofs"
 
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/tarx"
 )
 
 // BuilderVersion identifies the conversion; it is recorded with each blob.
@@ -217,41 +218,6 @@ func errnoCategory(err error) errdefs.Category {
 
 func digestOf(h hash.Hash) string { return "sha256:" + hex.EncodeToString(h.Sum(nil)) }
 
-// tailReader keeps the last 1024 bytes the tar reader consumed, to check
-// for the two zero blocks that end an archive (archive/tar accepts a
-// stream cut at a block boundary).
-type tailReader struct {
-	r    io.Reader
-	n    int64
-	tail [1024]byte
-}
-
-func (t *tailReader) Read(p []byte) (int, error) {
-	n, err := t.r.Read(p)
-	if n > 0 {
-		t.n += int64(n)
-		if n >= len(t.tail) {
-			copy(t.tail[:], p[n-len(t.tail):n])
-		} else {
-			copy(t.tail[:], t.tail[n:])
-			copy(t.tail[len(t.tail)-n:], p[:n])
-		}
-	}
-	return n, err
-}
-
-func (t *tailReader) endsWithZeros() bool {
-	if t.n < int64(len(t.tail)) {
-		return false
-	}
-	for _, b := range t.tail {
-		if b != 0 {
-			return false
-		}
-	}
-	return true
-}
-
 type countReader struct {
 	r io.Reader
 	n int64
@@ -275,7 +241,7 @@ func ctxErr(ctx context.Context) error {
 }
 
 func (c *converter) read(cr *countReader) error {
-	tail := &tailReader{r: cr}
+	tail := &tarx.TailReader{R: cr}
 	tr := tar.NewReader(tail)
 	sawEnd := false
 	for {
@@ -301,7 +267,7 @@ func (c *converter) read(cr *countReader) error {
 	if !sawEnd || cr.n == 0 {
 		return errdefs.Invalidf("empty or truncated layer")
 	}
-	if !tail.endsWithZeros() {
+	if !tail.EndsWithZeros() {
 		return errdefs.Invalidf("truncated layer: no end-of-archive marker")
 	}
 	// The diffID covers the whole stream: read what follows the end

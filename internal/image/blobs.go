@@ -370,33 +370,7 @@ func (s *Store) ImportLayer(ctx context.Context, r io.Reader, lo LayerOptions) (
 
 // writeJSONTemp is writeJSON with this node's temp-file prefix.
 func (s *Store) writeJSONTemp(path string, v any) error {
-	data, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "encode "+filepath.Base(path))
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+s.opts.NodeID+"-")
-	if err != nil {
-		return errdefs.Wrap(errnoCategory(err), err, "write "+filepath.Base(path))
-	}
-	tmp := f.Name()
-	_, err = f.Write(append(data, '\n'))
-	if err == nil {
-		err = f.Chmod(0o644)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return errdefs.Wrap(errnoCategory(err), err, "write "+filepath.Base(path))
-	}
-	return syncDir(filepath.Dir(path))
+	return writeJSONVia(path, ".tmp-"+s.opts.NodeID+"-", v)
 }
 
 type progressWriter struct {
@@ -447,20 +421,16 @@ func decompress(r io.Reader) (io.ReadCloser, error) {
 		return nil, errdefs.Invalidf("empty archive")
 	}
 	full := io.MultiReader(bytes.NewReader(magic[:n]), r)
-	m := magic[:n]
-	switch {
-	case bytes.HasPrefix(m, []byte{0x1f, 0x8b}):
+	gzipped, err := tarx.IsGzip(magic[:n])
+	if err != nil {
+		return nil, err
+	}
+	if gzipped {
 		gz, err := gzip.NewReader(full)
 		if err != nil {
 			return nil, errdefs.New(errdefs.Invalid, "reading gzip header: %w", err)
 		}
 		return gz, nil
-	case bytes.HasPrefix(m, []byte{0x28, 0xb5, 0x2f, 0xfd}):
-		return nil, errdefs.Invalidf("unsupported archive compression: zstd (send a plain or gzip-compressed tar)")
-	case bytes.HasPrefix(m, []byte{0xfd, '7', 'z', 'X', 'Z', 0}):
-		return nil, errdefs.Invalidf("unsupported archive compression: xz (send a plain or gzip-compressed tar)")
-	case bytes.HasPrefix(m, []byte("BZh")):
-		return nil, errdefs.Invalidf("unsupported archive compression: bzip2 (send a plain or gzip-compressed tar)")
 	}
 	return io.NopCloser(full), nil
 }
@@ -468,23 +438,10 @@ func decompress(r io.Reader) (io.ReadCloser, error) {
 // importDirStream converts the tree at dir into a blob, through its
 // canonical tar stream.
 func (s *Store) importDirStream(ctx context.Context, dir string) (LayerMeta, error) {
-	fi, err := os.Stat(dir)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return LayerMeta{}, errdefs.NotFoundf("no such directory: %s", dir)
-		}
-		return LayerMeta{}, errdefs.Wrap(errdefs.Invalid, err, "import source")
+	if err := checkSourceDir(dir, "import source", errdefs.Invalid); err != nil {
+		return LayerMeta{}, err
 	}
-	if !fi.IsDir() {
-		return LayerMeta{}, errdefs.Invalidf("import source %s is not a directory", dir)
-	}
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		err := tarx.Create(ctx, dir, pw, "/")
-		pw.CloseWithError(err)
-		done <- err
-	}()
+	pr, done := treeStream(ctx, dir)
 	m, err := s.ImportLayer(ctx, pr, LayerOptions{})
 	pr.CloseWithError(errors.New("conversion stopped"))
 	if cerr := <-done; cerr != nil && err == nil {

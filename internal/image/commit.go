@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path"
 	"strconv"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/errdefs"
-	"github.com/warrenrl/warren/internal/tarx"
 	"github.com/warrenrl/warren/internal/tarx/inroot"
 )
 
@@ -42,15 +40,8 @@ func (s *Store) CommitUpper(ctx context.Context, name, upper string) (NamedLayer
 }
 
 func (s *Store) importUpperStream(ctx context.Context, upper string) (LayerMeta, error) {
-	fi, err := os.Stat(upper)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return LayerMeta{}, errdefs.NotFoundf("no such directory: %s", upper)
-		}
-		return LayerMeta{}, errdefs.Wrap(errdefs.Internal, err, "commit source")
-	}
-	if !fi.IsDir() {
-		return LayerMeta{}, errdefs.Invalidf("commit source %s is not a directory", upper)
+	if err := checkSourceDir(upper, "commit source", errdefs.Internal); err != nil {
+		return LayerMeta{}, err
 	}
 	rootfd, err := inroot.OpenRoot(upper)
 	if err != nil {
@@ -59,15 +50,9 @@ func (s *Store) importUpperStream(ctx context.Context, upper string) (LayerMeta,
 	defer unix.Close(rootfd)
 
 	// tarx.Create -> whiteout translation -> EROFS conversion.
-	treeR, treeW := io.Pipe()
+	treeR, created := treeStream(ctx, upper)
 	layerR, layerW := io.Pipe()
-	created := make(chan error, 1)
 	filtered := make(chan error, 1)
-	go func() {
-		err := tarx.Create(ctx, upper, treeW, "/")
-		treeW.CloseWithError(err)
-		created <- err
-	}()
 	go func() {
 		err := upperToLayer(rootfd, treeR, layerW)
 		treeR.CloseWithError(errPipelineStopped)

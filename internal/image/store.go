@@ -224,24 +224,11 @@ func (s *Store) ImportDir(ctx context.Context, name, dir string) (Image, error) 
 	if s.erofs {
 		return s.importEROFS(ctx, name, func() (LayerMeta, error) { return s.importDirStream(ctx, dir) })
 	}
-	fi, err := os.Stat(dir)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return Image{}, errdefs.NotFoundf("no such directory: %s", dir)
-		}
-		return Image{}, errdefs.Wrap(errdefs.Invalid, err, "import source")
-	}
-	if !fi.IsDir() {
-		return Image{}, errdefs.Invalidf("import source %s is not a directory", dir)
+	if err := checkSourceDir(dir, "import source", errdefs.Invalid); err != nil {
+		return Image{}, err
 	}
 	return s.importWith(ctx, name, func(fsDir string) (tarx.Stats, error) {
-		pr, pw := io.Pipe()
-		done := make(chan error, 1)
-		go func() {
-			err := tarx.Create(ctx, dir, pw, "/")
-			pw.CloseWithError(err)
-			done <- err
-		}()
+		pr, done := treeStream(ctx, dir)
 		st, err := tarx.Extract(ctx, fsDir, pr, layerOptions())
 		pr.CloseWithError(errors.New("extraction stopped"))
 		cerr := <-done
@@ -270,6 +257,37 @@ func (s *Store) ImportTar(ctx context.Context, name string, r io.Reader) (Image,
 	return s.importWith(ctx, name, func(fsDir string) (tarx.Stats, error) {
 		return tarx.Extract(ctx, fsDir, r, layerOptions())
 	})
+}
+
+// checkSourceDir checks that dir, the source of what (an import, a
+// commit), is a directory: NotFound if it does not exist, Invalid if it is
+// something else, statCat if it cannot be looked at.
+func checkSourceDir(dir, what string, statCat errdefs.Category) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return errdefs.NotFoundf("no such directory: %s", dir)
+		}
+		return errdefs.Wrap(statCat, err, what)
+	}
+	if !fi.IsDir() {
+		return errdefs.Invalidf("%s %s is not a directory", what, dir)
+	}
+	return nil
+}
+
+// treeStream streams the canonical tar stream of dir (tarx.Create) through
+// a pipe; done delivers Create's error once it returned. The caller closes
+// the reader when it stops reading.
+func treeStream(ctx context.Context, dir string) (*io.PipeReader, <-chan error) {
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := tarx.Create(ctx, dir, pw, "/")
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	return pr, done
 }
 
 func layerOptions() tarx.Options {
@@ -390,12 +408,16 @@ func syncDir(dir string) error {
 }
 
 // writeJSON writes v to path through a temp file, fsynced, then renamed.
-func writeJSON(path string, v any) error {
+func writeJSON(path string, v any) error { return writeJSONVia(path, ".tmp-", v) }
+
+// writeJSONVia is writeJSON through a temp file whose name starts with
+// tmpPrefix.
+func writeJSONVia(path, tmpPrefix string, v any) error {
 	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "encode "+filepath.Base(path))
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-")
+	f, err := os.CreateTemp(filepath.Dir(path), tmpPrefix)
 	if err != nil {
 		return errdefs.Wrap(errnoCategory(err), err, "write "+filepath.Base(path))
 	}
@@ -421,15 +443,7 @@ func writeJSON(path string, v any) error {
 }
 
 func readMeta(layerPath string) (LayerMeta, error) {
-	var m LayerMeta
-	data, err := os.ReadFile(filepath.Join(layerPath, "meta.json"))
-	if err != nil {
-		return m, err
-	}
-	if err := json.Unmarshal(data, &m); err != nil {
-		return m, err
-	}
-	return m, nil
+	return readMetaFile(filepath.Join(layerPath, "meta.json"))
 }
 
 func (s *Store) writeRecordLocked(img Image) error {

@@ -145,6 +145,14 @@ func pathErr(p string, err error) error {
 	return errdefs.New(inroot.Category(err), "%s: %w", p, err)
 }
 
+// enter checks ctx, then opens the root; the caller closes the fd.
+func (f *FS) enter(ctx context.Context) (int, error) {
+	if err := ctxErr(ctx); err != nil {
+		return -1, err
+	}
+	return f.openRoot()
+}
+
 func (f *FS) openRoot() (int, error) {
 	fd, err := inroot.OpenRoot(f.root)
 	if err != nil {
@@ -179,10 +187,7 @@ func (f *FS) WriteFile(ctx context.Context, p string, r io.Reader, mode os.FileM
 	if cp == "/" {
 		return errdefs.Invalidf("cannot write to /")
 	}
-	if err := ctxErr(ctx); err != nil {
-		return err
-	}
-	rootfd, err := f.openRoot()
+	rootfd, err := f.enter(ctx)
 	if err != nil {
 		return err
 	}
@@ -268,10 +273,7 @@ func (f *FS) ReadFile(ctx context.Context, p string, off, length int64) (data []
 	if length > MaxRead {
 		return nil, 0, false, errdefs.Exhaustedf("read of %d bytes exceeds the cap of %d bytes: read in chunks with an offset", length, MaxRead)
 	}
-	if err := ctxErr(ctx); err != nil {
-		return nil, 0, false, err
-	}
-	rootfd, err := f.openRoot()
+	rootfd, err := f.enter(ctx)
 	if err != nil {
 		return nil, 0, false, err
 	}
@@ -346,10 +348,7 @@ func info(dirfd int, base, p string, st unix.Stat_t) FileInfo {
 // are symlinks are described, not followed.
 func (f *FS) List(ctx context.Context, p string) ([]FileInfo, error) {
 	cp := inroot.Clean(p)
-	if err := ctxErr(ctx); err != nil {
-		return nil, err
-	}
-	rootfd, err := f.openRoot()
+	rootfd, err := f.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -386,24 +385,33 @@ func (f *FS) List(ctx context.Context, p string) ([]FileInfo, error) {
 // described, not followed (its target is in LinkTarget).
 func (f *FS) Stat(ctx context.Context, p string) (FileInfo, error) {
 	cp := inroot.Clean(p)
-	if err := ctxErr(ctx); err != nil {
-		return FileInfo{}, err
-	}
-	rootfd, err := f.openRoot()
+	rootfd, err := f.enter(ctx)
 	if err != nil {
 		return FileInfo{}, err
 	}
 	defer unix.Close(rootfd)
-	dirfd, base, err := inroot.OpenParent(rootfd, cp)
+	dirfd, base, st, err := lstatIn(rootfd, cp)
 	if err != nil {
-		return FileInfo{}, pathErr(cp, err)
+		return FileInfo{}, err
 	}
 	defer unix.Close(dirfd)
-	st, err := inroot.Lstat(dirfd, base)
-	if err != nil {
-		return FileInfo{}, pathErr(cp, err)
-	}
 	return info(dirfd, base, cp, st), nil
+}
+
+// lstatIn opens the parent directory of the sandbox path cp and lstats
+// its final component (a symlink is not followed); the caller closes
+// dirfd.
+func lstatIn(rootfd int, cp string) (dirfd int, base string, st unix.Stat_t, err error) {
+	dirfd, base, err = inroot.OpenParent(rootfd, cp)
+	if err != nil {
+		return -1, "", st, pathErr(cp, err)
+	}
+	st, err = inroot.Lstat(dirfd, base)
+	if err != nil {
+		unix.Close(dirfd)
+		return -1, "", st, pathErr(cp, err)
+	}
+	return dirfd, base, st, nil
 }
 
 // Mkdir creates the directory p with mode (0 means 0755; the umask does
@@ -412,14 +420,11 @@ func (f *FS) Stat(ctx context.Context, p string) (FileInfo, error) {
 // an existing directory (or symlink to one) is fine.
 func (f *FS) Mkdir(ctx context.Context, p string, mode os.FileMode, parents bool) error {
 	cp := inroot.Clean(p)
-	if err := ctxErr(ctx); err != nil {
-		return err
-	}
 	perm := UnixPerm(mode)
 	if perm == 0 {
 		perm = 0o755
 	}
-	rootfd, err := f.openRoot()
+	rootfd, err := f.enter(ctx)
 	if err != nil {
 		return err
 	}
@@ -470,23 +475,16 @@ func (f *FS) Remove(ctx context.Context, p string, recursive bool) error {
 	if cp == "/" {
 		return errdefs.Invalidf("cannot remove /")
 	}
-	if err := ctxErr(ctx); err != nil {
-		return err
-	}
-	rootfd, err := f.openRoot()
+	rootfd, err := f.enter(ctx)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(rootfd)
-	dirfd, base, err := inroot.OpenParent(rootfd, cp)
+	dirfd, base, st, err := lstatIn(rootfd, cp)
 	if err != nil {
-		return pathErr(cp, err)
+		return err
 	}
 	defer unix.Close(dirfd)
-	st, err := inroot.Lstat(dirfd, base)
-	if err != nil {
-		return pathErr(cp, err)
-	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		err = unix.Unlinkat(dirfd, base, 0)
 	} else if recursive {
@@ -500,12 +498,21 @@ func (f *FS) Remove(ctx context.Context, p string, recursive bool) error {
 	return nil
 }
 
+// checkRoot reports Unavailable when the root is gone (the sandbox was
+// deleted).
+func (f *FS) checkRoot() error {
+	if _, err := os.Stat(f.root); err != nil {
+		return errdefs.Unavailablef("sandbox root filesystem is gone")
+	}
+	return nil
+}
+
 // TarOut writes the tree at p (or the single file) to w as a tar stream
 // with names relative to p (see tarx.Create). Symlinks inside the tree are
 // archived, not followed.
 func (f *FS) TarOut(ctx context.Context, p string, w io.Writer) error {
-	if _, err := os.Stat(f.root); err != nil {
-		return errdefs.Unavailablef("sandbox root filesystem is gone")
+	if err := f.checkRoot(); err != nil {
+		return err
 	}
 	return tarx.Create(ctx, f.root, w, inroot.Clean(p))
 }
@@ -517,8 +524,8 @@ func (f *FS) TarOut(ctx context.Context, p string, w io.Writer) error {
 // kept (files belong to the daemon's uid). On error, what was extracted so
 // far stays.
 func (f *FS) TarIn(ctx context.Context, p string, r io.Reader) error {
-	if _, err := os.Stat(f.root); err != nil {
-		return errdefs.Unavailablef("sandbox root filesystem is gone")
+	if err := f.checkRoot(); err != nil {
+		return err
 	}
 	_, err := tarx.Extract(ctx, f.root, r, tarx.Options{Dir: inroot.Clean(p)})
 	return err

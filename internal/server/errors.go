@@ -82,7 +82,10 @@ func ToConnectError(err error) error {
 }
 
 // codeCategory is the reverse mapping, for errors raised by connect itself
-// (for example a message over the size limit).
+// (for example a message over the size limit). The client package has its
+// own copy for answers without a category (it cannot import internal/);
+// it differs on purpose for codes neither places: Unknown there, Internal
+// here.
 func codeCategory(code connect.Code) errdefs.Category {
 	switch code {
 	case connect.CodeNotFound:

@@ -63,6 +63,31 @@ func TestToConnectError(t *testing.T) {
 	}
 }
 
+// The client package cannot import internal/, so it spells the category
+// names and the category header again: they must stay those of errdefs
+// and of this package.
+func TestClientCategoriesMatch(t *testing.T) {
+	if client.CategoryHeader != CategoryHeader {
+		t.Errorf("client.CategoryHeader = %q, server sends %q", client.CategoryHeader, CategoryHeader)
+	}
+	mirror := map[errdefs.Category]client.Category{
+		errdefs.Unknown:          client.CategoryUnknown,
+		errdefs.NotFound:         client.CategoryNotFound,
+		errdefs.Invalid:          client.CategoryInvalid,
+		errdefs.Exhausted:        client.CategoryExhausted,
+		errdefs.Conflict:         client.CategoryConflict,
+		errdefs.Unavailable:      client.CategoryUnavailable,
+		errdefs.DeadlineExceeded: client.CategoryDeadlineExceeded,
+		errdefs.Unauthenticated:  client.CategoryUnauthenticated,
+		errdefs.Internal:         client.CategoryInternal,
+	}
+	for _, c := range errdefs.Categories() {
+		if got, ok := mirror[c]; !ok || string(got) != c.String() {
+			t.Errorf("errdefs category %q: client has %q", c.String(), got)
+		}
+	}
+}
+
 // testServer runs a Server on a unix socket and, when tcp is set, on a
 // random TCP port, until the test ends.
 type testServer struct {

@@ -118,21 +118,18 @@ func Extract(ctx context.Context, root string, r io.Reader, opts Options) (Stats
 	var body io.Reader = br
 	var gz *gzip.Reader
 	magic, _ := br.Peek(6)
-	switch {
-	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
+	gzipped, err := IsGzip(magic)
+	if err != nil {
+		return x.st, err
+	}
+	if gzipped {
 		gz, err = gzip.NewReader(br)
 		if err != nil {
 			return x.st, x.readErr(src, err, "reading gzip header")
 		}
 		body = gz
-	case bytes.HasPrefix(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
-		return x.st, errdefs.Invalidf("unsupported archive compression: zstd (send a plain or gzip-compressed tar)")
-	case bytes.HasPrefix(magic, []byte{0xfd, '7', 'z', 'X', 'Z', 0}):
-		return x.st, errdefs.Invalidf("unsupported archive compression: xz (send a plain or gzip-compressed tar)")
-	case bytes.HasPrefix(magic, []byte("BZh")):
-		return x.st, errdefs.Invalidf("unsupported archive compression: bzip2 (send a plain or gzip-compressed tar)")
 	}
-	tail := &tailReader{r: body}
+	tail := &TailReader{R: body}
 	tr := tar.NewReader(tail)
 	for {
 		if err := ctxErr(ctx); err != nil {
@@ -153,13 +150,13 @@ func Extract(ctx context.Context, root string, r io.Reader, opts Options) (Stats
 			return x.st, err
 		}
 	}
-	if tail.n == 0 {
+	if tail.N == 0 {
 		if src.err != nil {
 			return x.st, x.readErr(src, src.err, "reading archive")
 		}
 		return x.st, errdefs.Invalidf("empty archive")
 	}
-	if !tail.endsWithZeros() {
+	if !tail.EndsWithZeros() {
 		if src.err != nil {
 			return x.st, x.readErr(src, src.err, "reading archive")
 		}
@@ -206,18 +203,38 @@ func (s *srcReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// tailReader counts the bytes the tar reader consumed and keeps the last
-// 1024 of them, to check for the two zero blocks that end an archive.
-type tailReader struct {
-	r    io.Reader
-	n    int64
+// IsGzip reports whether an archive that starts with magic (its first
+// six bytes, or all of a shorter one) is gzip-compressed. Archives
+// compressed with zstd, xz or bzip2 are refused (Invalid): only plain and
+// gzip-compressed tar is read.
+func IsGzip(magic []byte) (bool, error) {
+	switch {
+	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
+		return true, nil
+	case bytes.HasPrefix(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
+		return false, errdefs.Invalidf("unsupported archive compression: zstd (send a plain or gzip-compressed tar)")
+	case bytes.HasPrefix(magic, []byte{0xfd, '7', 'z', 'X', 'Z', 0}):
+		return false, errdefs.Invalidf("unsupported archive compression: xz (send a plain or gzip-compressed tar)")
+	case bytes.HasPrefix(magic, []byte("BZh")):
+		return false, errdefs.Invalidf("unsupported archive compression: bzip2 (send a plain or gzip-compressed tar)")
+	}
+	return false, nil
+}
+
+// TailReader passes a tar stream through from R, counting the bytes read
+// (N) and keeping the last 1024 of them, to check for the two zero blocks
+// that end an archive (archive/tar accepts a stream cut at a block
+// boundary).
+type TailReader struct {
+	R    io.Reader
+	N    int64
 	tail [1024]byte
 }
 
-func (t *tailReader) Read(p []byte) (int, error) {
-	n, err := t.r.Read(p)
+func (t *TailReader) Read(p []byte) (int, error) {
+	n, err := t.R.Read(p)
 	if n > 0 {
-		t.n += int64(n)
+		t.N += int64(n)
 		if n >= len(t.tail) {
 			copy(t.tail[:], p[n-len(t.tail):n])
 		} else {
@@ -228,8 +245,10 @@ func (t *tailReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (t *tailReader) endsWithZeros() bool {
-	if t.n < int64(len(t.tail)) {
+// EndsWithZeros reports whether the last 1024 bytes read were zeros: the
+// end-of-archive marker.
+func (t *TailReader) EndsWithZeros() bool {
+	if t.N < int64(len(t.tail)) {
 		return false
 	}
 	for _, b := range t.tail {
