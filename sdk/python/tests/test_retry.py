@@ -6,7 +6,7 @@ import asyncio
 import os
 import shutil
 import tempfile
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import pytest
 
@@ -197,3 +197,79 @@ async def test_archive_upload_and_download_retry(daemon: object, w: warren.Async
         assert px.count(path) == 4
 
 
+
+
+IMG = "/warren.v1.ImageService/"
+
+
+async def test_layer_builds_and_pulls_are_retried_commits_are_not(
+    daemon: object, w: warren.AsyncWarren, labels: Dict[str, str], tmp_path: "os.PathLike[str]"
+) -> None:
+    import io
+    import tarfile
+
+    from ocilayout import busybox_layout
+
+    if shutil.which("busybox") is None:
+        pytest.skip("busybox is not installed")
+    base = os.fspath(tmp_path)
+    layout = busybox_layout(os.path.join(base, "layout"))
+    src = os.path.join(base, "tree")
+    os.makedirs(src)
+    with open(os.path.join(src, "f"), "w") as f:
+        f.write("by path\n")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        ti = tarfile.TarInfo("f")
+        ti.size = 9
+        tf.addfile(ti, io.BytesIO(b"uploaded\n"))
+    try:
+        async with w.create(IMAGE) as sb, _Env(daemon, labels) as (px, c):
+            # a build makes the same layer again: retried after a lost answer
+            put = "/v1/layers/py-retry-layer"
+            px.add("drop_response", put)
+            layer = await c.build_layer("py-retry-layer", buf.getvalue())
+            assert px.count(put) == 2 and layer.name == "py-retry-layer"
+            px.add("drop_response", IMG + "BuildLayer")
+            by_path = await c.build_layer("py-retry-layer", path=src)
+            assert px.count(IMG + "BuildLayer") == 2 and by_path.digest != layer.digest
+
+            # a commit is not resent once the daemon may have got it
+            await sb.write_file("/tmp/committed", "yes\n")
+            px.add("drop_response", S + "CommitSandbox")
+            with pytest.raises(warren.UnavailableError):
+                await c.sandbox(sb.id).commit("py-retry-commit")
+            assert px.count(S + "CommitSandbox") == 1
+            assert "py-retry-commit" in {x.name for x in await w.list_layers()}  # it did happen, once
+            px.add("reset", S + "CommitSandbox")
+            with pytest.raises(warren.UnavailableError):
+                await c.commit_sandbox(sb.id, "py-retry-commit")
+            assert px.count(S + "CommitSandbox") == 2
+
+            # a pull is idempotent: retried before the stream starts, also
+            # when the daemon may have got the request
+            ref = "oci:" + layout.path
+            px.add("reset", IMG + "PullImage")
+            img = await c.pull_image(ref, "py-retry-pull")
+            assert px.count(IMG + "PullImage") == 2 and img.name == "py-retry-pull"
+            px.add("drop_response", IMG + "PullImage")
+            px.add("status", IMG + "PullImage")
+            events: List[warren.PullEvent] = []
+            img2 = await c.pull_image(ref, "py-retry-pull", progress=events.append)
+            assert px.count(IMG + "PullImage") == 5 and img2.id == img.id
+            assert events[0].phase == "resolve" and events[-1].image == img2
+            async with w.create("py-retry-pull") as sb2:
+                assert (await sb2.exec("pwd")).text == "/work\n"
+
+            # without retries the failure surfaces
+            nc = warren.AsyncWarren(px.addr, labels=labels, retry=warren.NO_RETRY)
+            try:
+                px.add("status", IMG + "PullImage")
+                with pytest.raises(warren.UnavailableError):
+                    await nc.pull_image(ref, "py-retry-pull")
+            finally:
+                await nc.close()
+    finally:
+        await w.remove_image("py-retry-pull", missing_ok=True)
+        for n in ("py-retry-layer", "py-retry-commit"):
+            await w.remove_layer(n, missing_ok=True)

@@ -8,6 +8,7 @@ import io
 import os
 import pickle
 import tarfile
+from typing import Any, AsyncIterator, Dict, List, Set, Tuple
 
 import pytest
 
@@ -215,3 +216,122 @@ def test_unreachable_daemon_is_unavailable_after_retries() -> None:
             assert loop.time() - t0 < 5
 
     asyncio.run(main())
+
+
+def test_new_message_types_parse_the_json_mapping() -> None:
+    from warren._types import Image, Layer, LayerStat, LayerVerification, PullEvent, SandboxInfo
+
+    img = Image._from_json({
+        "name": "python:3.12", "id": "sha256:i", "layers": ["sha256:a", "sha256:b"], "sizeBytes": "123",
+        "createdAtUnixMs": "1700000000000", "diffIds": ["sha256:x", "sha256:y"], "source": "r@sha256:m",
+        "env": ["PATH=/usr/bin", "A=b=c"], "entrypoint": ["/e"], "cmd": ["python3"], "workingDir": "/app",
+        "user": "1000:1000", "platform": "linux/amd64",
+    })
+    assert img.size_bytes == 123 and img.diff_ids == ("sha256:x", "sha256:y") and img.source == "r@sha256:m"
+    assert img.env_dict == {"PATH": "/usr/bin", "A": "b=c"} and img.entrypoint == ("/e",) and img.cmd == ("python3",)
+    assert (img.working_dir, img.user, img.platform) == ("/app", "1000:1000", "linux/amd64")
+    assert Image._from_json({"name": "old"}) == Image(name="old")  # fields left out are zero
+
+    layer = Layer._from_json({"name": "ws", "digest": "sha256:d", "diffId": "sha256:t", "sizeBytes": "5",
+                              "blobSizeBytes": "4096", "files": "2", "createdAtUnixMs": "1700000000000"})
+    assert (layer.size_bytes, layer.blob_size_bytes, layer.files) == (5, 4096, 2) and layer.created_at is not None
+
+    ev = PullEvent._from_json({"phase": "layer", "layer": 1, "layers": 3, "status": "downloading",
+                               "current": "50", "total": "200", "digest": "sha256:c"})
+    assert (ev.layer, ev.layers, ev.current, ev.total) == (1, 3, 50, 200) and ev.fraction == 0.25 and not ev.done
+    assert PullEvent._from_json({"phase": "resolve"}).fraction is None
+    done = PullEvent._from_json({"phase": "done", "layers": 2, "image": {"name": "n"}})
+    assert done.done and done.image == Image(name="n")
+
+    st = LayerStat._from_json({"digest": "sha256:d", "format": "erofs", "size": "1000", "resident": "250",
+                               "files": "3", "mounted": True, "refs": 2, "owner": "layer:ws"})
+    assert st.resident_fraction == 0.25 and st.mounted and st.refs == 2 and st.owner == "layer:ws"
+    assert LayerStat().resident_fraction == 0.0
+    v = LayerVerification._from_json({"digest": "sha256:d", "error": "digest mismatch"})
+    assert not v.ok and v.error == "digest mismatch"
+    assert SandboxInfo._from_json({"id": "x", "layers": ["a", "b"]}).layers == ("a", "b")
+    assert SandboxInfo._from_json({"id": "x"}).layers == ()
+
+
+def _fake_pull_client(streams: List[List[Any]]) -> Tuple[warren.AsyncWarren, List[int]]:
+    """A client whose PullImage streams are scripted: each list is one
+    attempt's messages (dicts) and errors (raised where they stand)."""
+    policy = warren.RetryPolicy(max_attempts=3, initial_backoff=0.001, max_backoff=0.002)
+    w = warren.AsyncWarren("unix:///nonexistent/warren.sock", retry=policy)
+    calls: List[int] = []
+
+    async def server_stream(procedure: str, body: object, **kw: object) -> AsyncIterator[Dict[str, Any]]:
+        assert procedure == "warren.v1.ImageService/PullImage" and kw["idempotent"] is True
+        calls.append(1)
+        for item in streams[min(len(calls), len(streams)) - 1]:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    w._t.server_stream = server_stream  # type: ignore[method-assign]
+    return w, calls
+
+
+def test_pull_stream_broken_midway_is_started_over() -> None:
+    resolve = {"phase": "resolve"}
+    layer = {"phase": "layer", "layers": 1, "status": "downloading", "current": "1", "total": "2"}
+    done = {"phase": "done", "layers": 1, "image": {"name": "img", "id": "sha256:i"}}
+
+    def broken() -> warren.UnavailableError:
+        return warren.UnavailableError("connection reset", code="unavailable")
+
+    async def main() -> None:
+        # broken once after an event: started over, events begin again
+        w, calls = _fake_pull_client([[resolve, layer, broken()], [resolve, layer, done]])
+        seen: List[str] = []
+        pull = w.pull_image("oci:/x", "img", progress=lambda e: seen.append(e.phase))
+        img = await pull
+        assert img.name == "img" and pull.image == img and pull.restarts == 1 and len(calls) == 2
+        assert seen == ["resolve", "layer", "resolve", "layer", "done"]
+
+        # broken every time: given up after the policy's attempts
+        w, calls = _fake_pull_client([[resolve, broken()]])
+        with pytest.raises(warren.UnavailableError) as ei:
+            await w.pull_image("oci:/x")
+        assert len(calls) == 3 and ei.value.after_ambiguous_failure
+
+        # a failure before the first event was the transport's to retry: not again
+        w, calls = _fake_pull_client([[broken()], [resolve, done]])
+        with pytest.raises(warren.UnavailableError):
+            await w.pull_image("oci:/x")
+        assert len(calls) == 1
+
+        # other errors are not transient
+        w, calls = _fake_pull_client([[resolve, warren.NotFoundError("no such layout")], [resolve, done]])
+        with pytest.raises(warren.NotFoundError):
+            await w.pull_image("oci:/x")
+        assert len(calls) == 1
+
+        # a stream that ends without the image
+        w, calls = _fake_pull_client([[resolve, layer]])
+        with pytest.raises(warren.UnavailableError, match="without the image"):
+            await w.pull_image("oci:/x")
+
+        # iterating: the events, then nothing
+        w, calls = _fake_pull_client([[resolve, done]])
+        async with w.pull_image("oci:/x") as p:
+            kinds = [e.phase async for e in p]
+        assert kinds == ["resolve", "done"] and p.image is not None and p.image.name == "img"
+        assert [e async for e in p] == []
+
+    asyncio.run(main())
+
+
+def test_sync_twin_has_the_async_methods() -> None:
+    def public(cls: type) -> Set[str]:
+        return {n for n in dir(cls) if not n.startswith("_")}
+
+    # the sync client leaves out map (use the async API for concurrent
+    # Python code) and a few attributes of the async client's internals
+    assert public(warren.AsyncWarren) - public(warren.Warren) <= {"map", "create_reap_grace", "max_connections", "retry"}
+    assert public(warren.AsyncSandbox) <= public(warren.Sandbox)
+    assert public(warren.ImagePull) - {"aclose"} <= public(warren.SyncImagePull)
+    for name in ("pull_image", "pull_image_stream", "build_layer", "list_layers", "remove_layer",
+                 "image_stats", "verify_image", "commit_sandbox"):
+        assert name in public(warren.Warren)
+    assert {"commit", "layers"} <= public(warren.Sandbox)

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import inspect
+import json
 import logging
 import math
 import os
 import posixpath
 import signal as _signal
+import urllib.parse
 import uuid
 import warnings
 from types import SimpleNamespace
@@ -49,7 +52,11 @@ from ._types import (
     ExecResult,
     FileInfo,
     Image,
+    Layer,
+    LayerStat,
+    LayerVerification,
     ProcessInfo,
+    PullEvent,
     Resources,
     SandboxInfo,
     SandboxState,
@@ -73,6 +80,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncProcess",
     "ExecStream",
+    "ImagePull",
     "AsyncSandboxGroup",
     "ExecJob",
     "Command",
@@ -87,6 +95,13 @@ T = TypeVar("T")
 Command = Union[str, Sequence[str]]
 PathLike = Union[str, "os.PathLike[str]"]
 Data = Union[bytes, bytearray, memoryview, str]
+#: What an upload of a tarball takes: a local directory (tarred by the
+#: client), a local tarball (plain or gzipped), tar bytes, or a binary file.
+TarSource = Union[PathLike, bytes, bytearray, memoryview, BinaryIO]
+#: Image or layer names: one name, several, or None for all.
+Names = Union[str, Iterable[str], None]
+#: A pull progress callback; it may also be a coroutine function.
+PullProgress = Callable[[PullEvent], object]
 
 _SBX = "warren.v1.SandboxService/"
 _IMG = "warren.v1.ImageService/"
@@ -131,6 +146,35 @@ def _set_command(body: Dict[str, Any], command: Command) -> None:
     if not argv:
         raise ValueError("empty argv")
     body["argv"] = argv
+
+
+def _names(names: Names) -> List[str]:
+    if names is None:
+        return []
+    if isinstance(names, str):
+        return [names]
+    out = [str(n) for n in names]
+    if any(not n for n in out):
+        raise ValueError("empty image or layer name")
+    return out
+
+
+def _quote_name(name: str) -> str:
+    """An image or layer name as a URL path (names may hold ``/`` and ``:``;
+    anything else that URLs treat specially reaches the daemon as is, to be
+    refused there)."""
+    return urllib.parse.quote(name, safe="/:")
+
+
+def _layer_list(layers: Optional[Sequence[str]]) -> List[str]:
+    if layers is None:
+        return []
+    if isinstance(layers, (str, bytes)):
+        raise TypeError("layers must be a sequence of layer names, not a single string")
+    out = [str(x) for x in layers]
+    if any(not x for x in out):
+        raise ValueError("empty layer name")
+    return out
 
 
 def _positive(name: str, v: float) -> float:
@@ -321,6 +365,7 @@ class AsyncWarren:
         labels: Optional[Mapping[str, str]] = None,
         timeout_seconds: Optional[float] = None,
         hostname: Optional[str] = None,
+        layers: Optional[Sequence[str]] = None,
         call_timeout: Optional[float] = None,
     ) -> "_CreateContext":
         """Create a sandbox. Await it for an :class:`AsyncSandbox`, or use it
@@ -346,6 +391,11 @@ class AsyncWarren:
                 when it passes (0/None = node default, 1 h). See
                 :meth:`AsyncSandbox.extend_timeout`.
             hostname: defaults to the id.
+            layers: named layers (see :meth:`build_layer`, :meth:`AsyncSandbox.commit`)
+                stacked on the image, later ones higher: a file of a higher
+                layer shadows the same path below, and whiteouts hide it.
+                A stored layer digest ``"sha256:<hex>"`` works too. The
+                image and layers together hold at most 40 layers.
             call_timeout: client deadline of this call (default ``create_timeout``).
         """
         if resources is not None and (cpu_millis or memory_bytes or pids_max or disk_bytes):
@@ -355,6 +405,7 @@ class AsyncWarren:
         )
         all_labels = dict(self.labels)
         all_labels.update(labels or {})
+        layer_names = _layer_list(layers)
 
         def start() -> Awaitable[AsyncSandbox]:
             return self._create(
@@ -367,6 +418,7 @@ class AsyncWarren:
                 labels=all_labels,
                 timeout_seconds=timeout_seconds,
                 hostname=hostname,
+                layers=layer_names,
                 call_timeout=call_timeout if call_timeout is not None else self.create_timeout,
             )
 
@@ -384,6 +436,7 @@ class AsyncWarren:
         labels: Dict[str, str],
         timeout_seconds: Optional[float],
         hostname: Optional[str],
+        layers: Sequence[str],
         call_timeout: float,
     ) -> "AsyncSandbox":
         if not image:
@@ -411,6 +464,8 @@ class AsyncWarren:
             body["timeoutSeconds"] = str(int(math.ceil(timeout_seconds)))
         if hostname:
             body["hostname"] = hostname
+        if layers:
+            body["layers"] = list(layers)
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + call_timeout
@@ -556,6 +611,19 @@ class AsyncWarren:
         d = await self._rpc(_SBX + "ExtendTimeout", body, timeout=timeout, idempotent=True)
         return SandboxInfo._from_json(d)
 
+    async def commit_sandbox(self, id: str, name: str, *, timeout: Optional[float] = None) -> Layer:
+        """Make the writable layer of sandbox ``id`` the named layer ``name``
+        (see :meth:`AsyncSandbox.commit`)."""
+        if not name:
+            raise ValueError("name is required")
+        d = await self._rpc(
+            _SBX + "CommitSandbox",
+            {"sandboxId": id, "name": name},
+            timeout=timeout if timeout is not None else self.transfer_timeout,
+            idempotent=False,
+        )
+        return Layer._from_json(d)
+
     # -- images ----------------------------------------------------------
 
     async def list_images(self, *, timeout: Optional[float] = None) -> List[Image]:
@@ -581,15 +649,20 @@ class AsyncWarren:
     async def upload_image(
         self,
         name: str,
-        source: Union[PathLike, bytes, BinaryIO],
+        source: TarSource,
         *,
         timeout: Optional[float] = None,
     ) -> Image:
         """Upload a root filesystem as image ``name``: a local directory, a
         local tarball (plain or gzipped), tar bytes, or a binary file object
         (read from its current position)."""
-        import json as _json
+        d = await self._put_tar("/v1/images/" + _quote_name(name), source, timeout)
+        return Image._from_json(d)
 
+    async def _put_tar(self, path: str, source: TarSource, timeout: Optional[float]) -> Dict[str, Any]:
+        """PUT a tarball (see :data:`TarSource`) to ``path`` and return the
+        JSON answer. Retried like an idempotent call, except for a file
+        object that cannot seek (its bytes cannot be sent again)."""
         body: Callable[[], Any]
         spool: Optional[IO[bytes]] = None
         idempotent = True
@@ -597,11 +670,11 @@ class AsyncWarren:
             data = bytes(source)
             body = lambda: data  # noqa: E731
         elif isinstance(source, (str, os.PathLike)):
-            path = os.fspath(source)
-            if os.path.isdir(path):
-                spool = await asyncio.get_running_loop().run_in_executor(None, _archive.build_tar, path)
+            local = os.fspath(source)
+            if os.path.isdir(local):
+                spool = await asyncio.get_running_loop().run_in_executor(None, _archive.build_tar, local)
             else:
-                spool = open(path, "rb")
+                spool = open(local, "rb")
             f = spool
             body = lambda: _archive.iter_file(f)  # noqa: E731
         else:
@@ -624,7 +697,7 @@ class AsyncWarren:
         try:
             raw = await self._t.http(
                 "PUT",
-                "/v1/images/" + name,
+                path,
                 body=body,
                 content_type="application/x-tar",
                 timeout=timeout if timeout is not None else self.transfer_timeout,
@@ -634,7 +707,8 @@ class AsyncWarren:
             if spool is not None:
                 spool.close()
         assert isinstance(raw, bytes)
-        return Image._from_json(_json.loads(raw) if raw else {})
+        out = json.loads(raw) if raw else {}
+        return out if isinstance(out, dict) else {}
 
     async def remove_image(self, name: str, *, missing_ok: bool = False, timeout: Optional[float] = None) -> None:
         """Remove image ``name`` (ConflictError while a sandbox uses it)."""
@@ -644,6 +718,161 @@ class AsyncWarren:
             if missing_ok or e.after_ambiguous_failure:
                 return
             raise
+
+    def pull_image(
+        self,
+        ref: str,
+        name: Optional[str] = None,
+        *,
+        platform: Optional[str] = None,
+        progress: Optional[PullProgress] = None,
+        timeout: Optional[float] = None,
+    ) -> "ImagePull":
+        """Import an OCI or Docker image into the daemon's store, with progress.
+
+        ``ref`` is a registry reference (``registry/repo:tag``,
+        ``registry/repo@sha256:...``, ``docker://...``), an OCI image layout
+        ``oci:DIR[:TAG]`` or a ``docker save`` tarball
+        ``docker-archive:FILE[:REPO:TAG]``; paths are read by the *daemon*,
+        on its host, and registry credentials come from the daemon's Docker
+        config. ``name`` defaults to one derived from the reference
+        (``"python:3.12"``); an image of that name is replaced. ``platform``
+        (``os/arch[/variant]``) picks from a multi-platform image (default:
+        linux on the daemon's architecture).
+
+        Await the result for the :class:`Image`, with ``progress`` (a
+        function or coroutine function) called with every
+        :class:`PullEvent`; or iterate over the events (the last one carries
+        the image, also in ``.image`` afterwards)::
+
+            img = await w.pull_image("python:3.12", progress=print)
+
+            async with w.pull_image("oci:/srv/layouts/app:v1", "app") as pull:
+                async for ev in pull:
+                    print(ev.phase, ev.layer, ev.status, ev.current, ev.total)
+            print(pull.image)
+
+        Layers already stored (same diffID) are not downloaded again, and a
+        failed pull leaves no image. Leaving the iteration early or
+        cancelling closes the request and the daemon stops the import.
+
+        Retries: a pull is idempotent (it makes image ``name`` from ``ref``,
+        replacing an image of that name, and stored layers are reused), so
+        transient failures are retried, also after the daemon got the
+        request; a stream broken after some events is started over (its
+        events begin again with ``"resolve"``) within the retry policy's
+        attempts and the deadline. ``timeout`` (default ``transfer_timeout``)
+        bounds the whole pull.
+        """
+        if not ref:
+            raise ValueError("ref is required")
+        body: Dict[str, Any] = {"ref": ref}
+        if name:
+            body["name"] = name
+        if platform:
+            body["platform"] = platform
+        t = _positive("timeout", timeout) if timeout is not None else self.transfer_timeout
+        return ImagePull(self, body, t, progress)
+
+    def pull_image_stream(
+        self,
+        ref: str,
+        name: Optional[str] = None,
+        *,
+        platform: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> "ImagePull":
+        """The same as :meth:`pull_image` without a callback (the name the
+        synchronous twin uses for iterating over the events)."""
+        return self.pull_image(ref, name, platform=platform, timeout=timeout)
+
+    # -- named layers ----------------------------------------------------
+
+    async def build_layer(
+        self,
+        name: str,
+        source: Optional[TarSource] = None,
+        *,
+        path: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> Layer:
+        """Make a directory tree or tarball the named layer ``name``,
+        replacing a layer of that name. Give exactly one of:
+
+        - ``source``: uploaded by the client: a local directory (tarred), a
+          local tarball (plain or gzipped), tar bytes, or a binary file
+          object (read from its current position);
+        - ``path``: an absolute path *on the daemon's host* of a directory
+          or tarball, read by the daemon itself (nothing is uploaded).
+
+        A file ``.wh.X`` in the tree hides ``X`` of the layers below, and
+        ``.wh..wh..opq`` in a directory hides the whole directory below
+        (OCI whiteouts). Stack layers on an image with
+        ``create(image, layers=[...])``.
+
+        Retries: a build is idempotent (the same input makes the same layer
+        under the same name), so transient failures are retried, except for
+        an upload from a file object that cannot seek. ``timeout`` defaults
+        to ``transfer_timeout``."""
+        if not name:
+            raise ValueError("name is required")
+        if (source is None) == (path is None):
+            raise ValueError("give exactly one of source (uploaded) or path (read by the daemon)")
+        if path is not None:
+            d = await self._rpc(
+                _IMG + "BuildLayer",
+                {"name": name, "path": path},
+                timeout=timeout if timeout is not None else self.transfer_timeout,
+                idempotent=True,
+            )
+        else:
+            assert source is not None
+            d = await self._put_tar("/v1/layers/" + _quote_name(name), source, timeout)
+        return Layer._from_json(d)
+
+    async def list_layers(self, *, timeout: Optional[float] = None) -> List[Layer]:
+        """The named layers, by name."""
+        d = await self._rpc(_IMG + "ListLayers", {}, timeout=timeout)
+        return [Layer._from_json(x) for x in d.get("layers") or []]
+
+    async def remove_layer(self, name: str, *, missing_ok: bool = False, timeout: Optional[float] = None) -> None:
+        """Remove the named layer ``name``. :class:`ConflictError` while a
+        sandbox (that is not dead) uses it; :class:`NotFoundError` when there
+        is none, unless ``missing_ok``. Its blob is collected once no image,
+        layer or sandbox uses it."""
+        try:
+            await self._rpc(_IMG + "RemoveLayer", {"name": name}, timeout=timeout, idempotent=True)
+        except NotFoundError as e:
+            if missing_ok or e.after_ambiguous_failure:
+                return
+            raise
+
+    # -- image store -----------------------------------------------------
+
+    async def image_stats(self, names: Names = None, *, timeout: Optional[float] = None) -> List[LayerStat]:
+        """How much of each layer is loaded on the daemon's node: for every
+        layer of the images ``names`` (one name or several; a named layer as
+        ``"layer:NAME"``; every image and named layer when None), its blob
+        size, the bytes of it in the page cache (with on-demand loading,
+        what sandboxes have read), its file count, and whether it is mounted
+        and by how many sandboxes. :class:`NotFoundError` for an unknown
+        name."""
+        d = await self._rpc(_IMG + "ImageStats", {"names": _names(names)}, timeout=timeout)
+        return [LayerStat._from_json(x) for x in d.get("layers") or []]
+
+    async def verify_image(self, names: Names = None, *, timeout: Optional[float] = None) -> List[LayerVerification]:
+        """Hash the stored blobs of the images ``names`` (one name or
+        several; a named layer as ``"layer:NAME"``; every stored blob when
+        None) and return each one's result. A corrupt blob is reported
+        (``ok=False`` with the ``error``), not raised; an unknown name is
+        :class:`NotFoundError`. ``timeout`` defaults to ``transfer_timeout``
+        (every blob is read in full)."""
+        d = await self._rpc(
+            _IMG + "VerifyImage",
+            {"names": _names(names)},
+            timeout=timeout if timeout is not None else self.transfer_timeout,
+        )
+        return [LayerVerification._from_json(x) for x in d.get("layers") or []]
 
     # -- system ----------------------------------------------------------
 
@@ -834,6 +1063,11 @@ class AsyncSandbox:
     def id(self) -> str:
         return self.info.id
 
+    @property
+    def layers(self) -> Tuple[str, ...]:
+        """The named layers on the sandbox's image, bottom first (from ``info``)."""
+        return self.info.layers
+
     def __repr__(self) -> str:
         return f"<AsyncSandbox {self.id} {self.info.state.name.lower()}>"
 
@@ -866,6 +1100,28 @@ class AsyncSandbox:
         """Set the sandbox's deadline to now + ``seconds``."""
         self.info = await self.client.extend_timeout(self.id, seconds, timeout=timeout)
         return self.info
+
+    async def commit(self, name: str, *, timeout: Optional[float] = None) -> Layer:
+        """Make the sandbox's writable layer (everything it created, changed
+        or deleted on top of its image and layers) the named layer ``name``,
+        replacing a layer of that name, and return it.
+
+        Deletions are kept as whiteouts, so a sandbox created from the same
+        image and layers with this one on top sees the same files::
+
+            layer = await sb.commit("ws-step-3")
+            sb2 = await w.create(sb.info.image, layers=[*sb.layers, "ws-step-3"])
+
+        The sandbox's processes are frozen while its files are read and
+        resume afterwards. :class:`ConflictError` while another commit of
+        the sandbox runs; :class:`InvalidError` for files named ``.wh.*``.
+
+        Retries: a commit is *not* idempotent (a second one would snapshot
+        the sandbox again, whose files may have changed meanwhile, or meet
+        the first one still running), so it is retried only when the
+        request certainly did not reach the daemon. ``timeout`` defaults to
+        ``transfer_timeout``."""
+        return await self.client.commit_sandbox(self.id, name, timeout=timeout)
 
     # -- exec ------------------------------------------------------------
 
@@ -1271,6 +1527,152 @@ class ExecStream:
         return self.result
 
     async def __aenter__(self) -> "ExecStream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+# ---------------------------------------------------------------------------
+# Image pulls
+# ---------------------------------------------------------------------------
+
+
+class ImagePull:
+    """A running :meth:`AsyncWarren.pull_image`.
+
+    Await it for the :class:`Image` (the progress callback, if any, sees
+    every event), or iterate over its :class:`PullEvent` objects: the last
+    one carries the image, which is also in ``image`` afterwards. Leaving
+    ``async with`` (or :meth:`aclose`) before the end closes the request and
+    the daemon stops the import."""
+
+    def __init__(
+        self,
+        client: AsyncWarren,
+        body: Dict[str, Any],
+        timeout: float,
+        progress: Optional[PullProgress] = None,
+    ) -> None:
+        self.client = client
+        self._body = body
+        self._timeout = timeout
+        self._progress = progress
+        self._gen: Optional[AsyncIterator[Dict[str, Any]]] = None
+        self._got_message = False  # the current stream attempt yielded a message
+        self._deadline: Optional[float] = None
+        self._done = False
+        #: The image, once the pull finished.
+        self.image: Optional[Image] = None
+        #: How many times a broken stream was started over.
+        self.restarts = 0
+
+    @property
+    def ref(self) -> str:
+        return str(self._body["ref"])
+
+    def __repr__(self) -> str:
+        return f"<ImagePull {self.ref}{' done' if self.image is not None else ''}>"
+
+    def __await__(self) -> Generator[Any, None, Image]:
+        return self.wait().__await__()
+
+    def __aiter__(self) -> "ImagePull":
+        return self
+
+    async def __anext__(self) -> PullEvent:
+        if self._done:
+            raise StopAsyncIteration
+        loop = asyncio.get_running_loop()
+        if self._deadline is None:
+            self._deadline = loop.time() + self._timeout
+        while True:
+            if self._gen is None:
+                left = self._deadline - loop.time()
+                if left <= 0:
+                    self._done = True
+                    raise TimeoutError(
+                        f"pull {self.ref}: client deadline of {self._timeout:g}s passed", timeout=self._timeout
+                    )
+                self._got_message = False
+                self._gen = self.client._t.server_stream(_IMG + "PullImage", self._body, timeout=left, idempotent=True)
+            try:
+                msg = await self._gen.__anext__()
+            except StopAsyncIteration:
+                self._done = True
+                self._gen = None
+                raise UnavailableError(f"pull {self.ref}: stream ended without the image", code="unavailable") from None
+            except UnavailableError as e:
+                # The transport retried failures before the first message;
+                # a stream that broke later is started over (a pull is
+                # idempotent) while attempts and time are left.
+                self._gen = None
+                if self.restarts > 0:
+                    e.after_ambiguous_failure = True
+                if not self._got_message or not await self._backoff():
+                    self._done = True
+                    raise
+                continue
+            except BaseException as e:
+                self._done = True
+                self._gen = None
+                if isinstance(e, WarrenError) and self.restarts > 0:
+                    e.after_ambiguous_failure = True
+                raise
+            self._got_message = True
+            ev = PullEvent._from_json(msg)
+            if ev.image is not None:
+                self.image = ev.image
+                self._done = True
+                # Read the end of the stream so the connection goes back to
+                # the pool (and an error after the image is not missed).
+                try:
+                    await self._gen.__anext__()
+                except StopAsyncIteration:
+                    self._gen = None
+                finally:
+                    await self.aclose()
+            if self._progress is not None:
+                res = self._progress(ev)
+                if inspect.isawaitable(res):
+                    await res
+            return ev
+
+    async def _backoff(self) -> bool:
+        """Sleep before starting the stream over; False when no attempt or
+        time is left."""
+        policy = self.client.retry
+        if self.restarts + 1 >= policy.max_attempts:
+            return False
+        self.restarts += 1
+        delay = policy.backoff(self.restarts)
+        loop = asyncio.get_running_loop()
+        assert self._deadline is not None
+        if loop.time() + delay >= self._deadline:
+            return False
+        log.info("pull %s: stream broke, starting over (attempt %d)", self.ref, self.restarts + 1)
+        await asyncio.sleep(delay)
+        return True
+
+    async def aclose(self) -> None:
+        """Stop the pull (the daemon stops importing) if it still runs."""
+        self._done = True
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            await gen.aclose()  # type: ignore[attr-defined]
+
+    async def wait(self) -> Image:
+        """Consume the rest of the events and return the image."""
+        try:
+            async for _ in self:
+                pass
+        finally:
+            await self.aclose()
+        if self.image is None:  # pragma: no cover - __anext__ raises instead
+            raise UnavailableError(f"pull {self.ref}: stream ended without the image", code="unavailable")
+        return self.image
+
+    async def __aenter__(self) -> "ImagePull":
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

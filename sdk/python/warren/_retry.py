@@ -19,6 +19,16 @@ class RetryPolicy:
     for ``exec``, which carries an idempotency key so that the daemon never
     runs it twice, and ``create``, which always sends a sandbox id.
 
+    Idempotent, so always retried: deletes and removals (of sandboxes,
+    images, layers), plain file writes, ``mkdir``, archive and image
+    uploads (unless from a file object that cannot seek), ``import_image``,
+    ``build_layer`` (the same input makes the same named layer again) and
+    ``pull_image`` (it makes the named image from the reference again,
+    reusing the layers already stored; a pull stream that broke after some
+    events is started over). Not retried once sent: ``start``, ``signal``,
+    ``write_stdin``, appends and ``commit`` (a second commit would snapshot
+    the sandbox again, whose files may have changed since).
+
     The wait before attempt ``n + 1`` is a random duration between 0 and
     ``min(max_backoff, initial_backoff * multiplier ** (n - 1))`` ("full
     jitter"), and never extends past the call's deadline.

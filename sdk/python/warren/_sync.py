@@ -16,6 +16,7 @@ from typing import (
     Any,
     Awaitable,
     BinaryIO,
+    Callable,
     Iterable,
     Iterator,
     List,
@@ -37,13 +38,29 @@ from ._async import (
     Data,
     ExecJob,
     ExecStream,
+    ImagePull,
+    Names,
     PathLike,
+    TarSource,
 )
 from ._retry import RetryPolicy
-from ._types import ExecEvent, ExecResult, FileInfo, Image, ProcessInfo, Resources, SandboxInfo, VersionInfo
+from ._types import (
+    ExecEvent,
+    ExecResult,
+    FileInfo,
+    Image,
+    Layer,
+    LayerStat,
+    LayerVerification,
+    ProcessInfo,
+    PullEvent,
+    Resources,
+    SandboxInfo,
+    VersionInfo,
+)
 from .batch import BatchResult
 
-__all__ = ["Warren", "Sandbox", "Process", "SyncExecStream", "SandboxGroup"]
+__all__ = ["Warren", "Sandbox", "Process", "SyncExecStream", "SyncImagePull", "SandboxGroup"]
 
 T = TypeVar("T")
 
@@ -220,6 +237,7 @@ class Warren:
         labels: Optional[Mapping[str, str]] = None,
         timeout_seconds: Optional[float] = None,
         hostname: Optional[str] = None,
+        layers: Optional[Sequence[str]] = None,
         call_timeout: Optional[float] = None,
     ) -> "Sandbox":
         """Create a sandbox (see :meth:`AsyncWarren.create`). Use the result in
@@ -238,6 +256,7 @@ class Warren:
             labels=labels,
             timeout_seconds=timeout_seconds,
             hostname=hostname,
+            layers=layers,
             call_timeout=call_timeout,
         )
         return Sandbox(self, self._run(_await(ctx)))
@@ -262,6 +281,10 @@ class Warren:
     def extend_timeout(self, id: str, seconds: float, *, timeout: Optional[float] = None) -> SandboxInfo:
         return self._run(self.aio.extend_timeout(id, seconds, timeout=timeout))
 
+    def commit_sandbox(self, id: str, name: str, *, timeout: Optional[float] = None) -> Layer:
+        """Make sandbox ``id``'s writable layer the named layer ``name`` (see :meth:`Sandbox.commit`)."""
+        return self._run(self.aio.commit_sandbox(id, name, timeout=timeout))
+
     # -- images ----------------------------------------------------------
 
     def list_images(self, *, timeout: Optional[float] = None) -> List[Image]:
@@ -273,11 +296,72 @@ class Warren:
     def import_image(self, name: str, path: str, *, timeout: Optional[float] = None) -> Image:
         return self._run(self.aio.import_image(name, path, timeout=timeout))
 
-    def upload_image(self, name: str, source: Union[PathLike, bytes, BinaryIO], *, timeout: Optional[float] = None) -> Image:
+    def upload_image(self, name: str, source: TarSource, *, timeout: Optional[float] = None) -> Image:
         return self._run(self.aio.upload_image(name, source, timeout=timeout))
 
     def remove_image(self, name: str, *, missing_ok: bool = False, timeout: Optional[float] = None) -> None:
         self._run(self.aio.remove_image(name, missing_ok=missing_ok, timeout=timeout))
+
+    def pull_image(
+        self,
+        ref: str,
+        name: Optional[str] = None,
+        *,
+        platform: Optional[str] = None,
+        progress: Optional[Callable[[PullEvent], object]] = None,
+        timeout: Optional[float] = None,
+    ) -> Image:
+        """Pull an OCI or Docker image (see :meth:`AsyncWarren.pull_image`)
+        and return it. ``progress`` is called with every :class:`PullEvent`,
+        in the calling thread; :meth:`pull_image_stream` iterates over them
+        instead."""
+        with self.pull_image_stream(ref, name, platform=platform, timeout=timeout) as st:
+            for ev in st:
+                if progress is not None:
+                    progress(ev)
+            return st.wait()
+
+    def pull_image_stream(
+        self,
+        ref: str,
+        name: Optional[str] = None,
+        *,
+        platform: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> "SyncImagePull":
+        """Pull an image and iterate over its :class:`PullEvent` objects (the
+        last carries the image, also in ``.image`` afterwards); use it in a
+        ``with`` block, which stops the pull when left early."""
+        return SyncImagePull(self, self.aio.pull_image(ref, name, platform=platform, timeout=timeout))
+
+    # -- named layers ----------------------------------------------------
+
+    def build_layer(
+        self,
+        name: str,
+        source: Optional[TarSource] = None,
+        *,
+        path: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> Layer:
+        """Make a directory tree or tarball the named layer ``name`` (see
+        :meth:`AsyncWarren.build_layer`): ``source`` is uploaded, ``path``
+        is read by the daemon."""
+        return self._run(self.aio.build_layer(name, source, path=path, timeout=timeout))
+
+    def list_layers(self, *, timeout: Optional[float] = None) -> List[Layer]:
+        return self._run(self.aio.list_layers(timeout=timeout))
+
+    def remove_layer(self, name: str, *, missing_ok: bool = False, timeout: Optional[float] = None) -> None:
+        self._run(self.aio.remove_layer(name, missing_ok=missing_ok, timeout=timeout))
+
+    # -- image store -----------------------------------------------------
+
+    def image_stats(self, names: Names = None, *, timeout: Optional[float] = None) -> List[LayerStat]:
+        return self._run(self.aio.image_stats(names, timeout=timeout))
+
+    def verify_image(self, names: Names = None, *, timeout: Optional[float] = None) -> List[LayerVerification]:
+        return self._run(self.aio.verify_image(names, timeout=timeout))
 
     # -- system ----------------------------------------------------------
 
@@ -337,6 +421,11 @@ class Sandbox:
     def info(self) -> SandboxInfo:
         return self.aio.info
 
+    @property
+    def layers(self) -> Tuple[str, ...]:
+        """The named layers on the sandbox's image, bottom first (from ``info``)."""
+        return self.aio.layers
+
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} {self.info.state.name.lower()}>"
 
@@ -357,6 +446,11 @@ class Sandbox:
 
     def extend_timeout(self, seconds: float, *, timeout: Optional[float] = None) -> SandboxInfo:
         return self._run(self.aio.extend_timeout(seconds, timeout=timeout))
+
+    def commit(self, name: str, *, timeout: Optional[float] = None) -> Layer:
+        """Make the sandbox's writable layer the named layer ``name`` (see
+        :meth:`AsyncSandbox.commit`). Not retried once sent."""
+        return self._run(self.aio.commit(name, timeout=timeout))
 
     def exec(
         self,
@@ -524,6 +618,52 @@ class SyncExecStream:
         return self.client._run(self.aio.wait())
 
     def __enter__(self) -> "SyncExecStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class SyncImagePull:
+    """The synchronous image pull: an iterator of :class:`PullEvent` (see
+    :class:`ImagePull`)."""
+
+    def __init__(self, client: Warren, aio: ImagePull) -> None:
+        self.client = client
+        self.aio = aio
+
+    @property
+    def ref(self) -> str:
+        return self.aio.ref
+
+    @property
+    def image(self) -> Optional[Image]:
+        """The image, once the pull finished."""
+        return self.aio.image
+
+    @property
+    def restarts(self) -> int:
+        """How many times a broken stream was started over."""
+        return self.aio.restarts
+
+    def __iter__(self) -> "SyncImagePull":
+        return self
+
+    def __next__(self) -> PullEvent:
+        try:
+            return self.client._run(self.aio.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        """Stop the pull if it still runs."""
+        self.client._run(self.aio.aclose())
+
+    def wait(self) -> Image:
+        """Consume the rest of the events and return the image."""
+        return self.client._run(self.aio.wait())
+
+    def __enter__(self) -> "SyncImagePull":
         return self
 
     def __exit__(self, *exc: Any) -> None:

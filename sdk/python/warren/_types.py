@@ -23,6 +23,10 @@ __all__ = [
     "ProcessInfo",
     "FileInfo",
     "Image",
+    "Layer",
+    "PullEvent",
+    "LayerStat",
+    "LayerVerification",
     "VersionInfo",
 ]
 
@@ -116,6 +120,8 @@ class SandboxInfo:
     expires_at_unix_ms: int = 0  #: 0 = never
     dead_reason: str = ""
     hostname: str = ""
+    #: named layers stacked on the image, bottom first (as given to ``create``)
+    layers: Tuple[str, ...] = ()
 
     @property
     def created_at(self) -> Optional[_dt.datetime]:
@@ -146,6 +152,7 @@ class SandboxInfo:
             expires_at_unix_ms=_int(d.get("expiresAtUnixMs")),
             dead_reason=d.get("deadReason", ""),
             hostname=d.get("hostname", ""),
+            layers=tuple(d.get("layers") or ()),
         )
 
 
@@ -339,17 +346,43 @@ class FileInfo:
 
 @dataclass(frozen=True)
 class Image:
-    """An image of the daemon's store."""
+    """An image of the daemon's store.
+
+    The OCI config fields (``env``, ``entrypoint``, ``cmd``, ``working_dir``,
+    ``user``, ``platform``) are set for images pulled with
+    :meth:`AsyncWarren.pull_image` and empty for root filesystem imports.
+    A sandbox of the image starts with its ``env`` (``create(env=...)``
+    wins over it) and, by default, in its ``working_dir``."""
 
     name: str
     id: str = ""  #: digest of the layer list
     layers: Tuple[str, ...] = ()  #: layer digests, bottom-most first
     size_bytes: int = 0
     created_at_unix_ms: int = 0
+    #: uncompressed tar digests of the layers, in ``layers`` order (empty
+    #: for legacy directory layers)
+    diff_ids: Tuple[str, ...] = ()
+    #: pulled images: the reference with the manifest digest
+    source: str = ""
+    env: Tuple[str, ...] = ()  #: ``"KEY=value"`` entries of the OCI config
+    entrypoint: Tuple[str, ...] = ()
+    cmd: Tuple[str, ...] = ()
+    working_dir: str = ""
+    user: str = ""
+    platform: str = ""  #: ``os/arch[/variant]``
 
     @property
     def created_at(self) -> Optional[_dt.datetime]:
         return _ms_to_datetime(self.created_at_unix_ms)
+
+    @property
+    def env_dict(self) -> Dict[str, str]:
+        """``env`` as a mapping (later entries win)."""
+        out: Dict[str, str] = {}
+        for kv in self.env:
+            k, _, v = kv.partition("=")
+            out[k] = v
+        return out
 
     @classmethod
     def _from_json(cls, d: Mapping[str, Any]) -> "Image":
@@ -359,6 +392,152 @@ class Image:
             layers=tuple(d.get("layers") or ()),
             size_bytes=_int(d.get("sizeBytes")),
             created_at_unix_ms=_int(d.get("createdAtUnixMs")),
+            diff_ids=tuple(d.get("diffIds") or ()),
+            source=d.get("source", ""),
+            env=tuple(d.get("env") or ()),
+            entrypoint=tuple(d.get("entrypoint") or ()),
+            cmd=tuple(d.get("cmd") or ()),
+            working_dir=d.get("workingDir", ""),
+            user=d.get("user", ""),
+            platform=d.get("platform", ""),
+        )
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A named layer: one read-only layer that sandboxes stack on top of
+    their image (``create(..., layers=[...])``). Named layers have their own
+    namespace, apart from image names."""
+
+    name: str
+    digest: str = ""  #: digest of the layer's EROFS blob
+    diff_id: str = ""  #: digest of the tar stream it was built from
+    size_bytes: int = 0  #: regular file content
+    blob_size_bytes: int = 0
+    files: int = 0
+    created_at_unix_ms: int = 0
+
+    @property
+    def created_at(self) -> Optional[_dt.datetime]:
+        return _ms_to_datetime(self.created_at_unix_ms)
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "Layer":
+        return cls(
+            name=d.get("name", ""),
+            digest=d.get("digest", ""),
+            diff_id=d.get("diffId", ""),
+            size_bytes=_int(d.get("sizeBytes")),
+            blob_size_bytes=_int(d.get("blobSizeBytes")),
+            files=_int(d.get("files")),
+            created_at_unix_ms=_int(d.get("createdAtUnixMs")),
+        )
+
+
+@dataclass(frozen=True)
+class PullEvent:
+    """A progress event of :meth:`AsyncWarren.pull_image`.
+
+    ``phase`` is ``"resolve"`` (finding the image), ``"layer"`` (a layer's
+    status changed or it progressed), ``"record"`` (writing the image record)
+    or ``"done"`` (the last event, with ``image``). Layer events carry the
+    layer's index (bottom first), the layer count and a ``status``:
+    ``"waiting"``, ``"downloading"`` (``current``/``total``: compressed
+    bytes), ``"converting"`` (``current``: EROFS bytes written, ``total``: an
+    estimate), ``"exists"`` (already stored, not downloaded again) or
+    ``"done"``."""
+
+    phase: str = ""
+    layer: int = 0  #: index, bottom first
+    layers: int = 0  #: how many
+    digest: str = ""  #: compressed layer digest (empty for docker-archive)
+    status: str = ""
+    current: int = 0
+    total: int = 0  #: 0 when unknown
+    message: str = ""
+    image: Optional[Image] = None  #: set on the last event
+
+    @property
+    def done(self) -> bool:
+        """True for the last event (it carries the image)."""
+        return self.image is not None
+
+    @property
+    def fraction(self) -> Optional[float]:
+        """``current / total`` (capped at 1), or None when the total is unknown."""
+        if self.total <= 0:
+            return None
+        return min(1.0, self.current / self.total)
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "PullEvent":
+        img = d.get("image")
+        return cls(
+            phase=d.get("phase", ""),
+            layer=_int(d.get("layer")),
+            layers=_int(d.get("layers")),
+            digest=d.get("digest", ""),
+            status=d.get("status", ""),
+            current=_int(d.get("current")),
+            total=_int(d.get("total")),
+            message=d.get("message", ""),
+            image=Image._from_json(img) if img is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class LayerStat:
+    """The state of one layer on the daemon's node (:meth:`AsyncWarren.image_stats`)."""
+
+    digest: str = ""
+    diff_id: str = ""
+    format: str = ""  #: ``"erofs"``, or ``"dir"`` for a legacy directory layer
+    size: int = 0  #: blob bytes (erofs) or content bytes (dir)
+    #: blob bytes in the node's page cache (erofs): with on-demand loading,
+    #: what sandboxes have read of it
+    resident: int = 0
+    files: int = 0
+    mounted: bool = False  #: mounted in the node's layer cache
+    refs: int = 0  #: sandboxes of the node using the mount
+    owner: str = ""  #: the image name, or ``"layer:NAME"`` for a named layer
+
+    @property
+    def resident_fraction(self) -> float:
+        """``resident / size`` (0 for an empty layer)."""
+        return self.resident / self.size if self.size > 0 else 0.0
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "LayerStat":
+        return cls(
+            digest=d.get("digest", ""),
+            diff_id=d.get("diffId", ""),
+            format=d.get("format", ""),
+            size=_int(d.get("size")),
+            resident=_int(d.get("resident")),
+            files=_int(d.get("files")),
+            mounted=bool(d.get("mounted", False)),
+            refs=_int(d.get("refs")),
+            owner=d.get("owner", ""),
+        )
+
+
+@dataclass(frozen=True)
+class LayerVerification:
+    """The result of hashing one stored blob (:meth:`AsyncWarren.verify_image`)."""
+
+    digest: str = ""
+    #: the image name or ``"layer:NAME"`` ("" when every blob was verified)
+    owner: str = ""
+    ok: bool = False
+    error: str = ""  #: why not
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "LayerVerification":
+        return cls(
+            digest=d.get("digest", ""),
+            owner=d.get("owner", ""),
+            ok=bool(d.get("ok", False)),
+            error=d.get("error", ""),
         )
 
 

@@ -4,7 +4,7 @@ Every failed call raises a :class:`WarrenError`. Its subclasses mirror the
 daemon's error categories, so callers can catch what they can handle::
 
     WarrenError
-    ├── NotFoundError             the sandbox, process, file or image is not there
+    ├── NotFoundError             the sandbox, process, file, image or layer is not there
     ├── InvalidError              the request is wrong (bad argument, bad path...)
     ├── ExhaustedError            a limit was hit (too many processes, body too large)
     ├── ConflictError             the object is in the wrong state
@@ -103,7 +103,7 @@ def _rebuild(
 
 
 class NotFoundError(WarrenError):
-    """The sandbox, process, file or image does not exist."""
+    """The sandbox, process, file, image or named layer does not exist."""
 
     category_name = "not_found"
 
