@@ -34,6 +34,13 @@ type Options struct {
 	Progress io.Writer
 	// UserAgent identifies the benchmark to the daemon.
 	UserAgent string
+	// ScratchDiskBytes > 0 puts the private daemon's state directory on
+	// a filesystem of its own (see scratchdisk.go), so that disk writes
+	// can be measured without the host's other writers.
+	ScratchDiskBytes int64
+	// ScratchReadAheadKB is the scratch disk's read_ahead_kb (0: the
+	// backing disk's).
+	ScratchReadAheadKB int
 }
 
 // Env is a daemon ready for a benchmark, plus a local busybox root
@@ -61,6 +68,8 @@ type Env struct {
 	exited        chan struct{}
 	exitErr       error
 	cgroupParent  string
+	stateDir      string // the private daemon's
+	diskDir       string // scratch disk mount point, "" without one
 	closeOnce     sync.Once
 }
 
@@ -93,6 +102,12 @@ func Setup(ctx context.Context, o Options) (_ *Env, err error) {
 	ua := o.UserAgent
 	if ua == "" {
 		ua = "warren-bench"
+	}
+	e.stateDir = filepath.Join(tmp, "state")
+	if o.Addr == "" && o.ScratchDiskBytes > 0 {
+		if err := e.mountScratchDisk(ctx, o.ScratchDiskBytes, o.ScratchReadAheadKB); err != nil {
+			return nil, err
+		}
 	}
 	if o.Addr == "" {
 		if err := e.startDaemon(ctx, o.Exe); err != nil {
@@ -165,15 +180,15 @@ func (e *Env) startDaemon(ctx context.Context, exe string) error {
 	}
 	defer logf.Close()
 	cmd := exec.Command(exe, "serve",
-		"--state-dir", filepath.Join(e.Tmp, "state"),
+		"--state-dir", e.stateDir,
 		"--run-dir", filepath.Join(e.Tmp, "run"),
 		"--socket", sock,
 		"--cgroup-parent", e.cgroupParent,
 		"--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	e.logf("starting private daemon: %s serve --state-dir %s/state --run-dir %s/run --socket %s --cgroup-parent %s",
-		exe, e.Tmp, e.Tmp, sock, e.cgroupParent)
+	e.logf("starting private daemon: %s serve --state-dir %s --run-dir %s/run --socket %s --cgroup-parent %s",
+		exe, e.stateDir, e.Tmp, sock, e.cgroupParent)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start daemon: %w", err)
 	}
@@ -294,6 +309,7 @@ func (e *Env) Close() error {
 		if e.cmd != nil {
 			errs = append(errs, e.stopDaemon())
 		}
+		errs = append(errs, e.unmountScratchDisk())
 		if m := mountsUnder(e.Tmp); len(m) > 0 {
 			errs = append(errs, fmt.Errorf("%d mounts remain below %s (first %s); not removing it", len(m), e.Tmp, m[0]))
 			return

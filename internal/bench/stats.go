@@ -6,7 +6,11 @@
 // The pieces are small files: percentiles (stats.go), the concurrent
 // iteration loop (loop.go), table and JSON output (output.go), the private
 // daemon and image setup (env.go), peer runners (peers.go), /proc readers
-// (procfs.go) and one file per benchmark (create.go, exec.go, density.go).
+// (procfs.go) and one file per benchmark (create.go, exec.go, density.go,
+// layers.go, ondemand.go). The last two share a deterministic synthetic
+// workspace + toolkit (synth.go), a recorded agent tool-call sequence
+// (toolcalls.go), /proc/diskstats write meters (diskstats.go) and a
+// loop-mounted scratch disk for the private daemon's state (scratchdisk.go).
 package bench
 
 import (

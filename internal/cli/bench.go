@@ -18,13 +18,14 @@ type benchFlags struct {
 	daemonBin string
 	peers     bool
 	quiet     bool
+	jsonFile  string
 }
 
 func newBenchCommand() *cobra.Command {
 	var bf benchFlags
 	c := &cobra.Command{
 		Use:   "bench",
-		Short: "Benchmark sandbox creation, exec and density against peers",
+		Short: "Benchmark sandbox creation, exec and density against peers, shared layers and on-demand loading",
 		Long: `Benchmark a Warren daemon. Without --addr each benchmark starts a private
 daemon (this binary, with its own state, run and cgroup directories), builds
 and imports a busybox image, and removes everything at the end. With --addr
@@ -41,14 +42,16 @@ result to stdout, as a table or (--json) one JSON object.`,
 	pf.StringVar(&bf.daemonBin, "daemon-bin", "", "warren binary of the private daemon (default: this executable)")
 	pf.BoolVar(&bf.peers, "peers", true, "also measure the peer systems")
 	pf.BoolVar(&bf.quiet, "quiet", false, "no progress on stderr")
+	pf.StringVar(&bf.jsonFile, "json-file", "", "also write the report as JSON to this file")
 	_ = pf.MarkHidden("daemon-bin")
-	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDensityCommand(&bf))
+	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDensityCommand(&bf),
+		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf))
 	return c
 }
 
 // benchEnv raises RLIMIT_NOFILE (the private daemon inherits it) and sets
 // up the daemon the benchmark drives.
-func benchEnv(cmd *cobra.Command, bf *benchFlags) (*bench.Env, uint64, error) {
+func benchEnv(cmd *cobra.Command, bf *benchFlags, opts func(*bench.Options)) (*bench.Env, uint64, error) {
 	nofile, err := bench.RaiseNofile()
 	if err != nil {
 		return nil, 0, fmt.Errorf("raise RLIMIT_NOFILE: %w", err)
@@ -62,13 +65,21 @@ func benchEnv(cmd *cobra.Command, bf *benchFlags) (*bench.Env, uint64, error) {
 	if !bf.quiet {
 		o.Progress = cmd.ErrOrStderr()
 	}
+	if opts != nil {
+		opts(&o)
+	}
 	env, err := bench.Setup(cmd.Context(), o)
 	return env, nofile, err
 }
 
 // runBench sets up, runs fn, prints its report and cleans up.
-func runBench(cmd *cobra.Command, bf *benchFlags, fn func(ctx context.Context, env *bench.Env, nofile uint64) (bench.Report, error)) (err error) {
-	env, nofile, err := benchEnv(cmd, bf)
+func runBench(cmd *cobra.Command, bf *benchFlags, fn func(ctx context.Context, env *bench.Env, nofile uint64) (bench.Report, error)) error {
+	return runBenchOpts(cmd, bf, nil, fn)
+}
+
+// runBenchOpts is runBench with a change of the setup options.
+func runBenchOpts(cmd *cobra.Command, bf *benchFlags, opts func(*bench.Options), fn func(ctx context.Context, env *bench.Env, nofile uint64) (bench.Report, error)) (err error) {
+	env, nofile, err := benchEnv(cmd, bf, opts)
 	if err != nil {
 		return err
 	}
@@ -84,7 +95,24 @@ func runBench(cmd *cobra.Command, bf *benchFlags, fn func(ctx context.Context, e
 		}
 		return err
 	}
+	if bf.jsonFile != "" {
+		if err := writeJSONFile(bf.jsonFile, rep); err != nil {
+			return err
+		}
+	}
 	return writeReport(cmd, rep)
+}
+
+func writeJSONFile(path string, rep bench.Report) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := bench.WriteJSON(f, rep); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func writeReport(cmd *cobra.Command, rep bench.Report) error {
@@ -189,5 +217,108 @@ idle unshare+chroot and crun containers are measured the same way.`,
 	c.Flags().IntVar(&cfg.N, "n", 0, "number of sandboxes")
 	c.Flags().IntVar(&cfg.Concurrency, "concurrency", 8, "creates and deletes in flight")
 	_ = c.MarkFlagRequired("n")
+	return c
+}
+
+// scratchDiskFlags adds --scratch-disk and --read-ahead-kb.
+func scratchDiskFlags(c *cobra.Command, p *bool, ra *int) {
+	c.Flags().BoolVar(p, "scratch-disk", true, "put the private daemon's state directory on a loop-mounted ext4 of its own, so that its disk writes are measured apart from the host's other writers")
+	c.Flags().IntVar(ra, "read-ahead-kb", 0, "read_ahead_kb of the scratch disk (default: that of the disk holding it)")
+}
+
+func newBenchLayersCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.LayersConfig{}
+	scratch, readAhead := true, 0
+	c := &cobra.Command{
+		Use:   "layers [--n 32] [--size-mb 300]",
+		Short: "N sandboxes on one shared workspace + toolkit: per-sandbox tar.gz extraction vs named layers",
+		Long: `Generate a deterministic workspace + toolkit of about --size-mb MiB (many
+small source files and some binaries), then give it to N sandboxes in two
+ways, each measured in this run after sync and drop_caches:
+
+  baseline  create from the base image and upload the tar.gz through the
+            archive endpoint (like docker cp), which extracts it into the
+            sandbox's writable layer
+  warren    build the two named layers once (reported as its own row: a
+            one-time cost, amortised over runs), create with
+            --layer workspace --layer toolkit
+
+and run the same recorded tool calls (read, grep, edit, "build", "test",
+write) in every sandbox. Reports wall time (first create to last tool call
+done), bytes written to the state directory's disk (/proc/diskstats, after
+a final sync) and the peak write rate (100 ms samples); speedup and
+write_reduction are baseline / warren. Run as root (drop_caches).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.N < 1 || cfg.SizeMB < 1 || cfg.Concurrency < 1 {
+				return usagef("--n, --size-mb and --concurrency must be at least 1")
+			}
+			if os.Geteuid() != 0 {
+				return errors.New("bench layers drops the page cache: run as root")
+			}
+			opts := func(o *bench.Options) {
+				if scratch {
+					o.ScratchDiskBytes = bench.ScratchDiskSize(cfg.N, cfg.SizeMB)
+					o.ScratchReadAheadKB = readAhead
+				}
+			}
+			return runBenchOpts(cmd, bf, opts, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
+				return bench.RunLayers(ctx, env, cfg)
+			})
+		},
+	}
+	c.Flags().IntVar(&cfg.N, "n", 32, "sandboxes per phase")
+	c.Flags().IntVar(&cfg.SizeMB, "size-mb", 300, "size of the workspace + toolkit in MiB")
+	c.Flags().IntVar(&cfg.Concurrency, "concurrency", 4, "sandboxes in flight")
+	c.Flags().StringVar(&cfg.StateDir, "state-dir", "", "the daemon's state directory, to find its disk (needed with --addr)")
+	scratchDiskFlags(c, &scratch, &readAhead)
+	return c
+}
+
+func newBenchOndemandCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.OndemandConfig{}
+	scratch, readAhead := true, 0
+	c := &cobra.Command{
+		Use:   "ondemand [--image NAME | --busybox]",
+		Short: "How much of an image one agent session reads, and cold start vs copying the image first",
+		Long: `Run the recorded tool calls of 'bench layers' in one sandbox of a Debian +
+python image with the synthetic workspace and toolkit layers on top, the
+page cache dropped before, and report per layer the fraction of its EROFS
+blob that was read (ImageStats: resident / size). Then compare the start
+time (create to first exec result, cold page cache) with copying the
+flattened tree to a new directory (cp -a) and starting the same command in
+it with unshare+chroot.
+
+The image is --image NAME, else the daemon's image "default" or "debian",
+else Debian bookworm (minbase, python3, git) built here with debootstrap
+(a minute or two). --busybox uses the busybox image instead, for hosts
+without debootstrap. Run as root (drop_caches).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.SizeMB < 1 || cfg.Runs < 1 {
+				return usagef("--size-mb and --runs must be at least 1")
+			}
+			if os.Geteuid() != 0 {
+				return errors.New("bench ondemand drops the page cache: run as root")
+			}
+			cfg.Image = bf.image
+			if cfg.Image != "" && cfg.Busybox {
+				return usagef("--image and --busybox exclude each other")
+			}
+			opts := func(o *bench.Options) {
+				if scratch {
+					o.ScratchDiskBytes = bench.ScratchDiskSize(4, cfg.SizeMB)
+					o.ScratchReadAheadKB = readAhead
+				}
+			}
+			return runBenchOpts(cmd, bf, opts, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
+				return bench.RunOndemand(ctx, env, cfg)
+			})
+		},
+	}
+	c.Flags().BoolVar(&cfg.Busybox, "busybox", false, "use the busybox image (no debootstrap needed)")
+	c.Flags().IntVar(&cfg.SizeMB, "size-mb", 300, "size of the workspace + toolkit layers in MiB")
+	c.Flags().IntVar(&cfg.Runs, "runs", 3, "cold starts per system")
+	scratchDiskFlags(c, &scratch, &readAhead)
 	return c
 }
