@@ -172,14 +172,6 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, err
 	}
 
-	grp, err := cgroups.New(b.opts.CgroupParent, spec.ID, cgroups.Resources{
-		CPUMillis: spec.CPUMillis, MemoryBytes: spec.MemoryBytes, PidsMax: spec.PidsMax,
-	})
-	if err != nil {
-		return nil, err
-	}
-	cu.Add(func() error { _ = grp.Kill(5 * time.Second); return grp.Delete() })
-
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: b.socket(spec.ID), Net: "unix"})
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "agent socket")
@@ -192,10 +184,11 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	}
 	defer lnFile.Close()
 
-	pid, err := b.startInit(spec, overlay, grp, lnFile)
+	pid, grp, err := b.startInit(spec, overlay, lnFile)
 	if err != nil {
 		return nil, err
 	}
+	cu.Add(func() error { _ = grp.Kill(5 * time.Second); return grp.Delete() })
 	cu.Add(func() error { return unix.Kill(pid, unix.SIGKILL) })
 
 	s, err := b.attach(spec.ID, pid, grp)
@@ -208,16 +201,19 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 
 // startInit starts the init stage in new namespaces, places it in its
 // cgroup, sends it its config and waits until it has become the agent.
-func (b *Backend) startInit(spec backend.Spec, overlay string, grp cgroups.Group, lnFile *os.File) (int, error) {
+//
+// The cgroup is created after the clone, while the child starts up and
+// waits for its config: the two overlap instead of adding up.
+func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) (int, cgroups.Group, error) {
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
-		return 0, errdefs.Wrap(errdefs.Internal, err, "pipe")
+		return 0, nil, errdefs.Wrap(errdefs.Internal, err, "pipe")
 	}
 	defer cfgR.Close()
 	defer cfgW.Close()
 	stR, stW, err := os.Pipe()
 	if err != nil {
-		return 0, errdefs.Wrap(errdefs.Internal, err, "pipe")
+		return 0, nil, errdefs.Wrap(errdefs.Internal, err, "pipe")
 	}
 	defer stR.Close()
 	defer stW.Close()
@@ -236,19 +232,29 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, grp cgroups.Group
 		},
 	}
 	if err := cmd.Start(); err != nil {
-		return 0, errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
+		return 0, nil, errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
 	}
 	pid := cmd.Process.Pid
 	// We reap it through the monitor, not os/exec.
 	_ = cmd.Process.Release()
-	fail := func(err error) (int, error) {
+	var grp cgroups.Group
+	fail := func(err error) (int, cgroups.Group, error) {
 		_ = unix.Kill(pid, unix.SIGKILL)
 		var ws unix.WaitStatus
 		_, _ = unix.Wait4(pid, &ws, 0, nil)
-		return 0, err
+		if grp != nil {
+			_ = grp.Delete()
+		}
+		return 0, nil, err
 	}
 	cfgR.Close()
 	stW.Close()
+	grp, err = cgroups.New(b.opts.CgroupParent, spec.ID, cgroups.Resources{
+		CPUMillis: spec.CPUMillis, MemoryBytes: spec.MemoryBytes, PidsMax: spec.PidsMax,
+	})
+	if err != nil {
+		return fail(err)
+	}
 	if err := grp.AddProc(pid); err != nil {
 		return fail(err)
 	}
@@ -266,7 +272,7 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, grp cgroups.Group
 	if len(msg) > 0 {
 		return fail(errdefs.Internalf("sandbox init: %s", msg))
 	}
-	return pid, nil
+	return pid, grp, nil
 }
 
 func (b *Backend) attach(id string, pid int, grp cgroups.Group) (*sandbox, error) {

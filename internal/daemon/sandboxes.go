@@ -38,8 +38,8 @@ const (
 	stateDeleting = warrenv1.SandboxState_SANDBOX_STATE_DELETING
 )
 
-// Create validates the request, resolves the image, persists a CREATING
-// record, has the backend create the sandbox and persists it as RUNNING.
+// Create validates the request, resolves the image, has the backend create
+// the sandbox and persists it as RUNNING.
 // On failure everything done is rolled back.
 func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *warrenv1.Sandbox, err error) {
 	defer m.observe("Create", &err)
@@ -151,14 +151,11 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	info.Workdir = p.workdir
 	s.mu.Unlock()
 
-	// A crash from here on leaves a CREATING record that New sweeps.
-	s.mu.Lock()
-	err = m.persist(s)
-	s.mu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	cl.Add(func() error { return m.store.Delete(p.id) })
+	// No record is written before the backend call: a crash from here
+	// on leaves resources of an id the store does not know, and New's
+	// Backend.Sweep removes exactly those. (A CREATING record would cost
+	// every create a commit, two fdatasyncs, for no extra safety; records
+	// of that state from older daemons are still cleaned up.)
 
 	sb, err := b.Create(ctx, backend.Spec{
 		ID:          p.id,
