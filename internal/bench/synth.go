@@ -133,10 +133,9 @@ func GenerateSynth(ctx context.Context, dir string, sizeMB int) (*Synth, error) 
 	}
 	s.ToolkitB = g.bytes - s.WorkspaceB
 	s.Bytes = g.bytes
-	if err := fixDirTimes(s.WorkspaceDir); err != nil {
-		return nil, err
-	}
-	if err := fixDirTimes(s.ToolkitDir); err != nil {
+	// The whole tree, its top directory included: two generations must
+	// be identical whatever second each was made in.
+	if err := fixDirTimes(s.Dir); err != nil {
 		return nil, err
 	}
 	return s, nil
