@@ -78,6 +78,7 @@ func New(opts Options) (*Backend, error) {
 	if err := checkStatic(opts.InitBinary); err != nil {
 		return nil, err
 	}
+	warmPageCache(opts.InitBinary)
 	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "disks"), filepath.Join(opts.RunDir, "sb")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "create "+d)
@@ -109,6 +110,20 @@ func checkStatic(path string) error {
 		return errdefs.Invalidf("%s is dynamically linked; the sandbox init must be static (build with `make build`)", path)
 	}
 	return nil
+}
+
+// warmPageCache reads the init binary once, so that its pages enter the
+// page cache charged to the daemon's memory cgroup. Otherwise the first
+// sandbox to touch a page of the agent is charged for it, and its memory
+// cgroup lingers as an offline "zombie" (with its kernel memory) after the
+// sandbox is deleted, for as long as the page stays cached.
+func warmPageCache(path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = io.Copy(io.Discard, f)
 }
 
 func (b *Backend) Name() string { return Name }
