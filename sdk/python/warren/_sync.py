@@ -17,11 +17,13 @@ from typing import (
     Awaitable,
     BinaryIO,
     Callable,
+    Generic,
     Iterable,
     Iterator,
     List,
     Mapping,
     Optional,
+    Protocol,
     Sequence,
     Tuple,
     TypeVar,
@@ -589,47 +591,74 @@ class Sandbox:
         self._run(self.aio.download(remote_path, local_dir, timeout=timeout))
 
 
-class SyncExecStream:
-    """The synchronous streaming exec: an iterator of :class:`ExecEvent`
-    (see :class:`ExecStream`)."""
+E_co = TypeVar("E_co", covariant=True)
+R_co = TypeVar("R_co", covariant=True)
+E = TypeVar("E")
+R = TypeVar("R")
+S = TypeVar("S", bound="_SyncEvents[Any, Any]")
 
-    def __init__(self, client: Warren, aio: ExecStream) -> None:
+
+class _AsyncEvents(Protocol[E_co, R_co]):
+    """What a streaming call of the async core offers (ExecStream, ImagePull)."""
+
+    def __anext__(self) -> Awaitable[E_co]: ...
+
+    def aclose(self) -> Awaitable[None]: ...
+
+    def wait(self) -> Awaitable[R_co]: ...
+
+
+class _SyncEvents(Generic[E, R]):
+    """A synchronous iterator over the events of an async streaming call,
+    run on the client's private loop; closing it stops the call."""
+
+    def __init__(self, client: Warren, aio: _AsyncEvents[E, R]) -> None:
         self.client = client
-        self.aio = aio
+        self._events = aio
 
-    @property
-    def result(self) -> Optional[ExecResult]:
-        return self.aio.result
-
-    def __iter__(self) -> "SyncExecStream":
+    def __iter__(self: S) -> S:
         return self
 
-    def __next__(self) -> ExecEvent:
+    def __next__(self) -> E:
         try:
-            return self.client._run(self.aio.__anext__())
+            return self.client._run(self._events.__anext__())
         except StopAsyncIteration:
             raise StopIteration from None
 
     def close(self) -> None:
-        """Stop the stream (and the command if it still runs)."""
-        self.client._run(self.aio.aclose())
+        """Stop the call if it still runs."""
+        self.client._run(self._events.aclose())
 
-    def wait(self) -> ExecResult:
-        return self.client._run(self.aio.wait())
+    def wait(self) -> R:
+        """Consume the rest of the events and return the final result."""
+        return self.client._run(self._events.wait())
 
-    def __enter__(self) -> "SyncExecStream":
+    def __enter__(self: S) -> S:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-class SyncImagePull:
+class SyncExecStream(_SyncEvents[ExecEvent, ExecResult]):
+    """The synchronous streaming exec: an iterator of :class:`ExecEvent`
+    (see :class:`ExecStream`). Closing it stops the command if it still runs."""
+
+    def __init__(self, client: Warren, aio: ExecStream) -> None:
+        super().__init__(client, aio)
+        self.aio = aio
+
+    @property
+    def result(self) -> Optional[ExecResult]:
+        return self.aio.result
+
+
+class SyncImagePull(_SyncEvents[PullEvent, Image]):
     """The synchronous image pull: an iterator of :class:`PullEvent` (see
-    :class:`ImagePull`)."""
+    :class:`ImagePull`); ``wait()`` returns the image."""
 
     def __init__(self, client: Warren, aio: ImagePull) -> None:
-        self.client = client
+        super().__init__(client, aio)
         self.aio = aio
 
     @property
@@ -645,29 +674,6 @@ class SyncImagePull:
     def restarts(self) -> int:
         """How many times a broken stream was started over."""
         return self.aio.restarts
-
-    def __iter__(self) -> "SyncImagePull":
-        return self
-
-    def __next__(self) -> PullEvent:
-        try:
-            return self.client._run(self.aio.__anext__())
-        except StopAsyncIteration:
-            raise StopIteration from None
-
-    def close(self) -> None:
-        """Stop the pull if it still runs."""
-        self.client._run(self.aio.aclose())
-
-    def wait(self) -> Image:
-        """Consume the rest of the events and return the image."""
-        return self.client._run(self.aio.wait())
-
-    def __enter__(self) -> "SyncImagePull":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 class Process:
