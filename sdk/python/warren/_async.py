@@ -27,11 +27,13 @@ from typing import (
     Callable,
     Dict,
     Generator,
+    Generic,
     Iterable,
     Iterator,
     List,
     Mapping,
     Optional,
+    Protocol,
     Sequence,
     Tuple,
     TypeVar,
@@ -367,7 +369,7 @@ class AsyncWarren:
         hostname: Optional[str] = None,
         layers: Optional[Sequence[str]] = None,
         call_timeout: Optional[float] = None,
-    ) -> "_CreateContext":
+    ) -> "_StartContext[AsyncSandbox]":
         """Create a sandbox. Await it for an :class:`AsyncSandbox`, or use it
         as an async context manager, which deletes the sandbox on exit (also
         on exceptions and cancellation)::
@@ -422,7 +424,7 @@ class AsyncWarren:
                 call_timeout=call_timeout if call_timeout is not None else self.create_timeout,
             )
 
-        return _CreateContext(start)
+        return _StartContext(start)
 
     async def _create(
         self,
@@ -902,7 +904,7 @@ class AsyncWarren:
         strict: bool = False,
         ids: Optional[Sequence[str]] = None,
         **create_kwargs: Any,
-    ) -> "_GroupContext":
+    ) -> "_StartContext[AsyncSandboxGroup]":
         """Create ``n`` sandboxes, at most ``concurrency`` at a time. Await it
         for an :class:`AsyncSandboxGroup` or use it as an async context
         manager (which deletes them all on exit).
@@ -940,7 +942,7 @@ class AsyncWarren:
                 res.raise_for_errors()
             return group
 
-        return _GroupContext(run)
+        return _StartContext(run)
 
     async def exec_many(
         self,
@@ -1008,41 +1010,32 @@ class ExecJob:
         return f"ExecJob({sid!r}, {self.command!r})"
 
 
-class _CreateContext:
-    """The result of :meth:`AsyncWarren.create`: awaitable, and an async
-    context manager that deletes the sandbox on exit."""
+class _Closing(Protocol):
+    async def __aexit__(self, et: Any, e: Any, tb: Any) -> None: ...
 
-    def __init__(self, start: Callable[[], Awaitable["AsyncSandbox"]]) -> None:
+
+C = TypeVar("C", bound=_Closing)
+
+
+class _StartContext(Generic[C]):
+    """What :meth:`AsyncWarren.create` and :meth:`AsyncWarren.create_many`
+    return: awaitable for the handle, and an async context manager that
+    closes (deletes) what it started on exit."""
+
+    def __init__(self, start: Callable[[], Awaitable[C]]) -> None:
         self._start = start
-        self._sb: Optional[AsyncSandbox] = None
+        self._handle: Optional[C] = None
 
-    def __await__(self) -> Generator[Any, None, "AsyncSandbox"]:
+    def __await__(self) -> Generator[Any, None, C]:
         return self._start().__await__()
 
-    async def __aenter__(self) -> "AsyncSandbox":
-        self._sb = await self._start()
-        return self._sb
+    async def __aenter__(self) -> C:
+        self._handle = await self._start()
+        return self._handle
 
     async def __aexit__(self, et: Any, e: Any, tb: Any) -> None:
-        if self._sb is not None:
-            await self._sb.__aexit__(et, e, tb)
-
-
-class _GroupContext:
-    def __init__(self, start: Callable[[], Awaitable["AsyncSandboxGroup"]]) -> None:
-        self._start = start
-        self._group: Optional[AsyncSandboxGroup] = None
-
-    def __await__(self) -> Generator[Any, None, "AsyncSandboxGroup"]:
-        return self._start().__await__()
-
-    async def __aenter__(self) -> "AsyncSandboxGroup":
-        self._group = await self._start()
-        return self._group
-
-    async def __aexit__(self, et: Any, e: Any, tb: Any) -> None:
-        if self._group is not None:
-            await self._group.__aexit__(et, e, tb)
+        if self._handle is not None:
+            await self._handle.__aexit__(et, e, tb)
 
 
 # ---------------------------------------------------------------------------
