@@ -75,10 +75,10 @@ func New(opts Options) (*Backend, error) {
 		}
 		opts.InitBinary = exe
 	}
-	if err := checkStatic(opts.InitBinary); err != nil {
+	if err := loadInitBinary(opts.InitBinary); err != nil {
 		return nil, err
 	}
-	warmPageCache(opts.InitBinary)
+	b := &Backend{opts: opts}
 	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "disks"), filepath.Join(opts.RunDir, "sb")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "create "+d)
@@ -86,19 +86,25 @@ func New(opts Options) (*Backend, error) {
 	}
 	// Sandboxes hide host directories of /proc and /sys under read-only
 	// binds of this one empty directory.
-	if err := os.MkdirAll(filepath.Join(opts.RunDir, "empty"), 0o555); err != nil {
+	if err := os.MkdirAll(b.emptyDir(), 0o555); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create empty directory")
 	}
 	mon, err := newMonitor()
 	if err != nil {
 		return nil, fmt.Errorf("epoll: %w", err)
 	}
-	return &Backend{opts: opts, mon: mon}, nil
+	b.mon = mon
+	return b, nil
 }
 
-// checkStatic refuses an init binary that needs a dynamic loader: it runs
-// inside sandbox roots that have none.
-func checkStatic(path string) error {
+// loadInitBinary refuses an init binary that needs a dynamic loader (it
+// runs inside sandbox roots that have none) and reads the rest of it, so
+// that its pages enter the page cache charged to the daemon's memory
+// cgroup. Otherwise the first sandbox to touch a page of the agent is
+// charged for it, and its memory cgroup lingers as an offline "zombie"
+// (with its kernel memory) after the sandbox is deleted, for as long as
+// the page stays cached.
+func loadInitBinary(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return errdefs.Wrap(errdefs.Invalid, err, "init binary")
@@ -109,21 +115,8 @@ func checkStatic(path string) error {
 	if bytes.Contains(buf[:n], []byte("/lib64/ld-linux")) || bytes.Contains(buf[:n], []byte("/lib/ld-linux")) {
 		return errdefs.Invalidf("%s is dynamically linked; the sandbox init must be static (build with `make build`)", path)
 	}
-	return nil
-}
-
-// warmPageCache reads the init binary once, so that its pages enter the
-// page cache charged to the daemon's memory cgroup. Otherwise the first
-// sandbox to touch a page of the agent is charged for it, and its memory
-// cgroup lingers as an offline "zombie" (with its kernel memory) after the
-// sandbox is deleted, for as long as the page stays cached.
-func warmPageCache(path string) {
-	f, err := os.Open(path)
-	if err != nil {
-		return
-	}
-	defer f.Close()
 	_, _ = io.Copy(io.Discard, f)
+	return nil
 }
 
 func (b *Backend) Name() string { return Name }
