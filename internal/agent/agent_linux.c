@@ -28,6 +28,7 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 
@@ -176,19 +177,26 @@ static void release(struct conn *c)
 	dead_conns = c;
 }
 
+/* Stop watching fd, then close it. close() alone does not remove an epoll
+ * registration while another process holds the same open file: a child
+ * between fork and exec has a copy of every fd, so events could still
+ * arrive for a conn that has since been freed. */
+static void unwatch_close(int *fd)
+{
+	epoll_ctl(epfd, EPOLL_CTL_DEL, *fd, NULL);
+	close(*fd);
+	*fd = -1;
+}
+
 /* Close the client side of c. kill_it: the client can no longer observe
  * the process, so it dies with its process group (cancellation = close).
  * The record stays until the process is reaped, to keep the pid known. */
 static void drop(struct conn *c, int kill_it)
 {
-	if (c->fd >= 0) {
-		close(c->fd);
-		c->fd = -1;
-	}
-	if (c->pipefd >= 0) {
-		close(c->pipefd);
-		c->pipefd = -1;
-	}
+	if (c->fd >= 0)
+		unwatch_close(&c->fd);
+	if (c->pipefd >= 0)
+		unwatch_close(&c->pipefd);
 	reset_frame(c);
 	if (c->pid > 0 && !c->reaped) {
 		if (kill_it) {
@@ -251,8 +259,7 @@ static void finish_start(struct conn *c)
 	ssize_t n = read(c->pipefd, &ce, sizeof(ce));
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
 		return;
-	close(c->pipefd);
-	c->pipefd = -1;
+	unwatch_close(&c->pipefd);
 	if (n != 0) {
 		if (n != (ssize_t)sizeof(ce)) {
 			ce.err = n < 0 ? errno : EIO;
@@ -358,10 +365,11 @@ static void __attribute__((noreturn)) exec_path(char **argv, char **envp, int er
 }
 
 /* close_range() needs Linux 5.9 and may be filtered by seccomp: fall back
- * to closing one by one up to the fd limit. */
+ * to closing one by one up to the fd limit. A raw syscall: musl 1.2.3, which
+ * builds the standalone agent, has no wrapper. */
 static void close_between(unsigned int lo, unsigned int hi)
 {
-	if (lo > hi || close_range(lo, hi, 0) == 0)
+	if (lo > hi || syscall(SYS_close_range, lo, hi, 0) == 0)
 		return;
 	struct rlimit r;
 	unsigned int max = 1u << 20; /* the kernel's default nr_open */
@@ -788,3 +796,13 @@ __attribute__((constructor)) static void warren_agent_init(void)
 	}
 	warren_agent_main((int)fd);
 }
+
+#ifdef WARREN_AGENT_MAIN
+/* The standalone agent (internal/agentbin): the constructor above does the
+ * work; reaching main means the environment did not name a socket. */
+int main(void)
+{
+	errno = EINVAL;
+	fatal(AGENT_ENV " is not set");
+}
+#endif
