@@ -11,6 +11,7 @@ command -v runc >/dev/null || need+=(runc)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v ip >/dev/null || need+=(iproute2)
 command -v make >/dev/null || need+=(make)
+command -v musl-gcc >/dev/null || need+=(musl-tools)
 if ((${#need[@]})); then
   echo "deps: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenrl/warren/internal/agentbin"
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
 )
@@ -44,6 +45,18 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	// The same suite again against the standalone musl build that the
+	// container backend execs as each sandbox's PID 1.
+	if code == 0 {
+		agentBin = filepath.Join(dir, "standalone")
+		if err := os.WriteFile(agentBin, agentbin.Binary(), 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		} else {
+			fmt.Println("agent: the same tests against the standalone agent (internal/agentbin)")
+			code = m.Run()
+		}
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

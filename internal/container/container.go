@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/agent"
+	"github.com/warrenrl/warren/internal/agentbin"
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/cleanup"
@@ -52,8 +53,9 @@ type Options struct {
 
 // Backend is the container backend.
 type Backend struct {
-	opts Options
-	mon  *monitor
+	opts  Options
+	mon   *monitor
+	agent *os.File // sealed memfd of the standalone agent (internal/agentbin)
 }
 
 var _ backend.Committer = (*sandbox)(nil)
@@ -78,7 +80,11 @@ func New(opts Options) (*Backend, error) {
 	if err := loadInitBinary(opts.InitBinary); err != nil {
 		return nil, err
 	}
-	b := &Backend{opts: opts}
+	agent, err := agentbin.Memfd()
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "sandbox agent")
+	}
+	b := &Backend{opts: opts, agent: agent}
 	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "disks"), filepath.Join(opts.RunDir, "sb")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "create "+d)
@@ -227,10 +233,11 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 	defer stW.Close()
 
 	cmd := &exec.Cmd{
-		Path:       b.opts.InitBinary,
-		Args:       []string{"warren-init"},
-		Env:        []string{initEnv + "=1"},
-		ExtraFiles: []*os.File{cfgR, lnFile, stW},
+		Path: b.opts.InitBinary,
+		Args: []string{"warren-init"},
+		Env:  []string{initEnv + "=1"},
+		// fd 6: the standalone agent the init stage execs as PID 1.
+		ExtraFiles: []*os.File{cfgR, lnFile, stW, b.agent},
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS |
 				syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
@@ -270,7 +277,7 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 	if hostname == "" {
 		hostname = spec.ID
 	}
-	cfg := initConfig(map[string]string{"rootfs": b.rootfs(spec.ID), "overlay": overlay, "hostname": hostname, "empty": b.emptyDir()})
+	cfg := initConfig(map[string]string{"rootfs": b.rootfs(spec.ID), "overlay": overlay, "hostname": hostname, "empty": b.emptyDir(), "agent": "6"})
 	if _, err := cfgW.Write(cfg); err != nil {
 		return fail(errdefs.Wrap(errdefs.Internal, err, "send init config"))
 	}

@@ -37,10 +37,13 @@
 #include <linux/capability.h>
 
 #define INIT_ENV "_WARREN_CONTAINER_INIT"
+#define AGENT_ENV "_WARREN_AGENT_FD" /* internal/agent.EnvFD */
 #define FD_CONFIG 3
 #define FD_LISTEN 4
 #define FD_STATUS 5
 #define CONFIG_MAX (64 << 10)
+#define STR(x) #x
+#define XSTR(x) STR(x)
 
 void warren_agent_main(int fd) __attribute__((noreturn));
 
@@ -149,6 +152,28 @@ static void drop_caps(void)
 	}
 }
 
+/* Replaces this process (and the 24 MB binary's mappings) with the small
+ * standalone agent. The status pipe is close-on-exec, so the daemon sees
+ * EOF exactly when the exec succeeded, and a failure reaches it as a
+ * message. */
+static void __attribute__((noreturn)) exec_agent(const char *fdstr)
+{
+	char *end;
+	errno = 0;
+	long fd = strtol(fdstr, &end, 10);
+	if (errno || end == fdstr || *end || fd <= FD_STATUS || fd > 1024) {
+		errno = EINVAL;
+		die("config", "agent fd");
+	}
+	if (fcntl((int)fd, F_SETFD, FD_CLOEXEC) < 0 || fcntl(FD_STATUS, F_SETFD, FD_CLOEXEC) < 0)
+		die("fcntl", "agent fd");
+	char *argv[] = {"warren-init", NULL};
+	char env[] = AGENT_ENV "=" XSTR(FD_LISTEN);
+	char *envp[] = {env, NULL};
+	syscall(SYS_execveat, (int)fd, "", argv, envp, AT_EMPTY_PATH);
+	die("exec agent", NULL);
+}
+
 static void __attribute__((noreturn)) init_main(void)
 {
 	size_t len = 0;
@@ -170,6 +195,7 @@ static void __attribute__((noreturn)) init_main(void)
 	config[len] = 0;
 	const char *rootfs = conf("rootfs", len), *overlay = conf("overlay", len);
 	const char *hostname = conf("hostname", len), *empty = conf("empty", len);
+	const char *agent = conf("agent", len);
 	if (!rootfs || !empty) {
 		errno = EINVAL;
 		die("config", "rootfs/empty missing");
@@ -216,6 +242,8 @@ static void __attribute__((noreturn)) init_main(void)
 	loopback_up();
 	drop_caps();
 	unsetenv(INIT_ENV);
+	if (agent)
+		exec_agent(agent);
 	/* Closing the status pipe tells the daemon the sandbox is up. */
 	close(FD_STATUS);
 	warren_agent_main(FD_LISTEN);
