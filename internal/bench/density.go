@@ -75,6 +75,8 @@ type DensityReport struct {
 	// /proc/meminfo deltas (after create - before) / N: where the node
 	// memory went.
 	MeminfoKiBPerSandbox map[string]float64 `json:"meminfo_kib_per_sandbox,omitempty"`
+	// The slab caches that grew most, per sandbox (/proc/slabinfo).
+	SlabKiBPerSandbox []SlabDelta `json:"slab_kib_per_sandbox,omitempty"`
 
 	Peers []DensityPeerRow `json:"peers,omitempty"`
 	Notes []string         `json:"notes,omitempty"`
@@ -111,6 +113,7 @@ func RunDensity(ctx context.Context, env *Env, cfg DensityConfig, benchNofile ui
 	}
 	rep.MemAvailBefore = before
 	miBefore, _ := readMeminfo()
+	slabBefore := readSlabinfo()
 	var dBefore procMem
 	var agentsBefore []int
 	if env.DaemonPid > 0 {
@@ -202,6 +205,7 @@ func RunDensity(ctx context.Context, env *Env, cfg DensityConfig, benchNofile ui
 		rep.MemcgCostAtNKiB = ptr(v)
 	}
 	rep.NodeKiBPerSandbox = round(float64(before-created)/n, 1)
+	rep.SlabKiBPerSandbox = topSlabDeltas(slabBefore, readSlabinfo(), n, 12)
 	if miAfter, err := readMeminfo(); err == nil && miBefore != nil {
 		rep.MeminfoKiBPerSandbox = map[string]float64{}
 		for _, k := range meminfoKeys {
@@ -307,6 +311,13 @@ func (r *DensityReport) Table(w io.Writer) error {
 			parts = append(parts, fmt.Sprintf("%s %.1f", k, r.MeminfoKiBPerSandbox[k]))
 		}
 		t.add("/proc/meminfo deltas per sandbox (KiB)", strings.Join(parts, ", "))
+	}
+	if len(r.SlabKiBPerSandbox) > 0 {
+		var parts []string
+		for _, d := range r.SlabKiBPerSandbox {
+			parts = append(parts, fmt.Sprintf("%s %.1f", d.Cache, d.KiB))
+		}
+		t.add("largest slab caches per sandbox (KiB)", strings.Join(parts, ", "))
 	}
 	t.add("created / errors", fmt.Sprintf("%d / %d", r.Created, r.CreateErrors))
 	t.add("create wall time", fmt.Sprintf("%.2f s (%.0f/s)", r.CreateS, r.CreatePerS))
