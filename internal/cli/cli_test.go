@@ -188,7 +188,8 @@ func (f *fakeManager) ImageStats(_ context.Context, r *warrenv1.ImageStatsReques
 		owner = r.Names[0]
 	}
 	return &warrenv1.ImageStatsResponse{Layers: []*warrenv1.LayerStat{
-		{Owner: owner, Digest: "sha256:3333333333333333", Format: "erofs", Size: 8192, Resident: 2048, Files: 5, Mounted: true, Refs: 2},
+		{Owner: owner, Digest: "sha256:3333333333333333", Format: "erofs", Size: 8192, Resident: 2048, Files: 5, Mounted: true, Refs: 2,
+			BlobResident: 1024, FilesResident: 2048, DirectIo: true, ReadAheadKb: 128},
 	}}, nil
 }
 
@@ -536,7 +537,7 @@ func TestLayersAndImages(t *testing.T) {
 
 	// stats, verify.
 	r = run(t, addr, "", "image", "stats")
-	if r.code != 0 || !strings.Contains(r.stdout, "debian") || !strings.Contains(r.stdout, "25.0%") || !strings.Contains(r.stdout, "yes") {
+	if r.code != 0 || !strings.Contains(r.stdout, "debian") || !strings.Contains(r.stdout, "25.0%") || !strings.Contains(r.stdout, "yes") || !strings.Contains(r.stdout, "direct ra=128k") {
 		t.Fatalf("stats: %+v", r)
 	}
 	r = run(t, addr, "", "--json", "image", "stats", "layer:ws")

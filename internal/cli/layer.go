@@ -298,10 +298,14 @@ func newImageStatsCommand() *cobra.Command {
 		Use:   "stats [NAME...]",
 		Short: "Show how much of each layer was read into the daemon node's page cache",
 		Long: `For every layer of the named images (named layers as layer:NAME; default:
-all images and named layers), show the bytes of its EROFS blob that are in
-the daemon node's page cache (mincore) against its size: with on-demand
-loading, what sandboxes read. REFS is how many sandboxes of the node use
-the layer's mount.`,
+all images and named layers), show the bytes of its EROFS blob whose
+content is in the daemon node's page cache against its size: with
+on-demand loading, what sandboxes read. A block counts once, whether it is
+cached in the blob file itself (BLOB: metadata, and everything when the
+mount reads through the page cache) or in the files of the mounted layer
+(FILES: file contents; the only copy when the mount uses direct I/O).
+REFS is how many sandboxes of the node use the layer's mount; IO is how
+the mount reads the blob (direct or buffered) and its readahead window.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := NewClient(cmd)
 			if err != nil {
@@ -316,18 +320,25 @@ the layer's mount.`,
 				return printJSON(cmd.OutOrStdout(), &warrenv1.ImageStatsResponse{Layers: st})
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "IMAGE\tLAYER\tFORMAT\tRESIDENT\tSIZE\tREAD\tFILES\tMOUNTED\tREFS")
+			fmt.Fprintln(tw, "IMAGE\tLAYER\tFORMAT\tRESIDENT\tSIZE\tREAD\tBLOB\tFILES\tMOUNTED\tREFS\tIO")
 			slices.SortStableFunc(st, func(a, b *warrenv1.LayerStat) int { return strings.Compare(a.Owner, b.Owner) })
 			for _, r := range st {
 				pct := "-"
 				if r.Format == "erofs" && r.Size > 0 {
 					pct = fmt.Sprintf("%.1f%%", 100*float64(r.Resident)/float64(r.Size))
 				}
-				mounted := "no"
+				mounted, io := "no", "-"
 				if r.Mounted {
-					mounted = "yes"
+					mounted, io = "yes", "buffered"
+					if r.DirectIo {
+						io = "direct"
+					}
+					if r.ReadAheadKb > 0 {
+						io += fmt.Sprintf(" ra=%dk", r.ReadAheadKb)
+					}
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\n", r.Owner, shortID(r.Digest), r.Format, formatBytes(r.Resident), formatBytes(r.Size), pct, r.Files, mounted, r.Refs)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Owner, shortID(r.Digest), r.Format, formatBytes(r.Resident), formatBytes(r.Size), pct,
+					formatBytes(r.BlobResident), formatBytes(r.FilesResident), mounted, r.Refs, io)
 			}
 			return tw.Flush()
 		},

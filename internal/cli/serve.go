@@ -34,6 +34,8 @@ type serveOptions struct {
 	defaultDisk              string
 	logLevel, logFormat      string
 	cgroupParent             string
+	layerDirectIO            bool
+	layerReadAheadKB         int
 }
 
 func newServeCommand() *cobra.Command {
@@ -57,6 +59,8 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
 	f.DurationVar(&o.defaultTimeout, "default-timeout", daemon.DefaultTimeout, "sandbox lifetime when a create request gives none")
 	f.StringVar(&o.defaultDisk, "default-disk", "", "disk limit of each sandbox's writable layer when a create request gives none, e.g. 10Gi (default: unlimited, on the state dir's filesystem)")
+	f.BoolVar(&o.layerDirectIO, "layer-direct-io", true, "mount layer blobs with EROFS's directio option where the kernel and the store's filesystem allow it, so that only the blocks sandboxes read are read (not the store disk's readahead around them)")
+	f.IntVar(&o.layerReadAheadKB, "layer-read-ahead-kb", 0, "readahead window of each layer mount in KiB (0: the kernel's default, 128)")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "warren", "parent cgroup of the sandboxes (give each daemon on a host its own)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -101,6 +105,9 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		return err
 	}
 	slog.SetDefault(log)
+	if o.layerReadAheadKB < 0 {
+		return usagef("--layer-read-ahead-kb must not be negative")
+	}
 	token := ""
 	if o.listen != "" {
 		if token, err = readToken(o.tokenFile); err != nil {
@@ -157,9 +164,12 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		}
 	}
 	images, err := image.OpenStore(image.Options{
-		Root:     imageStore,
-		MountDir: filepath.Join(runDir, "layers"),
-		WorkDir:  filepath.Join(stateDir, "tmp"),
+		Root:             imageStore,
+		MountDir:         filepath.Join(runDir, "layers"),
+		WorkDir:          filepath.Join(stateDir, "tmp"),
+		BufferedIO:       !o.layerDirectIO,
+		LayerReadAheadKB: o.layerReadAheadKB,
+		Log:              log,
 	})
 	if err != nil {
 		return fmt.Errorf("open image store: %w", err)

@@ -458,7 +458,7 @@ func (m *Manager) ImageStats(ctx context.Context, req *warrenv1.ImageStatsReques
 		if err := ctx.Err(); err != nil {
 			return nil, ctxError(ctx, "image stats")
 		}
-		st, err := m.images.Stats(o.digests)
+		st, err := m.images.Stats(ctx, o.digests)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", o.owner, withCategory(err, errdefs.Internal, "layer stats"))
 		}
@@ -466,6 +466,7 @@ func (m *Manager) ImageStats(ctx context.Context, req *warrenv1.ImageStatsReques
 			resp.Layers = append(resp.Layers, &warrenv1.LayerStat{
 				Digest: x.Digest, DiffId: x.DiffID, Format: x.Format, Size: x.Size, Resident: x.Resident,
 				Files: x.Files, Mounted: x.Mounted, Refs: int32(x.Refs), Owner: o.owner,
+				BlobResident: x.BlobResident, FilesResident: x.FilesResident, DirectIo: x.DirectIO, ReadAheadKb: int32(x.ReadAheadKB),
 			})
 		}
 	}

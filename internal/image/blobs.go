@@ -11,15 +11,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 	"time"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/errdefs"
@@ -65,6 +63,12 @@ type Options struct {
 	MaxFiles int64
 	// ForceLoop mounts through loop devices (tests of the fallback).
 	ForceLoop bool
+	// BufferedIO mounts layers without direct I/O, LayerReadAheadKB sets
+	// their readahead window and Log receives mount fallbacks: see
+	// layermount.Options.
+	BufferedIO       bool
+	LayerReadAheadKB int
+	Log              *slog.Logger
 	// NoMounts opens the store for imports and records only (a CLI
 	// working on the daemon's store): LayerDirs fails, GC is a no-op.
 	NoMounts bool
@@ -113,7 +117,8 @@ func OpenStore(opts Options) (*Store, error) {
 	}
 	s.cleanTemps()
 	if !opts.NoMounts {
-		mc, err := layermount.New(opts.MountDir, layermount.Options{Grace: opts.MountGrace, ForceLoop: opts.ForceLoop})
+		mc, err := layermount.New(opts.MountDir, layermount.Options{Grace: opts.MountGrace, ForceLoop: opts.ForceLoop,
+			BufferedIO: opts.BufferedIO, ReadAheadKB: opts.LayerReadAheadKB, Log: opts.Log})
 		if err != nil {
 			return nil, err
 		}
@@ -1022,68 +1027,25 @@ func (c *ctxReader) Read(p []byte) (int, error) {
 	return c.r.Read(p)
 }
 
-// Residency reports how many bytes of the layer's blob are in this
-// node's page cache (mincore on a mapping of the blob), against its
-// size: with file-backed mounts, the part of the layer that was read.
-func (s *Store) Residency(digest string) (resident, size int64, err error) {
-	bp, err := s.BlobPath(digest)
-	if err != nil {
-		return 0, 0, err
-	}
-	f, err := os.Open(bp)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return 0, 0, errdefs.NotFoundf("layer %s not found", digest)
-		}
-		return 0, 0, errdefs.Wrap(errdefs.Internal, err, "residency "+digest)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, 0, errdefs.Wrap(errdefs.Internal, err, "residency "+digest)
-	}
-	size = fi.Size()
-	if size == 0 {
-		return 0, 0, nil
-	}
-	page := int64(os.Getpagesize())
-	const window = 1 << 30 // map at most 1 GiB at a time
-	vec := make([]byte, window/page)
-	for off := int64(0); off < size; off += window {
-		n := min(window, size-off)
-		mem, err := unix.Mmap(int(f.Fd()), off, int(n), unix.PROT_READ, unix.MAP_SHARED)
-		if err != nil {
-			return 0, size, errdefs.Wrap(errdefs.Internal, err, "residency "+digest)
-		}
-		pages := (n + page - 1) / page
-		err = mincore(mem, vec[:pages])
-		_ = unix.Munmap(mem)
-		if err != nil {
-			return 0, size, errdefs.Wrap(errdefs.Internal, err, "residency "+digest)
-		}
-		for i := int64(0); i < pages; i++ {
-			if vec[i]&1 != 0 {
-				resident += page
-			}
-		}
-	}
-	return min(resident, size), size, nil
-}
-
 // LayerStat is the on-demand loading state of one stored layer.
 type LayerStat struct {
-	Digest   string `json:"digest"`
-	DiffID   string `json:"diff_id,omitempty"`
-	Format   string `json:"format"`
-	Size     int64  `json:"size"`     // blob bytes (EROFS) or content bytes (dir)
-	Resident int64  `json:"resident"` // blob bytes in the page cache
-	Files    int64  `json:"files"`
-	Mounted  bool   `json:"mounted"`
-	Refs     int    `json:"refs"` // sandboxes of this process using it
+	Digest string `json:"digest"`
+	DiffID string `json:"diff_id,omitempty"`
+	Format string `json:"format"`
+	Size   int64  `json:"size"` // blob bytes (EROFS) or content bytes (dir)
+	// Resident, BlobResident, FilesResident: see Residency.
+	Resident      int64 `json:"resident"`
+	BlobResident  int64 `json:"blob_resident"`
+	FilesResident int64 `json:"files_resident"`
+	Files         int64 `json:"files"`
+	Mounted       bool  `json:"mounted"`
+	Refs          int   `json:"refs"`      // sandboxes of this process using it
+	DirectIO      bool  `json:"direct_io"` // the mount reads the blob with direct I/O
+	ReadAheadKB   int   `json:"read_ahead_kb,omitempty"`
 }
 
 // Stats returns the loading state of the given layers.
-func (s *Store) Stats(digests []string) ([]LayerStat, error) {
+func (s *Store) Stats(ctx context.Context, digests []string) ([]LayerStat, error) {
 	mounted := map[string]layermount.Info{}
 	if s.mounts != nil {
 		for _, in := range s.mounts.List() {
@@ -1098,15 +1060,16 @@ func (s *Store) Stats(digests []string) ([]LayerStat, error) {
 		}
 		st := LayerStat{Digest: d, DiffID: m.DiffID, Format: m.Format, Files: m.Files}
 		if m.Format == FormatEROFS {
-			st.Resident, st.Size, err = s.Residency(d)
+			r, err := s.Residency(ctx, d)
 			if err != nil {
 				return nil, err
 			}
+			st.Size, st.Resident, st.BlobResident, st.FilesResident = r.Size, r.Resident, r.Blob, r.Files
 		} else {
 			st.Size = m.Size
 		}
 		if in, ok := mounted[d]; ok {
-			st.Mounted, st.Refs = in.Mounted, in.Refs
+			st.Mounted, st.Refs, st.DirectIO, st.ReadAheadKB = in.Mounted, in.Refs, in.DirectIO, in.ReadAheadKB
 		}
 		out = append(out, st)
 	}
@@ -1139,12 +1102,4 @@ func (s *Store) Blobs() ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
-}
-
-func mincore(mem, vec []byte) error {
-	_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&mem[0])), uintptr(len(mem)), uintptr(unsafe.Pointer(&vec[0])))
-	if e != 0 {
-		return e
-	}
-	return nil
 }

@@ -336,9 +336,10 @@ func TestEROFSResidency(t *testing.T) {
 	f, _ := os.Open(bp)
 	unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 	f.Close()
-	res, size, err := s.Residency(img.Layers[0])
+	r, err := s.Residency(ctx, img.Layers[0])
+	res, size := r.Resident, r.Size
 	if err != nil || size < 8<<20 || res > size/4 {
-		t.Fatalf("after dropping: %d/%d %v", res, size, err)
+		t.Fatalf("after dropping: %+v %v", r, err)
 	}
 	dirs, release, err := s.LayerDirs(ctx, img)
 	if err != nil {
@@ -348,11 +349,12 @@ func TestEROFSResidency(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(dirs[0], "c")); err != nil || len(b) != 1<<20 {
 		t.Fatal(err)
 	}
-	res2, _, _ := s.Residency(img.Layers[0])
-	if res2 < res+(1<<20) || res2 > size/2 {
-		t.Fatalf("after reading 1 MiB of %d: resident %d (was %d)", size, res2, res)
+	r2, _ := s.Residency(ctx, img.Layers[0])
+	res2 := r2.Resident
+	if res2 < res+(1<<20) || res2 > size/2 || !r2.Mounted || r2.Files < 1<<20 {
+		t.Fatalf("after reading 1 MiB of %d: %+v (was %d)", size, r2, res)
 	}
-	st, err := s.Stats(img.Layers)
+	st, err := s.Stats(ctx, img.Layers)
 	if err != nil || len(st) != 1 || !st[0].Mounted || st[0].Refs != 1 || st[0].Resident != res2 && st[0].Resident < res2 {
 		t.Fatalf("stats %+v %v", st, err)
 	}

@@ -11,6 +11,14 @@
 // the blob is attached to a read-only loop device with LOOP_CONFIGURE and
 // LO_FLAGS_AUTOCLEAR, so that the device goes away with the mount.
 //
+// File-backed mounts get the "directio" option where the kernel knows it
+// and the blob's filesystem does O_DIRECT: EROFS then reads the blob with
+// direct I/O, so the blob's own page cache and readahead (sized by the
+// store disk's read_ahead_kb, often megabytes) stay out of it and only
+// the blocks EROFS asks for are read. EROFS's readahead of the layer's
+// files is that of the mount's own backing_dev_info (/sys/class/bdi/
+// erofs-N, 128 KiB by default), which Options.ReadAheadKB sets.
+//
 // After a daemon restart, New finds the mounts a previous process left
 // under dir and adopts them with no references: the sandboxes that are
 // adopted again take references to them; the rest are unmounted when the
@@ -26,8 +34,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -50,6 +60,17 @@ type Options struct {
 	// ForceLoop mounts through a loop device even where the kernel mounts
 	// files directly (for tests of the fallback).
 	ForceLoop bool
+	// BufferedIO mounts file-backed layers without "directio": EROFS then
+	// reads the blob through the blob's page cache (and its readahead).
+	// For comparisons; direct I/O reads less.
+	BufferedIO bool
+	// ReadAheadKB, if > 0, is written to read_ahead_kb of each new mount's
+	// backing_dev_info (file-backed) or loop device before it is used;
+	// 0 leaves the kernel's default (128 KiB).
+	ReadAheadKB int
+	// Log receives the fallbacks (no direct I/O, no readahead knob);
+	// nil means slog.Default().
+	Log *slog.Logger
 }
 
 // Cache is a node's set of layer mounts. It is safe for concurrent use.
@@ -58,6 +79,13 @@ type Cache struct {
 	dir   string
 	grace time.Duration
 	loop  bool
+	opts  Options
+	log   *slog.Logger
+
+	// Set once the kernel refused the directio option (it predates it),
+	// so that later mounts do not try again. Guarded by mu.
+	noDirectIOOpt bool
+	warned        map[string]bool // fallbacks logged at warn level once
 
 	mu     sync.Mutex
 	ents   map[string]*entry
@@ -73,11 +101,12 @@ type entry struct {
 	gen   uint64 // bumped by every Acquire and by timer changes
 
 	// Guarded by mu: mount state changes.
-	mu      sync.Mutex
-	mounted bool
-	source  string // the blob file mounted ("" when unknown)
-	dev     string // "/dev/loopN" or "" for a file-backed mount
-	since   time.Time
+	mu       sync.Mutex
+	mounted  bool
+	source   string // the blob file mounted ("" when unknown)
+	dev      string // "/dev/loopN" or "" for a file-backed mount
+	directIO bool   // mounted with the directio option
+	since    time.Time
 }
 
 // Info describes a mount of the cache.
@@ -89,6 +118,11 @@ type Info struct {
 	Refs    int       `json:"refs"`
 	Mounted bool      `json:"mounted"`
 	Since   time.Time `json:"since"`
+	// DirectIO: EROFS reads the blob with direct I/O (file-backed mount
+	// with the directio option).
+	DirectIO bool `json:"direct_io"`
+	// ReadAheadKB is the mount's readahead window (0: unknown).
+	ReadAheadKB int `json:"read_ahead_kb,omitempty"`
 }
 
 // New opens the cache at dir (created 0700 if missing) and adopts the
@@ -104,9 +138,12 @@ func New(dir string, opts Options) (*Cache, error) {
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real
 	}
-	c := &Cache{dir: abs, grace: opts.Grace, loop: opts.ForceLoop, ents: map[string]*entry{}}
+	c := &Cache{dir: abs, grace: opts.Grace, loop: opts.ForceLoop, opts: opts, log: opts.Log, ents: map[string]*entry{}, warned: map[string]bool{}}
 	if c.grace == 0 {
 		c.grace = DefaultGrace
+	}
+	if c.log == nil {
+		c.log = slog.Default()
 	}
 	if err := c.recover(); err != nil {
 		return nil, err
@@ -151,8 +188,13 @@ func (c *Cache) recover() error {
 			}
 			continue
 		}
-		e := &entry{key: key, mounted: true, since: time.Now()}
+		e := &entry{key: key, mounted: true, since: time.Now(), directIO: ms[0].hasOption("directio")}
 		e.source, e.dev = sourceOf(ms[0].source)
+		if c.opts.ReadAheadKB > 0 {
+			// The bdi lives as long as the superblock: normally still
+			// set, unless the setting changed across the restart.
+			c.setReadAhead(e)
+		}
 		c.ents[key] = e
 		if c.grace > 0 {
 			c.armLocked(e)
@@ -242,28 +284,96 @@ func (c *Cache) ensureMounted(e *entry, source string) error {
 	if err := os.Mkdir(mp, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return errdefs.Wrap(errdefs.Internal, err, "layer mount point")
 	}
-	dev, err := mountErofs(source, mp, c.loop)
+	dev, direct, err := c.mountErofs(source, mp)
 	if err != nil {
 		_ = os.Remove(mp)
 		return err
 	}
-	e.mounted, e.source, e.dev, e.since = true, source, dev, time.Now()
+	e.mounted, e.source, e.dev, e.directIO, e.since = true, source, dev, direct, time.Now()
+	if c.opts.ReadAheadKB > 0 {
+		// Before anyone opens a file: a file's readahead window is
+		// taken from the bdi when it is opened.
+		c.setReadAhead(e)
+	}
 	return nil
 }
 
 // mountErofs mounts the image in file at dir read-only, directly or
-// through a loop device; it returns the loop device used, if any.
-func mountErofs(file, dir string, forceLoop bool) (string, error) {
+// through a loop device; it returns the loop device used, if any, and
+// whether the mount reads the blob with direct I/O.
+func (c *Cache) mountErofs(file, dir string) (string, bool, error) {
 	const flags = unix.MS_RDONLY | unix.MS_NODEV
-	if !forceLoop {
-		err := unix.Mount(file, dir, "erofs", flags, "")
+	if !c.loop {
+		direct := c.wantDirectIO(file)
+		data := ""
+		if direct {
+			data = "directio"
+		}
+		err := unix.Mount(file, dir, "erofs", flags, data)
+		if err == unix.EINVAL && direct {
+			// Kernels before the option (Linux 6.13) reject it; a
+			// corrupt image fails the retry too. (6.12 read every
+			// file-backed mount with direct I/O where it could.)
+			if err = unix.Mount(file, dir, "erofs", flags, ""); err == nil {
+				c.mu.Lock()
+				c.noDirectIOOpt = true
+				c.mu.Unlock()
+				c.fallback("kernel", "layer mounts read their blobs through the page cache: this kernel has no EROFS directio option", "file", file)
+				direct = false
+			}
+		}
 		if err == nil {
-			return "", nil
+			return "", direct, nil
 		}
 		if err != unix.ENOTBLK {
-			return "", mountErr(file, err)
+			return "", false, mountErr(file, err)
 		}
 	}
+	dev, err := mountLoop(file, dir)
+	return dev, false, err
+}
+
+// wantDirectIO reports whether a file-backed mount of file should get
+// the directio option. EROFS itself falls back to buffered reads,
+// silently, when the blob's file cannot do O_DIRECT; the mount then
+// would claim directio in mountinfo without it, so test the file first.
+func (c *Cache) wantDirectIO(file string) bool {
+	c.mu.Lock()
+	no := c.opts.BufferedIO || c.noDirectIOOpt
+	c.mu.Unlock()
+	if no {
+		return false
+	}
+	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if err == unix.EINVAL {
+			c.fallback("odirect:"+filepath.Dir(file), "layer mounted without directio: the store's filesystem does not do O_DIRECT, so the blob is read through its page cache and readahead", "file", file)
+		}
+		// Other errors (a missing file) surface in the mount.
+		return false
+	}
+	unix.Close(fd)
+	return true
+}
+
+// fallback logs a degraded mount at warn level the first time (per kind)
+// and at debug level afterwards.
+func (c *Cache) fallback(kind, msg string, args ...any) {
+	c.mu.Lock()
+	first := !c.warned[kind]
+	c.warned[kind] = true
+	c.mu.Unlock()
+	if first {
+		c.log.Warn(msg, args...)
+	} else {
+		c.log.Debug(msg, args...)
+	}
+}
+
+// mountLoop mounts the image in file at dir through a read-only loop
+// device and returns the device.
+func mountLoop(file, dir string) (string, error) {
+	const flags = unix.MS_RDONLY | unix.MS_NODEV
 	f, err := os.Open(file)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -348,7 +458,7 @@ func (c *Cache) unmount(e *entry) error {
 	if err != nil && err != unix.EINVAL && err != unix.ENOENT {
 		return errdefs.New(errdefs.Internal, "unmount layer %s: %w", e.key, err)
 	}
-	e.mounted, e.source, e.dev = false, "", ""
+	e.mounted, e.source, e.dev, e.directIO = false, "", "", false
 	_ = os.Remove(mp)
 	return nil
 }
@@ -479,7 +589,8 @@ func (c *Cache) List() []Info {
 	out := make([]Info, 0, len(ents))
 	for _, e := range ents {
 		e.mu.Lock()
-		out = append(out, Info{Key: e.key, Dir: c.MountPoint(e.key), Source: e.source, Device: e.dev, Refs: refs[e], Mounted: e.mounted, Since: e.since})
+		out = append(out, Info{Key: e.key, Dir: c.MountPoint(e.key), Source: e.source, Device: e.dev, Refs: refs[e], Mounted: e.mounted, Since: e.since,
+			DirectIO: e.directIO, ReadAheadKB: c.readAheadKB(e)})
 		e.mu.Unlock()
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
@@ -523,7 +634,10 @@ func (c *Cache) UnmountAll() error {
 
 type mountEntry struct {
 	point, fstype, source string
+	options               []string // the superblock's options
 }
+
+func (m mountEntry) hasOption(o string) bool { return slices.Contains(m.options, o) }
 
 // mountsUnder lists the mounts at or below dir from /proc/self/mountinfo,
 // deepest last.
@@ -555,7 +669,11 @@ func mountsUnder(dir string) ([]mountEntry, error) {
 		if sep < 0 || sep+2 >= len(fields) {
 			continue
 		}
-		out = append(out, mountEntry{point: point, fstype: fields[sep+1], source: unescape(fields[sep+2])})
+		me := mountEntry{point: point, fstype: fields[sep+1], source: unescape(fields[sep+2])}
+		if sep+3 < len(fields) {
+			me.options = strings.Split(fields[sep+3], ",")
+		}
+		out = append(out, me)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err

@@ -3154,16 +3154,24 @@ func (x *ImageStatsRequest) GetNames() []string {
 }
 
 type LayerStat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Digest        string                 `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
-	DiffId        string                 `protobuf:"bytes,2,opt,name=diff_id,json=diffId,proto3" json:"diff_id,omitempty"`
-	Format        string                 `protobuf:"bytes,3,opt,name=format,proto3" json:"format,omitempty"`      // "erofs" or "dir" (legacy directory layer)
-	Size          int64                  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`         // blob bytes (erofs) or content bytes (dir)
-	Resident      int64                  `protobuf:"varint,5,opt,name=resident,proto3" json:"resident,omitempty"` // blob bytes in this node's page cache (erofs)
-	Files         int64                  `protobuf:"varint,6,opt,name=files,proto3" json:"files,omitempty"`
-	Mounted       bool                   `protobuf:"varint,7,opt,name=mounted,proto3" json:"mounted,omitempty"` // mounted in this node's layer cache
-	Refs          int32                  `protobuf:"varint,8,opt,name=refs,proto3" json:"refs,omitempty"`       // sandboxes of this node using the mount
-	Owner         string                 `protobuf:"bytes,9,opt,name=owner,proto3" json:"owner,omitempty"`      // the image name, or "layer:NAME"
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Digest string                 `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	DiffId string                 `protobuf:"bytes,2,opt,name=diff_id,json=diffId,proto3" json:"diff_id,omitempty"`
+	Format string                 `protobuf:"bytes,3,opt,name=format,proto3" json:"format,omitempty"` // "erofs" or "dir" (legacy directory layer)
+	Size   int64                  `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`    // blob bytes (erofs) or content bytes (dir)
+	// Blob bytes whose content is in this node's page cache (erofs), each
+	// block once: in the blob file's own cache (blob_resident) or in the
+	// cache of the mounted layer's files (files_resident, mapped back to
+	// the blob). With on-demand loading, what sandboxes read of the layer.
+	Resident      int64  `protobuf:"varint,5,opt,name=resident,proto3" json:"resident,omitempty"`
+	Files         int64  `protobuf:"varint,6,opt,name=files,proto3" json:"files,omitempty"`
+	Mounted       bool   `protobuf:"varint,7,opt,name=mounted,proto3" json:"mounted,omitempty"`                                   // mounted in this node's layer cache
+	Refs          int32  `protobuf:"varint,8,opt,name=refs,proto3" json:"refs,omitempty"`                                         // sandboxes of this node using the mount
+	Owner         string `protobuf:"bytes,9,opt,name=owner,proto3" json:"owner,omitempty"`                                        // the image name, or "layer:NAME"
+	BlobResident  int64  `protobuf:"varint,10,opt,name=blob_resident,json=blobResident,proto3" json:"blob_resident,omitempty"`    // blob bytes in the blob file's page cache (mincore)
+	FilesResident int64  `protobuf:"varint,11,opt,name=files_resident,json=filesResident,proto3" json:"files_resident,omitempty"` // page cache of the mounted layer's files and directories
+	DirectIo      bool   `protobuf:"varint,12,opt,name=direct_io,json=directIo,proto3" json:"direct_io,omitempty"`                // the mount reads the blob with direct I/O
+	ReadAheadKb   int32  `protobuf:"varint,13,opt,name=read_ahead_kb,json=readAheadKb,proto3" json:"read_ahead_kb,omitempty"`     // readahead window of the mount (0: unknown)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3259,6 +3267,34 @@ func (x *LayerStat) GetOwner() string {
 		return x.Owner
 	}
 	return ""
+}
+
+func (x *LayerStat) GetBlobResident() int64 {
+	if x != nil {
+		return x.BlobResident
+	}
+	return 0
+}
+
+func (x *LayerStat) GetFilesResident() int64 {
+	if x != nil {
+		return x.FilesResident
+	}
+	return 0
+}
+
+func (x *LayerStat) GetDirectIo() bool {
+	if x != nil {
+		return x.DirectIo
+	}
+	return false
+}
+
+func (x *LayerStat) GetReadAheadKb() int32 {
+	if x != nil {
+		return x.ReadAheadKb
+	}
+	return 0
 }
 
 type ImageStatsResponse struct {
@@ -3831,7 +3867,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\")\n" +
 	"\x11ImageStatsRequest\x12\x14\n" +
-	"\x05names\x18\x01 \x03(\tR\x05names\"\xde\x01\n" +
+	"\x05names\x18\x01 \x03(\tR\x05names\"\xeb\x02\n" +
 	"\tLayerStat\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x17\n" +
 	"\adiff_id\x18\x02 \x01(\tR\x06diffId\x12\x16\n" +
@@ -3841,7 +3877,12 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05files\x18\x06 \x01(\x03R\x05files\x12\x18\n" +
 	"\amounted\x18\a \x01(\bR\amounted\x12\x12\n" +
 	"\x04refs\x18\b \x01(\x05R\x04refs\x12\x14\n" +
-	"\x05owner\x18\t \x01(\tR\x05owner\"B\n" +
+	"\x05owner\x18\t \x01(\tR\x05owner\x12#\n" +
+	"\rblob_resident\x18\n" +
+	" \x01(\x03R\fblobResident\x12%\n" +
+	"\x0efiles_resident\x18\v \x01(\x03R\rfilesResident\x12\x1b\n" +
+	"\tdirect_io\x18\f \x01(\bR\bdirectIo\x12\"\n" +
+	"\rread_ahead_kb\x18\r \x01(\x05R\vreadAheadKb\"B\n" +
 	"\x12ImageStatsResponse\x12,\n" +
 	"\x06layers\x18\x01 \x03(\v2\x14.warren.v1.LayerStatR\x06layers\"*\n" +
 	"\x12VerifyImageRequest\x12\x14\n" +

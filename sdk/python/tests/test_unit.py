@@ -244,8 +244,10 @@ def test_new_message_types_parse_the_json_mapping() -> None:
     assert done.done and done.image == Image(name="n")
 
     st = LayerStat._from_json({"digest": "sha256:d", "format": "erofs", "size": "1000", "resident": "250",
-                               "files": "3", "mounted": True, "refs": 2, "owner": "layer:ws"})
+                               "files": "3", "mounted": True, "refs": 2, "owner": "layer:ws",
+                               "blobResident": "50", "filesResident": "200", "directIo": True, "readAheadKb": 128})
     assert st.resident_fraction == 0.25 and st.mounted and st.refs == 2 and st.owner == "layer:ws"
+    assert (st.blob_resident, st.files_resident, st.direct_io, st.read_ahead_kb) == (50, 200, True, 128)
     assert LayerStat().resident_fraction == 0.0
     v = LayerVerification._from_json({"digest": "sha256:d", "error": "digest mismatch"})
     assert not v.ok and v.error == "digest mismatch"

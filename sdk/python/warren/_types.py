@@ -493,13 +493,17 @@ class LayerStat:
     diff_id: str = ""
     format: str = ""  #: ``"erofs"``, or ``"dir"`` for a legacy directory layer
     size: int = 0  #: blob bytes (erofs) or content bytes (dir)
-    #: blob bytes in the node's page cache (erofs): with on-demand loading,
-    #: what sandboxes have read of it
+    #: blob bytes whose content is in the node's page cache (erofs), each
+    #: block once: with on-demand loading, what sandboxes have read of it
     resident: int = 0
     files: int = 0
     mounted: bool = False  #: mounted in the node's layer cache
     refs: int = 0  #: sandboxes of the node using the mount
     owner: str = ""  #: the image name, or ``"layer:NAME"`` for a named layer
+    blob_resident: int = 0  #: of the blob file's own page cache (metadata; all reads without direct I/O)
+    files_resident: int = 0  #: page cache of the mounted layer's files and directories
+    direct_io: bool = False  #: the mount reads the blob with direct I/O
+    read_ahead_kb: int = 0  #: readahead window of the mount (0: unknown)
 
     @property
     def resident_fraction(self) -> float:
@@ -518,6 +522,10 @@ class LayerStat:
             mounted=bool(d.get("mounted", False)),
             refs=_int(d.get("refs")),
             owner=d.get("owner", ""),
+            blob_resident=_int(d.get("blobResident")),
+            files_resident=_int(d.get("filesResident")),
+            direct_io=bool(d.get("directIo", False)),
+            read_ahead_kb=_int(d.get("readAheadKb")),
         )
 
 
