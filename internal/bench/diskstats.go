@@ -55,16 +55,28 @@ func sectorsWritten(dev diskDevice) (int64, error) {
 	return parseSectorsWritten(b, dev.Name)
 }
 
-func parseSectorsWritten(b []byte, name string) (int64, error) {
+func parseSectorsWritten(b []byte, name string) (int64, error) { return parseDiskstat(b, name, 9) }
+
+// parseDiskstat returns field idx of name's line of /proc/diskstats:
+// major minor name reads rmerged rsectors rms writes wmerged wsectors ...
+func parseDiskstat(b []byte, name string, idx int) (int64, error) {
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		// major minor name reads rmerged rsectors rms writes wmerged wsectors ...
 		if len(f) >= 10 && f[2] == name {
-			return strconv.ParseInt(f[9], 10, 64)
+			return strconv.ParseInt(f[idx], 10, 64)
 		}
 	}
 	return 0, fmt.Errorf("device %s not in /proc/diskstats", name)
+}
+
+// sectorsRead reads the "sectors read" counter of dev (512-byte units).
+func sectorsRead(dev diskDevice) (int64, error) {
+	b, err := os.ReadFile("/proc/diskstats")
+	if err != nil {
+		return 0, err
+	}
+	return parseDiskstat(b, dev.Name, 5)
 }
 
 // diskMeter measures the bytes written to one device during a phase and

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -41,6 +42,8 @@ type Options struct {
 	// ScratchReadAheadKB is the scratch disk's read_ahead_kb (0: the
 	// backing disk's).
 	ScratchReadAheadKB int
+	// DaemonArgs are extra `warren serve` flags of the private daemon.
+	DaemonArgs []string
 }
 
 // Env is a daemon ready for a benchmark, plus a local busybox root
@@ -110,7 +113,7 @@ func Setup(ctx context.Context, o Options) (_ *Env, err error) {
 		}
 	}
 	if o.Addr == "" {
-		if err := e.startDaemon(ctx, o.Exe); err != nil {
+		if err := e.startDaemon(ctx, o.Exe, o.DaemonArgs); err != nil {
 			return nil, err
 		}
 	} else {
@@ -165,7 +168,7 @@ func (e *Env) logf(format string, args ...any) {
 // startDaemon starts `warren serve` with private directories and cgroup
 // parent. It runs in its own process group so that a ^C of the benchmark
 // does not reach it before the benchmark has deleted its sandboxes.
-func (e *Env) startDaemon(ctx context.Context, exe string) error {
+func (e *Env) startDaemon(ctx context.Context, exe string, extra []string) error {
 	if exe == "" {
 		var err error
 		if exe, err = os.Executable(); err != nil {
@@ -179,16 +182,16 @@ func (e *Env) startDaemon(ctx context.Context, exe string) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(exe, "serve",
+	args := append([]string{"serve",
 		"--state-dir", e.stateDir,
 		"--run-dir", filepath.Join(e.Tmp, "run"),
 		"--socket", sock,
 		"--cgroup-parent", e.cgroupParent,
-		"--log-level", "warn")
+		"--log-level", "warn"}, extra...)
+	cmd := exec.Command(exe, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	e.logf("starting private daemon: %s serve --state-dir %s --run-dir %s/run --socket %s --cgroup-parent %s",
-		exe, e.stateDir, e.Tmp, sock, e.cgroupParent)
+	e.logf("starting private daemon: %s %s", exe, strings.Join(args, " "))
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start daemon: %w", err)
 	}

@@ -43,8 +43,10 @@ type OndemandReport struct {
 	Content     SynthInfo `json:"content"`
 
 	// Per layer (image layers bottom first, then the named layers): the
-	// bytes of its blob in the page cache after one sandbox ran the tool
-	// calls, caches dropped before.
+	// bytes of its blob whose content is in the page cache after one
+	// sandbox ran the tool calls, caches dropped before (ImageStats
+	// resident: the blob's own cache and the mounted files' cache, each
+	// block once).
 	LayerStats []OndemandLayer `json:"layer_stats"`
 	// The image's layers together, and everything together.
 	ImageTouchedFraction *float64 `json:"image_touched_fraction"`
@@ -53,8 +55,22 @@ type OndemandReport struct {
 	ImageResident        int64    `json:"image_resident"`
 	AllBytes             int64    `json:"all_bytes"`
 	AllResident          int64    `json:"all_resident"`
-	ToolCalls            []Step   `json:"tool_calls"`
-	ToolCallsMs          float64  `json:"tool_calls_ms"`
+	// The measure of earlier versions, the blob files' own page cache
+	// only: equal to the above when mounts read through the page cache,
+	// metadata only with direct I/O.
+	ImageBlobTouchedFraction *float64 `json:"image_blob_touched_fraction"`
+	AllBlobResident          int64    `json:"all_blob_resident"`
+	// How the layers were mounted (of the image's first layer).
+	DirectIO    bool `json:"direct_io"`
+	ReadAheadKB int  `json:"layer_read_ahead_kb,omitempty"`
+	// Bytes read from the scratch disk holding the store (/proc/diskstats)
+	// from the create to the last tool call: a count of reads independent
+	// of the page cache, to check all_resident against.
+	DiskReadBytes *int64   `json:"disk_read_bytes,omitempty"`
+	DiskDevice    string   `json:"disk_device,omitempty"`
+	DiskReadRatio *float64 `json:"disk_read_over_all_resident,omitempty"`
+	ToolCalls     []Step   `json:"tool_calls"`
+	ToolCallsMs   float64  `json:"tool_calls_ms"`
 
 	// Start: create to the first exec result, page cache dropped before
 	// each run. Run 1 also mounts the layers; later runs find the mounts
@@ -80,6 +96,12 @@ type OndemandLayer struct {
 	ResidentBefore  int64    `json:"resident_before"`
 	Resident        int64    `json:"resident"`
 	TouchedFraction *float64 `json:"touched_fraction"`
+	// The two caches Resident is made of (a block may be in both).
+	BlobResident        int64    `json:"blob_resident"`
+	FilesResident       int64    `json:"files_resident"`
+	BlobTouchedFraction *float64 `json:"blob_touched_fraction"`
+	DirectIO            bool     `json:"direct_io"`
+	ReadAheadKB         int      `json:"read_ahead_kb,omitempty"`
 }
 
 // Step is the duration of one tool call.
@@ -144,6 +166,16 @@ func RunOndemand(ctx context.Context, env *Env, cfg OndemandConfig) (*OndemandRe
 	if err != nil {
 		return nil, fmt.Errorf("image stats: %w", err)
 	}
+	// Again: a stats call of a mounted layer walks its tree, which
+	// leaves its dentries and inodes cached.
+	if err := dropCaches(); err != nil {
+		return nil, err
+	}
+	disk, diskErr := deviceOf(env.DiskDir())
+	var read0 int64
+	if diskErr == nil {
+		read0, diskErr = sectorsRead(disk)
+	}
 	env.logf("ondemand: one sandbox of %s + %s + %s runs %d tool calls (page cache dropped)", img, ws, tk, len(toolCalls))
 	t0 := time.Now()
 	sb, err := env.Client.Create(ctx, req)
@@ -160,6 +192,12 @@ func RunOndemand(ctx context.Context, env *Env, cfg OndemandConfig) (*OndemandRe
 		_ = env.Client.Delete(context.WithoutCancel(ctx), sb.GetId())
 		return nil, err
 	}
+	if diskErr == nil && env.diskDir != "" { // only the benchmark uses the scratch disk
+		if read1, err := sectorsRead(disk); err == nil {
+			n := (read1 - read0) * 512
+			rep.DiskReadBytes, rep.DiskDevice = &n, disk.Name
+		}
+	}
 	after, err := env.Client.ImageStats(ctx, names...)
 	if err != nil {
 		return nil, fmt.Errorf("image stats: %w", err)
@@ -173,6 +211,9 @@ func RunOndemand(ctx context.Context, env *Env, cfg OndemandConfig) (*OndemandRe
 	}
 	rep.ToolCallsMs = round(msOf(first.Total+rest.Total), 1)
 	rep.layerStats(img, before, after)
+	if rep.DiskReadBytes != nil {
+		rep.DiskReadRatio = ratio4(float64(*rep.DiskReadBytes), float64(rep.AllResident))
+	}
 
 	// 2. More cold starts.
 	for i := 1; i < cfg.Runs; i++ {
@@ -188,12 +229,23 @@ func RunOndemand(ctx context.Context, env *Env, cfg OndemandConfig) (*OndemandRe
 	rep.Copy = copyThenStart(ctx, env, req, cfg.Runs)
 	rep.StartSpeedup = ratio(rep.Copy.TotalMedian, rep.WarrenStartMedianMs)
 
+	io := "buffered: EROFS reads each blob through the blob file's page cache, with the store disk's readahead"
+	if rep.DirectIO {
+		io = "direct I/O: EROFS reads each blob with O_DIRECT, so only the blocks it asks for, and caches them in the layer's files only"
+	}
+	ra := "unknown"
+	if rep.ReadAheadKB > 0 {
+		ra = strconv.Itoa(rep.ReadAheadKB) + " KiB"
+	}
 	rep.Notes = append(rep.Notes,
-		"touched_fraction: bytes of the layer's EROFS blob in the page cache (ImageStats, mincore) after the tool calls, over the blob size; sync + drop_caches before the sandbox was created, so it is what the sandbox (and the kernel's readahead) read",
+		"touched_fraction: bytes of the layer's EROFS blob whose content is in the page cache after the tool calls (ImageStats resident), over the blob size; sync + drop_caches before the sandbox was created, so it is what the sandbox (and the kernel's readahead) read. A block counts once whether it is cached in the blob file itself (blob_resident, mincore: EROFS metadata, and everything with buffered mounts) or in the mounted layer's files and directories (files_resident, cachestat/mincore of every file, mapped back to blob blocks with FIEMAP); the metadata the stats walk itself reads is dropped again",
+		"blob_touched_fraction: the blob file's own page cache only (the measure before direct I/O mounts; with them it misses the data)",
+		"layer mounts: "+io+"; readahead of the layer's files "+ra+" (the mount's own bdi)",
+		"disk_read_bytes: sectors read from the scratch disk holding the store (/proc/diskstats) from the create to the last tool call: the blobs' reads plus the scratch ext4's own metadata and the state database; it does not depend on the page cache",
 		"warren start: create (image + 2 named layers) to the first exec result ("+strconv.Quote(toolCalls[0].Shell)+"), drop_caches before each run; run 1 includes mounting the layers, later runs reuse the cached mounts",
 		"copy_then_start: the flattened tree (image + layers, taken once from a sandbox with the archive endpoint) is copied with cp -a to a new directory on the same disk after drop_caches, then the same first command runs in it under unshare --mount --pid --fork --uts --ipc --net chroot (no cgroup, no overlay: cheaper than any sandbox start); cp does not fsync, the sync after it is reported separately and not in the total")
 	if ra := readAheadKB(env); ra != "" {
-		rep.Notes = append(rep.Notes, "read_ahead_kb of the disk holding the blobs: "+ra+" (readahead makes the kernel read more than the files touched)")
+		rep.Notes = append(rep.Notes, "read_ahead_kb of the disk holding the blobs: "+ra+" (with buffered layer mounts, this readahead on the blob files makes the kernel read more than the files touched)")
 	}
 	return rep, nil
 }
@@ -266,24 +318,32 @@ func (r *OndemandReport) layerStats(img string, before, after []*warrenv1.LayerS
 	for _, s := range before {
 		prev[s.GetOwner()+"\x00"+s.GetDigest()] = s.GetResident()
 	}
-	var imgRes, imgSize, allRes, allSize int64
+	var imgRes, imgBlob, imgSize, allRes, allBlob, allSize int64
 	for _, s := range after {
 		l := OndemandLayer{Owner: s.GetOwner(), Digest: s.GetDigest(), Format: s.GetFormat(), Size: s.GetSize(), Files: s.GetFiles(),
-			ResidentBefore: prev[s.GetOwner()+"\x00"+s.GetDigest()], Resident: s.GetResident()}
+			ResidentBefore: prev[s.GetOwner()+"\x00"+s.GetDigest()], Resident: s.GetResident(),
+			BlobResident: s.GetBlobResident(), FilesResident: s.GetFilesResident(), DirectIO: s.GetDirectIo(), ReadAheadKB: int(s.GetReadAheadKb())}
 		if s.GetFormat() == "erofs" {
 			l.TouchedFraction = ratio4(float64(l.Resident), float64(l.Size))
+			l.BlobTouchedFraction = ratio4(float64(l.BlobResident), float64(l.Size))
 			allRes += l.Resident
+			allBlob += l.BlobResident
 			allSize += l.Size
 			if s.GetOwner() == img {
+				if imgSize == 0 {
+					r.DirectIO, r.ReadAheadKB = l.DirectIO, l.ReadAheadKB
+				}
 				imgRes += l.Resident
+				imgBlob += l.BlobResident
 				imgSize += l.Size
 			}
 		}
 		r.LayerStats = append(r.LayerStats, l)
 	}
-	r.ImageBytes, r.ImageResident, r.AllBytes, r.AllResident = imgSize, imgRes, allSize, allRes
+	r.ImageBytes, r.ImageResident, r.AllBytes, r.AllResident, r.AllBlobResident = imgSize, imgRes, allSize, allRes, allBlob
 	r.ImageTouchedFraction = ratio4(float64(imgRes), float64(imgSize))
 	r.AllTouchedFraction = ratio4(float64(allRes), float64(allSize))
+	r.ImageBlobTouchedFraction = ratio4(float64(imgBlob), float64(imgSize))
 }
 
 // ratio4 is a/b with 4 decimals (0 allowed for a), nil without b.
@@ -438,7 +498,7 @@ func (r *OndemandReport) Table(w io.Writer) error {
 	fmt.Fprintf(w, "ondemand: one sandbox of image %s (%s) + layers %s runs %d tool calls in %.0f ms\n",
 		r.Image, r.ImageSource, strings.Join(r.Layers, ", "), len(r.ToolCalls), r.ToolCallsMs)
 	fmt.Fprintf(w, "daemon: %s\n\n", r.Daemon)
-	t := newTable("LAYER", "DIGEST", "SIZE MiB", "FILES", "READ MiB (before)", "TOUCHED")
+	t := newTable("LAYER", "DIGEST", "SIZE MiB", "FILES", "READ MiB (before)", "BLOB MiB", "FILES MiB", "TOUCHED", "BLOB ONLY")
 	t.left = true
 	frac := func(f *float64) string {
 		if f == nil {
@@ -448,15 +508,21 @@ func (r *OndemandReport) Table(w io.Writer) error {
 	}
 	for _, l := range r.LayerStats {
 		t.add(l.Owner, shortDigest(l.Digest), fmt.Sprintf("%.1f", float64(l.Size)/(1<<20)), strconv.FormatInt(l.Files, 10),
-			fmt.Sprintf("%.1f (%.1f)", float64(l.Resident)/(1<<20), float64(l.ResidentBefore)/(1<<20)), frac(l.TouchedFraction))
+			fmt.Sprintf("%.1f (%.1f)", float64(l.Resident)/(1<<20), float64(l.ResidentBefore)/(1<<20)),
+			fmt.Sprintf("%.1f", float64(l.BlobResident)/(1<<20)), fmt.Sprintf("%.1f", float64(l.FilesResident)/(1<<20)),
+			frac(l.TouchedFraction), frac(l.BlobTouchedFraction))
 	}
 	mb := func(b int64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }
-	t.add("= image "+r.Image+" (all its layers)", "", mb(r.ImageBytes), "", mb(r.ImageResident), frac(r.ImageTouchedFraction))
-	t.add("= image + named layers", "", mb(r.AllBytes), "", mb(r.AllResident), frac(r.AllTouchedFraction))
+	t.add("= image "+r.Image+" (all its layers)", "", mb(r.ImageBytes), "", mb(r.ImageResident), "", "", frac(r.ImageTouchedFraction), frac(r.ImageBlobTouchedFraction))
+	t.add("= image + named layers", "", mb(r.AllBytes), "", mb(r.AllResident), mb(r.AllBlobResident), "", frac(r.AllTouchedFraction), "")
 	if err := t.write(w); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nimage touched_fraction %s (target <= 10%% for a Debian+python image)\n\n", frac(r.ImageTouchedFraction))
+	fmt.Fprintf(w, "\nimage touched_fraction %s (target <= 10%% for a Debian+python image); layer mounts: direct_io=%v, readahead %d KiB\n", frac(r.ImageTouchedFraction), r.DirectIO, r.ReadAheadKB)
+	if r.DiskReadBytes != nil {
+		fmt.Fprintf(w, "read from the store's disk (/dev/%s) meanwhile: %s MiB (%s all resident)\n", r.DiskDevice, mb(*r.DiskReadBytes), ratioStr(r.DiskReadRatio))
+	}
+	fmt.Fprintln(w)
 	st := newTable("START (to first exec result)", "RUNS ms", "MEDIAN ms")
 	st.left = true
 	st.add("warren create + exec, cold page cache", joinMs(r.WarrenStartMs), fmt.Sprintf("%.1f", r.WarrenStartMedianMs))

@@ -155,4 +155,7 @@ func TestParseSectorsWritten(t *testing.T) {
 	if _, err := parseSectorsWritten([]byte(stats), "sda"); err == nil {
 		t.Error("a missing device should be an error")
 	}
+	if got, err := parseDiskstat([]byte(stats), "loop0", 5); err != nil || got != 35258 {
+		t.Errorf("loop0 sectors read: %d, %v", got, err)
+	}
 }

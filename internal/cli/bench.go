@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/spf13/cobra"
 
@@ -278,6 +279,7 @@ write_reduction are baseline / warren. Run as root (drop_caches).`,
 func newBenchOndemandCommand(bf *benchFlags) *cobra.Command {
 	cfg := bench.OndemandConfig{}
 	scratch, readAhead := true, 0
+	layerDirectIO, layerReadAhead := true, 0
 	c := &cobra.Command{
 		Use:   "ondemand [--image NAME | --busybox]",
 		Short: "How much of an image one agent session reads, and cold start vs copying the image first",
@@ -287,7 +289,9 @@ page cache dropped before, and report per layer the fraction of its EROFS
 blob that was read (ImageStats: resident / size). Then compare the start
 time (create to first exec result, cold page cache) with copying the
 flattened tree to a new directory (cp -a) and starting the same command in
-it with unshare+chroot.
+it with unshare+chroot. As a check independent of the page cache, the
+bytes read from the scratch disk holding the store meanwhile are reported
+too (/proc/diskstats).
 
 The image is --image NAME, else the daemon's image "default" or "debian",
 else Debian bookworm (minbase, python3, git) built here with debootstrap
@@ -305,11 +309,15 @@ without debootstrap. Run as root (drop_caches).`,
 			if cfg.Image != "" && cfg.Busybox {
 				return usagef("--image and --busybox exclude each other")
 			}
+			if layerReadAhead < 0 {
+				return usagef("--layer-read-ahead-kb must not be negative")
+			}
 			opts := func(o *bench.Options) {
 				if scratch {
 					o.ScratchDiskBytes = bench.ScratchDiskSize(4, cfg.SizeMB)
 					o.ScratchReadAheadKB = readAhead
 				}
+				o.DaemonArgs = []string{"--layer-direct-io=" + strconv.FormatBool(layerDirectIO), "--layer-read-ahead-kb=" + strconv.Itoa(layerReadAhead)}
 			}
 			return runBenchOpts(cmd, bf, opts, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
 				return bench.RunOndemand(ctx, env, cfg)
@@ -319,6 +327,8 @@ without debootstrap. Run as root (drop_caches).`,
 	c.Flags().BoolVar(&cfg.Busybox, "busybox", false, "use the busybox image (no debootstrap needed)")
 	c.Flags().IntVar(&cfg.SizeMB, "size-mb", 300, "size of the workspace + toolkit layers in MiB")
 	c.Flags().IntVar(&cfg.Runs, "runs", 3, "cold starts per system")
+	c.Flags().BoolVar(&layerDirectIO, "layer-direct-io", true, "the private daemon's --layer-direct-io (false: layers read through the blobs' page cache, as before)")
+	c.Flags().IntVar(&layerReadAhead, "layer-read-ahead-kb", 0, "the private daemon's --layer-read-ahead-kb (0: the kernel's default)")
 	scratchDiskFlags(c, &scratch, &readAhead)
 	return c
 }
