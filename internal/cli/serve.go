@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -174,6 +175,15 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("open image store: %w", err)
 	}
+	met.RegisterLayers(func(ctx context.Context) ([]metrics.LayerSample, error) {
+		st, err := images.MountedStats(ctx)
+		out := make([]metrics.LayerSample, len(st))
+		for i, x := range st {
+			out[i] = metrics.LayerSample{Digest: x.Digest, Size: x.Size, Resident: x.Resident, BlobResident: x.BlobResident,
+				FilesResident: x.FilesResident, Refs: x.Refs, DirectIO: x.DirectIO}
+		}
+		return out, err
+	}, 0)
 	// Deferred before the daemon's Close, so it runs after it: sandboxes
 	// keep the layers they use mounted; unused ones are unmounted.
 	defer func() {

@@ -1076,6 +1076,29 @@ func (s *Store) Stats(ctx context.Context, digests []string) ([]LayerStat, error
 	return out, nil
 }
 
+// MountedStats returns the loading state of the EROFS layers mounted on
+// this node (for metrics); layers whose blob is gone are left out.
+func (s *Store) MountedStats(ctx context.Context) ([]LayerStat, error) {
+	if s.mounts == nil {
+		return nil, nil
+	}
+	var out []LayerStat
+	for _, in := range s.mounts.List() {
+		if !in.Mounted {
+			continue
+		}
+		st, err := s.Stats(ctx, []string{"sha256:" + in.Key})
+		if errdefs.CategoryOf(err) == errdefs.NotFound {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, st...)
+	}
+	return out, nil
+}
+
 // Blobs lists the digests of every stored layer (blobs and legacy
 // directories), sorted.
 func (s *Store) Blobs() ([]string, error) {
