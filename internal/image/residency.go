@@ -57,6 +57,8 @@ func (s *Store) Residency(ctx context.Context, digest string) (Residency, error)
 	if r.Size == 0 {
 		return r, nil
 	}
+	s.residencyMu.Lock()
+	defer s.residencyMu.Unlock()
 	before, err := cachedPages(f, r.Size)
 	if err != nil {
 		return r, errdefs.Wrap(errdefs.Internal, err, "residency "+digest)
@@ -65,20 +67,23 @@ func (s *Store) Residency(ctx context.Context, digest string) (Residency, error)
 	union := before.clone()
 	var unmapped int64
 	if s.mounts != nil {
-		pc, ok, err := s.mounts.CachedExtents(ctx, digest[len("sha256:"):], union.setRange)
-		if err != nil {
-			return r, err
-		}
+		pc, ok, werr := s.mounts.CachedExtents(ctx, digest[len("sha256:"):], union.setRange)
 		if ok {
-			r.Mounted, r.Files, unmapped = true, pc.Bytes, pc.Unmapped
+			// Also after a failed walk: drop what it read.
 			after, err := cachedPages(f, r.Size)
-			if err != nil {
-				return r, errdefs.Wrap(errdefs.Internal, err, "residency "+digest)
+			if err == nil {
+				after.andNot(before)
+				after.runs(func(off, n int64) {
+					_ = unix.Fadvise(int(f.Fd()), off, n, unix.FADV_DONTNEED)
+				})
 			}
-			after.andNot(before)
-			after.runs(func(off, n int64) {
-				_ = unix.Fadvise(int(f.Fd()), off, n, unix.FADV_DONTNEED)
-			})
+			if werr == nil && err != nil {
+				werr = errdefs.Wrap(errdefs.Internal, err, "residency "+digest)
+			}
+			r.Mounted, r.Files, unmapped = true, pc.Bytes, pc.Unmapped
+		}
+		if werr != nil {
+			return r, werr
 		}
 	}
 	r.Resident = min(union.count()*pageSize+unmapped, r.Size)

@@ -130,6 +130,10 @@ type Store struct {
 	leaseDone chan struct{}
 	closeOnce sync.Once
 
+	// One residency measurement at a time: each drops the pages its own
+	// walk read, which a concurrent one would count.
+	residencyMu sync.Mutex
+
 	mu        sync.Mutex     // publishing, records, garbage collection
 	holds     map[string]int // digest -> unreleased Mounts
 	orphans   map[string]bool

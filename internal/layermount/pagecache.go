@@ -42,7 +42,8 @@ type PageCache struct {
 // brought into the cache are dropped again (posix_fadvise DONTNEED of the
 // pages that were not cached before), those of the blob are the caller's
 // to drop. The dentries and inodes it looked up stay in the kernel's
-// caches, as after any `find`.
+// caches, as after any `find`. Callers run one walk of a layer at a time:
+// a concurrent walk's pages would look like a sandbox's.
 func (c *Cache) CachedExtents(ctx context.Context, key string, mark func(off, n int64)) (pc PageCache, ok bool, err error) {
 	c.mu.Lock()
 	e := c.ents[key]
