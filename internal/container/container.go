@@ -56,6 +56,8 @@ type Backend struct {
 	opts  Options
 	mon   *monitor
 	agent *os.File // sealed memfd of the standalone agent (internal/agentbin)
+
+	sysfsMu sync.Mutex // remounting the shared sysfs
 }
 
 var _ backend.Committer = (*sandbox)(nil)
@@ -94,6 +96,9 @@ func New(opts Options) (*Backend, error) {
 	// binds of this one empty directory.
 	if err := os.MkdirAll(b.emptyDir(), 0o555); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create empty directory")
+	}
+	if err := mountSharedSysfs(b.sysfsDir()); err != nil {
+		return nil, err
 	}
 	mon, err := newMonitor()
 	if err != nil {
@@ -150,6 +155,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	}
 	if len(spec.Layers) == 0 {
 		return nil, errdefs.Invalidf("sandbox %s: no image layers", spec.ID)
+	}
+	if err := b.ensureSysfs(); err != nil {
+		return nil, err
 	}
 	var cu cleanup.Cleanup
 	defer func() {
@@ -277,7 +285,7 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 	if hostname == "" {
 		hostname = spec.ID
 	}
-	cfg := initConfig(map[string]string{"rootfs": b.rootfs(spec.ID), "overlay": overlay, "hostname": hostname, "empty": b.emptyDir(), "agent": "6"})
+	cfg := initConfig(map[string]string{"rootfs": b.rootfs(spec.ID), "overlay": overlay, "hostname": hostname, "empty": b.emptyDir(), "agent": "6", "sysfs": b.sysfsDir()})
 	if _, err := cfgW.Write(cfg); err != nil {
 		return fail(errdefs.Wrap(errdefs.Internal, err, "send init config"))
 	}

@@ -31,6 +31,7 @@ func TestConformance(t *testing.T) {
 		b, err := New(opts)
 		if err == nil {
 			_ = b.Sweep(t.Context(), nil)
+			_ = b.Close()
 		}
 		for _, g := range cgroupDirs(opts.CgroupParent) {
 			_ = os.Remove(g)
@@ -120,6 +121,99 @@ func resources(t *testing.T, opts Options) []string {
 		b, err := os.ReadFile(p)
 		if err == nil && strings.Contains(string(b), "/"+opts.CgroupParent+"/") {
 			out = append(out, "process "+filepath.Base(filepath.Dir(p)))
+		}
+	}
+	return out
+}
+
+// TestSharedSysfs: one sysfs mount serves every sandbox, survives a
+// backend restart, is remounted if someone unmounts it, and goes with
+// Close; it never shows the host's network devices.
+func TestSharedSysfs(t *testing.T) {
+	testutil.RequireRoot(t)
+	initBin := testutil.StaticBinary(t, "./internal/container/testdata/initmain")
+	dir := t.TempDir()
+	opts := Options{
+		StateDir:     filepath.Join(dir, "state"),
+		RunDir:       filepath.Join(dir, "run"),
+		CgroupParent: fmt.Sprintf("warren-test-sysfs-%d", os.Getpid()),
+		InitBinary:   initBin,
+	}
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = b.Sweep(t.Context(), nil)
+		_ = b.Close()
+		for _, g := range cgroupDirs(opts.CgroupParent) {
+			_ = os.Remove(g)
+		}
+	})
+	sysfs := filepath.Join(opts.RunDir, "sysfs")
+	countMounts := func() int {
+		n := 0
+		for _, m := range mountPoints(t) {
+			if m == sysfs {
+				n++
+			}
+		}
+		return n
+	}
+	if n := countMounts(); n != 1 {
+		t.Fatalf("%d mounts at %s, want 1", n, sysfs)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(sysfs, "class/net")); len(ents) > 1 || len(ents) == 1 && ents[0].Name() != "lo" {
+		t.Errorf("shared sysfs shows network devices: %v", ents)
+	}
+	// A second backend (a daemon restart) keeps the same mount.
+	if _, err := New(opts); err != nil {
+		t.Fatal(err)
+	}
+	if n := countMounts(); n != 1 {
+		t.Fatalf("after a restart: %d mounts at %s, want 1", n, sysfs)
+	}
+	// Unmounted behind our back: the next create mounts it again and the
+	// sandbox sees a full /sys.
+	if err := unix.Unmount(sysfs, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := b.Create(t.Context(), backend.Spec{ID: "sysfs1", Layers: []string{testutil.BusyboxRoot(t)}, MemoryBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(t.Context())
+	if n := countMounts(); n != 1 {
+		t.Errorf("after a create: %d mounts at %s, want 1", n, sysfs)
+	}
+	r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "cat /sys/devices/system/cpu/online; grep ' /sys ' /proc/self/mountinfo"}}, "")
+	if !strings.Contains(r.Stdout, "0") || !strings.Contains(r.Stdout, " ro,") {
+		t.Errorf("sandbox /sys: %+v", r)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := countMounts(); n != 0 {
+		t.Errorf("after Close: %d mounts at %s, want 0", n, sysfs)
+	}
+	// The sandbox keeps its own bind.
+	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/sys/devices/system/cpu/online"}}, ""); r.Stdout == "" {
+		t.Errorf("sandbox lost /sys after Close: %+v", r)
+	}
+}
+
+func mountPoints(t *testing.T) []string {
+	t.Helper()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fields := strings.Fields(sc.Text()); len(fields) > 4 {
+			out = append(out, fields[4])
 		}
 	}
 	return out

@@ -195,7 +195,7 @@ static void __attribute__((noreturn)) init_main(void)
 	config[len] = 0;
 	const char *rootfs = conf("rootfs", len), *overlay = conf("overlay", len);
 	const char *hostname = conf("hostname", len), *empty = conf("empty", len);
-	const char *agent = conf("agent", len);
+	const char *agent = conf("agent", len), *sysfs = conf("sysfs", len);
 	if (!rootfs || !empty) {
 		errno = EINVAL;
 		die("config", "rootfs/empty missing");
@@ -218,7 +218,12 @@ static void __attribute__((noreturn)) init_main(void)
 	do_mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 	do_mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_STRICTATIME, "mode=755,size=65536k");
 	setup_dev();
-	do_mount("sysfs", "sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, NULL);
+	/* The node's shared sysfs (internal/container/sysfs.go): one
+	 * superblock for all sandboxes instead of one each. */
+	if (sysfs)
+		bind_ro(sysfs, "sys");
+	else
+		do_mount("sysfs", "sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, NULL);
 	for (int i = 0; masked_files[i]; i++)
 		if (mount("dev/null", masked_files[i], NULL, MS_BIND, NULL) < 0 && errno != ENOENT)
 			die("mask", masked_files[i]);

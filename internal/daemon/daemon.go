@@ -14,6 +14,8 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"slices"
@@ -211,6 +213,15 @@ func (m *Manager) Close() error {
 		}
 		m.wg.Wait()
 		err = m.store.Close()
+		// Backends release node-wide resources of their own (sandboxes
+		// run on without them).
+		for name, b := range m.cfg.Backends {
+			if c, ok := b.(io.Closer); ok {
+				if cerr := c.Close(); cerr != nil {
+					err = errors.Join(err, fmt.Errorf("backend %s: %w", name, cerr))
+				}
+			}
+		}
 	})
 	return err
 }

@@ -187,6 +187,9 @@ func (e *env) cleanup() {
 		if err := b.Sweep(ctx, nil); err != nil {
 			e.t.Errorf("cleanup: sweep: %v", err)
 		}
+		if err := b.Close(); err != nil {
+			e.t.Errorf("cleanup: close backend: %v", err)
+		}
 	}
 	for _, g := range cgroupDirs(e.opts.CgroupParent) {
 		_ = os.Remove(g)

@@ -376,10 +376,12 @@ func (e *env) resources() []resource {
 	// sandboxes: an unused one stays for a grace period while the daemon
 	// runs, and the daemon unmounts them when it stops. They count only
 	// once it stopped.
+	// So is the shared sysfs (<run>/sysfs) that sandboxes bind.
 	layers := filepath.Join(e.runDir, "layers") + "/"
+	sysfs := filepath.Join(e.runDir, "sysfs")
 	running := e.running()
 	for _, m := range e.mounts() {
-		if running && strings.HasPrefix(m, layers) {
+		if running && (strings.HasPrefix(m, layers) || m == sysfs) {
 			continue
 		}
 		out = append(out, resource{"mount", e.idOfPath(m), m})

@@ -260,11 +260,20 @@ func Run(t *testing.T, h Harness) {
 
 	t.Run("Isolation", func(t *testing.T) {
 		sb := create(t, b, h, nil)
-		if r := sh(t, sb, "ls /sys/class/net"); strings.TrimSpace(r.Stdout) != "lo" {
+		// The sandbox's own network namespace: only lo, and it is up.
+		if r := sh(t, sb, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"); strings.TrimSpace(r.Stdout) != "lo" {
 			t.Errorf("network interfaces: %q, want only lo", r.Stdout)
 		}
-		if r := sh(t, sb, "cat /sys/class/net/lo/operstate /sys/class/net/lo/flags"); !strings.Contains(r.Stdout, "0x9") {
-			t.Errorf("lo not up: %q", r.Stdout)
+		if r := sh(t, sb, "ip link show lo"); !strings.Contains(r.Stdout, ",UP") {
+			t.Errorf("lo not up: %+v", r)
+		}
+		// sysfs must not show the host's network devices (a shared sysfs
+		// may show none at all).
+		if r := sh(t, sb, "ls /sys/class/net"); strings.TrimSpace(r.Stdout) != "lo" && strings.TrimSpace(r.Stdout) != "" {
+			t.Errorf("/sys/class/net: %q, want at most lo", r.Stdout)
+		}
+		if r := sh(t, sb, "touch /sys/x"); r.Status.Code == 0 {
+			t.Errorf("/sys is writable")
 		}
 		for _, f := range []string{"/proc/kcore", "/proc/timer_list", "/proc/sched_debug", "/proc/keys"} {
 			// Masked means empty; a kernel without the file is fine too.
