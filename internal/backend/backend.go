@@ -66,6 +66,12 @@ type Sandbox interface {
 	Destroy(ctx context.Context) error
 }
 
+// OOMCounter is implemented by sandboxes that can read their OOM-kill
+// count alone, cheaper than Stats; the daemon reads it around every exec.
+type OOMCounter interface {
+	OOMKills() (uint64, error)
+}
+
 // Committer is implemented by sandboxes whose writable layer is an
 // overlayfs upper directory on the host (the container backend), which
 // the daemon can turn into a layer (CommitSandbox).

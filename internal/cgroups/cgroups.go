@@ -50,6 +50,9 @@ type Group interface {
 	Freeze() error
 	Thaw() error
 	Stats() (Stats, error)
+	// OOMKills reads only the OOM-kill counter: one file, for the exec
+	// path, which checks it before and after every process.
+	OOMKills() (uint64, error)
 	// Delete removes the group; it must be empty.
 	Delete() error
 }
@@ -363,6 +366,10 @@ func (g *v1Group) Thaw() error {
 	err := os.WriteFile(filepath.Join(g.dir(cgroup1.Freezer), "freezer.state"), []byte("THAWED"), 0)
 	return classify(err, "thaw cgroup "+g.name)
 }
+func (g *v1Group) OOMKills() (uint64, error) {
+	return readKey(filepath.Join(g.dir(cgroup1.Memory), "memory.oom_control"), "oom_kill")
+}
+
 func (g *v1Group) Stats() (Stats, error) {
 	var s Stats
 	var err error
@@ -438,6 +445,10 @@ func (g *v2Group) Thaw() error {
 	err := os.WriteFile(filepath.Join(g.dir(), "cgroup.freeze"), []byte("0"), 0)
 	return classify(err, "thaw cgroup "+g.name)
 }
+func (g *v2Group) OOMKills() (uint64, error) {
+	return readKey(filepath.Join(g.dir(), "memory.events"), "oom_kill")
+}
+
 func (g *v2Group) Stats() (Stats, error) {
 	var s Stats
 	var err error

@@ -60,7 +60,10 @@ type Backend struct {
 	sysfsMu sync.Mutex // remounting the shared sysfs
 }
 
-var _ backend.Committer = (*sandbox)(nil)
+var (
+	_ backend.Committer  = (*sandbox)(nil)
+	_ backend.OOMCounter = (*sandbox)(nil)
+)
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
@@ -457,6 +460,8 @@ func (s *sandbox) Stats() (backend.Stats, error) {
 	st, err := s.grp.Stats()
 	return backend.Stats{MemoryBytes: st.MemoryBytes, OOMKills: st.OOMKills, CPUUsage: st.CPUUsage, Pids: st.Pids}, err
 }
+
+func (s *sandbox) OOMKills() (uint64, error) { return s.grp.OOMKills() }
 
 // Destroy kills the sandbox's init (which takes its whole pid namespace
 // with it), waits for it, and releases every resource.

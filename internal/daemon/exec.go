@@ -225,14 +225,22 @@ type waitResult struct {
 	err error
 }
 
+// oomKills reads the sandbox's OOM-kill count, through the one-file
+// OOMCounter where the backend has it.
+func oomKills(sb backend.Sandbox) (uint64, bool) {
+	if c, ok := sb.(backend.OOMCounter); ok {
+		n, err := c.OOMKills()
+		return n, err == nil
+	}
+	st, err := sb.Stats()
+	return st.OOMKills, err == nil
+}
+
 // run starts a process, feeds its stdin, captures its output within the
 // limits and waits for it: until it exits, its timeout passes (SIGKILL to
 // its process group), or the call is cancelled (Close kills the group).
 func (m *Manager) run(ctx context.Context, s *sandbox, sb backend.Sandbox, spec backend.ProcSpec, o runOpts) (*warrenv1.ExecResult, bool, error) {
-	var oomBefore uint64
-	if st, err := sb.Stats(); err == nil {
-		oomBefore = st.OOMKills
-	}
+	oomBefore, _ := oomKills(sb)
 	start := time.Now()
 	proc, err := sb.Start(ctx, spec)
 	if err != nil {
@@ -315,7 +323,7 @@ func (m *Manager) run(ctx context.Context, s *sandbox, sb backend.Sandbox, spec 
 		return nil, true, m.explain(s, wr.err, "wait for process")
 	}
 	if isKill(wr.st) && !timedOut {
-		if st, err := sb.Stats(); err == nil && st.OOMKills > oomBefore {
+		if n, ok := oomKills(sb); ok && n > oomBefore {
 			res.OomKilled = true
 		}
 	}

@@ -336,6 +336,11 @@ func Run(t *testing.T, h Harness) {
 		if st.OOMKills == 0 {
 			t.Fatalf("OOMKills = 0 after an OOM kill (result %+v)", r)
 		}
+		if c, ok := sb.(backend.OOMCounter); ok {
+			if n, err := c.OOMKills(); err != nil || n != st.OOMKills {
+				t.Errorf("OOMKills() = %d, %v; Stats says %d", n, err, st.OOMKills)
+			}
+		}
 		// The sandbox survives its process being OOM-killed.
 		if r := sh(t, sb, "echo alive"); r.Stdout != "alive\n" {
 			t.Fatalf("sandbox unusable after OOM: %+v", r)
