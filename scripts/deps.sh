@@ -12,12 +12,20 @@ command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v ip >/dev/null || need+=(iproute2)
 command -v make >/dev/null || need+=(make)
 command -v musl-gcc >/dev/null || need+=(musl-tools)
+command -v curl >/dev/null || need+=(curl)
+command -v gpgv >/dev/null || need+=(gpgv)
+[ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
 if ((${#need[@]})); then
   echo "deps: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
+# mkfs.erofs >= 1.8 (Debian trixie's, in a private prefix) converts layers
+# with real hardlinks. Optional: without it Warren uses go-erofs and the
+# tests that need it skip, quoting the reason kept in <prefix>.error.
+"$(dirname "$0")/erofs-utils.sh" ||
+  echo "deps: mkfs.erofs >= 1.8 not installed (see above); layers are converted with go-erofs (hardlinks stored as copies)" >&2
 command -v go >/dev/null || { echo "deps: Go 1.26+ is required (https://go.dev/dl)" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 go mod download
