@@ -6,26 +6,27 @@
 // in-memory tree, spooling file contents to a temporary file, and then
 // writes the image with github.com/erofs/go-erofs (uncompressed, 4 KiB
 // blocks, fixed build time: the same layer always gives the same bytes).
+// What go-erofs v0.3.1 can and cannot write (checked against its source):
+// xattrs, any prefix, inline; devices and fifos with rdev;
+// setuid/setgid/sticky bits, uid/gid up to 2^32-1, mtime with ns: yes.
+// Hardlinks: NO, every path is its own inode. Hardlinked files are written
+// as independent copies of the same content (same data, same metadata,
+// nlink 1): a reader sees identical files, but a write to one in the
+// sandbox does not show in the other, and the data is stored once per
+// name.
 //
 // OCI whiteouts become overlayfs whiteouts: ".wh.NAME" a 0/0 character
 // device NAME, ".wh..wh..opq" the xattr trusted.overlay.opaque=y on its
-// directory. Other overlay xattrs in the layer are dropped, so a layer
-// cannot forge whiteouts or redirects.
-//
-// What go-erofs v0.3.1 can and cannot write (checked against its source):
-//   - xattrs: yes, inline, any prefix (user., trusted., security., ...);
-//   - character/block devices, fifos (Mknod): yes, with rdev;
-//   - setuid/setgid/sticky bits, uid/gid up to 2^32-1, mtime with ns: yes;
-//   - hardlinks: NO, every path is its own inode. Hardlinked files are
-//     written as independent copies of the same content (same data, same
-//     metadata, nlink 1): a reader sees identical files, but a write to
-//     one in the sandbox does not show in the other, and the data is
-//     stored once per name;
-//   - compression, shared xattrs: not used.
+// directory. A directory holding whiteouts also gets an empty
+// trusted.overlay.origin (as mkfs.erofs sets it): overlayfs then never
+// lists such a directory directly, which would show its whiteouts as
+// entries when no other layer has that directory. Other overlay xattrs in
+// the layer are dropped, so a layer cannot forge whiteouts or redirects.
 //
 // Unsafe input is rejected with errdefs.Invalid ("../" paths, hardlinks
 // that leave the layer or point nowhere, unsupported entry types, names
-// or xattrs the format cannot hold) or errdefs.Exhausted (limits).
+// or xattrs the format cannot hold, directories named ".wh.*") or
+// errdefs.Exhausted (limits).
 // Symlink targets are stored verbatim: they are resolved by the kernel
 // inside the sandbox's root, never on the host. Device nodes and fifos
 // are dropped (the sandbox gets its own /dev); setuid bits are kept
@@ -56,8 +57,12 @@ import (
 )
 
 // BuilderVersion identifies the conversion; it is recorded with each blob.
-// Changing how a layer is converted must change it.
-const BuilderVersion = "warren-erofs/1 go-erofs/v0.3.1"
+// Changing how a layer is converted must change it: warren-erofs/2 added
+// trusted.overlay.origin to directories holding whiteouts and refuses
+// directories named ".wh.*".
+const BuilderVersion = builderPrefix + " go-erofs/v0.3.1"
+
+const builderPrefix = "warren-erofs/2"
 
 // BlockSize is the EROFS block size used (the page size of x86-64 and
 // most arm64 kernels, which mount only images with blocks <= page size).
@@ -80,6 +85,9 @@ const (
 	metaPrefix     = ".wh..wh."
 	// OpaqueXattr marks a directory as opaque for overlayfs.
 	OpaqueXattr = "trusted.overlay.opaque"
+	// OriginXattr, present (empty) on a lower directory, makes overlayfs
+	// merge-list it, hiding its whiteouts, even when no other layer has it.
+	OriginXattr = "trusted.overlay.origin"
 )
 
 // Options control Convert.
@@ -104,7 +112,7 @@ type Stats struct {
 	DiffID         string // sha256 of the tar stream read, "sha256:<hex>"
 	TarBytes       int64  // length of the tar stream
 	Entries        int64  // tar entries processed
-	Files          int64  // regular files (hardlinks included) in the image
+	Files          int64  // regular files (each name of a hardlinked file counted)
 	Dirs           int64
 	Symlinks       int64
 	Hardlinks      int64 // hardlink entries (written as copies)
@@ -120,7 +128,8 @@ type Stats struct {
 	RootOpaque bool
 }
 
-// Inodes is the number of inodes of the image.
+// Inodes is the number of inodes of the image, counting each name of a
+// hardlinked file (one inode per name with go-erofs).
 func (s Stats) Inodes() int64 { return s.Files + s.Dirs + s.Symlinks + s.Whiteouts }
 
 type node struct {
@@ -136,6 +145,7 @@ type node struct {
 	children map[string]*node // directories
 	explicit bool             // a directory that had its own tar entry
 	whiteout bool
+	linked   bool // a regular file that several names may share (hardlinks)
 }
 
 func (n *node) isDir() bool { return n.mode&sIFMT == sIFDIR }
@@ -201,6 +211,7 @@ func Convert(ctx context.Context, r io.Reader, out io.WriteSeeker, opts Options)
 	}
 	return c.st, nil
 }
+
 
 func writeErr(err error) error {
 	if errdefs.CategoryOf(err) != errdefs.Unknown {
@@ -329,6 +340,12 @@ func cleanName(name string) ([]string, error) {
 func (c *converter) dirOf(name string, parts []string) (*node, error) {
 	d := c.root
 	for i, p := range parts {
+		if strings.HasPrefix(p, whiteoutPrefix) {
+			// A whiteout's name as a directory: Docker would make a
+			// directory of that name, mkfs.erofs --aufs would read it as
+			// a whiteout. Refused, as commits refuse such names.
+			return nil, errdefs.Invalidf("layer entry %q: directory %q: names starting with %q are reserved for whiteouts", name, strings.Join(parts[:i+1], "/"), whiteoutPrefix)
+		}
 		n, ok := d.children[p]
 		if !ok || n.whiteout {
 			if ok {
@@ -510,10 +527,10 @@ func (c *converter) hardlink(parent *node, base string, old *node, hdr *tar.Head
 	if c.opts.MaxBytes > 0 && c.st.Bytes+t.size > c.opts.MaxBytes {
 		return errdefs.Exhaustedf("layer entry %q: layer contents exceed the limit of %d bytes", hdr.Name, c.opts.MaxBytes)
 	}
-	// go-erofs cannot share an inode between names: the link is a copy
-	// (same spool range, same metadata).
-	cp := *t
-	c.replace(parent, base, old, &cp)
+	// Both names point at one node; go-erofs, which cannot share an inode
+	// between names, writes a copy per name.
+	t.linked = true
+	c.replace(parent, base, old, t)
 	c.st.Files++
 	c.st.Hardlinks++
 	c.st.Bytes += t.size
@@ -644,7 +661,7 @@ func xattrSuffix(name string) string {
 type treeFS struct{ c *converter }
 
 func (t *treeFS) lookup(name string) (*node, error) {
-	if !fs.ValidPath(name) {
+	if !validPath(name) {
 		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrInvalid}
 	}
 	n := t.c.root
@@ -662,6 +679,20 @@ func (t *treeFS) lookup(name string) (*node, error) {
 		n = ch
 	}
 	return n, nil
+}
+
+// validPath is fs.ValidPath without its UTF-8 rule: a layer's names are
+// bytes, and Latin-1 names are as valid in a tar as on Linux.
+func validPath(name string) bool {
+	if name == "." {
+		return true
+	}
+	for _, p := range strings.Split(name, "/") {
+		if p == "" || p == "." || p == ".." {
+			return false
+		}
+	}
+	return true
 }
 
 func (t *treeFS) Open(name string) (fs.File, error) {
@@ -757,12 +788,22 @@ func (fi fileInfo) Mode() fs.FileMode {
 func (fi fileInfo) Sys() any {
 	n := fi.n
 	nlink := 1
+	xattrs := n.xattrs
 	if n.isDir() {
 		nlink = 2
+		whiteouts := false
 		for _, ch := range n.children {
 			if ch.isDir() {
 				nlink++
 			}
+			whiteouts = whiteouts || ch.whiteout
+		}
+		if whiteouts {
+			xattrs = make(map[string]string, len(n.xattrs)+1)
+			for k, v := range n.xattrs {
+				xattrs[k] = v
+			}
+			xattrs[OriginXattr] = ""
 		}
 	}
 	return &goerofs.Stat{
@@ -774,6 +815,6 @@ func (fi fileInfo) Sys() any {
 		Mtime:   uint64(n.mtime),
 		MtimeNs: n.mtimeNs,
 		Nlink:   nlink,
-		Xattrs:  n.xattrs,
+		Xattrs:  xattrs,
 	}
 }

@@ -194,6 +194,38 @@ func TestConvertBadInput(t *testing.T) {
 	}
 }
 
+// Directories holding whiteouts get an empty trusted.overlay.origin, so
+// overlayfs never lists them directly (which would show the whiteouts);
+// names need not be UTF-8; directories named ".wh.*" are refused.
+func TestConvertWhiteoutDirsAndNames(t *testing.T) {
+	data := mkTar(t, d("a/"), f("a/.wh.x", ""), f("a/y", "y"), d("b/"), f("b/z", "z"), f(".wh.top", ""),
+		f("latin1/caf\xe9", "bytes"))
+	img, st, err := convert(t, data, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Whiteouts != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	for p, want := range map[string]bool{".": true, "a": true, "b": false, "latin1": false} {
+		fi, err := fs.Stat(img, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, ok := fi.Sys().(*goerofs.Stat).Xattrs[OriginXattr]
+		if ok != want || v != "" {
+			t.Errorf("%s: %s present %v (%q), want %v", p, OriginXattr, ok, v, want)
+		}
+	}
+	if b, err := fs.ReadFile(img, "latin1/caf\xe9"); err != nil || string(b) != "bytes" {
+		t.Fatalf("non-UTF-8 name: %q %v", b, err)
+	}
+	_, _, err = convert(t, mkTar(t, f("a/.wh.dir/file", "x")), Options{})
+	if errdefs.CategoryOf(err) != errdefs.Invalid || !strings.Contains(err.Error(), "reserved for whiteouts") {
+		t.Fatalf("a directory named .wh.*: %v", err)
+	}
+}
+
 func TestConvertCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
