@@ -4,16 +4,25 @@
 //
 // Convert reads an uncompressed layer (a "diff" in OCI terms) into an
 // in-memory tree, spooling file contents to a temporary file, and then
-// writes the image with github.com/erofs/go-erofs (uncompressed, 4 KiB
-// blocks, fixed build time: the same layer always gives the same bytes).
-// What go-erofs v0.3.1 can and cannot write (checked against its source):
-// xattrs, any prefix, inline; devices and fifos with rdev;
-// setuid/setgid/sticky bits, uid/gid up to 2^32-1, mtime with ns: yes.
-// Hardlinks: NO, every path is its own inode. Hardlinked files are written
-// as independent copies of the same content (same data, same metadata,
-// nlink 1): a reader sees identical files, but a write to one in the
-// sandbox does not show in the other, and the data is stored once per
-// name.
+// writes the image (uncompressed, 4 KiB blocks, fixed build time: the same
+// layer always gives the same bytes) with one of two builders:
+//
+//   - mkfs.erofs of erofs-utils >= 1.8 (Options.Mkfs, see FindMkfs), fed
+//     a canonical tar stream that Warren writes from the validated tree
+//     (mkfs.erofs --tar=f --aufs): hardlinks are real, one inode with
+//     nlink = its number of names;
+//   - github.com/erofs/go-erofs, in process, the fallback. What v0.3.1 can
+//     and cannot write (checked against its source): xattrs, any prefix,
+//     inline; devices and fifos with rdev; setuid/setgid/sticky bits,
+//     uid/gid up to 2^32-1, mtime with ns: yes. Hardlinks: NO, every path
+//     is its own inode. Hardlinked files are written as independent
+//     copies of the same content (same data, same metadata, nlink 1): a
+//     reader sees identical files, but a write to one in the sandbox does
+//     not show in the other, and the data is stored once per name.
+//
+// Both see the same tree, so both give the same files, modes, owners,
+// times, xattrs and whiteouts; only hardlinks (and the bytes of the image)
+// differ.
 //
 // OCI whiteouts become overlayfs whiteouts: ".wh.NAME" a 0/0 character
 // device NAME, ".wh..wh..opq" the xattr trusted.overlay.opaque=y on its
@@ -26,7 +35,7 @@
 // Unsafe input is rejected with errdefs.Invalid ("../" paths, hardlinks
 // that leave the layer or point nowhere, unsupported entry types, names
 // or xattrs the format cannot hold, directories named ".wh.*") or
-// errdefs.Exhausted (limits).
+// errdefs.Exhausted (limits), before either builder sees anything.
 // Symlink targets are stored verbatim: they are resolved by the kernel
 // inside the sandbox's root, never on the host. Device nodes and fifos
 // are dropped (the sandbox gets its own /dev); setuid bits are kept
@@ -56,10 +65,10 @@ import (
 	"github.com/warrenrl/warren/internal/tarx"
 )
 
-// BuilderVersion identifies the conversion; it is recorded with each blob.
-// Changing how a layer is converted must change it: warren-erofs/2 added
-// trusted.overlay.origin to directories holding whiteouts and refuses
-// directories named ".wh.*".
+// BuilderVersion identifies the go-erofs conversion; it is recorded with
+// each blob (Stats.Builder). Changing how a layer is converted must change
+// it: warren-erofs/2 added trusted.overlay.origin to directories holding
+// whiteouts and refuses directories named ".wh.*".
 const BuilderVersion = builderPrefix + " go-erofs/v0.3.1"
 
 const builderPrefix = "warren-erofs/2"
@@ -105,17 +114,28 @@ type Options struct {
 	// ExpectDiffID, if set ("sha256:<hex>"), is checked against the
 	// sha256 of the whole tar stream; a mismatch is Invalid.
 	ExpectDiffID string
+	// Mkfs, if set, builds the image with this mkfs.erofs instead of
+	// go-erofs (see FindMkfs). It writes out directly when out is an
+	// *os.File, else a temporary file in TempDir that is then copied.
+	Mkfs *Mkfs
+	// Progress, if set, is called now and then while the image is built
+	// with the bytes done so far: bytes of the image written (go-erofs)
+	// or of the layer handed to mkfs.erofs, about the tar's size.
+	Progress func(done int64)
 }
 
 // Stats describes a converted layer.
 type Stats struct {
+	// Builder is what wrote the image: BuilderVersion or
+	// Mkfs.BuilderVersion ("warren-erofs/2 mkfs.erofs/1.8.6").
+	Builder        string
 	DiffID         string // sha256 of the tar stream read, "sha256:<hex>"
 	TarBytes       int64  // length of the tar stream
 	Entries        int64  // tar entries processed
 	Files          int64  // regular files (each name of a hardlinked file counted)
 	Dirs           int64
 	Symlinks       int64
-	Hardlinks      int64 // hardlink entries (written as copies)
+	Hardlinks      int64 // hardlink entries (copies with go-erofs, links with mkfs.erofs)
 	Whiteouts      int64 // ".wh." entries turned into 0/0 char devices
 	Opaques        int64 // opaque directory markers
 	Bytes          int64 // regular file content
@@ -202,6 +222,14 @@ func Convert(ctx context.Context, r io.Reader, out io.WriteSeeker, opts Options)
 	if err := ctxErr(ctx); err != nil {
 		return c.st, err
 	}
+	if opts.Mkfs != nil {
+		c.st.Builder = opts.Mkfs.BuilderVersion()
+		return c.st, opts.Mkfs.build(ctx, c, out)
+	}
+	c.st.Builder = BuilderVersion
+	if opts.Progress != nil {
+		out = &progressWriter{w: out, fn: opts.Progress}
+	}
 	w := goerofs.Create(out, goerofs.WithBlockSize(BlockSize), goerofs.WithBuildTime(0, 0))
 	if err := w.CopyFrom(&treeFS{c: c}); err != nil {
 		return c.st, writeErr(err)
@@ -212,6 +240,21 @@ func Convert(ctx context.Context, r io.Reader, out io.WriteSeeker, opts Options)
 	return c.st, nil
 }
 
+// progressWriter reports the bytes written through it.
+type progressWriter struct {
+	w  io.WriteSeeker
+	fn func(int64)
+	n  int64
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	p.n += int64(n)
+	p.fn(p.n)
+	return n, err
+}
+
+func (p *progressWriter) Seek(off int64, whence int) (int64, error) { return p.w.Seek(off, whence) }
 
 func writeErr(err error) error {
 	if errdefs.CategoryOf(err) != errdefs.Unknown {
@@ -342,8 +385,8 @@ func (c *converter) dirOf(name string, parts []string) (*node, error) {
 	for i, p := range parts {
 		if strings.HasPrefix(p, whiteoutPrefix) {
 			// A whiteout's name as a directory: Docker would make a
-			// directory of that name, mkfs.erofs --aufs would read it as
-			// a whiteout. Refused, as commits refuse such names.
+			// directory of that name, overlayfs and mkfs.erofs --aufs read
+			// it as a whiteout. Refused, as commits refuse such names.
 			return nil, errdefs.Invalidf("layer entry %q: directory %q: names starting with %q are reserved for whiteouts", name, strings.Join(parts[:i+1], "/"), whiteoutPrefix)
 		}
 		n, ok := d.children[p]
@@ -527,8 +570,8 @@ func (c *converter) hardlink(parent *node, base string, old *node, hdr *tar.Head
 	if c.opts.MaxBytes > 0 && c.st.Bytes+t.size > c.opts.MaxBytes {
 		return errdefs.Exhaustedf("layer entry %q: layer contents exceed the limit of %d bytes", hdr.Name, c.opts.MaxBytes)
 	}
-	// Both names point at one node; go-erofs, which cannot share an inode
-	// between names, writes a copy per name.
+	// Both names point at one node: mkfs.erofs writes one inode, go-erofs
+	// (which cannot share an inode between names) a copy per name.
 	t.linked = true
 	c.replace(parent, base, old, t)
 	c.st.Files++
