@@ -16,6 +16,7 @@ import (
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/container"
 	"github.com/warrenrl/warren/internal/daemon"
+	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/server"
@@ -37,6 +38,7 @@ type serveOptions struct {
 	cgroupParent             string
 	layerDirectIO            bool
 	layerReadAheadKB         int
+	mkfsErofs                string
 }
 
 func newServeCommand() *cobra.Command {
@@ -62,6 +64,11 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.defaultDisk, "default-disk", "", "disk limit of each sandbox's writable layer when a create request gives none, e.g. 10Gi (default: unlimited, on the state dir's filesystem)")
 	f.BoolVar(&o.layerDirectIO, "layer-direct-io", true, "mount layer blobs with EROFS's directio option where the kernel and the store's filesystem allow it, so that only the blocks sandboxes read are read (not the store disk's readahead around them)")
 	f.IntVar(&o.layerReadAheadKB, "layer-read-ahead-kb", 0, "readahead window of each layer mount in KiB (0: the kernel's default, 128)")
+	mkfsDefault := os.Getenv(erofs.MkfsEnv)
+	if mkfsDefault == "" {
+		mkfsDefault = "auto"
+	}
+	f.StringVar(&o.mkfsErofs, "mkfs-erofs", mkfsDefault, "the mkfs.erofs (erofs-utils >= 1.8) that converts layers, keeping hardlinks: a path, \"auto\" ("+erofs.MkfsPrefix+"/bin/mkfs.erofs, then $PATH; go-erofs, which stores hardlinks as copies, if neither is usable) or \"off\" (go-erofs); $"+erofs.MkfsEnv+" sets the default")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "warren", "parent cgroup of the sandboxes (give each daemon on a host its own)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -158,6 +165,15 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			return usageError{err}
 		}
 	}
+	mkfs, why, err := erofs.SelectMkfs(o.mkfsErofs)
+	if err != nil {
+		return fmt.Errorf("--mkfs-erofs: %w", err)
+	}
+	if mkfs != nil {
+		log.Info("layers are converted with mkfs.erofs", "version", mkfs.Version, "path", mkfs.Path)
+	} else {
+		log.Info("layers are converted with go-erofs (hardlinks stored as copies)", "why", why.Error())
+	}
 	imageStore := filepath.Join(stateDir, "images")
 	if o.imageStore != "" {
 		if imageStore, err = filepath.Abs(o.imageStore); err != nil {
@@ -170,6 +186,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		WorkDir:          filepath.Join(stateDir, "tmp"),
 		BufferedIO:       !o.layerDirectIO,
 		LayerReadAheadKB: o.layerReadAheadKB,
+		Mkfs:             mkfs,
 		Log:              log,
 	})
 	if err != nil {

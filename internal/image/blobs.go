@@ -61,6 +61,10 @@ type Options struct {
 	LeaseTTL time.Duration
 	// MaxFiles limits the entries of one layer (0: erofs.DefaultMaxFiles).
 	MaxFiles int64
+	// Mkfs, if set, converts layers with this mkfs.erofs >= 1.8, which
+	// keeps hardlinks (see erofs.SelectMkfs); nil means go-erofs. The
+	// builder is recorded in each blob's metadata.
+	Mkfs *erofs.Mkfs
 	// ForceLoop mounts through loop devices (tests of the fallback).
 	ForceLoop bool
 	// BufferedIO mounts layers without direct I/O, LayerReadAheadKB sets
@@ -211,8 +215,8 @@ type LayerOptions struct {
 	// already converted with that diffID is not converted again (the
 	// reader is then not read at all).
 	DiffID string
-	// Progress, if set, is called with the bytes of the EROFS blob
-	// written so far while it is written.
+	// Progress, if set, is called with the bytes done so far while the
+	// blob is built (see erofs.Options.Progress).
 	Progress func(written int64)
 }
 
@@ -286,14 +290,12 @@ func (s *Store) ImportLayer(ctx context.Context, r io.Reader, lo LayerOptions) (
 		tmp.Close()
 		_ = os.Remove(tmpName)
 	}()
-	var out io.WriteSeeker = tmp
-	if lo.Progress != nil {
-		out = &progressWriter{f: tmp, fn: lo.Progress}
-	}
-	st, err := erofs.Convert(ctx, r, out, erofs.Options{
+	st, err := erofs.Convert(ctx, r, tmp, erofs.Options{
 		MaxFiles:     s.opts.MaxFiles,
 		TempDir:      s.opts.WorkDir,
 		ExpectDiffID: lo.DiffID,
+		Mkfs:         s.opts.Mkfs,
+		Progress:     lo.Progress,
 	})
 	if err != nil {
 		return LayerMeta{}, err
@@ -334,7 +336,7 @@ func (s *Store) ImportLayer(ctx context.Context, r io.Reader, lo LayerOptions) (
 		Digest:     digest,
 		Size:       st.Bytes,
 		Files:      st.Inodes(),
-		Builder:    erofs.BuilderVersion,
+		Builder:    st.Builder,
 		Created:    time.Now().UTC(),
 		Format:     FormatEROFS,
 		DiffID:     st.DiffID,
@@ -377,21 +379,6 @@ func (s *Store) ImportLayer(ctx context.Context, r io.Reader, lo LayerOptions) (
 func (s *Store) writeJSONTemp(path string, v any) error {
 	return writeJSONVia(path, ".tmp-"+s.opts.NodeID+"-", v)
 }
-
-type progressWriter struct {
-	f  *os.File
-	fn func(int64)
-	n  int64
-}
-
-func (p *progressWriter) Write(b []byte) (int, error) {
-	n, err := p.f.Write(b)
-	p.n += int64(n)
-	p.fn(p.n)
-	return n, err
-}
-
-func (p *progressWriter) Seek(off int64, whence int) (int64, error) { return p.f.Seek(off, whence) }
 
 func readMetaFile(path string) (LayerMeta, error) {
 	var m LayerMeta

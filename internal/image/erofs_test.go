@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/errdefs"
 )
 
@@ -480,4 +481,86 @@ func TestEROFSConcurrentImports(t *testing.T) {
 		t.Fatal(err)
 	}
 	noLeftovers(t, s)
+}
+
+// With mkfs.erofs the store keeps hardlinks as hardlinks and records the
+// builder; with go-erofs they are copies.
+func TestEROFSBuilders(t *testing.T) {
+	requireRoot(t)
+	src := t.TempDir()
+	for _, d := range []string{"a", "b", "c"} {
+		if err := os.Mkdir(filepath.Join(src, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(src, "a/x"), []byte("shared"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{"b/y", "c/z"} {
+		if err := os.Link(filepath.Join(src, "a/x"), filepath.Join(src, l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(src, "c/alone"), []byte("alone"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mk, why, err := erofs.SelectMkfs(os.Getenv(erofs.MkfsEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		mk   *erofs.Mkfs
+	}{{"go-erofs", nil}, {"mkfs.erofs", mk}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "mkfs.erofs" && mk == nil {
+				t.Skipf("mkfs.erofs converter not tested: %v", why)
+			}
+			work := t.TempDir()
+			s := newEROFSStore(t, func(o *Options) { o.Mkfs, o.WorkDir = tc.mk, work })
+			img, err := s.ImportDir(ctx, "links", src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := s.LayerMeta(img.Layers[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := erofs.BuilderVersion
+			if tc.mk != nil {
+				want = tc.mk.BuilderVersion()
+			}
+			if m.Builder != want {
+				t.Fatalf("builder %q, want %q", m.Builder, want)
+			}
+			dirs, release, err := s.LayerDirs(ctx, img)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer release()
+			var st [3]unix.Stat_t
+			for i, p := range []string{"a/x", "b/y", "c/z"} {
+				if err := unix.Stat(filepath.Join(dirs[0], p), &st[i]); err != nil {
+					t.Fatal(err)
+				}
+				if b, _ := os.ReadFile(filepath.Join(dirs[0], p)); string(b) != "shared" || st[i].Mode&0o777 != 0o640 {
+					t.Fatalf("%s: %q mode %o", p, b, st[i].Mode)
+				}
+			}
+			for i := 1; i < 3; i++ {
+				same := st[i].Ino == st[0].Ino
+				if tc.mk != nil && (!same || st[i].Nlink != 3) || tc.mk == nil && (same || st[i].Nlink != 1) {
+					t.Errorf("link %d: ino %d nlink %d (first: ino %d nlink %d)", i, st[i].Ino, st[i].Nlink, st[0].Ino, st[0].Nlink)
+				}
+			}
+			var alone unix.Stat_t
+			if err := unix.Stat(filepath.Join(dirs[0], "c/alone"), &alone); err != nil || alone.Nlink != 1 {
+				t.Fatalf("c/alone: nlink %d %v", alone.Nlink, err)
+			}
+			noLeftovers(t, s)
+			if ents, _ := os.ReadDir(work); len(ents) != 0 {
+				t.Fatalf("left in the work dir: %v", ents)
+			}
+		})
+	}
 }

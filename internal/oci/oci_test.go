@@ -29,6 +29,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/testutil"
@@ -146,11 +147,31 @@ func testImage(t testing.TB, opts ...tarball.LayerOption) v1.Image {
 	return img
 }
 
-func newStore(t *testing.T) *image.Store {
+// builders runs fn once per layer converter: go-erofs, and mkfs.erofs
+// >= 1.8 (skipped, saying why, when it is not installed).
+func builders(t *testing.T, fn func(t *testing.T, mk *erofs.Mkfs)) {
+	t.Run("go-erofs", func(t *testing.T) { fn(t, nil) })
+	t.Run("mkfs.erofs", func(t *testing.T) {
+		mk, why, err := erofs.SelectMkfs(os.Getenv(erofs.MkfsEnv))
+		if err != nil {
+			t.Fatalf("$%s: %v", erofs.MkfsEnv, err)
+		}
+		if mk == nil {
+			t.Skipf("mkfs.erofs converter not tested: %v", why)
+		}
+		fn(t, mk)
+	})
+}
+
+func newStore(t *testing.T, mk ...*erofs.Mkfs) *image.Store {
 	t.Helper()
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
-	s, err := image.OpenStore(image.Options{Root: filepath.Join(dir, "store"), MountDir: filepath.Join(dir, "mnt"), MountGrace: -1, GCGrace: -1})
+	o := image.Options{Root: filepath.Join(dir, "store"), MountDir: filepath.Join(dir, "mnt"), MountGrace: -1, GCGrace: -1}
+	if len(mk) > 0 {
+		o.Mkfs = mk[0]
+	}
+	s, err := image.OpenStore(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,8 +360,10 @@ func checkImage(t *testing.T, s *image.Store, rec image.Image, img v1.Image) {
 	if w, ok := want["usr/bin/tool2"]; ok && w.typ == "symlink" {
 		want["usr/bin/tool2"] = fileState{typ: "file", mode: 0o755 | fs.ModeSetuid, sum: sum([]byte("#!/bin/sh\necho tool\n"))}
 	}
-	got := walk(t, mountStack(t, s, rec))
+	stack := mountStack(t, s, rec)
+	got := walk(t, stack)
 	compareTrees(t, want, got)
+	checkHardlinks(t, s, rec, stack)
 	for _, p := range []string{"gone/x", "todelete", "opq/a", "etc/shadow", "usr/bin/tool2"} {
 		_, inWant := want[p]
 		_, inGot := got[p]
@@ -350,6 +373,40 @@ func checkImage(t *testing.T, s *image.Store, rec image.Image, img v1.Image) {
 	}
 	if len(want) < 20 {
 		t.Fatalf("oracle too small: %d entries", len(want))
+	}
+}
+
+// checkHardlinks checks newdir/h1 and newdir/h2 (layer 1): one inode with
+// two links when mkfs.erofs converted the layer (its metadata says so),
+// two inodes with one link each (copies) with go-erofs; in the layer's
+// own mount and in the stack.
+func checkHardlinks(t *testing.T, s *image.Store, rec image.Image, stack string) {
+	t.Helper()
+	m, err := s.LayerMeta(rec.Layers[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	mkfs := strings.Contains(m.Builder, " mkfs.erofs/1.")
+	if !mkfs && m.Builder != erofs.BuilderVersion {
+		t.Fatalf("layer builder %q", m.Builder)
+	}
+	dirs, release, err := s.LayerDirs(context.Background(), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	for _, root := range []string{dirs[1], stack} {
+		var a, b unix.Stat_t
+		if err := unix.Lstat(filepath.Join(root, "newdir/h1"), &a); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Lstat(filepath.Join(root, "newdir/h2"), &b); err != nil {
+			t.Fatal(err)
+		}
+		same := a.Ino == b.Ino && a.Dev == b.Dev
+		if mkfs && (!same || a.Nlink != 2 || b.Nlink != 2) || !mkfs && (same || a.Nlink != 1 || b.Nlink != 1) {
+			t.Errorf("%s (%s): h1 ino %d nlink %d, h2 ino %d nlink %d", root, m.Builder, a.Ino, a.Nlink, b.Ino, b.Nlink)
+		}
 	}
 }
 
@@ -373,8 +430,10 @@ func push(t *testing.T, host, repo string, img v1.Image) string {
 	return ref
 }
 
-func TestImportRegistryMatchesExtract(t *testing.T) {
-	s := newStore(t)
+func TestImportRegistryMatchesExtract(t *testing.T) { builders(t, testImportRegistryMatchesExtract) }
+
+func testImportRegistryMatchesExtract(t *testing.T, mk *erofs.Mkfs) {
+	s := newStore(t, mk)
 	host := startRegistry(t)
 	img := testImage(t)
 	ref := push(t, host, "test/img:v1", img)
@@ -417,7 +476,11 @@ func TestImportRegistryMatchesExtract(t *testing.T) {
 }
 
 func TestImportZstdAndUncompressedLayers(t *testing.T) {
-	s := newStore(t)
+	builders(t, testImportZstdAndUncompressedLayers)
+}
+
+func testImportZstdAndUncompressedLayers(t *testing.T, mk *erofs.Mkfs) {
+	s := newStore(t, mk)
 	host := startRegistry(t)
 	for _, tc := range []struct {
 		name string
@@ -435,8 +498,10 @@ func TestImportZstdAndUncompressedLayers(t *testing.T) {
 	}
 }
 
-func TestImportLayoutAndDockerArchive(t *testing.T) {
-	s := newStore(t)
+func TestImportLayoutAndDockerArchive(t *testing.T) { builders(t, testImportLayoutAndDockerArchive) }
+
+func testImportLayoutAndDockerArchive(t *testing.T, mk *erofs.Mkfs) {
+	s := newStore(t, mk)
 	img := testImage(t)
 	dir := t.TempDir()
 	lp, err := layout.Write(filepath.Join(dir, "layout"), empty.Index)
@@ -470,7 +535,7 @@ func TestImportLayoutAndDockerArchive(t *testing.T) {
 		t.Fatalf("archive import gave other blobs: %v vs %v", rec2.Layers, rec.Layers)
 	}
 	// Same blobs: convert afresh in a new store to check the archive path.
-	s2 := newStore(t)
+	s2 := newStore(t, mk)
 	rec3, err := Import(context.Background(), s2, "docker-archive:"+tarPath+":example.com/app:v2", Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -515,8 +580,10 @@ func noPartial(t *testing.T, s *image.Store, before []string) {
 	}
 }
 
-func TestImportBadInput(t *testing.T) {
-	s := newStore(t)
+func TestImportBadInput(t *testing.T) { builders(t, testImportBadInput) }
+
+func testImportBadInput(t *testing.T, mk *erofs.Mkfs) {
+	s := newStore(t, mk)
 	host := startRegistry(t)
 	ctx := context.Background()
 	good := layerTar(t, file("ok", "ok"))
@@ -557,6 +624,7 @@ func TestImportBadInput(t *testing.T) {
 		{"hardlink-escape", layerTar(t, file("a", "x"), hardlink("b", "../../../etc/shadow")), errdefs.Invalid},
 		{"hardlink-nowhere", layerTar(t, hardlink("b", "etc/shadow")), errdefs.Invalid},
 		{"under-symlink", layerTar(t, symlink("d", "/etc"), file("d/passwd", "x")), errdefs.Invalid},
+		{"whiteout-named-dir", layerTar(t, file(".wh.d/passwd", "x")), errdefs.Invalid},
 	} {
 		img, err := mutate.AppendLayers(empty.Image, mkLayer(t, good), mkLayer(t, tc.tar))
 		if err != nil {
@@ -573,8 +641,10 @@ func TestImportBadInput(t *testing.T) {
 	noPartial(t, s, before)
 }
 
-func TestImportDigestMismatch(t *testing.T) {
-	s := newStore(t)
+func TestImportDigestMismatch(t *testing.T) { builders(t, testImportDigestMismatch) }
+
+func testImportDigestMismatch(t *testing.T, mk *erofs.Mkfs) {
+	s := newStore(t, mk)
 	ctx := context.Background()
 	before, _ := s.Blobs()
 	img := testImage(t)
