@@ -658,3 +658,68 @@ func TestMkfsOpaqueRootAndHiddenWhiteouts(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkBuilders converts one layer with each builder: the tar file
+// $WARREN_BENCH_LAYER if set (e.g. a Debian root as Warren streams it),
+// else a synthetic layer. Output and spool go to $WARREN_BENCH_DIR (default
+// a temp dir).
+func BenchmarkBuilders(b *testing.B) {
+	src := os.Getenv("WARREN_BENCH_LAYER")
+	if src == "" {
+		var ents []ent
+		body := strings.Repeat("z", 64<<10)
+		for i := 0; i < 1024; i++ {
+			ents = append(ents, f(fmt.Sprintf("dir%d/file%d", i%26, i), body))
+		}
+		src = filepath.Join(b.TempDir(), "layer.tar")
+		if err := os.WriteFile(src, mkTar(b, ents...), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	fi, err := os.Stat(src)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := os.Getenv("WARREN_BENCH_DIR")
+	if dir == "" {
+		dir = b.TempDir()
+	}
+	mk, why, err := SelectMkfs(os.Getenv(MkfsEnv))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bl := range []struct {
+		name string
+		mk   *Mkfs
+	}{{"go-erofs", nil}, {"mkfs.erofs", mk}} {
+		b.Run(bl.name, func(b *testing.B) {
+			if bl.name == "mkfs.erofs" && bl.mk == nil {
+				b.Skipf("mkfs.erofs converter not measured: %v", why)
+			}
+			o := Options{Mkfs: bl.mk, TempDir: dir}
+			b.SetBytes(fi.Size())
+			var size int64
+			for i := 0; i < b.N; i++ {
+				in, err := os.Open(src)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out, err := os.CreateTemp(dir, "bench-")
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := Convert(context.Background(), in, out, o); err != nil {
+					b.Fatal(err)
+				}
+				if err := out.Sync(); err != nil {
+					b.Fatal(err)
+				}
+				size, _ = out.Seek(0, io.SeekEnd)
+				in.Close()
+				out.Close()
+				os.Remove(out.Name())
+			}
+			b.ReportMetric(float64(size), "image-bytes")
+		})
+	}
+}
