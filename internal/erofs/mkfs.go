@@ -276,7 +276,8 @@ type tarStream struct {
 	buf      []byte
 }
 
-// countWriter counts bytes for progress reports.
+// countWriter counts bytes for progress reports, made at least every
+// 64 KiB (bufio passes large writes through whole).
 type countWriter struct {
 	w  io.Writer
 	t  *tarStream
@@ -284,12 +285,21 @@ type countWriter struct {
 }
 
 func (cw *countWriter) Write(p []byte) (int, error) {
-	n, err := cw.w.Write(p)
-	cw.t.n += int64(n)
-	if cw.fn != nil {
-		cw.fn(cw.t.n)
+	done := 0
+	for len(p) > 0 {
+		k := min(len(p), 64<<10)
+		n, err := cw.w.Write(p[:k])
+		done += n
+		cw.t.n += int64(n)
+		if cw.fn != nil {
+			cw.fn(cw.t.n)
+		}
+		if err != nil {
+			return done, err
+		}
+		p = p[k:]
 	}
-	return n, err
+	return done, nil
 }
 
 func (c *converter) writeTar(w io.Writer) error {

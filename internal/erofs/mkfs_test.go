@@ -723,3 +723,18 @@ func BenchmarkBuilders(b *testing.B) {
 		})
 	}
 }
+
+// Progress comes at least every 64 KiB of the layer, as the import's
+// progress events expect (one per 4 MiB window).
+func TestMkfsProgressSteps(t *testing.T) {
+	m := requireMkfs(t)
+	data := mkTar(t, f("big", strings.Repeat("x", 3<<20)), f("small", "s"))
+	var last, maxStep int64
+	convertFile(t, data, Options{Mkfs: m, Progress: func(n int64) {
+		maxStep = max(maxStep, n-last)
+		last = n
+	}})
+	if maxStep > 64<<10 || last < int64(len(data))-2048 {
+		t.Fatalf("progress: largest step %d, last %d of %d", maxStep, last, len(data))
+	}
+}
