@@ -200,6 +200,11 @@ func (m *Mkfs) build(ctx context.Context, c *converter, out io.WriteSeeker) erro
 	if err := ctxErr(ctx); err != nil {
 		return err
 	}
+	if werr != nil && !errors.Is(werr, syscall.EPIPE) {
+		// Our side failed (the spool, say): mkfs.erofs only saw a
+		// truncated stream.
+		return errdefs.Wrap(errnoCategory(werr), werr, "feeding mkfs.erofs")
+	}
 	if waitErr != nil {
 		msg := strings.TrimSpace(stderr.String())
 		cat := errdefs.Internal

@@ -738,3 +738,29 @@ func TestMkfsProgressSteps(t *testing.T) {
 		t.Fatalf("progress: largest step %d, last %d of %d", maxStep, last, len(data))
 	}
 }
+
+// A failing mkfs.erofs: its message and a category come back, a full disk
+// is Exhausted; one that writes no image is caught.
+func TestMkfsFailures(t *testing.T) {
+	data := mkTar(t, f("a", strings.Repeat("x", 1<<20)))
+	for _, tc := range []struct {
+		script string
+		cat    errdefs.Category
+		msg    string
+	}{
+		{"echo '<E> erofs: something broke' >&2; exit 1", errdefs.Internal, "something broke"},
+		{"cat >/dev/null; echo 'failed to write: No space left on device' >&2; exit 1", errdefs.Exhausted, "No space left"},
+		{"cat >/dev/null; exit 0", errdefs.Internal, "wrote no EROFS image"},
+	} {
+		p := filepath.Join(t.TempDir(), "mkfs.erofs")
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"+tc.script+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := os.Create(filepath.Join(t.TempDir(), "x"))
+		_, err := Convert(context.Background(), bytes.NewReader(data), out, Options{Mkfs: &Mkfs{Path: p, Version: "1.8.0"}, TempDir: t.TempDir()})
+		out.Close()
+		if errdefs.CategoryOf(err) != tc.cat || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%q: want %v %q, got %v (%v)", tc.script, tc.cat, tc.msg, errdefs.CategoryOf(err), err)
+		}
+	}
+}
