@@ -75,6 +75,12 @@ type DensityReport struct {
 	// /proc/meminfo deltas (after create - before) / N: where the node
 	// memory went.
 	MeminfoKiBPerSandbox map[string]float64 `json:"meminfo_kib_per_sandbox,omitempty"`
+	// The sum of the meminfo deltas (anon, shmem, all slab, kernel stacks,
+	// page tables, percpu) per sandbox: what the node spends on it, counted
+	// by kind. Unlike the MemAvailable delta it is not moved by memory the
+	// kernel frees meanwhile (e.g. offline memory cgroups of an earlier
+	// run), so it compares systems measured one after another fairly.
+	AccountedKiBPerSandbox float64 `json:"accounted_kib_per_sandbox,omitempty"`
 	// The slab caches that grew most, per sandbox (/proc/slabinfo).
 	SlabKiBPerSandbox []SlabDelta `json:"slab_kib_per_sandbox,omitempty"`
 
@@ -92,8 +98,12 @@ type DensityPeerRow struct {
 	CreateS           float64 `json:"create_s"`
 	DeleteS           float64 `json:"delete_s"`
 	NodeKiBNotBack    float64 `json:"node_kib_not_returned"`
-	Note              string  `json:"note,omitempty"`
-	Error             string  `json:"error,omitempty"`
+	// Where the memory went, as for the sandboxes.
+	AccountedKiBPerSandbox float64            `json:"accounted_kib_per_sandbox,omitempty"`
+	MeminfoKiBPerSandbox   map[string]float64 `json:"meminfo_kib_per_sandbox,omitempty"`
+	SlabKiBPerSandbox      []SlabDelta        `json:"slab_kib_per_sandbox,omitempty"`
+	Note                   string             `json:"note,omitempty"`
+	Error                  string             `json:"error,omitempty"`
 }
 
 // RunDensity creates N idle sandboxes and measures what they cost.
@@ -206,12 +216,8 @@ func RunDensity(ctx context.Context, env *Env, cfg DensityConfig, benchNofile ui
 	}
 	rep.NodeKiBPerSandbox = round(float64(before-created)/n, 1)
 	rep.SlabKiBPerSandbox = topSlabDeltas(slabBefore, readSlabinfo(), n, 12)
-	if miAfter, err := readMeminfo(); err == nil && miBefore != nil {
-		rep.MeminfoKiBPerSandbox = map[string]float64{}
-		for _, k := range meminfoKeys {
-			rep.MeminfoKiBPerSandbox[k] = round(float64(miAfter[k]-miBefore[k])/n, 1)
-		}
-	}
+	rep.MeminfoKiBPerSandbox = meminfoDeltas(miBefore, n)
+	rep.AccountedKiBPerSandbox = accounted(rep.MeminfoKiBPerSandbox)
 
 	// A random 1% (at least one) must still answer.
 	k := max(1, len(ids)/100)
@@ -300,24 +306,17 @@ func (r *DensityReport) Table(w io.Writer) error {
 		return fmt.Sprintf("%.1f", *v)
 	}
 	t.add("node memory per sandbox (MemAvailable delta, caches dropped)", fmt.Sprintf("%.1f KiB", r.NodeKiBPerSandbox))
+	t.add("accounted per sandbox (sum of the meminfo deltas below)", fmt.Sprintf("%.1f KiB", r.AccountedKiBPerSandbox))
 	t.add("daemon Pss growth per sandbox", f(r.DaemonKiBPerSandbox)+" KiB")
 	t.add("daemon RSS growth per sandbox", f(r.DaemonRSSKiBPerSandbox)+" KiB")
 	t.add("agent Pss per sandbox (sum / N)", f(r.AgentPssKiB)+" KiB")
 	t.add("agent RSS (mean)", f(r.AgentRSSKiB)+" KiB")
 	t.add("cgroup-charged memory per sandbox", f(r.CgroupKiBPerSandbox)+" KiB")
 	if len(r.MeminfoKiBPerSandbox) > 0 {
-		var parts []string
-		for _, k := range meminfoKeys {
-			parts = append(parts, fmt.Sprintf("%s %.1f", k, r.MeminfoKiBPerSandbox[k]))
-		}
-		t.add("/proc/meminfo deltas per sandbox (KiB)", strings.Join(parts, ", "))
+		t.add("/proc/meminfo deltas per sandbox (KiB)", formatMeminfo(r.MeminfoKiBPerSandbox))
 	}
 	if len(r.SlabKiBPerSandbox) > 0 {
-		var parts []string
-		for _, d := range r.SlabKiBPerSandbox {
-			parts = append(parts, fmt.Sprintf("%s %.1f", d.Cache, d.KiB))
-		}
-		t.add("largest slab caches per sandbox (KiB)", strings.Join(parts, ", "))
+		t.add("largest slab caches per sandbox (KiB)", formatSlab(r.SlabKiBPerSandbox))
 	}
 	t.add("created / errors", fmt.Sprintf("%d / %d", r.Created, r.CreateErrors))
 	t.add("create wall time", fmt.Sprintf("%.2f s (%.0f/s)", r.CreateS, r.CreatePerS))
@@ -333,13 +332,21 @@ func (r *DensityReport) Table(w io.Writer) error {
 	}
 	if len(r.Peers) > 0 {
 		fmt.Fprintln(w)
-		pt := newTable("PEER", "N", "NODE KiB/EACH", "PSS KiB/EACH", "CREATE s", "DELETE s", "KiB NOT BACK")
+		pt := newTable("PEER", "N", "NODE KiB/EACH", "ACCOUNTED KiB/EACH", "PSS KiB/EACH", "CREATE s", "DELETE s", "KiB NOT BACK")
 		for _, p := range r.Peers {
-			pt.add(p.System, strconv.Itoa(p.N), fmt.Sprintf("%.1f", p.NodeKiBPerSandbox), fmt.Sprintf("%.1f", p.PssKiB),
+			pt.add(p.System, strconv.Itoa(p.N), fmt.Sprintf("%.1f", p.NodeKiBPerSandbox), fmt.Sprintf("%.1f", p.AccountedKiBPerSandbox), fmt.Sprintf("%.1f", p.PssKiB),
 				fmt.Sprintf("%.2f", p.CreateS), fmt.Sprintf("%.2f", p.DeleteS), fmt.Sprintf("%.0f", p.NodeKiBNotBack))
 		}
 		if err := pt.write(w); err != nil {
 			return err
+		}
+		for _, p := range r.Peers {
+			if len(p.MeminfoKiBPerSandbox) > 0 {
+				fmt.Fprintf(w, "%s, per instance (KiB): %s\n", p.System, formatMeminfo(p.MeminfoKiBPerSandbox))
+			}
+			if len(p.SlabKiBPerSandbox) > 0 {
+				fmt.Fprintf(w, "%s, largest slab caches (KiB): %s\n", p.System, formatSlab(p.SlabKiBPerSandbox))
+			}
 		}
 		for _, p := range r.Peers {
 			if p.Note != "" {
@@ -356,4 +363,43 @@ func (r *DensityReport) Table(w io.Writer) error {
 	}
 	writeNotes(w, r.Notes)
 	return nil
+}
+
+// meminfoDeltas reads meminfoKeys again and returns (now - before) / n.
+func meminfoDeltas(before map[string]int64, n float64) map[string]float64 {
+	after, err := readMeminfo()
+	if err != nil || before == nil || n <= 0 {
+		return nil
+	}
+	out := map[string]float64{}
+	for _, k := range meminfoKeys {
+		out[k] = round(float64(after[k]-before[k])/n, 1)
+	}
+	return out
+}
+
+func formatMeminfo(m map[string]float64) string {
+	var parts []string
+	for _, k := range meminfoKeys {
+		parts = append(parts, fmt.Sprintf("%s %.1f", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func formatSlab(ds []SlabDelta) string {
+	var parts []string
+	for _, d := range ds {
+		parts = append(parts, fmt.Sprintf("%s %.1f", d.Cache, d.KiB))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// accounted sums the meminfo deltas: anon, shmem, slab (which includes
+// SUnreclaim), kernel stacks, page tables, percpu.
+func accounted(m map[string]float64) float64 {
+	var sum float64
+	for _, k := range []string{"AnonPages", "Shmem", "Slab", "KernelStack", "PageTables", "Percpu"} {
+		sum += m[k]
+	}
+	return round(sum, 1)
 }

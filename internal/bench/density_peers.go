@@ -52,6 +52,8 @@ func measureDensityPeer(ctx context.Context, env *Env, p *densityPeer, n, conc i
 		row.Error = err.Error()
 		return row
 	}
+	miBefore, _ := readMeminfo()
+	slabBefore := readSlabinfo()
 	env.logf("density peer %s: starting %d", p.system, n)
 	var (
 		next int
@@ -94,6 +96,9 @@ func measureDensityPeer(ctx context.Context, env *Env, p *densityPeer, n, conc i
 		return row
 	}
 	row.NodeKiBPerSandbox = round(float64(before-after)/float64(r.Done), 1)
+	row.MeminfoKiBPerSandbox = meminfoDeltas(miBefore, float64(r.Done))
+	row.AccountedKiBPerSandbox = accounted(row.MeminfoKiBPerSandbox)
+	row.SlabKiBPerSandbox = topSlabDeltas(slabBefore, readSlabinfo(), float64(r.Done), 8)
 	row.N = r.Done
 	return row
 }
