@@ -66,6 +66,11 @@ type DensityReport struct {
 	MemAvailBefore  int64  `json:"mem_available_before_kib"`
 	MemAvailCreated int64  `json:"mem_available_created_kib"`
 	MemAvailDeleted int64  `json:"mem_available_deleted_kib"`
+	// Memory cgroups the kernel holds (offline ones included) at each
+	// reading; readings wait until this stops falling.
+	MemcgsBefore  int64 `json:"memcgs_before"`
+	MemcgsCreated int64 `json:"memcgs_created"`
+	MemcgsDeleted int64 `json:"memcgs_deleted"`
 
 	// Kernel slab of one new empty memory cgroup, before the sandboxes
 	// were created and while they exist (see memcgCostKiB).
@@ -122,6 +127,7 @@ func RunDensity(ctx context.Context, env *Env, cfg DensityConfig, benchNofile ui
 		return nil, err
 	}
 	rep.MemAvailBefore = before
+	rep.MemcgsBefore = memcgCount()
 	miBefore, _ := readMeminfo()
 	slabBefore := readSlabinfo()
 	var dBefore procMem
@@ -211,6 +217,7 @@ func RunDensity(ctx context.Context, env *Env, cfg DensityConfig, benchNofile ui
 		return nil, err
 	}
 	rep.MemAvailCreated = created
+	rep.MemcgsCreated = memcgCount()
 	if v := memcgCostKiB(); v >= 0 {
 		rep.MemcgCostAtNKiB = ptr(v)
 	}
@@ -244,6 +251,7 @@ func RunDensity(ctx context.Context, env *Env, cfg DensityConfig, benchNofile ui
 		return nil, err
 	}
 	rep.MemAvailDeleted = deleted
+	rep.MemcgsDeleted = memcgCount()
 	rep.NodeKiBNotBack = float64(before - deleted)
 	if before > created {
 		rep.MemoryReturnedPc = round(100*float64(deleted-created)/float64(before-created), 1)
@@ -326,6 +334,7 @@ func (r *DensityReport) Table(w io.Writer) error {
 	t.add("delete wall time", fmt.Sprintf("%.2f s (%.0f/s)", r.DeleteS, r.DeletePerS))
 	t.add("memory returned after delete", fmt.Sprintf("%.1f%% (%.0f KiB not back)", r.MemoryReturnedPc, r.NodeKiBNotBack))
 	t.add("daemon fds at peak / RLIMIT_NOFILE", fmt.Sprintf("%d / %s", r.DaemonFDsPeak, r.DaemonNofile))
+	t.add("memory cgroups on the node: before / with N / after delete", fmt.Sprintf("%d / %d / %d", r.MemcgsBefore, r.MemcgsCreated, r.MemcgsDeleted))
 	t.add("slab of one new memory cgroup, before / at N", f(r.MemcgCostBeforeKiB)+" / "+f(r.MemcgCostAtNKiB)+" KiB")
 	if err := t.write(w); err != nil {
 		return err

@@ -73,6 +73,7 @@ func settledMemAvailable() (int64, error) {
 	if err := dropCaches(); err != nil {
 		return 0, fmt.Errorf("drop caches (needs root): %w", err)
 	}
+	waitMemcgsSettled()
 	var vals []int64
 	for i := 0; i < 3; i++ {
 		if i > 0 {
@@ -350,4 +351,70 @@ func memcgCostKiB() float64 {
 	}
 	sort.Float64s(vals)
 	return vals[2]
+}
+
+// memcgCount is the number of memory cgroups the kernel holds, offline
+// ("dying") ones included, or -1: /proc/cgroups on v1, the root's
+// cgroup.stat on v2.
+func memcgCount() int64 {
+	if b, err := os.ReadFile("/sys/fs/cgroup/cgroup.stat"); err == nil {
+		var live, dying int64 = -1, -1
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) == 2 && f[0] == "nr_descendants" {
+				live, _ = strconv.ParseInt(f[1], 10, 64)
+			}
+			if len(f) == 2 && f[0] == "nr_dying_descendants" {
+				dying, _ = strconv.ParseInt(f[1], 10, 64)
+			}
+		}
+		if live >= 0 && dying >= 0 {
+			return live + dying
+		}
+	}
+	b, err := os.ReadFile("/proc/cgroups")
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && f[0] == "memory" {
+			if v, err := strconv.ParseInt(f[2], 10, 64); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+// waitMemcgsSettled waits (up to 30 s) until the kernel stops giving
+// memory back on its own: deleted memory cgroups linger until the page
+// cache charged to them is dropped and are then freed asynchronously, each
+// returning its kernel memory (over 500 KiB on a node whose shrinker map
+// is wide), and dead network namespaces are torn down by a work queue. A
+// reading taken while that goes on would credit an earlier run's memory
+// to the one being measured. Settled: the memory cgroup count and
+// MemAvailable (within 2 MiB) unchanged over three readings 300 ms apart.
+func waitMemcgsSettled() {
+	prevCg := memcgCount()
+	prevAv, err := memAvailableKiB()
+	if err != nil {
+		return
+	}
+	stable := 0
+	for deadline := time.Now().Add(30 * time.Second); stable < 3 && time.Now().Before(deadline); {
+		time.Sleep(300 * time.Millisecond)
+		cg := memcgCount()
+		av, err := memAvailableKiB()
+		if err != nil {
+			return
+		}
+		if cg == prevCg && av-prevAv < 2048 && prevAv-av < 2048 {
+			stable++
+			continue
+		}
+		if cg != prevCg {
+			_ = dropCaches()
+		}
+		stable, prevCg, prevAv = 0, cg, av
+	}
 }
