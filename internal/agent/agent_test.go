@@ -775,3 +775,20 @@ func TestAsPID1(t *testing.T) {
 	a.cmd.Wait()
 	waitGone(t, kids[0].pid)
 }
+
+// TestNoVDSO: the idle agent unmaps the vDSO (its page tables are memory
+// every sandbox pays for); the processes it starts get their own.
+func TestNoVDSO(t *testing.T) {
+	a := startAgent(t, nil)
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", a.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(maps), "[vdso]") || strings.Contains(string(maps), "[vvar]") {
+		t.Errorf("agent still maps the vDSO:\n%s", maps)
+	}
+	res := run(t, a.client, sh(`grep -c '\[vdso\]' /proc/self/maps; date +%s`), "")
+	if f := strings.Fields(res.stdout); len(f) != 2 || f[0] != "1" {
+		t.Errorf("child: %q, stderr %q", res.stdout, res.stderr)
+	}
+}
