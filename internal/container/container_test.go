@@ -17,19 +17,19 @@ import (
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
-func TestConformance(t *testing.T) {
+// testOptions gives a test its own directories and cgroup parent, and
+// removes every sandbox, the shared sysfs and the cgroups when it ends.
+func testOptions(t *testing.T, name string) Options {
 	testutil.RequireRoot(t)
-	initBin := testutil.StaticBinary(t, "./internal/container/testdata/initmain")
 	dir := t.TempDir()
 	opts := Options{
 		StateDir:     filepath.Join(dir, "state"),
 		RunDir:       filepath.Join(dir, "run"),
-		CgroupParent: fmt.Sprintf("warren-test-%d", os.Getpid()),
-		InitBinary:   initBin,
+		CgroupParent: fmt.Sprintf("warren-test-%s%d", name, os.Getpid()),
+		InitBinary:   testutil.StaticBinary(t, "./internal/container/testdata/initmain"),
 	}
 	t.Cleanup(func() {
-		b, err := New(opts)
-		if err == nil {
+		if b, err := New(opts); err == nil {
 			_ = b.Sweep(t.Context(), nil)
 			_ = b.Close()
 		}
@@ -37,6 +37,11 @@ func TestConformance(t *testing.T) {
 			_ = os.Remove(g)
 		}
 	})
+	return opts
+}
+
+func TestConformance(t *testing.T) {
+	opts := testOptions(t, "")
 	conformance.Run(t, conformance.Harness{
 		New: func(t *testing.T) backend.Backend {
 			b, err := New(opts)
@@ -130,26 +135,11 @@ func resources(t *testing.T, opts Options) []string {
 // backend restart, is remounted if someone unmounts it, and goes with
 // Close; it never shows the host's network devices.
 func TestSharedSysfs(t *testing.T) {
-	testutil.RequireRoot(t)
-	initBin := testutil.StaticBinary(t, "./internal/container/testdata/initmain")
-	dir := t.TempDir()
-	opts := Options{
-		StateDir:     filepath.Join(dir, "state"),
-		RunDir:       filepath.Join(dir, "run"),
-		CgroupParent: fmt.Sprintf("warren-test-sysfs-%d", os.Getpid()),
-		InitBinary:   initBin,
-	}
+	opts := testOptions(t, "sysfs-")
 	b, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = b.Sweep(t.Context(), nil)
-		_ = b.Close()
-		for _, g := range cgroupDirs(opts.CgroupParent) {
-			_ = os.Remove(g)
-		}
-	})
 	sysfs := filepath.Join(opts.RunDir, "sysfs")
 	countMounts := func() int {
 		n := 0

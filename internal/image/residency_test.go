@@ -7,20 +7,8 @@ import (
 	"strconv"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/warrenrl/warren/internal/testutil"
 )
-
-func dropFromCache(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // The residency of a mounted layer counts what was read through it once,
 // with and without direct I/O, and a measurement does not count the
@@ -47,7 +35,7 @@ func TestResidencyCountsReadsOnce(t *testing.T) {
 			}
 			defer release()
 			bp, _ := s.BlobPath(d)
-			dropFromCache(t, bp)
+			testutil.DropFromCache(t, bp)
 			r0, err := s.Residency(ctx, d)
 			if err != nil || !r0.Mounted {
 				t.Fatalf("cold: %+v %v", r0, err)

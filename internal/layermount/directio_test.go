@@ -89,19 +89,6 @@ func cachedBytes(t *testing.T, path string) int64 {
 	return int64(cs.Cache) * int64(os.Getpagesize())
 }
 
-// dropCache drops path from the page cache.
-func dropCache(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func supportsODirect(path string) bool {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -122,7 +109,7 @@ func TestDirectIOMount(t *testing.T) {
 		t.Skipf("the filesystem of %s does not do O_DIRECT", tmp)
 	}
 	c := newCache(t, filepath.Join(tmp, "layers"), Options{Grace: -1, ReadAheadKB: 256})
-	dropCache(t, src)
+	testutil.DropFromCache(t, src)
 	dir, rel, err := c.Acquire(context.Background(), "k", src)
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +146,7 @@ func TestDirectIOMount(t *testing.T) {
 
 	// Without direct I/O the same reads go through the blob's cache.
 	c2 := newCache(t, filepath.Join(tmp, "layers2"), Options{Grace: -1, BufferedIO: true})
-	dropCache(t, src)
+	testutil.DropFromCache(t, src)
 	dir2, rel2, err := c2.Acquire(context.Background(), "k", src)
 	if err != nil {
 		t.Fatal(err)

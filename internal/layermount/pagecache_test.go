@@ -43,7 +43,7 @@ func TestCachedExtents(t *testing.T) {
 			defer rel()
 			// Start cold: the files' and the blob's pages.
 			for _, p := range []string{filepath.Join(dir, "a/one"), filepath.Join(dir, "a/two"), src} {
-				dropCache(t, p)
+				testutil.DropFromCache(t, p)
 			}
 			f, err := os.Open(filepath.Join(dir, "a/one"))
 			if err != nil {
@@ -58,7 +58,7 @@ func TestCachedExtents(t *testing.T) {
 			}
 			f.Close()
 			manyDir := filepath.Join(dir, "many")
-			dropCache(t, manyDir)
+			testutil.DropFromCache(t, manyDir)
 
 			var marks [][2]int64
 			pc, ok, err := c.CachedExtents(ctx, "k", func(off, n int64) { marks = append(marks, [2]int64{off, n}) })
