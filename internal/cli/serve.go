@@ -208,7 +208,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			log.Warn("closing image store", "err", cerr)
 		}
 	}()
-	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent})
+	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn})
 	if err != nil {
 		return fmt.Errorf("container backend: %w", err)
 	}

@@ -49,6 +49,13 @@ type Options struct {
 	// InitBinary is the statically linked warren binary executed as each
 	// sandbox's init (default: this process's own executable).
 	InitBinary string
+	// InPlaceAgent runs each sandbox's agent inside the init binary instead
+	// of exec'ing the small standalone one (internal/agentbin). It is also
+	// what the backend falls back to where the kernel refuses executable
+	// memfds (vm.memfd_noexec=2); it costs ~60 KiB more per idle sandbox.
+	InPlaceAgent bool
+	// Warn receives the reason for such a fallback (default: dropped).
+	Warn func(msg string, args ...any)
 }
 
 // Backend is the container backend.
@@ -85,11 +92,17 @@ func New(opts Options) (*Backend, error) {
 	if err := loadInitBinary(opts.InitBinary); err != nil {
 		return nil, err
 	}
-	agent, err := agentbin.Memfd()
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "sandbox agent")
+	b := &Backend{opts: opts}
+	if !opts.InPlaceAgent {
+		agent, err := agentbin.Memfd()
+		if err != nil {
+			if opts.Warn != nil {
+				opts.Warn("standalone sandbox agent unavailable; running the agent in the init binary (more memory per sandbox)", "err", err)
+			}
+		} else {
+			b.agent = agent
+		}
 	}
-	b := &Backend{opts: opts, agent: agent}
 	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "disks"), filepath.Join(opts.RunDir, "sb")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "create "+d)
@@ -244,11 +257,10 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 	defer stW.Close()
 
 	cmd := &exec.Cmd{
-		Path: b.opts.InitBinary,
-		Args: []string{"warren-init"},
-		Env:  []string{initEnv + "=1"},
-		// fd 6: the standalone agent the init stage execs as PID 1.
-		ExtraFiles: []*os.File{cfgR, lnFile, stW, b.agent},
+		Path:       b.opts.InitBinary,
+		Args:       []string{"warren-init"},
+		Env:        []string{initEnv + "=1"},
+		ExtraFiles: []*os.File{cfgR, lnFile, stW},
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS |
 				syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
@@ -256,6 +268,10 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 			// group never reach sandboxes.
 			Setsid: true,
 		},
+	}
+	if b.agent != nil {
+		// fd 6: the standalone agent the init stage execs as PID 1.
+		cmd.ExtraFiles = append(cmd.ExtraFiles, b.agent)
 	}
 	if err := cmd.Start(); err != nil {
 		return 0, nil, errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
@@ -288,7 +304,11 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 	if hostname == "" {
 		hostname = spec.ID
 	}
-	cfg := initConfig(map[string]string{"rootfs": b.rootfs(spec.ID), "overlay": overlay, "hostname": hostname, "empty": b.emptyDir(), "agent": "6", "sysfs": b.sysfsDir()})
+	conf := map[string]string{"rootfs": b.rootfs(spec.ID), "overlay": overlay, "hostname": hostname, "empty": b.emptyDir(), "sysfs": b.sysfsDir()}
+	if b.agent != nil {
+		conf["agent"] = "6"
+	}
+	cfg := initConfig(conf)
 	if _, err := cfgW.Write(cfg); err != nil {
 		return fail(errdefs.Wrap(errdefs.Internal, err, "send init config"))
 	}

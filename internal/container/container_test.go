@@ -208,3 +208,63 @@ func mountPoints(t *testing.T) []string {
 	}
 	return out
 }
+
+// TestStandaloneAgent: by default PID 1 is the small agent from the memfd,
+// not the init binary.
+func TestStandaloneAgent(t *testing.T) {
+	opts := testOptions(t, "standalone-")
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := b.Create(t.Context(), backend.Spec{ID: "standalone1", Layers: []string{testutil.BusyboxRoot(t)}, MemoryBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(t.Context())
+	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"echo", "ok"}}, ""); r.Stdout != "ok\n" {
+		t.Fatalf("exec: %+v", r)
+	}
+	var st state
+	if err := json.Unmarshal(sb.State(), &st); err != nil {
+		t.Fatal(err)
+	}
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", st.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(maps), "memfd:warren-agent") || strings.Contains(string(maps), opts.InitBinary) {
+		t.Errorf("PID 1 is not the standalone agent:\n%s", maps)
+	}
+}
+
+// TestInPlaceAgent: without the standalone agent (InPlaceAgent, or a
+// kernel that refuses executable memfds) sandboxes run the agent inside
+// the init binary and work the same.
+func TestInPlaceAgent(t *testing.T) {
+	opts := testOptions(t, "inplace-")
+	opts.InPlaceAgent = true
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := b.Create(t.Context(), backend.Spec{ID: "inplace1", Layers: []string{testutil.BusyboxRoot(t)}, MemoryBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(t.Context())
+	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"echo", "ok"}}, ""); r.Stdout != "ok\n" {
+		t.Fatalf("exec: %+v", r)
+	}
+	var st state
+	if err := json.Unmarshal(sb.State(), &st); err != nil {
+		t.Fatal(err)
+	}
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", st.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(maps), "memfd:warren-agent") || !strings.Contains(string(maps), opts.InitBinary) {
+		t.Errorf("agent is not the init binary in place:\n%s", maps)
+	}
+}
