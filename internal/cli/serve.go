@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/client"
 	"github.com/warrenrl/warren/internal/backend"
@@ -107,6 +108,9 @@ func readToken(file string) (string, error) {
 }
 
 func runServe(cmd *cobra.Command, o serveOptions) (err error) {
+	// Fds the daemon inherited (a shell's, a supervisor's) would otherwise
+	// reach every process it starts: sandbox inits, mkfs.erofs, debootstrap.
+	_ = unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	ctx := cmd.Context()
 	log, err := newLogger(o, cmd)
 	if err != nil {

@@ -268,3 +268,46 @@ func TestInPlaceAgent(t *testing.T) {
 		t.Errorf("agent is not the init binary in place:\n%s", maps)
 	}
 }
+
+// TestNoInheritedFDs: an fd the daemon inherited without close-on-exec does
+// not reach PID 1 of a sandbox, which holds only its own.
+func TestNoInheritedFDs(t *testing.T) {
+	opts := testOptions(t, "fds-")
+	var p [2]int
+	if err := unix.Pipe(p[:]); err != nil { // no O_CLOEXEC, like an inherited fd
+		t.Fatal(err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := b.Create(t.Context(), backend.Spec{ID: "fds1", Layers: []string{testutil.BusyboxRoot(t)}, MemoryBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(t.Context())
+	// An answered exec means the agent's loop (and its fds) is set up.
+	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"true"}}, ""); r.Status.Code != 0 {
+		t.Fatalf("exec: %+v", r)
+	}
+	var st state
+	if err := json.Unmarshal(sb.State(), &st); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", st.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// stdin/out/err (/dev/null), the signalfd, the listening socket, the
+	// epoll set.
+	if len(ents) != 6 {
+		var names []string
+		for _, e := range ents {
+			l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", st.Pid, e.Name()))
+			names = append(names, e.Name()+" -> "+l)
+		}
+		t.Errorf("sandbox PID 1 holds %d fds, want 6: %v", len(ents), names)
+	}
+}

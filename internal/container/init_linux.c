@@ -192,6 +192,10 @@ static void __attribute__((noreturn)) init_main(void)
 		}
 	}
 	close(FD_CONFIG);
+	/* Whatever else the daemon inherited from its own parent and did not
+	 * mark close-on-exec must not live on in PID 1 of a sandbox: fds 4-6
+	 * are ours, everything above goes. */
+	syscall(SYS_close_range, FD_STATUS + 2, ~0U, 0);
 	config[len] = 0;
 	const char *rootfs = conf("rootfs", len), *overlay = conf("overlay", len);
 	const char *hostname = conf("hostname", len), *empty = conf("empty", len);

@@ -46,7 +46,8 @@ type env struct {
 	sock     string
 	parent   string // cgroup parent
 	logPath  string
-	extra    []string // extra flags of `warren serve`
+	extra    []string   // extra flags of `warren serve`
+	files    []*os.File // fds the daemon inherits from 3 on
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -64,6 +65,9 @@ type envOptions struct {
 	// beforeStart runs once the directories are chosen and before the
 	// daemon first starts (e.g. to mount a small tmpfs on stateDir).
 	beforeStart func(e *env)
+	// inherit are open files the daemon inherits (fd 3, 4, ...), as from a
+	// careless parent.
+	inherit []*os.File
 }
 
 // newEnv starts a daemon with private directories and a unique cgroup
@@ -93,6 +97,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		parent:   fmt.Sprintf("warren-e2e-%d-%d", os.Getpid(), envSeq.Add(1)),
 		logPath:  filepath.Join(root, "daemon.log"),
 		extra:    o.serveArgs,
+		files:    o.inherit,
 	}
 	t.Cleanup(e.forceClean) // runs last
 	if o.beforeStart != nil {
@@ -139,6 +144,7 @@ func (e *env) start() {
 	fmt.Fprintf(logf, "=== e2e: starting daemon at %s\n", time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(e.bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.ExtraFiles = e.files
 	// The daemon must not outlive a test binary that dies; its sandboxes
 	// do by design and are swept by forceClean.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

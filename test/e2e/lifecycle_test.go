@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -1003,4 +1004,49 @@ func validID(s string) bool {
 		}
 	}
 	return true
+}
+
+// TestInheritedFDs: a daemon started with an fd its parent forgot to mark
+// close-on-exec does not pass it on: not to sandboxes, not to anything else
+// it runs.
+func TestInheritedFDs(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	e := newEnv(t, envOptions{inherit: []*os.File{w}})
+	ctx := ctxFor(t, 30*time.Second)
+	sb, err := e.c.Create(ctx, &warrenv1.CreateRequest{Image: imageName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.shOK(sb.GetId(), "true")
+	// The daemon still holds it (fd 3), now close-on-exec.
+	e.mu.Lock()
+	pid := e.cmd.Process.Pid
+	e.mu.Unlock()
+	info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/3", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var flags uint64
+	for _, l := range strings.Split(string(info), "\n") {
+		if v, ok := strings.CutPrefix(l, "flags:"); ok {
+			flags, _ = strconv.ParseUint(strings.TrimSpace(v), 8, 64)
+		}
+	}
+	if flags&syscall.O_CLOEXEC == 0 {
+		t.Errorf("daemon's inherited fd 3 is not close-on-exec: %s", info)
+	}
+	// The sandbox's PID 1 does not hold it.
+	target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/3", pid))
+	init := e.initPid(sb.GetId())
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", init))
+	for _, ent := range ents {
+		if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", init, ent.Name())); l == target {
+			t.Errorf("sandbox PID 1 (%d) holds the daemon's inherited fd as %s", init, ent.Name())
+		}
+	}
 }
