@@ -40,6 +40,7 @@ type serveOptions struct {
 	layerDirectIO            bool
 	layerReadAheadKB         int
 	mkfsErofs                string
+	pprofAddr                string
 }
 
 func newServeCommand() *cobra.Command {
@@ -73,6 +74,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "warren", "parent cgroup of the sandboxes (give each daemon on a host its own)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&o.pprofAddr, "pprof", "", "serve Go's profiling endpoints (/debug/pprof/) on this TCP address, without authentication: use a loopback address such as 127.0.0.1:6060")
 	return c
 }
 
@@ -119,6 +121,11 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	slog.SetDefault(log)
 	if o.layerReadAheadKB < 0 {
 		return usagef("--layer-read-ahead-kb must not be negative")
+	}
+	if o.pprofAddr != "" {
+		if _, err := servePprof(ctx, o.pprofAddr, log); err != nil {
+			return fmt.Errorf("--pprof: %w", err)
+		}
 	}
 	token := ""
 	if o.listen != "" {
