@@ -48,6 +48,7 @@ func newCreateCommand() *cobra.Command {
 		pids              int64
 		imageFlag, idFlag string
 		workdir, hostname string
+		user              string
 		backend           string
 	)
 	c := &cobra.Command{
@@ -58,7 +59,7 @@ func newCreateCommand() *cobra.Command {
 			if imageFlag == "" {
 				return usagef("--image is required")
 			}
-			req.Image, req.Id, req.Workdir, req.Hostname, req.Backend = imageFlag, idFlag, workdir, hostname, backend
+			req.Image, req.Id, req.Workdir, req.Hostname, req.Backend, req.User = imageFlag, idFlag, workdir, hostname, backend, user
 			req.Layers = layers
 			res := &warrenv1.Resources{PidsMax: pids}
 			if cpu < 0 || cpu > math.MaxInt64/1000 {
@@ -123,6 +124,7 @@ func newCreateCommand() *cobra.Command {
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
 	f.DurationVar(&timeout, "timeout", 0, "lifetime, after which the sandbox is deleted, e.g. 30m (default: node default)")
 	f.StringVar(&hostname, "hostname", "", "hostname inside the sandbox")
+	f.StringVar(&user, "user", "", "who commands run as when they name no user: name, uid or uid:gid (default: the image's user, else root)")
 	return c
 }
 

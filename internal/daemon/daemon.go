@@ -358,6 +358,7 @@ type view struct {
 	fs      *sandboxfs.FS // nil: no host-visible root
 	env     map[string]string
 	workdir string
+	user    string // default user of execs
 	backend string
 }
 
@@ -375,7 +376,7 @@ func (m *Manager) live(id string) (*sandbox, view, error) {
 	if err := s.notRunningLocked(); err != nil {
 		return nil, view{}, err
 	}
-	return s, view{sb: s.sb, fs: s.fs, env: s.info.GetEnv(), workdir: s.info.GetWorkdir(), backend: s.backendName}, nil
+	return s, view{sb: s.sb, fs: s.fs, env: s.info.GetEnv(), workdir: s.info.GetWorkdir(), user: s.info.GetUser(), backend: s.backendName}, nil
 }
 
 // notRunningLocked explains why a sandbox cannot run anything; s.mu held.

@@ -197,7 +197,11 @@ func (m *Manager) procSpec(ctx context.Context, v view, req *warrenv1.ExecReques
 			return data, err
 		}
 	}
-	id, err := resolveUser(req.GetUser(), read)
+	user := req.GetUser()
+	if user == "" {
+		user = v.user
+	}
+	id, err := resolveUser(user, read)
 	if err != nil {
 		return backend.ProcSpec{}, err
 	}

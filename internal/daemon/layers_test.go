@@ -528,7 +528,7 @@ func pushImage(t *testing.T) string {
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", runtime.GOARCH
-	cf.Config = v1.Config{Env: []string{"PATH=/bin:/sbin", "FOO=bar", "X=image"}, Cmd: []string{"/bin/sh"}, WorkingDir: "/app/work"}
+	cf.Config = v1.Config{Env: []string{"PATH=/bin:/sbin", "FOO=bar", "X=image"}, Cmd: []string{"/bin/sh"}, WorkingDir: "/app/work", User: "1000:1001"}
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		t.Fatal(err)
 	}
@@ -592,6 +592,25 @@ func TestPullImage(t *testing.T) {
 	e.create(&warrenv1.CreateRequest{Id: "app2", Image: "app", Workdir: "/tmp"})
 	if got := e.out("app2", "pwd"); got != "/tmp\n" {
 		t.Fatalf("workdir of the request: %q", got)
+	}
+
+	// Its user is the default of execs, as with `docker run`; an exec or
+	// the create request may name another.
+	if sb.GetUser() != "1000:1001" {
+		t.Fatalf("sandbox user %q, want the image's 1000:1001", sb.GetUser())
+	}
+	if got := e.out("app", "/usr/bin/id -u; /usr/bin/id -g"); got != "1000\n1001\n" {
+		t.Fatalf("exec as the image's user: %q", got)
+	}
+	if r := e.exec(&warrenv1.ExecRequest{SandboxId: "app", Argv: []string{"/usr/bin/id", "-u"}, User: "root"}); string(r.GetStdout()) != "0\n" {
+		t.Fatalf("exec as root: %v", r)
+	}
+	e.create(&warrenv1.CreateRequest{Id: "app3", Image: "app", User: "0"})
+	if got := e.out("app3", "/usr/bin/id -u"); got != "0\n" {
+		t.Fatalf("user of the create request: %q", got)
+	}
+	if _, err := e.m.Create(ctx, &warrenv1.CreateRequest{Image: "app", User: "a:b:c"}); errdefs.CategoryOf(err) != errdefs.Invalid {
+		t.Fatalf("create with a malformed user: %v", err)
 	}
 
 	// Pulling again fetches nothing.

@@ -145,10 +145,16 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 			p.workdir = path.Clean(cfg.WorkingDir)
 			imageWorkdir = true
 		}
+		// The image's user is the default of execs, as `docker run` does;
+		// one that is malformed is ignored rather than failing the create.
+		if p.user == "" && checkUserSpec(cfg.User) == nil {
+			p.user = cfg.User
+		}
 	}
 	s.mu.Lock()
 	info.Env = maps.Clone(p.env)
 	info.Workdir = p.workdir
+	info.User = p.user
 	s.mu.Unlock()
 
 	// No record is written before the backend call: a crash from here

@@ -33,10 +33,10 @@ func resolveUser(spec string, read fileReader) (identity, error) {
 	if spec == "" || spec == "root" || spec == "0" || spec == "0:0" {
 		return identity{Home: "/root"}, nil
 	}
-	userPart, groupPart, hasGroup := strings.Cut(spec, ":")
-	if userPart == "" || (hasGroup && groupPart == "") || strings.Contains(groupPart, ":") {
-		return identity{}, errdefs.Invalidf("invalid user %q: want name, uid or uid:gid", spec)
+	if err := checkUserSpec(spec); err != nil {
+		return identity{}, err
 	}
+	userPart, groupPart, hasGroup := strings.Cut(spec, ":")
 	var passwd []passwdEntry
 	passwdRead := false
 	loadPasswd := func() error {
@@ -216,4 +216,19 @@ func findGroup(data []byte, name string) (uint32, bool) {
 		}
 	}
 	return 0, false
+}
+
+// checkUserSpec checks the form of a user field (resolveUser) without
+// looking names up: a sandbox's default user is checked at create, when
+// its /etc/passwd may still change.
+func checkUserSpec(spec string) error {
+	userPart, groupPart, hasGroup := strings.Cut(spec, ":")
+	if spec == "" {
+		return nil
+	}
+	if userPart == "" || (hasGroup && groupPart == "") || strings.Contains(groupPart, ":") ||
+		len(spec) > 256 || strings.ContainsAny(spec, "\x00\n/ \t") {
+		return errdefs.Invalidf("invalid user %q: want name, uid or uid:gid", spec)
+	}
+	return nil
 }

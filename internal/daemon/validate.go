@@ -66,6 +66,7 @@ type createParams struct {
 	timeout            time.Duration
 	env                map[string]string
 	workdir, hostname  string
+	user               string
 	labels             map[string]string
 	layers             []string // named layers (or digests), bottom first
 }
@@ -78,6 +79,7 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 		env:      req.GetEnv(),
 		workdir:  req.GetWorkdir(),
 		hostname: req.GetHostname(),
+		user:     req.GetUser(),
 		labels:   req.GetLabels(),
 		layers:   req.GetLayers(),
 	}
@@ -142,6 +144,9 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 			return p, err
 		}
 		p.workdir = path.Clean(p.workdir)
+	}
+	if err := checkUserSpec(p.user); err != nil {
+		return p, err
 	}
 	if len(p.hostname) > maxHostnameLen || strings.ContainsAny(p.hostname, "\x00/ \t\n") {
 		return p, errdefs.Invalidf("invalid hostname %q", p.hostname)

@@ -171,7 +171,11 @@ type CreateRequest struct {
 	Hostname       string            `protobuf:"bytes,9,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	// Named layers stacked on the image, later ones higher (at most 39).
 	// A stored layer digest "sha256:<hex>" is accepted too.
-	Layers        []string `protobuf:"bytes,10,rep,name=layers,proto3" json:"layers,omitempty"`
+	Layers []string `protobuf:"bytes,10,rep,name=layers,proto3" json:"layers,omitempty"`
+	// Who execs and processes run as when they name no user: a name, uid or
+	// uid:gid as in ExecRequest.user. Default: the image config's user
+	// (root when it has none).
+	User          string `protobuf:"bytes,11,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -276,6 +280,13 @@ func (x *CreateRequest) GetLayers() []string {
 	return nil
 }
 
+func (x *CreateRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 type Sandbox struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -291,6 +302,7 @@ type Sandbox struct {
 	DeadReason      string                 `protobuf:"bytes,11,opt,name=dead_reason,json=deadReason,proto3" json:"dead_reason,omitempty"`
 	Hostname        string                 `protobuf:"bytes,12,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	Layers          []string               `protobuf:"bytes,13,rep,name=layers,proto3" json:"layers,omitempty"` // named layers on the image, bottom first
+	User            string                 `protobuf:"bytes,14,opt,name=user,proto3" json:"user,omitempty"`     // default user of execs; "" = root
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -414,6 +426,13 @@ func (x *Sandbox) GetLayers() []string {
 		return x.Layers
 	}
 	return nil
+}
+
+func (x *Sandbox) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 type GetRequest struct {
@@ -3612,7 +3631,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xe0\x03\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xf4\x03\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -3624,13 +3643,14 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0ftimeout_seconds\x18\b \x01(\x03R\x0etimeoutSeconds\x12\x1a\n" +
 	"\bhostname\x18\t \x01(\tR\bhostname\x12\x16\n" +
 	"\x06layers\x18\n" +
-	" \x03(\tR\x06layers\x1a6\n" +
+	" \x03(\tR\x06layers\x12\x12\n" +
+	"\x04user\x18\v \x01(\tR\x04user\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcf\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe3\x04\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -3646,7 +3666,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\vdead_reason\x18\v \x01(\tR\n" +
 	"deadReason\x12\x1a\n" +
 	"\bhostname\x18\f \x01(\tR\bhostname\x12\x16\n" +
-	"\x06layers\x18\r \x03(\tR\x06layers\x1a6\n" +
+	"\x06layers\x18\r \x03(\tR\x06layers\x12\x12\n" +
+	"\x04user\x18\x0e \x01(\tR\x04user\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

@@ -141,3 +141,14 @@ async def test_default_labels_are_merged(addr: str, labels: Dict[str, str]) -> N
         async with w.create(IMAGE, labels={"extra": "x"}) as sb:
             assert sb.info.labels["job"] == "j1" and sb.info.labels["extra"] == "x"
             assert sb.info.labels["pytest-test"] == labels["pytest-test"]
+
+
+async def test_default_user(w: warren.AsyncWarren) -> None:
+    async with w.create(IMAGE, user="1000:1001") as sb:
+        assert sb.info.user == "1000:1001"
+        r = await sb.exec("id -u; id -g")
+        assert r.text == "1000\n1001\n", r
+        r = await sb.exec("id -u", user="root")
+        assert r.text == "0\n", r
+    with pytest.raises(warren.InvalidError):
+        await w.create(IMAGE, user="a:b:c")

@@ -368,6 +368,7 @@ class AsyncWarren:
         timeout_seconds: Optional[float] = None,
         hostname: Optional[str] = None,
         layers: Optional[Sequence[str]] = None,
+        user: Optional[str] = None,
         call_timeout: Optional[float] = None,
     ) -> "_StartContext[AsyncSandbox]":
         """Create a sandbox. Await it for an :class:`AsyncSandbox`, or use it
@@ -393,6 +394,8 @@ class AsyncWarren:
                 when it passes (0/None = node default, 1 h). See
                 :meth:`AsyncSandbox.extend_timeout`.
             hostname: defaults to the id.
+            user: who commands run as when they name no user (a name, uid or
+                ``"uid:gid"``); default: the image config's user, else root.
             layers: named layers (see :meth:`build_layer`, :meth:`AsyncSandbox.commit`)
                 stacked on the image, later ones higher: a file of a higher
                 layer shadows the same path below, and whiteouts hide it.
@@ -421,6 +424,7 @@ class AsyncWarren:
                 timeout_seconds=timeout_seconds,
                 hostname=hostname,
                 layers=layer_names,
+                user=user,
                 call_timeout=call_timeout if call_timeout is not None else self.create_timeout,
             )
 
@@ -439,6 +443,7 @@ class AsyncWarren:
         timeout_seconds: Optional[float],
         hostname: Optional[str],
         layers: Sequence[str],
+        user: Optional[str],
         call_timeout: float,
     ) -> "AsyncSandbox":
         if not image:
@@ -468,6 +473,8 @@ class AsyncWarren:
             body["hostname"] = hostname
         if layers:
             body["layers"] = list(layers)
+        if user:
+            body["user"] = user
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + call_timeout
@@ -1163,7 +1170,8 @@ class AsyncSandbox:
             command: a shell string (``/bin/sh -c``) or an argv list.
             env: merged over the sandbox's environment.
             cwd: working directory (default: the sandbox's workdir).
-            user: name, uid or ``uid:gid`` (default root).
+            user: name, uid or ``uid:gid`` (default: the sandbox's user, see
+                :meth:`AsyncWarren.create`; else root).
             stdin: bytes (or str, UTF-8) fed to the command's stdin.
             timeout: seconds; the daemon kills the command's process group
                 when it passes and returns ``timed_out=True``. Default: the

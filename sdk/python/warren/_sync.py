@@ -240,6 +240,7 @@ class Warren:
         timeout_seconds: Optional[float] = None,
         hostname: Optional[str] = None,
         layers: Optional[Sequence[str]] = None,
+        user: Optional[str] = None,
         call_timeout: Optional[float] = None,
     ) -> "Sandbox":
         """Create a sandbox (see :meth:`AsyncWarren.create`). Use the result in
@@ -259,6 +260,7 @@ class Warren:
             timeout_seconds=timeout_seconds,
             hostname=hostname,
             layers=layers,
+            user=user,
             call_timeout=call_timeout,
         )
         return Sandbox(self, self._run(_await(ctx)))

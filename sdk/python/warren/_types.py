@@ -122,6 +122,8 @@ class SandboxInfo:
     hostname: str = ""
     #: named layers stacked on the image, bottom first (as given to ``create``)
     layers: Tuple[str, ...] = ()
+    #: default user of commands ("" = root)
+    user: str = ""
 
     @property
     def created_at(self) -> Optional[_dt.datetime]:
@@ -153,6 +155,7 @@ class SandboxInfo:
             dead_reason=d.get("deadReason", ""),
             hostname=d.get("hostname", ""),
             layers=tuple(d.get("layers") or ()),
+            user=d.get("user", ""),
         )
 
 
