@@ -641,21 +641,10 @@ func (s *Store) buildLayer(name string, conv func() (LayerMeta, error)) (NamedLa
 
 // GetLayer returns the named layer; NotFound if there is none.
 func (s *Store) GetLayer(name string) (NamedLayer, error) {
-	var nl NamedLayer
 	if err := ValidName(name); err != nil {
-		return nl, errdefs.Invalidf("invalid layer name %q", name)
+		return NamedLayer{}, errdefs.Invalidf("invalid layer name %q", name)
 	}
-	data, err := os.ReadFile(s.namedPath(name))
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nl, errdefs.NotFoundf("layer %s not found", name)
-		}
-		return nl, errdefs.Wrap(errdefs.Internal, err, "read layer "+name)
-	}
-	if err := json.Unmarshal(data, &nl); err != nil {
-		return nl, errdefs.Wrap(errdefs.Internal, err, "corrupt layer record "+name)
-	}
-	return nl, nil
+	return readRecord[NamedLayer](s.namedPath(name), "layer", name)
 }
 
 // ListLayers returns the named layers, sorted by name.
@@ -673,16 +662,12 @@ func (s *Store) ListLayers() ([]NamedLayer, error) {
 		if strings.HasPrefix(n, ".") || !strings.HasSuffix(n, ".json") {
 			continue
 		}
-		var nl NamedLayer
-		data, err := os.ReadFile(filepath.Join(s.namedDir(), n))
-		if errors.Is(err, os.ErrNotExist) {
-			continue
+		nl, err := readRecord[NamedLayer](filepath.Join(s.namedDir(), n), "layer", n)
+		if errdefs.CategoryOf(err) == errdefs.NotFound {
+			continue // removed meanwhile
 		}
 		if err != nil {
-			return nil, errdefs.Wrap(errdefs.Internal, err, "list layers")
-		}
-		if err := json.Unmarshal(data, &nl); err != nil {
-			return nil, errdefs.Wrap(errdefs.Internal, err, "corrupt layer record "+n)
+			return nil, err
 		}
 		out = append(out, nl)
 	}

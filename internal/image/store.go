@@ -459,22 +459,25 @@ func (s *Store) Get(name string) (Image, error) {
 	if err := ValidName(name); err != nil {
 		return Image{}, err
 	}
-	return s.readRecord(s.recordPath(name), name)
+	return readRecord[Image](s.recordPath(name), "image", name)
 }
 
-func (s *Store) readRecord(path, name string) (Image, error) {
-	var img Image
+// readRecord reads the JSON record of an image or named layer (kind) at
+// path: NotFound when the file is missing (removed meanwhile, too),
+// Internal when it cannot be read or parsed.
+func readRecord[T any](path, kind, name string) (T, error) {
+	var v T
 	data, err := os.ReadFile(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return img, errdefs.NotFoundf("image %s not found", name)
+			return v, errdefs.NotFoundf("%s %s not found", kind, name)
 		}
-		return img, errdefs.Wrap(errdefs.Internal, err, "read image "+name)
+		return v, errdefs.Wrap(errdefs.Internal, err, "read "+kind+" "+name)
 	}
-	if err := json.Unmarshal(data, &img); err != nil {
-		return img, errdefs.Wrap(errdefs.Internal, err, "corrupt image record "+path)
+	if err := json.Unmarshal(data, &v); err != nil {
+		return v, errdefs.Wrap(errdefs.Internal, err, "corrupt "+kind+" record "+path)
 	}
-	return img, nil
+	return v, nil
 }
 
 // List returns every image, sorted by name.
@@ -489,7 +492,7 @@ func (s *Store) List() ([]Image, error) {
 		if strings.HasPrefix(n, ".") || !strings.HasSuffix(n, ".json") {
 			continue
 		}
-		img, err := s.readRecord(filepath.Join(s.imagesDir(), n), n)
+		img, err := readRecord[Image](filepath.Join(s.imagesDir(), n), "image", n)
 		if errdefs.CategoryOf(err) == errdefs.NotFound {
 			continue // removed meanwhile
 		}
