@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/mountinfo"
 )
 
 // memAvailableKiB reads MemAvailable from /proc/meminfo.
@@ -286,15 +288,11 @@ func sandboxInitPid(daemonPid int, id string) (int, error) {
 
 // mountsUnder lists the mount points below dir (from /proc/self/mountinfo).
 func mountsUnder(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
+	mounts, _ := mountinfo.Under(dir)
 	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			out = append(out, f[4])
+	for _, m := range mounts {
+		if m.Point != dir {
+			out = append(out, m.Point)
 		}
 	}
 	return out

@@ -1,7 +1,6 @@
 package container
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/backend/conformance"
 	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/mountinfo"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -86,18 +86,11 @@ func v1Names() map[string]bool {
 // parent, and processes in those cgroups.
 func resources(t *testing.T, opts Options) []string {
 	var out []string
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && (strings.HasPrefix(fields[4], opts.RunDir) || strings.HasPrefix(fields[4], opts.StateDir)) {
-			out = append(out, "mount "+fields[4])
+	for _, m := range mountPoints(t) {
+		if strings.HasPrefix(m, opts.RunDir) || strings.HasPrefix(m, opts.StateDir) {
+			out = append(out, "mount "+m)
 		}
 	}
-	f.Close()
 	for _, d := range []string{filepath.Join(opts.RunDir, "sb"), filepath.Join(opts.StateDir, "sandboxes")} {
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
@@ -194,17 +187,13 @@ func TestSharedSysfs(t *testing.T) {
 
 func mountPoints(t *testing.T) []string {
 	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) > 4 {
-			out = append(out, fields[4])
-		}
+	for _, m := range mounts {
+		out = append(out, m.Point)
 	}
 	return out
 }

@@ -1,14 +1,13 @@
 package daemon
 
 import (
-	"bufio"
 	"context"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/mountinfo"
 )
 
 // Version and Commit are set at link time:
@@ -51,39 +50,12 @@ func cgroupMode(root, mountinfo string) string {
 
 // mountPoints lists the mount points of filesystems of type fstype in a
 // /proc/self/mountinfo text.
-func mountPoints(mountinfo, fstype string) []string {
+func mountPoints(text, fstype string) []string {
 	var out []string
-	sc := bufio.NewScanner(strings.NewReader(mountinfo))
-	for sc.Scan() {
-		// id parent major:minor root mountpoint opts [optional...] - fstype source superopts
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
+	for _, m := range mountinfo.Parse(text) {
+		if m.FSType == fstype {
+			out = append(out, m.Point)
 		}
-		f, p := strings.Fields(pre), strings.Fields(post)
-		if len(f) < 5 || len(p) < 1 || p[0] != fstype {
-			continue
-		}
-		out = append(out, unescapeOctal(f[4]))
 	}
 	return out
 }
-
-// unescapeOctal undoes mountinfo's \NNN escapes (space, tab, newline, \).
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
-			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
-			i += 3
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func isOctal(c byte) bool { return c >= '0' && c <= '7' }

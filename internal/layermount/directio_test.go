@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/erofs"
+	"github.com/warrenrl/warren/internal/mountinfo"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -61,13 +62,13 @@ func randomBytes(n int, seed uint64) []byte {
 // superOptions returns the superblock options of the mount at dir.
 func superOptions(t *testing.T, dir string) []string {
 	t.Helper()
-	ms, err := mountsUnder(dir)
+	ms, err := mountinfo.Under(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range ms {
-		if m.point == dir {
-			return m.options
+		if m.Point == dir {
+			return m.Options
 		}
 	}
 	t.Fatalf("%s is not a mount point", dir)

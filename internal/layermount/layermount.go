@@ -30,7 +30,6 @@
 package layermount
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -47,6 +46,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/mountinfo"
 )
 
 // DefaultGrace is how long an unused mount is kept.
@@ -166,16 +166,16 @@ func validKey(key string) error {
 
 // recover adopts the mounts under dir and removes stray directories.
 func (c *Cache) recover() error {
-	mounts, err := mountsUnder(c.dir)
+	mounts, err := mountinfo.Under(c.dir)
 	if err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "layer mount cache: reading mountinfo")
 	}
-	byKey := map[string][]mountEntry{}
+	byKey := map[string][]mountinfo.Mount{}
 	for _, m := range mounts {
-		rel, err := filepath.Rel(c.dir, m.point)
-		if err != nil || rel == "." || strings.Contains(rel, "/") || validKey(rel) != nil || m.fstype != "erofs" {
+		rel, err := filepath.Rel(c.dir, m.Point)
+		if err != nil || rel == "." || strings.Contains(rel, "/") || validKey(rel) != nil || m.FSType != "erofs" {
 			// Not ours: something mounted deeper, or of another type.
-			_ = unix.Unmount(m.point, unix.MNT_DETACH)
+			_ = unix.Unmount(m.Point, unix.MNT_DETACH)
 			continue
 		}
 		byKey[rel] = append(byKey[rel], m)
@@ -188,8 +188,8 @@ func (c *Cache) recover() error {
 			}
 			continue
 		}
-		e := &entry{key: key, mounted: true, since: time.Now(), directIO: ms[0].hasOption("directio")}
-		e.source, e.dev = sourceOf(ms[0].source)
+		e := &entry{key: key, mounted: true, since: time.Now(), directIO: slices.Contains(ms[0].Options, "directio")}
+		e.source, e.dev = sourceOf(ms[0].Source)
 		if c.opts.ReadAheadKB > 0 {
 			// The bdi lives as long as the superblock: normally still
 			// set, unless the setting changed across the restart.
@@ -630,74 +630,6 @@ func (c *Cache) UnmountAll() error {
 		e.mu.Unlock()
 	}
 	return errors.Join(errs...)
-}
-
-type mountEntry struct {
-	point, fstype, source string
-	options               []string // the superblock's options
-}
-
-func (m mountEntry) hasOption(o string) bool { return slices.Contains(m.options, o) }
-
-// mountsUnder lists the mounts at or below dir from /proc/self/mountinfo,
-// deepest last.
-func mountsUnder(dir string) ([]mountEntry, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var out []mountEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 10 {
-			continue
-		}
-		point := unescape(fields[4])
-		if point != dir && !strings.HasPrefix(point, dir+"/") {
-			continue
-		}
-		sep := -1
-		for i := 6; i < len(fields); i++ {
-			if fields[i] == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+2 >= len(fields) {
-			continue
-		}
-		me := mountEntry{point: point, fstype: fields[sep+1], source: unescape(fields[sep+2])}
-		if sep+3 < len(fields) {
-			me.options = strings.Split(fields[sep+3], ",")
-		}
-		out = append(out, me)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// unescape decodes the octal escapes (\040 etc.) of mountinfo fields.
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // String describes the cache for logs.

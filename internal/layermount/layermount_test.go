@@ -16,6 +16,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/mountinfo"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -51,12 +52,12 @@ func newCache(t *testing.T, dir string, opts Options) *Cache {
 
 func isMount(t *testing.T, p string) bool {
 	t.Helper()
-	ms, err := mountsUnder(p)
+	ms, err := mountinfo.Under(p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range ms {
-		if m.point == p {
+		if m.Point == p {
 			return true
 		}
 	}
@@ -97,7 +98,7 @@ func TestSharedRefcountedMount(t *testing.T) {
 			t.Fatalf("acquire %d: %q %v", i, dirs[i], errs[i])
 		}
 	}
-	if n, _ := mountsUnder(c.Dir()); len(n) != 1 {
+	if n, _ := mountinfo.Under(c.Dir()); len(n) != 1 {
 		t.Fatalf("want one mount, got %v", n)
 	}
 	if c.Refs("k1") != 32 || read(t, dirs[0]) != "one" {
@@ -184,7 +185,7 @@ func TestRestartRecovery(t *testing.T) {
 	if err != nil || read(t, d) != "aaa" {
 		t.Fatal(err)
 	}
-	if n, _ := mountsUnder(c2.MountPoint("ka")); len(n) != 1 {
+	if n, _ := mountinfo.Under(c2.MountPoint("ka")); len(n) != 1 {
 		t.Fatalf("remounted: %v", n)
 	}
 	// Nobody took "kb": collected.
@@ -199,7 +200,7 @@ func TestRestartRecovery(t *testing.T) {
 	if err := c2.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := mountsUnder(dir); len(n) != 0 {
+	if n, _ := mountinfo.Under(dir); len(n) != 0 {
 		t.Fatalf("mounts left after Close: %v", n)
 	}
 	if _, _, err := c2.Acquire(ctx, "ka", a); errdefs.CategoryOf(err) != errdefs.Unavailable {
@@ -255,7 +256,7 @@ func TestLoopFallbackAndErrors(t *testing.T) {
 	if _, _, err := c2.Acquire(ctx, "missing", filepath.Join(tmp, "nope")); errdefs.CategoryOf(err) != errdefs.NotFound {
 		t.Fatalf("missing blob: %v", err)
 	}
-	if n, _ := mountsUnder(c2.Dir()); len(n) != 0 || len(c2.List()) != 0 {
+	if n, _ := mountinfo.Under(c2.Dir()); len(n) != 0 || len(c2.List()) != 0 {
 		t.Fatalf("leftovers: %v %+v", n, c2.List())
 	}
 	if _, _, err := c2.Acquire(ctx, "../x", bad); errdefs.CategoryOf(err) != errdefs.Invalid {

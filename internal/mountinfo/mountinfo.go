@@ -1,0 +1,86 @@
+// Package mountinfo reads the mount table of the calling process
+// (/proc/self/mountinfo).
+package mountinfo
+
+import (
+	"os"
+	"strings"
+)
+
+// Mount is one mount of the table.
+type Mount struct {
+	Point   string   // mount point, unescaped
+	FSType  string   // filesystem type, e.g. "erofs"
+	Source  string   // mount source, unescaped
+	Options []string // superblock options
+}
+
+// Read parses /proc/self/mountinfo.
+func Read() ([]Mount, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	return Parse(string(data)), nil
+}
+
+// Under lists the mounts at dir or below it, in table order (a mount
+// before the ones on top of it).
+func Under(dir string) ([]Mount, error) {
+	all, err := Read()
+	if err != nil {
+		return nil, err
+	}
+	var out []Mount
+	for _, m := range all {
+		if m.Point == dir || strings.HasPrefix(m.Point, dir+"/") {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// Parse parses mountinfo text; lines it cannot read are skipped.
+func Parse(text string) []Mount {
+	var out []Mount
+	for _, line := range strings.Split(text, "\n") {
+		// id parent major:minor root mountpoint opts [optional...] - fstype source superopts
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
+		}
+		f, p := strings.Fields(pre), strings.Fields(post)
+		if len(f) < 5 || len(p) < 1 {
+			continue
+		}
+		m := Mount{Point: Unescape(f[4]), FSType: p[0]}
+		if len(p) > 1 {
+			m.Source = Unescape(p[1])
+		}
+		if len(p) > 2 {
+			m.Options = strings.Split(p[2], ",")
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// Unescape undoes the \NNN octal escapes the kernel writes for space, tab,
+// newline and backslash in mountinfo fields.
+func Unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
+			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
+			i += 3
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func isOctal(c byte) bool { return c >= '0' && c <= '7' }
