@@ -1,6 +1,7 @@
 package container
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -55,11 +56,7 @@ func TestConformance(t *testing.T) {
 			return resources(t, opts)
 		},
 		Kill: func(t *testing.T, sb backend.Sandbox) {
-			var st state
-			if err := json.Unmarshal(sb.State(), &st); err != nil {
-				t.Fatal(err)
-			}
-			if err := unix.Kill(st.Pid, unix.SIGKILL); err != nil {
+			if err := unix.Kill(initPid(t, sb), unix.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
 		},
@@ -161,11 +158,7 @@ func TestSharedSysfs(t *testing.T) {
 	if err := unix.Unmount(sysfs, unix.MNT_DETACH); err != nil {
 		t.Fatal(err)
 	}
-	sb, err := b.Create(t.Context(), backend.Spec{ID: "sysfs1", Layers: []string{testutil.BusyboxRoot(t)}, MemoryBytes: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Destroy(t.Context())
+	sb, _ := runningSandbox(t, b, "sysfs1")
 	if n := countMounts(); n != 1 {
 		t.Errorf("after a create: %d mounts at %s, want 1", n, sysfs)
 	}
@@ -206,19 +199,8 @@ func TestStandaloneAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := b.Create(t.Context(), backend.Spec{ID: "standalone1", Layers: []string{testutil.BusyboxRoot(t)}, MemoryBytes: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Destroy(t.Context())
-	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"echo", "ok"}}, ""); r.Stdout != "ok\n" {
-		t.Fatalf("exec: %+v", r)
-	}
-	var st state
-	if err := json.Unmarshal(sb.State(), &st); err != nil {
-		t.Fatal(err)
-	}
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", st.Pid))
+	_, pid := runningSandbox(t, b, "standalone1")
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,19 +219,8 @@ func TestInPlaceAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := b.Create(t.Context(), backend.Spec{ID: "inplace1", Layers: []string{testutil.BusyboxRoot(t)}, MemoryBytes: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Destroy(t.Context())
-	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"echo", "ok"}}, ""); r.Stdout != "ok\n" {
-		t.Fatalf("exec: %+v", r)
-	}
-	var st state
-	if err := json.Unmarshal(sb.State(), &st); err != nil {
-		t.Fatal(err)
-	}
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", st.Pid))
+	_, pid := runningSandbox(t, b, "inplace1")
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,20 +243,9 @@ func TestNoInheritedFDs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := b.Create(t.Context(), backend.Spec{ID: "fds1", Layers: []string{testutil.BusyboxRoot(t)}, MemoryBytes: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Destroy(t.Context())
 	// An answered exec means the agent's loop (and its fds) is set up.
-	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"true"}}, ""); r.Status.Code != 0 {
-		t.Fatalf("exec: %+v", r)
-	}
-	var st state
-	if err := json.Unmarshal(sb.State(), &st); err != nil {
-		t.Fatal(err)
-	}
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", st.Pid))
+	_, pid := runningSandbox(t, b, "fds1")
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,9 +254,35 @@ func TestNoInheritedFDs(t *testing.T) {
 	if len(ents) != 6 {
 		var names []string
 		for _, e := range ents {
-			l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", st.Pid, e.Name()))
+			l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
 			names = append(names, e.Name()+" -> "+l)
 		}
 		t.Errorf("sandbox PID 1 holds %d fds, want 6: %v", len(ents), names)
 	}
+}
+
+// runningSandbox creates sandbox id on b, waits until its agent has
+// answered an exec, and returns it with the host pid of its PID 1. It is
+// destroyed when the test ends.
+func runningSandbox(t *testing.T, b *Backend, id string) (backend.Sandbox, int) {
+	t.Helper()
+	sb, err := b.Create(t.Context(), backend.Spec{ID: id, Layers: []string{testutil.BusyboxRoot(t)}, MemoryBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"echo", "ok"}}, ""); r.Stdout != "ok\n" {
+		t.Fatalf("exec: %+v", r)
+	}
+	return sb, initPid(t, sb)
+}
+
+// initPid is the host pid of sb's PID 1, from its backend state.
+func initPid(t *testing.T, sb backend.Sandbox) int {
+	t.Helper()
+	var st state
+	if err := json.Unmarshal(sb.State(), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Pid
 }
