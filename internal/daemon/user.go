@@ -222,10 +222,10 @@ func findGroup(data []byte, name string) (uint32, bool) {
 // looking names up: a sandbox's default user is checked at create, when
 // its /etc/passwd may still change.
 func checkUserSpec(spec string) error {
-	userPart, groupPart, hasGroup := strings.Cut(spec, ":")
 	if spec == "" {
 		return nil
 	}
+	userPart, groupPart, hasGroup := strings.Cut(spec, ":")
 	if userPart == "" || (hasGroup && groupPart == "") || strings.Contains(groupPart, ":") ||
 		len(spec) > 256 || strings.ContainsAny(spec, "\x00\n/ \t") {
 		return errdefs.Invalidf("invalid user %q: want name, uid or uid:gid", spec)
