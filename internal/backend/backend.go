@@ -57,8 +57,11 @@ type Sandbox interface {
 	Root() string
 	// Start starts a process in the sandbox.
 	Start(ctx context.Context, p ProcSpec) (Process, error)
-	// Done is closed when the sandbox stops on its own (its init died).
-	Done() <-chan struct{}
+	// Exited is canceled when the sandbox stops on its own (its init
+	// died). It derives from context.Background, so context.AfterFunc on
+	// it registers a callback instead of parking a goroutine: the daemon
+	// watches thousands of sandboxes that way.
+	Exited() context.Context
 	// Stats reads resource use; counters are cumulative.
 	Stats() (Stats, error)
 	// Destroy stops every process and releases every resource. It is

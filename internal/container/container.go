@@ -338,9 +338,11 @@ func (b *Backend) attach(id string, pid int, grp cgroups.Group) (*sandbox, error
 	}
 	s := &sandbox{
 		b: b, id: id, grp: grp, st: state{Pid: pid, StartTime: st},
-		done: make(chan struct{}), agent: agent.NewClient(b.socket(id)),
+		agent: agent.NewClient(b.socket(id)),
 	}
-	if err := b.mon.watch(pidfd, pid, func() { s.doneOnce.Do(func() { close(s.done) }) }); err != nil {
+	s.exited, s.exit = context.WithCancel(context.Background())
+	if err := b.mon.watch(pidfd, pid, s.exit); err != nil {
+		s.exit()
 		unix.Close(pidfd)
 		return nil, errdefs.Wrap(errdefs.Internal, err, "watch sandbox init")
 	}
@@ -418,13 +420,13 @@ func (b *Backend) teardown(id string) error {
 }
 
 type sandbox struct {
-	b        *Backend
-	id       string
-	grp      cgroups.Group
-	st       state
-	agent    *agent.Client
-	done     chan struct{}
-	doneOnce sync.Once
+	b      *Backend
+	id     string
+	grp    cgroups.Group
+	st     state
+	agent  *agent.Client
+	exited context.Context
+	exit   context.CancelFunc // cancels exited: the init died
 
 	destroyMu sync.Mutex
 	destroyed bool
@@ -434,8 +436,8 @@ func (s *sandbox) ID() string { return s.id }
 
 // Root reaches the sandbox's root through its init: the overlay is mounted
 // only inside the sandbox's mount namespace.
-func (s *sandbox) Root() string          { return "/proc/" + strconv.Itoa(s.st.Pid) + "/root" }
-func (s *sandbox) Done() <-chan struct{} { return s.done }
+func (s *sandbox) Root() string            { return "/proc/" + strconv.Itoa(s.st.Pid) + "/root" }
+func (s *sandbox) Exited() context.Context { return s.exited }
 func (s *sandbox) State() []byte {
 	b, _ := json.Marshal(s.st)
 	return b
@@ -447,7 +449,7 @@ func (s *sandbox) UpperDir() string { return filepath.Join(s.b.stateDir(s.id), "
 // Freeze freezes the sandbox's cgroup (backend.Committer).
 func (s *sandbox) Freeze(ctx context.Context) (func() error, error) {
 	select {
-	case <-s.done:
+	case <-s.exited.Done():
 		return nil, errdefs.Conflictf("sandbox %s is not running", s.id)
 	default:
 	}
@@ -469,7 +471,7 @@ func (s *sandbox) Freeze(ctx context.Context) (func() error, error) {
 
 func (s *sandbox) Start(ctx context.Context, p backend.ProcSpec) (backend.Process, error) {
 	select {
-	case <-s.done:
+	case <-s.exited.Done():
 		return nil, errdefs.Conflictf("sandbox %s is not running", s.id)
 	default:
 	}
@@ -492,13 +494,13 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 		return nil
 	}
 	select {
-	case <-s.done:
+	case <-s.exited.Done():
 	default:
 		if cur, err := procStartTime(s.st.Pid); err == nil && cur == s.st.StartTime {
 			_ = unix.Kill(s.st.Pid, unix.SIGKILL)
 		}
 		select {
-		case <-s.done:
+		case <-s.exited.Done():
 		case <-time.After(10 * time.Second):
 			return errdefs.Internalf("sandbox %s: init did not exit after SIGKILL", s.id)
 		}

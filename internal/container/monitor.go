@@ -69,7 +69,7 @@ func (m *monitor) loop() {
 			// restart it is not, and the host's init reaps it.
 			var ws unix.WaitStatus
 			_, _ = unix.Wait4(w.pid, &ws, unix.WNOHANG, nil)
-			go w.onExit()
+			w.onExit() // cancels a context: must not block
 		}
 	}
 }

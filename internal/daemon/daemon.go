@@ -130,8 +130,7 @@ type sandbox struct {
 	backendName string
 	b           backend.Backend
 
-	ready   chan struct{} // closed when Create finished, either way
-	removed chan struct{} // closed when the sandbox left the map
+	ready chan struct{} // closed when Create finished, either way
 
 	mu           sync.Mutex
 	info         *warrenv1.Sandbox // State is the lifecycle state
@@ -140,7 +139,8 @@ type sandbox struct {
 	imageLayers  []string      // digests, bottom first
 	fs           *sandboxfs.FS // nil when the backend has no host root
 	timer        *time.Timer
-	release      func() // releases the image layers; nil once released
+	unwatch      func() bool // unregisters watch's callback
+	release      func()      // releases the image layers; nil once released
 	deleting     chan struct{}
 	deleteErr    error
 	gone         bool

@@ -67,7 +67,6 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		backendName: p.backend,
 		b:           b,
 		ready:       make(chan struct{}),
-		removed:     make(chan struct{}),
 		info:        info,
 	}
 
@@ -217,7 +216,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	s.mu.Unlock()
 	cl.Release()
 
-	m.spawn(func() { m.watch(s, sb) })
+	m.watch(s, sb)
 	m.metrics.ObserveCreate(time.Since(start).Seconds())
 	m.log.Debug("sandbox created", "sandbox", p.id, "image", p.image, "backend", p.backend, "took", time.Since(start))
 	return out, nil
@@ -237,7 +236,9 @@ func (m *Manager) forget(s *sandbox) {
 		if s.timer != nil {
 			s.timer.Stop()
 		}
-		close(s.removed)
+		if s.unwatch != nil {
+			s.unwatch()
+		}
 		select {
 		case <-s.ready:
 		default:
@@ -484,14 +485,21 @@ func (m *Manager) expire(s *sandbox) {
 	}
 }
 
-// watch waits for a sandbox's init to die on its own.
+// watch marks the sandbox DEAD if its init dies on its own. The callback
+// hangs on the backend's context rather than a goroutine per sandbox
+// (~8 KiB of stack each at thousands of sandboxes); forget unregisters it.
 func (m *Manager) watch(s *sandbox, sb backend.Sandbox) {
-	select {
-	case <-sb.Done():
-		m.died(s, sb, "init exited")
-	case <-s.removed:
-	case <-m.closing:
+	stop := context.AfterFunc(sb.Exited(), func() {
+		m.spawn(func() { m.died(s, sb, "init exited") })
+	})
+	s.mu.Lock()
+	if s.gone {
+		s.mu.Unlock()
+		stop()
+		return
 	}
+	s.unwatch = stop
+	s.mu.Unlock()
 }
 
 // died marks a running sandbox DEAD, releases its resources and keeps the
@@ -583,7 +591,6 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		backendName:  rec.Backend,
 		b:            m.cfg.Backends[rec.Backend],
 		ready:        make(chan struct{}),
-		removed:      make(chan struct{}),
 		info:         info,
 		backendState: rec.BackendState,
 		imageLayers:  rec.ImageLayers,
@@ -696,7 +703,7 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 	}
 	add()
 	armTimer(expires)
-	m.spawn(func() { m.watch(s, sb) })
+	m.watch(s, sb)
 	return true
 }
 

@@ -163,8 +163,8 @@ func Run(t *testing.T, h Harness) {
 			t.Fatalf("true: %+v", r)
 		}
 		select {
-		case <-sb.Done():
-			t.Fatal("Done closed while the sandbox is alive")
+		case <-sb.Exited().Done():
+			t.Fatal("Exited canceled while the sandbox is alive")
 		default:
 		}
 		if len(sb.State()) == 0 {
@@ -387,9 +387,9 @@ func Run(t *testing.T, h Harness) {
 		sb := create(t, b, h, nil)
 		h.Kill(t, sb)
 		select {
-		case <-sb.Done():
+		case <-sb.Exited().Done():
 		case <-time.After(10 * time.Second):
-			t.Fatal("Done not closed after init was killed")
+			t.Fatal("Exited not canceled after init was killed")
 		}
 		if _, err := TryExec(sb, backend.ProcSpec{Argv: []string{"true"}}, ""); err == nil {
 			t.Fatal("exec into a dead sandbox succeeded")
@@ -436,7 +436,7 @@ func Run(t *testing.T, h Harness) {
 			t.Fatalf("kept sandbox harmed by sweep: %+v", r)
 		}
 		select {
-		case <-orphan.Done():
+		case <-orphan.Exited().Done():
 		case <-time.After(10 * time.Second):
 			t.Fatal("orphan still running after sweep")
 		}
