@@ -492,12 +492,152 @@ static int trim_segments(struct dl_phdr_info *info, size_t size, void *data)
 	return 1; /* the main program is all there is in a static binary */
 }
 
+void __attribute__((noreturn)) warren_agent_main(int fd);
+
+#ifdef WARREN_AGENT_MAIN
+/* The standalone agent runs on a stack inside its own .bss rather than the
+ * one the kernel set up near the top of the address space, unmaps that one
+ * and moves the heap next to the .bss: with the vDSO gone as well, the
+ * whole process fits under one page-table page per level (12 KiB, against
+ * 28 KiB before). The first page of the stack is a guard, so an overflow
+ * faults instead of overwriting data; the top holds the command line. */
+#define OWN_STACK_SIZE (128u << 10)
+#define CMDLINE "warren-init"
+#define CMDLINE_ROOM 64
+static char own_stack[OWN_STACK_SIZE] __attribute__((aligned(4096)));
+static uintptr_t kernel_sp; /* an address on the kernel's stack */
+static char *empty_env[] = {NULL};
+extern char _end[]; /* the linker's end of .bss */
+
+static int on_own_stack(void)
+{
+	char here;
+	return kernel_sp && (uintptr_t)&here - (uintptr_t)own_stack < sizeof own_stack;
+}
+
+/* Reads the given fields (1-based, ascending, all > 2) of /proc/self/stat. */
+static int stat_fields(unsigned long *out, const int *which, int count)
+{
+	char buf[1024];
+	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = 0;
+	char *p = strrchr(buf, ')'); /* comm may hold spaces and parentheses */
+	if (!p)
+		return -1;
+	int i = 0;
+	for (int field = 3; i < count && (p = strchr(p, ' ')); field++) {
+		p++;
+		if (field == which[i])
+			out[i++] = strtoul(p, NULL, 10);
+	}
+	return i == count ? 0 : -1;
+}
+
+/* Before the kernel's stack goes: point the kernel's idea of our command
+ * line at the copy on our stack (argv lived on the old one; ps and
+ * /proc/1/cmdline read it, from anonymous memory only), and start the heap
+ * at the next page after the .bss instead of at a random address in its
+ * own 2 MiB (one more page-table page). PR_SET_MM_MAP needs no capability
+ * for a process's own fields. Best effort: on failure the heap stays where
+ * it was and the command line reads empty. Runs before the first malloc. */
+static void move_mm(void)
+{
+	static const int which[] = {26, 27, 45, 46};
+	unsigned long v[4];
+	if (stat_fields(v, which, 4) < 0)
+		return;
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t heap = ((uintptr_t)_end + pg - 1) & ~(pg - 1);
+	uintptr_t cmd = (uintptr_t)own_stack + sizeof own_stack - CMDLINE_ROOM;
+	struct prctl_mm_map m = {
+		.start_code = v[0], .end_code = v[1], .start_data = v[2], .end_data = v[3],
+		.start_brk = heap, .brk = heap,
+		.start_stack = cmd,
+		.arg_start = cmd, .arg_end = cmd + sizeof CMDLINE,
+		.env_start = cmd + sizeof CMDLINE, .env_end = cmd + sizeof CMDLINE,
+		.exe_fd = (uint32_t)-1,
+	};
+	prctl(PR_SET_MM, PR_SET_MM_MAP, (unsigned long)&m, sizeof m, 0);
+}
+
+/* Gives back the stack pages below the caller's frame: deep calls while
+ * serving requests touch them, and an idle agent would keep them for
+ * good. The page holding the caller's frame (and the red zone below it)
+ * stays. */
+static void __attribute__((noinline)) trim_stack(void)
+{
+	char here;
+	if (!on_own_stack())
+		return;
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t lo = (uintptr_t)own_stack + pg; /* above the guard */
+	uintptr_t hi = ((uintptr_t)&here - 512) & ~(pg - 1);
+	if (hi > lo)
+		madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* Switches to own_stack and never returns. Only where we know the ABI;
+ * elsewhere the agent stays on the kernel's stack. */
+static void __attribute__((noreturn)) run_on_own_stack(int fd)
+{
+	char here;
+	memcpy(own_stack + sizeof own_stack - CMDLINE_ROOM, CMDLINE, sizeof CMDLINE);
+	void *top = own_stack + sizeof own_stack - CMDLINE_ROOM;
+#if defined(__x86_64__) || defined(__aarch64__)
+	if (mprotect(own_stack, 4096, PROT_NONE) == 0) {
+		kernel_sp = (uintptr_t)&here;
+#if defined(__x86_64__)
+		__asm__ volatile("mov %0, %%rsp\n\t"
+				 "xor %%ebp, %%ebp\n\t"
+				 "call warren_agent_main\n\t"
+				 "ud2"
+				 :
+				 : "r"(top), "D"(fd)
+				 : "memory");
+#else
+		__asm__ volatile("mov sp, %0\n\t"
+				 "mov x29, xzr\n\t"
+				 "mov w0, %w1\n\t"
+				 "bl warren_agent_main\n\t"
+				 "brk #0"
+				 :
+				 : "r"(top), "r"(fd)
+				 : "memory", "x0", "x30");
+#endif
+	}
+#endif
+	(void)top;
+	(void)here;
+	warren_agent_main(fd);
+}
+#endif
+
 /* The vDSO and its data pages sit alone near the top of the address space,
  * so they keep three page-table pages (12 KiB per sandbox) alive. The agent
  * never asks for the time, and its children exec before they could, so it
- * unmaps them; munmap frees the page tables that covered nothing else. */
-static void drop_vdso(void)
+ * unmaps them; munmap frees the page tables that covered nothing else. The
+ * standalone agent, once on its own stack, unmaps the kernel's stack too. */
+static void drop_mappings(void)
 {
+#ifdef WARREN_AGENT_MAIN
+	int drop_stack = on_own_stack();
+	if (drop_stack) {
+		move_mm();
+		/* The environment and the aux vector live on the kernel's
+		 * stack; musl's malloc reads AT_RANDOM from the latter on its
+		 * first call: make that call now (volatile, or the compiler
+		 * drops the pair). Nothing else reads them after startup. */
+		void *volatile first = malloc(1);
+		free(first);
+		environ = empty_env;
+	}
+#endif
 	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return;
@@ -514,15 +654,17 @@ static void drop_vdso(void)
 		next = strchr(line, '\n');
 		if (next)
 			*next++ = 0;
-		const char *name = strrchr(line, ' ');
-		if (!name || (strcmp(name, " [vdso]") && strcmp(name, " [vvar]") && strcmp(name, " [vvar_vclock]")))
-			continue;
 		char *end;
 		uintptr_t lo = (uintptr_t)strtoull(line, &end, 16);
 		if (*end != '-')
 			continue;
 		uintptr_t hi = (uintptr_t)strtoull(end + 1, NULL, 16);
-		if (hi > lo)
+		const char *name = strrchr(line, ' ');
+		int drop = name && (!strcmp(name, " [vdso]") || !strcmp(name, " [vvar]") || !strcmp(name, " [vvar_vclock]"));
+#ifdef WARREN_AGENT_MAIN
+		drop |= drop_stack && lo <= kernel_sp && kernel_sp < hi;
+#endif
+		if (drop && hi > lo)
 			munmap((void *)lo, hi - lo);
 	}
 	madvise(maps, sizeof(maps), MADV_DONTNEED);
@@ -781,7 +923,10 @@ void __attribute__((noreturn)) warren_agent_main(int fd)
 
 	reap(); /* zombies inherited from whoever exec'd us */
 	dl_iterate_phdr(trim_segments, NULL);
-	drop_vdso();
+	drop_mappings();
+#ifdef WARREN_AGENT_MAIN
+	trim_stack();
+#endif
 	for (;;) {
 		struct epoll_event evs[32];
 		int n = epoll_wait(epfd, evs, 32, -1);
@@ -809,11 +954,18 @@ void __attribute__((noreturn)) warren_agent_main(int fd)
 				break;
 			}
 		}
+		int freed = dead_conns != NULL;
 		while (dead_conns) {
 			struct conn *c = dead_conns;
 			dead_conns = c->dead;
 			free(c);
 		}
+#ifdef WARREN_AGENT_MAIN
+		if (freed && !conns)
+			trim_stack(); /* idle again */
+#else
+		(void)freed;
+#endif
 	}
 }
 
@@ -831,7 +983,11 @@ __attribute__((constructor)) static void warren_agent_init(void)
 		errno = EINVAL;
 		fatal(AGENT_ENV);
 	}
+#ifdef WARREN_AGENT_MAIN
+	run_on_own_stack((int)fd);
+#else
 	warren_agent_main((int)fd);
+#endif
 }
 
 #ifdef WARREN_AGENT_MAIN

@@ -792,3 +792,53 @@ func TestNoVDSO(t *testing.T) {
 		t.Errorf("child: %q, stderr %q", res.stdout, res.stderr)
 	}
 }
+
+// TestStandaloneLayout: the standalone agent runs on a stack in its own
+// .bss with the heap right after it, so that after serving requests its
+// whole address space sits in one 2 MiB page-table page, and the kernel
+// still reports its command line.
+func TestStandaloneLayout(t *testing.T) {
+	if filepath.Base(agentBin) != "standalone" {
+		t.Skip("the agent embedded in the warren binary keeps the kernel's stack")
+	}
+	a := startAgent(t, nil)
+	for i := 0; i < 20; i++ {
+		res := run(t, a.client, sh(`echo ok`), "")
+		if res.stdout != "ok\n" {
+			t.Fatalf("exec %d: %+v", i, res)
+		}
+	}
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", a.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lo, hi uint64 = ^uint64(0), 0
+	for _, line := range strings.Split(strings.TrimSpace(string(maps)), "\n") {
+		if strings.HasSuffix(line, "[vsyscall]") {
+			continue // a fixed kernel page, not in the process's page tables
+		}
+		var s, e uint64
+		if _, err := fmt.Sscanf(line, "%x-%x", &s, &e); err != nil {
+			t.Fatalf("maps line %q: %v", line, err)
+		}
+		lo, hi = min(lo, s), max(hi, e)
+	}
+	if lo>>21 != (hi-1)>>21 {
+		t.Errorf("mappings span %#x-%#x, more than one 2 MiB page-table page:\n%s", lo, hi, maps)
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", a.pid))
+	if err != nil || string(cmdline) != "warren-init\x00" {
+		t.Errorf("cmdline %q, %v; want \"warren-init\\x00\"", cmdline, err)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmPTE:"); ok {
+			if kb, _ := strconv.Atoi(strings.Fields(v)[0]); kb > 12 {
+				t.Errorf("VmPTE %d KiB, want <= 12 (one page per level)", kb)
+			}
+		}
+	}
+}
