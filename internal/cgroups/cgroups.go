@@ -1,8 +1,16 @@
 // Package cgroups gives each sandbox one control group with cpu, memory and
 // pids limits, behind one small interface that works on cgroup v1 (and
-// hybrid) hosts and on cgroup v2 hosts. Creation, limits and deletion go
-// through containerd/cgroups; the few counters read on hot paths (OOM
-// kills, memory use) are read directly from their files.
+// hybrid) hosts and on cgroup v2 hosts. Creation and limits go through
+// containerd/cgroups; the few counters read on hot paths (OOM kills,
+// memory use) are read directly from their files.
+//
+// Every cgroup directory costs kernel memory (~6 KiB each), so a sandbox
+// gets as few as possible: one on v2; on hybrid hosts (v1 controllers
+// plus a controller-less cgroup2 at /sys/fs/cgroup/unified) memory, cpu
+// and pids for the limits and one unified directory for freezing, killing,
+// CPU usage and the process list, while devices is one directory shared by
+// every sandbox of a parent (see sharedDevices); on pure v1 hosts cpu,
+// cpuacct, memory, pids, freezer and devices.
 package cgroups
 
 import (
@@ -12,8 +20,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -80,26 +90,41 @@ func Mode() string {
 
 func unified() bool { return cg.Mode() == cg.Unified }
 
-// v1Subsystems are the hierarchies a sandbox joins on v1: only those it
-// needs, since every extra hierarchy costs a mkdir and kernel memory per
-// sandbox. cpuset is left out because it needs cpus/mems copied in.
-var v1Subsystems = map[cgroup1.Name]bool{
-	cgroup1.Cpu: true, cgroup1.Cpuacct: true, cgroup1.Memory: true,
-	cgroup1.Pids: true, cgroup1.Freezer: true, cgroup1.Devices: true,
+// hybrid: v1 controllers plus a cgroup2 mount at Root/unified (cg.Mode
+// checks its filesystem magic).
+func hybrid() bool { return cg.Mode() == cg.Hybrid }
+
+// unifiedDir is the hybrid host's cgroup2 mount below Root.
+const unifiedDir = "unified"
+
+// legacySubsystems are the hierarchies a sandbox joins on pure v1 hosts
+// (and did on hybrid ones before the hybrid layout): only those it needs,
+// since every extra hierarchy costs a mkdir and kernel memory per sandbox.
+// cpuset is left out because it needs cpus/mems copied in.
+var legacySubsystems = []cgroup1.Name{
+	cgroup1.Cpu, cgroup1.Cpuacct, cgroup1.Memory,
+	cgroup1.Pids, cgroup1.Freezer, cgroup1.Devices,
 }
 
-func v1Hierarchy() ([]cgroup1.Subsystem, error) {
-	all, err := cgroup1.Default()
-	if err != nil {
-		return nil, err
-	}
-	var out []cgroup1.Subsystem
-	for _, s := range all {
-		if v1Subsystems[s.Name()] {
-			out = append(out, s)
+// hybridSubsystems hold the limits on hybrid hosts; the unified directory
+// does the rest and devices is shared.
+var hybridSubsystems = []cgroup1.Name{cgroup1.Memory, cgroup1.Cpu, cgroup1.Pids}
+
+// v1Hierarchy restricts containerd's hierarchy to names (those mounted).
+func v1Hierarchy(names []cgroup1.Name) cgroup1.Hierarchy {
+	return func() ([]cgroup1.Subsystem, error) {
+		all, err := cgroup1.Default()
+		if err != nil {
+			return nil, err
 		}
+		var out []cgroup1.Subsystem
+		for _, s := range all {
+			if slices.Contains(names, s.Name()) {
+				out = append(out, s)
+			}
+		}
+		return out, nil
 	}
-	return out, nil
 }
 
 // allowedDevices are the only device nodes a sandbox may open: the ones its
@@ -150,18 +175,161 @@ func New(parent, name string, r Resources) (Group, error) {
 		}
 		return &v2Group{name: parent + "/" + name, m: m}, nil
 	}
-	c, err := cgroup1.New(cgroup1.StaticPath(path), spec(r), cgroup1.WithHierarchy(v1Hierarchy))
+	if hybrid() {
+		g, err := newHybrid(parent, name, r)
+		if !errors.Is(err, errNoHybrid) {
+			return g, err
+		}
+	}
+	c, err := cgroup1.New(cgroup1.StaticPath(path), spec(r), cgroup1.WithHierarchy(v1Hierarchy(legacySubsystems)))
 	if err != nil {
 		// cgroup1.New may have created some hierarchies before failing.
-		if c2, lerr := cgroup1.Load(cgroup1.StaticPath(path), cgroup1.WithHierarchy(v1Hierarchy)); lerr == nil {
-			_ = c2.Delete()
-		}
+		_ = removeDirs(parent, name)
 		return nil, classify(err, "create cgroup "+path)
 	}
 	return &v1Group{name: parent + "/" + name, c: c}, nil
 }
 
-// Load opens an existing group.
+// errNoHybrid makes New fall back to the legacy layout for one sandbox.
+var errNoHybrid = errors.New("hybrid cgroup layout unavailable")
+
+func newHybrid(parent, name string, r Resources) (Group, error) {
+	path := "/" + parent + "/" + name
+	g := &hybridGroup{name: parent + "/" + name}
+	if err := os.MkdirAll(g.udir(), 0o755); err != nil {
+		return nil, classify(err, "create cgroup "+path)
+	}
+	// cgroup.kill needs Linux 5.14 (cgroup.freeze 5.2): without it, the
+	// legacy layout.
+	if _, err := os.Stat(filepath.Join(g.udir(), "cgroup.kill")); err != nil {
+		_ = os.Remove(g.udir())
+		return nil, errNoHybrid
+	}
+	devices, err := sharedDevices(parent)
+	if err != nil {
+		_ = os.Remove(g.udir())
+		return nil, err
+	}
+	g.devices = devices
+	res := spec(r)
+	res.Devices = nil
+	if _, err := cgroup1.New(cgroup1.StaticPath(path), res, cgroup1.WithHierarchy(v1Hierarchy(hybridSubsystems))); err != nil {
+		_ = removeDirs(parent, name)
+		return nil, classify(err, "create cgroup "+path)
+	}
+	return g, nil
+}
+
+// hasDevices: the devices hierarchy is mounted (and usable: containerd
+// leaves it out in a user namespace). Mounts do not change while we run.
+var hasDevices = sync.OnceValues(func() (bool, error) {
+	subs, err := v1Hierarchy([]cgroup1.Name{cgroup1.Devices})()
+	return len(subs) > 0, err
+})
+
+// devicesMu serializes the setup of shared devices cgroups.
+var devicesMu sync.Mutex
+
+// sharedDevices returns the devices cgroup every hybrid-layout sandbox
+// below parent joins: the directory Root/devices/<parent> itself, with the
+// allowedDevices whitelist. The whitelist is the same for every sandbox,
+// so one shared directory confines them as well as one each, without the
+// ~6 KiB of kernel memory a per-sandbox directory costs. It returns ""
+// when no devices hierarchy is mounted (as containerd skips it then), and
+// errNoHybrid while the directory holds sandboxes of the legacy layout
+// (from before an upgrade): the kernel refuses "a" rules in a devices
+// cgroup with children, and their parent must not be left open. Sandboxes
+// created meanwhile take the legacy layout too, so a busy node switches
+// only once it has drained.
+func sharedDevices(parent string) (string, error) {
+	has, err := hasDevices()
+	if err != nil || !has {
+		return "", classify(err, "find the devices cgroup")
+	}
+	dir := filepath.Join(Root, string(cgroup1.Devices), parent)
+	devicesMu.Lock()
+	defer devicesMu.Unlock()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", classify(err, "create devices cgroup "+parent)
+	}
+	// Idempotent: a restarted daemon, or its sandboxes already in dir,
+	// find it set up and nothing is rewritten.
+	ok, err := whitelisted(dir)
+	if err != nil {
+		return "", classify(err, "read devices cgroup "+parent)
+	}
+	if ok {
+		return dir, nil
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return "", classify(err, "read devices cgroup "+parent)
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			return "", errNoHybrid
+		}
+	}
+	for _, d := range allowedDevices {
+		file := "devices.deny"
+		if d.Allow {
+			file = "devices.allow"
+		}
+		err := os.WriteFile(filepath.Join(dir, file), []byte(deviceRule(d)), 0)
+		// A child removed just now stays online for a moment.
+		for i := 0; i < 100 && d.Type == "" && errors.Is(err, syscall.EINVAL); i++ {
+			time.Sleep(2 * time.Millisecond)
+			err = os.WriteFile(filepath.Join(dir, file), []byte(deviceRule(d)), 0)
+		}
+		if d.Type == "" && errors.Is(err, syscall.EINVAL) {
+			return "", errNoHybrid
+		}
+		if err != nil {
+			return "", classify(err, "set devices cgroup "+parent)
+		}
+	}
+	if ok, err := whitelisted(dir); err != nil || !ok {
+		return "", classify(errors.Join(err, errors.New("devices.list differs from the whitelist")), "set devices cgroup "+parent)
+	}
+	return dir, nil
+}
+
+// deviceRule formats d as devices.allow/deny and devices.list do.
+func deviceRule(d specs.LinuxDeviceCgroup) string {
+	num := func(n *int64) string {
+		if n == nil || *n < 0 {
+			return "*"
+		}
+		return strconv.FormatInt(*n, 10)
+	}
+	typ := d.Type
+	if typ == "" {
+		typ = "a"
+	}
+	return fmt.Sprintf("%s %s:%s %s", typ, num(d.Major), num(d.Minor), d.Access)
+}
+
+// whitelisted reports whether the devices cgroup dir denies all but
+// allowedDevices.
+func whitelisted(dir string) (bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "devices.list"))
+	if err != nil {
+		return false, err
+	}
+	var want []string
+	for _, d := range allowedDevices {
+		if d.Allow {
+			want = append(want, deviceRule(d))
+		}
+	}
+	have := strings.Split(strings.TrimSpace(string(b)), "\n")
+	slices.Sort(want)
+	slices.Sort(have)
+	return slices.Equal(want, have), nil
+}
+
+// Load opens an existing group, in the layout it was created with: a
+// daemon adopts sandboxes of the version before it.
 func Load(parent, name string) (Group, error) {
 	if err := validName(name); err != nil {
 		return nil, err
@@ -174,21 +342,42 @@ func Load(parent, name string) (Group, error) {
 		}
 		return &v2Group{name: parent + "/" + name, m: m}, nil
 	}
-	c, err := cgroup1.Load(cgroup1.StaticPath(path), cgroup1.WithHierarchy(v1Hierarchy))
+	if hybrid() {
+		// A unified directory marks the hybrid layout. Its v1 directories
+		// may be missing (a crash inside New): Kill and Delete still work.
+		g := &hybridGroup{name: parent + "/" + name}
+		if _, err := os.Stat(g.udir()); err == nil {
+			if _, err := os.Stat(filepath.Join(Root, string(cgroup1.Devices), parent)); err == nil {
+				g.devices = filepath.Join(Root, string(cgroup1.Devices), parent)
+			}
+			return g, nil
+		}
+	}
+	c, err := cgroup1.Load(cgroup1.StaticPath(path), cgroup1.WithHierarchy(v1Hierarchy(legacySubsystems)))
 	if err != nil {
 		return nil, classify(err, "load cgroup "+path)
 	}
 	return &v1Group{name: parent + "/" + name, c: c}, nil
 }
 
+// v1Dirs are the directories a group parent/name may have on a v1 or
+// hybrid host, in either layout. Never the shared devices directory.
+func v1Dirs(parent, name string) []string {
+	var out []string
+	for _, n := range legacySubsystems {
+		out = append(out, filepath.Join(Root, string(n), parent, name))
+	}
+	if hybrid() {
+		out = append(out, filepath.Join(Root, unifiedDir, parent, name))
+	}
+	return out
+}
+
 // List returns the names of the groups below parent, in any hierarchy.
 func List(parent string) ([]string, error) {
 	dirs := []string{filepath.Join(Root, parent)}
 	if !unified() {
-		dirs = nil
-		for n := range v1Subsystems {
-			dirs = append(dirs, filepath.Join(Root, string(n), parent))
-		}
+		dirs = v1Dirs(parent, "")
 	}
 	seen := map[string]bool{}
 	var out []string
@@ -384,13 +573,24 @@ func (g *v1Group) Stats() (Stats, error) {
 	return s, nil
 }
 
-// Delete removes the group's directory in each hierarchy. A sandbox group
+// Delete removes the group's directories: those of either layout, as a
+// group may have been half created (or by an older version).
+func (g *v1Group) Delete() error {
+	parent, name := splitName(g.name)
+	return classify(removeDirs(parent, name), "delete cgroup "+g.name)
+}
+
+func splitName(n string) (parent, name string) {
+	i := strings.LastIndex(n, "/")
+	return n[:i], n[i+1:]
+}
+
+// removeDirs removes every directory of group parent/name. A sandbox group
 // has no children, so one rmdir each does it (the library's Delete walks
 // every hierarchy's tree first, which costs more than the create).
-func (g *v1Group) Delete() error {
+func removeDirs(parent, name string) error {
 	var errs []error
-	for n := range v1Subsystems {
-		dir := g.dir(n)
+	for _, dir := range v1Dirs(parent, name) {
 		var err error
 		// rmdir races with the last task's exit (EBUSY): retry briefly.
 		for i := 0; i < 500; i++ {
@@ -407,10 +607,112 @@ func (g *v1Group) Delete() error {
 			errs = append(errs, err)
 		}
 	}
-	if len(errs) > 0 {
-		return classify(errors.Join(errs...), "delete cgroup "+g.name)
+	return errors.Join(errs...)
+}
+
+// hybridGroup is a sandbox on a hybrid host: memory, cpu and pids
+// directories for the limits, a unified one for the rest, and the parent's
+// shared devices directory.
+type hybridGroup struct {
+	name    string
+	devices string // the shared devices cgroup, "" if none
+}
+
+func (g *hybridGroup) Name() string { return g.name }
+func (g *hybridGroup) dir(sub cgroup1.Name) string {
+	return filepath.Join(Root, string(sub), g.name)
+}
+func (g *hybridGroup) udir() string { return filepath.Join(Root, unifiedDir, g.name) }
+
+func (g *hybridGroup) AddProc(pid int) error {
+	dirs := []string{g.dir(cgroup1.Memory), g.dir(cgroup1.Cpu), g.dir(cgroup1.Pids), g.udir()}
+	if g.devices != "" {
+		dirs = append(dirs, g.devices)
+	}
+	for _, d := range dirs {
+		if err := writeProcs(d, pid); err != nil {
+			return classify(err, "add pid to cgroup")
+		}
 	}
 	return nil
+}
+
+// writeProcs moves pid into the cgroup dir. A task still being forked
+// (TASK_NEW) is refused with EINVAL: retry, as runc and containerd do.
+func writeProcs(dir string, pid int) error {
+	var err error
+	for range 5 {
+		err = os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
+		if !errors.Is(err, syscall.EINVAL) {
+			return err
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+	return err
+}
+
+func (g *hybridGroup) Procs() ([]int, error) {
+	return readPids(filepath.Join(g.udir(), "cgroup.procs"))
+}
+
+// allProcs adds the pids of the v1 pids directory, which holds a process
+// alone only if AddProc was cut short (a daemon crash in New).
+func (g *hybridGroup) allProcs() ([]int, error) {
+	pids, err := g.Procs()
+	more, err2 := readPids(filepath.Join(g.dir(cgroup1.Pids), "cgroup.procs"))
+	if err != nil && err2 != nil {
+		return nil, err
+	}
+	for _, p := range more {
+		if !slices.Contains(pids, p) {
+			pids = append(pids, p)
+		}
+	}
+	return pids, nil
+}
+
+func (g *hybridGroup) Kill(timeout time.Duration) error {
+	// cgroup.kill is atomic against forks (and works on frozen tasks); the
+	// loop then only waits for the group to empty.
+	err := os.WriteFile(filepath.Join(g.udir(), "cgroup.kill"), []byte("1"), 0)
+	if err == nil || errors.Is(err, os.ErrNotExist) {
+		return killUntilEmpty(g.allProcs, nil, nil, timeout)
+	}
+	return killUntilEmpty(g.allProcs, g.Freeze, g.Thaw, timeout)
+}
+func (g *hybridGroup) Freeze() error {
+	return freeze(g.name, func() error {
+		return os.WriteFile(filepath.Join(g.udir(), "cgroup.freeze"), []byte("1"), 0)
+	}, func() (bool, error) {
+		n, err := readKey(filepath.Join(g.udir(), "cgroup.events"), "frozen")
+		return n == 1, err
+	}, g.Thaw)
+}
+func (g *hybridGroup) Thaw() error {
+	err := os.WriteFile(filepath.Join(g.udir(), "cgroup.freeze"), []byte("0"), 0)
+	return classify(err, "thaw cgroup "+g.name)
+}
+func (g *hybridGroup) OOMKills() (uint64, error) {
+	return readKey(filepath.Join(g.dir(cgroup1.Memory), "memory.oom_control"), "oom_kill")
+}
+
+func (g *hybridGroup) Stats() (Stats, error) {
+	var s Stats
+	var err error
+	mem := g.dir(cgroup1.Memory)
+	if s.MemoryBytes, err = readUint(filepath.Join(mem, "memory.usage_in_bytes")); err != nil {
+		return s, classify(err, "read cgroup stats")
+	}
+	s.OOMKills, _ = readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill")
+	usec, _ := readKey(filepath.Join(g.udir(), "cpu.stat"), "usage_usec")
+	s.CPUUsage = time.Duration(usec) * time.Microsecond
+	s.Pids, _ = readUint(filepath.Join(g.dir(cgroup1.Pids), "pids.current"))
+	return s, nil
+}
+
+func (g *hybridGroup) Delete() error {
+	parent, name := splitName(g.name)
+	return classify(removeDirs(parent, name), "delete cgroup "+g.name)
 }
 
 type v2Group struct {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -75,7 +76,9 @@ func cgroupDirs(parent string) []string {
 }
 
 func v1Names() map[string]bool {
-	return map[string]bool{"cpu": true, "cpuacct": true, "memory": true, "pids": true, "freezer": true, "devices": true}
+	// unified: the hybrid layout's cgroup2 directories (a glob finds
+	// nothing on pure v1 hosts).
+	return map[string]bool{"cpu": true, "cpuacct": true, "memory": true, "pids": true, "freezer": true, "devices": true, "unified": true}
 }
 
 // resources lists what sandboxes of this test can leave on the host:
@@ -199,13 +202,52 @@ func TestStandaloneAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, pid := runningSandbox(t, b, "standalone1")
+	sb, pid := runningSandbox(t, b, "standalone1")
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(maps), "memfd:warren-agent") || strings.Contains(string(maps), opts.InitBinary) {
 		t.Errorf("PID 1 is not the standalone agent:\n%s", maps)
+	}
+	// The sandbox's cgroup namespace is rooted at its own groups (the
+	// shared devices group on hybrid hosts too).
+	r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/proc/self/cgroup"}}, "")
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	want := []string{"0::/"}
+	if cgroups.Mode() != "v2" {
+		want = []string{"memory:/", "cpu:/", "pids:/"}
+		if cgroups.Mode() == "hybrid" {
+			want = append(want, "0::/", "devices:/")
+		}
+	}
+	for _, w := range want {
+		if !slices.ContainsFunc(lines, func(l string) bool {
+			_, rest, _ := strings.Cut(l, ":")
+			ctl, path, _ := strings.Cut(rest, ":")
+			wctl, wpath, _ := strings.Cut(w, ":")
+			if w == "0::/" {
+				return l == w
+			}
+			return path == wpath && slices.Contains(strings.Split(ctl, ","), wctl)
+		}) {
+			t.Errorf("/proc/self/cgroup in a sandbox has no %q line:\n%s", w, r.Stdout)
+		}
+	}
+	// Seen from the host, PID 1 is in the sandbox's groups.
+	host, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := "/" + opts.CgroupParent + "/standalone1"
+	for _, w := range map[string][]string{
+		"v2":     {"0::" + own},
+		"hybrid": {":memory:" + own, ":pids:" + own, "0::" + own, ":devices:/" + opts.CgroupParent + "\n"},
+		"v1":     {":memory:" + own, ":pids:" + own, ":devices:" + own, ":freezer:" + own},
+	}[cgroups.Mode()] {
+		if !strings.Contains(string(host)+"\n", w) {
+			t.Errorf("sandbox PID 1 on the host: no %q in\n%s", w, host)
+		}
 	}
 }
 

@@ -528,7 +528,21 @@ func (e *env) procs() map[int]string {
 			if p == prefix || strings.HasPrefix(p, prefix+"/") {
 				rest := strings.TrimPrefix(strings.TrimPrefix(p, prefix), "/")
 				out[pid] = strings.Split(rest, "/")[0]
-				break
+				// The parent itself is the devices group all sandboxes
+				// share on hybrid hosts: another line names the sandbox.
+				if out[pid] != "" {
+					break
+				}
+			}
+		}
+		// An orphaned zombie (of a killed daemon, not yet reaped by the
+		// host's init) holds nothing but its pid; cgroup2 still names its
+		// removed group. A daemon that does not reap its own still shows.
+		if _, ok := out[pid]; ok {
+			if st, err := os.ReadFile("/proc/" + ent.Name() + "/stat"); err == nil {
+				if f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:])); len(f) > 1 && f[0] == "Z" && f[1] == "1" {
+					delete(out, pid)
+				}
 			}
 		}
 	}

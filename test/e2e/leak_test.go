@@ -656,36 +656,65 @@ func TestOrphanSweepFabricated(t *testing.T) {
 	if err := unix.Mount("tmpfs", filepath.Join(e.runDir, "sb", "ghost1", "rootfs"), "tmpfs", 0, "size=1m"); err != nil {
 		t.Fatal(err)
 	}
-	var groups []string
+	// On v1 and hybrid hosts ghost1 has the layout of older versions, a
+	// group in each of six v1 hierarchies; on hybrid hosts ghost4 has the
+	// current one (memory, cpu, pids and unified) with a process in it.
+	var groups, hybridGroups []string
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 		groups = []string{"/sys/fs/cgroup"}
 	} else {
 		for _, h := range []string{"cpu", "cpuacct", "memory", "pids", "freezer", "devices"} {
 			groups = append(groups, filepath.Join("/sys/fs/cgroup", h))
 		}
+		var st unix.Statfs_t
+		if unix.Statfs("/sys/fs/cgroup/unified", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			for _, h := range []string{"memory", "cpu", "pids", "unified"} {
+				hybridGroups = append(hybridGroups, filepath.Join("/sys/fs/cgroup", h))
+			}
+		}
 	}
-	sleeper := exec.Command("sleep", "300")
-	if err := sleeper.Start(); err != nil {
-		t.Fatal(err)
+	sleeper := func() (int, chan struct{}) {
+		cmd := exec.Command("sleep", "300")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		reaped := make(chan struct{})
+		go func() {
+			_ = cmd.Wait()
+			close(reaped)
+		}()
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			<-reaped
+		})
+		return cmd.Process.Pid, reaped
 	}
-	reaped := make(chan struct{})
-	go func() {
-		_ = sleeper.Wait()
-		close(reaped)
-	}()
-	t.Cleanup(func() {
-		_ = sleeper.Process.Kill()
-		<-reaped
-	})
-	for _, g := range groups {
-		for _, id := range []string{"ghost1", "ghost3"} {
+	plant := func(groups []string, id string, pid int) {
+		for _, g := range groups {
 			if err := os.MkdirAll(filepath.Join(g, e.parent, id), 0o755); err != nil {
 				t.Fatal(err)
 			}
+			if pid == 0 {
+				continue
+			}
+			if err := os.WriteFile(filepath.Join(g, e.parent, id, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if err := os.WriteFile(filepath.Join(g, e.parent, "ghost1", "cgroup.procs"), []byte(strconv.Itoa(sleeper.Process.Pid)), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	}
+	reaped := map[string]chan struct{}{}
+	pid, ch := sleeper()
+	reaped["ghost1"] = ch
+	plant(groups, "ghost1", pid)
+	plant(groups, "ghost3", 0)
+	ghosts := []string{"ghost1", "ghost2", "ghost3"}
+	wantPlanted := []string{"mount ghost1", "dir ghost1", "cgroup ghost1", "process ghost1", "dir ghost2", "cgroup ghost3"}
+	if hybridGroups != nil {
+		pid, ch := sleeper()
+		reaped["ghost4"] = ch
+		plant(hybridGroups, "ghost4", pid)
+		ghosts = append(ghosts, "ghost4")
+		wantPlanted = append(wantPlanted, "cgroup ghost4", "process ghost4")
 	}
 	planted := map[string]bool{}
 	for _, r := range e.resources() {
@@ -693,20 +722,22 @@ func TestOrphanSweepFabricated(t *testing.T) {
 			planted[r.kind+" "+r.id] = true
 		}
 	}
-	for _, want := range []string{"mount ghost1", "dir ghost1", "cgroup ghost1", "process ghost1", "dir ghost2", "cgroup ghost3"} {
+	for _, want := range wantPlanted {
 		if !planted[want] {
 			t.Fatalf("planting failed: no %s (have %v)", want, planted)
 		}
 	}
 
 	e.start()
-	for _, id := range []string{"ghost1", "ghost2", "ghost3"} {
+	for _, id := range ghosts {
 		e.expectNoResources(id, "after the restart's sweep")
 	}
-	select {
-	case <-reaped:
-	case <-time.After(10 * time.Second):
-		t.Errorf("the process in an orphaned cgroup was not killed")
+	for id, ch := range reaped {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Errorf("the process in orphaned cgroup %s was not killed", id)
+		}
 	}
 	sbs, err := e.c.List(ctxFor(t, time.Minute), nil)
 	if err != nil || len(sbs) != 1 || sbs[0].Id != "real" || sbs[0].State != stateRunning {

@@ -1,0 +1,618 @@
+package cgroups
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/warrenrl/warren/internal/testutil"
+)
+
+// These tests run on the host's real cgroups, each below a parent of its
+// own that is removed when it ends.
+
+var parentSeq atomic.Int64
+
+func testParent(t *testing.T) string {
+	t.Helper()
+	testutil.RequireRoot(t)
+	if Mode() == "unavailable" {
+		t.Skip("no cgroups")
+	}
+	parent := fmt.Sprintf("warren-cgtest-%d-%d", os.Getpid(), parentSeq.Add(1))
+	t.Cleanup(func() { removeParent(t, parent) })
+	return parent
+}
+
+// parentDirs are parent's directories in every hierarchy.
+func parentDirs(parent string) []string {
+	out, _ := filepath.Glob(filepath.Join(Root, "*", parent))
+	if fi, err := os.Stat(filepath.Join(Root, parent)); err == nil && fi.IsDir() {
+		out = append(out, filepath.Join(Root, parent))
+	}
+	return out
+}
+
+// removeParent kills what is left in parent's cgroups and removes them.
+func removeParent(t *testing.T, parent string) {
+	for _, p := range parentDirs(parent) {
+		var dirs []string
+		_ = filepath.WalkDir(p, func(d string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, d)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			_ = os.WriteFile(filepath.Join(dirs[i], "cgroup.freeze"), []byte("0"), 0)
+			_ = os.WriteFile(filepath.Join(dirs[i], "freezer.state"), []byte("THAWED"), 0)
+			for range 200 {
+				pids, _ := readPids(filepath.Join(dirs[i], "cgroup.procs"))
+				if len(pids) == 0 {
+					break
+				}
+				for _, pid := range pids {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("cleanup: %v", err)
+			}
+		}
+	}
+}
+
+// groupDirs lists the directories named parent/name in any hierarchy.
+func groupDirs(parent, name string) []string {
+	out, _ := filepath.Glob(filepath.Join(Root, "*", parent, name))
+	if _, err := os.Stat(filepath.Join(Root, parent, name)); err == nil {
+		out = append(out, filepath.Join(Root, parent, name))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func hierarchiesOf(parent, name string) []string {
+	var out []string
+	for _, d := range groupDirs(parent, name) {
+		rel, _ := filepath.Rel(Root, d)
+		out = append(out, strings.Split(rel, "/")[0])
+	}
+	return out
+}
+
+// child starts argv; it is killed and reaped when the test ends. done is
+// closed once it has exited.
+func child(t *testing.T, argv ...string) (cmd *exec.Cmd, done chan struct{}) {
+	t.Helper()
+	cmd = exec.Command(argv[0], argv[1:]...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done = make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	return cmd, done
+}
+
+// gated starts the shell script as a process that waits until start is
+// called, so that it runs (and forks) only once it is in group g. done is
+// closed once it has exited.
+func gated(t *testing.T, g Group, script string, stdout *strings.Builder) (cmd *exec.Cmd, start func(), done chan struct{}) {
+	t.Helper()
+	cmd = exec.Command("sh", "-c", "read x; "+script)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stdout != nil {
+		cmd.Stdout = stdout
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done = make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	if err := g.AddProc(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, func() { _, _ = in.Write([]byte("\n")); in.Close() }, done
+}
+
+// runIn runs the shell script in group g and returns its output.
+func runIn(t *testing.T, g Group, script string) string {
+	t.Helper()
+	var out strings.Builder
+	_, start, done := gated(t, g, script, &out)
+	start()
+	<-done
+	return out.String()
+}
+
+// cgroupsOf maps each controller of /proc/pid/cgroup ("" for the unified
+// hierarchy) to the process's group.
+func cgroupsOf(t *testing.T, pid int) map[string]string {
+	out := map[string]string{}
+	for _, l := range strings.Split(readFile(t, fmt.Sprintf("/proc/%d/cgroup", pid)), "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(f[1], ",") {
+			out[c] = f[2]
+		}
+	}
+	return out
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// procTicks is the user+system CPU time of pid in clock ticks.
+func procTicks(t *testing.T, pid int) int {
+	t.Helper()
+	s := readFile(t, fmt.Sprintf("/proc/%d/stat", pid))
+	f := strings.Fields(s[strings.LastIndex(s, ")")+2:])
+	u, _ := strconv.Atoi(f[11])
+	k, _ := strconv.Atoi(f[12])
+	return u + k
+}
+
+func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestNewLimitsAndLayout(t *testing.T) {
+	parent := testParent(t)
+	g, err := New(parent, "sb1", Resources{CPUMillis: 500, MemoryBytes: 64 << 20, PidsMax: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Name() != parent+"/sb1" {
+		t.Errorf("name %q", g.Name())
+	}
+	switch Mode() {
+	case "v2":
+		dir := filepath.Join(Root, parent, "sb1")
+		if got := readFile(t, filepath.Join(dir, "memory.max")); got != strconv.Itoa(64<<20) {
+			t.Errorf("memory.max %s", got)
+		}
+		if got := readFile(t, filepath.Join(dir, "cpu.max")); got != "50000 100000" {
+			t.Errorf("cpu.max %s", got)
+		}
+		if got := readFile(t, filepath.Join(dir, "pids.max")); got != "50" {
+			t.Errorf("pids.max %s", got)
+		}
+	default:
+		if got := readFile(t, filepath.Join(Root, "memory", parent, "sb1", "memory.limit_in_bytes")); got != strconv.Itoa(64<<20) {
+			t.Errorf("memory.limit_in_bytes %s", got)
+		}
+		if got := readFile(t, filepath.Join(Root, "cpu", parent, "sb1", "cpu.cfs_quota_us")); got != "50000" {
+			t.Errorf("cpu.cfs_quota_us %s", got)
+		}
+		if got := readFile(t, filepath.Join(Root, "pids", parent, "sb1", "pids.max")); got != "50" {
+			t.Errorf("pids.max %s", got)
+		}
+	}
+	want := map[string][]string{
+		"v2":     {parent},
+		"hybrid": {"cpu", "memory", "pids", "unified"},
+		"v1":     {"cpu", "cpuacct", "devices", "freezer", "memory", "pids"},
+	}[Mode()]
+	if got := hierarchiesOf(parent, "sb1"); !slices.Equal(got, want) {
+		t.Errorf("the group has directories in %v, want %v", got, want)
+	}
+	if err := g.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	if left := groupDirs(parent, "sb1"); len(left) > 0 {
+		t.Errorf("left after Delete: %v", left)
+	}
+	if Mode() == "hybrid" {
+		if _, err := os.Stat(filepath.Join(Root, "devices", parent, "devices.list")); err != nil {
+			t.Errorf("Delete removed the shared devices cgroup: %v", err)
+		}
+	}
+}
+
+// TestNewRollback: a create that fails leaves no directory behind.
+func TestNewRollback(t *testing.T) {
+	parent := testParent(t)
+	// A CFS quota below 1 ms is refused by the kernel.
+	if _, err := New(parent, "bad", Resources{CPUMillis: 1, MemoryBytes: 64 << 20}); err == nil {
+		t.Fatal("New with a 100 µs CPU quota succeeded")
+	}
+	if left := groupDirs(parent, "bad"); len(left) > 0 {
+		t.Errorf("left after a failed New: %v", left)
+	}
+}
+
+// TestProcsDevicesFreezeStats: a process added to the group is listed,
+// sits in the shared devices cgroup with its whitelist, stops while
+// frozen, and its CPU time shows in Stats.
+func TestProcsDevicesFreezeStats(t *testing.T) {
+	parent := testParent(t)
+	g, err := New(parent, "sb1", Resources{MemoryBytes: 64 << 20, PidsMax: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sleeper, _ := child(t, "sleep", "100")
+	busy, _ := child(t, "sh", "-c", "while :; do :; done")
+	for _, c := range []*exec.Cmd{sleeper, busy} {
+		if err := g.AddProc(c.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pids, err := g.Procs()
+	if err != nil || !slices.Contains(pids, sleeper.Process.Pid) || !slices.Contains(pids, busy.Process.Pid) || len(pids) != 2 {
+		t.Errorf("Procs %v %v, want %d and %d", pids, err, sleeper.Process.Pid, busy.Process.Pid)
+	}
+	in := cgroupsOf(t, sleeper.Process.Pid)
+	if Mode() != "v2" {
+		for _, h := range []string{"memory", "cpu", "pids"} {
+			if in[h] != "/"+parent+"/sb1" {
+				t.Errorf("in %s group %q", h, in[h])
+			}
+		}
+	}
+	if Mode() == "hybrid" {
+		if in[""] != "/"+parent+"/sb1" {
+			t.Errorf("in unified group %q", in[""])
+		}
+		if in["devices"] != "/"+parent {
+			t.Errorf("in devices group %q, want the shared one", in["devices"])
+		}
+		if in["freezer"] != "/" || in["cpuacct"] != "/" {
+			t.Errorf("moved into freezer %q, cpuacct %q", in["freezer"], in["cpuacct"])
+		}
+		shared := filepath.Join(Root, "devices", parent)
+		in, err := readPids(filepath.Join(shared, "cgroup.procs"))
+		if err != nil || !slices.Contains(in, sleeper.Process.Pid) {
+			t.Errorf("the shared devices cgroup holds %v %v, want %d", in, err, sleeper.Process.Pid)
+		}
+		list := strings.Split(readFile(t, filepath.Join(shared, "devices.list")), "\n")
+		slices.Sort(list)
+		want := []string{"c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 136:* rwm", "c 5:0 rwm", "c 5:2 rwm"}
+		slices.Sort(want)
+		if !slices.Equal(list, want) {
+			t.Errorf("shared devices.list %q, want %q", list, want)
+		}
+	}
+	if Mode() != "v2" {
+		// The whitelist confines: a device outside it cannot be opened.
+		out := runIn(t, g, "if true </dev/kmsg; then echo kmsg opened; fi 2>/dev/null; true </dev/full && echo full opened")
+		if out != "full opened\n" {
+			t.Errorf("opening /dev/kmsg (not allowed) and /dev/full (allowed) in the group: %q", out)
+		}
+	}
+
+	s0, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s0.Pids != 2 || s0.MemoryBytes == 0 {
+		t.Errorf("stats %+v", s0)
+	}
+	time.Sleep(300 * time.Millisecond)
+	s1, err := g.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if grew := s1.CPUUsage - s0.CPUUsage; grew < 100*time.Millisecond {
+		t.Errorf("CPU usage grew by %v in 300 ms of a busy loop (%v -> %v)", grew, s0.CPUUsage, s1.CPUUsage)
+	}
+
+	if err := g.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	switch Mode() {
+	case "v1":
+		if got := readFile(t, filepath.Join(Root, "freezer", parent, "sb1", "freezer.state")); got != "FROZEN" {
+			t.Errorf("freezer.state %s", got)
+		}
+	default:
+		dir := filepath.Join(Root, parent, "sb1")
+		if Mode() == "hybrid" {
+			dir = filepath.Join(Root, "unified", parent, "sb1")
+		}
+		if ev := readFile(t, filepath.Join(dir, "cgroup.events")); !strings.Contains(ev, "frozen 1") {
+			t.Errorf("cgroup.events after Freeze: %q", ev)
+		}
+	}
+	t0 := procTicks(t, busy.Process.Pid)
+	time.Sleep(300 * time.Millisecond)
+	if t1 := procTicks(t, busy.Process.Pid); t1 != t0 {
+		t.Errorf("a frozen busy loop ran %d ticks", t1-t0)
+	}
+	if err := g.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the thawed loop to run", 5*time.Second, func() bool { return procTicks(t, busy.Process.Pid) > t0+5 })
+
+	if err := g.Kill(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	if left := groupDirs(parent, "sb1"); len(left) > 0 {
+		t.Errorf("left after Delete: %v", left)
+	}
+}
+
+// TestKillForkingChild: Kill gets a process that keeps forking, and every
+// child it forked.
+func TestKillForkingChild(t *testing.T) {
+	parent := testParent(t)
+	g, err := New(parent, "bomb", Resources{MemoryBytes: 256 << 20, PidsMax: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, start, done := gated(t, g, "while :; do sleep 1 & done", nil)
+	start()
+	waitFor(t, "the forks", 10*time.Second, func() bool {
+		s, err := g.Stats()
+		return err == nil && s.Pids >= 20
+	})
+	if err := g.Kill(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the forking shell survived Kill")
+	}
+	if pids, err := g.Procs(); err != nil || len(pids) != 0 {
+		t.Errorf("after Kill: Procs %v %v", pids, err)
+	}
+	// Killed orphans are reaped by the host's init; then none is charged.
+	waitFor(t, "pids.current 0", 10*time.Second, func() bool {
+		s, err := g.Stats()
+		return err == nil && s.Pids == 0
+	})
+	if err := g.Delete(); err != nil {
+		t.Fatal(err)
+	}
+	if left := groupDirs(parent, "bomb"); len(left) > 0 {
+		t.Errorf("left after Delete: %v", left)
+	}
+	// Kill and Delete of a group that is gone succeed.
+	if err := g.Kill(time.Second); err != nil {
+		t.Errorf("Kill of a deleted group: %v", err)
+	}
+	if err := g.Delete(); err != nil {
+		t.Errorf("Delete of a deleted group: %v", err)
+	}
+}
+
+// TestLoadOldLayout: a group an older version made (cpu, cpuacct,
+// memory, pids, freezer and devices each) is loaded, frozen, killed and
+// deleted in that layout; while it exists its parent's devices cgroup
+// cannot be shared, so new groups take the old layout too, and once it is
+// gone new groups take the hybrid one.
+func TestLoadOldLayout(t *testing.T) {
+	parent := testParent(t)
+	if Mode() == "v2" {
+		t.Skip("no v1 hierarchies")
+	}
+	sleeper, done := child(t, "sleep", "100")
+	for _, h := range legacySubsystems {
+		dir := filepath.Join(Root, string(h), parent, "old")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(sleeper.Process.Pid)), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := Load(parent, "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := g.(*v1Group); !ok {
+		t.Errorf("old layout loaded as %T", g)
+	}
+	if pids, err := g.Procs(); err != nil || !slices.Equal(pids, []int{sleeper.Process.Pid}) {
+		t.Errorf("Procs %v %v", pids, err)
+	}
+	if s, err := g.Stats(); err != nil || s.Pids != 1 {
+		t.Errorf("Stats %+v %v", s, err)
+	}
+	if err := g.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(Root, "freezer", parent, "old", "freezer.state")); got != "FROZEN" {
+		t.Errorf("freezer.state %s", got)
+	}
+	if err := g.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+
+	legacy := []string{"cpu", "cpuacct", "devices", "freezer", "memory", "pids"}
+	next, err := New(parent, "next", Resources{MemoryBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := hierarchiesOf(parent, "next"); !slices.Equal(got, legacy) {
+		t.Errorf("a group next to an old one has directories in %v, want %v", got, legacy)
+	}
+	if out := runIn(t, next, "if true </dev/kmsg; then echo kmsg opened; fi 2>/dev/null; true </dev/full && echo full opened"); out != "full opened\n" {
+		t.Errorf("devices in the old layout: %q", out)
+	}
+
+	if err := g.Kill(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the process survived Kill")
+	}
+	for _, x := range []Group{g, next} {
+		if err := x.Delete(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []string{"old", "next"} {
+		if left := groupDirs(parent, n); len(left) > 0 {
+			t.Errorf("left after Delete: %v", left)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(Root, "devices", parent)); err != nil {
+		t.Errorf("the parent's devices cgroup went with its groups: %v", err)
+	}
+	if Mode() != "hybrid" {
+		return
+	}
+	after, err := New(parent, "after", Resources{MemoryBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := hierarchiesOf(parent, "after"), []string{"cpu", "memory", "pids", "unified"}; !slices.Equal(got, want) {
+		t.Errorf("a group after the old ones are gone has directories in %v, want %v", got, want)
+	}
+	if err := after.Delete(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestListAndHalfCreated: List finds groups in every hierarchy a group may
+// use, never the shared devices cgroup, and a group of which only the
+// unified directory exists (a crash inside New) loads and deletes.
+func TestListAndHalfCreated(t *testing.T) {
+	parent := testParent(t)
+	if Mode() != "hybrid" {
+		t.Skip("hybrid layout only")
+	}
+	if _, err := New(parent, "full", Resources{}); err != nil {
+		t.Fatal(err)
+	}
+	for dir, name := range map[string]string{"unified": "half", "freezer": "oldhalf"} {
+		if err := os.MkdirAll(filepath.Join(Root, dir, parent, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	names, err := List(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(names)
+	if want := []string{"full", "half", "oldhalf"}; !slices.Equal(names, want) {
+		t.Errorf("List %v, want %v", names, want)
+	}
+	for _, n := range names {
+		g, err := Load(parent, n)
+		if err != nil {
+			t.Fatalf("load %s: %v", n, err)
+		}
+		if _, ok := g.(*hybridGroup); ok != (n != "oldhalf") {
+			t.Errorf("%s loaded as %T", n, g)
+		}
+		if err := g.Kill(time.Second); err != nil {
+			t.Errorf("kill %s: %v", n, err)
+		}
+		if err := g.Delete(); err != nil {
+			t.Errorf("delete %s: %v", n, err)
+		}
+		if left := groupDirs(parent, n); len(left) > 0 {
+			t.Errorf("left after Delete: %v", left)
+		}
+	}
+	if names, err := List(parent); err != nil || len(names) != 0 {
+		t.Errorf("List after deleting all: %v %v", names, err)
+	}
+	if _, err := Load(parent, "none"); err == nil {
+		t.Errorf("Load of a group that does not exist succeeded")
+	}
+}
+
+// TestSharedDevicesSetup: concurrent creates set the shared devices
+// cgroup up once; a later create (as after a daemon restart) keeps it, and
+// repairs it if it was opened.
+func TestSharedDevicesSetup(t *testing.T) {
+	parent := testParent(t)
+	if Mode() != "hybrid" {
+		t.Skip("hybrid layout only")
+	}
+	var wg sync.WaitGroup
+	groups := make([]Group, 8)
+	for i := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g, err := New(parent, fmt.Sprintf("c%d", i), Resources{PidsMax: 10})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			groups[i] = g
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	shared := filepath.Join(Root, "devices", parent)
+	check := func(when string) {
+		t.Helper()
+		if ok, err := whitelisted(shared); err != nil || !ok {
+			t.Errorf("%s: devices.list %q %v", when, readFile(t, filepath.Join(shared, "devices.list")), err)
+		}
+	}
+	check("after concurrent creates")
+	sleeper, _ := child(t, "sleep", "100")
+	if err := groups[0].AddProc(sleeper.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(parent, "later", Resources{}); err != nil {
+		t.Fatal(err)
+	}
+	check("after a create with a process inside")
+	if err := os.WriteFile(filepath.Join(shared, "devices.allow"), []byte("a *:* rwm"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(parent, "repair", Resources{}); err != nil {
+		t.Fatal(err)
+	}
+	check("after a create found it opened")
+	if in, _ := readPids(filepath.Join(shared, "cgroup.procs")); !slices.Contains(in, sleeper.Process.Pid) {
+		t.Errorf("the process left the shared devices cgroup: %v", in)
+	}
+}
