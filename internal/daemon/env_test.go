@@ -224,7 +224,7 @@ func cgroupDirs(parent string) []string {
 		return []string{filepath.Join(cgroups.Root, parent)}
 	}
 	var out []string
-	for _, n := range []string{"cpu", "cpuacct", "memory", "pids", "freezer", "devices"} {
+	for _, n := range []string{"cpu", "cpuacct", "memory", "pids", "freezer", "devices", "unified"} {
 		out = append(out, filepath.Join(cgroups.Root, n, parent))
 	}
 	return out

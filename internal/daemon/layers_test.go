@@ -291,8 +291,12 @@ touch -t 202001010000.00 /work/dir/deep/file
 	s.mu.Unlock()
 	frozen := func() bool {
 		t.Helper()
-		if cgroups.Mode() == "v2" {
-			b, err := os.ReadFile(filepath.Join(cgroups.Root, e.opts.CgroupParent, "src", "cgroup.events"))
+		if m := cgroups.Mode(); m == "v2" || m == "hybrid" {
+			dir := filepath.Join(cgroups.Root, e.opts.CgroupParent, "src")
+			if m == "hybrid" {
+				dir = filepath.Join(cgroups.Root, "unified", e.opts.CgroupParent, "src")
+			}
+			b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
 			if err != nil {
 				t.Fatal(err)
 			}
