@@ -323,7 +323,7 @@ static const char *env_path(char **envp)
 
 /* execvpe() semantics, but with PATH from the request env, and without
  * the /bin/sh fallback on ENOEXEC (the client gets a clear error). */
-static void __attribute__((noreturn)) exec_path(char **argv, char **envp, int errfd)
+static void __attribute__((noreturn, noinline)) exec_path(char **argv, char **envp, int errfd)
 {
 	const char *file = argv[0];
 	if (strchr(file, '/')) {
@@ -505,8 +505,11 @@ void __attribute__((noreturn)) warren_agent_main(int fd);
 #define CMDLINE "warren-init"
 #define CMDLINE_ROOM 64
 static char own_stack[OWN_STACK_SIZE] __attribute__((aligned(4096)));
-static uintptr_t kernel_sp; /* an address on the kernel's stack */
-static char *empty_env[] = {NULL};
+/* In .data, whose page startup has already copied, rather than in a .bss
+ * page of their own. */
+#define IN_DATA __attribute__((section(".data")))
+static uintptr_t kernel_sp IN_DATA; /* an address on the kernel's stack */
+static char *empty_env[1] IN_DATA;
 extern char _end[]; /* the linker's end of .bss */
 
 static int on_own_stack(void)
@@ -623,7 +626,7 @@ static void __attribute__((noreturn)) run_on_own_stack(int fd)
  * never asks for the time, and its children exec before they could, so it
  * unmaps them; munmap frees the page tables that covered nothing else. The
  * standalone agent, once on its own stack, unmaps the kernel's stack too. */
-static void drop_mappings(void)
+static void __attribute__((noinline)) drop_mappings(void)
 {
 #ifdef WARREN_AGENT_MAIN
 	int drop_stack = on_own_stack();
