@@ -64,7 +64,7 @@ type Backend struct {
 	mon   *monitor
 	agent *os.File // sealed memfd of the standalone agent (internal/agentbin)
 
-	sysfsMu sync.Mutex // remounting the shared sysfs
+	sharedMu sync.Mutex // remounting the shared sysfs or devfs
 }
 
 var (
@@ -114,6 +114,9 @@ func New(opts Options) (*Backend, error) {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create empty directory")
 	}
 	if err := mountSharedSysfs(b.sysfsDir()); err != nil {
+		return nil, err
+	}
+	if err := mountSharedDevfs(b.devfsDir()); err != nil {
 		return nil, err
 	}
 	mon, err := newMonitor()
@@ -175,6 +178,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if err := b.ensureSysfs(); err != nil {
 		return nil, err
 	}
+	if err := b.ensureDevfs(); err != nil {
+		return nil, err
+	}
 	var cu cleanup.Cleanup
 	defer func() {
 		if retErr != nil {
@@ -192,7 +198,12 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 			return nil, fsErr(err, "create sandbox directories")
 		}
 	}
-	cu.Add(func() error { return errors.Join(os.RemoveAll(run), os.RemoveAll(st)) })
+	// The init stage creates the /dev directory; one left by a crash
+	// would make it fail.
+	_ = os.RemoveAll(b.devDir(spec.ID))
+	cu.Add(func() error {
+		return errors.Join(os.RemoveAll(run), os.RemoveAll(st), os.RemoveAll(b.devDir(spec.ID)))
+	})
 	if spec.DiskBytes > 0 {
 		if err := mountDisk(b.diskImage(spec.ID), st, spec.DiskBytes); err != nil {
 			return nil, err
@@ -304,7 +315,8 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 	if hostname == "" {
 		hostname = spec.ID
 	}
-	conf := map[string]string{"rootfs": b.rootfs(spec.ID), "overlay": overlay, "hostname": hostname, "empty": b.emptyDir(), "sysfs": b.sysfsDir()}
+	conf := map[string]string{"rootfs": b.rootfs(spec.ID), "overlay": overlay, "hostname": hostname,
+		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID)}
 	if b.agent != nil {
 		conf["agent"] = "6"
 	}
@@ -379,7 +391,7 @@ func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sa
 // Sweep removes sandboxes whose ids are not in keep.
 func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 	ids := map[string]bool{}
-	for _, dir := range []string{filepath.Join(b.opts.RunDir, "sb"), filepath.Join(b.opts.StateDir, "sandboxes")} {
+	for _, dir := range []string{filepath.Join(b.opts.RunDir, "sb"), filepath.Join(b.opts.StateDir, "sandboxes"), b.devfsDir()} {
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
 			ids[e.Name()] = true
@@ -415,7 +427,7 @@ func (b *Backend) teardown(id string) error {
 		errs = append(errs, grp.Kill(10*time.Second), grp.Delete())
 	}
 	errs = append(errs, unmount(b.rootfs(id)), unmountDisk(b.diskImage(id), b.stateDir(id)))
-	errs = append(errs, os.RemoveAll(b.runDir(id)), os.RemoveAll(b.stateDir(id)))
+	errs = append(errs, os.RemoveAll(b.runDir(id)), os.RemoveAll(b.stateDir(id)), os.RemoveAll(b.devDir(id)))
 	return errors.Join(errs...)
 }
 

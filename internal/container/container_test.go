@@ -91,7 +91,7 @@ func resources(t *testing.T, opts Options) []string {
 			out = append(out, "mount "+m)
 		}
 	}
-	for _, d := range []string{filepath.Join(opts.RunDir, "sb"), filepath.Join(opts.StateDir, "sandboxes")} {
+	for _, d := range []string{filepath.Join(opts.RunDir, "sb"), filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.RunDir, "devfs")} {
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
 			out = append(out, "dir "+filepath.Join(d, e.Name()))
@@ -122,6 +122,82 @@ func resources(t *testing.T, opts Options) []string {
 		}
 	}
 	return out
+}
+
+// TestDev: a sandbox's /dev holds working device nodes, a pty
+// multiplexer and a private /dev/shm, refuses new device nodes, and lives
+// in the sandbox's own directory on the node's one shared devfs tmpfs,
+// which shows no usage, is reused across restarts, and is unmounted by
+// Close once no sandbox is left on it.
+func TestDev(t *testing.T) {
+	opts := testOptions(t, "dev-")
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devfs := filepath.Join(opts.RunDir, "devfs")
+	countMounts := func() int {
+		n := 0
+		for _, m := range mountPoints(t) {
+			if m == devfs {
+				n++
+			}
+		}
+		return n
+	}
+	a, _ := runningSandbox(t, b, "deva")
+	c, _ := runningSandbox(t, b, "devc")
+	r := conformance.Exec(t, a, backend.ProcSpec{Argv: []string{"/bin/sh", "-c", `
+set -e
+echo x > /dev/null
+test "$(head -c 3 /dev/zero | od -An -tx1 | tr -d ' ')" = 000000
+test "$(head -c 16 /dev/urandom | wc -c)" -eq 16
+if echo x > /dev/full 2>/dev/null; then echo "full accepted a write"; fi
+test -c /dev/tty -a -c /dev/random -a -L /dev/ptmx -a -L /dev/fd -a -L /dev/stdin
+exec 3<>/dev/ptmx
+ls /dev/pts
+echo secret > /dev/shm/a
+if mknod /dev/sda b 8 0 2>/dev/null; then echo "mknod allowed"; fi
+stat -f -c 'blocks=%b files=%c' /dev
+stat -c '%a' /dev /dev/shm
+`}}, "")
+	if r.Status.Code != 0 || r.Stdout != "0\nptmx\nblocks=0 files=0\n755\n1777\n" {
+		t.Errorf("/dev in a sandbox: %+v", r)
+	}
+	if r := conformance.Exec(t, c, backend.ProcSpec{Argv: []string{"ls", "-A", "/dev/shm"}}, ""); r.Stdout != "" {
+		t.Errorf("another sandbox's /dev/shm shows %q", r.Stdout)
+	}
+	if n := countMounts(); n != 1 {
+		t.Fatalf("%d mounts at %s, want 1", n, devfs)
+	}
+	if _, err := os.Stat(filepath.Join(devfs, "deva", "shm", "a")); err != nil {
+		t.Errorf("the sandbox's /dev is not its directory on the shared devfs: %v", err)
+	}
+	// A restart keeps the mount; Close leaves it while sandboxes use it.
+	b2, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := countMounts(); n != 1 {
+		t.Fatalf("after a restart and a Close with live sandboxes: %d mounts at %s, want 1", n, devfs)
+	}
+	for _, sb := range []backend.Sandbox{a, c} {
+		if err := sb.Destroy(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ents, _ := os.ReadDir(devfs); len(ents) != 0 {
+		t.Errorf("left on the shared devfs after delete: %v", ents)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := countMounts(); n != 0 {
+		t.Errorf("after the last Close: %d mounts at %s, want 0", n, devfs)
+	}
 }
 
 // TestSharedSysfs: one sysfs mount serves every sandbox, survives a

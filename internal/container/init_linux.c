@@ -16,7 +16,9 @@
  * (overlayfs mount data; mounted here, inside the sandbox's own mount
  * namespace, so the daemon's namespace does not accumulate one mount per
  * sandbox for every later clone to copy), hostname, empty (an empty
- * read-only host directory used to hide directories).
+ * read-only host directory used to hide directories), sysfs (the node's
+ * shared sysfs), dev (this sandbox's /dev directory, created here, on the
+ * node's shared devfs), agent (the fd of the standalone agent).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -107,8 +109,9 @@ static void setup_dev(void)
 			die("mknod", nodes[i].name);
 	if (mkdir("dev/pts", 0755) < 0)
 		die("mkdir", "dev/pts");
-	/* /dev/shm is a directory of the /dev tmpfs: every extra superblock
-	 * per sandbox grows every memory cgroup's shrinker map on the node. */
+	/* /dev/shm is a directory of /dev, not a tmpfs of its own: every
+	 * superblock per sandbox grows every memory cgroup's shrinker map on
+	 * the node. */
 	if (mkdir("dev/shm", 01777) < 0)
 		die("mkdir", "dev/shm");
 	do_mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
@@ -200,6 +203,7 @@ static void __attribute__((noreturn)) init_main(void)
 	const char *rootfs = conf("rootfs", len), *overlay = conf("overlay", len);
 	const char *hostname = conf("hostname", len), *empty = conf("empty", len);
 	const char *agent = conf("agent", len), *sysfs = conf("sysfs", len);
+	const char *dev = conf("dev", len);
 	if (!rootfs || !empty) {
 		errno = EINVAL;
 		die("config", "rootfs/empty missing");
@@ -220,7 +224,16 @@ static void __attribute__((noreturn)) init_main(void)
 		if (mkdir(dirs[i], 0755) < 0 && errno != EEXIST)
 			die("mkdir", dirs[i]);
 	do_mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
-	do_mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_STRICTATIME, "mode=755,size=65536k");
+	/* Our own directory on the node's shared devfs tmpfs
+	 * (internal/container/devfs.go): our own inodes, no superblock of our
+	 * own. The mount is nosuid and allows device nodes. */
+	if (dev) {
+		if (mkdir(dev, 0755) < 0 || chmod(dev, 0755) < 0) /* whatever our umask */
+			die("mkdir", dev);
+		do_mount(dev, "dev", NULL, MS_BIND, NULL);
+	} else {
+		do_mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_STRICTATIME, "mode=755,size=65536k");
+	}
 	setup_dev();
 	/* The node's shared sysfs (internal/container/sysfs.go): one
 	 * superblock for all sandboxes instead of one each. */

@@ -95,16 +95,17 @@ func (b *Backend) ensureSysfs() error {
 	if unix.Statfs(b.sysfsDir(), &st) == nil && st.Type == unix.SYSFS_MAGIC {
 		return nil
 	}
-	b.sysfsMu.Lock()
-	defer b.sysfsMu.Unlock()
+	b.sharedMu.Lock()
+	defer b.sharedMu.Unlock()
 	return mountSharedSysfs(b.sysfsDir())
 }
 
-// Close unmounts the shared sysfs. Live sandboxes keep theirs: each has its
-// own bind of the superblock, which stays until the last one is gone.
+// Close unmounts the shared sysfs, and the shared devfs if no sandbox is
+// left on it. Live sandboxes keep their mounts: each has its own bind of
+// the superblock, which stays until the last one is gone.
 func (b *Backend) Close() error {
 	if err := unix.Unmount(b.sysfsDir(), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 		return fmt.Errorf("unmount shared sysfs: %w", err)
 	}
-	return nil
+	return b.closeDevfs()
 }

@@ -382,17 +382,19 @@ func (e *env) resources() []resource {
 	// sandboxes: an unused one stays for a grace period while the daemon
 	// runs, and the daemon unmounts them when it stops. They count only
 	// once it stopped.
-	// So is the shared sysfs (<run>/sysfs) that sandboxes bind.
+	// So are the shared sysfs (<run>/sysfs) and devfs (<run>/devfs) that
+	// sandboxes bind; the devfs stays after a stop while sandboxes live.
 	layers := filepath.Join(e.runDir, "layers") + "/"
-	sysfs := filepath.Join(e.runDir, "sysfs")
+	sysfs, devfs := filepath.Join(e.runDir, "sysfs"), filepath.Join(e.runDir, "devfs")
 	running := e.running()
+	devs, _ := os.ReadDir(devfs)
 	for _, m := range e.mounts() {
-		if running && (strings.HasPrefix(m, layers) || m == sysfs) {
+		if running && (strings.HasPrefix(m, layers) || m == sysfs) || m == devfs && (running || len(devs) > 0) {
 			continue
 		}
 		out = append(out, resource{"mount", e.idOfPath(m), m})
 	}
-	for _, d := range []string{filepath.Join(e.runDir, "sb"), filepath.Join(e.stateDir, "sandboxes")} {
+	for _, d := range []string{filepath.Join(e.runDir, "sb"), filepath.Join(e.stateDir, "sandboxes"), devfs} {
 		ents, _ := os.ReadDir(d)
 		for _, ent := range ents {
 			out = append(out, resource{"dir", ent.Name(), filepath.Join(d, ent.Name())})
