@@ -108,6 +108,67 @@ static uint32_t get32(const uint8_t *p)
 	return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* ---- allocation ------------------------------------------------------- */
+
+#ifdef WARREN_AGENT_MAIN
+/* The standalone agent never calls malloc. musl's allocator reads the aux
+ * vector, which lives on the kernel's stack that the agent unmaps, and it
+ * mmaps its groups near the top of the address space, where any live
+ * mapping keeps three page-table pages (12 KiB) of its own. Connection
+ * records come from brk, right after the .bss (move_mm), and are reused;
+ * payloads and a child's argument vectors are mmaps of their own, unmapped
+ * with their page tables as soon as they are done with. */
+static struct conn *free_conns; /* linked through ->dead */
+static uintptr_t brk_end;
+
+static struct conn *conn_alloc(void)
+{
+	if (!free_conns) {
+		uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+		if (!brk_end)
+			brk_end = (uintptr_t)syscall(SYS_brk, 0);
+		uintptr_t want = brk_end + pg;
+		if ((uintptr_t)syscall(SYS_brk, want) < want)
+			return NULL;
+		for (uintptr_t off = 0; off + sizeof(struct conn) <= pg; off += sizeof(struct conn)) {
+			struct conn *c = (struct conn *)(brk_end + off);
+			c->dead = free_conns;
+			free_conns = c;
+		}
+		brk_end = want;
+	}
+	struct conn *c = free_conns;
+	free_conns = c->dead;
+	memset(c, 0, sizeof(*c));
+	return c;
+}
+
+static void conn_free(struct conn *c)
+{
+	if (c) {
+		c->dead = free_conns;
+		free_conns = c;
+	}
+}
+
+static void *big_alloc(size_t n)
+{
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void big_free(void *p, size_t n) { munmap(p, n); }
+#else
+static struct conn *conn_alloc(void) { return calloc(1, sizeof(struct conn)); }
+static void conn_free(struct conn *c) { free(c); }
+static void *big_alloc(size_t n) { return malloc(n); }
+static void big_free(void *p, size_t n)
+{
+	(void)n;
+	free(p);
+}
+#endif
+
 /* ---- replies ---------------------------------------------------------- */
 
 /* Replies are tiny; a full socket buffer means the client stopped reading,
@@ -153,7 +214,7 @@ static void close_fds(struct conn *c)
 static void reset_frame(struct conn *c)
 {
 	if (c->payload && c->payload != c->inl)
-		free(c->payload);
+		big_free(c->payload, c->plen);
 	c->payload = NULL;
 	c->hgot = c->plen = c->pgot = 0;
 	close_fds(c);
@@ -453,8 +514,8 @@ static void __attribute__((noreturn)) child(struct conn *c, int errfd)
 		setrlimit(RLIMIT_NOFILE, &orig_nofile);
 
 	/* Strings were validated by the agent before fork. */
-	char **argv = malloc((argc + 1) * sizeof(char *));
-	char **envp = malloc((envc + 1) * sizeof(char *));
+	char **argv = big_alloc((argc + 1) * sizeof(char *));
+	char **envp = big_alloc((envc + 1) * sizeof(char *));
 	if (!argv || !envp)
 		child_fail(errfd, "memory");
 	const char *s = cwd + strlen(cwd) + 1;
@@ -632,12 +693,9 @@ static void __attribute__((noinline)) drop_mappings(void)
 	int drop_stack = on_own_stack();
 	if (drop_stack) {
 		move_mm();
-		/* The environment and the aux vector live on the kernel's
-		 * stack; musl's malloc reads AT_RANDOM from the latter on its
-		 * first call: make that call now (volatile, or the compiler
-		 * drops the pair). Nothing else reads them after startup. */
-		void *volatile first = malloc(1);
-		free(first);
+		/* The environment lives on the kernel's stack, and so does the
+		 * aux vector, which nothing reads after startup (the agent
+		 * never calls malloc, which would: see conn_alloc). */
 		environ = empty_env;
 	}
 #endif
@@ -826,7 +884,7 @@ static void on_sock(struct conn *c)
 					fail(c, EINVAL, "proto");
 					return;
 				}
-				c->payload = c->plen <= INLINE_PAYLOAD ? c->inl : malloc(c->plen);
+				c->payload = c->plen <= INLINE_PAYLOAD ? c->inl : big_alloc(c->plen);
 				if (!c->payload) {
 					fail(c, ENOMEM, "proto");
 					return;
@@ -855,7 +913,7 @@ static void on_listen(void)
 			}
 			return;
 		}
-		struct conn *c = calloc(1, sizeof(*c));
+		struct conn *c = conn_alloc();
 		struct epoll_event ev = {.events = EPOLLIN};
 		if (c) {
 			c->wsock = (struct watch){W_SOCK, c};
@@ -866,7 +924,7 @@ static void on_listen(void)
 		}
 		if (!c || epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
 			close(fd);
-			free(c);
+			conn_free(c);
 			continue;
 		}
 		c->next = conns;
@@ -961,7 +1019,7 @@ void __attribute__((noreturn)) warren_agent_main(int fd)
 		while (dead_conns) {
 			struct conn *c = dead_conns;
 			dead_conns = c->dead;
-			free(c);
+			conn_free(c);
 		}
 #ifdef WARREN_AGENT_MAIN
 		if (freed && !conns)

@@ -808,6 +808,26 @@ func TestStandaloneLayout(t *testing.T) {
 			t.Fatalf("exec %d: %+v", i, res)
 		}
 	}
+	// A burst: many connection records at once, and payloads of all sizes.
+	var wg sync.WaitGroup
+	for i := 0; i < 64; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := a.client.Start(ctx(t), backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "echo ${#X}"},
+				Env: []string{"X=" + strings.Repeat("x", i*1000)}, Stdout: true})
+			if err != nil {
+				t.Errorf("exec %d: %v", i, err)
+				return
+			}
+			defer p.Close()
+			out, _ := io.ReadAll(p.Stdout())
+			if st, err := p.Wait(); err != nil || st.Code != 0 || string(out) != strconv.Itoa(i*1000)+"\n" {
+				t.Errorf("exec %d: out %q status %+v err %v", i, out, st, err)
+			}
+		}()
+	}
+	wg.Wait()
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", a.pid))
 	if err != nil {
 		t.Fatal(err)
