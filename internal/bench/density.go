@@ -21,6 +21,10 @@ type DensityConfig struct {
 	N           int
 	Concurrency int  // creates (and deletes) in flight
 	Peers       bool // also N idle unshare+chroot and crun containers
+	// KmemTrace > 0 creates that many more sandboxes, one at a time, with
+	// the kernel's kmem tracepoints on (after the measurements of the N),
+	// and reports the slab objects they keep by allocating call site.
+	KmemTrace int
 }
 
 // DensityReport is the result of `warren bench density`. Memory is in
@@ -88,6 +92,11 @@ type DensityReport struct {
 	AccountedKiBPerSandbox float64 `json:"accounted_kib_per_sandbox,omitempty"`
 	// The slab caches that grew most, per sandbox (/proc/slabinfo).
 	SlabKiBPerSandbox []SlabDelta `json:"slab_kib_per_sandbox,omitempty"`
+	// With --kmem-trace M: the slab objects M more sandboxes keep, per
+	// sandbox, in all and by the kernel function that allocated them.
+	KmemTraced        int        `json:"kmem_traced,omitempty"`
+	KmemKiBPerSandbox float64    `json:"kmem_kib_per_sandbox,omitempty"`
+	KmemSites         []KmemSite `json:"kmem_sites,omitempty"`
 
 	Peers []DensityPeerRow `json:"peers,omitempty"`
 	Notes []string         `json:"notes,omitempty"`
@@ -238,6 +247,30 @@ func RunDensity(ctx context.Context, env *Env, cfg DensityConfig, benchNofile ui
 		}
 	}
 
+	if cfg.KmemTrace > 0 {
+		env.logf("density: tracing the slab allocations of %d more sandboxes", cfg.KmemTrace)
+		tr, err := traceKmem(cfg.KmemTrace, func() error {
+			for i := 0; i < cfg.KmemTrace; i++ {
+				sb, err := env.Client.Create(ctx, env.CreateRequest())
+				if err != nil {
+					return fmt.Errorf("create: %w", err)
+				}
+				ids = append(ids, sb.GetId())
+			}
+			return nil
+		})
+		if err != nil {
+			rep.Notes = append(rep.Notes, "kmem trace: "+err.Error())
+		} else {
+			rep.KmemTraced, rep.KmemKiBPerSandbox = tr.Sandboxes, tr.KiB
+			rep.KmemSites = tr.Sites[:min(len(tr.Sites), 40)]
+			rep.Notes = append(rep.Notes, fmt.Sprintf("kmem trace: slab objects allocated while %d more sandboxes were created (one at a time, after the measurements above) and still allocated after drop_caches and 2 s, by allocating function (kmem tracepoints); everything the node allocated in that window counts", tr.Sandboxes))
+			if tr.Overrun {
+				rep.Notes = append(rep.Notes, "kmem trace: the trace buffer overran, so the traced numbers undercount")
+			}
+		}
+	}
+
 	env.logf("density: deleting %d sandboxes", len(ids))
 	t0 := time.Now()
 	derr := deleteIDs(ctx, env.Client, ids, cfg.Concurrency)
@@ -331,6 +364,13 @@ func (r *DensityReport) Table(w io.Writer) error {
 	t.add("create latency p50 / p99", fmt.Sprintf("%s / %s ms", ms(r.CreateP50), ms(r.CreateP99)))
 	t.add("create p50, first 10% / last 10%", fmt.Sprintf("%s / %s ms", ms(r.CreateFirstP50), ms(r.CreateLastP50)))
 	t.add("random 1% answering exec", fmt.Sprintf("%d ok, %d failed", r.Verified, r.VerifyFailed))
+	if r.KmemTraced > 0 {
+		var top []string
+		for _, s := range r.KmemSites[:min(len(r.KmemSites), 15)] {
+			top = append(top, fmt.Sprintf("%s (%s) %.1f", s.Site, s.Cache, s.KiB))
+		}
+		t.add(fmt.Sprintf("slab kept per sandbox, traced on %d (KiB)", r.KmemTraced), fmt.Sprintf("%.1f: %s", r.KmemKiBPerSandbox, strings.Join(top, ", ")))
+	}
 	t.add("delete wall time", fmt.Sprintf("%.2f s (%.0f/s)", r.DeleteS, r.DeletePerS))
 	t.add("memory returned after delete", fmt.Sprintf("%.1f%% (%.0f KiB not back)", r.MemoryReturnedPc, r.NodeKiBNotBack))
 	t.add("daemon fds at peak / RLIMIT_NOFILE", fmt.Sprintf("%d / %s", r.DaemonFDsPeak, r.DaemonNofile))

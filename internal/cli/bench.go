@@ -200,7 +200,10 @@ sandbox (MemAvailable before minus after, both read after sync and
 drop_caches), the daemon's RSS and Pss growth, the agents' Pss, and the
 create time; check that a random 1% still answer exec, delete all and
 report the delete time and how much memory came back. With --peers, N
-idle unshare+chroot and crun containers are measured the same way.`,
+idle unshare+chroot and crun containers are measured the same way. With
+--kmem-trace M, M more sandboxes are created with the kernel's kmem
+tracepoints on, and the slab objects they keep are attributed to the
+kernel functions that allocated them.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkCounts(cfg.N, 0, []int{cfg.Concurrency}); err != nil {
@@ -217,6 +220,7 @@ idle unshare+chroot and crun containers are measured the same way.`,
 	}
 	c.Flags().IntVar(&cfg.N, "n", 0, "number of sandboxes")
 	c.Flags().IntVar(&cfg.Concurrency, "concurrency", 8, "creates and deletes in flight")
+	c.Flags().IntVar(&cfg.KmemTrace, "kmem-trace", 0, "also create this many sandboxes with kmem tracing and attribute the slab they keep to kernel call sites (needs tracefs)")
 	_ = c.MarkFlagRequired("n")
 	return c
 }
