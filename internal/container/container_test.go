@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -377,6 +378,42 @@ func TestNoInheritedFDs(t *testing.T) {
 		}
 		t.Errorf("sandbox PID 1 holds %d fds, want 6: %v", len(ents), names)
 	}
+}
+
+// TestSmallFDTable: PID 1 of a sandbox gets an fd table sized for its own
+// few fds, not the daemon's, which holds one pidfd per sandbox: without
+// the unshare in the init stage, a daemon with fds above 4,096 gave every
+// new sandbox a 32 KiB fd array of kernel memory.
+func TestSmallFDTable(t *testing.T) {
+	opts := testOptions(t, "fdsize-")
+	// Like a daemon with thousands of sandboxes: a high fd, close-on-exec.
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Cur < 5000 {
+		t.Skipf("RLIMIT_NOFILE %d: need 5000 fds", lim.Cur)
+	}
+	fd, err := unix.FcntlInt(0, unix.F_DUPFD_CLOEXEC, 4500)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, pid := runningSandbox(t, b, "fdsize1")
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "FDSize:"); ok {
+			if n, _ := strconv.Atoi(strings.TrimSpace(v)); n == 0 || n > 64 {
+				t.Errorf("sandbox PID 1 has an fd table of %d slots, want <= 64 (the daemon's reaches fd %d)", n, fd)
+			}
+			return
+		}
+	}
+	t.Fatal("no FDSize in /proc/PID/status")
 }
 
 // runningSandbox creates sandbox id on b, waits until its agent has

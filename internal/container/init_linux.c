@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <net/if.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +36,13 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <linux/capability.h>
+
+#ifndef CLOSE_RANGE_UNSHARE
+#define CLOSE_RANGE_UNSHARE (1U << 1)
+#endif
 
 #define INIT_ENV "_WARREN_CONTAINER_INIT"
 #define AGENT_ENV "_WARREN_AGENT_FD" /* internal/agent.EnvFD */
@@ -177,6 +183,37 @@ static void __attribute__((noreturn)) exec_agent(const char *fdstr)
 	die("exec agent", NULL);
 }
 
+/* Closes every fd from first on, and leaves this process with an fd table
+ * sized for what is left. The clone that made us copied the daemon's table,
+ * which is sized for the daemon's highest fd (one pidfd per sandbox: at
+ * 3,000 sandboxes a 32 KiB array plus bitmaps), and closing fds never
+ * shrinks a table. close_range(CLOSE_RANGE_UNSHARE) copies only the fds
+ * below first into a table of its own, but only when the table is shared:
+ * so share it for a moment with a child that waits to be killed. */
+static char sharer_stack[4096] __attribute__((aligned(64)));
+
+/* The child shares our memory too (no page tables to copy): it only
+ * sleeps, on a stack of its own, until it is killed. */
+static int share_until_killed(void *arg)
+{
+	(void)arg;
+	for (;;)
+		pause();
+	return 0;
+}
+
+static void close_all_from(unsigned first)
+{
+	pid_t child = clone(share_until_killed, sharer_stack + sizeof sharer_stack, CLONE_VM | CLONE_FILES | SIGCHLD, NULL);
+	if (syscall(SYS_close_range, first, ~0U, child > 0 ? CLOSE_RANGE_UNSHARE : 0) < 0 && child > 0)
+		syscall(SYS_close_range, first, ~0U, 0);
+	if (child > 0) {
+		kill(child, SIGKILL);
+		while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
+			;
+	}
+}
+
 static void __attribute__((noreturn)) init_main(void)
 {
 	size_t len = 0;
@@ -198,7 +235,7 @@ static void __attribute__((noreturn)) init_main(void)
 	/* Whatever else the daemon inherited from its own parent and did not
 	 * mark close-on-exec must not live on in PID 1 of a sandbox: fds 4-6
 	 * are ours, everything above goes. */
-	syscall(SYS_close_range, FD_STATUS + 2, ~0U, 0);
+	close_all_from(FD_STATUS + 2);
 	config[len] = 0;
 	const char *rootfs = conf("rootfs", len), *overlay = conf("overlay", len);
 	const char *hostname = conf("hostname", len), *empty = conf("empty", len);
