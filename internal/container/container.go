@@ -113,6 +113,9 @@ func New(opts Options) (*Backend, error) {
 	if err := os.MkdirAll(b.emptyDir(), 0o555); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create empty directory")
 	}
+	if err := os.MkdirAll(b.rootMount(), 0o755); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "create root mount point")
+	}
 	if err := mountSharedSysfs(b.sysfsDir()); err != nil {
 		return nil, err
 	}
@@ -161,6 +164,13 @@ func (b *Backend) runDir(id string) string   { return filepath.Join(b.opts.RunDi
 func (b *Backend) emptyDir() string          { return filepath.Join(b.opts.RunDir, "empty") }
 func (b *Backend) stateDir(id string) string { return filepath.Join(b.opts.StateDir, "sandboxes", id) }
 func (b *Backend) rootfs(id string) string   { return filepath.Join(b.runDir(id), "rootfs") }
+
+// rootMount is where every init stage mounts its sandbox's overlay before
+// pivot_root: inside its own mount namespace, so one empty directory
+// serves them all (a directory per sandbox was one more inode and dentry
+// each). rootfs(id) is where daemons before this one mounted it; teardown
+// still unmounts it there.
+func (b *Backend) rootMount() string { return filepath.Join(b.opts.RunDir, "rootfs") }
 func (b *Backend) diskImage(id string) string {
 	return filepath.Join(b.opts.StateDir, "disks", id+".img")
 }
@@ -191,7 +201,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if _, err := os.Stat(run); err == nil {
 		return nil, errdefs.Conflictf("sandbox %s already exists on this node", spec.ID)
 	}
-	for _, d := range []string{st, b.rootfs(spec.ID)} {
+	for _, d := range []string{st, run} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			_ = os.RemoveAll(run)
 			_ = os.RemoveAll(st)
@@ -315,7 +325,7 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 	if hostname == "" {
 		hostname = spec.ID
 	}
-	conf := map[string]string{"rootfs": b.rootfs(spec.ID), "overlay": overlay, "hostname": hostname,
+	conf := map[string]string{"rootfs": b.rootMount(), "overlay": overlay, "hostname": hostname,
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID)}
 	if b.agent != nil {
 		conf["agent"] = "6"
