@@ -1030,6 +1030,17 @@ void __attribute__((noreturn)) warren_agent_main(int fd)
 	}
 }
 
+/* Entered by the container init stage (internal/container/init_linux.c)
+ * once the sandbox is set up, in the same process. */
+void __attribute__((noreturn)) warren_agent_start(int fd)
+{
+#ifdef WARREN_AGENT_MAIN
+	run_on_own_stack(fd);
+#else
+	warren_agent_main(fd);
+#endif
+}
+
 /* Runs before the Go runtime starts. Without the env var this is an
  * ordinary warren process and we return at once. */
 __attribute__((constructor)) static void warren_agent_init(void)
@@ -1044,19 +1055,16 @@ __attribute__((constructor)) static void warren_agent_init(void)
 		errno = EINVAL;
 		fatal(AGENT_ENV);
 	}
-#ifdef WARREN_AGENT_MAIN
-	run_on_own_stack((int)fd);
-#else
-	warren_agent_main((int)fd);
-#endif
+	warren_agent_start((int)fd);
 }
 
 #ifdef WARREN_AGENT_MAIN
-/* The standalone agent (internal/agentbin): the constructor above does the
- * work; reaching main means the environment did not name a socket. */
+/* The standalone agent (internal/agentbin), which also carries the
+ * container init stage: a constructor (this file's or init_linux.c's) does
+ * the work; reaching main means the environment named neither. */
 int main(void)
 {
 	errno = EINVAL;
-	fatal(AGENT_ENV " is not set");
+	fatal(AGENT_ENV " (or _WARREN_CONTAINER_INIT) is not set");
 }
 #endif

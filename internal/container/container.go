@@ -277,8 +277,16 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 	defer stR.Close()
 	defer stW.Close()
 
+	// The standalone agent carries the init stage too: exec'ing it (through
+	// /proc/self/fd, as fd 6 of the child) instead of the warren binary
+	// saves an exec of a 24 MB program per create (~0.3 ms), and the init
+	// stage becomes the agent without a second exec.
+	path := b.opts.InitBinary
+	if b.agent != nil {
+		path = "/proc/self/fd/6"
+	}
 	cmd := &exec.Cmd{
-		Path:       b.opts.InitBinary,
+		Path:       path,
 		Args:       []string{"warren-init"},
 		Env:        []string{initEnv + "=1"},
 		ExtraFiles: []*os.File{cfgR, lnFile, stW},
@@ -291,8 +299,7 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 		},
 	}
 	if b.agent != nil {
-		// fd 6: the standalone agent the init stage execs as PID 1.
-		cmd.ExtraFiles = append(cmd.ExtraFiles, b.agent)
+		cmd.ExtraFiles = append(cmd.ExtraFiles, b.agent) // fd 6: what the child execs
 	}
 	if err := cmd.Start(); err != nil {
 		return 0, nil, errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
@@ -327,9 +334,6 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 	}
 	conf := map[string]string{"rootfs": b.rootMount(), "overlay": overlay, "hostname": hostname,
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID)}
-	if b.agent != nil {
-		conf["agent"] = "6"
-	}
 	cfg := initConfig(conf)
 	if _, err := cfgW.Write(cfg); err != nil {
 		return fail(errdefs.Wrap(errdefs.Internal, err, "send init config"))

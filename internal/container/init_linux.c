@@ -1,16 +1,19 @@
 //go:build linux && cgo
 
 /*
- * The container init stage, in C. The backend starts the warren binary in
- * new mount, pid, uts, ipc and net namespaces with _WARREN_CONTAINER_INIT
- * set; this constructor takes over before the Go runtime starts (which
- * would cost ~4 ms and ~600 page faults per sandbox), builds the
- * sandbox's view of the world and becomes the agent (PID 1) in place.
+ * The container init stage, in C. The backend starts the standalone agent
+ * (internal/agentbin, which carries this file too) in new mount, pid, uts,
+ * ipc and net namespaces with _WARREN_CONTAINER_INIT set, or the warren
+ * binary where it must run the agent in place; this constructor takes
+ * over before anything else runs (in the warren binary, before the Go
+ * runtime, which would cost ~4 ms and ~600 page faults per sandbox),
+ * builds the sandbox's view of the world and becomes the agent (PID 1) in
+ * the same process.
  *
  * File descriptors: 3 = config (read until EOF; the daemon writes it only
  * after placing us in our cgroup), 4 = the agent's listening socket,
  * 5 = status pipe (a message means failure; our closing it means the
- * sandbox is up).
+ * sandbox is up), 6 = the standalone agent (what the daemon exec'd; closed).
  *
  * Config: NUL-separated key=value entries: rootfs (mount point), overlay
  * (overlayfs mount data; mounted here, inside the sandbox's own mount
@@ -18,7 +21,7 @@
  * sandbox for every later clone to copy), hostname, empty (an empty
  * read-only host directory used to hide directories), sysfs (the node's
  * shared sysfs), dev (this sandbox's /dev directory, created here, on the
- * node's shared devfs), agent (the fd of the standalone agent).
+ * node's shared devfs).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -38,22 +42,27 @@
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <linux/capability.h>
 
 #ifndef CLOSE_RANGE_UNSHARE
 #define CLOSE_RANGE_UNSHARE (1U << 1)
 #endif
 
 #define INIT_ENV "_WARREN_CONTAINER_INIT"
-#define AGENT_ENV "_WARREN_AGENT_FD" /* internal/agent.EnvFD */
 #define FD_CONFIG 3
 #define FD_LISTEN 4
 #define FD_STATUS 5
 #define CONFIG_MAX (64 << 10)
-#define STR(x) #x
-#define XSTR(x) STR(x)
 
-void warren_agent_main(int fd) __attribute__((noreturn));
+/* The agent's entry (internal/agent/agent_linux.c): on its own stack in
+ * the standalone build, in place in the warren binary. */
+void warren_agent_start(int fd) __attribute__((noreturn));
+
+/* Capability numbers (kernel ABI; musl ships no linux/capability.h). */
+enum {
+	CAP_CHOWN = 0, CAP_DAC_OVERRIDE = 1, CAP_FOWNER = 3, CAP_FSETID = 4, CAP_KILL = 5,
+	CAP_SETGID = 6, CAP_SETUID = 7, CAP_SETPCAP = 8, CAP_NET_BIND_SERVICE = 10,
+	CAP_SYS_CHROOT = 18, CAP_AUDIT_WRITE = 29, CAP_SETFCAP = 31,
+};
 
 static void __attribute__((noreturn)) die(const char *step, const char *arg)
 {
@@ -65,7 +74,8 @@ static void __attribute__((noreturn)) die(const char *step, const char *arg)
 	_exit(1);
 }
 
-static char config[CONFIG_MAX];
+/* Page-aligned, so that its pages can be given back once it is parsed. */
+static char config[CONFIG_MAX] __attribute__((aligned(4096)));
 
 static const char *conf(const char *key, size_t len)
 {
@@ -161,27 +171,6 @@ static void drop_caps(void)
 	}
 }
 
-/* Replaces this process (and the 24 MB binary's mappings) with the small
- * standalone agent. The status pipe is close-on-exec, so the daemon sees
- * EOF exactly when the exec succeeded, and a failure reaches it as a
- * message. */
-static void __attribute__((noreturn)) exec_agent(const char *fdstr)
-{
-	char *end;
-	errno = 0;
-	long fd = strtol(fdstr, &end, 10);
-	if (errno || end == fdstr || *end || fd <= FD_STATUS || fd > 1024) {
-		errno = EINVAL;
-		die("config", "agent fd");
-	}
-	if (fcntl((int)fd, F_SETFD, FD_CLOEXEC) < 0 || fcntl(FD_STATUS, F_SETFD, FD_CLOEXEC) < 0)
-		die("fcntl", "agent fd");
-	char *argv[] = {"warren-init", NULL};
-	char env[] = AGENT_ENV "=" XSTR(FD_LISTEN);
-	char *envp[] = {env, NULL};
-	syscall(SYS_execveat, (int)fd, "", argv, envp, AT_EMPTY_PATH);
-	die("exec agent", NULL);
-}
 
 /* Closes every fd from first on, and leaves this process with an fd table
  * sized for what is left. The clone that made us copied the daemon's table,
@@ -190,7 +179,7 @@ static void __attribute__((noreturn)) exec_agent(const char *fdstr)
  * shrinks a table. close_range(CLOSE_RANGE_UNSHARE) copies only the fds
  * below first into a table of its own, but only when the table is shared:
  * so share it for a moment with a child that waits to be killed. */
-static char sharer_stack[4096] __attribute__((aligned(64)));
+static char sharer_stack[4096] __attribute__((aligned(4096)));
 
 /* The child shares our memory too (no page tables to copy): it only
  * sleeps, on a stack of its own, until it is killed. */
@@ -211,6 +200,7 @@ static void close_all_from(unsigned first)
 		kill(child, SIGKILL);
 		while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
 			;
+		madvise(sharer_stack, sizeof sharer_stack, MADV_DONTNEED);
 	}
 }
 
@@ -232,14 +222,15 @@ static void __attribute__((noreturn)) init_main(void)
 		}
 	}
 	close(FD_CONFIG);
-	/* Whatever else the daemon inherited from its own parent and did not
-	 * mark close-on-exec must not live on in PID 1 of a sandbox: fds 4-6
-	 * are ours, everything above goes. */
-	close_all_from(FD_STATUS + 2);
 	config[len] = 0;
+	/* Whatever else the daemon inherited from its own parent and did not
+	 * mark close-on-exec must not live on in PID 1 of a sandbox: fds 4 and
+	 * 5 are ours, everything above goes (6 is the standalone agent the
+	 * daemon exec'd, when that is what we are). */
+	close_all_from(FD_STATUS + 1);
 	const char *rootfs = conf("rootfs", len), *overlay = conf("overlay", len);
 	const char *hostname = conf("hostname", len), *empty = conf("empty", len);
-	const char *agent = conf("agent", len), *sysfs = conf("sysfs", len);
+	const char *sysfs = conf("sysfs", len);
 	const char *dev = conf("dev", len);
 	if (!rootfs || !empty) {
 		errno = EINVAL;
@@ -301,11 +292,11 @@ static void __attribute__((noreturn)) init_main(void)
 	loopback_up();
 	drop_caps();
 	unsetenv(INIT_ENV);
-	if (agent)
-		exec_agent(agent);
 	/* Closing the status pipe tells the daemon the sandbox is up. */
 	close(FD_STATUS);
-	warren_agent_main(FD_LISTEN);
+	/* The config's pages would stay with PID 1 for good. */
+	madvise(config, sizeof config, MADV_DONTNEED);
+	warren_agent_start(FD_LISTEN);
 }
 
 __attribute__((constructor)) static void warren_container_init(void)
