@@ -58,6 +58,7 @@ func traceKmem(n int, f func() error) (*kmemTrace, error) {
 	}
 	w := func(file, v string) error { return os.WriteFile(filepath.Join(dir, file), []byte(v), 0) }
 	oldSize, _ := os.ReadFile(filepath.Join(dir, "buffer_size_kb"))
+	oldOverwrite, _ := os.ReadFile(filepath.Join(dir, "options/overwrite"))
 	restore := func() {
 		_ = w("tracing_on", "0")
 		for _, e := range kmemEvents {
@@ -67,12 +68,19 @@ func traceKmem(n int, f func() error) (*kmemTrace, error) {
 		if s := strings.TrimSpace(string(oldSize)); s != "" && !strings.Contains(s, "expanded") {
 			_ = w("buffer_size_kb", s)
 		}
+		if s := strings.TrimSpace(string(oldOverwrite)); s != "" {
+			_ = w("options/overwrite", s)
+		}
 	}
 	defer restore()
 	if err := w("tracing_on", "0"); err != nil {
 		return nil, fmt.Errorf("tracefs: %w", err)
 	}
 	_ = w("trace", "")
+	// A full buffer drops new events rather than the oldest: the
+	// allocations at the start are the ones that matter (a lost free makes
+	// an object look kept, a lost allocation hides it).
+	_ = w("options/overwrite", "0")
 	// ~7,000 events per sandbox at ~60 bytes each, per CPU at worst.
 	if err := w("buffer_size_kb", strconv.Itoa(max(16<<10, n*1024))); err != nil {
 		return nil, fmt.Errorf("trace buffer: %w", err)
@@ -102,8 +110,10 @@ func traceKmem(n int, f func() error) (*kmemTrace, error) {
 	for _, c := range cpus {
 		b, _ := os.ReadFile(c)
 		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "overrun: "); ok && strings.TrimSpace(v) != "0" {
-				tr.Overrun = true
+			for _, k := range []string{"overrun: ", "dropped events: "} {
+				if v, ok := strings.CutPrefix(l, k); ok && strings.TrimSpace(v) != "0" {
+					tr.Overrun = true
+				}
 			}
 		}
 	}
