@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -364,12 +365,19 @@ func TestNoInheritedFDs(t *testing.T) {
 	}
 	// An answered exec means the agent's loop (and its fds) is set up.
 	_, pid := runningSandbox(t, b, "fds1")
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// stdin/out/err (/dev/null), the signalfd, the listening socket, the
-	// epoll set.
+	// epoll set; the exec's connection goes once the agent has seen the
+	// client close it.
+	var ents []os.DirEntry
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var err error
+		if ents, err = os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid)); err != nil {
+			t.Fatal(err)
+		}
+		if len(ents) == 6 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if len(ents) != 6 {
 		var names []string
 		for _, e := range ents {
