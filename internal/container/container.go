@@ -552,13 +552,7 @@ func overlayData(layers []string, upper, work string) (string, error) {
 	// redirect_dir and metacopy off (the defaults of most kernels, made
 	// explicit): the upper directory then holds whole files and real
 	// directories, which CommitSandbox relies on to turn it into a layer.
-	// volatile: the unmount at every delete no longer syncs the upper
-	// directory's filesystem, which every sandbox's writable layer shares
-	// (with another sandbox's 800 MB unwritten, an unrelated delete took
-	// 280-370 ms instead of 14), and fsync inside a sandbox no longer
-	// reaches the disk. Nothing is lost that a sandbox could keep: it
-	// does not outlive the node, and its layer is deleted with it.
-	data := "lowerdir=" + strings.Join(layers, ":") + ",upperdir=" + upper + ",workdir=" + work + ",redirect_dir=off,metacopy=off,volatile"
+	data := "lowerdir=" + strings.Join(layers, ":") + ",upperdir=" + upper + ",workdir=" + work + ",redirect_dir=off,metacopy=off"
 	if len(data) >= os.Getpagesize() {
 		return "", errdefs.Invalidf("too many image layers (%d) for one overlay mount", len(layers))
 	}

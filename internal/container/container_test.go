@@ -202,31 +202,6 @@ stat -c '%a' /dev /dev/shm
 	}
 }
 
-// TestVolatileRoot: the sandbox's root overlay is mounted volatile, so
-// that its unmount (every delete) does not sync the upper directory's
-// whole filesystem, which other sandboxes' dirty data shares.
-func TestVolatileRoot(t *testing.T) {
-	opts := testOptions(t, "volatile-")
-	b, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, pid := runningSandbox(t, b, "vol1")
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range mountinfo.Parse(string(data)) {
-		if m.Point == "/" {
-			if m.FSType != "overlay" || !slices.Contains(m.Options, "volatile") && !slices.Contains(m.Options, "fsync=volatile") {
-				t.Errorf("sandbox root: %s with %v, want a volatile overlay", m.FSType, m.Options)
-			}
-			return
-		}
-	}
-	t.Fatalf("no root mount in the sandbox's mountinfo:\n%s", data)
-}
-
 // TestSharedSysfs: one sysfs mount serves every sandbox, survives a
 // backend restart, is remounted if someone unmounts it, and goes with
 // Close; it never shows the host's network devices.
