@@ -537,10 +537,8 @@ type v1Group struct {
 	c    cgroup1.Cgroup
 }
 
-func (g *v1Group) Name() string { return g.name }
-func (g *v1Group) dir(sub cgroup1.Name) string {
-	return filepath.Join(Root, string(sub), g.name)
-}
+func (g *v1Group) Name() string                { return g.name }
+func (g *v1Group) dir(sub cgroup1.Name) string { return v1Dir(sub, g.name) }
 func (g *v1Group) AddProc(pid int) error {
 	return classify(g.c.AddProc(uint64(pid)), "add pid to cgroup")
 }
@@ -561,21 +559,31 @@ func (g *v1Group) Thaw() error {
 	err := os.WriteFile(filepath.Join(g.dir(cgroup1.Freezer), "freezer.state"), []byte("THAWED"), 0)
 	return classify(err, "thaw cgroup "+g.name)
 }
-func (g *v1Group) OOMKills() (uint64, error) {
-	return readKey(filepath.Join(g.dir(cgroup1.Memory), "memory.oom_control"), "oom_kill")
-}
+func (g *v1Group) OOMKills() (uint64, error) { return v1OOMKills(g.name) }
 
 func (g *v1Group) Stats() (Stats, error) {
-	var s Stats
+	ns, _ := readUint(filepath.Join(g.dir(cgroup1.Cpuacct), "cpuacct.usage"))
+	return v1Stats(g.name, time.Duration(ns))
+}
+
+// v1Dir is group name's directory in the v1 hierarchy sub.
+func v1Dir(sub cgroup1.Name, name string) string { return filepath.Join(Root, string(sub), name) }
+
+func v1OOMKills(name string) (uint64, error) {
+	return readKey(filepath.Join(v1Dir(cgroup1.Memory, name), "memory.oom_control"), "oom_kill")
+}
+
+// v1Stats reads what the v1 memory and pids directories of group name
+// hold; the CPU usage comes from wherever the layout keeps it.
+func v1Stats(name string, cpu time.Duration) (Stats, error) {
+	s := Stats{CPUUsage: cpu}
 	var err error
-	mem := g.dir(cgroup1.Memory)
+	mem := v1Dir(cgroup1.Memory, name)
 	if s.MemoryBytes, err = readUint(filepath.Join(mem, "memory.usage_in_bytes")); err != nil {
 		return s, classify(err, "read cgroup stats")
 	}
 	s.OOMKills, _ = readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill")
-	ns, _ := readUint(filepath.Join(g.dir(cgroup1.Cpuacct), "cpuacct.usage"))
-	s.CPUUsage = time.Duration(ns)
-	s.Pids, _ = readUint(filepath.Join(g.dir(cgroup1.Pids), "pids.current"))
+	s.Pids, _ = readUint(filepath.Join(v1Dir(cgroup1.Pids, name), "pids.current"))
 	return s, nil
 }
 
@@ -624,11 +632,9 @@ type hybridGroup struct {
 	devices string // the shared devices cgroup, "" if none
 }
 
-func (g *hybridGroup) Name() string { return g.name }
-func (g *hybridGroup) dir(sub cgroup1.Name) string {
-	return filepath.Join(Root, string(sub), g.name)
-}
-func (g *hybridGroup) udir() string { return filepath.Join(Root, unifiedDir, g.name) }
+func (g *hybridGroup) Name() string                { return g.name }
+func (g *hybridGroup) dir(sub cgroup1.Name) string { return v1Dir(sub, g.name) }
+func (g *hybridGroup) udir() string                { return filepath.Join(Root, unifiedDir, g.name) }
 
 func (g *hybridGroup) AddProc(pid int) error {
 	dirs := []string{g.dir(cgroup1.Memory), g.dir(cgroup1.Cpu), g.dir(cgroup1.Pids), g.udir()}
@@ -686,35 +692,10 @@ func (g *hybridGroup) Kill(timeout time.Duration) error {
 	}
 	return killUntilEmpty(g.allProcs, g.Freeze, g.Thaw, timeout)
 }
-func (g *hybridGroup) Freeze() error {
-	return freeze(g.name, func() error {
-		return os.WriteFile(filepath.Join(g.udir(), "cgroup.freeze"), []byte("1"), 0)
-	}, func() (bool, error) {
-		n, err := readKey(filepath.Join(g.udir(), "cgroup.events"), "frozen")
-		return n == 1, err
-	}, g.Thaw)
-}
-func (g *hybridGroup) Thaw() error {
-	err := os.WriteFile(filepath.Join(g.udir(), "cgroup.freeze"), []byte("0"), 0)
-	return classify(err, "thaw cgroup "+g.name)
-}
-func (g *hybridGroup) OOMKills() (uint64, error) {
-	return readKey(filepath.Join(g.dir(cgroup1.Memory), "memory.oom_control"), "oom_kill")
-}
-
-func (g *hybridGroup) Stats() (Stats, error) {
-	var s Stats
-	var err error
-	mem := g.dir(cgroup1.Memory)
-	if s.MemoryBytes, err = readUint(filepath.Join(mem, "memory.usage_in_bytes")); err != nil {
-		return s, classify(err, "read cgroup stats")
-	}
-	s.OOMKills, _ = readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill")
-	usec, _ := readKey(filepath.Join(g.udir(), "cpu.stat"), "usage_usec")
-	s.CPUUsage = time.Duration(usec) * time.Microsecond
-	s.Pids, _ = readUint(filepath.Join(g.dir(cgroup1.Pids), "pids.current"))
-	return s, nil
-}
+func (g *hybridGroup) Freeze() error             { return freeze2(g.name, g.udir()) }
+func (g *hybridGroup) Thaw() error               { return thaw2(g.name, g.udir()) }
+func (g *hybridGroup) OOMKills() (uint64, error) { return v1OOMKills(g.name) }
+func (g *hybridGroup) Stats() (Stats, error)     { return v1Stats(g.name, cpuUsage2(g.udir())) }
 
 func (g *hybridGroup) Delete() error {
 	parent, name := splitName(g.name)
@@ -741,18 +722,8 @@ func (g *v2Group) Kill(timeout time.Duration) error {
 	}
 	return killUntilEmpty(g.Procs, g.m.Freeze, g.m.Thaw, timeout)
 }
-func (g *v2Group) Freeze() error {
-	return freeze(g.name, func() error {
-		return os.WriteFile(filepath.Join(g.dir(), "cgroup.freeze"), []byte("1"), 0)
-	}, func() (bool, error) {
-		n, err := readKey(filepath.Join(g.dir(), "cgroup.events"), "frozen")
-		return n == 1, err
-	}, g.Thaw)
-}
-func (g *v2Group) Thaw() error {
-	err := os.WriteFile(filepath.Join(g.dir(), "cgroup.freeze"), []byte("0"), 0)
-	return classify(err, "thaw cgroup "+g.name)
-}
+func (g *v2Group) Freeze() error { return freeze2(g.name, g.dir()) }
+func (g *v2Group) Thaw() error   { return thaw2(g.name, g.dir()) }
 func (g *v2Group) OOMKills() (uint64, error) {
 	return readKey(filepath.Join(g.dir(), "memory.events"), "oom_kill")
 }
@@ -764,8 +735,7 @@ func (g *v2Group) Stats() (Stats, error) {
 		return s, classify(err, "read cgroup stats")
 	}
 	s.OOMKills, _ = readKey(filepath.Join(g.dir(), "memory.events"), "oom_kill")
-	usec, _ := readKey(filepath.Join(g.dir(), "cpu.stat"), "usage_usec")
-	s.CPUUsage = time.Duration(usec) * time.Microsecond
+	s.CPUUsage = cpuUsage2(g.dir())
 	s.Pids, _ = readUint(filepath.Join(g.dir(), "pids.current"))
 	return s, nil
 }
@@ -778,4 +748,25 @@ func (g *v2Group) Delete() error {
 		time.Sleep(2 * time.Millisecond)
 	}
 	return classify(err, fmt.Sprintf("delete cgroup %s", g.name))
+}
+
+// freeze2, thaw2 and cpuUsage2 work on a cgroup2 directory: a sandbox's
+// group on v2 hosts, and its unified-hierarchy group on hybrid ones.
+func freeze2(name, dir string) error {
+	return freeze(name, func() error {
+		return os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("1"), 0)
+	}, func() (bool, error) {
+		n, err := readKey(filepath.Join(dir, "cgroup.events"), "frozen")
+		return n == 1, err
+	}, func() error { return thaw2(name, dir) })
+}
+
+func thaw2(name, dir string) error {
+	err := os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0)
+	return classify(err, "thaw cgroup "+name)
+}
+
+func cpuUsage2(dir string) time.Duration {
+	usec, _ := readKey(filepath.Join(dir, "cpu.stat"), "usage_usec")
+	return time.Duration(usec) * time.Microsecond
 }
