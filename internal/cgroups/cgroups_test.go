@@ -239,16 +239,23 @@ func TestNewLimitsAndLayout(t *testing.T) {
 	if got := hierarchiesOf(parent, "sb1"); !slices.Equal(got, want) {
 		t.Errorf("the group has directories in %v, want %v", got, want)
 	}
-	if err := g.Delete(); err != nil {
-		t.Fatal(err)
-	}
-	if left := groupDirs(parent, "sb1"); len(left) > 0 {
-		t.Errorf("left after Delete: %v", left)
-	}
+	deleteGroup(t, g, parent, "sb1")
 	if Mode() == "hybrid" {
 		if _, err := os.Stat(filepath.Join(Root, "devices", parent, "devices.list")); err != nil {
 			t.Errorf("Delete removed the shared devices cgroup: %v", err)
 		}
+	}
+}
+
+// deleteGroup deletes g, the group parent/name, and checks that none of
+// its directories is left.
+func deleteGroup(t *testing.T, g Group, parent, name string) {
+	t.Helper()
+	if err := g.Delete(); err != nil {
+		t.Fatalf("delete %s: %v", name, err)
+	}
+	if left := groupDirs(parent, name); len(left) > 0 {
+		t.Errorf("left after Delete of %s: %v", name, left)
 	}
 }
 
@@ -369,12 +376,7 @@ func TestProcsDevicesFreezeStats(t *testing.T) {
 	if err := g.Kill(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Delete(); err != nil {
-		t.Fatal(err)
-	}
-	if left := groupDirs(parent, "sb1"); len(left) > 0 {
-		t.Errorf("left after Delete: %v", left)
-	}
+	deleteGroup(t, g, parent, "sb1")
 }
 
 // TestKillForkingChild: Kill gets a process that keeps forking, and every
@@ -407,12 +409,7 @@ func TestKillForkingChild(t *testing.T) {
 		s, err := g.Stats()
 		return err == nil && s.Pids == 0
 	})
-	if err := g.Delete(); err != nil {
-		t.Fatal(err)
-	}
-	if left := groupDirs(parent, "bomb"); len(left) > 0 {
-		t.Errorf("left after Delete: %v", left)
-	}
+	deleteGroup(t, g, parent, "bomb")
 	// Kill and Delete of a group that is gone succeed.
 	if err := g.Kill(time.Second); err != nil {
 		t.Errorf("Kill of a deleted group: %v", err)
@@ -485,16 +482,8 @@ func TestLoadOldLayout(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the process survived Kill")
 	}
-	for _, x := range []Group{g, next} {
-		if err := x.Delete(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, n := range []string{"old", "next"} {
-		if left := groupDirs(parent, n); len(left) > 0 {
-			t.Errorf("left after Delete: %v", left)
-		}
-	}
+	deleteGroup(t, g, parent, "old")
+	deleteGroup(t, next, parent, "next")
 	if _, err := os.Stat(filepath.Join(Root, "devices", parent)); err != nil {
 		t.Errorf("the parent's devices cgroup went with its groups: %v", err)
 	}
@@ -548,12 +537,7 @@ func TestListAndHalfCreated(t *testing.T) {
 		if err := g.Kill(time.Second); err != nil {
 			t.Errorf("kill %s: %v", n, err)
 		}
-		if err := g.Delete(); err != nil {
-			t.Errorf("delete %s: %v", n, err)
-		}
-		if left := groupDirs(parent, n); len(left) > 0 {
-			t.Errorf("left after Delete: %v", left)
-		}
+		deleteGroup(t, g, parent, n)
 	}
 	if names, err := List(parent); err != nil || len(names) != 0 {
 		t.Errorf("List after deleting all: %v %v", names, err)
