@@ -507,7 +507,7 @@ func (r *OndemandReport) Table(w io.Writer) error {
 		return fmt.Sprintf("%.1f%%", *f*100)
 	}
 	for _, l := range r.LayerStats {
-		t.add(l.Owner, shortDigest(l.Digest), fmt.Sprintf("%.1f", float64(l.Size)/(1<<20)), strconv.FormatInt(l.Files, 10),
+		t.add(l.Owner, image.ShortDigest(l.Digest), fmt.Sprintf("%.1f", float64(l.Size)/(1<<20)), strconv.FormatInt(l.Files, 10),
 			fmt.Sprintf("%.1f (%.1f)", float64(l.Resident)/(1<<20), float64(l.ResidentBefore)/(1<<20)),
 			fmt.Sprintf("%.1f", float64(l.BlobResident)/(1<<20)), fmt.Sprintf("%.1f", float64(l.FilesResident)/(1<<20)),
 			frac(l.TouchedFraction), frac(l.BlobTouchedFraction))
@@ -564,15 +564,4 @@ func joinMs(v []float64) string {
 		return "-"
 	}
 	return strings.Join(parts, ", ")
-}
-
-func shortDigest(d string) string {
-	_, hex, ok := strings.Cut(d, ":")
-	if !ok {
-		hex = d
-	}
-	if len(hex) > 12 {
-		hex = hex[:12]
-	}
-	return hex
 }

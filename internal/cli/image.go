@@ -57,23 +57,11 @@ func newImageListCommand() *cobra.Command {
 			fmt.Fprintln(tw, "NAME\tID\tSIZE\tLAYERS\tCREATED")
 			now := time.Now()
 			for _, im := range imgs {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s ago\n", im.Name, shortID(im.Id), formatBytes(im.SizeBytes), len(im.Layers), formatAge(im.CreatedAtUnixMs, now))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s ago\n", im.Name, image.ShortDigest(im.Id), formatBytes(im.SizeBytes), len(im.Layers), formatAge(im.CreatedAtUnixMs, now))
 			}
 			return tw.Flush()
 		},
 	}
-}
-
-// shortID abbreviates "sha256:<hex>" to 12 hex digits.
-func shortID(id string) string {
-	_, hex, ok := strings.Cut(id, ":")
-	if !ok {
-		hex = id
-	}
-	if len(hex) > 12 {
-		hex = hex[:12]
-	}
-	return hex
 }
 
 func newImageImportCommand() *cobra.Command {

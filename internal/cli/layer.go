@@ -17,6 +17,7 @@ import (
 
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/oci"
 )
 
@@ -77,7 +78,7 @@ func printLayer(cmd *cobra.Command, l *warrenv1.Layer, start time.Time) error {
 	if JSONOutput(cmd) {
 		return printJSON(cmd.OutOrStdout(), l)
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s %d files (%s)\n", l.Name, shortID(l.Digest), formatBytes(l.BlobSizeBytes), l.Files, time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s %d files (%s)\n", l.Name, image.ShortDigest(l.Digest), formatBytes(l.BlobSizeBytes), l.Files, time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -113,7 +114,7 @@ func newLayerListCommand() *cobra.Command {
 			fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tFILES\tCREATED")
 			now := time.Now()
 			for _, l := range ls {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s ago\n", l.Name, shortID(l.Digest), formatBytes(l.BlobSizeBytes), l.Files, formatAge(l.CreatedAtUnixMs, now))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s ago\n", l.Name, image.ShortDigest(l.Digest), formatBytes(l.BlobSizeBytes), l.Files, formatAge(l.CreatedAtUnixMs, now))
 			}
 			return tw.Flush()
 		},
@@ -262,7 +263,7 @@ func (p *progress) finish() {
 }
 
 func (p *progress) line(e oci.Event) string {
-	id := shortID(e.Digest)
+	id := image.ShortDigest(e.Digest)
 	if id == "" {
 		id = fmt.Sprintf("layer %d", e.Layer+1)
 	}
@@ -337,7 +338,7 @@ the mount reads the blob (direct or buffered) and its readahead window.`,
 						io += fmt.Sprintf(" ra=%dk", r.ReadAheadKb)
 					}
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Owner, shortID(r.Digest), r.Format, formatBytes(r.Resident), formatBytes(r.Size), pct,
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Owner, image.ShortDigest(r.Digest), r.Format, formatBytes(r.Resident), formatBytes(r.Size), pct,
 					formatBytes(r.BlobResident), formatBytes(r.FilesResident), mounted, r.Refs, io)
 			}
 			return tw.Flush()

@@ -206,6 +206,19 @@ func digestHex(digest string) (string, error) {
 	return h, nil
 }
 
+// ShortDigest abbreviates "sha256:<hex>" (or a bare hex id) to 12 hex
+// digits, for tables and progress lines.
+func ShortDigest(d string) string {
+	_, hex, ok := strings.Cut(d, ":")
+	if !ok {
+		hex = d
+	}
+	if len(hex) > 12 {
+		hex = hex[:12]
+	}
+	return hex
+}
+
 func (s *Store) layerPath(digest string) (string, error) {
 	h, err := digestHex(digest)
 	if err != nil {
