@@ -1,11 +1,13 @@
-// Package agentbin holds the sandbox agent as a small standalone static
-// binary and hands it to sandbox inits as a sealed memfd.
+// Package agentbin holds the sandbox agent and the container init stage as
+// one small standalone static binary, in a sealed memfd that the daemon
+// execs as every sandbox's PID 1.
 //
-// The warren binary carries the same agent (internal/agent) in an ELF
-// constructor, but an agent running in the 24 MB Go binary keeps that
-// binary's writable data and page tables alive in every sandbox: about
-// 120 KiB each. Exec'ing this ~45 KB musl build instead costs ~45 KiB, which
-// at thousands of idle sandboxes per node is most of their user memory.
+// The warren binary carries the same code (internal/agent,
+// internal/container) in ELF constructors, but an agent running in the
+// 24 MB Go binary keeps that binary's writable data and page tables alive
+// in every sandbox: about 120 KiB each. This ~55 KB musl build keeps 12 KiB
+// of anonymous memory and 12 KiB of page tables, and saves an exec of the
+// Go binary per create.
 package agentbin
 
 import (
@@ -33,7 +35,7 @@ var (
 func Binary() []byte { return binary }
 
 // Memfd returns a read-only, sealed memfd holding the agent, made once per
-// process and never closed: every sandbox init execs the same one, so its
+// process and never closed: every sandbox's init is the same one, so its
 // pages are in memory once per node and charged to the daemon.
 func Memfd() (*os.File, error) {
 	once.Do(func() { memfd, memErr = makeMemfd() })

@@ -339,7 +339,8 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 		return fail(errdefs.Wrap(errdefs.Internal, err, "send init config"))
 	}
 	cfgW.Close()
-	// EOF without a message means execveat succeeded and closed the pipe.
+	// EOF without a message means the init stage set the sandbox up and
+	// closed the pipe on becoming the agent.
 	msg, _ := io.ReadAll(stR)
 	if len(msg) > 0 {
 		return fail(errdefs.Internalf("sandbox init: %s", msg))
