@@ -330,11 +330,21 @@ func TestProcsDevicesFreezeStats(t *testing.T) {
 		}
 	}
 
+	// Memory charged before a process joined stays with its old group (v1
+	// does not move charges), so put 1 MiB of tmpfs pages in the group to
+	// make the usage non-zero for certain.
+	shm, err := os.CreateTemp("/dev/shm", "warren-cgtest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	shm.Close()
+	t.Cleanup(func() { os.Remove(shm.Name()) })
+	runIn(t, g, "head -c 1048576 /dev/zero >"+shm.Name())
 	s0, err := g.Stats()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s0.Pids != 2 || s0.MemoryBytes == 0 {
+	if s0.Pids != 2 || s0.MemoryBytes < 1<<20 {
 		t.Errorf("stats %+v", s0)
 	}
 	time.Sleep(300 * time.Millisecond)
