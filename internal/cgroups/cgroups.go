@@ -31,6 +31,7 @@ import (
 	"github.com/containerd/cgroups/v3/cgroup1"
 	"github.com/containerd/cgroups/v3/cgroup2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/errdefs"
 )
@@ -202,13 +203,17 @@ var errNoHybrid = errors.New("hybrid cgroup layout unavailable")
 func newHybrid(parent, name string, r Resources) (Group, error) {
 	path := "/" + parent + "/" + name
 	g := &hybridGroup{name: parent + "/" + name}
-	if err := os.MkdirAll(g.udir(), 0o755); err != nil {
-		return nil, classify(err, "create cgroup "+path)
+	err := unix.Mkdir(g.udir(), 0o755)
+	if err == unix.ENOENT {
+		err = os.MkdirAll(g.udir(), 0o755)
+	}
+	if err != nil {
+		return nil, classify(&os.PathError{Op: "mkdir", Path: g.udir(), Err: err}, "create cgroup "+path)
 	}
 	// cgroup.kill needs Linux 5.14 (cgroup.freeze 5.2): without it, the
-	// legacy layout.
-	if _, err := os.Stat(filepath.Join(g.udir(), "cgroup.kill")); err != nil {
-		_ = os.Remove(g.udir())
+	// legacy layout. The kernel does not change while we run.
+	if !hasKill(g.udir()) {
+		_ = unix.Rmdir(g.udir())
 		return nil, errNoHybrid
 	}
 	devices, err := sharedDevices(parent)
@@ -224,6 +229,21 @@ func newHybrid(parent, name string, r Resources) (Group, error) {
 		return nil, classify(err, "create cgroup "+path)
 	}
 	return g, nil
+}
+
+var (
+	killOnce sync.Once
+	killOK   bool
+)
+
+// hasKill reports whether cgroup2 directories have cgroup.kill, looking at
+// the first directory it is given.
+func hasKill(dir string) bool {
+	killOnce.Do(func() {
+		_, err := os.Stat(filepath.Join(dir, "cgroup.kill"))
+		killOK = err == nil
+	})
+	return killOK
 }
 
 // hasDevices: the devices hierarchy is mounted (and usable: containerd
@@ -255,12 +275,16 @@ func sharedDevices(parent string) (string, error) {
 	dir := filepath.Join(Root, string(cgroup1.Devices), parent)
 	devicesMu.Lock()
 	defer devicesMu.Unlock()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", classify(err, "create devices cgroup "+parent)
-	}
 	// Idempotent: a restarted daemon, or its sandboxes already in dir,
-	// find it set up and nothing is rewritten.
+	// find it set up and nothing is rewritten. Checked on every create,
+	// so that one opened meanwhile is repaired.
 	ok, err := whitelisted(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return "", classify(err, "create devices cgroup "+parent)
+		}
+		ok, err = whitelisted(dir)
+	}
 	if err != nil {
 		return "", classify(err, "read devices cgroup "+parent)
 	}
@@ -281,11 +305,11 @@ func sharedDevices(parent string) (string, error) {
 		if d.Allow {
 			file = "devices.allow"
 		}
-		err := os.WriteFile(filepath.Join(dir, file), []byte(deviceRule(d)), 0)
+		err := writeFile(filepath.Join(dir, file), deviceRule(d))
 		// A child removed just now stays online for a moment.
 		for i := 0; i < 100 && d.Type == "" && errors.Is(err, syscall.EINVAL); i++ {
 			time.Sleep(2 * time.Millisecond)
-			err = os.WriteFile(filepath.Join(dir, file), []byte(deviceRule(d)), 0)
+			err = writeFile(filepath.Join(dir, file), deviceRule(d))
 		}
 		if d.Type == "" && errors.Is(err, syscall.EINVAL) {
 			return "", errNoHybrid
@@ -318,7 +342,7 @@ func deviceRule(d specs.LinuxDeviceCgroup) string {
 // whitelisted reports whether the devices cgroup dir denies all but
 // allowedDevices.
 func whitelisted(dir string) (bool, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "devices.list"))
+	b, err := readFile(filepath.Join(dir, "devices.list"))
 	if err != nil {
 		return false, err
 	}
@@ -490,7 +514,7 @@ func killUntilEmpty(procs func() ([]int, error), freeze, thaw func() error, time
 }
 
 func readUint(path string) (uint64, error) {
-	b, err := os.ReadFile(path)
+	b, err := readFile(path)
 	if err != nil {
 		return 0, err
 	}
@@ -503,7 +527,7 @@ func readUint(path string) (uint64, error) {
 
 // readKey reads "key value" lines (memory.events, memory.oom_control).
 func readKey(path, key string) (uint64, error) {
-	b, err := os.ReadFile(path)
+	b, err := readFile(path)
 	if err != nil {
 		return 0, err
 	}
@@ -518,7 +542,7 @@ func readKey(path, key string) (uint64, error) {
 }
 
 func readPids(path string) ([]int, error) {
-	b, err := os.ReadFile(path)
+	b, err := readFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -550,13 +574,13 @@ func (g *v1Group) Kill(timeout time.Duration) error {
 }
 func (g *v1Group) Freeze() error {
 	state := filepath.Join(g.dir(cgroup1.Freezer), "freezer.state")
-	return freeze(g.name, func() error { return os.WriteFile(state, []byte("FROZEN"), 0) }, func() (bool, error) {
-		b, err := os.ReadFile(state)
+	return freeze(g.name, func() error { return writeFile(state, "FROZEN") }, func() (bool, error) {
+		b, err := readFile(state)
 		return strings.TrimSpace(string(b)) == "FROZEN", err
 	}, g.Thaw)
 }
 func (g *v1Group) Thaw() error {
-	err := os.WriteFile(filepath.Join(g.dir(cgroup1.Freezer), "freezer.state"), []byte("THAWED"), 0)
+	err := writeFile(filepath.Join(g.dir(cgroup1.Freezer), "freezer.state"), "THAWED")
 	return classify(err, "thaw cgroup "+g.name)
 }
 func (g *v1Group) OOMKills() (uint64, error) { return v1OOMKills(g.name) }
@@ -602,23 +626,25 @@ func splitName(n string) (parent, name string) {
 // removeDirs removes every directory of group parent/name. A sandbox group
 // has no children, so one rmdir each does it (the library's Delete walks
 // every hierarchy's tree first, which costs more than the create).
-func removeDirs(parent, name string) error {
+func removeDirs(parent, name string) error { return rmdirs(v1Dirs(parent, name)) }
+
+func rmdirs(dirs []string) error {
 	var errs []error
-	for _, dir := range v1Dirs(parent, name) {
+	for _, dir := range dirs {
 		var err error
 		// rmdir races with the last task's exit (EBUSY): retry briefly.
 		for i := 0; i < 500; i++ {
-			if err = os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
+			if err = unix.Rmdir(dir); err == nil || err == unix.ENOENT {
 				err = nil
 				break
 			}
-			if !errors.Is(err, syscall.EBUSY) {
+			if err != unix.EBUSY {
 				break
 			}
 			time.Sleep(time.Millisecond)
 		}
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, &os.PathError{Op: "rmdir", Path: dir, Err: err})
 		}
 	}
 	return errors.Join(errs...)
@@ -654,7 +680,7 @@ func (g *hybridGroup) AddProc(pid int) error {
 func writeProcs(dir string, pid int) error {
 	var err error
 	for range 5 {
-		err = os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
+		err = writeFile(filepath.Join(dir, "cgroup.procs"), strconv.Itoa(pid))
 		if !errors.Is(err, syscall.EINVAL) {
 			return err
 		}
@@ -686,7 +712,7 @@ func (g *hybridGroup) allProcs() ([]int, error) {
 func (g *hybridGroup) Kill(timeout time.Duration) error {
 	// cgroup.kill is atomic against forks (and works on frozen tasks); the
 	// loop then only waits for the group to empty.
-	err := os.WriteFile(filepath.Join(g.udir(), "cgroup.kill"), []byte("1"), 0)
+	err := writeFile(filepath.Join(g.udir(), "cgroup.kill"), "1")
 	if err == nil || errors.Is(err, os.ErrNotExist) {
 		return killUntilEmpty(g.allProcs, nil, nil, timeout)
 	}
@@ -697,9 +723,14 @@ func (g *hybridGroup) Thaw() error               { return thaw2(g.name, g.udir()
 func (g *hybridGroup) OOMKills() (uint64, error) { return v1OOMKills(g.name) }
 func (g *hybridGroup) Stats() (Stats, error)     { return v1Stats(g.name, cpuUsage2(g.udir())) }
 
+// Delete removes the directories of the hybrid layout; Load would not
+// have found this layout for a group of the legacy one.
 func (g *hybridGroup) Delete() error {
-	parent, name := splitName(g.name)
-	return classify(removeDirs(parent, name), "delete cgroup "+g.name)
+	dirs := make([]string, 0, len(hybridSubsystems)+1)
+	for _, n := range hybridSubsystems {
+		dirs = append(dirs, g.dir(n))
+	}
+	return classify(rmdirs(append(dirs, g.udir())), "delete cgroup "+g.name)
 }
 
 type v2Group struct {
@@ -717,7 +748,7 @@ func (g *v2Group) Procs() ([]int, error) {
 }
 func (g *v2Group) Kill(timeout time.Duration) error {
 	// cgroup.kill is atomic against forks; fall back to the loop.
-	if err := os.WriteFile(filepath.Join(g.dir(), "cgroup.kill"), []byte("1"), 0); err == nil {
+	if err := writeFile(filepath.Join(g.dir(), "cgroup.kill"), "1"); err == nil {
 		return killUntilEmpty(g.Procs, nil, nil, timeout)
 	}
 	return killUntilEmpty(g.Procs, g.m.Freeze, g.m.Thaw, timeout)
@@ -754,7 +785,7 @@ func (g *v2Group) Delete() error {
 // group on v2 hosts, and its unified-hierarchy group on hybrid ones.
 func freeze2(name, dir string) error {
 	return freeze(name, func() error {
-		return os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("1"), 0)
+		return writeFile(filepath.Join(dir, "cgroup.freeze"), "1")
 	}, func() (bool, error) {
 		n, err := readKey(filepath.Join(dir, "cgroup.events"), "frozen")
 		return n == 1, err
@@ -762,7 +793,7 @@ func freeze2(name, dir string) error {
 }
 
 func thaw2(name, dir string) error {
-	err := os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0)
+	err := writeFile(filepath.Join(dir, "cgroup.freeze"), "0")
 	return classify(err, "thaw cgroup "+name)
 }
 

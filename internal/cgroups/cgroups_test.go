@@ -157,7 +157,7 @@ func runIn(t *testing.T, g Group, script string) string {
 // hierarchy) to the process's group.
 func cgroupsOf(t *testing.T, pid int) map[string]string {
 	out := map[string]string{}
-	for _, l := range strings.Split(readFile(t, fmt.Sprintf("/proc/%d/cgroup", pid)), "\n") {
+	for _, l := range strings.Split(mustRead(t, fmt.Sprintf("/proc/%d/cgroup", pid)), "\n") {
 		f := strings.SplitN(l, ":", 3)
 		if len(f) != 3 {
 			continue
@@ -169,7 +169,7 @@ func cgroupsOf(t *testing.T, pid int) map[string]string {
 	return out
 }
 
-func readFile(t *testing.T, path string) string {
+func mustRead(t *testing.T, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -181,7 +181,7 @@ func readFile(t *testing.T, path string) string {
 // procTicks is the user+system CPU time of pid in clock ticks.
 func procTicks(t *testing.T, pid int) int {
 	t.Helper()
-	s := readFile(t, fmt.Sprintf("/proc/%d/stat", pid))
+	s := mustRead(t, fmt.Sprintf("/proc/%d/stat", pid))
 	f := strings.Fields(s[strings.LastIndex(s, ")")+2:])
 	u, _ := strconv.Atoi(f[11])
 	k, _ := strconv.Atoi(f[12])
@@ -211,23 +211,23 @@ func TestNewLimitsAndLayout(t *testing.T) {
 	switch Mode() {
 	case "v2":
 		dir := filepath.Join(Root, parent, "sb1")
-		if got := readFile(t, filepath.Join(dir, "memory.max")); got != strconv.Itoa(64<<20) {
+		if got := mustRead(t, filepath.Join(dir, "memory.max")); got != strconv.Itoa(64<<20) {
 			t.Errorf("memory.max %s", got)
 		}
-		if got := readFile(t, filepath.Join(dir, "cpu.max")); got != "50000 100000" {
+		if got := mustRead(t, filepath.Join(dir, "cpu.max")); got != "50000 100000" {
 			t.Errorf("cpu.max %s", got)
 		}
-		if got := readFile(t, filepath.Join(dir, "pids.max")); got != "50" {
+		if got := mustRead(t, filepath.Join(dir, "pids.max")); got != "50" {
 			t.Errorf("pids.max %s", got)
 		}
 	default:
-		if got := readFile(t, filepath.Join(Root, "memory", parent, "sb1", "memory.limit_in_bytes")); got != strconv.Itoa(64<<20) {
+		if got := mustRead(t, filepath.Join(Root, "memory", parent, "sb1", "memory.limit_in_bytes")); got != strconv.Itoa(64<<20) {
 			t.Errorf("memory.limit_in_bytes %s", got)
 		}
-		if got := readFile(t, filepath.Join(Root, "cpu", parent, "sb1", "cpu.cfs_quota_us")); got != "50000" {
+		if got := mustRead(t, filepath.Join(Root, "cpu", parent, "sb1", "cpu.cfs_quota_us")); got != "50000" {
 			t.Errorf("cpu.cfs_quota_us %s", got)
 		}
-		if got := readFile(t, filepath.Join(Root, "pids", parent, "sb1", "pids.max")); got != "50" {
+		if got := mustRead(t, filepath.Join(Root, "pids", parent, "sb1", "pids.max")); got != "50" {
 			t.Errorf("pids.max %s", got)
 		}
 	}
@@ -314,7 +314,7 @@ func TestProcsDevicesFreezeStats(t *testing.T) {
 		if err != nil || !slices.Contains(in, sleeper.Process.Pid) {
 			t.Errorf("the shared devices cgroup holds %v %v, want %d", in, err, sleeper.Process.Pid)
 		}
-		list := strings.Split(readFile(t, filepath.Join(shared, "devices.list")), "\n")
+		list := strings.Split(mustRead(t, filepath.Join(shared, "devices.list")), "\n")
 		slices.Sort(list)
 		want := []string{"c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 136:* rwm", "c 5:0 rwm", "c 5:2 rwm"}
 		slices.Sort(want)
@@ -361,7 +361,7 @@ func TestProcsDevicesFreezeStats(t *testing.T) {
 	}
 	switch Mode() {
 	case "v1":
-		if got := readFile(t, filepath.Join(Root, "freezer", parent, "sb1", "freezer.state")); got != "FROZEN" {
+		if got := mustRead(t, filepath.Join(Root, "freezer", parent, "sb1", "freezer.state")); got != "FROZEN" {
 			t.Errorf("freezer.state %s", got)
 		}
 	default:
@@ -369,7 +369,7 @@ func TestProcsDevicesFreezeStats(t *testing.T) {
 		if Mode() == "hybrid" {
 			dir = filepath.Join(Root, "unified", parent, "sb1")
 		}
-		if ev := readFile(t, filepath.Join(dir, "cgroup.events")); !strings.Contains(ev, "frozen 1") {
+		if ev := mustRead(t, filepath.Join(dir, "cgroup.events")); !strings.Contains(ev, "frozen 1") {
 			t.Errorf("cgroup.events after Freeze: %q", ev)
 		}
 	}
@@ -465,7 +465,7 @@ func TestLoadOldLayout(t *testing.T) {
 	if err := g.Freeze(); err != nil {
 		t.Fatal(err)
 	}
-	if got := readFile(t, filepath.Join(Root, "freezer", parent, "old", "freezer.state")); got != "FROZEN" {
+	if got := mustRead(t, filepath.Join(Root, "freezer", parent, "old", "freezer.state")); got != "FROZEN" {
 		t.Errorf("freezer.state %s", got)
 	}
 	if err := g.Thaw(); err != nil {
@@ -587,7 +587,7 @@ func TestSharedDevicesSetup(t *testing.T) {
 	check := func(when string) {
 		t.Helper()
 		if ok, err := whitelisted(shared); err != nil || !ok {
-			t.Errorf("%s: devices.list %q %v", when, readFile(t, filepath.Join(shared, "devices.list")), err)
+			t.Errorf("%s: devices.list %q %v", when, mustRead(t, filepath.Join(shared, "devices.list")), err)
 		}
 	}
 	check("after concurrent creates")
