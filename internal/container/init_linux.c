@@ -166,8 +166,13 @@ static void drop_caps(void)
 		int keep = 0;
 		for (size_t i = 0; i < sizeof kept_caps / sizeof kept_caps[0]; i++)
 			keep |= kept_caps[i] == c;
-		if (!keep && prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL)
-			die("drop capability", NULL);
+		if (keep || prctl(PR_CAPBSET_DROP, c, 0, 0, 0) == 0)
+			continue;
+		/* EINVAL: past the kernel's last capability (none is kept up
+		 * there), so the rest would fail the same way. */
+		if (errno == EINVAL)
+			break;
+		die("drop capability", NULL);
 	}
 }
 
