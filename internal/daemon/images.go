@@ -224,13 +224,6 @@ func (m *Manager) eachLive(f func(s *sandbox)) {
 	}
 }
 
-// resolveLayers returns the layer digests (bottom first) of a sandbox of
-// imageName with the named layers on top, later ones higher. Create uses
-// it in place of images.Get: img := image.Image{Name: name, Layers: digests}.
-func (m *Manager) resolveLayers(imageName string, layers []string) ([]string, error) {
-	return m.images.Resolve(imageName, layers)
-}
-
 // ImportOCI imports an OCI image (registry reference, oci:DIR[:TAG] or
 // docker-archive:FILE) into the node's store, reporting progress; the
 // server streams the events of a PullImage call from it.

@@ -110,15 +110,17 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	var layers []string
 	var release func()
 	var cfg *image.Config
-	digests, err := m.resolveLayers(p.image, p.layers)
+	var digests []string
+	rec, err := m.images.Get(p.image)
+	if err == nil {
+		digests, err = m.images.ResolveOn(rec, p.layers)
+	}
 	if err == nil {
 		img := image.Image{Name: p.image, Layers: digests}
 		layers, release, err = m.images.LayerDirs(ctx, img)
 	}
 	if err == nil {
-		if rec, gerr := m.images.Get(p.image); gerr == nil {
-			cfg = rec.Config
-		}
+		cfg = rec.Config
 		// Before the lock goes: RemoveImage and RemoveLayer see the
 		// sandbox as a user from here on.
 		s.mu.Lock()

@@ -708,6 +708,11 @@ func (s *Store) Resolve(image string, layers []string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.ResolveOn(img, layers)
+}
+
+// ResolveOn is Resolve for an image record the caller already read.
+func (s *Store) ResolveOn(img Image, layers []string) ([]string, error) {
 	out := append([]string(nil), img.Layers...)
 	for _, l := range layers {
 		if strings.HasPrefix(l, "sha256:") {
