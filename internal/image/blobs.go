@@ -552,7 +552,7 @@ func (l *erofsLayer) Mount(ctx context.Context) (string, func(), error) {
 		return "", nil, errdefs.Wrap(errdefs.Internal, err, "layer "+l.digest)
 	}
 	s.holds[l.digest]++
-	newHold := s.holds[l.digest] == 1
+	newHold := s.holds[l.digest] == 1 && !s.leased[l.digest]
 	verify := s.opts.VerifyOnMount && !s.verified[l.digest]
 	s.mu.Unlock()
 	undo := func() { s.release(l.digest) }
@@ -906,7 +906,15 @@ func (s *Store) writeLeaseLocked() {
 		l.Digests = append(l.Digests, d)
 	}
 	sort.Strings(l.Digests)
-	_ = s.writeJSONTemp(s.leasePath(s.opts.NodeID), l)
+	if s.writeJSONTemp(s.leasePath(s.opts.NodeID), l) != nil {
+		// Unknown what the file holds now: the next hold writes again.
+		s.leased = nil
+		return
+	}
+	s.leased = make(map[string]bool, len(l.Digests))
+	for _, d := range l.Digests {
+		s.leased[d] = true
+	}
 }
 
 // otherLeases returns the digests that other nodes' fresh leases hold.

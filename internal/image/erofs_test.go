@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -273,6 +274,63 @@ func TestEROFSGC(t *testing.T) {
 	}
 	if _, err := s2.LayerMeta(d.Layers[0]); err != nil {
 		t.Fatal("fresh blob collected despite the grace period")
+	}
+}
+
+// TestLeaseWrites: the lease is written when the node starts using a
+// blob it does not list, not again when a sandbox of the same image
+// follows one that was deleted, and dropped by the next rewrite (GC).
+func TestLeaseWrites(t *testing.T) {
+	s := newEROFSStore(t)
+	img, err := s.ImportTar(ctx, "x", bytes.NewReader(layerTarball(t, map[string]string{"x": "x"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := img.Layers[0]
+	path := filepath.Join(s.Root(), "leases", "n1.json")
+	lease := func() (string, uint64) {
+		t.Helper()
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(path, &st); err != nil {
+			t.Fatal(err)
+		}
+		return string(data), st.Ino
+	}
+	_, release, err := s.LayerDirs(ctx, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, ino := lease()
+	if !strings.Contains(data, d) {
+		t.Fatalf("lease while held: %s", data)
+	}
+	release()
+	_, release, err = s.LayerDirs(ctx, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if data2, ino2 := lease(); ino2 != ino || data2 != data {
+		t.Errorf("lease rewritten on re-use of a leased blob: inode %d -> %d", ino, ino2)
+	}
+	if err := s.GC(); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := lease(); strings.Contains(data, d) {
+		t.Errorf("lease after release and GC still lists %s: %s", d, data)
+	}
+	// Used again: listed again.
+	_, release, err = s.LayerDirs(ctx, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if data, _ := lease(); !strings.Contains(data, d) {
+		t.Errorf("lease after re-use: %s", data)
 	}
 }
 

@@ -14,7 +14,7 @@
 //	diffids/sha256/<hex>.json      diffID -> blob digest (conversion cache)
 //	images/<name>.json             one record per image ("/" in names as %2F)
 //	named-layers/<name>.json       named layers (warren layer build)
-//	leases/<node>.json             the digests each node's sandboxes use
+//	leases/<node>.json             the digests each node's sandboxes use or used lately
 //	layers/sha256-<hex>/fs         legacy layer trees; meta.json beside
 //	tmp/                           imports in progress, spool files
 //
@@ -136,6 +136,11 @@ type Store struct {
 
 	mu        sync.Mutex     // publishing, records, garbage collection
 	holds     map[string]int // digest -> unreleased Mounts
+	// leased are the digests of the lease file last written. A digest
+	// stays in the lease after its last hold is released, until the next
+	// refresh or GC rewrites it: a sandbox created after another of the
+	// same image was deleted then costs no lease write (two fsyncs).
+	leased map[string]bool
 	orphans   map[string]bool
 	verified  map[string]bool // blobs hashed since this process mounted them
 	extraKeep map[string]bool // digests the daemon last said are in use
@@ -734,9 +739,8 @@ func (s *Store) release(digest string) {
 	if s.orphans[digest] {
 		_ = s.gcLocked(nil)
 	}
-	if s.erofs && s.mounts != nil {
-		s.writeLeaseLocked()
-	}
+	// No lease write: the digest stays leased a while longer (s.leased),
+	// which only delays other nodes' collection of it.
 }
 
 // LayerDirs mounts the layers of img and returns their directories
