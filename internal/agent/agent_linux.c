@@ -449,10 +449,9 @@ static void __attribute__((noreturn)) child(struct conn *c, int errfd)
 	uid_t uid = get32(p + 4);
 	gid_t gid = get32(p + 8);
 
-	/* The agent blocks everything; the program must start pristine. */
-	struct sigaction sa = {.sa_handler = SIG_DFL};
-	for (int s = 1; s < NSIG; s++)
-		sigaction(s, &sa, NULL); /* fails harmlessly for KILL, STOP, glibc's own */
+	/* The agent blocks everything; the program must start pristine. Its
+	 * dispositions already are (warren_agent_main reset them once, and
+	 * exec resets handlers): only the mask is left. */
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
@@ -945,8 +944,14 @@ void __attribute__((noreturn)) warren_agent_main(int fd)
 	prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 	unsetenv(AGENT_ENV);
 
-	/* An inherited SIG_IGN for SIGCHLD would make children unwaitable. */
-	signal(SIGCHLD, SIG_DFL);
+	/* Every disposition to default, once: an inherited SIG_IGN (SIGCHLD's
+	 * would make children unwaitable, SIGPIPE's or SIGHUP's would pass to
+	 * every program) survives exec, and the agent sets none of its own,
+	 * so the programs it forks start with defaults without ~64
+	 * sigactions per exec. */
+	struct sigaction dfl = {.sa_handler = SIG_DFL};
+	for (int s = 1; s < NSIG; s++)
+		sigaction(s, &dfl, NULL); /* fails harmlessly for KILL, STOP, libc's own */
 	sigset_t all, chld;
 	sigfillset(&all);
 	sigprocmask(SIG_SETMASK, &all, NULL);

@@ -72,6 +72,13 @@ type testAgent struct {
 // backend does: the socket is inherited as fd 3 and named by EnvFD.
 func startAgent(t *testing.T, attr *syscall.SysProcAttr) *testAgent {
 	t.Helper()
+	return startAgentArgv(t, attr, agentBin)
+}
+
+// startAgentArgv starts the agent through argv, which must exec agentBin
+// in the same process (a shell that sets up signals first, say).
+func startAgentArgv(t *testing.T, attr *syscall.SysProcAttr, argv ...string) *testAgent {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "wa") // unix socket paths must be short
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +96,7 @@ func startAgent(t *testing.T, attr *syscall.SysProcAttr) *testAgent {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	cmd := exec.Command(agentBin)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = []string{EnvFD + "=3"}
 	cmd.ExtraFiles = []*os.File{f}
 	cmd.Stderr = os.Stderr
@@ -594,7 +601,9 @@ func TestFDHygiene(t *testing.T) {
 }
 
 func TestAgentIdentity(t *testing.T) {
-	a := startAgent(t, nil)
+	// Started with signals ignored, as under nohup: programs must not
+	// inherit that.
+	a := startAgentArgv(t, nil, "/bin/sh", "-c", `trap "" HUP PIPE USR1; exec "$0"`, agentBin)
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.pid))
 	if err != nil {
 		t.Fatal(err)
