@@ -171,6 +171,11 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	if sv := st.Salvaged; sv != nil {
+		// The node rebooted: the records' sandboxes are gone, and adoption
+		// marks them dead. An unreadable rest is logged, not fatal.
+		cfg.Logger.Warn("sandbox records from an earlier boot", "copied", sv.Records, "old_file", sv.Kept, "unreadable", sv.Err)
+	}
 	cfg.Metrics.InitOps(ops...)
 	m := &Manager{
 		cfg:       cfg,

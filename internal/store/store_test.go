@@ -1,7 +1,9 @@
 package store
 
 import (
+	"bytes"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -162,4 +164,137 @@ func TestConcurrentPuts(t *testing.T) {
 	if len(list) != 32 {
 		t.Fatalf("%d records", len(list))
 	}
+}
+
+// TestUnsyncedWithinBoot: commits are not fsync'ed once the boot mark is
+// written, and a reopen in the same boot reads them.
+func TestUnsyncedWithinBoot(t *testing.T) {
+	if bootID() == "" {
+		t.Skip("no /proc/sys/kernel/random/boot_id")
+	}
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.db.NoSync {
+		t.Error("commits are synced")
+	}
+	if mark, _ := os.ReadFile(filepath.Join(dir, FileName+".boot")); string(mark) != bootID() {
+		t.Errorf("boot mark %q, want %q", mark, bootID())
+	}
+	if err := s.Put(rec("a", warrenv1.SandboxState_SANDBOX_STATE_RUNNING)); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Salvaged != nil {
+		t.Errorf("salvaged within one boot: %+v", s.Salvaged)
+	}
+	if _, err := s.Get("a"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestEndedBoot: a file marked with another boot's id is moved aside and
+// its readable records copied; a torn one leaves an empty store and the
+// old file for inspection; a file without a mark (an older daemon, which
+// synced every commit) is trusted.
+func TestEndedBoot(t *testing.T) {
+	if bootID() == "" {
+		t.Skip("no /proc/sys/kernel/random/boot_id")
+	}
+	setMark := func(dir, id string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, FileName+".boot"), []byte(id), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withRecords := func(ids ...string) string {
+		t.Helper()
+		dir := t.TempDir()
+		s, err := Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			if err := s.Put(rec(id, warrenv1.SandboxState_SANDBOX_STATE_RUNNING)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.Close()
+		return dir
+	}
+
+	t.Run("readable", func(t *testing.T) {
+		dir := withRecords("a", "b")
+		setMark(dir, "an-ended-boot")
+		s, err := Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if s.Salvaged == nil || s.Salvaged.Records != 2 || s.Salvaged.Err != nil {
+			t.Fatalf("salvage %+v", s.Salvaged)
+		}
+		if recs, err := s.List(); err != nil || len(recs) != 2 {
+			t.Errorf("records %v %v", recs, err)
+		}
+		if _, err := os.Stat(s.Salvaged.Kept); err != nil {
+			t.Errorf("old file: %v", err)
+		}
+		if mark, _ := os.ReadFile(filepath.Join(dir, FileName+".boot")); string(mark) != bootID() {
+			t.Errorf("boot mark %q", mark)
+		}
+	})
+	t.Run("torn", func(t *testing.T) {
+		dir := withRecords("a")
+		setMark(dir, "an-ended-boot")
+		// Tear every page but the two meta pages, as if only they had
+		// reached the disk.
+		f, err := os.OpenFile(filepath.Join(dir, FileName), os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fi, _ := f.Stat()
+		page := int64(os.Getpagesize())
+		junk := bytes.Repeat([]byte{0xa5}, int(fi.Size()-2*page))
+		if _, err := f.WriteAt(junk, 2*page); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		s, err := Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if s.Salvaged == nil || s.Salvaged.Err == nil {
+			t.Fatalf("salvage of a torn file %+v", s.Salvaged)
+		}
+		if err := s.Put(rec("c", warrenv1.SandboxState_SANDBOX_STATE_RUNNING)); err != nil {
+			t.Fatal(err)
+		}
+		if recs, err := s.List(); err != nil || len(recs) != 1 {
+			t.Errorf("records %v %v", recs, err)
+		}
+	})
+	t.Run("older daemon", func(t *testing.T) {
+		dir := withRecords("a")
+		os.Remove(filepath.Join(dir, FileName+".boot"))
+		s, err := Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if s.Salvaged != nil {
+			t.Errorf("salvaged %+v", s.Salvaged)
+		}
+		if _, err := s.Get("a"); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
