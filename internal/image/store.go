@@ -134,13 +134,13 @@ type Store struct {
 	// walk read, which a concurrent one would count.
 	residencyMu sync.Mutex
 
-	mu        sync.Mutex     // publishing, records, garbage collection
-	holds     map[string]int // digest -> unreleased Mounts
+	mu    sync.Mutex     // publishing, records, garbage collection
+	holds map[string]int // digest -> unreleased Mounts
 	// leased are the digests of the lease file last written. A digest
 	// stays in the lease after its last hold is released, until the next
 	// refresh or GC rewrites it: a sandbox created after another of the
 	// same image was deleted then costs no lease write (two fsyncs).
-	leased map[string]bool
+	leased    map[string]bool
 	orphans   map[string]bool
 	verified  map[string]bool // blobs hashed since this process mounted them
 	extraKeep map[string]bool // digests the daemon last said are in use
