@@ -20,6 +20,11 @@ const (
 	readChunk = 32 << 10
 )
 
+// chunks are the read buffers of the output pipes: two per exec, and most
+// execs print little, so a buffer each was 64 KiB of garbage per exec.
+// add copies what it keeps, so a buffer is free again once a read is done.
+var chunks = sync.Pool{New: func() any { return new([readChunk]byte) }}
+
 // capture keeps the first limit bytes of a stream and counts the rest. It
 // never stops reading, so a process that writes without end (`yes`) does
 // not block on a full pipe. It is safe for concurrent use.
@@ -76,7 +81,9 @@ func (c *capture) add(p []byte) error {
 // do not stop it: the stream is drained regardless. onSendErr is called
 // once on the first failed send.
 func (c *capture) readFrom(r io.Reader, onSendErr func(error)) {
-	buf := make([]byte, readChunk)
+	bp := chunks.Get().(*[readChunk]byte)
+	defer chunks.Put(bp)
+	buf := bp[:]
 	reported := false
 	for {
 		n, err := r.Read(buf)
@@ -120,7 +127,9 @@ func readBuffered(r io.Reader, add func([]byte)) {
 	if err != nil {
 		return
 	}
-	buf := make([]byte, readChunk)
+	bp := chunks.Get().(*[readChunk]byte)
+	defer chunks.Put(bp)
+	buf := bp[:]
 	// A writer still running (a background `yes`) refills the pipe as
 	// fast as we read: take at most a few pipe buffers.
 	budget := 1 << 20
