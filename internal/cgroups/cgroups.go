@@ -14,7 +14,6 @@
 package cgroups
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -531,11 +530,13 @@ func readKey(path, key string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) == 2 && f[0] == key {
-			return strconv.ParseUint(f[1], 10, 64)
+	// Called on every exec (the OOM counter): no Scanner or Fields.
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		k, v, ok := bytes.Cut(line, []byte{' '})
+		if ok && string(k) == key {
+			return strconv.ParseUint(string(bytes.TrimSpace(v)), 10, 64)
 		}
 	}
 	return 0, nil

@@ -610,3 +610,15 @@ func TestSharedDevicesSetup(t *testing.T) {
 		t.Errorf("the process left the shared devices cgroup: %v", in)
 	}
 }
+
+func TestReadKey(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(p, []byte("oom_kill_disable 0\nunder_oom 1\noom_kill 17\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]uint64{"oom_kill": 17, "under_oom": 1, "oom": 0, "missing": 0} {
+		if got, err := readKey(p, key); err != nil || got != want {
+			t.Errorf("readKey %s = %d, %v; want %d", key, got, err, want)
+		}
+	}
+}
