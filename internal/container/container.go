@@ -60,6 +60,7 @@ type Backend struct {
 	opts  Options
 	mon   *monitor
 	agent *os.File // sealed memfd of the standalone agent (internal/agentbin)
+	trash *reaper  // removes deleted sandboxes' state directories
 
 	sharedMu sync.Mutex // remounting the shared sysfs or devfs
 }
@@ -124,8 +125,15 @@ func New(opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("epoll: %w", err)
 	}
 	b.mon = mon
+	if b.trash, err = newReaper(b.trashDir()); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "create trash directory")
+	}
 	return b, nil
 }
+
+// trashDir holds deleted sandboxes' state directories until the reaper
+// has removed them.
+func (b *Backend) trashDir() string { return filepath.Join(b.opts.StateDir, "trash") }
 
 // loadInitBinary refuses an init binary that needs a dynamic loader (it
 // runs inside sandbox roots that have none) and reads the rest of it, so
@@ -488,16 +496,21 @@ func (b *Backend) teardownGroup(id string, grp cgroups.Group) error {
 	return errors.Join(errs...)
 }
 
-// removeDirs removes sandbox id's run, state and /dev directories. It
-// first removes what they hold when the sandbox wrote nothing (the agent
-// socket, an empty upper and work directory, the device nodes) by name,
-// and walks a tree only when that leaves a directory not empty.
+// removeDirs removes sandbox id's run and /dev directories, and hands its
+// state directory to the reaper. It first removes what they hold when the
+// sandbox wrote nothing (the agent socket, the device nodes, an empty
+// upper and work directory) by name, and walks a tree only when that
+// leaves a directory not empty.
 func (b *Backend) removeDirs(id string) error {
 	return errors.Join(
 		removeKnown(b.runDir(id), "agent.sock"),
-		removeKnown(b.stateDir(id), "upper/", "work/work/", "work/"),
+		b.trash.discard(b.stateDir(id)),
 		removeKnown(b.devDir(id), devEntries...))
 }
+
+// stateEntries is what a sandbox's state directory holds when the sandbox
+// wrote nothing.
+var stateEntries = []string{"upper/", "work/work/", "work/"}
 
 // devEntries is what the init stage puts in a sandbox's /dev directory
 // (init_linux.c, setup_dev).

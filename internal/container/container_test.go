@@ -93,7 +93,7 @@ func resources(t *testing.T, opts Options) []string {
 			out = append(out, "mount "+m)
 		}
 	}
-	for _, d := range []string{filepath.Join(opts.RunDir, "sb"), filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.RunDir, "devfs")} {
+	for _, d := range []string{filepath.Join(opts.RunDir, "sb"), filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "trash"), filepath.Join(opts.RunDir, "devfs")} {
 		ents, _ := os.ReadDir(d)
 		for _, e := range ents {
 			out = append(out, "dir "+filepath.Join(d, e.Name()))

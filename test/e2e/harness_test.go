@@ -400,6 +400,17 @@ func (e *env) resources() []resource {
 			out = append(out, resource{"dir", ent.Name(), filepath.Join(d, ent.Name())})
 		}
 	}
+	// Deleted sandboxes' state directories wait here (<id>.<n>) until the
+	// daemon's reaper has removed them.
+	trash := filepath.Join(e.stateDir, "trash")
+	ents, _ := os.ReadDir(trash)
+	for _, ent := range ents {
+		id := ent.Name()
+		if i := strings.LastIndexByte(id, '.'); i > 0 {
+			id = id[:i]
+		}
+		out = append(out, resource{"trash", id, filepath.Join(trash, ent.Name())})
+	}
 	for _, g := range e.cgroupParents() {
 		ents, _ := os.ReadDir(g)
 		for _, ent := range ents {

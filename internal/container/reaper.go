@@ -1,0 +1,123 @@
+package container
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// A deleted sandbox's state directory (its writable layer) is renamed into
+// <state>/trash, which is quick, and removed there by one background
+// goroutine. Removing it is the slow part of a delete: every directory
+// and file frees disk blocks, which a filesystem mounted with `discard`
+// and no journal (these CI machines' root) trims synchronously, and a
+// sandbox that installed packages leaves tens of thousands of files. The
+// id is free again as soon as the rename is done. A daemon that stops or
+// crashes leaves the rest in the trash, and the next one empties it.
+type reaper struct {
+	dir  string
+	work chan string
+	seq  atomic.Uint64
+
+	mu      sync.Mutex
+	pending int
+	idle    *sync.Cond
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// reaperQueue bounds the backlog; a delete that finds it full removes its
+// own directory, so a burst of deletes cannot outrun the disk unchecked.
+const reaperQueue = 1024
+
+func newReaper(dir string) (*reaper, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	r := &reaper{dir: dir, work: make(chan string, reaperQueue), stop: make(chan struct{}), done: make(chan struct{})}
+	r.idle = sync.NewCond(&r.mu)
+	// What an earlier daemon left.
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		r.enqueue(filepath.Join(dir, e.Name()))
+	}
+	go r.loop()
+	return r, nil
+}
+
+// discard moves dir out of the way and queues it for removal. It returns
+// an error only if dir could be neither moved nor removed.
+func (r *reaper) discard(dir string) error {
+	to := filepath.Join(r.dir, filepath.Base(dir)+"."+strconv.FormatUint(r.seq.Add(1), 36))
+	switch err := unix.Rename(dir, to); err {
+	case nil:
+	case unix.ENOENT:
+		return nil
+	default:
+		// Another filesystem (EXDEV), say: remove it here.
+		return removeTree(dir)
+	}
+	if !r.enqueue(to) {
+		return removeTree(to)
+	}
+	return nil
+}
+
+func (r *reaper) enqueue(path string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case r.work <- path:
+		r.pending++
+		return true
+	default:
+		return false
+	}
+}
+
+func (r *reaper) loop() {
+	defer close(r.done)
+	// This goroutine's thread runs at the lowest priority: removal is
+	// work for idle CPU, not for the creates and execs waiting on it.
+	runtime.LockOSThread()
+	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
+	for {
+		select {
+		case <-r.stop:
+			return
+		case p := <-r.work:
+			_ = removeKnown(p, stateEntries...)
+			r.mu.Lock()
+			r.pending--
+			if r.pending == 0 {
+				r.idle.Broadcast()
+			}
+			r.mu.Unlock()
+		}
+	}
+}
+
+// wait returns once nothing is queued.
+func (r *reaper) wait() {
+	r.mu.Lock()
+	for r.pending > 0 {
+		r.idle.Wait()
+	}
+	r.mu.Unlock()
+}
+
+// close stops the removal after the directory in hand; the rest stays in
+// the trash for the next daemon.
+func (r *reaper) close() {
+	select {
+	case <-r.stop:
+	default:
+		close(r.stop)
+	}
+	<-r.done
+}
