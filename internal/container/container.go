@@ -217,7 +217,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	// The init stage creates the /dev directory; one left by a crash
 	// would make it fail.
 	_ = removeTree(b.devDir(spec.ID))
-	cu.Add(func() error { return b.removeDirs(spec.ID) })
+	cu.Add(func() error { return b.removeDirs(spec.ID, -1) })
 	if spec.DiskBytes > 0 {
 		if err := mountDisk(b.diskImage(spec.ID), st, spec.DiskBytes); err != nil {
 			return nil, err
@@ -409,14 +409,33 @@ func (b *Backend) attach(id string, pid, pidfd int, grp cgroups.Group) (*sandbox
 	s := &sandbox{
 		b: b, id: id, grp: grp, st: state{Pid: pid, StartTime: st},
 		agent: agent.NewClient(b.socket(id)),
+		root:  pinRoot(pid),
 	}
 	s.exited, s.exit = context.WithCancel(context.Background())
 	if err := b.mon.watch(pidfd, pid, s.exit); err != nil {
 		s.exit()
 		unix.Close(pidfd)
+		if s.root >= 0 {
+			unix.Close(s.root)
+		}
 		return nil, errdefs.Wrap(errdefs.Internal, err, "watch sandbox init")
 	}
 	return s, nil
+}
+
+// pinRoot opens the sandbox's root overlay (O_PATH), or returns -1. The
+// open file keeps the overlay mounted after the sandbox's mount namespace
+// is gone, until the reaper closes it: the unmount of an overlay syncs its
+// upper directory's filesystem (the one every sandbox's writable layer is
+// on), which waits for whatever any sandbox has written and not yet
+// flushed, and it would otherwise happen in the exit of the sandbox's
+// init, which delete waits for.
+func pinRoot(pid int) int {
+	fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	return fd
 }
 
 // Adopt reattaches to a sandbox of an earlier daemon.
@@ -479,11 +498,11 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 
 // teardown removes everything a sandbox id may own, whatever state it is
 // in: processes (via its cgroup), the root mount, the cgroup, directories.
-func (b *Backend) teardown(id string) error { return b.teardownGroup(id, nil) }
+func (b *Backend) teardown(id string) error { return b.teardownGroup(id, nil, -1) }
 
-// teardownGroup is teardown with the sandbox's cgroup already at hand, or
-// nil to look it up.
-func (b *Backend) teardownGroup(id string, grp cgroups.Group) error {
+// teardownGroup is teardown with the sandbox's cgroup already at hand (nil
+// to look it up) and its pinned root, which it hands to the reaper.
+func (b *Backend) teardownGroup(id string, grp cgroups.Group, root int) error {
 	var errs []error
 	if grp == nil {
 		grp, _ = cgroups.Load(b.opts.CgroupParent, id)
@@ -491,20 +510,32 @@ func (b *Backend) teardownGroup(id string, grp cgroups.Group) error {
 	if grp != nil {
 		errs = append(errs, grp.Kill(10*time.Second), grp.Delete())
 	}
-	errs = append(errs, unmount(b.rootfs(id)), unmountDisk(b.diskImage(id), b.stateDir(id)))
-	errs = append(errs, b.removeDirs(id))
+	errs = append(errs, unmount(b.rootfs(id)))
+	if root >= 0 && fileExists(b.diskImage(id)) {
+		// A disk image is the upper's filesystem: its unmount below must
+		// not find the overlay still holding it.
+		unix.Close(root)
+		root = -1
+	}
+	errs = append(errs, unmountDisk(b.diskImage(id), b.stateDir(id)))
+	errs = append(errs, b.removeDirs(id, root))
 	return errors.Join(errs...)
 }
 
+func fileExists(p string) bool {
+	var st unix.Stat_t
+	return unix.Lstat(p, &st) == nil
+}
+
 // removeDirs removes sandbox id's run and /dev directories, and hands its
-// state directory to the reaper. It first removes what they hold when the
-// sandbox wrote nothing (the agent socket, the device nodes, an empty
-// upper and work directory) by name, and walks a tree only when that
-// leaves a directory not empty.
-func (b *Backend) removeDirs(id string) error {
+// state directory and pinned root (-1 for none) to the reaper. It first
+// removes what they hold when the sandbox wrote nothing (the agent socket,
+// the device nodes, an empty upper and work directory) by name, and walks
+// a tree only when that leaves a directory not empty.
+func (b *Backend) removeDirs(id string, root int) error {
 	return errors.Join(
 		removeKnown(b.runDir(id), "agent.sock"),
-		b.trash.discard(b.stateDir(id)),
+		b.trash.discard(b.stateDir(id), root),
 		removeKnown(b.devDir(id), devEntries...))
 }
 
@@ -523,6 +554,7 @@ type sandbox struct {
 	grp    cgroups.Group
 	st     state
 	agent  *agent.Client
+	root   int // pinRoot's fd, -1 if none or handed to the reaper
 	exited context.Context
 	exit   context.CancelFunc // cancels exited: the init died
 
@@ -603,7 +635,9 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 			return errdefs.Internalf("sandbox %s: init did not exit after SIGKILL", s.id)
 		}
 	}
-	if err := s.b.teardownGroup(s.id, s.grp); err != nil {
+	root := s.root
+	s.root = -1
+	if err := s.b.teardownGroup(s.id, s.grp, root); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "release sandbox "+s.id)
 	}
 	s.destroyed = true

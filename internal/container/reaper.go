@@ -17,11 +17,13 @@ import (
 // and file frees disk blocks, which a filesystem mounted with `discard`
 // and no journal (these CI machines' root) trims synchronously, and a
 // sandbox that installed packages leaves tens of thousands of files. The
-// id is free again as soon as the rename is done. A daemon that stops or
-// crashes leaves the rest in the trash, and the next one empties it.
+// reaper also closes the sandbox's pinned root first, so the sync that
+// the overlay's unmount does happens here too (pinRoot). The id is free
+// again as soon as the rename is done. A daemon that stops or crashes
+// leaves the rest in the trash, and the next one empties it.
 type reaper struct {
 	dir  string
-	work chan string
+	work chan job
 	seq  atomic.Uint64
 
 	mu      sync.Mutex
@@ -29,6 +31,13 @@ type reaper struct {
 	idle    *sync.Cond
 	stop    chan struct{}
 	done    chan struct{}
+}
+
+// job is a directory to remove, after closing root (if >= 0): the pinned
+// root overlay of the sandbox whose writable layer it was (pinRoot).
+type job struct {
+	path string
+	root int
 }
 
 // reaperQueue bounds the backlog; a delete that finds it full removes its
@@ -39,40 +48,57 @@ func newReaper(dir string) (*reaper, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	r := &reaper{dir: dir, work: make(chan string, reaperQueue), stop: make(chan struct{}), done: make(chan struct{})}
+	r := &reaper{dir: dir, work: make(chan job, reaperQueue), stop: make(chan struct{}), done: make(chan struct{})}
 	r.idle = sync.NewCond(&r.mu)
 	// What an earlier daemon left.
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
-		r.enqueue(filepath.Join(dir, e.Name()))
+		r.enqueue(job{path: filepath.Join(dir, e.Name()), root: -1})
 	}
 	go r.loop()
 	return r, nil
 }
 
-// discard moves dir out of the way and queues it for removal. It returns
-// an error only if dir could be neither moved nor removed.
-func (r *reaper) discard(dir string) error {
+// discard moves dir out of the way and queues it for removal, after
+// closing root if that is >= 0. It returns an error only if dir could be
+// neither moved nor removed.
+func (r *reaper) discard(dir string, root int) error {
 	to := filepath.Join(r.dir, filepath.Base(dir)+"."+strconv.FormatUint(r.seq.Add(1), 36))
 	switch err := unix.Rename(dir, to); err {
 	case nil:
 	case unix.ENOENT:
-		return nil
+		to = ""
 	default:
 		// Another filesystem (EXDEV), say: remove it here.
+		r.do(job{root: root})
 		return removeTree(dir)
 	}
-	if !r.enqueue(to) {
-		return removeTree(to)
+	if to == "" && root < 0 {
+		return nil
+	}
+	j := job{path: to, root: root}
+	if !r.enqueue(j) {
+		return r.do(j)
 	}
 	return nil
 }
 
-func (r *reaper) enqueue(path string) bool {
+// do closes the job's root, then removes its directory.
+func (r *reaper) do(j job) error {
+	if j.root >= 0 {
+		unix.Close(j.root)
+	}
+	if j.path == "" {
+		return nil
+	}
+	return removeKnown(j.path, stateEntries...)
+}
+
+func (r *reaper) enqueue(j job) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	select {
-	case r.work <- path:
+	case r.work <- j:
 		r.pending++
 		return true
 	default:
@@ -90,8 +116,8 @@ func (r *reaper) loop() {
 		select {
 		case <-r.stop:
 			return
-		case p := <-r.work:
-			_ = removeKnown(p, stateEntries...)
+		case j := <-r.work:
+			_ = r.do(j)
 			r.mu.Lock()
 			r.pending--
 			if r.pending == 0 {
@@ -112,7 +138,7 @@ func (r *reaper) wait() {
 }
 
 // close stops the removal after the directory in hand; the rest stays in
-// the trash for the next daemon.
+// the trash for the next daemon. Queued roots are closed.
 func (r *reaper) close() {
 	select {
 	case <-r.stop:
@@ -120,4 +146,14 @@ func (r *reaper) close() {
 		close(r.stop)
 	}
 	<-r.done
+	for {
+		select {
+		case j := <-r.work:
+			if j.root >= 0 {
+				unix.Close(j.root)
+			}
+		default:
+			return
+		}
+	}
 }

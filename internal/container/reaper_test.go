@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestReaper(t *testing.T) {
@@ -27,7 +29,7 @@ func TestReaper(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(sb, "upper/usr/lib/f"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.discard(sb); err != nil {
+	if err := r.discard(sb, -1); err != nil {
 		t.Fatal(err)
 	}
 	// The id is free at once.
@@ -37,14 +39,50 @@ func TestReaper(t *testing.T) {
 	if err := os.MkdirAll(sb, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.discard(sb); err != nil {
+	if err := r.discard(sb, -1); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.discard(filepath.Join(root, "missing")); err != nil {
+	if err := r.discard(filepath.Join(root, "missing"), -1); err != nil {
 		t.Errorf("missing directory: %v", err)
 	}
 	r.wait()
 	if ents, _ := os.ReadDir(trash); len(ents) != 0 {
 		t.Errorf("trash not emptied: %v", ents)
+	}
+}
+
+// TestRootPinnedPastInitExit: the sandbox's root overlay outlives its
+// init, so that the unmount's sync of the upper filesystem happens in the
+// reaper rather than in the exit a delete waits for; the reaper lets it go.
+func TestRootPinnedPastInitExit(t *testing.T) {
+	opts := testOptions(t, "pin")
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	sb, pid := runningSandbox(t, b, "pin1")
+	s := sb.(*sandbox)
+	if s.root < 0 {
+		t.Fatal("root not pinned")
+	}
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-sb.Exited().Done()
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(s.root, &fs); err != nil || fs.Type != unix.OVERLAYFS_SUPER_MAGIC {
+		t.Fatalf("pinned root after the init exited: type %#x, %v; want overlayfs", fs.Type, err)
+	}
+	root := s.root
+	if err := sb.Destroy(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if s.root != -1 {
+		t.Error("Destroy kept the root")
+	}
+	b.trash.wait()
+	if _, err := unix.FcntlInt(uintptr(root), unix.F_GETFD, 0); err != unix.EBADF {
+		t.Errorf("pinned root fd %d still open after the reaper ran: %v", root, err)
 	}
 }
