@@ -49,19 +49,23 @@ type DensityReport struct {
 	// parent, v1 memory.usage_in_bytes, kernel memory included) / N.
 	CgroupKiBPerSandbox *float64 `json:"cgroup_kib_per_sandbox,omitempty"`
 
-	CreateS          float64 `json:"create_s"`
-	CreatePerS       float64 `json:"create_per_s"`
-	CreateP50        float64 `json:"create_p50_ms"`
-	CreateP99        float64 `json:"create_p99_ms"`
-	CreateFirstP50   float64 `json:"create_first_10pct_p50_ms"`
-	CreateLastP50    float64 `json:"create_last_10pct_p50_ms"`
-	Created          int     `json:"created"`
-	CreateErrors     int     `json:"create_errors"`
-	Verified         int     `json:"verified"`
-	VerifyFailed     int     `json:"verify_failed"`
-	DeleteS          float64 `json:"delete_s"`
-	DeletePerS       float64 `json:"delete_per_s"`
-	NodeKiBNotBack   float64 `json:"node_kib_not_returned"`
+	CreateS        float64 `json:"create_s"`
+	CreatePerS     float64 `json:"create_per_s"`
+	CreateP50      float64 `json:"create_p50_ms"`
+	CreateP99      float64 `json:"create_p99_ms"`
+	CreateFirstP50 float64 `json:"create_first_10pct_p50_ms"`
+	CreateLastP50  float64 `json:"create_last_10pct_p50_ms"`
+	Created        int     `json:"created"`
+	CreateErrors   int     `json:"create_errors"`
+	Verified       int     `json:"verified"`
+	VerifyFailed   int     `json:"verify_failed"`
+	DeleteS        float64 `json:"delete_s"`
+	DeletePerS     float64 `json:"delete_per_s"`
+	NodeKiBNotBack float64 `json:"node_kib_not_returned"`
+	// ReaperS is how long after the last delete the daemon's reaper took
+	// to remove the deleted sandboxes' writable layers (private daemon
+	// only).
+	ReaperS          float64 `json:"reaper_s,omitempty"`
 	MemoryReturnedPc float64 `json:"memory_returned_pct"`
 
 	DaemonFDsPeak   int    `json:"daemon_fds_peak"`
@@ -279,6 +283,11 @@ func RunDensity(ctx context.Context, env *Env, cfg DensityConfig, benchNofile ui
 	if derr != nil {
 		rep.Error = strings.TrimPrefix(rep.Error+"; ", "; ") + "delete: " + derr.Error()
 	}
+	// A delete hands the writable layer and the root overlay to the
+	// daemon's background reaper: count the memory once it is done.
+	if s, ok := env.waitTrashEmpty(2 * time.Minute); ok {
+		rep.ReaperS = round(s, 2)
+	}
 	deleted, err := settledMemAvailable()
 	if err != nil {
 		return nil, err
@@ -372,6 +381,9 @@ func (r *DensityReport) Table(w io.Writer) error {
 		t.add(fmt.Sprintf("slab kept per sandbox, traced on %d (KiB)", r.KmemTraced), fmt.Sprintf("%.1f: %s", r.KmemKiBPerSandbox, strings.Join(top, ", ")))
 	}
 	t.add("delete wall time", fmt.Sprintf("%.2f s (%.0f/s)", r.DeleteS, r.DeletePerS))
+	if r.ReaperS > 0 {
+		t.add("reaper done after the last delete", fmt.Sprintf("%.2f s", r.ReaperS))
+	}
 	t.add("memory returned after delete", fmt.Sprintf("%.1f%% (%.0f KiB not back)", r.MemoryReturnedPc, r.NodeKiBNotBack))
 	t.add("daemon fds at peak / RLIMIT_NOFILE", fmt.Sprintf("%d / %s", r.DaemonFDsPeak, r.DaemonNofile))
 	t.add("memory cgroups on the node: before / with N / after delete", fmt.Sprintf("%d / %d / %d", r.MemcgsBefore, r.MemcgsCreated, r.MemcgsDeleted))

@@ -358,3 +358,22 @@ func (e *Env) stopDaemon() error {
 	}
 	return nil
 }
+
+// waitTrashEmpty waits until the private daemon's trash (deleted
+// sandboxes' writable layers its reaper has not removed yet) is empty and
+// returns how long that took; ok is false for a daemon given by --addr,
+// whose state directory the benchmark does not know, or on timeout.
+func (e *Env) waitTrashEmpty(timeout time.Duration) (float64, bool) {
+	if e.stateDir == "" {
+		return 0, false
+	}
+	t0 := time.Now()
+	for time.Since(t0) < timeout {
+		ents, err := os.ReadDir(filepath.Join(e.stateDir, "trash"))
+		if err != nil || len(ents) == 0 {
+			return time.Since(t0).Seconds(), err == nil || os.IsNotExist(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return 0, false
+}
