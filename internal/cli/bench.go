@@ -45,7 +45,7 @@ result to stdout, as a table or (--json) one JSON object.`,
 	pf.BoolVar(&bf.quiet, "quiet", false, "no progress on stderr")
 	pf.StringVar(&bf.jsonFile, "json-file", "", "also write the report as JSON to this file")
 	_ = pf.MarkHidden("daemon-bin")
-	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDensityCommand(&bf),
+	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
 		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf))
 	return c
 }
@@ -187,6 +187,28 @@ func newBenchExecCommand(bf *benchFlags) *cobra.Command {
 	c.Flags().IntVar(&cfg.N, "n", 2000, "measured execs per system and concurrency")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 50, "unmeasured execs before each measured run")
 	concurrencyFlag(c, &cfg.Concurrency)
+	return c
+}
+
+func newBenchDeleteCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.DeleteConfig{}
+	c := &cobra.Command{
+		Use:   "delete [--rounds 5] [--files 20000] [--dirty-mib 400]",
+		Short: "Delete latency: idle, after writing files, and beside a sandbox with unwritten data; against rm -rf",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Rounds < 1 || cfg.Files < 1 || cfg.DirtyMiB < 1 {
+				return errors.New("--rounds, --files and --dirty-mib must be positive")
+			}
+			cfg.Peers = bf.peers
+			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
+				return bench.RunDelete(ctx, env, cfg)
+			})
+		},
+	}
+	c.Flags().IntVar(&cfg.Rounds, "rounds", 5, "deletes timed per case")
+	c.Flags().IntVar(&cfg.Files, "files", 20000, "files the sandbox writes before its delete in the \"wrote files\" case")
+	c.Flags().IntVar(&cfg.DirtyMiB, "dirty-mib", 400, "MiB another sandbox writes (unsynced) in the \"neighbour\" case")
 	return c
 }
 
