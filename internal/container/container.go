@@ -128,6 +128,9 @@ func New(opts Options) (*Backend, error) {
 	if b.trash, err = newReaper(b.trashDir()); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create trash directory")
 	}
+	if dev, ok := journalless(b.stateDir("")); ok && opts.Warn != nil {
+		opts.Warn("sandbox writable layers are on ext4 without a journal: under sandbox churn its inode allocator slows every create (docs/BENCHMARKS.md); a journal, or another filesystem for the state directory, avoids it", "device", dev, "dir", b.stateDir(""))
+	}
 	return b, nil
 }
 

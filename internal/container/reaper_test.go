@@ -2,10 +2,13 @@ package container
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 func TestReaper(t *testing.T) {
@@ -84,5 +87,44 @@ func TestRootPinnedPastInitExit(t *testing.T) {
 	b.trash.wait()
 	if _, err := unix.FcntlInt(uintptr(root), unix.F_GETFD, 0); err != unix.EBADF {
 		t.Errorf("pinned root fd %d still open after the reaper ran: %v", root, err)
+	}
+}
+
+// TestJournalless: ext4 made without a journal is found, ext4 with one
+// and tmpfs are not.
+func TestJournalless(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		t.Skip("mkfs.ext4 not installed")
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want bool
+	}{
+		{"no journal", []string{"-O", "^has_journal"}, true},
+		{"journal", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
+			if err := os.Mkdir(mnt, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			args := append([]string{"-q", "-F"}, tc.args...)
+			if out, err := exec.Command("mkfs.ext4", append(args, img, "32M")...).CombinedOutput(); err != nil {
+				t.Fatalf("mkfs.ext4: %v: %s", err, out)
+			}
+			if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+				t.Skipf("loop mount: %v: %s", err, out)
+			}
+			defer unix.Unmount(mnt, unix.MNT_DETACH)
+			if dev, got := journalless(mnt); got != tc.want || dev == "" && tc.want {
+				t.Errorf("journalless = %q, %v; want %v", dev, got, tc.want)
+			}
+		})
+	}
+	if _, got := journalless("/dev/shm"); got {
+		t.Error("tmpfs reported as journal-less ext4")
 	}
 }
