@@ -75,6 +75,14 @@ type OOMCounter interface {
 	OOMKills() (uint64, error)
 }
 
+// Backlogged is implemented by backends that finish deletes in the
+// background (the container backend removes writable layers after
+// Destroy returns); the daemon exports the backlog as a metric.
+type Backlogged interface {
+	// Backlog is how many deleted sandboxes' leftovers wait for removal.
+	Backlog() int
+}
+
 // Committer is implemented by sandboxes whose writable layer is an
 // overlayfs upper directory on the host (the container backend), which
 // the daemon can turn into a layer (CommitSandbox).

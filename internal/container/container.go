@@ -68,6 +68,7 @@ type Backend struct {
 var (
 	_ backend.Committer  = (*sandbox)(nil)
 	_ backend.OOMCounter = (*sandbox)(nil)
+	_ backend.Backlogged = (*Backend)(nil)
 )
 
 var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -133,6 +134,10 @@ func New(opts Options) (*Backend, error) {
 	}
 	return b, nil
 }
+
+// Backlog is how many deleted sandboxes' writable layers the reaper has
+// yet to remove (backend.Backlogged).
+func (b *Backend) Backlog() int { return b.trash.backlog() }
 
 // trashDir holds deleted sandboxes' state directories until the reaper
 // has removed them.

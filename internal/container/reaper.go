@@ -128,6 +128,13 @@ func (r *reaper) loop() {
 	}
 }
 
+// backlog is how many directories wait for removal.
+func (r *reaper) backlog() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pending
+}
+
 // wait returns once nothing is queued.
 func (r *reaper) wait() {
 	r.mu.Lock()

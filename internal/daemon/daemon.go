@@ -177,6 +177,11 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		cfg.Logger.Warn("sandbox records from an earlier boot", "copied", sv.Records, "old_file", sv.Kept, "unreadable", sv.Err)
 	}
 	cfg.Metrics.InitOps(ops...)
+	for name, b := range cfg.Backends {
+		if bl, ok := b.(backend.Backlogged); ok {
+			cfg.Metrics.BacklogFunc(name, bl.Backlog)
+		}
+	}
 	m := &Manager{
 		cfg:       cfg,
 		log:       cfg.Logger,

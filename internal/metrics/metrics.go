@@ -3,6 +3,7 @@
 package metrics
 
 import (
+	"errors"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,6 +96,26 @@ func New(ops ...string) *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// BacklogFunc registers warren_delete_backlog{backend}: how many deleted
+// sandboxes' leftovers the backend has yet to remove in the background.
+func (m *Metrics) BacklogFunc(backend string, f func() int) {
+	if m == nil {
+		return
+	}
+	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "warren_delete_backlog",
+		Help:        "Deleted sandboxes whose leftovers (writable layers) the backend still removes in the background.",
+		ConstLabels: prometheus.Labels{"backend": backend},
+	}, func() float64 { return float64(f()) })
+	// A daemon made again on the same registry (tests) replaces the
+	// function of the one before.
+	var dup prometheus.AlreadyRegisteredError
+	if err := m.Registry.Register(g); errors.As(err, &dup) {
+		m.Registry.Unregister(dup.ExistingCollector)
+		m.Registry.MustRegister(g)
+	}
 }
 
 // InitOps pre-initialises warren_errors_total for every category and op.

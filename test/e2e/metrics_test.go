@@ -76,6 +76,8 @@ func TestMetrics(t *testing.T) {
 		"# TYPE warren_sandbox_create_seconds histogram",
 		"# TYPE warren_exec_seconds histogram",
 		"# TYPE warren_errors_total counter",
+		"# TYPE warren_delete_backlog gauge",
+		`warren_delete_backlog{backend="container"} 0`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
