@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/warrenrl/warren/internal/atomicfile"
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/layermount"
@@ -356,7 +357,7 @@ func (s *Store) ImportLayer(ctx context.Context, r io.Reader, lo LayerOptions) (
 		if err := os.Link(tmpName, blob); err != nil && !errors.Is(err, os.ErrExist) {
 			return LayerMeta{}, errdefs.Wrap(errnoCategory(err), err, "import layer: publishing blob")
 		}
-		if err := syncDir(s.blobsDir()); err != nil {
+		if err := atomicfile.SyncDir(s.blobsDir()); err != nil {
 			return LayerMeta{}, errdefs.Wrap(errnoCategory(err), err, "import layer: publishing blob")
 		}
 	}
@@ -689,7 +690,7 @@ func (s *Store) RemoveLayer(name string) error {
 		}
 		return errdefs.Wrap(errdefs.Internal, err, "remove layer "+name)
 	}
-	_ = syncDir(s.namedDir())
+	_ = atomicfile.SyncDir(s.namedDir())
 	if !s.opts.NoMounts {
 		if err := s.gcLocked(nil); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "layer "+name+" removed, but collecting its blob failed")
@@ -839,7 +840,7 @@ func (s *Store) gcBlobsLocked(used map[string]bool, keep map[string]bool) error 
 		}
 		delete(s.verified, d)
 	}
-	_ = syncDir(s.blobsDir())
+	_ = atomicfile.SyncDir(s.blobsDir())
 	// The diffID index entries of collected blobs.
 	if idx, err := os.ReadDir(s.diffIDsDir()); err == nil {
 		for _, e := range idx {

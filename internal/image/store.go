@@ -45,6 +45,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenrl/warren/internal/atomicfile"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/layermount"
 	"github.com/warrenrl/warren/internal/tarx"
@@ -367,7 +368,7 @@ func (s *Store) importWith(ctx context.Context, name string, fill func(fsDir str
 		}
 		tmp = ""
 		published = true
-		_ = syncDir(s.layersDir())
+		_ = atomicfile.SyncDir(s.layersDir())
 	}
 	img = Image{
 		Name:      name,
@@ -420,15 +421,6 @@ func syncFS(dir string) error {
 	return nil
 }
 
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
-}
-
 // writeJSON writes v to path through a temp file, fsynced, then renamed.
 func writeJSON(path string, v any) error { return writeJSONVia(path, ".tmp-", v) }
 
@@ -439,29 +431,10 @@ func writeJSONVia(path, tmpPrefix string, v any) error {
 	if err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "encode "+filepath.Base(path))
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), tmpPrefix)
-	if err != nil {
+	if err := atomicfile.Write(path, tmpPrefix, append(data, '\n'), 0o644); err != nil {
 		return errdefs.Wrap(errnoCategory(err), err, "write "+filepath.Base(path))
 	}
-	tmp := f.Name()
-	_, err = f.Write(append(data, '\n'))
-	if err == nil {
-		err = f.Chmod(0o644)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return errdefs.Wrap(errnoCategory(err), err, "write "+filepath.Base(path))
-	}
-	return syncDir(filepath.Dir(path))
+	return nil
 }
 
 func readMeta(layerPath string) (LayerMeta, error) {
@@ -539,7 +512,7 @@ func (s *Store) Remove(name string) error {
 		}
 		return errdefs.Wrap(errdefs.Internal, err, "remove image "+name)
 	}
-	_ = syncDir(s.imagesDir())
+	_ = atomicfile.SyncDir(s.imagesDir())
 	if s.opts.NoMounts {
 		return nil
 	}

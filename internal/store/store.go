@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/atomicfile"
 	"github.com/warrenrl/warren/internal/errdefs"
 )
 
@@ -123,7 +124,7 @@ func Open(dir string) (*Store, error) {
 	if err == nil && boot != "" && string(prev) != boot {
 		// Synced before the first unsynced commit: a crash from here on
 		// is known to have happened in this boot.
-		err = writeSynced(mark, boot)
+		err = atomicfile.Write(mark, FileName+".boot-", []byte(boot), 0o600)
 	}
 	if err != nil {
 		_ = db.Close()
@@ -194,35 +195,6 @@ func bootID() string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
-}
-
-// writeSynced replaces path with data, durably.
-func writeSynced(path, data string) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // Path is the database file.
