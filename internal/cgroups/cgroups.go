@@ -33,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/kfile"
 )
 
 // Root is the mount point of the cgroup filesystem(s).
@@ -304,11 +305,11 @@ func sharedDevices(parent string) (string, error) {
 		if d.Allow {
 			file = "devices.allow"
 		}
-		err := writeFile(filepath.Join(dir, file), deviceRule(d))
+		err := kfile.Write(filepath.Join(dir, file), deviceRule(d))
 		// A child removed just now stays online for a moment.
 		for i := 0; i < 100 && d.Type == "" && errors.Is(err, syscall.EINVAL); i++ {
 			time.Sleep(2 * time.Millisecond)
-			err = writeFile(filepath.Join(dir, file), deviceRule(d))
+			err = kfile.Write(filepath.Join(dir, file), deviceRule(d))
 		}
 		if d.Type == "" && errors.Is(err, syscall.EINVAL) {
 			return "", errNoHybrid
@@ -341,7 +342,7 @@ func deviceRule(d specs.LinuxDeviceCgroup) string {
 // whitelisted reports whether the devices cgroup dir denies all but
 // allowedDevices.
 func whitelisted(dir string) (bool, error) {
-	b, err := readFile(filepath.Join(dir, "devices.list"))
+	b, err := kfile.Read(filepath.Join(dir, "devices.list"))
 	if err != nil {
 		return false, err
 	}
@@ -513,7 +514,7 @@ func killUntilEmpty(procs func() ([]int, error), freeze, thaw func() error, time
 }
 
 func readUint(path string) (uint64, error) {
-	b, err := readFile(path)
+	b, err := kfile.Read(path)
 	if err != nil {
 		return 0, err
 	}
@@ -526,7 +527,7 @@ func readUint(path string) (uint64, error) {
 
 // readKey reads "key value" lines (memory.events, memory.oom_control).
 func readKey(path, key string) (uint64, error) {
-	b, err := readFile(path)
+	b, err := kfile.Read(path)
 	if err != nil {
 		return 0, err
 	}
@@ -543,7 +544,7 @@ func readKey(path, key string) (uint64, error) {
 }
 
 func readPids(path string) ([]int, error) {
-	b, err := readFile(path)
+	b, err := kfile.Read(path)
 	if err != nil {
 		return nil, err
 	}
@@ -575,13 +576,13 @@ func (g *v1Group) Kill(timeout time.Duration) error {
 }
 func (g *v1Group) Freeze() error {
 	state := filepath.Join(g.dir(cgroup1.Freezer), "freezer.state")
-	return freeze(g.name, func() error { return writeFile(state, "FROZEN") }, func() (bool, error) {
-		b, err := readFile(state)
+	return freeze(g.name, func() error { return kfile.Write(state, "FROZEN") }, func() (bool, error) {
+		b, err := kfile.Read(state)
 		return strings.TrimSpace(string(b)) == "FROZEN", err
 	}, g.Thaw)
 }
 func (g *v1Group) Thaw() error {
-	err := writeFile(filepath.Join(g.dir(cgroup1.Freezer), "freezer.state"), "THAWED")
+	err := kfile.Write(filepath.Join(g.dir(cgroup1.Freezer), "freezer.state"), "THAWED")
 	return classify(err, "thaw cgroup "+g.name)
 }
 func (g *v1Group) OOMKills() (uint64, error) { return v1OOMKills(g.name) }
@@ -681,7 +682,7 @@ func (g *hybridGroup) AddProc(pid int) error {
 func writeProcs(dir string, pid int) error {
 	var err error
 	for range 5 {
-		err = writeFile(filepath.Join(dir, "cgroup.procs"), strconv.Itoa(pid))
+		err = kfile.Write(filepath.Join(dir, "cgroup.procs"), strconv.Itoa(pid))
 		if !errors.Is(err, syscall.EINVAL) {
 			return err
 		}
@@ -713,7 +714,7 @@ func (g *hybridGroup) allProcs() ([]int, error) {
 func (g *hybridGroup) Kill(timeout time.Duration) error {
 	// cgroup.kill is atomic against forks (and works on frozen tasks); the
 	// loop then only waits for the group to empty.
-	err := writeFile(filepath.Join(g.udir(), "cgroup.kill"), "1")
+	err := kfile.Write(filepath.Join(g.udir(), "cgroup.kill"), "1")
 	if err == nil || errors.Is(err, os.ErrNotExist) {
 		return killUntilEmpty(g.allProcs, nil, nil, timeout)
 	}
@@ -749,7 +750,7 @@ func (g *v2Group) Procs() ([]int, error) {
 }
 func (g *v2Group) Kill(timeout time.Duration) error {
 	// cgroup.kill is atomic against forks; fall back to the loop.
-	if err := writeFile(filepath.Join(g.dir(), "cgroup.kill"), "1"); err == nil {
+	if err := kfile.Write(filepath.Join(g.dir(), "cgroup.kill"), "1"); err == nil {
 		return killUntilEmpty(g.Procs, nil, nil, timeout)
 	}
 	return killUntilEmpty(g.Procs, g.m.Freeze, g.m.Thaw, timeout)
@@ -786,7 +787,7 @@ func (g *v2Group) Delete() error {
 // group on v2 hosts, and its unified-hierarchy group on hybrid ones.
 func freeze2(name, dir string) error {
 	return freeze(name, func() error {
-		return writeFile(filepath.Join(dir, "cgroup.freeze"), "1")
+		return kfile.Write(filepath.Join(dir, "cgroup.freeze"), "1")
 	}, func() (bool, error) {
 		n, err := readKey(filepath.Join(dir, "cgroup.events"), "frozen")
 		return n == 1, err
@@ -794,7 +795,7 @@ func freeze2(name, dir string) error {
 }
 
 func thaw2(name, dir string) error {
-	err := writeFile(filepath.Join(dir, "cgroup.freeze"), "0")
+	err := kfile.Write(filepath.Join(dir, "cgroup.freeze"), "0")
 	return classify(err, "thaw cgroup "+name)
 }
 

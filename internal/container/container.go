@@ -29,6 +29,7 @@ import (
 	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/kfile"
 )
 
 // Name is the backend's name in the API.
@@ -694,20 +695,11 @@ func fsErr(err error, what string) error {
 // procStartTime returns field 22 of /proc/<pid>/stat (start time in clock
 // ticks since boot), which together with the pid names a process uniquely.
 func procStartTime(pid int) (uint64, error) {
-	path := "/proc/" + strconv.Itoa(pid) + "/stat"
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	b, err := kfile.Read("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, &os.PathError{Op: "open", Path: path, Err: err}
+		return 0, err
 	}
-	// One read: the kernel formats the whole line at once, a few hundred
-	// bytes (the command name is at most 16).
-	var buf [1024]byte
-	n, err := unix.Read(fd, buf[:])
-	unix.Close(fd)
-	if err != nil {
-		return 0, &os.PathError{Op: "read", Path: path, Err: err}
-	}
-	line := string(buf[:n])
+	line := string(b)
 	// The command name may contain spaces and parens: parse after the last ')'.
 	i := strings.LastIndexByte(line, ')')
 	if i < 0 {

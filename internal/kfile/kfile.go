@@ -1,4 +1,6 @@
-package cgroups
+// Package kfile reads and writes the small files of the kernel's pseudo
+// filesystems (cgroupfs, procfs) on hot paths.
+package kfile
 
 import (
 	"os"
@@ -6,12 +8,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// writeFile and readFile do what os.WriteFile and os.ReadFile do for the
-// small files of cgroupfs, without the runtime poller: an *os.File costs
-// two fcntls and an epoll registration (kernfs files are pollable) plus
-// its removal, five syscalls on top of open, write and close, and sandbox
-// create and delete write a dozen such files.
-func writeFile(path, data string) error {
+// Write and Read do what os.WriteFile and os.ReadFile do, without the
+// runtime poller: an *os.File costs two fcntls and an epoll registration
+// (kernfs files are pollable) plus its removal, five syscalls on top of
+// open, write and close, and a sandbox's create and delete touch a dozen
+// such files.
+func Write(path, data string) error {
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return &os.PathError{Op: "open", Path: path, Err: err}
@@ -26,7 +28,7 @@ func writeFile(path, data string) error {
 	return nil
 }
 
-func readFile(path string) ([]byte, error) {
+func Read(path string) ([]byte, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
