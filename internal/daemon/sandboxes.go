@@ -110,11 +110,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	var layers []string
 	var release func()
 	var cfg *image.Config
-	var digests []string
-	rec, err := m.images.Get(p.image)
-	if err == nil {
-		digests, err = m.images.ResolveOn(rec, p.layers)
-	}
+	rec, digests, err := m.images.Resolve(p.image, p.layers)
 	if err == nil {
 		img := image.Image{Name: p.image, Layers: digests}
 		layers, release, err = m.images.LayerDirs(ctx, img)

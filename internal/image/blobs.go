@@ -702,18 +702,19 @@ func (s *Store) RemoveLayer(name string) error {
 // Resolve returns the layer digests, bottom first, of a sandbox made of
 // image plus the named layers on top of it, in order (the last one
 // top-most). A layer may also be given as a stored digest "sha256:<hex>".
-// The result is what LayerDirs takes (as Image.Layers) and what the
-// daemon persists for the sandbox.
-func (s *Store) Resolve(image string, layers []string) ([]string, error) {
+// The digests are what LayerDirs takes (as Image.Layers) and what the
+// daemon persists for the sandbox; the image's record comes along, read
+// once, for its config.
+func (s *Store) Resolve(image string, layers []string) (Image, []string, error) {
 	img, err := s.Get(image)
 	if err != nil {
-		return nil, err
+		return img, nil, err
 	}
-	return s.ResolveOn(img, layers)
+	out, err := s.resolveOn(img, layers)
+	return img, out, err
 }
 
-// ResolveOn is Resolve for an image record the caller already read.
-func (s *Store) ResolveOn(img Image, layers []string) ([]string, error) {
+func (s *Store) resolveOn(img Image, layers []string) ([]string, error) {
 	out := append([]string(nil), img.Layers...)
 	for _, l := range layers {
 		if strings.HasPrefix(l, "sha256:") {

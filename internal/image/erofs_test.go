@@ -159,16 +159,16 @@ func TestEROFSNamedLayersResolve(t *testing.T) {
 	if imgs, _ := s.List(); len(imgs) != 1 {
 		t.Fatalf("layers leaked into images: %+v", imgs)
 	}
-	digests, err := s.Resolve("base", []string{"ws-1", "toolkit"})
-	if err != nil || len(digests) != 3 || digests[0] != base.Layers[0] || digests[1] != ws.Digest || digests[2] != tk.Digest {
+	rec, digests, err := s.Resolve("base", []string{"ws-1", "toolkit"})
+	if err != nil || rec.Name != "base" || len(digests) != 3 || digests[0] != base.Layers[0] || digests[1] != ws.Digest || digests[2] != tk.Digest {
 		t.Fatalf("resolve %v %v", digests, err)
 	}
-	if d2, err := s.Resolve("base", []string{ws.Digest}); err != nil || d2[1] != ws.Digest {
+	if _, d2, err := s.Resolve("base", []string{ws.Digest}); err != nil || d2[1] != ws.Digest {
 		t.Fatalf("resolve by digest %v %v", d2, err)
 	}
-	_, err = s.Resolve("base", []string{"nope"})
+	_, _, err = s.Resolve("base", []string{"nope"})
 	wantCat(t, err, errdefs.NotFound)
-	_, err = s.Resolve("nope", nil)
+	_, _, err = s.Resolve("nope", nil)
 	wantCat(t, err, errdefs.NotFound)
 
 	dirs, release, err := s.LayerDirs(ctx, Image{Name: "sb", Layers: digests})
