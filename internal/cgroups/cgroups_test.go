@@ -97,10 +97,17 @@ func hierarchiesOf(parent, name string) []string {
 func child(t *testing.T, argv ...string) (cmd *exec.Cmd, done chan struct{}) {
 	t.Helper()
 	cmd = exec.Command(argv[0], argv[1:]...)
+	return cmd, startReaped(t, cmd)
+}
+
+// startReaped starts cmd and kills and reaps it when the test ends; the channel
+// is closed once it has exited.
+func startReaped(t *testing.T, cmd *exec.Cmd) chan struct{} {
+	t.Helper()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done = make(chan struct{})
+	done := make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
 		close(done)
@@ -109,7 +116,7 @@ func child(t *testing.T, argv ...string) (cmd *exec.Cmd, done chan struct{}) {
 		_ = cmd.Process.Kill()
 		<-done
 	})
-	return cmd, done
+	return done
 }
 
 // gated starts the shell script as a process that waits until start is
@@ -125,18 +132,7 @@ func gated(t *testing.T, g Group, script string, stdout *strings.Builder) (cmd *
 	if stdout != nil {
 		cmd.Stdout = stdout
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done = make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(done)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-done
-	})
+	done = startReaped(t, cmd)
 	if err := g.AddProc(cmd.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
