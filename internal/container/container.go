@@ -289,7 +289,8 @@ var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.D
 
 // startInit starts the init stage in new namespaces, places it in its
 // cgroup, sends it its config and waits until it has become the agent. It
-// returns the init's pid and a pidfd of it.
+// returns the init's pid and the pidfd the clone made (-1 where the kernel
+// made none: attach opens one then).
 //
 // The cgroup is created after the clone, while the child starts up and
 // waits for its config: the two overlap instead of adding up.
@@ -354,12 +355,6 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 			_ = grp.Delete()
 		}
 		return 0, -1, nil, err
-	}
-	if pidfd < 0 {
-		// Kernels before 5.3 have no CLONE_PIDFD.
-		if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
-			return fail(errdefs.Wrap(errdefs.Internal, err, "pidfd_open sandbox init"))
-		}
 	}
 	cfgR.Close()
 	stW.Close()
