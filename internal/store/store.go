@@ -107,20 +107,17 @@ func Open(dir string) (*Store, error) {
 	// latency of a lone write small.
 	db.MaxBatchDelay = time.Millisecond
 	err = db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(bucketSandboxes)
-		return err
-	})
-	if err == nil && salvaged != nil && len(salvaged.records) > 0 {
-		err = db.Update(func(tx *bolt.Tx) error {
-			b := tx.Bucket(bucketSandboxes)
-			for _, kv := range salvaged.records {
-				if err := b.Put(kv[0], kv[1]); err != nil {
-					return err
-				}
+		b, err := tx.CreateBucketIfNotExists(bucketSandboxes)
+		if err != nil || salvaged == nil {
+			return err
+		}
+		for _, kv := range salvaged.records {
+			if err := b.Put(kv[0], kv[1]); err != nil {
+				return err
 			}
-			return nil
-		})
-	}
+		}
+		return nil
+	})
 	if err == nil && boot != "" && string(prev) != boot {
 		// Synced before the first unsynced commit: a crash from here on
 		// is known to have happened in this boot.
