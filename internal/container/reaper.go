@@ -50,11 +50,21 @@ func newReaper(dir string) (*reaper, error) {
 	}
 	r := &reaper{dir: dir, work: make(chan job, reaperQueue), stop: make(chan struct{}), done: make(chan struct{})}
 	r.idle = sync.NewCond(&r.mu)
-	// What an earlier daemon left.
+	// What an earlier daemon left, however much: fed as the queue drains.
 	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		r.enqueue(job{path: filepath.Join(dir, e.Name()), root: -1})
-	}
+	r.pending = len(ents)
+	go func() {
+		for i, e := range ents {
+			select {
+			case r.work <- job{path: filepath.Join(dir, e.Name()), root: -1}:
+			case <-r.stop:
+				r.mu.Lock()
+				r.pending -= len(ents) - i
+				r.mu.Unlock()
+				return
+			}
+		}
+	}()
 	go r.loop()
 	return r, nil
 }

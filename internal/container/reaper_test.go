@@ -1,6 +1,7 @@
 package container
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,9 +15,11 @@ import (
 func TestReaper(t *testing.T) {
 	root := t.TempDir()
 	trash := filepath.Join(root, "trash")
-	// A daemon before left one behind.
-	if err := os.MkdirAll(filepath.Join(trash, "old.1", "upper", "x"), 0o755); err != nil {
-		t.Fatal(err)
+	// A daemon before left more behind than the queue holds.
+	for i := range reaperQueue + 10 {
+		if err := os.MkdirAll(filepath.Join(trash, fmt.Sprintf("old.%d", i), "upper", "x"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	r, err := newReaper(trash)
 	if err != nil {
