@@ -29,6 +29,7 @@ const (
 	CategoryUnavailable      Category = "unavailable"
 	CategoryDeadlineExceeded Category = "deadline_exceeded"
 	CategoryUnauthenticated  Category = "unauthenticated"
+	CategoryPermissionDenied Category = "permission_denied"
 	CategoryInternal         Category = "internal"
 )
 
@@ -71,6 +72,7 @@ func IsConflict(err error) bool         { return CategoryOf(err) == CategoryConf
 func IsUnavailable(err error) bool      { return CategoryOf(err) == CategoryUnavailable }
 func IsDeadlineExceeded(err error) bool { return CategoryOf(err) == CategoryDeadlineExceeded }
 func IsUnauthenticated(err error) bool  { return CategoryOf(err) == CategoryUnauthenticated }
+func IsPermissionDenied(err error) bool { return CategoryOf(err) == CategoryPermissionDenied }
 func IsInternal(err error) bool         { return CategoryOf(err) == CategoryInternal }
 
 // IsAlreadyExists reports a conflict because the object exists already
@@ -97,8 +99,10 @@ func codeCategory(code connect.Code) Category {
 		return CategoryUnavailable
 	case connect.CodeDeadlineExceeded:
 		return CategoryDeadlineExceeded
-	case connect.CodeUnauthenticated, connect.CodePermissionDenied:
+	case connect.CodeUnauthenticated:
 		return CategoryUnauthenticated
+	case connect.CodePermissionDenied:
+		return CategoryPermissionDenied
 	case connect.CodeInternal, connect.CodeDataLoss, connect.CodeUnimplemented:
 		return CategoryInternal
 	}

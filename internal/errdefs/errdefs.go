@@ -21,20 +21,21 @@ const (
 	Unavailable               // transient; retrying later may succeed
 	DeadlineExceeded          // the operation ran out of time
 	Unauthenticated           // missing or bad credentials
+	PermissionDenied          // the caller is known but may not do this (a path Warren never touches, a policy)
 	Internal                  // a bug or an unexpected host failure
 )
 
 var names = map[Category]string{
 	Unknown: "unknown", NotFound: "not_found", Invalid: "invalid", Exhausted: "exhausted",
 	Conflict: "conflict", Unavailable: "unavailable", DeadlineExceeded: "deadline_exceeded",
-	Unauthenticated: "unauthenticated", Internal: "internal",
+	Unauthenticated: "unauthenticated", PermissionDenied: "permission_denied", Internal: "internal",
 }
 
 func (c Category) String() string { return names[c] }
 
 // Categories lists every category, for metrics initialisation.
 func Categories() []Category {
-	return []Category{Unknown, NotFound, Invalid, Exhausted, Conflict, Unavailable, DeadlineExceeded, Unauthenticated, Internal}
+	return []Category{Unknown, NotFound, Invalid, Exhausted, Conflict, Unavailable, DeadlineExceeded, Unauthenticated, PermissionDenied, Internal}
 }
 
 // sentinel errors so that errors.Is works on categories.
@@ -46,6 +47,7 @@ var (
 	ErrUnavailable      = &catErr{cat: Unavailable}
 	ErrDeadlineExceeded = &catErr{cat: DeadlineExceeded}
 	ErrUnauthenticated  = &catErr{cat: Unauthenticated}
+	ErrPermissionDenied = &catErr{cat: PermissionDenied}
 	ErrInternal         = &catErr{cat: Internal}
 )
 
@@ -107,4 +109,7 @@ func Invalidf(format string, args ...any) error     { return New(Invalid, format
 func Exhaustedf(format string, args ...any) error   { return New(Exhausted, format, args...) }
 func Conflictf(format string, args ...any) error    { return New(Conflict, format, args...) }
 func Unavailablef(format string, args ...any) error { return New(Unavailable, format, args...) }
-func Internalf(format string, args ...any) error    { return New(Internal, format, args...) }
+func PermissionDeniedf(format string, args ...any) error {
+	return New(PermissionDenied, format, args...)
+}
+func Internalf(format string, args ...any) error { return New(Internal, format, args...) }

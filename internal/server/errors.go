@@ -37,6 +37,8 @@ func categoryCode(cat errdefs.Category, msg string) connect.Code {
 		return connect.CodeDeadlineExceeded
 	case errdefs.Unauthenticated:
 		return connect.CodeUnauthenticated
+	case errdefs.PermissionDenied:
+		return connect.CodePermissionDenied
 	}
 	return connect.CodeInternal
 }
@@ -100,8 +102,10 @@ func codeCategory(code connect.Code) errdefs.Category {
 		return errdefs.Unavailable
 	case connect.CodeDeadlineExceeded:
 		return errdefs.DeadlineExceeded
-	case connect.CodeUnauthenticated, connect.CodePermissionDenied:
+	case connect.CodeUnauthenticated:
 		return errdefs.Unauthenticated
+	case connect.CodePermissionDenied:
+		return errdefs.PermissionDenied
 	case connect.CodeCanceled:
 		return errdefs.Unknown
 	}

@@ -41,6 +41,7 @@ func TestToConnectError(t *testing.T) {
 		{errdefs.Unavailablef("try later"), connect.CodeUnavailable, "unavailable"},
 		{errdefs.New(errdefs.DeadlineExceeded, "slow"), connect.CodeDeadlineExceeded, "deadline_exceeded"},
 		{errdefs.New(errdefs.Unauthenticated, "who"), connect.CodeUnauthenticated, "unauthenticated"},
+		{errdefs.PermissionDeniedf("/proc is off limits"), connect.CodePermissionDenied, "permission_denied"},
 		{errdefs.Internalf("bug"), connect.CodeInternal, "internal"},
 		{errors.New("plain"), connect.CodeInternal, "internal"},
 		{fmt.Errorf("wrapped: %w", errdefs.NotFoundf("x")), connect.CodeNotFound, "not_found"},
@@ -63,7 +64,7 @@ func TestToConnectError(t *testing.T) {
 	}
 }
 
-// The client package cannot import internal/, so it spells the category
+// The client package does not import errdefs, so it spells the category
 // names and the category header again: they must stay those of errdefs
 // and of this package.
 func TestClientCategoriesMatch(t *testing.T) {
@@ -79,6 +80,7 @@ func TestClientCategoriesMatch(t *testing.T) {
 		errdefs.Unavailable:      client.CategoryUnavailable,
 		errdefs.DeadlineExceeded: client.CategoryDeadlineExceeded,
 		errdefs.Unauthenticated:  client.CategoryUnauthenticated,
+		errdefs.PermissionDenied: client.CategoryPermissionDenied,
 		errdefs.Internal:         client.CategoryInternal,
 	}
 	for _, c := range errdefs.Categories() {

@@ -13,6 +13,7 @@ daemon's error categories, so callers can catch what they can handle::
     ├── DeadlineExceededError     the daemon gave up waiting (server-side deadline)
     │   └── TimeoutError          the client's own deadline passed (client-side)
     ├── UnauthenticatedError      missing or wrong bearer token
+    ├── PermissionDeniedError     refused: a path or action Warren never touches
     ├── InternalError             a bug or an unexpected failure in the daemon
     ├── CommandError              ExecResult.check(): the command failed
     └── BatchError                a batch helper was asked to be strict and some items failed
@@ -41,6 +42,7 @@ __all__ = [
     "DeadlineExceededError",
     "TimeoutError",
     "UnauthenticatedError",
+    "PermissionDeniedError",
     "InternalError",
     "CommandError",
     "BatchError",
@@ -167,6 +169,13 @@ class UnauthenticatedError(WarrenError):
     category_name = "unauthenticated"
 
 
+class PermissionDeniedError(WarrenError):
+    """The daemon knows the caller but refuses the call: for example a file
+    call into a sandbox's ``/proc`` or ``/sys``, which Warren never touches."""
+
+    category_name = "permission_denied"
+
+
 class InternalError(WarrenError):
     """The daemon failed unexpectedly."""
 
@@ -219,7 +228,7 @@ _CODE_CLASSES: Dict[str, Type[WarrenError]] = {
     "unavailable": UnavailableError,
     "deadline_exceeded": DeadlineExceededError,
     "unauthenticated": UnauthenticatedError,
-    "permission_denied": UnauthenticatedError,
+    "permission_denied": PermissionDeniedError,
     "internal": InternalError,
     "unknown": InternalError,
     "data_loss": InternalError,
@@ -236,6 +245,7 @@ _CATEGORY_CLASSES: Dict[str, Type[WarrenError]] = {
     "unavailable": UnavailableError,
     "deadline_exceeded": DeadlineExceededError,
     "unauthenticated": UnauthenticatedError,
+    "permission_denied": PermissionDeniedError,
     "internal": InternalError,
 }
 
