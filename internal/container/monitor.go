@@ -1,7 +1,9 @@
 package container
 
 import (
+	"log/slog"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,7 +18,7 @@ type monitor struct {
 }
 
 type watch struct {
-	pid    int
+	pid    int // for the log only: the pidfd, not the pid, names the process
 	onExit func()
 }
 
@@ -53,7 +55,15 @@ func (m *monitor) loop() {
 			if err == unix.EINTR {
 				continue
 			}
-			return
+			if err == unix.EBADF {
+				return // closed
+			}
+			// Not expected; going on matters more than stopping: a
+			// monitor that ended silently would leave every later exit
+			// unnoticed.
+			slog.Error("sandbox exit monitor: epoll_wait failed; retrying", "err", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
 		}
 		for _, ev := range events[:n] {
 			m.mu.Lock()
@@ -64,12 +74,28 @@ func (m *monitor) loop() {
 				continue
 			}
 			_ = unix.EpollCtl(m.epfd, unix.EPOLL_CTL_DEL, int(ev.Fd), nil)
+			reap(int(ev.Fd), w.pid)
 			unix.Close(int(ev.Fd))
-			// Reap it if it is our child (created by this daemon); after a
-			// restart it is not, and the host's init reaps it.
-			var ws unix.WaitStatus
-			_, _ = unix.Wait4(w.pid, &ws, unix.WNOHANG, nil)
 			w.onExit() // cancels a context: must not block
 		}
+	}
+}
+
+// reap collects the exit status of the process pidfd refers to if it is
+// this daemon's child; one adopted after a restart is not (ECHILD), and
+// the host's init reaps it. Waiting by pidfd, not by pid: the pid of an
+// adopted init that exited may already belong to another child of this
+// daemon, whose status a wait by pid would steal.
+func reap(pidfd, pid int) {
+	for {
+		err := unix.Waitid(unix.P_PIDFD, pidfd, nil, unix.WEXITED|unix.WNOHANG, nil)
+		switch err {
+		case unix.EINTR:
+			continue
+		case nil, unix.ECHILD:
+		default:
+			slog.Warn("reaping sandbox init", "pid", pid, "err", err)
+		}
+		return
 	}
 }
