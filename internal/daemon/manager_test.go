@@ -842,3 +842,34 @@ func TestCloseStopsExecAndKeepsSandboxes(t *testing.T) {
 		t.Fatalf("after restart: %v", res)
 	}
 }
+
+// TestWriteStdinHonoursCtxBehindBlockedWrite: a WriteStdin queued behind
+// an earlier write the process does not read (StartProcess's own stdin,
+// larger than the pipe) gives up when its call ends, instead of hanging
+// until the process exits.
+func TestWriteStdinHonoursCtxBehindBlockedWrite(t *testing.T) {
+	e := newEnv(t)
+	e.create(&warrenv1.CreateRequest{Id: "stdin"})
+	ctx := ctxT(t)
+	big := bytes.Repeat([]byte("x"), 8<<20) // far beyond any pipe and socket buffer
+	p, err := e.m.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "stdin", Shell: "sleep 1000", Stdin: big})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.m.WriteStdin(wctx, &warrenv1.WriteStdinRequest{SandboxId: "stdin", ProcessId: p.GetProcessId(), Data: []byte("more")})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		wantCat(t, err, errdefs.DeadlineExceeded, "stdin")
+	case <-time.After(10 * time.Second):
+		t.Fatal("WriteStdin still blocked 10s after its deadline passed")
+	}
+	if _, err := e.m.SignalProcess(ctx, &warrenv1.SignalProcessRequest{SandboxId: "stdin", ProcessId: p.GetProcessId(), Signal: 9}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -30,8 +30,12 @@ type process struct {
 	stdout  *capture
 	stderr  *capture
 
-	stdinMu sync.Mutex
-	stdin   io.WriteCloser // nil once closed
+	// stdinLock (one token) serialises writers of stdin: the initial
+	// stdin of StartProcess and WriteStdin calls. A channel, not a mutex,
+	// so that a WriteStdin waiting behind a write the process does not
+	// read gives up when its call ends.
+	stdinLock chan struct{}
+	stdin     io.WriteCloser // nil once closed
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -118,17 +122,18 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 	}
 	s.procSeq++
 	p := &process{
-		id:      fmt.Sprintf("p-%d", s.procSeq),
-		seq:     s.procSeq,
-		sandbox: s.id,
-		argv:    spec.Argv,
-		pid:     proc.Pid(),
-		started: time.Now(),
-		proc:    proc,
-		stdout:  newCapture(limit, true, nil),
-		stderr:  newCapture(limit, true, nil),
-		stdin:   proc.Stdin(),
-		done:    make(chan struct{}),
+		id:        fmt.Sprintf("p-%d", s.procSeq),
+		seq:       s.procSeq,
+		sandbox:   s.id,
+		argv:      spec.Argv,
+		pid:       proc.Pid(),
+		started:   time.Now(),
+		proc:      proc,
+		stdout:    newCapture(limit, true, nil),
+		stderr:    newCapture(limit, true, nil),
+		stdin:     proc.Stdin(),
+		stdinLock: make(chan struct{}, 1),
+		done:      make(chan struct{}),
 	}
 	if s.procs == nil {
 		s.procs = map[string]*process{}
@@ -137,9 +142,9 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 	s.mu.Unlock()
 
 	if data := req.GetStdin(); len(data) > 0 {
-		p.stdinMu.Lock()
+		p.stdinLock <- struct{}{}
 		go func() {
-			defer p.stdinMu.Unlock()
+			defer func() { <-p.stdinLock }()
 			if p.stdin != nil {
 				_, _ = p.stdin.Write(data)
 			}
@@ -295,8 +300,12 @@ func (m *Manager) WriteStdin(ctx context.Context, req *warrenv1.WriteStdinReques
 	if p.exited() {
 		return nil, errdefs.Conflictf("process %s of sandbox %s has exited", p.id, p.sandbox)
 	}
-	p.stdinMu.Lock()
-	defer p.stdinMu.Unlock()
+	select {
+	case p.stdinLock <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctxError(ctx, "wait for an earlier stdin write of process "+p.id)
+	}
+	defer func() { <-p.stdinLock }()
 	if p.stdin == nil {
 		return nil, errdefs.Conflictf("stdin of process %s of sandbox %s is closed", p.id, p.sandbox)
 	}
