@@ -164,8 +164,18 @@ func (c *Client) RemoveFile(ctx context.Context, req *warrenv1.RemoveFileRequest
 // named layer name (replacing one of that name); a sandbox created from
 // the same image and layers with name on top sees the same files. The
 // sandbox is frozen while its files are read.
+// Setuid/setgid bits and file capabilities are stripped from the layer
+// (Layer.SetuidStripped counts the files) unless CommitSandboxWith asks
+// to keep them.
 func (c *Client) CommitSandbox(ctx context.Context, sandboxID, name string) (*warrenv1.Layer, error) {
-	return call(ctx, c.sandboxes.CommitSandbox, &warrenv1.CommitSandboxRequest{SandboxId: sandboxID, Name: name})
+	return c.CommitSandboxWith(ctx, &warrenv1.CommitSandboxRequest{SandboxId: sandboxID, Name: name})
+}
+
+// CommitSandboxWith is CommitSandbox with every field of the request, such
+// as KeepSetuid (for a sandbox whose files are trusted; recorded in the
+// layer as SetuidKept).
+func (c *Client) CommitSandboxWith(ctx context.Context, req *warrenv1.CommitSandboxRequest) (*warrenv1.Layer, error) {
+	return call(ctx, c.sandboxes.CommitSandbox, req)
 }
 
 // ListImages lists the daemon's images.

@@ -121,7 +121,11 @@ func (f *fakeManager) CommitSandbox(_ context.Context, r *warrenv1.CommitSandbox
 	if r.SandboxId != "sb1" {
 		return nil, errdefs.NotFoundf("sandbox %s not found", r.SandboxId)
 	}
-	return &warrenv1.Layer{Name: r.Name, Digest: "sha256:0123456789abcdef", Files: 3, BlobSizeBytes: 8192}, nil
+	l := &warrenv1.Layer{Name: r.Name, Digest: "sha256:0123456789abcdef", Files: 3, BlobSizeBytes: 8192, SetuidKept: r.KeepSetuid}
+	if !r.KeepSetuid {
+		l.SetuidStripped = 2
+	}
+	return l, nil
 }
 
 func (f *fakeManager) PullImage(_ context.Context, r *warrenv1.PullImageRequest, send func(*warrenv1.PullImageEvent) error) error {
@@ -469,8 +473,11 @@ func TestLayersAndImages(t *testing.T) {
 	f, addr := startDaemon(t)
 	// Commit.
 	r := run(t, addr, "", "sandbox", "commit", "sb1", "snap")
-	if r.code != 0 || !strings.HasPrefix(r.stdout, "snap 0123456789ab 8Ki 3 files") {
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "snap 0123456789ab 8Ki 3 files") || !strings.Contains(r.stderr, "of 2 files (--keep-setuid keeps them)") {
 		t.Fatalf("commit: %+v", r)
+	}
+	if r := run(t, addr, "", "--json", "sandbox", "commit", "--keep-setuid", "sb1", "snap"); r.code != 0 || !strings.Contains(r.stdout, `"setuidKept": true`) || r.stderr != "" {
+		t.Fatalf("commit --keep-setuid: %+v", r)
 	}
 	if r := run(t, addr, "", "sandbox", "commit", "nope", "snap"); r.code != 1 || !strings.Contains(r.stderr, "not_found") {
 		t.Fatalf("commit of a missing sandbox: %+v", r)

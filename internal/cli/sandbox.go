@@ -314,14 +314,20 @@ func deleteAll(cmd *cobra.Command, cl *client.Client, ids []string) error {
 }
 
 func newCommitCommand() *cobra.Command {
-	return &cobra.Command{
+	var keepSetuid bool
+	c := &cobra.Command{
 		Use:   "commit ID NAME",
 		Short: "Make what a sandbox changed on its image a named layer",
 		Long: `Turn the writable layer of a running sandbox (every file it created,
 changed or deleted on top of its image and layers) into the named layer
 NAME, replacing a layer of that name. A sandbox created from the same image
 and layers with --layer NAME on top sees the same files. The sandbox's
-processes are frozen while its files are read and resume afterwards.`,
+processes are frozen while its files are read and resume afterwards.
+
+What a sandbox wrote is untrusted: setuid and setgid bits and file
+capabilities (security.capability) are stripped from the layer, so that a
+file a sandbox left there cannot raise the privileges of users of the
+sandboxes made from it. --keep-setuid keeps them (the layer records it).`,
 		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := NewClient(cmd)
@@ -330,13 +336,19 @@ processes are frozen while its files are read and resume afterwards.`,
 			}
 			defer cl.Close()
 			start := time.Now()
-			l, err := cl.CommitSandbox(cmd.Context(), args[0], args[1])
+			l, err := cl.CommitSandboxWith(cmd.Context(), &warrenv1.CommitSandboxRequest{
+				SandboxId: args[0], Name: args[1], KeepSetuid: keepSetuid})
 			if err != nil {
 				return err
+			}
+			if n := l.GetSetuidStripped(); n > 0 && !JSONOutput(cmd) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "stripped setuid/setgid bits or file capabilities of %d files (--keep-setuid keeps them)\n", n)
 			}
 			return printLayer(cmd, l, start)
 		},
 	}
+	c.Flags().BoolVar(&keepSetuid, "keep-setuid", false, "keep setuid/setgid bits and file capabilities of the sandbox's files")
+	return c
 }
 
 func newExtendCommand() *cobra.Command {

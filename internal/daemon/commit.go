@@ -7,6 +7,7 @@ import (
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/image"
 )
 
 // commitOp is a CommitSandbox in progress; deleting the sandbox cancels
@@ -20,6 +21,8 @@ type commitOp struct {
 // named layer req.Name. The sandbox is frozen while its upper directory
 // is read, so the layer is a consistent snapshot of its files; its
 // processes resume afterwards. Deleting the sandbox cancels a commit.
+// Setuid/setgid bits and file capabilities are stripped unless
+// req.KeepSetuid (image.CommitOptions).
 func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandboxRequest) (_ *warrenv1.Layer, err error) {
 	defer m.observe("CommitSandbox", &err)
 	name := req.GetName()
@@ -67,7 +70,7 @@ func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandbox
 	if err != nil {
 		return nil, m.explain(s, err, "freeze sandbox "+s.id)
 	}
-	nl, err := m.images.CommitUpper(ctx, name, c.UpperDir())
+	nl, err := m.images.CommitUpper(ctx, name, c.UpperDir(), image.CommitOptions{KeepSetuid: req.GetKeepSetuid()})
 	if terr := thaw(); terr != nil {
 		m.log.Error("thaw sandbox after commit", "sandbox", s.id, "err", terr)
 		if err == nil {
@@ -83,6 +86,7 @@ func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandbox
 		}
 		return nil, m.explain(s, err, "commit sandbox "+s.id)
 	}
-	m.log.Info("sandbox committed", "sandbox", s.id, "layer", name, "digest", nl.Digest, "files", nl.Files, "took", time.Since(start))
+	m.log.Info("sandbox committed", "sandbox", s.id, "layer", name, "digest", nl.Digest, "files", nl.Files,
+		"setuid_kept", nl.SetuidKept, "setuid_stripped", nl.SetuidStripped, "took", time.Since(start))
 	return layerProto(nl), nil
 }

@@ -46,6 +46,8 @@ func layerProto(nl image.NamedLayer) *warrenv1.Layer {
 		BlobSizeBytes:   nl.BlobSize,
 		Files:           nl.Files,
 		CreatedAtUnixMs: unixMs(nl.CreatedAt),
+		SetuidKept:      nl.SetuidKept,
+		SetuidStripped:  nl.SetuidStripped,
 	}
 }
 

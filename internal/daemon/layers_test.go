@@ -325,11 +325,13 @@ touch -t 202001010000.00 /work/dir/deep/file
 	}
 	e.out("src", "rm /tmp/.wh.bad")
 
-	l, err := e.m.CommitSandbox(ctx, &warrenv1.CommitSandboxRequest{SandboxId: "src", Name: "snap"})
+	// Kept setuid bits, so that the trees compare equal (the default
+	// strips them: below).
+	l, err := e.m.CommitSandbox(ctx, &warrenv1.CommitSandboxRequest{SandboxId: "src", Name: "snap", KeepSetuid: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.GetName() != "snap" || l.GetDigest() == "" || l.GetFiles() == 0 {
+	if l.GetName() != "snap" || l.GetDigest() == "" || l.GetFiles() == 0 || !l.GetSetuidKept() || l.GetSetuidStripped() != 0 {
 		t.Fatalf("layer %v", l)
 	}
 	// The sandbox runs on, thawed.
@@ -359,9 +361,18 @@ touch -t 202001010000.00 /work/dir/deep/file
 	compareTrees(t, want2, e.sandboxTree("copy2"))
 
 	// Committing over an existing name replaces the layer.
-	l3, err := e.m.CommitSandbox(ctx, &warrenv1.CommitSandboxRequest{SandboxId: "src", Name: "snap2"})
+	l3, err := e.m.CommitSandbox(ctx, &warrenv1.CommitSandboxRequest{SandboxId: "src", Name: "snap2", KeepSetuid: true})
 	if err != nil || l3.GetDigest() != l.GetDigest() {
 		t.Fatalf("recommit: %v %v (the same tree gives the same blob)", l3, err)
+	}
+	// By default the setuid bit of /work/big (two names) goes.
+	l4, err := e.m.CommitSandbox(ctx, &warrenv1.CommitSandboxRequest{SandboxId: "src", Name: "stripped"})
+	if err != nil || l4.GetDigest() == l.GetDigest() || l4.GetSetuidKept() || l4.GetSetuidStripped() != 2 {
+		t.Fatalf("default commit: %v %v, want 2 entries stripped", l4, err)
+	}
+	e.create(&warrenv1.CreateRequest{Id: "stripped", Layers: []string{"stripped"}})
+	if got := e.out("stripped", "stat -c %a /work/big /work/hard"); got != "750\n750\n" {
+		t.Fatalf("modes in a sandbox of the default commit: %q", got)
 	}
 
 	// Bad requests.

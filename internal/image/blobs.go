@@ -597,6 +597,12 @@ type NamedLayer struct {
 	BlobSize  int64     `json:"blob_size"`
 	Files     int64     `json:"files"`
 	CreatedAt time.Time `json:"created_at"`
+	// Layers made by CommitUpper (a sandbox's files): SetuidKept says
+	// their setuid/setgid bits and file capabilities were kept
+	// (CommitOptions.KeepSetuid), SetuidStripped how many entries lost
+	// them otherwise.
+	SetuidKept     bool  `json:"setuid_kept,omitempty"`
+	SetuidStripped int64 `json:"setuid_stripped,omitempty"`
 }
 
 func (s *Store) namedPath(name string) string {
@@ -607,28 +613,32 @@ func (s *Store) namedPath(name string) string {
 // of that name). Files named ".wh.X" in the tree are whiteouts: they hide
 // X of the layers below.
 func (s *Store) BuildLayerDir(ctx context.Context, name, dir string) (NamedLayer, error) {
-	return s.buildLayer(name, func() (LayerMeta, error) { return s.importDirStream(ctx, dir) })
+	return s.buildLayer(name, func(*NamedLayer) (LayerMeta, error) { return s.importDirStream(ctx, dir) })
 }
 
 // BuildLayerTar makes the tarball read from r (plain or gzip) the named
 // layer name.
 func (s *Store) BuildLayerTar(ctx context.Context, name string, r io.Reader) (NamedLayer, error) {
-	return s.buildLayer(name, func() (LayerMeta, error) { return s.importTarStream(ctx, r) })
+	return s.buildLayer(name, func(*NamedLayer) (LayerMeta, error) { return s.importTarStream(ctx, r) })
 }
 
-func (s *Store) buildLayer(name string, conv func() (LayerMeta, error)) (NamedLayer, error) {
+// buildLayer converts a layer with conv, which may fill in fields of the
+// record it gets (those describing how the layer was made), and writes
+// the record of name.
+func (s *Store) buildLayer(name string, conv func(*NamedLayer) (LayerMeta, error)) (NamedLayer, error) {
 	if err := ValidName(name); err != nil {
 		return NamedLayer{}, errdefs.Invalidf("invalid layer name %q: want [a-z0-9][a-z0-9._:/-]{0,127}", name)
 	}
 	if !s.erofs {
 		return NamedLayer{}, errdefs.Unavailablef("named layers need an EROFS image store")
 	}
-	m, err := conv()
+	var nl NamedLayer
+	m, err := conv(&nl)
 	if err != nil {
 		return NamedLayer{}, fmt.Errorf("build layer %s: %w", name, err)
 	}
 	defer s.unpin([]string{m.Digest})
-	nl := NamedLayer{Name: name, Digest: m.Digest, DiffID: m.DiffID, SizeBytes: m.Size, BlobSize: m.BlobSize, Files: m.Files, CreatedAt: time.Now().UTC()}
+	nl.Name, nl.Digest, nl.DiffID, nl.SizeBytes, nl.BlobSize, nl.Files, nl.CreatedAt = name, m.Digest, m.DiffID, m.Size, m.BlobSize, m.Files, time.Now().UTC()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.writeJSONTemp(s.namedPath(name), nl); err != nil {

@@ -35,26 +35,47 @@ const (
 //
 // The caller keeps the tree still while it is read (the daemon freezes
 // the sandbox); changes racing the commit may or may not be in it.
-func (s *Store) CommitUpper(ctx context.Context, name, upper string) (NamedLayer, error) {
-	return s.buildLayer(name, func() (LayerMeta, error) { return s.importUpperStream(ctx, upper) })
+//
+// What the sandbox wrote is untrusted: unless opts.KeepSetuid, setuid and
+// setgid bits and security.capability xattrs are stripped (a setuid-root
+// file left in the layer would give euid 0 to every user of every sandbox
+// made from it). The record says which, and how many files lost them.
+func (s *Store) CommitUpper(ctx context.Context, name, upper string, opts CommitOptions) (NamedLayer, error) {
+	return s.buildLayer(name, func(nl *NamedLayer) (LayerMeta, error) {
+		m, stripped, err := s.importUpperStream(ctx, upper, opts.KeepSetuid)
+		nl.SetuidKept, nl.SetuidStripped = opts.KeepSetuid, stripped
+		return m, err
+	})
 }
 
-func (s *Store) importUpperStream(ctx context.Context, upper string) (LayerMeta, error) {
+// CommitOptions tune CommitUpper.
+type CommitOptions struct {
+	// KeepSetuid keeps the setuid/setgid bits and file capabilities of
+	// the sandbox's files, for a sandbox whose writer is trusted (an
+	// operator installing sudo, say).
+	KeepSetuid bool
+}
+
+func (s *Store) importUpperStream(ctx context.Context, upper string, keepSetuid bool) (LayerMeta, int64, error) {
 	if err := checkSourceDir(upper, "commit source", errdefs.Internal); err != nil {
-		return LayerMeta{}, err
+		return LayerMeta{}, 0, err
 	}
 	rootfd, err := inroot.OpenRoot(upper)
 	if err != nil {
-		return LayerMeta{}, errdefs.Wrap(inroot.Category(err), err, "commit source")
+		return LayerMeta{}, 0, errdefs.Wrap(inroot.Category(err), err, "commit source")
 	}
 	defer unix.Close(rootfd)
 
-	// tarx.Create -> whiteout translation -> EROFS conversion.
+	// tarx.Create -> whiteout translation, setuid stripping -> EROFS
+	// conversion. Stripping here, not in the conversion, keeps the diffID
+	// the hash of what the layer holds.
 	treeR, created := treeStream(ctx, upper)
 	layerR, layerW := io.Pipe()
 	filtered := make(chan error, 1)
+	var stripped int64
 	go func() {
-		err := upperToLayer(rootfd, treeR, layerW)
+		var err error
+		stripped, err = upperToLayer(rootfd, treeR, layerW, keepSetuid)
 		treeR.CloseWithError(errPipelineStopped)
 		layerW.CloseWithError(err)
 		filtered <- err
@@ -65,80 +86,115 @@ func (s *Store) importUpperStream(ctx context.Context, upper string) (LayerMeta,
 	// The first failure in the pipeline is the cause; the later stages
 	// only see a closed pipe.
 	if cerr != nil && !errors.Is(cerr, errPipelineStopped) {
-		return m, fmt.Errorf("reading %s: %w", upper, cerr)
+		return m, 0, fmt.Errorf("reading %s: %w", upper, cerr)
 	}
 	if ferr != nil && !errors.Is(ferr, errPipelineStopped) {
-		return m, ferr
+		return m, 0, ferr
 	}
-	return m, err
+	return m, stripped, err
 }
 
 // upperToLayer copies the canonical tar stream of an upper directory from
 // r to w, turning overlayfs whiteouts and opaque directories into OCI
-// whiteout entries. rootfd is the upper directory, for reading the
-// overlay xattrs that the tar stream leaves out.
-func upperToLayer(rootfd int, r io.Reader, w io.Writer) error {
+// whiteout entries, and unless keepSetuid dropping setuid/setgid bits and
+// file capabilities; it returns how many entries lost them. rootfd is
+// the upper directory, for reading the overlay xattrs that the tar stream
+// leaves out.
+func upperToLayer(rootfd int, r io.Reader, w io.Writer, keepSetuid bool) (int64, error) {
 	tr := tar.NewReader(r)
 	tw := tar.NewWriter(w)
+	var stripped int64
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return err
+			return stripped, err
 		}
+		// tar.Reader fills in the deprecated Xattrs too, which Writer
+		// writes back: what is dropped goes from both.
 		for k := range hdr.PAXRecords {
 			// Only meaningful to overlayfs mounted with userxattr: a
 			// sandbox must not be able to forge whiteouts with them.
 			if strings.HasPrefix(k, "SCHILY.xattr.user.overlay.") {
-				delete(hdr.PAXRecords, k)
+				dropXattr(hdr, k)
 			}
+		}
+		if !keepSetuid && stripPrivileges(hdr) {
+			stripped++
 		}
 		if hdr.Name == "./" {
 			if err := tw.WriteHeader(hdr); err != nil {
-				return err
+				return stripped, err
 			}
 			continue
 		}
 		name := strings.TrimSuffix(hdr.Name, "/")
 		dir, base := path.Split(name)
 		if strings.HasPrefix(base, whiteoutPrefix) {
-			return errdefs.Invalidf("cannot commit /%s: names starting with %q mark whiteouts in layers", name, whiteoutPrefix)
+			return stripped, errdefs.Invalidf("cannot commit /%s: names starting with %q mark whiteouts in layers", name, whiteoutPrefix)
 		}
 		switch {
 		case hdr.Typeflag == tar.TypeChar && hdr.Devmajor == 0 && hdr.Devminor == 0:
 			wh := &tar.Header{Name: dir + whiteoutPrefix + base, Typeflag: tar.TypeReg, Mode: 0o600, ModTime: hdr.ModTime, Format: tar.FormatPAX}
 			if err := tw.WriteHeader(wh); err != nil {
-				return err
+				return stripped, err
 			}
 		case hdr.Typeflag == tar.TypeDir:
 			opaque, redirect := overlayDirXattrs(rootfd, name)
 			if redirect {
-				return errdefs.Unavailablef("cannot commit /%s: it is a renamed directory (overlayfs redirect_dir); mount overlays with redirect_dir=off", name)
+				return stripped, errdefs.Unavailablef("cannot commit /%s: it is a renamed directory (overlayfs redirect_dir); mount overlays with redirect_dir=off", name)
 			}
 			if err := tw.WriteHeader(hdr); err != nil {
-				return err
+				return stripped, err
 			}
 			if opaque {
 				op := &tar.Header{Name: name + "/" + whiteoutPrefix + whiteoutPrefix + ".opq", Typeflag: tar.TypeReg, Mode: 0o600, ModTime: hdr.ModTime, Format: tar.FormatPAX}
 				if err := tw.WriteHeader(op); err != nil {
-					return err
+					return stripped, err
 				}
 			}
 		default:
 			if err := tw.WriteHeader(hdr); err != nil {
-				return err
+				return stripped, err
 			}
 			if _, err := io.Copy(tw, tr); err != nil {
-				return err
+				return stripped, err
 			}
 		}
 	}
-	return tw.Close()
+	return stripped, tw.Close()
 }
 
 const whiteoutPrefix = ".wh."
+
+// capXattr is the PAX record of a file capability (security.capability).
+const capXattr = "SCHILY.xattr.security.capability"
+
+// stripPrivileges clears what would raise the privileges of whoever execs
+// the entry: setuid and setgid bits (kept on directories, where setgid only
+// chooses new files' group) and file capabilities. It reports whether the
+// entry had any.
+func stripPrivileges(hdr *tar.Header) bool {
+	had := false
+	if hdr.Typeflag != tar.TypeDir && hdr.Mode&0o6000 != 0 {
+		hdr.Mode &^= 0o6000
+		had = true
+	}
+	if _, ok := hdr.PAXRecords[capXattr]; ok {
+		dropXattr(hdr, capXattr)
+		had = true
+	}
+	return had
+}
+
+// dropXattr removes the PAX record key (SCHILY.xattr.NAME) from hdr, and
+// from the deprecated Xattrs that tar.Reader fills in and Writer writes.
+func dropXattr(hdr *tar.Header, key string) {
+	delete(hdr.PAXRecords, key)
+	delete(hdr.Xattrs, strings.TrimPrefix(key, "SCHILY.xattr."))
+}
 
 // errPipelineStopped closes a pipe of the commit pipeline whose reader
 // stopped (because it failed).
