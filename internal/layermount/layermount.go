@@ -188,6 +188,13 @@ func (c *Cache) recover() error {
 			}
 			continue
 		}
+		if !slices.Contains(ms[0].MountOptions, "nosuid") || !slices.Contains(ms[0].MountOptions, "nodev") {
+			// Mounted by an older daemon: the flags of this mount alone
+			// change (sandboxes have their own clones).
+			if err := unix.Mount("", ms[0].Point, "", unix.MS_REMOUNT|unix.MS_BIND|mountFlags, ""); err != nil {
+				c.fallback("remount", "an adopted layer mount stays without nosuid", "mount", ms[0].Point, "err", err)
+			}
+		}
 		e := &entry{key: key, mounted: true, since: time.Now(), directIO: slices.Contains(ms[0].Options, "directio")}
 		e.source, e.dev = sourceOf(ms[0].Source)
 		if c.opts.ReadAheadKB > 0 {
@@ -298,11 +305,18 @@ func (c *Cache) ensureMounted(e *entry, source string) error {
 	return nil
 }
 
+// mountFlags are every layer mount's: read-only, and no set-uid programs
+// or device nodes of a layer honoured through it. Sandboxes reach layers
+// through their overlay, whose own mount flags are what exec checks (a
+// base image's sudo keeps working); these guard the layers' mount points
+// on the host.
+const mountFlags = unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV
+
 // mountErofs mounts the image in file at dir read-only, directly or
 // through a loop device; it returns the loop device used, if any, and
 // whether the mount reads the blob with direct I/O.
 func (c *Cache) mountErofs(file, dir string) (string, bool, error) {
-	const flags = unix.MS_RDONLY | unix.MS_NODEV
+	const flags = mountFlags
 	if !c.loop {
 		direct := c.wantDirectIO(file)
 		data := ""
@@ -373,7 +387,7 @@ func (c *Cache) fallback(kind, msg string, args ...any) {
 // mountLoop mounts the image in file at dir through a read-only loop
 // device and returns the device.
 func mountLoop(file, dir string) (string, error) {
-	const flags = unix.MS_RDONLY | unix.MS_NODEV
+	const flags = mountFlags
 	f, err := os.Open(file)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {

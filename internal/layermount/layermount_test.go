@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -281,4 +282,52 @@ func BenchmarkMount(b *testing.B) {
 		rel()
 	}
 	_ = unix.MNT_DETACH
+}
+
+// TestMountsNosuidNodev: layer mounts honour no set-uid bits or device
+// nodes, whether mounted directly, through a loop device, or adopted from
+// an older process that mounted without the flags.
+func TestMountsNosuidNodev(t *testing.T) {
+	testutil.RequireRoot(t)
+	tmp := t.TempDir()
+	src := blob(t, tmp, "flags")
+	check := func(what, dir string) {
+		t.Helper()
+		ms, err := mountinfo.Under(dir)
+		if err != nil || len(ms) != 1 {
+			t.Fatalf("%s: mounts %v %v", what, ms, err)
+		}
+		for _, f := range []string{"ro", "nosuid", "nodev"} {
+			if !slices.Contains(ms[0].MountOptions, f) {
+				t.Errorf("%s: mount options %v lack %s", what, ms[0].MountOptions, f)
+			}
+		}
+	}
+	ctx := context.Background()
+	c := newCache(t, filepath.Join(tmp, "direct"), Options{Grace: -1})
+	d, rel, err := c.Acquire(ctx, "k", src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("file-backed", d)
+	rel()
+	if _, err := os.Stat("/dev/loop-control"); err == nil {
+		c := newCache(t, filepath.Join(tmp, "loop"), Options{Grace: -1, ForceLoop: true})
+		d, rel, err := c.Acquire(ctx, "k", src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check("loop", d)
+		rel()
+	}
+	// An older daemon's mount, without the flags, is adopted with them.
+	old := filepath.Join(tmp, "old")
+	if err := os.MkdirAll(filepath.Join(old, "k"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(src, filepath.Join(old, "k"), "erofs", unix.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	c = newCache(t, old, Options{Grace: time.Hour})
+	check("adopted", c.MountPoint("k"))
 }

@@ -13,6 +13,11 @@ type Mount struct {
 	FSType  string   // filesystem type, e.g. "erofs"
 	Source  string   // mount source, unescaped
 	Options []string // superblock options
+	// Root is the directory of the filesystem mounted there (a bind
+	// mount's source, relative to its filesystem's root), unescaped;
+	// MountOptions are the mount's own flags (ro, nosuid, nodev, ...).
+	Root         string
+	MountOptions []string
 }
 
 // Read parses /proc/self/mountinfo.
@@ -53,7 +58,10 @@ func Parse(text string) []Mount {
 		if len(f) < 5 || len(p) < 1 {
 			continue
 		}
-		m := Mount{Point: Unescape(f[4]), FSType: p[0]}
+		m := Mount{Point: Unescape(f[4]), FSType: p[0], Root: Unescape(f[3])}
+		if len(f) > 5 {
+			m.MountOptions = strings.Split(f[5], ",")
+		}
 		if len(p) > 1 {
 			m.Source = Unescape(p[1])
 		}
