@@ -54,7 +54,7 @@ func Create(ctx context.Context, root string, w io.Writer, dir string) error {
 	}
 	c.dev = st.Dev
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
-		err = c.dir(fd, "./", st)
+		err = c.walk(fd, st)
 	} else {
 		// A single non-directory (a symlink in the final component was
 		// followed): archive what the descriptor refers to.
@@ -79,8 +79,17 @@ type creator struct {
 	ctx   context.Context
 	tw    *tar.Writer
 	links map[devIno]string
-	buf   []byte
+	// linkBytes is the length of the names in links: past maxLinkBytes
+	// further hardlinks are archived as copies, so that many linked files
+	// deep in a tree (each name 40 KB at depth 20,000) cannot grow the
+	// daemon without bound.
+	linkBytes int
+	// path is the name of the entry in hand, reused from entry to entry.
+	path []byte
+	buf  []byte
 }
+
+const maxLinkBytes = 64 << 20
 
 func (c *creator) writeErr(err error) error {
 	return fmt.Errorf("writing archive: %w", err)
@@ -97,62 +106,162 @@ func (c *creator) header(name string, st unix.Stat_t) *tar.Header {
 	}
 }
 
-// dir writes the directory fd (an O_PATH descriptor) and its children.
-func (c *creator) dir(fd int, name string, st unix.Stat_t) error {
-	if err := ctxErr(c.ctx); err != nil {
+// level is one directory on the walk's path from the top: the names of
+// its children still to archive (one directory's names at a time per
+// level), where its own name ends in c.path, and its identity, checked
+// when the walk comes back up to it through "..".
+type level struct {
+	names     []string
+	next      int
+	prefixLen int
+	dev, ino  uint64
+}
+
+// errMoved is returned when a directory on the walk's path is no longer
+// where the walk left it: a live sandbox renamed it meanwhile.
+var errMoved = errdefs.New(errdefs.Conflict, "the tree moved while it was archived (a directory on the way was renamed); try again once it holds still")
+
+// walk writes the directory top (an O_PATH descriptor, not consumed) and
+// everything below it. It holds one descriptor besides top whatever the
+// depth (a 20,000-deep tree held 20,000 in a recursive walk, all of the
+// daemon's): it descends with openat(O_NOFOLLOW) and comes back up with
+// openat(".."), checked against the parent's recorded device and inode.
+// Memory is the names of one directory per level plus the current path.
+func (c *creator) walk(top int, st unix.Stat_t) error {
+	names, ok, err := c.dirHeader(top, "./", st)
+	if err != nil || !ok {
 		return err
+	}
+	stack := []level{{names: names, dev: st.Dev, ino: st.Ino}}
+	cur := top
+	defer func() {
+		if cur != top {
+			unix.Close(cur)
+		}
+	}()
+	for len(stack) > 0 {
+		lv := &stack[len(stack)-1]
+		if lv.next == len(lv.names) {
+			stack = stack[:len(stack)-1]
+			if len(stack) == 0 {
+				break
+			}
+			up, err := c.up(cur, top, len(stack) == 1, stack[len(stack)-1])
+			if err != nil {
+				return err
+			}
+			cur = up
+			continue
+		}
+		n := lv.names[lv.next]
+		lv.names[lv.next] = ""
+		lv.next++
+		c.path = append(c.path[:lv.prefixLen], n...)
+		sub, sst, names, err := c.child(cur, n)
+		if err != nil {
+			return err
+		}
+		if sub < 0 {
+			continue
+		}
+		if cur != top {
+			unix.Close(cur)
+		}
+		cur = sub
+		stack = append(stack, level{names: names, prefixLen: len(c.path) + 1, dev: sst.Dev, ino: sst.Ino})
+		c.path = append(c.path, '/')
+	}
+	return nil
+}
+
+// up returns a descriptor of the parent of cur, which must be the
+// directory parent, closing cur: top itself when toTop.
+func (c *creator) up(cur, top int, toTop bool, parent level) (int, error) {
+	if toTop {
+		unix.Close(cur)
+		return top, nil
+	}
+	fd, err := unix.Openat(cur, "..", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	unix.Close(cur)
+	if err != nil {
+		return top, errdefs.Wrap(inroot.Category(err), err, "back up to "+shortName(string(c.path[:parent.prefixLen])))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Dev != parent.dev || st.Ino != parent.ino {
+		unix.Close(fd)
+		return top, errMoved
+	}
+	return fd, nil
+}
+
+// child archives the entry n of the directory cur, named c.path. For a
+// directory with children on the same filesystem it returns an O_PATH
+// descriptor of it, its stat and its sorted names, to descend into;
+// otherwise sub is -1.
+func (c *creator) child(cur int, n string) (sub int, st unix.Stat_t, names []string, err error) {
+	name := string(c.path)
+	cst, err := inroot.Lstat(cur, n)
+	if err == unix.ENOENT {
+		return -1, st, nil, nil // removed while we walk
+	}
+	if err != nil {
+		return -1, st, nil, errdefs.Wrap(inroot.Category(err), err, "stat "+shortName(name))
+	}
+	if cst.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return -1, st, nil, c.entry(cur, n, name, cst)
+	}
+	sub, err = unix.Openat(cur, n, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return -1, st, nil, nil
+	}
+	if err != nil {
+		return -1, st, nil, errdefs.Wrap(inroot.Category(err), err, "open "+shortName(name))
+	}
+	if err := unix.Fstat(sub, &st); err != nil {
+		unix.Close(sub)
+		return -1, st, nil, errdefs.Wrap(errdefs.Internal, err, "stat "+shortName(name))
+	}
+	names, ok, err := c.dirHeader(sub, name+"/", st)
+	if err != nil || !ok || len(names) == 0 {
+		unix.Close(sub)
+		return -1, st, nil, err
+	}
+	return sub, st, names, nil
+}
+
+// dirHeader writes the header of the directory fd (an O_PATH descriptor)
+// and returns its sorted names; ok is false for a mount point, whose
+// contents are left out.
+func (c *creator) dirHeader(fd int, name string, st unix.Stat_t) (names []string, ok bool, err error) {
+	if err := ctxErr(c.ctx); err != nil {
+		return nil, false, err
 	}
 	hdr := c.header(name, st)
 	hdr.Typeflag = tar.TypeDir
 	if err := c.addXattrs(hdr, xattrSrc{fd: -1, path: xattrPath(fd, "")}); err != nil {
-		return err
+		return nil, false, err
 	}
 	if err := c.tw.WriteHeader(hdr); err != nil {
-		return c.writeErr(err)
+		return nil, false, c.writeErr(err)
 	}
 	if st.Dev != c.dev {
-		return nil
+		return nil, false, nil
 	}
-	names, err := inroot.ReadDirNames(fd)
+	names, err = inroot.ReadDirNames(fd)
 	if err != nil {
-		return errdefs.Wrap(inroot.Category(err), err, "reading directory "+name)
+		return nil, false, errdefs.Wrap(inroot.Category(err), err, "reading directory "+shortName(name))
 	}
-	prefix := name
-	if prefix == "./" {
-		prefix = ""
+	return names, true, nil
+}
+
+// shortName keeps error messages readable when a sandbox nests
+// directories 20,000 deep: names over 256 bytes lose their middle.
+func shortName(name string) string {
+	const keep = 120
+	if len(name) <= 2*keep+16 {
+		return name
 	}
-	for _, n := range names {
-		cst, err := inroot.Lstat(fd, n)
-		if err == unix.ENOENT {
-			continue // removed while we walk
-		}
-		if err != nil {
-			return errdefs.Wrap(inroot.Category(err), err, "stat "+prefix+n)
-		}
-		if cst.Mode&unix.S_IFMT == unix.S_IFDIR {
-			sub, err := unix.Openat(fd, n, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-			if err == unix.ENOENT {
-				continue
-			}
-			if err != nil {
-				return errdefs.Wrap(inroot.Category(err), err, "open "+prefix+n)
-			}
-			var sst unix.Stat_t
-			err = unix.Fstat(sub, &sst)
-			if err == nil {
-				err = c.dir(sub, prefix+n+"/", sst)
-			}
-			unix.Close(sub)
-			if err != nil {
-				return err
-			}
-			continue
-		}
-		if err := c.entry(fd, n, prefix+n, cst); err != nil {
-			return err
-		}
-	}
-	return nil
+	return name[:keep] + "/.../" + name[len(name)-keep:]
 }
 
 // xattrPath names an entry for the path-based xattr calls: base in dirfd,
@@ -188,12 +297,12 @@ func (c *creator) entry(dirfd int, base, name string, st unix.Stat_t) error {
 			return nil
 		}
 		if err != nil {
-			return errdefs.Wrap(inroot.Category(err), err, "open "+name)
+			return errdefs.Wrap(inroot.Category(err), err, "open "+shortName(name))
 		}
 		f = os.NewFile(uintptr(fd), name)
 		defer f.Close()
 		if err := unix.Fstat(fd, &st); err != nil {
-			return errdefs.Wrap(errdefs.Internal, err, "stat "+name)
+			return errdefs.Wrap(errdefs.Internal, err, "stat "+shortName(name))
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFREG {
 			return nil // swapped for something else meanwhile
@@ -209,7 +318,10 @@ func (c *creator) entry(dirfd int, base, name string, st unix.Stat_t) error {
 				}
 				return nil
 			}
-			c.links[key] = name
+			if c.linkBytes+len(name) <= maxLinkBytes {
+				c.links[key] = name
+				c.linkBytes += len(name)
+			}
 		}
 		hdr.Typeflag = tar.TypeReg
 		hdr.Size = st.Size
@@ -225,7 +337,7 @@ func (c *creator) entry(dirfd int, base, name string, st unix.Stat_t) error {
 			return nil
 		}
 		if err != nil {
-			return errdefs.Wrap(inroot.Category(err), err, "readlink "+name)
+			return errdefs.Wrap(inroot.Category(err), err, "readlink "+shortName(name))
 		}
 		hdr.Typeflag = tar.TypeSymlink
 		hdr.Linkname = target
@@ -274,7 +386,7 @@ func (c *creator) copyFile(f *os.File, hdr *tar.Header) error {
 			clear(chunk)
 			n = len(chunk)
 		} else if err != nil && err != io.EOF {
-			return errdefs.Wrap(inroot.Category(err), err, "reading "+hdr.Name)
+			return errdefs.Wrap(inroot.Category(err), err, "reading "+shortName(hdr.Name))
 		}
 		if _, werr := c.tw.Write(chunk[:n]); werr != nil {
 			return c.writeErr(werr)
