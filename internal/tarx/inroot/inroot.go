@@ -14,6 +14,8 @@
 package inroot
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"os"
@@ -263,57 +265,293 @@ func ReadDirNames(fd int) ([]string, error) {
 // RemoveAll removes the entry base of dirfd and, if it is a directory,
 // everything below it, never following symlinks. A missing entry is not an
 // error.
+//
+// It works at any depth with two descriptors besides dirfd: it descends
+// with openat(O_NOFOLLOW) and comes back up with openat(".."), checked
+// against the device and inode recorded on the way down, so neither the
+// descriptor limit (a recursive walk holds one per level: os.RemoveAll
+// gave up on a 21,000-level tree) nor PATH_MAX bounds it. Memory is the
+// names of the directories still to descend into, one directory's worth
+// per level. Entries it cannot remove are skipped and the walk goes on;
+// the first failure is returned as a *RemoveError naming where it was.
 func RemoveAll(dirfd int, base string) error {
 	err := unix.Unlinkat(dirfd, base, 0)
 	if err == nil || err == unix.ENOENT {
 		return nil
 	}
 	if err != unix.EISDIR && err != unix.EPERM {
-		return err
+		return &RemoveError{Path: base, Err: err}
 	}
 	err = unix.Unlinkat(dirfd, base, unix.AT_REMOVEDIR)
 	if err == nil || err == unix.ENOENT {
 		return nil
 	}
 	if err != unix.ENOTEMPTY && err != unix.EEXIST {
-		return err
+		return &RemoveError{Path: base, Err: err}
 	}
-	sub, err := unix.Openat(dirfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if err == unix.ENOENT {
-			return nil
-		}
-		return err
+	r := &remover{top: dirfd}
+	r.run(base)
+	if r.err != nil {
+		return r.err
 	}
-	err = removeChildren(sub)
-	unix.Close(sub)
-	if err != nil {
-		return err
-	}
-	err = unix.Unlinkat(dirfd, base, unix.AT_REMOVEDIR)
-	if err == unix.ENOENT {
-		return nil
-	}
-	return err
+	return nil
 }
 
-func removeChildren(fd int) error {
-	// Loop: a concurrent writer may add entries while we delete.
-	for attempt := 0; attempt < 16; attempt++ {
-		names, err := ReadDirNames(fd)
+// RemoveError is a failure of RemoveAll: Path is the entry that could not
+// be removed, relative to the directory RemoveAll was given (shortened in
+// the middle when it is very deep), Err the errno or ErrMoved.
+type RemoveError struct {
+	Path string
+	Err  error
+	// Failed counts the entries that could not be removed.
+	Failed int
+}
+
+func (e *RemoveError) Error() string {
+	msg := "removing " + e.Path + ": " + e.Err.Error()
+	if e.Failed > 1 {
+		msg += " (and " + strconv.Itoa(e.Failed-1) + " more entries)"
+	}
+	return msg
+}
+
+func (e *RemoveError) Unwrap() error { return e.Err }
+
+// ErrMoved reports that a directory a walk had descended through was no
+// longer where the walk left it when it came back up: someone renamed it
+// meanwhile (a live sandbox). The walk stops rather than carry on
+// elsewhere.
+var ErrMoved = errors.New("a directory on the way was moved during the walk")
+
+// removeLevel is one directory on the remover's path below top.
+type removeLevel struct {
+	name     string   // its name in its parent
+	dev, ino uint64   // its identity, checked on the way back up
+	subdirs  []string // non-empty subdirectories still to descend into
+	passes   int
+	// failed is set once an entry here could not be removed: listing
+	// again would only meet it again.
+	failed bool
+}
+
+type remover struct {
+	top    int
+	stack  []removeLevel
+	err    *RemoveError
+	failed int
+}
+
+// fail records the failure of the entry name in the current directory.
+func (r *remover) fail(name string, err error) {
+	r.failed++
+	if r.err == nil {
+		r.err = &RemoveError{Path: r.path(name), Err: err}
+	}
+	r.err.Failed = r.failed
+}
+
+// path names name in the current directory relative to top, eliding the
+// middle of a deep path.
+func (r *remover) path(name string) string {
+	var parts []string
+	for i, lv := range r.stack {
+		if len(r.stack) > 64 && i == 32 {
+			parts = append(parts, "...")
+		}
+		if len(r.stack) > 64 && i >= 32 && i < len(r.stack)-32 {
+			continue
+		}
+		parts = append(parts, lv.name)
+	}
+	if name != "" {
+		parts = append(parts, name)
+	}
+	return strings.Join(parts, "/")
+}
+
+// maxPasses bounds the listings of one directory: a concurrent writer may
+// add entries while we delete (16, as the recursive version allowed).
+const maxPasses = 16
+
+func (r *remover) run(base string) {
+	cur, ok := r.descend(r.top, base)
+	if !ok {
+		return
+	}
+	for len(r.stack) > 0 {
+		lv := &r.stack[len(r.stack)-1]
+		if len(lv.subdirs) == 0 {
+			if lv.passes < maxPasses && !lv.failed && r.pass(cur, lv) {
+				continue
+			}
+			// Done with this directory: back up and remove it.
+			parent, ok := r.up(cur)
+			if !ok {
+				return
+			}
+			cur = parent
+			name := r.stack[len(r.stack)-1].name
+			r.stack = r.stack[:len(r.stack)-1]
+			if err := unix.Unlinkat(cur, name, unix.AT_REMOVEDIR); err != nil && err != unix.ENOENT {
+				if !r.failedBelow(err) {
+					r.fail(name, err)
+				}
+			}
+			continue
+		}
+		name := lv.subdirs[len(lv.subdirs)-1]
+		lv.subdirs = lv.subdirs[:len(lv.subdirs)-1]
+		sub, ok := r.descend(cur, name)
+		if ok {
+			unix.Close(cur)
+			cur = sub
+		}
+	}
+	if cur != r.top {
+		unix.Close(cur)
+	}
+}
+
+// failedBelow tells an rmdir that failed because the directory is not
+// empty after something inside it could not be removed (already
+// recorded) from a failure of its own.
+func (r *remover) failedBelow(err error) bool {
+	return r.err != nil && (err == unix.ENOTEMPTY || err == unix.EEXIST)
+}
+
+// descend opens the directory name of cur for reading and pushes it.
+func (r *remover) descend(cur int, name string) (int, bool) {
+	fd, err := unix.Openat(cur, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return -1, false
+	}
+	if err == unix.ENOTDIR || err == unix.ELOOP {
+		// Swapped for a file or symlink meanwhile.
+		if err := unix.Unlinkat(cur, name, 0); err != nil && err != unix.ENOENT {
+			r.fail(name, err)
+		}
+		return -1, false
+	}
+	var st unix.Stat_t
+	if err == nil {
+		if err = unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+		}
+	}
+	if err != nil {
+		r.fail(name, err)
+		return -1, false
+	}
+	r.stack = append(r.stack, removeLevel{name: name, dev: st.Dev, ino: st.Ino})
+	return fd, true
+}
+
+// up returns a descriptor of the parent of the directory on top of the
+// stack (cur), closing cur, or false if the parent is not the one the
+// walk came down through.
+func (r *remover) up(cur int) (int, bool) {
+	if len(r.stack) == 1 {
+		unix.Close(cur)
+		return r.top, true
+	}
+	parent := r.stack[len(r.stack)-2]
+	fd, err := unix.Openat(cur, "..", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	unix.Close(cur)
+	if err == nil {
+		var st unix.Stat_t
+		if err = unix.Fstat(fd, &st); err == nil && (st.Dev != parent.dev || st.Ino != parent.ino) {
+			err = ErrMoved
+		}
 		if err != nil {
-			return err
+			unix.Close(fd)
 		}
-		if len(names) == 0 {
-			return nil
+	}
+	if err != nil {
+		r.fail("..", err)
+		return -1, false
+	}
+	return fd, true
+}
+
+// pass lists the directory cur once from the start, removing what it
+// can and noting the non-empty subdirectories. It reports whether it saw
+// anything removable, so that another pass may find what a concurrent
+// writer added.
+func (r *remover) pass(cur int, lv *removeLevel) bool {
+	lv.passes++
+	if _, err := unix.Seek(cur, 0, io.SeekStart); err != nil {
+		r.fail("", err)
+		return false
+	}
+	buf := make([]byte, 32<<10)
+	progress := false
+	for {
+		n, err := unix.Getdents(cur, buf)
+		if err == unix.EINTR {
+			continue
 		}
-		for _, name := range names {
-			if err := RemoveAll(fd, name); err != nil {
-				return err
+		if err != nil {
+			r.fail("", err)
+			return false
+		}
+		if n <= 0 {
+			return progress
+		}
+		for _, name := range direntNames(buf[:n]) {
+			if r.removeEntry(cur, lv, name) {
+				progress = true
 			}
 		}
 	}
-	return unix.ENOTEMPTY
+}
+
+// removeEntry removes name in cur if it is a file or an empty directory,
+// queues it if it is a directory with entries, and reports whether it
+// did either.
+func (r *remover) removeEntry(cur int, lv *removeLevel, name string) bool {
+	err := unix.Unlinkat(cur, name, 0)
+	if err == nil || err == unix.ENOENT {
+		return err == nil
+	}
+	if err == unix.EISDIR || err == unix.EPERM {
+		rerr := unix.Unlinkat(cur, name, unix.AT_REMOVEDIR)
+		switch rerr {
+		case nil:
+			return true
+		case unix.ENOENT:
+			return false
+		case unix.ENOTEMPTY, unix.EEXIST:
+			lv.subdirs = append(lv.subdirs, name)
+			return true
+		case unix.ENOTDIR:
+			// Not a directory: the unlink's error is the one to report.
+		default:
+			err = rerr
+		}
+	}
+	lv.failed = true
+	r.fail(name, err)
+	return false
+}
+
+// direntNames parses a getdents64 buffer, leaving out "." and "..".
+func direntNames(buf []byte) []string {
+	var names []string
+	for len(buf) > 0 {
+		reclen := int(binary.NativeEndian.Uint16(buf[16:18]))
+		if reclen == 0 || reclen > len(buf) {
+			break
+		}
+		name := buf[19:reclen]
+		if i := bytes.IndexByte(name, 0); i >= 0 {
+			name = name[:i]
+		}
+		if s := string(name); s != "." && s != ".." {
+			names = append(names, s)
+		}
+		buf = buf[reclen:]
+	}
+	return names
 }
 
 // Errno returns the errno at the bottom of err, or 0.
@@ -327,9 +565,13 @@ func Errno(err error) unix.Errno {
 
 // Category maps the errno in err to an error category: ENOENT is
 // NotFound, ENOSPC/EDQUOT/EFBIG Exhausted, EEXIST/ENOTEMPTY/EBUSY Conflict,
-// path and type mistakes Invalid, descriptor exhaustion Unavailable, and
-// anything else Internal.
+// path and type mistakes Invalid, descriptor exhaustion Unavailable, a
+// tree moved under a walk (ErrMoved) Conflict, and anything else
+// Internal.
 func Category(err error) errdefs.Category {
+	if errors.Is(err, ErrMoved) {
+		return errdefs.Conflict
+	}
 	switch Errno(err) {
 	case unix.ENOENT:
 		return errdefs.NotFound
