@@ -1,11 +1,14 @@
 package container
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/tarx/inroot"
 )
 
 // mkdir makes dir, and its parents only if they are missing: one syscall
@@ -38,12 +41,25 @@ func removeKnown(dir string, entries ...string) error {
 	return removeTree(dir)
 }
 
-// removeTree removes dir and everything below it; a missing dir is no
-// error.
+// removeTree removes dir and everything below it, however deep (a
+// sandbox can nest directories far past PATH_MAX and the descriptor
+// limit, where os.RemoveAll gave up on a 21,000-level tree); a missing
+// dir is no error. The error names the first entry it could not remove.
 func removeTree(dir string) error {
 	if err := unix.Rmdir(dir); err == nil || err == unix.ENOENT {
 		return nil
 	}
 	// Not empty (or not a directory): the general walk.
-	return os.RemoveAll(dir)
+	parent, err := unix.Open(filepath.Dir(dir), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return nil
+	}
+	if err != nil {
+		return &os.PathError{Op: "open", Path: filepath.Dir(dir), Err: err}
+	}
+	defer unix.Close(parent)
+	if err := inroot.RemoveAll(parent, filepath.Base(dir)); err != nil {
+		return fmt.Errorf("in %s: %w", filepath.Dir(dir), err)
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package container
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -25,6 +26,8 @@ type reaper struct {
 	dir  string
 	work chan job
 	seq  atomic.Uint64
+	// failures counts directories the reaper could not remove.
+	failures atomic.Uint64
 
 	mu      sync.Mutex
 	pending int
@@ -127,7 +130,12 @@ func (r *reaper) loop() {
 		case <-r.stop:
 			return
 		case j := <-r.work:
-			_ = r.do(j)
+			if err := r.do(j); err != nil {
+				// Left in the trash; the next daemon tries again.
+				r.failures.Add(1)
+				slog.Warn("reaper: cannot remove a deleted sandbox's files; left in the trash for the next start",
+					"path", j.path, "err", err)
+			}
 			r.mu.Lock()
 			r.pending--
 			if r.pending == 0 {
