@@ -134,13 +134,31 @@ func (c *Client) ReadFile(ctx context.Context, req *warrenv1.ReadFileRequest) (*
 	return call(ctx, c.sandboxes.ReadFile, req)
 }
 
-// ListFiles lists a directory in a sandbox.
+// ListFiles lists a whole directory in a sandbox, paging through it
+// (ListFilesPage) until the last page. Entries come in the directory's
+// own order, not sorted. A huge directory makes a big slice: page with
+// ListFilesPage to hold one page at a time.
 func (c *Client) ListFiles(ctx context.Context, sandboxID, path string) ([]*warrenv1.FileInfo, error) {
-	res, err := call(ctx, c.sandboxes.ListFiles, &warrenv1.ListFilesRequest{SandboxId: sandboxID, Path: path})
-	if err != nil {
-		return nil, err
+	req := &warrenv1.ListFilesRequest{SandboxId: sandboxID, Path: path}
+	var out []*warrenv1.FileInfo
+	for {
+		res, err := c.ListFilesPage(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, res.GetFiles()...)
+		if res.GetNextPageToken() == "" {
+			return out, nil
+		}
+		req.PageToken = res.GetNextPageToken()
 	}
-	return res.GetFiles(), nil
+}
+
+// ListFilesPage returns one page of a directory in a sandbox: at most
+// req.PageSize entries (0: 1,000; at most 10,000) and, when more follow,
+// a NextPageToken to send back as req.PageToken with the same path.
+func (c *Client) ListFilesPage(ctx context.Context, req *warrenv1.ListFilesRequest) (*warrenv1.ListFilesResponse, error) {
+	return call(ctx, c.sandboxes.ListFiles, req)
 }
 
 // StatFile describes a file in a sandbox (symlinks are not followed).

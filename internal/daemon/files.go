@@ -83,18 +83,20 @@ func (m *Manager) ReadFile(ctx context.Context, req *warrenv1.ReadFileRequest) (
 	return &warrenv1.ReadFileResponse{Content: data, Size: size, Eof: eof}, nil
 }
 
-// ListFiles lists a directory of the sandbox.
+// ListFiles returns one page of a directory of the sandbox (page_size
+// entries, default 1,000, at most 10,000, in directory order) and the
+// token of the next page; see sandboxfs.FS.List.
 func (m *Manager) ListFiles(ctx context.Context, req *warrenv1.ListFilesRequest) (_ *warrenv1.ListFilesResponse, err error) {
 	defer m.observe("ListFiles", &err)
 	fs, err := m.fsOf(req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
-	list, err := fs.List(ctx, req.GetPath())
+	list, next, err := fs.List(ctx, req.GetPath(), int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
 		return nil, withCategory(err, errdefs.Internal, "list "+req.GetPath())
 	}
-	resp := &warrenv1.ListFilesResponse{Files: make([]*warrenv1.FileInfo, 0, len(list))}
+	resp := &warrenv1.ListFilesResponse{Files: make([]*warrenv1.FileInfo, 0, len(list)), NextPageToken: next}
 	for _, fi := range list {
 		resp.Files = append(resp.Files, fileInfoProto(fi))
 	}

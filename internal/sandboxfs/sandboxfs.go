@@ -25,6 +25,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -197,41 +198,24 @@ func (f *FS) WriteFile(ctx context.Context, p string, r io.Reader, mode os.FileM
 		perm = 0o644
 	}
 	if mkParents {
-		dfd, _, err := inroot.MkdirAll(rootfd, path.Dir(cp), 0o755)
+		dfd, err := mkdirAll(rootfd, path.Dir(cp), 0o755)
 		if err != nil {
-			return pathErr(cp, err)
+			return err
 		}
 		unix.Close(dfd)
 	}
-	flags := unix.O_WRONLY | unix.O_NOCTTY | unix.O_NONBLOCK
+	flags := unix.O_WRONLY | unix.O_NONBLOCK
 	if append {
 		flags |= unix.O_APPEND
 	} else {
 		flags |= unix.O_TRUNC
 	}
-	created := true
-	fd, err := inroot.Open(rootfd, cp, flags|unix.O_CREAT|unix.O_EXCL, perm)
-	if inroot.Errno(err) == unix.EEXIST {
-		created = false
-		fd, err = inroot.Open(rootfd, cp, flags, 0)
-		if inroot.Errno(err) == unix.ENOENT {
-			// A dangling symlink: create its target (inside the root).
-			created = true
-			fd, err = inroot.Open(rootfd, cp, flags|unix.O_CREAT, perm)
-		}
-	}
+	fd, created, err := openForWrite(rootfd, cp, flags, perm)
 	if err != nil {
-		return pathErr(cp, err)
+		return err
 	}
 	file := os.NewFile(uintptr(fd), cp)
 	defer file.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return pathErr(cp, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return errdefs.Invalidf("not a regular file: %s", cp)
-	}
 	if created {
 		if err := inroot.Chmod(fd, perm); err != nil {
 			return pathErr(cp, err)
@@ -278,23 +262,12 @@ func (f *FS) ReadFile(ctx context.Context, p string, off, length int64) (data []
 		return nil, 0, false, err
 	}
 	defer unix.Close(rootfd)
-	fd, err := inroot.Open(rootfd, cp, unix.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
+	fd, st, err := openRegular(rootfd, cp, unix.O_RDONLY|unix.O_NONBLOCK)
 	if err != nil {
-		return nil, 0, false, pathErr(cp, err)
+		return nil, 0, false, err
 	}
 	file := os.NewFile(uintptr(fd), cp)
 	defer file.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, 0, false, pathErr(cp, err)
-	}
-	switch st.Mode & unix.S_IFMT {
-	case unix.S_IFREG:
-	case unix.S_IFDIR:
-		return nil, 0, false, errdefs.Invalidf("is a directory: %s", cp)
-	default:
-		return nil, 0, false, errdefs.Invalidf("not a regular file: %s", cp)
-	}
 	size = st.Size
 	if off >= size {
 		return []byte{}, size, true, nil
@@ -343,44 +316,6 @@ func info(dirfd int, base, p string, st unix.Stat_t) FileInfo {
 	return fi
 }
 
-// List returns the entries of the directory at p (a symlink to a
-// directory is followed inside the sandbox), sorted by name. Entries that
-// are symlinks are described, not followed.
-func (f *FS) List(ctx context.Context, p string) ([]FileInfo, error) {
-	cp := inroot.Clean(p)
-	rootfd, err := f.enter(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer unix.Close(rootfd)
-	fd, err := inroot.Open(rootfd, cp, unix.O_PATH|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return nil, pathErr(cp, err)
-	}
-	defer unix.Close(fd)
-	names, err := inroot.ReadDirNames(fd)
-	if err != nil {
-		return nil, pathErr(cp, err)
-	}
-	out := make([]FileInfo, 0, len(names))
-	for i, n := range names {
-		if i%1024 == 1023 {
-			if err := ctxErr(ctx); err != nil {
-				return nil, err
-			}
-		}
-		st, err := inroot.Lstat(fd, n)
-		if err == unix.ENOENT {
-			continue // removed meanwhile
-		}
-		if err != nil {
-			return nil, pathErr(path.Join(cp, n), err)
-		}
-		out = append(out, info(fd, n, path.Join(cp, n), st))
-	}
-	return out, nil
-}
-
 // Stat describes the file at p; a symlink in the final component is
 // described, not followed (its target is in LinkTarget).
 func (f *FS) Stat(ctx context.Context, p string) (FileInfo, error) {
@@ -400,14 +335,26 @@ func (f *FS) Stat(ctx context.Context, p string) (FileInfo, error) {
 
 // lstatIn opens the parent directory of the sandbox path cp and lstats
 // its final component (a symlink is not followed); the caller closes
-// dirfd.
+// dirfd. The entry must not be on a pseudo-filesystem.
 func lstatIn(rootfd int, cp string) (dirfd int, base string, st unix.Stat_t, err error) {
 	dirfd, base, err = inroot.OpenParent(rootfd, cp)
 	if err != nil {
-		return -1, "", st, pathErr(cp, err)
+		return -1, "", st, checkFailed(rootfd, cp, err)
 	}
-	st, err = inroot.Lstat(dirfd, base)
-	if err != nil {
+	fd := dirfd
+	if base != "" {
+		fd, err = unix.Openat(dirfd, base, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			unix.Close(dirfd)
+			return -1, "", st, checkFailed(rootfd, cp, err)
+		}
+		defer unix.Close(fd)
+	}
+	if err = checkFS(fd, cp); err != nil {
+		unix.Close(dirfd)
+		return -1, "", st, err
+	}
+	if err = unix.Fstat(fd, &st); err != nil {
 		unix.Close(dirfd)
 		return -1, "", st, pathErr(cp, err)
 	}
@@ -438,20 +385,27 @@ func (f *FS) Mkdir(ctx context.Context, p string, mode os.FileMode, parents bool
 	dir, base := inroot.Split(cp)
 	var dirfd int
 	if parents {
-		dirfd, _, err = inroot.MkdirAll(rootfd, dir, 0o755)
+		dirfd, err = mkdirAll(rootfd, dir, 0o755)
 	} else {
-		dirfd, err = inroot.Open(rootfd, dir, unix.O_PATH|unix.O_DIRECTORY, 0)
+		dirfd, err = openDirChecked(rootfd, dir)
 	}
 	if err != nil {
-		return pathErr(cp, err)
+		if errdefs.CategoryOf(err) == errdefs.NotFound {
+			return errdefs.NotFoundf("no such directory: %s (creating %s)", dir, cp)
+		}
+		return err
 	}
 	defer unix.Close(dirfd)
+	if err := checkFS(dirfd, dir); err != nil {
+		return err
+	}
 	if err := unix.Mkdirat(dirfd, base, perm&0o777); err != nil {
 		if err == unix.EEXIST && parents {
-			fd, oerr := inroot.Open(rootfd, cp, unix.O_PATH|unix.O_DIRECTORY, 0)
-			if oerr == nil {
+			if fd, oerr := openDirChecked(rootfd, cp); oerr == nil {
 				unix.Close(fd)
 				return nil
+			} else if errdefs.CategoryOf(oerr) == errdefs.PermissionDenied {
+				return oerr
 			}
 		}
 		return pathErr(cp, err)
@@ -485,6 +439,9 @@ func (f *FS) Remove(ctx context.Context, p string, recursive bool) error {
 		return err
 	}
 	defer unix.Close(dirfd)
+	if err := checkFS(dirfd, path.Dir(cp)); err != nil {
+		return err
+	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		err = unix.Unlinkat(dirfd, base, 0)
 	} else if recursive {
@@ -509,12 +466,32 @@ func (f *FS) checkRoot() error {
 
 // TarOut writes the tree at p (or the single file) to w as a tar stream
 // with names relative to p (see tarx.Create). Symlinks inside the tree are
-// archived, not followed.
+// archived, not followed. A tree or file on a pseudo-filesystem is
+// PermissionDenied; tarx.Create does not leave the filesystem it starts
+// on, so a check of the start is enough.
 func (f *FS) TarOut(ctx context.Context, p string, w io.Writer) error {
 	if err := f.checkRoot(); err != nil {
 		return err
 	}
-	return tarx.Create(ctx, f.root, w, inroot.Clean(p))
+	cp := inroot.Clean(p)
+	rootfd, err := f.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(rootfd)
+	fd, st, err := openPath(rootfd, cp)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		// Archive the very directory checked: nothing the sandbox renames
+		// after the check redirects the walk.
+		return tarx.Create(ctx, "/proc/self/fd/"+strconv.Itoa(fd), w, "/")
+	}
+	// A single file is resolved again by name (tarx takes a directory as
+	// its root); a swap between check and open stays inside the sandbox.
+	return tarx.Create(ctx, f.root, w, cp)
 }
 
 // TarIn extracts the tar stream r (plain or gzip) into the directory p,
@@ -527,6 +504,17 @@ func (f *FS) TarIn(ctx context.Context, p string, r io.Reader) error {
 	if err := f.checkRoot(); err != nil {
 		return err
 	}
-	_, err := tarx.Extract(ctx, f.root, r, tarx.Options{Dir: inroot.Clean(p)})
+	cp := inroot.Clean(p)
+	rootfd, err := f.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(rootfd)
+	fd, err := mkdirAll(rootfd, cp, 0o755)
+	if err != nil {
+		return err
+	}
+	unix.Close(fd)
+	_, err = tarx.Extract(ctx, f.root, r, tarx.Options{Dir: cp})
 	return err
 }

@@ -128,7 +128,7 @@ func TestEscapingSymlinksResolveInside(t *testing.T) {
 	}
 	wantCat(t, fs.Remove(ctx, "/hostdir/victim", false), errdefs.NotFound, "")
 	wantCat(t, fs.Remove(ctx, "/home/user/up/../outside/victim", false), errdefs.NotFound, "/outside/victim")
-	_, err = fs.List(ctx, "/hostdir")
+	_, _, err = fs.List(ctx, "/hostdir", 0, "")
 	wantCat(t, err, errdefs.NotFound, "")
 	var buf bytes.Buffer
 	wantCat(t, fs.TarOut(ctx, "/hostdir", &buf), errdefs.NotFound, "")
@@ -147,7 +147,7 @@ func TestSymlinkLoop(t *testing.T) {
 	wantCat(t, err, errdefs.Invalid, "symbolic links")
 	err = fs.WriteFile(ctx, "/loop1", strings.NewReader("x"), 0, false, false)
 	wantCat(t, err, errdefs.Invalid, "")
-	_, err = fs.List(ctx, "/loop2/x")
+	_, _, err = fs.List(ctx, "/loop2/x", 0, "")
 	wantCat(t, err, errdefs.Invalid, "")
 	// Stat and Remove act on the link itself.
 	fi, err := fs.Stat(ctx, "/loop1")
@@ -272,14 +272,14 @@ func TestWriteAppendModes(t *testing.T) {
 
 func TestListStat(t *testing.T) {
 	fs, _, _ := setup(t)
-	ents, err := fs.List(ctx, "/etclink")
+	ents, err := listAll(fs, "/etclink", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ents) != 2 || ents[0].Name != "hostname" || ents[0].Path != "/etclink/hostname" || ents[1].Name != "shadow" || ents[0].Type != "file" {
 		t.Fatalf("List /etclink: %+v", ents)
 	}
-	ents, err = fs.List(ctx, "/")
+	ents, err = listAll(fs, "/", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +297,7 @@ func TestListStat(t *testing.T) {
 	if err != nil || !fi.IsDir || fi.Name != "/" || fi.Path != "/" {
 		t.Fatalf("Stat /: %+v %v", fi, err)
 	}
-	_, err = fs.List(ctx, "/etc/hostname")
+	_, _, err = fs.List(ctx, "/etc/hostname", 0, "")
 	wantCat(t, err, errdefs.Invalid, "not a directory")
 	_, err = fs.Stat(ctx, "/etc/missing")
 	wantCat(t, err, errdefs.NotFound, "no such file: /etc/missing")
