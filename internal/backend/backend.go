@@ -98,6 +98,24 @@ type Committer interface {
 	Freeze(ctx context.Context) (thaw func() error, err error)
 }
 
+// Updater is implemented by sandboxes whose limits can change while they
+// run (UpdateSandbox). Later fields (network policy, QoS) join Update;
+// a backend refuses with Invalid a field it cannot apply rather than
+// ignoring it.
+type Updater interface {
+	// Update applies every set field of u, or none: it validates first,
+	// and restores what it changed if a later step fails.
+	Update(ctx context.Context, u Update) error
+}
+
+// Update is a change of a running sandbox. A nil field is left as it is;
+// a set limit means what Spec's does (0: no limit).
+type Update struct {
+	CPUMillis   *int64
+	MemoryBytes *int64
+	PidsMax     *int64
+}
+
 // ProcSpec describes a process to start.
 type ProcSpec struct {
 	Argv []string

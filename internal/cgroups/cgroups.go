@@ -64,6 +64,8 @@ type Group interface {
 	// OOMKills reads only the OOM-kill counter: one file, for the exec
 	// path, which checks it before and after every process.
 	OOMKills() (uint64, error)
+	// SetLimits changes the limits l sets, all or none (limits.go).
+	SetLimits(l Limits) error
 	// Delete removes the group; it must be empty.
 	Delete() error
 }
@@ -440,7 +442,7 @@ func classify(err error, what string) error {
 	switch {
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.ENOMEM):
 		return errdefs.Wrap(errdefs.Exhausted, err, what)
-	case errors.Is(err, os.ErrNotExist):
+	case errors.Is(err, os.ErrNotExist), errors.Is(err, cgroup1.ErrCgroupDeleted):
 		return errdefs.Wrap(errdefs.NotFound, err, what)
 	case errors.Is(err, syscall.EINVAL), errors.Is(err, syscall.ERANGE):
 		return errdefs.Wrap(errdefs.Invalid, err, what)

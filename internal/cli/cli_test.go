@@ -314,12 +314,12 @@ func TestListAndRemoveAll(t *testing.T) {
 	now := time.Now().UnixMilli()
 	f.sandboxes = []*warrenv1.Sandbox{
 		{Id: "b", Image: "debian", State: warrenv1.SandboxState_SANDBOX_STATE_RUNNING, Labels: map[string]string{"run": "1"}, CreatedAtUnixMs: now - 90_000, ExpiresAtUnixMs: now + 3_600_000},
-		{Id: "a", Image: "busybox", State: warrenv1.SandboxState_SANDBOX_STATE_DEAD, Resources: &warrenv1.Resources{CpuMillis: 500, MemoryBytes: 1 << 30}},
+		{Id: "a", Image: "busybox", State: warrenv1.SandboxState_SANDBOX_STATE_STOPPED, Resources: &warrenv1.Resources{CpuMillis: 500, MemoryBytes: 1 << 30}},
 	}
 	r := run(t, addr, "", "sandbox", "ls")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	if r.code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[0], "ID") || !strings.HasPrefix(lines[1], "a ") ||
-		!strings.Contains(lines[1], "dead") || !strings.Contains(lines[1], "1Gi") || !strings.Contains(lines[2], "run=1") {
+		!strings.Contains(lines[1], "stopped") || !strings.Contains(lines[1], "1Gi") || !strings.Contains(lines[2], "run=1") {
 		t.Fatalf("%+v", r)
 	}
 	r = run(t, addr, "", "--json", "sandbox", "ls", "--label", "run=1")

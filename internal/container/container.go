@@ -400,6 +400,10 @@ func (b *Backend) attach(id string, pid, pidfd int, grp cgroups.Group) (*sandbox
 	}
 	if pidfd < 0 {
 		if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+			if err != unix.ESRCH {
+				// EMFILE, ENOMEM: the init may well be alive.
+				return nil, errdefs.Wrap(errdefs.Unavailable, err, "pidfd_open sandbox init")
+			}
 			return nil, errdefs.Wrap(errdefs.NotFound, err, "pidfd_open sandbox init")
 		}
 		// The pid may have been reused between reading its start time and
@@ -456,14 +460,21 @@ func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sa
 		_ = b.teardown(id)
 		return nil, errdefs.NotFoundf("sandbox %s: init %d is gone", id, st.Pid)
 	}
+	// Only a sandbox proven gone (NotFound) is torn down: any other
+	// failure (fds, memory, the monitor) may pass, and the daemon keeps
+	// the sandbox LOST and adopts it again later.
 	grp, err := cgroups.Load(b.opts.CgroupParent, id)
 	if err != nil {
-		_ = b.teardown(id)
+		if errdefs.CategoryOf(err) == errdefs.NotFound {
+			_ = b.teardown(id)
+		}
 		return nil, err
 	}
 	s, err := b.attach(id, st.Pid, -1, grp)
 	if err != nil {
-		_ = b.teardown(id)
+		if errdefs.CategoryOf(err) == errdefs.NotFound {
+			_ = b.teardown(id)
+		}
 		return nil, err
 	}
 	return s, nil

@@ -32,7 +32,7 @@ func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandbox
 	if !m.images.IsEROFS() {
 		return nil, errdefs.Unavailablef("committing sandboxes needs the EROFS image store (image.OpenStore)")
 	}
-	s, v, err := m.live(req.GetSandboxId())
+	s, v, err := m.live(opCommit, req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
@@ -44,13 +44,9 @@ func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandbox
 	defer cancel()
 	op := &commitOp{cancel: cancel, done: make(chan struct{})}
 	s.mu.Lock()
-	if err := s.notRunningLocked(); err != nil {
+	if err := s.allowLocked(opCommit); err != nil {
 		s.mu.Unlock()
 		return nil, err
-	}
-	if s.deleting != nil {
-		s.mu.Unlock()
-		return nil, errdefs.Conflictf("sandbox %s is being deleted", s.id)
 	}
 	if s.commit != nil {
 		s.mu.Unlock()
@@ -68,7 +64,7 @@ func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandbox
 	start := time.Now()
 	thaw, err := c.Freeze(ctx)
 	if err != nil {
-		return nil, m.explain(s, err, "freeze sandbox "+s.id)
+		return nil, m.explain(opCommit, s, err, "freeze sandbox "+s.id)
 	}
 	nl, err := m.images.CommitUpper(ctx, name, c.UpperDir(), image.CommitOptions{KeepSetuid: req.GetKeepSetuid()})
 	if terr := thaw(); terr != nil {
@@ -79,12 +75,12 @@ func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandbox
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			if why := m.explain(s, err, ""); errdefs.CategoryOf(why) == errdefs.Conflict || errdefs.CategoryOf(why) == errdefs.NotFound {
+			if why := m.explain(opCommit, s, err, ""); errdefs.CategoryOf(why) == errdefs.Conflict || errdefs.CategoryOf(why) == errdefs.NotFound {
 				return nil, why
 			}
 			return nil, ctxError(ctx, "commit sandbox "+s.id)
 		}
-		return nil, m.explain(s, err, "commit sandbox "+s.id)
+		return nil, m.explain(opCommit, s, err, "commit sandbox "+s.id)
 	}
 	m.log.Info("sandbox committed", "sandbox", s.id, "layer", name, "digest", nl.Digest, "files", nl.Files,
 		"setuid_kept", nl.SetuidKept, "setuid_stripped", nl.SetuidStripped, "took", time.Since(start))

@@ -91,7 +91,7 @@ func (c *Config) setDefaults() {
 
 // ops are the operation names of warren_errors_total.
 var ops = []string{
-	"Create", "Get", "List", "Delete", "ExtendTimeout",
+	"Create", "Get", "List", "Delete", "ExtendTimeout", "UpdateSandbox",
 	"Exec", "ExecStream", "StartProcess", "ListProcesses", "WaitProcess", "SignalProcess", "WriteStdin",
 	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
@@ -133,17 +133,18 @@ type sandbox struct {
 	ready chan struct{} // closed when Create finished, either way
 
 	mu           sync.Mutex
-	info         *warrenv1.Sandbox // State is the lifecycle state
+	st           state             // the lifecycle state (lifecycle.go); info.State mirrors it
+	info         *warrenv1.Sandbox // State mirrors st
 	sb           backend.Sandbox   // nil while creating, or when never adopted
 	backendState []byte
 	imageLayers  []string      // digests, bottom first
 	fs           *sandboxfs.FS // nil when the backend has no host root
 	timer        *time.Timer
-	unwatch      func() bool // unregisters watch's callback
-	release      func()      // releases the image layers; nil once released
-	deleting     chan struct{}
+	unwatch      func() bool   // unregisters watch's callback
+	release      func()        // releases the image layers; nil once released
+	deleting     chan struct{} // while DELETING: closed when the deletion ended
 	deleteErr    error
-	gone         bool
+	updating     bool // an UpdateSandbox is in progress
 	procs        map[string]*process
 	procSeq      int
 	procPending  int
@@ -152,7 +153,7 @@ type sandbox struct {
 
 // New opens the store under cfg.StateDir and re-adopts the sandboxes an
 // earlier daemon left: live ones run on, those that died meanwhile are
-// kept as DEAD, half-created and half-deleted ones are removed, and each
+// kept as STOPPED, half-created and half-deleted ones are removed, and each
 // backend then sweeps resources that belong to no known sandbox.
 func New(ctx context.Context, cfg Config) (*Manager, error) {
 	cfg.setDefaults()
@@ -308,34 +309,21 @@ func ctxError(ctx context.Context, what string) error {
 	return errdefs.New(errdefs.Unknown, "%s: %w", what, err)
 }
 
-func stateLabel(st warrenv1.SandboxState) string {
-	switch st {
-	case warrenv1.SandboxState_SANDBOX_STATE_CREATING:
-		return metrics.StateCreating
-	case warrenv1.SandboxState_SANDBOX_STATE_RUNNING:
-		return metrics.StateRunning
-	case warrenv1.SandboxState_SANDBOX_STATE_DEAD:
-		return metrics.StateDead
-	case warrenv1.SandboxState_SANDBOX_STATE_DELETING:
-		return metrics.StateDeleting
-	}
-	return ""
-}
-
-// setState changes the lifecycle state and the gauges; s.mu held.
-func (m *Manager) setState(s *sandbox, st warrenv1.SandboxState) {
-	m.metrics.SandboxState(stateLabel(s.info.GetState()), stateLabel(st))
-	s.info.State = st
-}
-
 // persist writes the sandbox's record; s.mu held.
 func (m *Manager) persist(s *sandbox) error {
+	info := s.info
+	if s.st == stateLost {
+		// LOST is what this daemon sees, not what the sandbox is: the
+		// next daemon tries to adopt it again.
+		info = cloneSandbox(info)
+		info.State = stateRunning
+	}
 	return m.store.Put(store.Record{
 		ID:           s.id,
 		Backend:      s.backendName,
 		BackendState: s.backendState,
 		ImageLayers:  s.imageLayers,
-		Sandbox:      s.info,
+		Sandbox:      info,
 	})
 }
 
@@ -372,8 +360,9 @@ type view struct {
 	backend string
 }
 
-// live finds a running sandbox and returns it with a view of it.
-func (m *Manager) live(id string) (*sandbox, view, error) {
+// live finds a sandbox whose state permits o (a RUNNING one, for every
+// op that uses live) and returns it with a view of it.
+func (m *Manager) live(o op, id string) (*sandbox, view, error) {
 	if id == "" {
 		return nil, view{}, errdefs.Invalidf("sandbox id is required")
 	}
@@ -383,34 +372,18 @@ func (m *Manager) live(id string) (*sandbox, view, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.notRunningLocked(); err != nil {
+	if err := s.allowLocked(o); err != nil {
 		return nil, view{}, err
 	}
 	return s, view{sb: s.sb, fs: s.fs, env: s.info.GetEnv(), workdir: s.info.GetWorkdir(), user: s.info.GetUser(), backend: s.backendName}, nil
 }
 
-// notRunningLocked explains why a sandbox cannot run anything; s.mu held.
-func (s *sandbox) notRunningLocked() error {
-	switch {
-	case s.gone:
-		return errdefs.NotFoundf("sandbox %s not found", s.id)
-	case s.info.GetState() == warrenv1.SandboxState_SANDBOX_STATE_RUNNING && s.sb != nil:
-		return nil
-	case s.info.GetState() == warrenv1.SandboxState_SANDBOX_STATE_DEAD:
-		return errdefs.Conflictf("sandbox %s is dead: %s", s.id, s.info.GetDeadReason())
-	case s.info.GetState() == warrenv1.SandboxState_SANDBOX_STATE_DELETING:
-		return errdefs.Conflictf("sandbox %s is being deleted", s.id)
-	case s.info.GetState() == warrenv1.SandboxState_SANDBOX_STATE_CREATING:
-		return errdefs.Conflictf("sandbox %s is still being created", s.id)
-	}
-	return errdefs.Conflictf("sandbox %s is not running", s.id)
-}
-
-// explain turns a backend failure during an operation into a Conflict when
-// the sandbox died or went away meanwhile, which is the likely cause.
-func (m *Manager) explain(s *sandbox, err error, what string) error {
+// explain turns a backend failure during an operation o into a Conflict
+// when the sandbox left the state o needs meanwhile (died, deleted), which
+// is the likely cause.
+func (m *Manager) explain(o op, s *sandbox, err error, what string) error {
 	s.mu.Lock()
-	why := s.notRunningLocked()
+	why := s.allowLocked(o)
 	s.mu.Unlock()
 	if why != nil {
 		return why

@@ -137,7 +137,7 @@ func replay(res *warrenv1.ExecResult, send func(*warrenv1.ExecEvent) error) erro
 // execOnce validates and runs one exec. started reports whether the
 // command was started (its outcome is then final for idempotency).
 func (m *Manager) execOnce(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error, keep bool) (*warrenv1.ExecResult, bool, error) {
-	s, v, err := m.live(req.GetSandboxId())
+	s, v, err := m.live(opExec, req.GetSandboxId())
 	if err != nil {
 		return nil, false, err
 	}
@@ -251,7 +251,7 @@ func (m *Manager) run(ctx context.Context, s *sandbox, sb backend.Sandbox, spec 
 		if ctx.Err() != nil {
 			return nil, false, ctxError(ctx, "start process")
 		}
-		return nil, false, m.explain(s, err, "start process")
+		return nil, false, m.explain(opExec, s, err, "start process")
 	}
 	defer proc.Close()
 
@@ -324,7 +324,7 @@ func (m *Manager) run(ctx context.Context, s *sandbox, sb backend.Sandbox, spec 
 		if stopErr != nil {
 			return res, true, stopErr
 		}
-		return nil, true, m.explain(s, wr.err, "wait for process")
+		return nil, true, m.explain(opExec, s, wr.err, "wait for process")
 	}
 	if isKill(wr.st) && !timedOut {
 		if n, ok := oomKills(sb); ok && n > oomBefore {

@@ -16,7 +16,7 @@ const MaxReadFile = 64 << 20
 
 // fsOf returns the file system of a running sandbox.
 func (m *Manager) fsOf(id string) (*sandboxfs.FS, error) {
-	_, v, err := m.live(id)
+	_, v, err := m.live(opFiles, id)
 	if err != nil {
 		return nil, err
 	}

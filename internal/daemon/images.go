@@ -219,7 +219,7 @@ func (m *Manager) digestUsers(digest string) []string {
 func (m *Manager) eachLive(f func(s *sandbox)) {
 	for _, s := range m.snapshot() {
 		s.mu.Lock()
-		if !s.gone && s.info.GetState() != stateDead {
+		if s.st != stateGone && s.st != stateStopped {
 			f(s)
 		}
 		s.mu.Unlock()

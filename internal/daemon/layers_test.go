@@ -154,7 +154,7 @@ func TestLayerComposition(t *testing.T) {
 	killInit(t, e.m, "bydigest")
 	eventually(t, 10*time.Second, "death", func() bool {
 		sb, _ := e.m.Get(ctx, &warrenv1.GetRequest{Id: "bydigest"})
-		return sb.GetState() == stateDead
+		return sb.GetState() == stateStopped
 	})
 	if _, err := e.m.RemoveLayer(ctx, &warrenv1.RemoveLayerRequest{Name: "l1"}); err != nil {
 		t.Fatal(err)
@@ -383,10 +383,10 @@ touch -t 202001010000.00 /work/dir/deep/file
 	killInit(t, e.m, "copy2")
 	eventually(t, 10*time.Second, "death", func() bool {
 		sb, _ := e.m.Get(ctx, &warrenv1.GetRequest{Id: "copy2"})
-		return sb.GetState() == stateDead
+		return sb.GetState() == stateStopped
 	})
 	_, err = e.m.CommitSandbox(ctx, &warrenv1.CommitSandboxRequest{SandboxId: "copy2", Name: "x"})
-	wantCat(t, err, errdefs.Conflict, "dead")
+	wantCat(t, err, errdefs.Conflict, "STOPPED")
 }
 
 func TestCommitDuringDelete(t *testing.T) {
@@ -713,7 +713,7 @@ func TestRestartReusesLayerMounts(t *testing.T) {
 	if got := e.out("keep", "cat /one"); got != "1" {
 		t.Fatalf("keep: %q", got)
 	}
-	if sb, _ := e.m.Get(ctx, &warrenv1.GetRequest{Id: "gone"}); sb.GetState() != stateDead {
+	if sb, _ := e.m.Get(ctx, &warrenv1.GetRequest{Id: "gone"}); sb.GetState() != stateStopped {
 		t.Fatalf("gone: %v", sb)
 	}
 	// A new sandbox shares the adopted mount.

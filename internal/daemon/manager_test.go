@@ -525,21 +525,21 @@ func TestDeadSandbox(t *testing.T) {
 	killInit(t, e.m, "doomed")
 	eventually(t, 10*time.Second, "sandbox to be dead", func() bool {
 		sb, err := e.m.Get(ctx, &warrenv1.GetRequest{Id: "doomed"})
-		return err == nil && sb.GetState() == stateDead
+		return err == nil && sb.GetState() == stateStopped
 	})
 	sb, _ := e.m.Get(ctx, &warrenv1.GetRequest{Id: "doomed"})
 	if sb.GetDeadReason() != "init exited" {
 		t.Fatalf("dead reason %q", sb.GetDeadReason())
 	}
 	_, err := e.m.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "doomed", Argv: []string{"true"}})
-	wantCat(t, err, errdefs.Conflict, "sandbox doomed is dead: init exited")
+	wantCat(t, err, errdefs.Conflict, "sandbox doomed is STOPPED (init exited): exec needs RUNNING")
 	_, err = e.m.ReadFile(ctx, &warrenv1.ReadFileRequest{SandboxId: "doomed", Path: "/etc/passwd"})
-	wantCat(t, err, errdefs.Conflict, "is dead")
+	wantCat(t, err, errdefs.Conflict, "is STOPPED")
 	rec, err := e.m.store.Get("doomed")
-	if err != nil || rec.State() != stateDead {
+	if err != nil || rec.State() != stateStopped {
 		t.Fatalf("record %v %v", rec, err)
 	}
-	if e.gauge(metrics.StateDead) != 1 || e.gauge(metrics.StateRunning) != 0 || e.deleted(metrics.ReasonDead) != 1 {
+	if e.gauge(metrics.StateStopped) != 1 || e.gauge(metrics.StateRunning) != 0 || e.deleted(metrics.ReasonDead) != 1 {
 		t.Fatal("gauges of a dead sandbox")
 	}
 	// Its resources are gone; the record stays until Delete.
@@ -552,7 +552,7 @@ func TestDeadSandbox(t *testing.T) {
 	if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: "doomed"}); err != nil {
 		t.Fatal(err)
 	}
-	if e.gauge(metrics.StateDead) != 0 || e.deleted(metrics.ReasonUser) != 0 {
+	if e.gauge(metrics.StateStopped) != 0 || e.deleted(metrics.ReasonUser) != 0 {
 		t.Fatal("gauges after deleting a dead sandbox")
 	}
 }
@@ -693,11 +693,11 @@ func TestRestartAdopts(t *testing.T) {
 		t.Fatalf("processes %v", l)
 	}
 	sb, err = e.m.Get(ctx, &warrenv1.GetRequest{Id: "victim"})
-	if err != nil || sb.GetState() != stateDead || !strings.Contains(sb.GetDeadReason(), "daemon was down") {
+	if err != nil || sb.GetState() != stateStopped || !strings.Contains(sb.GetDeadReason(), "daemon was down") {
 		t.Fatalf("victim %v %v", sb, err)
 	}
 	_, err = e.m.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "victim", Argv: []string{"true"}})
-	wantCat(t, err, errdefs.Conflict, "is dead")
+	wantCat(t, err, errdefs.Conflict, "is STOPPED")
 	for _, id := range []string{"expiring", "halfmade", "ghost"} {
 		_, err = e.m.Get(ctx, &warrenv1.GetRequest{Id: id})
 		wantCat(t, err, errdefs.NotFound, id)
@@ -706,14 +706,14 @@ func TestRestartAdopts(t *testing.T) {
 	if res := sweepLeftovers(e, "ghost"); res != "" {
 		t.Fatalf("orphan not swept: %s", res)
 	}
-	if e.gauge(metrics.StateRunning) != 1 || e.gauge(metrics.StateDead) != 1 {
-		t.Fatalf("gauges running %v dead %v", e.gauge(metrics.StateRunning), e.gauge(metrics.StateDead))
+	if e.gauge(metrics.StateRunning) != 1 || e.gauge(metrics.StateStopped) != 1 {
+		t.Fatalf("gauges running %v dead %v", e.gauge(metrics.StateRunning), e.gauge(metrics.StateStopped))
 	}
 	// The adopted sandbox is watched again: its death is noticed.
 	killInit(t, e.m, "survivor")
 	eventually(t, 10*time.Second, "adopted sandbox death", func() bool {
 		sb, err := e.m.Get(ctx, &warrenv1.GetRequest{Id: "survivor"})
-		return err == nil && sb.GetState() == stateDead
+		return err == nil && sb.GetState() == stateStopped
 	})
 }
 
@@ -772,7 +772,7 @@ func TestImages(t *testing.T) {
 	killInit(t, e.m, "deaduser")
 	eventually(t, 10*time.Second, "death", func() bool {
 		sb, _ := e.m.Get(ctx, &warrenv1.GetRequest{Id: "deaduser"})
-		return sb.GetState() == stateDead
+		return sb.GetState() == stateStopped
 	})
 	if _, err := e.m.RemoveImage(ctx, &warrenv1.RemoveImageRequest{Name: "fromtar"}); err != nil {
 		t.Fatal(err)

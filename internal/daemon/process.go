@@ -81,7 +81,7 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 	if req.GetIdempotencyKey() != "" {
 		return nil, errdefs.Invalidf("idempotency_key is not supported by StartProcess")
 	}
-	s, v, err := m.live(req.GetSandboxId())
+	s, v, err := m.live(opExec, req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
@@ -113,9 +113,9 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 	s.procPending--
 	if err != nil {
 		s.mu.Unlock()
-		return nil, m.explain(s, err, "start process")
+		return nil, m.explain(opExec, s, err, "start process")
 	}
-	if why := s.notRunningLocked(); why != nil {
+	if why := s.allowLocked(opExec); why != nil {
 		s.mu.Unlock()
 		_ = proc.Close()
 		return nil, why
@@ -200,8 +200,8 @@ func (m *Manager) process(sandboxID, processID string) (*process, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.gone {
-		return nil, errdefs.NotFoundf("sandbox %s not found", sandboxID)
+	if err := s.allowLocked(opInspect); err != nil {
+		return nil, err
 	}
 	p := s.procs[processID]
 	if p == nil {

@@ -29,13 +29,11 @@ const (
 	// retryDestroy is when a failed deletion of an expired sandbox is
 	// tried again.
 	retryDestroy = time.Minute
-)
-
-const (
-	stateCreating = warrenv1.SandboxState_SANDBOX_STATE_CREATING
-	stateRunning  = warrenv1.SandboxState_SANDBOX_STATE_RUNNING
-	stateDead     = warrenv1.SandboxState_SANDBOX_STATE_DEAD
-	stateDeleting = warrenv1.SandboxState_SANDBOX_STATE_DELETING
+	// A LOST sandbox is adopted again after 1 s, doubling to at most a
+	// minute: a transient failure (fds, memory) passes in seconds, and a
+	// minute bounds the wasted work of one that does not.
+	readoptMin = time.Second
+	readoptMax = time.Minute
 )
 
 // Create validates the request, resolves the image, has the backend create
@@ -67,6 +65,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		backendName: p.backend,
 		b:           b,
 		ready:       make(chan struct{}),
+		st:          stateCreating,
 		info:        info,
 	}
 
@@ -89,7 +88,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	}
 	m.sandboxes[p.id] = s
 	m.mu.Unlock()
-	m.metrics.SandboxState("", metrics.StateCreating)
+	m.metrics.SandboxState("", stateLabel(stateCreating))
 
 	var cl cleanup.Cleanup
 	defer func() {
@@ -198,16 +197,18 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	}
 	s.mu.Lock()
 	s.sb, s.fs, s.backendState, s.release = sb, fs, sb.State(), release
-	m.setState(s, stateRunning)
 	expires := time.Now().Add(p.timeout)
 	info.ExpiresAtUnixMs = expires.UnixMilli()
+	// The record says RUNNING; the sandbox is RUNNING once it is written.
+	info.State = stateRunning
 	if err = m.persist(s); err != nil {
 		s.sb, s.fs, s.backendState, s.release = nil, nil, nil, nil
-		m.setState(s, stateCreating)
+		info.State = stateCreating
 		info.ExpiresAtUnixMs = 0
 		s.mu.Unlock()
 		return nil, err
 	}
+	_ = m.setState(s, stateRunning)
 	m.armTimerLocked(s, expires)
 	out := cloneSandbox(info)
 	close(s.ready)
@@ -228,9 +229,8 @@ func (m *Manager) forget(s *sandbox) {
 	}
 	m.mu.Unlock()
 	s.mu.Lock()
-	if !s.gone {
-		s.gone = true
-		m.metrics.SandboxState(stateLabel(s.info.GetState()), "")
+	if s.st != stateGone {
+		_ = m.setState(s, stateGone)
 		if s.timer != nil {
 			s.timer.Stop()
 		}
@@ -255,8 +255,8 @@ func (m *Manager) Get(ctx context.Context, req *warrenv1.GetRequest) (_ *warrenv
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.gone {
-		return nil, errdefs.NotFoundf("sandbox %s not found", s.id)
+	if err := s.allowLocked(opInspect); err != nil {
+		return nil, err
 	}
 	return cloneSandbox(s.info), nil
 }
@@ -270,7 +270,7 @@ func (m *Manager) List(ctx context.Context, req *warrenv1.ListRequest) (_ *warre
 	resp := &warrenv1.ListResponse{Sandboxes: make([]*warrenv1.Sandbox, 0, len(all))}
 	for _, s := range all {
 		s.mu.Lock()
-		if !s.gone && labelsMatch(s.info.GetLabels(), want) {
+		if permits(s.st, opInspect) && labelsMatch(s.info.GetLabels(), want) {
 			resp.Sandboxes = append(resp.Sandboxes, cloneSandbox(s.info))
 		}
 		s.mu.Unlock()
@@ -317,27 +317,20 @@ func (m *Manager) Delete(ctx context.Context, req *warrenv1.DeleteRequest) (_ *w
 
 // remove deletes a sandbox: DELETING, kill its processes, Destroy, drop the
 // record and the layers. reason is counted when the sandbox was alive.
+// A sandbox being created is deleted once its creation finished; one
+// being deleted is waited for.
 func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	s.mu.Lock()
-	for {
-		if s.gone {
-			s.mu.Unlock()
-			return errdefs.NotFoundf("sandbox %s not found", s.id)
-		}
-		if ch := s.deleting; ch != nil {
+	for s.st == stateCreating || s.st == stateDeleting {
+		if ch := s.deleting; s.st == stateDeleting {
 			s.mu.Unlock()
 			select {
 			case <-ch:
 			case <-ctx.Done():
 				return ctxError(ctx, "wait for deletion of sandbox "+s.id)
 			}
-			s.mu.Lock()
-			err := s.deleteErr
-			s.mu.Unlock()
-			return err
-		}
-		if s.info.GetState() != stateCreating {
-			break
+			// That deletion's outcome is this one's.
+			return s.deleteErrOf()
 		}
 		s.mu.Unlock()
 		select {
@@ -347,10 +340,14 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 		}
 		s.mu.Lock()
 	}
-	prev := s.info.GetState()
+	if err := s.allowLocked(opDelete); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	prev := s.st
 	done := make(chan struct{})
 	s.deleting, s.deleteErr = done, nil
-	m.setState(s, stateDeleting)
+	_ = m.setState(s, stateDeleting)
 	if s.timer != nil {
 		s.timer.Stop()
 	}
@@ -358,6 +355,10 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 		m.log.Warn("persist deleting state", "sandbox", s.id, "err", err)
 	}
 	sb := s.sb
+	// Without a handle but with resources held (LOST, or a state this
+	// daemon does not drive): reach the sandbox to destroy it.
+	reach := sb == nil && s.b != nil && (prev == stateLost || !servedHere(prev))
+	blob := s.backendState
 	procs := make([]*process, 0, len(s.procs))
 	for _, p := range s.procs {
 		procs = append(procs, p)
@@ -371,32 +372,30 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 		commit.cancel()
 		<-commit.done
 	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
 	var err error
-	if sb != nil {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
-		err = sb.Destroy(dctx)
-		cancel()
+	if reach {
+		sb, err = s.b.Adopt(dctx, s.id, blob)
+		if errdefs.CategoryOf(err) == errdefs.NotFound {
+			sb, err = nil, nil // proven gone: Adopt released what was left
+		} else if err != nil {
+			err = errdefs.Wrap(errdefs.Unavailable, err, "sandbox "+s.id+" cannot be reached to delete it; retry later")
+		}
 	}
+	if err == nil && sb != nil {
+		err = sb.Destroy(dctx)
+	}
+	cancel()
 	for _, p := range procs {
 		p.kill()
 	}
 	if err != nil {
-		err = withCategory(err, errdefs.Internal, "destroy sandbox "+s.id)
-		s.mu.Lock()
-		m.setState(s, prev)
-		s.deleting, s.deleteErr = nil, err
-		if perr := m.persist(s); perr != nil {
-			m.log.Warn("persist state after failed delete", "sandbox", s.id, "err", perr)
-		}
-		// Keep the lifetime; an expired sandbox is retried later, not
-		// in a tight loop.
-		m.armTimerLocked(s, later(time.UnixMilli(s.info.GetExpiresAtUnixMs()), time.Now().Add(retryDestroy)))
-		s.mu.Unlock()
+		m.failedRemove(s, sb, prev, withCategory(err, errdefs.Internal, "destroy sandbox "+s.id))
 		close(done)
-		return err
+		return s.deleteErrOf()
 	}
 	if derr := m.store.Delete(s.id); derr != nil {
-		// The record comes back as DEAD after a restart; Delete forgets it.
+		// The record comes back after a restart; Delete forgets it.
 		m.log.Warn("delete record", "sandbox", s.id, "err", derr)
 	}
 	s.releaseLayers()
@@ -408,6 +407,37 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	}
 	m.log.Debug("sandbox deleted", "sandbox", s.id, "reason", reason)
 	return nil
+}
+
+func (s *sandbox) deleteErrOf() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.deleteErr
+}
+
+// failedRemove puts a sandbox whose Destroy failed back in the state it
+// had, or STOPPED when its init exited meanwhile (a dead sandbox must not
+// show as RUNNING), and retries an expired one later.
+func (m *Manager) failedRemove(s *sandbox, sb backend.Sandbox, prev state, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	back := prev
+	if prev == stateRunning && sb != nil && sb.Exited().Err() != nil {
+		back = stateStopped
+		s.info.DeadReason = "init exited in a delete that failed: " + err.Error()
+		s.fs = nil
+		m.metrics.SandboxEnded(metrics.ReasonDead)
+	}
+	_ = m.setState(s, back)
+	s.deleting, s.deleteErr = nil, err
+	if perr := m.persist(s); perr != nil {
+		m.log.Warn("persist state after failed delete", "sandbox", s.id, "err", perr)
+	}
+	// Keep the lifetime; an expired sandbox is retried later, not in a
+	// tight loop. States without a timer get none.
+	if permits(back, opExtend) {
+		m.armTimerLocked(s, later(time.UnixMilli(s.info.GetExpiresAtUnixMs()), time.Now().Add(retryDestroy)))
+	}
 }
 
 // ExtendTimeout sets a sandbox's deadline to now + timeout_seconds (0: the
@@ -424,13 +454,8 @@ func (m *Manager) ExtendTimeout(ctx context.Context, req *warrenv1.ExtendTimeout
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch st := s.info.GetState(); {
-	case s.gone:
-		return nil, errdefs.NotFoundf("sandbox %s not found", s.id)
-	case st == stateDeleting || s.deleting != nil:
-		return nil, errdefs.Conflictf("sandbox %s is being deleted", s.id)
-	case st == stateCreating:
-		return nil, errdefs.Conflictf("sandbox %s is still being created", s.id)
+	if err := s.allowLocked(opExtend); err != nil {
+		return nil, err
 	}
 	expires := time.Now().Add(d)
 	old := s.info.GetExpiresAtUnixMs()
@@ -471,7 +496,7 @@ func (m *Manager) expire(s *sandbox) {
 	}
 	s.mu.Lock()
 	exp := time.UnixMilli(s.info.GetExpiresAtUnixMs())
-	stale := s.gone || s.deleting != nil || time.Now().Before(exp)
+	stale := s.allowLocked(opDelete) != nil || time.Now().Before(exp)
 	s.mu.Unlock()
 	if stale {
 		return // deleted, or extended after this timer fired
@@ -483,7 +508,7 @@ func (m *Manager) expire(s *sandbox) {
 	}
 }
 
-// watch marks the sandbox DEAD if its init dies on its own. The callback
+// watch marks the sandbox STOPPED if its init dies on its own. The callback
 // hangs on the backend's context rather than a goroutine per sandbox
 // (~8 KiB of stack each at thousands of sandboxes); forget unregisters it.
 func (m *Manager) watch(s *sandbox, sb backend.Sandbox) {
@@ -491,7 +516,7 @@ func (m *Manager) watch(s *sandbox, sb backend.Sandbox) {
 		m.spawn(func() { m.died(s, sb, "init exited") })
 	})
 	s.mu.Lock()
-	if s.gone {
+	if s.st == stateGone {
 		s.mu.Unlock()
 		stop()
 		return
@@ -500,15 +525,16 @@ func (m *Manager) watch(s *sandbox, sb backend.Sandbox) {
 	s.mu.Unlock()
 }
 
-// died marks a running sandbox DEAD, releases its resources and keeps the
-// record until Delete (or its lifetime passes).
+// died marks a running sandbox STOPPED, releases its resources and keeps
+// the record until Delete (or its lifetime passes). A sandbox being
+// deleted is left to the deletion (failedRemove looks at its init).
 func (m *Manager) died(s *sandbox, sb backend.Sandbox, why string) {
 	s.mu.Lock()
-	if s.gone || s.sb != sb || s.info.GetState() != stateRunning || s.deleting != nil {
+	if s.st != stateRunning || s.sb != sb {
 		s.mu.Unlock()
 		return
 	}
-	m.setState(s, stateDead)
+	_ = m.setState(s, stateStopped)
 	s.info.DeadReason = why
 	if err := m.persist(s); err != nil {
 		m.log.Warn("persist dead state", "sandbox", s.id, "err", err)
@@ -575,31 +601,41 @@ func (m *Manager) adoptAll(ctx context.Context) error {
 	if err := m.images.GC(m.inUseDigests()...); err != nil {
 		m.log.Error("collect unused image layers", "err", err)
 	}
-	m.log.Info("adopted sandboxes", "records", len(recs), "running", m.count(stateRunning), "dead", m.count(stateDead))
+	m.log.Info("adopted sandboxes", "records", len(recs), "running", m.count(stateRunning), "stopped", m.count(stateStopped), "lost", m.count(stateLost))
 	return nil
 }
 
-// adopt restores one record; it reports whether the sandbox is alive (and
-// its backend resources must be kept by Sweep).
+// adopt restores one record; it reports whether the sandbox's backend
+// resources must be kept by Sweep (it may be alive).
 func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 	log := m.log.With("sandbox", rec.ID)
 	info := rec.Sandbox
+	st := info.GetState()
+	if st == stateLost {
+		st = stateRunning // LOST is never persisted; were it, adopt it again
+	}
+	info.Id, info.State = rec.ID, st
 	s := &sandbox{
 		id:           rec.ID,
 		backendName:  rec.Backend,
 		b:            m.cfg.Backends[rec.Backend],
 		ready:        make(chan struct{}),
+		st:           st,
 		info:         info,
 		backendState: rec.BackendState,
 		imageLayers:  rec.ImageLayers,
 	}
 	close(s.ready)
-	info.Id = rec.ID
+	// Before the sandbox is published, its state changes without gauges
+	// or transitions: add counts it in the state it ends up in.
+	initState := func(st state, why string) {
+		s.st, info.State, info.DeadReason = st, st, why
+	}
 	add := func() {
 		m.mu.Lock()
 		m.sandboxes[s.id] = s
 		m.mu.Unlock()
-		m.metrics.SandboxState("", stateLabel(info.GetState()))
+		m.metrics.SandboxState("", stateLabel(s.st))
 	}
 	// The timer goes last: an expired one fires at once and needs the
 	// sandbox in the map.
@@ -608,35 +644,38 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		m.armTimerLocked(s, expires)
 		s.mu.Unlock()
 	}
-	markDead := func(why string) {
-		info.State, info.DeadReason = stateDead, why
+	markStopped := func(why string) {
+		initState(stateStopped, why)
 		if err := m.persist(s); err != nil {
-			log.Warn("persist dead state", "err", err)
+			log.Warn("persist stopped state", "err", err)
 		}
 		add()
 		armTimer(time.UnixMilli(info.GetExpiresAtUnixMs()))
 	}
 	if s.b == nil {
-		// Kept as DEAD without a timer: its resources, if any, are left
-		// for a daemon that has the backend; Delete forgets it.
+		// Its resources, if any, are left for a daemon that has the
+		// backend; the record is not rewritten, and Delete forgets it.
 		log.Warn("sandbox of an unconfigured backend", "backend", rec.Backend)
-		if info.GetState() != stateDead {
-			info.State, info.DeadReason = stateDead, "backend "+rec.Backend+" is not configured"
-			if err := m.persist(s); err != nil {
-				log.Warn("persist dead state", "err", err)
-			}
+		if st == stateRunning {
+			initState(stateLost, "backend "+rec.Backend+" is not configured")
 		}
 		add()
 		return false
 	}
 
-	switch info.GetState() {
-	case stateDead:
+	switch {
+	case !servedHere(st):
+		// PAUSED, HIBERNATED or a number this daemon does not know: a
+		// newer daemon's. Kept as it is, resources and all, with no timer:
+		// a rollback to this daemon must not lose it.
+		log.Warn("sandbox in a state this daemon does not drive: kept as it is", "state", stateName(st))
+		add()
+		return true
+	case st == stateStopped:
 		add()
 		armTimer(time.UnixMilli(info.GetExpiresAtUnixMs()))
 		return false
-	case stateRunning:
-	default:
+	case st != stateRunning:
 		// Half-created or half-deleted: finish the job. Sweep removes
 		// whatever Adopt cannot find.
 		if len(rec.BackendState) > 0 {
@@ -649,41 +688,31 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		if err := m.store.Delete(rec.ID); err != nil {
 			log.Warn("delete record", "err", err)
 		}
-		log.Info("removed sandbox left in state " + info.GetState().String())
+		log.Info("removed sandbox left in state " + stateName(st))
 		return false
 	}
 
-	// Hold the same image layers again before re-attaching: the image
-	// name may have been re-imported since.
-	var release func()
-	img := image.Image{Name: info.GetImage(), Layers: rec.ImageLayers}
-	var err error
-	m.imgMu.RLock()
-	if len(img.Layers) == 0 {
-		img, err = m.images.Get(info.GetImage())
-	}
-	if err == nil {
-		_, release, err = m.images.LayerDirs(ctx, img)
-	}
-	m.imgMu.RUnlock()
-	if err != nil {
-		log.Warn("resolve image of adopted sandbox", "image", info.GetImage(), "err", err)
-		release = nil
-	}
+	release := m.holdLayers(ctx, s)
 	sb, err := s.b.Adopt(ctx, rec.ID, rec.BackendState)
-	if err != nil {
+	if errdefs.CategoryOf(err) == errdefs.NotFound {
 		if release != nil {
 			release()
 		}
 		m.metrics.SandboxEnded(metrics.ReasonDead)
-		if errdefs.CategoryOf(err) == errdefs.NotFound {
-			log.Warn("sandbox died while the daemon was down")
-			markDead("init exited while the daemon was down")
-		} else {
-			log.Error("adopt sandbox", "err", err)
-			markDead("adopt failed after daemon restart: " + err.Error())
-		}
+		log.Warn("sandbox died while the daemon was down")
+		markStopped("init exited while the daemon was down")
 		return false
+	}
+	if err != nil {
+		// Not proven gone: it may run on. LOST keeps its resources and
+		// layers, and is adopted again in the background.
+		log.Error("adopt sandbox: LOST, retried", "err", err)
+		initState(stateLost, "adopt failed after daemon restart: "+err.Error())
+		s.release = release
+		add()
+		armTimer(time.UnixMilli(info.GetExpiresAtUnixMs()))
+		m.spawn(func() { m.readopt(s) })
+		return true
 	}
 	s.sb, s.backendState, s.release = sb, sb.State(), release
 	if root := sb.Root(); root != "" {
@@ -705,13 +734,102 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 	return true
 }
 
+// holdLayers holds the image layers of an adopted sandbox again before it
+// is re-attached (the image name may have been re-imported since); nil
+// when they cannot be resolved.
+func (m *Manager) holdLayers(ctx context.Context, s *sandbox) func() {
+	img := image.Image{Name: s.info.GetImage(), Layers: s.imageLayers}
+	var err error
+	var release func()
+	m.imgMu.RLock()
+	if len(img.Layers) == 0 {
+		img, err = m.images.Get(s.info.GetImage())
+	}
+	if err == nil {
+		_, release, err = m.images.LayerDirs(ctx, img)
+	}
+	m.imgMu.RUnlock()
+	if err != nil {
+		m.log.Warn("resolve image of adopted sandbox", "sandbox", s.id, "image", s.info.GetImage(), "err", err)
+		return nil
+	}
+	return release
+}
+
+// readopt adopts a LOST sandbox again, with backoff, until it is RUNNING
+// again, proven gone (STOPPED), deleted, or the daemon closes.
+func (m *Manager) readopt(s *sandbox) {
+	delay := readoptMin
+	for {
+		select {
+		case <-m.closing:
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, readoptMax)
+		s.mu.Lock()
+		lost, blob := s.st == stateLost, s.backendState
+		s.mu.Unlock()
+		if !lost {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
+		sb, err := s.b.Adopt(ctx, s.id, blob)
+		cancel()
+		if err != nil && errdefs.CategoryOf(err) != errdefs.NotFound {
+			m.log.Warn("adopt LOST sandbox again", "sandbox", s.id, "err", err, "next", delay)
+			continue
+		}
+		m.found(s, sb, err)
+		return
+	}
+}
+
+// found ends LOST: RUNNING with sb, or STOPPED when Adopt proved the
+// sandbox gone (err NotFound).
+func (m *Manager) found(s *sandbox, sb backend.Sandbox, err error) {
+	s.mu.Lock()
+	if s.st != stateLost {
+		// Deleted meanwhile; the deletion reached it by itself.
+		s.mu.Unlock()
+		if sb != nil {
+			m.log.Warn("sandbox re-adopted after it left LOST", "sandbox", s.id)
+		}
+		return
+	}
+	if err != nil {
+		_ = m.setState(s, stateStopped)
+		s.info.DeadReason = "init exited while the node could not reach it"
+		if perr := m.persist(s); perr != nil {
+			m.log.Warn("persist stopped state", "sandbox", s.id, "err", perr)
+		}
+		s.mu.Unlock()
+		s.releaseLayers()
+		m.metrics.SandboxEnded(metrics.ReasonDead)
+		m.log.Warn("LOST sandbox is gone", "sandbox", s.id)
+		return
+	}
+	s.sb, s.backendState = sb, sb.State()
+	if root := sb.Root(); root != "" {
+		s.fs = sandboxfs.New(root)
+	}
+	_ = m.setState(s, stateRunning)
+	s.info.DeadReason = ""
+	if perr := m.persist(s); perr != nil {
+		m.log.Warn("persist running state", "sandbox", s.id, "err", perr)
+	}
+	s.mu.Unlock()
+	m.watch(s, sb)
+	m.log.Info("LOST sandbox adopted again", "sandbox", s.id)
+}
+
 func (m *Manager) count(st warrenv1.SandboxState) int {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	n := 0
 	for _, s := range m.sandboxes {
 		s.mu.Lock()
-		if s.info.GetState() == st {
+		if s.st == st {
 			n++
 		}
 		s.mu.Unlock()

@@ -108,16 +108,16 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 	}
 	r := req.GetResources()
 	res := &warrenv1.Resources{CpuMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), PidsMax: r.GetPidsMax(), DiskBytes: r.GetDiskBytes()}
-	switch {
-	case res.CpuMillis < 0 || res.CpuMillis > maxCPUMillis():
-		return p, errdefs.Invalidf("cpu_millis %d out of range [0, %d]", res.CpuMillis, maxCPUMillis())
-	case res.CpuMillis > 0 && res.CpuMillis < 10:
-		return p, errdefs.Invalidf("cpu_millis %d too small: at least 10 (one hundredth of a core)", res.CpuMillis)
-	case res.MemoryBytes < 0 || (res.MemoryBytes > 0 && res.MemoryBytes < MinMemoryBytes) || res.MemoryBytes > MaxMemoryBytes:
-		return p, errdefs.Invalidf("memory_bytes %d out of range [%d, %d] (0 = default)", res.MemoryBytes, MinMemoryBytes, int64(MaxMemoryBytes))
-	case res.PidsMax < 0 || (res.PidsMax > 0 && res.PidsMax < MinPids) || res.PidsMax > MaxPids:
-		return p, errdefs.Invalidf("pids_max %d out of range [%d, %d] (0 = default)", res.PidsMax, MinPids, MaxPids)
-	case res.DiskBytes < 0 || (res.DiskBytes > 0 && res.DiskBytes < MinDiskBytes) || res.DiskBytes > MaxDiskBytes:
+	if err := checkCPU(res.CpuMillis); err != nil {
+		return p, err
+	}
+	if err := checkMemory(res.MemoryBytes); err != nil {
+		return p, err
+	}
+	if err := checkPids(res.PidsMax); err != nil {
+		return p, err
+	}
+	if res.DiskBytes < 0 || (res.DiskBytes > 0 && res.DiskBytes < MinDiskBytes) || res.DiskBytes > MaxDiskBytes {
 		return p, errdefs.Invalidf("disk_bytes %d out of range [%d, %d] (0 = default)", res.DiskBytes, MinDiskBytes, int64(MaxDiskBytes))
 	}
 	if res.DiskBytes == 0 {
@@ -151,15 +151,48 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 	if len(p.hostname) > maxHostnameLen || strings.ContainsAny(p.hostname, "\x00/ \t\n") {
 		return p, errdefs.Invalidf("invalid hostname %q", p.hostname)
 	}
-	if len(p.labels) > maxLabels {
-		return p, errdefs.Invalidf("too many labels: %d > %d", len(p.labels), maxLabels)
-	}
-	for k, v := range p.labels {
-		if k == "" || len(k) > maxLabelKey || len(v) > maxLabelValue {
-			return p, errdefs.Invalidf("invalid label %q: keys 1-%d bytes, values up to %d", k, maxLabelKey, maxLabelValue)
-		}
+	if err := checkLabels(p.labels); err != nil {
+		return p, err
 	}
 	return p, nil
+}
+
+// checkCPU, checkMemory and checkPids validate limits of Create and
+// UpdateSandbox (0: no quota for CPU, the node default for the others).
+func checkCPU(n int64) error {
+	switch {
+	case n < 0 || n > maxCPUMillis():
+		return errdefs.Invalidf("cpu_millis %d out of range [0, %d]", n, maxCPUMillis())
+	case n > 0 && n < 10:
+		return errdefs.Invalidf("cpu_millis %d too small: at least 10 (one hundredth of a core)", n)
+	}
+	return nil
+}
+
+func checkMemory(n int64) error {
+	if n < 0 || (n > 0 && n < MinMemoryBytes) || n > MaxMemoryBytes {
+		return errdefs.Invalidf("memory_bytes %d out of range [%d, %d] (0 = default)", n, MinMemoryBytes, int64(MaxMemoryBytes))
+	}
+	return nil
+}
+
+func checkPids(n int64) error {
+	if n < 0 || (n > 0 && n < MinPids) || n > MaxPids {
+		return errdefs.Invalidf("pids_max %d out of range [%d, %d] (0 = default)", n, MinPids, MaxPids)
+	}
+	return nil
+}
+
+func checkLabels(labels map[string]string) error {
+	if len(labels) > maxLabels {
+		return errdefs.Invalidf("too many labels: %d > %d", len(labels), maxLabels)
+	}
+	for k, v := range labels {
+		if k == "" || len(k) > maxLabelKey || len(v) > maxLabelValue {
+			return errdefs.Invalidf("invalid label %q: keys 1-%d bytes, values up to %d", k, maxLabelKey, maxLabelValue)
+		}
+	}
+	return nil
 }
 
 // lifetime validates a timeout in seconds: 0 is the node default.

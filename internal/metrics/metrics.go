@@ -15,14 +15,19 @@ import (
 
 // Sandbox states as used in the warren_sandboxes{state} label.
 const (
-	StateCreating = "creating"
-	StateRunning  = "running"
-	StateDead     = "dead"
-	StateDeleting = "deleting"
+	StateCreating   = "creating"
+	StateRunning    = "running"
+	StateStopped    = "stopped" // init exited ("dead" before the lifecycle table)
+	StateDeleting   = "deleting"
+	StatePaused     = "paused"
+	StateHibernated = "hibernated"
+	StateLost       = "lost"
+	StateUnknown    = "unknown" // a record of a state this daemon does not know
 )
 
 // States lists every value of the state label.
-var States = []string{StateCreating, StateRunning, StateDead, StateDeleting}
+var States = []string{StateCreating, StateRunning, StateStopped, StateDeleting,
+	StatePaused, StateHibernated, StateLost, StateUnknown}
 
 // Reasons a sandbox ended, for warren_sandbox_deleted_total{reason}.
 const (

@@ -72,6 +72,10 @@ func (f *fakeManager) Delete(_ context.Context, r *warrenv1.DeleteRequest) (*war
 	return &warrenv1.DeleteResponse{}, nil
 }
 
+func (f *fakeManager) UpdateSandbox(ctx context.Context, r *warrenv1.UpdateSandboxRequest) (*warrenv1.Sandbox, error) {
+	return f.Get(ctx, &warrenv1.GetRequest{Id: r.Id})
+}
+
 func (f *fakeManager) ExtendTimeout(ctx context.Context, r *warrenv1.ExtendTimeoutRequest) (*warrenv1.Sandbox, error) {
 	return f.Get(ctx, &warrenv1.GetRequest{Id: r.Id})
 }

@@ -18,6 +18,7 @@ type Manager interface {
 	List(context.Context, *warrenv1.ListRequest) (*warrenv1.ListResponse, error)
 	Delete(context.Context, *warrenv1.DeleteRequest) (*warrenv1.DeleteResponse, error)
 	ExtendTimeout(context.Context, *warrenv1.ExtendTimeoutRequest) (*warrenv1.Sandbox, error)
+	UpdateSandbox(context.Context, *warrenv1.UpdateSandboxRequest) (*warrenv1.Sandbox, error)
 
 	Exec(context.Context, *warrenv1.ExecRequest) (*warrenv1.ExecResult, error)
 	ExecStream(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error) error
@@ -79,6 +80,10 @@ func (s sandboxService) List(ctx context.Context, r *connect.Request[warrenv1.Li
 
 func (s sandboxService) Delete(ctx context.Context, r *connect.Request[warrenv1.DeleteRequest]) (*connect.Response[warrenv1.DeleteResponse], error) {
 	return unary(ctx, r, s.m.Delete)
+}
+
+func (s sandboxService) UpdateSandbox(ctx context.Context, r *connect.Request[warrenv1.UpdateSandboxRequest]) (*connect.Response[warrenv1.Sandbox], error) {
+	return unary(ctx, r, s.m.UpdateSandbox)
 }
 
 func (s sandboxService) ExtendTimeout(ctx context.Context, r *connect.Request[warrenv1.ExtendTimeoutRequest]) (*connect.Response[warrenv1.Sandbox], error) {

@@ -47,7 +47,7 @@ func TestPutGetDeleteList(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Replace.
-	r := rec("b", warrenv1.SandboxState_SANDBOX_STATE_DEAD)
+	r := rec("b", warrenv1.SandboxState_SANDBOX_STATE_STOPPED)
 	r.Sandbox.DeadReason = "init exited"
 	if err := s.Put(r); err != nil {
 		t.Fatal(err)
@@ -58,7 +58,7 @@ func TestPutGetDeleteList(t *testing.T) {
 	}
 	if got.ID != "b" || got.Backend != "container" || string(got.BackendState) != `{"pid":42}` ||
 		len(got.ImageLayers) != 2 || got.ImageLayers[1] != "sha256:bb" ||
-		got.State() != warrenv1.SandboxState_SANDBOX_STATE_DEAD || !proto.Equal(got.Sandbox, r.Sandbox) {
+		got.State() != warrenv1.SandboxState_SANDBOX_STATE_STOPPED || !proto.Equal(got.Sandbox, r.Sandbox) {
 		t.Fatalf("got %+v", got)
 	}
 	list, err := s.List()

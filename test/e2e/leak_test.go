@@ -23,7 +23,7 @@ import (
 
 const (
 	stateRunning = warrenv1.SandboxState_SANDBOX_STATE_RUNNING
-	stateDead    = warrenv1.SandboxState_SANDBOX_STATE_DEAD
+	stateDead    = warrenv1.SandboxState_SANDBOX_STATE_STOPPED
 )
 
 // busy gives a sandbox something to clean up: files in its writable

@@ -83,7 +83,7 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
-	for _, s := range []string{"creating", "running", "dead", "deleting"} {
+	for _, s := range []string{"creating", "running", "stopped", "deleting", "paused", "hibernated", "lost", "unknown"} {
 		series := `warren_sandboxes{state="` + s + `"}`
 		if v, ok := m0.get(series); !ok || v != 0 {
 			t.Errorf("%s = %v (present %v), want 0", series, v, ok)
@@ -201,7 +201,7 @@ func TestMetrics(t *testing.T) {
 		want   float64
 	}{
 		{`warren_sandboxes{state="running"}`, 0},
-		{`warren_sandboxes{state="dead"}`, 1},
+		{`warren_sandboxes{state="stopped"}`, 1},
 		{`warren_sandbox_deleted_total{reason="dead"}`, 1},
 	} {
 		if got, _ := m5.get(c.series); got != c.want {
@@ -212,7 +212,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	m6, _ := e.scrape(t)
-	if got, _ := m6.get(`warren_sandboxes{state="dead"}`); got != 0 {
+	if got, _ := m6.get(`warren_sandboxes{state="stopped"}`); got != 0 {
 		t.Errorf("dead gauge after deleting the dead sandbox = %v", got)
 	}
 	if got, _ := m6.get(`warren_sandbox_deleted_total{reason="user"}`); got != 2 {

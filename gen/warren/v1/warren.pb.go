@@ -31,14 +31,21 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// The lifecycle of a sandbox (docs/ARCHITECTURE.md, "Death, delete,
+// restart", draws the transitions). Only RUNNING sandboxes run commands,
+// serve files, commit and update. A daemon reports a state number it does
+// not know (from a newer daemon) as it is and keeps the sandbox.
 type SandboxState int32
 
 const (
 	SandboxState_SANDBOX_STATE_UNSPECIFIED SandboxState = 0
 	SandboxState_SANDBOX_STATE_CREATING    SandboxState = 1
 	SandboxState_SANDBOX_STATE_RUNNING     SandboxState = 2
-	SandboxState_SANDBOX_STATE_DEAD        SandboxState = 3 // init died; resources released; delete to forget it
+	SandboxState_SANDBOX_STATE_STOPPED     SandboxState = 3 // init exited; resources released; delete to forget it (was DEAD)
 	SandboxState_SANDBOX_STATE_DELETING    SandboxState = 4
+	SandboxState_SANDBOX_STATE_PAUSED      SandboxState = 5 // processes frozen, memory kept
+	SandboxState_SANDBOX_STATE_HIBERNATED  SandboxState = 6 // memory and files saved to disk, nothing runs
+	SandboxState_SANDBOX_STATE_LOST        SandboxState = 7 // the node cannot reach it now (retried); it may still run
 )
 
 // Enum value maps for SandboxState.
@@ -47,15 +54,21 @@ var (
 		0: "SANDBOX_STATE_UNSPECIFIED",
 		1: "SANDBOX_STATE_CREATING",
 		2: "SANDBOX_STATE_RUNNING",
-		3: "SANDBOX_STATE_DEAD",
+		3: "SANDBOX_STATE_STOPPED",
 		4: "SANDBOX_STATE_DELETING",
+		5: "SANDBOX_STATE_PAUSED",
+		6: "SANDBOX_STATE_HIBERNATED",
+		7: "SANDBOX_STATE_LOST",
 	}
 	SandboxState_value = map[string]int32{
 		"SANDBOX_STATE_UNSPECIFIED": 0,
 		"SANDBOX_STATE_CREATING":    1,
 		"SANDBOX_STATE_RUNNING":     2,
-		"SANDBOX_STATE_DEAD":        3,
+		"SANDBOX_STATE_STOPPED":     3,
 		"SANDBOX_STATE_DELETING":    4,
+		"SANDBOX_STATE_PAUSED":      5,
+		"SANDBOX_STATE_HIBERNATED":  6,
+		"SANDBOX_STATE_LOST":        7,
 	}
 )
 
@@ -700,6 +713,103 @@ func (x *ExtendTimeoutRequest) GetTimeoutSeconds() int64 {
 	return 0
 }
 
+// UpdateSandboxRequest: unset fields are left alone; a set limit means
+// what it means in Resources (cpu_millis 0 = no quota, memory_bytes and
+// pids_max 0 = node default). Labels: set_labels adds or overwrites,
+// remove_labels deletes (absent keys are ignored); a key in both is
+// invalid, and the resulting set obeys Create's limits.
+type UpdateSandboxRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	CpuMillis      *int64                 `protobuf:"varint,2,opt,name=cpu_millis,json=cpuMillis,proto3,oneof" json:"cpu_millis,omitempty"`
+	MemoryBytes    *int64                 `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3,oneof" json:"memory_bytes,omitempty"`
+	PidsMax        *int64                 `protobuf:"varint,4,opt,name=pids_max,json=pidsMax,proto3,oneof" json:"pids_max,omitempty"`
+	TimeoutSeconds *int64                 `protobuf:"varint,5,opt,name=timeout_seconds,json=timeoutSeconds,proto3,oneof" json:"timeout_seconds,omitempty"` // new deadline = now + timeout_seconds (0 = node default)
+	SetLabels      map[string]string      `protobuf:"bytes,6,rep,name=set_labels,json=setLabels,proto3" json:"set_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	RemoveLabels   []string               `protobuf:"bytes,7,rep,name=remove_labels,json=removeLabels,proto3" json:"remove_labels,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *UpdateSandboxRequest) Reset() {
+	*x = UpdateSandboxRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateSandboxRequest) ProtoMessage() {}
+
+func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateSandboxRequest.ProtoReflect.Descriptor instead.
+func (*UpdateSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *UpdateSandboxRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateSandboxRequest) GetCpuMillis() int64 {
+	if x != nil && x.CpuMillis != nil {
+		return *x.CpuMillis
+	}
+	return 0
+}
+
+func (x *UpdateSandboxRequest) GetMemoryBytes() int64 {
+	if x != nil && x.MemoryBytes != nil {
+		return *x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *UpdateSandboxRequest) GetPidsMax() int64 {
+	if x != nil && x.PidsMax != nil {
+		return *x.PidsMax
+	}
+	return 0
+}
+
+func (x *UpdateSandboxRequest) GetTimeoutSeconds() int64 {
+	if x != nil && x.TimeoutSeconds != nil {
+		return *x.TimeoutSeconds
+	}
+	return 0
+}
+
+func (x *UpdateSandboxRequest) GetSetLabels() map[string]string {
+	if x != nil {
+		return x.SetLabels
+	}
+	return nil
+}
+
+func (x *UpdateSandboxRequest) GetRemoveLabels() []string {
+	if x != nil {
+		return x.RemoveLabels
+	}
+	return nil
+}
+
 type ExecRequest struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId        string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -720,7 +830,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -732,7 +842,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -745,7 +855,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -838,7 +948,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +960,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +973,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecResult) GetStdout() []byte {
@@ -964,7 +1074,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -976,7 +1086,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -989,7 +1099,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -1063,7 +1173,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1185,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1198,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ProcessInfo) GetSandboxId() string {
@@ -1149,7 +1259,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1161,7 +1271,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1174,7 +1284,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1193,7 +1303,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1205,7 +1315,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1218,7 +1328,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1239,7 +1349,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1251,7 +1361,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1264,7 +1374,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WaitProcessRequest) GetSandboxId() string {
@@ -1300,7 +1410,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1422,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1435,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -1364,7 +1474,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1486,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1499,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
 }
 
 type WriteStdinRequest struct {
@@ -1404,7 +1514,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1416,7 +1526,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1429,7 +1539,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -1468,7 +1578,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1590,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1603,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
 }
 
 type WriteFileRequest struct {
@@ -1510,7 +1620,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1632,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1645,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -1588,7 +1698,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1710,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1723,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
 }
 
 type ReadFileRequest struct {
@@ -1628,7 +1738,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1750,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1763,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -1695,7 +1805,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +1817,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +1830,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadFileResponse) GetContent() []byte {
@@ -1761,7 +1871,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +1883,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +1896,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *FileInfo) GetName() string {
@@ -1869,7 +1979,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1881,7 +1991,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1894,7 +2004,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListFilesRequest) GetSandboxId() string {
@@ -1935,7 +2045,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2057,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2070,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -1987,7 +2097,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1999,7 +2109,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2012,7 +2122,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StatFileRequest) GetSandboxId() string {
@@ -2041,7 +2151,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2053,7 +2163,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2066,7 +2176,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -2105,7 +2215,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +2227,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +2240,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
 }
 
 type RemoveFileRequest struct {
@@ -2144,7 +2254,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2266,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2279,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RemoveFileRequest) GetSandboxId() string {
@@ -2201,7 +2311,7 @@ type RemoveFileResponse struct {
 
 func (x *RemoveFileResponse) Reset() {
 	*x = RemoveFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2213,7 +2323,7 @@ func (x *RemoveFileResponse) String() string {
 func (*RemoveFileResponse) ProtoMessage() {}
 
 func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2226,7 +2336,7 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
 }
 
 type Image struct {
@@ -2253,7 +2363,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2375,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2388,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Image) GetName() string {
@@ -2380,7 +2490,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2392,7 +2502,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2405,7 +2515,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
 }
 
 type ListImagesResponse struct {
@@ -2417,7 +2527,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2539,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2552,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -2461,7 +2571,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2473,7 +2583,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2486,7 +2596,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetImageRequest) GetName() string {
@@ -2506,7 +2616,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2518,7 +2628,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2531,7 +2641,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ImportImageRequest) GetName() string {
@@ -2557,7 +2667,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2569,7 +2679,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2582,7 +2692,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -2600,7 +2710,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2612,7 +2722,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2625,7 +2735,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
 }
 
 type PullImageRequest struct {
@@ -2639,7 +2749,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +2761,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +2774,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -2711,7 +2821,7 @@ type PullImageEvent struct {
 
 func (x *PullImageEvent) Reset() {
 	*x = PullImageEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2723,7 +2833,7 @@ func (x *PullImageEvent) String() string {
 func (*PullImageEvent) ProtoMessage() {}
 
 func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2736,7 +2846,7 @@ func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageEvent.ProtoReflect.Descriptor instead.
 func (*PullImageEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PullImageEvent) GetPhase() string {
@@ -2823,7 +2933,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2835,7 +2945,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2848,7 +2958,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Layer) GetName() string {
@@ -2924,7 +3034,7 @@ type BuildLayerRequest struct {
 
 func (x *BuildLayerRequest) Reset() {
 	*x = BuildLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2936,7 +3046,7 @@ func (x *BuildLayerRequest) String() string {
 func (*BuildLayerRequest) ProtoMessage() {}
 
 func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2949,7 +3059,7 @@ func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildLayerRequest.ProtoReflect.Descriptor instead.
 func (*BuildLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *BuildLayerRequest) GetName() string {
@@ -2974,7 +3084,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2986,7 +3096,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2999,7 +3109,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
 }
 
 type ListLayersResponse struct {
@@ -3011,7 +3121,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3023,7 +3133,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3036,7 +3146,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -3055,7 +3165,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3067,7 +3177,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3080,7 +3190,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RemoveLayerRequest) GetName() string {
@@ -3098,7 +3208,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3110,7 +3220,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3123,7 +3233,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
 }
 
 // CommitSandbox treats what the sandbox wrote as untrusted: setuid and
@@ -3140,7 +3250,7 @@ type CommitSandboxRequest struct {
 
 func (x *CommitSandboxRequest) Reset() {
 	*x = CommitSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3152,7 +3262,7 @@ func (x *CommitSandboxRequest) String() string {
 func (*CommitSandboxRequest) ProtoMessage() {}
 
 func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3165,7 +3275,7 @@ func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CommitSandboxRequest) GetSandboxId() string {
@@ -3198,7 +3308,7 @@ type ImageStatsRequest struct {
 
 func (x *ImageStatsRequest) Reset() {
 	*x = ImageStatsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3210,7 +3320,7 @@ func (x *ImageStatsRequest) String() string {
 func (*ImageStatsRequest) ProtoMessage() {}
 
 func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3223,7 +3333,7 @@ func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsRequest.ProtoReflect.Descriptor instead.
 func (*ImageStatsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ImageStatsRequest) GetNames() []string {
@@ -3258,7 +3368,7 @@ type LayerStat struct {
 
 func (x *LayerStat) Reset() {
 	*x = LayerStat{}
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3270,7 +3380,7 @@ func (x *LayerStat) String() string {
 func (*LayerStat) ProtoMessage() {}
 
 func (x *LayerStat) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3283,7 +3393,7 @@ func (x *LayerStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStat.ProtoReflect.Descriptor instead.
 func (*LayerStat) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *LayerStat) GetDigest() string {
@@ -3386,7 +3496,7 @@ type ImageStatsResponse struct {
 
 func (x *ImageStatsResponse) Reset() {
 	*x = ImageStatsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3398,7 +3508,7 @@ func (x *ImageStatsResponse) String() string {
 func (*ImageStatsResponse) ProtoMessage() {}
 
 func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3411,7 +3521,7 @@ func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsResponse.ProtoReflect.Descriptor instead.
 func (*ImageStatsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ImageStatsResponse) GetLayers() []*LayerStat {
@@ -3430,7 +3540,7 @@ type VerifyImageRequest struct {
 
 func (x *VerifyImageRequest) Reset() {
 	*x = VerifyImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3442,7 +3552,7 @@ func (x *VerifyImageRequest) String() string {
 func (*VerifyImageRequest) ProtoMessage() {}
 
 func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3455,7 +3565,7 @@ func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageRequest.ProtoReflect.Descriptor instead.
 func (*VerifyImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *VerifyImageRequest) GetNames() []string {
@@ -3477,7 +3587,7 @@ type LayerVerification struct {
 
 func (x *LayerVerification) Reset() {
 	*x = LayerVerification{}
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3489,7 +3599,7 @@ func (x *LayerVerification) String() string {
 func (*LayerVerification) ProtoMessage() {}
 
 func (x *LayerVerification) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3502,7 +3612,7 @@ func (x *LayerVerification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerVerification.ProtoReflect.Descriptor instead.
 func (*LayerVerification) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *LayerVerification) GetDigest() string {
@@ -3542,7 +3652,7 @@ type VerifyImageResponse struct {
 
 func (x *VerifyImageResponse) Reset() {
 	*x = VerifyImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3554,7 +3664,7 @@ func (x *VerifyImageResponse) String() string {
 func (*VerifyImageResponse) ProtoMessage() {}
 
 func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3567,7 +3677,7 @@ func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageResponse.ProtoReflect.Descriptor instead.
 func (*VerifyImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *VerifyImageResponse) GetLayers() []*LayerVerification {
@@ -3585,7 +3695,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3597,7 +3707,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3610,7 +3720,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
 }
 
 type VersionResponse struct {
@@ -3625,7 +3735,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3637,7 +3747,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3650,7 +3760,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -3750,7 +3860,24 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0eDeleteResponse\"O\n" +
 	"\x14ExtendTimeoutRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
-	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\xf3\x02\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\xb3\x03\n" +
+	"\x14UpdateSandboxRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
+	"\n" +
+	"cpu_millis\x18\x02 \x01(\x03H\x00R\tcpuMillis\x88\x01\x01\x12&\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x03H\x01R\vmemoryBytes\x88\x01\x01\x12\x1e\n" +
+	"\bpids_max\x18\x04 \x01(\x03H\x02R\apidsMax\x88\x01\x01\x12,\n" +
+	"\x0ftimeout_seconds\x18\x05 \x01(\x03H\x03R\x0etimeoutSeconds\x88\x01\x01\x12M\n" +
+	"\n" +
+	"set_labels\x18\x06 \x03(\v2..warren.v1.UpdateSandboxRequest.SetLabelsEntryR\tsetLabels\x12#\n" +
+	"\rremove_labels\x18\a \x03(\tR\fremoveLabels\x1a<\n" +
+	"\x0eSetLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
+	"\v_cpu_millisB\x0f\n" +
+	"\r_memory_bytesB\v\n" +
+	"\t_pids_maxB\x12\n" +
+	"\x10_timeout_seconds\"\xf3\x02\n" +
 	"\vExecRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -3991,20 +4118,24 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1a\n" +
 	"\bbackends\x18\x03 \x03(\tR\bbackends\x12\x1f\n" +
 	"\vcgroup_mode\x18\x04 \x01(\tR\n" +
-	"cgroupMode*\x98\x01\n" +
+	"cgroupMode*\xeb\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
-	"\x15SANDBOX_STATE_RUNNING\x10\x02\x12\x16\n" +
-	"\x12SANDBOX_STATE_DEAD\x10\x03\x12\x1a\n" +
-	"\x16SANDBOX_STATE_DELETING\x10\x042\x88\n" +
+	"\x15SANDBOX_STATE_RUNNING\x10\x02\x12\x19\n" +
+	"\x15SANDBOX_STATE_STOPPED\x10\x03\x12\x1a\n" +
+	"\x16SANDBOX_STATE_DELETING\x10\x04\x12\x18\n" +
+	"\x14SANDBOX_STATE_PAUSED\x10\x05\x12\x1c\n" +
+	"\x18SANDBOX_STATE_HIBERNATED\x10\x06\x12\x16\n" +
+	"\x12SANDBOX_STATE_LOST\x10\a2\xce\n" +
 	"\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
 	"\x04List\x12\x16.warren.v1.ListRequest\x1a\x17.warren.v1.ListResponse\x12=\n" +
 	"\x06Delete\x12\x18.warren.v1.DeleteRequest\x1a\x19.warren.v1.DeleteResponse\x12D\n" +
-	"\rExtendTimeout\x12\x1f.warren.v1.ExtendTimeoutRequest\x1a\x12.warren.v1.Sandbox\x125\n" +
+	"\rExtendTimeout\x12\x1f.warren.v1.ExtendTimeoutRequest\x1a\x12.warren.v1.Sandbox\x12D\n" +
+	"\rUpdateSandbox\x12\x1f.warren.v1.UpdateSandboxRequest\x1a\x12.warren.v1.Sandbox\x125\n" +
 	"\x04Exec\x12\x16.warren.v1.ExecRequest\x1a\x15.warren.v1.ExecResult\x12<\n" +
 	"\n" +
 	"ExecStream\x12\x16.warren.v1.ExecRequest\x1a\x14.warren.v1.ExecEvent0\x01\x12>\n" +
@@ -4053,7 +4184,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: warren.v1.SandboxState
 	(*Resources)(nil),             // 1: warren.v1.Resources
@@ -4065,145 +4196,150 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*DeleteRequest)(nil),         // 7: warren.v1.DeleteRequest
 	(*DeleteResponse)(nil),        // 8: warren.v1.DeleteResponse
 	(*ExtendTimeoutRequest)(nil),  // 9: warren.v1.ExtendTimeoutRequest
-	(*ExecRequest)(nil),           // 10: warren.v1.ExecRequest
-	(*ExecResult)(nil),            // 11: warren.v1.ExecResult
-	(*ExecEvent)(nil),             // 12: warren.v1.ExecEvent
-	(*ProcessInfo)(nil),           // 13: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),  // 14: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil), // 15: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),    // 16: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),  // 17: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil), // 18: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),     // 19: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 20: warren.v1.WriteStdinResponse
-	(*WriteFileRequest)(nil),      // 21: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 22: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),       // 23: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 24: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),              // 25: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),      // 26: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),     // 27: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),       // 28: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),        // 29: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),       // 30: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),     // 31: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),    // 32: warren.v1.RemoveFileResponse
-	(*Image)(nil),                 // 33: warren.v1.Image
-	(*ListImagesRequest)(nil),     // 34: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),    // 35: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),       // 36: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),    // 37: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),    // 38: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),   // 39: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),      // 40: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),        // 41: warren.v1.PullImageEvent
-	(*Layer)(nil),                 // 42: warren.v1.Layer
-	(*BuildLayerRequest)(nil),     // 43: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),     // 44: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),    // 45: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),    // 46: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),   // 47: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),  // 48: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),     // 49: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),             // 50: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),    // 51: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),    // 52: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),     // 53: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),   // 54: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),        // 55: warren.v1.VersionRequest
-	(*VersionResponse)(nil),       // 56: warren.v1.VersionResponse
-	nil,                           // 57: warren.v1.CreateRequest.EnvEntry
-	nil,                           // 58: warren.v1.CreateRequest.LabelsEntry
-	nil,                           // 59: warren.v1.Sandbox.EnvEntry
-	nil,                           // 60: warren.v1.Sandbox.LabelsEntry
-	nil,                           // 61: warren.v1.ListRequest.LabelsEntry
-	nil,                           // 62: warren.v1.ExecRequest.EnvEntry
+	(*UpdateSandboxRequest)(nil),  // 10: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),           // 11: warren.v1.ExecRequest
+	(*ExecResult)(nil),            // 12: warren.v1.ExecResult
+	(*ExecEvent)(nil),             // 13: warren.v1.ExecEvent
+	(*ProcessInfo)(nil),           // 14: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),  // 15: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil), // 16: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),    // 17: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),  // 18: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil), // 19: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),     // 20: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 21: warren.v1.WriteStdinResponse
+	(*WriteFileRequest)(nil),      // 22: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 23: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),       // 24: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 25: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),              // 26: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),      // 27: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),     // 28: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),       // 29: warren.v1.StatFileRequest
+	(*MakeDirRequest)(nil),        // 30: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),       // 31: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),     // 32: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),    // 33: warren.v1.RemoveFileResponse
+	(*Image)(nil),                 // 34: warren.v1.Image
+	(*ListImagesRequest)(nil),     // 35: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),    // 36: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),       // 37: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),    // 38: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),    // 39: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),   // 40: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),      // 41: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),        // 42: warren.v1.PullImageEvent
+	(*Layer)(nil),                 // 43: warren.v1.Layer
+	(*BuildLayerRequest)(nil),     // 44: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),     // 45: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),    // 46: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),    // 47: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),   // 48: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),  // 49: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),     // 50: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),             // 51: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),    // 52: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),    // 53: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),     // 54: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),   // 55: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),        // 56: warren.v1.VersionRequest
+	(*VersionResponse)(nil),       // 57: warren.v1.VersionResponse
+	nil,                           // 58: warren.v1.CreateRequest.EnvEntry
+	nil,                           // 59: warren.v1.CreateRequest.LabelsEntry
+	nil,                           // 60: warren.v1.Sandbox.EnvEntry
+	nil,                           // 61: warren.v1.Sandbox.LabelsEntry
+	nil,                           // 62: warren.v1.ListRequest.LabelsEntry
+	nil,                           // 63: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                           // 64: warren.v1.ExecRequest.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	57, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	58, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	58, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	59, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	0,  // 3: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	1,  // 4: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	59, // 5: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	60, // 6: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	61, // 7: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	60, // 5: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	61, // 6: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	62, // 7: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	3,  // 8: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	62, // 9: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	11, // 10: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	11, // 11: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	13, // 12: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	25, // 13: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	33, // 14: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	33, // 15: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	42, // 16: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	50, // 17: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	53, // 18: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	2,  // 19: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	4,  // 20: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	5,  // 21: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	7,  // 22: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	9,  // 23: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	10, // 24: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	10, // 25: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	10, // 26: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	14, // 27: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	16, // 28: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	17, // 29: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	19, // 30: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	21, // 31: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	23, // 32: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	26, // 33: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	28, // 34: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	29, // 35: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	31, // 36: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	48, // 37: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	34, // 38: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	36, // 39: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	37, // 40: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	38, // 41: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	40, // 42: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	43, // 43: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	44, // 44: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	46, // 45: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	49, // 46: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	52, // 47: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	55, // 48: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	3,  // 49: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	3,  // 50: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	6,  // 51: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	8,  // 52: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	3,  // 53: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	11, // 54: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	12, // 55: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	13, // 56: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	15, // 57: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	11, // 58: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	18, // 59: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	20, // 60: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	22, // 61: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	24, // 62: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	27, // 63: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	25, // 64: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	30, // 65: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	32, // 66: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	42, // 67: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	35, // 68: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	33, // 69: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	33, // 70: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	39, // 71: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	41, // 72: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	42, // 73: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	45, // 74: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	47, // 75: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	51, // 76: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	54, // 77: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	56, // 78: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	49, // [49:79] is the sub-list for method output_type
-	19, // [19:49] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	63, // 9: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	64, // 10: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	12, // 11: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
+	12, // 12: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	14, // 13: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	26, // 14: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	34, // 15: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	34, // 16: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	43, // 17: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	51, // 18: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	54, // 19: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	2,  // 20: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	4,  // 21: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	5,  // 22: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	7,  // 23: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	9,  // 24: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	10, // 25: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	11, // 26: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	11, // 27: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	11, // 28: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	15, // 29: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	17, // 30: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	18, // 31: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	20, // 32: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	22, // 33: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	24, // 34: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	27, // 35: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	29, // 36: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	30, // 37: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	32, // 38: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	49, // 39: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	35, // 40: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	37, // 41: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	38, // 42: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	39, // 43: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	41, // 44: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	44, // 45: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	45, // 46: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	47, // 47: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	50, // 48: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	53, // 49: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	56, // 50: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	3,  // 51: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	3,  // 52: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	6,  // 53: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	8,  // 54: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	3,  // 55: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	3,  // 56: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	12, // 57: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	13, // 58: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	14, // 59: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	16, // 60: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	12, // 61: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	19, // 62: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	21, // 63: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	23, // 64: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	25, // 65: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	28, // 66: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	26, // 67: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	31, // 68: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	33, // 69: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	43, // 70: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	36, // 71: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	34, // 72: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	34, // 73: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	40, // 74: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	42, // 75: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	43, // 76: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	46, // 77: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	48, // 78: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	52, // 79: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	55, // 80: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	57, // 81: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	51, // [51:82] is the sub-list for method output_type
+	20, // [20:51] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -4211,7 +4347,8 @@ func file_warren_v1_warren_proto_init() {
 	if File_warren_v1_warren_proto != nil {
 		return
 	}
-	file_warren_v1_warren_proto_msgTypes[11].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[9].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[12].OneofWrappers = []any{
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
 		(*ExecEvent_Result)(nil),
@@ -4222,7 +4359,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   62,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

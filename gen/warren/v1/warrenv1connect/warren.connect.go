@@ -58,6 +58,9 @@ const (
 	// SandboxServiceExtendTimeoutProcedure is the fully-qualified name of the SandboxService's
 	// ExtendTimeout RPC.
 	SandboxServiceExtendTimeoutProcedure = "/warren.v1.SandboxService/ExtendTimeout"
+	// SandboxServiceUpdateSandboxProcedure is the fully-qualified name of the SandboxService's
+	// UpdateSandbox RPC.
+	SandboxServiceUpdateSandboxProcedure = "/warren.v1.SandboxService/UpdateSandbox"
 	// SandboxServiceExecProcedure is the fully-qualified name of the SandboxService's Exec RPC.
 	SandboxServiceExecProcedure = "/warren.v1.SandboxService/Exec"
 	// SandboxServiceExecStreamProcedure is the fully-qualified name of the SandboxService's ExecStream
@@ -131,6 +134,11 @@ type SandboxServiceClient interface {
 	List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error)
 	Delete(context.Context, *connect.Request[v1.DeleteRequest]) (*connect.Response[v1.DeleteResponse], error)
 	ExtendTimeout(context.Context, *connect.Request[v1.ExtendTimeoutRequest]) (*connect.Response[v1.Sandbox], error)
+	// UpdateSandbox changes a RUNNING sandbox's limits, lifetime and labels
+	// (conflict in any other state). Fields left unset stay as they are.
+	// All or nothing: a request the node cannot honour (invalid, or a
+	// memory limit below what the sandbox uses now) changes nothing.
+	UpdateSandbox(context.Context, *connect.Request[v1.UpdateSandboxRequest]) (*connect.Response[v1.Sandbox], error)
 	// Exec runs a command to completion and returns its captured output.
 	Exec(context.Context, *connect.Request[v1.ExecRequest]) (*connect.Response[v1.ExecResult], error)
 	// ExecStream runs a command and streams output chunks as they come; the
@@ -205,6 +213,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			httpClient,
 			baseURL+SandboxServiceExtendTimeoutProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("ExtendTimeout")),
+			connect.WithClientOptions(opts...),
+		),
+		updateSandbox: connect.NewClient[v1.UpdateSandboxRequest, v1.Sandbox](
+			httpClient,
+			baseURL+SandboxServiceUpdateSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("UpdateSandbox")),
 			connect.WithClientOptions(opts...),
 		),
 		exec: connect.NewClient[v1.ExecRequest, v1.ExecResult](
@@ -301,6 +315,7 @@ type sandboxServiceClient struct {
 	list          *connect.Client[v1.ListRequest, v1.ListResponse]
 	delete        *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
 	extendTimeout *connect.Client[v1.ExtendTimeoutRequest, v1.Sandbox]
+	updateSandbox *connect.Client[v1.UpdateSandboxRequest, v1.Sandbox]
 	exec          *connect.Client[v1.ExecRequest, v1.ExecResult]
 	execStream    *connect.Client[v1.ExecRequest, v1.ExecEvent]
 	startProcess  *connect.Client[v1.ExecRequest, v1.ProcessInfo]
@@ -340,6 +355,11 @@ func (c *sandboxServiceClient) Delete(ctx context.Context, req *connect.Request[
 // ExtendTimeout calls warren.v1.SandboxService.ExtendTimeout.
 func (c *sandboxServiceClient) ExtendTimeout(ctx context.Context, req *connect.Request[v1.ExtendTimeoutRequest]) (*connect.Response[v1.Sandbox], error) {
 	return c.extendTimeout.CallUnary(ctx, req)
+}
+
+// UpdateSandbox calls warren.v1.SandboxService.UpdateSandbox.
+func (c *sandboxServiceClient) UpdateSandbox(ctx context.Context, req *connect.Request[v1.UpdateSandboxRequest]) (*connect.Response[v1.Sandbox], error) {
+	return c.updateSandbox.CallUnary(ctx, req)
 }
 
 // Exec calls warren.v1.SandboxService.Exec.
@@ -419,6 +439,11 @@ type SandboxServiceHandler interface {
 	List(context.Context, *connect.Request[v1.ListRequest]) (*connect.Response[v1.ListResponse], error)
 	Delete(context.Context, *connect.Request[v1.DeleteRequest]) (*connect.Response[v1.DeleteResponse], error)
 	ExtendTimeout(context.Context, *connect.Request[v1.ExtendTimeoutRequest]) (*connect.Response[v1.Sandbox], error)
+	// UpdateSandbox changes a RUNNING sandbox's limits, lifetime and labels
+	// (conflict in any other state). Fields left unset stay as they are.
+	// All or nothing: a request the node cannot honour (invalid, or a
+	// memory limit below what the sandbox uses now) changes nothing.
+	UpdateSandbox(context.Context, *connect.Request[v1.UpdateSandboxRequest]) (*connect.Response[v1.Sandbox], error)
 	// Exec runs a command to completion and returns its captured output.
 	Exec(context.Context, *connect.Request[v1.ExecRequest]) (*connect.Response[v1.ExecResult], error)
 	// ExecStream runs a command and streams output chunks as they come; the
@@ -489,6 +514,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		SandboxServiceExtendTimeoutProcedure,
 		svc.ExtendTimeout,
 		connect.WithSchema(sandboxServiceMethods.ByName("ExtendTimeout")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceUpdateSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceUpdateSandboxProcedure,
+		svc.UpdateSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("UpdateSandbox")),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServiceExecHandler := connect.NewUnaryHandler(
@@ -587,6 +618,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceDeleteHandler.ServeHTTP(w, r)
 		case SandboxServiceExtendTimeoutProcedure:
 			sandboxServiceExtendTimeoutHandler.ServeHTTP(w, r)
+		case SandboxServiceUpdateSandboxProcedure:
+			sandboxServiceUpdateSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceExecProcedure:
 			sandboxServiceExecHandler.ServeHTTP(w, r)
 		case SandboxServiceExecStreamProcedure:
@@ -642,6 +675,10 @@ func (UnimplementedSandboxServiceHandler) Delete(context.Context, *connect.Reque
 
 func (UnimplementedSandboxServiceHandler) ExtendTimeout(context.Context, *connect.Request[v1.ExtendTimeoutRequest]) (*connect.Response[v1.Sandbox], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.ExtendTimeout is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) UpdateSandbox(context.Context, *connect.Request[v1.UpdateSandboxRequest]) (*connect.Response[v1.Sandbox], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.UpdateSandbox is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Exec(context.Context, *connect.Request[v1.ExecRequest]) (*connect.Response[v1.ExecResult], error) {

@@ -1,0 +1,184 @@
+package daemon
+
+import (
+	"context"
+	"maps"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// updateParams is a validated UpdateSandbox request with the node's
+// defaults applied to the limits it sets.
+type updateParams struct {
+	limits  backend.Update
+	timeout *time.Duration
+	set     map[string]string
+	remove  []string
+}
+
+func (u *updateParams) hasLimits() bool {
+	return u.limits.CPUMillis != nil || u.limits.MemoryBytes != nil || u.limits.PidsMax != nil
+}
+
+func (m *Manager) validateUpdate(req *warrenv1.UpdateSandboxRequest) (updateParams, error) {
+	var u updateParams
+	if req.GetId() == "" {
+		return u, errdefs.Invalidf("sandbox id is required")
+	}
+	if req.CpuMillis != nil {
+		if err := checkCPU(req.GetCpuMillis()); err != nil {
+			return u, err
+		}
+		u.limits.CPUMillis = proto.Int64(req.GetCpuMillis())
+	}
+	if req.MemoryBytes != nil {
+		if err := checkMemory(req.GetMemoryBytes()); err != nil {
+			return u, err
+		}
+		u.limits.MemoryBytes = proto.Int64(cmpOr(req.GetMemoryBytes(), m.cfg.DefaultMemoryBytes))
+	}
+	if req.PidsMax != nil {
+		if err := checkPids(req.GetPidsMax()); err != nil {
+			return u, err
+		}
+		u.limits.PidsMax = proto.Int64(cmpOr(req.GetPidsMax(), m.cfg.DefaultPids))
+	}
+	if req.TimeoutSeconds != nil {
+		d, err := m.lifetime(req.GetTimeoutSeconds())
+		if err != nil {
+			return u, err
+		}
+		u.timeout = &d
+	}
+	u.set, u.remove = req.GetSetLabels(), req.GetRemoveLabels()
+	for _, k := range u.remove {
+		if _, ok := u.set[k]; ok {
+			return u, errdefs.Invalidf("label %q is both set and removed", k)
+		}
+	}
+	return u, nil
+}
+
+func cmpOr(v, def int64) int64 {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// UpdateSandbox changes a RUNNING sandbox's limits (through the backend's
+// Updater), lifetime and labels, all or nothing: everything is validated
+// first, the backend applies its part whole or not at all, and a failed
+// write of the record puts the limits back. Conflict in any other state,
+// and while another update of the sandbox runs.
+func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandboxRequest) (_ *warrenv1.Sandbox, err error) {
+	defer m.observe("UpdateSandbox", &err)
+	u, err := m.validateUpdate(req)
+	if err != nil {
+		return nil, err
+	}
+	s, err := m.lookup(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	if err := s.allowLocked(opUpdate); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	if s.updating {
+		s.mu.Unlock()
+		return nil, errdefs.Conflictf("sandbox %s is already being updated: retry once that call returned", s.id)
+	}
+	labels := maps.Clone(s.info.GetLabels())
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	maps.Copy(labels, u.set)
+	for _, k := range u.remove {
+		delete(labels, k)
+	}
+	if err := checkLabels(labels); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	old := proto.Clone(s.info.GetResources()).(*warrenv1.Resources)
+	sb, backendName := s.sb, s.backendName
+	s.updating = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.updating = false
+		s.mu.Unlock()
+	}()
+
+	var up backend.Updater
+	if u.hasLimits() {
+		var ok bool
+		if up, ok = sb.(backend.Updater); !ok {
+			return nil, errdefs.Invalidf("backend %s cannot change the limits of a running sandbox", backendName)
+		}
+		if err := up.Update(ctx, u.limits); err != nil {
+			return nil, m.explain(opUpdate, s, err, "update sandbox "+s.id)
+		}
+	}
+
+	s.mu.Lock()
+	if err := s.allowLocked(opUpdate); err != nil {
+		// Died or being deleted meanwhile: its limits no longer matter.
+		s.mu.Unlock()
+		return nil, err
+	}
+	prevInfo := cloneSandbox(s.info)
+	res := proto.Clone(old).(*warrenv1.Resources)
+	if res == nil {
+		res = &warrenv1.Resources{}
+	}
+	setIf(&res.CpuMillis, u.limits.CPUMillis)
+	setIf(&res.MemoryBytes, u.limits.MemoryBytes)
+	setIf(&res.PidsMax, u.limits.PidsMax)
+	s.info.Resources, s.info.Labels = res, labels
+	var expires time.Time
+	if u.timeout != nil {
+		expires = time.Now().Add(*u.timeout)
+		s.info.ExpiresAtUnixMs = expires.UnixMilli()
+	}
+	if err := m.persist(s); err != nil {
+		s.info.Resources, s.info.Labels, s.info.ExpiresAtUnixMs = prevInfo.Resources, prevInfo.Labels, prevInfo.ExpiresAtUnixMs
+		s.mu.Unlock()
+		if up != nil {
+			back := backend.Update{}
+			if u.limits.CPUMillis != nil {
+				back.CPUMillis = proto.Int64(old.GetCpuMillis())
+			}
+			if u.limits.MemoryBytes != nil {
+				back.MemoryBytes = proto.Int64(old.GetMemoryBytes())
+			}
+			if u.limits.PidsMax != nil {
+				back.PidsMax = proto.Int64(old.GetPidsMax())
+			}
+			if rerr := up.Update(context.WithoutCancel(ctx), back); rerr != nil {
+				m.log.Error("restore limits after a failed update", "sandbox", s.id, "err", rerr)
+			}
+		}
+		return nil, err
+	}
+	if u.timeout != nil {
+		m.armTimerLocked(s, expires)
+	}
+	out := cloneSandbox(s.info)
+	s.mu.Unlock()
+	m.log.Debug("sandbox updated", "sandbox", s.id)
+	return out, nil
+}
+
+func setIf(dst *int64, v *int64) {
+	if v != nil {
+		*dst = *v
+	}
+}
