@@ -41,6 +41,7 @@ type serveOptions struct {
 	layerReadAheadKB         int
 	mkfsErofs                string
 	pprofAddr                string
+	stallTimeout             time.Duration
 }
 
 func newServeCommand() *cobra.Command {
@@ -74,6 +75,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "warren", "parent cgroup of the sandboxes (give each daemon on a host its own)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive download whose client takes no data, or an upload whose client sends none, for this long (the walk it holds is released)")
 	f.StringVar(&o.pprofAddr, "pprof", "", "serve Go's profiling endpoints (/debug/pprof/) on this TCP address, without authentication: use a loopback address such as 127.0.0.1:6060")
 	return c
 }
@@ -150,6 +152,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		InsecureNoAuth: o.insecureNoAuth,
 		Metrics:        met.Handler(),
 		Logger:         log,
+		StallTimeout:   o.stallTimeout,
 	})
 	if err != nil {
 		return err

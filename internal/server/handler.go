@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -40,6 +41,10 @@ type HandlerOptions struct {
 	ReadMaxBytes    int
 	ArchiveMaxBytes int64
 	ImageMaxBytes   int64
+	// StallTimeout cuts an archive download whose client takes no data,
+	// or an upload whose client sends none, for this long; zero selects
+	// DefaultStallTimeout, a negative value disables the cutoff.
+	StallTimeout time.Duration
 }
 
 func (o *HandlerOptions) setDefaults() {
@@ -54,6 +59,9 @@ func (o *HandlerOptions) setDefaults() {
 	}
 	if o.ImageMaxBytes <= 0 {
 		o.ImageMaxBytes = DefaultImageMaxBytes
+	}
+	if o.StallTimeout == 0 {
+		o.StallTimeout = DefaultStallTimeout
 	}
 }
 
@@ -155,6 +163,7 @@ type httpAPI struct {
 // error before any output can still become a JSON error response.
 type lazyWriter struct {
 	w       http.ResponseWriter
+	out     *stallWriter // w's body, cut when the client stalls
 	ctype   string
 	started bool
 }
@@ -169,7 +178,7 @@ func (l *lazyWriter) start() {
 
 func (l *lazyWriter) Write(p []byte) (int, error) {
 	l.start()
-	return l.w.Write(p)
+	return l.out.Write(p)
 }
 
 func (h *httpAPI) getArchive(w http.ResponseWriter, r *http.Request) {
@@ -178,18 +187,23 @@ func (h *httpAPI) getArchive(w http.ResponseWriter, r *http.Request) {
 		writeHTTPError(w, errdefs.Invalidf("query parameter path is required"))
 		return
 	}
-	lw := &lazyWriter{w: w, ctype: "application/x-tar"}
-	if err := h.m.TarOut(r.Context(), id, path, lw); err != nil {
+	lw := &lazyWriter{w: w, out: newStallWriter(w, h.o.StallTimeout), ctype: "application/x-tar"}
+	err := h.m.TarOut(r.Context(), id, path, lw)
+	if err == nil {
+		lw.start()
+		err = lw.out.Flush()
+	}
+	if err != nil {
 		if !lw.started {
 			writeHTTPError(w, err)
 			return
 		}
 		// Headers are gone: break the response so the client sees a
 		// failed transfer rather than a short archive.
-		h.o.Logger.Warn("archive download failed mid-stream", "sandbox", id, "path", path, "err", err)
+		h.o.Logger.Warn("archive download failed mid-stream", "sandbox", id, "path", path, "err", err,
+			"stall_timeout", h.o.StallTimeout)
 		panic(http.ErrAbortHandler)
 	}
-	lw.start()
 }
 
 func (h *httpAPI) putArchive(w http.ResponseWriter, r *http.Request) {
@@ -202,9 +216,9 @@ func (h *httpAPI) putArchive(w http.ResponseWriter, r *http.Request) {
 		writeHTTPError(w, errdefs.Invalidf("unsupported content type %q: want application/x-tar", r.Header.Get("Content-Type")))
 		return
 	}
-	body := http.MaxBytesReader(w, r.Body, h.o.ArchiveMaxBytes)
+	body := newStallReader(w, http.MaxBytesReader(w, r.Body, h.o.ArchiveMaxBytes), h.o.StallTimeout)
 	if err := h.m.TarIn(r.Context(), id, path, body); err != nil {
-		writeHTTPError(w, tooLarge(err, h.o.ArchiveMaxBytes))
+		writeHTTPError(w, stalled(tooLarge(err, h.o.ArchiveMaxBytes), h.o.StallTimeout))
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -230,10 +244,10 @@ func (h *httpAPI) putTar(w http.ResponseWriter, r *http.Request, fn func(ctx con
 		writeHTTPError(w, errdefs.Invalidf("unsupported content type %q: want application/x-tar", r.Header.Get("Content-Type")))
 		return
 	}
-	body := http.MaxBytesReader(w, r.Body, h.o.ImageMaxBytes)
+	body := newStallReader(w, http.MaxBytesReader(w, r.Body, h.o.ImageMaxBytes), h.o.StallTimeout)
 	msg, err := fn(r.Context(), name, body)
 	if err != nil {
-		writeHTTPError(w, tooLarge(err, h.o.ImageMaxBytes))
+		writeHTTPError(w, stalled(tooLarge(err, h.o.ImageMaxBytes), h.o.StallTimeout))
 		return
 	}
 	data, err := protojson.Marshal(msg)
@@ -260,6 +274,15 @@ func tooLarge(err error, limit int64) error {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return errdefs.Exhaustedf("request body larger than %d bytes", limit)
+	}
+	return err
+}
+
+// stalled turns the read deadline of a stalled upload, whatever category
+// the manager gave it, into a DeadlineExceeded error that says so.
+func stalled(err error, d time.Duration) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return errdefs.New(errdefs.DeadlineExceeded, "upload stalled: the client sent nothing for %v (warren serve --stall-timeout)", d)
 	}
 	return err
 }

@@ -45,6 +45,10 @@ type Config struct {
 	ReadMaxBytes    int
 	ArchiveMaxBytes int64
 	ImageMaxBytes   int64
+	// StallTimeout cuts archive downloads and uploads whose client moves
+	// no data for this long (HandlerOptions.StallTimeout); zero means
+	// DefaultStallTimeout.
+	StallTimeout time.Duration
 }
 
 // Server serves the API on its listeners.
@@ -149,6 +153,7 @@ func (s *Server) Serve(ctx context.Context, m Manager) error {
 		ReadMaxBytes:    s.cfg.ReadMaxBytes,
 		ArchiveMaxBytes: s.cfg.ArchiveMaxBytes,
 		ImageMaxBytes:   s.cfg.ImageMaxBytes,
+		StallTimeout:    s.cfg.StallTimeout,
 	}
 	reqCtx, cancelReqs := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelReqs()
