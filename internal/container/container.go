@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -109,9 +110,9 @@ func New(opts Options) (*Backend, error) {
 		}
 	}
 	// Sandboxes hide host directories of /proc and /sys under read-only
-	// binds of this one empty directory.
-	if err := os.MkdirAll(b.emptyDir(), 0o555); err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "create empty directory")
+	// binds of this one empty filesystem.
+	if err := mountSharedEmpty(b.emptyDir()); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(b.rootMount(), 0o755); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create root mount point")
@@ -175,7 +176,6 @@ type state struct {
 }
 
 func (b *Backend) runDir(id string) string   { return filepath.Join(b.opts.RunDir, "sb", id) }
-func (b *Backend) emptyDir() string          { return filepath.Join(b.opts.RunDir, "empty") }
 func (b *Backend) stateDir(id string) string { return filepath.Join(b.opts.StateDir, "sandboxes", id) }
 func (b *Backend) rootfs(id string) string   { return filepath.Join(b.runDir(id), "rootfs") }
 
@@ -203,6 +203,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, err
 	}
 	if err := b.ensureDevfs(); err != nil {
+		return nil, err
+	}
+	if err := b.ensureEmpty(); err != nil {
 		return nil, err
 	}
 	var cu cleanup.Cleanup
@@ -239,7 +242,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		}
 	}
 
-	overlay, err := overlayData(spec.Layers, filepath.Join(st, "upper"), filepath.Join(st, "work"))
+	overlay, err := overlayConfig(spec.Layers, filepath.Join(st, "upper"), filepath.Join(st, "work"))
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +297,7 @@ var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.D
 //
 // The cgroup is created after the clone, while the child starts up and
 // waits for its config: the two overlap instead of adding up.
-func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) (int, int, cgroups.Group, error) {
+func (b *Backend) startInit(spec backend.Spec, overlay map[string]string, lnFile *os.File) (int, int, cgroups.Group, error) {
 	null, err := devNull()
 	if err != nil {
 		return 0, -1, nil, errdefs.Wrap(errdefs.Internal, err, "open /dev/null")
@@ -371,8 +374,9 @@ func (b *Backend) startInit(spec backend.Spec, overlay string, lnFile *os.File) 
 	if hostname == "" {
 		hostname = spec.ID
 	}
-	conf := map[string]string{"rootfs": b.rootMount(), "overlay": overlay, "hostname": hostname,
+	conf := map[string]string{"rootfs": b.rootMount(), "hostname": hostname,
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID)}
+	maps.Copy(conf, overlay)
 	cfg := initConfig(conf)
 	if _, err := cfgW.Write(cfg); err != nil {
 		return fail(errdefs.Wrap(errdefs.Internal, err, "send init config"))
@@ -659,26 +663,34 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	return nil
 }
 
-// overlayData is the overlayfs mount data of a sandbox root; the init
-// stage mounts it inside the sandbox's own mount namespace.
-func overlayData(layers []string, upper, work string) (string, error) {
+// overlayConfig is the init stage's config of a sandbox's root overlay
+// (init_linux.c, mount_overlay): the directories, which the init stage
+// opens and names in the mount data by descriptor only, so that the
+// sandbox's mountinfo shows no host path, and the other options.
+func overlayConfig(layers []string, upper, work string) (map[string]string, error) {
 	for _, l := range layers {
-		if strings.ContainsAny(l, ":,\x00") {
-			return "", errdefs.Invalidf("layer path %q contains ':' or ','", l)
+		if strings.ContainsAny(l, ":\x00") {
+			return nil, errdefs.Invalidf("layer path %q contains ':'", l)
 		}
 		if _, err := os.Stat(l); err != nil {
-			return "", fsErr(err, "image layer")
+			return nil, fsErr(err, "image layer")
 		}
+	}
+	// Each layer takes ~20 bytes of the page of mount data
+	// ("/proc/self/fd/NN:"); the init stage checks the exact length.
+	if len(layers) > maxOverlayLayers {
+		return nil, errdefs.Invalidf("too many image layers (%d, at most %d) for one overlay mount", len(layers), maxOverlayLayers)
 	}
 	// redirect_dir and metacopy off (the defaults of most kernels, made
 	// explicit): the upper directory then holds whole files and real
 	// directories, which CommitSandbox relies on to turn it into a layer.
-	data := "lowerdir=" + strings.Join(layers, ":") + ",upperdir=" + upper + ",workdir=" + work + ",redirect_dir=off,metacopy=off"
-	if len(data) >= os.Getpagesize() {
-		return "", errdefs.Invalidf("too many image layers (%d) for one overlay mount", len(layers))
-	}
-	return data, nil
+	return map[string]string{"lower": strings.Join(layers, ":"), "upper": upper, "work": work,
+		"overlay_options": "redirect_dir=off,metacopy=off"}, nil
 }
+
+// maxOverlayLayers is what the init stage takes (its descriptor table for
+// the mount has 128 entries, two for upper and work).
+const maxOverlayLayers = 126
 
 func unmount(target string) error {
 	err := unix.Unmount(target, unix.MNT_DETACH)

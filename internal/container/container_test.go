@@ -17,6 +17,7 @@ import (
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/backend/conformance"
 	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/mountinfo"
 	"github.com/warrenrl/warren/internal/testutil"
 )
@@ -346,6 +347,58 @@ func TestInPlaceAgent(t *testing.T) {
 	}
 	if strings.Contains(string(maps), "memfd:warren-agent") || !strings.Contains(string(maps), opts.InitBinary) {
 		t.Errorf("agent is not the init binary in place:\n%s", maps)
+	}
+}
+
+// TestMountinfoNamesNoHostPath: a sandbox's mountinfo names none of the
+// node's directories (state, run, the image layer), whether the init
+// stage runs in the standalone agent or in place: the overlay names its
+// directories by descriptor and every bind's source is a filesystem's
+// root, a /proc entry or in the sandbox's own /dev.
+func TestMountinfoNamesNoHostPath(t *testing.T) {
+	for _, inPlace := range []bool{false, true} {
+		opts := testOptions(t, fmt.Sprintf("mi%v-", inPlace))
+		opts.InPlaceAgent = inPlace
+		b, err := New(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := fmt.Sprintf("mi%v", inPlace)
+		sb, _ := runningSandbox(t, b, id)
+		text := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/proc/self/mountinfo"}}, "").Stdout
+		for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
+			for _, p := range []string{filepath.Dir(opts.StateDir), testutil.BusyboxRoot(t), "/layers/", "/empty", "/upper"} {
+				if strings.Contains(line, p) {
+					t.Errorf("in place %v: mountinfo line names %s: %s", inPlace, p, line)
+				}
+			}
+		}
+		ms := mountinfo.Parse(text)
+		if len(ms) < 10 {
+			t.Fatalf("not a sandbox's mountinfo:\n%s", text)
+		}
+		for _, m := range ms {
+			if m.Root != "/" && m.FSType != "proc" && !strings.HasPrefix(m.Root+"/", "/"+id+"/") {
+				t.Errorf("in place %v: %s shows its source as %s (%s)", inPlace, m.Point, m.Root, m.FSType)
+			}
+		}
+	}
+}
+
+// TestTooManyLayers: more layers than the init stage names in a page of
+// mount data are refused before anything starts.
+func TestTooManyLayers(t *testing.T) {
+	b, err := New(testOptions(t, "layers-"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers := make([]string, maxOverlayLayers+1)
+	for i := range layers {
+		layers[i] = testutil.BusyboxRoot(t)
+	}
+	_, err = b.Create(t.Context(), backend.Spec{ID: "many", Layers: layers})
+	if errdefs.CategoryOf(err) != errdefs.Invalid || !strings.Contains(err.Error(), "too many image layers") {
+		t.Fatalf("create with %d layers: %v", len(layers), err)
 	}
 }
 

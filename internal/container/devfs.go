@@ -42,7 +42,8 @@ func mountSharedDevfs(dir string) error {
 		return errdefs.Wrap(errdefs.Internal, err, "create shared devfs mount point")
 	}
 	// Device nodes must work here: no MS_NODEV. No set-uid programs.
-	if err := unix.Mount("warren-devfs", dir, "tmpfs", unix.MS_NOSUID, devfsOptions); err != nil {
+	// Sandboxes see the source name in mountinfo: nothing of the node's.
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID, devfsOptions); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "mount shared devfs")
 	}
 	return nil

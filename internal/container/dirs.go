@@ -1,7 +1,6 @@
 package container
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,16 +49,5 @@ func removeTree(dir string) error {
 		return nil
 	}
 	// Not empty (or not a directory): the general walk.
-	parent, err := unix.Open(filepath.Dir(dir), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err == unix.ENOENT {
-		return nil
-	}
-	if err != nil {
-		return &os.PathError{Op: "open", Path: filepath.Dir(dir), Err: err}
-	}
-	defer unix.Close(parent)
-	if err := inroot.RemoveAll(parent, filepath.Base(dir)); err != nil {
-		return fmt.Errorf("in %s: %w", filepath.Dir(dir), err)
-	}
-	return nil
+	return inroot.RemoveTree(dir)
 }

@@ -15,13 +15,19 @@
  * 5 = status pipe (a message means failure; our closing it means the
  * sandbox is up), 6 = the standalone agent (what the daemon exec'd; closed).
  *
- * Config: NUL-separated key=value entries: rootfs (mount point), overlay
- * (overlayfs mount data; mounted here, inside the sandbox's own mount
- * namespace, so the daemon's namespace does not accumulate one mount per
- * sandbox for every later clone to copy), hostname, empty (an empty
- * read-only host directory used to hide directories), sysfs (the node's
- * shared sysfs), dev (this sandbox's /dev directory, created here, on the
- * node's shared devfs).
+ * Config: NUL-separated key=value entries: rootfs (mount point); lower
+ * (the overlay's lower directories, top-most first, ':'-separated), upper,
+ * work and overlay_options (further overlayfs options), mounted here, inside the
+ * sandbox's own mount namespace, so the daemon's namespace does not
+ * accumulate one mount per sandbox for every later clone to copy;
+ * hostname; empty (the node's shared empty read-only tmpfs, used to hide
+ * directories); sysfs (the node's shared sysfs); dev (this sandbox's /dev
+ * directory, created here, on the node's shared devfs).
+ *
+ * Nothing the sandbox can read names a host path: the overlay is mounted
+ * with data naming only descriptors (lowerdir=/proc/self/fd/N:..., which
+ * mountinfo shows as given), and every bind's source is the root of a
+ * filesystem or a path inside the sandbox's own /dev.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -29,6 +35,7 @@
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +97,70 @@ static void do_mount(const char *src, const char *dst, const char *type, unsigne
 {
 	if (mount(src, dst, type, flags, data) < 0)
 		die("mount", dst);
+}
+
+/* The overlay's mount data, at most a page (the kernel copies no more):
+ * ~20 bytes per layer, so the image store's 40 layers take ~900. Given
+ * back after the mount, like the config. */
+static char overlay_data[4096] __attribute__((aligned(4096)));
+static size_t overlay_len;
+
+static void __attribute__((format(printf, 1, 2))) append_data(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(overlay_data + overlay_len, sizeof overlay_data - overlay_len, fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n >= sizeof overlay_data - overlay_len) {
+		errno = E2BIG;
+		die("overlay", "mount data exceeds a page (too many layers)");
+	}
+	overlay_len += (size_t)n;
+}
+
+static int open_dir(const char *dir)
+{
+	int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		die("open", dir);
+	return fd;
+}
+
+/* Mounts the overlay of lower (':'-separated, top-most first; split in
+ * place, in the config buffer), upper and work at rootfs through
+ * descriptors: overlayfs keeps the option strings it was given for
+ * mountinfo, and these name only /proc/self/fd/N. The mount holds the
+ * directories once the descriptors are closed. */
+static void mount_overlay(const char *rootfs, char *lower, const char *upper, const char *work, const char *opts)
+{
+	int fds[128];
+	size_t nfd = 0;
+	append_data("lowerdir=");
+	for (char *p = lower;;) {
+		char *end = strchr(p, ':');
+		if (nfd >= sizeof fds / sizeof fds[0] - 2) {
+			errno = E2BIG;
+			die("overlay", "too many layers");
+		}
+		if (end)
+			*end = 0;
+		fds[nfd] = open_dir(p);
+		append_data("%s/proc/self/fd/%d", nfd ? ":" : "", fds[nfd]);
+		nfd++;
+		if (!end)
+			break;
+		p = end + 1;
+	}
+	fds[nfd] = open_dir(upper);
+	append_data(",upperdir=/proc/self/fd/%d", fds[nfd++]);
+	fds[nfd] = open_dir(work);
+	append_data(",workdir=/proc/self/fd/%d", fds[nfd++]);
+	if (opts && *opts)
+		append_data(",%s", opts);
+	do_mount("overlay", rootfs, "overlay", MS_NODEV, overlay_data);
+	for (size_t i = 0; i < nfd; i++)
+		close(fds[i]);
+	madvise(overlay_data, sizeof overlay_data, MADV_DONTNEED);
 }
 
 /* Paths of /proc and /sys that leak host information or control the host. */
@@ -233,7 +304,9 @@ static void __attribute__((noreturn)) init_main(void)
 	 * 5 are ours, everything above goes (6 is the standalone agent the
 	 * daemon exec'd, when that is what we are). */
 	close_all_from(FD_STATUS + 1);
-	const char *rootfs = conf("rootfs", len), *overlay = conf("overlay", len);
+	const char *rootfs = conf("rootfs", len), *overlay = conf("overlay_options", len);
+	char *lower = (char *)conf("lower", len);
+	const char *upper = conf("upper", len), *work = conf("work", len);
 	const char *hostname = conf("hostname", len), *empty = conf("empty", len);
 	const char *sysfs = conf("sysfs", len);
 	const char *dev = conf("dev", len);
@@ -248,8 +321,13 @@ static void __attribute__((noreturn)) init_main(void)
 	/* Nothing mounted here may propagate to the host, and host mounts
 	 * made later must not appear here. */
 	do_mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
-	if (overlay)
-		do_mount("overlay", rootfs, "overlay", MS_NODEV, overlay);
+	if (lower) {
+		if (!upper || !work) {
+			errno = EINVAL;
+			die("config", "upper/work missing");
+		}
+		mount_overlay(rootfs, lower, upper, work, overlay);
+	}
 	if (chdir(rootfs) < 0)
 		die("chdir", rootfs);
 	static const char *dirs[] = {"proc", "dev", "sys", "tmp"};

@@ -101,15 +101,19 @@ func (b *Backend) ensureSysfs() error {
 }
 
 // Close stops the reaper (what it has not removed stays in the trash for
-// the next daemon), unmounts the shared sysfs, and the shared devfs if no
-// sandbox is left on it. Live sandboxes keep their mounts: each has its
-// own bind of the superblock, which stays until the last one is gone.
+// the next daemon), unmounts the shared sysfs and empty tmpfs, and the
+// shared devfs if no sandbox is left on it. Live sandboxes keep their
+// mounts: each has its own bind of the superblock, which stays until the
+// last one is gone.
 func (b *Backend) Close() error {
 	if b.trash != nil {
 		b.trash.close()
 	}
 	if err := unix.Unmount(b.sysfsDir(), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 		return fmt.Errorf("unmount shared sysfs: %w", err)
+	}
+	if err := b.closeEmpty(); err != nil {
+		return err
 	}
 	return b.closeDevfs()
 }

@@ -748,7 +748,8 @@ func (s *Store) resolveOn(img Image, layers []string) ([]string, error) {
 
 // maxStack bounds the layers of one sandbox. overlayfs allows 500 lower
 // layers, but the container backend passes them in one mount option
-// string of at most a page: 40 paths of <run-dir>/layers/<64 hex> fit.
+// string of at most a page (now as descriptor names of ~20 bytes; 40 was
+// what fit as paths of <run-dir>/layers/<64 hex>, and stays).
 const maxStack = 40
 
 // LayerUsers lists the image and layer records that refer to digest.

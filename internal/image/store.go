@@ -49,6 +49,7 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/layermount"
 	"github.com/warrenrl/warren/internal/tarx"
+	"github.com/warrenrl/warren/internal/tarx/inroot"
 )
 
 // BuilderVersion identifies how layer trees are built and hashed; it is
@@ -176,7 +177,7 @@ func Open(root string) (*Store, error) {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "image store")
 	}
 	for _, e := range ents {
-		if err := os.RemoveAll(filepath.Join(s.tmpDir(), e.Name())); err != nil {
+		if err := inroot.RemoveTree(filepath.Join(s.tmpDir(), e.Name())); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "image store: removing leftover")
 		}
 	}
@@ -324,7 +325,7 @@ func (s *Store) importWith(ctx context.Context, name string, fill func(fsDir str
 	}
 	defer func() {
 		if tmp != "" {
-			_ = os.RemoveAll(tmp)
+			_ = inroot.RemoveTree(tmp)
 		}
 	}()
 	fsDir := filepath.Join(tmp, "fs")
@@ -621,7 +622,7 @@ func (s *Store) discardLocked(dir string) error {
 		os.Remove(trash)
 		return err
 	}
-	return os.RemoveAll(trash)
+	return inroot.RemoveTree(trash)
 }
 
 // Layer returns the stored layer with that digest; NotFound if absent.

@@ -17,9 +17,11 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -293,6 +295,32 @@ func RemoveAll(dirfd int, base string) error {
 	r.run(base)
 	if r.err != nil {
 		return r.err
+	}
+	return nil
+}
+
+// RemoveTree removes the host path p and everything below it with
+// RemoveAll (any depth, bounded descriptors, symlinks never followed); a
+// missing p is no error. The error names p's directory and the first
+// entry that could not be removed.
+func RemoveTree(p string) error {
+	dir, base := filepath.Split(filepath.Clean(p))
+	if base == "" || base == "." || base == ".." || base == "/" {
+		return &os.PathError{Op: "remove", Path: p, Err: unix.EINVAL}
+	}
+	if dir == "" {
+		dir = "."
+	}
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		return nil
+	}
+	if err != nil {
+		return &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(fd)
+	if err := RemoveAll(fd, base); err != nil {
+		return fmt.Errorf("in %s: %w", dir, err)
 	}
 	return nil
 }
