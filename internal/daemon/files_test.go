@@ -101,4 +101,41 @@ func TestFiles(t *testing.T) {
 	wantCat(t, err, errdefs.Invalid, "mode")
 	_, err = e.m.ListFiles(ctx, &warrenv1.ListFilesRequest{SandboxId: "nosuch", Path: "/"})
 	wantCat(t, err, errdefs.NotFound, "nosuch")
+	_, err = e.m.ListFiles(ctx, &warrenv1.ListFilesRequest{SandboxId: id, Path: "/work", PageToken: "garbage"})
+	wantCat(t, err, errdefs.Invalid, "page token")
+	// The sandbox's /proc is the kernel's, not the sandbox's files.
+	_, err = e.m.WriteFile(ctx, &warrenv1.WriteFileRequest{SandboxId: id, Path: "/proc/1/oom_score_adj", Content: []byte("-1000")})
+	wantCat(t, err, errdefs.PermissionDenied, "/proc")
+}
+
+// TestListFilesPages: page_size and page_token pass through to the
+// sandbox's file system and next_page_token comes back until the last
+// page.
+func TestListFilesPages(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "pages"})
+	e.sh("pages", "mkdir /d && cd /d && touch a b c d e")
+	req := &warrenv1.ListFilesRequest{SandboxId: "pages", Path: "/d", PageSize: 2}
+	var names []string
+	for pages := 1; ; pages++ {
+		res, err := e.m.ListFiles(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.GetFiles()) > 2 || pages > 3 {
+			t.Fatalf("page %d: %d entries", pages, len(res.GetFiles()))
+		}
+		for _, f := range res.GetFiles() {
+			names = append(names, f.GetName())
+		}
+		if res.GetNextPageToken() == "" {
+			break
+		}
+		req.PageToken = res.GetNextPageToken()
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"a", "b", "c", "d", "e"}) {
+		t.Fatalf("pages held %v", names)
+	}
 }
