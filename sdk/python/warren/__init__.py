@@ -30,6 +30,7 @@ from ._retry import NO_RETRY, RetryPolicy
 from ._sync import Process, Sandbox, SandboxGroup, SyncExecStream, SyncImagePull, Warren
 from ._types import (
     ExecEvent,
+    DownloadStats,
     ExecResult,
     FileInfo,
     Image,
@@ -96,6 +97,7 @@ __all__ = [
     "ExecEvent",
     "ExecResult",
     "FileInfo",
+    "DownloadStats",
     "Image",
     "Layer",
     "LayerStat",

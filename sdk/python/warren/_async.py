@@ -50,6 +50,7 @@ from . import _archive
 from ._retry import RetryPolicy
 from ._transport import Transport
 from ._types import (
+    DownloadStats,
     ExecEvent,
     ExecResult,
     FileInfo,
@@ -70,6 +71,7 @@ from .errors import (
     BatchError,
     CommandError,
     ConflictError,
+    InternalError,
     NotFoundError,
     OutputTruncatedWarning,
     TimeoutError,
@@ -104,6 +106,9 @@ TarSource = Union[PathLike, bytes, bytearray, memoryview, BinaryIO]
 Names = Union[str, Iterable[str], None]
 #: A pull progress callback; it may also be a coroutine function.
 PullProgress = Callable[[PullEvent], object]
+#: Where a streamed download goes: a local path (created or truncated) or a
+#: binary file object open for writing.
+Sink = Union[PathLike, BinaryIO]
 
 _SBX = "warren.v1.SandboxService/"
 _IMG = "warren.v1.ImageService/"
@@ -117,8 +122,12 @@ CREATE_NONCE_LABEL = "warren-sdk.create-nonce"
 # write_file sends larger contents as a one-file tar over the archive
 # endpoint (a streamed, retry-safe upload) instead of a single JSON message.
 _WRITE_INLINE_MAX = 32 << 20
-# ReadFile returns at most this much per call.
-_READ_CHUNK = 64 << 20
+# Bytes asked for per ReadFile call: the answer is base64 in JSON, so a
+# client holds about 4x this while decoding one (64 MiB calls made a 2 GiB
+# read_file peak at 4.2 GiB, issue 18).
+_READ_CHUNK = 8 << 20
+#: Default caps of the calls that return a whole file or archive in memory.
+READ_MAX_BYTES = 256 << 20
 
 
 def _new_id() -> str:
@@ -620,14 +629,19 @@ class AsyncWarren:
         d = await self._rpc(_SBX + "ExtendTimeout", body, timeout=timeout, idempotent=True)
         return SandboxInfo._from_json(d)
 
-    async def commit_sandbox(self, id: str, name: str, *, timeout: Optional[float] = None) -> Layer:
+    async def commit_sandbox(
+        self, id: str, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None
+    ) -> Layer:
         """Make the writable layer of sandbox ``id`` the named layer ``name``
         (see :meth:`AsyncSandbox.commit`)."""
         if not name:
             raise ValueError("name is required")
+        body: Dict[str, Any] = {"sandboxId": id, "name": name}
+        if keep_setuid:
+            body["keepSetuid"] = True
         d = await self._rpc(
             _SBX + "CommitSandbox",
-            {"sandboxId": id, "name": name},
+            body,
             timeout=timeout if timeout is not None else self.transfer_timeout,
             idempotent=False,
         )
@@ -1101,10 +1115,16 @@ class AsyncSandbox:
         self.info = await self.client.extend_timeout(self.id, seconds, timeout=timeout)
         return self.info
 
-    async def commit(self, name: str, *, timeout: Optional[float] = None) -> Layer:
+    async def commit(self, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None) -> Layer:
         """Make the sandbox's writable layer (everything it created, changed
         or deleted on top of its image and layers) the named layer ``name``,
         replacing a layer of that name, and return it.
+
+        What the sandbox wrote is untrusted: setuid/setgid bits and
+        ``security.capability`` xattrs are stripped from the layer (else a
+        uid-1000 agent could plant a setuid-root binary for every sandbox
+        that uses the layer) unless ``keep_setuid``; the layer records
+        which (``Layer.setuid_kept``, ``Layer.setuid_stripped``).
 
         Deletions are kept as whiteouts, so a sandbox created from the same
         image and layers with this one on top sees the same files::
@@ -1121,7 +1141,7 @@ class AsyncSandbox:
         the first one still running), so it is retried only when the
         request certainly did not reach the daemon. ``timeout`` defaults to
         ``transfer_timeout``."""
-        return await self.client.commit_sandbox(self.id, name, timeout=timeout)
+        return await self.client.commit_sandbox(self.id, name, keep_setuid=keep_setuid, timeout=timeout)
 
     # -- exec ------------------------------------------------------------
 
@@ -1263,26 +1283,113 @@ class AsyncSandbox:
         *,
         offset: int = 0,
         length: Optional[int] = None,
+        max_bytes: Optional[int] = READ_MAX_BYTES,
         timeout: Optional[float] = None,
     ) -> bytes:
-        """Read a file: all of it from ``offset``, or ``length`` bytes (fewer
-        at the end of the file). Large files are read in 64 MiB calls."""
+        """Read a file into memory: all of it from ``offset``, or ``length``
+        bytes (fewer at the end of the file).
+
+        A file is whatever the sandbox made it, a 2 GiB sparse file costs
+        the sandbox nothing: more than ``max_bytes`` (default 256 MiB) raises
+        :class:`ExhaustedError` (``limit == "max_bytes"``) after the first
+        call says the size, before the rest is read. Stream big files with
+        :meth:`read_file_to` or :meth:`iter_file`; ``max_bytes=None`` lifts
+        the cap."""
+        out = bytearray()
+        async for chunk in self.iter_file(path, offset=offset, length=length, max_bytes=max_bytes, timeout=timeout):
+            out += chunk
+        return bytes(out)
+
+    async def iter_file(
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: Optional[int] = None,
+        max_bytes: Optional[int] = None,
+        chunk_size: int = _READ_CHUNK,
+        timeout: Optional[float] = None,
+    ) -> AsyncIterator[bytes]:
+        """Yield a file's content in chunks of at most ``chunk_size`` (8 MiB)
+        bytes, one ReadFile call each (``timeout`` is per call), so the
+        client holds one chunk at a time. ``offset``/``length`` as for
+        :meth:`read_file`; ``max_bytes`` (default: none) raises
+        :class:`ExhaustedError` before the first chunk if the file is larger,
+        or as soon as more arrives (a file that grows)."""
         if offset < 0 or (length is not None and length < 0):
             raise ValueError("offset and length must not be negative")
-        out = bytearray()
+        if chunk_size <= 0:
+            raise ValueError("chunk_size must be positive")
+        what = f"read of {path} in sandbox {self.id}"
+        got = 0
         pos = offset
+        first = True
         while True:
-            want = _READ_CHUNK if length is None else min(_READ_CHUNK, length - len(out))
-            if length is not None and want <= 0:
-                break
+            want = chunk_size if length is None else min(chunk_size, length - got)
+            if want <= 0:
+                return
+            if max_bytes is not None:
+                want = min(want, max_bytes - got + 1)  # one byte more tells "larger"
             body = {"sandboxId": self.id, "path": path, "offset": str(pos), "length": str(want)}
             d = await self.client._rpc(_SBX + "ReadFile", body, timeout=timeout)
+            if first and max_bytes is not None and "size" in d:
+                size = max(0, int(d["size"]) - offset)
+                if length is not None:
+                    size = min(size, length)
+                if size > max_bytes:
+                    raise _archive.exhausted(what, "max_bytes", max_bytes, f"the file has {size:,} bytes to read")
+            first = False
             chunk = base64.b64decode(d.get("content") or "")
-            out += chunk
+            got += len(chunk)
             pos += len(chunk)
+            if max_bytes is not None and got > max_bytes:
+                raise _archive.exhausted(what, "max_bytes", max_bytes, "the file grew while it was read")
+            if chunk:
+                yield chunk
             if d.get("eof") or not chunk:
-                break
-        return bytes(out)
+                return
+
+    async def read_file_to(
+        self,
+        path: str,
+        dest: Sink,
+        *,
+        offset: int = 0,
+        length: Optional[int] = None,
+        max_bytes: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> int:
+        """Stream a file of the sandbox into ``dest`` (a local path, created
+        or truncated, written with holes for all-zero 4 KiB blocks; or a
+        binary file object, written from its position) and return the bytes
+        read. Memory stays at one chunk (see :meth:`iter_file`, which takes
+        the same ``offset``, ``length`` and ``max_bytes``). A local path
+        this call created is removed if the read fails."""
+        chunks = self.iter_file(path, offset=offset, length=length, max_bytes=max_bytes, timeout=timeout)
+        if not isinstance(dest, (str, os.PathLike)):
+            n = 0
+            async for chunk in chunks:
+                dest.write(chunk)
+                n += len(chunk)
+            return n
+        local = os.fspath(dest)
+        existed = os.path.lexists(local)
+        fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        ok = False
+        try:
+            w = _archive.HoleWriter(fd)
+            async for chunk in chunks:
+                w.write(chunk)
+            w.finish()
+            ok = True
+            return w.off
+        finally:
+            os.close(fd)
+            if not ok and not existed:
+                try:
+                    os.unlink(local)
+                except OSError:
+                    pass
 
     async def read_text(self, path: str, *, encoding: str = "utf-8", timeout: Optional[float] = None) -> str:
         """Read a whole file as text."""
@@ -1324,10 +1431,50 @@ class AsyncSandbox:
                 body["makeParents"] = True
             await self.client._rpc(_SBX + "WriteFile", body, timeout=timeout, idempotent=not append)
 
-    async def list_files(self, path: str, *, timeout: Optional[float] = None) -> List[FileInfo]:
-        """List a directory."""
-        d = await self.client._rpc(_SBX + "ListFiles", {"sandboxId": self.id, "path": path}, timeout=timeout)
-        return [FileInfo._from_json(f) for f in d.get("files") or []]
+    async def list_files(
+        self, path: str, *, page_size: Optional[int] = None, timeout: Optional[float] = None
+    ) -> List[FileInfo]:
+        """List a directory (all of it: the daemon's pages are gathered; see
+        :meth:`iter_files` to go through a huge directory in bounded
+        memory). The order is the directory's own, not sorted."""
+        return [f async for f in self.iter_files(path, page_size=page_size, timeout=timeout)]
+
+    async def iter_files(
+        self, path: str, *, page_size: Optional[int] = None, timeout: Optional[float] = None
+    ) -> AsyncIterator[FileInfo]:
+        """Yield a directory's entries, one ListFiles page (``page_size``,
+        daemon default 1,000, at most 10,000) at a time; ``timeout`` is per
+        page."""
+        token = ""
+        seen = set()
+        while True:
+            files, token = await self.list_files_page(path, page_token=token, page_size=page_size, timeout=timeout)
+            for f in files:
+                yield f
+            if not token:
+                return
+            if token in seen:
+                raise InternalError(f"ListFiles of {path}: the daemon sent page token {token!r} twice")
+            seen.add(token)
+
+    async def list_files_page(
+        self,
+        path: str,
+        *,
+        page_token: str = "",
+        page_size: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> Tuple[List[FileInfo], str]:
+        """One page of a directory listing: its entries and the token of the
+        next page ("" after the last). Pass the token back, with the same
+        ``path``, for the next page."""
+        body: Dict[str, Any] = {"sandboxId": self.id, "path": path}
+        if page_size:
+            body["pageSize"] = int(page_size)
+        if page_token:
+            body["pageToken"] = page_token
+        d = await self.client._rpc(_SBX + "ListFiles", body, timeout=timeout)
+        return [FileInfo._from_json(f) for f in d.get("files") or []], str(d.get("nextPageToken") or "")
 
     async def stat(self, path: str, *, timeout: Optional[float] = None) -> FileInfo:
         """Describe a file (symlinks are not followed)."""
@@ -1407,41 +1554,139 @@ class AsyncSandbox:
             idempotent=True,
         )
 
-    async def _download_to(self, remote_path: str, sink: IO[bytes], timeout: Optional[float]) -> None:
-        async def handle(resp: aiohttp.ClientResponse) -> None:
-            sink.seek(0)
-            sink.truncate()
-            async for chunk in resp.content.iter_chunked(1 << 20):
-                sink.write(chunk)
+    async def _get_archive(
+        self, remote_path: str, handle: Callable[[aiohttp.ClientResponse], Awaitable[T]], timeout: Optional[float],
+        *, idempotent: bool = True,
+    ) -> T:
+        """GET the archive of ``remote_path``; ``handle`` consumes the body
+        (called again on a retry). A local file system error from the
+        handler is raised as the OSError it is (not retried)."""
+        try:
+            out = await self.client._t.http(
+                "GET",
+                self._archive_path(),
+                params={"path": remote_path},
+                handle=handle,
+                timeout=timeout if timeout is not None else self.client.transfer_timeout,
+                idempotent=idempotent,
+            )
+        except _archive.LocalError as e:
+            raise e.error from None
+        return out  # type: ignore[return-value]
 
-        await self.client._t.http(
-            "GET",
-            self._archive_path(),
-            params={"path": remote_path},
-            handle=handle,
-            timeout=timeout if timeout is not None else self.client.transfer_timeout,
-            idempotent=True,
-        )
+    async def download_tar(
+        self, remote_path: str, *, max_bytes: Optional[int] = READ_MAX_BYTES, timeout: Optional[float] = None
+    ) -> bytes:
+        """``remote_path`` (a directory tree or one file) as tar bytes in
+        memory. A directory's entries are named relative to it. A stream
+        longer than ``max_bytes`` (default 256 MiB: sparse files travel
+        expanded) raises :class:`ExhaustedError` and is cut; stream big
+        trees with :meth:`download_tar_to` or :meth:`download`."""
+        what = f"download_tar of {remote_path} from sandbox {self.id}"
 
-    async def download_tar(self, remote_path: str, *, timeout: Optional[float] = None) -> bytes:
-        """``remote_path`` (a directory tree or one file) as tar bytes. A
-        directory's entries are named relative to it."""
-        import io
+        async def handle(resp: aiohttp.ClientResponse) -> bytes:
+            buf = bytearray()
+            async for chunk in resp.content.iter_chunked(_archive.CHUNK):
+                if max_bytes is not None and len(buf) + len(chunk) > max_bytes:
+                    raise _archive.exhausted(what, "max_bytes", max_bytes, "the tar stream is longer")
+                buf += chunk
+            return bytes(buf)
 
-        buf = io.BytesIO()
-        await self._download_to(remote_path, buf, timeout)
-        return buf.getvalue()
+        return await self._get_archive(remote_path, handle, timeout)
 
-    async def download(self, remote_path: str, local_dir: PathLike, *, timeout: Optional[float] = None) -> None:
+    async def download_tar_to(
+        self, remote_path: str, dest: Sink, *, max_bytes: Optional[int] = None, timeout: Optional[float] = None
+    ) -> int:
+        """Stream the tar of ``remote_path`` into ``dest`` (a local path,
+        created or truncated; or a binary file object, written from its
+        position) and return its length. Nothing is extracted. ``max_bytes``
+        (default: none) cuts the stream with :class:`ExhaustedError`. A
+        broken stream is retried from the start when ``dest`` is a path or a
+        seekable file; a path this call created is removed on failure."""
+        what = f"download_tar_to of {remote_path} from sandbox {self.id}"
+        local = os.fspath(dest) if isinstance(dest, (str, os.PathLike)) else None
+        existed = local is not None and os.path.lexists(local)
+        fobj: Any = dest
+        start = 0
+        seekable = local is not None
+        if local is None:
+            seekable = bool(getattr(fobj, "seekable", lambda: False)())
+            start = fobj.tell() if seekable else 0
+
+        async def handle(resp: aiohttp.ClientResponse) -> int:
+            n = 0
+            try:
+                f = open(local, "wb") if local is not None else fobj
+            except OSError as e:
+                raise _archive.LocalError(e) from e
+            try:
+                if local is None and seekable:
+                    fobj.seek(start)
+                    fobj.truncate()
+                async for chunk in resp.content.iter_chunked(_archive.CHUNK):
+                    n += len(chunk)
+                    if max_bytes is not None and n > max_bytes:
+                        raise _archive.exhausted(what, "max_bytes", max_bytes, "the tar stream is longer")
+                    f.write(chunk)
+                f.flush()
+            except OSError as e:
+                if isinstance(e, (aiohttp.ClientError,)):
+                    raise
+                raise _archive.LocalError(e) from e
+            finally:
+                if local is not None:
+                    f.close()
+            return n
+
+        ok = False
+        try:
+            n = await self._get_archive(remote_path, handle, timeout, idempotent=seekable)
+            ok = True
+            return n
+        finally:
+            if not ok and local is not None and not existed:
+                try:
+                    os.unlink(local)
+                except OSError:
+                    pass
+
+    async def download(
+        self,
+        remote_path: str,
+        local_dir: PathLike,
+        *,
+        max_bytes: Optional[int] = _archive.DEFAULT_MAX_BYTES,
+        max_entries: Optional[int] = _archive.DEFAULT_MAX_ENTRIES,
+        preserve: bool = False,
+        timeout: Optional[float] = None,
+    ) -> DownloadStats:
         """Copy ``remote_path`` of the sandbox (a directory's contents, or a
         single file) into the local directory ``local_dir`` (created if
-        missing). Entries that would land outside ``local_dir`` are refused."""
-        spool = _archive.open_spool()
-        try:
-            await self._download_to(remote_path, spool, timeout)
-            await asyncio.get_running_loop().run_in_executor(None, _archive.safe_extract, spool, local_dir)
-        finally:
-            spool.close()
+        missing), extracting while it downloads, and say what was written.
+
+        The tree is the sandbox's, so it is treated as hostile: no symlink
+        is ever followed (an entry under one is refused), symlinks are kept
+        as links and only if their target cannot lead outside ``local_dir``
+        (relative, ``..`` only at its start and no deeper than the link:
+        else :class:`InvalidError`), hard links only to files of the same
+        download, no owners, xattrs or ACLs, permission bits masked with
+        0o755 unless ``preserve``, devices and FIFOs skipped, holes kept.
+        Budgets: ``max_bytes`` of file content (apparent size, default 1 GiB)
+        and ``max_entries`` (default 1,000,000); beyond either,
+        :class:`ExhaustedError` (``.limit`` names it; ``None`` lifts it). On
+        any error what the download made is removed again (names that
+        existed in ``local_dir`` and were replaced stay replaced); local
+        file system errors are raised as OSError."""
+        what = f"download of {remote_path} from sandbox {self.id}"
+        opts: Dict[str, Any] = dict(max_bytes=max_bytes, max_entries=max_entries, preserve=preserve, what=what)
+        for limit in ("max_bytes", "max_entries"):
+            if opts[limit] is not None and opts[limit] < 0:
+                raise ValueError(f"{limit} must not be negative")
+
+        async def handle(resp: aiohttp.ClientResponse) -> DownloadStats:
+            return await _archive.run_fed(resp, lambda pipe: _archive.extract(pipe, local_dir, **opts))
+
+        return await self._get_archive(remote_path, handle, timeout)
 
 
 # ---------------------------------------------------------------------------

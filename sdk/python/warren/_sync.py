@@ -14,6 +14,7 @@ import signal as _signal
 import threading
 from typing import (
     Any,
+    AsyncIterator,
     Awaitable,
     BinaryIO,
     Callable,
@@ -42,11 +43,15 @@ from ._async import (
     ExecStream,
     ImagePull,
     Names,
+    READ_MAX_BYTES,
     PathLike,
+    Sink,
     TarSource,
 )
+from ._archive import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
 from ._retry import RetryPolicy
 from ._types import (
+    DownloadStats,
     ExecEvent,
     ExecResult,
     FileInfo,
@@ -285,9 +290,11 @@ class Warren:
     def extend_timeout(self, id: str, seconds: float, *, timeout: Optional[float] = None) -> SandboxInfo:
         return self._run(self.aio.extend_timeout(id, seconds, timeout=timeout))
 
-    def commit_sandbox(self, id: str, name: str, *, timeout: Optional[float] = None) -> Layer:
+    def commit_sandbox(
+        self, id: str, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None
+    ) -> Layer:
         """Make sandbox ``id``'s writable layer the named layer ``name`` (see :meth:`Sandbox.commit`)."""
-        return self._run(self.aio.commit_sandbox(id, name, timeout=timeout))
+        return self._run(self.aio.commit_sandbox(id, name, keep_setuid=keep_setuid, timeout=timeout))
 
     # -- images ----------------------------------------------------------
 
@@ -409,6 +416,23 @@ async def _await(aw: Awaitable[T]) -> T:
     return await aw
 
 
+def _iterate(client: Warren, agen: AsyncIterator[T]) -> Iterator[T]:
+    """A synchronous generator over an async one, each step run on the
+    client's loop; closing it (or dropping it) closes the async one."""
+    try:
+        while True:
+            try:
+                item = client._run(agen.__anext__())
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        try:
+            client._run(agen.aclose())  # type: ignore[attr-defined]
+        except RuntimeError:
+            pass  # the client is closed
+
+
 class Sandbox:
     """The synchronous handle on a sandbox (see :class:`AsyncSandbox`). In a
     ``with`` block it is deleted at the end, also on exceptions and Ctrl-C."""
@@ -451,10 +475,11 @@ class Sandbox:
     def extend_timeout(self, seconds: float, *, timeout: Optional[float] = None) -> SandboxInfo:
         return self._run(self.aio.extend_timeout(seconds, timeout=timeout))
 
-    def commit(self, name: str, *, timeout: Optional[float] = None) -> Layer:
+    def commit(self, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None) -> Layer:
         """Make the sandbox's writable layer the named layer ``name`` (see
-        :meth:`AsyncSandbox.commit`). Not retried once sent."""
-        return self._run(self.aio.commit(name, timeout=timeout))
+        :meth:`AsyncSandbox.commit`: setuid bits and file capabilities are
+        stripped unless ``keep_setuid``). Not retried once sent."""
+        return self._run(self.aio.commit(name, keep_setuid=keep_setuid, timeout=timeout))
 
     def exec(
         self,
@@ -543,8 +568,50 @@ class Sandbox:
     def process(self, process_id: str) -> "Process":
         return Process(self, self.aio.process(process_id))
 
-    def read_file(self, path: str, *, offset: int = 0, length: Optional[int] = None, timeout: Optional[float] = None) -> bytes:
-        return self._run(self.aio.read_file(path, offset=offset, length=length, timeout=timeout))
+    def read_file(
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: Optional[int] = None,
+        max_bytes: Optional[int] = READ_MAX_BYTES,
+        timeout: Optional[float] = None,
+    ) -> bytes:
+        """Read a file into memory, at most ``max_bytes`` (see :meth:`AsyncSandbox.read_file`)."""
+        return self._run(self.aio.read_file(path, offset=offset, length=length, max_bytes=max_bytes, timeout=timeout))
+
+    def iter_file(
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: Optional[int] = None,
+        max_bytes: Optional[int] = None,
+        chunk_size: int = 8 << 20,
+        timeout: Optional[float] = None,
+    ) -> Iterator[bytes]:
+        """A file's content in chunks (see :meth:`AsyncSandbox.iter_file`)."""
+        return _iterate(
+            self.client,
+            self.aio.iter_file(
+                path, offset=offset, length=length, max_bytes=max_bytes, chunk_size=chunk_size, timeout=timeout
+            ),
+        )
+
+    def read_file_to(
+        self,
+        path: str,
+        dest: Sink,
+        *,
+        offset: int = 0,
+        length: Optional[int] = None,
+        max_bytes: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> int:
+        """Stream a file into a local path or file object (see :meth:`AsyncSandbox.read_file_to`)."""
+        return self._run(
+            self.aio.read_file_to(path, dest, offset=offset, length=length, max_bytes=max_bytes, timeout=timeout)
+        )
 
     def read_text(self, path: str, *, encoding: str = "utf-8", timeout: Optional[float] = None) -> str:
         return self._run(self.aio.read_text(path, encoding=encoding, timeout=timeout))
@@ -561,8 +628,19 @@ class Sandbox:
     ) -> None:
         self._run(self.aio.write_file(path, data, mode=mode, append=append, make_parents=make_parents, timeout=timeout))
 
-    def list_files(self, path: str, *, timeout: Optional[float] = None) -> List[FileInfo]:
-        return self._run(self.aio.list_files(path, timeout=timeout))
+    def list_files(self, path: str, *, page_size: Optional[int] = None, timeout: Optional[float] = None) -> List[FileInfo]:
+        return self._run(self.aio.list_files(path, page_size=page_size, timeout=timeout))
+
+    def iter_files(
+        self, path: str, *, page_size: Optional[int] = None, timeout: Optional[float] = None
+    ) -> Iterator[FileInfo]:
+        """A directory's entries, one page at a time (see :meth:`AsyncSandbox.iter_files`)."""
+        return _iterate(self.client, self.aio.iter_files(path, page_size=page_size, timeout=timeout))
+
+    def list_files_page(
+        self, path: str, *, page_token: str = "", page_size: Optional[int] = None, timeout: Optional[float] = None
+    ) -> Tuple[List[FileInfo], str]:
+        return self._run(self.aio.list_files_page(path, page_token=page_token, page_size=page_size, timeout=timeout))
 
     def stat(self, path: str, *, timeout: Optional[float] = None) -> FileInfo:
         return self._run(self.aio.stat(path, timeout=timeout))
@@ -586,11 +664,33 @@ class Sandbox:
     ) -> None:
         self._run(self.aio.upload_tar(tar, remote_dir, timeout=timeout))
 
-    def download_tar(self, remote_path: str, *, timeout: Optional[float] = None) -> bytes:
-        return self._run(self.aio.download_tar(remote_path, timeout=timeout))
+    def download_tar(
+        self, remote_path: str, *, max_bytes: Optional[int] = READ_MAX_BYTES, timeout: Optional[float] = None
+    ) -> bytes:
+        return self._run(self.aio.download_tar(remote_path, max_bytes=max_bytes, timeout=timeout))
 
-    def download(self, remote_path: str, local_dir: PathLike, *, timeout: Optional[float] = None) -> None:
-        self._run(self.aio.download(remote_path, local_dir, timeout=timeout))
+    def download_tar_to(
+        self, remote_path: str, dest: Sink, *, max_bytes: Optional[int] = None, timeout: Optional[float] = None
+    ) -> int:
+        return self._run(self.aio.download_tar_to(remote_path, dest, max_bytes=max_bytes, timeout=timeout))
+
+    def download(
+        self,
+        remote_path: str,
+        local_dir: PathLike,
+        *,
+        max_bytes: Optional[int] = DEFAULT_MAX_BYTES,
+        max_entries: Optional[int] = DEFAULT_MAX_ENTRIES,
+        preserve: bool = False,
+        timeout: Optional[float] = None,
+    ) -> DownloadStats:
+        """Copy a sandbox tree into a local directory, treating it as
+        hostile (see :meth:`AsyncSandbox.download`)."""
+        return self._run(
+            self.aio.download(
+                remote_path, local_dir, max_bytes=max_bytes, max_entries=max_entries, preserve=preserve, timeout=timeout
+            )
+        )
 
 
 E_co = TypeVar("E_co", covariant=True)

@@ -22,6 +22,7 @@ __all__ = [
     "ExecEvent",
     "ProcessInfo",
     "FileInfo",
+    "DownloadStats",
     "Image",
     "Layer",
     "PullEvent",
@@ -315,6 +316,19 @@ class ProcessInfo:
 
 
 @dataclass(frozen=True)
+class DownloadStats:
+    """What :meth:`AsyncSandbox.download` wrote into the local directory."""
+
+    entries: int = 0  #: archive entries read (all kinds)
+    files: int = 0  #: regular files written
+    dirs: int = 0  #: directory entries
+    symlinks: int = 0  #: symlinks made (as links, never followed)
+    hardlinks: int = 0  #: hard links to files of the same download
+    skipped: int = 0  #: devices, FIFOs, sockets and unknown types, never made
+    file_bytes: int = 0  #: regular-file content, apparent size (holes included)
+
+
+@dataclass(frozen=True)
 class FileInfo:
     """A file in a sandbox (symlinks are not followed)."""
 
@@ -419,6 +433,11 @@ class Layer:
     blob_size_bytes: int = 0
     files: int = 0
     created_at_unix_ms: int = 0
+    #: committed layers: setuid/setgid bits and file capabilities were kept
+    #: (``commit(..., keep_setuid=True)``); otherwise they were stripped
+    setuid_kept: bool = False
+    #: committed layers: how many files lost setuid/setgid bits or capabilities
+    setuid_stripped: int = 0
 
     @property
     def created_at(self) -> Optional[_dt.datetime]:
@@ -434,6 +453,8 @@ class Layer:
             blob_size_bytes=_int(d.get("blobSizeBytes")),
             files=_int(d.get("files")),
             created_at_unix_ms=_int(d.get("createdAtUnixMs")),
+            setuid_kept=bool(d.get("setuidKept", False)),
+            setuid_stripped=_int(d.get("setuidStripped")),
         )
 
 

@@ -6,7 +6,7 @@ daemon's error categories, so callers can catch what they can handle::
     WarrenError
     ├── NotFoundError             the sandbox, process, file, image or layer is not there
     ├── InvalidError              the request is wrong (bad argument, bad path...)
-    ├── ExhaustedError            a limit was hit (too many processes, body too large)
+    ├── ExhaustedError            a limit was hit (too many processes, body too large, a download budget)
     ├── ConflictError             the object is in the wrong state
     │   └── AlreadyExistsError    ... because it exists already (duplicate id or name)
     ├── UnavailableError          the daemon cannot be reached or is shutting down
@@ -117,9 +117,15 @@ class InvalidError(WarrenError):
 
 
 class ExhaustedError(WarrenError):
-    """A resource limit was reached (processes per sandbox, body size...)."""
+    """A resource limit was reached (processes per sandbox, body size...).
+
+    Raised by the client itself (``code`` None) when a download or read
+    exceeds its budget; ``limit`` then names the argument to raise
+    (``"max_bytes"`` or ``"max_entries"``)."""
 
     category_name = "exhausted"
+    #: the client-side budget that was exceeded, or None (a daemon limit)
+    limit: Optional[str] = None
 
 
 class ConflictError(WarrenError):
