@@ -1,16 +1,25 @@
 package client
 
 import (
+	"archive/tar"
+	"bufio"
+	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"path"
+	"path/filepath"
+	"strings"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/untrusted"
 )
 
 func (c *Client) archiveURL(id, path string) string {
@@ -104,4 +113,120 @@ func (c *Client) putTar(ctx context.Context, path string, r io.Reader, out proto
 		return &Error{Category: CategoryInternal, Code: connect.CodeInternal, Message: "decode response: " + err.Error(), err: err}
 	}
 	return nil
+}
+
+// DownloadOptions bound and shape what DownloadTo writes on the host. The
+// zero value (or a nil pointer) is the safe default.
+type DownloadOptions struct {
+	// MaxBytes bounds the total apparent size of the regular files
+	// written: 0 means 1 GiB, a negative value no limit.
+	MaxBytes int64
+	// MaxEntries bounds the number of archive entries: 0 means 1,000,000,
+	// a negative value no limit.
+	MaxEntries int64
+	// Preserve keeps the permission bits the sandbox set (setuid, setgid,
+	// sticky and group/other write included) instead of masking them with
+	// 0o755.
+	Preserve bool
+	// XattrAllow lists extended-attribute name prefixes (e.g. "user.") to
+	// restore; every other xattr and every ACL is dropped.
+	XattrAllow []string
+}
+
+// DownloadStats counts what DownloadTo wrote and what it refused to carry
+// over from the sandbox.
+type DownloadStats struct {
+	Entries, Files, Dirs, Symlinks, Hardlinks int64
+	Bytes                                     int64 // apparent size of the files written
+	Skipped                                   int64 // device nodes and FIFOs, never created
+	ModesMasked                               int64 // entries whose permission bits the 0o755 mask changed
+	SpecialBits                               int64 // of those, entries that had setuid, setgid or sticky
+	XattrsDropped                             int64 // extended attributes and ACLs not restored
+}
+
+// DownloadTo copies remotePath of a sandbox (a file or a directory tree)
+// to localPath on this host, like cp -r: a directory goes to localPath,
+// or into it under its own name when localPath is an existing directory;
+// a file goes to localPath, or into it when localPath is a directory (or
+// ends in a slash).
+//
+// Everything in a sandbox is written by its agent, so the tree is treated
+// as hostile: no symlink is ever followed, neither one the tree brings nor
+// one already on the host (a symlink in localPath itself is refused: pass
+// a resolved path, e.g. from realpath); symlinks are recreated as links;
+// hard links only to files of the same copy; no owners, ACLs or xattrs
+// (see DownloadOptions.XattrAllow); permission bits masked with 0o755;
+// devices and FIFOs skipped; holes kept as holes; and the MaxBytes and
+// MaxEntries budgets apply. On any error, what the copy created is
+// removed. Errors carry categories: Invalid for a refused entry or
+// destination, Exhausted for a budget, Conflict for a directory that
+// would be replaced.
+func (c *Client) DownloadTo(ctx context.Context, sandboxID, remotePath, localPath string, opts *DownloadOptions) (*DownloadStats, error) {
+	if opts == nil {
+		opts = &DownloadOptions{}
+	}
+	uo := untrusted.Options{MaxBytes: opts.MaxBytes, MaxEntries: opts.MaxEntries, Preserve: opts.Preserve, XattrAllow: opts.XattrAllow}
+	localIsDir, err := untrusted.IsDir(localPath)
+	if err != nil {
+		return nil, localError(err)
+	}
+	rc, err := c.Download(ctx, sandboxID, remotePath)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	br := bufio.NewReaderSize(rc, 1<<20)
+	tree, err := isTree(br)
+	if err != nil {
+		return nil, localError(err)
+	}
+	var st untrusted.Stats
+	switch {
+	case tree:
+		target := localPath
+		if localIsDir {
+			target = filepath.Join(localPath, path.Base(path.Clean("/"+remotePath)))
+		}
+		st, err = untrusted.Extract(ctx, target, br, uo)
+	case localIsDir || strings.HasSuffix(localPath, "/"):
+		st, err = untrusted.Extract(ctx, localPath, br, uo)
+	default:
+		st, err = untrusted.ExtractFile(ctx, localPath, br, uo)
+	}
+	ds := DownloadStats(st)
+	if err != nil {
+		return &ds, localError(err)
+	}
+	return &ds, nil
+}
+
+// isTree peeks at the first header of the archive: a directory tree starts
+// with its "./" entry, a single file with the file.
+func isTree(br *bufio.Reader) (bool, error) {
+	head, perr := br.Peek(br.Size())
+	first, err := tar.NewReader(bytes.NewReader(head)).Next()
+	if err != nil {
+		if perr != nil && perr != io.EOF && perr != bufio.ErrBufferFull {
+			return false, fmt.Errorf("reading archive: %w", perr)
+		}
+		return false, errdefs.New(errdefs.Invalid, "reading archive: %w", err)
+	}
+	name := strings.Trim(first.Name, "/")
+	return first.Typeflag == tar.TypeDir && (name == "." || name == ""), nil
+}
+
+// localError gives an error met on this host the category the extractor
+// decided; a failure without one is the stream from the daemon breaking.
+func localError(err error) error {
+	cat := errdefs.CategoryOf(err)
+	if cat == errdefs.Unknown {
+		return transportError(err)
+	}
+	codes := map[errdefs.Category]connect.Code{
+		errdefs.NotFound: connect.CodeNotFound, errdefs.Invalid: connect.CodeInvalidArgument,
+		errdefs.Exhausted: connect.CodeResourceExhausted, errdefs.Conflict: connect.CodeFailedPrecondition,
+		errdefs.Unavailable: connect.CodeUnavailable, errdefs.DeadlineExceeded: connect.CodeDeadlineExceeded,
+		errdefs.PermissionDenied: connect.CodePermissionDenied, errdefs.Internal: connect.CodeInternal,
+	}
+	return &Error{Category: Category(cat.String()), Code: codes[cat], Message: err.Error(), err: err}
 }

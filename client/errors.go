@@ -15,9 +15,10 @@ import (
 // Category classifies a failure. The names are those of the daemon's error
 // categories (internal/errdefs).
 //
-// This package is public and does not import internal/, so the names and
-// CategoryHeader are spelled again here: internal/server's
+// This package is public and its API names no internal/ type, so the names
+// and CategoryHeader are spelled again here: internal/server's
 // TestClientCategoriesMatch checks that they agree with the daemon's.
+// (DownloadTo uses internal/untrusted and internal/errdefs underneath.)
 type Category string
 
 const (

@@ -2,8 +2,6 @@ package cli
 
 import (
 	"archive/tar"
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/warrenrl/warren/client"
 	"github.com/warrenrl/warren/internal/tarx"
+	"github.com/warrenrl/warren/internal/untrusted"
 )
 
 var sandboxIDRe = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -40,7 +39,13 @@ func parseCopyArg(s string) copyArg {
 }
 
 func newCopyCommand() *cobra.Command {
-	return &cobra.Command{
+	var (
+		maxBytes   string
+		maxEntries int64
+		preserve   bool
+		xattrs     []string
+	)
+	cmd := &cobra.Command{
 		Use:   "cp SRC DST",
 		Short: "Copy files and directories between the host and a sandbox",
 		Long: `Copy a file or directory tree between the host and a sandbox. One of
@@ -48,15 +53,30 @@ SRC and DST is ID:/path in a sandbox, the other a local path.
 
 Like cp -r: if DST is an existing directory, SRC is copied into it under its
 own name; otherwise SRC is copied to DST (a trailing slash on DST makes it a
-directory). A local "-" is a tar stream on stdin or stdout.`,
+directory). A local "-" is a tar stream on stdin or stdout.
+
+A copy out of a sandbox treats the tree as hostile (its agent wrote it):
+symlinks are recreated as links and never followed, neither while copying
+nor in DST (a DST with a symlink in it is refused: pass $(realpath DST));
+hard links only to files of the same copy; no owners, ACLs or xattrs
+(--xattr to allow a prefix); permission bits masked with 0755 (--preserve
+keeps them, setuid included); devices and FIFOs skipped; holes kept as
+holes. At most 1Gi of file contents (--max-bytes) and 1,000,000 entries
+(--max-entries); over either, the copy fails and what it wrote is removed.
+What was skipped or stripped is reported on stderr.`,
 		Example: `  warren sandbox cp ./src sb1:/work        # -> /work/src (when /work exists)
   warren sandbox cp sb1:/etc/hosts hosts.txt
+  warren sandbox cp --max-bytes 8Gi sb1:/out ./results
   warren sandbox cp sb1:/work - | tar t`,
 		Args: exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			src, dst := parseCopyArg(args[0]), parseCopyArg(args[1])
 			if (src.id == "") == (dst.id == "") {
 				return usagef("exactly one of SRC and DST must be ID:/path in a sandbox")
+			}
+			opts, err := downloadOptions(maxBytes, maxEntries, preserve, xattrs)
+			if err != nil {
+				return err
 			}
 			cl, err := NewClient(cmd)
 			if err != nil {
@@ -66,9 +86,35 @@ directory). A local "-" is a tar stream on stdin or stdout.`,
 			if dst.id != "" {
 				return upload(cmd, cl, src.path, dst)
 			}
-			return download(cmd, cl, src, dst.path)
+			return download(cmd, cl, src, dst.path, opts)
 		},
 	}
+	f := cmd.Flags()
+	f.StringVar(&maxBytes, "max-bytes", "1Gi", "copying out: limit on the total size of the files written (e.g. 8Gi; 0 = no limit)")
+	f.Int64Var(&maxEntries, "max-entries", untrusted.DefaultMaxEntries, "copying out: limit on the number of files, directories and links (0 = no limit)")
+	f.BoolVar(&preserve, "preserve", false, "copying out: keep the sandbox's permission bits (setuid, setgid, sticky, group/other write) instead of masking with 0755")
+	f.StringArrayVar(&xattrs, "xattr", nil, "copying out: restore extended attributes whose name starts with `PREFIX` (repeatable, e.g. user.)")
+	return cmd
+}
+
+// downloadOptions turns the flags into client options; on the command
+// line 0 means no limit.
+func downloadOptions(maxBytes string, maxEntries int64, preserve bool, xattrs []string) (*client.DownloadOptions, error) {
+	n, err := parseBytes(maxBytes)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--max-bytes: %w", err)}
+	}
+	if maxEntries < 0 {
+		return nil, usagef("--max-entries must not be negative")
+	}
+	o := &client.DownloadOptions{MaxBytes: n, MaxEntries: maxEntries, Preserve: preserve, XattrAllow: xattrs}
+	if o.MaxBytes == 0 {
+		o.MaxBytes = -1
+	}
+	if o.MaxEntries == 0 {
+		o.MaxEntries = -1
+	}
+	return o, nil
 }
 
 // remoteIsDir reports whether p is a directory in the sandbox, following
@@ -161,75 +207,44 @@ func tarFile(w io.Writer, p string, fi fs.FileInfo, name string) error {
 	return tw.Close()
 }
 
-func download(cmd *cobra.Command, cl *client.Client, src copyArg, dst string) error {
+func download(cmd *cobra.Command, cl *client.Client, src copyArg, dst string, opts *client.DownloadOptions) error {
 	ctx := cmd.Context()
-	rc, err := cl.Download(ctx, src.id, src.path)
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
 	if dst == "-" {
-		_, err := io.Copy(cmd.OutOrStdout(), rc)
+		rc, err := cl.Download(ctx, src.id, src.path)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		_, err = io.Copy(cmd.OutOrStdout(), rc)
 		return err
 	}
-	br := bufio.NewReaderSize(rc, 128<<10)
-	head, _ := br.Peek(64 << 10)
-	first, err := tar.NewReader(bytes.NewReader(head)).Next()
+	st, err := cl.DownloadTo(ctx, src.id, src.path, dst, opts)
 	if err != nil {
-		return fmt.Errorf("reading archive of %s:%s: %w", src.id, src.path, err)
-	}
-	dstFi, statErr := os.Stat(dst)
-	dstIsDir := statErr == nil && dstFi.IsDir()
-	opts := tarx.Options{SkipDevices: true, MaxFiles: -1}
-
-	if first.Typeflag == tar.TypeDir && (first.Name == "./" || first.Name == ".") {
-		target := dst
-		if dstIsDir {
-			target = filepath.Join(dst, path.Base(path.Clean("/"+src.path)))
-		}
-		if err := os.MkdirAll(target, 0o755); err != nil {
-			return err
-		}
-		_, err := tarx.Extract(ctx, target, br, opts)
 		return err
 	}
-	if dstIsDir || strings.HasSuffix(dst, "/") {
-		if err := os.MkdirAll(dst, 0o755); err != nil {
-			return err
-		}
-		_, err := tarx.Extract(ctx, dst, br, opts)
-		return err
+	if w := skippedWarning(st); w != "" {
+		fmt.Fprintln(cmd.ErrOrStderr(), "warren: "+w)
 	}
-	return extractOneFile(br, dst)
+	return nil
 }
 
-// extractOneFile writes the single regular file of a tar stream to dst.
-func extractOneFile(r io.Reader, dst string) error {
-	tr := tar.NewReader(r)
-	hdr, err := tr.Next()
-	if err != nil {
-		return err
+// skippedWarning says in one line what the copy did not carry over.
+func skippedWarning(st *client.DownloadStats) string {
+	var parts []string
+	if st.Skipped > 0 {
+		parts = append(parts, fmt.Sprintf("skipped %d device nodes/FIFOs", st.Skipped))
 	}
-	if hdr.Typeflag != tar.TypeReg {
-		return fmt.Errorf("%s is not a regular file or directory", hdr.Name)
+	if st.SpecialBits > 0 {
+		parts = append(parts, fmt.Sprintf("stripped setuid/setgid/sticky bits from %d entries", st.SpecialBits))
 	}
-	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, fs.FileMode(hdr.Mode).Perm())
-	if err != nil {
-		return err
+	if n := st.ModesMasked - st.SpecialBits; n > 0 {
+		parts = append(parts, fmt.Sprintf("masked group/other write on %d entries", n))
 	}
-	if _, err := io.Copy(f, tr); err != nil {
-		f.Close()
-		return fmt.Errorf("download: %w", err)
+	if st.XattrsDropped > 0 {
+		parts = append(parts, fmt.Sprintf("dropped %d xattrs/ACLs", st.XattrsDropped))
 	}
-	if err := f.Close(); err != nil {
-		return err
+	if len(parts) == 0 {
+		return ""
 	}
-	if _, err := tr.Next(); err != io.EOF {
-		if err == nil {
-			err = errors.New("unexpected extra entry")
-		}
-		return fmt.Errorf("download: %w", err)
-	}
-	_ = os.Chtimes(dst, hdr.ModTime, hdr.ModTime)
-	return nil
+	return strings.Join(parts, ", ") + " (see --preserve, --xattr)"
 }
