@@ -103,6 +103,14 @@ func TestFiles(t *testing.T) {
 	wantCat(t, err, errdefs.NotFound, "nosuch")
 	_, err = e.m.ListFiles(ctx, &warrenv1.ListFilesRequest{SandboxId: id, Path: "/work", PageToken: "garbage"})
 	wantCat(t, err, errdefs.Invalid, "page token")
+	// A file of the image's layer is copied up when written: the write
+	// reopens the O_PATH descriptor it checked, through /proc/self/fd.
+	if _, err := e.m.WriteFile(ctx, &warrenv1.WriteFileRequest{SandboxId: id, Path: "/etc/group", Content: []byte("extra:x:7:\n"), Append: true}); err != nil {
+		t.Fatal(err)
+	}
+	if res := e.sh(id, "tail -n 1 /etc/group"); string(res.GetStdout()) != "extra:x:7:\n" {
+		t.Fatalf("appended to a lower file: %q", res.GetStdout())
+	}
 	// The sandbox's /proc is the kernel's, not the sandbox's files.
 	_, err = e.m.WriteFile(ctx, &warrenv1.WriteFileRequest{SandboxId: id, Path: "/proc/1/oom_score_adj", Content: []byte("-1000")})
 	wantCat(t, err, errdefs.PermissionDenied, "/proc")
