@@ -13,9 +13,17 @@
 // component (inside the root); Stat and Remove act on the link itself.
 // Files and directories are created owned by the daemon's uid and gid.
 //
+// The root is the sandbox's own, mounts included, and operations run as
+// the daemon: nothing on a kernel pseudo-filesystem (the sandbox's /proc,
+// /sys, devpts, cgroupfs, ...) is read, written, listed, stat'ed,
+// created or removed (PermissionDenied, see guard.go), and reads and
+// writes open regular files only, so a device node or FIFO the sandbox
+// planted is refused (Invalid) without being opened. List returns pages
+// in directory order (see List).
+//
 // Errors carry errdefs categories: a missing file is NotFound ("no such
 // file: /path"), a type mismatch Invalid, an existing target Conflict, a
-// full disk Exhausted.
+// full disk Exhausted, a pseudo-filesystem PermissionDenied.
 package sandboxfs
 
 import (
