@@ -163,11 +163,14 @@ static void mount_overlay(const char *rootfs, char *lower, const char *upper, co
 	madvise(overlay_data, sizeof overlay_data, MADV_DONTNEED);
 }
 
-/* Paths of /proc and /sys that leak host information or control the host. */
+/* Paths of /proc and /sys that leak host information or control the host.
+ * sys/devices/virtual/block holds the loop devices, whose backing_file
+ * names the node's disk images (<state>/disks/<id>.img, another
+ * sandbox's id) and layer blobs. */
 static const char *masked_files[] = {"proc/kcore", "proc/keys", "proc/timer_list", "proc/sched_debug",
 				     "proc/latency_stats", "proc/sysrq-trigger", NULL};
 static const char *masked_dirs[] = {"proc/acpi", "proc/scsi", "sys/firmware", "sys/devices/virtual/powercap",
-				    "sys/kernel/security", "sys/fs/cgroup", NULL};
+				    "sys/devices/virtual/block", "sys/kernel/security", "sys/fs/cgroup", NULL};
 static const char *readonly_dirs[] = {"proc/bus", "proc/fs", "proc/irq", "proc/sys", NULL};
 
 static void bind_ro(const char *src, const char *dst)

@@ -299,3 +299,30 @@ func TestMountinfoShowsNoHostPaths(t *testing.T) {
 	}
 	t.Logf("a sandbox's mountinfo:\n%s", text)
 }
+
+// TestSysfsNamesNoDiskImage: a sandbox does not see, through the node's
+// shared sysfs, the backing file of the loop device under a neighbour's
+// disk limit (<state>/disks/<id>.img: the state directory and the
+// neighbour's id).
+func TestSysfsNamesNoDiskImage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{})
+	e.create(&warrenv1.CreateRequest{Id: "withdisk", Resources: &warrenv1.Resources{DiskBytes: 64 << 20}})
+	e.create(&warrenv1.CreateRequest{Id: "reader"})
+	// The host side: the disk is a loop device that sysfs describes.
+	var found bool
+	if ms, _ := filepath.Glob("/sys/block/loop*/loop/backing_file"); len(ms) > 0 {
+		for _, m := range ms {
+			if b, err := os.ReadFile(m); err == nil && strings.Contains(string(b), e.stateDir) {
+				found = true
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no loop device of the host is backed by a disk image in %s", e.stateDir)
+	}
+	out := e.shOK("reader", "cat /sys/block/loop*/loop/backing_file /sys/dev/block/*/loop/backing_file 2>/dev/null; ls /sys/devices/virtual/block; true")
+	if strings.Contains(out, e.stateDir) || strings.Contains(out, "withdisk") || strings.Contains(out, "loop") {
+		t.Errorf("a sandbox sees the node's loop devices:\n%s", out)
+	}
+}
