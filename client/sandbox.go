@@ -49,6 +49,35 @@ func (c *Client) ExtendTimeout(ctx context.Context, id string, timeout time.Dura
 	return call(ctx, c.sandboxes.ExtendTimeout, &warrenv1.ExtendTimeoutRequest{Id: id, TimeoutSeconds: ceilSeconds(timeout)})
 }
 
+// SandboxUpdate is a change of a running sandbox (Client.Update). Nil
+// fields are left as they are; a set limit means what it means in
+// warrenv1.Resources (CPUMillis 0: no quota; MemoryBytes and PidsMax 0:
+// the node default). Timeout sets the lifetime to end that long from now
+// (rounded up to whole seconds; 0: the node default). SetLabels adds or
+// overwrites labels, RemoveLabels deletes them (absent ones are ignored);
+// a key in both is invalid.
+type SandboxUpdate struct {
+	CPUMillis    *int64
+	MemoryBytes  *int64
+	PidsMax      *int64
+	Timeout      *time.Duration
+	SetLabels    map[string]string
+	RemoveLabels []string
+}
+
+// Update changes a running sandbox, all or nothing, and returns it as it
+// is afterwards: Conflict when the sandbox is not RUNNING, Invalid when
+// the node cannot honour the change (nothing changed then).
+func (c *Client) Update(ctx context.Context, id string, u SandboxUpdate) (*warrenv1.Sandbox, error) {
+	req := &warrenv1.UpdateSandboxRequest{Id: id, CpuMillis: u.CPUMillis, MemoryBytes: u.MemoryBytes, PidsMax: u.PidsMax,
+		SetLabels: u.SetLabels, RemoveLabels: u.RemoveLabels}
+	if u.Timeout != nil {
+		s := ceilSeconds(*u.Timeout)
+		req.TimeoutSeconds = &s
+	}
+	return call(ctx, c.sandboxes.UpdateSandbox, req)
+}
+
 func ceilSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }

@@ -31,6 +31,7 @@ type fakeManager struct {
 	mu         sync.Mutex
 	lastCreate *warrenv1.CreateRequest
 	lastExec   *warrenv1.ExecRequest
+	lastUpdate *warrenv1.UpdateSandboxRequest
 	execResult *warrenv1.ExecResult
 	deleted    []string
 	sandboxes  []*warrenv1.Sandbox

@@ -94,6 +94,10 @@ func formatKVs(m map[string]string) string {
 }
 
 func stateName(s warrenv1.SandboxState) string {
+	if _, ok := warrenv1.SandboxState_name[int32(s)]; !ok {
+		// A newer daemon's state.
+		return fmt.Sprintf("state-%d", int32(s))
+	}
 	return strings.ToLower(strings.TrimPrefix(s.String(), "SANDBOX_STATE_"))
 }
 

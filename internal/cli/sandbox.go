@@ -30,6 +30,7 @@ func newSandboxCommand() *cobra.Command {
 		newGetCommand(),
 		newRemoveCommand(),
 		newExtendCommand(),
+		newUpdateCommand(),
 		newExecCommand(),
 		newCopyCommand(),
 		newCommitCommand(),
@@ -213,7 +214,7 @@ func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
 	row("Layers", strings.Join(s.Layers, ", "))
 	row("Backend", s.Backend)
 	row("State", stateName(s.State))
-	row("Dead reason", s.DeadReason)
+	row("Reason", s.DeadReason)
 	row("Hostname", s.Hostname)
 	row("Workdir", s.Workdir)
 	r := s.GetResources()

@@ -382,6 +382,52 @@ func Run(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("Update", func(t *testing.T) {
+		sb := create(t, b, h, func(s *backend.Spec) { s.PidsMax = 16; s.MemoryBytes = 32 << 20 })
+		up, ok := sb.(backend.Updater)
+		if !ok {
+			t.Skip("backend has no Updater")
+		}
+		ctx := context.Background()
+		i64 := func(v int64) *int64 { return &v }
+		// Raised limits take effect in the running sandbox.
+		if err := up.Update(ctx, backend.Update{PidsMax: i64(128), MemoryBytes: i64(256 << 20), CPUMillis: i64(1500)}); err != nil {
+			t.Fatal(err)
+		}
+		if r := sh(t, sb, "for i in $(seq 1 40); do sleep 30 & done 2>&1; echo forked; kill $(jobs -p)"); strings.Contains(r.Stdout+r.Stderr, "fork:") || !strings.Contains(r.Stdout, "forked") {
+			t.Fatalf("40 processes after raising pids.max to 128: %+v", r)
+		}
+		hold := "x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo survived"
+		if r := sh(t, sb, hold); r.Stdout != "survived\n" {
+			t.Fatalf("100 MB after raising the memory limit to 256 MiB: %+v", r)
+		}
+		// A limit below what the sandbox holds changes nothing, not even
+		// the fields before it.
+		p, err := sb.Start(ctx, backend.ProcSpec{Argv: []string{"sh", "-c", "x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo held; sleep 600"}, Stdout: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		line := make([]byte, 5)
+		if _, err := io.ReadFull(p.Stdout(), line); err != nil || string(line) != "held\n" {
+			t.Fatalf("holder: %q %v", line, err)
+		}
+		err = up.Update(ctx, backend.Update{PidsMax: i64(16), MemoryBytes: i64(16 << 20)})
+		if !errors.Is(err, errdefs.ErrInvalid) {
+			t.Fatalf("memory limit below use: %v, want invalid", err)
+		}
+		if r := sh(t, sb, "for i in $(seq 1 40); do sleep 30 & done 2>&1; echo forked; kill $(jobs -p)"); strings.Contains(r.Stdout+r.Stderr, "fork:") {
+			t.Fatalf("a refused update lowered pids.max: %+v", r)
+		}
+		_ = p.Close()
+		h.Kill(t, sb)
+		<-sb.Exited().Done()
+		if err := up.Update(ctx, backend.Update{PidsMax: i64(64)}); err == nil {
+			t.Fatal("update of a dead sandbox succeeded")
+		}
+		_ = sb.Destroy(ctx)
+	})
+
 	t.Run("InitDies", func(t *testing.T) {
 		base := h.Resources(t)
 		sb := create(t, b, h, nil)
