@@ -606,8 +606,9 @@ func TestDeepTree(t *testing.T) {
 	t.Cleanup(func() { removeAt(t, tmp, "dest") })
 	before := openFDs(t)
 	peak := 0
-	done := make(chan struct{})
+	done, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(stopped)
 		for {
 			select {
 			case <-done:
@@ -619,6 +620,7 @@ func TestDeepTree(t *testing.T) {
 	}()
 	st, err := Extract(context.Background(), dest, gen(true), Options{})
 	close(done)
+	<-stopped
 	if err != nil {
 		t.Fatal(err)
 	}
