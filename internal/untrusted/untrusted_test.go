@@ -735,3 +735,29 @@ func TestGzipAccepted(t *testing.T) {
 		t.Fatal("content")
 	}
 }
+
+// Content with zero runs at odd offsets and sizes comes out byte for byte.
+func TestHolesKeepContent(t *testing.T) {
+	var want []byte
+	for i, n := range []int{5000, 8192, 1, 4096 * 3, 300, 700_000, 4095, 12} {
+		chunk := make([]byte, n)
+		if i%2 == 0 {
+			for j := range chunk {
+				chunk[j] = byte(j%251 + 1)
+			}
+		}
+		want = append(want, chunk...)
+	}
+	dest := filepath.Join(t.TempDir(), "dest")
+	if _, err := extract(t, dest, mktar(t, file("f", string(want)), file("zeros", string(make([]byte, 9000)))), Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dest, "f")); !bytes.Equal(got, want) {
+		t.Fatalf("content differs (%d vs %d bytes)", len(got), len(want))
+	}
+	var st unix.Stat_t
+	unix.Stat(filepath.Join(dest, "zeros"), &st)
+	if st.Size != 9000 || st.Blocks != 0 {
+		t.Fatalf("all-zero file: size %d, %d blocks", st.Size, st.Blocks)
+	}
+}
