@@ -33,7 +33,9 @@ func (e *env) limitFiles(id string) (cpu, mem, pids string) {
 		cpu, _, _ = strings.Cut(read(filepath.Join(dir, "cpu.max")), " ")
 		return cpu, read(filepath.Join(dir, "memory.max")), read(filepath.Join(dir, "pids.max"))
 	}
-	v1 := func(sub, file string) string { return read(filepath.Join(cgroups.Root, sub, e.opts.CgroupParent, id, file)) }
+	v1 := func(sub, file string) string {
+		return read(filepath.Join(cgroups.Root, sub, e.opts.CgroupParent, id, file))
+	}
 	return v1("cpu", "cpu.cfs_quota_us"), v1("memory", "memory.limit_in_bytes"), v1("pids", "pids.max")
 }
 

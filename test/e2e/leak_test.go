@@ -23,7 +23,7 @@ import (
 
 const (
 	stateRunning = warrenv1.SandboxState_SANDBOX_STATE_RUNNING
-	stateDead    = warrenv1.SandboxState_SANDBOX_STATE_STOPPED
+	stateStopped = warrenv1.SandboxState_SANDBOX_STATE_STOPPED
 )
 
 // busy gives a sandbox something to clean up: files in its writable
@@ -214,7 +214,7 @@ func TestLeakInitKilled(t *testing.T) {
 	if err := unix.Kill(e.initPid("victim"), unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	sb, err := e.waitState("victim", stateDead, 10*time.Second)
+	sb, err := e.waitState("victim", stateStopped, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func TestLeakInitKilled(t *testing.T) {
 	if err := unix.Kill(e.initPid("shortlived"), unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.waitState("shortlived", stateDead, 10*time.Second); err != nil {
+	if _, err := e.waitState("shortlived", stateStopped, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.waitGone("shortlived", 10*time.Second); err != nil {
@@ -413,7 +413,7 @@ func TestDeathWhileDaemonDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sb.State != stateDead || sb.DeadReason == "" {
+	if sb.State != stateStopped || sb.DeadReason == "" {
 		t.Errorf("sandbox killed while the daemon was down: %v", sb)
 	}
 	e.expectNoResources("gone", "after the restart")
@@ -436,7 +436,7 @@ func TestDeathWhileDaemonDown(t *testing.T) {
 	// The DEAD record survives another restart until deleted.
 	e.kill9()
 	e.start()
-	if sb, err := e.c.Get(ctx, "gone"); err != nil || sb.State != stateDead {
+	if sb, err := e.c.Get(ctx, "gone"); err != nil || sb.State != stateStopped {
 		t.Errorf("dead sandbox after a second restart: %v %v", sb, err)
 	}
 	if err := e.c.Delete(ctx, "gone"); err != nil {

@@ -192,7 +192,7 @@ func TestMetrics(t *testing.T) {
 	if err := unix.Kill(e.initPid("dies"), unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.waitState("dies", stateDead, 10*time.Second); err != nil {
+	if _, err := e.waitState("dies", stateStopped, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	m5, _ := e.scrape(t)
