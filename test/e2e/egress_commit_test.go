@@ -255,7 +255,9 @@ func TestMountinfoShowsNoHostPaths(t *testing.T) {
 	if _, err := e.c.BuildLayer(ctx, "ws", src); err != nil {
 		t.Fatal(err)
 	}
-	e.create(&warrenv1.CreateRequest{Id: "mi", Layers: []string{"ws"}})
+	// A disk limit too: the upper directory is then on a loop-mounted
+	// image of the state directory.
+	e.create(&warrenv1.CreateRequest{Id: "mi", Layers: []string{"ws"}, Resources: &warrenv1.Resources{DiskBytes: 64 << 20}})
 	text := e.shOK("mi", "cat /proc/self/mountinfo")
 	// The env's root holds the state and run directories; the others
 	// are also looked for by what names them relative to their
