@@ -128,6 +128,11 @@ type DownloadOptions struct {
 	// sticky and group/other write included) instead of masking them with
 	// 0o755.
 	Preserve bool
+	// SymlinksAsIs keeps symlinks whose target could lead outside
+	// localPath (absolute, or climbing above it); by default such a link
+	// fails the download (Invalid), so that opening files of the copy
+	// stays inside it. No link is followed by the copy either way.
+	SymlinksAsIs bool
 	// XattrAllow lists extended-attribute name prefixes (e.g. "user.") to
 	// restore; every other xattr and every ACL is dropped.
 	XattrAllow []string
@@ -153,7 +158,9 @@ type DownloadStats struct {
 // Everything in a sandbox is written by its agent, so the tree is treated
 // as hostile: no symlink is ever followed, neither one the tree brings nor
 // one already on the host (a symlink in localPath itself is refused: pass
-// a resolved path, e.g. from realpath); symlinks are recreated as links;
+// a resolved path, e.g. from realpath); symlinks are recreated as links,
+// and one whose target could lead outside localPath is refused (see
+// DownloadOptions.SymlinksAsIs);
 // hard links only to files of the same copy; no owners, ACLs or xattrs
 // (see DownloadOptions.XattrAllow); permission bits masked with 0o755;
 // devices and FIFOs skipped; holes kept as holes; and the MaxBytes and
@@ -165,7 +172,8 @@ func (c *Client) DownloadTo(ctx context.Context, sandboxID, remotePath, localPat
 	if opts == nil {
 		opts = &DownloadOptions{}
 	}
-	uo := untrusted.Options{MaxBytes: opts.MaxBytes, MaxEntries: opts.MaxEntries, Preserve: opts.Preserve, XattrAllow: opts.XattrAllow}
+	uo := untrusted.Options{MaxBytes: opts.MaxBytes, MaxEntries: opts.MaxEntries, Preserve: opts.Preserve,
+		SymlinksAsIs: opts.SymlinksAsIs, XattrAllow: opts.XattrAllow}
 	localIsDir, err := untrusted.IsDir(localPath)
 	if err != nil {
 		return nil, localError(err)

@@ -43,6 +43,7 @@ func newCopyCommand() *cobra.Command {
 		maxBytes   string
 		maxEntries int64
 		preserve   bool
+		linksAsIs  bool
 		xattrs     []string
 	)
 	cmd := &cobra.Command{
@@ -57,7 +58,9 @@ directory). A local "-" is a tar stream on stdin or stdout.
 
 A copy out of a sandbox treats the tree as hostile (its agent wrote it):
 symlinks are recreated as links and never followed, neither while copying
-nor in DST (a DST with a symlink in it is refused: pass $(realpath DST));
+nor in DST (a DST with a symlink in it is refused: pass $(realpath DST)),
+and a symlink whose target could lead outside DST (absolute, or climbing
+above it) fails the copy unless --symlinks-as-is;
 hard links only to files of the same copy; no owners, ACLs or xattrs
 (--xattr to allow a prefix); permission bits masked with 0755 (--preserve
 keeps them, setuid included); devices and FIFOs skipped; holes kept as
@@ -74,10 +77,11 @@ What was skipped or stripped is reported on stderr.`,
 			if (src.id == "") == (dst.id == "") {
 				return usagef("exactly one of SRC and DST must be ID:/path in a sandbox")
 			}
-			opts, err := downloadOptions(maxBytes, maxEntries, preserve, xattrs)
+			opts, err := downloadOptions(maxBytes, maxEntries, xattrs)
 			if err != nil {
 				return err
 			}
+			opts.Preserve, opts.SymlinksAsIs = preserve, linksAsIs
 			cl, err := NewClient(cmd)
 			if err != nil {
 				return err
@@ -93,13 +97,14 @@ What was skipped or stripped is reported on stderr.`,
 	f.StringVar(&maxBytes, "max-bytes", "1Gi", "copying out: limit on the total size of the files written (e.g. 8Gi; 0 = no limit)")
 	f.Int64Var(&maxEntries, "max-entries", untrusted.DefaultMaxEntries, "copying out: limit on the number of files, directories and links (0 = no limit)")
 	f.BoolVar(&preserve, "preserve", false, "copying out: keep the sandbox's permission bits (setuid, setgid, sticky, group/other write) instead of masking with 0755")
+	f.BoolVar(&linksAsIs, "symlinks-as-is", false, "copying out: keep symlinks whose target leads outside DST (absolute, or climbing above it) instead of failing; they are still never followed by cp, but opening files of the copy follows them")
 	f.StringArrayVar(&xattrs, "xattr", nil, "copying out: restore extended attributes whose name starts with `PREFIX` (repeatable, e.g. user.)")
 	return cmd
 }
 
 // downloadOptions turns the flags into client options; on the command
 // line 0 means no limit.
-func downloadOptions(maxBytes string, maxEntries int64, preserve bool, xattrs []string) (*client.DownloadOptions, error) {
+func downloadOptions(maxBytes string, maxEntries int64, xattrs []string) (*client.DownloadOptions, error) {
 	n, err := parseBytes(maxBytes)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--max-bytes: %w", err)}
@@ -107,7 +112,7 @@ func downloadOptions(maxBytes string, maxEntries int64, preserve bool, xattrs []
 	if maxEntries < 0 {
 		return nil, usagef("--max-entries must not be negative")
 	}
-	o := &client.DownloadOptions{MaxBytes: n, MaxEntries: maxEntries, Preserve: preserve, XattrAllow: xattrs}
+	o := &client.DownloadOptions{MaxBytes: n, MaxEntries: maxEntries, XattrAllow: xattrs}
 	if o.MaxBytes == 0 {
 		o.MaxBytes = -1
 	}

@@ -26,6 +26,13 @@ func TestCopyOutTreatsTheTreeAsHostile(t *testing.T) {
 
 	dl := t.TempDir()
 	r := run(t, addr, "", "sandbox", "cp", "sb1:/out", dl)
+	if r.code == 0 || !strings.Contains(r.stderr, "--symlinks-as-is") {
+		t.Fatalf("cp of a tree with an absolute symlink: %+v", r)
+	}
+	if _, err := os.Lstat(filepath.Join(dl, "out")); !os.IsNotExist(err) {
+		t.Fatalf("refused copy left %v", err)
+	}
+	r = run(t, addr, "", "sandbox", "cp", "--symlinks-as-is", "sb1:/out", dl)
 	if r.code != 0 {
 		t.Fatalf("cp out: %+v", r)
 	}

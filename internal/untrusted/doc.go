@@ -16,8 +16,12 @@
 //     its components is a symlink the call is refused, and the caller passes
 //     a resolved path (realpath) instead.
 //   - Symlinks are created as links with their target text as-is, never
-//     dereferenced. Tools that later open files of the tree follow them like
-//     any symlink; read such a tree with O_NOFOLLOW or RESOLVE_BENEATH.
+//     dereferenced, and only when that target cannot lead outside the
+//     destination: relative, every ".." first and no more of them than the
+//     link's depth (so a grader opening files of the tree stays in it).
+//     Other symlinks are refused (Invalid) unless Options.SymlinksAsIs,
+//     which keeps them: tools that later open files of such a tree follow
+//     them like any symlink.
 //   - Hard links only to regular files this same extraction created.
 //   - No owners, no ACLs, no extended attributes except names starting with
 //     a prefix of Options.XattrAllow (empty by default). Permission bits are

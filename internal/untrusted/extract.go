@@ -262,6 +262,12 @@ func (x *extractor) symlink(hdr *tar.Header, e *target) error {
 	if hdr.Linkname == "" {
 		return errdefs.Invalidf("archive entry %q: symlink with an empty target", hdr.Name)
 	}
+	if !x.opts.SymlinksAsIs {
+		dir, _ := splitName(e.name)
+		if why := linkEscapes(hdr.Linkname, depthOf(dir)); why != "" {
+			return errdefs.Invalidf("archive entry %q: symlink to %q could lead outside the destination: %s; allow it with SymlinksAsIs (warren sandbox cp --symlinks-as-is) if you will not open files of the tree through links", hdr.Name, hdr.Linkname, why)
+		}
+	}
 	if err := unix.Symlinkat(hdr.Linkname, e.pfd, e.base); err != nil {
 		return fsErr(hdr.Name, "symlink", err)
 	}
@@ -427,4 +433,45 @@ func (x *extractor) times(hdr *tar.Header, e *target) error {
 	ts := unix.NsecToTimespec(hdr.ModTime.UnixNano())
 	_ = unix.UtimesNanoAt(e.pfd, e.base, []unix.Timespec{ts, ts}, unix.AT_SYMLINK_NOFOLLOW)
 	return nil
+}
+
+func depthOf(dir string) int {
+	if dir == "" {
+		return 0
+	}
+	return strings.Count(dir, "/") + 1
+}
+
+// linkEscapes says why a symlink in a directory depth levels below the
+// destination, pointing at target, could lead outside it, or "". A
+// contained target is relative, with every ".." first and no more of them
+// than depth: the directories it climbs are real ones below the
+// destination (parents are never symlinks), so however the archive's other
+// links point, each contained link leads to a name below the destination
+// and the whole tree stays closed (issue 18 case 1: "x -> b/c/../../SECRET"
+// with "b -> ." is refused here, at x). The same rule as the Python SDK's.
+func linkEscapes(target string, depth int) string {
+	if strings.HasPrefix(target, "/") {
+		return "an absolute target names a host path"
+	}
+	t := target
+	if strings.Contains(t, "//") || strings.Contains(t, "./") || strings.HasSuffix(t, "/.") || t == "." {
+		var kept []string
+		for _, c := range strings.Split(t, "/") {
+			if c != "" && c != "." {
+				kept = append(kept, c)
+			}
+		}
+		t = strings.Join(kept, "/")
+	}
+	for ups := 1; t == ".." || strings.HasPrefix(t, "../"); ups++ {
+		if ups > depth {
+			return fmt.Sprintf("its target climbs %d levels from a directory %d below the destination", ups, depth)
+		}
+		t = strings.TrimPrefix(strings.TrimPrefix(t, ".."), "/")
+	}
+	if t == ".." || strings.HasPrefix(t, "../") || strings.HasSuffix(t, "/..") || strings.Contains(t, "/../") {
+		return "a \"..\" after a name climbs through whatever that name is"
+	}
+	return ""
 }

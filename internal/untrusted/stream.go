@@ -35,6 +35,12 @@ type Options struct {
 	// Preserve keeps the archive's permission bits (setuid, setgid and
 	// sticky included) instead of masking them with 0o755.
 	Preserve bool
+	// SymlinksAsIs keeps every symlink with the target text the sandbox
+	// wrote. By default a symlink whose target could lead outside the
+	// destination (absolute, or climbing above it, or ".." after a name)
+	// is refused (Invalid), so that opening files of the tree later stays
+	// inside it. Either way no link is ever followed by an extraction.
+	SymlinksAsIs bool
 	// XattrAllow lists the extended-attribute name prefixes that are
 	// applied (e.g. "user."); every other xattr and ACL is dropped.
 	XattrAllow []string

@@ -128,14 +128,20 @@ func TestPlantedAbsoluteSymlinkIsNeverFollowedByALaterCopy(t *testing.T) {
 	tmp := t.TempDir()
 	target := hostFile(t, tmp)
 	dl := filepath.Join(tmp, "dl", "out")
-	if _, err := extract(t, dl, mktar(t, dir("./"), symlink("report.txt", target), symlink("sub", tmp)), Options{}); err != nil {
+	planted := func() *bytes.Buffer { return mktar(t, dir("./"), symlink("report.txt", target), symlink("sub", tmp)) }
+	// By default such links are refused outright.
+	_, err := extract(t, dl, planted(), Options{})
+	wantCat(t, err, errdefs.Invalid)
+	mustNotExist(t, filepath.Join(tmp, "dl"))
+	// Kept as-is on request, and still never followed.
+	if _, err := extract(t, dl, planted(), Options{SymlinksAsIs: true}); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := os.Readlink(filepath.Join(dl, "report.txt")); got != target {
 		t.Fatalf("report.txt -> %q, want the target text kept", got)
 	}
 	// The second copy: a single file onto the planted link.
-	_, err := ExtractFile(context.Background(), filepath.Join(dl, "report.txt"), mktar(t, file("report.txt", "pwned")), Options{})
+	_, err = ExtractFile(context.Background(), filepath.Join(dl, "report.txt"), mktar(t, file("report.txt", "pwned")), Options{})
 	wantCat(t, err, errdefs.Invalid)
 	if !strings.Contains(err.Error(), "realpath") {
 		t.Fatalf("error %q does not tell the user to pass a resolved path", err)
@@ -231,17 +237,23 @@ func TestSymlinkChainsAreNeverFollowed(t *testing.T) {
 	secret := filepath.Join(tmp, "SECRET")
 	os.WriteFile(secret, []byte("secret"), 0o600)
 	dest := filepath.Join(tmp, "dest")
-	_, err := extract(t, dest, mktar(t, dir("./"),
-		symlink("answer.txt", "b/c/../../SECRET"), symlink("b", "."), dir("c/"),
-		symlink("l", "d/../.."), dir("d/")), Options{})
-	if err != nil {
+	chain := func() *bytes.Buffer {
+		return mktar(t, dir("./"),
+			symlink("answer.txt", "b/c/../../SECRET"), symlink("b", "."), dir("c/"),
+			symlink("l", "d/../.."), dir("d/"))
+	}
+	// By default the link that could lead out is refused.
+	_, err := extract(t, dest, chain(), Options{})
+	wantCat(t, err, errdefs.Invalid)
+	mustNotExist(t, dest)
+	if _, err := extract(t, dest, chain(), Options{SymlinksAsIs: true}); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := os.Readlink(filepath.Join(dest, "answer.txt")); got != "b/c/../../SECRET" {
 		t.Fatalf("answer.txt -> %q", got)
 	}
 	for _, name := range []string{"b/c/../../SECRET", "b/SECRET", "l/SECRET", "l/x/y"} {
-		_, err := extract(t, dest, mktar(t, file(name, "pwned")), Options{})
+		_, err := extract(t, dest, mktar(t, file(name, "pwned")), Options{SymlinksAsIs: true})
 		if errdefs.CategoryOf(err) != errdefs.Invalid {
 			t.Errorf("entry %q: err %v, want Invalid", name, err)
 		}
@@ -274,7 +286,7 @@ func TestSiblingWithPrefixName(t *testing.T) {
 		mktar(t, dir("./"), symlink("s", dest2), hardlink("h", "s/keep")),
 		mktar(t, dir("./"), hardlink("h", "../dest2/keep")),
 	} {
-		_, err := extract(t, dest, tr, Options{})
+		_, err := extract(t, dest, tr, Options{SymlinksAsIs: true})
 		wantCat(t, err, errdefs.Invalid)
 		mustNotExist(t, dest)
 	}
@@ -297,7 +309,7 @@ func TestRepeatedNames(t *testing.T) {
 		file("x", "data"), symlink("x", target),
 		symlink("y", target), file("y", "data"),
 		dir("z/"), file("z/in", "1"), file("z", "now a file"),
-		symlink("w", tmp), dir("w/")), Options{})
+		symlink("w", tmp), dir("w/")), Options{SymlinksAsIs: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +362,7 @@ func TestHardlinks(t *testing.T) {
 		mktar(t, hardlink("h", "missing")),
 		mktar(t, hardlink("h", target)), // absolute: relative to dest, missing
 	} {
-		_, err := extract(t, dest, tr, Options{})
+		_, err := extract(t, dest, tr, Options{SymlinksAsIs: true})
 		wantCat(t, err, errdefs.Invalid)
 		mustNotExist(t, filepath.Join(dest, "h"))
 		mustNotExist(t, filepath.Join(dest, "s"))
@@ -760,4 +772,30 @@ func TestHolesKeepContent(t *testing.T) {
 	if st.Size != 9000 || st.Blocks != 0 {
 		t.Fatalf("all-zero file: size %d, %d blocks", st.Size, st.Blocks)
 	}
+}
+
+func TestLinkEscapes(t *testing.T) {
+	for _, c := range []struct {
+		target string
+		depth  int
+		ok     bool
+	}{
+		{"a", 0, true}, {".", 0, true}, {"a/b/./c", 0, true}, {"sub/", 0, true},
+		{"../x", 1, true}, {"../../x", 2, true}, {"./../x", 1, true}, {"..", 1, true},
+		{"/etc/passwd", 5, false}, {"../x", 0, false}, {"..", 0, false}, {"../../../x", 2, false},
+		{"b/c/../../SECRET", 3, false}, {"d/..", 1, false}, {"a/../b", 1, false}, {"..//..//x", 1, false},
+	} {
+		if why := linkEscapes(c.target, c.depth); (why == "") != c.ok {
+			t.Errorf("linkEscapes(%q, %d) = %q, want ok=%v", c.target, c.depth, why, c.ok)
+		}
+	}
+	// A contained link deep in a tree extracts; one climbing a level too
+	// far does not.
+	dest := filepath.Join(t.TempDir(), "dest")
+	if _, err := extract(t, dest, mktar(t, dir("a/b/"), symlink("a/b/up", "../../top"), symlink("a/b/here", ".")), Options{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := extract(t, dest, mktar(t, symlink("a/b/out", "../../../x")), Options{})
+	wantCat(t, err, errdefs.Invalid)
+	mustNotExist(t, filepath.Join(dest, "a/b/out"))
 }

@@ -167,8 +167,15 @@ func TestEgressCopyCLI(t *testing.T) {
 		}
 	}
 
-	// Case 3: the second copy's destination passes through the planted link.
-	if _, stderr, code = e.cli(nil, "sandbox", "cp", "agent:/o3", dl); code != 0 {
+	// Case 3: refused by default (the link names a host path); kept as a
+	// link on request, and the second copy's destination passes through it.
+	if _, stderr, code = e.cli(nil, "sandbox", "cp", "agent:/o3", dl); code == 0 || !strings.Contains(stderr, "--symlinks-as-is") {
+		t.Fatalf("cp /o3 by default: exit %d %q", code, stderr)
+	}
+	if _, err := os.Lstat(filepath.Join(dl, "o3")); !os.IsNotExist(err) {
+		t.Fatalf("refused /o3 left %v", err)
+	}
+	if _, stderr, code = e.cli(nil, "sandbox", "cp", "--symlinks-as-is", "agent:/o3", dl); code != 0 {
 		t.Fatalf("cp /o3: %d %s", code, stderr)
 	}
 	if l, _ := os.Readlink(filepath.Join(dl, "o3", "report.txt")); l != target {
@@ -223,8 +230,14 @@ func TestEgressDownloadToSDK(t *testing.T) {
 		t.Errorf("stats %+v: want 1 skipped, 2 with special bits, the ACL dropped", st)
 	}
 
-	// Case 1: the chain is stored as links only; nothing lands outside.
-	if _, err := e.c.DownloadTo(ctx, "agent", "/o1", filepath.Join(dl, "o1"), nil); err != nil {
+	// Case 1: the link that would lead out once the chain exists is
+	// refused, and the partial copy removed; kept as a link on request.
+	_, err = e.c.DownloadTo(ctx, "agent", "/o1", filepath.Join(dl, "o1"), nil)
+	wantCategory(t, err, client.CategoryInvalid, "download of a symlink chain leading out")
+	if _, err := os.Lstat(filepath.Join(dl, "o1")); !os.IsNotExist(err) {
+		t.Fatalf("refused /o1 left %v", err)
+	}
+	if _, err := e.c.DownloadTo(ctx, "agent", "/o1", filepath.Join(dl, "o1"), &client.DownloadOptions{SymlinksAsIs: true}); err != nil {
 		t.Fatal(err)
 	}
 	if l, _ := os.Readlink(filepath.Join(dl, "o1", "answer.txt")); l != "b/c/../../SECRET" {
@@ -232,7 +245,7 @@ func TestEgressDownloadToSDK(t *testing.T) {
 	}
 
 	// Case 3.
-	if _, err := e.c.DownloadTo(ctx, "agent", "/o3", dl, nil); err != nil {
+	if _, err := e.c.DownloadTo(ctx, "agent", "/o3", dl, &client.DownloadOptions{SymlinksAsIs: true}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = e.c.DownloadTo(ctx, "agent", "/final/report.txt", filepath.Join(dl, "o3", "report.txt"), nil)
