@@ -60,11 +60,10 @@ A copy out of a sandbox treats the tree as hostile (its agent wrote it):
 symlinks are recreated as links and never followed, neither while copying
 nor in DST (a DST with a symlink in it is refused: pass $(realpath DST)),
 and a symlink whose target could lead outside DST (absolute, or climbing
-above it) fails the copy unless --symlinks-as-is;
-hard links only to files of the same copy; no owners, ACLs or xattrs
-(--xattr to allow a prefix); permission bits masked with 0755 (--preserve
-keeps them, setuid included); devices and FIFOs skipped; holes kept as
-holes. At most 1Gi of file contents (--max-bytes) and 1,000,000 entries
+above it) fails the copy unless --symlinks-as-is; hard links only to files
+of the same copy; no owners, ACLs or xattrs (--xattr to allow a prefix);
+permission bits masked with 0755 (--preserve keeps them, setuid included);
+devices and FIFOs skipped; holes kept as holes. At most 1Gi of file contents (--max-bytes) and 1,000,000 entries
 (--max-entries); over either, the copy fails and what it wrote is removed.
 What was skipped or stripped is reported on stderr.`,
 		Example: `  warren sandbox cp ./src sb1:/work        # -> /work/src (when /work exists)
