@@ -99,22 +99,43 @@ func (f *FS) List(ctx context.Context, p string, pageSize int, token string) ([]
 	if token != "" && (from.dev != st.Dev || from.ino != st.Ino) {
 		return nil, "", errdefs.Invalidf("page token is for another directory than %s (or it was replaced): start again without a token", cp)
 	}
-	fd, err := reopen(pfd, unix.O_RDONLY|unix.O_DIRECTORY, cp)
+	fd, err := openAt(pfd, token, from.off, cp)
 	if err != nil {
 		return nil, "", err
-	}
-	defer unix.Close(fd)
-	if token != "" {
-		if _, err := unix.Seek(fd, from.off, 0); err != nil {
-			return nil, "", errdefs.Invalidf("page token does not fit directory %s: start again without a token", cp)
-		}
 	}
 	r := pager{ctx: ctx, fd: fd, cp: cp, buf: make([]byte, direntBuf)}
 	out, off, more, err := r.page(pageSize)
 	if err != nil || !more {
+		unix.Close(fd)
 		return out, "", err
 	}
-	return out, cookie{dev: st.Dev, ino: st.Ino, off: off}.encode(), nil
+	next := cookie{dev: st.Dev, ino: st.Ino, off: off}.encode()
+	if _, err := unix.Seek(fd, off, 0); err == nil {
+		keepCursor(next, fd)
+	} else {
+		unix.Close(fd)
+	}
+	return out, next, nil
+}
+
+// openAt returns the directory behind pfd open for reading at the page
+// of token: the kept cursor of that page if there is one, else a new
+// descriptor that seeks to off.
+func openAt(pfd int, token string, off int64, cp string) (int, error) {
+	if token != "" {
+		if fd, ok := takeCursor(token); ok {
+			return fd, nil
+		}
+	}
+	fd, err := reopen(pfd, unix.O_RDONLY|unix.O_DIRECTORY, cp)
+	if err != nil || token == "" {
+		return fd, err
+	}
+	if _, err := unix.Seek(fd, off, 0); err != nil {
+		unix.Close(fd)
+		return -1, errdefs.Invalidf("page token does not fit directory %s: start again without a token", cp)
+	}
+	return fd, nil
 }
 
 // pager reads one page of a directory with getdents, parsing the

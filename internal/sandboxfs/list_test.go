@@ -175,3 +175,86 @@ func TestListTokens(t *testing.T) {
 		t.Fatalf("empty dir: %v %q %v", page, next, err)
 	}
 }
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// TestListCursors: the directory of an unfinished listing stays open for
+// its next page (a merged overlay directory is otherwise rebuilt by the
+// kernel each page), at most maxCursors of them; a token sent twice
+// gives the same page from the kept directory and from a reopened one;
+// interleaved listings of one directory each see every entry once.
+func TestListCursors(t *testing.T) {
+	fs, root, _ := setup(t)
+	makeEntries(t, filepath.Join(root, "d"), "e", 100)
+	before := openFDs(t)
+	var toks []string
+	for i := 0; i < maxCursors+10; i++ {
+		_, tok, err := fs.List(ctx, "/d", 1+i%3, "")
+		if err != nil || tok == "" {
+			t.Fatalf("listing %d: %q %v", i, tok, err)
+		}
+		toks = append(toks, tok)
+	}
+	if grew := openFDs(t) - before; grew > maxCursors {
+		t.Fatalf("%d descriptors kept for unfinished listings, at most %d", grew, maxCursors)
+	}
+	names := func(page []FileInfo) []string {
+		var out []string
+		for _, f := range page {
+			out = append(out, f.Name)
+		}
+		return out
+	}
+	tok := toks[len(toks)-1]
+	p1, n1, err1 := fs.List(ctx, "/d", 5, tok)
+	p2, n2, err2 := fs.List(ctx, "/d", 5, tok)
+	if err1 != nil || err2 != nil || !slices.Equal(names(p1), names(p2)) || n1 != n2 || len(p1) != 5 {
+		t.Fatalf("the same token twice: %v %q %v / %v %q %v", names(p1), n1, err1, names(p2), n2, err2)
+	}
+	want := map[string]bool{}
+	for i := 0; i < 100; i++ {
+		want[fmt.Sprintf("e%d", i)] = true
+	}
+	// Four listings of the directory, a page of each in turn.
+	seen := make([]map[string]int, 4)
+	next := make([]string, 4)
+	for live := 4; live > 0; {
+		live = 0
+		for g := range seen {
+			if seen[g] != nil && next[g] == "" {
+				continue
+			}
+			if seen[g] == nil {
+				seen[g] = map[string]int{}
+			}
+			page, n, err := fs.List(ctx, "/d", 3+g, next[g])
+			if err != nil {
+				t.Fatalf("listing %d: %v", g, err)
+			}
+			for _, f := range page {
+				seen[g][f.Name]++
+			}
+			next[g] = n
+			if n != "" {
+				live++
+			}
+		}
+	}
+	for g, m := range seen {
+		if len(m) != len(want) {
+			t.Fatalf("listing %d saw %d names", g, len(m))
+		}
+		for name, c := range m {
+			if c != 1 || !want[name] {
+				t.Fatalf("listing %d: %s seen %d times", g, name, c)
+			}
+		}
+	}
+}
