@@ -629,6 +629,43 @@ class AsyncWarren:
         d = await self._rpc(_SBX + "ExtendTimeout", body, timeout=timeout, idempotent=True)
         return SandboxInfo._from_json(d)
 
+    async def update_sandbox(
+        self,
+        id: str,
+        *,
+        cpu_millis: Optional[int] = None,
+        memory_bytes: Optional[int] = None,
+        pids_max: Optional[int] = None,
+        timeout_seconds: Optional[float] = None,
+        set_labels: Optional[Mapping[str, str]] = None,
+        remove_labels: Optional[Sequence[str]] = None,
+        timeout: Optional[float] = None,
+    ) -> SandboxInfo:
+        """Change running sandbox ``id``, all or nothing, and return it as it
+        is afterwards. Arguments left None stay as they are. Limits mean
+        what they mean in :meth:`create` (``cpu_millis`` 0 = no quota,
+        ``memory_bytes``/``pids_max`` 0 = node default); ``timeout_seconds``
+        sets the lifetime to end that long from now (0 = node default);
+        ``set_labels`` adds or overwrites labels, ``remove_labels`` deletes
+        them (absent ones are ignored; a key in both is invalid).
+
+        Raises :class:`ConflictError` naming the state when the sandbox is
+        not RUNNING, and :class:`InvalidError` when the node cannot honour
+        the update (e.g. a memory limit below what the sandbox holds), in
+        which case nothing changed."""
+        body: Dict[str, Any] = {"id": id}
+        for key, v in (("cpuMillis", cpu_millis), ("memoryBytes", memory_bytes), ("pidsMax", pids_max)):
+            if v is not None:
+                body[key] = str(int(v))
+        if timeout_seconds is not None:
+            body["timeoutSeconds"] = str(int(math.ceil(timeout_seconds)))
+        if set_labels:
+            body["setLabels"] = dict(set_labels)
+        if remove_labels:
+            body["removeLabels"] = list(remove_labels)
+        d = await self._rpc(_SBX + "UpdateSandbox", body, timeout=timeout, idempotent=True)
+        return SandboxInfo._from_json(d)
+
     async def commit_sandbox(
         self, id: str, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None
     ) -> Layer:
@@ -1113,6 +1150,31 @@ class AsyncSandbox:
     async def extend_timeout(self, seconds: float, *, timeout: Optional[float] = None) -> SandboxInfo:
         """Set the sandbox's deadline to now + ``seconds``."""
         self.info = await self.client.extend_timeout(self.id, seconds, timeout=timeout)
+        return self.info
+
+    async def update(
+        self,
+        *,
+        cpu_millis: Optional[int] = None,
+        memory_bytes: Optional[int] = None,
+        pids_max: Optional[int] = None,
+        timeout_seconds: Optional[float] = None,
+        set_labels: Optional[Mapping[str, str]] = None,
+        remove_labels: Optional[Sequence[str]] = None,
+        timeout: Optional[float] = None,
+    ) -> SandboxInfo:
+        """Change the running sandbox's limits, lifetime or labels, all or
+        nothing (see :meth:`AsyncWarren.update_sandbox`)."""
+        self.info = await self.client.update_sandbox(
+            self.id,
+            cpu_millis=cpu_millis,
+            memory_bytes=memory_bytes,
+            pids_max=pids_max,
+            timeout_seconds=timeout_seconds,
+            set_labels=set_labels,
+            remove_labels=remove_labels,
+            timeout=timeout,
+        )
         return self.info
 
     async def commit(self, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None) -> Layer:

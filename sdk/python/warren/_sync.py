@@ -290,6 +290,32 @@ class Warren:
     def extend_timeout(self, id: str, seconds: float, *, timeout: Optional[float] = None) -> SandboxInfo:
         return self._run(self.aio.extend_timeout(id, seconds, timeout=timeout))
 
+    def update_sandbox(
+        self,
+        id: str,
+        *,
+        cpu_millis: Optional[int] = None,
+        memory_bytes: Optional[int] = None,
+        pids_max: Optional[int] = None,
+        timeout_seconds: Optional[float] = None,
+        set_labels: Optional[Mapping[str, str]] = None,
+        remove_labels: Optional[Sequence[str]] = None,
+        timeout: Optional[float] = None,
+    ) -> SandboxInfo:
+        """See :meth:`AsyncWarren.update_sandbox` (all or nothing)."""
+        return self._run(
+            self.aio.update_sandbox(
+                id,
+                cpu_millis=cpu_millis,
+                memory_bytes=memory_bytes,
+                pids_max=pids_max,
+                timeout_seconds=timeout_seconds,
+                set_labels=set_labels,
+                remove_labels=remove_labels,
+                timeout=timeout,
+            )
+        )
+
     def commit_sandbox(
         self, id: str, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None
     ) -> Layer:
@@ -474,6 +500,30 @@ class Sandbox:
 
     def extend_timeout(self, seconds: float, *, timeout: Optional[float] = None) -> SandboxInfo:
         return self._run(self.aio.extend_timeout(seconds, timeout=timeout))
+
+    def update(
+        self,
+        *,
+        cpu_millis: Optional[int] = None,
+        memory_bytes: Optional[int] = None,
+        pids_max: Optional[int] = None,
+        timeout_seconds: Optional[float] = None,
+        set_labels: Optional[Mapping[str, str]] = None,
+        remove_labels: Optional[Sequence[str]] = None,
+        timeout: Optional[float] = None,
+    ) -> SandboxInfo:
+        """See :meth:`AsyncSandbox.update` (all or nothing)."""
+        return self._run(
+            self.aio.update(
+                cpu_millis=cpu_millis,
+                memory_bytes=memory_bytes,
+                pids_max=pids_max,
+                timeout_seconds=timeout_seconds,
+                set_labels=set_labels,
+                remove_labels=remove_labels,
+                timeout=timeout,
+            )
+        )
 
     def commit(self, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None) -> Layer:
         """Make the sandbox's writable layer the named layer ``name`` (see

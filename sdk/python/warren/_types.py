@@ -51,13 +51,21 @@ def _ms_to_datetime(ms: int) -> Optional[_dt.datetime]:
 
 
 class SandboxState(str, enum.Enum):
-    """The life cycle state of a sandbox."""
+    """The life cycle state of a sandbox (docs/ARCHITECTURE.md, "Death,
+    delete, restart"). Only RUNNING sandboxes run commands, serve files,
+    commit and update; other states refuse those with :class:`ConflictError`
+    naming the state. Members are in wire-number order. A state number this
+    SDK does not know (a newer daemon's) reads as UNSPECIFIED."""
 
     UNSPECIFIED = "SANDBOX_STATE_UNSPECIFIED"
     CREATING = "SANDBOX_STATE_CREATING"
     RUNNING = "SANDBOX_STATE_RUNNING"
-    DEAD = "SANDBOX_STATE_DEAD"  #: init died; resources released; delete to forget it
+    STOPPED = "SANDBOX_STATE_STOPPED"  #: init exited; resources released; delete to forget it
     DELETING = "SANDBOX_STATE_DELETING"
+    PAUSED = "SANDBOX_STATE_PAUSED"  #: processes frozen, memory kept
+    HIBERNATED = "SANDBOX_STATE_HIBERNATED"  #: saved to disk, nothing runs
+    LOST = "SANDBOX_STATE_LOST"  #: the node cannot reach it now (retried); it may still run
+    DEAD = "SANDBOX_STATE_STOPPED"  #: the old name of STOPPED (an alias)
 
     @classmethod
     def _parse(cls, v: Any) -> "SandboxState":
