@@ -145,10 +145,14 @@ type sandbox struct {
 	deleting     chan struct{} // while DELETING: closed when the deletion ended
 	deleteErr    error
 	updating     bool // an UpdateSandbox is in progress
-	procs        map[string]*process
-	procSeq      int
-	procPending  int
-	commit       *commitOp // the commit in progress, if any
+	// reach serializes the Adopt calls that reach a sandbox without a
+	// handle (readopt of a LOST one, and its deletion), so that one
+	// handle, not two, comes back.
+	reach       sync.Mutex
+	procs       map[string]*process
+	procSeq     int
+	procPending int
+	commit      *commitOp // the commit in progress, if any
 }
 
 // New opens the store under cfg.StateDir and re-adopts the sandboxes an

@@ -375,12 +375,7 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
 	var err error
 	if reach {
-		sb, err = s.b.Adopt(dctx, s.id, blob)
-		if errdefs.CategoryOf(err) == errdefs.NotFound {
-			sb, err = nil, nil // proven gone: Adopt released what was left
-		} else if err != nil {
-			err = errdefs.Wrap(errdefs.Unavailable, err, "sandbox "+s.id+" cannot be reached to delete it; retry later")
-		}
+		sb, err = m.reachToDelete(dctx, s, blob)
 	}
 	if err == nil && sb != nil {
 		err = sb.Destroy(dctx)
@@ -409,6 +404,29 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	return nil
 }
 
+// reachToDelete adopts a sandbox without a handle so that it can be
+// destroyed: nil when it is proven gone (Adopt released what was left),
+// Unavailable while it cannot be reached. A handle that a concurrent
+// readopt found meanwhile is used instead.
+func (m *Manager) reachToDelete(ctx context.Context, s *sandbox, blob []byte) (backend.Sandbox, error) {
+	s.reach.Lock()
+	defer s.reach.Unlock()
+	s.mu.Lock()
+	sb := s.sb
+	s.mu.Unlock()
+	if sb != nil {
+		return sb, nil
+	}
+	sb, err := s.b.Adopt(ctx, s.id, blob)
+	switch {
+	case errdefs.CategoryOf(err) == errdefs.NotFound:
+		return nil, nil
+	case err != nil:
+		return nil, errdefs.Wrap(errdefs.Unavailable, err, "sandbox "+s.id+" cannot be reached to delete it; retry later")
+	}
+	return sb, nil
+}
+
 func (s *sandbox) deleteErrOf() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -422,11 +440,13 @@ func (m *Manager) failedRemove(s *sandbox, sb backend.Sandbox, prev state, err e
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	back := prev
-	if prev == stateRunning && sb != nil && sb.Exited().Err() != nil {
+	if prev != stateStopped && sb != nil && sb.Exited().Err() != nil {
 		back = stateStopped
 		s.info.DeadReason = "init exited in a delete that failed: " + err.Error()
 		s.fs = nil
-		m.metrics.SandboxEnded(metrics.ReasonDead)
+		if prev == stateRunning {
+			m.metrics.SandboxEnded(metrics.ReasonDead)
+		}
 	}
 	_ = m.setState(s, back)
 	s.deleting, s.deleteErr = nil, err
@@ -767,22 +787,32 @@ func (m *Manager) readopt(s *sandbox) {
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, readoptMax)
-		s.mu.Lock()
-		lost, blob := s.st == stateLost, s.backendState
-		s.mu.Unlock()
-		if !lost {
+		if done := m.readoptOnce(s, delay); done {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
-		sb, err := s.b.Adopt(ctx, s.id, blob)
-		cancel()
-		if err != nil && errdefs.CategoryOf(err) != errdefs.NotFound {
-			m.log.Warn("adopt LOST sandbox again", "sandbox", s.id, "err", err, "next", delay)
-			continue
-		}
-		m.found(s, sb, err)
-		return
 	}
+}
+
+// readoptOnce tries one adoption of a LOST sandbox; done when it is no
+// longer LOST afterwards.
+func (m *Manager) readoptOnce(s *sandbox, next time.Duration) (done bool) {
+	s.reach.Lock()
+	defer s.reach.Unlock()
+	s.mu.Lock()
+	lost, blob := s.st == stateLost, s.backendState
+	s.mu.Unlock()
+	if !lost {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
+	sb, err := s.b.Adopt(ctx, s.id, blob)
+	cancel()
+	if err != nil && errdefs.CategoryOf(err) != errdefs.NotFound {
+		m.log.Warn("adopt LOST sandbox again", "sandbox", s.id, "err", err, "next", next)
+		return false
+	}
+	m.found(s, sb, err)
+	return true
 }
 
 // found ends LOST: RUNNING with sb, or STOPPED when Adopt proved the
@@ -790,11 +820,12 @@ func (m *Manager) readopt(s *sandbox) {
 func (m *Manager) found(s *sandbox, sb backend.Sandbox, err error) {
 	s.mu.Lock()
 	if s.st != stateLost {
-		// Deleted meanwhile; the deletion reached it by itself.
-		s.mu.Unlock()
-		if sb != nil {
-			m.log.Warn("sandbox re-adopted after it left LOST", "sandbox", s.id)
+		// Being deleted: hand the handle to the deletion, which waits for
+		// reach (reachToDelete) and destroys it.
+		if s.st == stateDeleting && s.sb == nil {
+			s.sb = sb
 		}
+		s.mu.Unlock()
 		return
 	}
 	if err != nil {
