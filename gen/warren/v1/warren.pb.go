@@ -313,7 +313,7 @@ type Sandbox struct {
 	Labels          map[string]string      `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	CreatedAtUnixMs int64                  `protobuf:"varint,9,opt,name=created_at_unix_ms,json=createdAtUnixMs,proto3" json:"created_at_unix_ms,omitempty"`
 	ExpiresAtUnixMs int64                  `protobuf:"varint,10,opt,name=expires_at_unix_ms,json=expiresAtUnixMs,proto3" json:"expires_at_unix_ms,omitempty"` // 0 = never
-	DeadReason      string                 `protobuf:"bytes,11,opt,name=dead_reason,json=deadReason,proto3" json:"dead_reason,omitempty"`
+	DeadReason      string                 `protobuf:"bytes,11,opt,name=dead_reason,json=deadReason,proto3" json:"dead_reason,omitempty"`                     // why it is STOPPED or LOST
 	Hostname        string                 `protobuf:"bytes,12,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	Layers          []string               `protobuf:"bytes,13,rep,name=layers,proto3" json:"layers,omitempty"` // named layers on the image, bottom first
 	User            string                 `protobuf:"bytes,14,opt,name=user,proto3" json:"user,omitempty"`     // default user of execs; "" = root
