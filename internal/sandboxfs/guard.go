@@ -303,3 +303,22 @@ func mkdirStep(rootfd, cur int, comp, prefix string, mode uint32) (int, error) {
 		return -1, pathErr(prefix, merr)
 	}
 }
+
+// notMountPoint refuses (Conflict, the EBUSY a process in the sandbox
+// would get) when the entry base of dirfd is a mount point. The kernel
+// refuses to remove a mount point only in the caller's own mount
+// namespace: removing the sandbox's /dev from the daemon's would detach
+// the mount from under the sandbox.
+func notMountPoint(dirfd int, base, cp string) error {
+	var dst, est unix.Statx_t
+	if err := unix.Statx(dirfd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &dst); err != nil {
+		return pathErr(cp, err)
+	}
+	if err := unix.Statx(dirfd, base, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &est); err != nil {
+		return pathErr(cp, err)
+	}
+	if dst.Mnt_id != est.Mnt_id {
+		return errdefs.Conflictf("busy: %s is a mount point of the sandbox; file calls never remove mount points", cp)
+	}
+	return nil
+}

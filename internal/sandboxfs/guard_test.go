@@ -185,3 +185,22 @@ func TestDevicesAndFifosNeverOpened(t *testing.T) {
 		t.Fatalf("stat of a fifo: %+v %v", fi, err)
 	}
 }
+
+// TestMountPointsNotRemoved: the kernel refuses to remove a mount point
+// only in the remover's own mount namespace, and the daemon is not in the
+// sandbox's: Remove refuses a mount point itself (Conflict, as EBUSY in
+// the sandbox) and leaves it and what is on it alone.
+func TestMountPointsNotRemoved(t *testing.T) {
+	fs, root, _ := setup(t)
+	mnt := mountIn(t, root, "dev", "tmpfs")
+	write(t, filepath.Join(mnt, "null"), "keep")
+	wantCat(t, fs.Remove(ctx, "/dev", true), errdefs.Conflict, "mount point")
+	wantCat(t, fs.Remove(ctx, "/dev", false), errdefs.Conflict, "mount point")
+	if got := read(t, filepath.Join(mnt, "null")); got != "keep" {
+		t.Fatalf("content of the mount: %q", got)
+	}
+	// Below the mount point removal works as anywhere.
+	if err := fs.Remove(ctx, "/dev/null", false); err != nil {
+		t.Fatal(err)
+	}
+}

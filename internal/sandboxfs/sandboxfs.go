@@ -450,6 +450,9 @@ func (f *FS) Remove(ctx context.Context, p string, recursive bool) error {
 	if err := checkFS(dirfd, path.Dir(cp)); err != nil {
 		return err
 	}
+	if err := notMountPoint(dirfd, base, cp); err != nil {
+		return err
+	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		err = unix.Unlinkat(dirfd, base, 0)
 	} else if recursive {

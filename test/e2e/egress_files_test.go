@@ -90,6 +90,16 @@ func TestFileCallsNeverTouchProcOrSys(t *testing.T) {
 	pd("mkdir in /proc", c.MakeDir(ctx, &warrenv1.MakeDirRequest{SandboxId: "pfs", Path: "/proc/x"}))
 	pd("remove /proc/1", c.RemoveFile(ctx, &warrenv1.RemoveFileRequest{SandboxId: "pfs", Path: "/proc/1", Recursive: true}))
 	pd("remove /sys", c.RemoveFile(ctx, &warrenv1.RemoveFileRequest{SandboxId: "pfs", Path: "/sys", Recursive: true}))
+	// The kernel refuses to remove a mount point only in the remover's
+	// mount namespace: from the daemon's, removing /dev would detach the
+	// sandbox's /dev.
+	for _, rec := range []bool{true, false} {
+		err := c.RemoveFile(ctx, &warrenv1.RemoveFileRequest{SandboxId: "pfs", Path: "/dev", Recursive: rec})
+		if client.CategoryOf(err) != client.CategoryConflict || !strings.Contains(err.Error(), "mount point") {
+			t.Errorf("remove /dev (recursive %v): want conflict, a mount point, got %v", rec, err)
+		}
+	}
+	e.shOK("pfs", "test -c /dev/null && test -c /dev/pts/ptmx")
 	for _, p := range []string{"/proc/1", "/sys/kernel/mm"} {
 		rc, err := c.Download(ctx, "pfs", p)
 		if err == nil {
