@@ -71,7 +71,7 @@ func TestUpdateLimitsTakeEffect(t *testing.T) {
 		if got := formatLabels(sb.GetLabels()); got != "add=2,keep=1,over=new" {
 			t.Fatalf("labels %s", got)
 		}
-		if exp := time.UnixMilli(sb.GetExpiresAtUnixMs()); exp.Before(before.Add(2*time.Hour)) || exp.After(time.Now().Add(2*time.Hour)) {
+		if exp := time.UnixMilli(sb.GetExpiresAtUnixMs()); exp.Before(before.Add(2*time.Hour-time.Second)) || exp.After(time.Now().Add(2*time.Hour)) {
 			t.Fatalf("expires %v", exp)
 		}
 	}
