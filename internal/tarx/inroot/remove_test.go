@@ -44,6 +44,21 @@ func makeChain(t *testing.T, dir, name string, depth int) {
 	unix.Close(fd)
 }
 
+// fastTempDir is a temporary directory on a tmpfs when the test may
+// mount one: this machine's discard-mounted root filesystem takes seconds
+// to make and remove 30,000 directories, and the walk is the same.
+func fastTempDir(t *testing.T) string {
+	dir := t.TempDir()
+	if os.Geteuid() != 0 {
+		return dir
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=256m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
 func countFDs(t *testing.T) int {
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
@@ -56,7 +71,7 @@ func countFDs(t *testing.T) int {
 // descriptors, os.RemoveAll failed at 21,000 levels) holding a bounded
 // number of descriptors.
 func TestRemoveAllDeepTree(t *testing.T) {
-	dir := t.TempDir()
+	dir := fastTempDir(t)
 	start := time.Now()
 	makeChain(t, dir, "top", 30000)
 	t.Logf("made 30,000 levels in %v", time.Since(start))
