@@ -460,7 +460,13 @@ func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sa
 		_ = b.teardown(id)
 		return nil, errdefs.Wrap(errdefs.NotFound, err, "sandbox state unreadable")
 	}
-	if cur, err := procStartTime(st.Pid); err != nil || cur != st.StartTime {
+	cur, err := procStartTime(st.Pid)
+	var pe *os.PathError
+	if errors.As(err, &pe) && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ESRCH) {
+		// EMFILE, ENOMEM reading /proc: the init may well be alive.
+		return nil, errdefs.Wrap(errdefs.Unavailable, err, "sandbox "+id+": read its init's start time")
+	}
+	if err != nil || cur != st.StartTime {
 		_ = b.teardown(id)
 		return nil, errdefs.NotFoundf("sandbox %s: init %d is gone", id, st.Pid)
 	}
