@@ -37,8 +37,10 @@ type Backend interface {
 	// Create builds and starts a sandbox. On error nothing is left behind.
 	Create(ctx context.Context, spec Spec) (Sandbox, error)
 	// Adopt reattaches to a sandbox created by an earlier daemon from the
-	// state it returned. If the sandbox is gone, Adopt releases whatever is
-	// left of it and returns an error of category NotFound.
+	// state it returned. If the sandbox is proven gone, Adopt releases
+	// whatever is left of it and returns an error of category NotFound.
+	// Any other error means it could not tell (descriptors, memory): it
+	// leaves the sandbox alone, and the daemon keeps it LOST and retries.
 	Adopt(ctx context.Context, id string, state []byte) (Sandbox, error)
 	// Sweep removes every resource of this backend that belongs to no id
 	// in keep: orphans of a crash between create steps.
