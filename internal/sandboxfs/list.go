@@ -19,6 +19,11 @@ const (
 	MaxPageSize     = 10000
 )
 
+// maxPageBytes ends a page early when its names, paths and symlink
+// targets reach it: 10,000 symlinks with 4 KiB targets would otherwise
+// make a 40 MB page.
+const maxPageBytes = 4 << 20
+
 // direntBuf is the getdents buffer: 32 KiB holds about 1,000 entries of
 // 10-byte names, so a default page takes a few system calls.
 const direntBuf = 32 << 10
@@ -59,7 +64,8 @@ func decodeToken(tok string) (cookie, error) {
 
 // List returns one page of the entries of the directory at p (a symlink
 // to a directory is followed inside the sandbox), at most pageSize (0:
-// DefaultPageSize; more than MaxPageSize is MaxPageSize), and the token
+// DefaultPageSize; more than MaxPageSize is MaxPageSize; fewer when the
+// page's names and symlink targets reach 4 MiB), and the token
 // of the next page, "" after the last one. token is "" for the first
 // page, else the token the previous page returned for the same directory
 // (another one is Invalid). Entries come in the directory's own order
@@ -151,6 +157,8 @@ type pager struct {
 // the directory has more.
 func (r *pager) page(n int) (out []FileInfo, off int64, more bool, err error) {
 	out = make([]FileInfo, 0, min(n, 256))
+	size := 0
+	full := func() bool { return len(out) == n || size >= maxPageBytes }
 	for {
 		if err := ctxErr(r.ctx); err != nil {
 			return nil, 0, false, err
@@ -166,7 +174,7 @@ func (r *pager) page(n int) (out []FileInfo, off int64, more bool, err error) {
 			return out, off, false, nil
 		}
 		for b := r.buf[:nb]; len(b) > 0; {
-			if len(out) == n {
+			if full() {
 				return out, off, true, nil
 			}
 			name, doff, reclen, ok := dirent(b)
@@ -185,9 +193,11 @@ func (r *pager) page(n int) (out []FileInfo, off int64, more bool, err error) {
 			if err != nil {
 				return nil, 0, false, pathErr(path.Join(r.cp, name), err)
 			}
-			out = append(out, info(r.fd, name, path.Join(r.cp, name), st))
+			fi := info(r.fd, name, path.Join(r.cp, name), st)
+			size += len(fi.Name) + len(fi.Path) + len(fi.LinkTarget)
+			out = append(out, fi)
 		}
-		if len(out) == n {
+		if full() {
 			// The buffer ended with the page: one more read tells
 			// whether anything follows, so the last page has no token.
 			return out, off, r.peek(off), nil

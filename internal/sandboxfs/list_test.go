@@ -258,3 +258,52 @@ func TestListCursors(t *testing.T) {
 		}
 	}
 }
+
+// TestListPageBytes: a page ends early when its names and symlink
+// targets reach 4 MiB, and the next page goes on from there.
+func TestListPageBytes(t *testing.T) {
+	fs, root, _ := setup(t)
+	dir := filepath.Join(root, "links")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const n = 2000
+	target := "/" + strings.Repeat("t", 4000)
+	for i := 0; i < n; i++ {
+		if err := os.Symlink(target, filepath.Join(dir, fmt.Sprintf("l%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]int{}
+	tok, pages := "", 0
+	for {
+		page, next, err := fs.List(ctx, "/links", MaxPageSize, tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		bytes := 0
+		for _, fi := range page {
+			seen[fi.Name]++
+			if fi.LinkTarget != target {
+				t.Fatalf("%s: target of %d bytes", fi.Name, len(fi.LinkTarget))
+			}
+			bytes += len(fi.LinkTarget)
+		}
+		if bytes > maxPageBytes+len(target) {
+			t.Fatalf("page %d holds %d bytes of targets", pages, bytes)
+		}
+		if next == "" {
+			break
+		}
+		tok = next
+	}
+	if len(seen) != n || pages < 2 {
+		t.Fatalf("%d names in %d pages", len(seen), pages)
+	}
+	for name, c := range seen {
+		if c != 1 {
+			t.Fatalf("%s seen %d times", name, c)
+		}
+	}
+}
