@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -216,4 +217,36 @@ func (m *Manager) sandboxStats(id string) (backend.Stats, error) {
 		return backend.Stats{}, err
 	}
 	return v.sb.Stats()
+}
+
+// plainBackend hides the container sandboxes' Updater, as a backend
+// without one would.
+type plainBackend struct{ backend.Backend }
+
+type plainSandbox struct{ backend.Sandbox }
+
+func (p plainBackend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbox, error) {
+	sb, err := p.Backend.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return plainSandbox{sb}, nil
+}
+
+// TestUpdateWithoutUpdater: on a backend without backend.Updater, an
+// update of limits is invalid (not retried) and changes nothing, while
+// labels and the lifetime, which the daemon keeps, still change.
+func TestUpdateWithoutUpdater(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.Backends["container"] = plainBackend{c.Backends["container"]} })
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "plain"})
+	_, err := e.m.UpdateSandbox(ctx, &warrenv1.UpdateSandboxRequest{Id: "plain", PidsMax: proto.Int64(64), SetLabels: map[string]string{"a": "b"}})
+	wantCat(t, err, errdefs.Invalid, "cannot change the limits")
+	if sb, _ := e.m.Get(ctx, &warrenv1.GetRequest{Id: "plain"}); len(sb.GetLabels()) != 0 || sb.GetResources().GetPidsMax() == 64 {
+		t.Fatalf("changed: %v", sb)
+	}
+	sb, err := e.m.UpdateSandbox(ctx, &warrenv1.UpdateSandboxRequest{Id: "plain", SetLabels: map[string]string{"a": "b"}})
+	if err != nil || sb.GetLabels()["a"] != "b" {
+		t.Fatalf("labels only: %v %v", sb, err)
+	}
 }
