@@ -229,7 +229,9 @@ async def test_iter_files_pages(w: warren.AsyncWarren) -> None:
         assert len(names) == 2500 and len(set(names)) == 2500
         assert sorted(f.name for f in await sb.list_files("/d")) == sorted(names)
         files, token = await sb.list_files_page("/d", page_size=1000)
-        assert len(files) <= 1000 or not token  # a daemon without pages sends one
+        assert len(files) == 1000 and token
+        files2, token2 = await sb.list_files_page("/d", page_token=token, page_size=1000)
+        assert len(files2) == 1000 and token2 and not {f.name for f in files} & {f.name for f in files2}
 
 
 async def test_download_broken_stream_leaves_nothing(w: warren.AsyncWarren, tmp_path: Any) -> None:
@@ -242,3 +244,25 @@ async def test_download_broken_stream_leaves_nothing(w: warren.AsyncWarren, tmp_
             await sb.download("/s", dest, max_bytes=None, timeout=0.5)
         assert not os.path.lexists(dest)
         await asyncio.sleep(0)
+
+
+def test_sync_twins_of_downloads_and_streams(sw: warren.Warren, tmp_path: Any) -> None:
+    """The synchronous client has the same downloads, caps and iterators."""
+    base = os.fspath(tmp_path)
+    with sw.create(IMAGE) as sb:
+        sb.exec("mkdir -p /o/d && echo hi > /o/d/f && ln -s d/f /o/l && ln -s /etc/passwd /o/abs && truncate -s 1M /o/z", check=True)
+        with pytest.raises(warren.InvalidError):
+            sb.download("/o", os.path.join(base, "a"))
+        st = sb.download("/o", os.path.join(base, "b"), symlinks_as_is=True)
+        assert st.symlinks == 2 and os.readlink(os.path.join(base, "b", "abs")) == "/etc/passwd"
+        with pytest.raises(warren.ExhaustedError):
+            sb.download("/o", os.path.join(base, "c"), max_bytes=1000, symlinks_as_is=True)
+        assert not os.path.lexists(os.path.join(base, "c"))
+        with pytest.raises(warren.ExhaustedError):
+            sb.read_file("/o/z", max_bytes=1000)
+        assert b"".join(sb.iter_file("/o/z", chunk_size=300_000)) == bytes(1 << 20)
+        assert sb.read_file_to("/o/d/f", os.path.join(base, "f")) == 3
+        assert [f.name for f in sb.iter_files("/o/d")] == ["f"]
+        assert sb.download_tar_to("/o/d", os.path.join(base, "t.tar")) > 0
+        with pytest.raises(warren.ExhaustedError):
+            sb.download_tar("/o", max_bytes=4096)

@@ -141,8 +141,9 @@ def test_repeated_names_replace_earlier_entries(base: str) -> None:
     assert not os.path.islink(os.path.join(dest, "y")) and open(os.path.join(dest, "y")).read() == "second"
     assert open(os.path.join(dest, "t")).read() == "target"  # not written through y
     assert os.path.isdir(os.path.join(dest, "z")) and st.entries == 7
-    e = _refused(_tar([("d", D), ("d/keep", F), ("d", F, b"over")]), os.path.join(base, "dest3"))
-    assert "directory of that name" in str(e)
+    with pytest.raises(warren.ConflictError) as ei:
+        _archive.extract(_tar([("d", D), ("d/keep", F), ("d", F, b"over")]), os.path.join(base, "dest3"))
+    assert "directory of that name" in str(ei.value)
 
 
 def test_hard_links_only_to_files_of_the_same_archive(base: str) -> None:
@@ -178,7 +179,8 @@ def test_no_owners_xattrs_or_acls_and_modes_masked(base: str) -> None:
     }
     tar = _tar([("d", D, 0o3777), ("d/suid", F, b"#!/bin/sh\n", 0o6777), ("ro", D, 0o555), ("ro/f", F, b"r", 0o444)], pax)
     _archive.extract(tar, dest)
-    for rel, want in (("d", 0o755), ("d/suid", 0o755), ("ro", 0o555), ("ro/f", 0o444)):
+    # directories keep owner rwx (the tree can be removed), as in the Go extractor
+    for rel, want in (("d", 0o755), ("d/suid", 0o755), ("ro", 0o755), ("ro/f", 0o444)):
         p = os.path.join(dest, rel)
         st = os.lstat(p)
         assert st.st_mode & 0o7777 == want, (rel, oct(st.st_mode))
@@ -187,9 +189,25 @@ def test_no_owners_xattrs_or_acls_and_modes_masked(base: str) -> None:
 
     dest2 = os.path.join(base, "dest2")
     tar.seek(0)
-    _archive.extract(tar, dest2, preserve=True)
+    st = _archive.extract(tar, dest2, preserve=True, xattr_allow=["user."])
     assert os.stat(os.path.join(dest2, "d/suid")).st_mode & 0o7777 == 0o6777
     assert os.stat(os.path.join(dest2, "d")).st_mode & 0o7777 == 0o3777
+    assert os.stat(os.path.join(dest2, "ro")).st_mode & 0o7777 == 0o555
+    assert os.getxattr(os.path.join(dest2, "d/suid"), "user.planted") == b"x"
+    assert os.listxattr(os.path.join(dest2, "d/suid")) == ["user.planted"]
+    assert st.xattrs_dropped == 4 * 2  # the ACL and the capability of each entry
+
+
+def test_destination_through_a_symlink_is_refused(base: str) -> None:
+    """Case 3's shape: a later download into a path through a link (here
+    one an earlier download kept with symlinks_as_is) writes nowhere."""
+    dl = os.path.join(base, "dl")
+    _archive.extract(_tar([("out", L, os.path.join(base, "victim"))]), dl, symlinks_as_is=True)
+    os.makedirs(os.path.join(base, "victim"))
+    e = _refused(_tar([("report.txt", F, b"over")]), os.path.join(dl, "out"))
+    assert "symlink" in str(e) and "realpath" in str(e)
+    assert os.listdir(os.path.join(base, "victim")) == []
+    _archive.extract(_tar([("report.txt", F, b"ok")]), os.path.realpath(os.path.join(dl, "out")))
 
 
 def test_devices_and_fifos_are_skipped(base: str) -> None:

@@ -302,3 +302,18 @@ def test_sync_layers_and_commit(sw: warren.Warren, tmp_path: "os.PathLike[str]",
     sw.remove_layer("py-sync-commit")
     sw.remove_layer("py-sync-lower")
     sw.remove_layer("py-sync-lower", missing_ok=True)
+
+
+async def test_commit_strips_setuid_unless_keep_setuid(w: warren.AsyncWarren, layer_names: List[str]) -> None:
+    """What a sandbox wrote is untrusted: a committed setuid file loses the
+    bit by default (and the layer says so); keep_setuid keeps it."""
+    layer_names += ["py-suid-stripped", "py-suid-kept"]
+    async with w.create(IMAGE) as sb:
+        await sb.exec("mkdir /ws && echo x > /ws/s && chmod 4755 /ws/s", check=True)
+        stripped = await sb.commit("py-suid-stripped")
+        assert not stripped.setuid_kept and stripped.setuid_stripped >= 1
+        kept = await sb.commit("py-suid-kept", keep_setuid=True)
+        assert kept.setuid_kept and kept.setuid_stripped == 0
+    for name, mode in (("py-suid-stripped", 0o755), ("py-suid-kept", 0o4755)):
+        async with w.create(IMAGE, layers=[name]) as sb:
+            assert (await sb.stat("/ws/s")).mode & 0o7777 == mode, name

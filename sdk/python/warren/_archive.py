@@ -36,6 +36,7 @@ HTTP response while it downloads, so no archive is held whole in memory."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import errno
 import io
@@ -44,10 +45,11 @@ import stat as _stat
 import tarfile
 import tempfile
 import threading
-from typing import IO, Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Set, Tuple, TypeVar, Union
+import urllib.parse
+from typing import IO, Any, AsyncIterator, Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 from ._types import DownloadStats
-from .errors import ExhaustedError, InvalidError, WarrenError
+from .errors import ConflictError, ExhaustedError, InvalidError, WarrenError
 
 __all__ = [
     "build_tar",
@@ -142,12 +144,8 @@ def exhausted(what: str, limit: str, value: int, detail: str) -> ExhaustedError:
     return e
 
 
-class _Refused(InvalidError):
-    pass
-
-
 def _refuse(what: str, name: str, why: str) -> InvalidError:
-    return _Refused(f"{what}: refusing archive entry {_show(name)}: {why}", category="invalid")
+    return InvalidError(f"{what}: refusing archive entry {_show(name)}: {why}", category="invalid")
 
 
 def _show(name: str) -> str:
@@ -362,7 +360,7 @@ class _Dirs:
             st = os.stat(name, dir_fd=parent, follow_symlinks=False)
             kind = "a symlink" if _stat.S_ISLNK(st.st_mode) else "not a directory"
             p = self.path + "/" + name if self.path else name
-            raise _Refused(
+            raise InvalidError(
                 f"{self.what}: refusing archive entries under {_show(p)}: it is {kind} "
                 f"(entries are never written through links)",
                 category="invalid",
@@ -439,12 +437,17 @@ class _Extractor:
         max_bytes: Optional[int],
         max_entries: Optional[int],
         preserve: bool,
+        symlinks_as_is: bool = False,
+        xattr_allow: Sequence[str] = (),
     ) -> None:
         self.what = what
         self.root = root_fd
         self.max_bytes = max_bytes
         self.max_entries = max_entries
+        self.preserve = preserve
         self.mask = 0o7777 if preserve else 0o755
+        self.symlinks_as_is = symlinks_as_is
+        self.xattr_allow = tuple(xattr_allow)
         self.dirs = _Dirs(what, root_fd, self._made_dir)
         # What the extraction made directly in directories it did not make
         # (in creation order, for the rollback; everything below a directory
@@ -456,6 +459,7 @@ class _Extractor:
         self.late_modes: List[Tuple[str, int]] = []
         self.entries = self.files = self.dirs_n = self.symlinks = self.hardlinks = self.skipped = 0
         self.bytes = 0
+        self.modes_masked = self.special_bits = self.xattrs_dropped = 0
 
     def stats(self) -> DownloadStats:
         return DownloadStats(
@@ -466,6 +470,9 @@ class _Extractor:
             hardlinks=self.hardlinks,
             skipped=self.skipped,
             file_bytes=self.bytes,
+            modes_masked=self.modes_masked,
+            special_bits=self.special_bits,
+            xattrs_dropped=self.xattrs_dropped,
         )
 
     # -- bookkeeping ------------------------------------------------------
@@ -521,7 +528,11 @@ class _Extractor:
         same name is replaced; a directory never is."""
         st = os.stat(base, dir_fd=fd, follow_symlinks=False)
         if _stat.S_ISDIR(st.st_mode):
-            raise _refuse(self.what, name, "a directory of that name exists")
+            raise ConflictError(
+                f"{self.what}: refusing archive entry {_show(name)}: a directory of that name exists "
+                "(a directory is never replaced by a non-directory)",
+                category="conflict",
+            )
         os.unlink(base, dir_fd=fd)
 
     def _create(self, fd: int, base: str, name: str, make: Callable[[], T]) -> T:
@@ -545,31 +556,78 @@ class _Extractor:
                 os.mkdir(base, 0o700, dir_fd=fd)
         dfd = os.open(base, _O_DIR, dir_fd=fd)
         try:
+            st = os.fstat(dfd)
             if made:
-                self._record(base, os.fstat(dfd))
-            mode = m.mode & self.mask
-            if mode & 0o700 == 0o700:
-                os.fchmod(dfd, mode)
-            else:
-                os.fchmod(dfd, 0o700)
-                self.late_modes.append((parent + "/" + base if parent else base, mode))
+                self._record(base, st)
+            if made or self._ours_in_top(st):  # a directory that was there keeps its mode
+                mode = self._mode(m)
+                if not self.preserve:
+                    mode |= 0o700  # the owner can always remove the tree
+                if mode & 0o700 == 0o700:
+                    os.fchmod(dfd, mode)
+                else:  # set last, so that its entries can still be made
+                    self.late_modes.append((parent + "/" + base if parent else base, mode))
+                self._xattrs(m, dfd)
         finally:
             os.close(dfd)
         self.dirs_n += 1
 
+    def _mode(self, m: tarfile.TarInfo) -> int:
+        mode = m.mode & 0o7777
+        if mode & ~self.mask:
+            self.modes_masked += 1
+            if mode & 0o7000:
+                self.special_bits += 1
+        return mode & self.mask
+
+    def _xattrs(self, m: tarfile.TarInfo, fd: int) -> None:
+        """Apply the entry's xattrs whose names start with an allowed
+        prefix; count the others (ACLs are system.posix_acl_* xattrs)."""
+        for key, value in m.pax_headers.items():
+            if key.startswith("SCHILY.xattr."):
+                name, raw = key[len("SCHILY.xattr.") :], value.encode("utf-8", "surrogateescape")
+            elif key.startswith("LIBARCHIVE.xattr."):
+                name = urllib.parse.unquote(key[len("LIBARCHIVE.xattr.") :])
+                try:
+                    raw = base64.b64decode(value + "=" * (-len(value) % 4))
+                except ValueError:
+                    self.xattrs_dropped += 1
+                    continue
+            else:
+                continue
+            if not any(name.startswith(p) for p in self.xattr_allow):
+                self.xattrs_dropped += 1
+                continue
+            try:
+                os.setxattr(fd, name, raw)
+            except OSError as e:
+                if e.errno not in (errno.ENOTSUP, errno.EPERM, errno.EINVAL):
+                    raise
+                self.xattrs_dropped += 1  # the host file system takes no such name
+
     def symlink(self, m: tarfile.TarInfo, parent: str, base: str) -> None:
         fd = self.dirs.go(parent)
         why = _link_escapes(m.linkname, self.dirs.depth)
-        if why is not None:
-            raise _refuse(self.what, m.name, f"symlink to {_show(m.linkname)} could lead outside the destination: {why}")
+        if why is not None and not self.symlinks_as_is:
+            raise _refuse(
+                self.what, m.name,
+                f"symlink to {_show(m.linkname)} could lead outside the destination: {why}; "
+                "pass symlinks_as_is=True to keep such links (whoever opens files of the tree then follows them)",
+            )
+        if not m.linkname or "\x00" in m.linkname:
+            raise _refuse(self.what, m.name, "symlink with an empty target or a NUL byte")
         self._create(fd, base, m.name, lambda: os.symlink(m.linkname, base, dir_fd=fd))
         self._record(base, os.stat(base, dir_fd=fd, follow_symlinks=False))
+        try:
+            os.utime(base, (m.mtime, m.mtime), dir_fd=fd, follow_symlinks=False)
+        except (OverflowError, ValueError, NotImplementedError):
+            pass
         self.symlinks += 1
 
     def hardlink(self, m: tarfile.TarInfo, parent: str, base: str) -> None:
         try:
             split = _clean(self.what, m.linkname)
-        except _Refused:
+        except InvalidError:
             split = None
         if split is None:
             raise _refuse(self.what, m.name, f"hard link to {_show(m.linkname)}, outside the destination")
@@ -622,7 +680,8 @@ class _Extractor:
             if w.off != m.size:
                 raise tarfile.ReadError(f"{m.name}: {w.off} of {m.size} bytes")
             w.finish()
-            os.fchmod(ffd, m.mode & self.mask)
+            os.fchmod(ffd, self._mode(m))
+            self._xattrs(m, ffd)
             try:
                 os.utime(ffd, (m.mtime, m.mtime))
             except (OverflowError, ValueError):
@@ -706,19 +765,98 @@ def remove_tree(parent_fd: int, name: str) -> None:
             os.close(fd)
 
 
-def _make_dest(dest: str) -> Optional[str]:
-    """Create ``dest`` (and missing parents, a trusted local path); return
-    the topmost directory made, or None if ``dest`` existed."""
-    top = None
+def _open_dest(what: str, dest: str, create: bool = True) -> Tuple[int, Optional[Tuple[int, str]]]:
+    """Open the destination directory, walking its path from "/" without
+    following symlinks and making missing components (like the Go
+    extractor: a download into a directory reached through a link, maybe
+    one an earlier download made, is refused; pass a resolved path).
+    Returns its fd and, if this made part of the path, (fd of the parent of
+    the topmost directory made, its name) for the rollback."""
     p = os.path.abspath(dest)
-    while not os.path.lexists(p):
-        top = p
-        parent = os.path.dirname(p)
-        if parent == p:
-            break
-        p = parent
-    os.makedirs(dest, exist_ok=True)
-    return top
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    made: Optional[Tuple[int, str]] = None
+    done = ""
+    try:
+        for c in [c for c in p.split("/") if c]:
+            try:
+                nfd = os.open(c, _O_DIR, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(c, 0o755, dir_fd=fd)
+                if made is None:
+                    made = (os.dup(fd), c)
+                nfd = os.open(c, _O_DIR, dir_fd=fd)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                kind = "a symlink" if os.path.islink(done + "/" + c) else "not a directory"
+                raise InvalidError(
+                    f"{what}: the destination {dest!r} goes through {done + '/' + c!r}, which is {kind}; "
+                    "downloads never follow links: pass a resolved path (os.path.realpath) if you trust it",
+                    category="invalid",
+                ) from None
+            os.close(fd)
+            fd = nfd
+            done += "/" + c
+    except BaseException:
+        os.close(fd)
+        if made is not None:
+            _remove_made(made)
+        raise
+    return fd, made
+
+
+def open_local_file(what: str, path: PathLike) -> Tuple[int, Callable[[bool], None]]:
+    """Open the local file ``path`` for writing (created or truncated)
+    the way downloads resolve destinations: no symlink followed, neither
+    in the directories leading to it nor as the file itself. Returns the
+    fd and ``done(failed)``, to call once the fd is closed: it removes the
+    file if the write failed and this call created it."""
+    p = os.path.abspath(os.fspath(path))
+    parent, name = os.path.split(p)
+    dfd, _ = _open_dest(what, parent, create=False)
+    try:
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+            created = True
+        except FileExistsError:
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                raise InvalidError(
+                    f"{what}: the destination {os.fspath(path)!r} is a symlink; downloads never follow links: "
+                    "pass a resolved path (os.path.realpath) if you trust it",
+                    category="invalid",
+                ) from None
+            created = False
+        ident = _ident(os.fstat(fd))
+    except BaseException:
+        os.close(dfd)
+        raise
+
+    def done(failed: bool) -> None:
+        try:
+            if failed and created and _ident(os.stat(name, dir_fd=dfd, follow_symlinks=False)) == ident:
+                os.unlink(name, dir_fd=dfd)
+        except OSError:
+            pass
+        finally:
+            os.close(dfd)
+
+    return fd, done
+
+
+def _remove_made(made: Tuple[int, str]) -> None:
+    pfd, name = made
+    try:
+        remove_tree(pfd, name)
+    except OSError:
+        pass
+    finally:
+        os.close(pfd)
 
 
 def extract(
@@ -728,6 +866,8 @@ def extract(
     max_bytes: Optional[int] = DEFAULT_MAX_BYTES,
     max_entries: Optional[int] = DEFAULT_MAX_ENTRIES,
     preserve: bool = False,
+    symlinks_as_is: bool = False,
+    xattr_allow: Sequence[str] = (),
     what: str = "download",
 ) -> DownloadStats:
     """Extract the tar stream ``src`` (any object with ``read``; plain or
@@ -740,9 +880,11 @@ def extract(
         if v is not None and v < 0:
             raise ValueError(f"{limit} must not be negative")
     dest = os.fspath(dest)
-    made_top = _make_dest(dest)
-    root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    x = _Extractor(what, root, max_bytes=max_bytes, max_entries=max_entries, preserve=preserve)
+    root, made_top = _open_dest(what, dest)
+    x = _Extractor(
+        what, root, max_bytes=max_bytes, max_entries=max_entries, preserve=preserve,
+        symlinks_as_is=symlinks_as_is, xattr_allow=xattr_allow,
+    )
     ok = False
     try:
         try:
@@ -758,15 +900,11 @@ def extract(
             x.rollback()
         x.dirs.close()
         os.close(root)
-        if not ok and made_top is not None:
-            try:
-                pfd = os.open(os.path.dirname(made_top), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    remove_tree(pfd, os.path.basename(made_top))
-                finally:
-                    os.close(pfd)
-            except OSError:
-                pass
+        if made_top is not None:
+            if ok:
+                os.close(made_top[0])
+            else:
+                _remove_made(made_top)
 
 
 class _Forward:
@@ -850,10 +988,10 @@ _COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
 def _open_tar(src: Any) -> tarfile.TarFile:
     """A TarFile reading ``src`` once, front to back: plain tars through
     :class:`_Forward`, compressed ones in tarfile's stream mode."""
-    fwd = _Forward(src)
+    fwd: Any = _Forward(src)
     if fwd.peek(6).startswith(_COMPRESSED_MAGIC):
         return tarfile.open(fileobj=fwd, mode="r|*")
-    return tarfile.open(fileobj=fwd, mode="r:")  # type: ignore[call-overload,no-any-return]
+    return tarfile.open(fileobj=fwd, mode="r:")
 
 
 def safe_extract(f: IO[bytes], dest: PathLike, **opts: Any) -> DownloadStats:

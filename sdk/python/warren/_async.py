@@ -1434,9 +1434,7 @@ class AsyncSandbox:
                 dest.write(chunk)
                 n += len(chunk)
             return n
-        local = os.fspath(dest)
-        existed = os.path.lexists(local)
-        fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd, done = _archive.open_local_file(f"read_file_to {os.fspath(dest)!r}", dest)
         ok = False
         try:
             w = _archive.HoleWriter(fd)
@@ -1447,11 +1445,7 @@ class AsyncSandbox:
             return w.off
         finally:
             os.close(fd)
-            if not ok and not existed:
-                try:
-                    os.unlink(local)
-                except OSError:
-                    pass
+            done(not ok)
 
     async def read_text(self, path: str, *, encoding: str = "utf-8", timeout: Optional[float] = None) -> str:
         """Read a whole file as text."""
@@ -1666,38 +1660,35 @@ class AsyncSandbox:
         broken stream is retried from the start when ``dest`` is a path or a
         seekable file; a path this call created is removed on failure."""
         what = f"download_tar_to of {remote_path} from sandbox {self.id}"
-        local = os.fspath(dest) if isinstance(dest, (str, os.PathLike)) else None
-        existed = local is not None and os.path.lexists(local)
+        local = isinstance(dest, (str, os.PathLike))
         fobj: Any = dest
-        start = 0
-        seekable = local is not None
-        if local is None:
-            seekable = bool(getattr(fobj, "seekable", lambda: False)())
-            start = fobj.tell() if seekable else 0
+        seekable = local or bool(getattr(fobj, "seekable", lambda: False)())
+        start = fobj.tell() if seekable and not local else 0
+        fd, done = _archive.open_local_file(what, dest) if local else (-1, None)  # type: ignore[arg-type]
 
         async def handle(resp: aiohttp.ClientResponse) -> int:
             n = 0
             try:
-                f = open(local, "wb") if local is not None else fobj
-            except OSError as e:
-                raise _archive.LocalError(e) from e
-            try:
-                if local is None and seekable:
+                if local:
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    os.ftruncate(fd, 0)
+                elif seekable:
                     fobj.seek(start)
                     fobj.truncate()
                 async for chunk in resp.content.iter_chunked(_archive.CHUNK):
                     n += len(chunk)
                     if max_bytes is not None and n > max_bytes:
                         raise _archive.exhausted(what, "max_bytes", max_bytes, "the tar stream is longer")
-                    f.write(chunk)
-                f.flush()
+                    if local:
+                        mv = memoryview(chunk)
+                        while mv:
+                            mv = mv[os.write(fd, mv) :]
+                    else:
+                        fobj.write(chunk)
             except OSError as e:
-                if isinstance(e, (aiohttp.ClientError,)):
+                if isinstance(e, aiohttp.ClientError):
                     raise
                 raise _archive.LocalError(e) from e
-            finally:
-                if local is not None:
-                    f.close()
             return n
 
         ok = False
@@ -1706,11 +1697,9 @@ class AsyncSandbox:
             ok = True
             return n
         finally:
-            if not ok and local is not None and not existed:
-                try:
-                    os.unlink(local)
-                except OSError:
-                    pass
+            if done is not None:
+                os.close(fd)
+                done(not ok)
 
     async def download(
         self,
@@ -1720,27 +1709,49 @@ class AsyncSandbox:
         max_bytes: Optional[int] = _archive.DEFAULT_MAX_BYTES,
         max_entries: Optional[int] = _archive.DEFAULT_MAX_ENTRIES,
         preserve: bool = False,
+        symlinks_as_is: bool = False,
+        xattr_allow: Sequence[str] = (),
         timeout: Optional[float] = None,
     ) -> DownloadStats:
         """Copy ``remote_path`` of the sandbox (a directory's contents, or a
         single file) into the local directory ``local_dir`` (created if
         missing), extracting while it downloads, and say what was written.
 
-        The tree is the sandbox's, so it is treated as hostile: no symlink
-        is ever followed (an entry under one is refused), symlinks are kept
-        as links and only if their target cannot lead outside ``local_dir``
-        (relative, ``..`` only at its start and no deeper than the link:
-        else :class:`InvalidError`), hard links only to files of the same
-        download, no owners, xattrs or ACLs, permission bits masked with
-        0o755 unless ``preserve``, devices and FIFOs skipped, holes kept.
-        Budgets: ``max_bytes`` of file content (apparent size, default 1 GiB)
-        and ``max_entries`` (default 1,000,000); beyond either,
-        :class:`ExhaustedError` (``.limit`` names it; ``None`` lifts it). On
-        any error what the download made is removed again (names that
-        existed in ``local_dir`` and were replaced stay replaced); local
-        file system errors are raised as OSError."""
+        The tree is the sandbox's, so it is treated as hostile (the same
+        rules as ``warren sandbox cp`` and the Go SDK's ``DownloadTo``):
+
+        - no symlink is ever followed: not in ``local_dir``'s own path
+          (:class:`InvalidError`: pass ``os.path.realpath(local_dir)`` if you
+          trust its links), not one the archive made (an entry under one is
+          refused);
+        - symlinks are kept as links, and only if their target cannot lead
+          outside ``local_dir`` (relative, ``..`` only at its start and no
+          more of them than the link's depth), else :class:`InvalidError`;
+          ``symlinks_as_is=True`` keeps every link as written (whoever opens
+          files of the tree then follows them);
+        - hard links only to files of the same download;
+        - no owners, ACLs or xattrs (``xattr_allow``: name prefixes to keep,
+          e.g. ``["user."]``); permission bits masked with 0o755 (setuid,
+          setgid, sticky, group/other write dropped; directories keep
+          owner rwx) unless ``preserve``; only what the download created
+          gets metadata;
+        - devices and FIFOs skipped (counted); holes kept;
+        - budgets: ``max_bytes`` of file content (apparent size, default
+          1 GiB) and ``max_entries`` (default 1,000,000); beyond either,
+          :class:`ExhaustedError` with ``.limit`` naming it (``None`` lifts
+          it);
+        - on any error what the download made is removed again (a name that
+          existed in ``local_dir`` and was replaced stays replaced; a
+          directory is never replaced by a file: :class:`ConflictError`);
+          local file system errors are raised as OSError.
+
+        Nothing is held in memory: the archive is extracted as it arrives
+        (a few MiB in flight). A broken stream is retried from scratch."""
         what = f"download of {remote_path} from sandbox {self.id}"
-        opts: Dict[str, Any] = dict(max_bytes=max_bytes, max_entries=max_entries, preserve=preserve, what=what)
+        opts: Dict[str, Any] = dict(
+            max_bytes=max_bytes, max_entries=max_entries, preserve=preserve,
+            symlinks_as_is=symlinks_as_is, xattr_allow=tuple(xattr_allow), what=what,
+        )
         for limit in ("max_bytes", "max_entries"):
             if opts[limit] is not None and opts[limit] < 0:
                 raise ValueError(f"{limit} must not be negative")

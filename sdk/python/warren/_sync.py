@@ -732,13 +732,22 @@ class Sandbox:
         max_bytes: Optional[int] = DEFAULT_MAX_BYTES,
         max_entries: Optional[int] = DEFAULT_MAX_ENTRIES,
         preserve: bool = False,
+        symlinks_as_is: bool = False,
+        xattr_allow: Sequence[str] = (),
         timeout: Optional[float] = None,
     ) -> DownloadStats:
         """Copy a sandbox tree into a local directory, treating it as
         hostile (see :meth:`AsyncSandbox.download`)."""
         return self._run(
             self.aio.download(
-                remote_path, local_dir, max_bytes=max_bytes, max_entries=max_entries, preserve=preserve, timeout=timeout
+                remote_path,
+                local_dir,
+                max_bytes=max_bytes,
+                max_entries=max_entries,
+                preserve=preserve,
+                symlinks_as_is=symlinks_as_is,
+                xattr_allow=xattr_allow,
+                timeout=timeout,
             )
         )
 

@@ -334,6 +334,9 @@ class DownloadStats:
     hardlinks: int = 0  #: hard links to files of the same download
     skipped: int = 0  #: devices, FIFOs, sockets and unknown types, never made
     file_bytes: int = 0  #: regular-file content, apparent size (holes included)
+    modes_masked: int = 0  #: entries whose permission bits lost bits to the 0o755 mask
+    special_bits: int = 0  #: ... of them with setuid, setgid or sticky
+    xattrs_dropped: int = 0  #: extended attributes and ACLs not applied (see ``xattr_allow``)
 
 
 @dataclass(frozen=True)
