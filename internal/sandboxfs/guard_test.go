@@ -204,3 +204,41 @@ func TestMountPointsNotRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTarInEntriesGuarded: an entry of an upload that a symlink the
+// sandbox planted leads onto /proc is refused, and an entry that would
+// replace a mount point leaves the mount and what is on it alone.
+func TestTarInEntriesGuarded(t *testing.T) {
+	fs, root, _ := setup(t)
+	mountIn(t, root, "proc", "proc")
+	mnt := mountIn(t, root, "dev", "tmpfs")
+	write(t, filepath.Join(mnt, "null"), "keep")
+	if err := os.MkdirAll(filepath.Join(root, "up"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/proc/self", filepath.Join(root, "up/pl")); err != nil {
+		t.Fatal(err)
+	}
+	mk := func(hdrs ...*tar.Header) *bytes.Reader {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, h := range hdrs {
+			tw.WriteHeader(h)
+		}
+		tw.Close()
+		return bytes.NewReader(buf.Bytes())
+	}
+	err := fs.TarIn(ctx, "/up", mk(&tar.Header{Name: "pl/oom_score_adj", Typeflag: tar.TypeReg, Mode: 0o644}))
+	wantCat(t, err, errdefs.PermissionDenied, `archive entry "pl/oom_score_adj" is on the sandbox's /proc`)
+	err = fs.TarIn(ctx, "/", mk(&tar.Header{Name: "dev", Typeflag: tar.TypeReg, Mode: 0o644}))
+	wantCat(t, err, errdefs.Conflict, "mount point")
+	if got := read(t, filepath.Join(mnt, "null")); got != "keep" {
+		t.Fatalf("content of the mount: %q", got)
+	}
+	// An ordinary upload still goes through, over existing entries too.
+	for i := 0; i < 2; i++ {
+		if err := fs.TarIn(ctx, "/up", mk(&tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755}, &tar.Header{Name: "d/f", Typeflag: tar.TypeReg, Mode: 0o644})); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

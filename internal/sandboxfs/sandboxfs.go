@@ -526,6 +526,22 @@ func (f *FS) TarIn(ctx context.Context, p string, r io.Reader) error {
 		return err
 	}
 	unix.Close(fd)
-	_, err = tarx.Extract(ctx, f.root, r, tarx.Options{Dir: cp})
+	_, err = tarx.Extract(ctx, f.root, r, tarx.Options{Dir: cp, Guard: guardEntry})
+	return err
+}
+
+// guardEntry keeps each archive entry, whatever symlinks the sandbox
+// planted below the extraction directory, off kernel filesystems and off
+// mount points (replacing one from the daemon's namespace would detach
+// it).
+func guardEntry(dirfd int, base, name string) error {
+	what := fmt.Sprintf("archive entry %q", name)
+	if err := checkFS(dirfd, what); err != nil {
+		return err
+	}
+	err := notMountPoint(dirfd, base, what)
+	if errdefs.CategoryOf(err) == errdefs.NotFound {
+		return nil // nothing there yet
+	}
 	return err
 }

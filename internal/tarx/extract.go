@@ -64,6 +64,12 @@ type Options struct {
 	// MaxBytes limits the total size of regular file contents; 0 means no
 	// limit. Exceeding it is an Exhausted error.
 	MaxBytes int64
+	// Guard, if set, is called before an entry is created at, or
+	// replaces what is at, base in the directory dirfd (an O_PATH
+	// descriptor; name is the archive entry); its error stops the
+	// extraction. Sandbox file calls refuse kernel filesystems and mount
+	// points with it.
+	Guard func(dirfd int, base, name string) error
 }
 
 // Stats counts what Extract did.
@@ -342,6 +348,11 @@ func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header, src *srcReader) error
 	exists := err == nil
 	if err != nil && err != unix.ENOENT {
 		return fsErr(name, "stat", err)
+	}
+	if x.opts.Guard != nil {
+		if err := x.opts.Guard(dirfd, base, name); err != nil {
+			return err
+		}
 	}
 
 	if hdr.Typeflag == tar.TypeLink {
