@@ -432,15 +432,16 @@ func TestTransientAdoptFailureIsLostAndRetried(t *testing.T) {
 	}
 }
 
-// TestLostSandboxDelete: deleting a LOST sandbox reaches it through Adopt
-// and destroys it; while it cannot be reached, the delete fails with
-// unavailable and changes nothing.
+// TestLostSandboxDelete: while a LOST sandbox cannot be reached, its
+// delete fails with unavailable and changes nothing, and the background
+// adoption goes on; once reachable it is RUNNING again and deletes whole.
 func TestLostSandboxDelete(t *testing.T) {
 	f := &flakyBackend{}
 	e := newEnv(t, flaky(f))
 	ctx := ctxT(t)
 	e.create(&warrenv1.CreateRequest{Id: "far"})
-	blob := recordBlob(t, e, "far")
+	e.create(&warrenv1.CreateRequest{Id: "near"})
+	blob, nearBlob := recordBlob(t, e, "far"), recordBlob(t, e, "near")
 	e.stop()
 	f.failAdopt.Store(1000)
 	e.start()
@@ -450,6 +451,19 @@ func TestLostSandboxDelete(t *testing.T) {
 		t.Fatalf("after failed delete: %v %v", sb, err)
 	}
 	f.failAdopt.Store(0)
+	// Reachable again: the delete adopts it itself (before the background
+	// retry, due after a second) and destroys it.
+	if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: "near"}); err != nil {
+		t.Fatalf("delete of a reachable LOST sandbox: %v", err)
+	}
+	if initAlive(t, nearBlob) || sweepLeftovers(e, "near") != "" {
+		t.Fatalf("near left behind: %s", sweepLeftovers(e, "near"))
+	}
+	// The other is still retried in the background after its failed delete.
+	eventually(t, 15*time.Second, "LOST sandbox adopted again after a failed delete", func() bool {
+		sb, err := e.m.Get(ctx, &warrenv1.GetRequest{Id: "far"})
+		return err == nil && sb.GetState() == stateRunning
+	})
 	if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: "far"}); err != nil {
 		t.Fatal(err)
 	}

@@ -321,24 +321,8 @@ func (m *Manager) Delete(ctx context.Context, req *warrenv1.DeleteRequest) (_ *w
 // being deleted is waited for.
 func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	s.mu.Lock()
-	for s.st == stateCreating || s.st == stateDeleting {
-		if ch := s.deleting; s.st == stateDeleting {
-			s.mu.Unlock()
-			select {
-			case <-ch:
-			case <-ctx.Done():
-				return ctxError(ctx, "wait for deletion of sandbox "+s.id)
-			}
-			// That deletion's outcome is this one's.
-			return s.deleteErrOf()
-		}
-		s.mu.Unlock()
-		select {
-		case <-s.ready:
-		case <-ctx.Done():
-			return ctxError(ctx, "wait for creation of sandbox "+s.id)
-		}
-		s.mu.Lock()
+	if joined, err := s.settleLocked(ctx); joined {
+		return err
 	}
 	if err := s.allowLocked(opDelete); err != nil {
 		s.mu.Unlock()
@@ -425,6 +409,29 @@ func (m *Manager) reachToDelete(ctx context.Context, s *sandbox, blob []byte) (b
 		return nil, errdefs.Wrap(errdefs.Unavailable, err, "sandbox "+s.id+" cannot be reached to delete it; retry later")
 	}
 	return sb, nil
+}
+
+// settleLocked waits while the sandbox is CREATING or DELETING; s.mu
+// held, released while it waits. joined: the wait ended without s.mu
+// (a deletion in progress ended, and err is its outcome, or ctx ended).
+func (s *sandbox) settleLocked(ctx context.Context) (joined bool, err error) {
+	for s.st == stateCreating || s.st == stateDeleting {
+		wait, what := s.ready, "creation"
+		if s.st == stateDeleting {
+			wait, what = s.deleting, "deletion"
+		}
+		s.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return true, ctxError(ctx, "wait for "+what+" of sandbox "+s.id)
+		}
+		if what == "deletion" {
+			return true, s.deleteErrOf()
+		}
+		s.mu.Lock()
+	}
+	return false, nil
 }
 
 func (s *sandbox) deleteErrOf() error {
@@ -793,15 +800,18 @@ func (m *Manager) readopt(s *sandbox) {
 	}
 }
 
-// readoptOnce tries one adoption of a LOST sandbox; done when it is no
-// longer LOST afterwards.
+// readoptOnce tries one adoption of a LOST sandbox; done when it is
+// neither LOST nor being deleted (a failed delete makes it LOST again).
 func (m *Manager) readoptOnce(s *sandbox, next time.Duration) (done bool) {
 	s.reach.Lock()
 	defer s.reach.Unlock()
 	s.mu.Lock()
-	lost, blob := s.st == stateLost, s.backendState
+	st, blob := s.st, s.backendState
 	s.mu.Unlock()
-	if !lost {
+	if st == stateDeleting {
+		return false
+	}
+	if st != stateLost {
 		return true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
