@@ -83,6 +83,9 @@ type OOMCounter interface {
 type Backlogged interface {
 	// Backlog is how many deleted sandboxes' leftovers wait for removal.
 	Backlog() int
+	// DeleteFailures counts leftovers the backend could not remove (and
+	// left for its next start to try again).
+	DeleteFailures() uint64
 }
 
 // Committer is implemented by sandboxes whose writable layer is an

@@ -146,6 +146,10 @@ func (r *reaper) loop() {
 	}
 }
 
+// DeleteFailures counts the deleted sandboxes' directories the reaper
+// could not remove (backend.Backlogged).
+func (b *Backend) DeleteFailures() uint64 { return b.trash.failures.Load() }
+
 // backlog is how many directories wait for removal.
 func (r *reaper) backlog() int {
 	r.mu.Lock()

@@ -185,6 +185,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	for name, b := range cfg.Backends {
 		if bl, ok := b.(backend.Backlogged); ok {
 			cfg.Metrics.BacklogFunc(name, bl.Backlog)
+			cfg.Metrics.DeleteFailuresFunc(name, bl.DeleteFailures)
 		}
 	}
 	m := &Manager{

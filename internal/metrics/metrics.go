@@ -103,6 +103,29 @@ func New(ops ...string) *Metrics {
 	return m
 }
 
+// DeleteFailuresFunc registers warren_delete_failures_total{backend}: how
+// many deleted sandboxes' leftovers the backend could not remove.
+func (m *Metrics) DeleteFailuresFunc(backend string, f func() uint64) {
+	if m == nil {
+		return
+	}
+	m.replace(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name:        "warren_delete_failures_total",
+		Help:        "Deleted sandboxes' leftovers the backend could not remove (logged with the path and error, retried at the next start).",
+		ConstLabels: prometheus.Labels{"backend": backend},
+	}, func() float64 { return float64(f()) }))
+}
+
+// replace registers c, replacing the collector of a daemon made before on
+// the same registry (tests).
+func (m *Metrics) replace(c prometheus.Collector) {
+	var dup prometheus.AlreadyRegisteredError
+	if err := m.Registry.Register(c); errors.As(err, &dup) {
+		m.Registry.Unregister(dup.ExistingCollector)
+		m.Registry.MustRegister(c)
+	}
+}
+
 // BacklogFunc registers warren_delete_backlog{backend}: how many deleted
 // sandboxes' leftovers the backend has yet to remove in the background.
 func (m *Metrics) BacklogFunc(backend string, f func() int) {

@@ -78,6 +78,8 @@ func TestMetrics(t *testing.T) {
 		"# TYPE warren_errors_total counter",
 		"# TYPE warren_delete_backlog gauge",
 		`warren_delete_backlog{backend="container"} 0`,
+		"# TYPE warren_delete_failures_total counter",
+		`warren_delete_failures_total{backend="container"} 0`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
