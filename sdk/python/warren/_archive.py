@@ -235,7 +235,13 @@ class _Dirs:
     against the recorded (dev, ino), so a depth-first archive costs O(1)
     opens per entry at any depth."""
 
-    def __init__(self, what: str, root_fd: int, on_mkdir: Callable[["_Dirs", str, int], None]) -> None:
+    def __init__(
+        self,
+        what: str,
+        root_fd: int,
+        on_mkdir: Callable[["_Dirs", str, int], None],
+        made_ids: Optional[Set[Tuple[int, int]]] = None,
+    ) -> None:
         self.what = what
         self.root = root_fd
         self.names: List[str] = []
@@ -245,6 +251,9 @@ class _Dirs:
         self.lo = 0  # lowest open non-root level (0: none)
         self.path = ""
         self._on_mkdir = on_mkdir
+        # (dev, ino) of what the extraction made directly in directories it
+        # did not make: re-entering one of those marks the level as ours
+        self._made_ids = made_ids if made_ids is not None else set()
 
     @property
     def depth(self) -> int:
@@ -372,7 +381,7 @@ class _Dirs:
         self.fds[d] = fd
         self.names.append(name)
         self.ids.append(ident)
-        self.ours.append(made or self.ours[-1])
+        self.ours.append(made or self.ours[-1] or ident in self._made_ids)
         self.path = self.path + "/" + name if self.path else name
         if not self.lo:
             self.lo = d
@@ -448,12 +457,12 @@ class _Extractor:
         self.mask = 0o7777 if preserve else 0o755
         self.symlinks_as_is = symlinks_as_is
         self.xattr_allow = tuple(xattr_allow)
-        self.dirs = _Dirs(what, root_fd, self._made_dir)
         # What the extraction made directly in directories it did not make
         # (in creation order, for the rollback; everything below a directory
         # it made goes with that directory), and their (dev, ino).
         self.made: List[Tuple[str, str]] = []
         self.made_ids: Set[Tuple[int, int]] = set()
+        self.dirs = _Dirs(what, root_fd, self._made_dir, self.made_ids)
         # Directories whose mode lacks u+rwx, set last so that their
         # entries can still be made (path, mode).
         self.late_modes: List[Tuple[str, int]] = []
