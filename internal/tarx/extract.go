@@ -119,7 +119,7 @@ func Extract(ctx context.Context, root string, r io.Reader, opts Options) (Stats
 		unix.Close(fd)
 	}
 
-	src := &srcReader{r: r}
+	src := &SourceReader{R: r}
 	br := bufio.NewReaderSize(src, 64<<10)
 	var body io.Reader = br
 	var gz *gzip.Reader
@@ -157,14 +157,14 @@ func Extract(ctx context.Context, root string, r io.Reader, opts Options) (Stats
 		}
 	}
 	if tail.N == 0 {
-		if src.err != nil {
-			return x.st, x.readErr(src, src.err, "reading archive")
+		if src.Err != nil {
+			return x.st, x.readErr(src, src.Err, "reading archive")
 		}
 		return x.st, errdefs.Invalidf("empty archive")
 	}
 	if !tail.EndsWithZeros() {
-		if src.err != nil {
-			return x.st, x.readErr(src, src.err, "reading archive")
+		if src.Err != nil {
+			return x.st, x.readErr(src, src.Err, "reading archive")
 		}
 		return x.st, errdefs.Invalidf("truncated archive: no end-of-archive marker")
 	}
@@ -194,17 +194,18 @@ type extractor struct {
 	dirIndex map[string]int
 }
 
-// srcReader remembers the first error of the caller's reader, so that a
-// failing upload is not reported as a corrupt archive.
-type srcReader struct {
-	r   io.Reader
-	err error
+// SourceReader remembers the first error of the caller's reader R (in
+// Err), so that a failing transfer is not reported as a corrupt archive.
+// Extract and the host-side extractor (package untrusted) read through it.
+type SourceReader struct {
+	R   io.Reader
+	Err error
 }
 
-func (s *srcReader) Read(p []byte) (int, error) {
-	n, err := s.r.Read(p)
-	if err != nil && err != io.EOF && s.err == nil {
-		s.err = err
+func (s *SourceReader) Read(p []byte) (int, error) {
+	n, err := s.R.Read(p)
+	if err != nil && err != io.EOF && s.Err == nil {
+		s.Err = err
 	}
 	return n, err
 }
@@ -278,9 +279,9 @@ func ctxErr(ctx context.Context) error {
 
 // readErr classifies an error from the archive reader: the caller's
 // reader failing is passed through, anything else is a corrupt archive.
-func (x *extractor) readErr(src *srcReader, err error, what string) error {
-	if src.err != nil {
-		return fmt.Errorf("%s: %w", what, src.err)
+func (x *extractor) readErr(src *SourceReader, err error, what string) error {
+	if src.Err != nil {
+		return fmt.Errorf("%s: %w", what, src.Err)
 	}
 	if err == io.ErrUnexpectedEOF || err == io.EOF {
 		return errdefs.New(errdefs.Invalid, "%s: truncated archive: %w", what, io.ErrUnexpectedEOF)
@@ -306,7 +307,7 @@ func isDevice(t byte) bool {
 	return t == tar.TypeChar || t == tar.TypeBlock || t == tar.TypeFifo
 }
 
-func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header, src *srcReader) error {
+func (x *extractor) entry(tr *tar.Reader, hdr *tar.Header, src *SourceReader) error {
 	name := hdr.Name
 	if strings.IndexByte(name, 0) >= 0 || strings.IndexByte(hdr.Linkname, 0) >= 0 {
 		return errdefs.Invalidf("archive entry %q: NUL byte in name", name)
@@ -523,7 +524,7 @@ func (x *extractor) hardlink(hdr *tar.Header, p string, dirfd int, base string, 
 
 const copyBuf = 256 << 10
 
-func (x *extractor) file(tr *tar.Reader, hdr *tar.Header, dirfd int, base string, src *srcReader) error {
+func (x *extractor) file(tr *tar.Reader, hdr *tar.Header, dirfd int, base string, src *SourceReader) error {
 	if hdr.Size < 0 {
 		return errdefs.Invalidf("archive entry %q: negative size", hdr.Name)
 	}

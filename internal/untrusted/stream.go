@@ -80,29 +80,14 @@ type Stats struct {
 // ends properly.
 type stream struct {
 	ctx  context.Context
-	src  *srcReader
+	src  *tarx.SourceReader
 	gz   *gzip.Reader
 	tail *tarx.TailReader
 	tr   *tar.Reader
 }
 
-// srcReader remembers the first error of the caller's reader, so that a
-// failing download is not reported as a corrupt archive.
-type srcReader struct {
-	r   io.Reader
-	err error
-}
-
-func (s *srcReader) Read(p []byte) (int, error) {
-	n, err := s.r.Read(p)
-	if err != nil && err != io.EOF && s.err == nil {
-		s.err = err
-	}
-	return n, err
-}
-
 func newStream(ctx context.Context, r io.Reader) (*stream, error) {
-	s := &stream{ctx: ctx, src: &srcReader{r: r}}
+	s := &stream{ctx: ctx, src: &tarx.SourceReader{R: r}}
 	br := bufio.NewReaderSize(s.src, 64<<10)
 	var body io.Reader = br
 	magic, _ := br.Peek(6)
@@ -145,8 +130,8 @@ func (s *stream) next() (*tar.Header, error) {
 }
 
 func (s *stream) end() error {
-	if s.src.err != nil {
-		return s.readErr(s.src.err, "reading archive")
+	if s.src.Err != nil {
+		return s.readErr(s.src.Err, "reading archive")
 	}
 	if s.tail.N == 0 {
 		return errdefs.Invalidf("empty archive")
@@ -167,8 +152,8 @@ func (s *stream) end() error {
 // readErr classifies an error from the archive reader: the caller's
 // reader failing is passed through, anything else is a corrupt archive.
 func (s *stream) readErr(err error, what string) error {
-	if s.src.err != nil {
-		return fmt.Errorf("%s: %w", what, s.src.err)
+	if s.src.Err != nil {
+		return fmt.Errorf("%s: %w", what, s.src.Err)
 	}
 	if err == io.ErrUnexpectedEOF || err == io.EOF {
 		return errdefs.New(errdefs.Invalid, "%s: truncated archive: %w", what, io.ErrUnexpectedEOF)
