@@ -68,6 +68,17 @@ func TestWrapErr(t *testing.T) {
 	if err := wrapErr(connect.NewError(connect.CodeAlreadyExists, errors.New("x"))); !IsConflict(err) || !IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
+	// unsupported: the backend cannot do the call (Unimplemented), with
+	// the header and without it (an older daemon, or connect itself for
+	// a procedure the daemon does not serve).
+	ue := connect.NewError(connect.CodeUnimplemented, errors.New("backend vm cannot commit sandboxes"))
+	ue.Meta().Set(CategoryHeader, "unsupported")
+	if err := wrapErr(ue); !IsUnsupported(err) || IsUnavailable(err) || IsInternal(err) {
+		t.Fatal(err)
+	}
+	if err := wrapErr(connect.NewError(connect.CodeUnimplemented, errors.New("x"))); !IsUnsupported(err) {
+		t.Fatal(err)
+	}
 	if err := wrapErr(connect.NewError(connect.CodeCanceled, context.Canceled)); !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
@@ -91,6 +102,13 @@ func TestHTTPError(t *testing.T) {
 	// A proxy's plain-text error.
 	err = httpError(mk(502, "bad gateway\n", nil))
 	if !IsUnavailable(err) || !strings.Contains(err.Error(), "bad gateway") {
+		t.Fatal(err)
+	}
+	err = httpError(mk(501, `{"code":"unimplemented","message":"no files","category":"unsupported"}`, nil))
+	if !IsUnsupported(err) {
+		t.Fatal(err)
+	}
+	if err := httpError(mk(501, "not implemented", nil)); !IsUnsupported(err) {
 		t.Fatal(err)
 	}
 	err = httpError(mk(409, `{"code":"already_exists","message":"dup"}`, nil))

@@ -32,6 +32,10 @@ const (
 	CategoryUnauthenticated  Category = "unauthenticated"
 	CategoryPermissionDenied Category = "permission_denied"
 	CategoryInternal         Category = "internal"
+	// CategoryUnsupported: the node's backend cannot do the call at all
+	// (for example commit on a backend without a host-visible upper
+	// layer). Permanent for that node: do not retry.
+	CategoryUnsupported Category = "unsupported"
 )
 
 // CategoryHeader is the response metadata key carrying the category.
@@ -75,6 +79,7 @@ func IsDeadlineExceeded(err error) bool { return CategoryOf(err) == CategoryDead
 func IsUnauthenticated(err error) bool  { return CategoryOf(err) == CategoryUnauthenticated }
 func IsPermissionDenied(err error) bool { return CategoryOf(err) == CategoryPermissionDenied }
 func IsInternal(err error) bool         { return CategoryOf(err) == CategoryInternal }
+func IsUnsupported(err error) bool      { return CategoryOf(err) == CategoryUnsupported }
 
 // IsAlreadyExists reports a conflict because the object exists already
 // (for example a duplicate sandbox id or image name).
@@ -104,7 +109,9 @@ func codeCategory(code connect.Code) Category {
 		return CategoryUnauthenticated
 	case connect.CodePermissionDenied:
 		return CategoryPermissionDenied
-	case connect.CodeInternal, connect.CodeDataLoss, connect.CodeUnimplemented:
+	case connect.CodeUnimplemented:
+		return CategoryUnsupported
+	case connect.CodeInternal, connect.CodeDataLoss:
 		return CategoryInternal
 	}
 	return CategoryUnknown

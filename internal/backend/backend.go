@@ -105,8 +105,8 @@ type Committer interface {
 
 // Updater is implemented by sandboxes whose limits can change while they
 // run (UpdateSandbox). Later fields (network policy, QoS) join Update;
-// a backend refuses with Invalid a field it cannot apply rather than
-// ignoring it.
+// a backend refuses with Unsupported a field it cannot apply at all (and
+// with Invalid a value out of its range) rather than ignoring it.
 type Updater interface {
 	// Update applies every set field of u, or none: it validates first,
 	// and restores what it changed if a later step fails.

@@ -218,7 +218,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	// The run directory is the sandbox's claim on its id on this node.
 	if err := mkdir(run); err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return nil, errdefs.Conflictf("sandbox %s already exists on this node", spec.ID)
+			return nil, errdefs.AlreadyExistsf("sandbox %s already exists on this node", spec.ID)
 		}
 		return nil, fsErr(err, "create sandbox directories")
 	}

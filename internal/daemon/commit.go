@@ -30,7 +30,7 @@ func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandbox
 		return nil, err
 	}
 	if !m.images.IsEROFS() {
-		return nil, errdefs.Unavailablef("committing sandboxes needs the EROFS image store (image.OpenStore)")
+		return nil, errdefs.Unsupportedf("committing sandboxes needs the EROFS image store (image.OpenStore); this node keeps layer directories")
 	}
 	s, v, err := m.live(opCommit, req.GetSandboxId())
 	if err != nil {
@@ -38,7 +38,7 @@ func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandbox
 	}
 	c, ok := v.sb.(backend.Committer)
 	if !ok {
-		return nil, errdefs.Unavailablef("backend %s cannot commit sandboxes", v.backend)
+		return nil, errdefs.Unsupportedf("backend %s cannot commit sandboxes", v.backend)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

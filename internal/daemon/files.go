@@ -21,7 +21,7 @@ func (m *Manager) fsOf(id string) (*sandboxfs.FS, error) {
 		return nil, err
 	}
 	if v.fs == nil {
-		return nil, errdefs.Invalidf("file operations not supported by backend %s", v.backend)
+		return nil, errdefs.Unsupportedf("file operations not supported by backend %s", v.backend)
 	}
 	return v.fs, nil
 }

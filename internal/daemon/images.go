@@ -236,7 +236,7 @@ func (m *Manager) ImportOCI(ctx context.Context, ref, name, platform string, pro
 
 func (m *Manager) importOCI(ctx context.Context, ref, name, platform string, progress func(oci.Event)) (*warrenv1.Image, error) {
 	if !m.images.IsEROFS() {
-		return nil, errdefs.Unavailablef("OCI imports need the EROFS image store (image.OpenStore)")
+		return nil, errdefs.Unsupportedf("OCI imports need the EROFS image store (image.OpenStore)")
 	}
 	if ref == "" {
 		return nil, errdefs.Invalidf("image reference is required")

@@ -80,7 +80,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		}
 	} else if m.sandboxes[p.id] != nil {
 		m.mu.Unlock()
-		return nil, errdefs.Conflictf("sandbox %s already exists", p.id)
+		return nil, errdefs.AlreadyExistsf("sandbox %s already exists", p.id)
 	}
 	s.id, info.Id = p.id, p.id
 	if info.Hostname == "" {

@@ -121,7 +121,7 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 	if u.hasLimits() {
 		var ok bool
 		if up, ok = sb.(backend.Updater); !ok {
-			return nil, errdefs.Invalidf("backend %s cannot change the limits of a running sandbox", backendName)
+			return nil, errdefs.Unsupportedf("backend %s cannot change the limits of a running sandbox", backendName)
 		}
 		if err := up.Update(ctx, u.limits); err != nil {
 			return nil, m.explain(opUpdate, s, err, "update sandbox "+s.id)

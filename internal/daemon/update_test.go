@@ -234,14 +234,14 @@ func (p plainBackend) Create(ctx context.Context, spec backend.Spec) (backend.Sa
 }
 
 // TestUpdateWithoutUpdater: on a backend without backend.Updater, an
-// update of limits is invalid (not retried) and changes nothing, while
+// update of limits is unsupported (never retried) and changes nothing, while
 // labels and the lifetime, which the daemon keeps, still change.
 func TestUpdateWithoutUpdater(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.Backends["container"] = plainBackend{c.Backends["container"]} })
 	ctx := ctxT(t)
 	e.create(&warrenv1.CreateRequest{Id: "plain"})
 	_, err := e.m.UpdateSandbox(ctx, &warrenv1.UpdateSandboxRequest{Id: "plain", PidsMax: proto.Int64(64), SetLabels: map[string]string{"a": "b"}})
-	wantCat(t, err, errdefs.Invalid, "cannot change the limits")
+	wantCat(t, err, errdefs.Unsupported, "cannot change the limits")
 	if sb, _ := e.m.Get(ctx, &warrenv1.GetRequest{Id: "plain"}); len(sb.GetLabels()) != 0 || sb.GetResources().GetPidsMax() == 64 {
 		t.Fatalf("changed: %v", sb)
 	}

@@ -68,7 +68,7 @@ func resolveUser(spec string, read fileReader) (identity, error) {
 			return identity{}, errdefs.Invalidf("invalid user name %q", userPart)
 		}
 		if read == nil {
-			return identity{}, errdefs.Invalidf("user names are not supported by this backend: use a numeric uid")
+			return identity{}, errdefs.Unsupportedf("user names are not supported by this backend: use a numeric uid")
 		}
 		if err := loadPasswd(); err != nil {
 			return identity{}, err
@@ -93,7 +93,7 @@ func resolveUser(spec string, read fileReader) (identity, error) {
 				return identity{}, errdefs.Invalidf("invalid group name %q", groupPart)
 			}
 			if read == nil {
-				return identity{}, errdefs.Invalidf("group names are not supported by this backend: use a numeric gid")
+				return identity{}, errdefs.Unsupportedf("group names are not supported by this backend: use a numeric gid")
 			}
 			data, err := readOptional(read, "/etc/group")
 			if err != nil {

@@ -23,19 +23,24 @@ const (
 	Unauthenticated           // missing or bad credentials
 	PermissionDenied          // the caller is known but may not do this (a path Warren never touches, a policy)
 	Internal                  // a bug or an unexpected host failure
+	// Unsupported: the backend or store cannot do this call at all (a
+	// backend without commits, files or live updates). Unlike Unavailable
+	// it is permanent for this node, so clients never retry it.
+	Unsupported
 )
 
 var names = map[Category]string{
 	Unknown: "unknown", NotFound: "not_found", Invalid: "invalid", Exhausted: "exhausted",
 	Conflict: "conflict", Unavailable: "unavailable", DeadlineExceeded: "deadline_exceeded",
 	Unauthenticated: "unauthenticated", PermissionDenied: "permission_denied", Internal: "internal",
+	Unsupported: "unsupported",
 }
 
 func (c Category) String() string { return names[c] }
 
 // Categories lists every category, for metrics initialisation.
 func Categories() []Category {
-	return []Category{Unknown, NotFound, Invalid, Exhausted, Conflict, Unavailable, DeadlineExceeded, Unauthenticated, PermissionDenied, Internal}
+	return []Category{Unknown, NotFound, Invalid, Exhausted, Conflict, Unavailable, DeadlineExceeded, Unauthenticated, PermissionDenied, Internal, Unsupported}
 }
 
 // sentinel errors so that errors.Is works on categories.
@@ -49,6 +54,7 @@ var (
 	ErrUnauthenticated  = &catErr{cat: Unauthenticated}
 	ErrPermissionDenied = &catErr{cat: PermissionDenied}
 	ErrInternal         = &catErr{cat: Internal}
+	ErrUnsupported      = &catErr{cat: Unsupported}
 )
 
 type catErr struct {
@@ -57,6 +63,11 @@ type catErr struct {
 	err error
 	// whole is set when msg already includes err's text (New with %w).
 	whole bool
+	// exists refines Conflict: the object exists already (a duplicate
+	// id or name), which the API reports as AlreadyExists rather than
+	// FailedPrecondition. It is a flag, not a category of its own, so
+	// that the category header and metrics still say "conflict".
+	exists bool
 }
 
 func (e *catErr) Error() string {
@@ -81,18 +92,37 @@ func (e *catErr) Is(target error) bool {
 	return ok && t.msg == "" && t.err == nil && t.cat == e.cat
 }
 
-// New returns an error of category c with a formatted message. %w verbs wrap.
+// New returns an error of category c with a formatted message. %w verbs
+// wrap; a Conflict wrapping an already-exists conflict stays one.
 func New(c Category, format string, args ...any) error {
 	wrapped := fmt.Errorf(format, args...)
-	return &catErr{cat: c, msg: wrapped.Error(), err: errors.Unwrap(wrapped), whole: true}
+	inner := errors.Unwrap(wrapped)
+	return &catErr{cat: c, msg: wrapped.Error(), err: inner, whole: true, exists: c == Conflict && IsAlreadyExists(inner)}
 }
 
-// Wrap attaches category c to err with a message; nil stays nil.
+// Wrap attaches category c to err with a message; nil stays nil. A
+// Conflict wrapping an already-exists conflict stays one.
 func Wrap(c Category, err error, msg string) error {
 	if err == nil {
 		return nil
 	}
-	return &catErr{cat: c, msg: msg, err: err}
+	return &catErr{cat: c, msg: msg, err: err, exists: c == Conflict && IsAlreadyExists(err)}
+}
+
+// AlreadyExistsf returns a Conflict that says the object exists already
+// (a duplicate sandbox id, an exclusive create of a path that is there).
+func AlreadyExistsf(format string, args ...any) error {
+	e := New(Conflict, format, args...).(*catErr)
+	e.exists = true
+	return e
+}
+
+// IsAlreadyExists reports whether err's category is Conflict because the
+// object exists already (AlreadyExistsf). The outermost category decides,
+// as in CategoryOf.
+func IsAlreadyExists(err error) bool {
+	var ce *catErr
+	return errors.As(err, &ce) && ce.cat == Conflict && ce.exists
 }
 
 // CategoryOf returns the outermost category in err's chain, Unknown if none.
@@ -113,3 +143,6 @@ func PermissionDeniedf(format string, args ...any) error {
 	return New(PermissionDenied, format, args...)
 }
 func Internalf(format string, args ...any) error { return New(Internal, format, args...) }
+func Unsupportedf(format string, args ...any) error {
+	return New(Unsupported, format, args...)
+}

@@ -272,7 +272,7 @@ func (s *Store) ReuseLayer(diffID string) (LayerMeta, bool) {
 // refers to it within the GC grace period.
 func (s *Store) ImportLayer(ctx context.Context, r io.Reader, lo LayerOptions) (LayerMeta, error) {
 	if !s.erofs {
-		return LayerMeta{}, errdefs.Unavailablef("this image store keeps layer directories (legacy); open it with image.OpenStore for EROFS layers")
+		return LayerMeta{}, errdefs.Unsupportedf("this image store keeps layer directories (legacy); open it with image.OpenStore for EROFS layers")
 	}
 	if lo.DiffID != "" {
 		if _, err := digestHex(lo.DiffID); err != nil {
@@ -630,7 +630,7 @@ func (s *Store) buildLayer(name string, conv func(*NamedLayer) (LayerMeta, error
 		return NamedLayer{}, errdefs.Invalidf("invalid layer name %q: want [a-z0-9][a-z0-9._:/-]{0,127}", name)
 	}
 	if !s.erofs {
-		return NamedLayer{}, errdefs.Unavailablef("named layers need an EROFS image store")
+		return NamedLayer{}, errdefs.Unsupportedf("named layers need an EROFS image store")
 	}
 	var nl NamedLayer
 	m, err := conv(&nl)

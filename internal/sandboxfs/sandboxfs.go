@@ -131,7 +131,7 @@ func pathErr(p string, err error) error {
 	case unix.EISDIR:
 		return errdefs.Invalidf("is a directory: %s", p)
 	case unix.EEXIST:
-		return errdefs.Conflictf("already exists: %s", p)
+		return errdefs.AlreadyExistsf("already exists: %s", p)
 	case unix.ENOTEMPTY:
 		return errdefs.Conflictf("directory not empty: %s", p)
 	case unix.EBUSY:
@@ -388,7 +388,7 @@ func (f *FS) Mkdir(ctx context.Context, p string, mode os.FileMode, parents bool
 		if parents {
 			return nil
 		}
-		return errdefs.Conflictf("already exists: /")
+		return errdefs.AlreadyExistsf("already exists: /")
 	}
 	dir, base := inroot.Split(cp)
 	var dirfd int

@@ -316,6 +316,9 @@ func TestMkdirRemove(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantCat(t, fs.Mkdir(ctx, "/a/b/c", 0, false), errdefs.Conflict, "already exists")
+	if !errdefs.IsAlreadyExists(fs.Mkdir(ctx, "/a/b/c", 0, false)) {
+		t.Error("mkdir of an existing directory is not an already-exists conflict")
+	}
 	wantCat(t, fs.Mkdir(ctx, "/etc/hostname", 0, true), errdefs.Conflict, "")
 	if err := fs.Mkdir(ctx, "/etclink", 0, true); err != nil {
 		t.Fatalf("mkdir -p on a symlink to a dir: %v", err)

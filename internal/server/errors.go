@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"strings"
 
 	"connectrpc.com/connect"
 
@@ -17,8 +16,11 @@ import (
 // clients can tell categories apart that share a status code.
 const CategoryHeader = "Warren-Error-Category"
 
-// categoryCode maps an error category to its connect code.
-func categoryCode(cat errdefs.Category, msg string) connect.Code {
+// categoryCode maps an error's category to its connect code. A conflict
+// is AlreadyExists when the error says so by its kind
+// (errdefs.AlreadyExistsf), never by its text.
+func categoryCode(err error) connect.Code {
+	cat := errdefs.CategoryOf(err)
 	switch cat {
 	case errdefs.NotFound:
 		return connect.CodeNotFound
@@ -27,7 +29,7 @@ func categoryCode(cat errdefs.Category, msg string) connect.Code {
 	case errdefs.Exhausted:
 		return connect.CodeResourceExhausted
 	case errdefs.Conflict:
-		if strings.Contains(msg, "already exists") {
+		if errdefs.IsAlreadyExists(err) {
 			return connect.CodeAlreadyExists
 		}
 		return connect.CodeFailedPrecondition
@@ -39,6 +41,8 @@ func categoryCode(cat errdefs.Category, msg string) connect.Code {
 		return connect.CodeUnauthenticated
 	case errdefs.PermissionDenied:
 		return connect.CodePermissionDenied
+	case errdefs.Unsupported:
+		return connect.CodeUnimplemented
 	}
 	return connect.CodeInternal
 }
@@ -60,7 +64,7 @@ func classify(err error) (errdefs.Category, connect.Code) {
 		}
 		return errdefs.Internal, connect.CodeInternal
 	}
-	return cat, categoryCode(cat, err.Error())
+	return cat, categoryCode(err)
 }
 
 // ToConnectError converts a Manager error into a *connect.Error whose code
@@ -106,6 +110,8 @@ func codeCategory(code connect.Code) errdefs.Category {
 		return errdefs.Unauthenticated
 	case connect.CodePermissionDenied:
 		return errdefs.PermissionDenied
+	case connect.CodeUnimplemented:
+		return errdefs.Unsupported
 	case connect.CodeCanceled:
 		return errdefs.Unknown
 	}

@@ -32,7 +32,7 @@ func (f *fakeManager) Create(_ context.Context, r *warrenv1.CreateRequest) (*war
 		return nil, errdefs.Invalidf("image is required")
 	}
 	if _, ok := f.sandboxes[r.Id]; ok {
-		return nil, errdefs.Conflictf("sandbox %s already exists", r.Id)
+		return nil, errdefs.AlreadyExistsf("sandbox %s already exists", r.Id)
 	}
 	sb := &warrenv1.Sandbox{Id: r.Id, Image: r.Image, State: warrenv1.SandboxState_SANDBOX_STATE_RUNNING, Labels: r.Labels}
 	f.sandboxes[r.Id] = sb

@@ -37,7 +37,11 @@ func TestToConnectError(t *testing.T) {
 		{errdefs.Invalidf("bad id"), connect.CodeInvalidArgument, "invalid"},
 		{errdefs.Exhaustedf("node full"), connect.CodeResourceExhausted, "exhausted"},
 		{errdefs.Conflictf("sandbox x is dead"), connect.CodeFailedPrecondition, "conflict"},
-		{errdefs.Conflictf("sandbox x already exists"), connect.CodeAlreadyExists, "conflict"},
+		{errdefs.AlreadyExistsf("sandbox x is taken"), connect.CodeAlreadyExists, "conflict"},
+		{fmt.Errorf("create: %w", errdefs.AlreadyExistsf("sandbox x is taken")), connect.CodeAlreadyExists, "conflict"},
+		// The text does not decide: only the error's kind does.
+		{errdefs.Conflictf("a directory of that name already exists"), connect.CodeFailedPrecondition, "conflict"},
+		{errdefs.Unsupportedf("backend vm cannot commit"), connect.CodeUnimplemented, "unsupported"},
 		{errdefs.Unavailablef("try later"), connect.CodeUnavailable, "unavailable"},
 		{errdefs.New(errdefs.DeadlineExceeded, "slow"), connect.CodeDeadlineExceeded, "deadline_exceeded"},
 		{errdefs.New(errdefs.Unauthenticated, "who"), connect.CodeUnauthenticated, "unauthenticated"},
@@ -82,6 +86,7 @@ func TestClientCategoriesMatch(t *testing.T) {
 		errdefs.Unauthenticated:  client.CategoryUnauthenticated,
 		errdefs.PermissionDenied: client.CategoryPermissionDenied,
 		errdefs.Internal:         client.CategoryInternal,
+		errdefs.Unsupported:      client.CategoryUnsupported,
 	}
 	for _, c := range errdefs.Categories() {
 		if got, ok := mirror[c]; !ok || string(got) != c.String() {

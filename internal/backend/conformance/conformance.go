@@ -198,8 +198,8 @@ func Run(t *testing.T, h Harness) {
 		}
 		sb := create(t, b, h, nil)
 		_, err = b.Create(context.Background(), backend.Spec{ID: sb.ID(), Layers: h.Layers(t)})
-		if !errors.Is(err, errdefs.ErrConflict) {
-			t.Fatalf("duplicate id: got %v, want conflict", err)
+		if !errors.Is(err, errdefs.ErrConflict) || !errdefs.IsAlreadyExists(err) {
+			t.Fatalf("duplicate id: got %v, want an already-exists conflict", err)
 		}
 		// The duplicate attempt must not have hurt the original.
 		if r := sh(t, sb, "echo ok"); r.Stdout != "ok\n" {
