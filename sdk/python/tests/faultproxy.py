@@ -10,7 +10,8 @@ as raw bytes. Rules match an exact request path and fire a number of times:
   as the daemon starts answering (the work was done, the answer is lost);
 - ``reset``: cut the connection without forwarding the request;
 - ``blackhole``: swallow the request and never answer;
-- ``status``: answer with an HTTP error (default 503 ``unavailable``)
+- ``status``: answer with an HTTP error (default 503 ``unavailable``; 501 is
+  ``unimplemented``/``unsupported``)
   without forwarding.
 """
 
@@ -109,11 +110,13 @@ class FaultProxy:
                     return
                 if kind == "status":
                     assert rule is not None
-                    body = json.dumps({"code": "unavailable", "message": "injected fault"}).encode()
+                    # 501 is what a backend that cannot do the call answers
+                    code, cat = ("unimplemented", "unsupported") if rule.status == 501 else ("unavailable", "unavailable")
+                    body = json.dumps({"code": code, "message": "injected fault"}).encode()
                     cwriter.write(
                         b"HTTP/1.1 %d Injected\r\nContent-Type: application/json\r\n"
-                        b"Warren-Error-Category: unavailable\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
-                        % (rule.status, len(body))
+                        b"Warren-Error-Category: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                        % (rule.status, cat.encode(), len(body))
                         + body
                     )
                     await cwriter.drain()

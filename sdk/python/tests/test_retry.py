@@ -73,6 +73,18 @@ async def test_unavailable_is_retried_with_backoff(daemon: object, w: warren.Asy
         assert (await c.sandbox(sb.id).exec("echo x")).text == "x\n"
 
 
+async def test_unsupported_is_never_retried(daemon: object, w: warren.AsyncWarren, labels: Dict[str, str]) -> None:
+    # A backend that cannot do a call answers unsupported (501): permanent,
+    # so even an idempotent read goes out once.
+    async with w.create(IMAGE) as sb, _Env(daemon, labels) as (px, c):
+        px.add("status", S + "Get", times=10, status=501)
+        with pytest.raises(warren.UnsupportedError) as ei:
+            await c.get(sb.id)
+        assert ei.value.category == "unsupported" and ei.value.code == "unimplemented" and ei.value.http_status == 501
+        assert not isinstance(ei.value, warren.UnavailableError)
+        assert px.count(S + "Get") == 1
+
+
 async def test_connection_refused_is_retried(daemon: object, labels: Dict[str, str]) -> None:
     env = _Env(daemon, labels, retry=warren.RetryPolicy(max_attempts=20, initial_backoff=0.05, max_backoff=0.2))
     try:

@@ -39,6 +39,7 @@ def test_error_hierarchy() -> None:
         warren.DeadlineExceededError,
         warren.UnauthenticatedError,
         warren.InternalError,
+        warren.UnsupportedError,
         warren.CommandError,
         warren.BatchError,
     ):
@@ -65,6 +66,11 @@ def test_error_mapping() -> None:
         ("deadline_exceeded", "deadline_exceeded"): warren.DeadlineExceededError,
         ("unauthenticated", "unauthenticated"): warren.UnauthenticatedError,
         ("internal", "internal"): warren.InternalError,
+        ("unimplemented", "unsupported"): warren.UnsupportedError,
+        ("unimplemented", None): warren.UnsupportedError,
+        # already_exists comes from the code (the daemon decides it by the
+        # error's kind); the category stays conflict
+        ("already_exists", None): warren.AlreadyExistsError,
         ("unknown", None): warren.InternalError,
         # the category wins over the code when both are given
         ("failed_precondition", "not_found"): warren.NotFoundError,
@@ -73,6 +79,8 @@ def test_error_mapping() -> None:
         e = error_from_status(code, "msg", category=cat)
         assert type(e) is cls, (code, cat, type(e))
     assert type(error_from_status(None, "", http_status=503)) is warren.UnavailableError
+    assert type(error_from_status(None, "", http_status=501)) is warren.UnsupportedError
+    assert not issubclass(warren.UnsupportedError, warren.UnavailableError)
     assert type(error_from_status(None, "", http_status=404)) is warren.NotFoundError
 
 

@@ -71,6 +71,7 @@ from .errors import (
     TimeoutError,
     UnauthenticatedError,
     UnavailableError,
+    UnsupportedError,
     WarrenError,
 )
 
@@ -133,6 +134,7 @@ __all__ = [
     "UnauthenticatedError",
     "PermissionDeniedError",
     "InternalError",
+    "UnsupportedError",
     "CommandError",
     "BatchError",
     "OutputTruncatedWarning",

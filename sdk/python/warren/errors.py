@@ -15,6 +15,7 @@ daemon's error categories, so callers can catch what they can handle::
     ├── UnauthenticatedError      missing or wrong bearer token
     ├── PermissionDeniedError     refused: a path or action Warren never touches
     ├── InternalError             a bug or an unexpected failure in the daemon
+    ├── UnsupportedError          the node's backend cannot do this call (never retried)
     ├── CommandError              ExecResult.check(): the command failed
     └── BatchError                a batch helper was asked to be strict and some items failed
 
@@ -44,6 +45,7 @@ __all__ = [
     "UnauthenticatedError",
     "PermissionDeniedError",
     "InternalError",
+    "UnsupportedError",
     "CommandError",
     "BatchError",
     "OutputTruncatedWarning",
@@ -188,6 +190,14 @@ class InternalError(WarrenError):
     category_name = "internal"
 
 
+class UnsupportedError(WarrenError):
+    """The node's backend cannot do this call at all (for example commit, or
+    a live change of limits, on a backend without them). Permanent for that
+    node, so it is never retried; the code is ``unimplemented`` (HTTP 501)."""
+
+    category_name = "unsupported"
+
+
 class CommandError(WarrenError):
     """Raised by :meth:`ExecResult.check` (and ``exec(check=True)``) when a
     command exited non-zero, was killed, timed out or had its output
@@ -238,7 +248,7 @@ _CODE_CLASSES: Dict[str, Type[WarrenError]] = {
     "internal": InternalError,
     "unknown": InternalError,
     "data_loss": InternalError,
-    "unimplemented": InternalError,
+    "unimplemented": UnsupportedError,
     "canceled": UnavailableError,
 }
 
@@ -253,6 +263,7 @@ _CATEGORY_CLASSES: Dict[str, Type[WarrenError]] = {
     "unauthenticated": UnauthenticatedError,
     "permission_denied": PermissionDeniedError,
     "internal": InternalError,
+    "unsupported": UnsupportedError,
 }
 
 _HTTP_CODES: Dict[int, str] = {
