@@ -253,12 +253,14 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	}
 	defer lnFile.Close()
 
-	pid, pidfd, grp, err := b.startInit(spec, overlay, lnFile)
+	pid, pidfd, grp, err := b.startInit(ctx, spec, overlay, lnFile)
 	if err != nil {
 		return nil, err
 	}
 	cu.Add(func() error { _ = grp.Kill(5 * time.Second); return grp.Delete() })
-	cu.Add(func() error { return unix.Kill(pid, unix.SIGKILL) })
+	// Until attach hands it to the monitor, the init is our unreaped
+	// child: killed without a wait it stays a zombie for the daemon's life.
+	cu.Add(func() error { killInit(pid); return nil })
 
 	s, err := b.attach(spec.ID, pid, pidfd, grp)
 	if err != nil {
@@ -297,7 +299,7 @@ var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.D
 //
 // The cgroup is created after the clone, while the child starts up and
 // waits for its config: the two overlap instead of adding up.
-func (b *Backend) startInit(spec backend.Spec, overlay map[string]string, lnFile *os.File) (int, int, cgroups.Group, error) {
+func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, lnFile *os.File) (int, int, cgroups.Group, error) {
 	null, err := devNull()
 	if err != nil {
 		return 0, -1, nil, errdefs.Wrap(errdefs.Internal, err, "open /dev/null")
@@ -348,13 +350,15 @@ func (b *Backend) startInit(spec backend.Spec, overlay map[string]string, lnFile
 	_ = proc.Release()
 	var grp cgroups.Group
 	fail := func(err error) (int, int, cgroups.Group, error) {
-		_ = unix.Kill(pid, unix.SIGKILL)
-		var ws unix.WaitStatus
-		_, _ = unix.Wait4(pid, &ws, 0, nil)
 		if pidfd >= 0 {
 			unix.Close(pidfd)
 		}
+		killInit(pid)
 		if grp != nil {
+			// The cgroup empties once the init is gone; one stuck in a
+			// hung mount may outlast the wait, and Sweep takes the
+			// cgroup at the next start.
+			_ = grp.Kill(5 * time.Second)
 			_ = grp.Delete()
 		}
 		return 0, -1, nil, err
@@ -384,18 +388,69 @@ func (b *Backend) startInit(spec backend.Spec, overlay map[string]string, lnFile
 	cfgW.Close()
 	// EOF without a message means the init stage set the sandbox up and
 	// closed the pipe on becoming the agent.
-	msg, _ := io.ReadAll(stR)
+	msg, err := readStatus(ctx, stR, InitTimeout)
+	if err != nil {
+		return fail(err)
+	}
 	if len(msg) > 0 {
 		return fail(errdefs.Internalf("sandbox init: %s", msg))
 	}
 	return pid, pidfd, grp, nil
 }
 
+// InitTimeout bounds the init stage's setup (mounts, pivot_root): ~3 ms
+// alone, longer queued behind a burst of creates on a busy node, but a
+// layer on a hung shared store would otherwise hang Create for good. A
+// variable for tests.
+var InitTimeout = 60 * time.Second
+
+// readStatus reads the init stage's status pipe to EOF, giving up when
+// ctx ends or after timeout: the pipe is non-blocking (os.Pipe), so a
+// read deadline interrupts the read.
+func readStatus(ctx context.Context, r *os.File, timeout time.Duration) ([]byte, error) {
+	_ = r.SetReadDeadline(time.Now().Add(timeout))
+	stop := context.AfterFunc(ctx, func() { _ = r.SetReadDeadline(time.Now()) })
+	defer stop()
+	msg, err := io.ReadAll(io.LimitReader(r, 64<<10))
+	if err == nil {
+		return msg, nil
+	}
+	if ctx.Err() != nil {
+		cat := errdefs.Unknown // cancelled: the caller went away
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cat = errdefs.DeadlineExceeded
+		}
+		return nil, errdefs.New(cat, "sandbox init did not finish setting up: %w", ctx.Err())
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil, errdefs.New(errdefs.DeadlineExceeded, "sandbox init did not finish setting up within %v (a layer on a hung mount?): %w", timeout, err)
+	}
+	return nil, errdefs.Wrap(errdefs.Internal, err, "read sandbox init status")
+}
+
+// killInit kills an init stage that will not become a sandbox and reaps
+// it. It is this daemon's child (StartProcess's Release left the wait to
+// us) and nothing else waits for it before attach hands it to the
+// monitor, so waiting by pid cannot take another process's status. The
+// wait runs in the background: an init in uninterruptible sleep (a hung
+// mount) dies only when that sleep ends.
+func killInit(pid int) {
+	_ = unix.Kill(pid, unix.SIGKILL)
+	go func() {
+		var ws unix.WaitStatus
+		for {
+			if _, err := unix.Wait4(pid, &ws, 0, nil); err != unix.EINTR {
+				return
+			}
+		}
+	}()
+}
+
 // attach watches the init pid, through pidfd if it is >= 0 (it then
 // names our own unreaped child, whose pid cannot have been reused) or a
 // pidfd it opens. It owns pidfd from here on.
 func (b *Backend) attach(id string, pid, pidfd int, grp cgroups.Group) (*sandbox, error) {
-	st, err := procStartTime(pid)
+	st, err := attachStartTime(pid)
 	if err != nil {
 		if pidfd >= 0 {
 			unix.Close(pidfd)
@@ -434,6 +489,10 @@ func (b *Backend) attach(id string, pid, pidfd int, grp cgroups.Group) (*sandbox
 	}
 	return s, nil
 }
+
+// attachStartTime is procStartTime; tests make it fail to check that a
+// failed attach leaves no zombie.
+var attachStartTime = procStartTime
 
 // pinRoot opens the sandbox's root overlay (O_PATH), or returns -1. The
 // open file keeps the overlay mounted after the sandbox's mount namespace
