@@ -7,8 +7,11 @@ package backend
 import (
 	"context"
 	"io"
+	"os"
 	"syscall"
 	"time"
+
+	"github.com/warrenrl/warren/internal/sandboxfs"
 )
 
 // Spec is everything a backend needs to create one sandbox. The daemon
@@ -16,9 +19,8 @@ import (
 type Spec struct {
 	ID       string
 	Hostname string
-	// Layers are read-only lower layers, top-most first, as host paths to
-	// directories (EROFS mounts arrive as directories too).
-	Layers []string
+	// Layers are the read-only lower layers, top-most first.
+	Layers []Layer
 	// Limits. Zero means "no limit" for memory and pids, and "no quota"
 	// for CPU.
 	CPUMillis   int64 // 1000 = one core
@@ -29,6 +31,56 @@ type Spec struct {
 	// Defaults applied to every process started in the sandbox.
 	Env     []string
 	Workdir string
+}
+
+// Layer is one read-only layer of a sandbox's root, as references a
+// backend picks from: a container backend stacks the mounted directories
+// in an overlay; a VM backend can attach the blobs as read-only disks.
+type Layer struct {
+	// Digest names the layer's content ("sha256:<hex>"); "" for layers
+	// that are plain directories without one (tests).
+	Digest string
+	// Blob is the host path of the layer's EROFS image, or "" for a
+	// directory layer (a legacy image store keeps trees, not blobs).
+	Blob string
+	// Dir is a host directory holding the layer's tree: the blob as the
+	// node mounted it (shared, refcounted, pinned for the sandbox's life),
+	// or the directory layer itself. The daemon fills it for every
+	// backend today; a backend reading Blob may ignore it.
+	Dir string
+}
+
+// DirLayers are layers that are host directories only, top-most first.
+func DirLayers(dirs ...string) []Layer {
+	out := make([]Layer, len(dirs))
+	for i, d := range dirs {
+		out[i] = Layer{Dir: d}
+	}
+	return out
+}
+
+// FileSystem is the file calls of one sandbox as the daemon serves them
+// (paths are absolute inside the sandbox; errors carry errdefs
+// categories). sandboxfs.FS implements it over a host-visible root.
+type FileSystem interface {
+	WriteFile(ctx context.Context, p string, r io.Reader, mode os.FileMode, append, mkParents bool) error
+	ReadFile(ctx context.Context, p string, off, length int64) (data []byte, size int64, eof bool, err error)
+	List(ctx context.Context, p string, pageSize int, token string) ([]sandboxfs.FileInfo, string, error)
+	Stat(ctx context.Context, p string) (sandboxfs.FileInfo, error)
+	Mkdir(ctx context.Context, p string, mode os.FileMode, parents bool) error
+	Remove(ctx context.Context, p string, recursive bool) error
+	TarOut(ctx context.Context, p string, w io.Writer) error
+	TarIn(ctx context.Context, p string, r io.Reader) error
+}
+
+// Files is implemented by sandboxes that serve file calls themselves,
+// typically because their root is not reachable from the host (Root
+// returns ""; VM backends, through their agent). The daemon reads user
+// and group names (/etc/passwd, /etc/group) through it too. Without
+// Files the daemon uses sandboxfs over Root (the container backend), and
+// where Root is "" as well, file calls and user names are Unsupported.
+type Files interface {
+	Files() FileSystem
 }
 
 // Backend creates sandboxes and re-adopts them after a daemon restart.

@@ -97,7 +97,7 @@ func TestFailedAttachLeavesNoZombie(t *testing.T) {
 	attachStartTime = func(int) (uint64, error) { return 0, os.ErrNotExist }
 	defer func() { attachStartTime = procStartTime }()
 	for i := range 3 {
-		_, err := b.Create(t.Context(), backend.Spec{ID: "attachfail" + strconv.Itoa(i), Layers: []string{testutil.BusyboxRoot(t)}})
+		_, err := b.Create(t.Context(), backend.Spec{ID: "attachfail" + strconv.Itoa(i), Layers: backend.DirLayers(testutil.BusyboxRoot(t))})
 		if err == nil {
 			t.Fatal("create succeeded with a failing attach")
 		}
@@ -203,7 +203,7 @@ func TestInitThatNeverReports(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = b.Create(ctx, backend.Spec{ID: "stuckctx", Layers: []string{hungFUSE(t), bb}})
+	_, err = b.Create(ctx, backend.Spec{ID: "stuckctx", Layers: backend.DirLayers(hungFUSE(t), bb)})
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("create took %v past its 300 ms deadline", took)
 	}
@@ -214,7 +214,7 @@ func TestInitThatNeverReports(t *testing.T) {
 	old := InitTimeout
 	InitTimeout = 300 * time.Millisecond
 	defer func() { InitTimeout = old }()
-	_, err = b.Create(t.Context(), backend.Spec{ID: "stucktimeout", Layers: []string{hungFUSE(t), bb}})
+	_, err = b.Create(t.Context(), backend.Spec{ID: "stucktimeout", Layers: backend.DirLayers(hungFUSE(t), bb)})
 	if errdefs.CategoryOf(err) != errdefs.DeadlineExceeded || !strings.Contains(err.Error(), "did not finish setting up") {
 		t.Fatalf("create with a stuck init and no deadline: %v", err)
 	}

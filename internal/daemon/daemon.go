@@ -29,7 +29,6 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/metrics"
-	"github.com/warrenrl/warren/internal/sandboxfs"
 	"github.com/warrenrl/warren/internal/store"
 )
 
@@ -92,7 +91,7 @@ func (c *Config) setDefaults() {
 // ops are the operation names of warren_errors_total.
 var ops = []string{
 	"Create", "Get", "List", "Delete", "ExtendTimeout", "UpdateSandbox",
-	"Exec", "ExecStream", "StartProcess", "ListProcesses", "WaitProcess", "SignalProcess", "WriteStdin",
+	"Exec", "ExecStream", "StartProcess", "ListProcesses", "WaitProcess", "SignalProcess", "WriteStdin", "AttachProcess", "ResizeProcess",
 	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
@@ -138,7 +137,7 @@ type sandbox struct {
 	sb           backend.Sandbox   // nil while creating, or when never adopted
 	backendState []byte
 	imageLayers  []string      // digests, bottom first
-	fs           *sandboxfs.FS // nil when the backend has no host root
+	fs           backend.FileSystem // nil: the backend serves no file calls (fsFor)
 	timer        *time.Timer
 	unwatch      func() bool   // unregisters watch's callback
 	release      func()        // releases the image layers; nil once released
@@ -358,7 +357,7 @@ func (m *Manager) lookup(id string) (*sandbox, error) {
 // lock.
 type view struct {
 	sb      backend.Sandbox
-	fs      *sandboxfs.FS // nil: no host-visible root
+	fs      backend.FileSystem // nil: no file calls (fsFor)
 	env     map[string]string
 	workdir string
 	user    string // default user of execs

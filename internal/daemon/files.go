@@ -7,6 +7,7 @@ import (
 	"os"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/sandboxfs"
 )
@@ -14,8 +15,24 @@ import (
 // MaxReadFile caps one ReadFile response.
 const MaxReadFile = 64 << 20
 
+// fsFor is how the daemon reaches a sandbox's files: the backend's own
+// (backend.Files, for sandboxes without a host-visible root), or
+// sandboxfs over the host path of its root (the container backend), or
+// nil: file calls and user names are then Unsupported.
+func fsFor(sb backend.Sandbox) backend.FileSystem {
+	if f, ok := sb.(backend.Files); ok {
+		if fs := f.Files(); fs != nil {
+			return fs
+		}
+	}
+	if root := sb.Root(); root != "" {
+		return sandboxfs.New(root)
+	}
+	return nil
+}
+
 // fsOf returns the file system of a running sandbox.
-func (m *Manager) fsOf(id string) (*sandboxfs.FS, error) {
+func (m *Manager) fsOf(id string) (backend.FileSystem, error) {
 	_, v, err := m.live(opFiles, id)
 	if err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/oci"
@@ -497,4 +498,13 @@ func (m *Manager) VerifyImage(ctx context.Context, req *warrenv1.VerifyImageRequ
 		}
 	}
 	return resp, nil
+}
+
+// specLayers turns the image store's layer references into the backend's.
+func specLayers(refs []image.LayerRef) []backend.Layer {
+	out := make([]backend.Layer, len(refs))
+	for i, r := range refs {
+		out[i] = backend.Layer{Digest: r.Digest, Blob: r.Blob, Dir: r.Dir}
+	}
+	return out
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/metrics"
-	"github.com/warrenrl/warren/internal/sandboxfs"
 	"github.com/warrenrl/warren/internal/store"
 )
 
@@ -106,13 +105,13 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	// Resolve the image and the named layers on it, and hold the layers
 	// for the sandbox's life.
 	m.imgMu.RLock()
-	var layers []string
+	var layers []image.LayerRef
 	var release func()
 	var cfg *image.Config
 	rec, digests, err := m.images.Resolve(p.image, p.layers)
 	if err == nil {
 		img := image.Image{Name: p.image, Layers: digests}
-		layers, release, err = m.images.LayerDirs(ctx, img)
+		layers, release, err = m.images.LayerRefs(ctx, img)
 	}
 	if err == nil {
 		cfg = rec.Config
@@ -162,7 +161,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	sb, err := b.Create(ctx, backend.Spec{
 		ID:          p.id,
 		Hostname:    info.Hostname,
-		Layers:      layers,
+		Layers:      specLayers(layers),
 		CPUMillis:   p.resources.CpuMillis,
 		MemoryBytes: p.resources.MemoryBytes,
 		PidsMax:     p.resources.PidsMax,
@@ -184,9 +183,8 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		return nil, ctxError(ctx, "create sandbox "+p.id)
 	}
 
-	var fs *sandboxfs.FS
-	if root := sb.Root(); root != "" {
-		fs = sandboxfs.New(root)
+	fs := fsFor(sb)
+	if fs != nil {
 		if imageWorkdir {
 			// As container runtimes do: the image's working directory
 			// exists in its sandboxes.
@@ -742,9 +740,7 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		return true
 	}
 	s.sb, s.backendState, s.release = sb, sb.State(), release
-	if root := sb.Root(); root != "" {
-		s.fs = sandboxfs.New(root)
-	}
+	s.fs = fsFor(sb)
 	expires := time.UnixMilli(info.GetExpiresAtUnixMs())
 	if !time.Now().Before(expires) {
 		log.Info("sandbox expired while the daemon was down")
@@ -851,9 +847,7 @@ func (m *Manager) found(s *sandbox, sb backend.Sandbox, err error) {
 		return
 	}
 	s.sb, s.backendState = sb, sb.State()
-	if root := sb.Root(); root != "" {
-		s.fs = sandboxfs.New(root)
-	}
+	s.fs = fsFor(sb)
 	_ = m.setState(s, stateRunning)
 	s.info.DeadReason = ""
 	if perr := m.persist(s); perr != nil {

@@ -724,6 +724,28 @@ func (s *Store) release(digest string) {
 // Layers are used, so a daemon that persisted them can take its layers
 // again after a restart.
 func (s *Store) LayerDirs(ctx context.Context, img Image) (dirs []string, release func(), err error) {
+	refs, release, err := s.LayerRefs(ctx, img)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, r := range refs {
+		dirs = append(dirs, r.Dir)
+	}
+	return dirs, release, nil
+}
+
+// LayerRef is one layer of a sandbox's root as LayerRefs returns it.
+type LayerRef struct {
+	Digest string // "sha256:<hex>"
+	Blob   string // host path of its EROFS blob; "" for a directory layer
+	Dir    string // host directory with its tree (the blob mounted)
+}
+
+// LayerRefs is LayerDirs with each layer's digest and blob path too, for
+// backends that take the blob rather than (or as well as) the mounted
+// directory. The layers are mounted and held until release, as in
+// LayerDirs.
+func (s *Store) LayerRefs(ctx context.Context, img Image) (refs []LayerRef, release func(), err error) {
 	if len(img.Layers) == 0 {
 		return nil, nil, errdefs.Invalidf("image %s has no layers", img.Name)
 	}
@@ -747,7 +769,11 @@ func (s *Store) LayerDirs(ctx context.Context, img Image) (dirs []string, releas
 			var rel func()
 			dir, rel, err = l.Mount(ctx)
 			if err == nil {
-				dirs = append(dirs, dir)
+				ref := LayerRef{Digest: img.Layers[i], Dir: dir}
+				if el, ok := l.(*erofsLayer); ok {
+					ref.Blob = el.blob
+				}
+				refs = append(refs, ref)
 				releases = append(releases, rel)
 				continue
 			}
@@ -756,5 +782,5 @@ func (s *Store) LayerDirs(ctx context.Context, img Image) (dirs []string, releas
 		return nil, nil, fmt.Errorf("image %s: %w", img.Name, err)
 	}
 	var once sync.Once
-	return dirs, func() { once.Do(releaseAll) }, nil
+	return refs, func() { once.Do(releaseAll) }, nil
 }

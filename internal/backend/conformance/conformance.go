@@ -30,7 +30,7 @@ type Harness struct {
 	// directories to simulate a daemon restart.
 	New func(t *testing.T) backend.Backend
 	// Layers returns the read-only layers of a busybox root.
-	Layers func(t *testing.T) []string
+	Layers func(t *testing.T) []backend.Layer
 	// Resources lists every host resource the backend's sandboxes can own
 	// (mounts, cgroups, directories, processes), as strings, so the suite
 	// can check that they return to baseline.
@@ -192,7 +192,7 @@ func Run(t *testing.T, h Harness) {
 		if !errors.Is(err, errdefs.ErrInvalid) {
 			t.Fatalf("no layers: got %v, want invalid", err)
 		}
-		_, err = b.Create(context.Background(), backend.Spec{ID: newID("missing"), Layers: []string{"/nonexistent/layer"}})
+		_, err = b.Create(context.Background(), backend.Spec{ID: newID("missing"), Layers: backend.DirLayers("/nonexistent/layer")})
 		if err == nil {
 			t.Fatal("missing layer dir accepted")
 		}
@@ -317,7 +317,7 @@ func Run(t *testing.T, h Harness) {
 		}
 		// The image's layers stay untouched.
 		for _, l := range h.Layers(t) {
-			if _, err := os.Stat(filepath.Join(l, "tmp/hello")); err == nil {
+			if _, err := os.Stat(filepath.Join(l.Dir, "tmp/hello")); err == nil {
 				t.Fatal("write reached a read-only layer")
 			}
 		}
