@@ -15,9 +15,29 @@ command -v musl-gcc >/dev/null || need+=(musl-tools)
 command -v curl >/dev/null || need+=(curl)
 command -v gpgv >/dev/null || need+=(gpgv)
 [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
+# The sandbox agent is committed built for amd64 and arm64
+# (internal/agentbin/build.sh): rebuilding it needs musl for both, and a
+# cross compiler for the other architecture, whose musl-dev comes from
+# Debian's multiarch packages.
+case "$(uname -m)" in
+  x86_64) other=arm64 cross=gcc-aarch64-linux-gnu cross_cc=aarch64-linux-gnu-gcc musl_dir=aarch64-linux-musl ;;
+  aarch64) other=amd64 cross=gcc-x86-64-linux-gnu cross_cc=x86_64-linux-gnu-gcc musl_dir=x86_64-linux-musl ;;
+  *) other= ;;
+esac
+multiarch=
+if [ -n "$other" ]; then
+  command -v "$cross_cc" >/dev/null || need+=("$cross")
+  if [ ! -f "/usr/lib/$musl_dir/musl-gcc.specs" ]; then
+    need+=("musl-dev:$other")
+    dpkg --print-foreign-architectures | grep -qx "$other" || multiarch=$other
+  fi
+fi
 if ((${#need[@]})); then
   echo "deps: installing ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
+  if [ -n "$multiarch" ]; then
+    dpkg --add-architecture "$multiarch"
+  fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi

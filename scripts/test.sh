@@ -10,14 +10,17 @@ cd "$(dirname "$0")/.."
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 if [ -n "$unformatted" ]; then echo "gofmt needed:" >&2; echo "$unformatted" >&2; exit 1; fi
 go vet ./...
-# The committed standalone agent must be what its source builds.
-agent_tmp=$(mktemp)
+# The committed standalone agents (one per architecture) must be what
+# their source builds.
+agent_tmp=$(mktemp -d)
 ./internal/agentbin/build.sh "$agent_tmp"
-if ! cmp -s "$agent_tmp" internal/agentbin/warren-agent; then
-  rm -f "$agent_tmp"
-  echo "internal/agentbin/warren-agent is stale: run go generate ./internal/agentbin and commit it" >&2; exit 1
-fi
-rm -f "$agent_tmp"
+for arch in amd64 arm64; do
+  if ! cmp -s "$agent_tmp/warren-agent-$arch" "internal/agentbin/warren-agent-$arch"; then
+    rm -rf "$agent_tmp"
+    echo "internal/agentbin/warren-agent-$arch is stale: run go generate ./internal/agentbin and commit it" >&2; exit 1
+  fi
+done
+rm -rf "$agent_tmp"
 export CGO_ENABLED=1
 go test -race -count=1 -timeout 20m ./...
 # The Python SDK's tests drive the daemon binary of this tree.

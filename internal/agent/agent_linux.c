@@ -1,4 +1,4 @@
-//go:build linux && cgo
+//go:build ignore
 
 /*
  * warren-init: the PID 1 of every sandbox. It reaps zombies and starts

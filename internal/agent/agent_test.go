@@ -24,8 +24,9 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 )
 
-// agentBin is a static binary embedding the agent, built by TestMain the
-// same way the warren binary is built.
+// agentBin is the standalone agent (internal/agentbin) that the container
+// backend execs as each sandbox's PID 1, written out by TestMain: the only
+// build of the agent there is.
 var agentBin string
 
 func TestMain(m *testing.M) {
@@ -34,28 +35,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	agentBin = filepath.Join(dir, "agent")
-	cmd := exec.Command("go", "build", "-tags", "osusergo,netgo",
-		"-ldflags", `-linkmode external -extldflags "-static"`,
-		"-o", agentBin, "./testdata/agentmain")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building the agent: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	// The same suite again against the standalone musl build that the
-	// container backend execs as each sandbox's PID 1.
-	if code == 0 {
-		agentBin = filepath.Join(dir, "standalone")
-		if err := os.WriteFile(agentBin, agentbin.Binary(), 0o755); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = 1
-		} else {
-			fmt.Println("agent: the same tests against the standalone agent (internal/agentbin)")
-			code = m.Run()
-		}
+	agentBin = filepath.Join(dir, "standalone")
+	code := 1
+	if err := os.WriteFile(agentBin, agentbin.Binary(), 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	} else {
+		code = m.Run()
 	}
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -807,9 +792,6 @@ func TestNoVDSO(t *testing.T) {
 // whole address space sits in one 2 MiB page-table page, and the kernel
 // still reports its command line.
 func TestStandaloneLayout(t *testing.T) {
-	if filepath.Base(agentBin) != "standalone" {
-		t.Skip("the agent embedded in the warren binary keeps the kernel's stack")
-	}
 	a := startAgent(t, nil)
 	for i := 0; i < 20; i++ {
 		res := run(t, a.client, sh(`echo ok`), "")

@@ -1,15 +1,15 @@
 // Package agent is the init and exec agent that runs as PID 1 of every
 // sandbox, and the Go client that talks to it.
 //
-// The agent is C code (agent_linux.c) linked into the warren binary by cgo.
-// An ELF constructor checks the environment before the Go runtime starts:
-// when EnvFD=<n> is set, fd n must be an AF_UNIX SOCK_STREAM socket that is
-// already bound and listening, and the constructor never returns: it serves
-// that socket for the life of the process, reaps every child (it is PID 1 or
-// a child subreaper) and uses a few hundred KB of memory. Without EnvFD the
-// constructor returns and the program starts as usual. Importing this
-// package (even blank) is what puts the agent into a binary; the binary must
-// be linked statically because sandbox roots have no libc.
+// The agent is C code (agent_linux.c), not part of any Go build:
+// internal/agentbin/build.sh compiles it with the container init stage into
+// the standalone static binary that the daemon embeds and execs as every
+// sandbox's PID 1 (sandbox roots have no libc of ours). An ELF constructor
+// checks the environment: when EnvFD=<n> is set, fd n must be an AF_UNIX
+// SOCK_STREAM socket that is already bound and listening, and the
+// constructor never returns: it serves that socket for the life of the
+// process, reaps every child (it is PID 1 or a child subreaper) and uses a
+// few hundred KB of memory.
 //
 // # Protocol (version 1)
 //
@@ -51,7 +51,3 @@ const EnvFD = "_WARREN_AGENT_FD"
 
 // ProtocolVersion is the version the agent reports in PONG.
 const ProtocolVersion = 1
-
-// Embedded reports whether this binary contains the agent (it needs cgo).
-// A binary without it would start the Go program in place of the agent.
-func Embedded() bool { return embedded }

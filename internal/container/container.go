@@ -45,15 +45,13 @@ type Options struct {
 	RunDir string
 	// CgroupParent is the parent group of all sandboxes (default "warren").
 	CgroupParent string
-	// InitBinary is the statically linked warren binary executed as each
-	// sandbox's init (default: this process's own executable).
+	// InitBinary, if set, is exec'd as each sandbox's init in place of
+	// the embedded agent. Only tests set it, to stand in for an init stage
+	// that misbehaves; it runs in the sandbox's namespaces with no libc.
 	InitBinary string
-	// InPlaceAgent runs each sandbox's agent inside the init binary instead
-	// of exec'ing the small standalone one (internal/agentbin). It is also
-	// what the backend falls back to where the kernel refuses executable
-	// memfds (vm.memfd_noexec=2); it costs ~60 KiB more per idle sandbox.
-	InPlaceAgent bool
-	// Warn receives the reason for such a fallback (default: dropped).
+	// Warn receives warnings about the host, such as the reason the
+	// sandbox agent runs from a file under StateDir rather than a memfd
+	// (default: dropped).
 	Warn func(msg string, args ...any)
 }
 
@@ -61,8 +59,8 @@ type Options struct {
 type Backend struct {
 	opts  Options
 	mon   *monitor
-	agent *os.File // sealed memfd of the standalone agent (internal/agentbin)
-	trash *reaper  // removes deleted sandboxes' state directories
+	agent *agentbin.Agent // every sandbox's init and PID 1
+	trash *reaper         // removes deleted sandboxes' state directories
 
 	sharedMu sync.Mutex // remounting the shared sysfs or devfs
 }
@@ -83,32 +81,20 @@ func New(opts Options) (*Backend, error) {
 	if opts.CgroupParent == "" {
 		opts.CgroupParent = "warren"
 	}
-	if opts.InitBinary == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("find own executable: %w", err)
-		}
-		opts.InitBinary = exe
-	}
-	if err := loadInitBinary(opts.InitBinary); err != nil {
-		return nil, err
-	}
 	b := &Backend{opts: opts}
-	if !opts.InPlaceAgent {
-		agent, err := agentbin.Memfd()
-		if err != nil {
-			if opts.Warn != nil {
-				opts.Warn("standalone sandbox agent unavailable; running the agent in the init binary (more memory per sandbox)", "err", err)
-			}
-		} else {
-			b.agent = agent
-		}
-	}
 	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "disks"), filepath.Join(opts.RunDir, "sb")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "create "+d)
 		}
 	}
+	// The init stage and the agent are the embedded standalone binary
+	// only: from a memfd, or where the kernel refuses to exec one, from a
+	// verified file in the state (or run) directory.
+	ag, err := agentbin.Open(agentbin.Options{Dirs: []string{opts.StateDir, opts.RunDir}, Warn: opts.Warn})
+	if err != nil {
+		return nil, err
+	}
+	b.agent = ag
 	// Sandboxes hide host directories of /proc and /sys under read-only
 	// binds of this one empty filesystem.
 	if err := mountSharedEmpty(b.emptyDir()); err != nil {
@@ -144,28 +130,6 @@ func (b *Backend) Backlog() int { return b.trash.backlog() }
 // trashDir holds deleted sandboxes' state directories until the reaper
 // has removed them.
 func (b *Backend) trashDir() string { return filepath.Join(b.opts.StateDir, "trash") }
-
-// loadInitBinary refuses an init binary that needs a dynamic loader (it
-// runs inside sandbox roots that have none) and reads the rest of it, so
-// that its pages enter the page cache charged to the daemon's memory
-// cgroup. Otherwise the first sandbox to touch a page of the agent is
-// charged for it, and its memory cgroup lingers as an offline "zombie"
-// (with its kernel memory) after the sandbox is deleted, for as long as
-// the page stays cached.
-func loadInitBinary(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return errdefs.Wrap(errdefs.Invalid, err, "init binary")
-	}
-	defer f.Close()
-	buf := make([]byte, 64<<10)
-	n, _ := io.ReadFull(f, buf)
-	if bytes.Contains(buf[:n], []byte("/lib64/ld-linux")) || bytes.Contains(buf[:n], []byte("/lib/ld-linux")) {
-		return errdefs.Invalidf("%s is dynamically linked; the sandbox init must be static (build with `make build`)", path)
-	}
-	_, _ = io.Copy(io.Discard, f)
-	return nil
-}
 
 func (b *Backend) Name() string { return Name }
 
@@ -317,15 +281,18 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	defer stR.Close()
 	defer stW.Close()
 
-	// The standalone agent carries the init stage too: exec'ing it (through
-	// /proc/self/fd, as fd 6 of the child) instead of the warren binary
-	// saves an exec of a 24 MB program per create (~0.3 ms), and the init
-	// stage becomes the agent without a second exec.
-	path := b.opts.InitBinary
-	files := []*os.File{null, null, null, cfgR, lnFile, stW}
-	if b.agent != nil {
-		path = "/proc/self/fd/6"
-		files = append(files, b.agent) // fd 6: what the child execs
+	// The standalone agent carries the init stage: the child execs it
+	// through /proc/self/fd (its fd 6), and the init stage becomes the
+	// agent without a second exec. Exec'ing the 24 MB warren binary
+	// instead cost ~0.3 ms more per create.
+	agentFile, err := b.agent.File()
+	if err != nil {
+		return 0, -1, nil, err
+	}
+	path := "/proc/self/fd/6"
+	files := []*os.File{null, null, null, cfgR, lnFile, stW, agentFile}
+	if b.opts.InitBinary != "" {
+		path, files = b.opts.InitBinary, files[:6]
 	}
 	pidfd := -1
 	// os.StartProcess rather than os/exec: no stdio goroutines or
@@ -732,16 +699,7 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 // (init_linux.c, mount_overlay): the directories, which the init stage
 // opens and names in the mount data by descriptor only, so that the
 // sandbox's mountinfo shows no host path, and the other options.
-// The container backend stacks the layers' mounted directories (Dir); it
-// leaves their blobs to the node's mount cache.
-func overlayConfig(refs []backend.Layer, upper, work string) (map[string]string, error) {
-	layers := make([]string, len(refs))
-	for i, r := range refs {
-		if r.Dir == "" {
-			return nil, errdefs.Invalidf("layer %s has no mounted directory: the container backend stacks directories", r.Digest)
-		}
-		layers[i] = r.Dir
-	}
+func overlayConfig(layers []string, upper, work string) (map[string]string, error) {
 	for _, l := range layers {
 		if strings.ContainsAny(l, ":\x00") {
 			return nil, errdefs.Invalidf("layer path %q contains ':'", l)
@@ -807,8 +765,9 @@ func procStartTime(pid int) (uint64, error) {
 	return strconv.ParseUint(fields[19], 10, 64)
 }
 
-// initEnv switches the warren binary into the container init stage
-// (init_linux.c), which builds the sandbox's root and becomes its agent.
+// initEnv switches the standalone agent (internal/agentbin) into the
+// container init stage (init_linux.c), which builds the sandbox's root and
+// becomes its agent.
 const initEnv = "_WARREN_CONTAINER_INIT"
 
 // initConfig encodes the init stage's config: NUL-separated key=value.

@@ -31,7 +31,6 @@ func testOptions(t *testing.T, name string) Options {
 		StateDir:     filepath.Join(dir, "state"),
 		RunDir:       filepath.Join(dir, "run"),
 		CgroupParent: fmt.Sprintf("warren-test-%s%d", name, os.Getpid()),
-		InitBinary:   testutil.StaticBinary(t, "./internal/container/testdata/initmain"),
 	}
 	t.Cleanup(func() {
 		if b, err := New(opts); err == nil {
@@ -55,7 +54,7 @@ func TestConformance(t *testing.T) {
 			}
 			return b
 		},
-		Layers: func(t *testing.T) []backend.Layer { return backend.DirLayers(testutil.BusyboxRoot(t)) },
+		Layers: func(t *testing.T) []string { return []string{testutil.BusyboxRoot(t)} },
 		Resources: func(t *testing.T) []string {
 			return resources(t, opts)
 		},
@@ -273,8 +272,7 @@ func mountPoints(t *testing.T) []string {
 	return out
 }
 
-// TestStandaloneAgent: by default PID 1 is the small agent from the memfd,
-// not the init binary.
+// TestStandaloneAgent: PID 1 is the small agent from the memfd.
 func TestStandaloneAgent(t *testing.T) {
 	opts := testOptions(t, "standalone-")
 	b, err := New(opts)
@@ -286,7 +284,7 @@ func TestStandaloneAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(maps), "memfd:warren-agent") || strings.Contains(string(maps), opts.InitBinary) {
+	if !strings.Contains(string(maps), "memfd:warren-agent") {
 		t.Errorf("PID 1 is not the standalone agent:\n%s", maps)
 	}
 	// The sandbox's cgroup namespace is rooted at its own groups (the
@@ -330,57 +328,78 @@ func TestStandaloneAgent(t *testing.T) {
 	}
 }
 
-// TestInPlaceAgent: without the standalone agent (InPlaceAgent, or a
-// kernel that refuses executable memfds) sandboxes run the agent inside
-// the init binary and work the same.
-func TestInPlaceAgent(t *testing.T) {
-	opts := testOptions(t, "inplace-")
-	opts.InPlaceAgent = true
+// TestAgentFromFile: where the kernel refuses executable memfds
+// (vm.memfd_noexec=2, in a pid namespace of the test's own) the backend
+// says so and sandboxes exec the agent from its verified copy in the
+// state directory, and work the same; Adopt after a restart too.
+func TestAgentFromFile(t *testing.T) {
+	if !testutil.RunWithNoexecMemfd(t) {
+		return
+	}
+	opts := testOptions(t, "file-")
+	var warned []string
+	opts.Warn = func(msg string, args ...any) { warned = append(warned, fmt.Sprint(append([]any{msg}, args...)...)) }
 	b, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, pid := runningSandbox(t, b, "inplace1")
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	agentDir := filepath.Join(opts.StateDir, "agent")
+	if !slices.ContainsFunc(warned, func(w string) bool { return strings.Contains(w, agentDir) }) {
+		t.Errorf("no warning names %s: %q", agentDir, warned)
+	}
+	sb, pid := runningSandbox(t, b, "file1")
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(string(maps), "memfd:warren-agent") || !strings.Contains(string(maps), opts.InitBinary) {
-		t.Errorf("agent is not the init binary in place:\n%s", maps)
+	if !strings.HasPrefix(exe, agentDir+"/warren-agent-") {
+		t.Errorf("PID 1 runs %s, want the agent below %s", exe, agentDir)
+	}
+	r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/proc/1/cmdline"}}, "")
+	if r.Stdout != "warren-init\x00" {
+		t.Errorf("/proc/1/cmdline in the sandbox: %q", r.Stdout)
+	}
+	// A second daemon on the same directories adopts it.
+	b2, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := b2.Adopt(t.Context(), "file1", sb.State())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := conformance.Exec(t, sb2, backend.ProcSpec{Argv: []string{"echo", "adopted"}}, ""); r.Stdout != "adopted\n" {
+		t.Errorf("exec after adopt: %+v", r)
 	}
 }
 
 // TestMountinfoNamesNoHostPath: a sandbox's mountinfo names none of the
-// node's directories (state, run, the image layer), whether the init
-// stage runs in the standalone agent or in place: the overlay names its
+// node's directories (state, run, the image layer): the overlay names its
 // directories by descriptor and every bind's source is a filesystem's
 // root, a /proc entry or in the sandbox's own /dev.
 func TestMountinfoNamesNoHostPath(t *testing.T) {
-	for _, inPlace := range []bool{false, true} {
-		opts := testOptions(t, fmt.Sprintf("mi%v-", inPlace))
-		opts.InPlaceAgent = inPlace
-		b, err := New(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		id := fmt.Sprintf("mi%v", inPlace)
-		sb, _ := runningSandbox(t, b, id)
-		text := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/proc/self/mountinfo"}}, "").Stdout
-		for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
-			for _, p := range []string{filepath.Dir(opts.StateDir), testutil.BusyboxRoot(t), "/layers/", "/empty", "/upper"} {
-				if strings.Contains(line, p) {
-					t.Errorf("in place %v: mountinfo line names %s: %s", inPlace, p, line)
-				}
+	opts := testOptions(t, "mi-")
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "mi"
+	sb, _ := runningSandbox(t, b, id)
+	text := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/proc/self/mountinfo"}}, "").Stdout
+	for _, line := range strings.Split(strings.TrimSpace(text), "\n") {
+		for _, p := range []string{filepath.Dir(opts.StateDir), testutil.BusyboxRoot(t), "/layers/", "/empty", "/upper"} {
+			if strings.Contains(line, p) {
+				t.Errorf("mountinfo line names %s: %s", p, line)
 			}
 		}
-		ms := mountinfo.Parse(text)
-		if len(ms) < 10 {
-			t.Fatalf("not a sandbox's mountinfo:\n%s", text)
-		}
-		for _, m := range ms {
-			if m.Root != "/" && m.FSType != "proc" && !strings.HasPrefix(m.Root+"/", "/"+id+"/") {
-				t.Errorf("in place %v: %s shows its source as %s (%s)", inPlace, m.Point, m.Root, m.FSType)
-			}
+	}
+	ms := mountinfo.Parse(text)
+	if len(ms) < 10 {
+		t.Fatalf("not a sandbox's mountinfo:\n%s", text)
+	}
+	for _, m := range ms {
+		if m.Root != "/" && m.FSType != "proc" && !strings.HasPrefix(m.Root+"/", "/"+id+"/") {
+			t.Errorf("%s shows its source as %s (%s)", m.Point, m.Root, m.FSType)
 		}
 	}
 }
@@ -396,7 +415,7 @@ func TestTooManyLayers(t *testing.T) {
 	for i := range layers {
 		layers[i] = testutil.BusyboxRoot(t)
 	}
-	_, err = b.Create(t.Context(), backend.Spec{ID: "many", Layers: backend.DirLayers(layers...)})
+	_, err = b.Create(t.Context(), backend.Spec{ID: "many", Layers: layers})
 	if errdefs.CategoryOf(err) != errdefs.Invalid || !strings.Contains(err.Error(), "too many image layers") {
 		t.Fatalf("create with %d layers: %v", len(layers), err)
 	}
@@ -482,7 +501,7 @@ func TestSmallFDTable(t *testing.T) {
 // destroyed when the test ends.
 func runningSandbox(t *testing.T, b *Backend, id string) (backend.Sandbox, int) {
 	t.Helper()
-	sb, err := b.Create(t.Context(), backend.Spec{ID: id, Layers: backend.DirLayers(testutil.BusyboxRoot(t)), MemoryBytes: 64 << 20})
+	sb, err := b.Create(t.Context(), backend.Spec{ID: id, Layers: []string{testutil.BusyboxRoot(t)}, MemoryBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-//go:build linux && cgo
+//go:build ignore
 
 /*
  * The container init stage, in C. The backend starts the standalone agent

@@ -80,7 +80,6 @@ type env struct {
 func newEnv(t *testing.T, tweak ...func(*Config)) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
-	initBin := testutil.StaticBinary(t, "./internal/container/testdata/initmain")
 	dir := t.TempDir()
 	e := &env{
 		t:   t,
@@ -89,7 +88,6 @@ func newEnv(t *testing.T, tweak ...func(*Config)) *env {
 			StateDir:     filepath.Join(dir, "backend"),
 			RunDir:       filepath.Join(dir, "run"),
 			CgroupParent: fmt.Sprintf("warren-dtest-%d-%d", os.Getpid(), envSeq.Add(1)),
-			InitBinary:   initBin,
 		},
 	}
 	if len(tweak) > 0 {

@@ -34,25 +34,34 @@ func ModuleRoot() string {
 }
 
 // StaticBinary builds the main package pkg (a path relative to the module
-// root, e.g. "./cmd/warren") statically, once per test process, and returns
-// its path. Sandbox inits run this binary inside roots that have no libc.
+// root, e.g. "./cmd/warren") statically, as `make build` does (pure Go,
+// CGO_ENABLED=0), once per test process, and returns its path. A binary
+// that stands in for a sandbox's init runs in roots that have no libc.
 func StaticBinary(t testing.TB, pkg string) string {
+	t.Helper()
+	return Binary(t, pkg, "CGO_ENABLED=0")
+}
+
+// Binary builds the main package pkg with a plain `go build` in the
+// environment plus env (e.g. "CGO_ENABLED=1": the default, dynamically
+// linked build), once per test process and env, and returns its path.
+func Binary(t testing.TB, pkg string, env ...string) string {
 	t.Helper()
 	binMu.Lock()
 	defer binMu.Unlock()
-	if p, ok := binCache[pkg]; ok {
+	key := strings.Join(append([]string{pkg}, env...), " ")
+	if p, ok := binCache[key]; ok {
 		return p
 	}
 	dir := scratchDir(t)
-	out := filepath.Join(dir, strings.NewReplacer("/", "_", ".", "_").Replace(pkg))
-	cmd := exec.Command("go", "build", "-tags", "osusergo,netgo",
-		"-ldflags", "-linkmode external -extldflags -static", "-o", out, pkg)
+	out := filepath.Join(dir, strings.NewReplacer("/", "_", ".", "_", " ", "_", "=", "_").Replace(key))
+	cmd := exec.Command("go", "build", "-o", out, pkg)
 	cmd.Dir = ModuleRoot()
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+	cmd.Env = append(os.Environ(), env...)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build %s: %v\n%s", pkg, err, b)
+		t.Fatalf("build %s (%s): %v\n%s", pkg, strings.Join(env, " "), err, b)
 	}
-	binCache[pkg] = out
+	binCache[key] = out
 	return out
 }
 

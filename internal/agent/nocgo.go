@@ -1,5 +1,0 @@
-//go:build !(linux && cgo)
-
-package agent
-
-const embedded = false

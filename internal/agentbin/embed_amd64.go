@@ -1,0 +1,6 @@
+package agentbin
+
+import _ "embed"
+
+//go:embed warren-agent-amd64
+var binary []byte

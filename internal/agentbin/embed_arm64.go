@@ -1,0 +1,6 @@
+package agentbin
+
+import _ "embed"
+
+//go:embed warren-agent-arm64
+var binary []byte
