@@ -699,7 +699,16 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 // (init_linux.c, mount_overlay): the directories, which the init stage
 // opens and names in the mount data by descriptor only, so that the
 // sandbox's mountinfo shows no host path, and the other options.
-func overlayConfig(layers []string, upper, work string) (map[string]string, error) {
+// The container backend stacks the layers' mounted directories (Dir); it
+// leaves their blobs to the node's mount cache.
+func overlayConfig(refs []backend.Layer, upper, work string) (map[string]string, error) {
+	layers := make([]string, len(refs))
+	for i, r := range refs {
+		if r.Dir == "" {
+			return nil, errdefs.Invalidf("layer %s has no mounted directory: the container backend stacks directories", r.Digest)
+		}
+		layers[i] = r.Dir
+	}
 	for _, l := range layers {
 		if strings.ContainsAny(l, ":\x00") {
 			return nil, errdefs.Invalidf("layer path %q contains ':'", l)

@@ -54,7 +54,7 @@ func TestConformance(t *testing.T) {
 			}
 			return b
 		},
-		Layers: func(t *testing.T) []string { return []string{testutil.BusyboxRoot(t)} },
+		Layers: func(t *testing.T) []backend.Layer { return backend.DirLayers(testutil.BusyboxRoot(t)) },
 		Resources: func(t *testing.T) []string {
 			return resources(t, opts)
 		},
@@ -415,7 +415,7 @@ func TestTooManyLayers(t *testing.T) {
 	for i := range layers {
 		layers[i] = testutil.BusyboxRoot(t)
 	}
-	_, err = b.Create(t.Context(), backend.Spec{ID: "many", Layers: layers})
+	_, err = b.Create(t.Context(), backend.Spec{ID: "many", Layers: backend.DirLayers(layers...)})
 	if errdefs.CategoryOf(err) != errdefs.Invalid || !strings.Contains(err.Error(), "too many image layers") {
 		t.Fatalf("create with %d layers: %v", len(layers), err)
 	}
@@ -501,7 +501,7 @@ func TestSmallFDTable(t *testing.T) {
 // destroyed when the test ends.
 func runningSandbox(t *testing.T, b *Backend, id string) (backend.Sandbox, int) {
 	t.Helper()
-	sb, err := b.Create(t.Context(), backend.Spec{ID: id, Layers: []string{testutil.BusyboxRoot(t)}, MemoryBytes: 64 << 20})
+	sb, err := b.Create(t.Context(), backend.Spec{ID: id, Layers: backend.DirLayers(testutil.BusyboxRoot(t)), MemoryBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
