@@ -1,12 +1,18 @@
-# Build the warren binary. It is linked statically because its cgo part is
-# the sandbox init, which is executed inside sandbox roots that have no libc.
+# Build the warren binary. The release build is static pure Go
+# (CGO_ENABLED=0): the daemon has no C of its own, the sandbox init and
+# agent come prebuilt per architecture from internal/agentbin, so it runs
+# on any Linux of its architecture. A plain `go build ./cmd/warren` or
+# `go install github.com/warrenrl/warren/cmd/warren@latest` works too.
 GO ?= go
 BIN ?= bin/warren
-GOFLAGS_STATIC = -tags osusergo,netgo -ldflags '-linkmode external -extldflags "-static"'
 
-.PHONY: build gen test
+.PHONY: build agent gen test
 build:
-	CGO_ENABLED=1 $(GO) build $(GOFLAGS_STATIC) -o $(BIN) ./cmd/warren
+	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/warren
+
+# Rebuild the committed sandbox agents (musl and a cross compiler: scripts/deps.sh).
+agent:
+	$(GO) generate ./internal/agentbin
 
 gen:
 	protoc -I api --go_out=gen --go_opt=paths=source_relative \

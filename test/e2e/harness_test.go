@@ -68,6 +68,8 @@ type envOptions struct {
 	// inherit are open files the daemon inherits (fd 3, 4, ...), as from a
 	// careless parent.
 	inherit []*os.File
+	// bin is the daemon binary (default: the static build of ./cmd/warren).
+	bin string
 }
 
 // newEnv starts a daemon with private directories and a unique cgroup
@@ -77,7 +79,10 @@ type envOptions struct {
 func newEnv(t *testing.T, o envOptions) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
-	bin := testutil.StaticBinary(t, "./cmd/warren")
+	bin := o.bin
+	if bin == "" {
+		bin = testutil.StaticBinary(t, "./cmd/warren")
+	}
 	// Short paths: agent sockets live below the run dir and unix socket
 	// paths are limited to 108 bytes.
 	root, err := os.MkdirTemp("", "we2e-")
