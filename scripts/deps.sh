@@ -20,13 +20,16 @@ command -v gpgv >/dev/null || need+=(gpgv)
 # cross compiler for the other architecture, whose musl-dev comes from
 # Debian's multiarch packages.
 case "$(uname -m)" in
-  x86_64) other=arm64 cross=gcc-aarch64-linux-gnu cross_cc=aarch64-linux-gnu-gcc musl_dir=aarch64-linux-musl ;;
-  aarch64) other=amd64 cross=gcc-x86-64-linux-gnu cross_cc=x86_64-linux-gnu-gcc musl_dir=x86_64-linux-musl ;;
+  x86_64) other=arm64 cross=gcc-aarch64-linux-gnu cross_cc=aarch64-linux-gnu-gcc musl_dir=aarch64-linux-musl qemu=qemu-aarch64 ;;
+  aarch64) other=amd64 cross=gcc-x86-64-linux-gnu cross_cc=x86_64-linux-gnu-gcc musl_dir=x86_64-linux-musl qemu=qemu-x86_64 ;;
   *) other= ;;
 esac
 multiarch=
 if [ -n "$other" ]; then
   command -v "$cross_cc" >/dev/null || need+=("$cross")
+  # The agent tests run the other architecture's agent under qemu's user
+  # mode (without recommends: no binfmt handlers are registered).
+  command -v "$qemu" >/dev/null || need+=(qemu-user)
   if [ ! -f "/usr/lib/$musl_dir/musl-gcc.specs" ]; then
     need+=("musl-dev:$other")
     dpkg --print-foreign-architectures | grep -qx "$other" || multiarch=$other
