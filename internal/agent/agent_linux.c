@@ -3,9 +3,9 @@
 /*
  * warren-init: the PID 1 of every sandbox. It reaps zombies and starts
  * processes on request from the host. It runs from an ELF constructor of
- * the warren binary before the Go runtime exists (the way runc's nsenter
- * does), so an idle agent costs a few hundred KB instead of a Go heap and
- * its threads. See doc.go for the wire protocol.
+ * the standalone agent binary (internal/agentbin/build.sh; no Go build
+ * compiles this file), so an idle agent costs a few pages instead of a Go
+ * heap and its threads. See doc.go for the wire protocol.
  *
  * Design: single-threaded epoll loop over the listening socket, a
  * signalfd for SIGCHLD, one socket per client connection and, while a

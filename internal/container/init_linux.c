@@ -1,14 +1,12 @@
 //go:build ignore
 
 /*
- * The container init stage, in C. The backend starts the standalone agent
- * (internal/agentbin, which carries this file too) in new mount, pid, uts,
- * ipc and net namespaces with _WARREN_CONTAINER_INIT set, or the warren
- * binary where it must run the agent in place; this constructor takes
- * over before anything else runs (in the warren binary, before the Go
- * runtime, which would cost ~4 ms and ~600 page faults per sandbox),
- * builds the sandbox's view of the world and becomes the agent (PID 1) in
- * the same process.
+ * The container init stage, in C. internal/agentbin/build.sh compiles it
+ * with the agent into the standalone agent binary (no Go build compiles
+ * it: see the constraint above), which the backend starts in new mount,
+ * pid, uts, ipc and net namespaces with _WARREN_CONTAINER_INIT set; this
+ * constructor takes over before main, builds the sandbox's view of the
+ * world and becomes the agent (PID 1) in the same process.
  *
  * File descriptors: 3 = config (read until EOF; the daemon writes it only
  * after placing us in our cgroup), 4 = the agent's listening socket,
