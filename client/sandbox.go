@@ -152,6 +152,44 @@ func (c *Client) WriteStdin(ctx context.Context, req *warrenv1.WriteStdinRequest
 	return err
 }
 
+// AttachProcess follows a background process's output from the offsets
+// in req (-1 skips a stream), calling fn with each event as it comes;
+// the last event carries the exit (ExecResult without output), which
+// AttachProcess also returns. Cancelling ctx detaches; the process runs on.
+func (c *Client) AttachProcess(ctx context.Context, req *warrenv1.AttachProcessRequest, fn func(*warrenv1.ProcessEvent) error) (*warrenv1.ExecResult, error) {
+	st, err := c.sandboxes.AttachProcess(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	defer st.Close()
+	var exit *warrenv1.ExecResult
+	for st.Receive() {
+		ev := st.Msg()
+		if r := ev.GetExit(); r != nil {
+			exit = r
+		}
+		if fn != nil {
+			if err := fn(ev); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := st.Err(); err != nil {
+		return nil, wrapErr(err)
+	}
+	if exit == nil {
+		return nil, &Error{Category: CategoryUnavailable, Code: connect.CodeUnavailable, Message: "attach stream ended without the exit"}
+	}
+	return exit, nil
+}
+
+// ResizeProcess sets the terminal size of a background process started
+// with a pty.
+func (c *Client) ResizeProcess(ctx context.Context, req *warrenv1.ResizeProcessRequest) error {
+	_, err := call(ctx, c.sandboxes.ResizeProcess, req)
+	return err
+}
+
 // WriteFile writes a file in a sandbox.
 func (c *Client) WriteFile(ctx context.Context, req *warrenv1.WriteFileRequest) error {
 	_, err := call(ctx, c.sandboxes.WriteFile, req)

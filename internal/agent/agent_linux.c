@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -31,23 +32,66 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <termios.h>
+#include <time.h>
 
 #define AGENT_ENV "_WARREN_AGENT_FD"
-#define PROTO_VERSION 1
+#define PROTO_VERSION 2
 #define MAX_PAYLOAD (4u << 20)
 #define HDR_LEN 5
 #define INLINE_PAYLOAD 64 /* PING and SIGNAL frames never touch malloc */
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-enum { W_LISTEN, W_SIGNAL, W_SOCK, W_PIPE };
-enum { C_IDLE, C_STARTING, C_RUNNING };
+/* EXEC flags beyond the three stdio bits (see doc.go). */
+#define F_DETACH 8u
+#define F_PTY 16u
+#define DETACH_HDR 16 /* u32 cap, u32 rows, u32 cols, u32 taglen */
+#define MAX_TAG 3072
+#define MAX_CAP (64u << 20)
+#define MAX_BPROCS 1024 /* the daemon's MaxProcessesPerSandbox */
+#define CHUNK (32u << 10)
+#define OUT_HDR (HDR_LEN + 9) /* 'O' frame: u8 stream, u64 offset */
+#define FROM_END UINT64_MAX
+
+enum { W_LISTEN, W_SIGNAL, W_SOCK, W_PIPE, W_OUT, W_ERR };
+enum { C_IDLE, C_STARTING, C_RUNNING, C_DETACHED, C_ATTACHED, C_LISTING };
 
 struct conn;
+struct bproc;
 
 /* What an epoll event points at; a conn embeds one per fd it watches. */
 struct watch {
 	int kind;
 	struct conn *c;
+	struct bproc *bp;
+};
+
+/* One output stream of a background process: the bytes [start, total)
+ * of its absolute offsets, at buf[off % size]. The buffer grows by
+ * doubling while the stream is short and wraps once it holds cap bytes,
+ * so it keeps the latest cap bytes and costs nothing until written. */
+struct ring {
+	uint8_t *buf;
+	uint32_t size;
+	uint64_t start, total;
+	int fd; /* read end, -1 after EOF */
+};
+
+/* A background process (EXEC with F_DETACH): the agent owns its stdio,
+ * drains its output with or without a client, and keeps its record and
+ * output after it exits, for any number of later clients. */
+struct bproc {
+	struct watch wout, werr;
+	pid_t pid;
+	uint32_t seq;
+	int reaped, status, pty;
+	int infd;          /* stdin write end (a dup of the master with a pty), -1 once closed */
+	uint32_t cap;      /* per stream */
+	uint64_t start_ms, run_ms;
+	struct ring out, err;
+	struct bproc *next; /* in start order */
+	uint32_t taglen;
+	uint8_t tag[MAX_TAG];
 };
 
 struct conn {
@@ -64,6 +108,13 @@ struct conn {
 	uint8_t *payload;
 	uint8_t inl[INLINE_PAYLOAD];
 	int fds[3], nfds; /* SCM_RIGHTS fds received with the frame */
+	struct bproc *bp;  /* C_STARTING detached: its record, not yet listed;
+			    * C_ATTACHED: the process followed; C_LISTING: the
+			    * last one sent */
+	uint64_t cur[2];   /* C_ATTACHED: next offsets of stdout, stderr */
+	uint8_t *pend;     /* frame being sent (CHUNK + OUT_HDR bytes) */
+	uint32_t plen_out, psent;
+	int wantout;       /* EPOLLOUT is armed */
 	struct conn *prev, *next; /* all live conns, for pid lookup */
 	struct conn *dead;        /* freed at the end of an epoll batch */
 };
@@ -75,8 +126,10 @@ struct child_err {
 };
 
 static int epfd = -1, lfd = -1, sfd = -1;
-static struct watch wlisten = {W_LISTEN, NULL}, wsignal = {W_SIGNAL, NULL};
+static struct watch wlisten = {W_LISTEN, NULL, NULL}, wsignal = {W_SIGNAL, NULL, NULL};
 static struct conn *conns, *dead_conns;
+static struct bproc *bprocs, *bprocs_tail;
+static uint32_t nbprocs;
 static uint32_t nrunning;
 static int listen_paused;
 static struct rlimit orig_nofile;
@@ -106,6 +159,13 @@ static void put32(uint8_t *p, uint32_t v)
 static uint32_t get32(const uint8_t *p)
 {
 	return p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Where an EXEC payload's strings begin: after the background-process
+ * header and tag when F_DETACH is set. */
+static uint32_t strings_off(const uint8_t *p)
+{
+	return get32(p) & F_DETACH ? 20 + DETACH_HDR + get32(p + 20 + 12) : 20;
 }
 
 /* ---- allocation ------------------------------------------------------- */
@@ -252,6 +312,8 @@ static void unwatch_close(int *fd)
 /* Close the client side of c. kill_it: the client can no longer observe
  * the process, so it dies with its process group (cancellation = close).
  * The record stays until the process is reaped, to keep the pid known. */
+static void bproc_discard(struct bproc *bp);
+
 static void drop(struct conn *c, int kill_it)
 {
 	if (c->fd >= 0)
@@ -259,6 +321,16 @@ static void drop(struct conn *c, int kill_it)
 	if (c->pipefd >= 0)
 		unwatch_close(&c->pipefd);
 	reset_frame(c);
+	if (c->pend) {
+		big_free(c->pend, CHUNK + OUT_HDR);
+		c->pend = NULL;
+	}
+	if (c->state == C_STARTING && c->bp) {
+		bproc_discard(c->bp); /* never listed: nobody else knows it */
+		c->bp = NULL;
+	}
+	if (c->state == C_ATTACHED || c->state == C_LISTING)
+		c->bp = NULL;
 	if (c->pid > 0 && !c->reaped) {
 		if (kill_it) {
 			kill(-c->pid, SIGKILL);
@@ -312,6 +384,8 @@ static void send_exited(struct conn *c)
 		drain(c->fd);
 }
 
+static void bproc_publish(struct bproc *bp, struct conn *c);
+
 /* The exec-status pipe has data (a setup step failed) or EOF (exec
  * succeeded, or the child died, which reap() handles). */
 static void finish_start(struct conn *c)
@@ -331,12 +405,26 @@ static void finish_start(struct conn *c)
 		drop(c, 1);
 		return;
 	}
-	c->state = C_RUNNING;
 	uint8_t p[4];
 	put32(p, (uint32_t)c->pid);
+	if (c->bp) {
+		/* From now on the process is the agent's, not the client's. */
+		struct bproc *bp = c->bp;
+		c->bp = NULL;
+		c->state = C_DETACHED;
+		bproc_publish(bp, c);
+		c->pid = 0; /* the pid is the bproc's now */
+		send_frame(c, 'R', p, 4);
+		drain(c->fd);
+		drop(c, 0);
+		return;
+	}
+	c->state = C_RUNNING;
 	if (send_frame(c, 'R', p, 4) < 0)
 		drop(c, 1);
 }
+
+static void bproc_reaped(pid_t pid, int st);
 
 static void reap(void)
 {
@@ -349,10 +437,12 @@ static void reap(void)
 		if (pid <= 0)
 			return;
 		struct conn *c = conns;
-		while (c && c->pid != pid)
+		while (c && !(c->pid == pid && c->state != C_DETACHED && !c->reaped))
 			c = c->next;
-		if (!c)
-			continue; /* an orphan reparented to us: reaped silently */
+		if (!c) {
+			bproc_reaped(pid, st); /* or an orphan reparented to us */
+			continue;
+		}
 		nrunning--;
 		c->reaped = 1;
 		c->status = st;
@@ -446,6 +536,8 @@ static void __attribute__((noreturn)) child(struct conn *c, int errfd)
 {
 	const uint8_t *p = c->payload;
 	uint32_t flags = get32(p), argc = get32(p + 12), envc = get32(p + 16);
+	if (flags & F_DETACH)
+		flags |= 7u; /* the agent made all three streams */
 	uid_t uid = get32(p + 4);
 	gid_t gid = get32(p + 8);
 
@@ -464,6 +556,10 @@ static void __attribute__((noreturn)) child(struct conn *c, int errfd)
 	 * everything the program forks. */
 	if (setsid() < 0)
 		child_fail(errfd, "setsid");
+	/* A pty becomes the new session's controlling terminal, so that ^C
+	 * and SIGWINCH reach its foreground group. */
+	if ((flags & F_PTY) && ioctl(c->fds[0], TIOCSCTTY, 0) < 0)
+		child_fail(errfd, "pty");
 	/* A user namespace with setgroups "deny" refuses this; fine if we
 	 * already have no supplementary groups. */
 	if (setgroups(0, NULL) < 0 && !(errno == EPERM && getgroups(0, NULL) == 0))
@@ -473,7 +569,7 @@ static void __attribute__((noreturn)) child(struct conn *c, int errfd)
 	if (setuid(uid) < 0)
 		child_fail(errfd, "setuid");
 
-	const char *cwd = (const char *)p + 20;
+	const char *cwd = (const char *)p + strings_off(p);
 	if (chdir(*cwd ? cwd : "/") < 0)
 		child_fail(errfd, "chdir");
 
@@ -730,6 +826,447 @@ static void __attribute__((noinline)) drop_mappings(void)
 	madvise(maps, sizeof(maps), MADV_DONTNEED);
 }
 
+
+/* ---- background processes ------------------------------------------ */
+
+static uint64_t now_ms(void)
+{
+	/* A raw syscall: the vDSO is unmapped (drop_mappings). */
+	struct timespec ts;
+	if (syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts) < 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	put32(p, (uint32_t)v);
+	put32(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
+
+static struct bproc *bproc_find(pid_t pid)
+{
+	struct bproc *bp = bprocs;
+	while (bp && bp->pid != pid)
+		bp = bp->next;
+	return bp;
+}
+
+static void ring_close(struct ring *r)
+{
+	if (r->fd >= 0)
+		unwatch_close(&r->fd);
+}
+
+/* Frees a record that was never published (its start failed). */
+static void bproc_discard(struct bproc *bp)
+{
+	for (int i = 0; i < 2; i++) {
+		struct ring *r = i ? &bp->err : &bp->out;
+		if (r->fd >= 0)
+			close(r->fd);
+		if (r->buf)
+			big_free(r->buf, r->size);
+	}
+	if (bp->infd >= 0)
+		close(bp->infd);
+	big_free(bp, sizeof(*bp));
+}
+
+static void pump(struct conn *c);
+
+/* Tells every client attached to bp that there is news. */
+static void kick(struct bproc *bp)
+{
+	for (struct conn *c = conns; c; c = c->next)
+		if (c->state == C_ATTACHED && c->bp == bp && c->fd >= 0)
+			pump(c);
+}
+
+/* Reads what the stream has (at most a few chunks per event, so that one
+ * chatty process does not starve the loop), keeping the latest cap bytes.
+ * Returns 1 if it read anything. */
+static int ring_fill(struct bproc *bp, struct ring *r)
+{
+	int got = 0;
+	for (int i = 0; i < 4 && r->fd >= 0; i++) {
+		if (r->size < bp->cap && r->total == r->size) {
+			uint32_t want = r->size ? r->size * 2 : 4096;
+			if (want > bp->cap)
+				want = bp->cap;
+			uint8_t *nb = big_alloc(want);
+			if (!nb)
+				return got; /* try again on the next event */
+			if (r->buf) {
+				memcpy(nb, r->buf, r->size);
+				big_free(r->buf, r->size);
+			}
+			r->buf = nb;
+			r->size = want;
+		}
+		uint32_t pos = (uint32_t)(r->total % r->size);
+		ssize_t n = read(r->fd, r->buf + pos, r->size - pos);
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			return got;
+		if (n <= 0) { /* EOF, or EIO from a pty whose last slave closed */
+			ring_close(r);
+			return 1;
+		}
+		r->total += (uint64_t)n;
+		if (r->total - r->start > r->size)
+			r->start = r->total - r->size;
+		got = 1;
+	}
+	return got;
+}
+
+static void on_output(struct bproc *bp, struct ring *r)
+{
+	if (ring_fill(bp, r))
+		kick(bp);
+}
+
+static void bproc_reaped(pid_t pid, int st)
+{
+	struct bproc *bp = bproc_find(pid);
+	if (!bp || bp->reaped)
+		return;
+	nrunning--;
+	bp->reaped = 1;
+	bp->status = st;
+	bp->run_ms = now_ms() - bp->start_ms;
+	/* What it wrote before exiting is in the pipes: take it now, so that
+	 * EXITED follows all of it. Children that inherited the streams may
+	 * keep writing; the agent keeps reading. */
+	while (bp->out.fd >= 0 && ring_fill(bp, &bp->out))
+		;
+	while (bp->err.fd >= 0 && ring_fill(bp, &bp->err))
+		;
+	if (bp->infd >= 0) {
+		close(bp->infd);
+		bp->infd = -1;
+	}
+	kick(bp);
+}
+
+/* Lists a started background process and watches its output. */
+static void bproc_publish(struct bproc *bp, struct conn *c)
+{
+	static uint32_t seq;
+	bp->pid = c->pid;
+	bp->seq = ++seq;
+	bp->start_ms = now_ms();
+	if (c->reaped) {
+		bp->reaped = 1;
+		bp->status = c->status;
+	}
+	if (bprocs_tail)
+		bprocs_tail->next = bp;
+	else
+		bprocs = bp;
+	bprocs_tail = bp;
+	nbprocs++;
+	bp->wout = (struct watch){W_OUT, NULL, bp};
+	bp->werr = (struct watch){W_ERR, NULL, bp};
+	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &bp->wout};
+	if (bp->out.fd >= 0 && epoll_ctl(epfd, EPOLL_CTL_ADD, bp->out.fd, &ev) < 0) {
+		close(bp->out.fd); /* cannot drain it: better EPIPE than a hang */
+		bp->out.fd = -1;
+	}
+	ev.data.ptr = &bp->werr;
+	if (bp->err.fd >= 0 && epoll_ctl(epfd, EPOLL_CTL_ADD, bp->err.fd, &ev) < 0) {
+		close(bp->err.fd);
+		bp->err.fd = -1;
+	}
+	if (bp->reaped) {
+		while (bp->out.fd >= 0 && ring_fill(bp, &bp->out))
+			;
+		while (bp->err.fd >= 0 && ring_fill(bp, &bp->err))
+			;
+		if (bp->infd >= 0) {
+			close(bp->infd);
+			bp->infd = -1;
+		}
+	}
+}
+
+static void want_out(struct conn *c, int on)
+{
+	if (c->wantout == on || c->fd < 0)
+		return;
+	struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = &c->wsock};
+	if (epoll_ctl(epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0)
+		c->wantout = on;
+}
+
+/* Puts the next frame of an attached or listing client into pend;
+ * returns 0 when there is nothing to send now. */
+static int next_frame(struct conn *c)
+{
+	uint8_t *f = c->pend;
+	if (c->state == C_LISTING) {
+		struct bproc *bp = c->bp ? c->bp->next : bprocs;
+		if (!bp) {
+			put32(f, 0);
+			f[4] = 'e';
+			c->plen_out = HDR_LEN;
+			c->state = C_IDLE; /* 'e' is the last frame */
+			return 1;
+		}
+		c->bp = bp;
+		uint8_t *p = f + HDR_LEN;
+		int st = bp->status;
+		put32(p, (uint32_t)bp->pid);
+		put32(p + 4, bp->seq);
+		p[8] = (bp->reaped ? 1 : 0) | (bp->pty ? 2 : 0) | (bp->infd >= 0 ? 4 : 0);
+		put32(p + 9, bp->reaped && WIFEXITED(st) ? (uint32_t)WEXITSTATUS(st) : (uint32_t)-1);
+		put32(p + 13, bp->reaped && WIFSIGNALED(st) ? (uint32_t)WTERMSIG(st) : 0);
+		put64(p + 17, bp->out.start);
+		put64(p + 25, bp->out.total);
+		put64(p + 33, bp->err.start);
+		put64(p + 41, bp->err.total);
+		put32(p + 49, bp->cap);
+		put64(p + 53, bp->reaped ? bp->run_ms : now_ms() - bp->start_ms);
+		memcpy(p + 61, bp->tag, bp->taglen);
+		put32(f, 61 + bp->taglen);
+		f[4] = 'l';
+		c->plen_out = HDR_LEN + 61 + bp->taglen;
+		return 1;
+	}
+	if (c->state != C_ATTACHED)
+		return 0;
+	struct bproc *bp = c->bp;
+	for (int i = 0; i < 2; i++) {
+		struct ring *r = i ? &bp->err : &bp->out;
+		uint64_t o = c->cur[i];
+		if (o == FROM_END || o >= r->total)
+			continue;
+		if (o < r->start)
+			o = r->start; /* overwritten: the client sees the jump */
+		uint32_t pos = (uint32_t)(o % r->size);
+		uint64_t n = r->total - o;
+		if (n > r->size - pos)
+			n = r->size - pos;
+		if (n > CHUNK)
+			n = CHUNK;
+		put32(f, 9 + (uint32_t)n);
+		f[4] = 'O';
+		f[5] = (uint8_t)(i + 1);
+		put64(f + 6, o);
+		memcpy(f + OUT_HDR, r->buf + pos, n);
+		c->plen_out = OUT_HDR + (uint32_t)n;
+		c->cur[i] = o + n;
+		return 1;
+	}
+	if (bp->reaped) {
+		/* Caught up with a process that exited: EXITED is the last frame. */
+		int st = bp->status;
+		put32(f, 8);
+		f[4] = 'X';
+		put32(f + 5, WIFEXITED(st) ? (uint32_t)WEXITSTATUS(st) : (uint32_t)-1);
+		put32(f + 9, WIFSIGNALED(st) ? (uint32_t)WTERMSIG(st) : 0);
+		c->plen_out = HDR_LEN + 8;
+		c->state = C_IDLE;
+		return 1;
+	}
+	return 0;
+}
+
+/* Sends what an attached or listing client can take without blocking;
+ * the rest waits for EPOLLOUT. A frame is copied out of the ring before
+ * it is sent, so the ring may wrap under a slow client: it then resumes
+ * at the oldest byte kept, and the offsets show the gap. */
+static void pump(struct conn *c)
+{
+	if (!c->pend && !(c->pend = big_alloc(CHUNK + OUT_HDR))) {
+		drop(c, 0);
+		return;
+	}
+	for (;;) {
+		if (c->psent == c->plen_out) {
+			c->psent = c->plen_out = 0;
+			int last = c->state == C_IDLE;
+			if (last || !next_frame(c)) {
+				if (last) {
+					drain(c->fd);
+					drop(c, 0);
+				} else {
+					want_out(c, 0);
+				}
+				return;
+			}
+		}
+		ssize_t n = send(c->fd, c->pend + c->psent, c->plen_out - c->psent, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+			want_out(c, 1);
+			return;
+		}
+		if (n <= 0) {
+			drop(c, 0);
+			return;
+		}
+		c->psent += (uint32_t)n;
+	}
+}
+
+/* Sends fd on an 'R' frame (the stdin of a background process). */
+static int send_fd(struct conn *c, int fd, pid_t pid)
+{
+	uint8_t buf[HDR_LEN + 4];
+	put32(buf, 4);
+	buf[4] = 'R';
+	put32(buf + HDR_LEN, (uint32_t)pid);
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	memset(cbuf, 0, sizeof(cbuf));
+	struct iovec iov = {buf, sizeof(buf)};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+	h->cmsg_level = SOL_SOCKET;
+	h->cmsg_type = SCM_RIGHTS;
+	h->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(h), &fd, sizeof(int));
+	return sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof(buf) ? 0 : -1;
+}
+
+/* Requests about a background process by pid, on an idle connection.
+ * Returns 0 when the frame was handled and the connection stays. */
+static int bproc_request(struct conn *c, uint8_t type)
+{
+	const uint8_t *p = c->payload;
+	uint32_t n = c->plen;
+	if (type == 'L' && n == 0) {
+		c->state = C_LISTING;
+		c->bp = NULL;
+		reset_frame(c);
+		pump(c);
+		return 1;
+	}
+	if (n < 4)
+		return -1;
+	struct bproc *bp = bproc_find((pid_t)get32(p));
+	static const char *const steps[] = {['A'] = "attach", ['I'] = "stdin", ['C'] = "stdin",
+					    ['K'] = "signal", ['W'] = "resize"};
+	if (!bp) {
+		fail(c, ESRCH, steps[type]);
+		return 1;
+	}
+	switch (type) {
+	case 'A':
+		if (n != 20)
+			return -1;
+		c->state = C_ATTACHED;
+		c->bp = bp;
+		c->cur[0] = get64(p + 4);
+		c->cur[1] = get64(p + 12);
+		reset_frame(c);
+		pump(c);
+		return 1;
+	case 'I':
+		if (n != 4)
+			return -1;
+		if (bp->infd < 0) {
+			fail(c, EPIPE, "stdin");
+			return 1;
+		}
+		if (send_fd(c, bp->infd, bp->pid) < 0) {
+			drop(c, 0);
+			return 1;
+		}
+		return 0;
+	case 'C':
+		if (n != 4)
+			return -1;
+		if (bp->infd >= 0) {
+			/* A pty stays open for output: end its input with the
+			 * terminal's EOF character instead. */
+			if (bp->pty)
+				(void)!write(bp->infd, "\x04", 1);
+			else {
+				close(bp->infd);
+				bp->infd = -1;
+			}
+		}
+		break;
+	case 'K':
+		if (n != 9)
+			return -1;
+		if (bp->reaped) { /* its pid may be someone else's now */
+			fail(c, ESRCH, "exited");
+			return 1;
+		}
+		kill(p[8] ? -bp->pid : bp->pid, (int)get32(p + 4));
+		break;
+	case 'W': {
+		if (n != 8)
+			return -1;
+		struct winsize ws = {.ws_row = (unsigned short)(get32(p + 4) & 0xffff),
+				     .ws_col = (unsigned short)(get32(p + 4) >> 16)};
+		if (!bp->pty || bp->infd < 0 || ioctl(bp->infd, TIOCSWINSZ, &ws) < 0) {
+			fail(c, bp->pty ? (bp->infd < 0 ? ESRCH : errno) : ENOTTY, "resize");
+			return 1;
+		}
+		break;
+	}
+	default:
+		return -1;
+	}
+	if (send_frame(c, 'k', NULL, 0) < 0) {
+		drop(c, 0);
+		return 1;
+	}
+	return 0;
+}
+
+/* Makes the agent's ends of a background process's stdio and the child's
+ * ends (into c->fds, as if the client had sent them). */
+static int bproc_prepare(struct conn *c, const uint8_t *ext)
+{
+	struct bproc *bp = big_alloc(sizeof(*bp));
+	if (!bp)
+		return ENOMEM;
+	memset(bp, 0, sizeof(*bp));
+	bp->infd = bp->out.fd = bp->err.fd = -1;
+	bp->cap = get32(ext);
+	bp->taglen = get32(ext + 12);
+	memcpy(bp->tag, ext + DETACH_HDR, bp->taglen);
+	c->bp = bp;
+	if (get32(c->payload) & F_PTY) {
+		bp->pty = 1;
+		int m = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+		if (m < 0)
+			m = open("/dev/pts/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+		if (m < 0)
+			return errno;
+		bp->out.fd = m;
+		int unlock = 0;
+		struct winsize ws = {.ws_row = (unsigned short)get32(ext + 4), .ws_col = (unsigned short)get32(ext + 8)};
+		if (ioctl(m, TIOCSPTLCK, &unlock) < 0 || ioctl(m, TIOCSWINSZ, &ws) < 0)
+			return errno;
+		if ((bp->infd = fcntl(m, F_DUPFD_CLOEXEC, 3)) < 0)
+			return errno;
+		for (int i = 0; i < 3; i++) {
+			int s = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+			if (s < 0)
+				return errno;
+			c->fds[c->nfds++] = s;
+		}
+		return 0;
+	}
+	int pp[3][2];
+	for (int i = 0; i < 3; i++) {
+		/* The agent's ends do not block; the child's do. */
+		if (pipe2(pp[i], O_CLOEXEC) < 0)
+			return errno;
+		int ours = pp[i][i == 0 ? 1 : 0], theirs = pp[i][i == 0 ? 0 : 1];
+		fcntl(ours, F_SETFL, O_NONBLOCK);
+		c->fds[c->nfds++] = theirs;
+		*(i == 0 ? &bp->infd : i == 1 ? &bp->out.fd : &bp->err.fd) = ours;
+	}
+	return 0;
+}
+
 /* ---- requests --------------------------------------------------------- */
 
 /* An EXEC payload is five u32 then exactly 1 (cwd) + argc + envc
@@ -742,11 +1279,23 @@ static int exec_valid(const struct conn *c)
 	if (c->state != C_IDLE || n < 21)
 		return 0;
 	uint32_t flags = get32(p), argc = get32(p + 12), envc = get32(p + 16);
-	if ((flags & ~7u) || __builtin_popcount(flags) != c->nfds || argc == 0)
+	if ((flags & ~31u) || __builtin_popcount(flags & 7u) != c->nfds || argc == 0)
 		return 0;
+	uint32_t off = 20;
+	if (flags & F_DETACH) {
+		/* The agent makes the streams of a background process itself. */
+		if (n < 20 + DETACH_HDR + 1 || (flags & 7u))
+			return 0;
+		uint32_t cap = get32(p + 20), taglen = get32(p + 32);
+		if (cap == 0 || cap > MAX_CAP || taglen > MAX_TAG || n < 20 + DETACH_HDR + taglen + 1)
+			return 0;
+		off = strings_off(p);
+	} else if (flags & F_PTY) {
+		return 0;
+	}
 	uint64_t strings = 0;
-	uint32_t start = 20, argv0 = 0;
-	for (uint32_t i = 20; i < n; i++) {
+	uint32_t start = off, argv0 = 0;
+	for (uint32_t i = off; i < n; i++) {
 		if (p[i])
 			continue;
 		if (strings == 1)
@@ -762,6 +1311,17 @@ static void start_exec(struct conn *c)
 	if (!exec_valid(c)) {
 		fail(c, EINVAL, "proto");
 		return;
+	}
+	if (get32(c->payload) & F_DETACH) {
+		if (nbprocs >= MAX_BPROCS) {
+			fail(c, EAGAIN, "limit");
+			return;
+		}
+		int e = bproc_prepare(c, c->payload + 20);
+		if (e) {
+			fail(c, e, get32(c->payload) & F_PTY ? "pty" : "pipe");
+			return;
+		}
 	}
 	int pp[2];
 	if (pipe2(pp, O_CLOEXEC | O_NONBLOCK) < 0) {
@@ -804,6 +1364,14 @@ static void handle_frame(struct conn *c)
 		start_exec(c); /* consumes the frame or drops the connection */
 		return;
 	}
+	if (c->state == C_IDLE && type && strchr("LAICKW", type)) {
+		int r = bproc_request(c, type);
+		if (r < 0)
+			fail(c, EINVAL, "proto");
+		else if (r == 0)
+			reset_frame(c);
+		return;
+	}
 	if (type == 'P' && c->plen == 0) {
 		uint8_t p[8];
 		put32(p, PROTO_VERSION);
@@ -812,7 +1380,7 @@ static void handle_frame(struct conn *c)
 			drop(c, 1);
 			return;
 		}
-	} else if (type == 'S' && c->plen == 5 && c->state != C_IDLE) {
+	} else if (type == 'S' && c->plen == 5 && (c->state == C_STARTING || c->state == C_RUNNING)) {
 		/* The pid is ours until reaped, so it cannot name a stranger.
 		 * No reply: signalling a process that just exited is a no-op. */
 		if (!c->reaped)
@@ -915,8 +1483,8 @@ static void on_listen(void)
 		struct conn *c = conn_alloc();
 		struct epoll_event ev = {.events = EPOLLIN};
 		if (c) {
-			c->wsock = (struct watch){W_SOCK, c};
-			c->wpipe = (struct watch){W_PIPE, c};
+			c->wsock = (struct watch){W_SOCK, c, NULL};
+			c->wpipe = (struct watch){W_PIPE, c, NULL};
 			c->fd = fd;
 			c->pipefd = -1;
 			ev.data.ptr = &c->wsock;
@@ -1011,8 +1579,18 @@ void __attribute__((noreturn)) warren_agent_main(int fd)
 				reap();
 				break;
 			case W_SOCK:
-				if (w->c->fd >= 0)
+				if (w->c->fd >= 0 && (evs[i].events & EPOLLOUT) && w->c->plen_out)
+					pump(w->c);
+				if (w->c->fd >= 0 && (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
 					on_sock(w->c);
+				break;
+			case W_OUT:
+				if (w->bp->out.fd >= 0)
+					on_output(w->bp, &w->bp->out);
+				break;
+			case W_ERR:
+				if (w->bp->err.fd >= 0)
+					on_output(w->bp, &w->bp->err);
 				break;
 			case W_PIPE:
 				if (w->c->pipefd >= 0)

@@ -315,12 +315,17 @@ func frame(typ byte, payload []byte) []byte {
 }
 
 func readFrame(r io.Reader) (byte, []byte, error) {
+	return readFrameMax(r, 4096) // replies are tiny
+}
+
+// readFrameMax reads a frame of at most max payload bytes.
+func readFrameMax(r io.Reader, max uint32) (byte, []byte, error) {
 	var hdr [hdrLen]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return 0, nil, err
 	}
 	n := binary.LittleEndian.Uint32(hdr[:])
-	if n > 4096 { // replies are tiny
+	if n > max {
 		return 0, nil, errdefs.Internalf("sandbox agent: reply of %d bytes", n)
 	}
 	body := make([]byte, n)

@@ -50,4 +50,4 @@ package agent
 const EnvFD = "_WARREN_AGENT_FD"
 
 // ProtocolVersion is the version the agent reports in PONG.
-const ProtocolVersion = 1
+const ProtocolVersion = 2

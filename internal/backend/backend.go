@@ -129,16 +129,6 @@ type OOMCounter interface {
 	OOMKills() (uint64, error)
 }
 
-// OOMTracker is implemented by sandboxes that can tell whether the
-// kernel's OOM killer chose one particular process (OOMCounter counts the
-// whole sandbox: a rise during an exec may be another process's kill).
-type OOMTracker interface {
-	// TrackOOM is called right after Start, while p runs. The func it
-	// returns, called once p has exited, reports whether p itself was
-	// OOM-killed. A nil func means the sandbox cannot tell for p.
-	TrackOOM(p Process) func() bool
-}
-
 // Backlogged is implemented by backends that finish deletes in the
 // background (the container backend removes writable layers after
 // Destroy returns); the daemon exports the backlog as a metric.
@@ -222,4 +212,93 @@ type Stats struct {
 	OOMKills    uint64 // cumulative count of OOM kills in the sandbox
 	CPUUsage    time.Duration
 	Pids        uint64
+}
+
+// Background is implemented by sandboxes whose agent owns background
+// processes: it makes their stdio, drains their output into bounded
+// buffers whether or not the daemon is attached, and keeps their records,
+// so that they outlive the daemon that started them and any number of
+// clients can follow them by pid.
+type Background interface {
+	// StartBackground starts a process owned by the sandbox and returns
+	// its pid once it runs. The streams in p are ignored: the sandbox
+	// makes stdin, stdout and stderr (or one pty) itself.
+	StartBackground(ctx context.Context, p ProcSpec, o BackgroundOpts) (pid int, err error)
+	// ListBackground lists every background process the sandbox knows,
+	// running or exited, in start order.
+	ListBackground(ctx context.Context) ([]BackgroundInfo, error)
+	// AttachBackground follows a process's output from the given offsets
+	// (FromEnd: none of that stream, only the exit).
+	AttachBackground(ctx context.Context, pid int, stdoutOff, stderrOff int64) (Attachment, error)
+	// OpenStdin returns a handle on the process's stdin (the pty with
+	// PTY); several may be open at once. Closing it closes only the
+	// handle: CloseStdin ends the process's input.
+	OpenStdin(ctx context.Context, pid int) (StdinWriter, error)
+	CloseStdin(ctx context.Context, pid int) error
+	// SignalBackground signals a running process or its group; an exited
+	// one fails with an error matching os.ErrProcessDone.
+	SignalBackground(ctx context.Context, pid int, sig syscall.Signal, group bool) error
+	// ResizeBackground sets the window size of a PTY process's terminal.
+	ResizeBackground(ctx context.Context, pid int, rows, cols uint16) error
+}
+
+// FromEnd as an attach offset skips that stream.
+const FromEnd int64 = -1
+
+// BackgroundOpts are a background process's settings.
+type BackgroundOpts struct {
+	// OutputCap is how many bytes of each stream are kept: the latest
+	// ones, once a stream outgrows it.
+	OutputCap int64
+	// PTY runs the process on a new terminal of Rows x Cols, whose
+	// output is Stdout (Stderr stays empty).
+	PTY        bool
+	Rows, Cols uint16
+	// Tag is kept with the record and listed back, opaque (the daemon
+	// keeps its own metadata there); at most MaxTag bytes.
+	Tag []byte
+}
+
+// MaxTag bounds BackgroundOpts.Tag.
+const MaxTag = 3072
+
+// BackgroundInfo is a background process's record.
+type BackgroundInfo struct {
+	Pid       int
+	Exited    bool
+	Status    ExitStatus // once Exited
+	PTY       bool
+	StdinOpen bool
+	// Stdout and Stderr are the offsets kept: [Start, Total).
+	Stdout, Stderr StreamRange
+	OutputCap      int64
+	Runtime        time.Duration // until now, or until it exited
+	Tag            []byte
+}
+
+// StreamRange is the part of a stream a buffer holds, by absolute offset.
+type StreamRange struct{ Start, Total int64 }
+
+// Attachment follows one background process.
+type Attachment interface {
+	// Next returns the next piece of output, or the exit status (Exit
+	// set) once the process exited and its output so far was sent; after
+	// that, io.EOF.
+	Next() (Output, error)
+	Close() error
+}
+
+// Output is a piece of a background process's output, or its end.
+type Output struct {
+	Stderr bool
+	Offset int64 // of Data[0] in its stream; past an earlier end, bytes were dropped
+	Data   []byte
+	Exit   *ExitStatus
+}
+
+// StdinWriter writes to a background process's stdin; a deadline stops
+// a write the process does not read.
+type StdinWriter interface {
+	io.WriteCloser
+	SetWriteDeadline(time.Time) error
 }

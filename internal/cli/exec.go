@@ -18,7 +18,8 @@ func newExecCommand() *cobra.Command {
 		user, cwd, shell, outputLimit, idemKey string
 		env                                    []string
 		timeout                                time.Duration
-		stream, stdin                          bool
+		stream, stdin, background, pty         bool
+		rows, cols                             uint32
 	)
 	c := &cobra.Command{
 		Use:   "exec [flags] ID [--] ARGV... | exec [flags] --shell 'CMD' ID",
@@ -28,7 +29,13 @@ func newExecCommand() *cobra.Command {
 Flags go before the sandbox id; everything after it is the command. The
 command's stdout and stderr go to the matching streams of this process.
 A command killed by a signal exits with 128+signal, one that timed out
-with 124.`,
+with 124.
+
+--background starts the command as a background process and prints its
+process id: it keeps running (across daemon restarts too) until it exits
+or the sandbox goes; see sandbox ps, attach and kill. --pty runs it on a
+terminal, for interactive programs: exec --background --pty ID sh, then
+attach -t ID p-1.`,
 		Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			argv := args[1:]
@@ -47,6 +54,13 @@ with 124.`,
 				return usagef("--timeout must not be negative")
 			}
 			req.TimeoutMs = timeout.Milliseconds()
+			if pty && !background {
+				return usagef("--pty needs --background (then attach -t to it)")
+			}
+			req.Pty, req.Rows, req.Cols = pty, rows, cols
+			if background && (stream || idemKey != "") {
+				return usagef("--background does not go with --stream or --idempotency-key")
+			}
 			if outputLimit != "" {
 				if req.OutputLimitBytes, err = parseBytes(outputLimit); err != nil {
 					return usageError{err}
@@ -67,6 +81,9 @@ with 124.`,
 				return err
 			}
 			defer cl.Close()
+			if background {
+				return startBackground(cmd, cl, req)
+			}
 			out, errOut := cmd.OutOrStdout(), cmd.ErrOrStderr()
 			jsonOut := JSONOutput(cmd)
 
@@ -134,6 +151,10 @@ with 124.`,
 	f.StringVar(&shell, "shell", "", "run this string with /bin/sh -c instead of an argv")
 	f.BoolVarP(&stdin, "stdin", "i", false, "pass this process's stdin to the command")
 	f.StringVar(&outputLimit, "output-limit", "", "keep at most this much of each output stream, e.g. 16Mi (default 1Mi)")
+	f.BoolVarP(&background, "background", "d", false, "start as a background process, print its id and return")
+	f.BoolVarP(&pty, "pty", "t", false, "with --background: run on a terminal (raw bytes, one output stream)")
+	f.Uint32Var(&rows, "rows", 0, "terminal rows with --pty (default 24)")
+	f.Uint32Var(&cols, "cols", 0, "terminal columns with --pty (default 80)")
 	f.StringVar(&idemKey, "idempotency-key", "", "a retry with the same key returns the first result instead of running again")
 	return c
 }

@@ -32,6 +32,9 @@ func newSandboxCommand() *cobra.Command {
 		newExtendCommand(),
 		newUpdateCommand(),
 		newExecCommand(),
+		newPsCommand(),
+		newAttachCommand(),
+		newKillCommand(),
 		newCopyCommand(),
 		newCommitCommand(),
 	)

@@ -791,3 +791,37 @@ func initConfig(kv map[string]string) []byte {
 	}
 	return b.Bytes()
 }
+
+// Background processes are the agent's (backend.Background).
+var _ backend.Background = (*sandbox)(nil)
+
+func (s *sandbox) StartBackground(ctx context.Context, p backend.ProcSpec, o backend.BackgroundOpts) (int, error) {
+	select {
+	case <-s.exited.Done():
+		return 0, errdefs.Conflictf("sandbox %s is not running", s.id)
+	default:
+	}
+	return s.agent.StartBackground(ctx, p, o)
+}
+
+func (s *sandbox) ListBackground(ctx context.Context) ([]backend.BackgroundInfo, error) {
+	return s.agent.ListBackground(ctx)
+}
+
+func (s *sandbox) AttachBackground(ctx context.Context, pid int, stdoutOff, stderrOff int64) (backend.Attachment, error) {
+	return s.agent.AttachBackground(ctx, pid, stdoutOff, stderrOff)
+}
+
+func (s *sandbox) OpenStdin(ctx context.Context, pid int) (backend.StdinWriter, error) {
+	return s.agent.OpenStdin(ctx, pid)
+}
+
+func (s *sandbox) CloseStdin(ctx context.Context, pid int) error { return s.agent.CloseStdin(ctx, pid) }
+
+func (s *sandbox) SignalBackground(ctx context.Context, pid int, sig syscall.Signal, group bool) error {
+	return s.agent.SignalBackground(ctx, pid, sig, group)
+}
+
+func (s *sandbox) ResizeBackground(ctx context.Context, pid int, rows, cols uint16) error {
+	return s.agent.ResizeBackground(ctx, pid, rows, cols)
+}

@@ -222,8 +222,10 @@ func (m *Manager) Close() error {
 			}
 			procs := slices.Collect(maps.Values(s.procs))
 			s.mu.Unlock()
+			// Background processes run on in the agents; the next
+			// daemon adopts them.
 			for _, p := range procs {
-				p.kill()
+				p.detach()
 			}
 		}
 		m.wg.Wait()

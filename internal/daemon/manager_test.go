@@ -642,7 +642,12 @@ func TestRestartAdopts(t *testing.T) {
 	e.create(&warrenv1.CreateRequest{Id: "victim"})
 	e.create(&warrenv1.CreateRequest{Id: "expiring", TimeoutSeconds: 2})
 	e.create(&warrenv1.CreateRequest{Id: "ghost"})
-	if _, err := e.m.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "survivor", Argv: []string{"sleep", "1000"}}); err != nil {
+	// A background process outlives the daemon: its output while no
+	// daemon runs is kept, its stdin and wait work from the next daemon.
+	if _, err := e.m.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "survivor", Shell: "echo before; sleep 0.5; echo during; read x; echo after $x"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "survivor", Shell: "echo done early; exit 4"}); err != nil {
 		t.Fatal(err)
 	}
 	survivorExpires := func() int64 {
@@ -685,12 +690,25 @@ func TestRestartAdopts(t *testing.T) {
 	if res := e.sh("survivor", "cat /tmp/state"); string(res.GetStdout()) != "kept\n" {
 		t.Fatalf("survivor state %q", res.GetStdout())
 	}
-	// Background processes do not survive a restart.
-	if res := e.sh("survivor", "ps -o comm | grep -c sleep || true"); strings.TrimSpace(string(res.GetStdout())) != "0" {
-		t.Fatalf("background process survived the restart: %s", res.GetStdout())
+	l, err := e.m.ListProcesses(ctx, &warrenv1.ListProcessesRequest{SandboxId: "survivor"})
+	if err != nil || len(l.GetProcesses()) != 2 || !l.GetProcesses()[0].GetRunning() || l.GetProcesses()[0].GetProcessId() != "p-1" ||
+		l.GetProcesses()[1].GetRunning() || l.GetProcesses()[1].GetResult().GetExitCode() != 4 ||
+		l.GetProcesses()[0].GetArgv()[0] != "/bin/sh" {
+		t.Fatalf("processes after restart %v %v", l, err)
 	}
-	if l, _ := e.m.ListProcesses(ctx, &warrenv1.ListProcessesRequest{SandboxId: "survivor"}); len(l.GetProcesses()) != 0 {
-		t.Fatalf("processes %v", l)
+	if _, err := e.m.WriteStdin(ctx, &warrenv1.WriteStdinRequest{SandboxId: "survivor", ProcessId: "p-1", Data: []byte("x\n"), Close: true}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.m.WaitProcess(ctx, &warrenv1.WaitProcessRequest{SandboxId: "survivor", ProcessId: "p-1"})
+	if err != nil || string(res.GetStdout()) != "before\nduring\nafter x\n" || res.GetExitCode() != 0 {
+		t.Fatalf("wait after restart %v %v", res, err)
+	}
+	res, err = e.m.WaitProcess(ctx, &warrenv1.WaitProcessRequest{SandboxId: "survivor", ProcessId: "p-2"})
+	if err != nil || string(res.GetStdout()) != "done early\n" || res.GetExitCode() != 4 {
+		t.Fatalf("wait for the one that exited while the daemon was down %v %v", res, err)
+	}
+	if p, err := e.m.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "survivor", Argv: []string{"true"}}); err != nil || p.GetProcessId() != "p-3" {
+		t.Fatalf("next process %v %v", p, err)
 	}
 	sb, err = e.m.Get(ctx, &warrenv1.GetRequest{Id: "victim"})
 	if err != nil || sb.GetState() != stateStopped || !strings.Contains(sb.GetDeadReason(), "daemon was down") {

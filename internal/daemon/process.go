@@ -2,49 +2,97 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
+	"os"
 	"slices"
 	"sync"
 	"syscall"
 	"time"
-
-	"google.golang.org/protobuf/proto"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
 )
 
-// process is a background process. Processes are kept, with their output
-// (within the limits), until their sandbox is deleted. They do not survive
-// a daemon restart: the agent kills a process whose connection drops.
+// Terminal sizes of PTY processes.
+const (
+	defaultRows, defaultCols = 24, 80
+	maxTermSize              = 4096
+)
+
+// process is a background process. The sandbox's agent owns it
+// (backend.Background): its stdio, its output buffers (the latest
+// output_limit_bytes of each stream) and its record, which the agent keeps
+// until the sandbox goes. This record is the daemon's view, rebuilt from
+// the agent's list after a restart (adoptProcesses): nothing of it lives
+// only here except the watcher that notices the exit and enforces the
+// timeout.
 type process struct {
-	id      string
-	seq     int
-	sandbox string
-	argv    []string
-	pid     int
-	started time.Time
-	proc    backend.Process
-	stdout  *capture
-	stderr  *capture
+	id       string
+	seq      int
+	sandbox  string
+	argv     []string
+	pid      int
+	started  time.Time
+	timeout  time.Duration // 0: none
+	pty      bool
+	host     backend.Background
 
 	// stdinLock (one token) serialises writers of stdin: the initial
 	// stdin of StartProcess and WriteStdin calls. A channel, not a mutex,
 	// so that a WriteStdin waiting behind a write the process does not
 	// read gives up when its call ends.
-	stdinLock chan struct{}
-	stdin     io.WriteCloser // nil once closed
+	stdinLock   chan struct{}
+	stdin       backend.StdinWriter // opened on first use
+	stdinClosed bool
 
-	closeOnce sync.Once
-	done      chan struct{}
-	result    *warrenv1.ExecResult // written before done is closed
+	mu       sync.Mutex
+	watch    backend.Attachment // the watcher's, while it waits
+	detached bool               // the daemon let go (Close): the watcher stops
+	timedOut bool
+	done     chan struct{} // closed once the exit is known
+	status   backend.ExitStatus
+	lost     bool // the sandbox went before the exit was seen
+	runtime  time.Duration
 }
 
-// kill closes the handle: a running process is killed with its group.
-func (p *process) kill() {
-	p.closeOnce.Do(func() { _ = p.proc.Close() })
+// procTag is what the daemon keeps about a process in the agent's record
+// (at most backend.MaxTag bytes), to rebuild its view after a restart.
+type procTag struct {
+	ID        string   `json:"id"`
+	Seq       int      `json:"seq"`
+	Argv      []string `json:"argv"`
+	StartedMs int64    `json:"started_ms"`
+	TimeoutMs int64    `json:"timeout_ms,omitempty"`
+}
+
+// tag encodes t, dropping trailing arguments that do not fit (the list
+// shows them cut after a restart, with "...").
+func (t procTag) encode() []byte {
+	argv := t.Argv
+	for {
+		t.Argv = argv
+		b, err := json.Marshal(t)
+		if err == nil && len(b) <= backend.MaxTag {
+			return b
+		}
+		if len(argv) == 0 {
+			t.Argv = nil
+			b, _ = json.Marshal(t)
+			return b
+		}
+		argv = append(slices.Clone(argv[:len(argv)-1]), "...")
+		if len(argv) > 1 && argv[len(argv)-2] == "..." {
+			argv = argv[:len(argv)-1]
+		}
+		for i, a := range argv {
+			if len(a) > 256 {
+				argv[i] = a[:256] + "..."
+			}
+		}
+	}
 }
 
 func (p *process) exited() bool {
@@ -56,7 +104,63 @@ func (p *process) exited() bool {
 	}
 }
 
-func (p *process) info() *warrenv1.ProcessInfo {
+// finish records the exit, once.
+func (p *process) finish(st backend.ExitStatus, lost bool, runtime time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exited() {
+		return
+	}
+	p.status, p.lost, p.runtime = st, lost, runtime
+	close(p.done)
+}
+
+// detach lets go of the process without touching it: the daemon closes
+// or the sandbox goes. The watcher stops; the process runs on in the
+// agent (or dies with the sandbox).
+func (p *process) detach() {
+	p.mu.Lock()
+	p.detached = true
+	w := p.watch
+	p.mu.Unlock()
+	if w != nil {
+		w.Close()
+	}
+	select {
+	case p.stdinLock <- struct{}{}:
+		if p.stdin != nil {
+			p.stdin.Close()
+			p.stdin = nil
+		}
+		<-p.stdinLock
+	default: // a write in progress: it ends with its call
+	}
+}
+
+// gone marks a process whose sandbox went away as killed.
+func (p *process) gone() {
+	p.detach()
+	p.finish(backend.ExitStatus{Code: -1, Signal: syscall.SIGKILL}, true, time.Since(p.started))
+}
+
+// result is an exit status as an ExecResult without output.
+func (p *process) result() *warrenv1.ExecResult {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	res := &warrenv1.ExecResult{
+		ExitCode:   int32(p.status.Code),
+		Signal:     int32(p.status.Signal),
+		TimedOut:   p.timedOut,
+		DurationMs: p.runtime.Milliseconds(),
+		Pid:        int32(p.pid),
+	}
+	if p.status.Signal != 0 {
+		res.ExitCode = -1
+	}
+	return res
+}
+
+func (p *process) info(rec *backend.BackgroundInfo) *warrenv1.ProcessInfo {
 	pi := &warrenv1.ProcessInfo{
 		SandboxId:       p.sandbox,
 		ProcessId:       p.id,
@@ -64,24 +168,64 @@ func (p *process) info() *warrenv1.ProcessInfo {
 		Argv:            slices.Clone(p.argv),
 		Running:         !p.exited(),
 		StartedAtUnixMs: p.started.UnixMilli(),
+		Pty:             p.pty,
+	}
+	if rec != nil {
+		pi.StdoutBytes, pi.StderrBytes = rec.Stdout.Total, rec.Stderr.Total
 	}
 	if !pi.Running {
-		pi.Result = proto.Clone(p.result).(*warrenv1.ExecResult)
+		pi.Result = p.result()
 	}
 	return pi
 }
 
+// background is the sandbox's process host, or Unsupported.
+func background(sb backend.Sandbox) (backend.Background, error) {
+	h, ok := sb.(backend.Background)
+	if !ok {
+		return nil, errdefs.Unsupportedf("this sandbox's backend cannot run background processes")
+	}
+	return h, nil
+}
+
+// termSize validates the pty fields of a request.
+func termSize(req *warrenv1.ExecRequest) (rows, cols uint16, err error) {
+	if !req.GetPty() {
+		if req.GetRows() != 0 || req.GetCols() != 0 {
+			return 0, 0, errdefs.Invalidf("rows and cols need pty")
+		}
+		return 0, 0, nil
+	}
+	r, c := req.GetRows(), req.GetCols()
+	if r == 0 {
+		r = defaultRows
+	}
+	if c == 0 {
+		c = defaultCols
+	}
+	if r > maxTermSize || c > maxTermSize {
+		return 0, 0, errdefs.Invalidf("terminal size %dx%d exceeds %d", r, c, maxTermSize)
+	}
+	return uint16(r), uint16(c), nil
+}
+
 // StartProcess starts a background process and returns at once. Its stdin
-// stays open for WriteStdin; its output is captured within the limits
-// (output_limit_bytes per stream) for WaitProcess. timeout_ms, when set,
-// kills its process group when it passes; 0 lets it run until the sandbox
-// goes. At most 1,024 processes (running or exited) per sandbox.
+// stays open for WriteStdin; the agent keeps the latest
+// output_limit_bytes of each stream for WaitProcess and AttachProcess.
+// timeout_ms, when set, kills its process group when it passes; 0 lets it
+// run until the sandbox goes. With pty it runs on a terminal. At most
+// 1,024 processes (running or exited) per sandbox. Processes survive a
+// daemon restart.
 func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (_ *warrenv1.ProcessInfo, err error) {
 	defer m.observe("StartProcess", &err)
 	if req.GetIdempotencyKey() != "" {
 		return nil, errdefs.Invalidf("idempotency_key is not supported by StartProcess")
 	}
 	s, v, err := m.live(opExec, req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	host, err := background(v.sb)
 	if err != nil {
 		return nil, err
 	}
@@ -93,11 +237,14 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 	if err != nil {
 		return nil, err
 	}
+	rows, cols, err := termSize(req)
+	if err != nil {
+		return nil, err
+	}
 	spec, err := m.procSpec(ctx, v, req)
 	if err != nil {
 		return nil, err
 	}
-	spec.Stdin = true
 
 	s.mu.Lock()
 	if len(s.procs)+s.procPending >= MaxProcessesPerSandbox {
@@ -105,10 +252,16 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 		return nil, errdefs.Exhaustedf("sandbox %s has %d processes, the maximum", s.id, MaxProcessesPerSandbox)
 	}
 	s.procPending++
+	s.procSeq++
+	seq := s.procSeq
 	s.mu.Unlock()
 
+	started := time.Now()
+	tag := procTag{ID: fmt.Sprintf("p-%d", seq), Seq: seq, Argv: spec.Argv, StartedMs: started.UnixMilli(), TimeoutMs: timeout.Milliseconds()}
 	// The process outlives this call.
-	proc, err := v.sb.Start(context.WithoutCancel(ctx), spec)
+	pid, err := host.StartBackground(context.WithoutCancel(ctx), spec, backend.BackgroundOpts{
+		OutputCap: limit, PTY: req.GetPty(), Rows: rows, Cols: cols, Tag: tag.encode(),
+	})
 	s.mu.Lock()
 	s.procPending--
 	if err != nil {
@@ -117,24 +270,10 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 	}
 	if why := s.allowLocked(opExec); why != nil {
 		s.mu.Unlock()
-		_ = proc.Close()
+		_ = host.SignalBackground(context.Background(), pid, syscall.SIGKILL, true)
 		return nil, why
 	}
-	s.procSeq++
-	p := &process{
-		id:        fmt.Sprintf("p-%d", s.procSeq),
-		seq:       s.procSeq,
-		sandbox:   s.id,
-		argv:      spec.Argv,
-		pid:       proc.Pid(),
-		started:   time.Now(),
-		proc:      proc,
-		stdout:    newCapture(limit, true, nil),
-		stderr:    newCapture(limit, true, nil),
-		stdin:     proc.Stdin(),
-		stdinLock: make(chan struct{}, 1),
-		done:      make(chan struct{}),
-	}
+	p := newProcess(s.id, host, tag, pid, req.GetPty())
 	if s.procs == nil {
 		s.procs = map[string]*process{}
 	}
@@ -145,51 +284,174 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 		p.stdinLock <- struct{}{}
 		go func() {
 			defer func() { <-p.stdinLock }()
-			if p.stdin != nil {
-				_, _ = p.stdin.Write(data)
+			if w, err := p.openStdin(context.Background()); err == nil {
+				_, _ = w.Write(data)
 			}
 		}()
 	}
-	if !m.spawn(func() { m.collectProcess(p, timeout) }) {
-		p.kill()
+	if !m.spawn(func() { m.watchProcess(p) }) {
 		return nil, errdefs.Unavailablef("daemon is shutting down")
 	}
-	return p.info(), nil
+	return p.info(nil), nil
 }
 
-// collectProcess reads a background process's output and waits for it.
-func (m *Manager) collectProcess(p *process, timeout time.Duration) {
-	col := collect(nil, streamSource{p.proc.Stdout(), p.stdout}, streamSource{p.proc.Stderr(), p.stderr})
-	waitCh := make(chan waitResult, 1)
-	go func() {
-		st, err := p.proc.Wait()
-		waitCh <- waitResult{st, err}
-	}()
+func newProcess(sandbox string, host backend.Background, t procTag, pid int, pty bool) *process {
+	return &process{
+		id:        t.ID,
+		seq:       t.Seq,
+		sandbox:   sandbox,
+		argv:      t.Argv,
+		pid:       pid,
+		started:   time.UnixMilli(t.StartedMs),
+		timeout:   time.Duration(t.TimeoutMs) * time.Millisecond,
+		pty:       pty,
+		host:      host,
+		stdinLock: make(chan struct{}, 1),
+		done:      make(chan struct{}),
+	}
+}
+
+// openStdin returns the process's stdin handle, opening it on first use.
+// The caller holds stdinLock.
+func (p *process) openStdin(ctx context.Context) (backend.StdinWriter, error) {
+	if p.stdin == nil {
+		w, err := p.host.OpenStdin(ctx, p.pid)
+		if err != nil {
+			return nil, err
+		}
+		p.stdin = w
+	}
+	return p.stdin, nil
+}
+
+// adoptProcesses rebuilds the records of the background processes an
+// earlier daemon started, from the agent's list, and watches the running
+// ones again. Records without a tag of ours are not listed.
+func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
+	host, ok := sb.(backend.Background)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	recs, err := host.ListBackground(ctx)
+	if err != nil {
+		m.log.Warn("list background processes of adopted sandbox", "sandbox", s.id, "err", err)
+		return
+	}
+	var watch []*process
+	s.mu.Lock()
+	for _, r := range recs {
+		var t procTag
+		if json.Unmarshal(r.Tag, &t) != nil || t.ID == "" || t.Seq <= 0 {
+			continue
+		}
+		if s.procs == nil {
+			s.procs = map[string]*process{}
+		}
+		if s.procs[t.ID] != nil {
+			continue
+		}
+		p := newProcess(s.id, host, t, r.Pid, r.PTY)
+		p.stdinClosed = !r.StdinOpen && !r.Exited
+		if r.Exited {
+			p.finish(r.Status, false, r.Runtime)
+		} else {
+			watch = append(watch, p)
+		}
+		s.procs[p.id] = p
+		s.procSeq = max(s.procSeq, t.Seq)
+	}
+	s.mu.Unlock()
+	for _, p := range watch {
+		m.spawn(func() { m.watchProcess(p) })
+	}
+}
+
+// watchProcess waits for a background process's exit, kills its group
+// when its timeout passes, and records the exit. It returns without one
+// when the daemon lets go (detach): the process runs on in the agent.
+func (m *Manager) watchProcess(p *process) {
 	var timeoutC <-chan time.Time
-	if timeout > 0 {
-		t := time.NewTimer(timeout)
+	if p.timeout > 0 {
+		t := time.NewTimer(time.Until(p.started.Add(p.timeout)))
 		defer t.Stop()
 		timeoutC = t.C
 	}
-	var wr waitResult
-	timedOut := false
-	select {
-	case wr = <-waitCh:
-	case <-timeoutC:
-		timedOut = true
-		_ = p.proc.Signal(syscall.SIGKILL, true)
-		wr = awaitExit(p.proc, waitCh)
+	type next struct {
+		st  *backend.ExitStatus
+		err error
 	}
-	dur := time.Since(p.started)
-	col.drain(pipeGrace)
-	if wr.err != nil {
-		// Killed by Close (sandbox deleted, daemon closing) or lost.
-		wr.st = backend.ExitStatus{Code: -1, Signal: syscall.SIGKILL}
-		m.log.Debug("background process ended without an exit status", "sandbox", p.sandbox, "process", p.id, "err", wr.err)
+	for {
+		p.mu.Lock()
+		if p.detached {
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+		a, err := p.host.AttachBackground(context.Background(), p.pid, backend.FromEnd, backend.FromEnd)
+		if err == nil {
+			p.mu.Lock()
+			p.watch = a
+			detached := p.detached
+			p.mu.Unlock()
+			if detached {
+				a.Close()
+				return
+			}
+			ch := make(chan next, 1)
+			go func() {
+				for {
+					o, err := a.Next()
+					if err != nil || o.Exit != nil {
+						ch <- next{o.Exit, err}
+						return
+					}
+				}
+			}()
+			var n next
+			select {
+			case n = <-ch:
+			case <-timeoutC:
+				timeoutC = nil
+				p.mu.Lock()
+				p.timedOut = true
+				p.mu.Unlock()
+				_ = p.host.SignalBackground(context.Background(), p.pid, syscall.SIGKILL, true)
+				n = <-ch
+			}
+			a.Close()
+			p.mu.Lock()
+			p.watch = nil
+			p.mu.Unlock()
+			if n.st != nil {
+				p.finish(*n.st, false, time.Since(p.started))
+				return
+			}
+			err = n.err
+		}
+		p.mu.Lock()
+		detached := p.detached
+		p.mu.Unlock()
+		if detached {
+			return
+		}
+		// Lost the agent: the sandbox is going, or gone.
+		m.log.Debug("background process: lost the agent", "sandbox", p.sandbox, "process", p.id, "err", err)
+		if errdefs.CategoryOf(err) != errdefs.Unavailable {
+			p.gone()
+			return
+		}
+		select {
+		case <-m.closing:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+		if _, err := p.host.ListBackground(context.Background()); err != nil {
+			p.gone()
+			return
+		}
 	}
-	p.result = buildResult(p.pid, dur, wr.st, timedOut, p.stdout, p.stderr)
-	close(p.done)
-	p.kill()
 }
 
 // process finds a background process of a sandbox in any state.
@@ -224,15 +486,40 @@ func (m *Manager) ListProcesses(ctx context.Context, req *warrenv1.ListProcesses
 	}
 	s.mu.Unlock()
 	slices.SortFunc(procs, func(a, b *process) int { return a.seq - b.seq })
+	// The byte counts come from the agent, in one call.
+	recs := map[int]*backend.BackgroundInfo{}
+	if len(procs) > 0 && !procs[0].exitedAll(procs) {
+		if list, err := procs[0].host.ListBackground(ctx); err == nil {
+			for i := range list {
+				recs[list[i].Pid] = &list[i]
+			}
+		}
+	}
 	resp := &warrenv1.ListProcessesResponse{Processes: make([]*warrenv1.ProcessInfo, 0, len(procs))}
 	for _, p := range procs {
-		resp.Processes = append(resp.Processes, p.info())
+		resp.Processes = append(resp.Processes, p.info(recs[p.pid]))
 	}
 	return resp, nil
 }
 
+// exitedAll reports whether every process of the list is lost with its
+// sandbox (the agent is then not asked).
+func (p *process) exitedAll(procs []*process) bool {
+	for _, q := range procs {
+		q.mu.Lock()
+		lost := q.lost
+		q.mu.Unlock()
+		if !lost {
+			return false
+		}
+	}
+	return true
+}
+
 // WaitProcess waits for a background process to exit and returns its
-// result. timeout_ms > 0 bounds the wait (DeadlineExceeded when it
+// result, with the output the agent kept: the latest output_limit_bytes
+// of each stream (truncated and dropped_bytes say what was lost from the
+// start). timeout_ms > 0 bounds the wait (DeadlineExceeded when it
 // passes; the process keeps running).
 func (m *Manager) WaitProcess(ctx context.Context, req *warrenv1.WaitProcessRequest) (_ *warrenv1.ExecResult, err error) {
 	defer m.observe("WaitProcess", &err)
@@ -251,12 +538,168 @@ func (m *Manager) WaitProcess(ctx context.Context, req *warrenv1.WaitProcessRequ
 	}
 	select {
 	case <-p.done:
-		return proto.Clone(p.result).(*warrenv1.ExecResult), nil
 	case <-timeoutC:
 		return nil, errdefs.New(errdefs.DeadlineExceeded, "process %s of sandbox %s still running after %d ms", p.id, p.sandbox, req.GetTimeoutMs())
 	case <-ctx.Done():
 		return nil, ctxError(ctx, "wait for process "+p.id)
 	}
+	res := p.result()
+	p.mu.Lock()
+	lost := p.lost
+	p.mu.Unlock()
+	if lost {
+		return res, nil // the output went with the sandbox
+	}
+	if err := p.collect(ctx, res); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctxError(ctx, "read output of process "+p.id)
+		}
+		// The sandbox went meanwhile: the exit status is all there is.
+		m.log.Debug("read output of exited process", "sandbox", p.sandbox, "process", p.id, "err", err)
+	}
+	return res, nil
+}
+
+// collect reads the kept output of an exited process into res.
+func (p *process) collect(ctx context.Context, res *warrenv1.ExecResult) error {
+	a, err := p.host.AttachBackground(ctx, p.pid, 0, 0)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	var out, errb streamBuf
+	for {
+		o, err := a.Next()
+		if err != nil {
+			return err
+		}
+		if o.Exit != nil {
+			break
+		}
+		if o.Stderr {
+			errb.add(o)
+		} else {
+			out.add(o)
+		}
+	}
+	res.Stdout, res.StdoutTruncated, res.StdoutDroppedBytes = out.data, out.dropped > 0, out.dropped
+	res.Stderr, res.StderrTruncated, res.StderrDroppedBytes = errb.data, errb.dropped > 0, errb.dropped
+	return nil
+}
+
+// streamBuf collects chunks of one stream from offset 0. A jump in the
+// offsets means the agent's buffer wrapped: what came before is dropped.
+type streamBuf struct {
+	data    []byte
+	dropped int64
+}
+
+func (b *streamBuf) add(o backend.Output) {
+	if next := b.dropped + int64(len(b.data)); o.Offset != next {
+		b.data, b.dropped = b.data[:0], o.Offset
+	}
+	b.data = append(b.data, o.Data...)
+}
+
+// AttachProcess sends a background process's output from the requested
+// offsets, live, and its exit as the last event. Cancelling the call
+// detaches; the process runs on.
+func (m *Manager) AttachProcess(ctx context.Context, req *warrenv1.AttachProcessRequest, send func(*warrenv1.ProcessEvent) error) (err error) {
+	defer m.observe("AttachProcess", &err)
+	p, err := m.process(req.GetSandboxId(), req.GetProcessId())
+	if err != nil {
+		return err
+	}
+	off := func(o int64, name string) (int64, error) {
+		if o < -1 {
+			return 0, errdefs.Invalidf("%s %d: want an offset, or -1 to skip the stream", name, o)
+		}
+		return o, nil
+	}
+	outOff, err := off(req.GetStdoutOffset(), "stdout_offset")
+	if err != nil {
+		return err
+	}
+	errOff, err := off(req.GetStderrOffset(), "stderr_offset")
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	lost := p.lost
+	p.mu.Unlock()
+	if lost {
+		return sendExit(p, send)
+	}
+	a, err := p.host.AttachBackground(ctx, p.pid, outOff, errOff)
+	if err != nil {
+		return withCategory(err, errdefs.Unavailable, "attach to process "+p.id)
+	}
+	defer a.Close()
+	for {
+		o, err := a.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctxError(ctx, "attach to process "+p.id)
+			}
+			if p.exited() {
+				return sendExit(p, send)
+			}
+			return withCategory(err, errdefs.Unavailable, "attach to process "+p.id)
+		}
+		var ev *warrenv1.ProcessEvent
+		chunk := &warrenv1.OutputChunk{Offset: o.Offset, Data: o.Data}
+		switch {
+		case o.Exit != nil:
+			// The watcher may not have recorded it yet.
+			select {
+			case <-p.done:
+			case <-time.After(killWait):
+			case <-ctx.Done():
+				return ctxError(ctx, "attach to process "+p.id)
+			}
+			return sendExit(p, send)
+		case o.Stderr:
+			ev = &warrenv1.ProcessEvent{Event: &warrenv1.ProcessEvent_Stderr{Stderr: chunk}}
+		default:
+			ev = &warrenv1.ProcessEvent{Event: &warrenv1.ProcessEvent_Stdout{Stdout: chunk}}
+		}
+		if err := send(ev); err != nil {
+			return withCategory(err, errdefs.Unavailable, "send process output")
+		}
+	}
+}
+
+func sendExit(p *process, send func(*warrenv1.ProcessEvent) error) error {
+	if err := send(&warrenv1.ProcessEvent{Event: &warrenv1.ProcessEvent_Exit{Exit: p.result()}}); err != nil {
+		return withCategory(err, errdefs.Unavailable, "send process exit")
+	}
+	return nil
+}
+
+// ResizeProcess sets the terminal size of a PTY process.
+func (m *Manager) ResizeProcess(ctx context.Context, req *warrenv1.ResizeProcessRequest) (_ *warrenv1.ResizeProcessResponse, err error) {
+	defer m.observe("ResizeProcess", &err)
+	p, err := m.process(req.GetSandboxId(), req.GetProcessId())
+	if err != nil {
+		return nil, err
+	}
+	if !p.pty {
+		return nil, errdefs.Invalidf("process %s of sandbox %s has no terminal (start it with pty)", p.id, p.sandbox)
+	}
+	r, c := req.GetRows(), req.GetCols()
+	if r == 0 || c == 0 || r > maxTermSize || c > maxTermSize {
+		return nil, errdefs.Invalidf("terminal size %dx%d: rows and cols must be 1..%d", r, c, maxTermSize)
+	}
+	if p.exited() {
+		return nil, errdefs.Conflictf("process %s of sandbox %s has exited", p.id, p.sandbox)
+	}
+	if err := p.host.ResizeBackground(ctx, p.pid, uint16(r), uint16(c)); err != nil {
+		if p.exited() || errdefs.CategoryOf(err) == errdefs.NotFound {
+			return nil, errdefs.Conflictf("process %s of sandbox %s has exited", p.id, p.sandbox)
+		}
+		return nil, withCategory(err, errdefs.Internal, "resize terminal of process "+p.id)
+	}
+	return &warrenv1.ResizeProcessResponse{}, nil
 }
 
 // SignalProcess sends a signal (default SIGTERM) to a background process,
@@ -277,8 +720,8 @@ func (m *Manager) SignalProcess(ctx context.Context, req *warrenv1.SignalProcess
 	if p.exited() {
 		return nil, errdefs.Conflictf("process %s of sandbox %s has exited", p.id, p.sandbox)
 	}
-	if err := p.proc.Signal(sig, req.GetGroup()); err != nil {
-		if p.exited() {
+	if err := p.host.SignalBackground(ctx, p.pid, sig, req.GetGroup()); err != nil {
+		if p.exited() || errors.Is(err, os.ErrProcessDone) {
 			return nil, errdefs.Conflictf("process %s of sandbox %s has exited", p.id, p.sandbox)
 		}
 		return nil, withCategory(err, errdefs.Internal, "signal process "+p.id)
@@ -286,11 +729,9 @@ func (m *Manager) SignalProcess(ctx context.Context, req *warrenv1.SignalProcess
 	return &warrenv1.SignalProcessResponse{}, nil
 }
 
-type writeDeadliner interface{ SetWriteDeadline(time.Time) error }
-
 // WriteStdin writes to a background process's stdin, and closes it when
-// asked. Writes block while the process does not read (until the call is
-// cancelled when the pipe supports deadlines).
+// asked. Writes block while the process does not read, until the call
+// is cancelled.
 func (m *Manager) WriteStdin(ctx context.Context, req *warrenv1.WriteStdinRequest) (_ *warrenv1.WriteStdinResponse, err error) {
 	defer m.observe("WriteStdin", &err)
 	p, err := m.process(req.GetSandboxId(), req.GetProcessId())
@@ -306,18 +747,22 @@ func (m *Manager) WriteStdin(ctx context.Context, req *warrenv1.WriteStdinReques
 		return nil, ctxError(ctx, "wait for an earlier stdin write of process "+p.id)
 	}
 	defer func() { <-p.stdinLock }()
-	if p.stdin == nil {
+	if p.stdinClosed {
 		return nil, errdefs.Conflictf("stdin of process %s of sandbox %s is closed", p.id, p.sandbox)
 	}
 	if data := req.GetData(); len(data) > 0 {
-		if wd, ok := p.stdin.(writeDeadliner); ok {
-			stop := context.AfterFunc(ctx, func() { _ = wd.SetWriteDeadline(time.Now()) })
-			defer func() {
-				stop()
-				_ = wd.SetWriteDeadline(time.Time{})
-			}()
+		w, err := p.openStdin(ctx)
+		if err != nil {
+			if p.exited() {
+				return nil, errdefs.Conflictf("process %s of sandbox %s has exited", p.id, p.sandbox)
+			}
+			return nil, withCategory(err, errdefs.Internal, "open stdin of process "+p.id)
 		}
-		if _, err := p.stdin.Write(data); err != nil {
+		stop := context.AfterFunc(ctx, func() { _ = w.SetWriteDeadline(time.Now()) })
+		_, err = w.Write(data)
+		stop()
+		_ = w.SetWriteDeadline(time.Time{})
+		if err != nil {
 			switch {
 			case ctx.Err() != nil:
 				return nil, ctxError(ctx, "write stdin of process "+p.id)
@@ -328,10 +773,15 @@ func (m *Manager) WriteStdin(ctx context.Context, req *warrenv1.WriteStdinReques
 		}
 	}
 	if req.GetClose() {
-		err := p.stdin.Close()
-		p.stdin = nil
-		if err != nil {
-			return nil, errdefs.New(errdefs.Internal, "close stdin of process %s: %w", p.id, err)
+		if p.stdin != nil {
+			p.stdin.Close()
+			p.stdin = nil
+		}
+		if !p.pty {
+			p.stdinClosed = true
+		}
+		if err := p.host.CloseStdin(ctx, p.pid); err != nil && !p.exited() {
+			return nil, withCategory(err, errdefs.Internal, "close stdin of process "+p.id)
 		}
 	}
 	return &warrenv1.WriteStdinResponse{}, nil

@@ -364,7 +364,7 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	}
 	cancel()
 	for _, p := range procs {
-		p.kill()
+		p.gone()
 	}
 	if err != nil {
 		m.failedRemove(s, sb, prev, withCategory(err, errdefs.Internal, "destroy sandbox "+s.id))
@@ -573,7 +573,7 @@ func (m *Manager) died(s *sandbox, sb backend.Sandbox, why string) {
 	m.log.Warn("sandbox died", "sandbox", s.id, "reason", why)
 	m.metrics.SandboxEnded(metrics.ReasonDead)
 	for _, p := range procs {
-		p.kill()
+		p.gone()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
 	defer cancel()
@@ -754,6 +754,7 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 	add()
 	armTimer(expires)
 	m.watch(s, sb)
+	m.adoptProcesses(s, sb)
 	return true
 }
 
@@ -855,6 +856,7 @@ func (m *Manager) found(s *sandbox, sb backend.Sandbox, err error) {
 	}
 	s.mu.Unlock()
 	m.watch(s, sb)
+	m.adoptProcesses(s, sb)
 	m.log.Info("LOST sandbox adopted again", "sandbox", s.id)
 }
 

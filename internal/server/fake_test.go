@@ -120,6 +120,14 @@ func (f *fakeManager) SignalProcess(context.Context, *warrenv1.SignalProcessRequ
 	return &warrenv1.SignalProcessResponse{}, nil
 }
 
+func (f *fakeManager) AttachProcess(context.Context, *warrenv1.AttachProcessRequest, func(*warrenv1.ProcessEvent) error) error {
+	return nil
+}
+
+func (f *fakeManager) ResizeProcess(context.Context, *warrenv1.ResizeProcessRequest) (*warrenv1.ResizeProcessResponse, error) {
+	return &warrenv1.ResizeProcessResponse{}, nil
+}
+
 func (f *fakeManager) WriteStdin(context.Context, *warrenv1.WriteStdinRequest) (*warrenv1.WriteStdinResponse, error) {
 	return &warrenv1.WriteStdinResponse{}, nil
 }

@@ -27,6 +27,8 @@ type Manager interface {
 	WaitProcess(context.Context, *warrenv1.WaitProcessRequest) (*warrenv1.ExecResult, error)
 	SignalProcess(context.Context, *warrenv1.SignalProcessRequest) (*warrenv1.SignalProcessResponse, error)
 	WriteStdin(context.Context, *warrenv1.WriteStdinRequest) (*warrenv1.WriteStdinResponse, error)
+	AttachProcess(ctx context.Context, req *warrenv1.AttachProcessRequest, send func(*warrenv1.ProcessEvent) error) error
+	ResizeProcess(context.Context, *warrenv1.ResizeProcessRequest) (*warrenv1.ResizeProcessResponse, error)
 
 	WriteFile(context.Context, *warrenv1.WriteFileRequest) (*warrenv1.WriteFileResponse, error)
 	ReadFile(context.Context, *warrenv1.ReadFileRequest) (*warrenv1.ReadFileResponse, error)
@@ -116,6 +118,14 @@ func (s sandboxService) SignalProcess(ctx context.Context, r *connect.Request[wa
 
 func (s sandboxService) WriteStdin(ctx context.Context, r *connect.Request[warrenv1.WriteStdinRequest]) (*connect.Response[warrenv1.WriteStdinResponse], error) {
 	return unary(ctx, r, s.m.WriteStdin)
+}
+
+func (s sandboxService) AttachProcess(ctx context.Context, r *connect.Request[warrenv1.AttachProcessRequest], st *connect.ServerStream[warrenv1.ProcessEvent]) error {
+	return ToConnectError(s.m.AttachProcess(ctx, r.Msg, st.Send))
+}
+
+func (s sandboxService) ResizeProcess(ctx context.Context, r *connect.Request[warrenv1.ResizeProcessRequest]) (*connect.Response[warrenv1.ResizeProcessResponse], error) {
+	return unary(ctx, r, s.m.ResizeProcess)
 }
 
 func (s sandboxService) WriteFile(ctx context.Context, r *connect.Request[warrenv1.WriteFileRequest]) (*connect.Response[warrenv1.WriteFileResponse], error) {

@@ -1,0 +1,187 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warrenrl/warren/client"
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+)
+
+// attachAll follows a process from the offsets until its exit and returns
+// its stdout and the offset of the first stdout chunk.
+func attachAll(ctx context.Context, t *testing.T, e *env, id, proc string, off int64) (string, int64, *warrenv1.ExecResult) {
+	var out bytes.Buffer
+	first := int64(-1)
+	res, err := e.c.AttachProcess(ctx, &warrenv1.AttachProcessRequest{SandboxId: id, ProcessId: proc, StdoutOffset: off, StderrOffset: -1}, func(ev *warrenv1.ProcessEvent) error {
+		if c := ev.GetStdout(); c != nil {
+			if first < 0 {
+				first = c.GetOffset()
+			}
+			out.Write(c.GetData())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("attach %s from %d: %v", proc, off, err)
+	}
+	return out.String(), first, res
+}
+
+// TestBackgroundProcessesSurviveDaemonKill9: background processes keep
+// running while the daemon is dead (kill -9), the agent keeps draining
+// their output, and the restarted daemon lists, waits, signals, writes
+// stdin to and attaches them; the output is complete up to the cap, and
+// two clients attached from different offsets get exactly their bytes.
+func TestBackgroundProcessesSurviveDaemonKill9(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 3*time.Minute)
+	id := e.create(&warrenv1.CreateRequest{}).Id
+	// p-1 writes 40 lines over 2 s, mostly while the daemon is dead, then
+	// waits for a line of input.
+	ticker := `i=0; while [ $i -lt 40 ]; do echo line $i; i=$((i+1)); sleep 0.05; done; read x; echo got $x`
+	// p-2 writes 3 MB in a burst against a 1 MiB cap: without a drain in
+	// the agent it would block on a full pipe once the daemon is gone.
+	flood := `sleep 0.5; head -c 3000000 /dev/zero | tr '\0' a; echo END`
+	for _, sh := range []string{ticker, flood, "sleep 1000"} {
+		if _, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: id, Shell: sh}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.kill9()
+	time.Sleep(3 * time.Second)
+	e.start()
+
+	ps, err := e.c.ListProcesses(ctx, id)
+	if err != nil || len(ps) != 3 {
+		t.Fatalf("processes after restart: %v %v", ps, err)
+	}
+	if !ps[0].GetRunning() || ps[1].GetRunning() || !ps[2].GetRunning() || ps[0].GetStdoutBytes() == 0 {
+		t.Fatalf("states after restart: %v", ps)
+	}
+	var want strings.Builder
+	for i := 0; i < 40; i++ {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	want.WriteString("got x\n")
+
+	// Two clients at once, from the start and from offset 100.
+	var wg sync.WaitGroup
+	var fromStart, fromLater string
+	var laterFirst int64
+	wg.Add(2)
+	go func() { defer wg.Done(); fromStart, _, _ = attachAll(ctx, t, e, id, "p-1", 0) }()
+	go func() { defer wg.Done(); fromLater, laterFirst, _ = attachAll(ctx, t, e, id, "p-1", 100) }()
+	time.Sleep(300 * time.Millisecond) // both attached and caught up (the test passes either way)
+	if err := e.c.WriteStdin(ctx, &warrenv1.WriteStdinRequest{SandboxId: id, ProcessId: "p-1", Data: []byte("x\n")}); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if fromStart != want.String() || fromLater != want.String()[100:] || laterFirst != 100 {
+		t.Fatalf("attached from 0: %q\nfrom 100 (first chunk at %d): %q", fromStart, laterFirst, fromLater)
+	}
+	res, err := e.c.WaitProcess(ctx, &warrenv1.WaitProcessRequest{SandboxId: id, ProcessId: "p-1"})
+	if err != nil || string(res.GetStdout()) != want.String() || res.GetExitCode() != 0 {
+		t.Fatalf("wait p-1: %v %v", res, err)
+	}
+	res, err = e.c.WaitProcess(ctx, &warrenv1.WaitProcessRequest{SandboxId: id, ProcessId: "p-2"})
+	if err != nil || len(res.GetStdout()) != 1<<20 || !bytes.HasSuffix(res.GetStdout(), []byte("aaaEND\n")) ||
+		!res.GetStdoutTruncated() || res.GetStdoutDroppedBytes() != 3000004-1<<20 {
+		t.Fatalf("wait p-2: %d bytes, truncated %v, dropped %d, %v", len(res.GetStdout()), res.GetStdoutTruncated(), res.GetStdoutDroppedBytes(), err)
+	}
+	if err := e.c.SignalProcess(ctx, &warrenv1.SignalProcessRequest{SandboxId: id, ProcessId: "p-3", Signal: 9}); err != nil {
+		t.Fatal(err)
+	}
+	res, err = e.c.WaitProcess(ctx, &warrenv1.WaitProcessRequest{SandboxId: id, ProcessId: "p-3"})
+	if err != nil || res.GetSignal() != 9 {
+		t.Fatalf("wait p-3: %v %v", res, err)
+	}
+	// A second restart, the processes all exited: still listed, with output.
+	e.kill9()
+	e.start()
+	res, err = e.c.WaitProcess(ctx, &warrenv1.WaitProcessRequest{SandboxId: id, ProcessId: "p-1"})
+	if err != nil || string(res.GetStdout()) != want.String() {
+		t.Fatalf("wait p-1 after a second restart: %v %v", res, err)
+	}
+}
+
+// TestPTYProcess: a pty process reports the size it was started with,
+// a resize reaches it, and an interactive shell session runs to its exit.
+func TestPTYProcess(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 2*time.Minute)
+	id := e.create(&warrenv1.CreateRequest{}).Id
+	p, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: id, Shell: "stty size; [ -t 0 ] && [ -t 1 ] && echo tty", Pty: true, Rows: 33, Cols: 101})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.c.WaitProcess(ctx, &warrenv1.WaitProcessRequest{SandboxId: id, ProcessId: p.GetProcessId()})
+	if err != nil || string(res.GetStdout()) != "33 101\r\ntty\r\n" {
+		t.Fatalf("stty size: %q %v", res.GetStdout(), err)
+	}
+
+	p, err = e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: id, Argv: []string{"sh", "-i"}, Pty: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.ResizeProcess(ctx, &warrenv1.ResizeProcessRequest{SandboxId: id, ProcessId: p.GetProcessId(), Rows: 40, Cols: 120}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.WriteStdin(ctx, &warrenv1.WriteStdinRequest{SandboxId: id, ProcessId: p.GetProcessId(), Data: []byte("stty size; echo h''i; exit 5\n")}); err != nil {
+		t.Fatal(err)
+	}
+	out, _, exit := attachAll(ctx, t, e, id, p.GetProcessId(), 0)
+	if !strings.Contains(out, "40 120\r\n") || !strings.Contains(out, "\r\nhi\r\n") || exit.GetExitCode() != 5 {
+		t.Fatalf("interactive session: %q, exit %v", out, exit)
+	}
+	err = e.c.ResizeProcess(ctx, &warrenv1.ResizeProcessRequest{SandboxId: id, ProcessId: p.GetProcessId(), Rows: 1, Cols: 1})
+	wantCategory(t, err, client.CategoryConflict, "resize after exit")
+	_, err = e.c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: id, Argv: []string{"true"}, Pty: true})
+	wantCategory(t, err, client.CategoryInvalid, "exec with pty")
+}
+
+// TestCLIProcesses: exec --background, ps, attach (-i, and a pty
+// session) and kill through the real binary.
+func TestCLIProcesses(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	id := e.create(&warrenv1.CreateRequest{}).Id
+	out, stderr, code := e.cli(nil, "sandbox", "exec", "--background", id, "--", "sh", "-c", "echo hello; read x; echo got $x; exit 2")
+	if code != 0 || out != "p-1\n" {
+		t.Fatalf("exec --background: %q %q %d", out, stderr, code)
+	}
+	out, _, code = e.cli(nil, "sandbox", "ps", id)
+	if code != 0 || !strings.Contains(out, "p-1") || !strings.Contains(out, "running") || !strings.Contains(out, "sh -c echo hello") {
+		t.Fatalf("ps: %q %d", out, code)
+	}
+	out, stderr, code = e.cli(strings.NewReader("there\n"), "sandbox", "attach", "-i", id, "p-1")
+	if code != 2 || out != "hello\ngot there\n" {
+		t.Fatalf("attach -i: %q %q %d", out, stderr, code)
+	}
+	out, _, _ = e.cli(nil, "sandbox", "exec", "-d", id, "sleep", "1000")
+	if out != "p-2\n" {
+		t.Fatalf("second process %q", out)
+	}
+	if _, stderr, code = e.cli(nil, "sandbox", "kill", "-s", "KILL", id, "p-2"); code != 0 {
+		t.Fatalf("kill: %q %d", stderr, code)
+	}
+	if _, _, code = e.cli(nil, "sandbox", "attach", id, "p-2"); code != 128+9 {
+		t.Fatalf("attach to the killed process: exit %d", code)
+	}
+	out, _, _ = e.cli(nil, "sandbox", "exec", "-d", "-t", "--rows", "30", "--cols", "90", id, "sh")
+	if out != "p-3\n" {
+		t.Fatalf("pty process %q", out)
+	}
+	out, stderr, code = e.cli(strings.NewReader("stty size; echo h''i; exit 3\n"), "sandbox", "attach", "-i", id, "p-3")
+	if code != 3 || !strings.Contains(out, "30 90\r\n") || !strings.Contains(out, "\r\nhi\r\n") {
+		t.Fatalf("pty session: %q %q %d", out, stderr, code)
+	}
+	out, _, code = e.cli(nil, "sandbox", "ps", id)
+	if code != 0 || !strings.Contains(out, "exited 2") || !strings.Contains(out, "killed (killed)") || !strings.Contains(out, "exited 3, pty") {
+		t.Fatalf("ps at the end: %q", out)
+	}
+}
