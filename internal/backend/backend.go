@@ -129,6 +129,16 @@ type OOMCounter interface {
 	OOMKills() (uint64, error)
 }
 
+// OOMTracker is implemented by sandboxes that can tell whether the
+// kernel's OOM killer chose one particular process (OOMCounter counts the
+// whole sandbox: a rise during an exec may be another process's kill).
+type OOMTracker interface {
+	// TrackOOM is called right after Start, while p runs. The func it
+	// returns, called once p has exited, reports whether p itself was
+	// OOM-killed. A nil func means the sandbox cannot tell for p.
+	TrackOOM(p Process) func() bool
+}
+
 // Backlogged is implemented by backends that finish deletes in the
 // background (the container backend removes writable layers after
 // Destroy returns); the daemon exports the backlog as a metric.

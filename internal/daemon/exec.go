@@ -257,6 +257,10 @@ func (m *Manager) run(ctx context.Context, s *sandbox, sb backend.Sandbox, spec 
 		return nil, false, m.explain(opExec, s, err, "start process")
 	}
 	defer proc.Close()
+	var oomCheck func() bool
+	if t, ok := sb.(backend.OOMTracker); ok {
+		oomCheck = t.TrackOOM(proc)
+	}
 
 	sendFailed := make(chan struct{})
 	var sendErr error
@@ -329,18 +333,29 @@ func (m *Manager) run(ctx context.Context, s *sandbox, sb backend.Sandbox, spec 
 		}
 		return nil, true, m.explain(opExec, s, wr.err, "wait for process")
 	}
-	if isKill(wr.st) && !timedOut {
-		if n, ok := oomKills(sb); ok && n > oomBefore {
-			res.OomKilled = true
-		}
-	}
+	res.OomKilled = !timedOut && oomKilled(sb, wr.st, oomBefore, oomCheck)
 	m.metrics.ObserveExec(dur.Seconds())
 	return res, true, stopErr
 }
 
-// isKill reports an exit by SIGKILL, directly or as a shell's 128+9.
-func isKill(st backend.ExitStatus) bool {
-	return st.Signal == syscall.SIGKILL || st.Code == 128+int(syscall.SIGKILL)
+// oomKilled reports whether the exec's own process was OOM-killed: it
+// died of SIGKILL while the sandbox's OOM counter rose, and, where the
+// backend can tell (backend.OOMTracker), the kernel chose it rather than
+// another process of the sandbox (a kill -9 from inside is SIGKILL too).
+// An exit code of 137 is not an OOM kill: the process exited with it
+// (`exit 137`), or a shell reports a child's kill, which the kernel log
+// does not tie to the exec; both are reported as the code they are.
+func oomKilled(sb backend.Sandbox, st backend.ExitStatus, before uint64, check func() bool) bool {
+	if st.Signal != syscall.SIGKILL {
+		return false
+	}
+	if n, ok := oomKills(sb); !ok || n <= before {
+		return false
+	}
+	if check != nil {
+		return check()
+	}
+	return true // sandbox-wide only: the backend cannot tell whose kill
 }
 
 // awaitExit waits for a killed process's exit status, closing the handle
