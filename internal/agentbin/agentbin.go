@@ -65,8 +65,8 @@ func Check(bin []byte, goarch string) error {
 	}
 	defer f.Close()
 	if f.Machine != want {
-		return errdefs.Internalf("embedded sandbox agent is built for %s, this daemon is linux/%s (%s): the warren binary was built wrong (rebuild the agents with go generate ./internal/agentbin)",
-			machineName(f.Machine), goarch, machineName(want))
+		return errdefs.Internalf("embedded sandbox agent is built for %s, this daemon is %s: the warren binary was built wrong (rebuild the agents with go generate ./internal/agentbin)",
+			machineName(f.Machine), machineName(want))
 	}
 	if f.Class != elf.ELFCLASS64 || f.Data != elf.ELFDATA2LSB || f.Type != elf.ET_EXEC {
 		return errdefs.Internalf("embedded sandbox agent is not a static 64-bit little-endian executable (%s, %s, %s)", f.Class, f.Data, f.Type)

@@ -2,7 +2,11 @@ package e2e
 
 import (
 	"debug/elf"
+	"encoding/json"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -48,6 +52,45 @@ func TestPlainGoBuild(t *testing.T) {
 				t.Errorf("the daemon fell back from the memfd agent:\n%s", e.logTail(20))
 			}
 		})
+	}
+}
+
+// TestWrongArchAgentRefused: a daemon whose embedded agent is for another
+// machine (the arm64 agent in an amd64 build, swapped in with go build
+// -overlay) refuses to start and says what is wrong and what to do;
+// before, only the ELF magic was checked and every create would have
+// failed at exec.
+func TestWrongArchAgentRefused(t *testing.T) {
+	testutil.RequireRoot(t)
+	other := map[string]string{"amd64": "arm64", "arm64": "amd64"}[runtime.GOARCH]
+	if other == "" {
+		t.Skipf("no agent is built for linux/%s", runtime.GOARCH)
+	}
+	dir := t.TempDir()
+	agents := filepath.Join(testutil.ModuleRoot(), "internal", "agentbin")
+	overlay, err := json.Marshal(map[string]map[string]string{"Replace": {
+		filepath.Join(agents, "warren-agent-"+runtime.GOARCH): filepath.Join(agents, "warren-agent-"+other),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "overlay.json"), overlay, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "warren")
+	build := exec.Command("go", "build", "-overlay", filepath.Join(dir, "overlay.json"), "-o", bin, "./cmd/warren")
+	build.Dir = testutil.ModuleRoot()
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	_, stderr, code := runCLI(t, bin, nil, nil, "serve",
+		"--state-dir", filepath.Join(dir, "state"), "--run-dir", filepath.Join(dir, "run"),
+		"--socket", filepath.Join(dir, "s.sock"), "--cgroup-parent", "warren-e2e-wrongarch")
+	for _, want := range []string{"built for linux/" + other, "this daemon is linux/" + runtime.GOARCH, "go generate ./internal/agentbin"} {
+		if code == 0 || !strings.Contains(stderr, want) {
+			t.Errorf("serve with the %s agent: exit %d, stderr lacks %q:\n%s", other, code, want, stderr)
+		}
 	}
 }
 
