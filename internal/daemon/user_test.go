@@ -92,13 +92,17 @@ func TestResolveUserWithoutFiles(t *testing.T) {
 	if _, err := resolveUser("agent", read); errdefs.CategoryOf(err) != errdefs.Invalid {
 		t.Fatalf("name: %v", err)
 	}
-	// A backend without a host root: numbers only.
+	// A backend without a host root or backend.Files: numbers only;
+	// names are unsupported there (not invalid: they are fine elsewhere).
 	id, err = resolveUser("7:8", nil)
 	if err != nil || id.UID != 7 || id.GID != 8 {
 		t.Fatalf("%+v %v", id, err)
 	}
-	if _, err := resolveUser("agent", nil); errdefs.CategoryOf(err) != errdefs.Invalid {
+	if _, err := resolveUser("agent", nil); errdefs.CategoryOf(err) != errdefs.Unsupported {
 		t.Fatalf("name without root: %v", err)
+	}
+	if _, err := resolveUser("7:staff", nil); errdefs.CategoryOf(err) != errdefs.Unsupported {
+		t.Fatalf("group name without root: %v", err)
 	}
 }
 
