@@ -45,9 +45,18 @@ type Layer struct {
 	Blob string
 	// Dir is a host directory holding the layer's tree: the blob as the
 	// node mounted it (shared, refcounted, pinned for the sandbox's life),
-	// or the directory layer itself. The daemon fills it for every
-	// backend today; a backend reading Blob may ignore it.
+	// or the directory layer itself. "" for an EROFS layer when the
+	// backend does not want mounts (LayerMounts).
 	Dir string
+}
+
+// LayerMounts is implemented by backends that say whether they want
+// their layers mounted on the host. Without it they are (the container
+// backend stacks the mounted directories); a VM backend that attaches
+// Layer.Blob as a disk returns false, and the daemon then only holds the
+// blobs (against garbage collection) for the sandbox's life.
+type LayerMounts interface {
+	MountLayers() bool
 }
 
 // DirLayers are layers that are host directories only, top-most first.

@@ -500,6 +500,13 @@ func (m *Manager) VerifyImage(ctx context.Context, req *warrenv1.VerifyImageRequ
 	return resp, nil
 }
 
+// mountsLayers reports whether backend b wants its layers mounted
+// (backend.LayerMounts; yes unless it says otherwise).
+func mountsLayers(b backend.Backend) bool {
+	lm, ok := b.(backend.LayerMounts)
+	return !ok || lm.MountLayers()
+}
+
 // specLayers turns the image store's layer references into the backend's.
 func specLayers(refs []image.LayerRef) []backend.Layer {
 	out := make([]backend.Layer, len(refs))

@@ -111,7 +111,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	rec, digests, err := m.images.Resolve(p.image, p.layers)
 	if err == nil {
 		img := image.Image{Name: p.image, Layers: digests}
-		layers, release, err = m.images.LayerRefs(ctx, img)
+		layers, release, err = m.images.LayerRefs(ctx, img, mountsLayers(b))
 	}
 	if err == nil {
 		cfg = rec.Config
@@ -770,7 +770,7 @@ func (m *Manager) holdLayers(ctx context.Context, s *sandbox) func() {
 		img, err = m.images.Get(s.info.GetImage())
 	}
 	if err == nil {
-		_, release, err = m.images.LayerDirs(ctx, img)
+		_, release, err = m.images.LayerRefs(ctx, img, mountsLayers(s.b))
 	}
 	m.imgMu.RUnlock()
 	if err != nil {

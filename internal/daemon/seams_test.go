@@ -138,3 +138,63 @@ func TestSpecLayersAreReferences(t *testing.T) {
 		}
 	}
 }
+
+// blobBackend wants layers as blobs only (backend.LayerMounts), as a VM
+// backend attaching them as disks would; for the test it runs the
+// sandbox on the busybox tree.
+type blobBackend struct {
+	*rootless
+	root string
+}
+
+func (blobBackend) MountLayers() bool { return false }
+
+func (b blobBackend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbox, error) {
+	b.mu.Lock()
+	b.specs = append(b.specs, spec)
+	b.mu.Unlock()
+	spec.Layers = backend.DirLayers(b.root)
+	return b.Backend.Create(ctx, spec)
+}
+
+// TestLayerBlobsWithoutMounts: a backend that does not want mounts gets
+// the layers' digests and blobs, no directories, and the node mounts
+// nothing for it, while still holding the blobs for the sandbox's life.
+func TestLayerBlobsWithoutMounts(t *testing.T) {
+	var bb blobBackend
+	e := newEnv(t, func(c *Config) {
+		bb = blobBackend{&rootless{Backend: c.Backends["container"]}, busyboxRoot(t)}
+		c.Backends["container"] = bb
+	})
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "blobs"})
+	img, err := e.images.Get("busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bb.mu.Lock()
+	spec := bb.specs[len(bb.specs)-1]
+	bb.mu.Unlock()
+	if len(spec.Layers) != len(img.Layers) {
+		t.Fatalf("spec layers %+v", spec.Layers)
+	}
+	for i, l := range spec.Layers {
+		blob, _ := e.images.BlobPath(l.Digest)
+		if l.Dir != "" || l.Blob != blob || l.Digest != img.Layers[len(img.Layers)-1-i] {
+			t.Errorf("layer %d: %+v, want blob %s and no dir", i, l, blob)
+		}
+	}
+	st, err := e.m.ImageStats(ctx, &warrenv1.ImageStatsRequest{Names: []string{"busybox"}})
+	if err != nil || len(st.GetLayers()) == 0 {
+		t.Fatalf("stats %v %v", st, err)
+	}
+	for _, l := range st.GetLayers() {
+		if l.GetMounted() {
+			t.Errorf("layer %s mounted for a backend that wants blobs", l.GetDigest())
+		}
+	}
+	// Held: the image cannot go while its sandbox runs.
+	if _, err := e.m.RemoveImage(ctx, &warrenv1.RemoveImageRequest{Name: "busybox"}); errdefs.CategoryOf(err) != errdefs.Conflict {
+		t.Fatalf("remove image in use: %v", err)
+	}
+}

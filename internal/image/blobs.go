@@ -544,30 +544,9 @@ func (l *erofsLayer) Mount(ctx context.Context) (string, func(), error) {
 	if s.mounts == nil {
 		return "", nil, errdefs.Unavailablef("this image store was opened without mounts")
 	}
-	s.mu.Lock()
-	if _, err := os.Stat(l.blob); err != nil {
-		s.mu.Unlock()
-		if errors.Is(err, os.ErrNotExist) {
-			return "", nil, errdefs.NotFoundf("layer %s not found", l.digest)
-		}
-		return "", nil, errdefs.Wrap(errdefs.Internal, err, "layer "+l.digest)
-	}
-	s.holds[l.digest]++
-	newHold := s.holds[l.digest] == 1 && !s.leased[l.digest]
-	verify := s.opts.VerifyOnMount && !s.verified[l.digest]
-	s.mu.Unlock()
-	undo := func() { s.release(l.digest) }
-	if newHold {
-		s.writeLease()
-	}
-	if verify {
-		if err := s.Verify(ctx, l.digest); err != nil {
-			undo()
-			return "", nil, err
-		}
-		s.mu.Lock()
-		s.verified[l.digest] = true
-		s.mu.Unlock()
+	undo, err := l.hold(ctx)
+	if err != nil {
+		return "", nil, err
 	}
 	h := l.digest[len("sha256:"):]
 	dir, rel, err := s.mounts.Acquire(ctx, h, l.blob)
@@ -579,9 +558,43 @@ func (l *erofsLayer) Mount(ctx context.Context) (string, func(), error) {
 	return dir, func() {
 		once.Do(func() {
 			rel()
-			s.release(l.digest)
+			undo()
 		})
 	}, nil
+}
+
+// hold keeps the layer's blob from garbage collection (and verifies it
+// once, with VerifyOnMount) until the returned func is called, without
+// mounting it: what a backend that reads blobs itself needs.
+func (l *erofsLayer) hold(ctx context.Context) (func(), error) {
+	s := l.s
+	s.mu.Lock()
+	if _, err := os.Stat(l.blob); err != nil {
+		s.mu.Unlock()
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, errdefs.NotFoundf("layer %s not found", l.digest)
+		}
+		return nil, errdefs.Wrap(errdefs.Internal, err, "layer "+l.digest)
+	}
+	s.holds[l.digest]++
+	newHold := s.holds[l.digest] == 1 && !s.leased[l.digest]
+	verify := s.opts.VerifyOnMount && !s.verified[l.digest]
+	s.mu.Unlock()
+	var once sync.Once
+	undo := func() { once.Do(func() { s.release(l.digest) }) }
+	if newHold {
+		s.writeLease()
+	}
+	if verify {
+		if err := s.Verify(ctx, l.digest); err != nil {
+			undo()
+			return nil, err
+		}
+		s.mu.Lock()
+		s.verified[l.digest] = true
+		s.mu.Unlock()
+	}
+	return undo, nil
 }
 
 // --- named layers ---

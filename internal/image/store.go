@@ -724,7 +724,7 @@ func (s *Store) release(digest string) {
 // Layers are used, so a daemon that persisted them can take its layers
 // again after a restart.
 func (s *Store) LayerDirs(ctx context.Context, img Image) (dirs []string, release func(), err error) {
-	refs, release, err := s.LayerRefs(ctx, img)
+	refs, release, err := s.LayerRefs(ctx, img, true)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -743,9 +743,10 @@ type LayerRef struct {
 
 // LayerRefs is LayerDirs with each layer's digest and blob path too, for
 // backends that take the blob rather than (or as well as) the mounted
-// directory. The layers are mounted and held until release, as in
-// LayerDirs.
-func (s *Store) LayerRefs(ctx context.Context, img Image) (refs []LayerRef, release func(), err error) {
+// directory. The layers are held until release, as in LayerDirs; with
+// mount false, EROFS layers are held without being mounted and their Dir
+// is "" (directory layers, which have no blob, keep their Dir).
+func (s *Store) LayerRefs(ctx context.Context, img Image, mount bool) (refs []LayerRef, release func(), err error) {
 	if len(img.Layers) == 0 {
 		return nil, nil, errdefs.Invalidf("image %s has no layers", img.Name)
 	}
@@ -764,7 +765,14 @@ func (s *Store) LayerRefs(ctx context.Context, img Image) (refs []LayerRef, rele
 			}
 		}
 		l, err := s.Layer(img.Layers[i])
-		if err == nil {
+		if el, ok := l.(*erofsLayer); err == nil && ok && !mount {
+			var rel func()
+			if rel, err = el.hold(ctx); err == nil {
+				refs = append(refs, LayerRef{Digest: img.Layers[i], Blob: el.blob})
+				releases = append(releases, rel)
+				continue
+			}
+		} else if err == nil {
 			var dir string
 			var rel func()
 			dir, rel, err = l.Mount(ctx)
