@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"archive/zip"
 	"debug/elf"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,6 +93,84 @@ func TestWrongArchAgentRefused(t *testing.T) {
 		if code == 0 || !strings.Contains(stderr, want) {
 			t.Errorf("serve with the %s agent: exit %d, stderr lacks %q:\n%s", other, code, want, stderr)
 		}
+	}
+}
+
+// TestGoInstall: `go install github.com/warrenrl/warren/cmd/warren@latest`
+// builds, from what a module proxy serves (a zip of the module's tracked
+// files, here this tree's, behind a file:// proxy in front of the local
+// module cache's), a daemon whose sandboxes work: the agents the build
+// embeds are in the module, and nothing needs a replace directive, cgo
+// or a linker flag.
+func TestGoInstall(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	const version = "v0.0.1"
+	proxy := filepath.Join(dir, "proxy")
+	at := filepath.Join(proxy, "github.com", "warrenrl", "warren", "@v")
+	if err := os.MkdirAll(at, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	root := testutil.ModuleRoot()
+	files, err := exec.Command("git", "-C", root, "ls-files", "-z").Output()
+	if err != nil {
+		t.Skipf("not a git checkout: %v", err)
+	}
+	zf, err := os.Create(filepath.Join(at, version+".zip"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zw := zip.NewWriter(zf)
+	for _, name := range strings.Split(strings.TrimRight(string(files), "\x00"), "\x00") {
+		b, err := os.ReadFile(filepath.Join(root, name))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // deleted in the work tree
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := zw.Create("github.com/warrenrl/warren@" + version + "/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	zf.Close()
+	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string]string{
+		version + ".mod":  string(mod),
+		version + ".info": `{"Version":"` + version + `","Time":"2026-01-01T00:00:00Z"}`,
+		"list":            version + "\n",
+	} {
+		if err := os.WriteFile(filepath.Join(at, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cache, err := exec.Command("go", "env", "GOMODCACHE").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gobin := filepath.Join(dir, "bin")
+	install := exec.Command("go", "install", "github.com/warrenrl/warren/cmd/warren@latest")
+	install.Dir = dir
+	install.Env = append(os.Environ(), "GOBIN="+gobin, "GOMODCACHE="+filepath.Join(dir, "modcache"),
+		"GOPROXY=file://"+proxy+",file://"+filepath.Join(strings.TrimSpace(string(cache)), "cache", "download"),
+		"GOSUMDB=off", "GOFLAGS=-modcacherw", "GOTOOLCHAIN=local")
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("go install: %v\n%s", err, out)
+	}
+	e := newEnv(t, envOptions{bin: filepath.Join(gobin, "warren")})
+	e.create(&warrenv1.CreateRequest{Id: "installed"})
+	if out := e.shOK("installed", "echo installed"); out != "installed\n" {
+		t.Errorf("exec: %q", out)
 	}
 }
 
