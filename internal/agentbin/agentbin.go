@@ -125,24 +125,19 @@ func Open(opts Options) (*Agent, error) {
 	if err := Check(binary, runtime.GOARCH); err != nil {
 		return nil, err
 	}
+	why := "NoMemfd"
 	if !opts.NoMemfd {
 		memOnce.Do(func() { memAg, memErr = openMemfd(binary) })
 		if memErr == nil {
 			return memAg, nil
 		}
+		why = memErr.Error()
 	}
 	a, err := openFile(binary, opts.Dirs)
 	if err != nil {
-		if memErr != nil {
-			err = fmt.Errorf("%w (an executable memfd was refused too: %v)", err, memErr)
-		}
-		return nil, err
+		return nil, fmt.Errorf("%w (and the memfd: %s)", err, why)
 	}
 	if opts.Warn != nil {
-		why := "NoMemfd"
-		if memErr != nil {
-			why = memErr.Error()
-		}
 		opts.Warn("the kernel refuses to exec the sandbox agent from a memfd; sandboxes exec a verified copy from a file", "path", a.path, "reason", why)
 	}
 	return a, nil
