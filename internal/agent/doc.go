@@ -11,20 +11,38 @@
 // process, reaps every child (it is PID 1 or a child subreaper) and uses a
 // few hundred KB of memory.
 //
-// # Protocol (version 1)
+// # Protocol (version 2)
 //
-// One connection per process. Every frame is a little-endian u32 payload
+// One connection per process or request. Every frame is a little-endian u32 payload
 // length, a u8 type, and the payload; payloads are at most 4 MiB.
 //
 // Client to agent:
 //
-//	'E' EXEC    u32 flags (bit0 stdin, bit1 stdout, bit2 stderr attached),
-//	            u32 uid, u32 gid, u32 argc, u32 envc, then NUL-terminated
-//	            strings: cwd, argc argv entries, envc "K=V" entries. The fds
-//	            of the set bits ride on the frame as SCM_RIGHTS, in the order
-//	            stdin, stdout, stderr.
-//	'S' SIGNAL  i32 signo, u8 group (1: kill(-pid), 0: kill(pid)).
+//	'E' EXEC    u32 flags (bit0 stdin, bit1 stdout, bit2 stderr attached,
+//	            bit3 DETACH, bit4 PTY), u32 uid, u32 gid, u32 argc, u32 envc,
+//	            with DETACH: u32 cap, u32 rows, u32 cols, u32 taglen, taglen
+//	            bytes of tag; then NUL-terminated strings: cwd, argc argv
+//	            entries, envc "K=V" entries. The fds of the set bits ride on
+//	            the frame as SCM_RIGHTS, in the order stdin, stdout, stderr.
+//	'S' SIGNAL  i32 signo, u8 group (1: kill(-pid), 0: kill(pid)): this
+//	            connection's process.
 //	'P' PING    empty.
+//
+// Requests about background processes, by pid, on a fresh connection:
+//
+//	'L' LIST    empty. Reply: one 'l' per process in start order, then 'e'.
+//	'A' ATTACH  i32 pid, u64 stdout offset, u64 stderr offset (all ones:
+//	            skip that stream). Reply: 'O' frames, then 'X' (below).
+//	'I' STDIN   i32 pid. Reply: 'R' with the stdin fd (the pty master with
+//	            PTY) as SCM_RIGHTS; the client writes to it directly.
+//	'C' CLOSEIN i32 pid: close the agent's stdin end (with PTY: write the
+//	            EOF character ^D instead). Reply 'k'.
+//	'K' KILL    i32 pid, i32 signo, u8 group. Reply 'k', or FAILED step
+//	            "exited" once the process exited (its pid may be reused).
+//	'W' WINSIZE i32 pid, u32 rows | cols << 16 (PTY only). Reply 'k'.
+//
+// An unknown pid fails with ESRCH; the step names the request ("attach",
+// "stdin", "signal", "resize").
 //
 // Agent to client:
 //
@@ -35,6 +53,14 @@
 //	'X' EXITED  i32 exit code (-1 if signalled), i32 signal (0 if exited);
 //	            the agent then closes the connection.
 //	'p' PONG    u32 protocol version, u32 number of running processes.
+//	'k' OK      empty.
+//	'O' OUTPUT  u8 stream (1 stdout, 2 stderr), u64 offset, at most 32 KiB
+//	            of data.
+//	'l' RECORD  i32 pid, u32 seq, u8 flags (bit0 exited, bit1 pty, bit2
+//	            stdin open), i32 exit code, i32 signal, u64 stdout start,
+//	            u64 stdout total, u64 stderr start, u64 stderr total, u32 cap,
+//	            u64 run time in ms (until now, or until the exit), the tag.
+//	'e' END     empty: the list is complete.
 //
 // Closing the connection before EXITED kills the process group of the
 // process: cancellation is close. The process runs in its own session
@@ -43,6 +69,35 @@
 // (/dev/null for the others), no other fds, default signal dispositions and
 // an empty signal mask. argv[0] without a '/' is searched in the PATH of the
 // request environment.
+//
+// # Background processes
+//
+// EXEC with DETACH starts a process the agent owns rather than the
+// connection: the agent replies STARTED and closes, and the process runs
+// on, whoever connects or not. The agent makes its stdio itself: three
+// pipes, or with PTY one pty pair from the sandbox's own devpts
+// (/dev/ptmx, opened in the sandbox's mount namespace; TIOCGPTPEER for
+// the slave, which becomes the controlling terminal of the new session)
+// at rows x cols. It reads stdout and stderr (the pty's master: one
+// stream) whenever they have data, into one buffer per stream that keeps
+// the latest cap bytes (1 MiB by default, 64 MiB at most): it starts at
+// 4 KiB and doubles, so a quiet process costs a page per stream and a
+// silent one nothing, and it is anonymous memory of the agent, charged to
+// the sandbox's memory cgroup. A process therefore never blocks on a full
+// pipe while no daemon is attached, and a daemon restart loses nothing
+// within the cap. Offsets are absolute; [start, total) is what a buffer
+// holds. ATTACH sends a stream from max(offset, start), chunk by chunk as
+// the socket takes them (a slow client resumes at the oldest byte kept,
+// and the offsets show the gap), live as data comes, and EXITED once the
+// process was reaped and the client caught up: at reap the agent first
+// drains what the pipes hold, so EXITED follows all output written before
+// the exit. Any number of clients attach at once; a client attached with
+// both offsets all-ones is a waiter, told only the exit. The record (pid,
+// status, buffers, tag: at most 3 KiB the daemon uses to rebuild its view
+// after a restart) stays until the sandbox goes; at most 1,024 per
+// sandbox, the daemon's MaxProcessesPerSandbox. The agent closes a
+// process's stdin end when it exits; an exited process's pid is never
+// signalled again.
 package agent
 
 // EnvFD names the environment variable that turns a process into the agent;

@@ -30,15 +30,15 @@ const (
 // only here except the watcher that notices the exit and enforces the
 // timeout.
 type process struct {
-	id       string
-	seq      int
-	sandbox  string
-	argv     []string
-	pid      int
-	started  time.Time
-	timeout  time.Duration // 0: none
-	pty      bool
-	host     backend.Background
+	id      string
+	seq     int
+	sandbox string
+	argv    []string
+	pid     int
+	started time.Time
+	timeout time.Duration // 0: none
+	pty     bool
+	host    backend.Background
 
 	// stdinLock (one token) serialises writers of stdin: the initial
 	// stdin of StartProcess and WriteStdin calls. A channel, not a mutex,
@@ -68,30 +68,27 @@ type procTag struct {
 	TimeoutMs int64    `json:"timeout_ms,omitempty"`
 }
 
-// tag encodes t, dropping trailing arguments that do not fit (the list
-// shows them cut after a restart, with "...").
+// encode marshals t within backend.MaxTag bytes: arguments longer than
+// 256 bytes are cut, and trailing arguments that do not fit are dropped,
+// with "..." marking the cut (the list shows that after a restart).
 func (t procTag) encode() []byte {
-	argv := t.Argv
-	for {
+	argv := make([]string, len(t.Argv))
+	for i, a := range t.Argv {
+		if len(a) > 256 {
+			a = a[:256] + "..."
+		}
+		argv[i] = a
+	}
+	for cut := false; ; cut = true {
 		t.Argv = argv
-		b, err := json.Marshal(t)
-		if err == nil && len(b) <= backend.MaxTag {
+		if cut {
+			t.Argv = append(slices.Clone(argv), "...")
+		}
+		b, _ := json.Marshal(t)
+		if len(b) <= backend.MaxTag || len(argv) == 0 {
 			return b
 		}
-		if len(argv) == 0 {
-			t.Argv = nil
-			b, _ = json.Marshal(t)
-			return b
-		}
-		argv = append(slices.Clone(argv[:len(argv)-1]), "...")
-		if len(argv) > 1 && argv[len(argv)-2] == "..." {
-			argv = argv[:len(argv)-1]
-		}
-		for i, a := range argv {
-			if len(a) > 256 {
-				argv[i] = a[:256] + "..."
-			}
-		}
+		argv = argv[:len(argv)-1]
 	}
 }
 
