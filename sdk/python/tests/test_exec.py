@@ -156,7 +156,9 @@ async def test_background_processes(w: warren.AsyncWarren) -> None:
         r = await p.wait(timeout=30)
         assert r.stdout == b"line1\nline2\n" and r.stderr == b"done\n" and r.exit_code == 0
         info = await p.refresh()
-        assert not info.running and info.result is not None and info.result.stdout == r.stdout
+        # The listed result is the exit only; wait and attach carry the output.
+        assert not info.running and info.result is not None and info.result.exit_code == 0 and info.result.stdout == b""
+        assert info.stdout_bytes == len(r.stdout) and info.stderr_bytes == len(r.stderr)
 
         q = await sb.start(["sleep", "300"])
         with pytest.raises(warren.DeadlineExceededError) as ei:
@@ -184,3 +186,39 @@ async def test_background_processes(w: warren.AsyncWarren) -> None:
             await sb.process("p-999").wait(timeout=1)
         h = sb.process(p.id)
         assert (await h.wait(timeout=5)).stdout == b"line1\nline2\n"
+
+
+async def test_attach_and_pty(w: warren.AsyncWarren) -> None:
+    """Two attaches from different offsets get their bytes and the exit; a
+    pty process sees its size and a resize, and runs an interactive shell."""
+    async with w.create(IMAGE) as sb:
+        p = await sb.start("printf 0123456789; read x; printf abc; exit 3")
+        got: dict = {}
+
+        async def follow(name: str, off: int) -> None:
+            out = bytearray()
+            first = None
+            async with p.attach(stdout_offset=off, stderr_offset=-1) as a:
+                async for ev in a:
+                    if ev.stream == "stdout":
+                        first = ev.offset if first is None else first
+                        out += ev.data
+                got[name] = (bytes(out), first, a.result)
+
+        tasks = [asyncio.ensure_future(follow("all", 0)), asyncio.ensure_future(follow("later", 4))]
+        await asyncio.sleep(0.3)
+        await p.write_stdin("\n")
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        assert got["all"][0] == b"0123456789abc" and got["all"][1] == 0 and got["all"][2].exit_code == 3
+        assert got["later"][0] == b"456789abc" and got["later"][1] == 4
+
+        t = await sb.start("stty size", pty=True, rows=33, cols=101)
+        assert (await t.wait(timeout=30)).stdout == b"33 101\r\n"
+        s = await sb.start(["sh", "-i"], pty=True)
+        await s.resize(40, 120)
+        await s.write_stdin("stty size; echo h''i; exit 4\n")
+        r = await s.wait(timeout=30)
+        assert b"40 120\r\n" in r.stdout and b"\r\nhi\r\n" in r.stdout and r.exit_code == 4
+        assert (await s.refresh()).pty
+        with pytest.raises(ValueError):
+            await sb.start("true", rows=10)

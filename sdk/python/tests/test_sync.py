@@ -109,3 +109,18 @@ def test_closed_sync_client_refuses_calls(addr: str) -> None:
     c.close()  # idempotent
     with pytest.raises(RuntimeError):
         c.version()
+
+
+def test_sync_attach_and_pty(sw: warren.Warren) -> None:
+    with sw.create(IMAGE) as sb:
+        p = sb.start("echo one; read x; echo two $x")
+        p.write_stdin("z\n")
+        with p.attach() as a:
+            events = list(a)
+        assert b"".join(e.data for e in events if e.stream == "stdout") == b"one\ntwo z\n"
+        assert events[-1].stream == "exit" and a.result is not None and a.result.exit_code == 0
+        assert p.attach(stdout_offset=4).wait().exit_code == 0
+        t = sb.start(["sh", "-i"], pty=True, rows=20, cols=70)
+        t.resize(21, 71)
+        t.write_stdin("stty size; exit\n")
+        assert b"21 71\r\n" in t.wait(timeout=30).stdout

@@ -25,9 +25,10 @@ from ._async import (
     ExecJob,
     ExecStream,
     ImagePull,
+    ProcessAttach,
 )
 from ._retry import NO_RETRY, RetryPolicy
-from ._sync import Process, Sandbox, SandboxGroup, SyncExecStream, SyncImagePull, Warren
+from ._sync import Process, Sandbox, SandboxGroup, SyncExecStream, SyncImagePull, SyncProcessAttach, Warren
 from ._types import (
     ExecEvent,
     DownloadStats,
@@ -37,6 +38,7 @@ from ._types import (
     Layer,
     LayerStat,
     LayerVerification,
+    ProcessEvent,
     ProcessInfo,
     PullEvent,
     Resources,
@@ -83,6 +85,7 @@ __all__ = [
     "AsyncProcess",
     "AsyncSandboxGroup",
     "ExecStream",
+    "ProcessAttach",
     "ImagePull",
     "ExecJob",
     "Command",
@@ -92,6 +95,7 @@ __all__ = [
     "Process",
     "SandboxGroup",
     "SyncExecStream",
+    "SyncProcessAttach",
     "SyncImagePull",
     "RetryPolicy",
     "NO_RETRY",
@@ -104,6 +108,7 @@ __all__ = [
     "LayerStat",
     "LayerVerification",
     "PullEvent",
+    "ProcessEvent",
     "ProcessInfo",
     "Resources",
     "SandboxInfo",

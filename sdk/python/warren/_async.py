@@ -58,6 +58,7 @@ from ._types import (
     Layer,
     LayerStat,
     LayerVerification,
+    ProcessEvent,
     ProcessInfo,
     PullEvent,
     Resources,
@@ -83,6 +84,7 @@ __all__ = [
     "AsyncWarren",
     "AsyncSandbox",
     "AsyncProcess",
+    "ProcessAttach",
     "ExecStream",
     "ImagePull",
     "AsyncSandboxGroup",
@@ -1317,14 +1319,30 @@ class AsyncSandbox:
         timeout: Optional[float] = None,
         output_limit: Optional[int] = None,
         call_timeout: Optional[float] = None,
+        pty: bool = False,
+        rows: Optional[int] = None,
+        cols: Optional[int] = None,
     ) -> "AsyncProcess":
         """Start a background process and return at once. Its stdin stays
-        open for :meth:`AsyncProcess.write_stdin`; its output is kept (within
-        ``output_limit`` per stream) for :meth:`AsyncProcess.wait`.
-        ``timeout`` (seconds) kills it when it passes; None lets it run until
-        the sandbox goes. Not retried once sent (it is not idempotent)."""
+        open for :meth:`AsyncProcess.write_stdin`; the sandbox keeps the
+        latest ``output_limit`` bytes of each stream (default 1 MiB) for
+        :meth:`AsyncProcess.wait` and :meth:`AsyncProcess.attach`. The
+        process survives daemon restarts. ``timeout`` (seconds) kills it
+        when it passes; None lets it run until the sandbox goes. ``pty``
+        runs it on a terminal of ``rows`` x ``cols`` (default 24 x 80), for
+        interactive programs: raw terminal bytes on stdout, stdin to the
+        terminal, :meth:`AsyncProcess.resize`. Not retried once sent (it is
+        not idempotent)."""
         t = _positive("timeout", timeout) if timeout is not None else None
         body = self._exec_body(command, env, cwd, user, stdin, t, output_limit)
+        if pty:
+            body["pty"] = True
+            if rows:
+                body["rows"] = int(rows)
+            if cols:
+                body["cols"] = int(cols)
+        elif rows or cols:
+            raise ValueError("rows and cols need pty=True")
         d = await self.client._rpc(_SBX + "StartProcess", body, timeout=call_timeout, idempotent=False)
         return AsyncProcess(self, ProcessInfo._from_json(d))
 
@@ -2068,6 +2086,29 @@ class AsyncProcess:
     async def close_stdin(self, *, timeout: Optional[float] = None) -> None:
         await self.write_stdin(b"", close=True, timeout=timeout)
 
+    def attach(self, stdout_offset: int = 0, stderr_offset: int = 0, *, timeout: float = 86400.0) -> "ProcessAttach":
+        """Follow the process's output: an async iterator of
+        :class:`ProcessEvent`, from the given offsets (what is still kept of
+        them; -1 skips a stream), then live, then the exit as the last
+        event. Any number of attaches may run at once, also after a daemon
+        restart; closing one (or leaving ``async with``) detaches, and the
+        process runs on; so does the end of ``timeout`` (seconds, default a
+        day)::
+
+            async with proc.attach() as a:
+                async for ev in a:
+                    if ev.stream == "stdout":
+                        print(ev.data.decode(), end="")
+        """
+        body = self._body(stdoutOffset=str(int(stdout_offset)), stderrOffset=str(int(stderr_offset)))
+        return ProcessAttach(self, body, _positive("timeout", timeout))
+
+    async def resize(self, rows: int, cols: int, *, timeout: Optional[float] = None) -> None:
+        """Set the terminal size of a process started with ``pty=True``."""
+        await self.sandbox.client._rpc(
+            _SBX + "ResizeProcess", self._body(rows=int(rows), cols=int(cols)), timeout=timeout
+        )
+
     async def refresh(self, *, timeout: Optional[float] = None) -> ProcessInfo:
         """Ask the daemon for the process's current state."""
         for p in await self.sandbox.processes(timeout=timeout):
@@ -2075,6 +2116,82 @@ class AsyncProcess:
                 self.info = p.info
                 return p.info
         raise NotFoundError(f"process {self.id} not found in sandbox {self.sandbox.id}", code="not_found")
+
+
+class ProcessAttach:
+    """An attach to a background process: an async iterator of
+    :class:`ProcessEvent` (see :meth:`AsyncProcess.attach`). ``result``
+    holds the exit once the stream ended."""
+
+    def __init__(self, proc: AsyncProcess, body: Dict[str, Any], timeout: float) -> None:
+        self.process = proc
+        self._body = body
+        self._timeout = timeout
+        self._gen: Optional[AsyncIterator[Dict[str, Any]]] = None
+        self._done = False
+        #: The exit (an ExecResult without output), once the stream ended.
+        self.result: Optional[ExecResult] = None
+
+    def __aiter__(self) -> "ProcessAttach":
+        return self
+
+    async def __anext__(self) -> ProcessEvent:
+        if self._done:
+            raise StopAsyncIteration
+        if self._gen is None:
+            self._gen = self.process.sandbox.client._t.server_stream(
+                _SBX + "AttachProcess", self._body, timeout=self._timeout, idempotent=True
+            )
+        try:
+            msg = await self._gen.__anext__()
+        except StopAsyncIteration:
+            self._done = True
+            if self.result is None:
+                raise UnavailableError("attach stream ended without the exit", code="unavailable") from None
+            raise
+        except BaseException:
+            self._done = True
+            raise
+        if "exit" in msg:
+            self.result = ExecResult._from_json(msg["exit"])
+            self._done = True
+            try:
+                await self._gen.__anext__()
+            except StopAsyncIteration:
+                self._gen = None
+            finally:
+                await self.aclose()
+            return ProcessEvent(stream="exit", result=self.result)
+        for name in ("stdout", "stderr"):
+            c = msg.get(name)
+            if c is not None:
+                return ProcessEvent(stream=name, data=base64.b64decode(c.get("data") or ""), offset=_int_of(c.get("offset")))
+        return await self.__anext__()
+
+    async def aclose(self) -> None:
+        """Detach; the process runs on."""
+        self._done = True
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            await gen.aclose()  # type: ignore[attr-defined]
+
+    async def wait(self) -> ExecResult:
+        """Consume the rest of the stream and return the exit."""
+        async for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    async def __aenter__(self) -> "ProcessAttach":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+def _int_of(v: Any) -> int:
+    """An int64 field of the JSON form (a string, or absent for 0)."""
+    return int(v) if v else 0
 
 
 # ---------------------------------------------------------------------------

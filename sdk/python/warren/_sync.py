@@ -42,6 +42,7 @@ from ._async import (
     ExecJob,
     ExecStream,
     ImagePull,
+    ProcessAttach,
     Names,
     READ_MAX_BYTES,
     PathLike,
@@ -59,6 +60,7 @@ from ._types import (
     Layer,
     LayerStat,
     LayerVerification,
+    ProcessEvent,
     ProcessInfo,
     PullEvent,
     Resources,
@@ -67,7 +69,7 @@ from ._types import (
 )
 from .batch import BatchResult
 
-__all__ = ["Warren", "Sandbox", "Process", "SyncExecStream", "SyncImagePull", "SandboxGroup"]
+__all__ = ["Warren", "Sandbox", "Process", "SyncExecStream", "SyncImagePull", "SyncProcessAttach", "SandboxGroup"]
 
 T = TypeVar("T")
 
@@ -596,6 +598,9 @@ class Sandbox:
         timeout: Optional[float] = None,
         output_limit: Optional[int] = None,
         call_timeout: Optional[float] = None,
+        pty: bool = False,
+        rows: Optional[int] = None,
+        cols: Optional[int] = None,
     ) -> "Process":
         """Start a background process (see :meth:`AsyncSandbox.start`)."""
         p = self._run(
@@ -608,6 +613,9 @@ class Sandbox:
                 timeout=timeout,
                 output_limit=output_limit,
                 call_timeout=call_timeout,
+                pty=pty,
+                rows=rows,
+                cols=cols,
             )
         )
         return Process(self, p)
@@ -879,6 +887,27 @@ class Process:
 
     def refresh(self, *, timeout: Optional[float] = None) -> ProcessInfo:
         return self._run(self.aio.refresh(timeout=timeout))
+
+    def attach(self, stdout_offset: int = 0, stderr_offset: int = 0, *, timeout: float = 86400.0) -> "SyncProcessAttach":
+        """Follow the output (see :meth:`AsyncProcess.attach`): an iterator of
+        :class:`ProcessEvent`; use it in a ``with`` block."""
+        return SyncProcessAttach(self.sandbox.client, self.aio.attach(stdout_offset, stderr_offset, timeout=timeout))
+
+    def resize(self, rows: int, cols: int, *, timeout: Optional[float] = None) -> None:
+        self._run(self.aio.resize(rows, cols, timeout=timeout))
+
+
+class SyncProcessAttach(_SyncEvents[ProcessEvent, ExecResult]):
+    """The synchronous attach: an iterator of :class:`ProcessEvent` (see
+    :class:`ProcessAttach`); closing it detaches."""
+
+    def __init__(self, client: Warren, aio: ProcessAttach) -> None:
+        super().__init__(client, aio)
+        self.aio = aio
+
+    @property
+    def result(self) -> Optional[ExecResult]:
+        return self.aio.result
 
 
 class SandboxGroup(Sequence[Sandbox]):

@@ -303,7 +303,11 @@ class ProcessInfo:
     argv: Tuple[str, ...] = ()
     running: bool = False
     started_at_unix_ms: int = 0
-    result: Optional[ExecResult] = None  #: set once it exited
+    #: set once it exited; its stdout and stderr are empty (see wait, attach)
+    result: Optional[ExecResult] = None
+    pty: bool = False  #: runs on a terminal
+    stdout_bytes: int = 0  #: written so far: attach from here follows what comes next
+    stderr_bytes: int = 0
 
     @property
     def started_at(self) -> Optional[_dt.datetime]:
@@ -320,7 +324,23 @@ class ProcessInfo:
             running=bool(d.get("running", False)),
             started_at_unix_ms=_int(d.get("startedAtUnixMs")),
             result=ExecResult._from_json(res) if res is not None else None,
+            pty=bool(d.get("pty", False)),
+            stdout_bytes=_int(d.get("stdoutBytes")),
+            stderr_bytes=_int(d.get("stderrBytes")),
         )
+
+
+@dataclass(frozen=True)
+class ProcessEvent:
+    """One event of :meth:`AsyncProcess.attach`: a chunk of stdout or stderr
+    at its absolute ``offset`` in the stream (a jump past the previous
+    chunk's end means bytes no longer kept were skipped), or (last) the
+    exit, an :class:`ExecResult` without output."""
+
+    stream: str  #: ``"stdout"``, ``"stderr"`` or ``"exit"``
+    data: bytes = b""
+    offset: int = 0
+    result: Optional[ExecResult] = None
 
 
 @dataclass(frozen=True)
