@@ -283,8 +283,9 @@ func TestDaemonKill9Restart(t *testing.T) {
 	}
 	e.shOK("keep", "echo via exec > /work/exec.txt; dd if=/dev/urandom of=/work/rand bs=1k count=64 2>/dev/null; md5sum /work/rand > /work/rand.md5")
 	keepPid := e.initPid("keep")
-	// A background process and an exec in flight do not survive the
-	// daemon: the agent kills what its dropped connections ran.
+	// An exec in flight does not survive the daemon (the agent kills what
+	// its dropped connections ran); a background process does (the agent
+	// owns it).
 	if _, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "keep", Shell: "sleep 300 & sleep 300"}); err != nil {
 		t.Fatal(err)
 	}
@@ -339,11 +340,18 @@ func TestDaemonKill9Restart(t *testing.T) {
 	if pid := e.initPid("keep"); pid != keepPid {
 		t.Errorf("keep was recreated: init %d, was %d", pid, keepPid)
 	}
-	if err := e.waitProcs("keep", func(n int) bool { return n == 1 }, 10*time.Second); err != nil {
+	// init, and the background process's sleeps (and shell): the exec's are gone.
+	if err := e.waitProcs("keep", func(n int) bool { return n == 3 || n == 4 }, 10*time.Second); err != nil {
 		t.Errorf("after the restart: %v", err)
 	}
-	if ps, err := e.c.ListProcesses(ctx, "keep"); err != nil || len(ps) != 1 || ps[0].Running {
+	if ps, err := e.c.ListProcesses(ctx, "keep"); err != nil || len(ps) != 2 || !ps[0].Running || ps[1].Running {
 		t.Errorf("background processes after the restart: %v %v", ps, err)
+	}
+	if err := e.c.SignalProcess(ctx, &warrenv1.SignalProcessRequest{SandboxId: "keep", ProcessId: "p-1", Signal: 9, Group: true}); err != nil {
+		t.Errorf("kill the background process started before the restart: %v", err)
+	}
+	if err := e.waitProcs("keep", func(n int) bool { return n == 1 }, 10*time.Second); err != nil {
+		t.Errorf("after killing it: %v", err)
 	}
 
 	// The short timeout set before the crash still fires.
