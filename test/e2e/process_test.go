@@ -3,11 +3,18 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
@@ -183,5 +190,59 @@ func TestCLIProcesses(t *testing.T) {
 	out, _, code = e.cli(nil, "sandbox", "ps", id)
 	if code != 0 || !strings.Contains(out, "exited 2") || !strings.Contains(out, "killed (killed)") || !strings.Contains(out, "exited 3, pty") {
 		t.Fatalf("ps at the end: %q", out)
+	}
+}
+
+// TestCLIAttachTTY: attach -t from a real terminal passes the terminal's
+// size to the process's pty and relays raw bytes both ways until the
+// shell exits, with the shell's exit status.
+func TestCLIAttachTTY(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	id := e.create(&warrenv1.CreateRequest{}).Id
+	if out, _, _ := e.cli(nil, "sandbox", "exec", "-d", "-t", id, "sh"); out != "p-1\n" {
+		t.Fatalf("pty process %q", out)
+	}
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer master.Close()
+	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlSetWinsize(int(master.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 50, Col: 150}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slave, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slave.Close()
+	ctx := ctxFor(t, time.Minute)
+	cmd := exec.CommandContext(ctx, e.bin, "--addr", e.addr(), "sandbox", "attach", "-t", id, "p-1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	// The shell reads this once attach has put the terminal in raw mode
+	// and passed its size on; until then the tty buffers it.
+	time.Sleep(500 * time.Millisecond)
+	if _, err := master.Write([]byte("stty size; echo h''i; exit 6\r")); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(master) // EIO once attach exits and the slave closes
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 6 {
+		t.Fatalf("attach -t: %v, output %q", err, out)
+	}
+	if !strings.Contains(string(out), "50 150\r\n") || !strings.Contains(string(out), "\r\nhi\r\n") {
+		t.Fatalf("attach -t output %q", out)
 	}
 }
