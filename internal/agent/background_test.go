@@ -283,3 +283,46 @@ func TestBackgroundStdinDeadline(t *testing.T) {
 func errorsIsTimeout(err error) bool {
 	return err != nil && os.IsTimeout(err)
 }
+
+// TestBackgroundSlowAttacher: a client that does not read while the
+// process writes 20 times its buffer neither blocks the process nor the
+// agent; when it reads, it gets what fitted in its socket, then a jump
+// in the offsets to the oldest byte still kept, and the stream's end.
+func TestBackgroundSlowAttacher(t *testing.T) {
+	a := startAgent(t, nil)
+	pid := bg(t, a.client, "sleep 0.2; head -c 1310720 /dev/zero; echo END", backend.BackgroundOpts{OutputCap: 64 << 10})
+	att, err := a.client.AttachBackground(ctx(t), pid, 0, backend.FromEnd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer att.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for !listed(t, a.client, pid).Exited {
+		if time.Now().After(deadline) {
+			t.Fatal("the process blocked behind a client that does not read")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var got []byte
+	next, jumps := int64(0), 0
+	for {
+		o, err := att.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Exit != nil {
+			break
+		}
+		if o.Offset != next {
+			if o.Offset < next {
+				t.Fatalf("offset went back from %d to %d", next, o.Offset)
+			}
+			jumps++
+		}
+		got = append(got, o.Data...)
+		next = o.Offset + int64(len(o.Data))
+	}
+	if next != 1310724 || jumps == 0 || len(got) >= 1310724 || !bytes.HasSuffix(got, []byte("\x00END\n")) {
+		t.Fatalf("end offset %d, %d jumps, %d bytes, tail %q", next, jumps, len(got), got[max(0, len(got)-8):])
+	}
+}
