@@ -98,6 +98,7 @@ struct conn {
 	struct watch wsock, wpipe;
 	int fd;      /* client socket, -1 once closed */
 	int pipefd;  /* exec-status pipe while C_STARTING, else -1 */
+	int ptm;     /* pty master of a connection's process until STARTED, else -1 */
 	pid_t pid;   /* 0 until forked */
 	int state;
 	int reaped, status, released;
@@ -165,7 +166,7 @@ static uint32_t get32(const uint8_t *p)
  * header and tag when F_DETACH is set. */
 static uint32_t strings_off(const uint8_t *p)
 {
-	return get32(p) & F_DETACH ? 20 + DETACH_HDR + get32(p + 20 + 12) : 20;
+	return get32(p) & (F_DETACH | F_PTY) ? 20 + DETACH_HDR + get32(p + 20 + 12) : 20;
 }
 
 /* ---- allocation ------------------------------------------------------- */
@@ -320,6 +321,10 @@ static void drop(struct conn *c, int kill_it)
 		unwatch_close(&c->fd);
 	if (c->pipefd >= 0)
 		unwatch_close(&c->pipefd);
+	if (c->ptm >= 0) {
+		close(c->ptm);
+		c->ptm = -1;
+	}
 	reset_frame(c);
 	if (c->pend) {
 		big_free(c->pend, CHUNK + OUT_HDR);
@@ -385,6 +390,7 @@ static void send_exited(struct conn *c)
 }
 
 static void bproc_publish(struct bproc *bp, struct conn *c);
+static int send_fd(struct conn *c, int fd, pid_t pid);
 
 /* The exec-status pipe has data (a setup step failed) or EOF (exec
  * succeeded, or the child died, which reap() handles). */
@@ -420,6 +426,15 @@ static void finish_start(struct conn *c)
 		return;
 	}
 	c->state = C_RUNNING;
+	if (c->ptm >= 0) {
+		/* The client reads and writes the terminal itself. */
+		int ok = send_fd(c, c->ptm, c->pid) == 0;
+		close(c->ptm);
+		c->ptm = -1;
+		if (!ok)
+			drop(c, 1);
+		return;
+	}
 	if (send_frame(c, 'R', p, 4) < 0)
 		drop(c, 1);
 }
@@ -536,7 +551,7 @@ static void __attribute__((noreturn)) child(struct conn *c, int errfd)
 {
 	const uint8_t *p = c->payload;
 	uint32_t flags = get32(p), argc = get32(p + 12), envc = get32(p + 16);
-	if (flags & F_DETACH)
+	if (flags & (F_DETACH | F_PTY))
 		flags |= 7u; /* the agent made all three streams */
 	uid_t uid = get32(p + 4);
 	gid_t gid = get32(p + 8);
@@ -1219,6 +1234,30 @@ static int bproc_request(struct conn *c, uint8_t type)
 	return 0;
 }
 
+/* Opens a pty of the sandbox's devpts at the size in ext: the
+ * (non-blocking) master into *master, three fds of the slave into c->fds
+ * for the child's 0, 1 and 2. */
+static int pty_open(struct conn *c, const uint8_t *ext, int *master)
+{
+	int m = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+	if (m < 0)
+		m = open("/dev/pts/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+	if (m < 0)
+		return errno;
+	*master = m;
+	int unlock = 0;
+	struct winsize ws = {.ws_row = (unsigned short)get32(ext + 4), .ws_col = (unsigned short)get32(ext + 8)};
+	if (ioctl(m, TIOCSPTLCK, &unlock) < 0 || ioctl(m, TIOCSWINSZ, &ws) < 0)
+		return errno;
+	for (int i = 0; i < 3; i++) {
+		int s = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (s < 0)
+			return errno;
+		c->fds[c->nfds++] = s;
+	}
+	return 0;
+}
+
 /* Makes the agent's ends of a background process's stdio and the child's
  * ends (into c->fds, as if the client had sent them). */
 static int bproc_prepare(struct conn *c, const uint8_t *ext)
@@ -1234,24 +1273,11 @@ static int bproc_prepare(struct conn *c, const uint8_t *ext)
 	c->bp = bp;
 	if (get32(c->payload) & F_PTY) {
 		bp->pty = 1;
-		int m = open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
-		if (m < 0)
-			m = open("/dev/pts/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
-		if (m < 0)
+		int e = pty_open(c, ext, &bp->out.fd);
+		if (e)
+			return e;
+		if ((bp->infd = fcntl(bp->out.fd, F_DUPFD_CLOEXEC, 3)) < 0)
 			return errno;
-		bp->out.fd = m;
-		int unlock = 0;
-		struct winsize ws = {.ws_row = (unsigned short)get32(ext + 4), .ws_col = (unsigned short)get32(ext + 8)};
-		if (ioctl(m, TIOCSPTLCK, &unlock) < 0 || ioctl(m, TIOCSWINSZ, &ws) < 0)
-			return errno;
-		if ((bp->infd = fcntl(m, F_DUPFD_CLOEXEC, 3)) < 0)
-			return errno;
-		for (int i = 0; i < 3; i++) {
-			int s = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
-			if (s < 0)
-				return errno;
-			c->fds[c->nfds++] = s;
-		}
 		return 0;
 	}
 	int pp[3][2];
@@ -1282,16 +1308,16 @@ static int exec_valid(const struct conn *c)
 	if ((flags & ~31u) || __builtin_popcount(flags & 7u) != c->nfds || argc == 0)
 		return 0;
 	uint32_t off = 20;
-	if (flags & F_DETACH) {
-		/* The agent makes the streams of a background process itself. */
+	if (flags & (F_DETACH | F_PTY)) {
+		/* The agent makes the streams itself. */
 		if (n < 20 + DETACH_HDR + 1 || (flags & 7u))
 			return 0;
 		uint32_t cap = get32(p + 20), taglen = get32(p + 32);
-		if (cap == 0 || cap > MAX_CAP || taglen > MAX_TAG || n < 20 + DETACH_HDR + taglen + 1)
+		if (taglen > MAX_TAG || n < 20 + DETACH_HDR + taglen + 1)
+			return 0;
+		if ((flags & F_DETACH) && (cap == 0 || cap > MAX_CAP))
 			return 0;
 		off = strings_off(p);
-	} else if (flags & F_PTY) {
-		return 0;
 	}
 	uint64_t strings = 0;
 	uint32_t start = off, argv0 = 0;
@@ -1320,6 +1346,12 @@ static void start_exec(struct conn *c)
 		int e = bproc_prepare(c, c->payload + 20);
 		if (e) {
 			fail(c, e, get32(c->payload) & F_PTY ? "pty" : "pipe");
+			return;
+		}
+	} else if (get32(c->payload) & F_PTY) {
+		int e = pty_open(c, c->payload + 20, &c->ptm);
+		if (e) {
+			fail(c, e, "pty");
 			return;
 		}
 	}
@@ -1487,6 +1519,7 @@ static void on_listen(void)
 			c->wpipe = (struct watch){W_PIPE, c, NULL};
 			c->fd = fd;
 			c->pipefd = -1;
+			c->ptm = -1;
 			ev.data.ptr = &c->wsock;
 		}
 		if (!c || epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {

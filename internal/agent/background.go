@@ -55,19 +55,11 @@ func (c *Client) StartBackground(ctx context.Context, p backend.ProcSpec, o back
 	if err != nil {
 		return 0, err
 	}
-	// The background header and tag go between the fixed fields and the
-	// strings.
-	ext := make([]byte, 16, 16+len(o.Tag))
-	le := binary.LittleEndian
-	le.PutUint32(ext[0:], uint32(o.OutputCap))
-	le.PutUint32(ext[4:], uint32(o.Rows))
-	le.PutUint32(ext[8:], uint32(o.Cols))
-	le.PutUint32(ext[12:], uint32(len(o.Tag)))
-	ext = append(ext, o.Tag...)
-	payload := append(append(append(make([]byte, 0, len(base)+len(ext)), base[:20]...), ext...), base[20:]...)
-	if len(payload) > maxPayload {
-		return 0, errdefs.Invalidf("command line and environment too large (%d bytes, limit %d)", len(payload), maxPayload)
+	payload, err := withExt(base, o.OutputCap, o.Rows, o.Cols, o.Tag)
+	if err != nil {
+		return 0, err
 	}
+	le := binary.LittleEndian
 
 	conn, err := c.dial(ctx)
 	if err != nil {
@@ -317,3 +309,135 @@ func (a *attachment) Close() error {
 
 // IsDone reports an error of a signal to a process that has exited.
 func IsDone(err error) bool { return errors.Is(err, os.ErrProcessDone) }
+
+// withExt puts the header of DETACH or PTY (cap, rows, cols, tag) between
+// an EXEC payload's fixed fields and its strings.
+func withExt(base []byte, cap int64, rows, cols uint16, tag []byte) ([]byte, error) {
+	ext := make([]byte, 16, 16+len(tag))
+	le := binary.LittleEndian
+	le.PutUint32(ext[0:], uint32(cap))
+	le.PutUint32(ext[4:], uint32(rows))
+	le.PutUint32(ext[8:], uint32(cols))
+	le.PutUint32(ext[12:], uint32(len(tag)))
+	ext = append(ext, tag...)
+	payload := append(append(append(make([]byte, 0, len(base)+len(ext)), base[:20]...), ext...), base[20:]...)
+	if len(payload) > maxPayload {
+		return nil, errdefs.Invalidf("command line and environment too large (%d bytes, limit %d)", len(payload), maxPayload)
+	}
+	return payload, nil
+}
+
+// startPTY starts a connection's process on a pty the agent makes in the
+// sandbox; STARTED brings the master, which the client reads and writes.
+func (c *Client) startPTY(ctx context.Context, p backend.ProcSpec) (backend.Process, error) {
+	p.Stdin, p.Stdout, p.Stderr = false, false, false
+	base, err := encodeExec(flagPTY, p)
+	if err != nil {
+		return nil, err
+	}
+	payload, err := withExt(base, 0, p.Rows, p.Cols, nil)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	proc := &process{conn: conn}
+	ok := false
+	defer func() {
+		if !ok {
+			proc.Close()
+		}
+	}()
+	stop := interruptOn(ctx, conn)
+	defer stop()
+	if _, err := conn.Write(frame(frameExec, payload)); err != nil {
+		return nil, ioErr(ctx, err, "send exec request to sandbox agent")
+	}
+	typ, body, fd, err := readFrameFD(conn)
+	if err != nil {
+		return nil, ioErr(ctx, err, "start process")
+	}
+	switch {
+	case typ == frameStarted && len(body) == 4 && fd >= 0:
+		proc.pid = int(int32(binary.LittleEndian.Uint32(body)))
+	case typ == frameFailed && len(body) > 4 && string(body[4:]) == "pty\x00":
+		return nil, errdefs.Wrap(errdefs.Unavailable, syscall.Errno(binary.LittleEndian.Uint32(body)), "allocate a pty in the sandbox")
+	case typ == frameFailed:
+		return nil, failure(body, p)
+	default:
+		if fd >= 0 {
+			syscall.Close(fd)
+		}
+		return nil, errdefs.Internalf("sandbox agent: unexpected reply %q to exec", typ)
+	}
+	syscall.CloseOnExec(fd)
+	// Non-blocking, so the runtime poller serves it.
+	proc.stdout = os.NewFile(uintptr(fd), "pty")
+	proc.ptyIn = ptyInput{proc.stdout}
+	if !stop() {
+		return nil, ctxErr(ctx, "start process")
+	}
+	ok = true
+	return proc, nil
+}
+
+// ptyInput writes to a pty; Close ends the input with the terminal's EOF
+// character and leaves the master open for output.
+type ptyInput struct{ f *os.File }
+
+func (w ptyInput) Write(b []byte) (int, error) { return w.f.Write(b) }
+func (w ptyInput) Close() error {
+	_, err := w.f.Write([]byte{4})
+	return err
+}
+
+// readFrameFD reads a small frame and the one fd that may ride on it
+// (-1 if none).
+func readFrameFD(conn *net.UnixConn) (byte, []byte, int, error) {
+	buf := make([]byte, 4096+hdrLen)
+	oob := make([]byte, syscall.CmsgSpace(4*4))
+	n, oobn, _, _, err := conn.ReadMsgUnix(buf[:hdrLen+4], oob)
+	fd := -1
+	if oobn > 0 {
+		if msgs, perr := syscall.ParseSocketControlMessage(oob[:oobn]); perr == nil {
+			for _, m := range msgs {
+				if got, err := syscall.ParseUnixRights(&m); err == nil {
+					for _, f := range got {
+						if fd < 0 {
+							fd = f
+						} else {
+							syscall.Close(f)
+						}
+					}
+				}
+			}
+		}
+	}
+	fail := func(err error) (byte, []byte, int, error) {
+		if fd >= 0 {
+			syscall.Close(fd)
+		}
+		return 0, nil, -1, err
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if n < hdrLen {
+		if _, err := io.ReadFull(conn, buf[n:hdrLen]); err != nil {
+			return fail(err)
+		}
+		n = hdrLen
+	}
+	size := int(binary.LittleEndian.Uint32(buf))
+	if size > 4096 {
+		return fail(errdefs.Internalf("sandbox agent: reply of %d bytes", size))
+	}
+	if n < hdrLen+size {
+		if _, err := io.ReadFull(conn, buf[n:hdrLen+size]); err != nil {
+			return fail(err)
+		}
+	}
+	return buf[4], buf[hdrLen : hdrLen+size], fd, nil
+}

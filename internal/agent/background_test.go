@@ -256,6 +256,28 @@ func TestBackgroundPTY(t *testing.T) {
 	}
 }
 
+// TestExecPTY: a connection's process on a pty: the client gets the
+// master, sees the size, types into it, and reads to the end.
+func TestExecPTY(t *testing.T) {
+	a := startAgent(t, nil)
+	p, err := a.client.Start(ctx(t), backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "stty size; read x; echo got $x"}, Env: []string{"PATH=/usr/bin:/bin"}, PTY: true, Rows: 7, Cols: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.Stderr() != nil {
+		t.Fatal("a pty process has a separate stderr")
+	}
+	if _, err := p.Stdin().Write([]byte("yo\n")); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(p.Stdout()) // EIO at the end
+	st, err := p.Wait()
+	if err != nil || st.Code != 0 || !strings.Contains(string(out), "7 9\r\n") || !strings.Contains(string(out), "got yo\r\n") {
+		t.Fatalf("output %q, %+v %v", out, st, err)
+	}
+}
+
 // TestBackgroundStdinDeadline: a write the process does not read stops at
 // its deadline (the stdin handle is served by the runtime poller).
 func TestBackgroundStdinDeadline(t *testing.T) {

@@ -77,6 +77,9 @@ func (c *Client) Ping(ctx context.Context) (Info, error) {
 // succeeded) or failed to start. Cancelling ctx during Start kills the
 // process; after Start returns, ctx no longer matters: Close the Process.
 func (c *Client) Start(ctx context.Context, p backend.ProcSpec) (backend.Process, error) {
+	if p.PTY {
+		return c.startPTY(ctx, p)
+	}
 	var flags uint32
 	for i, on := range []bool{p.Stdin, p.Stdout, p.Stderr} {
 		if on {
@@ -343,6 +346,7 @@ type process struct {
 	conn                  *net.UnixConn
 	pid                   int
 	stdin, stdout, stderr *os.File
+	ptyIn                 io.WriteCloser // with a pty: writes to stdout's master
 
 	waitOnce sync.Once
 	status   backend.ExitStatus
@@ -358,6 +362,9 @@ func (p *process) Pid() int { return p.pid }
 // The stream accessors return untyped nil for streams not requested.
 
 func (p *process) Stdin() io.WriteCloser {
+	if p.ptyIn != nil {
+		return p.ptyIn
+	}
 	if p.stdin == nil {
 		return nil
 	}

@@ -28,6 +28,10 @@
 //	            connection's process.
 //	'P' PING    empty.
 //
+// EXEC with PTY but without DETACH runs the connection's process on a pty
+// the agent makes (as below): STARTED then carries the master as
+// SCM_RIGHTS, which the client reads and writes itself.
+//
 // Requests about background processes, by pid, on a fresh connection:
 //
 //	'L' LIST    empty. Reply: one 'l' per process in start order, then 'e'.

@@ -201,6 +201,11 @@ type ProcSpec struct {
 	GID  uint32
 	// Which standard streams to connect. Unconnected streams are /dev/null.
 	Stdin, Stdout, Stderr bool
+	// PTY runs the process on a new terminal of Rows x Cols instead:
+	// Stdout reads it (raw terminal bytes, both streams), Stdin writes to
+	// it (closing Stdin sends the terminal's EOF character), Stderr is nil.
+	PTY        bool
+	Rows, Cols uint16
 }
 
 // Process is a running process in a sandbox. Its streams are nil when not

@@ -33,9 +33,9 @@ with 124.
 
 --background starts the command as a background process and prints its
 process id: it keeps running (across daemon restarts too) until it exits
-or the sandbox goes; see sandbox ps, attach and kill. --pty runs it on a
-terminal, for interactive programs: exec --background --pty ID sh, then
-attach -t ID p-1.`,
+or the sandbox goes; see sandbox ps, attach and kill. --pty runs the
+command on a terminal (its output, raw, on stdout); for an interactive
+program start it with --background --pty, then attach -t ID p-1.`,
 		Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			argv := args[1:]
@@ -54,9 +54,6 @@ attach -t ID p-1.`,
 				return usagef("--timeout must not be negative")
 			}
 			req.TimeoutMs = timeout.Milliseconds()
-			if pty && !background {
-				return usagef("--pty needs --background (then attach -t to it)")
-			}
 			req.Pty, req.Rows, req.Cols = pty, rows, cols
 			if background && (stream || idemKey != "") {
 				return usagef("--background does not go with --stream or --idempotency-key")
@@ -152,7 +149,7 @@ attach -t ID p-1.`,
 	f.BoolVarP(&stdin, "stdin", "i", false, "pass this process's stdin to the command")
 	f.StringVar(&outputLimit, "output-limit", "", "keep at most this much of each output stream, e.g. 16Mi (default 1Mi)")
 	f.BoolVarP(&background, "background", "d", false, "start as a background process, print its id and return")
-	f.BoolVarP(&pty, "pty", "t", false, "with --background: run on a terminal (raw bytes, one output stream)")
+	f.BoolVarP(&pty, "pty", "t", false, "run on a terminal (raw bytes, one output stream)")
 	f.Uint32Var(&rows, "rows", 0, "terminal rows with --pty (default 24)")
 	f.Uint32Var(&cols, "cols", 0, "terminal columns with --pty (default 80)")
 	f.StringVar(&idemKey, "idempotency-key", "", "a retry with the same key returns the first result instead of running again")

@@ -141,8 +141,9 @@ func (m *Manager) execOnce(ctx context.Context, req *warrenv1.ExecRequest, send 
 	if err != nil {
 		return nil, false, err
 	}
-	if req.GetPty() || req.GetRows() != 0 || req.GetCols() != 0 {
-		return nil, false, errdefs.Invalidf("pty is for StartProcess (then AttachProcess and WriteStdin), not Exec")
+	rows, cols, err := termSize(req)
+	if err != nil {
+		return nil, false, err
 	}
 	limit, err := outputLimit(req.GetOutputLimitBytes())
 	if err != nil {
@@ -157,6 +158,8 @@ func (m *Manager) execOnce(ctx context.Context, req *warrenv1.ExecRequest, send 
 		return nil, false, err
 	}
 	spec.Stdin = len(req.GetStdin()) > 0
+	// With a pty the output is the terminal's, on stdout.
+	spec.PTY, spec.Rows, spec.Cols = req.GetPty(), rows, cols
 	return m.run(ctx, s, v.sb, spec, runOpts{stdin: req.GetStdin(), timeout: timeout, limit: limit, keep: keep, send: send})
 }
 

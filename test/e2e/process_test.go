@@ -148,8 +148,13 @@ func TestPTYProcess(t *testing.T) {
 	}
 	err = e.c.ResizeProcess(ctx, &warrenv1.ResizeProcessRequest{SandboxId: id, ProcessId: p.GetProcessId(), Rows: 1, Cols: 1})
 	wantCategory(t, err, client.CategoryConflict, "resize after exit")
-	_, err = e.c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: id, Argv: []string{"true"}, Pty: true})
-	wantCategory(t, err, client.CategoryInvalid, "exec with pty")
+	// Exec runs on a pty too, its stdin typed into the terminal.
+	res, err = e.c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: id, Shell: "stty size; [ -t 2 ] && read x && echo got $x", Pty: true, Rows: 12, Cols: 34, Stdin: []byte("abc\n")})
+	if err != nil || !strings.Contains(string(res.GetStdout()), "12 34\r\n") || !strings.Contains(string(res.GetStdout()), "got abc\r\n") || res.GetExitCode() != 0 {
+		t.Fatalf("exec on a pty: %q %v %v", res.GetStdout(), res, err)
+	}
+	_, err = e.c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: id, Argv: []string{"true"}, Rows: 10})
+	wantCategory(t, err, client.CategoryInvalid, "rows without pty")
 }
 
 // TestCLIProcesses: exec --background, ps, attach (-i, and a pty

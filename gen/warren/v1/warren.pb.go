@@ -826,9 +826,10 @@ type ExecRequest struct {
 	// A retried request with the same key returns the first result instead of
 	// running the command again (kept for 10 minutes).
 	IdempotencyKey string `protobuf:"bytes,10,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	// StartProcess only: run on a new terminal (pty) of rows x cols
-	// (default 24 x 80). Output is raw terminal bytes on stdout; stdin goes
-	// to the terminal (WriteStdin close sends its EOF character, ^D).
+	// Run on a new terminal (pty) of rows x cols (default 24 x 80). Output
+	// is raw terminal bytes on stdout (stderr stays empty); stdin goes to
+	// the terminal (its end, or WriteStdin close, sends the EOF character
+	// ^D). With StartProcess, ResizeProcess changes the size.
 	Pty           bool   `protobuf:"varint,11,opt,name=pty,proto3" json:"pty,omitempty"`
 	Rows          uint32 `protobuf:"varint,12,opt,name=rows,proto3" json:"rows,omitempty"`
 	Cols          uint32 `protobuf:"varint,13,opt,name=cols,proto3" json:"cols,omitempty"`
