@@ -220,5 +220,7 @@ async def test_attach_and_pty(w: warren.AsyncWarren) -> None:
         r = await s.wait(timeout=30)
         assert b"40 120\r\n" in r.stdout and b"\r\nhi\r\n" in r.stdout and r.exit_code == 4
         assert (await s.refresh()).pty
+        r = await sb.exec("stty size; [ -t 1 ] && echo tty", pty=True, rows=5, cols=6)
+        assert r.stdout == b"5 6\r\ntty\r\n" and r.stderr == b""
         with pytest.raises(ValueError):
             await sb.start("true", rows=10)

@@ -1247,6 +1247,9 @@ class AsyncSandbox:
         output_limit: Optional[int] = None,
         idempotency_key: Optional[str] = None,
         check: bool = False,
+        pty: bool = False,
+        rows: Optional[int] = None,
+        cols: Optional[int] = None,
     ) -> ExecResult:
         """Run a command to completion and return its :class:`ExecResult`.
 
@@ -1266,11 +1269,15 @@ class AsyncSandbox:
                 and sandbox (results are kept 10 minutes); generated per call
                 when None, which makes retries of this call safe.
             check: raise :class:`CommandError` unless the command succeeded.
+            pty: run on a terminal of ``rows`` x ``cols`` (default 24 x 80):
+                raw terminal bytes on stdout, stderr empty, ``stdin`` typed
+                into the terminal and ended with ^D.
 
         Cancelling the awaiting task closes the request, and the daemon kills
         the command."""
         t = _positive("timeout", timeout) if timeout is not None else self.client.exec_timeout
         body = self._exec_body(command, env, cwd, user, stdin, t, output_limit)
+        _set_pty(body, pty, rows, cols)
         body["idempotencyKey"] = idempotency_key or uuid.uuid4().hex
         d = await self.client._rpc(_SBX + "Exec", body, timeout=self.client._exec_deadline(t), idempotent=True)
         r = ExecResult._from_json(d)
@@ -1335,14 +1342,7 @@ class AsyncSandbox:
         not idempotent)."""
         t = _positive("timeout", timeout) if timeout is not None else None
         body = self._exec_body(command, env, cwd, user, stdin, t, output_limit)
-        if pty:
-            body["pty"] = True
-            if rows:
-                body["rows"] = int(rows)
-            if cols:
-                body["cols"] = int(cols)
-        elif rows or cols:
-            raise ValueError("rows and cols need pty=True")
+        _set_pty(body, pty, rows, cols)
         d = await self.client._rpc(_SBX + "StartProcess", body, timeout=call_timeout, idempotent=False)
         return AsyncProcess(self, ProcessInfo._from_json(d))
 
@@ -2187,6 +2187,17 @@ class ProcessAttach:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+
+def _set_pty(body: Dict[str, Any], pty: bool, rows: Optional[int], cols: Optional[int]) -> None:
+    if pty:
+        body["pty"] = True
+        if rows:
+            body["rows"] = int(rows)
+        if cols:
+            body["cols"] = int(cols)
+    elif rows or cols:
+        raise ValueError("rows and cols need pty=True")
 
 
 def _int_of(v: Any) -> int:

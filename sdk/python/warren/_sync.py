@@ -545,6 +545,9 @@ class Sandbox:
         output_limit: Optional[int] = None,
         idempotency_key: Optional[str] = None,
         check: bool = False,
+        pty: bool = False,
+        rows: Optional[int] = None,
+        cols: Optional[int] = None,
     ) -> ExecResult:
         """Run a command to completion (see :meth:`AsyncSandbox.exec`)."""
         return self._run(
@@ -558,6 +561,9 @@ class Sandbox:
                 output_limit=output_limit,
                 idempotency_key=idempotency_key,
                 check=check,
+                pty=pty,
+                rows=rows,
+                cols=cols,
             )
         )
 
