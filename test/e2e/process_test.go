@@ -251,3 +251,36 @@ func TestCLIAttachTTY(t *testing.T) {
 		t.Fatalf("attach -t output %q", out)
 	}
 }
+
+// TestBackgroundProcessesAcrossRepeatedKills: eight processes writing all
+// the time keep running through five daemon kill -9s and restarts in
+// quick succession, and each one's output is complete and in order.
+func TestBackgroundProcessesAcrossRepeatedKills(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 3*time.Minute)
+	id := e.create(&warrenv1.CreateRequest{}).Id
+	const procs, lines = 8, 150
+	var want strings.Builder
+	for i := 0; i < lines; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	for i := 0; i < procs; i++ {
+		if _, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: id, Shell: fmt.Sprintf("i=0; while [ $i -lt %d ]; do echo $i; i=$((i+1)); sleep 0.02; done", lines)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k := 0; k < 5; k++ {
+		e.kill9()
+		time.Sleep(200 * time.Millisecond)
+		e.start()
+		if ps, err := e.c.ListProcesses(ctx, id); err != nil || len(ps) != procs {
+			t.Fatalf("after restart %d: %d processes, %v", k+1, len(ps), err)
+		}
+	}
+	for i := 1; i <= procs; i++ {
+		res, err := e.c.WaitProcess(ctx, &warrenv1.WaitProcessRequest{SandboxId: id, ProcessId: fmt.Sprintf("p-%d", i)})
+		if err != nil || res.GetExitCode() != 0 || string(res.GetStdout()) != want.String() {
+			t.Fatalf("p-%d: exit %d, %d bytes of output (want %d), %v", i, res.GetExitCode(), len(res.GetStdout()), want.Len(), err)
+		}
+	}
+}
