@@ -375,65 +375,17 @@ func (m *Manager) watchProcess(p *process) {
 		defer t.Stop()
 		timeoutC = t.C
 	}
-	type next struct {
-		st  *backend.ExitStatus
-		err error
-	}
-	for {
-		p.mu.Lock()
-		if p.detached {
-			p.mu.Unlock()
+	for !p.isDetached() {
+		st, err := p.awaitExit(&timeoutC)
+		if st != nil {
+			p.finish(*st, false, time.Since(p.started))
 			return
 		}
-		p.mu.Unlock()
-		a, err := p.host.AttachBackground(context.Background(), p.pid, backend.FromEnd, backend.FromEnd)
-		if err == nil {
-			p.mu.Lock()
-			p.watch = a
-			detached := p.detached
-			p.mu.Unlock()
-			if detached {
-				a.Close()
-				return
-			}
-			ch := make(chan next, 1)
-			go func() {
-				for {
-					o, err := a.Next()
-					if err != nil || o.Exit != nil {
-						ch <- next{o.Exit, err}
-						return
-					}
-				}
-			}()
-			var n next
-			select {
-			case n = <-ch:
-			case <-timeoutC:
-				timeoutC = nil
-				p.mu.Lock()
-				p.timedOut = true
-				p.mu.Unlock()
-				_ = p.host.SignalBackground(context.Background(), p.pid, syscall.SIGKILL, true)
-				n = <-ch
-			}
-			a.Close()
-			p.mu.Lock()
-			p.watch = nil
-			p.mu.Unlock()
-			if n.st != nil {
-				p.finish(*n.st, false, time.Since(p.started))
-				return
-			}
-			err = n.err
-		}
-		p.mu.Lock()
-		detached := p.detached
-		p.mu.Unlock()
-		if detached {
+		if p.isDetached() {
 			return
 		}
-		// Lost the agent: the sandbox is going, or gone.
+		// Lost the agent: the sandbox is going, or gone, or the agent is
+		// slow to accept (a full backlog): try again while it answers.
 		m.log.Debug("background process: lost the agent", "sandbox", p.sandbox, "process", p.id, "err", err)
 		if errdefs.CategoryOf(err) != errdefs.Unavailable {
 			p.gone()
@@ -448,6 +400,61 @@ func (m *Manager) watchProcess(p *process) {
 			p.gone()
 			return
 		}
+	}
+}
+
+func (p *process) isDetached() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.detached
+}
+
+// awaitExit attaches as a waiter (no output) and returns the exit status,
+// or the error that ended the attach. When *timeoutC fires first, the
+// process group is killed (once: *timeoutC is cleared).
+func (p *process) awaitExit(timeoutC *<-chan time.Time) (*backend.ExitStatus, error) {
+	a, err := p.host.AttachBackground(context.Background(), p.pid, backend.FromEnd, backend.FromEnd)
+	if err != nil {
+		return nil, err
+	}
+	defer a.Close()
+	p.mu.Lock()
+	if p.detached {
+		p.mu.Unlock()
+		return nil, errdefs.Unavailablef("detached")
+	}
+	p.watch = a // detach closes it, which ends Next
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.watch = nil
+		p.mu.Unlock()
+	}()
+	type next struct {
+		st  *backend.ExitStatus
+		err error
+	}
+	ch := make(chan next, 1)
+	go func() {
+		for {
+			o, err := a.Next()
+			if err != nil || o.Exit != nil {
+				ch <- next{o.Exit, err}
+				return
+			}
+		}
+	}()
+	select {
+	case n := <-ch:
+		return n.st, n.err
+	case <-*timeoutC:
+		*timeoutC = nil
+		p.mu.Lock()
+		p.timedOut = true
+		p.mu.Unlock()
+		_ = p.host.SignalBackground(context.Background(), p.pid, syscall.SIGKILL, true)
+		n := <-ch
+		return n.st, n.err
 	}
 }
 
