@@ -467,6 +467,14 @@ func Run(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("BackgroundAcrossAdopt", func(t *testing.T) {
+		sb := create(t, b, h, nil)
+		if _, ok := sb.(backend.Background); !ok {
+			t.Skip("the backend has no background processes (backend.Background)")
+		}
+		backgroundAcrossAdopt(t, sb, h.New(t))
+	})
+
 	t.Run("SweepOrphans", func(t *testing.T) {
 		base := h.Resources(t)
 		keep := create(t, b, h, nil)
@@ -529,4 +537,60 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(25 * time.Millisecond)
 	}
 	t.Fatal("condition not met within 5s")
+}
+
+// backgroundAcrossAdopt: a background process started through one handle
+// is listed, fed, signalled and followed through a handle of a new backend
+// instance (a restarted daemon), with its output from before and after.
+func backgroundAcrossAdopt(t *testing.T, sb backend.Sandbox, b2 backend.Backend) {
+	ctx := context.Background()
+	h1 := sb.(backend.Background)
+	pid, err := h1.StartBackground(ctx, backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "echo before; read x; echo after $x; exec sleep 1000"}},
+		backend.BackgroundOpts{OutputCap: 1 << 20, Tag: []byte("t")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := b2.Adopt(ctx, sb.ID(), sb.State())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, ok := sb2.(backend.Background)
+	if !ok {
+		t.Fatal("an adopted sandbox lost backend.Background")
+	}
+	list, err := h2.ListBackground(ctx)
+	if err != nil || len(list) != 1 || list[0].Pid != pid || list[0].Exited || string(list[0].Tag) != "t" {
+		t.Fatalf("listed after adopt: %+v %v", list, err)
+	}
+	w, err := h2.OpenStdin(ctx, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write([]byte("x\n")); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	a, err := h2.AttachBackground(ctx, pid, 0, backend.FromEnd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	var out []byte
+	for !strings.Contains(string(out), "after x\n") {
+		o, err := a.Next()
+		if err != nil || o.Exit != nil {
+			t.Fatalf("attach: %v %+v, output so far %q", err, o, out)
+		}
+		out = append(out, o.Data...)
+	}
+	if string(out) != "before\nafter x\n" {
+		t.Fatalf("output %q", out)
+	}
+	if err := h2.SignalBackground(ctx, pid, syscall.SIGKILL, true); err != nil {
+		t.Fatal(err)
+	}
+	o, err := a.Next()
+	if err != nil || o.Exit == nil || o.Exit.Signal != syscall.SIGKILL {
+		t.Fatalf("exit: %+v %v", o, err)
+	}
 }
