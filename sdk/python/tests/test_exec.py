@@ -222,5 +222,7 @@ async def test_attach_and_pty(w: warren.AsyncWarren) -> None:
         assert (await s.refresh()).pty
         r = await sb.exec("stty size; [ -t 1 ] && echo tty", pty=True, rows=5, cols=6)
         assert r.stdout == b"5 6\r\ntty\r\n" and r.stderr == b""
+        async with sb.exec_stream("stty size", pty=True, rows=7, cols=8) as st:
+            assert (await st.wait()).stdout == b"7 8\r\n"
         with pytest.raises(ValueError):
             await sb.start("true", rows=10)

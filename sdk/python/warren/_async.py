@@ -1297,6 +1297,9 @@ class AsyncSandbox:
         timeout: Optional[float] = None,
         output_limit: Optional[int] = None,
         idempotency_key: Optional[str] = None,
+        pty: bool = False,
+        rows: Optional[int] = None,
+        cols: Optional[int] = None,
     ) -> "ExecStream":
         """Run a command and stream its output: an async iterator of
         :class:`ExecEvent` (stdout and stderr chunks as they come, then the
@@ -1310,6 +1313,7 @@ class AsyncSandbox:
         """
         t = _positive("timeout", timeout) if timeout is not None else self.client.exec_timeout
         body = self._exec_body(command, env, cwd, user, stdin, t, output_limit)
+        _set_pty(body, pty, rows, cols)  # as in exec
         body["idempotencyKey"] = idempotency_key or uuid.uuid4().hex
         return ExecStream(self, body, self.client._exec_deadline(t), command)
 

@@ -578,6 +578,9 @@ class Sandbox:
         timeout: Optional[float] = None,
         output_limit: Optional[int] = None,
         idempotency_key: Optional[str] = None,
+        pty: bool = False,
+        rows: Optional[int] = None,
+        cols: Optional[int] = None,
     ) -> "SyncExecStream":
         """Run a command and iterate over its output events (see
         :meth:`AsyncSandbox.exec_stream`); use it in a ``with`` block."""
@@ -590,6 +593,9 @@ class Sandbox:
             timeout=timeout,
             output_limit=output_limit,
             idempotency_key=idempotency_key,
+            pty=pty,
+            rows=rows,
+            cols=cols,
         )
         return SyncExecStream(self.client, st)
 
