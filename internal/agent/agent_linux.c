@@ -89,6 +89,7 @@ struct bproc {
 	uint32_t cap;      /* per stream */
 	uint64_t start_ms, run_ms;
 	struct ring out, err;
+	struct conn *att;   /* attached clients, linked through anext */
 	struct bproc *next; /* in start order */
 	uint32_t taglen;
 	uint8_t tag[MAX_TAG];
@@ -116,6 +117,8 @@ struct conn {
 	uint8_t *pend;     /* frame being sent (CHUNK + OUT_HDR bytes) */
 	uint32_t plen_out, psent;
 	int wantout;       /* EPOLLOUT is armed */
+	int linked;        /* on bp->att */
+	struct conn *anext, *aprev;
 	struct conn *prev, *next; /* all live conns, for pid lookup */
 	struct conn *dead;        /* freed at the end of an epoll batch */
 };
@@ -334,7 +337,16 @@ static void drop(struct conn *c, int kill_it)
 		bproc_discard(c->bp); /* never listed: nobody else knows it */
 		c->bp = NULL;
 	}
-	if (c->state == C_ATTACHED || c->state == C_LISTING)
+	if (c->linked) {
+		if (c->aprev)
+			c->aprev->anext = c->anext;
+		else
+			c->bp->att = c->anext;
+		if (c->anext)
+			c->anext->aprev = c->aprev;
+		c->linked = 0;
+	}
+	if (c->state == C_ATTACHED || c->state == C_LISTING || c->state == C_IDLE)
 		c->bp = NULL;
 	if (c->pid > 0 && !c->reaped) {
 		if (kill_it) {
@@ -892,12 +904,15 @@ static void bproc_discard(struct bproc *bp)
 
 static void pump(struct conn *c);
 
-/* Tells every client attached to bp that there is news. */
+/* Tells every client attached to bp that there is news. pump may drop
+ * (and unlink) c, which stays readable until the end of the batch. */
 static void kick(struct bproc *bp)
 {
-	for (struct conn *c = conns; c; c = c->next)
-		if (c->state == C_ATTACHED && c->bp == bp && c->fd >= 0)
+	for (struct conn *c = bp->att, *next; c; c = next) {
+		next = c->anext;
+		if (c->state == C_ATTACHED && c->fd >= 0)
 			pump(c);
+	}
 }
 
 /* Reads what the stream has (at most a few chunks per event, so that one
@@ -1173,6 +1188,11 @@ static int bproc_request(struct conn *c, uint8_t type)
 			return -1;
 		c->state = C_ATTACHED;
 		c->bp = bp;
+		c->anext = bp->att;
+		if (bp->att)
+			bp->att->aprev = c;
+		bp->att = c;
+		c->linked = 1;
 		c->cur[0] = get64(p + 4);
 		c->cur[1] = get64(p + 12);
 		reset_frame(c);
