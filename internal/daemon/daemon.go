@@ -136,7 +136,7 @@ type sandbox struct {
 	info         *warrenv1.Sandbox // State mirrors st
 	sb           backend.Sandbox   // nil while creating, or when never adopted
 	backendState []byte
-	imageLayers  []string      // digests, bottom first
+	imageLayers  []string           // digests, bottom first
 	fs           backend.FileSystem // nil: the backend serves no file calls (fsFor)
 	timer        *time.Timer
 	unwatch      func() bool   // unregisters watch's callback
