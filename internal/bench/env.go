@@ -71,8 +71,10 @@ type Env struct {
 	exited        chan struct{}
 	exitErr       error
 	cgroupParent  string
-	stateDir      string // the private daemon's
-	diskDir       string // scratch disk mount point, "" without one
+	stateDir      string   // the private daemon's
+	daemonExe     string   // the private daemon's binary (restart.go)
+	daemonArgs    []string // and its arguments
+	diskDir       string   // scratch disk mount point, "" without one
 	closeOnce     sync.Once
 }
 
@@ -177,29 +179,39 @@ func (e *Env) startDaemon(ctx context.Context, exe string, extra []string) error
 	}
 	sock := filepath.Join(e.Tmp, "warren.sock")
 	e.cgroupParent = "warren-bench-" + strconv.Itoa(os.Getpid())
-	logf, err := os.Create(filepath.Join(e.Tmp, "daemon.log"))
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
 	args := append([]string{"serve",
 		"--state-dir", e.stateDir,
 		"--run-dir", filepath.Join(e.Tmp, "run"),
 		"--socket", sock,
 		"--cgroup-parent", e.cgroupParent,
 		"--log-level", "warn"}, extra...)
-	cmd := exec.Command(exe, args...)
+	e.daemonExe, e.daemonArgs = exe, args
+	e.logf("starting private daemon: %s %s", exe, strings.Join(args, " "))
+	return e.execDaemon()
+}
+
+// execDaemon starts the private daemon's process (again, after a
+// restart: its log is appended to).
+func (e *Env) execDaemon() error {
+	logf, err := os.OpenFile(filepath.Join(e.Tmp, "daemon.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(e.daemonExe, e.daemonArgs...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	e.logf("starting private daemon: %s %s", exe, strings.Join(args, " "))
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start daemon: %w", err)
 	}
-	e.cmd, e.Private, e.DaemonPid, e.Addr = cmd, true, cmd.Process.Pid, "unix://"+sock
-	e.exited = make(chan struct{})
+	e.cmd, e.Private, e.DaemonPid, e.Addr = cmd, true, cmd.Process.Pid, "unix://"+filepath.Join(e.Tmp, "warren.sock")
+	// Locals: a restart replaces e.exited while the old waiter may run.
+	exited := make(chan struct{})
+	e.exited = exited
 	go func() {
-		e.exitErr = cmd.Wait()
-		close(e.exited)
+		err := cmd.Wait()
+		e.exitErr = err
+		close(exited)
 	}()
 	return nil
 }

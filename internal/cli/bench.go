@@ -46,7 +46,7 @@ result to stdout, as a table or (--json) one JSON object.`,
 	pf.StringVar(&bf.jsonFile, "json-file", "", "also write the report as JSON to this file")
 	_ = pf.MarkHidden("daemon-bin")
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
-		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf))
+		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf))
 	return c
 }
 
@@ -356,5 +356,43 @@ without debootstrap. Run as root (drop_caches).`,
 	c.Flags().BoolVar(&layerDirectIO, "layer-direct-io", true, "the private daemon's --layer-direct-io (false: layers read through the blobs' page cache, as before)")
 	c.Flags().IntVar(&layerReadAhead, "layer-read-ahead-kb", 0, "the private daemon's --layer-read-ahead-kb (0: the kernel's default)")
 	scratchDiskFlags(c, &scratch, &readAhead)
+	return c
+}
+
+func newBenchRestartCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.RestartConfig{}
+	c := &cobra.Command{
+		Use:   "restart [--n 3200] [--rounds 5]",
+		Short: "Daemon restart to serving with N live sandboxes and N background processes, and exec right after; against an empty daemon's start",
+		Long: `Create N sandboxes (--concurrency at a time), each running one background
+process, then --rounds times: kill -9 the private daemon and start it again,
+then stop it with SIGTERM and start it again. Each restart is timed from the
+exec of 'warren serve' to its first Version reply (serving), to a List
+showing all N RUNNING (running) and to ListProcesses of --sample-procs
+random sandboxes showing their process running (ready); then --execs
+Exec(true) into random sandboxes are timed, and every sandbox's process is
+checked to be running. The peer is the same binary with the same flags
+started on an empty state directory in each round. Needs the private
+daemon (no --addr); run as root. About 1 MiB of node memory per sandbox.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.N < 1 || cfg.Rounds < 1 || cfg.Execs < 1 || cfg.ExecConcurrency < 1 || cfg.SampleProcs < 1 || cfg.Concurrency < 1 {
+				return usagef("--n, --rounds, --execs, --exec-concurrency, --sample-procs and --concurrency must be at least 1")
+			}
+			if f := cmd.Flag("addr"); f != nil && f.Changed {
+				return usagef("bench restart stops and starts the daemon: it runs only against its private one (no --addr)")
+			}
+			cfg.Peers = bf.peers
+			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, nofile uint64) (bench.Report, error) {
+				return bench.RunRestart(ctx, env, cfg, nofile)
+			})
+		},
+	}
+	c.Flags().IntVar(&cfg.N, "n", 3200, "live sandboxes, each with one background process")
+	c.Flags().IntVar(&cfg.Rounds, "rounds", 5, "restarts per stop mode (kill -9, SIGTERM)")
+	c.Flags().IntVar(&cfg.Execs, "execs", 200, "execs timed right after each restart")
+	c.Flags().IntVar(&cfg.ExecConcurrency, "exec-concurrency", 1, "execs in flight")
+	c.Flags().IntVar(&cfg.SampleProcs, "sample-procs", 64, "sandboxes whose ListProcesses must show the process running before ready")
+	c.Flags().IntVar(&cfg.Concurrency, "concurrency", 8, "creates in flight")
 	return c
 }
