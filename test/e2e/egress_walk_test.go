@@ -3,13 +3,10 @@ package e2e
 import (
 	"archive/tar"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -205,30 +202,6 @@ func countEntries(t *testing.T, r io.ReadCloser) int {
 			t.Fatalf("reading the archive after %d entries: %v", n, err)
 		}
 		n++
-	}
-}
-
-// trashEntries lists what waits in the daemon's trash.
-func (e *env) trashEntries() []string {
-	ents, err := os.ReadDir(filepath.Join(e.stateDir, "trash"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		e.t.Fatal(err)
-	}
-	var out []string
-	for _, ent := range ents {
-		out = append(out, ent.Name())
-	}
-	return out
-}
-
-func (e *env) waitTrashEmpty(within time.Duration) {
-	e.t.Helper()
-	deadline := time.Now().Add(within)
-	for len(e.trashEntries()) > 0 {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("trash still holds %v after %v:\n%s", e.trashEntries(), within, e.logTail(20))
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -766,3 +766,29 @@ func (e *env) waitState(id string, st warrenv1.SandboxState, within time.Duratio
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// trashEntries lists what waits in the daemon's trash.
+func (e *env) trashEntries() []string {
+	ents, err := os.ReadDir(filepath.Join(e.stateDir, "trash"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		e.t.Fatal(err)
+	}
+	var out []string
+	for _, ent := range ents {
+		out = append(out, ent.Name())
+	}
+	return out
+}
+
+// waitTrashEmpty waits until the reaper (a nice-19 thread, so slow on a
+// busy machine) has removed every deleted sandbox's files.
+func (e *env) waitTrashEmpty(within time.Duration) {
+	e.t.Helper()
+	deadline := time.Now().Add(within)
+	for len(e.trashEntries()) > 0 {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("trash still holds %v after %v:\n%s", e.trashEntries(), within, e.logTail(20))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

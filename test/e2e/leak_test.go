@@ -523,6 +523,8 @@ func TestOrphanSweep(t *testing.T) {
 				t.Errorf("create of %s succeeded but after the restart it is %v", id, states[id])
 			}
 		}
+		// Deleted sandboxes' files leave in the background.
+		e.waitTrashEmpty(30 * time.Second)
 		var orphans []string
 		for _, r := range e.resources() {
 			if states[r.id] != stateRunning {
@@ -623,6 +625,8 @@ func TestKillDuringDeletes(t *testing.T) {
 			t.Errorf("sandbox %s was deleted but is back as %v", id, st)
 		}
 	}
+	// Deleted sandboxes' files leave in the background.
+	e.waitTrashEmpty(30 * time.Second)
 	for _, r := range e.resources() {
 		if states[r.id] != stateRunning {
 			t.Errorf("resource of no running sandbox after the restart: %v", r)
