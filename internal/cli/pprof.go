@@ -4,17 +4,18 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/pprof"
 	"time"
+
+	"github.com/warrenrl/warren/internal/server"
 )
 
 // servePprof serves Go's profiling endpoints (/debug/pprof/) on addr until
 // ctx ends and returns the address it listens on. It has no
 // authentication: give it a loopback address.
 func servePprof(ctx context.Context, addr string, log *slog.Logger) (string, error) {
-	ln, err := net.Listen("tcp", addr)
+	ln, err := server.ListenTCP(addr)
 	if err != nil {
 		return "", err
 	}

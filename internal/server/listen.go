@@ -135,6 +135,21 @@ func hungUp(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
+// ListenTCP listens on a TCP address. An address in use is tried again
+// for up to ~2 s (probeAttempts): after a kill -9 the daemon's fork that
+// had not yet exec'd (see probeSocket) still holds the old listener.
+func ListenTCP(addr string) (net.Listener, error) {
+	var err error
+	for range probeAttempts {
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", addr); !errors.Is(err, syscall.EADDRINUSE) {
+			return ln, err
+		}
+		time.Sleep(probeBackoff)
+	}
+	return nil, err
+}
+
 type unixListener struct {
 	*net.UnixListener
 	path string

@@ -50,3 +50,18 @@ func TestUnixSocketHeldUnserved(t *testing.T) {
 		t.Fatalf("a silent server: %v", err)
 	}
 }
+
+// TestListenTCPWaitsForHolder: a TCP address held by a listener that
+// lets go within the retry window is listened on once free.
+func TestListenTCPWaitsForHolder(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(300*time.Millisecond, func() { l.Close() })
+	ln, err := ListenTCP(l.Addr().String())
+	if err != nil {
+		t.Fatalf("address held for 300 ms: %v", err)
+	}
+	ln.Close()
+}

@@ -87,7 +87,7 @@ func (s *Server) Listen() error {
 		s.unixLn = ln
 	}
 	if s.cfg.ListenAddr != "" {
-		ln, err := net.Listen("tcp", s.cfg.ListenAddr)
+		ln, err := ListenTCP(s.cfg.ListenAddr)
 		if err != nil {
 			s.Close()
 			return fmt.Errorf("listen on %s: %w", s.cfg.ListenAddr, err)
