@@ -20,6 +20,9 @@ type benchFlags struct {
 	peers     bool
 	quiet     bool
 	jsonFile  string
+	// daemonArgs are extra `warren serve` flags of the private daemon
+	// (e.g. --pprof, to profile it under a benchmark).
+	daemonArgs []string
 }
 
 func newBenchCommand() *cobra.Command {
@@ -44,7 +47,9 @@ result to stdout, as a table or (--json) one JSON object.`,
 	pf.BoolVar(&bf.peers, "peers", true, "also measure the peer systems")
 	pf.BoolVar(&bf.quiet, "quiet", false, "no progress on stderr")
 	pf.StringVar(&bf.jsonFile, "json-file", "", "also write the report as JSON to this file")
+	pf.StringArrayVar(&bf.daemonArgs, "daemon-arg", nil, "extra `warren serve` flag of the private daemon (repeatable), e.g. --daemon-arg=--pprof=127.0.0.1:6060")
 	_ = pf.MarkHidden("daemon-bin")
+	_ = pf.MarkHidden("daemon-arg")
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
 		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf))
 	return c
@@ -69,6 +74,7 @@ func benchEnv(cmd *cobra.Command, bf *benchFlags, opts func(*bench.Options)) (*b
 	if opts != nil {
 		opts(&o)
 	}
+	o.DaemonArgs = append(o.DaemonArgs, bf.daemonArgs...)
 	env, err := bench.Setup(cmd.Context(), o)
 	return env, nofile, err
 }

@@ -20,6 +20,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -147,11 +148,16 @@ type sandbox struct {
 	// reach serializes the Adopt calls that reach a sandbox without a
 	// handle (readopt of a LOST one, and its deletion), so that one
 	// handle, not two, comes back.
-	reach       sync.Mutex
-	procs       map[string]*process
-	procSeq     int
-	procPending int
-	commit      *commitOp // the commit in progress, if any
+	reach   sync.Mutex
+	procs   map[string]*process
+	procSeq int
+	// procsAdopted, when not nil, is closed once the processes of this
+	// adopted sandbox are rebuilt; process calls wait for it. Set before
+	// the sandbox is published, never changed.
+	procsAdopted chan struct{}
+	procsClaimed atomic.Bool // whoever sets it adopts the processes
+	procPending  int
+	commit       *commitOp // the commit in progress, if any
 }
 
 // New opens the store under cfg.StateDir and re-adopts the sandboxes an

@@ -891,3 +891,47 @@ func TestWriteStdinHonoursCtxBehindBlockedWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRestartProcessCallsWaitForProcessAdoption: after a restart the
+// daemon serves before every sandbox's background processes are listed
+// again (adoptAllProcesses); the first process call on a sandbox, even a
+// StartProcess, must see them: the new process gets the next id, not a
+// reused one, and the list is complete.
+func TestRestartProcessCallsWaitForProcessAdoption(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	const n = 24
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("sb%02d", i)
+		e.create(&warrenv1.CreateRequest{Id: ids[i]})
+		if p, err := e.m.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: ids[i], Argv: []string{"sleep", "1000"}}); err != nil || p.GetProcessId() != "p-1" {
+			t.Fatalf("start %v %v", p, err)
+		}
+	}
+	e.stop()
+	e.start()
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n)
+	for i := n - 1; i >= 0; i-- {
+		wg.Add(1)
+		go func(id string, list bool) {
+			defer wg.Done()
+			if list {
+				l, err := e.m.ListProcesses(ctx, &warrenv1.ListProcessesRequest{SandboxId: id})
+				if err != nil || len(l.GetProcesses()) < 1 || l.GetProcesses()[0].GetProcessId() != "p-1" || !l.GetProcesses()[0].GetRunning() {
+					errs <- fmt.Errorf("%s: list right after the restart: %v %v", id, l, err)
+				}
+				return
+			}
+			if p, err := e.m.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: id, Argv: []string{"true"}}); err != nil || p.GetProcessId() != "p-2" {
+				errs <- fmt.Errorf("%s: first call after the restart started %v (want p-2) %v", id, p, err)
+			}
+		}(ids[i], i%2 == 1)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}

@@ -242,6 +242,11 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 	if err != nil {
 		return nil, err
 	}
+	// The adopted processes' sequence numbers come first: a new one must
+	// not reuse a handle.
+	if err := m.awaitProcs(ctx, s); err != nil {
+		return nil, err
+	}
 
 	s.mu.Lock()
 	if len(s.procs)+s.procPending >= MaxProcessesPerSandbox {
@@ -321,9 +326,45 @@ func (p *process) openStdin(ctx context.Context) (backend.StdinWriter, error) {
 	return p.stdin, nil
 }
 
+// awaitProcs waits until the background processes of an adopted sandbox
+// are rebuilt, so that no call sees a partial list. When adoptAllProcesses
+// has not reached the sandbox yet, the call adopts them itself: one agent
+// round trip rather than a wait for the pool's turn.
+func (m *Manager) awaitProcs(ctx context.Context, s *sandbox) error {
+	if s.procsAdopted == nil {
+		return nil
+	}
+	if s.procsClaimed.CompareAndSwap(false, true) {
+		m.adoptProcessesOf(s)
+		return nil
+	}
+	select {
+	case <-s.procsAdopted:
+		return nil
+	case <-ctx.Done():
+		return errdefs.Wrap(errdefs.Unavailable, ctx.Err(), "sandbox "+s.id+": its background processes are still being adopted after the daemon restart")
+	}
+}
+
+// adoptProcessesOf adopts the processes of a sandbox adoptAll adopted
+// (its caller claimed it: procsClaimed),
+// unless it stopped or was deleted meanwhile or the daemon is closing (the
+// next daemon adopts them), and opens its gate.
+func (m *Manager) adoptProcessesOf(s *sandbox) {
+	defer close(s.procsAdopted)
+	s.mu.Lock()
+	sb, st := s.sb, s.st
+	s.mu.Unlock()
+	if sb != nil && st == stateRunning && !isDone(m.closing) {
+		m.adoptProcesses(s, sb)
+	}
+}
+
 // adoptProcesses rebuilds the records of the background processes an
 // earlier daemon started, from the agent's list, and watches the running
-// ones again. Records without a tag of ours are not listed.
+// ones again. Records without a tag of ours are not listed. A sandbox
+// that left RUNNING meanwhile (its records were collected by remove or
+// died) gets none.
 func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
 	host, ok := sb.(backend.Background)
 	if !ok {
@@ -338,6 +379,10 @@ func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
 	}
 	var watch []*process
 	s.mu.Lock()
+	if s.sb != sb || s.st != stateRunning {
+		s.mu.Unlock()
+		return
+	}
 	for _, r := range recs {
 		var t procTag
 		if json.Unmarshal(r.Tag, &t) != nil || t.ID == "" || t.Seq <= 0 {
@@ -459,9 +504,12 @@ func (p *process) awaitExit(timeoutC *<-chan time.Time) (*backend.ExitStatus, er
 }
 
 // process finds a background process of a sandbox in any state.
-func (m *Manager) process(sandboxID, processID string) (*process, error) {
+func (m *Manager) process(ctx context.Context, sandboxID, processID string) (*process, error) {
 	s, err := m.lookup(sandboxID)
 	if err != nil {
+		return nil, err
+	}
+	if err := m.awaitProcs(ctx, s); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -481,6 +529,9 @@ func (m *Manager) ListProcesses(ctx context.Context, req *warrenv1.ListProcesses
 	defer m.observe("ListProcesses", &err)
 	s, err := m.lookup(req.GetSandboxId())
 	if err != nil {
+		return nil, err
+	}
+	if err := m.awaitProcs(ctx, s); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
@@ -527,7 +578,7 @@ func (p *process) exitedAll(procs []*process) bool {
 // passes; the process keeps running).
 func (m *Manager) WaitProcess(ctx context.Context, req *warrenv1.WaitProcessRequest) (_ *warrenv1.ExecResult, err error) {
 	defer m.observe("WaitProcess", &err)
-	p, err := m.process(req.GetSandboxId(), req.GetProcessId())
+	p, err := m.process(ctx, req.GetSandboxId(), req.GetProcessId())
 	if err != nil {
 		return nil, err
 	}
@@ -610,7 +661,7 @@ func (b *streamBuf) add(o backend.Output) {
 // detaches; the process runs on.
 func (m *Manager) AttachProcess(ctx context.Context, req *warrenv1.AttachProcessRequest, send func(*warrenv1.ProcessEvent) error) (err error) {
 	defer m.observe("AttachProcess", &err)
-	p, err := m.process(req.GetSandboxId(), req.GetProcessId())
+	p, err := m.process(ctx, req.GetSandboxId(), req.GetProcessId())
 	if err != nil {
 		return err
 	}
@@ -683,7 +734,7 @@ func sendExit(p *process, send func(*warrenv1.ProcessEvent) error) error {
 // ResizeProcess sets the terminal size of a PTY process.
 func (m *Manager) ResizeProcess(ctx context.Context, req *warrenv1.ResizeProcessRequest) (_ *warrenv1.ResizeProcessResponse, err error) {
 	defer m.observe("ResizeProcess", &err)
-	p, err := m.process(req.GetSandboxId(), req.GetProcessId())
+	p, err := m.process(ctx, req.GetSandboxId(), req.GetProcessId())
 	if err != nil {
 		return nil, err
 	}
@@ -717,7 +768,7 @@ func (m *Manager) SignalProcess(ctx context.Context, req *warrenv1.SignalProcess
 	if sig < 1 || sig > 64 {
 		return nil, errdefs.Invalidf("invalid signal %d", req.GetSignal())
 	}
-	p, err := m.process(req.GetSandboxId(), req.GetProcessId())
+	p, err := m.process(ctx, req.GetSandboxId(), req.GetProcessId())
 	if err != nil {
 		return nil, err
 	}
@@ -738,7 +789,7 @@ func (m *Manager) SignalProcess(ctx context.Context, req *warrenv1.SignalProcess
 // is cancelled.
 func (m *Manager) WriteStdin(ctx context.Context, req *warrenv1.WriteStdinRequest) (_ *warrenv1.WriteStdinResponse, err error) {
 	defer m.observe("WriteStdin", &err)
-	p, err := m.process(req.GetSandboxId(), req.GetProcessId())
+	p, err := m.process(ctx, req.GetSandboxId(), req.GetProcessId())
 	if err != nil {
 		return nil, err
 	}
