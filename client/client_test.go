@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -81,6 +84,11 @@ func TestWrapErr(t *testing.T) {
 	}
 	if err := wrapErr(connect.NewError(connect.CodeCanceled, context.Canceled)); !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
+	}
+	// A connection reset mid-call (the daemon was killed) is unavailable.
+	reset := &net.OpError{Op: "read", Net: "unix", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	if err := wrapErr(reset); !IsUnavailable(err) || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("reset: %v (%s)", err, CategoryOf(err))
 	}
 	if wrapErr(nil) != nil || CategoryOf(nil) != CategoryUnknown {
 		t.Fatal("nil")

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 
 	"connectrpc.com/connect"
 )
@@ -130,11 +131,18 @@ func wrapErr(err error) error {
 	if !errors.As(err, &ce) {
 		ce = connect.NewError(connect.CodeOf(err), err)
 	}
+	code := ce.Code()
+	// A connection the daemon reset or closed mid-call (it was killed or
+	// restarted) is connect's "unknown"; it is unavailable, like the EOF
+	// and the refused dial of the same restart, so callers retry it.
+	if code == connect.CodeUnknown && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+		code = connect.CodeUnavailable
+	}
 	cat := Category(ce.Meta().Get(CategoryHeader))
 	if cat == "" {
-		cat = codeCategory(ce.Code())
+		cat = codeCategory(code)
 	}
-	return &Error{Category: cat, Code: ce.Code(), Message: ce.Message(), err: err}
+	return &Error{Category: cat, Code: code, Message: ce.Message(), err: err}
 }
 
 // httpCode maps the status of a plain HTTP endpoint to a code when the body
