@@ -87,8 +87,10 @@ func TestWrapErr(t *testing.T) {
 	}
 	// A connection reset mid-call (the daemon was killed) is unavailable.
 	reset := &net.OpError{Op: "read", Net: "unix", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
-	if err := wrapErr(reset); !IsUnavailable(err) || !errors.Is(err, syscall.ECONNRESET) {
-		t.Fatalf("reset: %v (%s)", err, CategoryOf(err))
+	for _, err := range []error{reset, connect.NewError(connect.CodeCanceled, reset)} {
+		if err := wrapErr(err); !IsUnavailable(err) || !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("reset: %v (%s)", err, CategoryOf(err))
+		}
 	}
 	if wrapErr(nil) != nil || CategoryOf(nil) != CategoryUnknown {
 		t.Fatal("nil")

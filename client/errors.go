@@ -133,9 +133,11 @@ func wrapErr(err error) error {
 	}
 	code := ce.Code()
 	// A connection the daemon reset or closed mid-call (it was killed or
-	// restarted) is connect's "unknown"; it is unavailable, like the EOF
-	// and the refused dial of the same restart, so callers retry it.
-	if code == connect.CodeUnknown && (errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+	// restarted) is connect's "canceled" (it takes a reset for its own
+	// caller going away) or "unknown"; it is unavailable, like the EOF and
+	// the refused dial of the same restart, so callers retry it.
+	if (code == connect.CodeUnknown || code == connect.CodeCanceled) && !errors.Is(err, context.Canceled) &&
+		(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
 		code = connect.CodeUnavailable
 	}
 	cat := Category(ce.Meta().Get(CategoryHeader))
