@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -87,6 +88,10 @@ func TestWrapErr(t *testing.T) {
 	}
 	// A connection reset mid-call (the daemon was killed) is unavailable.
 	reset := &net.OpError{Op: "read", Net: "unix", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
+	cut := connect.NewError(connect.CodeInternal, fmt.Errorf("protocol error: incomplete envelope: %w", io.ErrUnexpectedEOF))
+	if err := wrapErr(cut); !IsUnavailable(err) {
+		t.Fatalf("cut short: %v (%s)", err, CategoryOf(err))
+	}
 	for _, err := range []error{reset, connect.NewError(connect.CodeCanceled, reset)} {
 		if err := wrapErr(err); !IsUnavailable(err) || !errors.Is(err, syscall.ECONNRESET) {
 			t.Fatalf("reset: %v (%s)", err, CategoryOf(err))

@@ -141,6 +141,11 @@ func wrapErr(err error) error {
 		code = connect.CodeUnavailable
 	}
 	cat := Category(ce.Meta().Get(CategoryHeader))
+	// So is a response cut short ("internal: protocol error: incomplete
+	// envelope"), when the daemon did not say internal itself.
+	if code == connect.CodeInternal && cat == "" && errors.Is(err, io.ErrUnexpectedEOF) {
+		code = connect.CodeUnavailable
+	}
 	if cat == "" {
 		cat = codeCategory(code)
 	}
