@@ -60,6 +60,9 @@ type RestartRow struct {
 	// ProcsRunning is the least number of background processes listed
 	// running in any round (checked after the execs), of Processes.
 	ProcsRunning int `json:"procs_running_min"`
+	// DaemonFds is the most fds the restarted daemon held, counted after
+	// the checks of a round.
+	DaemonFds int `json:"daemon_fds_max,omitempty"`
 	// ServingVsEmpty is Serving p50 / the empty daemon's Serving p50.
 	ServingVsEmpty *float64 `json:"serving_vs_empty,omitempty"`
 }
@@ -84,8 +87,14 @@ func RunRestart(ctx context.Context, env *Env, cfg RestartConfig, nofile uint64)
 		"serving: from the exec of `warren serve` to its first Version reply (polled every 2 ms, a new connection each time)",
 		"running: to a List showing every sandbox RUNNING; ready: to ListProcesses of "+strconv.Itoa(min(cfg.SampleProcs, cfg.N))+" random sandboxes (8 at a time) each showing its process running",
 		fmt.Sprintf("exec: %d Exec(true) into random sandboxes, %d at a time, right after ready, pooled over the rounds", cfg.Execs, cfg.ExecConcurrency),
-		"procs_running_min: after the execs, ListProcesses of every sandbox; the fewest background processes found running in a round",
+		"procs_running_min: after the execs, ListProcesses of every sandbox; the fewest background processes found running in a round; daemon_fds_max: the restarted daemon's open fds then, the most of any round",
 		"empty state (peer): the same binary and flags on an empty state directory, started in each round; serving_vs_empty = serving p50 / its serving p50")
+	// The daemon holds 3 fds per sandbox with a background process (the
+	// init's pidfd, its pinned root, the process's waiter connection):
+	// 9,615 in all at 3,200. 4 per sandbox leaves room for the calls.
+	if need := uint64(4*cfg.N + 1024); nofile < need {
+		return nil, fmt.Errorf("RLIMIT_NOFILE is %d, the daemon needs about %d for %d sandboxes: raise the hard limit (ulimit -Hn) or lower --n", nofile, need, cfg.N)
+	}
 	ids, err := createWithProcesses(ctx, env, cfg)
 	if err != nil {
 		return nil, err
@@ -121,7 +130,7 @@ func RunRestart(ctx context.Context, env *Env, cfg RestartConfig, nofile uint64)
 	for _, m := range modes {
 		s := rows[m]
 		row := RestartRow{Mode: m, Stop: Summarize(s.stop), Serving: Summarize(s.serving), Running: Summarize(s.running),
-			Ready: Summarize(s.ready), Exec: Summarize(s.exec), ProcsRunning: max(s.procsMin, 0)}
+			Ready: Summarize(s.ready), Exec: Summarize(s.exec), ProcsRunning: max(s.procsMin, 0), DaemonFds: s.fdsMax}
 		if m != modeEmpty {
 			row.ServingVsEmpty = ratio(row.Serving.P50, empty)
 		}
@@ -132,7 +141,7 @@ func RunRestart(ctx context.Context, env *Env, cfg RestartConfig, nofile uint64)
 
 type restartSamples struct {
 	stop, serving, running, ready, exec []time.Duration
-	procsMin                            int
+	procsMin, fdsMax                    int
 }
 
 type createdIDs struct {
@@ -295,6 +304,9 @@ func restartOnce(ctx context.Context, env *Env, cfg RestartConfig, ids []string,
 	}
 	if n := int(running.Load()); s.procsMin < 0 || n < s.procsMin {
 		s.procsMin = n
+	}
+	if ents, err := os.ReadDir("/proc/" + strconv.Itoa(env.DaemonPid) + "/fd"); err == nil {
+		s.fdsMax = max(s.fdsMax, len(ents))
 	}
 	if n := int(running.Load()); n < len(ids) {
 		env.logf("restart: only %d of %d background processes running after the %s restart", n, len(ids), mode)
@@ -471,14 +483,14 @@ func forEach(ctx context.Context, items []string, conc int, fn func(string) erro
 func (r *RestartReport) Table(w io.Writer) error {
 	fmt.Fprintf(w, "daemon restart with %d live sandboxes and %d background processes (daemon: %s; %d rounds; created in %.1f s; RLIMIT_NOFILE %d)\n\n",
 		r.Sandboxes, r.Processes, r.Daemon, r.Rounds, r.CreateS, r.Nofile)
-	t := newTable("STOP", "N", "STOP P50 ms", "SERVING P50", "SERVING P99", "RUNNING P50", "READY P50", "READY P99", "EXEC P50", "EXEC P99", "PROCS RUNNING", "SERVING / EMPTY")
+	t := newTable("STOP", "N", "STOP P50 ms", "SERVING P50", "SERVING P99", "RUNNING P50", "READY P50", "READY P99", "EXEC P50", "EXEC P99", "PROCS RUNNING", "DAEMON FDS", "SERVING / EMPTY")
 	for _, row := range r.Results {
-		procs := "-"
+		procs, fds := "-", "-"
 		if row.Mode != modeEmpty {
-			procs = fmt.Sprintf("%d/%d", row.ProcsRunning, r.Processes)
+			procs, fds = fmt.Sprintf("%d/%d", row.ProcsRunning, r.Processes), strconv.Itoa(row.DaemonFds)
 		}
 		t.add(row.Mode, strconv.Itoa(row.Serving.N), ms(row.Stop.P50), ms(row.Serving.P50), ms(row.Serving.P99), ms(row.Running.P50),
-			ms(row.Ready.P50), ms(row.Ready.P99), ms(row.Exec.P50), ms(row.Exec.P99), procs, ratioStr(row.ServingVsEmpty))
+			ms(row.Ready.P50), ms(row.Ready.P99), ms(row.Exec.P50), ms(row.Exec.P99), procs, fds, ratioStr(row.ServingVsEmpty))
 	}
 	if err := t.write(w); err != nil {
 		return err

@@ -637,8 +637,9 @@ func (m *Manager) adoptAll(ctx context.Context) error {
 
 // adoptAllProcesses rebuilds the background processes of the sandboxes
 // adoptAll adopted, adoptWorkers at a time, while the daemon already
-// serves: an agent round trip per sandbox (a third of the adoption's
-// time with 3,200) need not delay every other call. A process call on a
+// serves: an agent round trip per sandbox (over half of the adoption's
+// CPU time with 3,200, profiled under bench restart) need not delay every
+// other call. A process call on a
 // sandbox not reached yet adopts its processes itself (awaitProcs).
 func (m *Manager) adoptAllProcesses() {
 	var pending []*sandbox
