@@ -16,12 +16,12 @@ import (
 // a server.
 func TestUnixSocketHeldUnserved(t *testing.T) {
 	path := filepath.Join(shortTempDir(t), "w.sock")
-	l, err := net.Listen("unix", path)
+	first, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	time.AfterFunc(300*time.Millisecond, func() { l.Close() })
+	first.(*net.UnixListener).SetUnlinkOnClose(false)
+	time.AfterFunc(300*time.Millisecond, func() { first.Close() })
 	start := time.Now()
 	ln, err := ListenUnix(path)
 	if err != nil {
@@ -32,7 +32,7 @@ func TestUnixSocketHeldUnserved(t *testing.T) {
 		t.Errorf("listened after %v, while the old listener was still open", took)
 	}
 
-	l, err = net.Listen("unix", path)
+	l, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
