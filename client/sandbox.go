@@ -89,6 +89,8 @@ func (c *Client) Exec(ctx context.Context, req *warrenv1.ExecRequest) (*warrenv1
 
 // ExecStream runs a command, calls fn with every output chunk as it arrives
 // (events with Stdout or Stderr set; fn may be nil) and returns the result.
+// With Pty the first event is Started: its ProcessId resizes the terminal
+// with ResizeProcess while the command runs.
 // The event is only valid during the call. If fn returns an error the call
 // is cancelled, which kills the command, and that error is returned.
 func (c *Client) ExecStream(ctx context.Context, req *warrenv1.ExecRequest, fn func(*warrenv1.ExecEvent) error) (*warrenv1.ExecResult, error) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // Frames of background processes (protocol version 2, see the package doc).
@@ -381,6 +382,32 @@ func (c *Client) startPTY(ctx context.Context, p backend.ProcSpec) (backend.Proc
 	}
 	ok = true
 	return proc, nil
+}
+
+// Resize sets the window size of a PTY process's terminal: TIOCSWINSZ on
+// the master the daemon holds, which makes the kernel send SIGWINCH to the
+// terminal's foreground process group, as the agent's own resize does.
+func (p *process) Resize(rows, cols uint16) error {
+	if p.ptyIn == nil {
+		return errdefs.Invalidf("resize terminal: process %d has no terminal (start it with a pty)", p.pid)
+	}
+	if p.closed.Load() || p.exited.Load() {
+		return errdefs.Wrap(errdefs.Conflict, os.ErrProcessDone, "resize terminal")
+	}
+	rc, err := p.stdout.SyscallConn()
+	if err != nil {
+		return errdefs.Wrap(errdefs.Conflict, err, "resize terminal")
+	}
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+	}); err != nil {
+		return errdefs.Wrap(errdefs.Conflict, err, "resize terminal") // master closed
+	}
+	if ierr != nil {
+		return errdefs.Wrap(errdefs.Internal, ierr, "resize terminal")
+	}
+	return nil
 }
 
 // ptyInput writes to a pty; Close ends the input with the terminal's EOF

@@ -224,6 +224,12 @@ type Process interface {
 	Close() error
 }
 
+// Resizer is implemented by a Process started with PTY whose terminal
+// can be resized while it runs (the daemon holds its master).
+type Resizer interface {
+	Resize(rows, cols uint16) error
+}
+
 // ExitStatus is how a process ended.
 type ExitStatus struct {
 	Code   int            // exit code, or -1 when killed by a signal

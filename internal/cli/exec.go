@@ -34,8 +34,10 @@ with 124.
 --background starts the command as a background process and prints its
 process id: it keeps running (across daemon restarts too) until it exits
 or the sandbox goes; see sandbox ps, attach and kill. --pty runs the
-command on a terminal (its output, raw, on stdout); for an interactive
-program start it with --background --pty, then attach -t ID p-1.`,
+command on a terminal (its output, raw, on stdout); with --stream and
+no --rows/--cols its size follows this terminal's (stdin), resizes too.
+For an interactive program start it with --background --pty, then
+attach -t ID p-1.`,
 		Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			argv := args[1:]
@@ -86,7 +88,13 @@ program start it with --background --pty, then attach -t ID p-1.`,
 
 			var res *warrenv1.ExecResult
 			if stream {
+				stopResize := func() {}
 				res, err = cl.ExecStream(cmd.Context(), req, func(ev *warrenv1.ExecEvent) error {
+					// Without --rows/--cols the pty follows this terminal's
+					// size (now and on SIGWINCH) while the command runs.
+					if s := ev.GetStarted(); s != nil && rows == 0 && cols == 0 {
+						stopResize = forwardResize(cmd.Context(), cl, req.SandboxId, s.GetProcessId(), cmd.InOrStdin())
+					}
 					if jsonOut {
 						b, err := marshalJSON(ev, false)
 						if err != nil {
@@ -105,6 +113,7 @@ program start it with --background --pty, then attach -t ID p-1.`,
 					}
 					return nil
 				})
+				stopResize()
 				if err != nil {
 					return err
 				}

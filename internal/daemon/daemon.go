@@ -151,6 +151,9 @@ type sandbox struct {
 	reach   sync.Mutex
 	procs   map[string]*process
 	procSeq int
+	// ptyExecs are the running ExecStreams on a pty, by id (ptyexec.go).
+	ptyExecs map[string]backend.Resizer
+	ptySeq   int
 	// procsAdopted, when not nil, is closed once the processes of this
 	// adopted sandbox are rebuilt; process calls wait for it. Set before
 	// the sandbox is published, never changed.

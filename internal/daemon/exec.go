@@ -283,6 +283,16 @@ func (m *Manager) run(ctx context.Context, s *sandbox, sb backend.Sandbox, spec 
 			return o.send(&warrenv1.ExecEvent{Event: &warrenv1.ExecEvent_Stderr{Stderr: b}})
 		}
 	}
+	if spec.PTY && o.send != nil {
+		if r, ok := proc.(backend.Resizer); ok {
+			id, unregister := s.registerPTYExec(r)
+			defer unregister()
+			// First, so the caller has the id before any output.
+			if err := o.send(&warrenv1.ExecEvent{Event: &warrenv1.ExecEvent_Started{Started: &warrenv1.ExecStarted{ProcessId: id, Pid: int32(proc.Pid())}}}); err != nil {
+				onSendErr(err)
+			}
+		}
+	}
 	stdout := newCapture(o.limit, o.keep, sendOut)
 	stderr := newCapture(o.limit, o.keep, sendErrOut)
 	col := collect(onSendErr, streamSource{proc.Stdout(), stdout}, streamSource{proc.Stderr(), stderr})

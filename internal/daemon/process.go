@@ -734,16 +734,22 @@ func sendExit(p *process, send func(*warrenv1.ProcessEvent) error) error {
 // ResizeProcess sets the terminal size of a PTY process.
 func (m *Manager) ResizeProcess(ctx context.Context, req *warrenv1.ResizeProcessRequest) (_ *warrenv1.ResizeProcessResponse, err error) {
 	defer m.observe("ResizeProcess", &err)
+	r, c := req.GetRows(), req.GetCols()
+	if r == 0 || c == 0 || r > maxTermSize || c > maxTermSize {
+		return nil, errdefs.Invalidf("terminal size %dx%d: rows and cols must be 1..%d", r, c, maxTermSize)
+	}
+	if ok, err := m.resizePTYExec(req.GetSandboxId(), req.GetProcessId(), uint16(r), uint16(c)); ok {
+		if err != nil {
+			return nil, err
+		}
+		return &warrenv1.ResizeProcessResponse{}, nil
+	}
 	p, err := m.process(ctx, req.GetSandboxId(), req.GetProcessId())
 	if err != nil {
 		return nil, err
 	}
 	if !p.pty {
 		return nil, errdefs.Invalidf("process %s of sandbox %s has no terminal (start it with pty)", p.id, p.sandbox)
-	}
-	r, c := req.GetRows(), req.GetCols()
-	if r == 0 || c == 0 || r > maxTermSize || c > maxTermSize {
-		return nil, errdefs.Invalidf("terminal size %dx%d: rows and cols must be 1..%d", r, c, maxTermSize)
 	}
 	if p.exited() {
 		return nil, errdefs.Conflictf("process %s of sandbox %s has exited", p.id, p.sandbox)

@@ -284,3 +284,116 @@ func TestBackgroundProcessesAcrossRepeatedKills(t *testing.T) {
 		}
 	}
 }
+
+// TestPTYExecStreamResize: a foreground ExecStream on a pty announces an
+// id first, ResizeProcess with it changes the running command's terminal
+// (the new size and a SIGWINCH reach it), and the id goes with the exec.
+func TestPTYExecStreamResize(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 2*time.Minute)
+	id := e.create(&warrenv1.CreateRequest{}).Id
+	// Waits for the size to change; the trap shows the SIGWINCH came.
+	script := `trap 'echo winch' WINCH; stty size; while [ "$(stty size)" = "24 80" ]; do sleep 0.05; done; sleep 0.2; stty size`
+	var (
+		proc    string
+		out     strings.Builder
+		resized bool
+	)
+	res, err := e.c.ExecStream(ctx, &warrenv1.ExecRequest{SandboxId: id, Shell: script, Pty: true, TimeoutMs: 30000}, func(ev *warrenv1.ExecEvent) error {
+		if s := ev.GetStarted(); s != nil {
+			if proc != "" || out.Len() > 0 || s.GetPid() <= 0 {
+				t.Errorf("started event %v after %q (id %q)", s, out.String(), proc)
+			}
+			proc = s.GetProcessId()
+			return nil
+		}
+		out.Write(ev.GetStdout())
+		if !resized && strings.Contains(out.String(), "24 80\r\n") {
+			resized = true
+			return e.c.ResizeProcess(ctx, &warrenv1.ResizeProcessRequest{SandboxId: id, ProcessId: proc, Rows: 50, Cols: 132})
+		}
+		return nil
+	})
+	if err != nil || res.GetExitCode() != 0 || res.GetTimedOut() {
+		t.Fatalf("exec stream: %v %v (output %q)", res, err, out.String())
+	}
+	if !strings.HasPrefix(proc, "e-") || !strings.Contains(out.String(), "winch\r\n") || !strings.HasSuffix(out.String(), "50 132\r\n") {
+		t.Fatalf("id %q, output %q: want the new size 50 132 after a SIGWINCH", proc, out.String())
+	}
+	err = e.c.ResizeProcess(ctx, &warrenv1.ResizeProcessRequest{SandboxId: id, ProcessId: proc, Rows: 10, Cols: 10})
+	wantCategory(t, err, client.CategoryNotFound, "resize after the exec ended")
+	// Without a pty there is nothing to resize: no started event.
+	_, err = e.c.ExecStream(ctx, &warrenv1.ExecRequest{SandboxId: id, Argv: []string{"true"}}, func(ev *warrenv1.ExecEvent) error {
+		if ev.GetStarted() != nil {
+			t.Errorf("started event without a pty: %v", ev)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCLIExecStreamPTYFollowsTerminal: exec --stream -t from a real
+// terminal gives the command that terminal's size, and a resize of the
+// terminal (SIGWINCH to the CLI) reaches the running command.
+func TestCLIExecStreamPTYFollowsTerminal(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	id := e.create(&warrenv1.CreateRequest{}).Id
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer master.Close()
+	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlSetWinsize(int(master.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 50, Col: 150}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slave, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slave.Close()
+	ctx := ctxFor(t, time.Minute)
+	// Prints each size it is given (24 80, the default, may be replaced
+	// by the terminal's before it looks), until the resized one.
+	script := `p=; while :; do s=$(stty size); [ "$s" = "$p" ] || echo "size $s"; p=$s; [ "$s" = "61 161" ] && exit 0; sleep 0.05; done`
+	cmd := exec.CommandContext(ctx, e.bin, "--addr", e.addr(), "sandbox", "exec", "--stream", "-t", "--timeout", "30s", id, "--", "sh", "-c", script)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	// Session leader on the terminal: a resize sends it SIGWINCH.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	slave.Close()
+	var (
+		out     []byte
+		resized bool
+		buf     = make([]byte, 4096)
+	)
+	for {
+		k, err := master.Read(buf)
+		out = append(out, buf[:k]...)
+		if !resized && strings.Contains(string(out), "size 50 150") {
+			resized = true
+			if err := unix.IoctlSetWinsize(int(master.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 61, Col: 161}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err != nil {
+			break // EIO once the CLI exits and the slave closes
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exec --stream -t: %v, output %q", err, out)
+	}
+	if !strings.Contains(string(out), "size 50 150") || !strings.Contains(string(out), "size 61 161") {
+		t.Fatalf("exec --stream -t output %q: want the terminal's 50 150, then its resize to 61 161", out)
+	}
+}

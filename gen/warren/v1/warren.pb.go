@@ -829,7 +829,8 @@ type ExecRequest struct {
 	// Run on a new terminal (pty) of rows x cols (default 24 x 80). Output
 	// is raw terminal bytes on stdout (stderr stays empty); stdin goes to
 	// the terminal (its end, or WriteStdin close, sends the EOF character
-	// ^D). With StartProcess, ResizeProcess changes the size.
+	// ^D). ResizeProcess changes the size: with StartProcess by its
+	// process id, with ExecStream by the id of its first event (started).
 	Pty           bool   `protobuf:"varint,11,opt,name=pty,proto3" json:"pty,omitempty"`
 	Rows          uint32 `protobuf:"varint,12,opt,name=rows,proto3" json:"rows,omitempty"`
 	Cols          uint32 `protobuf:"varint,13,opt,name=cols,proto3" json:"cols,omitempty"`
@@ -1097,6 +1098,7 @@ type ExecEvent struct {
 	//	*ExecEvent_Stdout
 	//	*ExecEvent_Stderr
 	//	*ExecEvent_Result
+	//	*ExecEvent_Started
 	Event         isExecEvent_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1166,6 +1168,15 @@ func (x *ExecEvent) GetResult() *ExecResult {
 	return nil
 }
 
+func (x *ExecEvent) GetStarted() *ExecStarted {
+	if x != nil {
+		if x, ok := x.Event.(*ExecEvent_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
 type isExecEvent_Event interface {
 	isExecEvent_Event()
 }
@@ -1182,11 +1193,71 @@ type ExecEvent_Result struct {
 	Result *ExecResult `protobuf:"bytes,3,opt,name=result,proto3,oneof"` // last message; stdout/stderr are empty here
 }
 
+type ExecEvent_Started struct {
+	// First event of an ExecStream with pty: process_id is the handle
+	// ResizeProcess takes while the command runs.
+	Started *ExecStarted `protobuf:"bytes,4,opt,name=started,proto3,oneof"`
+}
+
 func (*ExecEvent_Stdout) isExecEvent_Event() {}
 
 func (*ExecEvent_Stderr) isExecEvent_Event() {}
 
 func (*ExecEvent_Result) isExecEvent_Event() {}
+
+func (*ExecEvent_Started) isExecEvent_Event() {}
+
+type ExecStarted struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProcessId     string                 `protobuf:"bytes,1,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"` // e.g. "e-1"; valid until the command exits
+	Pid           int32                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecStarted) Reset() {
+	*x = ExecStarted{}
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecStarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecStarted) ProtoMessage() {}
+
+func (x *ExecStarted) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
+func (*ExecStarted) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ExecStarted) GetProcessId() string {
+	if x != nil {
+		return x.ProcessId
+	}
+	return ""
+}
+
+func (x *ExecStarted) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
 
 type ProcessInfo struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -1210,7 +1281,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1293,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1306,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ProcessInfo) GetSandboxId() string {
@@ -1317,7 +1388,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1329,7 +1400,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1342,7 +1413,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1361,7 +1432,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1373,7 +1444,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1386,7 +1457,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1407,7 +1478,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1490,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1503,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WaitProcessRequest) GetSandboxId() string {
@@ -1468,7 +1539,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1551,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1564,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -1532,7 +1603,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1615,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1628,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
 }
 
 type WriteStdinRequest struct {
@@ -1572,7 +1643,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1655,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1668,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -1636,7 +1707,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1648,7 +1719,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1661,7 +1732,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
 }
 
 type AttachProcessRequest struct {
@@ -1679,7 +1750,7 @@ type AttachProcessRequest struct {
 
 func (x *AttachProcessRequest) Reset() {
 	*x = AttachProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1762,7 @@ func (x *AttachProcessRequest) String() string {
 func (*AttachProcessRequest) ProtoMessage() {}
 
 func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1775,7 @@ func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProcessRequest.ProtoReflect.Descriptor instead.
 func (*AttachProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AttachProcessRequest) GetSandboxId() string {
@@ -1745,7 +1816,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1757,7 +1828,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1770,7 +1841,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *OutputChunk) GetOffset() int64 {
@@ -1801,7 +1872,7 @@ type ProcessEvent struct {
 
 func (x *ProcessEvent) Reset() {
 	*x = ProcessEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +1884,7 @@ func (x *ProcessEvent) String() string {
 func (*ProcessEvent) ProtoMessage() {}
 
 func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +1897,7 @@ func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessEvent.ProtoReflect.Descriptor instead.
 func (*ProcessEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ProcessEvent) GetEvent() isProcessEvent_Event {
@@ -1897,7 +1968,7 @@ type ResizeProcessRequest struct {
 
 func (x *ResizeProcessRequest) Reset() {
 	*x = ResizeProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +1980,7 @@ func (x *ResizeProcessRequest) String() string {
 func (*ResizeProcessRequest) ProtoMessage() {}
 
 func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +1993,7 @@ func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessRequest.ProtoReflect.Descriptor instead.
 func (*ResizeProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResizeProcessRequest) GetSandboxId() string {
@@ -1961,7 +2032,7 @@ type ResizeProcessResponse struct {
 
 func (x *ResizeProcessResponse) Reset() {
 	*x = ResizeProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2044,7 @@ func (x *ResizeProcessResponse) String() string {
 func (*ResizeProcessResponse) ProtoMessage() {}
 
 func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2057,7 @@ func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessResponse.ProtoReflect.Descriptor instead.
 func (*ResizeProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
 }
 
 type WriteFileRequest struct {
@@ -2003,7 +2074,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2086,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2099,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -2081,7 +2152,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2093,7 +2164,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2106,7 +2177,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
 }
 
 type ReadFileRequest struct {
@@ -2121,7 +2192,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2133,7 +2204,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2146,7 +2217,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2188,7 +2259,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2271,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2284,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadFileResponse) GetContent() []byte {
@@ -2254,7 +2325,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2266,7 +2337,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2279,7 +2350,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2362,7 +2433,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2374,7 +2445,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2387,7 +2458,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListFilesRequest) GetSandboxId() string {
@@ -2428,7 +2499,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2440,7 +2511,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2453,7 +2524,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -2480,7 +2551,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2492,7 +2563,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2505,7 +2576,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StatFileRequest) GetSandboxId() string {
@@ -2534,7 +2605,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2546,7 +2617,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2559,7 +2630,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -2598,7 +2669,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2610,7 +2681,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2623,7 +2694,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
 }
 
 type RemoveFileRequest struct {
@@ -2637,7 +2708,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2649,7 +2720,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2662,7 +2733,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RemoveFileRequest) GetSandboxId() string {
@@ -2694,7 +2765,7 @@ type RemoveFileResponse struct {
 
 func (x *RemoveFileResponse) Reset() {
 	*x = RemoveFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2706,7 +2777,7 @@ func (x *RemoveFileResponse) String() string {
 func (*RemoveFileResponse) ProtoMessage() {}
 
 func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2719,7 +2790,7 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
 }
 
 type Image struct {
@@ -2746,7 +2817,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2758,7 +2829,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2771,7 +2842,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Image) GetName() string {
@@ -2873,7 +2944,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2885,7 +2956,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2898,7 +2969,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
 }
 
 type ListImagesResponse struct {
@@ -2910,7 +2981,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2922,7 +2993,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2935,7 +3006,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -2954,7 +3025,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2966,7 +3037,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2979,7 +3050,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetImageRequest) GetName() string {
@@ -2999,7 +3070,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3011,7 +3082,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3024,7 +3095,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ImportImageRequest) GetName() string {
@@ -3050,7 +3121,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3062,7 +3133,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3075,7 +3146,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -3093,7 +3164,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3105,7 +3176,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3118,7 +3189,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
 }
 
 type PullImageRequest struct {
@@ -3132,7 +3203,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3144,7 +3215,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3157,7 +3228,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -3204,7 +3275,7 @@ type PullImageEvent struct {
 
 func (x *PullImageEvent) Reset() {
 	*x = PullImageEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3216,7 +3287,7 @@ func (x *PullImageEvent) String() string {
 func (*PullImageEvent) ProtoMessage() {}
 
 func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3229,7 +3300,7 @@ func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageEvent.ProtoReflect.Descriptor instead.
 func (*PullImageEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *PullImageEvent) GetPhase() string {
@@ -3316,7 +3387,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3328,7 +3399,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3341,7 +3412,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Layer) GetName() string {
@@ -3417,7 +3488,7 @@ type BuildLayerRequest struct {
 
 func (x *BuildLayerRequest) Reset() {
 	*x = BuildLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3429,7 +3500,7 @@ func (x *BuildLayerRequest) String() string {
 func (*BuildLayerRequest) ProtoMessage() {}
 
 func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3442,7 +3513,7 @@ func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildLayerRequest.ProtoReflect.Descriptor instead.
 func (*BuildLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *BuildLayerRequest) GetName() string {
@@ -3467,7 +3538,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3479,7 +3550,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3492,7 +3563,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
 }
 
 type ListLayersResponse struct {
@@ -3504,7 +3575,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3516,7 +3587,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3529,7 +3600,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -3548,7 +3619,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3560,7 +3631,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3573,7 +3644,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RemoveLayerRequest) GetName() string {
@@ -3591,7 +3662,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3603,7 +3674,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3616,7 +3687,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
 }
 
 // CommitSandbox treats what the sandbox wrote as untrusted: setuid and
@@ -3633,7 +3704,7 @@ type CommitSandboxRequest struct {
 
 func (x *CommitSandboxRequest) Reset() {
 	*x = CommitSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3645,7 +3716,7 @@ func (x *CommitSandboxRequest) String() string {
 func (*CommitSandboxRequest) ProtoMessage() {}
 
 func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3658,7 +3729,7 @@ func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CommitSandboxRequest) GetSandboxId() string {
@@ -3691,7 +3762,7 @@ type ImageStatsRequest struct {
 
 func (x *ImageStatsRequest) Reset() {
 	*x = ImageStatsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3703,7 +3774,7 @@ func (x *ImageStatsRequest) String() string {
 func (*ImageStatsRequest) ProtoMessage() {}
 
 func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3716,7 +3787,7 @@ func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsRequest.ProtoReflect.Descriptor instead.
 func (*ImageStatsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ImageStatsRequest) GetNames() []string {
@@ -3751,7 +3822,7 @@ type LayerStat struct {
 
 func (x *LayerStat) Reset() {
 	*x = LayerStat{}
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3763,7 +3834,7 @@ func (x *LayerStat) String() string {
 func (*LayerStat) ProtoMessage() {}
 
 func (x *LayerStat) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3776,7 +3847,7 @@ func (x *LayerStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStat.ProtoReflect.Descriptor instead.
 func (*LayerStat) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *LayerStat) GetDigest() string {
@@ -3879,7 +3950,7 @@ type ImageStatsResponse struct {
 
 func (x *ImageStatsResponse) Reset() {
 	*x = ImageStatsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3891,7 +3962,7 @@ func (x *ImageStatsResponse) String() string {
 func (*ImageStatsResponse) ProtoMessage() {}
 
 func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3904,7 +3975,7 @@ func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsResponse.ProtoReflect.Descriptor instead.
 func (*ImageStatsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ImageStatsResponse) GetLayers() []*LayerStat {
@@ -3923,7 +3994,7 @@ type VerifyImageRequest struct {
 
 func (x *VerifyImageRequest) Reset() {
 	*x = VerifyImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3935,7 +4006,7 @@ func (x *VerifyImageRequest) String() string {
 func (*VerifyImageRequest) ProtoMessage() {}
 
 func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3948,7 +4019,7 @@ func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageRequest.ProtoReflect.Descriptor instead.
 func (*VerifyImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *VerifyImageRequest) GetNames() []string {
@@ -3970,7 +4041,7 @@ type LayerVerification struct {
 
 func (x *LayerVerification) Reset() {
 	*x = LayerVerification{}
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3982,7 +4053,7 @@ func (x *LayerVerification) String() string {
 func (*LayerVerification) ProtoMessage() {}
 
 func (x *LayerVerification) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3995,7 +4066,7 @@ func (x *LayerVerification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerVerification.ProtoReflect.Descriptor instead.
 func (*LayerVerification) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *LayerVerification) GetDigest() string {
@@ -4035,7 +4106,7 @@ type VerifyImageResponse struct {
 
 func (x *VerifyImageResponse) Reset() {
 	*x = VerifyImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4047,7 +4118,7 @@ func (x *VerifyImageResponse) String() string {
 func (*VerifyImageResponse) ProtoMessage() {}
 
 func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4060,7 +4131,7 @@ func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageResponse.ProtoReflect.Descriptor instead.
 func (*VerifyImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *VerifyImageResponse) GetLayers() []*LayerVerification {
@@ -4078,7 +4149,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4090,7 +4161,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4103,7 +4174,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
 }
 
 type VersionResponse struct {
@@ -4118,7 +4189,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4130,7 +4201,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4143,7 +4214,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -4297,12 +4368,17 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	" \x01(\bR\toomKilled\x12\x1f\n" +
 	"\vduration_ms\x18\v \x01(\x03R\n" +
 	"durationMs\x12\x10\n" +
-	"\x03pid\x18\f \x01(\x05R\x03pid\"y\n" +
+	"\x03pid\x18\f \x01(\x05R\x03pid\"\xad\x01\n" +
 	"\tExecEvent\x12\x18\n" +
 	"\x06stdout\x18\x01 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x02 \x01(\fH\x00R\x06stderr\x12/\n" +
-	"\x06result\x18\x03 \x01(\v2\x15.warren.v1.ExecResultH\x00R\x06resultB\a\n" +
-	"\x05event\"\xbf\x02\n" +
+	"\x06result\x18\x03 \x01(\v2\x15.warren.v1.ExecResultH\x00R\x06result\x122\n" +
+	"\astarted\x18\x04 \x01(\v2\x16.warren.v1.ExecStartedH\x00R\astartedB\a\n" +
+	"\x05event\">\n" +
+	"\vExecStarted\x12\x1d\n" +
+	"\n" +
+	"process_id\x18\x01 \x01(\tR\tprocessId\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\"\xbf\x02\n" +
 	"\vProcessInfo\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
@@ -4598,7 +4674,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: warren.v1.SandboxState
 	(*Resources)(nil),             // 1: warren.v1.Resources
@@ -4614,158 +4690,160 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*ExecRequest)(nil),           // 11: warren.v1.ExecRequest
 	(*ExecResult)(nil),            // 12: warren.v1.ExecResult
 	(*ExecEvent)(nil),             // 13: warren.v1.ExecEvent
-	(*ProcessInfo)(nil),           // 14: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),  // 15: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil), // 16: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),    // 17: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),  // 18: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil), // 19: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),     // 20: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 21: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),  // 22: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),           // 23: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),          // 24: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),  // 25: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil), // 26: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),      // 27: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 28: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),       // 29: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 30: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),              // 31: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),      // 32: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),     // 33: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),       // 34: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),        // 35: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),       // 36: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),     // 37: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),    // 38: warren.v1.RemoveFileResponse
-	(*Image)(nil),                 // 39: warren.v1.Image
-	(*ListImagesRequest)(nil),     // 40: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),    // 41: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),       // 42: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),    // 43: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),    // 44: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),   // 45: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),      // 46: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),        // 47: warren.v1.PullImageEvent
-	(*Layer)(nil),                 // 48: warren.v1.Layer
-	(*BuildLayerRequest)(nil),     // 49: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),     // 50: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),    // 51: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),    // 52: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),   // 53: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),  // 54: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),     // 55: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),             // 56: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),    // 57: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),    // 58: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),     // 59: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),   // 60: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),        // 61: warren.v1.VersionRequest
-	(*VersionResponse)(nil),       // 62: warren.v1.VersionResponse
-	nil,                           // 63: warren.v1.CreateRequest.EnvEntry
-	nil,                           // 64: warren.v1.CreateRequest.LabelsEntry
-	nil,                           // 65: warren.v1.Sandbox.EnvEntry
-	nil,                           // 66: warren.v1.Sandbox.LabelsEntry
-	nil,                           // 67: warren.v1.ListRequest.LabelsEntry
-	nil,                           // 68: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                           // 69: warren.v1.ExecRequest.EnvEntry
+	(*ExecStarted)(nil),           // 14: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),           // 15: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),  // 16: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil), // 17: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),    // 18: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),  // 19: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil), // 20: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),     // 21: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 22: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),  // 23: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),           // 24: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),          // 25: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),  // 26: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil), // 27: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),      // 28: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 29: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),       // 30: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 31: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),              // 32: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),      // 33: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),     // 34: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),       // 35: warren.v1.StatFileRequest
+	(*MakeDirRequest)(nil),        // 36: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),       // 37: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),     // 38: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),    // 39: warren.v1.RemoveFileResponse
+	(*Image)(nil),                 // 40: warren.v1.Image
+	(*ListImagesRequest)(nil),     // 41: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),    // 42: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),       // 43: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),    // 44: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),    // 45: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),   // 46: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),      // 47: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),        // 48: warren.v1.PullImageEvent
+	(*Layer)(nil),                 // 49: warren.v1.Layer
+	(*BuildLayerRequest)(nil),     // 50: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),     // 51: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),    // 52: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),    // 53: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),   // 54: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),  // 55: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),     // 56: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),             // 57: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),    // 58: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),    // 59: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),     // 60: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),   // 61: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),        // 62: warren.v1.VersionRequest
+	(*VersionResponse)(nil),       // 63: warren.v1.VersionResponse
+	nil,                           // 64: warren.v1.CreateRequest.EnvEntry
+	nil,                           // 65: warren.v1.CreateRequest.LabelsEntry
+	nil,                           // 66: warren.v1.Sandbox.EnvEntry
+	nil,                           // 67: warren.v1.Sandbox.LabelsEntry
+	nil,                           // 68: warren.v1.ListRequest.LabelsEntry
+	nil,                           // 69: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                           // 70: warren.v1.ExecRequest.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	63, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	64, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	64, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	65, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	0,  // 3: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	1,  // 4: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	65, // 5: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	66, // 6: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	67, // 7: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	66, // 5: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	67, // 6: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	68, // 7: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	3,  // 8: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	68, // 9: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	69, // 10: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	69, // 9: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	70, // 10: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	12, // 11: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	12, // 12: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	14, // 13: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	23, // 14: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
-	23, // 15: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
-	12, // 16: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
-	31, // 17: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	39, // 18: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	39, // 19: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	48, // 20: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	56, // 21: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	59, // 22: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	2,  // 23: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	4,  // 24: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	5,  // 25: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	7,  // 26: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	9,  // 27: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	10, // 28: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	11, // 29: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	11, // 30: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	11, // 31: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	15, // 32: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	17, // 33: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	18, // 34: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	20, // 35: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	22, // 36: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	25, // 37: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	27, // 38: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	29, // 39: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	32, // 40: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	34, // 41: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	35, // 42: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	37, // 43: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	54, // 44: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	40, // 45: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	42, // 46: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	43, // 47: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	44, // 48: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	46, // 49: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	49, // 50: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	50, // 51: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	52, // 52: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	55, // 53: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	58, // 54: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	61, // 55: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	3,  // 56: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	3,  // 57: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	6,  // 58: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	8,  // 59: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	3,  // 60: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	3,  // 61: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	12, // 62: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	13, // 63: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	14, // 64: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	16, // 65: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	12, // 66: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	19, // 67: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	21, // 68: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	24, // 69: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	26, // 70: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	28, // 71: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	30, // 72: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	33, // 73: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	31, // 74: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	36, // 75: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	38, // 76: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	48, // 77: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	41, // 78: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	39, // 79: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	39, // 80: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	45, // 81: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	47, // 82: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	48, // 83: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	51, // 84: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	53, // 85: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	57, // 86: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	60, // 87: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	62, // 88: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	56, // [56:89] is the sub-list for method output_type
-	23, // [23:56] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	14, // 12: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
+	12, // 13: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	15, // 14: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	24, // 15: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
+	24, // 16: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
+	12, // 17: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
+	32, // 18: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	40, // 19: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	40, // 20: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	49, // 21: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	57, // 22: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	60, // 23: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	2,  // 24: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	4,  // 25: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	5,  // 26: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	7,  // 27: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	9,  // 28: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	10, // 29: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	11, // 30: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	11, // 31: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	11, // 32: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	16, // 33: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	18, // 34: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	19, // 35: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	21, // 36: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	23, // 37: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	26, // 38: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	28, // 39: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	30, // 40: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	33, // 41: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	35, // 42: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	36, // 43: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	38, // 44: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	55, // 45: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	41, // 46: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	43, // 47: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	44, // 48: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	45, // 49: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	47, // 50: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	50, // 51: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	51, // 52: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	53, // 53: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	56, // 54: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	59, // 55: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	62, // 56: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	3,  // 57: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	3,  // 58: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	6,  // 59: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	8,  // 60: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	3,  // 61: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	3,  // 62: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	12, // 63: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	13, // 64: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	15, // 65: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	17, // 66: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	12, // 67: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	20, // 68: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	22, // 69: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	25, // 70: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	27, // 71: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	29, // 72: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	31, // 73: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	34, // 74: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	32, // 75: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	37, // 76: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	39, // 77: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	49, // 78: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	42, // 79: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	40, // 80: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	40, // 81: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	46, // 82: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	48, // 83: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	49, // 84: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	52, // 85: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	54, // 86: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	58, // 87: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	61, // 88: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	63, // 89: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	57, // [57:90] is the sub-list for method output_type
+	24, // [24:57] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -4778,8 +4856,9 @@ func file_warren_v1_warren_proto_init() {
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
 		(*ExecEvent_Result)(nil),
+		(*ExecEvent_Started)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[23].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[24].OneofWrappers = []any{
 		(*ProcessEvent_Stdout)(nil),
 		(*ProcessEvent_Stderr)(nil),
 		(*ProcessEvent_Exit)(nil),
@@ -4790,7 +4869,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   69,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -166,7 +166,8 @@ type SandboxServiceClient interface {
 	// number of clients may attach, at any time, to running and exited
 	// processes.
 	AttachProcess(context.Context, *connect.Request[v1.AttachProcessRequest]) (*connect.ServerStreamForClient[v1.ProcessEvent], error)
-	// ResizeProcess sets the terminal size of a process started with pty.
+	// ResizeProcess sets the terminal size of a process started with pty,
+	// or of a running ExecStream with pty (by its started event's id).
 	ResizeProcess(context.Context, *connect.Request[v1.ResizeProcessRequest]) (*connect.Response[v1.ResizeProcessResponse], error)
 	// Files. Paths are resolved inside the sandbox root (symlinks included).
 	// Directory trees move as tar streams over plain HTTP:
@@ -505,7 +506,8 @@ type SandboxServiceHandler interface {
 	// number of clients may attach, at any time, to running and exited
 	// processes.
 	AttachProcess(context.Context, *connect.Request[v1.AttachProcessRequest], *connect.ServerStream[v1.ProcessEvent]) error
-	// ResizeProcess sets the terminal size of a process started with pty.
+	// ResizeProcess sets the terminal size of a process started with pty,
+	// or of a running ExecStream with pty (by its started event's id).
 	ResizeProcess(context.Context, *connect.Request[v1.ResizeProcessRequest]) (*connect.Response[v1.ResizeProcessResponse], error)
 	// Files. Paths are resolved inside the sandbox root (symlinks included).
 	// Directory trees move as tar streams over plain HTTP:
