@@ -226,3 +226,36 @@ async def test_attach_and_pty(w: warren.AsyncWarren) -> None:
             assert (await st.wait()).stdout == b"7 8\r\n"
         with pytest.raises(ValueError):
             await sb.start("true", rows=10)
+
+
+# Waits for the terminal's size to change from the default; the trap shows
+# that the resize sent SIGWINCH.
+_RESIZE_SCRIPT = (
+    "trap 'echo winch' WINCH; stty size; "
+    'while [ "$(stty size)" = "24 80" ]; do sleep 0.05; done; sleep 0.2; stty size'
+)
+
+
+async def test_exec_stream_pty_resize(w: warren.AsyncWarren) -> None:
+    """A running exec_stream on a pty is resized: the command sees the new
+    size and a SIGWINCH; once it exited its id is gone."""
+    async with w.create(IMAGE) as sb:
+        async with sb.exec_stream(_RESIZE_SCRIPT, pty=True, timeout=30) as st:
+            with pytest.raises(warren.ConflictError):
+                await st.resize(30, 90)  # nothing read yet: no id
+            out, resized = bytearray(), False
+            async for ev in st:
+                out += ev.stdout
+                if b"24 80\r\n" in out and not resized:
+                    await st.resize(50, 132)
+                    resized = True
+        assert st.process_id and st.process_id.startswith("e-")
+        r = st.result
+        assert r is not None and r.exit_code == 0 and not r.timed_out, (r, bytes(out))
+        assert b"winch\r\n" in r.stdout and r.stdout.endswith(b"50 132\r\n"), r.stdout
+        with pytest.raises(warren.NotFoundError):
+            await st.resize(10, 10)
+        async with sb.exec_stream("true") as plain:
+            await plain.wait()
+            with pytest.raises(ValueError):
+                await plain.resize(10, 10)

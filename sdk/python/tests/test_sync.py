@@ -124,3 +124,17 @@ def test_sync_attach_and_pty(sw: warren.Warren) -> None:
         t.resize(21, 71)
         t.write_stdin("stty size; exit\n")
         assert b"21 71\r\n" in t.wait(timeout=30).stdout
+
+
+def test_sync_exec_stream_pty_resize(sw: warren.Warren) -> None:
+    with sw.create(IMAGE) as sb:
+        with sb.exec_stream(
+            'stty size; while [ "$(stty size)" = "24 80" ]; do sleep 0.05; done; stty size', pty=True, timeout=30
+        ) as st:
+            out, resized = b"", False
+            for ev in st:
+                out += ev.stdout
+                if b"24 80\r\n" in out and not resized:
+                    st.resize(22, 77)
+                    resized = True
+        assert st.result is not None and st.result.stdout == b"24 80\r\n22 77\r\n", st.result

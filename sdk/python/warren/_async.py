@@ -1795,7 +1795,8 @@ class ExecStream:
     The last event carries the :class:`ExecResult` (also in ``result``
     afterwards), with the streamed output gathered into its stdout and
     stderr. :meth:`aclose` (or leaving ``async with``) stops the command if
-    it still runs."""
+    it still runs. With ``pty=True``, :meth:`resize` changes the terminal's
+    size while it runs."""
 
     def __init__(self, sandbox: AsyncSandbox, body: Dict[str, Any], deadline: float, command: Command) -> None:
         self.sandbox = sandbox
@@ -1808,6 +1809,9 @@ class ExecStream:
         self._stderr = bytearray()
         #: The result, once the stream ended.
         self.result: Optional[ExecResult] = None
+        #: With ``pty=True``: the id :meth:`resize` uses ("e-1"...), from the
+        #: stream's first message (before the first output event).
+        self.process_id: Optional[str] = None
 
     def __aiter__(self) -> "ExecStream":
         return self
@@ -1851,7 +1855,24 @@ class ExecStream:
             b = base64.b64decode(msg["stderr"])
             self._stderr += b
             return ExecEvent(stderr=b)
-        return await self.__anext__()  # an empty event: skip it
+        if "started" in msg:
+            self.process_id = msg["started"].get("processId") or None
+        return await self.__anext__()  # started, or an empty event: skip it
+
+    async def resize(self, rows: int, cols: int, *, timeout: Optional[float] = None) -> None:
+        """Set the terminal size of the running command (``pty=True``); the
+        command gets SIGWINCH. Call it once the first event arrived; after
+        the command exited it raises :class:`NotFoundError`."""
+        if not self._body.get("pty"):
+            raise ValueError("resize needs exec_stream(..., pty=True)")
+        if self.process_id is None:
+            raise ConflictError(
+                "resize: the command has not started yet: read the stream's first event first",
+                code="failed_precondition",
+                category="conflict",
+            )
+        body = {"sandboxId": self.sandbox.id, "processId": self.process_id, "rows": int(rows), "cols": int(cols)}
+        await self.sandbox.client._rpc(_SBX + "ResizeProcess", body, timeout=timeout)
 
     async def aclose(self) -> None:
         """Stop the stream (and the command, if it still runs)."""

@@ -833,6 +833,14 @@ class SyncExecStream(_SyncEvents[ExecEvent, ExecResult]):
     def result(self) -> Optional[ExecResult]:
         return self.aio.result
 
+    @property
+    def process_id(self) -> Optional[str]:
+        return self.aio.process_id
+
+    def resize(self, rows: int, cols: int, *, timeout: Optional[float] = None) -> None:
+        """Set the terminal size of the running command (see :meth:`ExecStream.resize`)."""
+        self.client._run(self.aio.resize(rows, cols, timeout=timeout))
+
 
 class SyncImagePull(_SyncEvents[PullEvent, Image]):
     """The synchronous image pull: an iterator of :class:`PullEvent` (see
