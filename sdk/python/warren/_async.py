@@ -1789,7 +1789,41 @@ class AsyncSandbox:
 # ---------------------------------------------------------------------------
 
 
-class ExecStream:
+class _EventStream:
+    """What a streaming call's iterator shares: closing, draining to the
+    result, and ``async with``. Subclasses set ``_gen``, ``_done`` and
+    ``result``."""
+
+    _gen: Any
+    _done: bool
+    result: Optional[ExecResult]
+
+    async def aclose(self) -> None:
+        """Stop reading the stream: an exec's command is stopped with it, a
+        process attach only detaches (the process runs on)."""
+        self._done = True
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            await gen.aclose()  # type: ignore[attr-defined]
+
+    async def wait(self) -> ExecResult:
+        """Consume the rest of the stream and return the result."""
+        async for _ in self:  # type: ignore[attr-defined]
+            pass
+        assert self.result is not None
+        return self.result
+
+    async def __aenter__(self: "_ES") -> "_ES":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+_ES = TypeVar("_ES", bound=_EventStream)
+
+
+class ExecStream(_EventStream):
     """A running streaming exec: an async iterator of :class:`ExecEvent`.
 
     The last event carries the :class:`ExecResult` (also in ``result``
@@ -1873,26 +1907,6 @@ class ExecStream:
             )
         body = {"sandboxId": self.sandbox.id, "processId": self.process_id, "rows": int(rows), "cols": int(cols)}
         await self.sandbox.client._rpc(_SBX + "ResizeProcess", body, timeout=timeout)
-
-    async def aclose(self) -> None:
-        """Stop the stream (and the command, if it still runs)."""
-        self._done = True
-        gen, self._gen = self._gen, None
-        if gen is not None:
-            await gen.aclose()  # type: ignore[attr-defined]
-
-    async def wait(self) -> ExecResult:
-        """Consume the rest of the stream and return the result."""
-        async for _ in self:
-            pass
-        assert self.result is not None
-        return self.result
-
-    async def __aenter__(self) -> "ExecStream":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()
 
 
 # ---------------------------------------------------------------------------
@@ -2143,7 +2157,7 @@ class AsyncProcess:
         raise NotFoundError(f"process {self.id} not found in sandbox {self.sandbox.id}", code="not_found")
 
 
-class ProcessAttach:
+class ProcessAttach(_EventStream):
     """An attach to a background process: an async iterator of
     :class:`ProcessEvent` (see :meth:`AsyncProcess.attach`). ``result``
     holds the exit once the stream ended."""
@@ -2192,26 +2206,6 @@ class ProcessAttach:
             if c is not None:
                 return ProcessEvent(stream=name, data=base64.b64decode(c.get("data") or ""), offset=_int_of(c.get("offset")))
         return await self.__anext__()
-
-    async def aclose(self) -> None:
-        """Detach; the process runs on."""
-        self._done = True
-        gen, self._gen = self._gen, None
-        if gen is not None:
-            await gen.aclose()  # type: ignore[attr-defined]
-
-    async def wait(self) -> ExecResult:
-        """Consume the rest of the stream and return the exit."""
-        async for _ in self:
-            pass
-        assert self.result is not None
-        return self.result
-
-    async def __aenter__(self) -> "ProcessAttach":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()
 
 
 def _set_pty(body: Dict[str, Any], pty: bool, rows: Optional[int], cols: Optional[int]) -> None:
