@@ -1798,6 +1798,21 @@ class _EventStream:
     _done: bool
     result: Optional[ExecResult]
 
+    async def _receive(self, ended_without_result: str) -> Dict[str, Any]:
+        """The next message of the open stream. The stream ending before
+        its result is Unavailable (the daemon went away); any failure ends
+        the iteration."""
+        try:
+            return await self._gen.__anext__()  # type: ignore[no-any-return]
+        except StopAsyncIteration:
+            self._done = True
+            if self.result is None:
+                raise UnavailableError(ended_without_result, code="unavailable") from None
+            raise
+        except BaseException:
+            self._done = True
+            raise
+
     async def aclose(self) -> None:
         """Stop reading the stream: an exec's command is stopped with it, a
         process attach only detaches (the process runs on)."""
@@ -1857,16 +1872,7 @@ class ExecStream(_EventStream):
             self._gen = self.sandbox.client._t.server_stream(
                 _SBX + "ExecStream", self._body, timeout=self._deadline, idempotent=True
             )
-        try:
-            msg = await self._gen.__anext__()
-        except StopAsyncIteration:
-            self._done = True
-            if self.result is None:
-                raise UnavailableError("exec stream ended without a result", code="unavailable") from None
-            raise
-        except BaseException:
-            self._done = True
-            raise
+        msg = await self._receive("exec stream ended without a result")
         if "result" in msg:
             r = ExecResult._from_json(msg["result"])._with_output(bytes(self._stdout), bytes(self._stderr))
             self.result = r
@@ -2181,16 +2187,7 @@ class ProcessAttach(_EventStream):
             self._gen = self.process.sandbox.client._t.server_stream(
                 _SBX + "AttachProcess", self._body, timeout=self._timeout, idempotent=True
             )
-        try:
-            msg = await self._gen.__anext__()
-        except StopAsyncIteration:
-            self._done = True
-            if self.result is None:
-                raise UnavailableError("attach stream ended without the exit", code="unavailable") from None
-            raise
-        except BaseException:
-            self._done = True
-            raise
+        msg = await self._receive("attach stream ended without the exit")
         if "exit" in msg:
             self.result = ExecResult._from_json(msg["exit"])
             self._done = True
