@@ -207,26 +207,7 @@ func TestCLIAttachTTY(t *testing.T) {
 	if out, _, _ := e.cli(nil, "sandbox", "exec", "-d", "-t", id, "sh"); out != "p-1\n" {
 		t.Fatalf("pty process %q", out)
 	}
-	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer master.Close()
-	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.IoctlSetWinsize(int(master.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 50, Col: 150}); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slave, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slave.Close()
+	master, slave := openTerminal(t, 50, 150)
 	ctx := ctxFor(t, time.Minute)
 	cmd := exec.CommandContext(ctx, e.bin, "--addr", e.addr(), "sandbox", "attach", "-t", id, "p-1")
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
@@ -242,7 +223,7 @@ func TestCLIAttachTTY(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, _ := io.ReadAll(master) // EIO once attach exits and the slave closes
-	err = cmd.Wait()
+	err := cmd.Wait()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 6 {
 		t.Fatalf("attach -t: %v, output %q", err, out)
@@ -340,26 +321,7 @@ func TestPTYExecStreamResize(t *testing.T) {
 func TestCLIExecStreamPTYFollowsTerminal(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	id := e.create(&warrenv1.CreateRequest{}).Id
-	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer master.Close()
-	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.IoctlSetWinsize(int(master.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 50, Col: 150}); err != nil {
-		t.Fatal(err)
-	}
-	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	slave, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slave.Close()
+	master, slave := openTerminal(t, 50, 150)
 	ctx := ctxFor(t, time.Minute)
 	// Prints each size it is given (24 80, the default, may be replaced
 	// by the terminal's before it looks), until the resized one.
@@ -396,4 +358,31 @@ func TestCLIExecStreamPTYFollowsTerminal(t *testing.T) {
 	if !strings.Contains(string(out), "size 50 150") || !strings.Contains(string(out), "size 61 161") {
 		t.Fatalf("exec --stream -t output %q: want the terminal's 50 150, then its resize to 61 161", out)
 	}
+}
+
+// openTerminal opens a pty pair on the host's devpts sized rows x cols, as
+// a user's terminal; both ends are closed when the test ends.
+func openTerminal(t *testing.T, rows, cols uint16) (master, slave *os.File) {
+	t.Helper()
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { master.Close() })
+	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlSetWinsize(int(master.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slave, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { slave.Close() })
+	return master, slave
 }
