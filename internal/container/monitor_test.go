@@ -37,20 +37,7 @@ func TestMonitorReapsByPidfdNotPid(t *testing.T) {
 		unix.Close(xfd)
 		t.Fatal(err)
 	}
-	m, err := newMonitor()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(m.epfd)
-	exited := make(chan struct{})
-	if err := m.watch(xfd, b.Pid, func() { close(exited) }); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-exited:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the monitor did not see the watched process exit")
-	}
+	watchUntilExit(t, xfd, b.Pid)
 	var ws unix.WaitStatus
 	got, err := unix.Wait4(b.Pid, &ws, unix.WNOHANG, nil)
 	if err != nil || got != b.Pid {
@@ -66,21 +53,28 @@ func TestMonitorReapsChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	watchUntilExit(t, pidfd, p.Pid)
+	if _, err := unix.Wait4(p.Pid, nil, unix.WNOHANG, nil); err != unix.ECHILD {
+		t.Fatalf("child %d after the monitor saw it exit: wait4 err %v, want ECHILD (reaped)", p.Pid, err)
+	}
+}
+
+// watchUntilExit has a new monitor watch pidfd (naming pid) and returns
+// once the monitor has handled the exit.
+func watchUntilExit(t *testing.T, pidfd, pid int) {
+	t.Helper()
 	m, err := newMonitor()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Close(m.epfd)
+	t.Cleanup(func() { unix.Close(m.epfd) })
 	exited := make(chan struct{})
-	if err := m.watch(pidfd, p.Pid, func() { close(exited) }); err != nil {
+	if err := m.watch(pidfd, pid, func() { close(exited) }); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-exited:
 	case <-time.After(10 * time.Second):
-		t.Fatal("the monitor did not see the child exit")
-	}
-	if _, err := unix.Wait4(p.Pid, nil, unix.WNOHANG, nil); err != unix.ECHILD {
-		t.Fatalf("child %d after the monitor saw it exit: wait4 err %v, want ECHILD (reaped)", p.Pid, err)
+		t.Fatal("the monitor did not see the watched process exit")
 	}
 }
