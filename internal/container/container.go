@@ -226,7 +226,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	// child: killed without a wait it stays a zombie for the daemon's life.
 	cu.Add(func() error { killInit(pid); return nil })
 
-	s, err := b.attach(spec.ID, pid, pidfd, grp)
+	s, err := b.attach(spec.ID, pid, pidfd, 0, grp)
 	if err != nil {
 		return nil, err
 	}
@@ -415,30 +415,37 @@ func killInit(pid int) {
 
 // attach watches the init pid, through pidfd if it is >= 0 (it then
 // names our own unreaped child, whose pid cannot have been reused) or a
-// pidfd it opens. It owns pidfd from here on.
-func (b *Backend) attach(id string, pid, pidfd int, grp cgroups.Group) (*sandbox, error) {
-	st, err := attachStartTime(pid)
-	if err != nil {
-		if pidfd >= 0 {
-			unix.Close(pidfd)
-		}
-		return nil, errdefs.Wrap(errdefs.NotFound, err, "sandbox init is gone")
-	}
+// pidfd it opens. want is the init's recorded start time (Adopt), 0 for
+// our own child. It owns pidfd from here on.
+//
+// The pidfd is opened before the start time is read: a start time equal
+// to the recorded one then proves the pidfd names that same init (any
+// process that held the pid when the pidfd was opened and then gave it up
+// would have been replaced by one started later). One read of
+// /proc/<pid>/stat does it; errors other than the process being gone
+// (EMFILE, ENOMEM) are Unavailable, since the init may well be alive.
+func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Group) (*sandbox, error) {
 	if pidfd < 0 {
+		var err error
 		if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
 			if err != unix.ESRCH {
-				// EMFILE, ENOMEM: the init may well be alive.
 				return nil, errdefs.Wrap(errdefs.Unavailable, err, "pidfd_open sandbox init")
 			}
 			return nil, errdefs.Wrap(errdefs.NotFound, err, "pidfd_open sandbox init")
 		}
-		// The pid may have been reused between reading its start time and
-		// opening the pidfd; check again now that the pidfd pins the
-		// process.
-		if st2, err := procStartTime(pid); err != nil || st2 != st {
-			unix.Close(pidfd)
-			return nil, errdefs.NotFoundf("sandbox init %d is gone", pid)
+	}
+	st, err := attachStartTime(pid)
+	if err != nil {
+		unix.Close(pidfd)
+		var pe *os.PathError
+		if errors.As(err, &pe) && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ESRCH) {
+			return nil, errdefs.Wrap(errdefs.Unavailable, err, "sandbox "+id+": read its init's start time")
 		}
+		return nil, errdefs.Wrap(errdefs.NotFound, err, "sandbox init is gone")
+	}
+	if want != 0 && st != want {
+		unix.Close(pidfd)
+		return nil, errdefs.NotFoundf("sandbox %s: init %d is gone", id, pid)
 	}
 	s := &sandbox{
 		b: b, id: id, grp: grp, st: state{Pid: pid, StartTime: st},
@@ -486,15 +493,9 @@ func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sa
 		_ = b.teardown(id)
 		return nil, errdefs.Wrap(errdefs.NotFound, err, "sandbox state unreadable")
 	}
-	cur, err := procStartTime(st.Pid)
-	var pe *os.PathError
-	if errors.As(err, &pe) && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ESRCH) {
-		// EMFILE, ENOMEM reading /proc: the init may well be alive.
-		return nil, errdefs.Wrap(errdefs.Unavailable, err, "sandbox "+id+": read its init's start time")
-	}
-	if err != nil || cur != st.StartTime {
+	if st.Pid <= 0 || st.StartTime == 0 {
 		_ = b.teardown(id)
-		return nil, errdefs.NotFoundf("sandbox %s: init %d is gone", id, st.Pid)
+		return nil, errdefs.NotFoundf("sandbox %s: no init recorded", id)
 	}
 	// Only a sandbox proven gone (NotFound) is torn down: any other
 	// failure (fds, memory, the monitor) may pass, and the daemon keeps
@@ -506,7 +507,7 @@ func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sa
 		}
 		return nil, err
 	}
-	s, err := b.attach(id, st.Pid, -1, grp)
+	s, err := b.attach(id, st.Pid, -1, st.StartTime, grp)
 	if err != nil {
 		if errdefs.CategoryOf(err) == errdefs.NotFound {
 			_ = b.teardown(id)
