@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/kfile"
 )
 
 // The OOM-kill counter of a sandbox's cgroup is sandbox-wide: when it
@@ -155,7 +155,7 @@ var errNoPid = errors.New("not a child of the sandbox's agent")
 // (save after a wrap), so the scan starts there: usually one status read.
 func (s *sandbox) hostPid(nsPid int) (int, error) {
 	init := strconv.Itoa(s.st.Pid)
-	b, err := os.ReadFile("/proc/" + init + "/task/" + init + "/children")
+	b, err := kfile.Read("/proc/" + init + "/task/" + init + "/children")
 	if err != nil {
 		return 0, err
 	}
@@ -168,7 +168,7 @@ func (s *sandbox) hostPid(nsPid int) (int, error) {
 	slices.Sort(kids)
 	want := []byte(strconv.Itoa(nsPid))
 	for i := len(kids) - 1; i >= 0; i-- {
-		st, err := os.ReadFile("/proc/" + strconv.Itoa(kids[i]) + "/status")
+		st, err := kfile.Read("/proc/" + strconv.Itoa(kids[i]) + "/status")
 		if err != nil {
 			continue
 		}
