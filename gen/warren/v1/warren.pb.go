@@ -184,14 +184,23 @@ type CreateRequest struct {
 	Workdir        string            `protobuf:"bytes,6,opt,name=workdir,proto3" json:"workdir,omitempty"` // default: the image config's working_dir
 	Labels         map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	TimeoutSeconds int64             `protobuf:"varint,8,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"` // 0 = node default; the sandbox is deleted when it passes
-	Hostname       string            `protobuf:"bytes,9,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	// A DNS name (RFC 1123 labels of letters, digits and '-', at most 64
+	// bytes). Default: the id, made such a name ('_' becomes '-').
+	Hostname string `protobuf:"bytes,9,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	// Named layers stacked on the image, later ones higher (at most 39).
 	// A stored layer digest "sha256:<hex>" is accepted too.
 	Layers []string `protobuf:"bytes,10,rep,name=layers,proto3" json:"layers,omitempty"`
 	// Who execs and processes run as when they name no user: a name, uid or
 	// uid:gid as in ExecRequest.user. Default: the image config's user
 	// (root when it has none).
-	User          string `protobuf:"bytes,11,opt,name=user,proto3" json:"user,omitempty"`
+	User string `protobuf:"bytes,11,opt,name=user,proto3" json:"user,omitempty"`
+	// Keep the image's own /etc/hosts, /etc/hostname and /etc/resolv.conf.
+	// By default a sandbox gets its own, as Docker and Podman give them:
+	// hosts maps localhost (v4 and v6) and the hostname (to 127.0.1.1);
+	// hostname holds the hostname; resolv.conf matches the sandbox's network
+	// (no network: no nameserver). They are in its writable layer: the
+	// sandbox may change them, and a commit leaves them out while unchanged.
+	KeepEtc       bool `protobuf:"varint,12,opt,name=keep_etc,json=keepEtc,proto3" json:"keep_etc,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -303,6 +312,13 @@ func (x *CreateRequest) GetUser() string {
 	return ""
 }
 
+func (x *CreateRequest) GetKeepEtc() bool {
+	if x != nil {
+		return x.KeepEtc
+	}
+	return false
+}
+
 type Sandbox struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -317,8 +333,9 @@ type Sandbox struct {
 	ExpiresAtUnixMs int64                  `protobuf:"varint,10,opt,name=expires_at_unix_ms,json=expiresAtUnixMs,proto3" json:"expires_at_unix_ms,omitempty"` // 0 = never
 	DeadReason      string                 `protobuf:"bytes,11,opt,name=dead_reason,json=deadReason,proto3" json:"dead_reason,omitempty"`                     // why it is STOPPED or LOST
 	Hostname        string                 `protobuf:"bytes,12,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	Layers          []string               `protobuf:"bytes,13,rep,name=layers,proto3" json:"layers,omitempty"` // named layers on the image, bottom first
-	User            string                 `protobuf:"bytes,14,opt,name=user,proto3" json:"user,omitempty"`     // default user of execs; "" = root
+	Layers          []string               `protobuf:"bytes,13,rep,name=layers,proto3" json:"layers,omitempty"`                   // named layers on the image, bottom first
+	User            string                 `protobuf:"bytes,14,opt,name=user,proto3" json:"user,omitempty"`                       // default user of execs; "" = root
+	KeepEtc         bool                   `protobuf:"varint,15,opt,name=keep_etc,json=keepEtc,proto3" json:"keep_etc,omitempty"` // the image's own /etc/hosts, hostname, resolv.conf
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -449,6 +466,13 @@ func (x *Sandbox) GetUser() string {
 		return x.User
 	}
 	return ""
+}
+
+func (x *Sandbox) GetKeepEtc() bool {
+	if x != nil {
+		return x.KeepEtc
+	}
+	return false
 }
 
 type GetRequest struct {
@@ -4256,7 +4280,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xf4\x03\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\x8f\x04\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4269,13 +4293,14 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\bhostname\x18\t \x01(\tR\bhostname\x12\x16\n" +
 	"\x06layers\x18\n" +
 	" \x03(\tR\x06layers\x12\x12\n" +
-	"\x04user\x18\v \x01(\tR\x04user\x1a6\n" +
+	"\x04user\x18\v \x01(\tR\x04user\x12\x19\n" +
+	"\bkeep_etc\x18\f \x01(\bR\akeepEtc\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe3\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfe\x04\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4292,7 +4317,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"deadReason\x12\x1a\n" +
 	"\bhostname\x18\f \x01(\tR\bhostname\x12\x16\n" +
 	"\x06layers\x18\r \x03(\tR\x06layers\x12\x12\n" +
-	"\x04user\x18\x0e \x01(\tR\x04user\x1a6\n" +
+	"\x04user\x18\x0e \x01(\tR\x04user\x12\x19\n" +
+	"\bkeep_etc\x18\x0f \x01(\bR\akeepEtc\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
