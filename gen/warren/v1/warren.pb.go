@@ -200,7 +200,22 @@ type CreateRequest struct {
 	// hostname holds the hostname; resolv.conf matches the sandbox's network
 	// (no network: no nameserver). They are in its writable layer: the
 	// sandbox may change them, and a commit leaves them out while unchanged.
-	KeepEtc       bool `protobuf:"varint,12,opt,name=keep_etc,json=keepEtc,proto3" json:"keep_etc,omitempty"`
+	KeepEtc bool `protobuf:"varint,12,opt,name=keep_etc,json=keepEtc,proto3" json:"keep_etc,omitempty"`
+	// Resource limits of every process of the sandbox (setrlimit(2), as
+	// `ulimit` and `docker run --ulimit` set them), over these defaults
+	// (those of a Debian 12 machine with systemd 252): nofile 1024:524288,
+	// stack 8 MiB:unlimited, core 0:unlimited, memlock 8 MiB:8 MiB,
+	// msgqueue 819200:819200, nice 0:0, rtprio 0:0, everything else
+	// unlimited. nproc and sigpending count a uid's processes and signals on
+	// the whole node, so they stay unlimited (pids_max bounds a sandbox). A
+	// default above the daemon's own hard limit is lowered to it
+	// (Sandbox.rlimits says what a sandbox got); a requested hard limit
+	// above it is invalid: raising a hard limit needs CAP_SYS_RESOURCE.
+	// Invalid too: an unknown or repeated name, soft above hard. Fixed at
+	// create: UpdateSandbox does not change them. The sandbox's PID 1 (its
+	// agent) keeps the daemon's nofile, cpu, as, data and stack limits, so
+	// that what is meant for programs cannot starve the agent serving them.
+	Rlimits       []*Rlimit `protobuf:"bytes,13,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -319,6 +334,77 @@ func (x *CreateRequest) GetKeepEtc() bool {
 	return false
 }
 
+func (x *CreateRequest) GetRlimits() []*Rlimit {
+	if x != nil {
+		return x.Rlimits
+	}
+	return nil
+}
+
+// Rlimit is one resource limit. Names: cpu (seconds), fsize, data, stack,
+// core, rss, as, memlock, msgqueue (bytes), nproc, nofile, locks,
+// sigpending, nice, rtprio, rttime (microseconds): the kernel's
+// RLIMIT_* names in lower case, as in /proc/self/limits.
+type Rlimit struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Soft          int64                  `protobuf:"varint,2,opt,name=soft,proto3" json:"soft,omitempty"` // -1 = unlimited
+	Hard          int64                  `protobuf:"varint,3,opt,name=hard,proto3" json:"hard,omitempty"` // -1 = unlimited; at least soft
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rlimit) Reset() {
+	*x = Rlimit{}
+	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rlimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rlimit) ProtoMessage() {}
+
+func (x *Rlimit) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
+func (*Rlimit) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Rlimit) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Rlimit) GetSoft() int64 {
+	if x != nil {
+		return x.Soft
+	}
+	return 0
+}
+
+func (x *Rlimit) GetHard() int64 {
+	if x != nil {
+		return x.Hard
+	}
+	return 0
+}
+
 type Sandbox struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -336,13 +422,18 @@ type Sandbox struct {
 	Layers          []string               `protobuf:"bytes,13,rep,name=layers,proto3" json:"layers,omitempty"`                   // named layers on the image, bottom first
 	User            string                 `protobuf:"bytes,14,opt,name=user,proto3" json:"user,omitempty"`                       // default user of execs; "" = root
 	KeepEtc         bool                   `protobuf:"varint,15,opt,name=keep_etc,json=keepEtc,proto3" json:"keep_etc,omitempty"` // the image's own /etc/hosts, hostname, resolv.conf
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The resource limits every process of the sandbox starts with: all of
+	// them, in the kernel's order (CreateRequest.rlimits). Empty for
+	// sandboxes created by daemons before they were set: those inherited
+	// the daemon's own.
+	Rlimits       []*Rlimit `protobuf:"bytes,16,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	mi := &file_warren_v1_warren_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -354,7 +445,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	mi := &file_warren_v1_warren_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -367,7 +458,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Sandbox) GetId() string {
@@ -475,6 +566,13 @@ func (x *Sandbox) GetKeepEtc() bool {
 	return false
 }
 
+func (x *Sandbox) GetRlimits() []*Rlimit {
+	if x != nil {
+		return x.Rlimits
+	}
+	return nil
+}
+
 type GetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -484,7 +582,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	mi := &file_warren_v1_warren_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +594,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	mi := &file_warren_v1_warren_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +607,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetRequest) GetId() string {
@@ -528,7 +626,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[4]
+	mi := &file_warren_v1_warren_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -540,7 +638,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[4]
+	mi := &file_warren_v1_warren_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -553,7 +651,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{4}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -572,7 +670,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[5]
+	mi := &file_warren_v1_warren_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -584,7 +682,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[5]
+	mi := &file_warren_v1_warren_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -597,7 +695,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{5}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -616,7 +714,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[6]
+	mi := &file_warren_v1_warren_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +726,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[6]
+	mi := &file_warren_v1_warren_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +739,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{6}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -659,7 +757,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[7]
+	mi := &file_warren_v1_warren_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +769,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[7]
+	mi := &file_warren_v1_warren_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +782,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{7}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{8}
 }
 
 type ExtendTimeoutRequest struct {
@@ -697,7 +795,7 @@ type ExtendTimeoutRequest struct {
 
 func (x *ExtendTimeoutRequest) Reset() {
 	*x = ExtendTimeoutRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[8]
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +807,7 @@ func (x *ExtendTimeoutRequest) String() string {
 func (*ExtendTimeoutRequest) ProtoMessage() {}
 
 func (x *ExtendTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[8]
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +820,7 @@ func (x *ExtendTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*ExtendTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{8}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExtendTimeoutRequest) GetId() string {
@@ -759,7 +857,7 @@ type UpdateSandboxRequest struct {
 
 func (x *UpdateSandboxRequest) Reset() {
 	*x = UpdateSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +869,7 @@ func (x *UpdateSandboxRequest) String() string {
 func (*UpdateSandboxRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +882,7 @@ func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UpdateSandboxRequest) GetId() string {
@@ -864,7 +962,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +974,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +987,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1003,7 +1101,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1113,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1126,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExecResult) GetStdout() []byte {
@@ -1130,7 +1228,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1240,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1253,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -1241,7 +1339,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1351,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,7 +1364,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -1305,7 +1403,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1415,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1428,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ProcessInfo) GetSandboxId() string {
@@ -1412,7 +1510,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1522,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1535,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1456,7 +1554,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1468,7 +1566,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1481,7 +1579,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1502,7 +1600,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1514,7 +1612,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1527,7 +1625,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WaitProcessRequest) GetSandboxId() string {
@@ -1563,7 +1661,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1575,7 +1673,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +1686,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -1627,7 +1725,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1737,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1750,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
 }
 
 type WriteStdinRequest struct {
@@ -1667,7 +1765,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1777,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1790,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -1731,7 +1829,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +1841,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +1854,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
 }
 
 type AttachProcessRequest struct {
@@ -1774,7 +1872,7 @@ type AttachProcessRequest struct {
 
 func (x *AttachProcessRequest) Reset() {
 	*x = AttachProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1786,7 +1884,7 @@ func (x *AttachProcessRequest) String() string {
 func (*AttachProcessRequest) ProtoMessage() {}
 
 func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1799,7 +1897,7 @@ func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProcessRequest.ProtoReflect.Descriptor instead.
 func (*AttachProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AttachProcessRequest) GetSandboxId() string {
@@ -1840,7 +1938,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +1950,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +1963,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *OutputChunk) GetOffset() int64 {
@@ -1896,7 +1994,7 @@ type ProcessEvent struct {
 
 func (x *ProcessEvent) Reset() {
 	*x = ProcessEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1908,7 +2006,7 @@ func (x *ProcessEvent) String() string {
 func (*ProcessEvent) ProtoMessage() {}
 
 func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1921,7 +2019,7 @@ func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessEvent.ProtoReflect.Descriptor instead.
 func (*ProcessEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ProcessEvent) GetEvent() isProcessEvent_Event {
@@ -1992,7 +2090,7 @@ type ResizeProcessRequest struct {
 
 func (x *ResizeProcessRequest) Reset() {
 	*x = ResizeProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2004,7 +2102,7 @@ func (x *ResizeProcessRequest) String() string {
 func (*ResizeProcessRequest) ProtoMessage() {}
 
 func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2017,7 +2115,7 @@ func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessRequest.ProtoReflect.Descriptor instead.
 func (*ResizeProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResizeProcessRequest) GetSandboxId() string {
@@ -2056,7 +2154,7 @@ type ResizeProcessResponse struct {
 
 func (x *ResizeProcessResponse) Reset() {
 	*x = ResizeProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2166,7 @@ func (x *ResizeProcessResponse) String() string {
 func (*ResizeProcessResponse) ProtoMessage() {}
 
 func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2179,7 @@ func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessResponse.ProtoReflect.Descriptor instead.
 func (*ResizeProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
 }
 
 type WriteFileRequest struct {
@@ -2098,7 +2196,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2110,7 +2208,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2123,7 +2221,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -2176,7 +2274,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2188,7 +2286,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2201,7 +2299,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
 }
 
 type ReadFileRequest struct {
@@ -2216,7 +2314,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2326,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2339,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2283,7 +2381,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2295,7 +2393,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2308,7 +2406,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReadFileResponse) GetContent() []byte {
@@ -2349,7 +2447,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2361,7 +2459,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2374,7 +2472,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2457,7 +2555,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2469,7 +2567,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2482,7 +2580,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListFilesRequest) GetSandboxId() string {
@@ -2523,7 +2621,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2535,7 +2633,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2548,7 +2646,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -2575,7 +2673,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2587,7 +2685,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2600,7 +2698,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StatFileRequest) GetSandboxId() string {
@@ -2629,7 +2727,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2641,7 +2739,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2654,7 +2752,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -2693,7 +2791,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2705,7 +2803,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2718,7 +2816,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
 }
 
 type RemoveFileRequest struct {
@@ -2732,7 +2830,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2744,7 +2842,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2757,7 +2855,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RemoveFileRequest) GetSandboxId() string {
@@ -2789,7 +2887,7 @@ type RemoveFileResponse struct {
 
 func (x *RemoveFileResponse) Reset() {
 	*x = RemoveFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2801,7 +2899,7 @@ func (x *RemoveFileResponse) String() string {
 func (*RemoveFileResponse) ProtoMessage() {}
 
 func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2814,7 +2912,7 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
 }
 
 type Image struct {
@@ -2841,7 +2939,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2853,7 +2951,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2866,7 +2964,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Image) GetName() string {
@@ -2968,7 +3066,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2980,7 +3078,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2993,7 +3091,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
 }
 
 type ListImagesResponse struct {
@@ -3005,7 +3103,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3017,7 +3115,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3030,7 +3128,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -3049,7 +3147,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3061,7 +3159,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3074,7 +3172,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetImageRequest) GetName() string {
@@ -3094,7 +3192,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3106,7 +3204,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3119,7 +3217,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ImportImageRequest) GetName() string {
@@ -3145,7 +3243,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3157,7 +3255,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3170,7 +3268,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -3188,7 +3286,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3200,7 +3298,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3213,7 +3311,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
 }
 
 type PullImageRequest struct {
@@ -3227,7 +3325,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3239,7 +3337,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3252,7 +3350,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -3299,7 +3397,7 @@ type PullImageEvent struct {
 
 func (x *PullImageEvent) Reset() {
 	*x = PullImageEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3311,7 +3409,7 @@ func (x *PullImageEvent) String() string {
 func (*PullImageEvent) ProtoMessage() {}
 
 func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3324,7 +3422,7 @@ func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageEvent.ProtoReflect.Descriptor instead.
 func (*PullImageEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *PullImageEvent) GetPhase() string {
@@ -3411,7 +3509,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3423,7 +3521,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3436,7 +3534,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Layer) GetName() string {
@@ -3512,7 +3610,7 @@ type BuildLayerRequest struct {
 
 func (x *BuildLayerRequest) Reset() {
 	*x = BuildLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3524,7 +3622,7 @@ func (x *BuildLayerRequest) String() string {
 func (*BuildLayerRequest) ProtoMessage() {}
 
 func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3537,7 +3635,7 @@ func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildLayerRequest.ProtoReflect.Descriptor instead.
 func (*BuildLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *BuildLayerRequest) GetName() string {
@@ -3562,7 +3660,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3574,7 +3672,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3587,7 +3685,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
 }
 
 type ListLayersResponse struct {
@@ -3599,7 +3697,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3611,7 +3709,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3624,7 +3722,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -3643,7 +3741,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3655,7 +3753,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3668,7 +3766,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RemoveLayerRequest) GetName() string {
@@ -3686,7 +3784,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3698,7 +3796,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3711,7 +3809,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
 }
 
 // CommitSandbox treats what the sandbox wrote as untrusted: setuid and
@@ -3728,7 +3826,7 @@ type CommitSandboxRequest struct {
 
 func (x *CommitSandboxRequest) Reset() {
 	*x = CommitSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3740,7 +3838,7 @@ func (x *CommitSandboxRequest) String() string {
 func (*CommitSandboxRequest) ProtoMessage() {}
 
 func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3753,7 +3851,7 @@ func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CommitSandboxRequest) GetSandboxId() string {
@@ -3786,7 +3884,7 @@ type ImageStatsRequest struct {
 
 func (x *ImageStatsRequest) Reset() {
 	*x = ImageStatsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3798,7 +3896,7 @@ func (x *ImageStatsRequest) String() string {
 func (*ImageStatsRequest) ProtoMessage() {}
 
 func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3811,7 +3909,7 @@ func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsRequest.ProtoReflect.Descriptor instead.
 func (*ImageStatsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ImageStatsRequest) GetNames() []string {
@@ -3846,7 +3944,7 @@ type LayerStat struct {
 
 func (x *LayerStat) Reset() {
 	*x = LayerStat{}
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3858,7 +3956,7 @@ func (x *LayerStat) String() string {
 func (*LayerStat) ProtoMessage() {}
 
 func (x *LayerStat) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3871,7 +3969,7 @@ func (x *LayerStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStat.ProtoReflect.Descriptor instead.
 func (*LayerStat) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *LayerStat) GetDigest() string {
@@ -3974,7 +4072,7 @@ type ImageStatsResponse struct {
 
 func (x *ImageStatsResponse) Reset() {
 	*x = ImageStatsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3986,7 +4084,7 @@ func (x *ImageStatsResponse) String() string {
 func (*ImageStatsResponse) ProtoMessage() {}
 
 func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3999,7 +4097,7 @@ func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsResponse.ProtoReflect.Descriptor instead.
 func (*ImageStatsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ImageStatsResponse) GetLayers() []*LayerStat {
@@ -4018,7 +4116,7 @@ type VerifyImageRequest struct {
 
 func (x *VerifyImageRequest) Reset() {
 	*x = VerifyImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4030,7 +4128,7 @@ func (x *VerifyImageRequest) String() string {
 func (*VerifyImageRequest) ProtoMessage() {}
 
 func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4043,7 +4141,7 @@ func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageRequest.ProtoReflect.Descriptor instead.
 func (*VerifyImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *VerifyImageRequest) GetNames() []string {
@@ -4065,7 +4163,7 @@ type LayerVerification struct {
 
 func (x *LayerVerification) Reset() {
 	*x = LayerVerification{}
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4077,7 +4175,7 @@ func (x *LayerVerification) String() string {
 func (*LayerVerification) ProtoMessage() {}
 
 func (x *LayerVerification) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4090,7 +4188,7 @@ func (x *LayerVerification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerVerification.ProtoReflect.Descriptor instead.
 func (*LayerVerification) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *LayerVerification) GetDigest() string {
@@ -4130,7 +4228,7 @@ type VerifyImageResponse struct {
 
 func (x *VerifyImageResponse) Reset() {
 	*x = VerifyImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4142,7 +4240,7 @@ func (x *VerifyImageResponse) String() string {
 func (*VerifyImageResponse) ProtoMessage() {}
 
 func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4155,7 +4253,7 @@ func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageResponse.ProtoReflect.Descriptor instead.
 func (*VerifyImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *VerifyImageResponse) GetLayers() []*LayerVerification {
@@ -4173,7 +4271,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4185,7 +4283,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4198,7 +4296,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
 }
 
 type VersionResponse struct {
@@ -4213,7 +4311,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4225,7 +4323,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4238,7 +4336,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -4280,7 +4378,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\x8f\x04\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xbc\x04\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4294,13 +4392,18 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06layers\x18\n" +
 	" \x03(\tR\x06layers\x12\x12\n" +
 	"\x04user\x18\v \x01(\tR\x04user\x12\x19\n" +
-	"\bkeep_etc\x18\f \x01(\bR\akeepEtc\x1a6\n" +
+	"\bkeep_etc\x18\f \x01(\bR\akeepEtc\x12+\n" +
+	"\arlimits\x18\r \x03(\v2\x11.warren.v1.RlimitR\arlimits\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfe\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"D\n" +
+	"\x06Rlimit\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xab\x05\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4318,7 +4421,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\bhostname\x18\f \x01(\tR\bhostname\x12\x16\n" +
 	"\x06layers\x18\r \x03(\tR\x06layers\x12\x12\n" +
 	"\x04user\x18\x0e \x01(\tR\x04user\x12\x19\n" +
-	"\bkeep_etc\x18\x0f \x01(\bR\akeepEtc\x1a6\n" +
+	"\bkeep_etc\x18\x0f \x01(\bR\akeepEtc\x12+\n" +
+	"\arlimits\x18\x10 \x03(\v2\x11.warren.v1.RlimitR\arlimits\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -4700,176 +4804,179 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: warren.v1.SandboxState
 	(*Resources)(nil),             // 1: warren.v1.Resources
 	(*CreateRequest)(nil),         // 2: warren.v1.CreateRequest
-	(*Sandbox)(nil),               // 3: warren.v1.Sandbox
-	(*GetRequest)(nil),            // 4: warren.v1.GetRequest
-	(*ListRequest)(nil),           // 5: warren.v1.ListRequest
-	(*ListResponse)(nil),          // 6: warren.v1.ListResponse
-	(*DeleteRequest)(nil),         // 7: warren.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 8: warren.v1.DeleteResponse
-	(*ExtendTimeoutRequest)(nil),  // 9: warren.v1.ExtendTimeoutRequest
-	(*UpdateSandboxRequest)(nil),  // 10: warren.v1.UpdateSandboxRequest
-	(*ExecRequest)(nil),           // 11: warren.v1.ExecRequest
-	(*ExecResult)(nil),            // 12: warren.v1.ExecResult
-	(*ExecEvent)(nil),             // 13: warren.v1.ExecEvent
-	(*ExecStarted)(nil),           // 14: warren.v1.ExecStarted
-	(*ProcessInfo)(nil),           // 15: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),  // 16: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil), // 17: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),    // 18: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),  // 19: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil), // 20: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),     // 21: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 22: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),  // 23: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),           // 24: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),          // 25: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),  // 26: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil), // 27: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),      // 28: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 29: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),       // 30: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 31: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),              // 32: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),      // 33: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),     // 34: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),       // 35: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),        // 36: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),       // 37: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),     // 38: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),    // 39: warren.v1.RemoveFileResponse
-	(*Image)(nil),                 // 40: warren.v1.Image
-	(*ListImagesRequest)(nil),     // 41: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),    // 42: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),       // 43: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),    // 44: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),    // 45: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),   // 46: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),      // 47: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),        // 48: warren.v1.PullImageEvent
-	(*Layer)(nil),                 // 49: warren.v1.Layer
-	(*BuildLayerRequest)(nil),     // 50: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),     // 51: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),    // 52: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),    // 53: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),   // 54: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),  // 55: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),     // 56: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),             // 57: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),    // 58: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),    // 59: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),     // 60: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),   // 61: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),        // 62: warren.v1.VersionRequest
-	(*VersionResponse)(nil),       // 63: warren.v1.VersionResponse
-	nil,                           // 64: warren.v1.CreateRequest.EnvEntry
-	nil,                           // 65: warren.v1.CreateRequest.LabelsEntry
-	nil,                           // 66: warren.v1.Sandbox.EnvEntry
-	nil,                           // 67: warren.v1.Sandbox.LabelsEntry
-	nil,                           // 68: warren.v1.ListRequest.LabelsEntry
-	nil,                           // 69: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                           // 70: warren.v1.ExecRequest.EnvEntry
+	(*Rlimit)(nil),                // 3: warren.v1.Rlimit
+	(*Sandbox)(nil),               // 4: warren.v1.Sandbox
+	(*GetRequest)(nil),            // 5: warren.v1.GetRequest
+	(*ListRequest)(nil),           // 6: warren.v1.ListRequest
+	(*ListResponse)(nil),          // 7: warren.v1.ListResponse
+	(*DeleteRequest)(nil),         // 8: warren.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 9: warren.v1.DeleteResponse
+	(*ExtendTimeoutRequest)(nil),  // 10: warren.v1.ExtendTimeoutRequest
+	(*UpdateSandboxRequest)(nil),  // 11: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),           // 12: warren.v1.ExecRequest
+	(*ExecResult)(nil),            // 13: warren.v1.ExecResult
+	(*ExecEvent)(nil),             // 14: warren.v1.ExecEvent
+	(*ExecStarted)(nil),           // 15: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),           // 16: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),  // 17: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil), // 18: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),    // 19: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),  // 20: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil), // 21: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),     // 22: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 23: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),  // 24: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),           // 25: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),          // 26: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),  // 27: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil), // 28: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),      // 29: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 30: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),       // 31: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 32: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),              // 33: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),      // 34: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),     // 35: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),       // 36: warren.v1.StatFileRequest
+	(*MakeDirRequest)(nil),        // 37: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),       // 38: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),     // 39: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),    // 40: warren.v1.RemoveFileResponse
+	(*Image)(nil),                 // 41: warren.v1.Image
+	(*ListImagesRequest)(nil),     // 42: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),    // 43: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),       // 44: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),    // 45: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),    // 46: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),   // 47: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),      // 48: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),        // 49: warren.v1.PullImageEvent
+	(*Layer)(nil),                 // 50: warren.v1.Layer
+	(*BuildLayerRequest)(nil),     // 51: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),     // 52: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),    // 53: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),    // 54: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),   // 55: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),  // 56: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),     // 57: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),             // 58: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),    // 59: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),    // 60: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),     // 61: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),   // 62: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),        // 63: warren.v1.VersionRequest
+	(*VersionResponse)(nil),       // 64: warren.v1.VersionResponse
+	nil,                           // 65: warren.v1.CreateRequest.EnvEntry
+	nil,                           // 66: warren.v1.CreateRequest.LabelsEntry
+	nil,                           // 67: warren.v1.Sandbox.EnvEntry
+	nil,                           // 68: warren.v1.Sandbox.LabelsEntry
+	nil,                           // 69: warren.v1.ListRequest.LabelsEntry
+	nil,                           // 70: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                           // 71: warren.v1.ExecRequest.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	64, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	65, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
-	0,  // 3: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
-	1,  // 4: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	66, // 5: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	67, // 6: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	68, // 7: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
-	3,  // 8: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	69, // 9: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	70, // 10: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	12, // 11: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	14, // 12: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
-	12, // 13: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	15, // 14: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	24, // 15: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
-	24, // 16: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
-	12, // 17: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
-	32, // 18: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	40, // 19: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	40, // 20: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	49, // 21: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	57, // 22: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	60, // 23: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	2,  // 24: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	4,  // 25: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	5,  // 26: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	7,  // 27: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	9,  // 28: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	10, // 29: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	11, // 30: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	11, // 31: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	11, // 32: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	16, // 33: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	18, // 34: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	19, // 35: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	21, // 36: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	23, // 37: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	26, // 38: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	28, // 39: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	30, // 40: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	33, // 41: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	35, // 42: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	36, // 43: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	38, // 44: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	55, // 45: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	41, // 46: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	43, // 47: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	44, // 48: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	45, // 49: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	47, // 50: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	50, // 51: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	51, // 52: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	53, // 53: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	56, // 54: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	59, // 55: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	62, // 56: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	3,  // 57: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	3,  // 58: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	6,  // 59: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	8,  // 60: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	3,  // 61: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	3,  // 62: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	12, // 63: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	13, // 64: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	15, // 65: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	17, // 66: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	12, // 67: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	20, // 68: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	22, // 69: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	25, // 70: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	27, // 71: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	29, // 72: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	31, // 73: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	34, // 74: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	32, // 75: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	37, // 76: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	39, // 77: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	49, // 78: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	42, // 79: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	40, // 80: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	40, // 81: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	46, // 82: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	48, // 83: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	49, // 84: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	52, // 85: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	54, // 86: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	58, // 87: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	61, // 88: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	63, // 89: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	57, // [57:90] is the sub-list for method output_type
-	24, // [24:57] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	65, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	66, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	3,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
+	0,  // 4: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
+	1,  // 5: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
+	67, // 6: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	68, // 7: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	3,  // 8: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
+	69, // 9: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	4,  // 10: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
+	70, // 11: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	71, // 12: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	13, // 13: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
+	15, // 14: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
+	13, // 15: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	16, // 16: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	25, // 17: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
+	25, // 18: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
+	13, // 19: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
+	33, // 20: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	41, // 21: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	41, // 22: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	50, // 23: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	58, // 24: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	61, // 25: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	2,  // 26: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	5,  // 27: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	6,  // 28: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	8,  // 29: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	10, // 30: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	11, // 31: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	12, // 32: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	12, // 33: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	12, // 34: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	17, // 35: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	19, // 36: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	20, // 37: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	22, // 38: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	24, // 39: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	27, // 40: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	29, // 41: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	31, // 42: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	34, // 43: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	36, // 44: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	37, // 45: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	39, // 46: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	56, // 47: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	42, // 48: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	44, // 49: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	45, // 50: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	46, // 51: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	48, // 52: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	51, // 53: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	52, // 54: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	54, // 55: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	57, // 56: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	60, // 57: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	63, // 58: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	4,  // 59: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	4,  // 60: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	7,  // 61: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	9,  // 62: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	4,  // 63: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	4,  // 64: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	13, // 65: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	14, // 66: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	16, // 67: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	18, // 68: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	13, // 69: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	21, // 70: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	23, // 71: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	26, // 72: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	28, // 73: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	30, // 74: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	32, // 75: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	35, // 76: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	33, // 77: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	38, // 78: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	40, // 79: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	50, // 80: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	43, // 81: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	41, // 82: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	41, // 83: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	47, // 84: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	49, // 85: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	50, // 86: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	53, // 87: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	55, // 88: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	59, // 89: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	62, // 90: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	64, // 91: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	59, // [59:92] is the sub-list for method output_type
+	26, // [26:59] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -4877,14 +4984,14 @@ func file_warren_v1_warren_proto_init() {
 	if File_warren_v1_warren_proto != nil {
 		return
 	}
-	file_warren_v1_warren_proto_msgTypes[9].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[12].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[10].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[13].OneofWrappers = []any{
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
 		(*ExecEvent_Result)(nil),
 		(*ExecEvent_Started)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[24].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[25].OneofWrappers = []any{
 		(*ProcessEvent_Stdout)(nil),
 		(*ProcessEvent_Stderr)(nil),
 		(*ProcessEvent_Exit)(nil),
@@ -4895,7 +5002,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   70,
+			NumMessages:   71,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
