@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenrl/warren/internal/etcfiles"
+	"github.com/warrenrl/warren/internal/rlimit"
 	"github.com/warrenrl/warren/internal/sandboxfs"
 )
 
@@ -31,6 +33,19 @@ type Spec struct {
 	// Defaults applied to every process started in the sandbox.
 	Env     []string
 	Workdir string
+	// Etc are files the sandbox's /etc gets over the image's (hosts,
+	// hostname, resolv.conf: internal/etcfiles), as its own files: it may
+	// change them. Empty keeps the image's. A backend puts them where a
+	// commit sees them as the sandbox's changes (the container backend:
+	// its writable layer), and leaves the image's alone where its /etc is
+	// not a directory.
+	Etc []etcfiles.File
+	// Rlimits are the resource limits of every process started in the
+	// sandbox, validated by the daemon (internal/rlimit); resources not
+	// named keep what the backend's own process has. A backend's init and
+	// agent may keep higher limits of their own where the programs' would
+	// starve them.
+	Rlimits []rlimit.Limit
 }
 
 // Layer is one read-only layer of a sandbox's root, as references a

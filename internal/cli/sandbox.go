@@ -127,7 +127,8 @@ func newCreateCommand() *cobra.Command {
 	f.StringVar(&workdir, "workdir", "", "working directory of commands (default: the image's)")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
 	f.DurationVar(&timeout, "timeout", 0, "lifetime, after which the sandbox is deleted, e.g. 30m (default: node default)")
-	f.StringVar(&hostname, "hostname", "", "hostname inside the sandbox")
+	f.StringVar(&hostname, "hostname", "", "hostname inside the sandbox, a DNS name (default: the id, '_' made '-')")
+	f.BoolVar(&req.KeepEtc, "keep-etc", false, "keep the image's /etc/hosts, /etc/hostname and /etc/resolv.conf instead of the sandbox's own")
 	f.StringVar(&user, "user", "", "who commands run as when they name no user: name, uid or uid:gid (default: the image's user, else root)")
 	return c
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/kfile"
+	"github.com/warrenrl/warren/internal/rlimit"
 )
 
 // Name is the backend's name in the API.
@@ -206,6 +207,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		}
 	}
 
+	if err := writeEtc(filepath.Join(st, "upper"), spec.Layers, spec.Etc); err != nil {
+		return nil, err
+	}
+
 	overlay, err := overlayConfig(spec.Layers, filepath.Join(st, "upper"), filepath.Join(st, "work"))
 	if err != nil {
 		return nil, err
@@ -346,7 +351,8 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		hostname = spec.ID
 	}
 	conf := map[string]string{"rootfs": b.rootMount(), "hostname": hostname,
-		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID)}
+		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID),
+		"rlimits": rlimit.InitConfig(spec.Rlimits)}
 	maps.Copy(conf, overlay)
 	cfg := initConfig(conf)
 	if _, err := cfgW.Write(cfg); err != nil {
@@ -592,8 +598,9 @@ func (b *Backend) removeDirs(id string, root int) error {
 }
 
 // stateEntries is what a sandbox's state directory holds when the sandbox
-// wrote nothing.
-var stateEntries = []string{"upper/", "work/work/", "work/"}
+// wrote nothing: its /etc files (writeEtc) and empty directories.
+var stateEntries = []string{"upper/etc/hosts", "upper/etc/hostname", "upper/etc/resolv.conf", "upper/etc/",
+	"upper/", "work/work/", "work/"}
 
 // devEntries is what the init stage puts in a sandbox's /dev directory
 // (init_linux.c, setup_dev).
@@ -726,8 +733,16 @@ func overlayConfig(refs []backend.Layer, upper, work string) (map[string]string,
 	// redirect_dir and metacopy off (the defaults of most kernels, made
 	// explicit): the upper directory then holds whole files and real
 	// directories, which CommitSandbox relies on to turn it into a layer.
+	//
+	// xino=on: the layers are separate filesystems (one EROFS each), and
+	// without it readdir's d_ino is the layer's own inode number while
+	// stat's is overlayfs's, and a file's st_dev changes when it is copied
+	// up (CPython's test_os, find, tar and rsync hardlink detection all
+	// compare them). With it overlayfs puts the layer's index in the high
+	// bits of every inode number, so the two agree and st_dev is the
+	// overlay's for every file, before and after copy-up.
 	return map[string]string{"lower": strings.Join(layers, ":"), "upper": upper, "work": work,
-		"overlay_options": "redirect_dir=off,metacopy=off"}, nil
+		"overlay_options": "redirect_dir=off,metacopy=off,xino=on"}, nil
 }
 
 // maxOverlayLayers is what the init stage takes (its descriptor table for

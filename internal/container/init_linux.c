@@ -20,7 +20,8 @@
  * accumulate one mount per sandbox for every later clone to copy;
  * hostname; empty (the node's shared empty read-only tmpfs, used to hide
  * directories); sysfs (the node's shared sysfs); dev (this sandbox's /dev
- * directory, created here, on the node's shared devfs).
+ * directory, created here, on the node's shared devfs); rlimits (the
+ * resource limits of the sandbox's processes: apply_rlimits).
  *
  * Nothing the sandbox can read names a host path: the overlay is mounted
  * with data naming only descriptors (lowerdir=/proc/self/fd/N:..., which
@@ -41,6 +42,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -281,6 +283,67 @@ static void close_all_from(unsigned first)
 	}
 }
 
+/* Resource limits the agent's own work counts against: its descriptors
+ * (a socket per connection and running process), CPU seconds (a hard cpu
+ * limit would SIGKILL PID 1 once it had served that long), memory (kept
+ * output) and stack. The agent keeps the daemon's and sets these in each
+ * process it starts (CHILD_RLIMITS_ENV, agent_linux.c). */
+#define CHILD_RLIMITS_ENV "_WARREN_CHILD_RLIMITS"
+static int agent_bound(long res)
+{
+	return res == RLIMIT_NOFILE || res == RLIMIT_CPU || res == RLIMIT_AS || res == RLIMIT_DATA ||
+	       res == RLIMIT_STACK;
+}
+
+/* Applies the config's rlimits: "NUM:SOFT:HARD" entries, ','-separated,
+ * decimal (RLIM_INFINITY as 2^64-1; internal/rlimit writes them). PID 1
+ * takes them with setrlimit and every sandbox process inherits them,
+ * except the agent-bound ones: those are checked here as the kernel would
+ * check them (no CAP_SYS_RESOURCE: a hard limit cannot rise), so that a
+ * refused one fails the create rather than every exec, and passed on. */
+static void apply_rlimits(const char *spec)
+{
+	static const char *names[] = {"cpu", "fsize", "data", "stack", "core", "rss", "nproc", "nofile",
+				      "memlock", "as", "locks", "sigpending", "msgqueue", "nice", "rtprio", "rttime"};
+	char child[1024];
+	size_t clen = 0;
+	for (const char *p = spec; *p;) {
+		char *end;
+		struct rlimit r = {0, 0}, cur;
+		long res = strtol(p, &end, 10);
+		int ok = *end == ':';
+		if (ok)
+			r.rlim_cur = strtoull(end + 1, &end, 10);
+		ok = ok && *end == ':';
+		if (ok)
+			r.rlim_max = strtoull(end + 1, &end, 10);
+		if (!ok || (*end != ',' && *end) || res < 0 || res >= (long)(sizeof names / sizeof names[0])) {
+			errno = EINVAL;
+			die("config", "rlimits");
+		}
+		const char *arg = names[res];
+		if (!agent_bound(res)) {
+			if (setrlimit(res, &r) < 0)
+				die("setrlimit", arg);
+		} else if (getrlimit(res, &cur) < 0) {
+			die("getrlimit", arg);
+		} else if (r.rlim_cur > r.rlim_max || r.rlim_max > cur.rlim_max) {
+			errno = r.rlim_cur > r.rlim_max ? EINVAL : EPERM;
+			die("setrlimit", arg);
+		} else {
+			int n = snprintf(child + clen, sizeof child - clen, "%s%.*s", clen ? "," : "", (int)(end - p), p);
+			if (n < 0 || (size_t)n >= sizeof child - clen) {
+				errno = E2BIG;
+				die("config", "rlimits");
+			}
+			clen += (size_t)n;
+		}
+		p = *end ? end + 1 : end;
+	}
+	if (clen && setenv(CHILD_RLIMITS_ENV, child, 1) < 0)
+		die("setenv", CHILD_RLIMITS_ENV);
+}
+
 static void __attribute__((noreturn)) init_main(void)
 {
 	size_t len = 0;
@@ -331,10 +394,18 @@ static void __attribute__((noreturn)) init_main(void)
 	}
 	if (chdir(rootfs) < 0)
 		die("chdir", rootfs);
-	static const char *dirs[] = {"proc", "dev", "sys", "tmp"};
-	for (size_t i = 0; i < 4; i++)
+	static const char *dirs[] = {"proc", "dev", "sys"};
+	for (size_t i = 0; i < 3; i++)
 		if (mkdir(dirs[i], 0755) < 0 && errno != EEXIST)
 			die("mkdir", dirs[i]);
+	/* An image without /tmp gets the one every machine has: writable by
+	 * all, sticky. One the image has keeps its mode. */
+	if (mkdir("tmp", 01777) == 0) {
+		if (chmod("tmp", 01777) < 0) /* the umask narrowed it */
+			die("chmod", "tmp");
+	} else if (errno != EEXIST) {
+		die("mkdir", "tmp");
+	}
 	do_mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 	/* Our own directory on the node's shared devfs tmpfs
 	 * (internal/container/devfs.go): our own inodes, no superblock of our
@@ -374,6 +445,9 @@ static void __attribute__((noreturn)) init_main(void)
 	if (hostname && sethostname(hostname, strlen(hostname)) < 0)
 		die("sethostname", hostname);
 	loopback_up();
+	const char *rlimits = conf("rlimits", len);
+	if (rlimits)
+		apply_rlimits(rlimits);
 	drop_caps();
 	unsetenv(INIT_ENV);
 	/* Closing the status pipe tells the daemon the sandbox is up. */

@@ -22,7 +22,9 @@ type commitOp struct {
 // is read, so the layer is a consistent snapshot of its files; its
 // processes resume afterwards. Deleting the sandbox cancels a commit.
 // Setuid/setgid bits and file capabilities are stripped unless
-// req.KeepSetuid (image.CommitOptions).
+// req.KeepSetuid (image.CommitOptions). The /etc files Warren wrote
+// (etcFilesOf) are left out unless the sandbox changed them: a layer must
+// not carry one sandbox's hostname into every sandbox made from it.
 func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandboxRequest) (_ *warrenv1.Layer, err error) {
 	defer m.observe("CommitSandbox", &err)
 	name := req.GetName()
@@ -66,7 +68,13 @@ func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandbox
 	if err != nil {
 		return nil, m.explain(opCommit, s, err, "freeze sandbox "+s.id)
 	}
-	nl, err := m.images.CommitUpper(ctx, name, c.UpperDir(), image.CommitOptions{KeepSetuid: req.GetKeepSetuid()})
+	s.mu.Lock()
+	omit := make(map[string][]byte)
+	for _, f := range etcFilesOf(s.info) {
+		omit["etc/"+f.Name] = f.Data
+	}
+	s.mu.Unlock()
+	nl, err := m.images.CommitUpper(ctx, name, c.UpperDir(), image.CommitOptions{KeepSetuid: req.GetKeepSetuid(), Omit: omit})
 	if terr := thaw(); terr != nil {
 		m.log.Error("thaw sandbox after commit", "sandbox", s.id, "err", terr)
 		if err == nil {

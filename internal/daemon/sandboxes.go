@@ -14,6 +14,7 @@ import (
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/store"
@@ -62,6 +63,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		CreatedAtUnixMs: start.UnixMilli(),
 		Hostname:        p.hostname,
 		Layers:          slices.Clone(p.layers),
+		KeepEtc:         req.GetKeepEtc(),
 	}
 	imageWorkdir := false
 	s := &sandbox{
@@ -87,7 +89,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	}
 	s.id, info.Id = p.id, p.id
 	if info.Hostname == "" {
-		info.Hostname = p.id
+		info.Hostname = etcfiles.HostnameFor(p.id)
 	}
 	m.sandboxes[p.id] = s
 	m.mu.Unlock()
@@ -172,6 +174,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		DiskBytes:   p.resources.DiskBytes,
 		Env:         envList(p.env),
 		Workdir:     p.workdir,
+		Etc:         etcFilesOf(info),
 	})
 	if err != nil {
 		return nil, withCategory(err, errdefs.Internal, "create sandbox "+p.id)
@@ -931,4 +934,13 @@ func sortSandboxes(sbs []*warrenv1.Sandbox) {
 		}
 		return strings.Compare(a.GetId(), b.GetId())
 	})
+}
+
+// etcFilesOf is the /etc files a sandbox gets over its image's, none with
+// keep_etc. The network is "none" for every sandbox today (loopback only).
+func etcFilesOf(info *warrenv1.Sandbox) []etcfiles.File {
+	if info.GetKeepEtc() {
+		return nil
+	}
+	return etcfiles.Files(info.GetHostname(), etcfiles.None)
 }

@@ -12,6 +12,7 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/image"
 )
 
@@ -28,7 +29,6 @@ const (
 	maxLabelValue   = 1024
 	maxEnvEntries   = 1024
 	maxEnvBytes     = 1 << 20
-	maxHostnameLen  = 64
 	maxPathLen      = 4096
 	defaultPATH     = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	generatedIDLen  = 12
@@ -148,8 +148,10 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 	if err := checkUserSpec(p.user); err != nil {
 		return p, err
 	}
-	if len(p.hostname) > maxHostnameLen || strings.ContainsAny(p.hostname, "\x00/ \t\n") {
-		return p, errdefs.Invalidf("invalid hostname %q", p.hostname)
+	if p.hostname != "" {
+		if err := etcfiles.CheckHostname(p.hostname); err != nil {
+			return p, err
+		}
 	}
 	if err := checkLabels(p.labels); err != nil {
 		return p, err

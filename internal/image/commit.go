@@ -2,6 +2,7 @@ package image
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -42,7 +43,7 @@ const (
 // made from it). The record says which, and how many files lost them.
 func (s *Store) CommitUpper(ctx context.Context, name, upper string, opts CommitOptions) (NamedLayer, error) {
 	return s.buildLayer(name, func(nl *NamedLayer) (LayerMeta, error) {
-		m, stripped, err := s.importUpperStream(ctx, upper, opts.KeepSetuid)
+		m, stripped, err := s.importUpperStream(ctx, upper, opts)
 		nl.SetuidKept, nl.SetuidStripped = opts.KeepSetuid, stripped
 		return m, err
 	})
@@ -54,9 +55,14 @@ type CommitOptions struct {
 	// the sandbox's files, for a sandbox whose writer is trusted (an
 	// operator installing sudo, say).
 	KeepSetuid bool
+	// Omit leaves out the regular files at these paths (relative:
+	// "etc/hosts") whose content is exactly the given bytes: files the
+	// platform wrote into the writable layer (internal/etcfiles) that the
+	// sandbox did not change.
+	Omit map[string][]byte
 }
 
-func (s *Store) importUpperStream(ctx context.Context, upper string, keepSetuid bool) (LayerMeta, int64, error) {
+func (s *Store) importUpperStream(ctx context.Context, upper string, opts CommitOptions) (LayerMeta, int64, error) {
 	if err := checkSourceDir(upper, "commit source", errdefs.Internal); err != nil {
 		return LayerMeta{}, 0, err
 	}
@@ -75,7 +81,7 @@ func (s *Store) importUpperStream(ctx context.Context, upper string, keepSetuid 
 	var stripped int64
 	go func() {
 		var err error
-		stripped, err = upperToLayer(rootfd, treeR, layerW, keepSetuid)
+		stripped, err = upperToLayer(rootfd, treeR, layerW, opts)
 		treeR.CloseWithError(errPipelineStopped)
 		layerW.CloseWithError(err)
 		filtered <- err
@@ -96,11 +102,13 @@ func (s *Store) importUpperStream(ctx context.Context, upper string, keepSetuid 
 
 // upperToLayer copies the canonical tar stream of an upper directory from
 // r to w, turning overlayfs whiteouts and opaque directories into OCI
-// whiteout entries, and unless keepSetuid dropping setuid/setgid bits and
-// file capabilities; it returns how many entries lost them. rootfd is
-// the upper directory, for reading the overlay xattrs that the tar stream
-// leaves out.
-func upperToLayer(rootfd int, r io.Reader, w io.Writer, keepSetuid bool) (int64, error) {
+// whiteout entries, unless opts.KeepSetuid dropping setuid/setgid bits
+// and file capabilities, and leaving out opts.Omit's unchanged files; it
+// returns how many entries lost privileges. rootfd is the upper
+// directory, for reading the overlay xattrs that the tar stream leaves
+// out.
+func upperToLayer(rootfd int, r io.Reader, w io.Writer, opts CommitOptions) (int64, error) {
+	keepSetuid := opts.KeepSetuid
 	tr := tar.NewReader(r)
 	tw := tar.NewWriter(w)
 	var stripped int64
@@ -156,10 +164,21 @@ func upperToLayer(rootfd int, r io.Reader, w io.Writer, keepSetuid bool) (int64,
 				}
 			}
 		default:
+			var body io.Reader = tr
+			if want, ok := opts.Omit[name]; ok && hdr.Typeflag == tar.TypeReg && hdr.Size == int64(len(want)) {
+				got, err := io.ReadAll(tr)
+				if err != nil {
+					return stripped, err
+				}
+				if bytes.Equal(got, want) {
+					continue
+				}
+				body = bytes.NewReader(got)
+			}
 			if err := tw.WriteHeader(hdr); err != nil {
 				return stripped, err
 			}
-			if _, err := io.Copy(tw, tr); err != nil {
+			if _, err := io.Copy(tw, body); err != nil {
 				return stripped, err
 			}
 		}

@@ -380,6 +380,7 @@ class AsyncWarren:
         hostname: Optional[str] = None,
         layers: Optional[Sequence[str]] = None,
         user: Optional[str] = None,
+        keep_etc: bool = False,
         call_timeout: Optional[float] = None,
     ) -> "_StartContext[AsyncSandbox]":
         """Create a sandbox. Await it for an :class:`AsyncSandbox`, or use it
@@ -404,7 +405,10 @@ class AsyncWarren:
             timeout_seconds: the sandbox's lifetime; the daemon deletes it
                 when it passes (0/None = node default, 1 h). See
                 :meth:`AsyncSandbox.extend_timeout`.
-            hostname: defaults to the id.
+            hostname: a DNS name; defaults to the id (``_`` made ``-``).
+            keep_etc: keep the image's ``/etc/hosts``, ``/etc/hostname`` and
+                ``/etc/resolv.conf``; by default the sandbox gets its own
+                (localhost and its hostname; no nameserver without a network).
             user: who commands run as when they name no user (a name, uid or
                 ``"uid:gid"``); default: the image config's user, else root.
             layers: named layers (see :meth:`build_layer`, :meth:`AsyncSandbox.commit`)
@@ -436,6 +440,7 @@ class AsyncWarren:
                 hostname=hostname,
                 layers=layer_names,
                 user=user,
+                keep_etc=keep_etc,
                 call_timeout=call_timeout if call_timeout is not None else self.create_timeout,
             )
 
@@ -455,6 +460,7 @@ class AsyncWarren:
         hostname: Optional[str],
         layers: Sequence[str],
         user: Optional[str],
+        keep_etc: bool,
         call_timeout: float,
     ) -> "AsyncSandbox":
         if not image:
@@ -486,6 +492,8 @@ class AsyncWarren:
             body["layers"] = list(layers)
         if user:
             body["user"] = user
+        if keep_etc:
+            body["keepEtc"] = True
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + call_timeout

@@ -248,6 +248,7 @@ class Warren:
         hostname: Optional[str] = None,
         layers: Optional[Sequence[str]] = None,
         user: Optional[str] = None,
+        keep_etc: bool = False,
         call_timeout: Optional[float] = None,
     ) -> "Sandbox":
         """Create a sandbox (see :meth:`AsyncWarren.create`). Use the result in
@@ -268,6 +269,7 @@ class Warren:
             hostname=hostname,
             layers=layers,
             user=user,
+            keep_etc=keep_etc,
             call_timeout=call_timeout,
         )
         return Sandbox(self, self._run(_await(ctx)))

@@ -133,6 +133,8 @@ class SandboxInfo:
     layers: Tuple[str, ...] = ()
     #: default user of commands ("" = root)
     user: str = ""
+    #: the image's own /etc/hosts, hostname and resolv.conf were kept
+    keep_etc: bool = False
 
     @property
     def created_at(self) -> Optional[_dt.datetime]:
@@ -165,6 +167,7 @@ class SandboxInfo:
             hostname=d.get("hostname", ""),
             layers=tuple(d.get("layers") or ()),
             user=d.get("user", ""),
+            keep_etc=bool(d.get("keepEtc", False)),
         )
 
 

@@ -1,0 +1,105 @@
+package container
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/etcfiles"
+)
+
+// writeEtc puts the sandbox's own /etc files (hosts, hostname,
+// resolv.conf) into its upper directory before the overlay is mounted:
+// they are then the sandbox's files like any it writes (it may edit or
+// replace them, sed -i and rename included, which binds of a file would
+// refuse with EBUSY), they cost no mount, superblock or memory of their
+// own (page cache on the upper's disk, reclaimable), and a commit sees
+// them and leaves them out while unchanged.
+//
+// upper/etc takes the mode, owner and times of the image's /etc, which
+// it then shows (a merged directory shows its upper's attributes). Where
+// the image's /etc is not a directory (a symlink, say) an upper etc
+// would hide what it leads to, so the image keeps its own files; where
+// it has none (or a layer whited it out), /etc is made 0755 root.
+func writeEtc(upper string, layers []backend.Layer, files []etcfiles.File) error {
+	if len(files) == 0 {
+		return nil
+	}
+	var st unix.Stat_t
+	found := false
+	for _, l := range layers {
+		err := unix.Lstat(filepath.Join(l.Dir, "etc"), &st)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return fsErr(err, "image /etc")
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 {
+			break // whited out: as if absent
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			return nil
+		}
+		found = true
+		break
+	}
+	dir := filepath.Join(upper, "etc")
+	mode, uid, gid := uint32(0o755), 0, 0
+	if found {
+		mode, uid, gid = st.Mode&0o7777, int(st.Uid), int(st.Gid)
+	}
+	if err := unix.Mkdir(dir, mode); err != nil {
+		return fsErr(&os.PathError{Op: "mkdir", Path: dir, Err: err}, "sandbox /etc")
+	}
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fsErr(&os.PathError{Op: "open", Path: dir, Err: err}, "sandbox /etc")
+	}
+	defer unix.Close(fd)
+	for _, f := range files {
+		if err := writeNew(fd, f.Name, f.Data); err != nil {
+			return fsErr(&os.PathError{Op: "write", Path: filepath.Join(dir, f.Name), Err: err}, "sandbox /etc")
+		}
+	}
+	// Owner and times last: the writes above moved the times. The umask
+	// may have narrowed the mode.
+	p := "/proc/self/fd/" + strconv.Itoa(fd)
+	if err := unix.Fchmodat(unix.AT_FDCWD, p, mode, 0); err != nil {
+		return fsErr(&os.PathError{Op: "chmod", Path: dir, Err: err}, "sandbox /etc")
+	}
+	if uid != 0 || gid != 0 {
+		if err := unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH); err != nil {
+			return fsErr(&os.PathError{Op: "chown", Path: dir, Err: err}, "sandbox /etc")
+		}
+	}
+	if found {
+		ts := []unix.Timespec{st.Atim, st.Mtim}
+		if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, 0); err != nil {
+			return fsErr(&os.PathError{Op: "utimes", Path: dir, Err: err}, "sandbox /etc")
+		}
+	}
+	return nil
+}
+
+// writeNew creates name in dirfd (which must not have it) with data,
+// mode 0644.
+func writeNew(dirfd int, name string, data []byte) error {
+	fd, err := unix.Openat(dirfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return err
+	}
+	for len(data) > 0 {
+		n, err := unix.Write(fd, data)
+		if err != nil {
+			unix.Close(fd)
+			return err
+		}
+		data = data[n:]
+	}
+	return unix.Close(fd)
+}
