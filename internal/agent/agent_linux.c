@@ -138,6 +138,14 @@ static uint32_t nrunning;
 static int listen_paused;
 static struct rlimit orig_nofile;
 static int have_nofile;
+/* Limits the programs get but the agent does not (the container init
+ * stage passes them: internal/container/init_linux.c, apply_rlimits). */
+#define CHILD_RLIMITS_ENV "_WARREN_CHILD_RLIMITS"
+static struct {
+	int res;
+	struct rlimit r;
+} child_rlimits[16];
+static int nchild_rlimits;
 
 static void fatal(const char *what)
 {
@@ -631,9 +639,13 @@ static void __attribute__((noreturn)) child(struct conn *c, int errfd)
 	close_between(3, errfd - 1);
 	close_between(errfd + 1, ~0u);
 
-	/* The agent raised its own fd limit; the program gets the original. */
+	/* The agent raised its own fd limit; the program gets the original,
+	 * or the sandbox's limits where the agent keeps its own. */
 	if (have_nofile)
 		setrlimit(RLIMIT_NOFILE, &orig_nofile);
+	for (int i = 0; i < nchild_rlimits; i++)
+		if (setrlimit(child_rlimits[i].res, &child_rlimits[i].r) < 0)
+			child_fail(errfd, "setrlimit");
 
 	/* Strings were validated by the agent before fork. */
 	char **argv = big_alloc((argc + 1) * sizeof(char *));
@@ -1554,6 +1566,30 @@ static void on_listen(void)
 	}
 }
 
+/* Reads CHILD_RLIMITS_ENV: "RES:SOFT:HARD" entries, ','-separated, which
+ * the init stage checked. */
+static void load_child_rlimits(void)
+{
+	const char *p = getenv(CHILD_RLIMITS_ENV);
+	while (p && *p && nchild_rlimits < (int)(sizeof child_rlimits / sizeof child_rlimits[0])) {
+		char *end;
+		int res = (int)strtol(p, &end, 10);
+		if (*end != ':')
+			break;
+		rlim_t soft = strtoull(end + 1, &end, 10);
+		if (*end != ':')
+			break;
+		rlim_t hard = strtoull(end + 1, &end, 10);
+		child_rlimits[nchild_rlimits].res = res;
+		child_rlimits[nchild_rlimits].r = (struct rlimit){soft, hard};
+		nchild_rlimits++;
+		if (*end != ',')
+			break;
+		p = end + 1;
+	}
+	unsetenv(CHILD_RLIMITS_ENV);
+}
+
 /* Also entered in place by the container init stage (internal/container/init_linux.c). */
 void __attribute__((noreturn)) warren_agent_main(int fd)
 {
@@ -1564,6 +1600,7 @@ void __attribute__((noreturn)) warren_agent_main(int fd)
 	/* Reap orphans even when we are not PID 1 (tests, nested setups). */
 	prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 	unsetenv(AGENT_ENV);
+	load_child_rlimits();
 
 	/* Every disposition to default, once: an inherited SIG_IGN (SIGCHLD's
 	 * would make children unwaitable, SIGPIPE's or SIGHUP's would pass to

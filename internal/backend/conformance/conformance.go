@@ -382,6 +382,8 @@ func Run(t *testing.T, h Harness) {
 		}
 	})
 
+	t.Run("Rlimits", func(t *testing.T) { rlimits(t, b, h) })
+
 	t.Run("Update", func(t *testing.T) {
 		sb := create(t, b, h, func(s *backend.Spec) { s.PidsMax = 16; s.MemoryBytes = 32 << 20 })
 		up, ok := sb.(backend.Updater)
