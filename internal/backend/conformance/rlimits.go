@@ -79,7 +79,7 @@ func rlimits(t *testing.T, b backend.Backend, h Harness) {
 
 	t.Run("Override", func(t *testing.T) {
 		limits, err := rlimit.Resolve([]rlimit.Limit{
-			{Name: "nofile", Soft: 64, Hard: 128},         // kept by the agent, set in each process
+			{Name: "nofile", Soft: 64, Hard: 128},          // kept by the agent, set in each process
 			{Name: "stack", Soft: 4 << 20, Hard: 16 << 20}, // so is stack
 			{Name: "cpu", Soft: 1000, Hard: 2000},          // and cpu
 			{Name: "core", Soft: 4096, Hard: 8192},         // set on PID 1, inherited
