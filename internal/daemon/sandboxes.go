@@ -64,6 +64,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Hostname:        p.hostname,
 		Layers:          slices.Clone(p.layers),
 		KeepEtc:         req.GetKeepEtc(),
+		Rlimits:         rlimitProtos(p.rlimits),
 	}
 	imageWorkdir := false
 	s := &sandbox{
@@ -175,6 +176,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Env:         envList(p.env),
 		Workdir:     p.workdir,
 		Etc:         etcFilesOf(info),
+		Rlimits:     p.rlimits,
 	})
 	if err != nil {
 		return nil, withCategory(err, errdefs.Internal, "create sandbox "+p.id)

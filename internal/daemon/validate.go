@@ -3,6 +3,7 @@ package daemon
 import (
 	"crypto/rand"
 	"encoding/base32"
+	"math"
 	"path"
 	"regexp"
 	"runtime"
@@ -14,6 +15,7 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/rlimit"
 )
 
 // Limits of create requests.
@@ -69,6 +71,7 @@ type createParams struct {
 	user               string
 	labels             map[string]string
 	layers             []string // named layers (or digests), bottom first
+	rlimits            []rlimit.Limit
 }
 
 func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, error) {
@@ -156,7 +159,56 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 	if err := checkLabels(p.labels); err != nil {
 		return p, err
 	}
+	if p.rlimits, err = rlimitsOf(req.GetRlimits()); err != nil {
+		return p, err
+	}
 	return p, nil
+}
+
+// rlimitsOf validates a create request's rlimits and returns every limit
+// of the sandbox: the request's over the defaults, none above what this
+// daemon may grant (internal/rlimit).
+func rlimitsOf(req []*warrenv1.Rlimit) ([]rlimit.Limit, error) {
+	ls := make([]rlimit.Limit, 0, len(req))
+	for _, r := range req {
+		soft, err := rlimitValue(r.GetName(), "soft", r.GetSoft())
+		if err != nil {
+			return nil, err
+		}
+		hard, err := rlimitValue(r.GetName(), "hard", r.GetHard())
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, rlimit.Limit{Name: r.GetName(), Soft: soft, Hard: hard})
+	}
+	return rlimit.Resolve(ls, rlimit.Ceiling)
+}
+
+// rlimitValue maps an API value to the kernel's: -1 is unlimited.
+func rlimitValue(name, which string, v int64) (uint64, error) {
+	switch {
+	case v == -1:
+		return rlimit.Infinity, nil
+	case v < 0:
+		return 0, errdefs.Invalidf("rlimit %s: %s limit %d is negative (-1 = unlimited)", name, which, v)
+	}
+	return uint64(v), nil
+}
+
+// rlimitProtos is the API form of limits (Sandbox.rlimits).
+func rlimitProtos(ls []rlimit.Limit) []*warrenv1.Rlimit {
+	out := make([]*warrenv1.Rlimit, len(ls))
+	for i, l := range ls {
+		out[i] = &warrenv1.Rlimit{Name: l.Name, Soft: apiRlimit(l.Soft), Hard: apiRlimit(l.Hard)}
+	}
+	return out
+}
+
+func apiRlimit(v uint64) int64 {
+	if v > math.MaxInt64 {
+		return -1 // only Infinity: the kernel takes nothing else that large
+	}
+	return int64(v)
 }
 
 // checkCPU, checkMemory and checkPids validate limits of Create and
@@ -254,8 +306,18 @@ func imageEnv(cfg *image.Config, req map[string]string) map[string]string {
 	return out
 }
 
+// defaultLANG is the locale of processes whose image and request set none:
+// C.UTF-8 is built into glibc since 2.35 (Debian 12 has 2.36) and musl,
+// so it needs no locale files, and programs that would otherwise run in
+// the ASCII "C" locale (git, gcc messages, Perl, Java) read and write
+// UTF-8 as they do on a normal machine.
+const defaultLANG = "C.UTF-8"
+
 // mergeEnv builds a process environment: the sandbox env, then the request
-// env over it, plus PATH and HOME when neither sets them. Sorted by name.
+// env over it, plus PATH and HOME when neither sets them, and LANG when
+// neither sets LANG or any LC_* variable. Nothing comes from the daemon's
+// own environment (its TZ or LANG would make a sandbox depend on how the
+// daemon was started). Sorted by name.
 func mergeEnv(sandboxEnv, reqEnv map[string]string, home string) []string {
 	env := make(map[string]string, len(sandboxEnv)+len(reqEnv)+2)
 	for k, v := range sandboxEnv {
@@ -273,12 +335,29 @@ func mergeEnv(sandboxEnv, reqEnv map[string]string, home string) []string {
 		}
 		env["HOME"] = home
 	}
+	if !hasLocale(env) {
+		env["LANG"] = defaultLANG
+	}
 	out := make([]string, 0, len(env))
 	for k, v := range env {
 		out = append(out, k+"="+v)
 	}
 	sort.Strings(out)
 	return out
+}
+
+// hasLocale reports whether env chooses a locale: LANG or any LC_*
+// (LC_ALL, LC_CTYPE, ...), which a default LANG would partly override.
+func hasLocale(env map[string]string) bool {
+	if _, ok := env["LANG"]; ok {
+		return true
+	}
+	for k := range env {
+		if strings.HasPrefix(k, "LC_") {
+			return true
+		}
+	}
+	return false
 }
 
 // envList turns a sandbox env map into the sorted "K=V" list of

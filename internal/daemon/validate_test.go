@@ -114,16 +114,43 @@ func TestArgvOf(t *testing.T) {
 
 func TestMergeEnv(t *testing.T) {
 	env := mergeEnv(map[string]string{"A": "1", "B": "2"}, map[string]string{"B": "3", "C": "4"}, "/home/x")
-	want := []string{"A=1", "B=3", "C=4", "HOME=/home/x", "PATH=" + defaultPATH}
+	want := []string{"A=1", "B=3", "C=4", "HOME=/home/x", "LANG=C.UTF-8", "PATH=" + defaultPATH}
 	if !slices.Equal(env, want) {
 		t.Fatalf("%q", env)
 	}
-	env = mergeEnv(map[string]string{"PATH": "/opt/bin"}, map[string]string{"HOME": "/h"}, "/root")
-	if !slices.Equal(env, []string{"HOME=/h", "PATH=/opt/bin"}) {
+	env = mergeEnv(map[string]string{"PATH": "/opt/bin"}, map[string]string{"HOME": "/h", "LANG": "de_DE.UTF-8"}, "/root")
+	if !slices.Equal(env, []string{"HOME=/h", "LANG=de_DE.UTF-8", "PATH=/opt/bin"}) {
 		t.Fatalf("%q", env)
 	}
 	if env := mergeEnv(nil, nil, ""); !slices.Contains(env, "HOME=/") {
 		t.Fatalf("%q", env)
+	}
+}
+
+// LANG=C.UTF-8 is the default only where neither the image nor the
+// request chose a locale: any LC_* counts (a default LANG would change
+// the categories it leaves unset), an empty LANG too.
+func TestMergeEnvLocale(t *testing.T) {
+	for _, c := range []struct {
+		image, req map[string]string
+		lang       string // "" = no LANG in the result
+	}{
+		{nil, nil, "LANG=C.UTF-8"},
+		{map[string]string{"LANG": "en_US.UTF-8"}, nil, "LANG=en_US.UTF-8"},
+		{nil, map[string]string{"LANG": ""}, "LANG="},
+		{map[string]string{"LC_ALL": "C"}, nil, ""},
+		{nil, map[string]string{"LC_CTYPE": "fr_FR.UTF-8"}, ""},
+		{map[string]string{"LANGUAGE": "de"}, nil, "LANG=C.UTF-8"},
+	} {
+		var lang string
+		for _, kv := range mergeEnv(c.image, c.req, "/root") {
+			if strings.HasPrefix(kv, "LANG=") {
+				lang = kv
+			}
+		}
+		if lang != c.lang {
+			t.Errorf("image %v, request %v: %q, want %q", c.image, c.req, lang, c.lang)
+		}
 	}
 }
 
@@ -183,3 +210,32 @@ func TestCgroupMode(t *testing.T) {
 }
 
 func writeFile(path, content string) error { return os.WriteFile(path, []byte(content), 0o644) }
+
+// A create's rlimits: every limit comes back (the defaults under the
+// request's), -1 is unlimited, and what the kernel would refuse is
+// invalid before anything is created.
+func TestRlimitsOf(t *testing.T) {
+	ls, err := rlimitsOf([]*warrenv1.Rlimit{{Name: "nofile", Soft: 64, Hard: 128}, {Name: "core", Soft: -1, Hard: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*warrenv1.Rlimit{}
+	for _, r := range rlimitProtos(ls) {
+		got[r.GetName()] = r
+	}
+	if len(got) != 16 || got["nofile"].GetSoft() != 64 || got["nofile"].GetHard() != 128 ||
+		got["core"].GetSoft() != -1 || got["stack"].GetSoft() != 8<<20 {
+		t.Fatalf("%v", got)
+	}
+	for _, bad := range [][]*warrenv1.Rlimit{
+		{{Name: "nofiles", Soft: 1, Hard: 1}},
+		{{Name: "nofile", Soft: 2, Hard: 1}},
+		{{Name: "nofile", Soft: -2, Hard: 1}},
+		{{Name: "nofile", Soft: 1, Hard: -1}}, // unlimited: above any daemon's nofile
+		{{Name: "nofile", Soft: 1, Hard: 1}, {Name: "nofile", Soft: 1, Hard: 1}},
+	} {
+		if _, err := rlimitsOf(bad); errdefs.CategoryOf(err) != errdefs.Invalid {
+			t.Errorf("%v: %v, want invalid", bad, err)
+		}
+	}
+}
