@@ -200,6 +200,44 @@ func Parse(s string) (Limit, error) {
 	return Limit{Name: name, Soft: soft, Hard: hard}, nil
 }
 
+// procRows are the rows of /proc/PID/limits, by name.
+var procRows = map[string]string{
+	"Max cpu time": "cpu", "Max file size": "fsize", "Max data size": "data", "Max stack size": "stack",
+	"Max core file size": "core", "Max resident set": "rss", "Max processes": "nproc",
+	"Max open files": "nofile", "Max locked memory": "memlock", "Max address space": "as",
+	"Max file locks": "locks", "Max pending signals": "sigpending", "Max msgqueue size": "msgqueue",
+	"Max nice priority": "nice", "Max realtime priority": "rtprio", "Max realtime timeout": "rttime",
+}
+
+// ParseProc reads the limits of a process as the kernel shows them in
+// /proc/PID/limits, by name.
+func ParseProc(text string) (map[string]Limit, error) {
+	out := map[string]Limit{}
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		for i := 2; i+1 < len(f); i++ {
+			name, ok := procRows[strings.Join(f[:i], " ")]
+			if !ok {
+				continue
+			}
+			soft, err := ParseValue(f[i])
+			if err != nil {
+				return nil, err
+			}
+			hard, err := ParseValue(f[i+1])
+			if err != nil {
+				return nil, err
+			}
+			out[name] = Limit{Name: name, Soft: soft, Hard: hard}
+			break
+		}
+	}
+	if len(out) != len(resources) {
+		return nil, fmt.Errorf("limits: %d of %d rows in %q", len(out), len(resources), text)
+	}
+	return out, nil
+}
+
 // InitConfig encodes limits for the container init stage
 // (internal/container/init_linux.c): "NUM:SOFT:HARD" entries separated by
 // ',', values in decimal (Infinity is 2^64-1, RLIM_INFINITY). Unknown

@@ -37,6 +37,17 @@ func TestNumbersAreTheKernels(t *testing.T) {
 	if rows := strings.Count(string(b), "\n") - 1; rows != len(want) {
 		t.Fatalf("/proc/self/limits has %d rows, the table %d", rows, len(want))
 	}
+	got, err := ParseProc(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_STACK, &r); err != nil {
+		t.Fatal(err)
+	}
+	if l := got["stack"]; l.Soft != r.Cur || l.Hard != r.Max {
+		t.Fatalf("stack from /proc/self/limits %+v, getrlimit %+v", l, r)
+	}
 }
 
 func ceil(hard map[int]uint64) func(int) uint64 {

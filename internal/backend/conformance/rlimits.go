@@ -13,35 +13,18 @@ import (
 	"github.com/warrenrl/warren/internal/rlimit"
 )
 
-// limitRows are the rows of /proc/self/limits by limit name.
-var limitRows = map[string]string{
-	"cpu": "Max cpu time", "fsize": "Max file size", "data": "Max data size", "stack": "Max stack size",
-	"core": "Max core file size", "rss": "Max resident set", "nproc": "Max processes",
-	"nofile": "Max open files", "memlock": "Max locked memory", "as": "Max address space",
-	"locks": "Max file locks", "sigpending": "Max pending signals", "msgqueue": "Max msgqueue size",
-	"nice": "Max nice priority", "rtprio": "Max realtime priority", "rttime": "Max realtime timeout",
-}
-
-// procLimits reads /proc/self/limits of a process started in sb as uid:
-// "soft hard" by limit name, as the kernel writes the values.
-func procLimits(t *testing.T, sb backend.Sandbox, uid uint32) map[string]string {
+// procLimits reads /proc/self/limits of a process started in sb as uid.
+func procLimits(t *testing.T, sb backend.Sandbox, uid uint32) map[string]rlimit.Limit {
 	t.Helper()
 	r := Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/proc/self/limits"}, UID: uid, GID: uid}, "")
 	if r.Status.Code != 0 {
 		t.Fatalf("cat /proc/self/limits: %+v", r)
 	}
-	out := map[string]string{}
-	for _, line := range strings.Split(r.Stdout, "\n") {
-		for name, row := range limitRows {
-			if rest, ok := strings.CutPrefix(line, row+" "); ok {
-				f := strings.Fields(rest)
-				if len(f) >= 2 {
-					out[name] = f[0] + " " + f[1]
-				}
-			}
-		}
+	ls, err := rlimit.ParseProc(r.Stdout)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return ls
 }
 
 // checkLimits fails t unless every limit of want is what a process of sb
@@ -50,8 +33,9 @@ func checkLimits(t *testing.T, sb backend.Sandbox, uid uint32, want []rlimit.Lim
 	t.Helper()
 	got := procLimits(t, sb, uid)
 	for _, l := range want {
-		if w := rlimit.Format(l.Soft) + " " + rlimit.Format(l.Hard); got[l.Name] != w {
-			t.Errorf("uid %d: %s is %q, want %q", uid, l.Name, got[l.Name], w)
+		if got[l.Name] != l {
+			t.Errorf("uid %d: %s is %s:%s, want %s:%s", uid, l.Name, rlimit.Format(got[l.Name].Soft), rlimit.Format(got[l.Name].Hard),
+				rlimit.Format(l.Soft), rlimit.Format(l.Hard))
 		}
 	}
 }
