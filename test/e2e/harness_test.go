@@ -48,6 +48,7 @@ type env struct {
 	logPath  string
 	extra    []string   // extra flags of `warren serve`
 	files    []*os.File // fds the daemon inherits from 3 on
+	environ  []string   // added to the daemon's environment
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -70,6 +71,9 @@ type envOptions struct {
 	inherit []*os.File
 	// bin is the daemon binary (default: the static build of ./cmd/warren).
 	bin string
+	// environ is added to the daemon's environment ("K=V"), which is
+	// otherwise the test's.
+	environ []string
 }
 
 // newEnv starts a daemon with private directories and a unique cgroup
@@ -103,6 +107,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		logPath:  filepath.Join(root, "daemon.log"),
 		extra:    o.serveArgs,
 		files:    o.inherit,
+		environ:  o.environ,
 	}
 	t.Cleanup(e.forceClean) // runs last
 	if o.beforeStart != nil {
@@ -150,6 +155,9 @@ func (e *env) start() {
 	cmd := exec.Command(e.bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = e.files
+	if len(e.environ) > 0 {
+		cmd.Env = append(os.Environ(), e.environ...)
+	}
 	// The daemon must not outlive a test binary that dies; its sandboxes
 	// do by design and are swept by forceClean.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
