@@ -14,6 +14,7 @@ import (
 
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/rlimit"
 )
 
 func newSandboxCommand() *cobra.Command {
@@ -54,6 +55,7 @@ func newCreateCommand() *cobra.Command {
 		workdir, hostname string
 		user              string
 		backend           string
+		ulimits           []string
 	)
 	c := &cobra.Command{
 		Use:   "create --image IMAGE [flags]",
@@ -94,6 +96,9 @@ func newCreateCommand() *cobra.Command {
 			if req.Labels, err = parseKVs("label", labels); err != nil {
 				return err
 			}
+			if req.Rlimits, err = parseUlimits(ulimits); err != nil {
+				return err
+			}
 			if timeout < 0 {
 				return usagef("--timeout must not be negative")
 			}
@@ -128,6 +133,7 @@ func newCreateCommand() *cobra.Command {
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
 	f.DurationVar(&timeout, "timeout", 0, "lifetime, after which the sandbox is deleted, e.g. 30m (default: node default)")
 	f.StringVar(&hostname, "hostname", "", "hostname inside the sandbox, a DNS name (default: the id, '_' made '-')")
+	f.StringArrayVar(&ulimits, "ulimit", nil, "resource limit of the sandbox's processes NAME=SOFT[:HARD], e.g. nofile=1024:4096, core=unlimited (repeatable; default: Debian 12's, shown by sandbox get)")
 	f.BoolVar(&req.KeepEtc, "keep-etc", false, "keep the image's /etc/hosts, /etc/hostname and /etc/resolv.conf instead of the sandbox's own")
 	f.StringVar(&user, "user", "", "who commands run as when they name no user: name, uid or uid:gid (default: the image's user, else root)")
 	return c
@@ -240,7 +246,46 @@ func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
 	}
 	row("Labels", formatKVs(s.Labels))
 	row("Env", formatKVs(s.Env))
+	row("Ulimits", formatRlimits(s.Rlimits))
 	tw.Flush()
+}
+
+// parseUlimits reads --ulimit flags (rlimit.Parse) into the API's form.
+func parseUlimits(flags []string) ([]*warrenv1.Rlimit, error) {
+	var out []*warrenv1.Rlimit
+	for _, f := range flags {
+		l, err := rlimit.Parse(f)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		out = append(out, &warrenv1.Rlimit{Name: l.Name, Soft: apiRlimit(l.Soft), Hard: apiRlimit(l.Hard)})
+	}
+	return out, nil
+}
+
+func apiRlimit(v uint64) int64 {
+	if v > math.MaxInt64 {
+		return -1 // unlimited
+	}
+	return int64(v)
+}
+
+// formatRlimits lists the limits that are not unlimited, as --ulimit
+// takes them.
+func formatRlimits(rs []*warrenv1.Rlimit) string {
+	var parts []string
+	val := func(v int64) string {
+		if v < 0 {
+			return "unlimited"
+		}
+		return fmt.Sprint(v)
+	}
+	for _, r := range rs {
+		if r.GetSoft() >= 0 || r.GetHard() >= 0 {
+			parts = append(parts, r.GetName()+"="+val(r.GetSoft())+":"+val(r.GetHard()))
+		}
+	}
+	return strings.Join(parts, " ")
 }
 
 func newRemoveCommand() *cobra.Command {

@@ -137,6 +137,20 @@ func TestSandboxRlimits(t *testing.T) {
 		e.checkReported(after, "after restart")
 	}
 
+	// The CLI: docker's --ulimit syntax, and get shows them.
+	if _, stderr, code := e.cli(nil, "sandbox", "create", "--image", imageName, "--id", "rl-cli", "--ulimit", "nofile=100:200", "--ulimit", "core=unlimited"); code != 0 {
+		t.Fatalf("sandbox create --ulimit: exit %d: %s", code, stderr)
+	}
+	if got := e.shOK("rl-cli", "ulimit -n; ulimit -Hn; ulimit -c"); got != "100\n200\nunlimited\n" {
+		t.Errorf("--ulimit nofile=100:200 --ulimit core=unlimited: %q", got)
+	}
+	if out, _, _ := e.cli(nil, "sandbox", "get", "rl-cli"); !strings.Contains(out, "nofile=100:200") || strings.Contains(out, "core=") {
+		t.Errorf("sandbox get does not show the limits (core unlimited left out):\n%s", out)
+	}
+	if _, stderr, code := e.cli(nil, "sandbox", "create", "--image", imageName, "--ulimit", "nofile=9:8"); code == 0 || !strings.Contains(stderr, "soft limit 9 above the hard limit 8") {
+		t.Errorf("--ulimit nofile=9:8: exit %d: %s", code, stderr)
+	}
+
 	base := e.resources()
 	ceiling := rlimit.Format(nofile.Max)
 	for _, c := range []struct {
