@@ -64,6 +64,7 @@ from ._types import (
     ProcessInfo,
     PullEvent,
     Resources,
+    RlimitsArg,
     SandboxInfo,
     VersionInfo,
 )
@@ -249,6 +250,7 @@ class Warren:
         layers: Optional[Sequence[str]] = None,
         user: Optional[str] = None,
         keep_etc: bool = False,
+        rlimits: Optional[RlimitsArg] = None,
         call_timeout: Optional[float] = None,
     ) -> "Sandbox":
         """Create a sandbox (see :meth:`AsyncWarren.create`). Use the result in
@@ -270,6 +272,7 @@ class Warren:
             layers=layers,
             user=user,
             keep_etc=keep_etc,
+            rlimits=rlimits,
             call_timeout=call_timeout,
         )
         return Sandbox(self, self._run(_await(ctx)))

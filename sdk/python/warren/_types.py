@@ -10,7 +10,7 @@ import base64
 import datetime as _dt
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import CommandError
 
@@ -18,6 +18,8 @@ __all__ = [
     "SandboxState",
     "Resources",
     "SandboxInfo",
+    "Rlimit",
+    "RlimitsArg",
     "ExecResult",
     "ExecEvent",
     "ProcessInfo",
@@ -114,6 +116,66 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class Rlimit:
+    """A resource limit of every process of a sandbox (``setrlimit(2)``, what
+    ``ulimit`` shows). Names are the kernel's in lower case: ``cpu``,
+    ``fsize``, ``data``, ``stack``, ``core``, ``rss``, ``nproc``, ``nofile``,
+    ``memlock``, ``as``, ``locks``, ``sigpending``, ``msgqueue``, ``nice``,
+    ``rtprio``, ``rttime``. :data:`UNLIMITED` (-1, like
+    ``resource.RLIM_INFINITY``) means no limit."""
+
+    UNLIMITED = -1
+
+    name: str
+    soft: int
+    hard: int
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "Rlimit":
+        return cls(name=d.get("name", ""), soft=_int(d.get("soft")), hard=_int(d.get("hard")))
+
+    def _to_json(self) -> Dict[str, Any]:
+        return {"name": self.name, "soft": str(int(self.soft)), "hard": str(int(self.hard))}
+
+
+#: What ``create(rlimits=...)`` takes: ``{"nofile": (1024, 4096), "core": -1}``
+#: (an int is soft and hard; -1 is unlimited), or a sequence of :class:`Rlimit`.
+RlimitsArg = Union[Mapping[str, Union[int, Tuple[int, int]]], Sequence[Rlimit]]
+
+
+def _rlimit_list(rlimits: Optional[RlimitsArg]) -> List[Rlimit]:
+    """Checks the shape of ``create(rlimits=...)``; the daemon checks the
+    names and values (an unknown name, soft above hard, or a hard limit
+    above the daemon's own is :class:`~warren.InvalidError`)."""
+    if rlimits is None:
+        return []
+    if isinstance(rlimits, (str, bytes)):
+        raise TypeError("rlimits must be a mapping of name to limit or a sequence of Rlimit, not a string")
+    out: List[Rlimit] = []
+    if isinstance(rlimits, Mapping):
+        for name, v in rlimits.items():
+            if isinstance(v, tuple) and len(v) == 2:
+                soft, hard = v
+            elif isinstance(v, int) and not isinstance(v, bool):
+                soft = hard = v
+            else:
+                raise TypeError(f"rlimit {name!r}: want an int or a (soft, hard) tuple, got {v!r}")
+            out.append(Rlimit(str(name), soft, hard))
+    else:
+        for r in rlimits:
+            if not isinstance(r, Rlimit):
+                raise TypeError(f"rlimits: want Rlimit items, got {r!r}")
+            out.append(r)
+    for r in out:
+        for v in (r.soft, r.hard):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"rlimit {r.name!r}: limits are ints, got {v!r}")
+            if v < -1:
+                raise ValueError(f"rlimit {r.name!r}: {v} is negative (-1 = unlimited)")
+    return out
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     """A sandbox as the daemon describes it."""
 
@@ -135,6 +197,17 @@ class SandboxInfo:
     user: str = ""
     #: the image's own /etc/hosts, hostname and resolv.conf were kept
     keep_etc: bool = False
+    #: the resource limits every process of the sandbox starts with: all of
+    #: them, in the kernel's order (the defaults, or ``create(rlimits=...)``);
+    #: empty for sandboxes of daemons before rlimits existed
+    rlimits: Tuple[Rlimit, ...] = ()
+
+    def rlimit(self, name: str) -> Optional[Rlimit]:
+        """The sandbox's limit of ``name`` (``"nofile"``), or None."""
+        for r in self.rlimits:
+            if r.name == name:
+                return r
+        return None
 
     @property
     def created_at(self) -> Optional[_dt.datetime]:
@@ -168,6 +241,7 @@ class SandboxInfo:
             layers=tuple(d.get("layers") or ()),
             user=d.get("user", ""),
             keep_etc=bool(d.get("keepEtc", False)),
+            rlimits=tuple(Rlimit._from_json(x) for x in d.get("rlimits") or ()),
         )
 
 
