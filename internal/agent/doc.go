@@ -72,7 +72,11 @@
 // cwd (empty means "/") and environment, the attached fds on 0, 1 and 2
 // (/dev/null for the others), no other fds, default signal dispositions and
 // an empty signal mask. argv[0] without a '/' is searched in the PATH of the
-// request environment.
+// request environment. Its resource limits are the agent's own as the agent
+// was started (nofile with the soft limit the agent had before raising its
+// own to the hard), then those in _WARREN_CHILD_RLIMITS at the agent's start
+// ("RES:SOFT:HARD", ','-separated: limits meant for programs that the agent
+// does not hold itself to; the container init stage sets it).
 //
 // # Background processes
 //
