@@ -54,6 +54,11 @@ type Options struct {
 	// sandbox agent runs from a file under StateDir rather than a memfd
 	// (default: dropped).
 	Warn func(msg string, args ...any)
+	// NoCPUAffinity leaves sandboxes with a CPU quota on all the node's
+	// CPUs, seeing all of them (cpus.go): for nodes where the scheduler's
+	// freedom to move threads matters more than nproc and os.cpu_count
+	// telling the truth.
+	NoCPUAffinity bool
 }
 
 // Backend is the container backend.
@@ -62,6 +67,7 @@ type Backend struct {
 	mon   *monitor
 	agent *agentbin.Agent // every sandbox's init and PID 1
 	trash *reaper         // removes deleted sandboxes' state directories
+	cpus  *cpuPool        // which CPUs sandboxes with a quota run on
 
 	sharedMu sync.Mutex // remounting the shared sysfs or devfs
 }
@@ -82,7 +88,7 @@ func New(opts Options) (*Backend, error) {
 	if opts.CgroupParent == "" {
 		opts.CgroupParent = "warren"
 	}
-	b := &Backend{opts: opts}
+	b := &Backend{opts: opts, cpus: newCPUPool()}
 	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "disks"), filepath.Join(opts.RunDir, "sb")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "create "+d)
@@ -108,6 +114,9 @@ func New(opts Options) (*Backend, error) {
 		return nil, err
 	}
 	if err := mountSharedDevfs(b.devfsDir()); err != nil {
+		return nil, err
+	}
+	if err := b.ensureViews(); err != nil {
 		return nil, err
 	}
 	mon, err := newMonitor()
@@ -171,6 +180,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, err
 	}
 	if err := b.ensureEmpty(); err != nil {
+		return nil, err
+	}
+	if err := b.ensureViews(); err != nil {
 		return nil, err
 	}
 	var cu cleanup.Cleanup
@@ -326,6 +338,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 			unix.Close(pidfd)
 		}
 		killInit(pid)
+		b.cpus.release(spec.ID)
 		if grp != nil {
 			// The cgroup empties once the init is gone; one stuck in a
 			// hung mount may outlast the wait, and Sweep takes the
@@ -354,6 +367,12 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID),
 		"rlimits": rlimit.InitConfig(spec.Rlimits)}
 	maps.Copy(conf, overlay)
+	maps.Copy(conf, b.cgroupViewConfig())
+	views, err := b.placeCPUs(spec, pid)
+	if err != nil {
+		return fail(err)
+	}
+	conf["views"] = views
 	cfg := initConfig(conf)
 	if _, err := cfgW.Write(cfg); err != nil {
 		return fail(errdefs.Wrap(errdefs.Internal, err, "send init config"))
@@ -520,6 +539,7 @@ func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sa
 		}
 		return nil, err
 	}
+	b.cpus.adopt(id, st.Pid)
 	return s, nil
 }
 
@@ -561,6 +581,7 @@ func (b *Backend) teardown(id string) error { return b.teardownGroup(id, nil, -1
 // teardownGroup is teardown with the sandbox's cgroup already at hand (nil
 // to look it up) and its pinned root, which it hands to the reaper.
 func (b *Backend) teardownGroup(id string, grp cgroups.Group, root int) error {
+	b.cpus.release(id)
 	var errs []error
 	if grp == nil {
 		grp, _ = cgroups.Load(b.opts.CgroupParent, id)

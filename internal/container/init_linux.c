@@ -21,7 +21,10 @@
  * hostname; empty (the node's shared empty read-only tmpfs, used to hide
  * directories); sysfs (the node's shared sysfs); dev (this sandbox's /dev
  * directory, created here, on the node's shared devfs); rlimits (the
- * resource limits of the sandbox's processes: apply_rlimits).
+ * resource limits of the sandbox's processes: apply_rlimits); cgroups and
+ * cgroup_skel (its own cgroup, read-only, at /sys/fs/cgroup:
+ * mount_cgroups); views (files of the node's views tmpfs bound over what
+ * it reads its CPU count from: bind_views).
  *
  * Nothing the sandbox can read names a host path: the overlay is mounted
  * with data naming only descriptors (lowerdir=/proc/self/fd/N:..., which
@@ -181,6 +184,62 @@ static void bind_ro(const char *src, const char *dst)
 		die("bind", dst);
 	}
 	do_mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+}
+
+/* The sandbox's own cgroup, read-only, at /sys/fs/cgroup: "dir:type:data"
+ * entries, ';'-separated (internal/cgroups.Views), each a mount of a
+ * hierarchy inside our cgroup namespace, which shows our group as its
+ * root: the host's superblock seen from here, not a new one. Where there
+ * are v1 hierarchies, skel (the node's shared directory of their mount
+ * points) goes first, read-only, at /sys/fs/cgroup. Split in place. */
+static void mount_cgroups(const char *skel, char *spec)
+{
+	if (skel)
+		bind_ro(skel, "sys/fs/cgroup");
+	for (char *p = spec; p;) {
+		char *next = strchr(p, ';');
+		if (next)
+			*next++ = 0;
+		char *type = strchr(p, ':');
+		char *data = type ? strchr(type + 1, ':') : NULL;
+		if (!data) {
+			errno = EINVAL;
+			die("config", "cgroups");
+		}
+		*type++ = 0;
+		*data++ = 0;
+		char dst[128];
+		int n = snprintf(dst, sizeof dst, "sys/fs/cgroup%s%s", *p ? "/" : "", p);
+		if (n < 0 || (size_t)n >= sizeof dst) {
+			errno = ENAMETOOLONG;
+			die("config", "cgroups");
+		}
+		do_mount("cgroup", dst, type, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, *data ? data : NULL);
+		p = next;
+	}
+}
+
+/* Read-only binds of the node's view files over what the sandbox reads
+ * its size from (/sys/devices/system/cpu/online, /proc/cpuinfo:
+ * internal/container/views.go): "src>dst" entries, ';'-separated, dst
+ * relative to the new root. Split in place. */
+static void bind_views(char *spec)
+{
+	for (char *p = spec; p;) {
+		char *next = strchr(p, ';');
+		if (next)
+			*next++ = 0;
+		char *dst = strchr(p, '>');
+		if (!dst) {
+			errno = EINVAL;
+			die("config", "views");
+		}
+		*dst++ = 0;
+		if (mount(p, dst, NULL, MS_BIND, NULL) < 0)
+			die("bind", dst);
+		do_mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+		p = next;
+	}
 }
 
 static void setup_dev(void)
@@ -429,10 +488,17 @@ static void __attribute__((noreturn)) init_main(void)
 			die("mask", masked_files[i]);
 	/* Bind mounts of one empty directory, not a tmpfs each: no new
 	 * superblocks. */
+	char *cgroups = (char *)conf("cgroups", len);
 	for (int i = 0; masked_dirs[i]; i++)
-		bind_ro(empty, masked_dirs[i]);
+		if (!cgroups || strcmp(masked_dirs[i], "sys/fs/cgroup"))
+			bind_ro(empty, masked_dirs[i]);
 	for (int i = 0; readonly_dirs[i]; i++)
 		bind_ro(readonly_dirs[i], readonly_dirs[i]);
+	if (cgroups)
+		mount_cgroups(conf("cgroup_skel", len), cgroups);
+	char *views = (char *)conf("views", len);
+	if (views)
+		bind_views(views);
 
 	/* pivot_root(".", ".") stacks the old root on top of the new one;
 	 * detaching it leaves only the sandbox's own mounts here. */

@@ -115,5 +115,8 @@ func (b *Backend) Close() error {
 	if err := b.closeEmpty(); err != nil {
 		return err
 	}
+	if err := b.closeViews(); err != nil {
+		return err
+	}
 	return b.closeDevfs()
 }

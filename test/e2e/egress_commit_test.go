@@ -257,7 +257,7 @@ func TestMountinfoShowsNoHostPaths(t *testing.T) {
 	}
 	// A disk limit too: the upper directory is then on a loop-mounted
 	// image of the state directory.
-	e.create(&warrenv1.CreateRequest{Id: "mi", Layers: []string{"ws"}, Resources: &warrenv1.Resources{DiskBytes: 64 << 20}})
+	e.create(&warrenv1.CreateRequest{Id: "mi", Layers: []string{"ws"}, Resources: &warrenv1.Resources{DiskBytes: 64 << 20, CpuMillis: 500}})
 	text := e.shOK("mi", "cat /proc/self/mountinfo")
 	// The env's root holds the state and run directories; the others
 	// are also looked for by what names them relative to their
@@ -274,10 +274,13 @@ func TestMountinfoShowsNoHostPaths(t *testing.T) {
 	if len(lines) < 10 || !strings.Contains(text, " / / ") {
 		t.Fatalf("not a sandbox's mountinfo:\n%s", text)
 	}
-	// Every bind's source is a filesystem's root, a /proc entry, or in
-	// the sandbox's own /dev directory (named by its id).
+	// Every bind's source is a filesystem's root, a /proc entry, in the
+	// sandbox's own /dev directory (named by its id), or a file of the
+	// node's views tmpfs, named for what it is (the cgroup skeleton, the
+	// CPU views).
 	for _, m := range mountinfo.Parse(text) {
-		if m.Root != "/" && m.FSType != "proc" && !strings.HasPrefix(m.Root+"/", "/mi/") {
+		view := m.FSType == "tmpfs" && (m.Root == "/cgroup" || strings.HasPrefix(m.Root, "/cpu/"))
+		if m.Root != "/" && m.FSType != "proc" && !strings.HasPrefix(m.Root+"/", "/mi/") && !view {
 			t.Errorf("mount %s shows its source as %s (%s %s)", m.Point, m.Root, m.FSType, m.Source)
 		}
 	}

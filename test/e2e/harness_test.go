@@ -395,15 +395,17 @@ func (e *env) resources() []resource {
 	// sandboxes: an unused one stays for a grace period while the daemon
 	// runs, and the daemon unmounts them when it stops. They count only
 	// once it stopped.
-	// So are the shared sysfs (<run>/sysfs), empty tmpfs (<run>/empty)
-	// and devfs (<run>/devfs) that sandboxes bind; the devfs stays after a
+	// So are the shared sysfs (<run>/sysfs), empty tmpfs (<run>/empty),
+	// views tmpfs (<run>/views) and devfs (<run>/devfs) that sandboxes
+	// bind; the devfs stays after a
 	// stop while sandboxes live.
 	layers := filepath.Join(e.runDir, "layers") + "/"
 	sysfs, devfs, empty := filepath.Join(e.runDir, "sysfs"), filepath.Join(e.runDir, "devfs"), filepath.Join(e.runDir, "empty")
+	views := filepath.Join(e.runDir, "views")
 	running := e.running()
 	devs, _ := os.ReadDir(devfs)
 	for _, m := range e.mounts() {
-		if running && (strings.HasPrefix(m, layers) || m == sysfs || m == empty) || m == devfs && (running || len(devs) > 0) {
+		if running && (strings.HasPrefix(m, layers) || m == sysfs || m == empty || m == views) || m == devfs && (running || len(devs) > 0) {
 			continue
 		}
 		out = append(out, resource{"mount", e.idOfPath(m), m})

@@ -383,6 +383,7 @@ func Run(t *testing.T, h Harness) {
 	})
 
 	t.Run("Rlimits", func(t *testing.T) { rlimits(t, b, h) })
+	t.Run("CPUViews", func(t *testing.T) { cpuViews(t, b, h) })
 
 	t.Run("Update", func(t *testing.T) {
 		sb := create(t, b, h, func(s *backend.Spec) { s.PidsMax = 16; s.MemoryBytes = 32 << 20 })

@@ -1,0 +1,150 @@
+package container
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/backend/conformance"
+	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/testutil"
+)
+
+// TestCgroupView: a sandbox reads its own cgroup, read-only, at
+// /sys/fs/cgroup (its memory limit and CPU quota, as JVMs, Go and Node
+// read them) and nothing above it; the mounts are views of the host's
+// cgroup superblocks, not new ones, and name no host path.
+func TestCgroupView(t *testing.T) {
+	opts := testOptions(t, "cgview-")
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	sb, err := b.Create(context.Background(), backend.Spec{ID: "cgv", Layers: backend.DirLayers(testutil.BusyboxRoot(t)),
+		MemoryBytes: 64 << 20, CPUMillis: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	sh := func(script string) string {
+		t.Helper()
+		r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"/bin/sh", "-c", script}}, "")
+		return r.Stdout + r.Stderr
+	}
+	mem, quota := "/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"
+	wantQuota := "50000\n"
+	if cgroups.Mode() == "v2" {
+		mem, quota, wantQuota = "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/cpu.max", "50000 100000\n"
+	}
+	if got := sh("cat " + mem + " " + quota); got != "67108864\n"+wantQuota {
+		t.Errorf("limits read in the sandbox: %q", got)
+	}
+	if got := sh("(echo 1 > " + mem + ") 2>/dev/null || echo refused; cat " + mem); got != "refused\n67108864\n" {
+		t.Errorf("writing its own limit: %q", got)
+	}
+	// Its group is the root of what it sees: no groups of other
+	// sandboxes or the node below it.
+	if got := sh("find /sys/fs/cgroup -mindepth 2 -type d | head -3"); got != "" {
+		t.Errorf("directories below the sandbox's cgroup views: %q", got)
+	}
+	mi := sh("cat /proc/self/mountinfo")
+	for _, p := range []string{opts.RunDir, opts.StateDir, opts.CgroupParent} {
+		if strings.Contains(mi, p) {
+			t.Errorf("the sandbox's mountinfo names %s:\n%s", p, mi)
+		}
+	}
+	// The same superblocks as the host's hierarchies.
+	hostDevs := map[uint64]bool{}
+	for _, v := range cgroups.Views() {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(cgroups.Root, v.Dir), &st); err != nil {
+			t.Fatal(err)
+		}
+		hostDevs[st.Dev] = true
+	}
+	root := "/proc/" + itoaPid(t, sb) + "/root"
+	for _, v := range cgroups.Views() {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(root, "sys/fs/cgroup", v.Dir), &st); err != nil {
+			t.Fatal(err)
+		}
+		if !hostDevs[st.Dev] {
+			t.Errorf("the sandbox's /sys/fs/cgroup/%s is a new superblock (dev %d)", v.Dir, st.Dev)
+		}
+	}
+}
+
+// TestCPUSpread: sandboxes of one core each are put on different CPUs
+// (the least used first), and a deleted sandbox's CPU is used again.
+func TestCPUSpread(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("the node has one CPU")
+	}
+	opts := testOptions(t, "cpus-")
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	allowed := func(sb backend.Sandbox) string {
+		t.Helper()
+		buf, err := os.ReadFile("/proc/" + itoaPid(t, sb) + "/status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(buf), "\n") {
+			if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+		t.Fatal("no Cpus_allowed_list")
+		return ""
+	}
+	mk := func(id string) backend.Sandbox {
+		sb, err := b.Create(context.Background(), backend.Spec{ID: id, Layers: backend.DirLayers(testutil.BusyboxRoot(t)), CPUMillis: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+		return sb
+	}
+	a, c := mk("spa"), mk("spc")
+	ca, cc := allowed(a), allowed(c)
+	if ca == cc || strings.ContainsAny(ca, ",-") || strings.ContainsAny(cc, ",-") {
+		t.Fatalf("two one-core sandboxes on CPUs %q and %q, want one different CPU each", ca, cc)
+	}
+	if err := a.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if runtime.NumCPU() == 2 {
+		if got := allowed(mk("spd")); got != ca {
+			t.Errorf("after deleting the sandbox on CPU %s, a new one went to %s", ca, got)
+		}
+	}
+}
+
+func itoaPid(t *testing.T, sb backend.Sandbox) string {
+	t.Helper()
+	return strings.TrimPrefix(strings.TrimSuffix(sb.Root(), "/root"), "/proc/")
+}
+
+func TestCPUInfoFor(t *testing.T) {
+	host := []byte("processor\t: 0\nvendor_id\t: X\ncore id\t\t: 0\ncpu cores\t: 4\nsiblings\t: 4\n\nprocessor\t: 1\nvendor_id\t: X\ncore id\t\t: 1\ncpu cores\t: 4\nsiblings\t: 4\n\nprocessor\t: 2\nvendor_id\t: X\ncore id\t\t: 2\ncpu cores\t: 4\nsiblings\t: 4\n\n")
+	got := string(cpuinfoFor(host, 2))
+	want := "processor\t: 0\nvendor_id\t: X\ncore id\t\t: 0\ncpu cores\t: 2\nsiblings\t: 2\n\nprocessor\t: 1\nvendor_id\t: X\ncore id\t\t: 1\ncpu cores\t: 2\nsiblings\t: 2\n\n"
+	if got != want {
+		t.Errorf("cpuinfoFor:\n%q\nwant\n%q", got, want)
+	}
+	// A format it does not know is kept whole.
+	odd := []byte("Processor\t: ARM\nprocessor\t: 0\nprocessor\t: 1\n")
+	if got := cpuinfoFor(odd, 1); string(got) != string(odd) {
+		t.Errorf("unknown format changed: %q", got)
+	}
+}
