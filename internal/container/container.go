@@ -68,6 +68,7 @@ type Backend struct {
 	agent *agentbin.Agent // every sandbox's init and PID 1
 	trash *reaper         // removes deleted sandboxes' state directories
 	cpus  *cpuPool        // which CPUs sandboxes with a quota run on
+	pool  *dirPool        // ready-made state directories
 
 	sharedMu sync.Mutex // remounting the shared sysfs or devfs
 }
@@ -126,6 +127,9 @@ func New(opts Options) (*Backend, error) {
 	b.mon = mon
 	if b.trash, err = newReaper(b.trashDir()); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create trash directory")
+	}
+	if b.pool, err = newDirPool(filepath.Join(opts.StateDir, "pool"), poolSize); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "create directory pool")
 	}
 	if dev, ok := journalless(b.stateDir("")); ok && opts.Warn != nil {
 		opts.Warn("sandbox writable layers are on ext4 without a journal: under sandbox churn its inode allocator slows every create (docs/BENCHMARKS.md); a journal, or another filesystem for the state directory, avoids it", "device", dev, "dir", b.stateDir(""))
@@ -199,9 +203,14 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		}
 		return nil, fsErr(err, "create sandbox directories")
 	}
-	if err := mkdir(st); err != nil && !errors.Is(err, os.ErrExist) {
-		_ = removeTree(run)
-		return nil, fsErr(err, "create sandbox directories")
+	// A disk limit gets its directories on its own new filesystem;
+	// others take ready-made ones from the pool where it has any.
+	pooled := spec.DiskBytes == 0 && b.pool.claim(st)
+	if !pooled {
+		if err := mkdir(st); err != nil && !errors.Is(err, os.ErrExist) {
+			_ = removeTree(run)
+			return nil, fsErr(err, "create sandbox directories")
+		}
 	}
 	// The init stage creates the /dev directory; one left by a crash
 	// would make it fail.
@@ -214,12 +223,14 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		cu.Add(func() error { return unmountDisk(b.diskImage(spec.ID), st) })
 	}
 	for _, d := range []string{filepath.Join(st, "upper"), filepath.Join(st, "work")} {
+		if pooled {
+			break
+		}
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return nil, fsErr(err, "create sandbox directories")
 		}
 	}
-
-	if err := writeEtc(filepath.Join(st, "upper"), spec.Layers, spec.Etc); err != nil {
+	if err := writeEtc(filepath.Join(st, "upper"), spec.Layers, spec.Etc, pooled); err != nil {
 		return nil, err
 	}
 

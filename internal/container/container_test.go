@@ -33,6 +33,16 @@ func testOptions(t *testing.T, name string) Options {
 		CgroupParent: fmt.Sprintf("warren-test-%s%d", name, os.Getpid()),
 	}
 	t.Cleanup(func() {
+		// Fillers of backends the test never closed, before the
+		// directory goes (this cleanup runs before TempDir's).
+		livePools.Range(func(k, _ any) bool {
+			if p := k.(*dirPool); strings.HasPrefix(p.dir, dir) {
+				p.close()
+			}
+			return true
+		})
+	})
+	t.Cleanup(func() {
 		if b, err := New(opts); err == nil {
 			_ = b.Sweep(t.Context(), nil)
 			_ = b.Close()

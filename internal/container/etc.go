@@ -25,9 +25,15 @@ import (
 // the image's /etc is not a directory (a symlink, say) an upper etc
 // would hide what it leads to, so the image keeps its own files; where
 // it has none (or a layer whited it out), /etc is made 0755 root.
-func writeEtc(upper string, layers []backend.Layer, files []etcfiles.File) error {
+//
+// pooled says upper came from the pool (pool.go), with an etc directory
+// holding empty files of etcfiles.Names, which are filled in place (never
+// truncated: ext4 flushes a file truncated and rewritten at its close)
+// or, where the sandbox gets none, removed.
+func writeEtc(upper string, layers []backend.Layer, files []etcfiles.File, pooled bool) error {
+	dir := filepath.Join(upper, "etc")
 	if len(files) == 0 {
-		return nil
+		return dropPooledEtc(dir, pooled)
 	}
 	var st unix.Stat_t
 	found := false
@@ -43,17 +49,16 @@ func writeEtc(upper string, layers []backend.Layer, files []etcfiles.File) error
 			break // whited out: as if absent
 		}
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			return nil
+			return dropPooledEtc(dir, pooled)
 		}
 		found = true
 		break
 	}
-	dir := filepath.Join(upper, "etc")
 	mode, uid, gid := uint32(0o755), 0, 0
 	if found {
 		mode, uid, gid = st.Mode&0o7777, int(st.Uid), int(st.Gid)
 	}
-	if err := unix.Mkdir(dir, mode); err != nil {
+	if err := unix.Mkdir(dir, mode); err != nil && !(pooled && err == unix.EEXIST) {
 		return fsErr(&os.PathError{Op: "mkdir", Path: dir, Err: err}, "sandbox /etc")
 	}
 	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -62,7 +67,7 @@ func writeEtc(upper string, layers []backend.Layer, files []etcfiles.File) error
 	}
 	defer unix.Close(fd)
 	for _, f := range files {
-		if err := writeNew(fd, f.Name, f.Data); err != nil {
+		if err := writeFile(fd, f.Name, f.Data, pooled); err != nil {
 			return fsErr(&os.PathError{Op: "write", Path: filepath.Join(dir, f.Name), Err: err}, "sandbox /etc")
 		}
 	}
@@ -86,10 +91,29 @@ func writeEtc(upper string, layers []backend.Layer, files []etcfiles.File) error
 	return nil
 }
 
-// writeNew creates name in dirfd (which must not have it) with data,
-// mode 0644.
-func writeNew(dirfd int, name string, data []byte) error {
-	fd, err := unix.Openat(dirfd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+// dropPooledEtc removes the pool's etc directory and its empty files
+// from an upper directory that gets none.
+func dropPooledEtc(dir string, pooled bool) error {
+	if !pooled {
+		return nil
+	}
+	for _, name := range etcfiles.Names {
+		_ = unix.Unlink(filepath.Join(dir, name))
+	}
+	if err := unix.Rmdir(dir); err != nil && err != unix.ENOENT {
+		return fsErr(&os.PathError{Op: "rmdir", Path: dir, Err: err}, "sandbox /etc")
+	}
+	return nil
+}
+
+// writeFile writes data to name in dirfd, mode 0644: a new file, or
+// (existing: the pool's) an empty one.
+func writeFile(dirfd int, name string, data []byte, existing bool) error {
+	flags := unix.O_WRONLY | unix.O_CREAT | unix.O_EXCL | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	if existing {
+		flags &^= unix.O_EXCL
+	}
+	fd, err := unix.Openat(dirfd, name, flags, 0o644)
 	if err != nil {
 		return err
 	}

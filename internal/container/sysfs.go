@@ -109,6 +109,9 @@ func (b *Backend) Close() error {
 	if b.trash != nil {
 		b.trash.close()
 	}
+	if b.pool != nil {
+		b.pool.close()
+	}
 	if err := unix.Unmount(b.sysfsDir(), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 		return fmt.Errorf("unmount shared sysfs: %w", err)
 	}

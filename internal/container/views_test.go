@@ -7,12 +7,14 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/backend/conformance"
 	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -190,4 +192,78 @@ func TestDevShmCharged(t *testing.T) {
 	if r := conformance.Exec(t, c, backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "dd if=/dev/zero of=/dev/shm/z bs=1M count=16 2>/dev/null && echo ok"}}, ""); r.Stdout != "ok\n" {
 		t.Errorf("another sandbox's /dev/shm after one filled its own: %+v", r)
 	}
+}
+
+// TestDirPool: creates take ready-made state directories from the pool
+// (which the filler tops up), a sandbox made from one gets its /etc
+// files like any other, and what a crash leaves in the pool (a half-made
+// entry, an entry with something in it) is removed at the next start.
+func TestDirPool(t *testing.T) {
+	opts := testOptions(t, "pool-")
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := filepath.Join(opts.StateDir, "pool")
+	entries := func() int {
+		ents, _ := os.ReadDir(pool)
+		return len(ents)
+	}
+	waitN := func(n int) {
+		t.Helper()
+		for range 500 {
+			if entries() == n {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatalf("pool has %d entries, want %d", entries(), n)
+	}
+	waitN(poolSize)
+	sb, err := b.Create(context.Background(), backend.Spec{ID: "pooled", Layers: backend.DirLayers(testutil.BusyboxRoot(t)),
+		Etc: etcfiles.Files("pooled", etcfiles.None)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/etc/hostname"}}, ""); r.Stdout != "pooled\n" {
+		t.Errorf("/etc/hostname of a sandbox from the pool: %+v", r)
+	}
+	// keep_etc from the pool: no etc of Warren's in its upper directory.
+	keep, err := b.Create(context.Background(), backend.Spec{ID: "pooled2", Layers: backend.DirLayers(testutil.BusyboxRoot(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(opts.StateDir, "sandboxes", "pooled2", "upper", "etc")); !os.IsNotExist(err) {
+		t.Errorf("a sandbox without /etc files kept the pool's etc: %v", err)
+	}
+	waitN(poolSize)
+	for _, s := range []backend.Sandbox{sb, keep} {
+		if err := s.Destroy(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// What a crash can leave: a half-made entry and a spoiled one.
+	if err := os.MkdirAll(filepath.Join(pool, "tmp-999", "upper"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(pool)
+	spoiled := filepath.Join(pool, ents[0].Name(), "upper", "etc", "hosts")
+	if err := os.WriteFile(spoiled, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b2, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	if _, err := os.Stat(filepath.Join(pool, "tmp-999")); !os.IsNotExist(err) {
+		t.Errorf("half-made pool entry kept: %v", err)
+	}
+	if _, err := os.Stat(spoiled); !os.IsNotExist(err) {
+		t.Errorf("spoiled pool entry kept: %v", err)
+	}
+	waitN(poolSize)
 }
