@@ -3,6 +3,7 @@
 package mountinfo
 
 import (
+	"bytes"
 	"os"
 	"strings"
 )
@@ -22,11 +23,35 @@ type Mount struct {
 
 // Read parses /proc/self/mountinfo.
 func Read() ([]Mount, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	data, err := readWhole("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
 	return Parse(string(data)), nil
+}
+
+// readWhole reads a seq_file such as mountinfo whole, and again until two
+// readings agree (at most 5): the kernel fills each read(2) with a page
+// or so of records and resumes the next at a record index, so a mount
+// made or removed between two reads shifts the table and a line is
+// skipped or doubled. A table that keeps changing is returned as last
+// read.
+func readWhole(path string) ([]byte, error) {
+	prev, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	for range 4 {
+		cur, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		if bytes.Equal(cur, prev) {
+			return cur, nil
+		}
+		prev = cur
+	}
+	return prev, nil
 }
 
 // Under lists the mounts at dir or below it, in table order (a mount
