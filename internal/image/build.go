@@ -158,8 +158,12 @@ var AptDir = "/etc/apt"
 // BuildDebian builds a Debian bookworm root filesystem with python3 and
 // git in dst (created; it must not exist or be empty) with
 //
-//	debootstrap --variant=minbase --include=python3,git bookworm dst MIRROR
+//	debootstrap --variant=minbase --include=python3,git,netbase bookworm dst MIRROR
 //
+// netbase (/etc/services, /etc/protocols), which every Debian install has
+// but minbase leaves out: without it getservbyname and getaddrinfo with a
+// service name fail ("Servname not supported"; the fidelity suite's
+// test_socket and test_asyncio cases).
 // where MIRROR is the first URI of the system's apt sources that serves
 // bookworm main. debootstrap's output goes to progress (nil discards it).
 // It then removes apt's caches and package lists. It needs root and takes
@@ -188,7 +192,7 @@ func BuildDebian(ctx context.Context, dst string, progress io.Writer) error {
 		return errdefs.Wrap(errdefs.Internal, err, "debian root")
 	}
 	fmt.Fprintf(progress, "debootstrap %s from %s into %s\n", DebianSuite, mirror, abs)
-	cmd := exec.CommandContext(ctx, deb, "--variant=minbase", "--include=python3,git", DebianSuite, abs, mirror)
+	cmd := exec.CommandContext(ctx, deb, "--variant=minbase", "--include=python3,git,netbase", DebianSuite, abs, mirror)
 	cmd.Stdout = progress
 	cmd.Stderr = progress
 	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C")
