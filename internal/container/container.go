@@ -250,6 +250,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, err
 	}
 	cu.Add(func() error { _ = grp.Kill(5 * time.Second); return grp.Delete() })
+	cu.Add(func() error { b.cpus.release(spec.ID); return nil })
 	// Until attach hands it to the monitor, the init is our unreaped
 	// child: killed without a wait it stays a zombie for the daemon's life.
 	cu.Add(func() error { killInit(pid); return nil })
