@@ -226,6 +226,9 @@ func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
 	row("State", stateName(s.State))
 	row("Reason", s.DeadReason)
 	row("Hostname", s.Hostname)
+	if s.KeepEtc {
+		row("Etc", "the image's /etc/hosts, hostname, resolv.conf (--keep-etc)")
+	}
 	row("Workdir", s.Workdir)
 	r := s.GetResources()
 	row("CPU", formatCPU(r.GetCpuMillis()))
