@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -180,6 +181,9 @@ type difference struct {
 	Sandbox   outcome `json:"sandbox"`
 	Words     string  `json:"regrtest,omitempty"` // regrtest's verdict in the sandbox, for modules
 	Exception string  `json:"exception,omitempty"`
+	// Rerun is the outcome of the one re-run in the sandbox of a
+	// sandbox-only failure without an exception (see rerunIDs).
+	Rerun outcome `json:"rerun,omitempty"`
 }
 
 // counts tallies one level (modules or test cases) of a comparison.
@@ -195,6 +199,7 @@ type counts struct {
 	BothSkipped    int `json:"both_skipped"`
 	SandboxOnly    int `json:"sandbox_only_failures"` // passed in the chroot only
 	Excepted       int `json:"excepted"`              // of those, listed in exceptions.txt
+	PassedOnRerun  int `json:"passed_on_rerun"`       // of the others, passed when run again alone
 	ChrootOnly     int `json:"chroot_only_failures"`  // passed in the sandbox only
 }
 
@@ -318,6 +323,63 @@ func union(a, b map[string]outcome) []string {
 	return out
 }
 
+// maxRerun bounds the re-run: more sandbox-only failures than this are
+// no flakes, and re-running them would only cost time.
+const maxRerun = 30
+
+// rerunIDs lists the sandbox-only test cases that failed (not skipped:
+// a skip is decided by the environment, not by timing) without an
+// exception, with their modules, for one re-run alone in the sandbox. A
+// timing-sensitive test can fail when both sides share the two cores;
+// one that passes alone is reported as flaky and does not fail the
+// suite. Test cases whose module cannot be told from the id (a shared
+// helper module's, as test.fork_wait.*) and modules that crashed or timed
+// out are not re-run: a module's time-out already cost minutes.
+func (r *report) rerunIDs(known []string) (ids, mods []string) {
+	seen := map[string]bool{}
+	for _, d := range r.unexcused {
+		if d.Module || d.Sandbox != failed {
+			continue
+		}
+		parts := strings.Split(d.ID, ".")
+		if len(parts) < 3 || parts[0] != "test" || !slices.Contains(known, parts[1]) {
+			continue
+		}
+		ids = append(ids, d.ID)
+		if !seen[parts[1]] {
+			seen[parts[1]] = true
+			mods = append(mods, parts[1])
+		}
+	}
+	if len(ids) > maxRerun {
+		return nil, nil
+	}
+	return ids, mods
+}
+
+// applyRerun records the re-run's outcomes: a test case that passed
+// alone leaves the failures (it counts as passed on a re-run).
+func (r *report) applyRerun(rerun map[string]outcome) {
+	var still []difference
+	for _, d := range r.unexcused {
+		o, ran := rerun[d.ID]
+		if !d.Module && ran {
+			d.Rerun = o
+			for i := range r.SandboxOnly {
+				if r.SandboxOnly[i].ID == d.ID && !r.SandboxOnly[i].Module {
+					r.SandboxOnly[i].Rerun = o
+				}
+			}
+			if o == passed {
+				r.Cases.PassedOnRerun++
+				continue
+			}
+		}
+		still = append(still, d)
+	}
+	r.unexcused = still
+}
+
 // failures lists what fails the suite: unexcused sandbox-only differences
 // and stale exceptions.
 func (r *report) failures() []string {
@@ -350,6 +412,7 @@ func (r *report) table(w io.Writer) {
 	row("failed in both", func(c counts) int { return c.BothFailed })
 	row("sandbox-only failures", func(c counts) int { return c.SandboxOnly })
 	row("  of which excepted", func(c counts) int { return c.Excepted })
+	row("  passed on a re-run", func(c counts) int { return c.PassedOnRerun })
 	row("chroot-only failures", func(c counts) int { return c.ChrootOnly })
 	tw.Flush()
 }
@@ -358,8 +421,13 @@ func (r *report) table(w io.Writer) {
 func (r *report) details(w io.Writer) {
 	for _, d := range r.SandboxOnly {
 		why := "NOT EXCEPTED"
-		if d.Exception != "" {
+		switch {
+		case d.Exception != "":
 			why = "excepted: " + d.Exception
+		case d.Rerun == passed:
+			why = "flaky: passed on a re-run alone"
+		case d.Rerun != absent:
+			why = "NOT EXCEPTED, " + d.Rerun.String() + " again on a re-run"
 		}
 		fmt.Fprintf(w, "sandbox-only  %-70s chroot %-7s sandbox %-7s %s %s\n", d.ID, d.Chroot, d.Sandbox, d.Words, why)
 	}

@@ -188,3 +188,37 @@ func TestExceptionsFile(t *testing.T) {
 		t.Log("exceptions.txt lists nothing")
 	}
 }
+
+// TestRerun: only unexcused sandbox-only failures of known modules are
+// re-run; one that passes alone stops failing the suite, one that fails
+// again still does.
+func TestRerun(t *testing.T) {
+	chroot := results{modules: map[string]outcome{"test_os": passed, "test_time": passed}, cases: map[string]outcome{
+		"test.test_os.A.flaky": passed, "test.test_os.A.broken": passed, "test.test_os.A.skip": passed,
+		"test.test_time.T.excused": passed, "test.fork_wait.ForkWait.test_wait": passed,
+	}}
+	sandbox := results{modules: map[string]outcome{"test_os": failed, "test_time": passed}, cases: map[string]outcome{
+		"test.test_os.A.flaky": failed, "test.test_os.A.broken": failed, "test.test_os.A.skip": skipped,
+		"test.test_time.T.excused": failed, "test.fork_wait.ForkWait.test_wait": failed,
+	}}
+	r := compare(chroot, sandbox, []exception{{id: "test.test_time.T.excused", reason: "r"}})
+	ids, mods := r.rerunIDs([]string{"test_os", "test_time", "test_wait3"})
+	if !slices.Equal(ids, []string{"test.test_os.A.broken", "test.test_os.A.flaky"}) || !slices.Equal(mods, []string{"test_os"}) {
+		t.Fatalf("re-run %v of %v", ids, mods)
+	}
+	r.applyRerun(map[string]outcome{"test.test_os.A.flaky": passed, "test.test_os.A.broken": failed})
+	fails := r.failures()
+	want := []string{
+		"module test_os: passed in the chroot, failed in the sandbox",
+		"test case test.fork_wait.ForkWait.test_wait: passed in the chroot, failed in the sandbox",
+		"test case test.test_os.A.broken: passed in the chroot, failed in the sandbox",
+		"test case test.test_os.A.skip: passed in the chroot, skipped in the sandbox",
+	}
+	slices.Sort(fails)
+	if !slices.Equal(fails, want) {
+		t.Errorf("failures %q, want %q", fails, want)
+	}
+	if r.Cases.PassedOnRerun != 1 {
+		t.Errorf("passed on re-run: %d", r.Cases.PassedOnRerun)
+	}
+}

@@ -32,6 +32,7 @@ var extraPkgs = []string{"net-tools"}
 // (what `warren image build debian` imports) and the extracted packages
 // (the layer).
 type inputs struct {
+	dir    string // the cache directory of these inputs, locked by this run
 	rootfs string // the debootstrap tree; never written after it is built
 	layer  string // the extracted .debs, /usr-merged
 	python string // python3.11's version in rootfs, e.g. 3.11.2-6+deb12u8
@@ -78,7 +79,7 @@ func prepare(t *testing.T, ctx context.Context) *inputs {
 	// Held until the test ends: the tree is read (imported, copied) after
 	// prepare returns.
 	t.Cleanup(lockDir(t, dir))
-	in := &inputs{rootfs: filepath.Join(dir, "rootfs"), layer: filepath.Join(dir, "layer")}
+	in := &inputs{dir: dir, rootfs: filepath.Join(dir, "rootfs"), layer: filepath.Join(dir, "layer")}
 	for attempt := 0; ; attempt++ {
 		if err := in.ensureRootfs(ctx, dir, mirror); err != nil {
 			t.Fatalf("fidelity: cannot build the Debian image from %s (the mirror of /etc/apt's sources): %v\n"+

@@ -167,7 +167,7 @@ var sandboxResources = &warrenv1.Resources{CpuMillis: 2000, MemoryBytes: 8 << 30
 func runSandbox(ctx context.Context, c *client.Client, img, layer string, timeout time.Duration) *sideResult {
 	res := &sideResult{name: "sandbox"}
 	sb, err := c.Create(ctx, &warrenv1.CreateRequest{
-		Id: "fidelity", Image: img, Layers: []string{layer},
+		Id: sandboxID, Image: img, Layers: []string{layer},
 		Resources: sandboxResources, TimeoutSeconds: int64((timeout + 5*time.Minute) / time.Second),
 	})
 	if err != nil {
@@ -197,6 +197,36 @@ func runSandbox(ctx context.Context, c *client.Client, img, layer string, timeou
 	res.exit = int(r.ExitCode)
 	res.junit, res.err = readAll(ctx, c, sb.Id, junitPath)
 	return res
+}
+
+// sandboxID names the suite's one sandbox; it lives until the daemon's
+// cleanup, for the re-run.
+const sandboxID = "fidelity"
+
+// rerunPath is the re-run's JUnit XML in the sandbox.
+const rerunPath = "/tmp/fidelity-rerun.xml"
+
+// rerunSandbox runs test cases ids of modules mods once more in the
+// sandbox, in one worker with nothing else running, and returns their
+// outcomes and regrtest's output.
+func rerunSandbox(ctx context.Context, c *client.Client, ids, mods []string) (map[string]outcome, []byte, error) {
+	argv := []string{"python3", "-m", "test", "-j1", "--timeout", strconv.Itoa(int(moduleTimeout / time.Second)), "--junit-xml", rerunPath}
+	for _, id := range ids {
+		argv = append(argv, "-m", id)
+	}
+	argv = append(argv, mods...)
+	r, err := c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: sandboxID, Argv: argv,
+		TimeoutMs: (time.Duration(len(mods)+1) * moduleTimeout).Milliseconds(), OutputLimitBytes: 16 << 20})
+	if err != nil {
+		return nil, nil, fmt.Errorf("re-run in the sandbox: %w", err)
+	}
+	out := append(r.Stdout, r.Stderr...)
+	b, err := readAll(ctx, c, sandboxID, rerunPath)
+	if err != nil {
+		return nil, out, err
+	}
+	cases, err := parseJUnit(bytes.NewReader(b))
+	return cases, out, err
 }
 
 // readAll reads a whole file of a sandbox.
