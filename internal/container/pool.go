@@ -196,6 +196,17 @@ func (p *dirPool) claim(dst string) bool {
 		if !errors.Is(err, unix.ENOENT) {
 			_ = removeTree(e)
 		}
+		if errors.Is(err, unix.EXDEV) {
+			// The sandboxes' directory is another filesystem (a mount
+			// of its own): no entry can ever move there.
+			p.mu.Lock()
+			p.size = 0
+			for _, r := range p.ready {
+				_ = removeTree(r)
+			}
+			p.ready = nil
+			p.mu.Unlock()
+		}
 		return false
 	}
 	return true
