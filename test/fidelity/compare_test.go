@@ -45,6 +45,7 @@ type results struct {
 
 type junitCase struct {
 	Name    string    `xml:"name,attr"`
+	Time    float64   `xml:"time,attr"`
 	Error   *struct{} `xml:"error"`
 	Failure *struct{} `xml:"failure"`
 	Skipped *struct{} `xml:"skipped"`
@@ -81,6 +82,29 @@ func parseJUnit(r io.Reader) (map[string]outcome, error) {
 				name, o = "<unnamed>", failed
 			}
 			out[name] = max(out[name], o)
+		}
+	}
+	return out, nil
+}
+
+// moduleSeconds sums the test cases' times of a JUnit XML by module
+// (the second part of the id: test.test_os.X.y is test_os; a helper
+// module shared by two test modules, as test.fork_wait, is its own). It
+// leaves out imports and class set-ups: a measure of where the time goes,
+// not of wall time.
+func moduleSeconds(r io.Reader) (map[string]float64, error) {
+	var doc junitSuites
+	if err := xml.NewDecoder(r).Decode(&doc); err != nil {
+		return nil, fmt.Errorf("parse JUnit XML: %w", err)
+	}
+	out := map[string]float64{}
+	for _, s := range doc.Suites {
+		for _, c := range s.Cases {
+			m := c.Name
+			if parts := strings.Split(c.Name, "."); len(parts) > 2 && parts[0] == "test" {
+				m = parts[1]
+			}
+			out[m] += c.Time
 		}
 	}
 	return out, nil
@@ -214,7 +238,33 @@ type report struct {
 	ChrootOnly  []difference `json:"chroot_only"`
 	Stale       []string     `json:"stale_exceptions,omitempty"`
 	FailedBoth  []string     `json:"failed_both_modules,omitempty"`
-	unexcused   []difference // sandbox-only differences without an exception
+	// Seconds are the test cases' summed times per module on each side.
+	Seconds   map[string]sides `json:"module_seconds,omitempty"`
+	unexcused []difference     // sandbox-only differences without an exception
+}
+
+// sides is one number for each side.
+type sides struct {
+	Chroot  float64 `json:"chroot"`
+	Sandbox float64 `json:"sandbox"`
+}
+
+// slowest writes the n modules that took longest on either side.
+func (r *report) slowest(w io.Writer, n int) {
+	var ms []string
+	for m := range r.Seconds {
+		ms = append(ms, m)
+	}
+	longer := func(m string) float64 { return max(r.Seconds[m].Chroot, r.Seconds[m].Sandbox) }
+	sort.Slice(ms, func(i, j int) bool { return longer(ms[i]) > longer(ms[j]) })
+	if len(ms) > n {
+		ms = ms[:n]
+	}
+	fmt.Fprintf(w, "slowest modules (test cases' seconds, chroot / sandbox):")
+	for _, m := range ms {
+		fmt.Fprintf(w, " %s %.0f/%.0f", m, r.Seconds[m].Chroot, r.Seconds[m].Sandbox)
+	}
+	fmt.Fprintln(w)
 }
 
 // timing is where the run's time went.

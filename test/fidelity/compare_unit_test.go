@@ -47,6 +47,10 @@ func TestParseJUnit(t *testing.T) {
 	if _, err := parseJUnit(strings.NewReader("<testsuites><testsuite>")); err == nil {
 		t.Error("truncated XML parsed")
 	}
+	secs, err := moduleSeconds(strings.NewReader(sampleJUnit))
+	if err != nil || secs["test_os"] != 0.1 || len(secs) != 3 {
+		t.Errorf("module seconds %v, %v", secs, err)
+	}
 }
 
 func TestParseProgress(t *testing.T) {

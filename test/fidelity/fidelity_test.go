@@ -103,6 +103,15 @@ func TestFidelity(t *testing.T) {
 		TotalSeconds: time.Since(start).Seconds(), Workers: workers, ModuleTimeoutSeconds: moduleTimeout.Seconds(),
 	}
 	rep.Python = in.python
+	rep.Seconds = map[string]sides{}
+	cs, _ := moduleSeconds(bytes.NewReader(chroot.junit))
+	ss, _ := moduleSeconds(bytes.NewReader(sandbox.junit))
+	for m, v := range cs {
+		rep.Seconds[m] = sides{Chroot: v, Sandbox: ss[m]}
+	}
+	for m, v := range ss {
+		rep.Seconds[m] = sides{Chroot: cs[m], Sandbox: v}
+	}
 	rep.ModuleList = modules
 
 	var text bytes.Buffer
@@ -110,6 +119,7 @@ func TestFidelity(t *testing.T) {
 		len(modules), in.python, workers, chroot.duration.Round(time.Second), sandbox.duration.Round(time.Second), time.Since(start).Round(time.Second))
 	rep.table(&text)
 	rep.details(&text)
+	rep.slowest(&text, 12)
 	_ = os.WriteFile(filepath.Join(out, "report.txt"), text.Bytes(), 0o644)
 	if err := rep.writeJSON(filepath.Join(out, "report.json")); err != nil {
 		t.Error(err)

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/mountinfo"
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // testsuitePkg is Debian's package of CPython's regression tests; it
@@ -50,14 +52,23 @@ func cacheDir() string {
 	return "/var/cache/warren/fidelity"
 }
 
-// cacheKey names a cached tree by what debootstrap was given: the suite,
-// the mirror, the packages and the architecture. The mirror's content
-// moves too (point releases); that is caught by the testsuite's version:
-// when the mirror no longer has the testsuite of the cached tree's
-// python3.11, the tree is built again.
-func cacheKey(mirror string) string {
-	h := sha256.Sum256([]byte(strings.Join([]string{"v1", image.DebianSuite, mirror, "minbase", "python3,git", runtime.GOARCH}, "\n")))
-	return image.DebianSuite + "-" + runtime.GOARCH + "-" + hex.EncodeToString(h[:6])
+// cacheKey names a cached tree by what built it: the suite, the mirror,
+// the architecture and the source of the image builder
+// (internal/image/build.go: its debootstrap command line, the packages it
+// includes, how it cleans the tree), so that a change to the default
+// image builds the tree again. The mirror's content moves too (point
+// releases); that is caught by the testsuite's version: when the mirror
+// no longer has the testsuite of the cached tree's python3.11, the tree is
+// built again.
+func cacheKey(mirror string) (string, error) {
+	src, err := os.ReadFile(filepath.Join(testutil.ModuleRoot(), "internal/image/build.go"))
+	if err != nil {
+		return "", fmt.Errorf("the cache key reads the image builder's source: %w", err)
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "v2\n%s\n%s\n%s\n", image.DebianSuite, mirror, runtime.GOARCH)
+	h.Write(src)
+	return image.DebianSuite + "-" + runtime.GOARCH + "-" + hex.EncodeToString(h.Sum(nil)[:6]), nil
 }
 
 // prepare returns the cached inputs, building what is missing: the
@@ -72,7 +83,12 @@ func prepare(t *testing.T, ctx context.Context) *inputs {
 	if err != nil {
 		t.Fatalf("fidelity: the Debian image needs a mirror: %v (set WARREN_FIDELITY=skip to skip this suite)", err)
 	}
-	dir := filepath.Join(cacheDir(), cacheKey(mirror))
+	key, err := cacheKey(mirror)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(cacheDir(), key)
+	pruneCache(t, key)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -269,6 +285,30 @@ func mergeUsr(layer string) error {
 		}
 	}
 	return nil
+}
+
+// pruneCache removes the cache's other trees of this suite and
+// architecture (an earlier image builder's: ~400 MB each) that no run
+// holds locked.
+func pruneCache(t *testing.T, keep string) {
+	t.Helper()
+	others, _ := filepath.Glob(filepath.Join(cacheDir(), image.DebianSuite+"-"+runtime.GOARCH+"-*"))
+	for _, o := range others {
+		if filepath.Base(o) == keep {
+			continue
+		}
+		f, err := os.Open(filepath.Join(o, "lock"))
+		if err != nil {
+			continue
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			if ms, _ := mountinfo.Under(o); len(ms) == 0 {
+				_ = os.RemoveAll(o)
+				t.Logf("removed the outdated cached tree %s", o)
+			}
+		}
+		f.Close()
+	}
 }
 
 // lockDir takes an exclusive flock on dir/lock until the returned func.
