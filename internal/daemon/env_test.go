@@ -75,6 +75,9 @@ type env struct {
 	metrics  *metrics.Metrics
 	m        *Manager
 	cfgTweak func(*Config)
+	// ctr is the container backend start made: closed by stop even when
+	// a tweak wrapped it in a backend the Manager cannot close.
+	ctr *container.Backend
 }
 
 func newEnv(t *testing.T, tweak ...func(*Config)) *env {
@@ -131,6 +134,7 @@ func (e *env) start() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	e.ctr = b
 	e.metrics = metrics.New()
 	cfg := Config{
 		StateDir: filepath.Join(e.dir, "state"),
@@ -162,6 +166,10 @@ func (e *env) stop() {
 			e.t.Errorf("close: %v", err)
 		}
 		e.m = nil
+	}
+	if e.ctr != nil {
+		_ = e.ctr.Close()
+		e.ctr = nil
 	}
 	if e.images != nil {
 		if err := e.images.Close(); err != nil {
