@@ -22,8 +22,9 @@ import (
 // workers on 2 cores kept both sides under 5 minutes). A module that
 // runs longer than moduleTimeout is killed by regrtest (faulthandler's
 // dump_traceback_later) and reported "timed out": a hang fails the
-// module, it does not stall CI. The slowest kept module,
-// test_concurrent_futures, took 2 min 13 s at -j2 on an idle machine.
+// module, it does not stall CI. The slowest kept module, test_asyncio,
+// took 1 min 15 s to 1 min 50 s of wall time here (its test cases 79 to
+// 125 s), so 180 s leaves it room on a loaded machine.
 const (
 	workers       = 4
 	moduleTimeout = 180 * time.Second
@@ -47,9 +48,9 @@ func regrtestArgs() []string {
 	return append(args, modules...)
 }
 
-// ignored are test cases neither side runs (regrtest --ignore globs), each
-// one that hangs in the chroot on this machine, where a timeout would
-// lose its whole module:
+// ignored are test cases neither side runs (regrtest --ignore globs): in
+// the chroot, on this machine, one hangs (a timeout would lose its whole
+// module) and one changes the host:
 var ignored = []string{
 	// This VM has a vsock transport: the test's client connects to the
 	// local CID and the server's accept() never returns (test_socket
@@ -99,8 +100,9 @@ var chrootEnv = []string{
 
 // makeChroot copies the image's tree and the layer into dir, as a
 // normal machine's root filesystem: one ext4, the packages unpacked in
-// it, the host's /etc/hosts (a machine's installer writes one; the
-// debootstrap tree has none). A copy, because the tests write into it
+// it, the host's /etc/hosts (a machine's installer writes one that
+// names its hostname; the image's, netbase's, names only localhost). A
+// copy, because the tests write into it
 // (__pycache__, /tmp) and the cached tree must stay as imported.
 func makeChroot(ctx context.Context, in *inputs, dir string) error {
 	for _, src := range []string{in.rootfs, in.layer} {
@@ -127,13 +129,18 @@ func makeChroot(ctx context.Context, in *inputs, dir string) error {
 // start as copies of the host's. The soft limits are Debian 12's
 // (systemd 252) for a login: open files 1024, stack 8 MiB (the hard
 // ones stay the test process's: root here cannot raise them, no
-// CAP_SYS_RESOURCE). --kill-child ends the namespace with unshare, and
+// CAP_SYS_RESOURCE). Every signal's handling is the default again (env
+// --default-signal), as in a login shell: a test process started in the
+// background of a non-interactive shell inherits SIGINT ignored, and
+// CPython's SIGINT tests (test_signal, test_threading's interrupt_main,
+// multiprocessing) then fail in the chroot only. --kill-child ends the
+// namespace with unshare, and
 // the test kills unshare's group when its context ends.
 func runChroot(ctx context.Context, root string) *sideResult {
 	res := &sideResult{name: "chroot"}
 	script := `set -e; ulimit -S -n 1024; ulimit -S -s 8192; mount --rbind /dev "$1/dev"; mount --rbind /sys "$1/sys"; r=$1; shift; exec chroot "$r" "$@"`
 	args := []string{"--fork", "--pid", "--mount", "--uts", "--ipc", "--mount-proc=" + filepath.Join(root, "proc"), "--kill-child",
-		"sh", "-c", script, "sh", root, "env", "-i"}
+		"sh", "-c", script, "sh", root, "env", "-i", "--default-signal"}
 	args = append(args, chrootEnv...)
 	args = append(args, regrtestArgs()...)
 	cmd := exec.CommandContext(ctx, "unshare", args...)
