@@ -1566,11 +1566,13 @@ static void on_listen(void)
 	}
 }
 
-/* Reads CHILD_RLIMITS_ENV: "RES:SOFT:HARD" entries, ','-separated, which
- * the init stage checked. */
-static void load_child_rlimits(void)
+/* Takes the limits to set in every child: "RES:SOFT:HARD" entries,
+ * ','-separated, which the init stage checked. The container init stage
+ * calls it in place (init_linux.c, apply_rlimits): handing them over in
+ * the environment took setenv, whose malloc cost every idle sandbox
+ * 8 KiB (a heap page and the page-table pages of musl's malloc groups). */
+void warren_agent_child_rlimits(const char *p)
 {
-	const char *p = getenv(CHILD_RLIMITS_ENV);
 	while (p && *p && nchild_rlimits < (int)(sizeof child_rlimits / sizeof child_rlimits[0])) {
 		char *end;
 		int res = (int)strtol(p, &end, 10);
@@ -1587,7 +1589,17 @@ static void load_child_rlimits(void)
 			break;
 		p = end + 1;
 	}
-	unsetenv(CHILD_RLIMITS_ENV);
+}
+
+/* An agent started on its own (not by the init stage) may get them in
+ * CHILD_RLIMITS_ENV. */
+static void load_child_rlimits(void)
+{
+	const char *p = getenv(CHILD_RLIMITS_ENV);
+	if (p) {
+		warren_agent_child_rlimits(p);
+		unsetenv(CHILD_RLIMITS_ENV);
+	}
 }
 
 /* Also entered in place by the container init stage (internal/container/init_linux.c). */

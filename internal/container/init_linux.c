@@ -66,6 +66,8 @@
 /* The agent's entry (internal/agent/agent_linux.c): on its own stack in
  * the standalone build, in place in the warren binary. */
 void warren_agent_start(int fd) __attribute__((noreturn));
+/* The limits the agent sets in each process it starts (agent_linux.c). */
+void warren_agent_child_rlimits(const char *spec);
 
 /* Capability numbers (kernel ABI; musl ships no linux/capability.h). */
 enum {
@@ -346,8 +348,7 @@ static void close_all_from(unsigned first)
  * (a socket per connection and running process), CPU seconds (a hard cpu
  * limit would SIGKILL PID 1 once it had served that long), memory (kept
  * output) and stack. The agent keeps the daemon's and sets these in each
- * process it starts (CHILD_RLIMITS_ENV, agent_linux.c). */
-#define CHILD_RLIMITS_ENV "_WARREN_CHILD_RLIMITS"
+ * process it starts (warren_agent_child_rlimits, agent_linux.c). */
 static int agent_bound(long res)
 {
 	return res == RLIMIT_NOFILE || res == RLIMIT_CPU || res == RLIMIT_AS || res == RLIMIT_DATA ||
@@ -399,8 +400,8 @@ static void apply_rlimits(const char *spec)
 		}
 		p = *end ? end + 1 : end;
 	}
-	if (clen && setenv(CHILD_RLIMITS_ENV, child, 1) < 0)
-		die("setenv", CHILD_RLIMITS_ENV);
+	if (clen)
+		warren_agent_child_rlimits(child);
 }
 
 static void __attribute__((noreturn)) init_main(void)
