@@ -1,14 +1,14 @@
 package cgroups
 
 import (
-	"bufio"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 
 	cgroup1 "github.com/containerd/cgroups/v3/cgroup1"
+
+	"github.com/warrenrl/warren/internal/mountinfo"
 )
 
 // ViewMount is one cgroup filesystem a sandbox mounts, read-only and
@@ -41,18 +41,12 @@ var views = sync.OnceValue(func() []ViewMount {
 	}
 	var out []ViewMount
 	for _, h := range v1Mounts() {
-		if len(h.controllers) == 0 || !slices.ContainsFunc(h.controllers, func(c string) bool {
-			return slices.Contains(owned, cgroup1.Name(c))
-		}) {
-			continue
-		}
 		// Every controller of a co-mounted hierarchy must be one the
 		// sandbox has its group in, or its root would be shared.
-		all := true
-		for _, c := range h.controllers {
-			all = all && slices.Contains(owned, cgroup1.Name(c))
-		}
-		if all {
+		shared := slices.ContainsFunc(h.controllers, func(c string) bool {
+			return !slices.Contains(owned, cgroup1.Name(c))
+		})
+		if len(h.controllers) > 0 && !shared {
 			out = append(out, ViewMount{Dir: h.dir, Type: "cgroup", Data: strings.Join(h.controllers, ",")})
 		}
 	}
@@ -71,26 +65,22 @@ type v1Mount struct {
 // their controllers (from the super options; named hierarchies such as
 // name=systemd have none).
 func v1Mounts() []v1Mount {
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read()
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
 	var out []v1Mount
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		sep := slices.Index(fields, "-")
-		if sep < 0 || len(fields) < sep+4 || fields[sep+1] != "cgroup" || filepath.Dir(fields[4]) != Root {
+	for _, m := range mounts {
+		if m.FSType != "cgroup" || filepath.Dir(m.Point) != Root {
 			continue
 		}
 		var ctrls []string
-		for _, o := range strings.Split(fields[sep+3], ",") {
+		for _, o := range m.Options {
 			if knownController[o] {
 				ctrls = append(ctrls, o)
 			}
 		}
-		out = append(out, v1Mount{dir: filepath.Base(fields[4]), controllers: ctrls})
+		out = append(out, v1Mount{dir: filepath.Base(m.Point), controllers: ctrls})
 	}
 	return out
 }
