@@ -51,14 +51,7 @@ func mountSharedDevfs(dir string) error {
 
 // sharedDevfsAt reports whether a tmpfs that allows device nodes is
 // mounted at dir (not merely a directory on the tmpfs of /run).
-func sharedDevfsAt(dir string) bool {
-	var st, parent unix.Stat_t
-	var fs unix.Statfs_t
-	if unix.Stat(dir, &st) != nil || unix.Stat(filepath.Dir(dir), &parent) != nil || st.Dev == parent.Dev {
-		return false
-	}
-	return unix.Statfs(dir, &fs) == nil && fs.Type == unix.TMPFS_MAGIC && fs.Flags&unix.ST_NODEV == 0
-}
+func sharedDevfsAt(dir string) bool { return tmpfsAt(dir, 0, unix.ST_NODEV) }
 
 // ensureDevfs remounts the shared tmpfs if someone unmounted it since the
 // daemon started. Sandboxes created before keep theirs (their binds hold

@@ -43,13 +43,19 @@ func mountSharedEmpty(dir string) error {
 
 // sharedEmptyAt reports whether a read-only tmpfs is mounted at dir (not
 // merely a directory of the filesystem below).
-func sharedEmptyAt(dir string) bool {
+func sharedEmptyAt(dir string) bool { return tmpfsAt(dir, unix.ST_RDONLY, 0) }
+
+// tmpfsAt reports whether a tmpfs is mounted at dir itself (not merely a
+// directory of the tmpfs of /run below it) whose statfs flags include
+// every bit of set and none of clear: the test of each of the node's
+// shared filesystems (the empty tmpfs, devfs, views).
+func tmpfsAt(dir string, set, clear int64) bool {
 	var st, parent unix.Stat_t
 	var fs unix.Statfs_t
 	if unix.Stat(dir, &st) != nil || unix.Stat(filepath.Dir(dir), &parent) != nil || st.Dev == parent.Dev {
 		return false
 	}
-	return unix.Statfs(dir, &fs) == nil && fs.Type == unix.TMPFS_MAGIC && fs.Flags&unix.ST_RDONLY != 0
+	return unix.Statfs(dir, &fs) == nil && fs.Type == unix.TMPFS_MAGIC && fs.Flags&set == set && fs.Flags&clear == 0
 }
 
 // ensureEmpty remounts the shared empty tmpfs if someone unmounted it

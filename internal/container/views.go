@@ -51,13 +51,12 @@ const viewsOptions = "mode=0755,size=4m,nr_inodes=4096"
 // kept) and makes the cgroup skeleton on it.
 func (b *Backend) ensureViews() error {
 	dir := b.viewsDir()
-	var st unix.Statfs_t
-	if unix.Statfs(dir, &st) == nil && st.Type == unix.TMPFS_MAGIC && isMountPoint(dir) {
+	if tmpfsAt(dir, 0, 0) {
 		return nil
 	}
 	b.sharedMu.Lock()
 	defer b.sharedMu.Unlock()
-	if !isMountPoint(dir) {
+	if !tmpfsAt(dir, 0, 0) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "create views directory")
 		}
@@ -77,16 +76,9 @@ func (b *Backend) ensureViews() error {
 	return nil
 }
 
-// isMountPoint reports whether dir is on another filesystem than its
-// parent.
-func isMountPoint(dir string) bool {
-	var st, parent unix.Stat_t
-	return unix.Stat(dir, &st) == nil && unix.Stat(filepath.Dir(dir), &parent) == nil && st.Dev != parent.Dev
-}
-
 // closeViews unmounts the views tmpfs; live sandboxes keep their binds.
 func (b *Backend) closeViews() error {
-	if !isMountPoint(b.viewsDir()) {
+	if !tmpfsAt(b.viewsDir(), 0, 0) {
 		return nil
 	}
 	if err := unix.Unmount(b.viewsDir(), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -71,7 +72,7 @@ func TestCgroupView(t *testing.T) {
 		}
 		hostDevs[st.Dev] = true
 	}
-	root := "/proc/" + itoaPid(t, sb) + "/root"
+	root := "/proc/" + strconv.Itoa(initPid(t, sb)) + "/root"
 	for _, v := range cgroups.Views() {
 		var st unix.Stat_t
 		if err := unix.Stat(filepath.Join(root, "sys/fs/cgroup", v.Dir), &st); err != nil {
@@ -97,7 +98,7 @@ func TestCPUSpread(t *testing.T) {
 	defer b.Close()
 	allowed := func(sb backend.Sandbox) string {
 		t.Helper()
-		buf, err := os.ReadFile("/proc/" + itoaPid(t, sb) + "/status")
+		buf, err := os.ReadFile("/proc/" + strconv.Itoa(initPid(t, sb)) + "/status")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,11 +131,6 @@ func TestCPUSpread(t *testing.T) {
 			t.Errorf("after deleting the sandbox on CPU %s, a new one went to %s", ca, got)
 		}
 	}
-}
-
-func itoaPid(t *testing.T, sb backend.Sandbox) string {
-	t.Helper()
-	return strings.TrimPrefix(strings.TrimSuffix(sb.Root(), "/root"), "/proc/")
 }
 
 func TestCPUInfoFor(t *testing.T) {
