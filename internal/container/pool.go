@@ -123,7 +123,9 @@ func (p *dirPool) fill() {
 			p.mu.Lock()
 			full := len(p.ready) >= p.size
 			n := p.seq
-			p.seq++
+			if !full {
+				p.seq++
+			}
 			p.mu.Unlock()
 			if full {
 				break
