@@ -3,7 +3,6 @@ package cgroups
 import (
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 
 	cgroup1 "github.com/containerd/cgroups/v3/cgroup1"
@@ -11,19 +10,25 @@ import (
 	"github.com/warrenrl/warren/internal/mountinfo"
 )
 
-// ViewMount is one cgroup filesystem a sandbox mounts, read-only and
-// inside its cgroup namespace, so that it sees its own group as the root
-// (its limits, usage and pressure: what JVMs, Go, Node and build tools
-// read to size themselves) and nothing above or beside it. Such a mount
-// is a second view of the host's superblock, not a new one.
+// ViewMount is one cgroup hierarchy a sandbox sees, read-only, at
+// /sys/fs/cgroup: a bind of its own group's directory, which shows it as
+// the root (its limits, usage and pressure: what JVMs, Go, Node and build
+// tools read to size themselves) and nothing above or beside it. It is
+// the host's superblock seen from below the sandbox's group, not a new
+// one, and in the sandbox's cgroup namespace its mountinfo names no host
+// path (the kernel shows a cgroup mount's root relative to the reader's
+// namespace), as a mount of the hierarchy made inside that namespace
+// would; a bind needs no filesystem context parsed and matched to the
+// superblock, and no remount once the init makes /sys read-only at once.
 type ViewMount struct {
 	// Dir is where below /sys/fs/cgroup: "" for a v2 host's one
 	// hierarchy, else the host's directory name ("memory", "unified").
 	Dir string
-	// Type is "cgroup" (v1) or "cgroup2"; Data the v1 controllers, as the
-	// host mounted them ("cpu,cpuacct" where they are co-mounted).
-	Type, Data string
 }
+
+// Source is the directory of group (a Group's Name) in v's hierarchy on
+// the host: what the sandbox's init binds.
+func (v ViewMount) Source(group string) string { return filepath.Join(Root, v.Dir, group) }
 
 // Views lists what a sandbox of this host mounts at /sys/fs/cgroup: the
 // hierarchies in which it has a group of its own. Hierarchies it shares
@@ -33,7 +38,7 @@ func Views() []ViewMount { return views() }
 
 var views = sync.OnceValue(func() []ViewMount {
 	if unified() {
-		return []ViewMount{{Type: "cgroup2"}}
+		return []ViewMount{{}}
 	}
 	owned := legacySubsystems
 	if hybrid() {
@@ -47,11 +52,11 @@ var views = sync.OnceValue(func() []ViewMount {
 			return !slices.Contains(owned, cgroup1.Name(c))
 		})
 		if len(h.controllers) > 0 && !shared {
-			out = append(out, ViewMount{Dir: h.dir, Type: "cgroup", Data: strings.Join(h.controllers, ",")})
+			out = append(out, ViewMount{Dir: h.dir})
 		}
 	}
 	if hybrid() {
-		out = append(out, ViewMount{Dir: unifiedDir, Type: "cgroup2"})
+		out = append(out, ViewMount{Dir: unifiedDir})
 	}
 	return out
 })

@@ -379,7 +379,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID),
 		"rlimits": rlimit.InitConfig(spec.Rlimits)}
 	maps.Copy(conf, overlay)
-	maps.Copy(conf, b.cgroupViewConfig())
+	b.cgroupViewConfig(grp.Name(), conf)
 	views, err := b.placeCPUs(spec, pid)
 	if err != nil {
 		return fail(err)

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strconv"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -61,7 +61,7 @@ func writeEtc(upper string, layers []backend.Layer, files []etcfiles.File, poole
 	if err := unix.Mkdir(dir, mode); err != nil && !(pooled && err == unix.EEXIST) {
 		return fsErr(&os.PathError{Op: "mkdir", Path: dir, Err: err}, "sandbox /etc")
 	}
-	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fsErr(&os.PathError{Op: "open", Path: dir, Err: err}, "sandbox /etc")
 	}
@@ -71,22 +71,38 @@ func writeEtc(upper string, layers []backend.Layer, files []etcfiles.File, poole
 			return fsErr(&os.PathError{Op: "write", Path: filepath.Join(dir, f.Name), Err: err}, "sandbox /etc")
 		}
 	}
-	// Owner and times last: the writes above moved the times. The umask
-	// may have narrowed the mode.
-	p := "/proc/self/fd/" + strconv.Itoa(fd)
-	if err := unix.Fchmodat(unix.AT_FDCWD, p, mode, 0); err != nil {
-		return fsErr(&os.PathError{Op: "chmod", Path: dir, Err: err}, "sandbox /etc")
+	// Mode and owner only where they differ (the pool's 0755 root is
+	// what most images have; the umask may have narrowed it): the chmod
+	// through /proc/self/fd this replaced was ~20 us of each create.
+	var have unix.Stat_t
+	if err := unix.Fstat(fd, &have); err != nil {
+		return fsErr(&os.PathError{Op: "stat", Path: dir, Err: err}, "sandbox /etc")
 	}
-	if uid != 0 || gid != 0 {
-		if err := unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH); err != nil {
+	if have.Mode&0o7777 != mode {
+		if err := unix.Fchmod(fd, mode); err != nil {
+			return fsErr(&os.PathError{Op: "chmod", Path: dir, Err: err}, "sandbox /etc")
+		}
+	}
+	if int(have.Uid) != uid || int(have.Gid) != gid {
+		if err := unix.Fchown(fd, uid, gid); err != nil {
 			return fsErr(&os.PathError{Op: "chown", Path: dir, Err: err}, "sandbox /etc")
 		}
 	}
+	// Times last: the writes above moved them.
 	if found {
-		ts := []unix.Timespec{st.Atim, st.Mtim}
-		if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, 0); err != nil {
+		if err := futimens(fd, [2]unix.Timespec{st.Atim, st.Mtim}); err != nil {
 			return fsErr(&os.PathError{Op: "utimes", Path: dir, Err: err}, "sandbox /etc")
 		}
+	}
+	return nil
+}
+
+// futimens sets fd's times: utimensat with no path, as the C library's
+// futimens calls it (x/sys has no wrapper that takes a nil path).
+func futimens(fd int, ts [2]unix.Timespec) error {
+	_, _, e := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
+	if e != 0 {
+		return e
 	}
 	return nil
 }

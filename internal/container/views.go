@@ -87,24 +87,27 @@ func (b *Backend) closeViews() error {
 	return nil
 }
 
-// cgroupViewConfig is the init stage's config of the cgroup view:
-// "cgroup_skel" (bound read-only at /sys/fs/cgroup where there are v1
-// hierarchies) and "cgroups" ("dir:type:data" entries, ';'-separated).
-func (b *Backend) cgroupViewConfig() map[string]string {
+// cgroupViewConfig is the init stage's config of the cgroup view of
+// group (a cgroups.Group's Name): "cgroup_skel" (bound read-only at
+// /sys/fs/cgroup where there are v1 hierarchies) and "cgroups"
+// ("dir>source" entries, ';'-separated: the group's directory in each
+// hierarchy, bound read-only at /sys/fs/cgroup/dir).
+func (b *Backend) cgroupViewConfig(group string, conf map[string]string) {
 	vs := cgroups.Views()
 	if len(vs) == 0 {
-		return nil
+		return
 	}
-	out := map[string]string{}
-	var parts []string
-	for _, v := range vs {
+	var sb strings.Builder
+	for i, v := range vs {
 		if v.Dir != "" {
-			out["cgroup_skel"] = filepath.Join(b.viewsDir(), "cgroup")
+			conf["cgroup_skel"] = filepath.Join(b.viewsDir(), "cgroup")
 		}
-		parts = append(parts, v.Dir+":"+v.Type+":"+v.Data)
+		if i > 0 {
+			sb.WriteByte(';')
+		}
+		sb.WriteString(v.Dir + ">" + v.Source(group))
 	}
-	out["cgroups"] = strings.Join(parts, ";")
-	return out
+	conf["cgroups"] = sb.String()
 }
 
 // cpuViews returns the files a sandbox of n CPUs binds over

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/warrenrl/warren/internal/backend/conformance"
 	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/etcfiles"
+	"github.com/warrenrl/warren/internal/mountinfo"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -81,6 +83,52 @@ func TestCgroupView(t *testing.T) {
 		if !hostDevs[st.Dev] {
 			t.Errorf("the sandbox's /sys/fs/cgroup/%s is a new superblock (dev %d)", v.Dir, st.Dev)
 		}
+	}
+}
+
+// TestSysAndProcBindsReadOnly: every mount of /sys and below it (the
+// node's sysfs, the masks, the cgroup view, the CPU view) and the masked
+// and read-only /proc directories and the cpuinfo view are read-only,
+// nosuid, nodev and noexec; the init makes the /sys tree so with one
+// mount_setattr after binding it all, so a bind added below /sys without
+// it shows here.
+func TestSysAndProcBindsReadOnly(t *testing.T) {
+	b, err := New(testOptions(t, "robinds-"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	sb, err := b.Create(context.Background(), backend.Spec{ID: "ro", Layers: backend.DirLayers(testutil.BusyboxRoot(t)),
+		MemoryBytes: 64 << 20, CPUMillis: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	text := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/proc/self/mountinfo"}}, "").Stdout
+	procRO := map[string]bool{"/proc/acpi": true, "/proc/scsi": true, "/proc/bus": true, "/proc/fs": true,
+		"/proc/irq": true, "/proc/sys": true, "/proc/cpuinfo": true}
+	seen := 0
+	for _, m := range mountinfo.Parse(text) {
+		if m.Point != "/sys" && !strings.HasPrefix(m.Point, "/sys/") && !procRO[m.Point] {
+			continue
+		}
+		seen++
+		for _, want := range []string{"ro", "nosuid", "nodev", "noexec"} {
+			if !slices.Contains(m.MountOptions, want) {
+				t.Errorf("%s (%s) is mounted %v: not %s", m.Point, m.FSType, m.MountOptions, want)
+			}
+		}
+	}
+	// /sys, 4 masks below it, the skeleton and its hierarchies or v2's
+	// one, the CPU view; 6 of /proc and cpuinfo (a kernel without
+	// /proc/acpi or /proc/scsi has fewer).
+	if seen < 12 {
+		t.Errorf("%d mounts of /sys and the read-only /proc paths, want >= 12:\n%s", seen, text)
+	}
+	r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"/bin/sh", "-c",
+		"for f in /sys/fs/cgroup/x /sys/firmware/x /sys/devices/system/cpu/online; do (echo 1 > $f) 2>/dev/null && echo wrote $f; done; true"}}, "")
+	if r.Stdout != "" {
+		t.Errorf("writes below /sys: %q", r.Stdout)
 	}
 }
 
