@@ -4,7 +4,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -123,8 +122,16 @@ func (r *reaper) loop() {
 	defer close(r.done)
 	// This goroutine's thread runs at the lowest priority: removal is
 	// work for idle CPU, not for the creates and execs waiting on it.
-	runtime.LockOSThread()
-	_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
+	// Its own thread (throwawayThread), not the main one the runtime
+	// would keep at that priority after the loop ends.
+	_ = throwawayThread(func() error {
+		_ = unix.Setpriority(unix.PRIO_PROCESS, unix.Gettid(), 19)
+		r.run()
+		return nil
+	})
+}
+
+func (r *reaper) run() {
 	for {
 		select {
 		case <-r.stop:

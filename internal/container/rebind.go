@@ -21,7 +21,7 @@ import (
 // threads share it, and setns refuses a mount namespace to a thread that
 // does), enters the sandbox's mount namespace and attaches them
 // (move_mount). That thread is never returned to the runtime: it exits
-// with its goroutine, namespace and all.
+// with its goroutine, namespace and all (throwawayThread).
 func rebind(initPid int, targets []string, srcs []string) error {
 	trees := make([]int, len(targets))
 	defer func() {
@@ -51,31 +51,55 @@ func rebind(initPid int, targets []string, srcs []string) error {
 		return errdefs.Wrap(errdefs.NotFound, err, "sandbox mount namespace")
 	}
 	defer unix.Close(ns)
+	return throwawayThread(func() error {
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "unshare CLONE_FS")
+		}
+		if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "enter sandbox mount namespace")
+		}
+		for i, dst := range targets {
+			// Our bind is the only mount a sandbox can have there (it
+			// has no CAP_SYS_ADMIN); EINVAL: none.
+			if err := unix.Unmount(dst, unix.MNT_DETACH); err != nil && err != unix.EINVAL {
+				return errdefs.Wrap(errdefs.Internal, err, "unmount view "+dst)
+			}
+			if trees[i] < 0 {
+				continue
+			}
+			if err := unix.MoveMount(trees[i], "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+				return errdefs.Wrap(errdefs.Internal, err, "move_mount view "+dst)
+			}
+		}
+		return nil
+	})
+}
+
+// throwawayThread runs fn on an OS thread of its own that ends when fn
+// returns: for changes to a thread (its namespaces, its filesystem
+// context, its priority) that are not to be undone. Never on the
+// process's main thread: the runtime cannot end that one and keeps it,
+// asleep, with whatever fn left it in, for the daemon's life: a
+// sandbox's mount namespace (pinning every mount of a deleted sandbox)
+// and, since /proc/self is the main thread's, the daemon reading that
+// namespace's mount table as its own. While this goroutine holds the
+// main thread, a goroutine it starts runs on another.
+func throwawayThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked: see above
-		errc <- func() error {
-			if err := unix.Unshare(unix.CLONE_FS); err != nil {
-				return errdefs.Wrap(errdefs.Internal, err, "unshare CLONE_FS")
-			}
-			if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
-				return errdefs.Wrap(errdefs.Internal, err, "enter sandbox mount namespace")
-			}
-			for i, dst := range targets {
-				// Our bind is the only mount a sandbox can have there (it
-				// has no CAP_SYS_ADMIN); EINVAL: none.
-				if err := unix.Unmount(dst, unix.MNT_DETACH); err != nil && err != unix.EINVAL {
-					return errdefs.Wrap(errdefs.Internal, err, "unmount view "+dst)
-				}
-				if trees[i] < 0 {
-					continue
-				}
-				if err := unix.MoveMount(trees[i], "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-					return errdefs.Wrap(errdefs.Internal, err, "move_mount view "+dst)
-				}
-			}
-			return nil
+		runtime.LockOSThread()
+		if unix.Gettid() != unix.Getpid() {
+			errc <- fn()
+			return // still locked: the thread ends with this goroutine
+		}
+		inner := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread()
+			inner <- fn()
 		}()
+		err := <-inner
+		runtime.UnlockOSThread()
+		errc <- err
 	}()
 	return <-errc
 }
