@@ -185,16 +185,6 @@ static void remount_ro(const char *dst)
 	do_mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | RO_FLAGS, NULL);
 }
 
-static void bind_ro(const char *src, const char *dst)
-{
-	if (mount(src, dst, NULL, MS_BIND | MS_REC, NULL) < 0) {
-		if (errno == ENOENT)
-			return;
-		die("bind", dst);
-	}
-	remount_ro(dst);
-}
-
 /* /sys and everything bound below it (masks, the cgroup view, the CPU
  * view) are made read-only at the end by one mount_setattr (Linux 5.12)
  * of the whole tree instead of a remount of each bind: ~3 us a mount
@@ -227,16 +217,19 @@ static void set_sys_ro(void)
 	remount_ro("sys");
 }
 
-/* A bind below /sys: read-only with the tree, or now. */
-static void bind_sys(const char *src, const char *dst, unsigned long rec)
+/* Binds src at dst (rec: MS_REC or 0) read-only: now, or for a bind below
+ * /sys with the tree at the end. 0 where src or dst does not exist (a
+ * path this kernel lacks, a hierarchy the group was not made in). */
+static int bind_ro(const char *src, const char *dst, unsigned long rec)
 {
 	if (mount(src, dst, NULL, MS_BIND | rec, NULL) < 0) {
 		if (errno == ENOENT)
-			return;
+			return 0;
 		die("bind", dst);
 	}
-	if (!sys_tree_ro)
+	if (!sys_tree_ro || strncmp(dst, "sys/", 4))
 		remount_ro(dst);
+	return 1;
 }
 
 /* The sandbox's own cgroup, read-only, at /sys/fs/cgroup: "dir>source"
@@ -251,7 +244,7 @@ static void bind_sys(const char *src, const char *dst, unsigned long rec)
 static void mount_cgroups(const char *skel, char *spec)
 {
 	if (skel)
-		bind_sys(skel, "sys/fs/cgroup", MS_REC);
+		bind_ro(skel, "sys/fs/cgroup", MS_REC);
 	for (char *p = spec; p;) {
 		char *next = strchr(p, ';');
 		if (next)
@@ -268,7 +261,7 @@ static void mount_cgroups(const char *skel, char *spec)
 			errno = ENAMETOOLONG;
 			die("config", "cgroups");
 		}
-		bind_sys(src, dst, 0);
+		bind_ro(src, dst, 0);
 		p = next;
 	}
 }
@@ -289,13 +282,8 @@ static void bind_views(char *spec)
 			die("config", "views");
 		}
 		*dst++ = 0;
-		if (!strncmp(dst, "sys/", 4)) {
-			bind_sys(p, dst, 0);
-		} else {
-			if (mount(p, dst, NULL, MS_BIND, NULL) < 0)
-				die("bind", dst);
-			remount_ro(dst);
-		}
+		if (!bind_ro(p, dst, 0))
+			die("bind", dst);
 		p = next;
 	}
 }
@@ -548,14 +536,10 @@ static void __attribute__((noreturn)) init_main(void)
 	 * superblocks. */
 	char *cgroups = (char *)conf("cgroups", len);
 	for (int i = 0; masked_dirs[i]; i++)
-		if (!strncmp(masked_dirs[i], "sys/", 4)) {
-			if (!cgroups || strcmp(masked_dirs[i], "sys/fs/cgroup"))
-				bind_sys(empty, masked_dirs[i], MS_REC);
-		} else {
-			bind_ro(empty, masked_dirs[i]);
-		}
+		if (!cgroups || strcmp(masked_dirs[i], "sys/fs/cgroup"))
+			bind_ro(empty, masked_dirs[i], MS_REC);
 	for (int i = 0; readonly_dirs[i]; i++)
-		bind_ro(readonly_dirs[i], readonly_dirs[i]);
+		bind_ro(readonly_dirs[i], readonly_dirs[i], MS_REC);
 	if (cgroups)
 		mount_cgroups(conf("cgroup_skel", len), cgroups);
 	char *views = (char *)conf("views", len);
