@@ -21,23 +21,32 @@ import (
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
+// limitedSandbox starts a backend of its own (testOptions(t, prefix))
+// and on it sandbox id, limited to 64 MiB and half a core, so that it has
+// the cgroup and CPU views; both go when the test ends.
+func limitedSandbox(t *testing.T, prefix, id string) (Options, backend.Sandbox) {
+	t.Helper()
+	opts := testOptions(t, prefix)
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	sb, err := b.Create(context.Background(), backend.Spec{ID: id, Layers: backend.DirLayers(testutil.BusyboxRoot(t)),
+		MemoryBytes: 64 << 20, CPUMillis: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+	return opts, sb
+}
+
 // TestCgroupView: a sandbox reads its own cgroup, read-only, at
 // /sys/fs/cgroup (its memory limit and CPU quota, as JVMs, Go and Node
 // read them) and nothing above it; the mounts are views of the host's
 // cgroup superblocks, not new ones, and name no host path.
 func TestCgroupView(t *testing.T) {
-	opts := testOptions(t, "cgview-")
-	b, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	sb, err := b.Create(context.Background(), backend.Spec{ID: "cgv", Layers: backend.DirLayers(testutil.BusyboxRoot(t)),
-		MemoryBytes: 64 << 20, CPUMillis: 500})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Destroy(context.Background())
+	opts, sb := limitedSandbox(t, "cgview-", "cgv")
 	sh := func(script string) string {
 		t.Helper()
 		r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"/bin/sh", "-c", script}}, "")
@@ -93,17 +102,7 @@ func TestCgroupView(t *testing.T) {
 // mount_setattr after binding it all, so a bind added below /sys without
 // it shows here.
 func TestSysAndProcBindsReadOnly(t *testing.T) {
-	b, err := New(testOptions(t, "robinds-"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	sb, err := b.Create(context.Background(), backend.Spec{ID: "ro", Layers: backend.DirLayers(testutil.BusyboxRoot(t)),
-		MemoryBytes: 64 << 20, CPUMillis: 500})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sb.Destroy(context.Background())
+	_, sb := limitedSandbox(t, "robinds-", "ro")
 	text := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/proc/self/mountinfo"}}, "").Stdout
 	procRO := map[string]bool{"/proc/acpi": true, "/proc/scsi": true, "/proc/bus": true, "/proc/fs": true,
 		"/proc/irq": true, "/proc/sys": true, "/proc/cpuinfo": true}
