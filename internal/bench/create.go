@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 )
 
@@ -239,19 +240,22 @@ func orderRows(rows []Row, concs []int) []Row {
 	return out
 }
 
-// warrenCycle: Create, Exec `true`, Delete. Metrics: [create+exec, cycle,
-// create, exec, delete].
-func warrenCycle(env *Env) Iteration {
+// warrenCycle: Create, Exec `true`, Delete on env's daemon.
+func warrenCycle(env *Env) Iteration { return WarrenCycle(env.Client, env.CreateRequest) }
+
+// WarrenCycle: Create (with req's request), Exec `true`, Delete on the
+// daemon c talks to. Metrics: [create+exec, cycle, create, exec, delete].
+func WarrenCycle(c *client.Client, req func() *warrenv1.CreateRequest) Iteration {
 	return func(ctx context.Context, _ int) ([]time.Duration, error) {
 		t0 := time.Now()
-		sb, err := env.Client.Create(ctx, env.CreateRequest())
+		sb, err := c.Create(ctx, req())
 		if err != nil {
 			return nil, fmt.Errorf("create: %w", err)
 		}
 		t1 := time.Now()
-		res, xerr := env.Client.Exec(ctx, &warrenv1.ExecRequest{SandboxId: sb.GetId(), Argv: []string{"true"}})
+		res, xerr := c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: sb.GetId(), Argv: []string{"true"}})
 		t2 := time.Now()
-		derr := env.Client.Delete(ctx, sb.GetId())
+		derr := c.Delete(ctx, sb.GetId())
 		t3 := time.Now()
 		switch {
 		case xerr != nil:

@@ -13,79 +13,71 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"sort"
+	"log"
+	"slices"
 	"time"
 
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/bench"
 )
 
 func main() {
-	a := flag.String("a", "", "addr A")
-	b := flag.String("b", "", "addr B")
-	img := flag.String("image", "bb", "image")
-	n := flag.Int("n", 1000, "cycles per side")
+	a := flag.String("a", "", "address of daemon A")
+	b := flag.String("b", "", "address of daemon B")
+	img := flag.String("image", "bb", "image to create sandboxes of (in both daemons)")
+	n := flag.Int("n", 1000, "measured cycles per daemon")
 	flag.Parse()
 	ctx := context.Background()
-	cs := []*client.Client{}
-	for _, ad := range []string{*a, *b} {
-		c, err := client.New(ad)
+	req := func() *warrenv1.CreateRequest { return &warrenv1.CreateRequest{Image: *img, TimeoutSeconds: 600} }
+	var cycles [2]bench.Iteration
+	for i, addr := range []string{*a, *b} {
+		c, err := client.New(addr)
 		if err != nil {
-			panic(err)
+			log.Fatal(err)
 		}
-		cs = append(cs, c)
+		cycles[i] = bench.WarrenCycle(c, req)
 	}
-	type res struct{ create, first, exec float64 }
-	out := [2][]res{}
-	cycle := func(c *client.Client) res {
-		t0 := time.Now()
-		sb, err := c.Create(ctx, &warrenv1.CreateRequest{Image: *img, TimeoutSeconds: 600})
+	run := func(side int) []time.Duration {
+		d, err := cycles[side](ctx, 0)
 		if err != nil {
-			panic(err)
+			log.Fatalf("daemon %c: %v", 'A'+side, err)
 		}
-		t1 := time.Now()
-		if _, err := c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: sb.GetId(), Argv: []string{"true"}}); err != nil {
-			panic(err)
-		}
-		t2 := time.Now()
-		if err := c.Delete(ctx, sb.GetId()); err != nil {
-			panic(err)
-		}
-		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-		return res{ms(t1.Sub(t0)), ms(t2.Sub(t0)), ms(t2.Sub(t1))}
+		return d
 	}
-	for i := 0; i < 20; i++ {
-		cycle(cs[i%2])
+	for i := range 20 { // warm-up
+		run(i % 2)
 	}
-	for i := 0; i < *n; i++ {
+	// Metrics of bench.WarrenCycle: [create+exec, cycle, create, exec, delete].
+	metrics := []struct {
+		name string
+		idx  int
+	}{{"create", 2}, {"create_to_first_exec", 0}, {"exec", 3}}
+	var samples [2][][]time.Duration
+	for i := range *n {
 		order := []int{0, 1}
 		if i%2 == 1 {
 			order = []int{1, 0}
 		}
 		for _, s := range order {
-			out[s] = append(out[s], cycle(cs[s]))
+			samples[s] = append(samples[s], run(s))
 		}
 	}
-	report := map[string]map[string]float64{}
-	med := func(v []float64) float64 { s := append([]float64(nil), v...); sort.Float64s(s); return s[len(s)/2] }
-	for _, k := range []string{"create", "first", "exec"} {
+	med := func(v []float64) float64 {
+		s := slices.Clone(v)
+		slices.Sort(s)
+		return bench.Percentile(s, 50)
+	}
+	report := map[string]any{"cycles": *n}
+	for _, m := range metrics {
 		var va, vb, ratios []float64
-		for i := range out[0] {
-			get := func(r res) float64 {
-				switch k {
-				case "create":
-					return r.create
-				case "first":
-					return r.first
-				}
-				return r.exec
-			}
-			x, y := get(out[0][i]), get(out[1][i])
+		for i := range samples[0] {
+			x, y := samples[0][i][m.idx].Seconds()*1000, samples[1][i][m.idx].Seconds()*1000
 			va, vb, ratios = append(va, x), append(vb, y), append(ratios, y/x)
 		}
-		fmt.Printf("%-7s A p50 %.3f ms  B p50 %.3f ms  B/A %.3f  pair-median %.3f\n", k, med(va), med(vb), med(vb)/med(va), med(ratios))
-		report[k] = map[string]float64{"a_p50_ms": med(va), "b_p50_ms": med(vb), "ratio": med(vb) / med(va), "pair_ratio_median": med(ratios)}
+		fmt.Printf("%-21s A p50 %.3f ms  B p50 %.3f ms  B/A %.3f  pair-median %.3f\n", m.name, med(va), med(vb), med(vb)/med(va), med(ratios))
+		report[m.name] = map[string]float64{"a_p50_ms": med(va), "b_p50_ms": med(vb), "ratio": med(vb) / med(va), "pair_ratio_median": med(ratios)}
 	}
-	js, _ := json.Marshal(map[string]any{"cycles": *n, "create": report["create"], "create_to_first_exec": report["first"], "exec": report["exec"]})
+	js, _ := json.Marshal(report)
 	fmt.Println(string(js))
 }
