@@ -32,6 +32,7 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/kfile"
 	"github.com/warrenrl/warren/internal/rlimit"
+	"github.com/warrenrl/warren/internal/seccomp"
 )
 
 // Name is the backend's name in the API.
@@ -59,6 +60,11 @@ type Options struct {
 	// freedom to move threads matters more than nproc and os.cpu_count
 	// telling the truth.
 	NoCPUAffinity bool
+	// NoSeccomp starts sandboxes without the system-call filter
+	// (internal/seccomp), still with no_new_privs: for measuring what the
+	// filter costs, and for a node where a workload needs a call it
+	// refuses.
+	NoSeccomp bool
 }
 
 // Backend is the container backend.
@@ -69,6 +75,9 @@ type Backend struct {
 	trash *reaper         // removes deleted sandboxes' state directories
 	cpus  *cpuPool        // which CPUs sandboxes with a quota run on
 	pool  *dirPool        // ready-made state directories
+	// seccomp is the compiled filter every init stage installs (hex of
+	// its sock_filter entries), compiled once: "" with NoSeccomp.
+	seccomp string
 
 	sharedMu sync.Mutex // remounting the shared sysfs or devfs
 }
@@ -90,6 +99,13 @@ func New(opts Options) (*Backend, error) {
 		opts.CgroupParent = "warren"
 	}
 	b := &Backend{opts: opts, cpus: newCPUPool()}
+	if !opts.NoSeccomp {
+		f, err := seccomp.Default()
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "compile the sandbox system-call filter")
+		}
+		b.seccomp = f.Hex
+	}
 	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "disks"), filepath.Join(opts.RunDir, "sb")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "create "+d)
@@ -377,7 +393,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	}
 	conf := map[string]string{"rootfs": b.rootMount(), "hostname": hostname,
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID),
-		"rlimits": rlimit.InitConfig(spec.Rlimits)}
+		"rlimits": rlimit.InitConfig(spec.Rlimits), "seccomp": b.seccomp}
 	maps.Copy(conf, overlay)
 	b.cgroupViewConfig(grp.Name(), conf)
 	views, err := b.placeCPUs(spec, pid)
