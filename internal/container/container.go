@@ -75,9 +75,10 @@ type Backend struct {
 	trash *reaper         // removes deleted sandboxes' state directories
 	cpus  *cpuPool        // which CPUs sandboxes with a quota run on
 	pool  *dirPool        // ready-made state directories
-	// seccomp is the compiled filter every init stage installs (hex of
-	// its sock_filter entries), compiled once: "" with NoSeccomp.
-	seccomp string
+	// seccomp and seccompAudit are the compiled filters every init stage
+	// installs (hex of their sock_filter entries), compiled once: "" with
+	// NoSeccomp. The audit one makes the kernel log deliberate refusals.
+	seccomp, seccompAudit string
 
 	sharedMu sync.Mutex // remounting the shared sysfs or devfs
 }
@@ -104,7 +105,11 @@ func New(opts Options) (*Backend, error) {
 		if err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "compile the sandbox system-call filter")
 		}
-		b.seccomp = f.Hex
+		a, err := seccomp.Audit()
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "compile the sandbox system-call audit filter")
+		}
+		b.seccomp, b.seccompAudit = f.Hex, a.Hex
 	}
 	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "disks"), filepath.Join(opts.RunDir, "sb")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -393,7 +398,8 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	}
 	conf := map[string]string{"rootfs": b.rootMount(), "hostname": hostname,
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID),
-		"rlimits": rlimit.InitConfig(spec.Rlimits), "seccomp": b.seccomp}
+		"rlimits": rlimit.InitConfig(spec.Rlimits), "seccomp": b.seccomp,
+		"seccomp_audit": b.seccompAudit}
 	maps.Copy(conf, overlay)
 	b.cgroupViewConfig(grp.Name(), conf)
 	views, err := b.placeCPUs(spec, pid)

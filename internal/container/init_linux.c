@@ -27,7 +27,8 @@
  * it reads its CPU count from: bind_views); seccomp (the system-call
  * filter, hex of struct sock_filter entries: internal/seccomp; installed
  * with no_new_privs as the last step, so every process of the sandbox,
- * the agent included, runs under it).
+ * the agent included, runs under it) and seccomp_audit (the filter that
+ * makes the kernel log the deliberate refusals).
  *
  * Nothing the sandbox can read names a host path: the overlay is mounted
  * with data naming only descriptors (lowerdir=/proc/self/fd/N:..., which
@@ -469,6 +470,7 @@ struct sock_fprog {
 };
 #define BPF_MAXINSNS 4096
 #define SECCOMP_SET_MODE_FILTER 1
+#define SECCOMP_FILTER_FLAG_LOG 2
 #ifndef PR_SET_NO_NEW_PRIVS
 #define PR_SET_NO_NEW_PRIVS 38
 #endif
@@ -482,11 +484,11 @@ static int unhex(char c)
 	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-/* Installs the config's filter (hex of struct sock_filter entries, in
- * the machine's byte order) with no_new_privs: setuid binaries and file
- * capabilities grant nothing from here on, and the filter binds every
- * process the agent starts. */
-static void install_seccomp(const char *hex)
+/* Installs a filter of the config (hex of struct sock_filter entries, in
+ * the machine's byte order), after no_new_privs: the filter binds every
+ * process the agent starts. flags: SECCOMP_FILTER_FLAG_LOG for the audit
+ * filter, whose refusals the kernel logs. */
+static void install_seccomp(const char *hex, unsigned flags)
 {
 	size_t n = strlen(hex);
 	unsigned char *out = (unsigned char *)filter;
@@ -503,7 +505,7 @@ static void install_seccomp(const char *hex)
 		out[i / 2] = (unsigned char)(hi << 4 | lo);
 	}
 	struct sock_fprog prog = {.len = (unsigned short)(n / 16), .filter = filter};
-	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0)
+	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, &prog) < 0)
 		die("seccomp", NULL);
 	madvise(filter, sizeof filter, MADV_DONTNEED);
 }
@@ -625,9 +627,14 @@ static void __attribute__((noreturn)) init_main(void)
 	drop_caps();
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		die("prctl", "no_new_privs");
-	const char *seccomp = conf("seccomp", len);
+	/* The default filter, then the audit filter on top of it: where both
+	 * refuse, the newer one decides, so the kernel logs exactly the
+	 * deliberate refusals (internal/seccomp AuditPolicy). */
+	const char *seccomp = conf("seccomp", len), *audit = conf("seccomp_audit", len);
 	if (seccomp)
-		install_seccomp(seccomp);
+		install_seccomp(seccomp, 0);
+	if (audit)
+		install_seccomp(audit, SECCOMP_FILTER_FLAG_LOG);
 	unsetenv(INIT_ENV);
 	/* Closing the status pipe tells the daemon the sandbox is up. */
 	close(FD_STATUS);

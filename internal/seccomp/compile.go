@@ -201,16 +201,21 @@ func Encode(prog []bpf.Instruction) ([]byte, error) {
 	return out, nil
 }
 
-// Filter is the compiled default policy, as the init stage's config
-// carries it (hex of the sock_filter entries), and its length.
+// Filter is a compiled policy, as the init stage's config carries it (hex
+// of the sock_filter entries), and its length.
 type Filter struct {
 	Hex   string
 	Insns int
 }
 
 // Default compiles the default policy of this architecture.
-func Default() (Filter, error) {
-	p, err := DefaultPolicy()
+func Default() (Filter, error) { return compileHex(DefaultPolicy) }
+
+// Audit compiles the audit policy of this architecture (AuditPolicy).
+func Audit() (Filter, error) { return compileHex(AuditPolicy) }
+
+func compileHex(policy func() (*Policy, error)) (Filter, error) {
+	p, err := policy()
 	if err != nil {
 		return Filter{}, err
 	}

@@ -157,3 +157,60 @@ func TestLongJumps(t *testing.T) {
 		}
 	}
 }
+
+// TestAuditFilterChangesNoVerdict: with the audit filter stacked on the
+// default one, every call gets the default policy's verdict, and the
+// audit filter decides (so the kernel logs) exactly the deliberate
+// refusals: not an unknown call's ENOSYS, not sync's no-op, not an
+// allowed call.
+func TestAuditFilterChangesNoVerdict(t *testing.T) {
+	p, prog := defaultProgram(t)
+	ap, err := AuditPolicy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	aprog, err := ap.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("audit filter: %d rules, %d instructions", len(ap.Rules), len(aprog))
+	// The kernel runs the newest filter first and keeps the first of the
+	// most restrictive actions (compared as signed action values).
+	stacked := func(c call) (Action, bool) {
+		d, a := verdict(t, prog, c), verdict(t, aprog, c)
+		if int32(d&0xffff0000) < int32(a&0xffff0000) {
+			return d, false
+		}
+		return a, a != Allow
+	}
+	calls := []call{}
+	for nr := uint32(0); nr < 1100; nr++ {
+		calls = append(calls, call{nr: nr})
+	}
+	for _, cmd := range []uint64{0x40049409, 0xc0c0586d, 0x40086602, 0x5401, 0x80086601} {
+		calls = append(calls, call{nr: unix.SYS_IOCTL, args: [6]uint64{3, cmd}})
+	}
+	for _, fl := range []uint64{cloneNewUser, 0x1200011, cloneNewTime, unix.CLONE_FILES} {
+		calls = append(calls, call{nr: unix.SYS_CLONE, args: [6]uint64{fl}}, call{nr: unix.SYS_UNSHARE, args: [6]uint64{fl}})
+	}
+	calls = append(calls, call{nr: unix.SYS_SOCKET, args: [6]uint64{unix.AF_VSOCK}}, call{nr: unix.SYS_SOCKET, args: [6]uint64{unix.AF_INET}})
+	logged := 0
+	for _, c := range calls {
+		c.arch = p.Arch
+		want := verdict(t, prog, c)
+		got, log := stacked(c)
+		if got != want {
+			t.Errorf("call %d %x: stacked verdict %v, default %v", c.nr, c.args[:2], got, want)
+		}
+		deliberate := want != Allow && want != Errno(unix.ENOSYS) && want != Errno(0)
+		if log != deliberate {
+			t.Errorf("call %d %x (%v): logged %v, want %v", c.nr, c.args[:2], want, log, deliberate)
+		}
+		if log {
+			logged++
+		}
+	}
+	if logged < 40 {
+		t.Errorf("only %d refusals would be logged", logged)
+	}
+}

@@ -220,6 +220,34 @@ func DefaultPolicy() (*Policy, error) {
 	return p, nil
 }
 
+// AuditPolicy judges only the calls DefaultPolicy refuses on purpose
+// (denied, the refused ioctls, namespace flags and socket family), with
+// the same errno, and allows everything else. Installed after the
+// default filter with SECCOMP_FILTER_FLAG_LOG, it makes the kernel audit
+// exactly those refusals (an AUDIT_SECCOMP record with the caller's pid,
+// the call and the errno), which the daemon can count per sandbox: where
+// two filters return errors, the newer one's decides and is logged; where
+// it allows, the older one's error (ENOSYS for an unknown call, sync's
+// no-op) stands unlogged, so probing unknown calls or syncing floods no
+// log.
+func AuditPolicy() (*Policy, error) {
+	full, err := DefaultPolicy()
+	if err != nil {
+		return nil, err
+	}
+	p := &Policy{Arch: full.Arch, Default: Allow, Foreign: Allow, Rules: map[uint32]Rule{}}
+	eperm := Errno(unix.EPERM)
+	for nr, r := range full.Rules {
+		switch {
+		case len(r.Checks) > 0:
+			p.Rules[nr] = Rule{Action: Allow, Checks: r.Checks}
+		case r.Action == eperm:
+			p.Rules[nr] = r
+		}
+	}
+	return p, nil
+}
+
 // arch is what differs between architectures: the audit id and the
 // calls only one of them has (amd64 keeps the pre-*at calls).
 type arch struct {
