@@ -253,3 +253,24 @@ func TestOverwrittenBinaryStaysInItsSandbox(t *testing.T) {
 		t.Errorf("a new sandbox of the image got the overwritten ls: %q", out)
 	}
 }
+
+// TestPlatformSocketsAreOutOfReach: a sandbox finds no unix socket of the
+// platform (no socket file below its root, none named in its
+// /proc/net/unix), cannot connect to the daemon's socket by its host
+// path, and cannot open PID 1's (the agent's) listening socket.
+func TestPlatformSocketsAreOutOfReach(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	sb := e.create(&warrenv1.CreateRequest{Image: attackImage(t, e), Id: "prober"})
+	got := e.attack(sb.Id, "agent_fd")
+	if s := e.shOK(sb.Id, "/bin/attack sockets"); s != "sockets= sockets ok\n" {
+		t.Errorf("sockets visible in a sandbox: %q", s)
+	}
+	if got["agent_fd"] != "EACCES" && got["agent_fd"] != "EPERM" {
+		t.Errorf("open /proc/1/fd/4 (the agent's socket): %q, want EACCES", got["agent_fd"])
+	}
+	for _, p := range []string{e.sock, filepath.Join(e.runDir, "sb", sb.Id, "agent.sock")} {
+		if out := e.shOK(sb.Id, "ATTACK_PATH="+p+" /bin/attack connect_path"); out != "connect_path ENOENT\n" {
+			t.Errorf("connect to %s from the sandbox: %q, want ENOENT", p, out)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -135,6 +136,47 @@ var attacks = map[string]func() syscall.Errno{
 		return ioctlOn("/tmp/attack-flags", true, unix.FS_IOC_GETFLAGS, uintptr(unsafe.Pointer(&flags)))
 	},
 	"walk": walk,
+	// sockets lists every unix socket file below / and every named one
+	// in /proc/net/unix, then prints them ("sockets=" and the paths).
+	"sockets": func() syscall.Errno {
+		found := []string{}
+		_ = filepath.WalkDir("/", func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type()&fs.ModeSocket != 0 {
+				found = append(found, p)
+			}
+			return nil
+		})
+		if b, err := os.ReadFile("/proc/net/unix"); err == nil {
+			for _, line := range strings.Split(string(b), "\n")[1:] {
+				if f := strings.Fields(line); len(f) >= 8 {
+					found = append(found, "net:"+f[7])
+				}
+			}
+		}
+		fmt.Printf("sockets=%s ", strings.Join(found, ","))
+		return 0
+	},
+	// connect_path connects to the unix socket at $ATTACK_PATH.
+	"connect_path": func() syscall.Errno {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return err.(syscall.Errno)
+		}
+		defer unix.Close(fd)
+		if err := unix.Connect(fd, &unix.SockaddrUnix{Name: os.Getenv("ATTACK_PATH")}); err != nil {
+			return err.(syscall.Errno)
+		}
+		return 0
+	},
+	// agent_fd opens PID 1's listening socket through /proc.
+	"agent_fd": func() syscall.Errno {
+		fd, err := unix.Open("/proc/1/fd/4", unix.O_RDONLY, 0)
+		if err != nil {
+			return err.(syscall.Errno)
+		}
+		unix.Close(fd)
+		return 0
+	},
 	"euid": func() syscall.Errno {
 		fmt.Printf("euid=%d ", unix.Geteuid())
 		return 0
