@@ -81,6 +81,7 @@ type Backend struct {
 	seccomp, seccompAudit string
 
 	sharedMu sync.Mutex // remounting the shared sysfs or devfs
+	live     sync.Map   // init pid -> sandbox id, while the init lives (AuditSandbox)
 }
 
 var (
@@ -399,7 +400,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	conf := map[string]string{"rootfs": b.rootMount(), "hostname": hostname,
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID),
 		"rlimits": rlimit.InitConfig(spec.Rlimits), "seccomp": b.seccomp,
-		"seccomp_audit": b.seccompAudit}
+		"seccomp_audit": b.seccompAudit, "auid": auditID(pid)}
 	maps.Copy(conf, overlay)
 	b.cgroupViewConfig(grp.Name(), conf)
 	views, err := b.placeCPUs(spec, pid)
@@ -512,8 +513,13 @@ func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Gro
 		root:  pinRoot(pid),
 	}
 	s.exited, s.exit = context.WithCancel(context.Background())
-	if err := b.mon.watch(pidfd, pid, s.exit); err != nil {
+	b.live.Store(pid, id)
+	onExit := func() {
+		b.live.CompareAndDelete(pid, id)
 		s.exit()
+	}
+	if err := b.mon.watch(pidfd, pid, onExit); err != nil {
+		onExit()
 		unix.Close(pidfd)
 		if s.root >= 0 {
 			unix.Close(s.root)
@@ -843,6 +849,29 @@ func procStartTime(pid int) (uint64, error) {
 		return 0, fmt.Errorf("process %d is a zombie", pid)
 	}
 	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// auditID is the audit login uid of every process of the sandbox whose
+// init has host pid pid: the kernel's audit records (a seccomp refusal)
+// carry it, and no live sandbox shares it. "" where the kernel has no
+// loginuid (no CONFIG_AUDIT): the init then sets none.
+func auditID(pid int) string {
+	if !hasLoginUID() {
+		return ""
+	}
+	return strconv.Itoa(pid)
+}
+
+var hasLoginUID = sync.OnceValue(func() bool { return fileExists("/proc/self/loginuid") })
+
+// AuditSandbox returns the id of the live sandbox whose processes carry
+// audit login uid auid, if any.
+func (b *Backend) AuditSandbox(auid uint32) (string, bool) {
+	id, ok := b.live.Load(int(auid))
+	if !ok {
+		return "", false
+	}
+	return id.(string), true
 }
 
 // initEnv switches the standalone agent (internal/agentbin) into the

@@ -28,7 +28,10 @@
  * filter, hex of struct sock_filter entries: internal/seccomp; installed
  * with no_new_privs as the last step, so every process of the sandbox,
  * the agent included, runs under it) and seccomp_audit (the filter that
- * makes the kernel log the deliberate refusals).
+ * makes the kernel log the deliberate refusals); auid (the audit login
+ * uid every process of the sandbox carries: the init's host pid, so that
+ * the daemon attributes an audit record to its sandbox even after the
+ * process that caused it is gone).
  *
  * Nothing the sandbox can read names a host path: the overlay is mounted
  * with data naming only descriptors (lowerdir=/proc/self/fd/N:..., which
@@ -624,6 +627,15 @@ static void __attribute__((noreturn)) init_main(void)
 	const char *rlimits = conf("rlimits", len);
 	if (rlimits)
 		apply_rlimits(rlimits);
+	/* Before drop_caps: setting it needs CAP_AUDIT_CONTROL, which the
+	 * sandbox then lacks, so no process of it can change it. */
+	const char *auid = conf("auid", len);
+	if (auid) {
+		int fd = open("/proc/self/loginuid", O_WRONLY | O_CLOEXEC);
+		if (fd < 0 || write(fd, auid, strlen(auid)) < 0)
+			die("set loginuid", auid);
+		close(fd);
+	}
 	drop_caps();
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		die("prctl", "no_new_privs");

@@ -112,6 +112,15 @@ func TestAttacksOnTheKernelAreRefused(t *testing.T) {
 	if out := e.shOK(sb.Id, "grep -E '^(NoNewPrivs|Seccomp):' /proc/1/status"); out != "NoNewPrivs:\t1\nSeccomp:\t2\n" {
 		t.Errorf("PID 1's status:\n%s", out)
 	}
+	// Every process carries the init's host pid as its audit login uid
+	// (the daemon attributes the kernel's audit records by it), and
+	// cannot change it.
+	if _, err := os.Stat("/proc/self/loginuid"); err == nil {
+		want := fmt.Sprint(e.initPid(sb.Id))
+		if out := e.shOK(sb.Id, "cat /proc/self/loginuid; echo; echo 7 > /proc/self/loginuid 2>/dev/null && echo changed; cat /proc/self/loginuid"); out != want+"\n"+want {
+			t.Errorf("audit login uid in the sandbox: %q, want %s (unchangeable)", out, want)
+		}
+	}
 	// The sandbox still works as a machine: a new hostname is refused,
 	// the old one stays.
 	if out := e.shOK(sb.Id, "hostname"); out != "attacker\n" {
