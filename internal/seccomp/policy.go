@@ -256,3 +256,13 @@ type arch struct {
 }
 
 var arches = map[string]arch{}
+
+// DeniedIoctls are the ioctl commands the policy refuses, by type and
+// number (the low 16 bits): internal/lsm refuses the same ones.
+func DeniedIoctls() []uint32 {
+	out := make([]uint32, len(deniedIoctls))
+	for i, d := range deniedIoctls {
+		out[i] = d.cmd
+	}
+	return out
+}
