@@ -35,6 +35,7 @@ type serveOptions struct {
 	insecureNoAuth           bool
 	defaultTimeout           time.Duration
 	defaultDisk              string
+	eventLogBytes            string
 	logLevel, logFormat      string
 	cgroupParent             string
 	layerDirectIO            bool
@@ -66,6 +67,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
 	f.DurationVar(&o.defaultTimeout, "default-timeout", daemon.DefaultTimeout, "sandbox lifetime when a create request gives none")
 	f.StringVar(&o.defaultDisk, "default-disk", "", "disk limit of each sandbox's writable layer when a create request gives none, e.g. 10Gi (default: unlimited, on the state dir's filesystem)")
+	f.StringVar(&o.eventLogBytes, "event-log-bytes", "16Mi", "size at which the security event audit file (<state-dir>/events/events.log) is rotated; the node keeps it and one rotated file")
 	f.BoolVar(&o.layerDirectIO, "layer-direct-io", true, "mount layer blobs with EROFS's directio option where the kernel and the store's filesystem allow it, so that only the blocks sandboxes read are read (not the store disk's readahead around them)")
 	f.IntVar(&o.layerReadAheadKB, "layer-read-ahead-kb", 0, "readahead window of each layer mount in KiB (0: the kernel's default, 128)")
 	mkfsDefault := os.Getenv(erofs.MkfsEnv)
@@ -175,6 +177,10 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		return err
 	}
+	eventLogBytes, err := parseBytes(o.eventLogBytes)
+	if err != nil || eventLogBytes < 4096 {
+		return usageError{fmt.Errorf("--event-log-bytes %q: want a size of at least 4Ki", o.eventLogBytes)}
+	}
 	var defaultDisk int64
 	if o.defaultDisk != "" {
 		if defaultDisk, err = parseBytes(o.defaultDisk); err != nil {
@@ -235,6 +241,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		Metrics:          met,
 		DefaultTimeout:   o.defaultTimeout,
 		DefaultDiskBytes: defaultDisk,
+		EventFileBytes:   eventLogBytes,
 		Logger:           log,
 	})
 	if err != nil {

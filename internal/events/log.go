@@ -46,9 +46,10 @@ type Options struct {
 	PerSandbox   int
 	Rate         float64 // events per second per sandbox
 	Burst        int
-	// Count is called for every event recorded, suppressed ones too
-	// (the node's metric by kind). Nil: not counted.
-	Count  func(Kind)
+	// Count is called for every event recorded, suppressed ones too,
+	// with the occurrences it stands for (the node's metric by kind).
+	// Nil: not counted.
+	Count  func(k Kind, n uint64)
 	Logger *slog.Logger
 	Now    func() time.Time // tests
 }
@@ -189,14 +190,14 @@ func (l *Log) Record(e Event) {
 	if e.Sandbox == "" || e.Kind == "" {
 		return
 	}
+	if e.Count == 0 {
+		e.Count = 1
+	}
 	if l.opts.Count != nil {
-		l.opts.Count(e.Kind)
+		l.opts.Count(e.Kind, e.Count)
 	}
 	if e.Time.IsZero() {
 		e.Time = l.opts.Now()
-	}
-	if e.Count == 0 {
-		e.Count = 1
 	}
 	e.Detail = truncate(e.Detail, MaxDetail)
 	l.mu.Lock()

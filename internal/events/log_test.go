@@ -53,7 +53,7 @@ func TestRingAndPages(t *testing.T) {
 func TestRateLimit(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
 	counted := 0
-	l := open(t, Options{Rate: 1, Burst: 2, Now: c.now, Count: func(Kind) { counted++ }})
+	l := open(t, Options{Rate: 1, Burst: 2, Now: c.now, Count: func(_ Kind, n uint64) { counted += int(n) }})
 	for i := 0; i < 5; i++ {
 		l.Record(Event{Sandbox: "a", Kind: OutputCap})
 	}
