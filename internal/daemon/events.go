@@ -31,11 +31,14 @@ const (
 	DefaultGuardInterval = 2 * time.Second
 	defaultEventsPage    = 100
 	maxEventsPage        = 1000
-	// A disk is full below 1% free (ENOSPC comes at 0, but the poller
-	// may look just after a few blocks were freed again), and counts as
-	// full again only after it rose above 5%: a sandbox hovering at its
-	// limit is one event, not one per poll.
-	diskFullPercent, diskRearmPercent = 1, 5
+	// A disk is full below 1% or 2 MiB free, whichever is more: ext4
+	// refuses writes (ENOSPC) while it still shows some free blocks (a
+	// 32 MiB disk filled by dd showed 591 KiB), reserved for the
+	// metadata of data not yet written back. It is full again only once
+	// it had twice that free: a sandbox hovering at its limit is one
+	// event, not one per poll. Inodes: full at none free, again after
+	// 1% were free.
+	diskFullMinBytes = 2 << 20
 )
 
 // containSeen is what the last look at a sandbox's counters saw.
@@ -148,8 +151,9 @@ func (m *Manager) checkContained(s *sandbox, sb backend.Sandbox, who string) {
 	seen.known, seen.oom, seen.pids = true, now.OOMKills, now.PidsRefused
 	diskFull, inodesFull := seen.diskFull, seen.inodesFull
 	if d := now.Disk; d != nil {
-		diskFull = percentBelow(d.FreeBytes, d.Bytes, diskFullPercent) || (diskFull && percentBelow(d.FreeBytes, d.Bytes, diskRearmPercent))
-		inodesFull = d.FreeInodes == 0 || (inodesFull && percentBelow(d.FreeInodes, d.Inodes, diskRearmPercent))
+		low := max(d.Bytes/100, diskFullMinBytes)
+		diskFull = d.FreeBytes < low || (diskFull && d.FreeBytes < 2*low)
+		inodesFull = d.FreeInodes == 0 || (inodesFull && d.FreeInodes < max(d.Inodes/100, 1))
 	}
 	newDisk, newInodes := diskFull && !seen.diskFull, inodesFull && !seen.inodesFull
 	seen.diskFull, seen.inodesFull = diskFull, inodesFull
@@ -169,10 +173,6 @@ func (m *Manager) checkContained(s *sandbox, sb backend.Sandbox, who string) {
 	if newInodes {
 		m.record(s.id, events.InodesFull, 1, who, "the sandbox's disk has no free inode left of %d: creating files fails with ENOSPC", now.Disk.Inodes)
 	}
-}
-
-func percentBelow(free, total uint64, pct uint64) bool {
-	return total > 0 && free*100 < total*pct
 }
 
 // resources reads the sandbox's limits as its record has them.
