@@ -186,6 +186,16 @@ type DiskUse struct {
 	Inodes, FreeInodes uint64
 }
 
+// DiskUser is implemented by sandboxes whose writable layer takes space
+// on the node's disk (the container backend: the state directory's
+// filesystem). The daemon asks only when that disk runs low, to find the
+// sandbox to stop: DiskUsage may walk the sandbox's whole writable layer.
+type DiskUser interface {
+	// DiskUsage is how many bytes of the node's disk the sandbox's
+	// writable layer takes, as far as it could tell by ctx's end.
+	DiskUsage(ctx context.Context) (uint64, error)
+}
+
 // Backlogged is implemented by backends that finish deletes in the
 // background (the container backend removes writable layers after
 // Destroy returns); the daemon exports the backlog as a metric.

@@ -66,7 +66,10 @@ type Config struct {
 	// EventFileBytes caps the security event audit file (<state>/events;
 	// default 16 MiB, and one rotated file as large).
 	EventFileBytes int64
-	Logger         *slog.Logger
+	// DiskReserveBytes is the free space the disk guard keeps on the
+	// state directory's filesystem (diskguard.go); 0 turns it off.
+	DiskReserveBytes int64
+	Logger           *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -118,6 +121,8 @@ type Manager struct {
 	images  *image.Store
 	idem    *idemCache
 	events  *events.Log
+	disk    diskGuard   // the guard goroutine's
+	diskLow atomic.Bool // the node's disk is below its reserve
 
 	// imgMu orders image resolution in Create (read) against RemoveImage
 	// and RemoveLayer (write), so an image or layer cannot vanish between

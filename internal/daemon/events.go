@@ -108,11 +108,12 @@ func (m *Manager) ListSandboxEvents(ctx context.Context, req *warrenv1.ListSandb
 	return res, nil
 }
 
-// guard reads the containment counters of every running sandbox every
-// GuardInterval until the daemon closes.
+// guard reads the containment counters of every running sandbox and the
+// node's free disk every GuardInterval until the daemon closes.
 func (m *Manager) guard() {
 	t := time.NewTicker(m.cfg.GuardInterval)
 	defer t.Stop()
+	m.checkNodeDisk() // a restart on a low disk refuses creates at once
 	for {
 		select {
 		case <-m.closing:
@@ -127,6 +128,7 @@ func (m *Manager) guard() {
 				m.checkContained(s, sb, "")
 			}
 		}
+		m.checkNodeDisk()
 	}
 }
 

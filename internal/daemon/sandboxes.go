@@ -50,6 +50,9 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	if err != nil {
 		return nil, err
 	}
+	if err := m.refuseOnLowDisk(); err != nil {
+		return nil, err
+	}
 	b := m.cfg.Backends[p.backend]
 	info := &warrenv1.Sandbox{
 		Id:              p.id,

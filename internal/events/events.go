@@ -38,13 +38,16 @@ const (
 	// Timeout: Warren killed an exec or background process whose
 	// timeout passed.
 	Timeout Kind = "timeout"
+	// DiskReserve: the node's disk fell below half its reserve and the
+	// daemon stopped this sandbox, whose writable layer took the most.
+	DiskReserve Kind = "disk_reserve"
 	// Seccomp: the kernel refused a system call by the sandbox's
 	// seccomp filter (fed by a kernel audit source).
 	Seccomp Kind = "seccomp"
 )
 
 // Kinds lists every kind, for metrics that start at zero.
-var Kinds = []Kind{OOMKill, PidsLimit, OutputCap, DiskFull, InodesFull, Timeout, Seccomp}
+var Kinds = []Kind{OOMKill, PidsLimit, OutputCap, DiskFull, InodesFull, Timeout, DiskReserve, Seccomp}
 
 // Event is one contained or denied action of one sandbox.
 type Event struct {

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 )
 
@@ -399,5 +400,86 @@ func (e *env) cpuUsage(id string) func() time.Duration {
 		}
 		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 		return time.Duration(n)
+	}
+}
+
+// TestAdversarialNodeDiskFillStopsLargestSandbox: a sandbox without a
+// disk limit cannot fill the node's disk: with the state directory's
+// filesystem below its reserve, creates are refused (exhausted); below
+// half of it, the sandbox whose layer takes the most is stopped with the
+// reason and a disk_reserve event, its layer is removed so the space
+// comes back, and a neighbour keeps running with its files.
+func TestAdversarialNodeDiskFillStopsLargestSandbox(t *testing.T) {
+	e := newEnv(t, envOptions{
+		serveArgs: []string{"--disk-reserve", "32Mi", "--guard-interval", "100ms"},
+		beforeStart: func(e *env) {
+			if err := os.MkdirAll(e.stateDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			// forceClean unmounts it at the end.
+			if err := unix.Mount("tmpfs", e.stateDir, "tmpfs", 0, "size=96m,mode=0700"); err != nil {
+				t.Fatalf("mount tmpfs: %v", err)
+			}
+		},
+	})
+	ctx := ctxFor(t, 2*time.Minute)
+	e.create(&warrenv1.CreateRequest{Id: "filler"})
+	e.create(&warrenv1.CreateRequest{Id: "calm"})
+	e.shOK("calm", "echo mine > /keep")
+	free := func() int64 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(e.stateDir, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Bavail) * int64(st.Bsize)
+	}
+	// Down to 24 MiB free: below the reserve, above half of it.
+	e.shOK("filler", fmt.Sprintf("dd if=/dev/zero of=/a bs=1M count=%d 2>/dev/null", (free()-24<<20)>>20))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := e.c.Create(ctx, &warrenv1.CreateRequest{Id: "late", Image: imageName})
+		if err != nil {
+			wantCategory(t, err, client.CategoryExhausted, "create below the disk reserve")
+			break
+		}
+		if err := e.c.Delete(ctx, "late"); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("creates still work with %d MiB free and a 32 MiB reserve", free()>>20)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if sb, err := e.c.Get(ctx, "filler"); err != nil || sb.State != stateRunning {
+		t.Fatalf("filler above half the reserve: %v %v", sb, err)
+	}
+	// Below half: the filler goes (its dd may be cut by the stop).
+	_, _ = e.c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "filler", Shell: "dd if=/dev/zero of=/b bs=1M count=12 2>/dev/null"})
+	sb, err := e.waitState("filler", stateStopped, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(sb.DeadReason, "disk guard") {
+		t.Errorf("the filler's reason: %q", sb.DeadReason)
+	}
+	e.waitEvent("filler", "disk_reserve", time.Second)
+	if got := e.shOK("calm", "cat /keep && echo more > /more && echo ok"); got != "mine\nok\n" {
+		t.Errorf("neighbour after the stop: %q", got)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for free() < 32<<20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stopped sandbox's layer was not removed: %d MiB free", free()>>20)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		if _, err := e.c.Create(ctx, &warrenv1.CreateRequest{Id: "after", Image: imageName}); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("create after the space came back: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

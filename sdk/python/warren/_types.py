@@ -413,7 +413,7 @@ class SecurityEvent:
     :meth:`AsyncSandbox.events`)."""
 
     seq: int  #: per sandbox, from 1; a gap is events the node let go
-    kind: str  #: ``oom_kill``, ``pids_limit``, ``output_cap``, ``disk_full``, ``inodes_full``, ``timeout``, ... (accept unknown kinds)
+    kind: str  #: ``oom_kill``, ``pids_limit``, ``output_cap``, ``disk_full``, ``inodes_full``, ``timeout``, ``disk_reserve``, ... (accept unknown kinds)
     detail: str = ""
     count: int = 1  #: occurrences it stands for (a kernel counter's rise)
     process: str = ""  #: ``"pid N"`` of an exec, or a background process id
