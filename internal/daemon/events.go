@@ -27,7 +27,8 @@ import (
 const (
 	// DefaultGuardInterval is how often the counters of every running
 	// sandbox are read: two small cgroup files and, with a disk limit, a
-	// statfs each; 3,200 sandboxes every 2 s cost about 1% of a core.
+	// statfs each. One look took 7.7 µs here (10 µs with a disk), so
+	// 3,200 sandboxes every 2 s cost about 1.2% of a core.
 	DefaultGuardInterval = 2 * time.Second
 	defaultEventsPage    = 100
 	maxEventsPage        = 1000
