@@ -19,7 +19,9 @@ import (
 	"github.com/warrenrl/warren/internal/container"
 	"github.com/warrenrl/warren/internal/daemon"
 	"github.com/warrenrl/warren/internal/erofs"
+	"github.com/warrenrl/warren/internal/events"
 	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/kaudit"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/server"
 )
@@ -243,6 +245,15 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("container backend: %w", err)
 	}
+	// Seccomp denials logged by the kernel (filters with
+	// SECCOMP_FILTER_FLAG_LOG) become events where the audit multicast
+	// group can be joined.
+	var sources []events.Source
+	if src, err := kaudit.Open(ctr); err != nil {
+		log.Info("no seccomp events: the kernel's audit records cannot be read", "err", err)
+	} else {
+		sources = append(sources, src)
+	}
 	mgr, err := daemon.New(ctx, daemon.Config{
 		StateDir:         stateDir,
 		Backends:         map[string]backend.Backend{ctr.Name(): ctr},
@@ -252,6 +263,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		DefaultDiskBytes: defaultDisk,
 		EventFileBytes:   eventLogBytes,
 		DiskReserveBytes: diskReserve,
+		EventSources:     sources,
 		GuardInterval:    o.guardInterval,
 		Logger:           log,
 	})

@@ -69,7 +69,12 @@ type Config struct {
 	// DiskReserveBytes is the free space the disk guard keeps on the
 	// state directory's filesystem (diskguard.go); 0 turns it off.
 	DiskReserveBytes int64
-	Logger           *slog.Logger
+	// EventSources are node-wide producers of security events (the
+	// kernel's seccomp audit records: internal/kaudit), run while the
+	// Manager is open. Their events of sandboxes this daemon does not
+	// know are dropped.
+	EventSources []events.Source
+	Logger       *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -236,6 +241,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m.spawn(m.housekeeping)
 	m.spawn(m.guard)
+	for _, src := range cfg.EventSources {
+		m.spawn(func() { m.runSource(src) })
+	}
 	return m, nil
 }
 

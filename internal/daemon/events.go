@@ -109,6 +109,33 @@ func (m *Manager) ListSandboxEvents(ctx context.Context, req *warrenv1.ListSandb
 	return res, nil
 }
 
+// runSource runs a node-wide event source until the daemon closes.
+func (m *Manager) runSource(src events.Source) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-m.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := src.Run(ctx, knownSandboxes{m}); err != nil {
+		m.log.Error("security event source stopped", "err", err)
+	}
+}
+
+// knownSandboxes records the events of sandboxes this daemon keeps and
+// drops others (one deleted meanwhile would leave a ring no delete
+// forgets).
+type knownSandboxes struct{ m *Manager }
+
+func (k knownSandboxes) Record(e events.Event) {
+	if _, err := k.m.lookup(e.Sandbox); err == nil {
+		k.m.events.Record(e)
+	}
+}
+
 // guard reads the containment counters of every running sandbox and the
 // node's free disk every GuardInterval until the daemon closes.
 func (m *Manager) guard() {

@@ -91,7 +91,8 @@ type Source interface {
 }
 
 // Attributor finds the sandbox a host process belongs to (the container
-// backend reads its cgroup), for sources that see host pids.
+// backend reads its cgroup), for sources that see host pids, and the
+// process's pid inside the sandbox (what the API shows).
 type Attributor interface {
-	SandboxOfPid(pid int) (id string, ok bool)
+	SandboxOfPid(hostPid int) (id string, pid int, ok bool)
 }

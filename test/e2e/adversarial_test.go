@@ -20,6 +20,7 @@ import (
 
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // waitEvent polls a sandbox's security events until one of kind is
@@ -481,5 +482,42 @@ func TestAdversarialNodeDiskFillStopsLargestSandbox(t *testing.T) {
 			t.Fatalf("create after the space came back: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestAdversarialSeccompDenialIsAnEvent: a system call refused by a
+// seccomp filter that logs (SECCOMP_FILTER_FLAG_LOG, as Warren's own will)
+// becomes a seccomp event of the sandbox that made it, naming the
+// syscall and the process by its pid inside the sandbox: the daemon reads
+// the kernel's audit multicast group and finds the sandbox by the pid's
+// cgroup. The program installs the filter itself (no filter of Warren's
+// yet).
+func TestAdversarialSeccompDenialIsAnEvent(t *testing.T) {
+	helper := testutil.StaticBinary(t, "./test/e2e/testdata/seccompdeny")
+	e := newEnv(t, envOptions{})
+	if strings.Contains(e.logTail(200), "no seccomp events") {
+		t.Skipf("the daemon cannot read audit records here:\n%s", e.logTail(20))
+	}
+	ctx := ctxFor(t, time.Minute)
+	e.create(&warrenv1.CreateRequest{Id: "denied"})
+	e.create(&warrenv1.CreateRequest{Id: "calm"})
+	prog, err := os.ReadFile(helper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.c.WriteFile(ctx, &warrenv1.WriteFileRequest{SandboxId: "denied", Path: "/seccompdeny", Content: prog, Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	res := e.sh("denied", "/seccompdeny")
+	if strings.TrimSpace(string(res.Stdout)) != "operation not permitted" {
+		t.Fatalf("acct under the filter: %v", res)
+	}
+	ev := e.waitEvent("denied", "seccomp", 5*time.Second)
+	if ev.Process != fmt.Sprintf("pid %d", res.Pid) || !strings.Contains(ev.Detail, fmt.Sprintf("system call %d ", unix.SYS_ACCT)) ||
+		!strings.Contains(ev.Detail, `"seccompdeny"`) {
+		t.Errorf("seccomp event: %v", ev)
+	}
+	if evs, err := e.c.SandboxEvents(ctx, "calm"); err != nil || len(evs) != 0 {
+		t.Errorf("the neighbour's events: %v %v", evs, err)
 	}
 }
