@@ -161,10 +161,12 @@ func (m *Manager) guard() {
 }
 
 // checkContained turns what rose since the last look at the sandbox's
-// counters into events; who names the process that probably caused it
-// ("" from the poller). The first look at an adopted sandbox only takes
-// the baseline: what happened while no daemon watched is not known.
-func (m *Manager) checkContained(s *sandbox, sb backend.Sandbox, who string) {
+// counters into events. The counters are sandbox-wide, so only an OOM
+// kill known to be an exec's own (ExecResult.oom_killed) names it
+// (oomVictim); the others name no process. The first look at an adopted
+// sandbox only takes the baseline: what happened while no daemon
+// watched is not known.
+func (m *Manager) checkContained(s *sandbox, sb backend.Sandbox, oomVictim string) {
 	c, ok := sb.(backend.Containment)
 	if !ok {
 		return
@@ -192,16 +194,16 @@ func (m *Manager) checkContained(s *sandbox, sb backend.Sandbox, who string) {
 	}
 	res := s.resources()
 	if oomUp > 0 {
-		m.record(s.id, events.OOMKill, oomUp, who, "%d process(es) killed by the OOM killer at the memory limit of %s", oomUp, bytesText(res.GetMemoryBytes()))
+		m.record(s.id, events.OOMKill, oomUp, oomVictim, "%d process(es) killed by the OOM killer at the memory limit of %s", oomUp, bytesText(res.GetMemoryBytes()))
 	}
 	if pidsUp > 0 {
-		m.record(s.id, events.PidsLimit, pidsUp, who, "%d fork(s) refused at the pids limit of %d", pidsUp, res.GetPidsMax())
+		m.record(s.id, events.PidsLimit, pidsUp, "", "%d fork(s) refused at the pids limit of %d", pidsUp, res.GetPidsMax())
 	}
 	if newDisk {
-		m.record(s.id, events.DiskFull, 1, who, "the sandbox's disk of %s is full (%s free): writes fail with ENOSPC", bytesText(int64(now.Disk.Bytes)), bytesText(int64(now.Disk.FreeBytes)))
+		m.record(s.id, events.DiskFull, 1, "", "the sandbox's disk of %s is full (%s free): writes fail with ENOSPC", bytesText(int64(now.Disk.Bytes)), bytesText(int64(now.Disk.FreeBytes)))
 	}
 	if newInodes {
-		m.record(s.id, events.InodesFull, 1, who, "the sandbox's disk has no free inode left of %d: creating files fails with ENOSPC", now.Disk.Inodes)
+		m.record(s.id, events.InodesFull, 1, "", "the sandbox's disk has no free inode left of %d: creating files fails with ENOSPC", now.Disk.Inodes)
 	}
 }
 
@@ -236,7 +238,11 @@ func (m *Manager) execEvents(s *sandbox, sb backend.Sandbox, argv []string, res 
 		}
 	}
 	if res.GetExitCode() != 0 || res.GetSignal() != 0 {
-		m.checkContained(s, sb, who)
+		victim := ""
+		if res.GetOomKilled() {
+			victim = who
+		}
+		m.checkContained(s, sb, victim)
 	}
 }
 

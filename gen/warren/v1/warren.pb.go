@@ -4496,10 +4496,13 @@ type SecurityEvent struct {
 	TimeUnixMs int64                  `protobuf:"varint,2,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
 	// oom_kill, pids_limit, output_cap, disk_full, inodes_full, timeout,
 	// disk_reserve, seccomp; clients must accept kinds they do not know.
-	Kind          string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
-	Detail        string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
-	Count         uint64 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`           // occurrences it stands for (a counter's rise)
-	Process       string `protobuf:"bytes,6,opt,name=process,proto3" json:"process,omitempty"`        // the exec's pid or the process id, if any
+	Kind   string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Detail string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	Count  uint64 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"` // occurrences it stands for (a counter's rise)
+	// The exec ("pid N", inside the sandbox) or background process ("p-N")
+	// it concerns, where known: counters of the kernel's are sandbox-wide,
+	// so pids_limit, disk_full and inodes_full name none.
+	Process       string `protobuf:"bytes,6,opt,name=process,proto3" json:"process,omitempty"`
 	Suppressed    uint64 `protobuf:"varint,7,opt,name=suppressed,proto3" json:"suppressed,omitempty"` // events left out by the rate limit just before
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
