@@ -166,6 +166,28 @@ func (m *Manager) guard() {
 // (oomVictim); the others name no process. The first look at an adopted
 // sandbox only takes the baseline: what happened while no daemon
 // watched is not known.
+// containDelta is what changed between two looks: counters' rises, and
+// whether the disk or its inodes became full.
+type containDelta struct {
+	oom, pids            uint64
+	diskFull, inodesFull bool
+}
+
+// update takes a new look and returns what changed since the last.
+// A counter that went down (one cgroup's cannot) is the new baseline.
+func (c *containSeen) update(now backend.Contained) containDelta {
+	d := containDelta{oom: now.OOMKills - min(c.oom, now.OOMKills), pids: now.PidsRefused - min(c.pids, now.PidsRefused)}
+	c.known, c.oom, c.pids = true, now.OOMKills, now.PidsRefused
+	if disk := now.Disk; disk != nil {
+		low := max(disk.Bytes/100, diskFullMinBytes)
+		full := disk.FreeBytes < low || (c.diskFull && disk.FreeBytes < 2*low)
+		noInodes := disk.FreeInodes == 0 || (c.inodesFull && disk.FreeInodes < max(disk.Inodes/100, 1))
+		d.diskFull, d.inodesFull = full && !c.diskFull, noInodes && !c.inodesFull
+		c.diskFull, c.inodesFull = full, noInodes
+	}
+	return d
+}
+
 func (m *Manager) checkContained(s *sandbox, sb backend.Sandbox, oomVictim string) {
 	c, ok := sb.(backend.Containment)
 	if !ok {
@@ -177,32 +199,23 @@ func (m *Manager) checkContained(s *sandbox, sb backend.Sandbox, oomVictim strin
 	if err != nil {
 		return // going or gone: its end is a state, not an event
 	}
-	seen := &s.seen
-	known := seen.known
-	oomUp, pidsUp := now.OOMKills-min(seen.oom, now.OOMKills), now.PidsRefused-min(seen.pids, now.PidsRefused)
-	seen.known, seen.oom, seen.pids = true, now.OOMKills, now.PidsRefused
-	diskFull, inodesFull := seen.diskFull, seen.inodesFull
-	if d := now.Disk; d != nil {
-		low := max(d.Bytes/100, diskFullMinBytes)
-		diskFull = d.FreeBytes < low || (diskFull && d.FreeBytes < 2*low)
-		inodesFull = d.FreeInodes == 0 || (inodesFull && d.FreeInodes < max(d.Inodes/100, 1))
-	}
-	newDisk, newInodes := diskFull && !seen.diskFull, inodesFull && !seen.inodesFull
-	seen.diskFull, seen.inodesFull = diskFull, inodesFull
+	known := s.seen.known
+	d := s.seen.update(now)
 	if !known {
 		return
 	}
 	res := s.resources()
+	oomUp, pidsUp := d.oom, d.pids
 	if oomUp > 0 {
 		m.record(s.id, events.OOMKill, oomUp, oomVictim, "%d process(es) killed by the OOM killer at the memory limit of %s", oomUp, bytesText(res.GetMemoryBytes()))
 	}
 	if pidsUp > 0 {
 		m.record(s.id, events.PidsLimit, pidsUp, "", "%d fork(s) refused at the pids limit of %d", pidsUp, res.GetPidsMax())
 	}
-	if newDisk {
+	if d.diskFull {
 		m.record(s.id, events.DiskFull, 1, "", "the sandbox's disk of %s is full (%s free): writes fail with ENOSPC", bytesText(int64(now.Disk.Bytes)), bytesText(int64(now.Disk.FreeBytes)))
 	}
-	if newInodes {
+	if d.inodesFull {
 		m.record(s.id, events.InodesFull, 1, "", "the sandbox's disk has no free inode left of %d: creating files fails with ENOSPC", now.Disk.Inodes)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/events"
 )
@@ -139,4 +140,42 @@ func TestKernelContainmentIsPolled(t *testing.T) {
 	}
 	_, err = e.m.ListSandboxEvents(ctx, &warrenv1.ListSandboxEventsRequest{SandboxId: "bg", PageToken: "x"})
 	wantCat(t, err, errdefs.Invalid, "page_token")
+}
+
+// A counter's rise is one delta with the rise; a disk is full once below
+// 1% or 2 MiB free and full again only after it had twice that free.
+func TestContainDelta(t *testing.T) {
+	var c containSeen
+	disk := func(free uint64) *backend.DiskUse {
+		return &backend.DiskUse{Bytes: 100 << 20, FreeBytes: free, Inodes: 1000, FreeInodes: 500}
+	}
+	steps := []struct {
+		now  backend.Contained
+		want containDelta
+	}{
+		{backend.Contained{OOMKills: 2, PidsRefused: 5, Disk: disk(50 << 20)}, containDelta{oom: 2, pids: 5}},
+		{backend.Contained{OOMKills: 2, PidsRefused: 9, Disk: disk(1 << 20)}, containDelta{pids: 4, diskFull: true}},
+		{backend.Contained{OOMKills: 2, PidsRefused: 9, Disk: disk(3 << 20)}, containDelta{}}, // still full: under 4 MiB
+		{backend.Contained{OOMKills: 2, PidsRefused: 9, Disk: disk(1 << 20)}, containDelta{}},
+		{backend.Contained{OOMKills: 2, PidsRefused: 9, Disk: disk(5 << 20)}, containDelta{}}, // rearmed
+		{backend.Contained{OOMKills: 3, PidsRefused: 9, Disk: disk(0)}, containDelta{oom: 1, diskFull: true}},
+		{backend.Contained{OOMKills: 1, PidsRefused: 0, Disk: disk(0)}, containDelta{}}, // counters reset
+	}
+	for i, s := range steps {
+		if got := c.update(s.now); got != s.want {
+			t.Errorf("step %d: %+v, want %+v", i, got, s.want)
+		}
+	}
+	c = containSeen{}
+	inodes := func(free uint64) backend.Contained {
+		return backend.Contained{Disk: &backend.DiskUse{Bytes: 100 << 20, FreeBytes: 50 << 20, Inodes: 1000, FreeInodes: free}}
+	}
+	for i, s := range []struct {
+		free uint64
+		want bool
+	}{{10, false}, {0, true}, {5, false}, {0, false}, {20, false}, {0, true}} {
+		if got := c.update(inodes(s.free)).inodesFull; got != s.want {
+			t.Errorf("inodes step %d (%d free): %v", i, s.free, got)
+		}
+	}
 }
