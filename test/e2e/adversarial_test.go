@@ -114,6 +114,9 @@ func TestAdversarialForkBombHitsPidsLimitNeighbourUnaffected(t *testing.T) {
 	}
 	e.expectNoResources("bomb", "after deleting the bombed sandbox")
 	e.neighbourWorks("calm", "after the fork bomb")
+	if m, _ := e.scrape(t); m[`warren_security_events_total{kind="pids_limit"}`] < float64(ev.Count) {
+		t.Errorf("warren_security_events_total{kind=\"pids_limit\"} = %v, the event counted %d", m[`warren_security_events_total{kind="pids_limit"}`], ev.Count)
+	}
 }
 
 // TestAdversarialMemoryBombOOMKilledNeighbourUnaffected: allocating past
