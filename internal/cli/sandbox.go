@@ -38,6 +38,7 @@ func newSandboxCommand() *cobra.Command {
 		newKillCommand(),
 		newCopyCommand(),
 		newCommitCommand(),
+		newEventsCommand(),
 	)
 	return c
 }

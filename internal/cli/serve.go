@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,7 +19,9 @@ import (
 	"github.com/warrenrl/warren/internal/container"
 	"github.com/warrenrl/warren/internal/daemon"
 	"github.com/warrenrl/warren/internal/erofs"
+	"github.com/warrenrl/warren/internal/events"
 	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/kaudit"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/server"
 )
@@ -35,6 +38,9 @@ type serveOptions struct {
 	insecureNoAuth           bool
 	defaultTimeout           time.Duration
 	defaultDisk              string
+	eventLogBytes            string
+	diskReserve              string
+	guardInterval            time.Duration
 	logLevel, logFormat      string
 	cgroupParent             string
 	layerDirectIO            bool
@@ -67,6 +73,9 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
 	f.DurationVar(&o.defaultTimeout, "default-timeout", daemon.DefaultTimeout, "sandbox lifetime when a create request gives none")
 	f.StringVar(&o.defaultDisk, "default-disk", "", "disk limit of each sandbox's writable layer when a create request gives none, e.g. 10Gi (default: unlimited, on the state dir's filesystem)")
+	f.StringVar(&o.diskReserve, "disk-reserve", "5%", "free space to keep on the state dir's filesystem, a size (2Gi) or a percentage of it (at most 10Gi then); below it creates are refused, below half of it the sandbox whose writable layer takes the most is stopped; 0 turns the guard off")
+	f.DurationVar(&o.guardInterval, "guard-interval", daemon.DefaultGuardInterval, "how often every sandbox's containment counters (OOM kills, refused forks, its disk) and the node's free disk are read")
+	f.StringVar(&o.eventLogBytes, "event-log-bytes", "16Mi", "size at which the security event audit file (<state-dir>/events/events.log) is rotated; the node keeps it and one rotated file")
 	f.BoolVar(&o.layerDirectIO, "layer-direct-io", true, "mount layer blobs with EROFS's directio option where the kernel and the store's filesystem allow it, so that only the blocks sandboxes read are read (not the store disk's readahead around them)")
 	f.IntVar(&o.layerReadAheadKB, "layer-read-ahead-kb", 0, "readahead window of each layer mount in KiB (0: the kernel's default, 128)")
 	mkfsDefault := os.Getenv(erofs.MkfsEnv)
@@ -177,6 +186,14 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		return err
 	}
+	eventLogBytes, err := parseBytes(o.eventLogBytes)
+	if err != nil || eventLogBytes < 4096 {
+		return usageError{fmt.Errorf("--event-log-bytes %q: want a size of at least 4Ki", o.eventLogBytes)}
+	}
+	diskReserve, err := parseReserve(o.diskReserve, stateDir)
+	if err != nil {
+		return usageError{fmt.Errorf("--disk-reserve: %w", err)}
+	}
 	var defaultDisk int64
 	if o.defaultDisk != "" {
 		if defaultDisk, err = parseBytes(o.defaultDisk); err != nil {
@@ -230,6 +247,15 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("container backend: %w", err)
 	}
+	// Seccomp denials logged by the kernel (filters with
+	// SECCOMP_FILTER_FLAG_LOG) become events where the audit multicast
+	// group can be joined.
+	var sources []events.Source
+	if src, err := kaudit.Open(ctr); err != nil {
+		log.Info("no seccomp events: the kernel's audit records cannot be read", "err", err)
+	} else {
+		sources = append(sources, src)
+	}
 	mgr, err := daemon.New(ctx, daemon.Config{
 		StateDir:         stateDir,
 		Backends:         map[string]backend.Backend{ctr.Name(): ctr},
@@ -237,6 +263,10 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		Metrics:          met,
 		DefaultTimeout:   o.defaultTimeout,
 		DefaultDiskBytes: defaultDisk,
+		EventFileBytes:   eventLogBytes,
+		DiskReserveBytes: diskReserve,
+		EventSources:     sources,
+		GuardInterval:    o.guardInterval,
 		Logger:           log,
 	})
 	if err != nil {
@@ -252,4 +282,26 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	err = srv.Serve(ctx, mgr)
 	log.Info("warren daemon stopped")
 	return err
+}
+
+// maxPercentReserve caps a reserve given as a percentage: 5% of a 4 TB
+// disk would refuse creates with 200 GB free.
+const maxPercentReserve = 10 << 30
+
+// parseReserve reads --disk-reserve: a size, or a percentage of the
+// filesystem holding dir (capped at maxPercentReserve).
+func parseReserve(s, dir string) (int64, error) {
+	pct, ok := strings.CutSuffix(strings.TrimSpace(s), "%")
+	if !ok {
+		return parseBytes(s)
+	}
+	p, err := strconv.ParseFloat(pct, 64)
+	if err != nil || p < 0 || p >= 100 {
+		return 0, fmt.Errorf("invalid percentage %q", s)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	return min(int64(float64(st.Blocks)*float64(st.Bsize)*p/100), maxPercentReserve), nil
 }

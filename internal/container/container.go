@@ -511,6 +511,7 @@ func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Gro
 		b: b, id: id, grp: grp, st: state{Pid: pid, StartTime: st},
 		agent: agent.NewClient(b.socket(id)),
 		root:  pinRoot(pid),
+		disk:  fileExists(b.diskImage(id)),
 	}
 	s.exited, s.exit = context.WithCancel(context.Background())
 	b.live.Store(pid, id)
@@ -674,7 +675,8 @@ type sandbox struct {
 	grp    cgroups.Group
 	st     state
 	agent  *agent.Client
-	root   int // pinRoot's fd, -1 if none or handed to the reaper
+	root   int  // pinRoot's fd, -1 if none or handed to the reaper
+	disk   bool // its writable layer is on a disk of its own (a disk limit)
 	exited context.Context
 	exit   context.CancelFunc // cancels exited: the init died
 
@@ -734,6 +736,31 @@ func (s *sandbox) Stats() (backend.Stats, error) {
 }
 
 func (s *sandbox) OOMKills() (uint64, error) { return s.grp.OOMKills() }
+
+var _ backend.Containment = (*sandbox)(nil)
+
+// Contained reads the OOM and refused-fork counters and, with a disk
+// limit, the disk's use (backend.Containment): two small cgroup files
+// and a statfs, polled by the daemon for every running sandbox.
+func (s *sandbox) Contained() (backend.Contained, error) {
+	var c backend.Contained
+	var err error
+	if c.OOMKills, err = s.grp.OOMKills(); err != nil {
+		return c, err
+	}
+	if c.PidsRefused, err = s.grp.PidsRefused(); err != nil {
+		return c, err
+	}
+	if s.disk {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(s.b.stateDir(s.id), &fs); err != nil {
+			return c, fsErr(err, "statfs sandbox disk")
+		}
+		bs := uint64(fs.Bsize)
+		c.Disk = &backend.DiskUse{Bytes: fs.Blocks * bs, FreeBytes: fs.Bavail * bs, Inodes: fs.Files, FreeInodes: fs.Ffree}
+	}
+	return c, nil
+}
 
 // Destroy kills the sandbox's init (which takes its whole pid namespace
 // with it), waits for it, and releases every resource.

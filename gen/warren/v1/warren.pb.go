@@ -4367,6 +4367,226 @@ func (x *VersionResponse) GetCgroupMode() string {
 	return ""
 }
 
+type ListSandboxEventsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	PageSize      int32                  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`   // 0 = 100; at most 1000
+	PageToken     string                 `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"` // next_page_token of the previous page
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSandboxEventsRequest) Reset() {
+	*x = ListSandboxEventsRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSandboxEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSandboxEventsRequest) ProtoMessage() {}
+
+func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSandboxEventsRequest.ProtoReflect.Descriptor instead.
+func (*ListSandboxEventsRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *ListSandboxEventsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ListSandboxEventsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSandboxEventsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListSandboxEventsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*SecurityEvent       `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"` // empty on the last page
+	// Events of this sandbox its rate limit (20 a second, bursts of 200)
+	// left out of the list and the audit file; the node's metric counts them.
+	Suppressed    uint64 `protobuf:"varint,3,opt,name=suppressed,proto3" json:"suppressed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSandboxEventsResponse) Reset() {
+	*x = ListSandboxEventsResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSandboxEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSandboxEventsResponse) ProtoMessage() {}
+
+func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSandboxEventsResponse.ProtoReflect.Descriptor instead.
+func (*ListSandboxEventsResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *ListSandboxEventsResponse) GetEvents() []*SecurityEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListSandboxEventsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListSandboxEventsResponse) GetSuppressed() uint64 {
+	if x != nil {
+		return x.Suppressed
+	}
+	return 0
+}
+
+// SecurityEvent is one action the node contained or denied.
+type SecurityEvent struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Seq        uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"` // per sandbox, from 1; a gap is events let go
+	TimeUnixMs int64                  `protobuf:"varint,2,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	// oom_kill, pids_limit, output_cap, disk_full, inodes_full, timeout,
+	// disk_reserve, seccomp; clients must accept kinds they do not know.
+	Kind   string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Detail string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	Count  uint64 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"` // occurrences it stands for (a counter's rise)
+	// The exec ("pid N", inside the sandbox) or background process ("p-N")
+	// it concerns, where known: counters of the kernel's are sandbox-wide,
+	// so pids_limit, disk_full and inodes_full name none.
+	Process       string `protobuf:"bytes,6,opt,name=process,proto3" json:"process,omitempty"`
+	Suppressed    uint64 `protobuf:"varint,7,opt,name=suppressed,proto3" json:"suppressed,omitempty"` // events left out by the rate limit just before
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecurityEvent) Reset() {
+	*x = SecurityEvent{}
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecurityEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecurityEvent) ProtoMessage() {}
+
+func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecurityEvent.ProtoReflect.Descriptor instead.
+func (*SecurityEvent) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *SecurityEvent) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *SecurityEvent) GetTimeUnixMs() int64 {
+	if x != nil {
+		return x.TimeUnixMs
+	}
+	return 0
+}
+
+func (x *SecurityEvent) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *SecurityEvent) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *SecurityEvent) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *SecurityEvent) GetProcess() string {
+	if x != nil {
+		return x.Process
+	}
+	return ""
+}
+
+func (x *SecurityEvent) GetSuppressed() uint64 {
+	if x != nil {
+		return x.Suppressed
+	}
+	return 0
+}
+
 var File_warren_v1_warren_proto protoreflect.FileDescriptor
 
 const file_warren_v1_warren_proto_rawDesc = "" +
@@ -4737,7 +4957,30 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1a\n" +
 	"\bbackends\x18\x03 \x03(\tR\bbackends\x12\x1f\n" +
 	"\vcgroup_mode\x18\x04 \x01(\tR\n" +
-	"cgroupMode*\xeb\x01\n" +
+	"cgroupMode\"u\n" +
+	"\x18ListSandboxEventsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\x95\x01\n" +
+	"\x19ListSandboxEventsResponse\x120\n" +
+	"\x06events\x18\x01 \x03(\v2\x18.warren.v1.SecurityEventR\x06events\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1e\n" +
+	"\n" +
+	"suppressed\x18\x03 \x01(\x04R\n" +
+	"suppressed\"\xbf\x01\n" +
+	"\rSecurityEvent\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12 \n" +
+	"\ftime_unix_ms\x18\x02 \x01(\x03R\n" +
+	"timeUnixMs\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\x04R\x05count\x12\x18\n" +
+	"\aprocess\x18\x06 \x01(\tR\aprocess\x12\x1e\n" +
+	"\n" +
+	"suppressed\x18\a \x01(\x04R\n" +
+	"suppressed*\xeb\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -4746,7 +4989,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x16SANDBOX_STATE_DELETING\x10\x04\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x05\x12\x1c\n" +
 	"\x18SANDBOX_STATE_HIBERNATED\x10\x06\x12\x16\n" +
-	"\x12SANDBOX_STATE_LOST\x10\a2\xef\v\n" +
+	"\x12SANDBOX_STATE_LOST\x10\a2\xcf\f\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -4772,7 +5015,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\aMakeDir\x12\x19.warren.v1.MakeDirRequest\x1a\x1a.warren.v1.MakeDirResponse\x12I\n" +
 	"\n" +
 	"RemoveFile\x12\x1c.warren.v1.RemoveFileRequest\x1a\x1d.warren.v1.RemoveFileResponse\x12B\n" +
-	"\rCommitSandbox\x12\x1f.warren.v1.CommitSandboxRequest\x1a\x10.warren.v1.Layer2\xd8\x05\n" +
+	"\rCommitSandbox\x12\x1f.warren.v1.CommitSandboxRequest\x1a\x10.warren.v1.Layer\x12^\n" +
+	"\x11ListSandboxEvents\x12#.warren.v1.ListSandboxEventsRequest\x1a$.warren.v1.ListSandboxEventsResponse2\xd8\x05\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.warren.v1.ListImagesRequest\x1a\x1d.warren.v1.ListImagesResponse\x128\n" +
@@ -4804,95 +5048,98 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
 var file_warren_v1_warren_proto_goTypes = []any{
-	(SandboxState)(0),             // 0: warren.v1.SandboxState
-	(*Resources)(nil),             // 1: warren.v1.Resources
-	(*CreateRequest)(nil),         // 2: warren.v1.CreateRequest
-	(*Rlimit)(nil),                // 3: warren.v1.Rlimit
-	(*Sandbox)(nil),               // 4: warren.v1.Sandbox
-	(*GetRequest)(nil),            // 5: warren.v1.GetRequest
-	(*ListRequest)(nil),           // 6: warren.v1.ListRequest
-	(*ListResponse)(nil),          // 7: warren.v1.ListResponse
-	(*DeleteRequest)(nil),         // 8: warren.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 9: warren.v1.DeleteResponse
-	(*ExtendTimeoutRequest)(nil),  // 10: warren.v1.ExtendTimeoutRequest
-	(*UpdateSandboxRequest)(nil),  // 11: warren.v1.UpdateSandboxRequest
-	(*ExecRequest)(nil),           // 12: warren.v1.ExecRequest
-	(*ExecResult)(nil),            // 13: warren.v1.ExecResult
-	(*ExecEvent)(nil),             // 14: warren.v1.ExecEvent
-	(*ExecStarted)(nil),           // 15: warren.v1.ExecStarted
-	(*ProcessInfo)(nil),           // 16: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),  // 17: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil), // 18: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),    // 19: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),  // 20: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil), // 21: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),     // 22: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 23: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),  // 24: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),           // 25: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),          // 26: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),  // 27: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil), // 28: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),      // 29: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 30: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),       // 31: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 32: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),              // 33: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),      // 34: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),     // 35: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),       // 36: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),        // 37: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),       // 38: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),     // 39: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),    // 40: warren.v1.RemoveFileResponse
-	(*Image)(nil),                 // 41: warren.v1.Image
-	(*ListImagesRequest)(nil),     // 42: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),    // 43: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),       // 44: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),    // 45: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),    // 46: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),   // 47: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),      // 48: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),        // 49: warren.v1.PullImageEvent
-	(*Layer)(nil),                 // 50: warren.v1.Layer
-	(*BuildLayerRequest)(nil),     // 51: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),     // 52: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),    // 53: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),    // 54: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),   // 55: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),  // 56: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),     // 57: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),             // 58: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),    // 59: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),    // 60: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),     // 61: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),   // 62: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),        // 63: warren.v1.VersionRequest
-	(*VersionResponse)(nil),       // 64: warren.v1.VersionResponse
-	nil,                           // 65: warren.v1.CreateRequest.EnvEntry
-	nil,                           // 66: warren.v1.CreateRequest.LabelsEntry
-	nil,                           // 67: warren.v1.Sandbox.EnvEntry
-	nil,                           // 68: warren.v1.Sandbox.LabelsEntry
-	nil,                           // 69: warren.v1.ListRequest.LabelsEntry
-	nil,                           // 70: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                           // 71: warren.v1.ExecRequest.EnvEntry
+	(SandboxState)(0),                 // 0: warren.v1.SandboxState
+	(*Resources)(nil),                 // 1: warren.v1.Resources
+	(*CreateRequest)(nil),             // 2: warren.v1.CreateRequest
+	(*Rlimit)(nil),                    // 3: warren.v1.Rlimit
+	(*Sandbox)(nil),                   // 4: warren.v1.Sandbox
+	(*GetRequest)(nil),                // 5: warren.v1.GetRequest
+	(*ListRequest)(nil),               // 6: warren.v1.ListRequest
+	(*ListResponse)(nil),              // 7: warren.v1.ListResponse
+	(*DeleteRequest)(nil),             // 8: warren.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 9: warren.v1.DeleteResponse
+	(*ExtendTimeoutRequest)(nil),      // 10: warren.v1.ExtendTimeoutRequest
+	(*UpdateSandboxRequest)(nil),      // 11: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),               // 12: warren.v1.ExecRequest
+	(*ExecResult)(nil),                // 13: warren.v1.ExecResult
+	(*ExecEvent)(nil),                 // 14: warren.v1.ExecEvent
+	(*ExecStarted)(nil),               // 15: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),               // 16: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),      // 17: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),     // 18: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),        // 19: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),      // 20: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),     // 21: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),         // 22: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 23: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),      // 24: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),               // 25: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),              // 26: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),      // 27: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil),     // 28: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),          // 29: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 30: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),           // 31: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 32: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),                  // 33: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),          // 34: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 35: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),           // 36: warren.v1.StatFileRequest
+	(*MakeDirRequest)(nil),            // 37: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 38: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),         // 39: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),        // 40: warren.v1.RemoveFileResponse
+	(*Image)(nil),                     // 41: warren.v1.Image
+	(*ListImagesRequest)(nil),         // 42: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),        // 43: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),           // 44: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),        // 45: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),        // 46: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),       // 47: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),          // 48: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),            // 49: warren.v1.PullImageEvent
+	(*Layer)(nil),                     // 50: warren.v1.Layer
+	(*BuildLayerRequest)(nil),         // 51: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),         // 52: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),        // 53: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),        // 54: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),       // 55: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),      // 56: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),         // 57: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),                 // 58: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),        // 59: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),        // 60: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),         // 61: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),       // 62: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),            // 63: warren.v1.VersionRequest
+	(*VersionResponse)(nil),           // 64: warren.v1.VersionResponse
+	(*ListSandboxEventsRequest)(nil),  // 65: warren.v1.ListSandboxEventsRequest
+	(*ListSandboxEventsResponse)(nil), // 66: warren.v1.ListSandboxEventsResponse
+	(*SecurityEvent)(nil),             // 67: warren.v1.SecurityEvent
+	nil,                               // 68: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 69: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 70: warren.v1.Sandbox.EnvEntry
+	nil,                               // 71: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 72: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 73: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 74: warren.v1.ExecRequest.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	65, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	66, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	68, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	69, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	3,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	0,  // 4: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	1,  // 5: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	67, // 6: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	68, // 7: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	70, // 6: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	71, // 7: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	3,  // 8: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
-	69, // 9: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	72, // 9: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	4,  // 10: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	70, // 11: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	71, // 12: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	73, // 11: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	74, // 12: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	13, // 13: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	15, // 14: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	13, // 15: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -4906,77 +5153,80 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	50, // 23: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
 	58, // 24: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
 	61, // 25: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	2,  // 26: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	5,  // 27: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	6,  // 28: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	8,  // 29: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	10, // 30: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	11, // 31: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	12, // 32: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	12, // 33: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	12, // 34: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	17, // 35: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	19, // 36: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	20, // 37: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	22, // 38: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	24, // 39: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	27, // 40: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	29, // 41: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	31, // 42: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	34, // 43: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	36, // 44: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	37, // 45: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	39, // 46: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	56, // 47: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	42, // 48: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	44, // 49: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	45, // 50: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	46, // 51: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	48, // 52: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	51, // 53: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	52, // 54: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	54, // 55: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	57, // 56: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	60, // 57: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	63, // 58: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	4,  // 59: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	4,  // 60: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	7,  // 61: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	9,  // 62: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	4,  // 63: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	4,  // 64: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	13, // 65: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	14, // 66: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	16, // 67: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	18, // 68: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	13, // 69: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	21, // 70: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	23, // 71: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	26, // 72: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	28, // 73: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	30, // 74: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	32, // 75: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	35, // 76: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	33, // 77: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	38, // 78: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	40, // 79: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	50, // 80: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	43, // 81: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	41, // 82: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	41, // 83: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	47, // 84: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	49, // 85: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	50, // 86: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	53, // 87: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	55, // 88: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	59, // 89: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	62, // 90: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	64, // 91: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	59, // [59:92] is the sub-list for method output_type
-	26, // [26:59] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	67, // 26: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	2,  // 27: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	5,  // 28: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	6,  // 29: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	8,  // 30: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	10, // 31: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	11, // 32: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	12, // 33: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	12, // 34: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	12, // 35: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	17, // 36: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	19, // 37: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	20, // 38: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	22, // 39: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	24, // 40: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	27, // 41: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	29, // 42: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	31, // 43: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	34, // 44: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	36, // 45: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	37, // 46: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	39, // 47: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	56, // 48: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	65, // 49: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	42, // 50: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	44, // 51: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	45, // 52: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	46, // 53: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	48, // 54: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	51, // 55: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	52, // 56: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	54, // 57: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	57, // 58: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	60, // 59: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	63, // 60: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	4,  // 61: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	4,  // 62: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	7,  // 63: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	9,  // 64: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	4,  // 65: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	4,  // 66: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	13, // 67: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	14, // 68: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	16, // 69: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	18, // 70: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	13, // 71: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	21, // 72: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	23, // 73: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	26, // 74: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	28, // 75: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	30, // 76: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	32, // 77: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	35, // 78: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	33, // 79: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	38, // 80: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	40, // 81: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	50, // 82: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	66, // 83: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	43, // 84: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	41, // 85: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	41, // 86: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	47, // 87: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	49, // 88: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	50, // 89: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	53, // 90: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	55, // 91: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	59, // 92: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	62, // 93: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	64, // 94: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	61, // [61:95] is the sub-list for method output_type
+	27, // [27:61] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -5002,7 +5252,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   71,
+			NumMessages:   74,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -45,6 +45,7 @@ from ._types import (
     Rlimit,
     RlimitsArg,
     SandboxInfo,
+    SecurityEvent,
     SandboxState,
     VersionInfo,
 )
@@ -116,6 +117,7 @@ __all__ = [
     "Rlimit",
     "RlimitsArg",
     "SandboxInfo",
+    "SecurityEvent",
     "SandboxState",
     "VersionInfo",
     "BatchResult",

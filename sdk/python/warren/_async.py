@@ -65,6 +65,7 @@ from ._types import (
     Rlimit,
     RlimitsArg,
     SandboxInfo,
+    SecurityEvent,
     SandboxState,
     VersionInfo,
     _rlimit_list,
@@ -1380,6 +1381,21 @@ class AsyncSandbox:
         """The sandbox's background processes (running or exited), in start order."""
         d = await self.client._rpc(_SBX + "ListProcesses", {"sandboxId": self.id}, timeout=timeout)
         return [AsyncProcess(self, ProcessInfo._from_json(p)) for p in d.get("processes") or []]
+
+    async def events(self, *, timeout: Optional[float] = None) -> List[SecurityEvent]:
+        """The sandbox's security events, oldest first: every action the
+        node contained or denied (OOM kills, forks refused at the pids
+        limit, output past a cap, a full disk, timeout kills). The node
+        keeps the latest 256 while the sandbox exists."""
+        out: List[SecurityEvent] = []
+        body: Dict[str, Any] = {"sandboxId": self.id, "pageSize": 1000}
+        while True:
+            d = await self.client._rpc(_SBX + "ListSandboxEvents", body, timeout=timeout)
+            out.extend(SecurityEvent._from_json(e) for e in d.get("events") or [])
+            token = d.get("nextPageToken") or ""
+            if not token:
+                return out
+            body["pageToken"] = token
 
     def process(self, process_id: str) -> "AsyncProcess":
         """A handle on background process ``process_id`` without asking the daemon."""

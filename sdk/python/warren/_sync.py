@@ -66,6 +66,7 @@ from ._types import (
     Resources,
     RlimitsArg,
     SandboxInfo,
+    SecurityEvent,
     VersionInfo,
 )
 from .batch import BatchResult
@@ -642,6 +643,10 @@ class Sandbox:
 
     def process(self, process_id: str) -> "Process":
         return Process(self, self.aio.process(process_id))
+
+    def events(self, *, timeout: Optional[float] = None) -> List[SecurityEvent]:
+        """The sandbox's security events, oldest first (see :meth:`AsyncSandbox.events`)."""
+        return self._run(self.aio.events(timeout=timeout))
 
     def read_file(
         self,

@@ -408,6 +408,36 @@ class ProcessInfo:
 
 
 @dataclass(frozen=True)
+class SecurityEvent:
+    """An action the node contained or denied in a sandbox (see
+    :meth:`AsyncSandbox.events`)."""
+
+    seq: int  #: per sandbox, from 1; a gap is events the node let go
+    kind: str  #: ``oom_kill``, ``pids_limit``, ``output_cap``, ``disk_full``, ``inodes_full``, ``timeout``, ``disk_reserve``, ... (accept unknown kinds)
+    detail: str = ""
+    count: int = 1  #: occurrences it stands for (a kernel counter's rise)
+    process: str = ""  #: ``"pid N"`` of an exec, or a background process id
+    time_unix_ms: int = 0
+    suppressed: int = 0  #: events the rate limit left out just before this one
+
+    @property
+    def time(self) -> Optional[_dt.datetime]:
+        return _ms_to_datetime(self.time_unix_ms)
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "SecurityEvent":
+        return cls(
+            seq=_int(d.get("seq")),
+            kind=d.get("kind", ""),
+            detail=d.get("detail", ""),
+            count=_int(d.get("count")),
+            process=d.get("process", ""),
+            time_unix_ms=_int(d.get("timeUnixMs")),
+            suppressed=_int(d.get("suppressed")),
+        )
+
+
+@dataclass(frozen=True)
 class ProcessEvent:
     """One event of :meth:`AsyncProcess.attach`: a chunk of stdout or stderr
     at its absolute ``offset`` in the stream (a jump past the previous
