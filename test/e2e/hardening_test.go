@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/testutil"
 )
@@ -281,5 +283,56 @@ func TestPlatformSocketsAreOutOfReach(t *testing.T) {
 		if out := e.shOK(sb.Id, "ATTACK_PATH="+p+" /bin/attack connect_path"); out != "connect_path ENOENT\n" {
 			t.Errorf("connect to %s from the sandbox: %q, want ENOENT", p, out)
 		}
+	}
+}
+
+// TestRefusalsAreEventsOfTheirSandbox: the filter's deliberate refusals
+// (bpf, keyctl) become seccomp events of the sandbox that made them, even
+// though the process exited at once (the audit login uid names the
+// sandbox), while what the filter answers without refusing on purpose (an
+// unknown call's ENOSYS, sync's no-op) makes none, nor does anything show
+// up in a neighbour's events.
+func TestRefusalsAreEventsOfTheirSandbox(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	if strings.Contains(e.logTail(200), "no seccomp events") {
+		t.Skipf("the daemon cannot read audit records here:\n%s", e.logTail(20))
+	}
+	img := attackImage(t, e)
+	sb := e.create(&warrenv1.CreateRequest{Image: img, Id: "refused"})
+	calm := e.create(&warrenv1.CreateRequest{Image: img, Id: "calm"})
+	e.attack(calm.Id, "sync", "clone3")
+	got := e.attack(sb.Id, "bpf", "keyctl", "sync", "clone3")
+	if got["bpf"] != "EPERM" || got["keyctl"] != "EPERM" {
+		t.Fatalf("attacks: %v", got)
+	}
+	want := map[string]bool{fmt.Sprintf("system call %d ", unix.SYS_BPF): false, fmt.Sprintf("system call %d ", unix.SYS_KEYCTL): false}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		evs, err := e.c.SandboxEvents(ctxFor(t, 10*time.Second), sb.Id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			for k := range want {
+				if ev.Kind == "seccomp" && strings.Contains(ev.Detail, k) {
+					want[k] = true
+				}
+			}
+			for _, nr := range []int{unix.SYS_SYNC, unix.SYS_CLONE3} {
+				if strings.Contains(ev.Detail, fmt.Sprintf("system call %d ", nr)) {
+					t.Errorf("an event for a call the filter does not refuse on purpose: %v", ev)
+				}
+			}
+		}
+		if want[fmt.Sprintf("system call %d ", unix.SYS_BPF)] && want[fmt.Sprintf("system call %d ", unix.SYS_KEYCTL)] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events of %s: %v; found %v", sb.Id, evs, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if evs, err := e.c.SandboxEvents(ctxFor(t, 10*time.Second), calm.Id); err != nil || len(evs) != 0 {
+		t.Errorf("the neighbour's events: %v %v", evs, err)
 	}
 }
