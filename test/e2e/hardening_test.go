@@ -144,7 +144,8 @@ func TestAttacksOnTheKernelAreRefused(t *testing.T) {
 }
 
 // TestSetuidGrantsNothing: no_new_privs means a setuid-root binary run by
-// an unprivileged user of the sandbox keeps that user's ids.
+// an unprivileged user of the sandbox keeps that user's ids, unless the
+// sandbox was created with allow_setuid.
 func TestSetuidGrantsNothing(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	img := attackImage(t, e)
@@ -159,6 +160,23 @@ func TestSetuidGrantsNothing(t *testing.T) {
 	}
 	if got := string(res.Stdout); got != "euid=65534 euid ok\n" {
 		t.Errorf("setuid-root binary as uid 65534 printed %q, want euid=65534", got)
+	}
+	// allow_setuid turns no_new_privs off for a sandbox whose image needs
+	// sudo: the same binary then runs as root, and the filter stays.
+	open := e.create(&warrenv1.CreateRequest{Image: img, Id: "suid-allowed", AllowSetuid: true})
+	if !open.AllowSetuid {
+		t.Errorf("sandbox created with allow_setuid does not say so")
+	}
+	e.shOK(open.Id, "cp /bin/attack /tmp/suid && chmod 4755 /tmp/suid")
+	res, err = e.c.Exec(ctxFor(t, time.Minute), &warrenv1.ExecRequest{SandboxId: open.Id, Argv: []string{"/tmp/suid", "euid", "bpf"}, User: "65534"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(res.Stdout); got != "euid=0 euid ok\nbpf EPERM\n" {
+		t.Errorf("with allow_setuid, the setuid-root binary printed %q, want euid=0 and bpf still refused", got)
+	}
+	if out := e.shOK(open.Id, "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status"); out != "NoNewPrivs:\t0\nSeccomp:\t2\n" {
+		t.Errorf("allow_setuid status:\n%s", out)
 	}
 }
 
