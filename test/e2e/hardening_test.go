@@ -64,7 +64,7 @@ var refusals = map[string]string{
 	"finit_module":     "EPERM",
 	"kexec_load":       "EPERM",
 	"open_by_handle":   "EPERM",
-	"io_uring_setup":   "EPERM",
+	"io_uring_setup":   "ENOSYS",
 	"unshare_user":     "EPERM",
 	"unshare_user_net": "EPERM",
 	"clone_user":       "EPERM",
