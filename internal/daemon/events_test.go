@@ -100,9 +100,10 @@ func TestKernelContainmentIsPolled(t *testing.T) {
 		}
 		return p
 	}
-	start(&warrenv1.ExecRequest{Shell: "for i in $(seq 20); do sleep 5 & done 2>/dev/null; exit 0"})
 	loud := start(&warrenv1.ExecRequest{Shell: "head -c 300000 /dev/zero", OutputLimitBytes: 100000})
 	slow := start(&warrenv1.ExecRequest{Argv: []string{"sleep", "10"}, TimeoutMs: 100})
+	// Last, and it kills what it forked: at the limit, nothing else starts.
+	start(&warrenv1.ExecRequest{Shell: "for i in $(seq 20); do sleep 5 & done 2>/dev/null; kill $(jobs -p); exit 0"})
 	eventually(t, 10*time.Second, "the three events", func() bool {
 		evs := e.eventsOf("bg")
 		return eventOf(evs, events.PidsLimit) != nil && eventOf(evs, events.OutputCap) != nil && eventOf(evs, events.Timeout) != nil
