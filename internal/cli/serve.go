@@ -48,6 +48,7 @@ type serveOptions struct {
 	mkfsErofs                string
 	pprofAddr                string
 	stallTimeout             time.Duration
+	seccomp                  bool
 	cpuAffinity              bool
 }
 
@@ -84,6 +85,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.mkfsErofs, "mkfs-erofs", mkfsDefault, "the mkfs.erofs (erofs-utils >= 1.8) that converts layers, keeping hardlinks: a path, \"auto\" ("+erofs.MkfsPrefix+"/bin/mkfs.erofs, then $PATH; go-erofs, which stores hardlinks as copies, if neither is usable) or \"off\" (go-erofs); $"+erofs.MkfsEnv+" sets the default")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "warren", "parent cgroup of the sandboxes (give each daemon on a host its own)")
 	f.BoolVar(&o.cpuAffinity, "cpu-affinity", true, "run a sandbox with a CPU quota on as many of the node's CPUs as its quota (rounded up), the least used ones, and show it that many (nproc, os.cpu_count, /proc/cpuinfo); false leaves every sandbox on all CPUs, seeing all")
+	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive download whose client takes no data, or an upload whose client sends none, for this long (the walk it holds is released)")
@@ -241,7 +243,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			log.Warn("closing image store", "err", cerr)
 		}
 	}()
-	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity})
+	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity, NoSeccomp: !o.seccomp})
 	if err != nil {
 		return fmt.Errorf("container backend: %w", err)
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/kfile"
 	"github.com/warrenrl/warren/internal/rlimit"
+	"github.com/warrenrl/warren/internal/seccomp"
 )
 
 // Name is the backend's name in the API.
@@ -59,6 +60,11 @@ type Options struct {
 	// freedom to move threads matters more than nproc and os.cpu_count
 	// telling the truth.
 	NoCPUAffinity bool
+	// NoSeccomp starts sandboxes without the system-call filter
+	// (internal/seccomp), still with no_new_privs: for measuring what the
+	// filter costs, and for a node where a workload needs a call it
+	// refuses.
+	NoSeccomp bool
 }
 
 // Backend is the container backend.
@@ -69,8 +75,13 @@ type Backend struct {
 	trash *reaper         // removes deleted sandboxes' state directories
 	cpus  *cpuPool        // which CPUs sandboxes with a quota run on
 	pool  *dirPool        // ready-made state directories
+	// seccomp and seccompAudit are the compiled filters every init stage
+	// installs (hex of their sock_filter entries), compiled once: "" with
+	// NoSeccomp. The audit one makes the kernel log deliberate refusals.
+	seccomp, seccompAudit string
 
 	sharedMu sync.Mutex // remounting the shared sysfs or devfs
+	live     sync.Map   // init pid -> sandbox id, while the init lives (AuditSandbox)
 }
 
 var (
@@ -90,6 +101,17 @@ func New(opts Options) (*Backend, error) {
 		opts.CgroupParent = "warren"
 	}
 	b := &Backend{opts: opts, cpus: newCPUPool()}
+	if !opts.NoSeccomp {
+		f, err := seccomp.Default()
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "compile the sandbox system-call filter")
+		}
+		a, err := seccomp.Audit()
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "compile the sandbox system-call audit filter")
+		}
+		b.seccomp, b.seccompAudit = f.Hex, a.Hex
+	}
 	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "disks"), filepath.Join(opts.RunDir, "sb")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "create "+d)
@@ -377,7 +399,8 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	}
 	conf := map[string]string{"rootfs": b.rootMount(), "hostname": hostname,
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID),
-		"rlimits": rlimit.InitConfig(spec.Rlimits)}
+		"rlimits": rlimit.InitConfig(spec.Rlimits), "seccomp": b.seccomp,
+		"seccomp_audit": b.seccompAudit, "auid": auditID(pid)}
 	maps.Copy(conf, overlay)
 	b.cgroupViewConfig(grp.Name(), conf)
 	views, err := b.placeCPUs(spec, pid)
@@ -491,8 +514,13 @@ func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Gro
 		disk:  fileExists(b.diskImage(id)),
 	}
 	s.exited, s.exit = context.WithCancel(context.Background())
-	if err := b.mon.watch(pidfd, pid, s.exit); err != nil {
+	b.live.Store(pid, id)
+	onExit := func() {
+		b.live.CompareAndDelete(pid, id)
 		s.exit()
+	}
+	if err := b.mon.watch(pidfd, pid, onExit); err != nil {
+		onExit()
 		unix.Close(pidfd)
 		if s.root >= 0 {
 			unix.Close(s.root)
@@ -848,6 +876,29 @@ func procStartTime(pid int) (uint64, error) {
 		return 0, fmt.Errorf("process %d is a zombie", pid)
 	}
 	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// auditID is the audit login uid of every process of the sandbox whose
+// init has host pid pid: the kernel's audit records (a seccomp refusal)
+// carry it, and no live sandbox shares it. "" where the kernel has no
+// loginuid (no CONFIG_AUDIT): the init then sets none.
+func auditID(pid int) string {
+	if !hasLoginUID() {
+		return ""
+	}
+	return strconv.Itoa(pid)
+}
+
+var hasLoginUID = sync.OnceValue(func() bool { return fileExists("/proc/self/loginuid") })
+
+// AuditSandbox returns the id of the live sandbox whose processes carry
+// audit login uid auid, if any.
+func (b *Backend) AuditSandbox(auid uint32) (string, bool) {
+	id, ok := b.live.Load(int(auid))
+	if !ok {
+		return "", false
+	}
+	return id.(string), true
 }
 
 // initEnv switches the standalone agent (internal/agentbin) into the

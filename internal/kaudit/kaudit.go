@@ -124,22 +124,41 @@ func (s *Source) event(data []byte) (events.Event, bool) {
 	if !ok {
 		return events.Event{}, false
 	}
+	process := ""
 	id, nsPid, ok := s.Attributor.SandboxOfPid(rec.Pid)
+	if ok {
+		process = "pid " + strconv.Itoa(nsPid)
+	} else if a, isAuid := s.Attributor.(AuditAttributor); isAuid && rec.Auid != unsetAuid {
+		// The process is gone; its audit login uid still names the
+		// sandbox (its pid inside is not known any more).
+		id, ok = a.AuditSandbox(rec.Auid)
+	}
 	if !ok {
 		return events.Event{}, false
 	}
 	return events.Event{
 		Sandbox: id,
 		Kind:    events.Seccomp,
-		Process: "pid " + strconv.Itoa(nsPid),
+		Process: process,
 		Detail: fmt.Sprintf("system call %d (arch %s) of %s (%s): %s by the seccomp filter",
 			rec.Syscall, rec.Arch, strconv.Quote(rec.Comm), strconv.Quote(rec.Exe), rec.Action()),
 	}, true
 }
 
+// AuditAttributor finds a sandbox by the audit login uid its processes
+// carry (the container backend sets one per sandbox): it attributes a
+// record whose process is gone, which SandboxOfPid cannot.
+type AuditAttributor interface {
+	AuditSandbox(auid uint32) (string, bool)
+}
+
+// unsetAuid is the login uid of a process that never had one.
+const unsetAuid = 4294967295
+
 // Seccomp is the part of an AUDIT_SECCOMP record an event needs.
 type Seccomp struct {
-	Pid       int // host pid
+	Pid       int    // host pid
+	Auid      uint32 // audit login uid (unsetAuid: none)
 	Comm, Exe string
 	Arch      string // AUDIT_ARCH_* in hex, e.g. c000003e (x86_64)
 	Syscall   int
@@ -177,7 +196,7 @@ func (r Seccomp) Action() string {
 // syscall=163 compat=0 ip=0x… code=0x50001`. Values the kernel found
 // unsafe to print (spaces, quotes) come hex-encoded without quotes.
 func ParseSeccomp(data []byte) (Seccomp, bool) {
-	var r Seccomp
+	r := Seccomp{Auid: unsetAuid}
 	var havePid, haveSyscall bool
 	if _, rest, ok := bytes.Cut(data, []byte("): ")); ok {
 		data = rest
@@ -191,6 +210,10 @@ func ParseSeccomp(data []byte) (Seccomp, bool) {
 		case "pid":
 			n, err := strconv.Atoi(string(v))
 			r.Pid, havePid = n, err == nil
+		case "auid":
+			if n, err := strconv.ParseUint(string(v), 10, 32); err == nil {
+				r.Auid = uint32(n)
+			}
 		case "comm":
 			r.Comm = auditString(v)
 		case "exe":

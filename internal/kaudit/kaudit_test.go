@@ -32,6 +32,35 @@ func TestParseSeccomp(t *testing.T) {
 	if _, ok := ParseSeccomp([]byte(`audit(1:2): pid=x syscall=1`)); ok {
 		t.Error("a record without a pid parsed")
 	}
+	if rec.Auid != unsetAuid {
+		t.Errorf("auid of a record without one: %d", rec.Auid)
+	}
+	if rec, _ := ParseSeccomp([]byte(`audit(1:2): auid=28919 uid=0 pid=28921 syscall=321 code=0x50000`)); rec.Auid != 28919 {
+		t.Errorf("auid %d, want 28919", rec.Auid)
+	}
+}
+
+// byAuid attributes by audit login uid only, as for a process gone
+// before its record was read.
+type byAuid map[uint32]string
+
+func (byAuid) SandboxOfPid(int) (string, int, bool) { return "", 0, false }
+func (m byAuid) AuditSandbox(a uint32) (string, bool) {
+	id, ok := m[a]
+	return id, ok
+}
+
+// TestGoneProcessAttributedByAuid: a record whose process is gone is
+// still its sandbox's event when the attributor knows the login uid.
+func TestGoneProcessAttributedByAuid(t *testing.T) {
+	s := &Source{Attributor: byAuid{28919: "sb-1"}}
+	e, ok := s.event([]byte(`audit(1:2): auid=28919 uid=0 pid=28921 comm="attack" exe="/bin/attack" arch=c000003e syscall=321 code=0x50000`))
+	if !ok || e.Sandbox != "sb-1" || e.Process != "" {
+		t.Fatalf("event %+v ok %v, want sandbox sb-1 with no process", e, ok)
+	}
+	if _, ok := s.event([]byte(`audit(1:2): auid=4294967295 pid=28921 syscall=321 code=0x50000`)); ok {
+		t.Error("a record without a login uid was attributed")
+	}
 }
 
 // helperEnv makes the test binary the denied process: it installs a
