@@ -180,3 +180,25 @@ func TestContainDelta(t *testing.T) {
 		}
 	}
 }
+
+// The guard refuses creates below either reserve and stops a sandbox
+// below half of one: bytes first.
+func TestNodeDiskThresholds(t *testing.T) {
+	for _, c := range []struct {
+		d     nodeDisk
+		low   bool
+		short string
+	}{
+		{nodeDisk{free: 100, reserve: 50, freeInodes: 100, inodeReserve: 50}, false, ""},
+		{nodeDisk{free: 40, reserve: 50, freeInodes: 100, inodeReserve: 50}, true, ""},
+		{nodeDisk{free: 20, reserve: 50, freeInodes: 100, inodeReserve: 50}, true, "bytes"},
+		{nodeDisk{free: 100, reserve: 50, freeInodes: 40, inodeReserve: 50}, true, ""},
+		{nodeDisk{free: 100, reserve: 50, freeInodes: 20, inodeReserve: 50}, true, "inodes"},
+		{nodeDisk{free: 20, reserve: 50, freeInodes: 20, inodeReserve: 50}, true, "bytes"},
+		{nodeDisk{free: 100, reserve: 50, freeInodes: 0, inodeReserve: 0}, false, ""}, // no inode count
+	} {
+		if c.d.low() != c.low || c.d.short() != c.short {
+			t.Errorf("%+v: low %v short %q, want %v %q", c.d, c.d.low(), c.d.short(), c.low, c.short)
+		}
+	}
+}
