@@ -237,6 +237,10 @@ func (m *Manager) record(sandbox string, k events.Kind, count uint64, process, f
 // kernel's counters at once (an OOM kill, refused forks, a full disk
 // likely made it fail).
 func (m *Manager) execEvents(s *sandbox, sb backend.Sandbox, argv []string, res *warrenv1.ExecResult, limit int64, timeout time.Duration) {
+	failed := res.GetExitCode() != 0 || res.GetSignal() != 0
+	if !failed && !res.GetTimedOut() && res.GetStdoutDroppedBytes() == 0 && res.GetStderrDroppedBytes() == 0 {
+		return // the common exec: nothing to look at, nothing allocated
+	}
 	who := "pid " + strconv.Itoa(int(res.GetPid()))
 	cmd := argvText(argv)
 	if res.GetTimedOut() {
@@ -250,7 +254,7 @@ func (m *Manager) execEvents(s *sandbox, sb backend.Sandbox, argv []string, res 
 			m.record(s.id, events.OutputCap, 1, who, "exec %s wrote %d bytes to %s past its output limit of %s: dropped", cmd, st.dropped, st.name, bytesText(limit))
 		}
 	}
-	if res.GetExitCode() != 0 || res.GetSignal() != 0 {
+	if failed {
 		victim := ""
 		if res.GetOomKilled() {
 			victim = who
