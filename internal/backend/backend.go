@@ -46,6 +46,9 @@ type Spec struct {
 	// agent may keep higher limits of their own where the programs' would
 	// starve them.
 	Rlimits []rlimit.Limit
+	// AllowSetuid runs the sandbox's processes without no_new_privs, so
+	// that setuid binaries and file capabilities work in it.
+	AllowSetuid bool
 }
 
 // Layer is one read-only layer of a sandbox's root, as references a

@@ -401,6 +401,9 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID),
 		"rlimits": rlimit.InitConfig(spec.Rlimits), "seccomp": b.seccomp,
 		"seccomp_audit": b.seccompAudit, "auid": auditID(pid)}
+	if spec.AllowSetuid {
+		conf["no_new_privs"] = "0"
+	}
 	maps.Copy(conf, overlay)
 	b.cgroupViewConfig(grp.Name(), conf)
 	views, err := b.placeCPUs(spec, pid)

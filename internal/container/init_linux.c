@@ -31,7 +31,8 @@
  * makes the kernel log the deliberate refusals); auid (the audit login
  * uid every process of the sandbox carries: the init's host pid, so that
  * the daemon attributes an audit record to its sandbox even after the
- * process that caused it is gone).
+ * process that caused it is gone); no_new_privs ("0": leave it off, so
+ * that setuid binaries work).
  *
  * Nothing the sandbox can read names a host path: the overlay is mounted
  * with data naming only descriptors (lowerdir=/proc/self/fd/N:..., which
@@ -637,7 +638,10 @@ static void __attribute__((noreturn)) init_main(void)
 		close(fd);
 	}
 	drop_caps();
-	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+	/* no_new_privs=0: the sandbox asked for setuid binaries to work. The
+	 * filters then install on CAP_SYS_ADMIN, which we still hold. */
+	const char *nnp = conf("no_new_privs", len);
+	if ((!nnp || strcmp(nnp, "0")) && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		die("prctl", "no_new_privs");
 	/* The default filter, then the audit filter on top of it: where both
 	 * refuse, the newer one decides, so the kernel logs exactly the

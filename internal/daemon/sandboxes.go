@@ -67,6 +67,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Hostname:        p.hostname,
 		Layers:          slices.Clone(p.layers),
 		KeepEtc:         req.GetKeepEtc(),
+		AllowSetuid:     req.GetAllowSetuid(),
 		Rlimits:         rlimitProtos(p.rlimits),
 	}
 	imageWorkdir := false
@@ -185,6 +186,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Workdir:     p.workdir,
 		Etc:         etcFilesOf(info),
 		Rlimits:     p.rlimits,
+		AllowSetuid: info.AllowSetuid,
 	})
 	if err != nil {
 		return nil, withCategory(err, errdefs.Internal, "create sandbox "+p.id)

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/testutil"
 )
@@ -142,7 +144,8 @@ func TestAttacksOnTheKernelAreRefused(t *testing.T) {
 }
 
 // TestSetuidGrantsNothing: no_new_privs means a setuid-root binary run by
-// an unprivileged user of the sandbox keeps that user's ids.
+// an unprivileged user of the sandbox keeps that user's ids, unless the
+// sandbox was created with allow_setuid.
 func TestSetuidGrantsNothing(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	img := attackImage(t, e)
@@ -157,6 +160,23 @@ func TestSetuidGrantsNothing(t *testing.T) {
 	}
 	if got := string(res.Stdout); got != "euid=65534 euid ok\n" {
 		t.Errorf("setuid-root binary as uid 65534 printed %q, want euid=65534", got)
+	}
+	// allow_setuid turns no_new_privs off for a sandbox whose image needs
+	// sudo: the same binary then runs as root, and the filter stays.
+	open := e.create(&warrenv1.CreateRequest{Image: img, Id: "suid-allowed", AllowSetuid: true})
+	if !open.AllowSetuid {
+		t.Errorf("sandbox created with allow_setuid does not say so")
+	}
+	e.shOK(open.Id, "cp /bin/attack /tmp/suid && chmod 4755 /tmp/suid")
+	res, err = e.c.Exec(ctxFor(t, time.Minute), &warrenv1.ExecRequest{SandboxId: open.Id, Argv: []string{"/tmp/suid", "euid", "bpf"}, User: "65534"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(res.Stdout); got != "euid=0 euid ok\nbpf EPERM\n" {
+		t.Errorf("with allow_setuid, the setuid-root binary printed %q, want euid=0 and bpf still refused", got)
+	}
+	if out := e.shOK(open.Id, "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status"); out != "NoNewPrivs:\t0\nSeccomp:\t2\n" {
+		t.Errorf("allow_setuid status:\n%s", out)
 	}
 }
 
@@ -281,5 +301,56 @@ func TestPlatformSocketsAreOutOfReach(t *testing.T) {
 		if out := e.shOK(sb.Id, "ATTACK_PATH="+p+" /bin/attack connect_path"); out != "connect_path ENOENT\n" {
 			t.Errorf("connect to %s from the sandbox: %q, want ENOENT", p, out)
 		}
+	}
+}
+
+// TestRefusalsAreEventsOfTheirSandbox: the filter's deliberate refusals
+// (bpf, keyctl) become seccomp events of the sandbox that made them, even
+// though the process exited at once (the audit login uid names the
+// sandbox), while what the filter answers without refusing on purpose (an
+// unknown call's ENOSYS, sync's no-op) makes none, nor does anything show
+// up in a neighbour's events.
+func TestRefusalsAreEventsOfTheirSandbox(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	if strings.Contains(e.logTail(200), "no seccomp events") {
+		t.Skipf("the daemon cannot read audit records here:\n%s", e.logTail(20))
+	}
+	img := attackImage(t, e)
+	sb := e.create(&warrenv1.CreateRequest{Image: img, Id: "refused"})
+	calm := e.create(&warrenv1.CreateRequest{Image: img, Id: "calm"})
+	e.attack(calm.Id, "sync", "clone3")
+	got := e.attack(sb.Id, "bpf", "keyctl", "sync", "clone3")
+	if got["bpf"] != "EPERM" || got["keyctl"] != "EPERM" {
+		t.Fatalf("attacks: %v", got)
+	}
+	want := map[string]bool{fmt.Sprintf("system call %d ", unix.SYS_BPF): false, fmt.Sprintf("system call %d ", unix.SYS_KEYCTL): false}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		evs, err := e.c.SandboxEvents(ctxFor(t, 10*time.Second), sb.Id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			for k := range want {
+				if ev.Kind == "seccomp" && strings.Contains(ev.Detail, k) {
+					want[k] = true
+				}
+			}
+			for _, nr := range []int{unix.SYS_SYNC, unix.SYS_CLONE3} {
+				if strings.Contains(ev.Detail, fmt.Sprintf("system call %d ", nr)) {
+					t.Errorf("an event for a call the filter does not refuse on purpose: %v", ev)
+				}
+			}
+		}
+		if want[fmt.Sprintf("system call %d ", unix.SYS_BPF)] && want[fmt.Sprintf("system call %d ", unix.SYS_KEYCTL)] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events of %s: %v; found %v", sb.Id, evs, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if evs, err := e.c.SandboxEvents(ctxFor(t, 10*time.Second), calm.Id); err != nil || len(evs) != 0 {
+		t.Errorf("the neighbour's events: %v %v", evs, err)
 	}
 }

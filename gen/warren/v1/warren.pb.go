@@ -215,7 +215,12 @@ type CreateRequest struct {
 	// create: UpdateSandbox does not change them. The sandbox's PID 1 (its
 	// agent) keeps the daemon's nofile, cpu, as, data and stack limits, so
 	// that what is meant for programs cannot starve the agent serving them.
-	Rlimits       []*Rlimit `protobuf:"bytes,13,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
+	Rlimits []*Rlimit `protobuf:"bytes,13,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
+	// Let setuid and setgid binaries and file capabilities work in the
+	// sandbox (sudo, su, ping run by a non-root user of the image): its
+	// processes run without no_new_privs. The seccomp filter, the
+	// capability bounding set and the namespaces still hold. Default off.
+	AllowSetuid   bool `protobuf:"varint,15,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -341,6 +346,13 @@ func (x *CreateRequest) GetRlimits() []*Rlimit {
 	return nil
 }
 
+func (x *CreateRequest) GetAllowSetuid() bool {
+	if x != nil {
+		return x.AllowSetuid
+	}
+	return false
+}
+
 // Rlimit is one resource limit. Names: cpu (seconds), fsize, data, stack,
 // core, rss, as, memlock, msgqueue (bytes), nproc, nofile, locks,
 // sigpending, nice, rtprio, rttime (microseconds): the kernel's
@@ -427,6 +439,7 @@ type Sandbox struct {
 	// sandboxes created by daemons before they were set: those inherited
 	// the daemon's own.
 	Rlimits       []*Rlimit `protobuf:"bytes,16,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
+	AllowSetuid   bool      `protobuf:"varint,19,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"` // CreateRequest.allow_setuid
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -571,6 +584,13 @@ func (x *Sandbox) GetRlimits() []*Rlimit {
 		return x.Rlimits
 	}
 	return nil
+}
+
+func (x *Sandbox) GetAllowSetuid() bool {
+	if x != nil {
+		return x.AllowSetuid
+	}
+	return false
 }
 
 type GetRequest struct {
@@ -4598,7 +4618,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xbc\x04\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xdf\x04\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4613,7 +4633,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	" \x03(\tR\x06layers\x12\x12\n" +
 	"\x04user\x18\v \x01(\tR\x04user\x12\x19\n" +
 	"\bkeep_etc\x18\f \x01(\bR\akeepEtc\x12+\n" +
-	"\arlimits\x18\r \x03(\v2\x11.warren.v1.RlimitR\arlimits\x1a6\n" +
+	"\arlimits\x18\r \x03(\v2\x11.warren.v1.RlimitR\arlimits\x12!\n" +
+	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -4623,7 +4644,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xab\x05\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xce\x05\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4642,7 +4663,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06layers\x18\r \x03(\tR\x06layers\x12\x12\n" +
 	"\x04user\x18\x0e \x01(\tR\x04user\x12\x19\n" +
 	"\bkeep_etc\x18\x0f \x01(\bR\akeepEtc\x12+\n" +
-	"\arlimits\x18\x10 \x03(\v2\x11.warren.v1.RlimitR\arlimits\x1a6\n" +
+	"\arlimits\x18\x10 \x03(\v2\x11.warren.v1.RlimitR\arlimits\x12!\n" +
+	"\fallow_setuid\x18\x13 \x01(\bR\vallowSetuid\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

@@ -385,6 +385,7 @@ class AsyncWarren:
         layers: Optional[Sequence[str]] = None,
         user: Optional[str] = None,
         keep_etc: bool = False,
+        allow_setuid: bool = False,
         rlimits: Optional[RlimitsArg] = None,
         call_timeout: Optional[float] = None,
     ) -> "_StartContext[AsyncSandbox]":
@@ -414,6 +415,10 @@ class AsyncWarren:
             keep_etc: keep the image's ``/etc/hosts``, ``/etc/hostname`` and
                 ``/etc/resolv.conf``; by default the sandbox gets its own
                 (localhost and its hostname; no nameserver without a network).
+            allow_setuid: let setuid binaries and file capabilities work
+                (``sudo`` as a non-root user of the image): the sandbox's
+                processes run without ``no_new_privs``; the seccomp filter
+                stays. Off by default.
             rlimits: resource limits of every process, over the defaults of a
                 Debian 12 machine (nofile 1024:524288, stack 8 MiB soft, core 0
                 soft, memlock 8 MiB, the rest mostly unlimited; lowered to the
@@ -456,6 +461,7 @@ class AsyncWarren:
                 layers=layer_names,
                 user=user,
                 keep_etc=keep_etc,
+                allow_setuid=allow_setuid,
                 rlimits=limits,
                 call_timeout=call_timeout if call_timeout is not None else self.create_timeout,
             )
@@ -477,6 +483,7 @@ class AsyncWarren:
         layers: Sequence[str],
         user: Optional[str],
         keep_etc: bool,
+        allow_setuid: bool,
         rlimits: Sequence[Rlimit],
         call_timeout: float,
     ) -> "AsyncSandbox":
@@ -511,6 +518,8 @@ class AsyncWarren:
             body["user"] = user
         if keep_etc:
             body["keepEtc"] = True
+        if allow_setuid:
+            body["allowSetuid"] = True
         if rlimits:
             body["rlimits"] = [r._to_json() for r in rlimits]
 

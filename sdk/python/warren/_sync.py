@@ -251,6 +251,7 @@ class Warren:
         layers: Optional[Sequence[str]] = None,
         user: Optional[str] = None,
         keep_etc: bool = False,
+        allow_setuid: bool = False,
         rlimits: Optional[RlimitsArg] = None,
         call_timeout: Optional[float] = None,
     ) -> "Sandbox":
@@ -273,6 +274,7 @@ class Warren:
             layers=layers,
             user=user,
             keep_etc=keep_etc,
+            allow_setuid=allow_setuid,
             rlimits=rlimits,
             call_timeout=call_timeout,
         )

@@ -197,6 +197,8 @@ class SandboxInfo:
     user: str = ""
     #: the image's own /etc/hosts, hostname and resolv.conf were kept
     keep_etc: bool = False
+    #: setuid binaries work: created with ``allow_setuid=True``
+    allow_setuid: bool = False
     #: the resource limits every process of the sandbox starts with: all of
     #: them, in the kernel's order (the defaults, or ``create(rlimits=...)``);
     #: empty for sandboxes of daemons before rlimits existed
@@ -241,6 +243,7 @@ class SandboxInfo:
             layers=tuple(d.get("layers") or ()),
             user=d.get("user", ""),
             keep_etc=bool(d.get("keepEtc", False)),
+            allow_setuid=bool(d.get("allowSetuid", False)),
             rlimits=tuple(Rlimit._from_json(x) for x in d.get("rlimits") or ()),
         )
 
