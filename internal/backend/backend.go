@@ -194,9 +194,15 @@ type DiskUse struct {
 // filesystem). The daemon asks only when that disk runs low, to find the
 // sandbox to stop: DiskUsage may walk the sandbox's whole writable layer.
 type DiskUser interface {
-	// DiskUsage is how many bytes of the node's disk the sandbox's
-	// writable layer takes, as far as it could tell by ctx's end.
-	DiskUsage(ctx context.Context) (uint64, error)
+	// DiskUsage is how much of the node's disk the sandbox's writable
+	// layer takes, as far as it could tell by ctx's end.
+	DiskUsage(ctx context.Context) (LayerUsage, error)
+}
+
+// LayerUsage is what a writable layer takes of the node's disk.
+type LayerUsage struct {
+	Bytes  uint64 // allocated blocks
+	Inodes uint64 // files, directories, links
 }
 
 // Backlogged is implemented by backends that finish deletes in the

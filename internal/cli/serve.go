@@ -73,7 +73,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
 	f.DurationVar(&o.defaultTimeout, "default-timeout", daemon.DefaultTimeout, "sandbox lifetime when a create request gives none")
 	f.StringVar(&o.defaultDisk, "default-disk", "", "disk limit of each sandbox's writable layer when a create request gives none, e.g. 10Gi (default: unlimited, on the state dir's filesystem)")
-	f.StringVar(&o.diskReserve, "disk-reserve", "5%", "free space to keep on the state dir's filesystem, a size (2Gi) or a percentage of it (at most 10Gi then); below it creates are refused, below half of it the sandbox whose writable layer takes the most is stopped; 0 turns the guard off")
+	f.StringVar(&o.diskReserve, "disk-reserve", "5%", "free space to keep on the state dir's filesystem, a size (2Gi) or a percentage of it (at most 10Gi then); below it (or below 5% of its inodes) creates are refused, below half of it the sandbox whose writable layer takes the most is stopped; 0 turns the guard off")
 	f.DurationVar(&o.guardInterval, "guard-interval", daemon.DefaultGuardInterval, "how often every sandbox's containment counters (OOM kills, refused forks, its disk) and the node's free disk are read")
 	f.StringVar(&o.eventLogBytes, "event-log-bytes", "16Mi", "size at which the security event audit file (<state-dir>/events/events.log) is rotated; the node keeps it and one rotated file")
 	f.BoolVar(&o.layerDirectIO, "layer-direct-io", true, "mount layer blobs with EROFS's directio option where the kernel and the store's filesystem allow it, so that only the blocks sandboxes read are read (not the store disk's readahead around them)")

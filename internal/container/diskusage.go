@@ -20,19 +20,19 @@ const maxUsageEntries = 1 << 20
 
 // DiskUsage is what the sandbox's writable layer takes of the node's
 // disk (backend.DiskUser): with a disk of its own, the blocks its image
-// holds (at most its limit; sparse, so one stat); otherwise the blocks of
-// everything in its upper directory, walked without following symlinks
+// holds (at most its limit; sparse, so one stat) and one inode; otherwise
+// the blocks and entries of everything in its upper directory, walked without following symlinks
 // and cut at maxUsageEntries or ctx's end. The daemon asks only when the
 // node's disk is low.
-func (s *sandbox) DiskUsage(ctx context.Context) (uint64, error) {
+func (s *sandbox) DiskUsage(ctx context.Context) (backend.LayerUsage, error) {
 	if s.disk {
 		var st unix.Stat_t
 		if err := unix.Stat(s.b.diskImage(s.id), &st); err != nil {
-			return 0, fsErr(err, "stat disk image")
+			return backend.LayerUsage{}, fsErr(err, "stat disk image")
 		}
-		return uint64(st.Blocks) * 512, nil
+		return backend.LayerUsage{Bytes: uint64(st.Blocks) * 512, Inodes: 1}, nil
 	}
-	var total uint64
+	var u backend.LayerUsage
 	n := 0
 	err := filepath.WalkDir(filepath.Join(s.b.stateDir(s.id), "upper"), func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -41,12 +41,13 @@ func (s *sandbox) DiskUsage(ctx context.Context) (uint64, error) {
 		if n++; n > maxUsageEntries || ctx.Err() != nil {
 			return filepath.SkipAll
 		}
+		u.Inodes++
 		if fi, err := d.Info(); err == nil {
 			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				total += uint64(st.Blocks) * 512
+				u.Bytes += uint64(st.Blocks) * 512
 			}
 		}
 		return nil
 	})
-	return total, err
+	return u, err
 }

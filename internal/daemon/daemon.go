@@ -183,6 +183,9 @@ type sandbox struct {
 	procPending  int
 	commit       *commitOp   // the commit in progress, if any
 	seen         containSeen // the containment counters last read (events.go)
+	// exitsUnchecked: a background process exited since the guard last
+	// looked at the processes' output (events.go).
+	exitsUnchecked atomic.Bool
 }
 
 // New opens the store under cfg.StateDir and re-adopts the sandboxes an

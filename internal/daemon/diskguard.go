@@ -17,12 +17,12 @@ import (
 // the node. A limit for every sandbox (--default-disk) costs an ext4
 // image, a loop device and a mount per create (~10 ms); instead the
 // guard keeps a reserve on that filesystem, read with one statfs per
-// GuardInterval:
+// GuardInterval, for bytes (--disk-reserve) and inodes (5% of them):
 //
 //   - below the reserve, creates are refused (exhausted), so no new
 //     sandbox starts on a disk that is running out;
 //   - below half of it, the sandbox whose writable layer takes the most
-//     of the node's disk is stopped (STOPPED, with the reason, and a
+//     of what is short (bytes, or files) is stopped (STOPPED, with the reason, and a
 //     disk_reserve event): its layer is removed and the space comes
 //     back. Its usage is measured only then (a walk of every running
 //     sandbox's layer), so the guard costs nothing while the disk is fine.
@@ -39,30 +39,57 @@ const (
 )
 
 // diskGuard is the guard's state; only the guard goroutine writes it
-// except low, which Create reads.
+// (Create reads Manager.diskLow).
 type diskGuard struct {
 	lastStop time.Time
 }
 
+// inodeReservePercent is the share of the state filesystem's inodes the
+// guard keeps free (below half of it, it stops the sandbox with the most
+// files): empty files fill an inode table long before the blocks.
+const inodeReservePercent = 5
+
+// nodeDisk is one look at the state directory's filesystem.
+type nodeDisk struct {
+	free, reserve            uint64 // bytes
+	freeInodes, inodeReserve uint64 // inodeReserve 0: no inode count (some filesystems)
+}
+
+func (d nodeDisk) low() bool {
+	return d.free < d.reserve || d.freeInodes < d.inodeReserve
+}
+
+// short says what is critically short (under half its reserve): "bytes",
+// "inodes" or "".
+func (d nodeDisk) short() string {
+	switch {
+	case d.free < d.reserve/2:
+		return "bytes"
+	case d.freeInodes < d.inodeReserve/2:
+		return "inodes"
+	}
+	return ""
+}
+
 // checkNodeDisk reads the state directory's free space and acts on it.
 func (m *Manager) checkNodeDisk() {
-	reserve := uint64(m.cfg.DiskReserveBytes)
-	if reserve == 0 {
+	if m.cfg.DiskReserveBytes <= 0 {
 		return
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(m.cfg.StateDir, &st); err != nil {
 		return
 	}
-	free := st.Bavail * uint64(st.Bsize)
-	low := free < reserve
+	d := nodeDisk{free: st.Bavail * uint64(st.Bsize), reserve: uint64(m.cfg.DiskReserveBytes),
+		freeInodes: st.Ffree, inodeReserve: st.Files * inodeReservePercent / 100}
+	low := d.low()
 	if was := m.diskLow.Swap(low); was != low {
-		m.log.Warn("node disk below its reserve: creates are refused", "low", low, "free", free, "reserve", reserve)
+		m.log.Warn("node disk below its reserve: creates are refused", "low", low, "free", d.free, "reserve", d.reserve,
+			"free_inodes", d.freeInodes, "inode_reserve", d.inodeReserve)
 	}
-	if free >= reserve/2 || !m.mayStopForDisk() {
-		return
+	if what := d.short(); what != "" && m.mayStopForDisk() {
+		m.stopLargest(d, what == "inodes")
 	}
-	m.stopLargest(free, reserve)
 }
 
 // mayStopForDisk: the last stop's layer has been removed, or the
@@ -80,14 +107,14 @@ func (m *Manager) mayStopForDisk() bool {
 }
 
 // stopLargest stops the running sandbox whose writable layer takes the
-// most of the node's disk.
-func (m *Manager) stopLargest(free, reserve uint64) {
+// most of the node's disk: bytes, or with byInodes, files.
+func (m *Manager) stopLargest(d nodeDisk, byInodes bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), diskUsageTimeout)
 	defer cancel()
 	var (
 		best    *sandbox
 		bestSB  backend.Sandbox
-		bestUse uint64
+		bestUse backend.LayerUsage
 	)
 	for _, s := range m.snapshot() {
 		s.mu.Lock()
@@ -97,16 +124,21 @@ func (m *Manager) stopLargest(free, reserve uint64) {
 		if !running || !ok {
 			continue
 		}
-		if n, err := du.DiskUsage(ctx); err == nil && n > bestUse {
-			best, bestSB, bestUse = s, sb, n
+		u, err := du.DiskUsage(ctx)
+		if err == nil && (byInodes && u.Inodes > bestUse.Inodes || !byInodes && u.Bytes > bestUse.Bytes) {
+			best, bestSB, bestUse = s, sb, u
 		}
 	}
 	if best == nil {
-		m.log.Error("node disk below half its reserve, and no sandbox to stop holds any of it", "free", free, "reserve", reserve)
+		m.log.Error("node disk below half its reserve, and no sandbox to stop holds any of it", "free", d.free, "free_inodes", d.freeInodes)
 		return
 	}
 	why := fmt.Sprintf("stopped by the disk guard: the node's disk had %s free, under half its reserve of %s, and this sandbox's writable layer took the most of it (%s)",
-		bytesText(int64(free)), bytesText(int64(reserve)), bytesText(int64(bestUse)))
+		bytesText(int64(d.free)), bytesText(int64(d.reserve)), bytesText(int64(bestUse.Bytes)))
+	if byInodes {
+		why = fmt.Sprintf("stopped by the disk guard: the node's disk had %d free inodes, under half its reserve of %d, and this sandbox's writable layer held the most files (%d)",
+			d.freeInodes, d.inodeReserve, bestUse.Inodes)
+	}
 	m.record(best.id, events.DiskReserve, 1, "", "%s", why)
 	m.disk.lastStop = time.Now()
 	m.died(best, bestSB, why)
@@ -115,7 +147,7 @@ func (m *Manager) stopLargest(free, reserve uint64) {
 // refuseOnLowDisk is Create's check of the guard.
 func (m *Manager) refuseOnLowDisk() error {
 	if m.diskLow.Load() {
-		return errdefs.Exhaustedf("the node's disk is below its reserve of %s: no sandbox is created until space is freed", bytesText(m.cfg.DiskReserveBytes))
+		return errdefs.Exhaustedf("the node's disk is below its reserve (%s, and %d%% of its inodes): no sandbox is created until space is freed", bytesText(m.cfg.DiskReserveBytes), inodeReservePercent)
 	}
 	return nil
 }

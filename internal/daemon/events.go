@@ -152,8 +152,12 @@ func (m *Manager) guard() {
 			s.mu.Lock()
 			sb, running := s.sb, s.st == stateRunning
 			s.mu.Unlock()
-			if running && sb != nil {
-				m.checkContained(s, sb, "")
+			if !running || sb == nil {
+				continue
+			}
+			m.checkContained(s, sb, "")
+			if host, ok := sb.(backend.Background); ok && s.exitsUnchecked.Swap(false) {
+				m.outputCaps(s, host)
 			}
 		}
 		m.checkNodeDisk()
@@ -237,6 +241,10 @@ func (m *Manager) record(sandbox string, k events.Kind, count uint64, process, f
 // kernel's counters at once (an OOM kill, refused forks, a full disk
 // likely made it fail).
 func (m *Manager) execEvents(s *sandbox, sb backend.Sandbox, argv []string, res *warrenv1.ExecResult, limit int64, timeout time.Duration) {
+	failed := res.GetExitCode() != 0 || res.GetSignal() != 0
+	if !failed && !res.GetTimedOut() && res.GetStdoutDroppedBytes() == 0 && res.GetStderrDroppedBytes() == 0 {
+		return // the common exec: nothing to look at, nothing allocated
+	}
 	who := "pid " + strconv.Itoa(int(res.GetPid()))
 	cmd := argvText(argv)
 	if res.GetTimedOut() {
@@ -250,7 +258,7 @@ func (m *Manager) execEvents(s *sandbox, sb backend.Sandbox, argv []string, res 
 			m.record(s.id, events.OutputCap, 1, who, "exec %s wrote %d bytes to %s past its output limit of %s: dropped", cmd, st.dropped, st.name, bytesText(limit))
 		}
 	}
-	if res.GetExitCode() != 0 || res.GetSignal() != 0 {
+	if failed {
 		victim := ""
 		if res.GetOomKilled() {
 			victim = who
@@ -259,34 +267,54 @@ func (m *Manager) execEvents(s *sandbox, sb backend.Sandbox, argv []string, res 
 	}
 }
 
-// processEvents records what was contained of a background process once
-// it exited: its timeout, and its output past the cap (the agent kept
-// the latest bytes; those before Start were dropped), read from the
-// agent's record.
-func (m *Manager) processEvents(p *process) {
-	cmd := argvText(p.argv)
+// processExited records a background process's timeout kill at once
+// and leaves its output to the guard's next round: whether output was
+// dropped is in the agent's record, and one listing per sandbox and round
+// (outputCaps) costs the agent far less than one per exit (a listing is
+// up to 1,024 records of up to 3 KiB).
+func (m *Manager) processExited(p *process) {
 	p.mu.Lock()
 	timedOut := p.timedOut
 	p.mu.Unlock()
 	if timedOut {
-		m.record(p.sandbox, events.Timeout, 1, p.id, "process %s killed after its timeout of %v", cmd, p.timeout)
+		m.record(p.sandbox, events.Timeout, 1, p.id, "process %s killed after its timeout of %v", argvText(p.argv), p.timeout)
 	}
+	if s, err := m.lookup(p.sandbox); err == nil {
+		s.exitsUnchecked.Store(true)
+	}
+}
+
+// outputCaps records an output_cap event for every exited background
+// process of the sandbox whose output outgrew its cap (the agent kept the
+// latest bytes; those before Start were dropped), once per process.
+func (m *Manager) outputCaps(s *sandbox, host backend.Background) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	recs, err := p.host.ListBackground(ctx)
+	recs, err := host.ListBackground(ctx)
 	if err != nil {
 		return
 	}
+	byPid := map[int]*process{}
+	s.mu.Lock()
+	for _, p := range s.procs {
+		if p.exited() && !p.capChecked {
+			byPid[p.pid] = p
+		}
+	}
+	s.mu.Unlock()
 	for _, r := range recs {
-		if r.Pid != p.pid {
+		p := byPid[r.Pid]
+		if p == nil || !r.Exited {
 			continue
 		}
+		p.capChecked = true // only this goroutine (the guard) reads and writes it
 		for _, st := range []struct {
 			name string
 			rng  backend.StreamRange
 		}{{"stdout", r.Stdout}, {"stderr", r.Stderr}} {
 			if st.rng.Start > 0 {
-				m.record(p.sandbox, events.OutputCap, 1, p.id, "process %s wrote %d bytes to %s; the oldest %d past its output limit of %s were dropped", cmd, st.rng.Total, st.name, st.rng.Start, bytesText(r.OutputCap))
+				m.record(s.id, events.OutputCap, 1, p.id, "process %s wrote %d bytes to %s; the oldest %d past its output limit of %s were dropped",
+					argvText(p.argv), st.rng.Total, st.name, st.rng.Start, bytesText(r.OutputCap))
 			}
 		}
 	}

@@ -100,9 +100,10 @@ func TestKernelContainmentIsPolled(t *testing.T) {
 		}
 		return p
 	}
-	start(&warrenv1.ExecRequest{Shell: "for i in $(seq 20); do sleep 5 & done 2>/dev/null; exit 0"})
 	loud := start(&warrenv1.ExecRequest{Shell: "head -c 300000 /dev/zero", OutputLimitBytes: 100000})
 	slow := start(&warrenv1.ExecRequest{Argv: []string{"sleep", "10"}, TimeoutMs: 100})
+	// Last, and it kills what it forked: at the limit, nothing else starts.
+	start(&warrenv1.ExecRequest{Shell: "for i in $(seq 20); do sleep 5 & done 2>/dev/null; kill $(jobs -p); exit 0"})
 	eventually(t, 10*time.Second, "the three events", func() bool {
 		evs := e.eventsOf("bg")
 		return eventOf(evs, events.PidsLimit) != nil && eventOf(evs, events.OutputCap) != nil && eventOf(evs, events.Timeout) != nil
@@ -176,6 +177,28 @@ func TestContainDelta(t *testing.T) {
 	}{{10, false}, {0, true}, {5, false}, {0, false}, {20, false}, {0, true}} {
 		if got := c.update(inodes(s.free)).inodesFull; got != s.want {
 			t.Errorf("inodes step %d (%d free): %v", i, s.free, got)
+		}
+	}
+}
+
+// The guard refuses creates below either reserve and stops a sandbox
+// below half of one: bytes first.
+func TestNodeDiskThresholds(t *testing.T) {
+	for _, c := range []struct {
+		d     nodeDisk
+		low   bool
+		short string
+	}{
+		{nodeDisk{free: 100, reserve: 50, freeInodes: 100, inodeReserve: 50}, false, ""},
+		{nodeDisk{free: 40, reserve: 50, freeInodes: 100, inodeReserve: 50}, true, ""},
+		{nodeDisk{free: 20, reserve: 50, freeInodes: 100, inodeReserve: 50}, true, "bytes"},
+		{nodeDisk{free: 100, reserve: 50, freeInodes: 40, inodeReserve: 50}, true, ""},
+		{nodeDisk{free: 100, reserve: 50, freeInodes: 20, inodeReserve: 50}, true, "inodes"},
+		{nodeDisk{free: 20, reserve: 50, freeInodes: 20, inodeReserve: 50}, true, "bytes"},
+		{nodeDisk{free: 100, reserve: 50, freeInodes: 0, inodeReserve: 0}, false, ""}, // no inode count
+	} {
+		if c.d.low() != c.low || c.d.short() != c.short {
+			t.Errorf("%+v: low %v short %q, want %v %q", c.d, c.d.low(), c.d.short(), c.low, c.short)
 		}
 	}
 }

@@ -55,7 +55,10 @@ type process struct {
 	done     chan struct{} // closed once the exit is known
 	status   backend.ExitStatus
 	lost     bool // the sandbox went before the exit was seen
-	runtime  time.Duration
+	// capChecked: the guard looked at its output for an output_cap event
+	// (events.go; the guard's alone).
+	capChecked bool
+	runtime    time.Duration
 }
 
 // procTag is what the daemon keeps about a process in the agent's record
@@ -398,6 +401,9 @@ func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
 		p.stdinClosed = !r.StdinOpen && !r.Exited
 		if r.Exited {
 			p.finish(r.Status, false, r.Runtime)
+			// Looked at before the restart, or while no daemon ran:
+			// either way not an event of this daemon's.
+			p.capChecked = true
 		} else {
 			watch = append(watch, p)
 		}
@@ -424,7 +430,7 @@ func (m *Manager) watchProcess(p *process) {
 		st, err := p.awaitExit(&timeoutC)
 		if st != nil {
 			p.finish(*st, false, time.Since(p.started))
-			m.processEvents(p)
+			m.processExited(p)
 			return
 		}
 		if p.isDetached() {

@@ -112,6 +112,9 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	}()
 	cl.Add(func() error {
 		m.forget(s)
+		// A kernel source may have recorded an event of the sandbox
+		// while it was being created.
+		m.events.Forget(s.id)
 		return nil
 	})
 

@@ -486,6 +486,76 @@ func TestAdversarialNodeDiskFillStopsLargestSandbox(t *testing.T) {
 	}
 }
 
+// TestAdversarialNodeInodeFillStopsSandboxWithMostFiles: empty files
+// cannot exhaust the node's inode table either: below 5% of the state
+// filesystem's inodes free, creates are refused; below half of that, the
+// sandbox whose layer holds the most files is stopped, with a
+// disk_reserve event, and the inodes come back.
+func TestAdversarialNodeInodeFillStopsSandboxWithMostFiles(t *testing.T) {
+	e := newEnv(t, envOptions{
+		serveArgs: []string{"--disk-reserve", "1Mi", "--guard-interval", "100ms"},
+		beforeStart: func(e *env) {
+			if err := os.MkdirAll(e.stateDir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			// forceClean unmounts it at the end.
+			if err := unix.Mount("tmpfs", e.stateDir, "tmpfs", 0, "size=256m,nr_inodes=20000,mode=0700"); err != nil {
+				t.Fatalf("mount tmpfs: %v", err)
+			}
+		},
+	})
+	ctx := ctxFor(t, 2*time.Minute)
+	e.create(&warrenv1.CreateRequest{Id: "filler"})
+	e.create(&warrenv1.CreateRequest{Id: "calm"})
+	e.shOK("calm", "echo mine > /keep")
+	free := func() int {
+		var st unix.Statfs_t
+		if err := unix.Statfs(e.stateDir, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int(st.Ffree)
+	}
+	files := func(dir string, n int) string {
+		return fmt.Sprintf("mkdir -p %s; i=0; while [ $i -lt %d ]; do echo -n > %s/$i; i=$((i+1)); done", dir, n, dir)
+	}
+	// Down to 700 free of 20,000: below the reserve (1,000), above half.
+	e.shOK("filler", files("/a", free()-700))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := e.c.Create(ctx, &warrenv1.CreateRequest{Id: "late", Image: imageName})
+		if err != nil {
+			wantCategory(t, err, client.CategoryExhausted, "create below the inode reserve")
+			break
+		}
+		if err := e.c.Delete(ctx, "late"); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("creates still work with %d inodes free", free())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, _ = e.c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "filler", Shell: files("/b", 400)})
+	sb, err := e.waitState("filler", stateStopped, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(sb.DeadReason, "free inodes") {
+		t.Errorf("the filler's reason: %q", sb.DeadReason)
+	}
+	e.waitEvent("filler", "disk_reserve", time.Second)
+	if got := e.shOK("calm", "cat /keep"); got != "mine\n" {
+		t.Errorf("neighbour after the stop: %q", got)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for free() < 1000 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stopped sandbox's files were not removed: %d inodes free", free())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TestAdversarialSeccompDenialIsAnEvent: a system call refused by a
 // seccomp filter that logs (SECCOMP_FILTER_FLAG_LOG, as Warren's own will)
 // becomes a seccomp event of the sandbox that made it, naming the

@@ -196,7 +196,8 @@ type SandboxServiceClient interface {
 	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.Layer], error)
 	// ListSandboxEvents lists a sandbox's security events, oldest first:
 	// every action the node contained or denied (OOM kill, pids limit,
-	// output cap, full disk, timeout kill; later seccomp denials). The
+	// output cap, full disk or inode table, timeout kill, a stop by the
+	// disk guard, a system call the seccomp filter refused and logged). The
 	// daemon keeps the latest 256 per sandbox while the sandbox exists
 	// (its audit file keeps them longer). NotFound for an unknown sandbox.
 	ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error)
@@ -554,7 +555,8 @@ type SandboxServiceHandler interface {
 	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.Layer], error)
 	// ListSandboxEvents lists a sandbox's security events, oldest first:
 	// every action the node contained or denied (OOM kill, pids limit,
-	// output cap, full disk, timeout kill; later seccomp denials). The
+	// output cap, full disk or inode table, timeout kill, a stop by the
+	// disk guard, a system call the seccomp filter refused and logged). The
 	// daemon keeps the latest 256 per sandbox while the sandbox exists
 	// (its audit file keeps them longer). NotFound for an unknown sandbox.
 	ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error)
