@@ -215,7 +215,9 @@ type CreateRequest struct {
 	// create: UpdateSandbox does not change them. The sandbox's PID 1 (its
 	// agent) keeps the daemon's nofile, cpu, as, data and stack limits, so
 	// that what is meant for programs cannot starve the agent serving them.
-	Rlimits       []*Rlimit `protobuf:"bytes,13,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
+	Rlimits []*Rlimit `protobuf:"bytes,13,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
+	// The sandbox's network (unset: mode "none", loopback only).
+	Network       *NetworkPolicy `protobuf:"bytes,14,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -341,6 +343,139 @@ func (x *CreateRequest) GetRlimits() []*Rlimit {
 	return nil
 }
 
+func (x *CreateRequest) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+// NetworkPolicy is what a sandbox may reach over the network. Modes:
+//
+//	"none" (or ""): loopback only; no interface is made.
+//	"open": an interface with an address of the node's sandbox subnet,
+//	  NAT out through the node.
+//	"allowlist": that interface, but only to the destinations in allow.
+//
+// In every mode the node's own addresses (the daemon's API and anything
+// else listening on the node), link-local and metadata addresses
+// (169.254.0.0/16, fd00:ec2::254) and other sandboxes are unreachable,
+// and nothing outside may open a connection into the sandbox.
+type NetworkPolicy struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Mode          string                 `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	Allow         []*NetworkRule         `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"` // only with mode "allowlist"
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkPolicy) Reset() {
+	*x = NetworkPolicy{}
+	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkPolicy) ProtoMessage() {}
+
+func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
+func (*NetworkPolicy) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NetworkPolicy) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *NetworkPolicy) GetAllow() []*NetworkRule {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+// NetworkRule allows one destination: an IPv4 CIDR ("10.1.2.0/24", or an
+// address alone for /32), optionally one port (1-65535; unset = every
+// port) and protocol ("tcp", "udp"; "" = both).
+type NetworkRule struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cidr          string                 `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
+	Port          *uint32                `protobuf:"varint,2,opt,name=port,proto3,oneof" json:"port,omitempty"`
+	Protocol      string                 `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkRule) Reset() {
+	*x = NetworkRule{}
+	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkRule) ProtoMessage() {}
+
+func (x *NetworkRule) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
+func (*NetworkRule) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *NetworkRule) GetCidr() string {
+	if x != nil {
+		return x.Cidr
+	}
+	return ""
+}
+
+func (x *NetworkRule) GetPort() uint32 {
+	if x != nil && x.Port != nil {
+		return *x.Port
+	}
+	return 0
+}
+
+func (x *NetworkRule) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
 // Rlimit is one resource limit. Names: cpu (seconds), fsize, data, stack,
 // core, rss, as, memlock, msgqueue (bytes), nproc, nofile, locks,
 // sigpending, nice, rtprio, rttime (microseconds): the kernel's
@@ -356,7 +491,7 @@ type Rlimit struct {
 
 func (x *Rlimit) Reset() {
 	*x = Rlimit{}
-	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	mi := &file_warren_v1_warren_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -368,7 +503,7 @@ func (x *Rlimit) String() string {
 func (*Rlimit) ProtoMessage() {}
 
 func (x *Rlimit) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	mi := &file_warren_v1_warren_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -381,7 +516,7 @@ func (x *Rlimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
 func (*Rlimit) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Rlimit) GetName() string {
@@ -426,14 +561,17 @@ type Sandbox struct {
 	// them, in the kernel's order (CreateRequest.rlimits). Empty for
 	// sandboxes created by daemons before they were set: those inherited
 	// the daemon's own.
-	Rlimits       []*Rlimit `protobuf:"bytes,16,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Rlimits []*Rlimit      `protobuf:"bytes,16,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
+	Network *NetworkPolicy `protobuf:"bytes,17,opt,name=network,proto3" json:"network,omitempty"` // unset for mode "none"
+	// The sandbox's address on the node's sandbox subnet ("" in mode "none").
+	NetworkAddress string `protobuf:"bytes,18,opt,name=network_address,json=networkAddress,proto3" json:"network_address,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	mi := &file_warren_v1_warren_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +583,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	mi := &file_warren_v1_warren_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +596,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Sandbox) GetId() string {
@@ -573,6 +711,20 @@ func (x *Sandbox) GetRlimits() []*Rlimit {
 	return nil
 }
 
+func (x *Sandbox) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+func (x *Sandbox) GetNetworkAddress() string {
+	if x != nil {
+		return x.NetworkAddress
+	}
+	return ""
+}
+
 type GetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -582,7 +734,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[4]
+	mi := &file_warren_v1_warren_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -594,7 +746,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[4]
+	mi := &file_warren_v1_warren_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -607,7 +759,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{4}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetRequest) GetId() string {
@@ -626,7 +778,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[5]
+	mi := &file_warren_v1_warren_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +790,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[5]
+	mi := &file_warren_v1_warren_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +803,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{5}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -670,7 +822,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[6]
+	mi := &file_warren_v1_warren_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +834,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[6]
+	mi := &file_warren_v1_warren_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +847,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{6}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -714,7 +866,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[7]
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -726,7 +878,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[7]
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -739,7 +891,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{7}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -757,7 +909,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[8]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +921,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[8]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +934,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{8}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
 }
 
 type ExtendTimeoutRequest struct {
@@ -795,7 +947,7 @@ type ExtendTimeoutRequest struct {
 
 func (x *ExtendTimeoutRequest) Reset() {
 	*x = ExtendTimeoutRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +959,7 @@ func (x *ExtendTimeoutRequest) String() string {
 func (*ExtendTimeoutRequest) ProtoMessage() {}
 
 func (x *ExtendTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +972,7 @@ func (x *ExtendTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*ExtendTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExtendTimeoutRequest) GetId() string {
@@ -851,13 +1003,16 @@ type UpdateSandboxRequest struct {
 	TimeoutSeconds *int64                 `protobuf:"varint,5,opt,name=timeout_seconds,json=timeoutSeconds,proto3,oneof" json:"timeout_seconds,omitempty"` // new deadline = now + timeout_seconds (0 = node default)
 	SetLabels      map[string]string      `protobuf:"bytes,6,rep,name=set_labels,json=setLabels,proto3" json:"set_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	RemoveLabels   []string               `protobuf:"bytes,7,rep,name=remove_labels,json=removeLabels,proto3" json:"remove_labels,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// A new network policy, applied at once: new connections follow it and
+	// established ones it forbids are cut. Unset: unchanged.
+	Network       *NetworkPolicy `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpdateSandboxRequest) Reset() {
 	*x = UpdateSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -869,7 +1024,7 @@ func (x *UpdateSandboxRequest) String() string {
 func (*UpdateSandboxRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -882,7 +1037,7 @@ func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpdateSandboxRequest) GetId() string {
@@ -934,6 +1089,13 @@ func (x *UpdateSandboxRequest) GetRemoveLabels() []string {
 	return nil
 }
 
+func (x *UpdateSandboxRequest) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
 type ExecRequest struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId        string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -962,7 +1124,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1136,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1149,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1101,7 +1263,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1113,7 +1275,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1126,7 +1288,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecResult) GetStdout() []byte {
@@ -1228,7 +1390,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1402,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1415,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -1339,7 +1501,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1513,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1526,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -1403,7 +1565,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1415,7 +1577,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1428,7 +1590,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ProcessInfo) GetSandboxId() string {
@@ -1510,7 +1672,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1684,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1697,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1554,7 +1716,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1728,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1741,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1600,7 +1762,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1774,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1787,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WaitProcessRequest) GetSandboxId() string {
@@ -1661,7 +1823,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1673,7 +1835,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1686,7 +1848,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -1725,7 +1887,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1737,7 +1899,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1750,7 +1912,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
 }
 
 type WriteStdinRequest struct {
@@ -1765,7 +1927,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +1939,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +1952,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -1829,7 +1991,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +2003,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +2016,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
 }
 
 type AttachProcessRequest struct {
@@ -1872,7 +2034,7 @@ type AttachProcessRequest struct {
 
 func (x *AttachProcessRequest) Reset() {
 	*x = AttachProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1884,7 +2046,7 @@ func (x *AttachProcessRequest) String() string {
 func (*AttachProcessRequest) ProtoMessage() {}
 
 func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1897,7 +2059,7 @@ func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProcessRequest.ProtoReflect.Descriptor instead.
 func (*AttachProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AttachProcessRequest) GetSandboxId() string {
@@ -1938,7 +2100,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2112,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2125,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *OutputChunk) GetOffset() int64 {
@@ -1994,7 +2156,7 @@ type ProcessEvent struct {
 
 func (x *ProcessEvent) Reset() {
 	*x = ProcessEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2168,7 @@ func (x *ProcessEvent) String() string {
 func (*ProcessEvent) ProtoMessage() {}
 
 func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2181,7 @@ func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessEvent.ProtoReflect.Descriptor instead.
 func (*ProcessEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ProcessEvent) GetEvent() isProcessEvent_Event {
@@ -2090,7 +2252,7 @@ type ResizeProcessRequest struct {
 
 func (x *ResizeProcessRequest) Reset() {
 	*x = ResizeProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2264,7 @@ func (x *ResizeProcessRequest) String() string {
 func (*ResizeProcessRequest) ProtoMessage() {}
 
 func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2277,7 @@ func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessRequest.ProtoReflect.Descriptor instead.
 func (*ResizeProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResizeProcessRequest) GetSandboxId() string {
@@ -2154,7 +2316,7 @@ type ResizeProcessResponse struct {
 
 func (x *ResizeProcessResponse) Reset() {
 	*x = ResizeProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2166,7 +2328,7 @@ func (x *ResizeProcessResponse) String() string {
 func (*ResizeProcessResponse) ProtoMessage() {}
 
 func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2179,7 +2341,7 @@ func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessResponse.ProtoReflect.Descriptor instead.
 func (*ResizeProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
 }
 
 type WriteFileRequest struct {
@@ -2196,7 +2358,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2208,7 +2370,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2221,7 +2383,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -2274,7 +2436,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2286,7 +2448,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2299,7 +2461,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
 }
 
 type ReadFileRequest struct {
@@ -2314,7 +2476,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2326,7 +2488,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2339,7 +2501,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2381,7 +2543,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2393,7 +2555,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2406,7 +2568,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReadFileResponse) GetContent() []byte {
@@ -2447,7 +2609,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2459,7 +2621,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2472,7 +2634,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2555,7 +2717,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2567,7 +2729,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2580,7 +2742,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListFilesRequest) GetSandboxId() string {
@@ -2621,7 +2783,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2633,7 +2795,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2646,7 +2808,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -2673,7 +2835,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2685,7 +2847,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2698,7 +2860,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StatFileRequest) GetSandboxId() string {
@@ -2727,7 +2889,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2739,7 +2901,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2752,7 +2914,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -2791,7 +2953,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2803,7 +2965,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2816,7 +2978,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
 }
 
 type RemoveFileRequest struct {
@@ -2830,7 +2992,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2842,7 +3004,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2855,7 +3017,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RemoveFileRequest) GetSandboxId() string {
@@ -2887,7 +3049,7 @@ type RemoveFileResponse struct {
 
 func (x *RemoveFileResponse) Reset() {
 	*x = RemoveFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +3061,7 @@ func (x *RemoveFileResponse) String() string {
 func (*RemoveFileResponse) ProtoMessage() {}
 
 func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +3074,7 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
 }
 
 type Image struct {
@@ -2939,7 +3101,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2951,7 +3113,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2964,7 +3126,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Image) GetName() string {
@@ -3066,7 +3228,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3078,7 +3240,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3091,7 +3253,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
 }
 
 type ListImagesResponse struct {
@@ -3103,7 +3265,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3115,7 +3277,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3128,7 +3290,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -3147,7 +3309,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3159,7 +3321,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3172,7 +3334,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetImageRequest) GetName() string {
@@ -3192,7 +3354,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3204,7 +3366,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3217,7 +3379,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ImportImageRequest) GetName() string {
@@ -3243,7 +3405,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3255,7 +3417,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3268,7 +3430,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -3286,7 +3448,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3298,7 +3460,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3311,7 +3473,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
 }
 
 type PullImageRequest struct {
@@ -3325,7 +3487,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3337,7 +3499,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3350,7 +3512,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -3397,7 +3559,7 @@ type PullImageEvent struct {
 
 func (x *PullImageEvent) Reset() {
 	*x = PullImageEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3409,7 +3571,7 @@ func (x *PullImageEvent) String() string {
 func (*PullImageEvent) ProtoMessage() {}
 
 func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3422,7 +3584,7 @@ func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageEvent.ProtoReflect.Descriptor instead.
 func (*PullImageEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PullImageEvent) GetPhase() string {
@@ -3509,7 +3671,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3521,7 +3683,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3534,7 +3696,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Layer) GetName() string {
@@ -3610,7 +3772,7 @@ type BuildLayerRequest struct {
 
 func (x *BuildLayerRequest) Reset() {
 	*x = BuildLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3622,7 +3784,7 @@ func (x *BuildLayerRequest) String() string {
 func (*BuildLayerRequest) ProtoMessage() {}
 
 func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3635,7 +3797,7 @@ func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildLayerRequest.ProtoReflect.Descriptor instead.
 func (*BuildLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *BuildLayerRequest) GetName() string {
@@ -3660,7 +3822,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3672,7 +3834,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3685,7 +3847,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
 }
 
 type ListLayersResponse struct {
@@ -3697,7 +3859,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3709,7 +3871,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3722,7 +3884,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -3741,7 +3903,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3753,7 +3915,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3766,7 +3928,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RemoveLayerRequest) GetName() string {
@@ -3784,7 +3946,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3796,7 +3958,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3809,7 +3971,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
 }
 
 // CommitSandbox treats what the sandbox wrote as untrusted: setuid and
@@ -3826,7 +3988,7 @@ type CommitSandboxRequest struct {
 
 func (x *CommitSandboxRequest) Reset() {
 	*x = CommitSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3838,7 +4000,7 @@ func (x *CommitSandboxRequest) String() string {
 func (*CommitSandboxRequest) ProtoMessage() {}
 
 func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3851,7 +4013,7 @@ func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CommitSandboxRequest) GetSandboxId() string {
@@ -3884,7 +4046,7 @@ type ImageStatsRequest struct {
 
 func (x *ImageStatsRequest) Reset() {
 	*x = ImageStatsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3896,7 +4058,7 @@ func (x *ImageStatsRequest) String() string {
 func (*ImageStatsRequest) ProtoMessage() {}
 
 func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3909,7 +4071,7 @@ func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsRequest.ProtoReflect.Descriptor instead.
 func (*ImageStatsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ImageStatsRequest) GetNames() []string {
@@ -3944,7 +4106,7 @@ type LayerStat struct {
 
 func (x *LayerStat) Reset() {
 	*x = LayerStat{}
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3956,7 +4118,7 @@ func (x *LayerStat) String() string {
 func (*LayerStat) ProtoMessage() {}
 
 func (x *LayerStat) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3969,7 +4131,7 @@ func (x *LayerStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStat.ProtoReflect.Descriptor instead.
 func (*LayerStat) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *LayerStat) GetDigest() string {
@@ -4072,7 +4234,7 @@ type ImageStatsResponse struct {
 
 func (x *ImageStatsResponse) Reset() {
 	*x = ImageStatsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4084,7 +4246,7 @@ func (x *ImageStatsResponse) String() string {
 func (*ImageStatsResponse) ProtoMessage() {}
 
 func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4097,7 +4259,7 @@ func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsResponse.ProtoReflect.Descriptor instead.
 func (*ImageStatsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ImageStatsResponse) GetLayers() []*LayerStat {
@@ -4116,7 +4278,7 @@ type VerifyImageRequest struct {
 
 func (x *VerifyImageRequest) Reset() {
 	*x = VerifyImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4128,7 +4290,7 @@ func (x *VerifyImageRequest) String() string {
 func (*VerifyImageRequest) ProtoMessage() {}
 
 func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4141,7 +4303,7 @@ func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageRequest.ProtoReflect.Descriptor instead.
 func (*VerifyImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *VerifyImageRequest) GetNames() []string {
@@ -4163,7 +4325,7 @@ type LayerVerification struct {
 
 func (x *LayerVerification) Reset() {
 	*x = LayerVerification{}
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4175,7 +4337,7 @@ func (x *LayerVerification) String() string {
 func (*LayerVerification) ProtoMessage() {}
 
 func (x *LayerVerification) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4188,7 +4350,7 @@ func (x *LayerVerification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerVerification.ProtoReflect.Descriptor instead.
 func (*LayerVerification) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *LayerVerification) GetDigest() string {
@@ -4228,7 +4390,7 @@ type VerifyImageResponse struct {
 
 func (x *VerifyImageResponse) Reset() {
 	*x = VerifyImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4240,7 +4402,7 @@ func (x *VerifyImageResponse) String() string {
 func (*VerifyImageResponse) ProtoMessage() {}
 
 func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4253,7 +4415,7 @@ func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageResponse.ProtoReflect.Descriptor instead.
 func (*VerifyImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *VerifyImageResponse) GetLayers() []*LayerVerification {
@@ -4271,7 +4433,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4283,7 +4445,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4296,7 +4458,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{64}
 }
 
 type VersionResponse struct {
@@ -4311,7 +4473,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[63]
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4323,7 +4485,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[63]
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4336,7 +4498,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -4378,7 +4540,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xbc\x04\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xf0\x04\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4393,17 +4555,26 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	" \x03(\tR\x06layers\x12\x12\n" +
 	"\x04user\x18\v \x01(\tR\x04user\x12\x19\n" +
 	"\bkeep_etc\x18\f \x01(\bR\akeepEtc\x12+\n" +
-	"\arlimits\x18\r \x03(\v2\x11.warren.v1.RlimitR\arlimits\x1a6\n" +
+	"\arlimits\x18\r \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
+	"\anetwork\x18\x0e \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"D\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
+	"\rNetworkPolicy\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12,\n" +
+	"\x05allow\x18\x02 \x03(\v2\x16.warren.v1.NetworkRuleR\x05allow\"_\n" +
+	"\vNetworkRule\x12\x12\n" +
+	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x17\n" +
+	"\x04port\x18\x02 \x01(\rH\x00R\x04port\x88\x01\x01\x12\x1a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocolB\a\n" +
+	"\x05_port\"D\n" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xab\x05\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\x88\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4422,7 +4593,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06layers\x18\r \x03(\tR\x06layers\x12\x12\n" +
 	"\x04user\x18\x0e \x01(\tR\x04user\x12\x19\n" +
 	"\bkeep_etc\x18\x0f \x01(\bR\akeepEtc\x12+\n" +
-	"\arlimits\x18\x10 \x03(\v2\x11.warren.v1.RlimitR\arlimits\x1a6\n" +
+	"\arlimits\x18\x10 \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
+	"\anetwork\x18\x11 \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12'\n" +
+	"\x0fnetwork_address\x18\x12 \x01(\tR\x0enetworkAddress\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -4444,7 +4617,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0eDeleteResponse\"O\n" +
 	"\x14ExtendTimeoutRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
-	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\xb3\x03\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\xe7\x03\n" +
 	"\x14UpdateSandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
 	"\n" +
@@ -4454,7 +4627,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0ftimeout_seconds\x18\x05 \x01(\x03H\x03R\x0etimeoutSeconds\x88\x01\x01\x12M\n" +
 	"\n" +
 	"set_labels\x18\x06 \x03(\v2..warren.v1.UpdateSandboxRequest.SetLabelsEntryR\tsetLabels\x12#\n" +
-	"\rremove_labels\x18\a \x03(\tR\fremoveLabels\x1a<\n" +
+	"\rremove_labels\x18\a \x03(\tR\fremoveLabels\x122\n" +
+	"\anetwork\x18\b \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x1a<\n" +
 	"\x0eSetLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
@@ -4804,179 +4978,185 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: warren.v1.SandboxState
 	(*Resources)(nil),             // 1: warren.v1.Resources
 	(*CreateRequest)(nil),         // 2: warren.v1.CreateRequest
-	(*Rlimit)(nil),                // 3: warren.v1.Rlimit
-	(*Sandbox)(nil),               // 4: warren.v1.Sandbox
-	(*GetRequest)(nil),            // 5: warren.v1.GetRequest
-	(*ListRequest)(nil),           // 6: warren.v1.ListRequest
-	(*ListResponse)(nil),          // 7: warren.v1.ListResponse
-	(*DeleteRequest)(nil),         // 8: warren.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 9: warren.v1.DeleteResponse
-	(*ExtendTimeoutRequest)(nil),  // 10: warren.v1.ExtendTimeoutRequest
-	(*UpdateSandboxRequest)(nil),  // 11: warren.v1.UpdateSandboxRequest
-	(*ExecRequest)(nil),           // 12: warren.v1.ExecRequest
-	(*ExecResult)(nil),            // 13: warren.v1.ExecResult
-	(*ExecEvent)(nil),             // 14: warren.v1.ExecEvent
-	(*ExecStarted)(nil),           // 15: warren.v1.ExecStarted
-	(*ProcessInfo)(nil),           // 16: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),  // 17: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil), // 18: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),    // 19: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),  // 20: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil), // 21: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),     // 22: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 23: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),  // 24: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),           // 25: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),          // 26: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),  // 27: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil), // 28: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),      // 29: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 30: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),       // 31: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 32: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),              // 33: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),      // 34: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),     // 35: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),       // 36: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),        // 37: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),       // 38: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),     // 39: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),    // 40: warren.v1.RemoveFileResponse
-	(*Image)(nil),                 // 41: warren.v1.Image
-	(*ListImagesRequest)(nil),     // 42: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),    // 43: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),       // 44: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),    // 45: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),    // 46: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),   // 47: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),      // 48: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),        // 49: warren.v1.PullImageEvent
-	(*Layer)(nil),                 // 50: warren.v1.Layer
-	(*BuildLayerRequest)(nil),     // 51: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),     // 52: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),    // 53: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),    // 54: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),   // 55: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),  // 56: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),     // 57: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),             // 58: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),    // 59: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),    // 60: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),     // 61: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),   // 62: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),        // 63: warren.v1.VersionRequest
-	(*VersionResponse)(nil),       // 64: warren.v1.VersionResponse
-	nil,                           // 65: warren.v1.CreateRequest.EnvEntry
-	nil,                           // 66: warren.v1.CreateRequest.LabelsEntry
-	nil,                           // 67: warren.v1.Sandbox.EnvEntry
-	nil,                           // 68: warren.v1.Sandbox.LabelsEntry
-	nil,                           // 69: warren.v1.ListRequest.LabelsEntry
-	nil,                           // 70: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                           // 71: warren.v1.ExecRequest.EnvEntry
+	(*NetworkPolicy)(nil),         // 3: warren.v1.NetworkPolicy
+	(*NetworkRule)(nil),           // 4: warren.v1.NetworkRule
+	(*Rlimit)(nil),                // 5: warren.v1.Rlimit
+	(*Sandbox)(nil),               // 6: warren.v1.Sandbox
+	(*GetRequest)(nil),            // 7: warren.v1.GetRequest
+	(*ListRequest)(nil),           // 8: warren.v1.ListRequest
+	(*ListResponse)(nil),          // 9: warren.v1.ListResponse
+	(*DeleteRequest)(nil),         // 10: warren.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 11: warren.v1.DeleteResponse
+	(*ExtendTimeoutRequest)(nil),  // 12: warren.v1.ExtendTimeoutRequest
+	(*UpdateSandboxRequest)(nil),  // 13: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),           // 14: warren.v1.ExecRequest
+	(*ExecResult)(nil),            // 15: warren.v1.ExecResult
+	(*ExecEvent)(nil),             // 16: warren.v1.ExecEvent
+	(*ExecStarted)(nil),           // 17: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),           // 18: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),  // 19: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil), // 20: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),    // 21: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),  // 22: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil), // 23: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),     // 24: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),    // 25: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),  // 26: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),           // 27: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),          // 28: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),  // 29: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil), // 30: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),      // 31: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 32: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),       // 33: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),      // 34: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),              // 35: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),      // 36: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),     // 37: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),       // 38: warren.v1.StatFileRequest
+	(*MakeDirRequest)(nil),        // 39: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),       // 40: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),     // 41: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),    // 42: warren.v1.RemoveFileResponse
+	(*Image)(nil),                 // 43: warren.v1.Image
+	(*ListImagesRequest)(nil),     // 44: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),    // 45: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),       // 46: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),    // 47: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),    // 48: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),   // 49: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),      // 50: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),        // 51: warren.v1.PullImageEvent
+	(*Layer)(nil),                 // 52: warren.v1.Layer
+	(*BuildLayerRequest)(nil),     // 53: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),     // 54: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),    // 55: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),    // 56: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),   // 57: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),  // 58: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),     // 59: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),             // 60: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),    // 61: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),    // 62: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),     // 63: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),   // 64: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),        // 65: warren.v1.VersionRequest
+	(*VersionResponse)(nil),       // 66: warren.v1.VersionResponse
+	nil,                           // 67: warren.v1.CreateRequest.EnvEntry
+	nil,                           // 68: warren.v1.CreateRequest.LabelsEntry
+	nil,                           // 69: warren.v1.Sandbox.EnvEntry
+	nil,                           // 70: warren.v1.Sandbox.LabelsEntry
+	nil,                           // 71: warren.v1.ListRequest.LabelsEntry
+	nil,                           // 72: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                           // 73: warren.v1.ExecRequest.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	65, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	66, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
-	3,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
-	0,  // 4: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
-	1,  // 5: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	67, // 6: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	68, // 7: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	3,  // 8: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
-	69, // 9: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
-	4,  // 10: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	70, // 11: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	71, // 12: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	13, // 13: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	15, // 14: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
-	13, // 15: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	16, // 16: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	25, // 17: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
-	25, // 18: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
-	13, // 19: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
-	33, // 20: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	41, // 21: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	41, // 22: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	50, // 23: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	58, // 24: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	61, // 25: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	2,  // 26: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	5,  // 27: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	6,  // 28: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	8,  // 29: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	10, // 30: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	11, // 31: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	12, // 32: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	12, // 33: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	12, // 34: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	17, // 35: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	19, // 36: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	20, // 37: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	22, // 38: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	24, // 39: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	27, // 40: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	29, // 41: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	31, // 42: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	34, // 43: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	36, // 44: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	37, // 45: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	39, // 46: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	56, // 47: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	42, // 48: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	44, // 49: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	45, // 50: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	46, // 51: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	48, // 52: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	51, // 53: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	52, // 54: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	54, // 55: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	57, // 56: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	60, // 57: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	63, // 58: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	4,  // 59: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	4,  // 60: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	7,  // 61: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	9,  // 62: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	4,  // 63: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	4,  // 64: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	13, // 65: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	14, // 66: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	16, // 67: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	18, // 68: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	13, // 69: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	21, // 70: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	23, // 71: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	26, // 72: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	28, // 73: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	30, // 74: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	32, // 75: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	35, // 76: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	33, // 77: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	38, // 78: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	40, // 79: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	50, // 80: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	43, // 81: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	41, // 82: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	41, // 83: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	47, // 84: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	49, // 85: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	50, // 86: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	53, // 87: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	55, // 88: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	59, // 89: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	62, // 90: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	64, // 91: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	59, // [59:92] is the sub-list for method output_type
-	26, // [26:59] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	67, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	68, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	5,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
+	3,  // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
+	4,  // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
+	0,  // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
+	1,  // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
+	69, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	70, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	5,  // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
+	3,  // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
+	71, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	6,  // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
+	72, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	3,  // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
+	73, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	15, // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
+	17, // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
+	15, // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	18, // 20: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	27, // 21: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
+	27, // 22: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
+	15, // 23: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
+	35, // 24: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	43, // 25: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	43, // 26: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	52, // 27: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	60, // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	63, // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	2,  // 30: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	7,  // 31: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	8,  // 32: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	10, // 33: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	12, // 34: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	13, // 35: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	14, // 36: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	14, // 37: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	14, // 38: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	19, // 39: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	21, // 40: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	22, // 41: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	24, // 42: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	26, // 43: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	29, // 44: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	31, // 45: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	33, // 46: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	36, // 47: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	38, // 48: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	39, // 49: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	41, // 50: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	58, // 51: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	44, // 52: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	46, // 53: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	47, // 54: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	48, // 55: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	50, // 56: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	53, // 57: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	54, // 58: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	56, // 59: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	59, // 60: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	62, // 61: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	65, // 62: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	6,  // 63: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	6,  // 64: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	9,  // 65: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	11, // 66: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	6,  // 67: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	6,  // 68: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	15, // 69: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	16, // 70: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	18, // 71: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	20, // 72: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	15, // 73: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	23, // 74: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	25, // 75: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	28, // 76: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	30, // 77: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	32, // 78: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	34, // 79: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	37, // 80: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	35, // 81: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	40, // 82: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	42, // 83: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	52, // 84: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	45, // 85: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	43, // 86: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	43, // 87: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	49, // 88: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	51, // 89: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	52, // 90: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	55, // 91: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	57, // 92: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	61, // 93: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	64, // 94: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	66, // 95: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	63, // [63:96] is the sub-list for method output_type
+	30, // [30:63] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -4984,14 +5164,15 @@ func file_warren_v1_warren_proto_init() {
 	if File_warren_v1_warren_proto != nil {
 		return
 	}
-	file_warren_v1_warren_proto_msgTypes[10].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[13].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[3].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[12].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[15].OneofWrappers = []any{
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
 		(*ExecEvent_Result)(nil),
 		(*ExecEvent_Started)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[25].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[27].OneofWrappers = []any{
 		(*ProcessEvent_Stdout)(nil),
 		(*ProcessEvent_Stderr)(nil),
 		(*ProcessEvent_Exit)(nil),
@@ -5002,7 +5183,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   71,
+			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

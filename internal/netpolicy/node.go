@@ -1,0 +1,317 @@
+package netpolicy
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/cleanup"
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// DefaultSubnet is where sandboxes' addresses come from unless the
+// daemon is given another (--network-subnet): each sandbox takes a /31,
+// the node's end of its veth the even address and the sandbox the odd.
+var DefaultSubnet = netip.MustParsePrefix("10.234.0.0/16")
+
+// Options configure a node's sandbox networking.
+type Options struct {
+	// Name names the daemon's nftables table and, hashed, the prefix of
+	// its interfaces: give each daemon on a node its own (the container
+	// backend uses its cgroup parent).
+	Name string
+	// Subnet is the daemon's sandbox subnet, IPv4, /16 to /30; each
+	// daemon on a node needs its own. Zero: DefaultSubnet.
+	Subnet netip.Prefix
+}
+
+// Node is the sandbox networking of one daemon: it gives sandboxes an
+// interface and rules, changes their rules, and removes both.
+type Node struct {
+	fw     *firewall
+	prefix string
+	subnet netip.Prefix
+
+	mu   sync.Mutex
+	used map[int]string // /31 index -> sandbox id
+	next int            // where the search for a free index starts
+}
+
+// New checks the options; it touches nothing on the node (a daemon whose
+// sandboxes all have mode none never does).
+func New(o Options) (*Node, error) {
+	if o.Name == "" {
+		return nil, errdefs.Invalidf("network: a name is required")
+	}
+	if !o.Subnet.IsValid() {
+		o.Subnet = DefaultSubnet
+	}
+	if !o.Subnet.Addr().Is4() || o.Subnet.Bits() < 16 || o.Subnet.Bits() > 30 {
+		return nil, errdefs.Invalidf("network subnet %s: want IPv4, /16 to /30", o.Subnet)
+	}
+	h := fnv.New32a()
+	h.Write([]byte(o.Name))
+	// "w" and five hex digits, then the index in hex: at most 10 bytes
+	// of the 15 an interface name has.
+	prefix := fmt.Sprintf("w%05x", h.Sum32()&0xfffff)
+	return &Node{
+		fw:     newFirewall(strings.ReplaceAll(o.Name, "/", "-"), prefix, o.Subnet.Masked()),
+		prefix: prefix, subnet: o.Subnet.Masked(), used: map[int]string{},
+	}, nil
+}
+
+// Attachment is what a sandbox with a network holds: its /31 (by index in
+// the subnet) and its policy. The container backend keeps it in the
+// sandbox's state, so that a restarted daemon can adopt and remove it.
+type Attachment struct {
+	Index  int    `json:"index"`
+	Policy Policy `json:"policy"`
+}
+
+// Prefix is the start of the host ends' interface names.
+func (n *Node) Prefix() string { return n.prefix }
+
+// Table is the name of the daemon's nftables table (family inet).
+func (n *Node) Table() string { return n.fw.table.Name }
+
+// Ifname is the host end of the sandbox's veth with index i.
+func (n *Node) Ifname(i int) string { return n.prefix + strconv.FormatInt(int64(i), 16) }
+
+// Addrs are the node's end and the sandbox's end of /31 number i.
+func (n *Node) Addrs(i int) (host, sandbox netip.Addr) {
+	b := n.subnet.Addr().As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v += uint32(2 * i)
+	host = netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	return host, host.Next()
+}
+
+func (n *Node) size() int { return 1 << (32 - n.subnet.Bits()) / 2 }
+
+// alloc takes a free /31 for id. The search starts after the last one
+// taken, so an address is reused as late as possible: replies to a
+// deleted sandbox's connections must not reach its successor.
+func (n *Node) alloc(id string) (int, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	size := n.size()
+	for k := range size {
+		i := (n.next + k) % size
+		if _, ok := n.used[i]; !ok {
+			n.used[i] = id
+			n.next = (i + 1) % size
+			return i, nil
+		}
+	}
+	return 0, errdefs.Exhaustedf("network subnet %s: all %d sandbox addresses in use", n.subnet, size)
+}
+
+func (n *Node) free(i int, id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.used[i] == id {
+		delete(n.used, i)
+	}
+}
+
+// Attach gives sandbox id (its network namespace is that of pid) an
+// interface and policy p: a veth pair whose sandbox end is eth0 with the
+// /31's odd address and a default route through the node's end, and the
+// sandbox's rules. All or nothing.
+func (n *Node) Attach(id string, pid int, p Policy) (_ Attachment, retErr error) {
+	if p.IsNone() {
+		return Attachment{}, errdefs.Invalidf("network: attach with mode none")
+	}
+	var cu cleanup.Cleanup
+	defer func() {
+		if retErr != nil {
+			_ = cu.Clean()
+		}
+	}()
+	i, err := n.alloc(id)
+	if err != nil {
+		return Attachment{}, err
+	}
+	cu.Add(func() error { n.free(i, id); return nil })
+	// Rules first: the interface never exists without them.
+	ifname := n.Ifname(i)
+	if err := n.fw.add(id, ifname, p); err != nil {
+		return Attachment{}, errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
+	}
+	cu.Add(func() error { return n.fw.remove(id, ifname) })
+	if err := n.link(pid, i); err != nil {
+		return Attachment{}, err
+	}
+	cu.Release()
+	return Attachment{Index: i, Policy: p}, nil
+}
+
+// link makes the veth pair of /31 i with its sandbox end in pid's network
+// namespace, and configures both ends from here: the sandbox's init waits
+// for its config meanwhile, so the sandbox starts with its network up.
+func (n *Node) link(pid, i int) (retErr error) {
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrNotExist) {
+			return errdefs.Wrap(errdefs.NotFound, err, "sandbox network namespace")
+		}
+		return errdefs.Wrap(errdefs.Internal, err, "open sandbox network namespace")
+	}
+	defer ns.Close()
+	hostAddr, sbAddr := n.Addrs(i)
+	name := n.Ifname(i)
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: name},
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsFd(int(ns)),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "create veth "+name)
+	}
+	defer func() {
+		if retErr != nil {
+			// Its peer goes with it.
+			_ = netlink.LinkDel(veth)
+		}
+	}()
+	host, err := netlink.LinkByName(name)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "find veth "+name)
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(hostAddr, 31)}); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "address of "+name)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "set "+name+" up")
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "netlink in sandbox network namespace")
+	}
+	defer h.Close()
+	peer, err := h.LinkByName("eth0")
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "find sandbox eth0")
+	}
+	if err := h.AddrAdd(peer, &netlink.Addr{IPNet: ipnet(sbAddr, 31)}); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "address of sandbox eth0")
+	}
+	if err := h.LinkSetUp(peer); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "set sandbox eth0 up")
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Gw: net.IP(hostAddr.AsSlice())}); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "sandbox default route")
+	}
+	return nil
+}
+
+func ipnet(a netip.Addr, bits int) *net.IPNet {
+	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
+}
+
+// SetPolicy replaces the rules of an attached sandbox in one nftables
+// transaction.
+func (n *Node) SetPolicy(id string, p Policy) error {
+	if p.IsNone() {
+		return errdefs.Invalidf("network: set policy none: detach instead")
+	}
+	if err := n.fw.set(id, p); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
+	}
+	return nil
+}
+
+// Detach removes sandbox id's interface (if its namespace has not taken
+// it already) and rules, and frees its /31. Idempotent.
+func (n *Node) Detach(id string, a Attachment) error {
+	name := n.Ifname(a.Index)
+	var errs []error
+	if l, err := netlink.LinkByName(name); err == nil {
+		if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+			errs = append(errs, fmt.Errorf("delete veth %s: %w", name, err))
+		}
+	}
+	if err := n.fw.remove(id, name); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		n.free(a.Index, id)
+	}
+	return errors.Join(errs...)
+}
+
+// Adopt marks an attachment of a sandbox of an earlier daemon as taken.
+func (n *Node) Adopt(id string, a Attachment) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if a.Index < 0 || a.Index >= n.size() {
+		return errdefs.Invalidf("sandbox %s: network index %d outside subnet %s", id, a.Index, n.subnet)
+	}
+	if other, ok := n.used[a.Index]; ok && other != id {
+		return errdefs.Conflictf("sandbox %s: network index %d is sandbox %s's", id, a.Index, other)
+	}
+	n.used[a.Index] = id
+	return nil
+}
+
+// Sweep removes the interfaces and rules of every sandbox not in keep:
+// those of sandboxes that died while no daemon ran, and of creates a
+// crash interrupted.
+func (n *Node) Sweep(keep map[string]bool) error {
+	n.mu.Lock()
+	owned := map[string]bool{}
+	for i, id := range n.used {
+		if keep[id] {
+			owned[n.Ifname(i)] = true
+		}
+	}
+	n.mu.Unlock()
+	var errs []error
+	links, err := netlink.LinkList()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list links: %w", err))
+	}
+	for _, l := range links {
+		name := l.Attrs().Name
+		if strings.HasPrefix(name, n.prefix) && !owned[name] {
+			if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+				errs = append(errs, fmt.Errorf("delete veth %s: %w", name, err))
+			}
+		}
+	}
+	errs = append(errs, n.fw.sweep(keep))
+	return errors.Join(errs...)
+}
+
+// Leftovers lists what of the daemon's networking is on the node: host
+// interfaces and ids with rules (leak checks).
+func (n *Node) Leftovers() (links, ids []string, err error) {
+	ls, err := netlink.LinkList()
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, l := range ls {
+		if strings.HasPrefix(l.Attrs().Name, n.prefix) {
+			links = append(links, l.Attrs().Name)
+		}
+	}
+	ids, err = n.fw.sandboxes()
+	return links, ids, err
+}
+
+// Close lets go of the netlink socket, and removes the table when no
+// sandbox has rules in it.
+func (n *Node) Close() error {
+	ids, _ := n.fw.sandboxes()
+	return n.fw.close(len(ids) == 0)
+}
