@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/metrics"
+	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/server"
 )
 
@@ -43,6 +45,7 @@ type serveOptions struct {
 	pprofAddr                string
 	stallTimeout             time.Duration
 	cpuAffinity              bool
+	networkSubnet            string
 }
 
 func newServeCommand() *cobra.Command {
@@ -74,6 +77,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	}
 	f.StringVar(&o.mkfsErofs, "mkfs-erofs", mkfsDefault, "the mkfs.erofs (erofs-utils >= 1.8) that converts layers, keeping hardlinks: a path, \"auto\" ("+erofs.MkfsPrefix+"/bin/mkfs.erofs, then $PATH; go-erofs, which stores hardlinks as copies, if neither is usable) or \"off\" (go-erofs); $"+erofs.MkfsEnv+" sets the default")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "warren", "parent cgroup of the sandboxes (give each daemon on a host its own)")
+	f.StringVar(&o.networkSubnet, "network-subnet", netpolicy.DefaultSubnet.String(), "IPv4 subnet (/16 to /30) sandboxes with a network (open, allowlist) take a /31 of each; give each daemon on a host its own")
 	f.BoolVar(&o.cpuAffinity, "cpu-affinity", true, "run a sandbox with a CPU quota on as many of the node's CPUs as its quota (rounded up), the least used ones, and show it that many (nproc, os.cpu_count, /proc/cpuinfo); false leaves every sandbox on all CPUs, seeing all")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -224,7 +228,11 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			log.Warn("closing image store", "err", cerr)
 		}
 	}()
-	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity})
+	subnet, err := netip.ParsePrefix(o.networkSubnet)
+	if err != nil {
+		return fmt.Errorf("--network-subnet: %w", err)
+	}
+	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity, NetworkSubnet: subnet})
 	if err != nil {
 		return fmt.Errorf("container backend: %w", err)
 	}

@@ -112,6 +112,10 @@ func (b *Backend) Close() error {
 	if b.pool != nil {
 		b.pool.close()
 	}
+	if b.net != nil {
+		// Drops the nftables table only when no sandbox has rules in it.
+		_ = b.net.Close()
+	}
 	if err := unix.Unmount(b.sysfsDir(), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 		return fmt.Errorf("unmount shared sysfs: %w", err)
 	}

@@ -65,6 +65,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Layers:          slices.Clone(p.layers),
 		KeepEtc:         req.GetKeepEtc(),
 		Rlimits:         rlimitProtos(p.rlimits),
+		Network:         networkProto(p.network),
 	}
 	imageWorkdir := false
 	s := &sandbox{
@@ -177,6 +178,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Workdir:     p.workdir,
 		Etc:         etcFilesOf(info),
 		Rlimits:     p.rlimits,
+		Network:     p.network,
 	})
 	if err != nil {
 		return nil, withCategory(err, errdefs.Internal, "create sandbox "+p.id)
@@ -204,6 +206,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	}
 	s.mu.Lock()
 	s.sb, s.fs, s.backendState, s.release = sb, fs, sb.State(), release
+	info.NetworkAddress = networkAddress(sb)
 	expires := time.Now().Add(p.timeout)
 	info.ExpiresAtUnixMs = expires.UnixMilli()
 	// The record says RUNNING; the sandbox is RUNNING once it is written.
