@@ -10,7 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -149,7 +151,7 @@ func (n *Node) Attach(id string, pid int, p Policy) (_ Attachment, retErr error)
 		return Attachment{}, errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
 	}
 	cu.Add(func() error { return n.fw.remove(id, ifname) })
-	if err := n.link(pid, i); err != nil {
+	if err := n.link(id, pid, i); err != nil {
 		return Attachment{}, err
 	}
 	cu.Release()
@@ -159,7 +161,7 @@ func (n *Node) Attach(id string, pid int, p Policy) (_ Attachment, retErr error)
 // link makes the veth pair of /31 i with its sandbox end in pid's network
 // namespace, and configures both ends from here: the sandbox's init waits
 // for its config meanwhile, so the sandbox starts with its network up.
-func (n *Node) link(pid, i int) (retErr error) {
+func (n *Node) link(id string, pid, i int) (retErr error) {
 	ns, err := netns.GetFromPid(pid)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrNotExist) {
@@ -188,6 +190,12 @@ func (n *Node) link(pid, i int) (retErr error) {
 	if err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "find veth "+name)
 	}
+	// The alias names the sandbox for whoever lists the node's
+	// interfaces (ip link; leak checks). The kernel ignores it in the
+	// create.
+	if err := netlink.LinkSetAlias(host, id); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "alias of "+name)
+	}
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(hostAddr, 31)}); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "address of "+name)
 	}
@@ -212,7 +220,35 @@ func (n *Node) link(pid, i int) (retErr error) {
 	if err := h.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Gw: net.IP(hostAddr.AsSlice())}); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "sandbox default route")
 	}
-	return nil
+	// Setting a veth up only asks for it: the kernel turns its carrier
+	// on and gives it a queue from a work item, and until then it drops
+	// what it is given. A sandbox's first SYN lost that way is resent a
+	// second later; wait instead until both ends are up.
+	if err := waitUp(netlink.LinkByName, name); err != nil {
+		return err
+	}
+	return waitUp(h.LinkByName, "eth0")
+}
+
+// upTimeout bounds the wait for a veth's carrier (one work item of the
+// kernel's; microseconds on an idle node).
+const upTimeout = 2 * time.Second
+
+func waitUp(byName func(string) (netlink.Link, error), name string) error {
+	deadline := time.Now().Add(upTimeout)
+	for delay := 20 * time.Microsecond; ; delay = min(2*delay, 5*time.Millisecond) {
+		l, err := byName(name)
+		if err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "find "+name)
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errdefs.Unavailablef("veth %s not up after %v (state %s)", name, upTimeout, l.Attrs().OperState)
+		}
+		time.Sleep(delay)
+	}
 }
 
 func ipnet(a netip.Addr, bits int) *net.IPNet {
@@ -294,19 +330,33 @@ func (n *Node) Sweep(keep map[string]bool) error {
 }
 
 // Leftovers lists what of the daemon's networking is on the node: host
-// interfaces and ids with rules (leak checks).
-func (n *Node) Leftovers() (links, ids []string, err error) {
+// interfaces (name to the sandbox id of their alias) and the ids with
+// rules (leak checks).
+func (n *Node) Leftovers() (links map[string]string, ids []string, err error) {
 	ls, err := netlink.LinkList()
 	if err != nil {
 		return nil, nil, err
 	}
+	links = map[string]string{}
 	for _, l := range ls {
 		if strings.HasPrefix(l.Attrs().Name, n.prefix) {
-			links = append(links, l.Attrs().Name)
+			links[l.Attrs().Name] = l.Attrs().Alias
 		}
 	}
 	ids, err = n.fw.sandboxes()
 	return links, ids, err
+}
+
+// HasTable reports whether the daemon's nftables table exists.
+func (n *Node) HasTable() bool {
+	n.fw.mu.Lock()
+	defer n.fw.mu.Unlock()
+	c, err := n.fw.connLocked()
+	if err != nil {
+		return false
+	}
+	t, err := c.ListTableOfFamily(n.fw.table.Name, nftables.TableFamilyINet)
+	return err == nil && t != nil
 }
 
 // Close lets go of the netlink socket, and removes the table when no
