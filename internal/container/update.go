@@ -102,13 +102,17 @@ func (s *sandbox) setNetwork(p netpolicy.Policy) (undo func() error, err error) 
 		s.st.Net = &a
 		return func() error { return s.detachNetwork() }, nil
 	case p.IsNone():
+		// Its connections would lose their route and hang: abort them.
+		if err := s.b.net.Cut(s.st.Pid, *old, p); err != nil {
+			return nil, err
+		}
 		if err := s.b.net.Detach(s.id, *old); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "sandbox "+s.id+": remove network")
 		}
 		s.st.Net = nil
 		return func() error { return s.restoreNetwork(old.Policy) }, nil
 	default:
-		if err := s.b.net.SetPolicy(s.id, p); err != nil {
+		if err := s.b.net.SetPolicy(s.id, s.st.Pid, *old, p); err != nil {
 			return nil, err
 		}
 		prev := old.Policy

@@ -255,17 +255,75 @@ func ipnet(a netip.Addr, bits int) *net.IPNet {
 	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
 }
 
-// SetPolicy replaces the rules of an attached sandbox in one nftables
-// transaction.
-func (n *Node) SetPolicy(id string, p Policy) error {
+// SetPolicy replaces the rules of an attached sandbox (whose network
+// namespace is pid's) in one nftables transaction, then cuts its TCP
+// connections that p forbids (Cut).
+func (n *Node) SetPolicy(id string, pid int, a Attachment, p Policy) error {
 	if p.IsNone() {
 		return errdefs.Invalidf("network: set policy none: detach instead")
 	}
 	if err := n.fw.set(id, p); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
 	}
+	return n.Cut(pid, a, p)
+}
+
+// Cut aborts the TCP connections of the sandbox with attachment a (its
+// network namespace is pid's) whose peer p does not allow, as `ss -K`
+// does (SOCK_DESTROY): the sandbox's end fails at once with
+// ECONNABORTED. The rules alone would only drop the peer's packets (a
+// reset goes to a packet's sender, never to the sandbox on the way in),
+// leaving a download hanging rather than cut. Connections over lo or to
+// the sandbox's own address are its own business. UDP has no
+// connection to abort: its packets are dropped both ways.
+func (n *Node) Cut(pid int, a Attachment, p Policy) error {
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrNotExist) {
+			return nil // gone: nothing to cut
+		}
+		return errdefs.Wrap(errdefs.Internal, err, "open sandbox network namespace")
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_INET_DIAG)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "sock_diag in sandbox network namespace")
+	}
+	defer h.Close()
+	socks, err := h.SocketDiagTCP(unix.AF_INET)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "list sandbox TCP sockets")
+	}
+	_, self := n.Addrs(a.Index)
+	var errs []error
+	for _, s := range socks {
+		if s.State == tcpListen || s.State == tcpClose {
+			continue
+		}
+		remote, ok := netip.AddrFromSlice(s.ID.Destination.To4())
+		if !ok || remote.IsLoopback() || remote.IsUnspecified() || remote == self {
+			continue
+		}
+		if p.Allows(remote, s.ID.DestinationPort, "tcp") {
+			continue
+		}
+		err := h.SocketDestroy(&net.TCPAddr{IP: s.ID.Source, Port: int(s.ID.SourcePort)},
+			&net.TCPAddr{IP: s.ID.Destination, Port: int(s.ID.DestinationPort)})
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "abort forbidden connections")
+	}
 	return nil
 }
+
+// TCP states as sock_diag reports them (include/net/tcp_states.h).
+const (
+	tcpClose  = 7
+	tcpListen = 10
+)
 
 // Detach removes sandbox id's interface (if its namespace has not taken
 // it already) and rules, and frees its /31. Idempotent.

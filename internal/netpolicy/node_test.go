@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -78,136 +77,24 @@ func nsOf(t *testing.T, pid int) netns.NsHandle {
 	return ns
 }
 
-// inNS runs f on a thread in network namespace ns: sockets f makes are
-// that namespace's.
-func inNS(t *testing.T, ns netns.NsHandle, f func() error) {
-	t.Helper()
-	if err := inNSErr(ns, f); err != nil {
-		t.Fatal(err)
-	}
-}
+func inNS(t *testing.T, ns netns.NsHandle, f func() error) { t.Helper(); testutil.InNetns(t, ns, f) }
 
-func inNSErr(ns netns.NsHandle, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// The thread ends with the goroutine (still locked), never going
-		// back to the pool in the wrong namespace.
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		errc <- f()
-	}()
-	return <-errc
-}
+func inNSErr(ns netns.NsHandle, f func() error) error { return testutil.InNetnsErr(ns, f) }
 
-// testHost is a network namespace the test makes, with a veth to the
-// node: the node's end has .1 of a /30 of 198.18.0.0/15, the host .2.
+// testHost is testutil's, with the names these tests use.
 type testHost struct {
-	ns   netns.NsHandle
-	addr netip.Addr // the test host's
-	gw   netip.Addr // the node's end: a node address
+	ns       netns.NsHandle
+	addr, gw netip.Addr
 }
 
 func newTestHost(t *testing.T) *testHost {
-	t.Helper()
-	k := int(seq.Add(1))
-	base := netip.AddrFrom4([4]byte{198, 18, byte(os.Getpid() % 250), byte(4 * (k % 64))})
-	gw, addr := base.Next(), base.Next().Next()
-	ns := newNS(t)
-	name := fmt.Sprintf("wth%d-%d", os.Getpid()%10000, k)
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = netlink.LinkDel(veth) })
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipnet(gw, 30)}); err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(l); err != nil {
-		t.Fatal(err)
-	}
-	inNS(t, ns, func() error {
-		for _, n := range []string{"lo", "eth0"} {
-			l, err := netlink.LinkByName(n)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
-			if n == "eth0" {
-				if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: ipnet(addr, 30)}); err != nil {
-					return err
-				}
-				// A route to everything through the node, sandboxes
-				// included: only the node's rules keep it out of them.
-				if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.IP(gw.AsSlice())}); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-	return &testHost{ns: ns, addr: addr, gw: gw}
+	h := testutil.NewTestHost(t)
+	return &testHost{ns: h.NS, addr: h.Addr, gw: h.Gateway}
 }
 
-func newNS(t *testing.T) netns.NsHandle {
-	t.Helper()
-	ch := make(chan netns.NsHandle, 1)
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies in the new namespace
-		ns, err := netns.New()
-		if err != nil {
-			errc <- err
-			return
-		}
-		ch <- ns
-	}()
-	select {
-	case err := <-errc:
-		t.Fatal(err)
-	case ns := <-ch:
-		t.Cleanup(func() { ns.Close() })
-		return ns
-	}
-	return 0
-}
-
-// listen starts a TCP echo server in namespace ns (0: the node's) on
-// addr:port and returns its port.
 func listen(t *testing.T, ns netns.NsHandle, addr string) int {
 	t.Helper()
-	var ln net.Listener
-	mk := func() error {
-		var err error
-		ln, err = net.Listen("tcp4", addr)
-		return err
-	}
-	if ns == 0 {
-		if err := mk(); err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		inNS(t, ns, mk)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
-	return ln.Addr().(*net.TCPAddr).Port
+	return testutil.EchoServer(t, ns, addr)
 }
 
 // dial connects from namespace ns to addr:port within a second.
@@ -305,13 +192,7 @@ func TestOpenReachesTestHostThroughNAT(t *testing.T) {
 // the source address of what connects.
 func listenRecordingSource(t *testing.T, th *testHost, seen *netip.Addr) int {
 	t.Helper()
-	var ln net.Listener
-	inNS(t, th.ns, func() error {
-		var err error
-		ln, err = net.Listen("tcp4", th.addr.String()+":0")
-		return err
-	})
-	t.Cleanup(func() { ln.Close() })
+	ln := testutil.Listen(t, th.ns, th.addr.String()+":0")
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -358,7 +239,7 @@ func TestPolicyChangeCutsEstablished(t *testing.T) {
 	port := listen(t, th.ns, th.addr.String()+":0")
 	port2 := listen(t, other.ns, other.addr.String()+":0")
 	pid := sandboxProc(t)
-	mustAttach(t, n, "ph", pid, Policy{Mode: Open})
+	a := mustAttach(t, n, "ph", pid, Policy{Mode: Open})
 	ns := nsOf(t, pid)
 	c, err := dial(ns, th.addr, port)
 	if err != nil {
@@ -369,7 +250,7 @@ func TestPolicyChangeCutsEstablished(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if err := n.SetPolicy("ph", Policy{Mode: Allowlist, Allow: []Rule{allow(other.addr.String()+"/32", 0, "")}}); err != nil {
+	if err := n.SetPolicy("ph", pid, a, Policy{Mode: Allowlist, Allow: []Rule{allow(other.addr.String()+"/32", 0, "")}}); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("policy change took %v", time.Since(start))
@@ -387,7 +268,7 @@ func TestPolicyChangeCutsEstablished(t *testing.T) {
 		t.Errorf("new connection the new policy forbids succeeds")
 	}
 	// And back: open again lets the first host through.
-	if err := n.SetPolicy("ph", Policy{Mode: Open}); err != nil {
+	if err := n.SetPolicy("ph", pid, a, Policy{Mode: Open}); err != nil {
 		t.Fatal(err)
 	}
 	if err := reaches(ns, th.addr, port); err != nil {

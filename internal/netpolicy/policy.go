@@ -196,3 +196,19 @@ func ParseFlag(s string) (mode string, rules []RuleSpec, err error) {
 	}
 	return "allowlist", rules, nil
 }
+
+// Allows reports whether p lets the sandbox reach addr:port over proto
+// ("tcp", "udp"), as the sandbox's rules decide it.
+func (p Policy) Allows(addr netip.Addr, port uint16, proto string) bool {
+	switch p.Mode {
+	case Open:
+		return addr.Is4()
+	case Allowlist:
+		for _, r := range p.Allow {
+			if r.Prefix.Contains(addr) && (r.Port == 0 || r.Port == port) && (r.Proto == "" || r.Proto == proto) {
+				return true
+			}
+		}
+	}
+	return false
+}
