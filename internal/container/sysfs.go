@@ -114,6 +114,7 @@ func (b *Backend) Close() error {
 	}
 	if b.net != nil {
 		// Drops the nftables table only when no sandbox has rules in it.
+		_ = b.net.RemoveUnused()
 		_ = b.net.Close()
 	}
 	if err := unix.Unmount(b.sysfsDir(), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {

@@ -168,10 +168,20 @@ func hasSet(sets []*nftables.Set, name string) bool {
 }
 
 // add writes sandbox id's chains with policy p and maps its interface
-// to them, in one transaction.
+// to them, in one transaction. A table someone removed since this
+// process wrote it is written again, once.
 func (f *firewall) add(id, ifname string, p Policy) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	wasReady := f.ready
+	err := f.addLocked(id, ifname, p)
+	if err != nil && wasReady {
+		err = f.addLocked(id, ifname, p)
+	}
+	return err
+}
+
+func (f *firewall) addLocked(id, ifname string, p Policy) error {
 	c, err := f.ensureLocked()
 	if err != nil {
 		return err
@@ -405,23 +415,32 @@ func (f *firewall) sandboxes() ([]string, error) {
 	return ids, nil
 }
 
-// close drops the table when no sandbox uses it (a stopped daemon leaves
-// nothing of its own on the node), and the netlink socket.
-func (f *firewall) close(empty bool) error {
+// removeTable deletes the table, if there is one.
+func (f *firewall) removeTable() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, err := f.connLocked()
+	if err != nil {
+		return err
+	}
+	f.ready = false
+	if t, err := c.ListTableOfFamily(f.table.Name, nftables.TableFamilyINet); err != nil || t == nil {
+		return nil
+	}
+	c.DelTable(f.table)
+	return c.Flush()
+}
+
+// close lets go of the netlink socket.
+func (f *firewall) close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.conn == nil {
 		return nil
 	}
-	var err error
-	if empty {
-		if t, lerr := f.conn.ListTableOfFamily(f.table.Name, nftables.TableFamilyINet); lerr == nil && t != nil {
-			f.conn.DelTable(f.table)
-			err = f.conn.Flush()
-		}
-	}
-	f.ready = false
-	return errors.Join(err, f.conn.CloseLasting())
+	c := f.conn
+	f.conn, f.ready = nil, false
+	return c.CloseLasting()
 }
 
 func ifnameKey(name string) []byte {

@@ -417,9 +417,15 @@ func (n *Node) HasTable() bool {
 	return err == nil && t != nil
 }
 
-// Close lets go of the netlink socket, and removes the table when no
-// sandbox has rules in it.
-func (n *Node) Close() error {
-	ids, _ := n.fw.sandboxes()
-	return n.fw.close(len(ids) == 0)
+// RemoveUnused removes the daemon's table when no sandbox has rules in
+// it: a stopped daemon leaves nothing of its own on the node.
+func (n *Node) RemoveUnused() error {
+	ids, err := n.fw.sandboxes()
+	if err != nil || len(ids) > 0 {
+		return err
+	}
+	return n.fw.removeTable()
 }
+
+// Close lets go of the netlink socket.
+func (n *Node) Close() error { return n.fw.close() }

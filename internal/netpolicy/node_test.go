@@ -42,6 +42,7 @@ func newTestNode(t *testing.T) *Node {
 	}
 	t.Cleanup(func() {
 		_ = n.Sweep(map[string]bool{})
+		_ = n.RemoveUnused()
 		_ = n.Close()
 	})
 	return n
@@ -297,7 +298,7 @@ func TestDetachLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer n2.fw.close(false)
+	defer n2.Close()
 	if err := n2.Adopt("keep", Attachment{Index: 2}); err != nil {
 		t.Fatal(err)
 	}

@@ -385,6 +385,7 @@ func (e *env) forceClean() {
 		}
 	}
 	_ = e.net.Sweep(map[string]bool{})
+	_ = e.net.RemoveUnused()
 	_ = e.net.Close()
 	_ = os.RemoveAll(e.root)
 }
