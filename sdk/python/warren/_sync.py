@@ -64,6 +64,7 @@ from ._types import (
     ProcessInfo,
     PullEvent,
     Resources,
+    NetworkArg,
     RlimitsArg,
     SandboxInfo,
     VersionInfo,
@@ -251,6 +252,7 @@ class Warren:
         user: Optional[str] = None,
         keep_etc: bool = False,
         rlimits: Optional[RlimitsArg] = None,
+        network: Optional[NetworkArg] = None,
         call_timeout: Optional[float] = None,
     ) -> "Sandbox":
         """Create a sandbox (see :meth:`AsyncWarren.create`). Use the result in
@@ -273,6 +275,7 @@ class Warren:
             user=user,
             keep_etc=keep_etc,
             rlimits=rlimits,
+            network=network,
             call_timeout=call_timeout,
         )
         return Sandbox(self, self._run(_await(ctx)))
@@ -307,6 +310,7 @@ class Warren:
         timeout_seconds: Optional[float] = None,
         set_labels: Optional[Mapping[str, str]] = None,
         remove_labels: Optional[Sequence[str]] = None,
+        network: Optional[NetworkArg] = None,
         timeout: Optional[float] = None,
     ) -> SandboxInfo:
         """See :meth:`AsyncWarren.update_sandbox` (all or nothing)."""
@@ -319,6 +323,7 @@ class Warren:
                 timeout_seconds=timeout_seconds,
                 set_labels=set_labels,
                 remove_labels=remove_labels,
+                network=network,
                 timeout=timeout,
             )
         )
@@ -517,6 +522,7 @@ class Sandbox:
         timeout_seconds: Optional[float] = None,
         set_labels: Optional[Mapping[str, str]] = None,
         remove_labels: Optional[Sequence[str]] = None,
+        network: Optional[NetworkArg] = None,
         timeout: Optional[float] = None,
     ) -> SandboxInfo:
         """See :meth:`AsyncSandbox.update` (all or nothing)."""
@@ -528,6 +534,7 @@ class Sandbox:
                 timeout_seconds=timeout_seconds,
                 set_labels=set_labels,
                 remove_labels=remove_labels,
+                network=network,
                 timeout=timeout,
             )
         )
