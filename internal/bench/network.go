@@ -374,7 +374,6 @@ func waitOperUp(ns netns.NsHandle, name string) error {
 	}
 }
 
-
 // Table writes the report.
 func (r *NetworkReport) Table(w io.Writer) error {
 	fmt.Fprintf(w, "network (daemon: %s)\n\n", r.Daemon)

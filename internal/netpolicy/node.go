@@ -265,6 +265,11 @@ func (n *Node) SetPolicy(id string, pid int, a Attachment, p Policy) error {
 	if err := n.fw.set(id, p); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
 	}
+	if p.Mode == Open {
+		// Forbids nothing Cut would look at: spare the scan (~1.5 ms here,
+		// the kernel walks every TCP socket of the node for it).
+		return nil
+	}
 	return n.Cut(pid, a, p)
 }
 

@@ -359,3 +359,81 @@ func TestParse(t *testing.T) {
 }
 
 func startsWith(s, p string) bool { return len(s) >= len(p) && s[:len(p)] == p }
+
+// BenchmarkAttach is the network part of a create in mode open: the
+// rules, the veth pair and both ends configured and up (then Detach,
+// untimed).
+func BenchmarkAttach(b *testing.B) {
+	n, pid := benchNode(b)
+	for b.Loop() {
+		a, err := n.Attach("bench", pid, Policy{Mode: Open})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if err := n.Detach("bench", a); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+}
+
+// BenchmarkSetPolicyRules is the nftables transaction of a policy change
+// alone: from it on, new packets meet the new rules.
+func BenchmarkSetPolicyRules(b *testing.B) {
+	n, pid := benchNode(b)
+	if _, err := n.Attach("bench", pid, Policy{Mode: Open}); err != nil {
+		b.Fatal(err)
+	}
+	ps := benchPolicies()
+	i := 0
+	for b.Loop() {
+		if err := n.fw.set("bench", ps[i%2]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
+
+// BenchmarkSetPolicy is a whole policy change: the rules, then the scan
+// of the sandbox's TCP sockets for connections to abort.
+func BenchmarkSetPolicy(b *testing.B) {
+	n, pid := benchNode(b)
+	a, err := n.Attach("bench", pid, Policy{Mode: Open})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ps := benchPolicies()
+	i := 0
+	for b.Loop() {
+		if err := n.SetPolicy("bench", pid, a, ps[i%2]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
+
+func benchPolicies() []Policy {
+	var rules []Rule
+	for k := range 16 {
+		rules = append(rules, allow(fmt.Sprintf("198.18.%d.0/24", k), 443, "tcp"))
+	}
+	return []Policy{{Mode: Allowlist, Allow: rules}, {Mode: Open}}
+}
+
+func benchNode(b *testing.B) (*Node, int) {
+	b.Helper()
+	testutil.RequireRoot(b)
+	n, err := New(Options{Name: fmt.Sprintf("warren-npbench-%d", os.Getpid()), Subnet: netip.MustParsePrefix(fmt.Sprintf("10.%d.250.0/24", 200+os.Getpid()%50))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = n.Sweep(map[string]bool{}); _ = n.RemoveUnused(); _ = n.Close() })
+	cmd := exec.Command("sleep", "600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return n, cmd.Process.Pid
+}
