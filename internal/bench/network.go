@@ -2,16 +2,16 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
+	"strings"
 	"syscall"
 	"time"
 
@@ -46,9 +46,9 @@ type NetworkReport struct {
 
 // NetworkTraffic is TCP from a sandbox (or the peer) to a test host.
 type NetworkTraffic struct {
-	System    string  `json:"system"`
-	ConnectMs float64 `json:"connect_ms"` // per connection, nc spawn included
-	MiBPerS   float64 `json:"mib_per_s"`  // median of the runs
+	System  string  `json:"system"`
+	Connect Summary `json:"connect"`
+	MiBPerS float64 `json:"mib_per_s"` // median of the runs
 }
 
 var modes = []string{"none", "open", "allowlist"}
@@ -123,30 +123,42 @@ func RunNetwork(ctx context.Context, env *Env, cfg NetworkConfig) (*NetworkRepor
 	rep.PolicyChange = Summarize(upd)
 
 	// Traffic: the peer first, then the sandbox in each mode.
+	self := staticSelf()
+	if self == "" {
+		rep.Notes = append(rep.Notes, "traffic not measured: this warren binary is not statically linked, so it cannot run in the busybox sandbox (make build makes a static one)")
+		return rep, nil
+	}
 	env.logf("network: TCP to the test host, %d connections and %d x %d MiB per system", cfg.Connects, cfg.Runs, cfg.MiB)
 	srv, err := newTrafficServer(th.NS, cfg.MiB)
 	if err != nil {
 		return nil, err
 	}
 	defer srv.close()
-	peer, err := runPeerTraffic(ctx, env, srv, cfg)
+	peer, err := runPeerTraffic(ctx, self, srv, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("peer: %w", err)
 	}
 	rep.Traffic = append(rep.Traffic, peer)
+	bin, err := os.ReadFile(self)
+	if err != nil {
+		return nil, err
+	}
+	if err := env.Client.WriteFile(ctx, &warrenv1.WriteFileRequest{SandboxId: sb.GetId(), Path: "/netclient", Content: bin, Mode: 0o755}); err != nil {
+		return nil, fmt.Errorf("copy the client into the sandbox: %w", err)
+	}
 	for _, m := range []string{"open", "allowlist"} {
 		if _, err := env.Client.Update(ctx, sb.GetId(), client.SandboxUpdate{Network: policies[m]}); err != nil {
 			return nil, err
 		}
-		tr, err := measureTraffic(srv, th.Addr, cfg, "warren "+m, func(script string) error {
-			res, err := env.Client.Exec(ctx, &warrenv1.ExecRequest{SandboxId: sb.GetId(), Argv: []string{"sh", "-c", script}, TimeoutMs: 300_000})
+		tr, err := measureTraffic(srv, th.Addr, cfg, "warren "+m, func(args []string) ([]byte, error) {
+			res, err := env.Client.Exec(ctx, &warrenv1.ExecRequest{SandboxId: sb.GetId(), Argv: append([]string{"/netclient"}, args...), TimeoutMs: 300_000})
 			if err != nil {
-				return err
+				return nil, err
 			}
 			if res.GetExitCode() != 0 {
-				return fmt.Errorf("exit %d: %s", res.GetExitCode(), res.GetStderr())
+				return nil, fmt.Errorf("exit %d: %s", res.GetExitCode(), res.GetStderr())
 			}
-			return nil
+			return res.GetStdout(), nil
 		})
 		if err != nil {
 			return nil, err
@@ -156,8 +168,8 @@ func RunNetwork(ctx context.Context, env *Env, cfg NetworkConfig) (*NetworkRepor
 	rep.Notes = append(rep.Notes,
 		"create: the Create call, p50/p99 over interleaved creates of each mode; each sandbox is deleted before the next create",
 		"policy change: UpdateSandbox open <-> allowlist of one running sandbox, from request to reply (the rules apply before the reply: one nftables transaction, then the sandbox's forbidden TCP connections are aborted)",
-		"traffic: busybox nc in the sandbox (or the peer) to a Go server on a test host; connect_ms = time between the server's first and last accept over the run of sequential `nc` (process spawn included, alike for both); MiB/s = the server's receive rate of one nc fed by dd, median of the runs",
-		"peer: the same busybox commands in a bare network namespace joined to the test host's by a veth pair (no routing through the node, no NAT, no rules)")
+		"traffic: this binary (`warren bench netclient`) in the sandbox, or in the peer's namespace, to a Go server on a test host: connect = the dial of each of the sequential connections (p50/p99); MiB/s = one connection's send of the MiB until the server has read them all, median of the runs",
+		"peer: the same client in a bare network namespace joined to the test host's by a veth pair (no routing through the node, no NAT, no rules)")
 	return rep, nil
 }
 
@@ -167,16 +179,12 @@ func withNetwork(req *warrenv1.CreateRequest, p *warrenv1.NetworkPolicy) *warren
 }
 
 // trafficServer listens on the test host: on one port it closes every
-// connection at once and records when it accepted it; on the other it
-// reads until it has MiB MiB and records the rate.
+// connection at once; on the other it reads until it has MiB MiB, then
+// closes.
 type trafficServer struct {
 	ns             netns.NsHandle
 	connLn, sinkLn net.Listener
 	want           int64
-
-	mu      sync.Mutex
-	accepts []time.Time
-	rates   []float64 // MiB/s
 }
 
 // newTrafficServer listens on every address of the test host's
@@ -198,11 +206,7 @@ func newTrafficServer(ns netns.NsHandle, mib int) (*trafficServer, error) {
 			if err != nil {
 				return
 			}
-			now := time.Now()
 			c.Close()
-			s.mu.Lock()
-			s.accepts = append(s.accepts, now)
-			s.mu.Unlock()
 		}
 	}()
 	go func() {
@@ -213,25 +217,7 @@ func newTrafficServer(ns netns.NsHandle, mib int) (*trafficServer, error) {
 			}
 			go func() {
 				defer c.Close()
-				buf := make([]byte, 256<<10)
-				var got int64
-				var start time.Time
-				for got < s.want {
-					n, err := c.Read(buf)
-					if got == 0 && n > 0 {
-						start = time.Now()
-					}
-					got += int64(n)
-					if err != nil {
-						break
-					}
-				}
-				if got >= s.want {
-					rate := float64(got) / (1 << 20) / time.Since(start).Seconds()
-					s.mu.Lock()
-					s.rates = append(s.rates, rate)
-					s.mu.Unlock()
-				}
+				_, _ = io.CopyN(io.Discard, c, s.want)
 			}()
 		}
 	}()
@@ -242,54 +228,43 @@ func (s *trafficServer) close() { s.connLn.Close(); s.sinkLn.Close() }
 
 func (s *trafficServer) port(ln net.Listener) int { return ln.Addr().(*net.TCPAddr).Port }
 
-func (s *trafficServer) reset() {
-	s.mu.Lock()
-	s.accepts, s.rates = nil, nil
-	s.mu.Unlock()
-}
-
-// measureTraffic runs the connect loop and the throughput runs through
-// run (a shell script's runner) and reads the server's records.
-func measureTraffic(s *trafficServer, addr netip.Addr, cfg NetworkConfig, system string, run func(script string) error) (NetworkTraffic, error) {
+// measureTraffic runs the client through run (given its arguments, it
+// returns its output): the connections once, then the sends.
+func measureTraffic(s *trafficServer, addr netip.Addr, cfg NetworkConfig, system string, run func(args []string) ([]byte, error)) (NetworkTraffic, error) {
 	tr := NetworkTraffic{System: system}
-	s.reset()
-	loop := fmt.Sprintf("i=0; while [ $i -lt %d ]; do nc %s %d </dev/null >/dev/null || exit 1; i=$((i+1)); done",
-		cfg.Connects, addr, s.port(s.connLn))
-	if err := run(loop); err != nil {
-		return tr, fmt.Errorf("%s: connect loop: %w", system, err)
+	connAddr := netip.AddrPortFrom(addr, uint16(s.port(s.connLn))).String()
+	sinkAddr := netip.AddrPortFrom(addr, uint16(s.port(s.sinkLn))).String()
+	out, err := run([]string{"bench", "netclient", "--connect", connAddr, "--n", strconv.Itoa(cfg.Connects)})
+	if err != nil {
+		return tr, fmt.Errorf("%s: connections: %w", system, err)
 	}
+	var res NetClientResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		return tr, fmt.Errorf("%s: client output %q: %w", system, out, err)
+	}
+	tr.Connect = res.Connect
+	var rates []float64
 	for range cfg.Runs {
-		// The server closes once it has it all: nc ends then.
-		send := fmt.Sprintf("dd if=/dev/zero bs=65536 count=%d 2>/dev/null | nc %s %d >/dev/null", cfg.MiB*16, addr, s.port(s.sinkLn))
-		if err := run(send); err != nil {
+		out, err := run([]string{"bench", "netclient", "--connect", connAddr, "--n", "1", "--send", sinkAddr, "--mib", strconv.Itoa(cfg.MiB)})
+		if err != nil {
 			return tr, fmt.Errorf("%s: throughput: %w", system, err)
 		}
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s.mu.Lock()
-		acc, rates := append([]time.Time(nil), s.accepts...), append([]float64(nil), s.rates...)
-		s.mu.Unlock()
-		if len(acc) >= cfg.Connects && len(rates) >= cfg.Runs {
-			tr.ConnectMs = float64(acc[len(acc)-1].Sub(acc[0])) / float64(time.Millisecond) / float64(len(acc)-1)
-			slices.Sort(rates)
-			tr.MiBPerS = Percentile(rates, 50)
-			return tr, nil
+		if err := json.Unmarshal(out, &res); err != nil {
+			return tr, fmt.Errorf("%s: client output %q: %w", system, out, err)
 		}
-		if time.Now().After(deadline) {
-			return tr, fmt.Errorf("%s: the server saw %d connections and %d complete transfers", system, len(acc), len(rates))
-		}
-		time.Sleep(10 * time.Millisecond)
+		rates = append(rates, res.MiBPerS)
 	}
+	slices.Sort(rates)
+	tr.MiBPerS = Percentile(rates, 50)
+	return tr, nil
 }
 
 // runPeerTraffic runs the same commands with the run's busybox in a new
 // network namespace whose only interface (besides lo) is a veth pair
 // straight to the test host's namespace.
-func runPeerTraffic(ctx context.Context, env *Env, s *trafficServer, cfg NetworkConfig) (NetworkTraffic, error) {
-	bb := filepath.Join(env.Rootfs, "bin", "busybox")
+func runPeerTraffic(ctx context.Context, self string, s *trafficServer, cfg NetworkConfig) (NetworkTraffic, error) {
 	// A process that holds the peer's namespace until we are done.
-	holder := exec.CommandContext(ctx, bb, "sleep", "3600")
+	holder := exec.CommandContext(ctx, "sleep", "3600")
 	holder.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGKILL}
 	if err := holder.Start(); err != nil {
 		return NetworkTraffic{}, err
@@ -340,13 +315,15 @@ func runPeerTraffic(ctx context.Context, env *Env, s *trafficServer, cfg Network
 		return NetworkTraffic{}, err
 	}
 	pid := holder.Process.Pid
-	run := func(script string) error {
-		cmd := exec.CommandContext(ctx, "nsenter", "--net=/proc/"+strconv.Itoa(pid)+"/ns/net", bb, "sh", "-c", script)
-		out, err := cmd.CombinedOutput()
+	run := func(args []string) ([]byte, error) {
+		cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=/proc/" + strconv.Itoa(pid) + "/ns/net", self}, args...)...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
 		if err != nil {
-			return fmt.Errorf("%w: %s", err, out)
+			return nil, fmt.Errorf("%w: %s", err, stderr.String())
 		}
-		return nil
+		return out, nil
 	}
 	return measureTraffic(s, srvAddr, cfg, "peer: bare veth", run)
 }
@@ -388,7 +365,7 @@ func (r *NetworkReport) Table(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "\npolicy change (UpdateSandbox): n %d, p50 %s ms, p99 %s ms, max %s ms\n\n",
 		r.PolicyChange.N, ms(r.PolicyChange.P50), ms(r.PolicyChange.P99), ms(r.PolicyChange.Max))
-	t = newTable("TRAFFIC TO A TEST HOST", "CONNECT ms", "MiB/s", "CONNECT / PEER", "MiB/s / PEER")
+	t = newTable("TRAFFIC TO A TEST HOST", "CONNECT P50 ms", "CONNECT P99 ms", "MiB/s", "CONNECT P50 / PEER", "MiB/s / PEER")
 	var peer NetworkTraffic
 	for _, tr := range r.Traffic {
 		if tr.System == "peer: bare veth" {
@@ -397,11 +374,11 @@ func (r *NetworkReport) Table(w io.Writer) error {
 	}
 	for _, tr := range r.Traffic {
 		rc, rt := "-", "-"
-		if peer.ConnectMs > 0 && tr.System != peer.System {
-			rc = fmt.Sprintf("%.2fx", tr.ConnectMs/peer.ConnectMs)
+		if peer.Connect.P50 > 0 && tr.System != peer.System {
+			rc = fmt.Sprintf("%.2fx", tr.Connect.P50/peer.Connect.P50)
 			rt = fmt.Sprintf("%.2fx", tr.MiBPerS/peer.MiBPerS)
 		}
-		t.add(tr.System, ms(tr.ConnectMs), num(tr.MiBPerS), rc, rt)
+		t.add(tr.System, fmt.Sprintf("%.3f", tr.Connect.P50), fmt.Sprintf("%.3f", tr.Connect.P99), num(tr.MiBPerS), rc, rt)
 	}
 	if err := t.write(w); err != nil {
 		return err

@@ -51,7 +51,7 @@ result to stdout, as a table or (--json) one JSON object.`,
 	_ = pf.MarkHidden("daemon-bin")
 	_ = pf.MarkHidden("daemon-arg")
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
-		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchNetworkCommand(&bf))
+		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchNetworkCommand(&bf), newBenchNetClientCommand())
 	return c
 }
 
@@ -429,5 +429,26 @@ joined to the test host by a veth pair. Run as root.`,
 	c.Flags().IntVar(&cfg.Connects, "connects", 200, "TCP connections per system")
 	c.Flags().IntVar(&cfg.MiB, "mib", 256, "MiB sent per throughput run")
 	c.Flags().IntVar(&cfg.Runs, "runs", 5, "throughput runs per system")
+	return c
+}
+
+// newBenchNetClientCommand is the client `warren bench network` runs in
+// a sandbox and in its peer's namespace.
+func newBenchNetClientCommand() *cobra.Command {
+	var connect, send string
+	var n, mib int
+	c := &cobra.Command{
+		Use:    "netclient --connect ADDR:PORT [--n N] [--send ADDR:PORT --mib M]",
+		Short:  "The network benchmark's client (runs inside a sandbox)",
+		Hidden: true,
+		Args:   noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return bench.RunNetClient(cmd.OutOrStdout(), connect, n, send, mib)
+		},
+	}
+	c.Flags().StringVar(&connect, "connect", "", "address to connect to n times")
+	c.Flags().IntVar(&n, "n", 100, "connections")
+	c.Flags().StringVar(&send, "send", "", "address to send mib MiB to")
+	c.Flags().IntVar(&mib, "mib", 0, "MiB to send")
 	return c
 }
