@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -179,7 +181,14 @@ func TestNetworkAllowlistOnlyAllowed(t *testing.T) {
 // nor another sandbox, not even with an allowlist of everything.
 func TestNetworkNeverReachesNodeOrSandboxes(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, envOptions{serveArgs: []string{"--listen", "0.0.0.0:0", "--insecure-no-auth"}})
+	// The API on all the node's addresses, as a careless operator might
+	// run it (with a token: an answer of any kind, 401 included, would
+	// count as reaching it).
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("e2e-network-token-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, envOptions{serveArgs: []string{"--listen", "0.0.0.0:0", "--token-file", tokenFile}})
 	m := tcpListenRE.FindStringSubmatch(e.logTail(1000))
 	if m == nil {
 		t.Fatalf("no TCP listener in the daemon log:\n%s", e.logTail(20))
