@@ -156,15 +156,15 @@ func TestOpenReachesTestHostThroughNAT(t *testing.T) {
 	aB := mustAttach(t, n, "b", pidB, Policy{Mode: Open})
 	nsA := nsOf(t, pidA)
 
-	var seen netip.Addr
-	srcPort := listenRecordingSource(t, th, &seen)
+	seenc := make(chan netip.Addr, 1)
+	srcPort := listenRecordingSource(t, th, seenc)
 	if err := reaches(nsA, th.addr, port); err != nil {
 		t.Fatalf("open sandbox does not reach the test host: %v", err)
 	}
 	if err := reaches(nsA, th.addr, srcPort); err != nil {
 		t.Fatal(err)
 	}
-	if seen != th.gw {
+	if seen := <-seenc; seen != th.gw {
 		t.Errorf("test host saw the sandbox as %v, want the node's %v (NAT)", seen, th.gw)
 	}
 	hostA, _ := n.Addrs(aA.Index)
@@ -191,7 +191,7 @@ func TestOpenReachesTestHostThroughNAT(t *testing.T) {
 
 // listenRecordingSource is an echo server on the test host that records
 // the source address of what connects.
-func listenRecordingSource(t *testing.T, th *testHost, seen *netip.Addr) int {
+func listenRecordingSource(t *testing.T, th *testHost, seen chan<- netip.Addr) int {
 	t.Helper()
 	ln := testutil.Listen(t, th.ns, th.addr.String()+":0")
 	go func() {
@@ -200,7 +200,10 @@ func listenRecordingSource(t *testing.T, th *testHost, seen *netip.Addr) int {
 			if err != nil {
 				return
 			}
-			*seen = c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr()
+			select {
+			case seen <- c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr():
+			default:
+			}
 			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
 		}
 	}()
