@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -21,8 +22,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"net/netip"
 
 	"golang.org/x/sys/unix"
 
@@ -315,7 +314,7 @@ var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.D
 //
 // The cgroup is created after the clone, while the child starts up and
 // waits for its config: the two overlap instead of adding up.
-func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, lnFile *os.File) (int, int, cgroups.Group, *netpolicy.Attachment, error) {
+func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, lnFile *os.File) (_ int, _ int, _ cgroups.Group, _ *netpolicy.Attachment, retErr error) {
 	null, err := devNull()
 	if err != nil {
 		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "open /dev/null")
@@ -367,34 +366,37 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	pid := proc.Pid
 	// We reap it through the monitor, not os.
 	_ = proc.Release()
-	var grp cgroups.Group
-	var net *netpolicy.Attachment
 	fail := func(err error) (int, int, cgroups.Group, *netpolicy.Attachment, error) {
+		return 0, -1, nil, nil, err
+	}
+	var cu cleanup.Cleanup
+	defer func() {
+		if retErr != nil {
+			_ = cu.Clean()
+		}
+	}()
+	cu.Add(func() error {
 		if pidfd >= 0 {
 			unix.Close(pidfd)
 		}
 		killInit(pid)
-		if net != nil {
-			_ = b.net.Detach(spec.ID, *net)
-		}
-		b.cpus.release(spec.ID)
-		if grp != nil {
-			// The cgroup empties once the init is gone; one stuck in a
-			// hung mount may outlast the wait, and Sweep takes the
-			// cgroup at the next start.
-			_ = grp.Kill(5 * time.Second)
-			_ = grp.Delete()
-		}
-		return 0, -1, nil, nil, err
-	}
+		return nil
+	})
 	cfgR.Close()
 	stW.Close()
-	grp, err = cgroups.New(b.opts.CgroupParent, spec.ID, cgroups.Resources{
+	grp, err := cgroups.New(b.opts.CgroupParent, spec.ID, cgroups.Resources{
 		CPUMillis: spec.CPUMillis, MemoryBytes: spec.MemoryBytes, PidsMax: spec.PidsMax,
 	})
 	if err != nil {
 		return fail(err)
 	}
+	cu.Add(func() error {
+		// The cgroup empties once the init is gone; one stuck in a hung
+		// mount may outlast the wait, and Sweep takes the cgroup at the
+		// next start.
+		_ = grp.Kill(5 * time.Second)
+		return grp.Delete()
+	})
 	if err := grp.AddProc(pid); err != nil {
 		return fail(err)
 	}
@@ -407,6 +409,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		"rlimits": rlimit.InitConfig(spec.Rlimits)}
 	maps.Copy(conf, overlay)
 	b.cgroupViewConfig(grp.Name(), conf)
+	cu.Add(func() error { b.cpus.release(spec.ID); return nil })
 	views, err := b.placeCPUs(spec, pid)
 	if err != nil {
 		return fail(err)
@@ -414,12 +417,14 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	conf["views"] = views
 	// The network is made from here, from the node's side, while the
 	// init waits for its config: the sandbox starts with eth0 up.
+	var net *netpolicy.Attachment
 	if !spec.Network.IsNone() {
 		a, err := b.net.Attach(spec.ID, pid, spec.Network)
 		if err != nil {
 			return fail(err)
 		}
 		net = &a
+		cu.Add(func() error { return b.net.Detach(spec.ID, a) })
 	}
 	cfg := initConfig(conf)
 	if _, err := cfgW.Write(cfg); err != nil {
@@ -435,6 +440,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	if len(msg) > 0 {
 		return fail(errdefs.Internalf("sandbox init: %s", msg))
 	}
+	cu.Release()
 	return pid, pidfd, grp, net, nil
 }
 
