@@ -30,6 +30,11 @@ type NetworkConfig struct {
 	Connects int // TCP connections per system
 	MiB      int // bytes sent per throughput run, in MiB
 	Runs     int // throughput runs per system
+	// Settle is the pause after each delete of the create runs: a deleted
+	// sandbox's network namespace (and veth) is torn down by the kernel
+	// in the background, which otherwise lands on the next create
+	// whatever its mode.
+	Settle time.Duration
 }
 
 // NetworkReport is the result of `warren bench network`.
@@ -89,6 +94,7 @@ func RunNetwork(ctx context.Context, env *Env, cfg NetworkConfig) (*NetworkRepor
 			if err := env.Client.Delete(ctx, sb.GetId()); err != nil {
 				return nil, err
 			}
+			time.Sleep(cfg.Settle)
 			if i >= 3 { // warm-up
 				samples[m] = append(samples[m], d)
 			}
@@ -166,7 +172,7 @@ func RunNetwork(ctx context.Context, env *Env, cfg NetworkConfig) (*NetworkRepor
 		rep.Traffic = append(rep.Traffic, tr)
 	}
 	rep.Notes = append(rep.Notes,
-		"create: the Create call, p50/p99 over interleaved creates of each mode; each sandbox is deleted before the next create",
+		fmt.Sprintf("create: the Create call, p50/p99 over interleaved creates of each mode; each sandbox is deleted, then %v pass before the next create (the kernel tears a network namespace down in the background)", cfg.Settle),
 		"policy change: UpdateSandbox open <-> allowlist of one running sandbox, from request to reply (the rules apply before the reply: one nftables transaction, then the sandbox's forbidden TCP connections are aborted)",
 		"traffic: this binary (`warren bench netclient`) in the sandbox, or in the peer's namespace, to a Go server on a test host: connect = the dial of each of the sequential connections (p50/p99); MiB/s = one connection's send of the MiB until the server has read them all, median of the runs",
 		"peer: the same client in a bare network namespace joined to the test host's by a veth pair (no routing through the node, no NAT, no rules)")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -429,6 +430,7 @@ joined to the test host by a veth pair. Run as root.`,
 	c.Flags().IntVar(&cfg.Connects, "connects", 200, "TCP connections per system")
 	c.Flags().IntVar(&cfg.MiB, "mib", 256, "MiB sent per throughput run")
 	c.Flags().IntVar(&cfg.Runs, "runs", 5, "throughput runs per system")
+	c.Flags().DurationVar(&cfg.Settle, "settle", 50*time.Millisecond, "pause after each delete of the create runs (0: the next create pays for the last one's namespace teardown)")
 	return c
 }
 
