@@ -305,7 +305,7 @@ func (f *firewall) remove(id, ifname string) error {
 			return nil
 		}
 	}
-	return f.removeListedLocked(c, map[string]bool{id: true}, nil)
+	return f.removeListedLocked(c, func(x string) bool { return x == id })
 }
 
 func (f *firewall) queueRemoveLocked(c *nftables.Conn, id, ifname string, elems, out, in bool) {
@@ -323,15 +323,8 @@ func (f *firewall) queueRemoveLocked(c *nftables.Conn, id, ifname string, elems,
 }
 
 // removeListedLocked deletes the chains and map elements of every
-// sandbox in ids (or, with keep set, of every sandbox not in keep) that
-// the kernel lists. No table: nothing to do.
-func (f *firewall) removeListedLocked(c *nftables.Conn, ids, keep map[string]bool) error {
-	gone := func(id string) bool {
-		if keep != nil {
-			return !keep[id]
-		}
-		return ids[id]
-	}
+// sandbox the kernel lists whose id gone says. No table: nothing to do.
+func (f *firewall) removeListedLocked(c *nftables.Conn, gone func(id string) bool) error {
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -380,7 +373,8 @@ func (f *firewall) removeListedLocked(c *nftables.Conn, ids, keep map[string]boo
 	return nil
 }
 
-// sweep deletes the chains and elements of every sandbox not in keep.
+// sweep deletes the chains and elements of every sandbox not in keep
+// (nil keeps none).
 func (f *firewall) sweep(keep map[string]bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -388,7 +382,7 @@ func (f *firewall) sweep(keep map[string]bool) error {
 	if err != nil {
 		return err
 	}
-	return f.removeListedLocked(c, nil, keep)
+	return f.removeListedLocked(c, func(id string) bool { return !keep[id] })
 }
 
 // sandboxes lists the ids that have chains in the table (tests, leak

@@ -308,6 +308,16 @@ func TestDetachLeavesNothing(t *testing.T) {
 	if err := n2.Sweep(map[string]bool{"keep": true}); err != nil {
 		t.Fatal(err)
 	}
+	defer func() {
+		// A nil keep keeps nothing (a daemon's backend without live
+		// sandboxes sweeps with nil).
+		if err := n2.Sweep(nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, ids, _ := n.Leftovers(); len(ids) != 0 {
+			t.Errorf("Sweep(nil) left the rules of %v", ids)
+		}
+	}()
 	links, ids, err := n.Leftovers()
 	if err != nil {
 		t.Fatal(err)
