@@ -59,6 +59,7 @@ func newCreateCommand() *cobra.Command {
 		backend           string
 		ulimits           []string
 		network           string
+		group             string
 	)
 	c := &cobra.Command{
 		Use:   "create --image IMAGE [flags]",
@@ -106,10 +107,14 @@ func newCreateCommand() *cobra.Command {
 				return usagef("--timeout must not be negative")
 			}
 			req.TimeoutSeconds = durationSeconds(timeout)
-			if network != "" {
+			if network != "" || group != "" {
+				if network == "" {
+					network = "none"
+				}
 				if req.Network, err = parseNetwork(network); err != nil {
 					return err
 				}
+				req.Network.Group = group
 			}
 			cl, err := NewClient(cmd)
 			if err != nil {
@@ -145,6 +150,7 @@ func newCreateCommand() *cobra.Command {
 	f.BoolVar(&req.KeepEtc, "keep-etc", false, "keep the image's /etc/hosts, /etc/hostname and /etc/resolv.conf instead of the sandbox's own")
 	f.StringVar(&user, "user", "", "who commands run as when they name no user: name, uid or uid:gid (default: the image's user, else root)")
 	f.StringVar(&network, "network", "", networkFlagHelp+" (default: none)")
+	f.StringVar(&group, "network-group", "", "a group of sandboxes on this node that reach each other (every port) whatever their --network, and that nothing else reaches; fixed at create")
 	return c
 }
 
@@ -169,8 +175,16 @@ func parseNetwork(s string) (*warrenv1.NetworkPolicy, error) {
 	return p, nil
 }
 
-// formatNetwork is a sandbox's policy as --network spells it.
+// formatNetwork is a sandbox's policy as --network spells it, and its
+// group.
 func formatNetwork(p *warrenv1.NetworkPolicy) string {
+	if g := p.GetGroup(); g != "" {
+		return formatMode(p) + ", group " + g
+	}
+	return formatMode(p)
+}
+
+func formatMode(p *warrenv1.NetworkPolicy) string {
 	switch p.GetMode() {
 	case "", "none":
 		return "none"

@@ -133,6 +133,10 @@ func resources(t *testing.T, opts Options) []string {
 		for _, id := range ids {
 			out = append(out, "nft chains of "+id)
 		}
+		groups, _ := n.Groups()
+		for g, addrs := range groups {
+			out = append(out, fmt.Sprintf("nft group %s of %d", g, len(addrs)))
+		}
 		_ = n.Close()
 	}
 	disks, _ := os.ReadDir(filepath.Join(opts.StateDir, "disks"))

@@ -91,6 +91,17 @@ func (s *sandbox) setNetwork(p netpolicy.Policy) (undo func() error, err error) 
 	s.netMu.Lock()
 	defer s.netMu.Unlock()
 	old := s.st.Net
+	// A group is fixed at create: an update naming none keeps it.
+	cur := ""
+	if old != nil {
+		cur = old.Policy.Group
+	}
+	if p.Group == "" {
+		p.Group = cur
+	}
+	if p.Group != cur {
+		return nil, errdefs.Invalidf("network.group: sandbox %s's group is fixed at create", s.id)
+	}
 	switch {
 	case old == nil && p.IsNone():
 		return func() error { return nil }, nil

@@ -17,7 +17,7 @@ func networkPolicy(field string, p *warrenv1.NetworkPolicy) (netpolicy.Policy, e
 	for i, r := range p.GetAllow() {
 		rules[i] = netpolicy.RuleSpec{CIDR: r.GetCidr(), HasPort: r.Port != nil, Port: r.GetPort(), Proto: r.GetProtocol()}
 	}
-	return netpolicy.Parse(field, p.GetMode(), rules)
+	return netpolicy.Parse(field, p.GetMode(), p.GetGroup(), rules)
 }
 
 // networkProto is a policy as the API shows it: nil for mode none.
@@ -25,7 +25,10 @@ func networkProto(p netpolicy.Policy) *warrenv1.NetworkPolicy {
 	if p.IsNone() {
 		return nil
 	}
-	out := &warrenv1.NetworkPolicy{Mode: string(p.Mode)}
+	out := &warrenv1.NetworkPolicy{Mode: string(p.Mode), Group: p.Group}
+	if out.Mode == "" {
+		out.Mode = string(netpolicy.None)
+	}
 	for _, r := range p.Allow {
 		pr := &warrenv1.NetworkRule{Cidr: r.Prefix.String(), Protocol: r.Proto}
 		if r.Port != 0 {

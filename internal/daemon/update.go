@@ -120,6 +120,12 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 		s.mu.Unlock()
 		return nil, err
 	}
+	if n := u.limits.Network; n != nil && n.Group == "" {
+		// The group is fixed at create: a policy naming none keeps it.
+		merged := *n
+		merged.Group = oldNet.Group
+		u.limits.Network = &merged
+	}
 	sb, backendName := s.sb, s.backendName
 	s.updating = true
 	s.mu.Unlock()

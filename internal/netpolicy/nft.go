@@ -21,13 +21,15 @@ import (
 //	chain input    (hook input)   iifname "<prefix>*" reject
 //	chain forward  (hook forward) iifname "<prefix>*" jump egress
 //	                              oifname "<prefix>*" jump ingress
-//	chain egress   other sandboxes, IPv6, 169.254.0.0/16: reject;
+//	chain egress   ip saddr @g-<group> ip daddr @g-<group> accept (one per group)
+//	               other sandboxes, IPv6, 169.254.0.0/16: reject;
 //	               iifname vmap @out; reject
 //	chain ingress  oifname vmap @in; drop
 //	chain postrouting (nat)       ip saddr <subnet> oifname != "<prefix>*" masquerade
 //	map out, in    ifname : verdict (jump sb-<id>-out / sb-<id>-in)
 //	chain sb-<id>-out  the sandbox's policy on what it sends, every packet
 //	chain sb-<id>-in   the same on what it receives (replies only)
+//	set g-<group>  the addresses of a group's members
 //
 // Only sandboxes' own traffic (by the daemon's interface name prefix)
 // enters the table's rules; every base chain's policy is accept, so the
@@ -42,6 +44,30 @@ type firewall struct {
 	mu    sync.Mutex // one batch at a time on conn
 	conn  *nftables.Conn
 	ready bool // base chains written by this process
+}
+
+const groupPrefix = "g-"
+
+func groupSet(group string) string { return groupPrefix + group }
+
+func (f *firewall) ipSet(name string) *nftables.Set {
+	return &nftables.Set{Table: f.table, Name: name, KeyType: nftables.TypeIPAddr}
+}
+
+// groupRule lets members of set name reach each other: ip saddr @name ip
+// daddr @name accept.
+func groupRule(set *nftables.Set) []expr.Any {
+	lookup := func(off uint32) []expr.Any {
+		return []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 4},
+			&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
+		}
+	}
+	out := []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}}}
+	out = append(out, lookup(12)...)
+	out = append(out, lookup(16)...)
+	return append(out, &expr.Verdict{Kind: expr.VerdictAccept})
 }
 
 const (
@@ -133,6 +159,13 @@ func (f *firewall) ensureLocked() (*nftables.Conn, error) {
 			add(chain, r...)
 		}
 	}
+	// Groups first: members reach each other before anything below
+	// rejects sandbox-to-sandbox traffic.
+	for _, set := range sets {
+		if strings.HasPrefix(set.Name, groupPrefix) {
+			add("egress", groupRule(set)...)
+		}
+	}
 	in, out := ifnamePrefix(expr.MetaKeyIIFNAME, f.prefix, true), ifnamePrefix(expr.MetaKeyOIFNAME, f.prefix, true)
 	// Nothing from a sandbox is for the node: not its API, not anything
 	// listening on any of its addresses.
@@ -170,21 +203,37 @@ func hasSet(sets []*nftables.Set, name string) bool {
 // add writes sandbox id's chains with policy p and maps its interface
 // to them, in one transaction. A table someone removed since this
 // process wrote it is written again, once.
-func (f *firewall) add(id, ifname string, p Policy) error {
+func (f *firewall) add(id, ifname string, p Policy, addr netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	wasReady := f.ready
-	err := f.addLocked(id, ifname, p)
+	err := f.addLocked(id, ifname, p, addr)
 	if err != nil && wasReady {
-		err = f.addLocked(id, ifname, p)
+		err = f.addLocked(id, ifname, p, addr)
 	}
 	return err
 }
 
-func (f *firewall) addLocked(id, ifname string, p Policy) error {
+func (f *firewall) addLocked(id, ifname string, p Policy, addr netip.Addr) error {
 	c, err := f.ensureLocked()
 	if err != nil {
 		return err
+	}
+	if p.Group != "" {
+		set, err := c.GetSetByName(f.table, groupSet(p.Group))
+		if err != nil {
+			// The group's first member: its set, and its rule at the
+			// head of egress.
+			set = f.ipSet(groupSet(p.Group))
+			if err := c.AddSet(set, nil); err != nil {
+				return err
+			}
+			c.InsertRule(&nftables.Rule{Table: f.table, Chain: f.chain("egress"), Exprs: groupRule(set)})
+		}
+		a4 := addr.As4()
+		if err := c.SetAddElements(set, []nftables.SetElement{{Key: a4[:]}}); err != nil {
+			return err
+		}
 	}
 	o, i := c.AddChain(f.chain(chainOut(id))), c.AddChain(f.chain(chainIn(id)))
 	f.policyRulesLocked(c, o, i, p)
@@ -290,12 +339,17 @@ func ruleMatches(r Rule, reply bool) [][]expr.Any {
 
 // remove deletes sandbox id's chains and map elements, whichever of them
 // exist (a create that failed halfway, a second call).
-func (f *firewall) remove(id, ifname string) error {
+func (f *firewall) remove(id, ifname, group string, addr netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c, err := f.connLocked()
 	if err != nil {
 		return err
+	}
+	if group != "" {
+		if err := f.leaveGroupLocked(c, group, func(a netip.Addr) bool { return a == addr }); err != nil {
+			return err
+		}
 	}
 	// The common case in one transaction; if any part is missing the
 	// kernel refuses it whole, and the listing below deletes what is left.
@@ -306,6 +360,96 @@ func (f *firewall) remove(id, ifname string) error {
 		}
 	}
 	return f.removeListedLocked(c, func(x string) bool { return x == id })
+}
+
+// leaveGroupLocked deletes the addresses gone says from group's set, and
+// the set and its rule once no member is left. No set: nothing to do.
+func (f *firewall) leaveGroupLocked(c *nftables.Conn, group string, gone func(netip.Addr) bool) error {
+	set, err := c.GetSetByName(f.table, groupSet(group))
+	if err != nil {
+		return nil
+	}
+	elems, err := c.GetSetElements(set)
+	if err != nil {
+		return fmt.Errorf("list group %s: %w", group, err)
+	}
+	var del []nftables.SetElement
+	for _, e := range elems {
+		if a, ok := netip.AddrFromSlice(e.Key); ok && gone(a) {
+			del = append(del, nftables.SetElement{Key: e.Key})
+		}
+	}
+	if len(del) < len(elems) {
+		if len(del) == 0 {
+			return nil
+		}
+		if err := c.SetDeleteElements(set, del); err != nil {
+			return err
+		}
+		return c.Flush()
+	}
+	// The last member: the rule goes, then the set.
+	rules, err := c.GetRules(f.table, f.chain("egress"))
+	if err != nil {
+		return fmt.Errorf("list egress rules: %w", err)
+	}
+	for _, r := range rules {
+		if usesSet(r, set.Name) {
+			if err := c.DelRule(r); err != nil {
+				return err
+			}
+		}
+	}
+	c.DelSet(set)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("remove group %s: %w", group, err)
+	}
+	return nil
+}
+
+func usesSet(r *nftables.Rule, name string) bool {
+	for _, e := range r.Exprs {
+		if l, ok := e.(*expr.Lookup); ok && l.SetName == name {
+			return true
+		}
+	}
+	return false
+}
+
+// groups lists the daemon's groups with their members' addresses.
+func (f *firewall) groupsLocked(c *nftables.Conn) (map[string][]netip.Addr, error) {
+	sets, err := c.GetSets(f.table)
+	if err != nil {
+		return nil, nil // no table
+	}
+	out := map[string][]netip.Addr{}
+	for _, s := range sets {
+		g, ok := strings.CutPrefix(s.Name, groupPrefix)
+		if !ok {
+			continue
+		}
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return nil, err
+		}
+		out[g] = nil
+		for _, e := range elems {
+			if a, ok := netip.AddrFromSlice(e.Key); ok {
+				out[g] = append(out[g], a)
+			}
+		}
+	}
+	return out, nil
+}
+
+func (f *firewall) groups() (map[string][]netip.Addr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, err := f.connLocked()
+	if err != nil {
+		return nil, err
+	}
+	return f.groupsLocked(c)
 }
 
 func (f *firewall) queueRemoveLocked(c *nftables.Conn, id, ifname string, elems, out, in bool) {
@@ -374,15 +518,24 @@ func (f *firewall) removeListedLocked(c *nftables.Conn, gone func(id string) boo
 }
 
 // sweep deletes the chains and elements of every sandbox not in keep
-// (nil keeps none).
-func (f *firewall) sweep(keep map[string]bool) error {
+// (nil keeps none), and from groups every address not in kept.
+func (f *firewall) sweep(keep map[string]bool, kept map[netip.Addr]bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c, err := f.connLocked()
 	if err != nil {
 		return err
 	}
-	return f.removeListedLocked(c, func(id string) bool { return !keep[id] })
+	groups, err := f.groupsLocked(c)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for g := range groups {
+		errs = append(errs, f.leaveGroupLocked(c, g, func(a netip.Addr) bool { return !kept[a] }))
+	}
+	errs = append(errs, f.removeListedLocked(c, func(id string) bool { return !keep[id] }))
+	return errors.Join(errs...)
 }
 
 // sandboxes lists the ids that have chains in the table (tests, leak

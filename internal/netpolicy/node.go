@@ -147,10 +147,11 @@ func (n *Node) Attach(id string, pid int, p Policy) (_ Attachment, retErr error)
 	cu.Add(func() error { n.free(i, id); return nil })
 	// Rules first: the interface never exists without them.
 	ifname := n.Ifname(i)
-	if err := n.fw.add(id, ifname, p); err != nil {
+	_, addr := n.Addrs(i)
+	if err := n.fw.add(id, ifname, p, addr); err != nil {
 		return Attachment{}, errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
 	}
-	cu.Add(func() error { return n.fw.remove(id, ifname) })
+	cu.Add(func() error { return n.fw.remove(id, ifname, p.Group, addr) })
 	if err := n.link(id, pid, i); err != nil {
 		return Attachment{}, err
 	}
@@ -309,6 +310,11 @@ func (n *Node) Cut(pid int, a Attachment, p Policy) error {
 		if !ok || remote.IsLoopback() || remote.IsUnspecified() || remote == self {
 			continue
 		}
+		// Group members (fixed at create) stay reachable; no other
+		// address of the subnet ever was.
+		if p.Group != "" && n.subnet.Contains(remote) {
+			continue
+		}
 		if p.Allows(remote, s.ID.DestinationPort, "tcp") {
 			continue
 		}
@@ -340,7 +346,8 @@ func (n *Node) Detach(id string, a Attachment) error {
 			errs = append(errs, fmt.Errorf("delete veth %s: %w", name, err))
 		}
 	}
-	if err := n.fw.remove(id, name); err != nil {
+	_, addr := n.Addrs(a.Index)
+	if err := n.fw.remove(id, name, a.Policy.Group, addr); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
@@ -369,9 +376,12 @@ func (n *Node) Adopt(id string, a Attachment) error {
 func (n *Node) Sweep(keep map[string]bool) error {
 	n.mu.Lock()
 	owned := map[string]bool{}
+	kept := map[netip.Addr]bool{}
 	for i, id := range n.used {
 		if keep[id] {
 			owned[n.Ifname(i)] = true
+			_, a := n.Addrs(i)
+			kept[a] = true
 		}
 	}
 	n.mu.Unlock()
@@ -388,7 +398,7 @@ func (n *Node) Sweep(keep map[string]bool) error {
 			}
 		}
 	}
-	errs = append(errs, n.fw.sweep(keep))
+	errs = append(errs, n.fw.sweep(keep, kept))
 	return errors.Join(errs...)
 }
 
@@ -410,6 +420,10 @@ func (n *Node) Leftovers() (links map[string]string, ids []string, err error) {
 	return links, ids, err
 }
 
+// Groups lists the daemon's groups with their members' addresses (leak
+// checks).
+func (n *Node) Groups() (map[string][]netip.Addr, error) { return n.fw.groups() }
+
 // HasTable reports whether the daemon's nftables table exists.
 func (n *Node) HasTable() bool {
 	n.fw.mu.Lock()
@@ -427,6 +441,9 @@ func (n *Node) HasTable() bool {
 func (n *Node) RemoveUnused() error {
 	ids, err := n.fw.sandboxes()
 	if err != nil || len(ids) > 0 {
+		return err
+	}
+	if gs, err := n.fw.groups(); err != nil || len(gs) > 0 {
 		return err
 	}
 	return n.fw.removeTable()

@@ -352,7 +352,7 @@ func TestParse(t *testing.T) {
 		{"allowlist", []RuleSpec{{CIDR: "::1/128"}}, "network.allow[0]: cidr"},
 		{"open", []RuleSpec{{CIDR: "10.0.0.0/8"}}, "network.allow"},
 	} {
-		_, err := Parse("network", tc.mode, tc.rules)
+		_, err := Parse("network", tc.mode, "", tc.rules)
 		switch {
 		case tc.field == "" && err != nil:
 			t.Errorf("%q %v: %v", tc.mode, tc.rules, err)
@@ -364,7 +364,7 @@ func TestParse(t *testing.T) {
 	if err != nil || mode != "allowlist" || len(rules) != 2 || rules[0].Port != 443 || rules[0].Proto != "tcp" || rules[1].HasPort {
 		t.Errorf("ParseFlag: %v %v %v", mode, rules, err)
 	}
-	p, err := Parse("network", mode, rules)
+	p, err := Parse("network", mode, "", rules)
 	if err != nil || p.String() != "allow:10.1.0.0/16:443/tcp,192.0.2.1/32" {
 		t.Errorf("round trip: %v %v", p, err)
 	}
@@ -458,13 +458,85 @@ func BenchmarkAddRules(b *testing.B) {
 	n, _ := benchNode(b)
 	pol := benchPolicies()[0]
 	for b.Loop() {
-		if err := n.fw.add("bench", "wbench0", pol); err != nil {
+		if err := n.fw.add("bench", "wbench0", pol, netip.Addr{}); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()
-		if err := n.fw.remove("bench", "wbench0"); err != nil {
+		if err := n.fw.remove("bench", "wbench0", "", netip.Addr{}); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()
+	}
+}
+
+// TestGroupMembersReachOnlyEachOther: members of a group reach each other
+// (a member in mode none too, which reaches nothing else), a sandbox
+// outside the group reaches no member and no member reaches it, and once
+// the last member is gone the group's set and rule are gone too.
+func TestGroupMembersReachOnlyEachOther(t *testing.T) {
+	n := newTestNode(t)
+	th := newTestHost(t)
+	thPort := listen(t, th.ns, th.addr.String()+":0")
+	pidA, pidB, pidC := sandboxProc(t), sandboxProc(t), sandboxProc(t)
+	aA := mustAttach(t, n, "ga", pidA, Policy{Mode: None, Group: "g1"})
+	aB := mustAttach(t, n, "gb", pidB, Policy{Mode: Open, Group: "g1"})
+	aC := mustAttach(t, n, "out", pidC, Policy{Mode: Open})
+	nsA, nsB, nsC := nsOf(t, pidA), nsOf(t, pidB), nsOf(t, pidC)
+	_, ipA := n.Addrs(aA.Index)
+	_, ipB := n.Addrs(aB.Index)
+	_, ipC := n.Addrs(aC.Index)
+	pA, pB, pC := listen(t, nsA, "0.0.0.0:0"), listen(t, nsB, "0.0.0.0:0"), listen(t, nsC, "0.0.0.0:0")
+	if err := reaches(nsA, ipB, pB); err != nil {
+		t.Errorf("member a does not reach member b: %v", err)
+	}
+	if err := reaches(nsB, ipA, pA); err != nil {
+		t.Errorf("member b does not reach member a: %v", err)
+	}
+	if err := reaches(nsB, th.addr, thPort); err != nil {
+		t.Errorf("member b in mode open does not reach the test host: %v", err)
+	}
+	for what, err := range map[string]error{
+		"a (mode none) reaches the test host": reaches(nsA, th.addr, thPort),
+		"outsider reaches member a":           reaches(nsC, ipA, pA),
+		"outsider reaches member b":           reaches(nsC, ipB, pB),
+		"member b reaches the outsider":       reaches(nsB, ipC, pC),
+		"test host reaches member b":          reaches(th.ns, ipB, pB),
+	} {
+		if err == nil {
+			t.Errorf("%s", what)
+		}
+	}
+	// A policy change keeps the group: no abort of a member's connection.
+	c, err := dial(nsB, ipA, pA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := n.SetPolicy("gb", pidB, aB, Policy{Mode: None, Group: "g1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := echo(c); err != nil {
+		t.Errorf("connection between members after a policy change: %v", err)
+	}
+	if err := n.Detach("ga", aA); err != nil {
+		t.Fatal(err)
+	}
+	if gs, _ := n.Groups(); len(gs["g1"]) != 1 {
+		t.Errorf("after one member left: groups %v", gs)
+	}
+	if err := n.Detach("gb", Attachment{Index: aB.Index, Policy: Policy{Mode: None, Group: "g1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if gs, _ := n.Groups(); len(gs) != 0 {
+		t.Errorf("after the last member left: groups %v", gs)
+	}
+	// A crashed daemon's group: Sweep empties it.
+	pidD := sandboxProc(t)
+	mustAttach(t, n, "gd", pidD, Policy{Mode: Open, Group: "g2"})
+	if err := n.Sweep(map[string]bool{"out": true}); err != nil {
+		t.Fatal(err)
+	}
+	if gs, _ := n.Groups(); len(gs) != 0 {
+		t.Errorf("after Sweep: groups %v", gs)
 	}
 }

@@ -19,6 +19,7 @@ package netpolicy
 import (
 	"fmt"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,6 +40,11 @@ const (
 type Policy struct {
 	Mode  Mode   `json:"mode,omitempty"`
 	Allow []Rule `json:"allow,omitempty"`
+	// Group names the sandbox's group on this node: members reach each
+	// other (every port and protocol) whatever their mode, and nothing
+	// else reaches them. A member in mode none reaches its group only.
+	// Fixed at create.
+	Group string `json:"group,omitempty"`
 }
 
 // Rule allows one destination: an IPv4 prefix, optionally one port and
@@ -49,15 +55,16 @@ type Rule struct {
 	Proto  string       `json:"proto,omitempty"` // "tcp", "udp"; "": both
 }
 
-// IsNone reports whether p gives the sandbox no interface but lo.
-func (p Policy) IsNone() bool { return p.Mode == "" || p.Mode == None }
+// IsNone reports whether p gives the sandbox no interface but lo: mode
+// none outside any group.
+func (p Policy) IsNone() bool { return (p.Mode == "" || p.Mode == None) && p.Group == "" }
 
 // Equal reports whether p and q allow the same.
 func (p Policy) Equal(q Policy) bool {
 	if p.IsNone() || q.IsNone() {
 		return p.IsNone() == q.IsNone()
 	}
-	return p.Mode == q.Mode && slices.Equal(p.Allow, q.Allow)
+	return p.Mode == q.Mode && slices.Equal(p.Allow, q.Allow) && p.Group == q.Group
 }
 
 // MaxRules bounds an allowlist: each rule is two nftables rules, and a
@@ -67,8 +74,12 @@ const MaxRules = 256
 // Parse validates a policy as the API spells it. Errors are Invalid and
 // name the field (field is the policy's own name in the request, e.g.
 // "network").
-func Parse(field, mode string, rules []RuleSpec) (Policy, error) {
+func Parse(field, mode, group string, rules []RuleSpec) (Policy, error) {
 	var p Policy
+	if group != "" && !groupRE.MatchString(group) {
+		return p, errdefs.Invalidf("%s.group: bad group name %q: want [a-z0-9][a-z0-9_.-]{0,62}", field, group)
+	}
+	p.Group = group
 	switch Mode(mode) {
 	case "", None:
 		p.Mode = None
@@ -94,6 +105,8 @@ func Parse(field, mode string, rules []RuleSpec) (Policy, error) {
 	}
 	return p, nil
 }
+
+var groupRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
 // RuleSpec is a rule as the API spells it.
 type RuleSpec struct {
@@ -132,9 +145,9 @@ func (r RuleSpec) parse() (Rule, error) {
 }
 
 // String is the policy as the CLI spells it: none, open, or
-// allow:CIDR[:PORT[/PROTO]],...
+// allow:CIDR[:PORT[/PROTO]],... (the group is apart: --network-group).
 func (p Policy) String() string {
-	if p.IsNone() {
+	if p.Mode == "" || p.Mode == None {
 		return string(None)
 	}
 	if p.Mode == Open {

@@ -474,6 +474,13 @@ func (e *env) resources() []resource {
 	for _, id := range ids {
 		out = append(out, resource{"nft", id, "chains of " + id})
 	}
+	groups, err := e.net.Groups()
+	if err != nil {
+		e.t.Errorf("list network groups: %v", err)
+	}
+	for g, addrs := range groups {
+		out = append(out, resource{"nft", "", fmt.Sprintf("group %s of %d", g, len(addrs))})
+	}
 	if !running && e.net.HasTable() {
 		out = append(out, resource{"nft", "", "table " + e.net.Table()})
 	}

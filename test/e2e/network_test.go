@@ -353,6 +353,7 @@ func TestNetworkBadPolicyInvalid(t *testing.T) {
 		{"network.allow[0]: protocol", policy("allowlist", rule("10.0.0.0/8", 0, "icmp"))},
 		{"network.mode", policy("closed")},
 		{"network.allow", policy("open", rule("10.0.0.0/8", 0, ""))},
+		{"network.group", &warrenv1.NetworkPolicy{Mode: "open", Group: "Not A Name"}},
 	}
 	e.create(&warrenv1.CreateRequest{Id: "live"})
 	for _, tc := range bad {
@@ -376,5 +377,58 @@ func TestNetworkBadPolicyInvalid(t *testing.T) {
 		if r.kind == "veth" || r.kind == "nft" {
 			t.Errorf("refused updates left %v", r)
 		}
+	}
+}
+
+// TestNetworkGroupMembersOnly: sandboxes of one group reach each other
+// (a member in mode none too, which reaches nothing else); a sandbox
+// outside the group reaches no member; an update keeps the group and
+// cannot change it; deleting the members leaves no group state.
+func TestNetworkGroupMembersOnly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 2*time.Minute)
+	th := testutil.NewTestHost(t)
+	thPort := httpHost(t, th.NS, th.Addr.String()+":0", "th")
+	// A member in mode none, through the CLI.
+	if out, errOut, code := e.cli(nil, "sandbox", "create", "--image", imageName, "--id", "m1", "--network-group", "team"); code != 0 {
+		t.Fatalf("create m1: %s %s", out, errOut)
+	}
+	e.create(&warrenv1.CreateRequest{Id: "m2", Network: &warrenv1.NetworkPolicy{Mode: "open", Group: "team"}})
+	e.create(&warrenv1.CreateRequest{Id: "out", Network: policy("open")})
+	m2 := e.sb("m2")
+	if m2.GetNetwork().GetGroup() != "team" {
+		t.Fatalf("m2's network: %v", m2.GetNetwork())
+	}
+	if _, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "m2",
+		Shell: "mkdir -p /www && echo m2 > /www/index.html && exec httpd -f -p 8080 -h /www"}); err != nil {
+		t.Fatal(err)
+	}
+	waitSh(t, e, "m2", "netstat -ltn | grep -q :8080", 10*time.Second, "m2's server")
+	if body, ok := e.fetch("m1", m2.NetworkAddress, 8080); !ok || body != "m2\n" {
+		t.Errorf("member m1 does not reach member m2: %q", body)
+	}
+	if _, ok := e.fetch("out", m2.NetworkAddress, 8080); ok {
+		t.Errorf("a sandbox outside the group reaches a member")
+	}
+	if _, ok := e.fetch("m1", th.Addr.String(), thPort); ok {
+		t.Errorf("a member in mode none reaches the test host")
+	}
+	if _, ok := e.fetch("m2", th.Addr.String(), thPort); !ok {
+		t.Errorf("a member in mode open does not reach the test host")
+	}
+	// An update without a group keeps it; another group is refused.
+	sb, err := e.c.Update(ctx, "m2", client.SandboxUpdate{Network: policy("allowlist", rule(th.Addr.String(), 0, ""))})
+	if err != nil || sb.GetNetwork().GetGroup() != "team" {
+		t.Fatalf("update keeping the group: %v %v", sb.GetNetwork(), err)
+	}
+	if body, ok := e.fetch("m1", m2.NetworkAddress, 8080); !ok || body != "m2\n" {
+		t.Errorf("after m2's update, m1 does not reach it: %q", body)
+	}
+	_, err = e.c.Update(ctx, "m2", client.SandboxUpdate{Network: &warrenv1.NetworkPolicy{Mode: "open", Group: "other"}})
+	wantCategory(t, err, client.CategoryInvalid, "update to another group")
+	out, _, _ := e.cli(nil, "sandbox", "get", "m1")
+	if !strings.Contains(out, "none, group team") {
+		t.Errorf("sandbox get m1:\n%s", out)
 	}
 }

@@ -360,11 +360,17 @@ func (x *CreateRequest) GetNetwork() *NetworkPolicy {
 // In every mode the node's own addresses (the daemon's API and anything
 // else listening on the node), link-local and metadata addresses
 // (169.254.0.0/16, fd00:ec2::254) and other sandboxes are unreachable,
-// and nothing outside may open a connection into the sandbox.
+// and nothing outside may open a connection into the sandbox, except
+// within a group.
 type NetworkPolicy struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Mode          string                 `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
-	Allow         []*NetworkRule         `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"` // only with mode "allowlist"
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mode  string                 `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	Allow []*NetworkRule         `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"` // only with mode "allowlist"
+	// Sandboxes of one group on this node ([a-z0-9][a-z0-9_.-]{0,62}) reach
+	// each other on every port, whatever their mode; nothing else reaches
+	// them. A member in mode "none" gets an interface that reaches its
+	// group only. Fixed at create: an update that leaves it empty keeps it.
+	Group         string `protobuf:"bytes,3,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -411,6 +417,13 @@ func (x *NetworkPolicy) GetAllow() []*NetworkRule {
 		return x.Allow
 	}
 	return nil
+}
+
+func (x *NetworkPolicy) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
 }
 
 // NetworkRule allows one destination: an IPv4 CIDR ("10.1.2.0/24", or an
@@ -4562,10 +4575,11 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"g\n" +
 	"\rNetworkPolicy\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12,\n" +
-	"\x05allow\x18\x02 \x03(\v2\x16.warren.v1.NetworkRuleR\x05allow\"_\n" +
+	"\x05allow\x18\x02 \x03(\v2\x16.warren.v1.NetworkRuleR\x05allow\x12\x14\n" +
+	"\x05group\x18\x03 \x01(\tR\x05group\"_\n" +
 	"\vNetworkRule\x12\x12\n" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x17\n" +
 	"\x04port\x18\x02 \x01(\rH\x00R\x04port\x88\x01\x01\x12\x1a\n" +

@@ -40,6 +40,15 @@ async def test_network_policy_create_update(w: warren.AsyncWarren) -> None:
         assert b"eth0" not in r.stdout
 
 
+async def test_network_group(w: warren.AsyncWarren) -> None:
+    async with w.create(IMAGE, network=warren.NetworkPolicy(mode="none", group="py-team")) as sb:
+        assert sb.info.network.group == "py-team" and sb.info.network_address
+        info = await sb.update(network="open")
+        assert info.network.mode == "open" and info.network.group == "py-team"
+        with pytest.raises(warren.InvalidError, match="group"):
+            await sb.update(network=warren.NetworkPolicy(mode="open", group="other"))
+
+
 async def test_network_bad_policy_invalid(w: warren.AsyncWarren) -> None:
     for bad, field in (
         ("allow:10.0.0.0/33", "network.allow[0]: cidr"),

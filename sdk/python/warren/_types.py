@@ -209,6 +209,9 @@ class NetworkPolicy:
 
     mode: str = "none"
     allow: Tuple[NetworkRule, ...] = ()
+    #: a group of sandboxes on the node that reach each other (every port)
+    #: whatever their mode, and that nothing else reaches; fixed at create
+    group: str = ""
 
     @classmethod
     def parse(cls, s: str) -> "NetworkPolicy":
@@ -243,12 +246,18 @@ class NetworkPolicy:
     def _from_json(cls, d: Optional[Mapping[str, Any]]) -> "NetworkPolicy":
         if not d:
             return cls()
-        return cls(mode=d.get("mode") or "none", allow=tuple(NetworkRule._from_json(r) for r in d.get("allow") or ()))
+        return cls(
+            mode=d.get("mode") or "none",
+            allow=tuple(NetworkRule._from_json(r) for r in d.get("allow") or ()),
+            group=d.get("group", ""),
+        )
 
     def _to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"mode": self.mode}
         if self.allow:
             out["allow"] = [r._to_json() for r in self.allow]
+        if self.group:
+            out["group"] = self.group
         return out
 
 
