@@ -141,6 +141,30 @@ func (c *Client) ListProcesses(ctx context.Context, sandboxID string) ([]*warren
 	return res.GetProcesses(), nil
 }
 
+// ListSandboxEvents returns one page of a sandbox's security events
+// (contained or denied actions), oldest first; pass the response's
+// NextPageToken to get the next page ("" on the last one).
+func (c *Client) ListSandboxEvents(ctx context.Context, req *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error) {
+	return call(ctx, c.sandboxes.ListSandboxEvents, req)
+}
+
+// SandboxEvents returns every security event the node keeps of a
+// sandbox, oldest first.
+func (c *Client) SandboxEvents(ctx context.Context, sandboxID string) ([]*warrenv1.SecurityEvent, error) {
+	var out []*warrenv1.SecurityEvent
+	req := &warrenv1.ListSandboxEventsRequest{SandboxId: sandboxID, PageSize: 1000}
+	for {
+		res, err := c.ListSandboxEvents(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, res.GetEvents()...)
+		if req.PageToken = res.GetNextPageToken(); req.PageToken == "" {
+			return out, nil
+		}
+	}
+}
+
 // WaitProcess waits for a background process to exit.
 func (c *Client) WaitProcess(ctx context.Context, req *warrenv1.WaitProcessRequest) (*warrenv1.ExecResult, error) {
 	return call(ctx, c.sandboxes.WaitProcess, req)

@@ -50,6 +50,9 @@ type Spec struct {
 	// Network is what the sandbox may reach (the zero value: loopback
 	// only), validated by the daemon.
 	Network netpolicy.Policy
+	// AllowSetuid runs the sandbox's processes without no_new_privs, so
+	// that setuid binaries and file capabilities work in it.
+	AllowSetuid bool
 }
 
 // Layer is one read-only layer of a sandbox's root, as references a
@@ -165,6 +168,39 @@ type OOMTracker interface {
 	// returns, called once p has exited, reports whether p itself was
 	// OOM-killed. A nil func means the sandbox cannot tell for p.
 	TrackOOM(p Process) func() bool
+}
+
+// Containment is implemented by sandboxes that can tell how often the
+// kernel contained them, cheaply enough to be polled on every sandbox of
+// a node (a few small reads): the daemon turns each rise into a security
+// event (internal/events).
+type Containment interface {
+	Contained() (Contained, error)
+}
+
+// Contained are a sandbox's containment counters and states.
+type Contained struct {
+	OOMKills    uint64 // cumulative OOM kills in the sandbox
+	PidsRefused uint64 // cumulative forks refused at its pids limit
+	// Disk is set for a sandbox with a disk of its own (a disk limit):
+	// its size and what is left of it.
+	Disk *DiskUse
+}
+
+// DiskUse is the state of a sandbox's own disk.
+type DiskUse struct {
+	Bytes, FreeBytes   uint64
+	Inodes, FreeInodes uint64
+}
+
+// DiskUser is implemented by sandboxes whose writable layer takes space
+// on the node's disk (the container backend: the state directory's
+// filesystem). The daemon asks only when that disk runs low, to find the
+// sandbox to stop: DiskUsage may walk the sandbox's whole writable layer.
+type DiskUser interface {
+	// DiskUsage is how many bytes of the node's disk the sandbox's
+	// writable layer takes, as far as it could tell by ctx's end.
+	DiskUsage(ctx context.Context) (uint64, error)
 }
 
 // Backlogged is implemented by backends that finish deletes in the

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -178,7 +179,12 @@ func (e *Env) startDaemon(ctx context.Context, exe string, extra []string) error
 		}
 	}
 	sock := filepath.Join(e.Tmp, "warren.sock")
+	// A second private daemon of this process (bench hardening runs two)
+	// gets a parent of its own: each daemon sweeps its parent's groups.
 	e.cgroupParent = "warren-bench-" + strconv.Itoa(os.Getpid())
+	if n := privateDaemons.Add(1); n > 1 {
+		e.cgroupParent += "-" + strconv.FormatInt(n, 10)
+	}
 	args := append([]string{"serve",
 		"--state-dir", e.stateDir,
 		"--run-dir", filepath.Join(e.Tmp, "run"),
@@ -189,6 +195,8 @@ func (e *Env) startDaemon(ctx context.Context, exe string, extra []string) error
 	e.logf("starting private daemon: %s %s", exe, strings.Join(args, " "))
 	return e.execDaemon()
 }
+
+var privateDaemons atomic.Int64
 
 // execDaemon starts the private daemon's process (again, after a
 // restart: its log is appended to).

@@ -64,6 +64,9 @@ type Group interface {
 	// OOMKills reads only the OOM-kill counter: one file, for the exec
 	// path, which checks it before and after every process.
 	OOMKills() (uint64, error)
+	// PidsRefused reads how many forks the pids limit refused
+	// (pids.events "max", on v1 as on v2).
+	PidsRefused() (uint64, error)
 	// SetLimits changes the limits l sets, all or none (limits.go).
 	SetLimits(l Limits) error
 	// Delete removes the group; it must be empty.
@@ -587,7 +590,8 @@ func (g *v1Group) Thaw() error {
 	err := kfile.Write(filepath.Join(g.dir(cgroup1.Freezer), "freezer.state"), "THAWED")
 	return classify(err, "thaw cgroup "+g.name)
 }
-func (g *v1Group) OOMKills() (uint64, error) { return v1OOMKills(g.name) }
+func (g *v1Group) OOMKills() (uint64, error)    { return v1OOMKills(g.name) }
+func (g *v1Group) PidsRefused() (uint64, error) { return v1PidsRefused(g.name) }
 
 func (g *v1Group) Stats() (Stats, error) {
 	ns, _ := readUint(filepath.Join(g.dir(cgroup1.Cpuacct), "cpuacct.usage"))
@@ -599,6 +603,10 @@ func v1Dir(sub cgroup1.Name, name string) string { return filepath.Join(Root, st
 
 func v1OOMKills(name string) (uint64, error) {
 	return readKey(filepath.Join(v1Dir(cgroup1.Memory, name), "memory.oom_control"), "oom_kill")
+}
+
+func v1PidsRefused(name string) (uint64, error) {
+	return readKey(filepath.Join(v1Dir(cgroup1.Pids, name), "pids.events"), "max")
 }
 
 // v1Stats reads what the v1 memory and pids directories of group name
@@ -722,10 +730,11 @@ func (g *hybridGroup) Kill(timeout time.Duration) error {
 	}
 	return killUntilEmpty(g.allProcs, g.Freeze, g.Thaw, timeout)
 }
-func (g *hybridGroup) Freeze() error             { return freeze2(g.name, g.udir()) }
-func (g *hybridGroup) Thaw() error               { return thaw2(g.name, g.udir()) }
-func (g *hybridGroup) OOMKills() (uint64, error) { return v1OOMKills(g.name) }
-func (g *hybridGroup) Stats() (Stats, error)     { return v1Stats(g.name, cpuUsage2(g.udir())) }
+func (g *hybridGroup) Freeze() error                { return freeze2(g.name, g.udir()) }
+func (g *hybridGroup) Thaw() error                  { return thaw2(g.name, g.udir()) }
+func (g *hybridGroup) OOMKills() (uint64, error)    { return v1OOMKills(g.name) }
+func (g *hybridGroup) PidsRefused() (uint64, error) { return v1PidsRefused(g.name) }
+func (g *hybridGroup) Stats() (Stats, error)        { return v1Stats(g.name, cpuUsage2(g.udir())) }
 
 // Delete removes the directories of the hybrid layout; Load would not
 // have found this layout for a group of the legacy one.
@@ -759,6 +768,10 @@ func (g *v2Group) Kill(timeout time.Duration) error {
 }
 func (g *v2Group) Freeze() error { return freeze2(g.name, g.dir()) }
 func (g *v2Group) Thaw() error   { return thaw2(g.name, g.dir()) }
+func (g *v2Group) PidsRefused() (uint64, error) {
+	return readKey(filepath.Join(g.dir(), "pids.events"), "max")
+}
+
 func (g *v2Group) OOMKills() (uint64, error) {
 	return readKey(filepath.Join(g.dir(), "memory.events"), "oom_kill")
 }

@@ -618,3 +618,25 @@ func TestReadKey(t *testing.T) {
 		}
 	}
 }
+
+// TestPidsRefused: forks the pids limit refuses are counted (the
+// daemon's pids_limit security event reads this counter).
+func TestPidsRefused(t *testing.T) {
+	parent := testParent(t)
+	g, err := New(parent, "forks", Resources{PidsMax: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := g.PidsRefused(); err != nil || n != 0 {
+		t.Fatalf("before: %d %v", n, err)
+	}
+	runIn(t, g, "for i in 1 2 3 4 5 6 7 8; do sleep 0.5 & done 2>/dev/null; wait")
+	if n, err := g.PidsRefused(); err != nil || n == 0 {
+		t.Fatalf("after forking past the limit: %d %v", n, err)
+	}
+	waitFor(t, "pids.current 0", 10*time.Second, func() bool {
+		s, err := g.Stats()
+		return err == nil && s.Pids == 0
+	})
+	deleteGroup(t, g, parent, "forks")
+}

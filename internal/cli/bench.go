@@ -52,7 +52,8 @@ result to stdout, as a table or (--json) one JSON object.`,
 	_ = pf.MarkHidden("daemon-bin")
 	_ = pf.MarkHidden("daemon-arg")
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
-		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchNetworkCommand(&bf), newBenchNetClientCommand())
+		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchHardeningCommand(&bf),
+		newBenchNetworkCommand(&bf), newBenchNetClientCommand())
 	return c
 }
 
@@ -452,5 +453,47 @@ func newBenchNetClientCommand() *cobra.Command {
 	c.Flags().IntVar(&n, "n", 100, "connections")
 	c.Flags().StringVar(&send, "send", "", "address to send mib MiB to")
 	c.Flags().IntVar(&mib, "mib", 0, "MiB to send")
+	return c
+}
+
+func newBenchHardeningCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.HardeningConfig{}
+	c := &cobra.Command{
+		Use:   "hardening [--n 500] [--syscalls 1000000]",
+		Short: "What the seccomp filters cost: create, exec and a syscall-bound exec, against the same binary with --seccomp=false",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			if cfg.N < 1 || cfg.Runs < 1 || cfg.Syscalls < 1 || cfg.Warmup < 0 {
+				return usagef("--n, --runs and --syscalls must be at least 1, --warmup not negative")
+			}
+			if f := cmd.Flag("addr"); f != nil && f.Changed {
+				return usagef("%v", bench.ErrHardeningNeedsPrivate)
+			}
+			with, _, err := benchEnv(cmd, bf, nil)
+			if err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, with.Close()) }()
+			without, _, err := benchEnv(cmd, bf, func(o *bench.Options) { o.DaemonArgs = append(o.DaemonArgs, "--seccomp=false") })
+			if err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, without.Close()) }()
+			rep, err := bench.RunHardening(cmd.Context(), with, without, cfg)
+			if err != nil {
+				return err
+			}
+			if bf.jsonFile != "" {
+				if err := writeJSONFile(bf.jsonFile, rep); err != nil {
+					return err
+				}
+			}
+			return writeReport(cmd, rep)
+		},
+	}
+	c.Flags().IntVar(&cfg.N, "n", 500, "measured cycles per daemon")
+	c.Flags().IntVar(&cfg.Warmup, "warmup", 20, "unmeasured cycles per daemon first")
+	c.Flags().IntVar(&cfg.Syscalls, "syscalls", 1000000, "bytes dd copies one at a time (twice as many system calls)")
+	c.Flags().IntVar(&cfg.Runs, "runs", 10, "measured runs of the syscall-bound exec per daemon")
 	return c
 }

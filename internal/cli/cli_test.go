@@ -561,3 +561,34 @@ func TestLayersAndImages(t *testing.T) {
 		t.Fatalf("verify bad: %+v", r)
 	}
 }
+
+// ListSandboxEvents serves two pages for sb1.
+func (f *fakeManager) ListSandboxEvents(_ context.Context, r *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error) {
+	if r.SandboxId != "sb1" {
+		return nil, errdefs.NotFoundf("sandbox %s not found", r.SandboxId)
+	}
+	if r.PageToken == "" {
+		return &warrenv1.ListSandboxEventsResponse{NextPageToken: "1", Events: []*warrenv1.SecurityEvent{
+			{Seq: 1, TimeUnixMs: 1700000000000, Kind: "oom_kill", Count: 2, Process: "pid 7", Detail: "2 process(es) killed"}}}, nil
+	}
+	return &warrenv1.ListSandboxEventsResponse{Events: []*warrenv1.SecurityEvent{
+		{Seq: 2, TimeUnixMs: 1700000001000, Kind: "pids_limit", Count: 1, Detail: "1 fork(s) refused", Suppressed: 3}}}, nil
+}
+
+// TestSandboxEvents: `sandbox events` pages through every event, as a
+// table or JSON; an unknown sandbox is not found.
+func TestSandboxEvents(t *testing.T) {
+	_, addr := startDaemon(t)
+	r := run(t, addr, "", "sandbox", "events", "sb1")
+	if r.code != 0 || !strings.Contains(r.stdout, "oom_kill") || !strings.Contains(r.stdout, "pid 7") ||
+		!strings.Contains(r.stdout, "pids_limit") || !strings.Contains(r.stdout, "3 earlier events suppressed") {
+		t.Fatalf("table: %+v", r)
+	}
+	r = run(t, addr, "", "sandbox", "events", "--json", "sb1")
+	if r.code != 0 || strings.Count(r.stdout, `"kind"`) != 2 {
+		t.Fatalf("json: %+v", r)
+	}
+	if r := run(t, addr, "", "sandbox", "events", "nope"); r.code == 0 || !strings.Contains(r.stderr, "not found") {
+		t.Fatalf("unknown sandbox: %+v", r)
+	}
+}

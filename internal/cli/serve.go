@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +20,9 @@ import (
 	"github.com/warrenrl/warren/internal/container"
 	"github.com/warrenrl/warren/internal/daemon"
 	"github.com/warrenrl/warren/internal/erofs"
+	"github.com/warrenrl/warren/internal/events"
 	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/kaudit"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/server"
@@ -37,6 +40,9 @@ type serveOptions struct {
 	insecureNoAuth           bool
 	defaultTimeout           time.Duration
 	defaultDisk              string
+	eventLogBytes            string
+	diskReserve              string
+	guardInterval            time.Duration
 	logLevel, logFormat      string
 	cgroupParent             string
 	layerDirectIO            bool
@@ -44,6 +50,7 @@ type serveOptions struct {
 	mkfsErofs                string
 	pprofAddr                string
 	stallTimeout             time.Duration
+	seccomp                  bool
 	cpuAffinity              bool
 	networkSubnet            string
 }
@@ -69,6 +76,9 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
 	f.DurationVar(&o.defaultTimeout, "default-timeout", daemon.DefaultTimeout, "sandbox lifetime when a create request gives none")
 	f.StringVar(&o.defaultDisk, "default-disk", "", "disk limit of each sandbox's writable layer when a create request gives none, e.g. 10Gi (default: unlimited, on the state dir's filesystem)")
+	f.StringVar(&o.diskReserve, "disk-reserve", "5%", "free space to keep on the state dir's filesystem, a size (2Gi) or a percentage of it (at most 10Gi then); below it creates are refused, below half of it the sandbox whose writable layer takes the most is stopped; 0 turns the guard off")
+	f.DurationVar(&o.guardInterval, "guard-interval", daemon.DefaultGuardInterval, "how often every sandbox's containment counters (OOM kills, refused forks, its disk) and the node's free disk are read")
+	f.StringVar(&o.eventLogBytes, "event-log-bytes", "16Mi", "size at which the security event audit file (<state-dir>/events/events.log) is rotated; the node keeps it and one rotated file")
 	f.BoolVar(&o.layerDirectIO, "layer-direct-io", true, "mount layer blobs with EROFS's directio option where the kernel and the store's filesystem allow it, so that only the blocks sandboxes read are read (not the store disk's readahead around them)")
 	f.IntVar(&o.layerReadAheadKB, "layer-read-ahead-kb", 0, "readahead window of each layer mount in KiB (0: the kernel's default, 128)")
 	mkfsDefault := os.Getenv(erofs.MkfsEnv)
@@ -79,6 +89,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "warren", "parent cgroup of the sandboxes (give each daemon on a host its own)")
 	f.StringVar(&o.networkSubnet, "network-subnet", netpolicy.DefaultSubnet.String(), "IPv4 subnet (/16 to /30) sandboxes with a network (open, allowlist) take a /31 of each; give each daemon on a host its own")
 	f.BoolVar(&o.cpuAffinity, "cpu-affinity", true, "run a sandbox with a CPU quota on as many of the node's CPUs as its quota (rounded up), the least used ones, and show it that many (nproc, os.cpu_count, /proc/cpuinfo); false leaves every sandbox on all CPUs, seeing all")
+	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive download whose client takes no data, or an upload whose client sends none, for this long (the walk it holds is released)")
@@ -179,6 +190,14 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err := os.MkdirAll(runDir, 0o700); err != nil {
 		return err
 	}
+	eventLogBytes, err := parseBytes(o.eventLogBytes)
+	if err != nil || eventLogBytes < 4096 {
+		return usageError{fmt.Errorf("--event-log-bytes %q: want a size of at least 4Ki", o.eventLogBytes)}
+	}
+	diskReserve, err := parseReserve(o.diskReserve, stateDir)
+	if err != nil {
+		return usageError{fmt.Errorf("--disk-reserve: %w", err)}
+	}
 	var defaultDisk int64
 	if o.defaultDisk != "" {
 		if defaultDisk, err = parseBytes(o.defaultDisk); err != nil {
@@ -232,9 +251,19 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("--network-subnet: %w", err)
 	}
-	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity, NetworkSubnet: subnet})
+	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity, NoSeccomp: !o.seccomp,
+		NetworkSubnet: subnet})
 	if err != nil {
 		return fmt.Errorf("container backend: %w", err)
+	}
+	// Seccomp denials logged by the kernel (filters with
+	// SECCOMP_FILTER_FLAG_LOG) become events where the audit multicast
+	// group can be joined.
+	var sources []events.Source
+	if src, err := kaudit.Open(ctr); err != nil {
+		log.Info("no seccomp events: the kernel's audit records cannot be read", "err", err)
+	} else {
+		sources = append(sources, src)
 	}
 	mgr, err := daemon.New(ctx, daemon.Config{
 		StateDir:         stateDir,
@@ -243,6 +272,10 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		Metrics:          met,
 		DefaultTimeout:   o.defaultTimeout,
 		DefaultDiskBytes: defaultDisk,
+		EventFileBytes:   eventLogBytes,
+		DiskReserveBytes: diskReserve,
+		EventSources:     sources,
+		GuardInterval:    o.guardInterval,
 		Logger:           log,
 	})
 	if err != nil {
@@ -258,4 +291,26 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	err = srv.Serve(ctx, mgr)
 	log.Info("warren daemon stopped")
 	return err
+}
+
+// maxPercentReserve caps a reserve given as a percentage: 5% of a 4 TB
+// disk would refuse creates with 200 GB free.
+const maxPercentReserve = 10 << 30
+
+// parseReserve reads --disk-reserve: a size, or a percentage of the
+// filesystem holding dir (capped at maxPercentReserve).
+func parseReserve(s, dir string) (int64, error) {
+	pct, ok := strings.CutSuffix(strings.TrimSpace(s), "%")
+	if !ok {
+		return parseBytes(s)
+	}
+	p, err := strconv.ParseFloat(pct, 64)
+	if err != nil || p < 0 || p >= 100 {
+		return 0, fmt.Errorf("invalid percentage %q", s)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	return min(int64(float64(st.Blocks)*float64(st.Bsize)*p/100), maxPercentReserve), nil
 }

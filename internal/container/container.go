@@ -34,6 +34,7 @@ import (
 	"github.com/warrenrl/warren/internal/kfile"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/rlimit"
+	"github.com/warrenrl/warren/internal/seccomp"
 )
 
 // Name is the backend's name in the API.
@@ -65,6 +66,11 @@ type Options struct {
 	// allowlist) take their addresses, a /31 each (netpolicy); zero for
 	// netpolicy.DefaultSubnet. Each daemon on a node needs its own.
 	NetworkSubnet netip.Prefix
+	// NoSeccomp starts sandboxes without the system-call filter
+	// (internal/seccomp), still with no_new_privs: for measuring what the
+	// filter costs, and for a node where a workload needs a call it
+	// refuses.
+	NoSeccomp bool
 }
 
 // Backend is the container backend.
@@ -76,8 +82,13 @@ type Backend struct {
 	cpus  *cpuPool        // which CPUs sandboxes with a quota run on
 	pool  *dirPool        // ready-made state directories
 	net   *netpolicy.Node // sandboxes' interfaces and rules
+	// seccomp and seccompAudit are the compiled filters every init stage
+	// installs (hex of their sock_filter entries), compiled once: "" with
+	// NoSeccomp. The audit one makes the kernel log deliberate refusals.
+	seccomp, seccompAudit string
 
 	sharedMu sync.Mutex // remounting the shared sysfs or devfs
+	live     sync.Map   // init pid -> sandbox id, while the init lives (AuditSandbox)
 }
 
 var (
@@ -105,6 +116,17 @@ func New(opts Options) (*Backend, error) {
 		return nil, err
 	}
 	b.net = net
+	if !opts.NoSeccomp {
+		f, err := seccomp.Default()
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "compile the sandbox system-call filter")
+		}
+		a, err := seccomp.Audit()
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "compile the sandbox system-call audit filter")
+		}
+		b.seccomp, b.seccompAudit = f.Hex, a.Hex
+	}
 	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "disks"), filepath.Join(opts.RunDir, "sb")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "create "+d)
@@ -406,7 +428,11 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	}
 	conf := map[string]string{"rootfs": b.rootMount(), "hostname": hostname,
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID),
-		"rlimits": rlimit.InitConfig(spec.Rlimits)}
+		"rlimits": rlimit.InitConfig(spec.Rlimits), "seccomp": b.seccomp,
+		"seccomp_audit": b.seccompAudit, "auid": auditID(pid)}
+	if spec.AllowSetuid {
+		conf["no_new_privs"] = "0"
+	}
 	maps.Copy(conf, overlay)
 	b.cgroupViewConfig(grp.Name(), conf)
 	cu.Add(func() error { b.cpus.release(spec.ID); return nil })
@@ -530,10 +556,16 @@ func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Gro
 		b: b, id: id, grp: grp, st: state{Pid: pid, StartTime: st, Net: net},
 		agent: agent.NewClient(b.socket(id)),
 		root:  pinRoot(pid),
+		disk:  fileExists(b.diskImage(id)),
 	}
 	s.exited, s.exit = context.WithCancel(context.Background())
-	if err := b.mon.watch(pidfd, pid, s.exit); err != nil {
+	b.live.Store(pid, id)
+	onExit := func() {
+		b.live.CompareAndDelete(pid, id)
 		s.exit()
+	}
+	if err := b.mon.watch(pidfd, pid, onExit); err != nil {
+		onExit()
 		unix.Close(pidfd)
 		if s.root >= 0 {
 			unix.Close(s.root)
@@ -702,7 +734,8 @@ type sandbox struct {
 	grp    cgroups.Group
 	st     state
 	agent  *agent.Client
-	root   int // pinRoot's fd, -1 if none or handed to the reaper
+	root   int  // pinRoot's fd, -1 if none or handed to the reaper
+	disk   bool // its writable layer is on a disk of its own (a disk limit)
 	exited context.Context
 	exit   context.CancelFunc // cancels exited: the init died
 
@@ -773,6 +806,31 @@ func (s *sandbox) Stats() (backend.Stats, error) {
 }
 
 func (s *sandbox) OOMKills() (uint64, error) { return s.grp.OOMKills() }
+
+var _ backend.Containment = (*sandbox)(nil)
+
+// Contained reads the OOM and refused-fork counters and, with a disk
+// limit, the disk's use (backend.Containment): two small cgroup files
+// and a statfs, polled by the daemon for every running sandbox.
+func (s *sandbox) Contained() (backend.Contained, error) {
+	var c backend.Contained
+	var err error
+	if c.OOMKills, err = s.grp.OOMKills(); err != nil {
+		return c, err
+	}
+	if c.PidsRefused, err = s.grp.PidsRefused(); err != nil {
+		return c, err
+	}
+	if s.disk {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(s.b.stateDir(s.id), &fs); err != nil {
+			return c, fsErr(err, "statfs sandbox disk")
+		}
+		bs := uint64(fs.Bsize)
+		c.Disk = &backend.DiskUse{Bytes: fs.Blocks * bs, FreeBytes: fs.Bavail * bs, Inodes: fs.Files, FreeInodes: fs.Ffree}
+	}
+	return c, nil
+}
 
 // Destroy kills the sandbox's init (which takes its whole pid namespace
 // with it), waits for it, and releases every resource.
@@ -888,6 +946,29 @@ func procStartTime(pid int) (uint64, error) {
 		return 0, fmt.Errorf("process %d is a zombie", pid)
 	}
 	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// auditID is the audit login uid of every process of the sandbox whose
+// init has host pid pid: the kernel's audit records (a seccomp refusal)
+// carry it, and no live sandbox shares it. "" where the kernel has no
+// loginuid (no CONFIG_AUDIT): the init then sets none.
+func auditID(pid int) string {
+	if !hasLoginUID() {
+		return ""
+	}
+	return strconv.Itoa(pid)
+}
+
+var hasLoginUID = sync.OnceValue(func() bool { return fileExists("/proc/self/loginuid") })
+
+// AuditSandbox returns the id of the live sandbox whose processes carry
+// audit login uid auid, if any.
+func (b *Backend) AuditSandbox(auid uint32) (string, bool) {
+	id, ok := b.live.Load(int(auid))
+	if !ok {
+		return "", false
+	}
+	return id.(string), true
 }
 
 // initEnv switches the standalone agent (internal/agentbin) into the

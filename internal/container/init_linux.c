@@ -24,7 +24,15 @@
  * resource limits of the sandbox's processes: apply_rlimits); cgroups and
  * cgroup_skel (its own cgroup, read-only, at /sys/fs/cgroup:
  * mount_cgroups); views (files of the node's views tmpfs bound over what
- * it reads its CPU count from: bind_views).
+ * it reads its CPU count from: bind_views); seccomp (the system-call
+ * filter, hex of struct sock_filter entries: internal/seccomp; installed
+ * with no_new_privs as the last step, so every process of the sandbox,
+ * the agent included, runs under it) and seccomp_audit (the filter that
+ * makes the kernel log the deliberate refusals); auid (the audit login
+ * uid every process of the sandbox carries: the init's host pid, so that
+ * the daemon attributes an audit record to its sandbox even after the
+ * process that caused it is gone); no_new_privs ("0": leave it off, so
+ * that setuid binaries work).
  *
  * Nothing the sandbox can read names a host path: the overlay is mounted
  * with data naming only descriptors (lowerdir=/proc/self/fd/N:..., which
@@ -172,10 +180,16 @@ static void mount_overlay(const char *rootfs, char *lower, const char *upper, co
  * sys/devices/virtual/block holds the loop devices, whose backing_file
  * names the node's disk images (<state>/disks/<id>.img, another
  * sandbox's id) and layer blobs. */
+/* kpage{cgroup,flags,count} expose every physical page of the node (and
+ * kpagecgroup has had a kernel bug); vmallocinfo and vmcoreinfo name
+ * kernel addresses; kmsg is the node's log. */
 static const char *masked_files[] = {"proc/kcore", "proc/keys", "proc/timer_list", "proc/sched_debug",
-				     "proc/latency_stats", "proc/sysrq-trigger", NULL};
+				     "proc/latency_stats", "proc/sysrq-trigger", "proc/kpagecgroup",
+				     "proc/kpageflags", "proc/kpagecount", "proc/kmsg", "proc/vmallocinfo",
+				     "sys/kernel/vmcoreinfo", NULL};
 static const char *masked_dirs[] = {"proc/acpi", "proc/scsi", "sys/firmware", "sys/devices/virtual/powercap",
-				    "sys/devices/virtual/block", "sys/kernel/security", "sys/fs/cgroup", NULL};
+				    "sys/devices/virtual/block", "sys/kernel/security", "sys/kernel/slab",
+				    "sys/kernel/debug", "sys/kernel/tracing", "sys/fs/cgroup", NULL};
 static const char *readonly_dirs[] = {"proc/bus", "proc/fs", "proc/irq", "proc/sys", NULL};
 
 #define RO_FLAGS (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -448,6 +462,58 @@ static void apply_rlimits(const char *spec)
 		warren_agent_child_rlimits(child);
 }
 
+/* seccomp's ABI (musl ships no linux/filter.h or linux/seccomp.h). */
+struct sock_filter {
+	unsigned short code;
+	unsigned char jt, jf;
+	unsigned int k;
+};
+struct sock_fprog {
+	unsigned short len;
+	struct sock_filter *filter;
+};
+#define BPF_MAXINSNS 4096
+#define SECCOMP_SET_MODE_FILTER 1
+#define SECCOMP_FILTER_FLAG_LOG 2
+#ifndef PR_SET_NO_NEW_PRIVS
+#define PR_SET_NO_NEW_PRIVS 38
+#endif
+
+/* The decoded filter: at most BPF_MAXINSNS entries. Page-aligned, so
+ * that its pages can be given back once the kernel has its copy. */
+static struct sock_filter filter[BPF_MAXINSNS] __attribute__((aligned(4096)));
+
+static int unhex(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* Installs a filter of the config (hex of struct sock_filter entries, in
+ * the machine's byte order), after no_new_privs: the filter binds every
+ * process the agent starts. flags: SECCOMP_FILTER_FLAG_LOG for the audit
+ * filter, whose refusals the kernel logs. */
+static void install_seccomp(const char *hex, unsigned flags)
+{
+	size_t n = strlen(hex);
+	unsigned char *out = (unsigned char *)filter;
+	if (n == 0 || n % 16 || n / 2 > sizeof filter) {
+		errno = EINVAL;
+		die("config", "seccomp");
+	}
+	for (size_t i = 0; i < n; i += 2) {
+		int hi = unhex(hex[i]), lo = unhex(hex[i + 1]);
+		if (hi < 0 || lo < 0) {
+			errno = EINVAL;
+			die("config", "seccomp");
+		}
+		out[i / 2] = (unsigned char)(hi << 4 | lo);
+	}
+	struct sock_fprog prog = {.len = (unsigned short)(n / 16), .filter = filter};
+	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, &prog) < 0)
+		die("seccomp", NULL);
+	madvise(filter, sizeof filter, MADV_DONTNEED);
+}
+
 static void __attribute__((noreturn)) init_main(void)
 {
 	size_t len = 0;
@@ -562,7 +628,29 @@ static void __attribute__((noreturn)) init_main(void)
 	const char *rlimits = conf("rlimits", len);
 	if (rlimits)
 		apply_rlimits(rlimits);
+	/* Before drop_caps: setting it needs CAP_AUDIT_CONTROL, which the
+	 * sandbox then lacks, so no process of it can change it. */
+	const char *auid = conf("auid", len);
+	if (auid) {
+		int fd = open("/proc/self/loginuid", O_WRONLY | O_CLOEXEC);
+		if (fd < 0 || write(fd, auid, strlen(auid)) < 0)
+			die("set loginuid", auid);
+		close(fd);
+	}
 	drop_caps();
+	/* no_new_privs=0: the sandbox asked for setuid binaries to work. The
+	 * filters then install on CAP_SYS_ADMIN, which we still hold. */
+	const char *nnp = conf("no_new_privs", len);
+	if ((!nnp || strcmp(nnp, "0")) && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		die("prctl", "no_new_privs");
+	/* The default filter, then the audit filter on top of it: where both
+	 * refuse, the newer one decides, so the kernel logs exactly the
+	 * deliberate refusals (internal/seccomp AuditPolicy). */
+	const char *seccomp = conf("seccomp", len), *audit = conf("seccomp_audit", len);
+	if (seccomp)
+		install_seccomp(seccomp, 0);
+	if (audit)
+		install_seccomp(audit, SECCOMP_FILTER_FLAG_LOG);
 	unsetenv(INIT_ENV);
 	/* Closing the status pipe tells the daemon the sandbox is up. */
 	close(FD_STATUS);

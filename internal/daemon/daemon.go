@@ -28,6 +28,7 @@ import (
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/events"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/store"
@@ -59,7 +60,21 @@ type Config struct {
 	DefaultPids        int64         // default 1024
 	DefaultDiskBytes   int64         // default 0: writable layers on the node's disk, unlimited
 	DefaultExecTimeout time.Duration // default 10 min
-	Logger             *slog.Logger
+	// GuardInterval is how often every running sandbox's containment
+	// counters are read for security events (default 2 s).
+	GuardInterval time.Duration
+	// EventFileBytes caps the security event audit file (<state>/events;
+	// default 16 MiB, and one rotated file as large).
+	EventFileBytes int64
+	// DiskReserveBytes is the free space the disk guard keeps on the
+	// state directory's filesystem (diskguard.go); 0 turns it off.
+	DiskReserveBytes int64
+	// EventSources are node-wide producers of security events (the
+	// kernel's seccomp audit records: internal/kaudit), run while the
+	// Manager is open. Their events of sandboxes this daemon does not
+	// know are dropped.
+	EventSources []events.Source
+	Logger       *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -84,6 +99,9 @@ func (c *Config) setDefaults() {
 	if c.DefaultExecTimeout <= 0 {
 		c.DefaultExecTimeout = DefaultExecTimeout
 	}
+	if c.GuardInterval <= 0 {
+		c.GuardInterval = DefaultGuardInterval
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -96,7 +114,7 @@ var ops = []string{
 	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
-	"CommitSandbox",
+	"CommitSandbox", "ListSandboxEvents",
 }
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.
@@ -107,6 +125,9 @@ type Manager struct {
 	metrics *metrics.Metrics
 	images  *image.Store
 	idem    *idemCache
+	events  *events.Log
+	disk    diskGuard   // the guard goroutine's
+	diskLow atomic.Bool // the node's disk is below its reserve
 
 	// imgMu orders image resolution in Create (read) against RemoveImage
 	// and RemoveLayer (write), so an image or layer cannot vanish between
@@ -160,7 +181,8 @@ type sandbox struct {
 	procsAdopted chan struct{}
 	procsClaimed atomic.Bool // whoever sets it adopts the processes
 	procPending  int
-	commit       *commitOp // the commit in progress, if any
+	commit       *commitOp   // the commit in progress, if any
+	seen         containSeen // the containment counters last read (events.go)
 }
 
 // New opens the store under cfg.StateDir and re-adopts the sandboxes an
@@ -196,7 +218,13 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 			cfg.Metrics.DeleteFailuresFunc(name, bl.DeleteFailures)
 		}
 	}
+	evs, err := openEvents(cfg)
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
 	m := &Manager{
+		events:    evs,
 		cfg:       cfg,
 		log:       cfg.Logger,
 		store:     st,
@@ -208,9 +236,14 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	if err := m.adoptAll(ctx); err != nil {
 		_ = st.Close()
+		_ = evs.Close()
 		return nil, err
 	}
 	m.spawn(m.housekeeping)
+	m.spawn(m.guard)
+	for _, src := range cfg.EventSources {
+		m.spawn(func() { m.runSource(src) })
+	}
 	return m, nil
 }
 
@@ -238,7 +271,7 @@ func (m *Manager) Close() error {
 			}
 		}
 		m.wg.Wait()
-		err = m.store.Close()
+		err = errors.Join(m.store.Close(), m.events.Close())
 		// Backends release node-wide resources of their own (sandboxes
 		// run on without them).
 		for name, b := range m.cfg.Backends {

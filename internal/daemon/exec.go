@@ -347,6 +347,7 @@ func (m *Manager) run(ctx context.Context, s *sandbox, sb backend.Sandbox, spec 
 		return nil, true, m.explain(opExec, s, wr.err, "wait for process")
 	}
 	res.OomKilled = !timedOut && oomKilled(sb, wr.st, oomBefore, oomCheck)
+	m.execEvents(s, sb, spec.Argv, res, o.limit, o.timeout)
 	m.metrics.ObserveExec(dur.Seconds())
 	return res, true, stopErr
 }

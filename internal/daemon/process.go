@@ -424,6 +424,7 @@ func (m *Manager) watchProcess(p *process) {
 		st, err := p.awaitExit(&timeoutC)
 		if st != nil {
 			p.finish(*st, false, time.Since(p.started))
+			m.processEvents(p)
 			return
 		}
 		if p.isDetached() {

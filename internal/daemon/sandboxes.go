@@ -50,6 +50,9 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	if err != nil {
 		return nil, err
 	}
+	if err := m.refuseOnLowDisk(); err != nil {
+		return nil, err
+	}
 	b := m.cfg.Backends[p.backend]
 	info := &warrenv1.Sandbox{
 		Id:              p.id,
@@ -64,6 +67,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Hostname:        p.hostname,
 		Layers:          slices.Clone(p.layers),
 		KeepEtc:         req.GetKeepEtc(),
+		AllowSetuid:     req.GetAllowSetuid(),
 		Rlimits:         rlimitProtos(p.rlimits),
 		Network:         networkProto(p.network),
 	}
@@ -75,6 +79,8 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		st:          stateCreating,
 		info:        info,
 	}
+	// A new sandbox's counters start at zero: every rise is an event.
+	s.seen.known = true
 
 	// Reserve the id.
 	m.mu.Lock()
@@ -179,6 +185,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Etc:         etcFilesOf(info),
 		Rlimits:     p.rlimits,
 		Network:     p.network,
+		AllowSetuid: info.AllowSetuid,
 	})
 	if err != nil {
 		return nil, withCategory(err, errdefs.Internal, "create sandbox "+p.id)
@@ -390,6 +397,7 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	s.releaseLayers()
 	m.idem.dropSandbox(s.id)
 	m.forget(s)
+	m.events.Forget(s.id)
 	close(done)
 	if prev == stateRunning {
 		m.metrics.SandboxEnded(reason)
@@ -628,6 +636,12 @@ func (m *Manager) adoptAll(ctx context.Context) error {
 	}
 	close(work)
 	wg.Wait()
+	// Events read back from the audit file of sandboxes deleted while
+	// no daemon ran are not listed.
+	m.events.Retain(func(id string) bool {
+		_, err := m.lookup(id)
+		return err == nil
+	})
 	for name, b := range m.cfg.Backends {
 		if err := b.Sweep(ctx, keep[name]); err != nil {
 			m.log.Error("sweep orphaned sandbox resources", "backend", name, "err", err)

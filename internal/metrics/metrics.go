@@ -46,6 +46,10 @@ type Metrics struct {
 	ExecSeconds   prometheus.Histogram   // warren_exec_seconds
 	Errors        *prometheus.CounterVec // warren_errors_total{category,op}
 	Deleted       *prometheus.CounterVec // warren_sandbox_deleted_total{reason}
+	// SecurityEvents is warren_security_events_total{kind}: node-wide on
+	// purpose, since a sandbox label would make thousands of series; the
+	// API lists each sandbox's events.
+	SecurityEvents *prometheus.CounterVec
 }
 
 // CreateBuckets are the classic buckets of warren_sandbox_create_seconds:
@@ -88,6 +92,10 @@ func New(ops ...string) *Metrics {
 			Help: "Sandboxes that ended, by reason: user (Delete of a live sandbox), timeout (lifetime passed), dead (init exited). Each sandbox is counted once.",
 		}, []string{"reason"}),
 	}
+	m.SecurityEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warren_security_events_total",
+		Help: "Actions of sandboxes the node contained or denied (OOM kills, forks refused at the pids limit, output past a cap, full disks, timeout kills, ...), by kind: occurrences, rate-limited events included.",
+	}, []string{"kind"})
 	for _, s := range States {
 		m.Sandboxes.WithLabelValues(s)
 	}
@@ -96,7 +104,7 @@ func New(ops ...string) *Metrics {
 	}
 	m.InitOps(ops...)
 	m.Registry.MustRegister(
-		m.Sandboxes, m.CreateSeconds, m.ExecSeconds, m.Errors, m.Deleted,
+		m.Sandboxes, m.CreateSeconds, m.ExecSeconds, m.Errors, m.Deleted, m.SecurityEvents,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -144,6 +152,24 @@ func (m *Metrics) BacklogFunc(backend string, f func() int) {
 		m.Registry.Unregister(dup.ExistingCollector)
 		m.Registry.MustRegister(g)
 	}
+}
+
+// InitEventKinds starts warren_security_events_total at zero for kinds.
+func (m *Metrics) InitEventKinds(kinds ...string) {
+	if m == nil {
+		return
+	}
+	for _, k := range kinds {
+		m.SecurityEvents.WithLabelValues(k)
+	}
+}
+
+// SecurityEvent counts n occurrences of security events of kind.
+func (m *Metrics) SecurityEvent(kind string, n uint64) {
+	if m == nil {
+		return
+	}
+	m.SecurityEvents.WithLabelValues(kind).Add(float64(n))
 }
 
 // InitOps pre-initialises warren_errors_total for every category and op.

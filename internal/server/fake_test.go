@@ -290,3 +290,10 @@ func (f *fakeManager) VerifyImage(context.Context, *warrenv1.VerifyImageRequest)
 func (f *fakeManager) Version(context.Context, *warrenv1.VersionRequest) (*warrenv1.VersionResponse, error) {
 	return &warrenv1.VersionResponse{Version: "test", Backends: []string{"container"}}, nil
 }
+
+func (f *fakeManager) ListSandboxEvents(_ context.Context, r *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error) {
+	if _, err := f.Get(context.Background(), &warrenv1.GetRequest{Id: r.SandboxId}); err != nil {
+		return nil, err
+	}
+	return &warrenv1.ListSandboxEventsResponse{Events: []*warrenv1.SecurityEvent{{Seq: 1, Kind: "oom_kill", Count: 1}}}, nil
+}

@@ -37,6 +37,7 @@ type Manager interface {
 	MakeDir(context.Context, *warrenv1.MakeDirRequest) (*warrenv1.MakeDirResponse, error)
 	RemoveFile(context.Context, *warrenv1.RemoveFileRequest) (*warrenv1.RemoveFileResponse, error)
 	CommitSandbox(context.Context, *warrenv1.CommitSandboxRequest) (*warrenv1.Layer, error)
+	ListSandboxEvents(context.Context, *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error)
 	TarOut(ctx context.Context, id, path string, w io.Writer) error
 	TarIn(ctx context.Context, id, path string, r io.Reader) error
 
@@ -154,6 +155,10 @@ func (s sandboxService) RemoveFile(ctx context.Context, r *connect.Request[warre
 
 func (s sandboxService) CommitSandbox(ctx context.Context, r *connect.Request[warrenv1.CommitSandboxRequest]) (*connect.Response[warrenv1.Layer], error) {
 	return unary(ctx, r, s.m.CommitSandbox)
+}
+
+func (s sandboxService) ListSandboxEvents(ctx context.Context, r *connect.Request[warrenv1.ListSandboxEventsRequest]) (*connect.Response[warrenv1.ListSandboxEventsResponse], error) {
+	return unary(ctx, r, s.m.ListSandboxEvents)
 }
 
 // imageService implements warrenv1connect.ImageServiceHandler.

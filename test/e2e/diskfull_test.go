@@ -19,10 +19,12 @@ import (
 // TestDiskFull runs the daemon with its state directory on a 16 MB tmpfs.
 // A sandbox that fills it gets ENOSPC; the daemon and the other sandboxes
 // keep working; creates on the full disk either work or fail as
-// exhausted, never leaving a half-created sandbox.
+// exhausted, never leaving a half-created sandbox. The disk guard is off
+// (it would stop the filler: TestAdversarialNodeDiskFillStopsLargestSandbox):
+// this is the daemon on a disk something else filled.
 func TestDiskFull(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, envOptions{beforeStart: func(e *env) {
+	e := newEnv(t, envOptions{serveArgs: []string{"--disk-reserve", "0"}, beforeStart: func(e *env) {
 		if err := os.MkdirAll(e.stateDir, 0o700); err != nil {
 			t.Fatal(err)
 		}

@@ -89,7 +89,9 @@ func TestCommitStripsSetuidByDefault(t *testing.T) {
 	probe := buildProbe(t)
 	e := newEnv(t, envOptions{})
 	ctx := ctxFor(t, 2*time.Minute)
-	e.create(&warrenv1.CreateRequest{Id: "src"})
+	// allow_setuid: the probes show what the bits grant, which
+	// no_new_privs would hide.
+	e.create(&warrenv1.CreateRequest{Id: "src", AllowSetuid: true})
 	for _, p := range []string{"/suid", "/capped"} {
 		if err := e.c.WriteFile(ctx, &warrenv1.WriteFileRequest{SandboxId: "src", Path: p, Content: probe, Mode: 0o755}); err != nil {
 			t.Fatal(err)
@@ -134,8 +136,8 @@ func TestCommitStripsSetuidByDefault(t *testing.T) {
 		}
 	}
 
-	e.create(&warrenv1.CreateRequest{Id: "fromdefault", Layers: []string{"default"}})
-	e.create(&warrenv1.CreateRequest{Id: "fromkept", Layers: []string{"kept"}})
+	e.create(&warrenv1.CreateRequest{Id: "fromdefault", Layers: []string{"default"}, AllowSetuid: true})
+	e.create(&warrenv1.CreateRequest{Id: "fromkept", Layers: []string{"kept"}, AllowSetuid: true})
 	for _, c := range []struct{ id, file, want string }{
 		{"fromdefault", "/suid", "euid=1000 capeff=0"},
 		{"fromdefault", "/capped", "euid=1000 capeff=0"},
@@ -169,9 +171,10 @@ func TestCommitStripsSetuidByDefault(t *testing.T) {
 // TestLayerMountsNosuidNodev: the node's layer mounts are nosuid and
 // nodev (read from the daemon's mountinfo), so a setuid-root file of a
 // layer run from its mount point on the host gives no euid 0; a sandbox
-// still gets the setuid bits of its image and operator-built layers,
-// because exec checks the flags of the sandbox's overlay, not those of
-// the layer mounts under it (checked here on this kernel).
+// created with allow_setuid still gets the setuid bits of its image and
+// operator-built layers, because exec checks the flags of the sandbox's
+// overlay, not those of the layer mounts under it (checked here on this
+// kernel).
 func TestLayerMountsNosuidNodev(t *testing.T) {
 	t.Parallel()
 	probe := buildProbe(t)
@@ -191,7 +194,7 @@ func TestLayerMountsNosuidNodev(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.create(&warrenv1.CreateRequest{Id: "sb", Layers: []string{"tools"}})
+	e.create(&warrenv1.CreateRequest{Id: "sb", Layers: []string{"tools"}, AllowSetuid: true})
 	if got := e.runAs("sb", "1000", "/suid"); !strings.HasPrefix(got, "euid=0 ") {
 		t.Errorf("setuid file of an operator-built layer as uid 1000 in a sandbox: %q, want euid=0 (the overlay's flags decide)", got)
 	}

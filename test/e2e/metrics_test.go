@@ -90,6 +90,13 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	// Security events are counted by kind only, from zero: no series per
+	// sandbox.
+	for _, k := range []string{"oom_kill", "pids_limit", "output_cap", "disk_full", "inodes_full", "timeout", "disk_reserve", "seccomp"} {
+		if v, ok := m0.get(`warren_security_events_total{kind="` + k + `"}`); !ok || v != 0 {
+			t.Errorf("warren_security_events_total{kind=%q} = %v (present %v), want 0", k, v, ok)
+		}
+	}
 	for _, s := range []string{"creating", "running", "stopped", "deleting", "paused", "hibernated", "lost", "unknown"} {
 		series := `warren_sandboxes{state="` + s + `"}`
 		if v, ok := m0.get(series); !ok || v != 0 {

@@ -217,7 +217,12 @@ type CreateRequest struct {
 	// that what is meant for programs cannot starve the agent serving them.
 	Rlimits []*Rlimit `protobuf:"bytes,13,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
 	// The sandbox's network (unset: mode "none", loopback only).
-	Network       *NetworkPolicy `protobuf:"bytes,14,opt,name=network,proto3" json:"network,omitempty"`
+	Network *NetworkPolicy `protobuf:"bytes,14,opt,name=network,proto3" json:"network,omitempty"`
+	// Let setuid and setgid binaries and file capabilities work in the
+	// sandbox (sudo, su, ping run by a non-root user of the image): its
+	// processes run without no_new_privs. The seccomp filter, the
+	// capability bounding set and the namespaces still hold. Default off.
+	AllowSetuid   bool `protobuf:"varint,15,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -348,6 +353,13 @@ func (x *CreateRequest) GetNetwork() *NetworkPolicy {
 		return x.Network
 	}
 	return nil
+}
+
+func (x *CreateRequest) GetAllowSetuid() bool {
+	if x != nil {
+		return x.AllowSetuid
+	}
+	return false
 }
 
 // NetworkPolicy is what a sandbox may reach over the network. Modes:
@@ -578,6 +590,7 @@ type Sandbox struct {
 	Network *NetworkPolicy `protobuf:"bytes,17,opt,name=network,proto3" json:"network,omitempty"` // unset for mode "none"
 	// The sandbox's address on the node's sandbox subnet ("" in mode "none").
 	NetworkAddress string `protobuf:"bytes,18,opt,name=network_address,json=networkAddress,proto3" json:"network_address,omitempty"`
+	AllowSetuid    bool   `protobuf:"varint,19,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"` // CreateRequest.allow_setuid
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -736,6 +749,13 @@ func (x *Sandbox) GetNetworkAddress() string {
 		return x.NetworkAddress
 	}
 	return ""
+}
+
+func (x *Sandbox) GetAllowSetuid() bool {
+	if x != nil {
+		return x.AllowSetuid
+	}
+	return false
 }
 
 type GetRequest struct {
@@ -4542,6 +4562,226 @@ func (x *VersionResponse) GetCgroupMode() string {
 	return ""
 }
 
+type ListSandboxEventsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	PageSize      int32                  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`   // 0 = 100; at most 1000
+	PageToken     string                 `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"` // next_page_token of the previous page
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSandboxEventsRequest) Reset() {
+	*x = ListSandboxEventsRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSandboxEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSandboxEventsRequest) ProtoMessage() {}
+
+func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSandboxEventsRequest.ProtoReflect.Descriptor instead.
+func (*ListSandboxEventsRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *ListSandboxEventsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ListSandboxEventsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSandboxEventsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListSandboxEventsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*SecurityEvent       `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"` // empty on the last page
+	// Events of this sandbox its rate limit (20 a second, bursts of 200)
+	// left out of the list and the audit file; the node's metric counts them.
+	Suppressed    uint64 `protobuf:"varint,3,opt,name=suppressed,proto3" json:"suppressed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSandboxEventsResponse) Reset() {
+	*x = ListSandboxEventsResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSandboxEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSandboxEventsResponse) ProtoMessage() {}
+
+func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSandboxEventsResponse.ProtoReflect.Descriptor instead.
+func (*ListSandboxEventsResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *ListSandboxEventsResponse) GetEvents() []*SecurityEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListSandboxEventsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListSandboxEventsResponse) GetSuppressed() uint64 {
+	if x != nil {
+		return x.Suppressed
+	}
+	return 0
+}
+
+// SecurityEvent is one action the node contained or denied.
+type SecurityEvent struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Seq        uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"` // per sandbox, from 1; a gap is events let go
+	TimeUnixMs int64                  `protobuf:"varint,2,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	// oom_kill, pids_limit, output_cap, disk_full, inodes_full, timeout,
+	// disk_reserve, seccomp; clients must accept kinds they do not know.
+	Kind   string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Detail string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
+	Count  uint64 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"` // occurrences it stands for (a counter's rise)
+	// The exec ("pid N", inside the sandbox) or background process ("p-N")
+	// it concerns, where known: counters of the kernel's are sandbox-wide,
+	// so pids_limit, disk_full and inodes_full name none.
+	Process       string `protobuf:"bytes,6,opt,name=process,proto3" json:"process,omitempty"`
+	Suppressed    uint64 `protobuf:"varint,7,opt,name=suppressed,proto3" json:"suppressed,omitempty"` // events left out by the rate limit just before
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecurityEvent) Reset() {
+	*x = SecurityEvent{}
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecurityEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecurityEvent) ProtoMessage() {}
+
+func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecurityEvent.ProtoReflect.Descriptor instead.
+func (*SecurityEvent) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *SecurityEvent) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *SecurityEvent) GetTimeUnixMs() int64 {
+	if x != nil {
+		return x.TimeUnixMs
+	}
+	return 0
+}
+
+func (x *SecurityEvent) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *SecurityEvent) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *SecurityEvent) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *SecurityEvent) GetProcess() string {
+	if x != nil {
+		return x.Process
+	}
+	return ""
+}
+
+func (x *SecurityEvent) GetSuppressed() uint64 {
+	if x != nil {
+		return x.Suppressed
+	}
+	return 0
+}
+
 var File_warren_v1_warren_proto protoreflect.FileDescriptor
 
 const file_warren_v1_warren_proto_rawDesc = "" +
@@ -4553,7 +4793,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xf0\x04\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\x93\x05\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4569,7 +4809,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x04user\x18\v \x01(\tR\x04user\x12\x19\n" +
 	"\bkeep_etc\x18\f \x01(\bR\akeepEtc\x12+\n" +
 	"\arlimits\x18\r \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
-	"\anetwork\x18\x0e \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x1a6\n" +
+	"\anetwork\x18\x0e \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12!\n" +
+	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -4588,7 +4829,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\x88\x06\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xab\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4609,7 +4850,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\bkeep_etc\x18\x0f \x01(\bR\akeepEtc\x12+\n" +
 	"\arlimits\x18\x10 \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
 	"\anetwork\x18\x11 \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12'\n" +
-	"\x0fnetwork_address\x18\x12 \x01(\tR\x0enetworkAddress\x1a6\n" +
+	"\x0fnetwork_address\x18\x12 \x01(\tR\x0enetworkAddress\x12!\n" +
+	"\fallow_setuid\x18\x13 \x01(\bR\vallowSetuid\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -4925,7 +5167,30 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1a\n" +
 	"\bbackends\x18\x03 \x03(\tR\bbackends\x12\x1f\n" +
 	"\vcgroup_mode\x18\x04 \x01(\tR\n" +
-	"cgroupMode*\xeb\x01\n" +
+	"cgroupMode\"u\n" +
+	"\x18ListSandboxEventsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\x95\x01\n" +
+	"\x19ListSandboxEventsResponse\x120\n" +
+	"\x06events\x18\x01 \x03(\v2\x18.warren.v1.SecurityEventR\x06events\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1e\n" +
+	"\n" +
+	"suppressed\x18\x03 \x01(\x04R\n" +
+	"suppressed\"\xbf\x01\n" +
+	"\rSecurityEvent\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12 \n" +
+	"\ftime_unix_ms\x18\x02 \x01(\x03R\n" +
+	"timeUnixMs\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x16\n" +
+	"\x06detail\x18\x04 \x01(\tR\x06detail\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\x04R\x05count\x12\x18\n" +
+	"\aprocess\x18\x06 \x01(\tR\aprocess\x12\x1e\n" +
+	"\n" +
+	"suppressed\x18\a \x01(\x04R\n" +
+	"suppressed*\xeb\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -4934,7 +5199,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x16SANDBOX_STATE_DELETING\x10\x04\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x05\x12\x1c\n" +
 	"\x18SANDBOX_STATE_HIBERNATED\x10\x06\x12\x16\n" +
-	"\x12SANDBOX_STATE_LOST\x10\a2\xef\v\n" +
+	"\x12SANDBOX_STATE_LOST\x10\a2\xcf\f\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -4960,7 +5225,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\aMakeDir\x12\x19.warren.v1.MakeDirRequest\x1a\x1a.warren.v1.MakeDirResponse\x12I\n" +
 	"\n" +
 	"RemoveFile\x12\x1c.warren.v1.RemoveFileRequest\x1a\x1d.warren.v1.RemoveFileResponse\x12B\n" +
-	"\rCommitSandbox\x12\x1f.warren.v1.CommitSandboxRequest\x1a\x10.warren.v1.Layer2\xd8\x05\n" +
+	"\rCommitSandbox\x12\x1f.warren.v1.CommitSandboxRequest\x1a\x10.warren.v1.Layer\x12^\n" +
+	"\x11ListSandboxEvents\x12#.warren.v1.ListSandboxEventsRequest\x1a$.warren.v1.ListSandboxEventsResponse2\xd8\x05\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.warren.v1.ListImagesRequest\x1a\x1d.warren.v1.ListImagesResponse\x128\n" +
@@ -4992,101 +5258,104 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
 var file_warren_v1_warren_proto_goTypes = []any{
-	(SandboxState)(0),             // 0: warren.v1.SandboxState
-	(*Resources)(nil),             // 1: warren.v1.Resources
-	(*CreateRequest)(nil),         // 2: warren.v1.CreateRequest
-	(*NetworkPolicy)(nil),         // 3: warren.v1.NetworkPolicy
-	(*NetworkRule)(nil),           // 4: warren.v1.NetworkRule
-	(*Rlimit)(nil),                // 5: warren.v1.Rlimit
-	(*Sandbox)(nil),               // 6: warren.v1.Sandbox
-	(*GetRequest)(nil),            // 7: warren.v1.GetRequest
-	(*ListRequest)(nil),           // 8: warren.v1.ListRequest
-	(*ListResponse)(nil),          // 9: warren.v1.ListResponse
-	(*DeleteRequest)(nil),         // 10: warren.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 11: warren.v1.DeleteResponse
-	(*ExtendTimeoutRequest)(nil),  // 12: warren.v1.ExtendTimeoutRequest
-	(*UpdateSandboxRequest)(nil),  // 13: warren.v1.UpdateSandboxRequest
-	(*ExecRequest)(nil),           // 14: warren.v1.ExecRequest
-	(*ExecResult)(nil),            // 15: warren.v1.ExecResult
-	(*ExecEvent)(nil),             // 16: warren.v1.ExecEvent
-	(*ExecStarted)(nil),           // 17: warren.v1.ExecStarted
-	(*ProcessInfo)(nil),           // 18: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),  // 19: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil), // 20: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),    // 21: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),  // 22: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil), // 23: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),     // 24: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),    // 25: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),  // 26: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),           // 27: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),          // 28: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),  // 29: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil), // 30: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),      // 31: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 32: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),       // 33: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),      // 34: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),              // 35: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),      // 36: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),     // 37: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),       // 38: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),        // 39: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),       // 40: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),     // 41: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),    // 42: warren.v1.RemoveFileResponse
-	(*Image)(nil),                 // 43: warren.v1.Image
-	(*ListImagesRequest)(nil),     // 44: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),    // 45: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),       // 46: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),    // 47: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),    // 48: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),   // 49: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),      // 50: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),        // 51: warren.v1.PullImageEvent
-	(*Layer)(nil),                 // 52: warren.v1.Layer
-	(*BuildLayerRequest)(nil),     // 53: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),     // 54: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),    // 55: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),    // 56: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),   // 57: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),  // 58: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),     // 59: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),             // 60: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),    // 61: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),    // 62: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),     // 63: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),   // 64: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),        // 65: warren.v1.VersionRequest
-	(*VersionResponse)(nil),       // 66: warren.v1.VersionResponse
-	nil,                           // 67: warren.v1.CreateRequest.EnvEntry
-	nil,                           // 68: warren.v1.CreateRequest.LabelsEntry
-	nil,                           // 69: warren.v1.Sandbox.EnvEntry
-	nil,                           // 70: warren.v1.Sandbox.LabelsEntry
-	nil,                           // 71: warren.v1.ListRequest.LabelsEntry
-	nil,                           // 72: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                           // 73: warren.v1.ExecRequest.EnvEntry
+	(SandboxState)(0),                 // 0: warren.v1.SandboxState
+	(*Resources)(nil),                 // 1: warren.v1.Resources
+	(*CreateRequest)(nil),             // 2: warren.v1.CreateRequest
+	(*NetworkPolicy)(nil),             // 3: warren.v1.NetworkPolicy
+	(*NetworkRule)(nil),               // 4: warren.v1.NetworkRule
+	(*Rlimit)(nil),                    // 5: warren.v1.Rlimit
+	(*Sandbox)(nil),                   // 6: warren.v1.Sandbox
+	(*GetRequest)(nil),                // 7: warren.v1.GetRequest
+	(*ListRequest)(nil),               // 8: warren.v1.ListRequest
+	(*ListResponse)(nil),              // 9: warren.v1.ListResponse
+	(*DeleteRequest)(nil),             // 10: warren.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 11: warren.v1.DeleteResponse
+	(*ExtendTimeoutRequest)(nil),      // 12: warren.v1.ExtendTimeoutRequest
+	(*UpdateSandboxRequest)(nil),      // 13: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),               // 14: warren.v1.ExecRequest
+	(*ExecResult)(nil),                // 15: warren.v1.ExecResult
+	(*ExecEvent)(nil),                 // 16: warren.v1.ExecEvent
+	(*ExecStarted)(nil),               // 17: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),               // 18: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),      // 19: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),     // 20: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),        // 21: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),      // 22: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),     // 23: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),         // 24: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 25: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),      // 26: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),               // 27: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),              // 28: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),      // 29: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil),     // 30: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),          // 31: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 32: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),           // 33: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 34: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),                  // 35: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),          // 36: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 37: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),           // 38: warren.v1.StatFileRequest
+	(*MakeDirRequest)(nil),            // 39: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 40: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),         // 41: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),        // 42: warren.v1.RemoveFileResponse
+	(*Image)(nil),                     // 43: warren.v1.Image
+	(*ListImagesRequest)(nil),         // 44: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),        // 45: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),           // 46: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),        // 47: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),        // 48: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),       // 49: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),          // 50: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),            // 51: warren.v1.PullImageEvent
+	(*Layer)(nil),                     // 52: warren.v1.Layer
+	(*BuildLayerRequest)(nil),         // 53: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),         // 54: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),        // 55: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),        // 56: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),       // 57: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),      // 58: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),         // 59: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),                 // 60: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),        // 61: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),        // 62: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),         // 63: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),       // 64: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),            // 65: warren.v1.VersionRequest
+	(*VersionResponse)(nil),           // 66: warren.v1.VersionResponse
+	(*ListSandboxEventsRequest)(nil),  // 67: warren.v1.ListSandboxEventsRequest
+	(*ListSandboxEventsResponse)(nil), // 68: warren.v1.ListSandboxEventsResponse
+	(*SecurityEvent)(nil),             // 69: warren.v1.SecurityEvent
+	nil,                               // 70: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 71: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 72: warren.v1.Sandbox.EnvEntry
+	nil,                               // 73: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 74: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 75: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 76: warren.v1.ExecRequest.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	67, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	68, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	70, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	71, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	5,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	3,  // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	4,  // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,  // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	1,  // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	69, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	70, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	72, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	73, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	5,  // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	3,  // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	71, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	74, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	6,  // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	72, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	75, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	3,  // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	73, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	76, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	15, // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	17, // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	15, // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -5100,77 +5369,80 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	52, // 27: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
 	60, // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
 	63, // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	2,  // 30: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	7,  // 31: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	8,  // 32: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	10, // 33: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	12, // 34: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	13, // 35: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	14, // 36: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	14, // 37: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	14, // 38: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	19, // 39: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	21, // 40: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	22, // 41: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	24, // 42: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	26, // 43: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	29, // 44: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	31, // 45: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	33, // 46: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	36, // 47: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	38, // 48: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	39, // 49: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	41, // 50: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	58, // 51: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	44, // 52: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	46, // 53: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	47, // 54: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	48, // 55: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	50, // 56: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	53, // 57: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	54, // 58: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	56, // 59: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	59, // 60: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	62, // 61: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	65, // 62: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	6,  // 63: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	6,  // 64: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	9,  // 65: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	11, // 66: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	6,  // 67: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	6,  // 68: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	15, // 69: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	16, // 70: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	18, // 71: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	20, // 72: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	15, // 73: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	23, // 74: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	25, // 75: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	28, // 76: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	30, // 77: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	32, // 78: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	34, // 79: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	37, // 80: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	35, // 81: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	40, // 82: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	42, // 83: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	52, // 84: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	45, // 85: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	43, // 86: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	43, // 87: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	49, // 88: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	51, // 89: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	52, // 90: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	55, // 91: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	57, // 92: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	61, // 93: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	64, // 94: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	66, // 95: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	63, // [63:96] is the sub-list for method output_type
-	30, // [30:63] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	69, // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	2,  // 31: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	7,  // 32: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	8,  // 33: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	10, // 34: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	12, // 35: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	13, // 36: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	14, // 37: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	14, // 38: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	14, // 39: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	19, // 40: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	21, // 41: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	22, // 42: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	24, // 43: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	26, // 44: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	29, // 45: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	31, // 46: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	33, // 47: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	36, // 48: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	38, // 49: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	39, // 50: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	41, // 51: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	58, // 52: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	67, // 53: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	44, // 54: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	46, // 55: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	47, // 56: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	48, // 57: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	50, // 58: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	53, // 59: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	54, // 60: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	56, // 61: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	59, // 62: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	62, // 63: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	65, // 64: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	6,  // 65: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	6,  // 66: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	9,  // 67: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	11, // 68: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	6,  // 69: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	6,  // 70: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	15, // 71: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	16, // 72: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	18, // 73: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	20, // 74: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	15, // 75: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	23, // 76: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	25, // 77: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	28, // 78: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	30, // 79: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	32, // 80: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	34, // 81: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	37, // 82: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	35, // 83: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	40, // 84: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	42, // 85: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	52, // 86: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	68, // 87: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	45, // 88: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	43, // 89: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	43, // 90: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	49, // 91: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	51, // 92: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	52, // 93: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	55, // 94: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	57, // 95: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	61, // 96: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	64, // 97: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	66, // 98: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	65, // [65:99] is the sub-list for method output_type
+	31, // [31:65] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -5197,7 +5469,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   73,
+			NumMessages:   76,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

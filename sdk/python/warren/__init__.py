@@ -48,6 +48,7 @@ from ._types import (
     Rlimit,
     RlimitsArg,
     SandboxInfo,
+    SecurityEvent,
     SandboxState,
     VersionInfo,
 )
@@ -122,6 +123,7 @@ __all__ = [
     "Rlimit",
     "RlimitsArg",
     "SandboxInfo",
+    "SecurityEvent",
     "SandboxState",
     "VersionInfo",
     "BatchResult",

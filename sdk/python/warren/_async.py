@@ -66,6 +66,7 @@ from ._types import (
     Rlimit,
     RlimitsArg,
     SandboxInfo,
+    SecurityEvent,
     SandboxState,
     VersionInfo,
     _network_json,
@@ -386,6 +387,7 @@ class AsyncWarren:
         layers: Optional[Sequence[str]] = None,
         user: Optional[str] = None,
         keep_etc: bool = False,
+        allow_setuid: bool = False,
         rlimits: Optional[RlimitsArg] = None,
         network: Optional[NetworkArg] = None,
         call_timeout: Optional[float] = None,
@@ -416,6 +418,10 @@ class AsyncWarren:
             keep_etc: keep the image's ``/etc/hosts``, ``/etc/hostname`` and
                 ``/etc/resolv.conf``; by default the sandbox gets its own
                 (localhost and its hostname; no nameserver without a network).
+            allow_setuid: let setuid binaries and file capabilities work
+                (``sudo`` as a non-root user of the image): the sandbox's
+                processes run without ``no_new_privs``; the seccomp filter
+                stays. Off by default.
             rlimits: resource limits of every process, over the defaults of a
                 Debian 12 machine (nofile 1024:524288, stack 8 MiB soft, core 0
                 soft, memlock 8 MiB, the rest mostly unlimited; lowered to the
@@ -465,6 +471,7 @@ class AsyncWarren:
                 layers=layer_names,
                 user=user,
                 keep_etc=keep_etc,
+                allow_setuid=allow_setuid,
                 rlimits=limits,
                 network=net,
                 call_timeout=call_timeout if call_timeout is not None else self.create_timeout,
@@ -487,6 +494,7 @@ class AsyncWarren:
         layers: Sequence[str],
         user: Optional[str],
         keep_etc: bool,
+        allow_setuid: bool,
         rlimits: Sequence[Rlimit],
         network: Optional[Dict[str, Any]],
         call_timeout: float,
@@ -522,6 +530,8 @@ class AsyncWarren:
             body["user"] = user
         if keep_etc:
             body["keepEtc"] = True
+        if allow_setuid:
+            body["allowSetuid"] = True
         if rlimits:
             body["rlimits"] = [r._to_json() for r in rlimits]
         if network is not None:
@@ -1403,6 +1413,21 @@ class AsyncSandbox:
         """The sandbox's background processes (running or exited), in start order."""
         d = await self.client._rpc(_SBX + "ListProcesses", {"sandboxId": self.id}, timeout=timeout)
         return [AsyncProcess(self, ProcessInfo._from_json(p)) for p in d.get("processes") or []]
+
+    async def events(self, *, timeout: Optional[float] = None) -> List[SecurityEvent]:
+        """The sandbox's security events, oldest first: every action the
+        node contained or denied (OOM kills, forks refused at the pids
+        limit, output past a cap, a full disk, timeout kills). The node
+        keeps the latest 256 while the sandbox exists."""
+        out: List[SecurityEvent] = []
+        body: Dict[str, Any] = {"sandboxId": self.id, "pageSize": 1000}
+        while True:
+            d = await self.client._rpc(_SBX + "ListSandboxEvents", body, timeout=timeout)
+            out.extend(SecurityEvent._from_json(e) for e in d.get("events") or [])
+            token = d.get("nextPageToken") or ""
+            if not token:
+                return out
+            body["pageToken"] = token
 
     def process(self, process_id: str) -> "AsyncProcess":
         """A handle on background process ``process_id`` without asking the daemon."""

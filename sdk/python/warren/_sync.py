@@ -67,6 +67,7 @@ from ._types import (
     NetworkArg,
     RlimitsArg,
     SandboxInfo,
+    SecurityEvent,
     VersionInfo,
 )
 from .batch import BatchResult
@@ -251,6 +252,7 @@ class Warren:
         layers: Optional[Sequence[str]] = None,
         user: Optional[str] = None,
         keep_etc: bool = False,
+        allow_setuid: bool = False,
         rlimits: Optional[RlimitsArg] = None,
         network: Optional[NetworkArg] = None,
         call_timeout: Optional[float] = None,
@@ -274,6 +276,7 @@ class Warren:
             layers=layers,
             user=user,
             keep_etc=keep_etc,
+            allow_setuid=allow_setuid,
             rlimits=rlimits,
             network=network,
             call_timeout=call_timeout,
@@ -649,6 +652,10 @@ class Sandbox:
 
     def process(self, process_id: str) -> "Process":
         return Process(self, self.aio.process(process_id))
+
+    def events(self, *, timeout: Optional[float] = None) -> List[SecurityEvent]:
+        """The sandbox's security events, oldest first (see :meth:`AsyncSandbox.events`)."""
+        return self._run(self.aio.events(timeout=timeout))
 
     def read_file(
         self,

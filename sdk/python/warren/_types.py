@@ -296,6 +296,8 @@ class SandboxInfo:
     user: str = ""
     #: the image's own /etc/hosts, hostname and resolv.conf were kept
     keep_etc: bool = False
+    #: setuid binaries work: created with ``allow_setuid=True``
+    allow_setuid: bool = False
     #: the resource limits every process of the sandbox starts with: all of
     #: them, in the kernel's order (the defaults, or ``create(rlimits=...)``);
     #: empty for sandboxes of daemons before rlimits existed
@@ -344,6 +346,7 @@ class SandboxInfo:
             layers=tuple(d.get("layers") or ()),
             user=d.get("user", ""),
             keep_etc=bool(d.get("keepEtc", False)),
+            allow_setuid=bool(d.get("allowSetuid", False)),
             rlimits=tuple(Rlimit._from_json(x) for x in d.get("rlimits") or ()),
             network=NetworkPolicy._from_json(d.get("network")),
             network_address=d.get("networkAddress", ""),
@@ -509,6 +512,36 @@ class ProcessInfo:
             pty=bool(d.get("pty", False)),
             stdout_bytes=_int(d.get("stdoutBytes")),
             stderr_bytes=_int(d.get("stderrBytes")),
+        )
+
+
+@dataclass(frozen=True)
+class SecurityEvent:
+    """An action the node contained or denied in a sandbox (see
+    :meth:`AsyncSandbox.events`)."""
+
+    seq: int  #: per sandbox, from 1; a gap is events the node let go
+    kind: str  #: ``oom_kill``, ``pids_limit``, ``output_cap``, ``disk_full``, ``inodes_full``, ``timeout``, ``disk_reserve``, ... (accept unknown kinds)
+    detail: str = ""
+    count: int = 1  #: occurrences it stands for (a kernel counter's rise)
+    process: str = ""  #: ``"pid N"`` of an exec, or a background process id
+    time_unix_ms: int = 0
+    suppressed: int = 0  #: events the rate limit left out just before this one
+
+    @property
+    def time(self) -> Optional[_dt.datetime]:
+        return _ms_to_datetime(self.time_unix_ms)
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "SecurityEvent":
+        return cls(
+            seq=_int(d.get("seq")),
+            kind=d.get("kind", ""),
+            detail=d.get("detail", ""),
+            count=_int(d.get("count")),
+            process=d.get("process", ""),
+            time_unix_ms=_int(d.get("timeUnixMs")),
+            suppressed=_int(d.get("suppressed")),
         )
 
 

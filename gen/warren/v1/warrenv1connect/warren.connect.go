@@ -107,6 +107,9 @@ const (
 	// SandboxServiceCommitSandboxProcedure is the fully-qualified name of the SandboxService's
 	// CommitSandbox RPC.
 	SandboxServiceCommitSandboxProcedure = "/warren.v1.SandboxService/CommitSandbox"
+	// SandboxServiceListSandboxEventsProcedure is the fully-qualified name of the SandboxService's
+	// ListSandboxEvents RPC.
+	SandboxServiceListSandboxEventsProcedure = "/warren.v1.SandboxService/ListSandboxEvents"
 	// ImageServiceListImagesProcedure is the fully-qualified name of the ImageService's ListImages RPC.
 	ImageServiceListImagesProcedure = "/warren.v1.ImageService/ListImages"
 	// ImageServiceGetImageProcedure is the fully-qualified name of the ImageService's GetImage RPC.
@@ -191,6 +194,12 @@ type SandboxServiceClient interface {
 	// Needs the EROFS image store and a backend with a host-visible writable
 	// layer (container).
 	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.Layer], error)
+	// ListSandboxEvents lists a sandbox's security events, oldest first:
+	// every action the node contained or denied (OOM kill, pids limit,
+	// output cap, full disk, timeout kill; later seccomp denials). The
+	// daemon keeps the latest 256 per sandbox while the sandbox exists
+	// (its audit file keeps them longer). NotFound for an unknown sandbox.
+	ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the warren.v1.SandboxService service. By default,
@@ -336,33 +345,40 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("CommitSandbox")),
 			connect.WithClientOptions(opts...),
 		),
+		listSandboxEvents: connect.NewClient[v1.ListSandboxEventsRequest, v1.ListSandboxEventsResponse](
+			httpClient,
+			baseURL+SandboxServiceListSandboxEventsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListSandboxEvents")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // sandboxServiceClient implements SandboxServiceClient.
 type sandboxServiceClient struct {
-	create        *connect.Client[v1.CreateRequest, v1.Sandbox]
-	get           *connect.Client[v1.GetRequest, v1.Sandbox]
-	list          *connect.Client[v1.ListRequest, v1.ListResponse]
-	delete        *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
-	extendTimeout *connect.Client[v1.ExtendTimeoutRequest, v1.Sandbox]
-	updateSandbox *connect.Client[v1.UpdateSandboxRequest, v1.Sandbox]
-	exec          *connect.Client[v1.ExecRequest, v1.ExecResult]
-	execStream    *connect.Client[v1.ExecRequest, v1.ExecEvent]
-	startProcess  *connect.Client[v1.ExecRequest, v1.ProcessInfo]
-	listProcesses *connect.Client[v1.ListProcessesRequest, v1.ListProcessesResponse]
-	waitProcess   *connect.Client[v1.WaitProcessRequest, v1.ExecResult]
-	signalProcess *connect.Client[v1.SignalProcessRequest, v1.SignalProcessResponse]
-	writeStdin    *connect.Client[v1.WriteStdinRequest, v1.WriteStdinResponse]
-	attachProcess *connect.Client[v1.AttachProcessRequest, v1.ProcessEvent]
-	resizeProcess *connect.Client[v1.ResizeProcessRequest, v1.ResizeProcessResponse]
-	writeFile     *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
-	readFile      *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
-	listFiles     *connect.Client[v1.ListFilesRequest, v1.ListFilesResponse]
-	statFile      *connect.Client[v1.StatFileRequest, v1.FileInfo]
-	makeDir       *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
-	removeFile    *connect.Client[v1.RemoveFileRequest, v1.RemoveFileResponse]
-	commitSandbox *connect.Client[v1.CommitSandboxRequest, v1.Layer]
+	create            *connect.Client[v1.CreateRequest, v1.Sandbox]
+	get               *connect.Client[v1.GetRequest, v1.Sandbox]
+	list              *connect.Client[v1.ListRequest, v1.ListResponse]
+	delete            *connect.Client[v1.DeleteRequest, v1.DeleteResponse]
+	extendTimeout     *connect.Client[v1.ExtendTimeoutRequest, v1.Sandbox]
+	updateSandbox     *connect.Client[v1.UpdateSandboxRequest, v1.Sandbox]
+	exec              *connect.Client[v1.ExecRequest, v1.ExecResult]
+	execStream        *connect.Client[v1.ExecRequest, v1.ExecEvent]
+	startProcess      *connect.Client[v1.ExecRequest, v1.ProcessInfo]
+	listProcesses     *connect.Client[v1.ListProcessesRequest, v1.ListProcessesResponse]
+	waitProcess       *connect.Client[v1.WaitProcessRequest, v1.ExecResult]
+	signalProcess     *connect.Client[v1.SignalProcessRequest, v1.SignalProcessResponse]
+	writeStdin        *connect.Client[v1.WriteStdinRequest, v1.WriteStdinResponse]
+	attachProcess     *connect.Client[v1.AttachProcessRequest, v1.ProcessEvent]
+	resizeProcess     *connect.Client[v1.ResizeProcessRequest, v1.ResizeProcessResponse]
+	writeFile         *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	readFile          *connect.Client[v1.ReadFileRequest, v1.ReadFileResponse]
+	listFiles         *connect.Client[v1.ListFilesRequest, v1.ListFilesResponse]
+	statFile          *connect.Client[v1.StatFileRequest, v1.FileInfo]
+	makeDir           *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
+	removeFile        *connect.Client[v1.RemoveFileRequest, v1.RemoveFileResponse]
+	commitSandbox     *connect.Client[v1.CommitSandboxRequest, v1.Layer]
+	listSandboxEvents *connect.Client[v1.ListSandboxEventsRequest, v1.ListSandboxEventsResponse]
 }
 
 // Create calls warren.v1.SandboxService.Create.
@@ -475,6 +491,11 @@ func (c *sandboxServiceClient) CommitSandbox(ctx context.Context, req *connect.R
 	return c.commitSandbox.CallUnary(ctx, req)
 }
 
+// ListSandboxEvents calls warren.v1.SandboxService.ListSandboxEvents.
+func (c *sandboxServiceClient) ListSandboxEvents(ctx context.Context, req *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error) {
+	return c.listSandboxEvents.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the warren.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v1.Sandbox], error)
@@ -531,6 +552,12 @@ type SandboxServiceHandler interface {
 	// Needs the EROFS image store and a backend with a host-visible writable
 	// layer (container).
 	CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.Layer], error)
+	// ListSandboxEvents lists a sandbox's security events, oldest first:
+	// every action the node contained or denied (OOM kill, pids limit,
+	// output cap, full disk, timeout kill; later seccomp denials). The
+	// daemon keeps the latest 256 per sandbox while the sandbox exists
+	// (its audit file keeps them longer). NotFound for an unknown sandbox.
+	ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -672,6 +699,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("CommitSandbox")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceListSandboxEventsHandler := connect.NewUnaryHandler(
+		SandboxServiceListSandboxEventsProcedure,
+		svc.ListSandboxEvents,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListSandboxEvents")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warren.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -718,6 +751,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceRemoveFileHandler.ServeHTTP(w, r)
 		case SandboxServiceCommitSandboxProcedure:
 			sandboxServiceCommitSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceListSandboxEventsProcedure:
+			sandboxServiceListSandboxEventsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -813,6 +848,10 @@ func (UnimplementedSandboxServiceHandler) RemoveFile(context.Context, *connect.R
 
 func (UnimplementedSandboxServiceHandler) CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.Layer], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.CommitSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.ListSandboxEvents is not implemented"))
 }
 
 // ImageServiceClient is a client for the warren.v1.ImageService service.
