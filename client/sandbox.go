@@ -63,6 +63,10 @@ type SandboxUpdate struct {
 	Timeout      *time.Duration
 	SetLabels    map[string]string
 	RemoveLabels []string
+	// Network replaces the network policy: new connections follow it at
+	// once, established ones it forbids are cut. Nil: unchanged; a policy
+	// with mode "none" removes the sandbox's interface.
+	Network *warrenv1.NetworkPolicy
 }
 
 // Update changes a running sandbox, all or nothing, and returns it as it
@@ -70,7 +74,7 @@ type SandboxUpdate struct {
 // the node cannot honour the change (nothing changed then).
 func (c *Client) Update(ctx context.Context, id string, u SandboxUpdate) (*warrenv1.Sandbox, error) {
 	req := &warrenv1.UpdateSandboxRequest{Id: id, CpuMillis: u.CPUMillis, MemoryBytes: u.MemoryBytes, PidsMax: u.PidsMax,
-		SetLabels: u.SetLabels, RemoveLabels: u.RemoveLabels}
+		SetLabels: u.SetLabels, RemoveLabels: u.RemoveLabels, Network: u.Network}
 	if u.Timeout != nil {
 		s := ceilSeconds(*u.Timeout)
 		req.TimeoutSeconds = &s

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/warrenrl/warren/internal/etcfiles"
+	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/rlimit"
 	"github.com/warrenrl/warren/internal/sandboxfs"
 )
@@ -46,6 +47,9 @@ type Spec struct {
 	// agent may keep higher limits of their own where the programs' would
 	// starve them.
 	Rlimits []rlimit.Limit
+	// Network is what the sandbox may reach (the zero value: loopback
+	// only), validated by the daemon.
+	Network netpolicy.Policy
 	// AllowSetuid runs the sandbox's processes without no_new_privs, so
 	// that setuid binaries and file capabilities work in it.
 	AllowSetuid bool
@@ -247,6 +251,15 @@ type Update struct {
 	CPUMillis   *int64
 	MemoryBytes *int64
 	PidsMax     *int64
+	// Network replaces the sandbox's network policy: new connections
+	// follow it at once, and established ones it forbids are cut.
+	Network *netpolicy.Policy
+}
+
+// Networked is implemented by sandboxes that can say their network
+// address ("" without one).
+type Networked interface {
+	NetworkAddress() string
 }
 
 // ProcSpec describes a process to start.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -51,7 +52,8 @@ result to stdout, as a table or (--json) one JSON object.`,
 	_ = pf.MarkHidden("daemon-bin")
 	_ = pf.MarkHidden("daemon-arg")
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
-		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchHardeningCommand(&bf))
+		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchHardeningCommand(&bf),
+		newBenchNetworkCommand(&bf), newBenchNetClientCommand())
 	return c
 }
 
@@ -400,6 +402,57 @@ daemon (no --addr); run as root. About 1 MiB of node memory per sandbox.`,
 	c.Flags().IntVar(&cfg.ExecConcurrency, "exec-concurrency", 1, "execs in flight")
 	c.Flags().IntVar(&cfg.SampleProcs, "sample-procs", 64, "sandboxes whose ListProcesses must show the process running before ready")
 	c.Flags().IntVar(&cfg.Concurrency, "concurrency", 8, "creates in flight")
+	return c
+}
+
+func newBenchNetworkCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.NetworkConfig{}
+	c := &cobra.Command{
+		Use:   "network [--creates 100] [--updates 200]",
+		Short: "Create latency per network mode, policy-change latency, TCP connect and throughput to a test host against a bare veth pair",
+		Long: `Create latency in network modes none, open and allowlist; the latency of
+UpdateSandbox changing a running sandbox's policy; TCP connections and
+throughput from a sandbox to a test host (a network namespace this run
+makes on the node: no packet leaves the machine) in modes open and
+allowlist, against the same busybox commands in a bare network namespace
+joined to the test host by a veth pair. Run as root.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Creates < 1 || cfg.Updates < 1 || cfg.Connects < 2 || cfg.MiB < 1 || cfg.Runs < 1 {
+				return usagef("--creates, --updates, --mib and --runs must be at least 1, --connects at least 2")
+			}
+			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
+				return bench.RunNetwork(ctx, env, cfg)
+			})
+		},
+	}
+	c.Flags().IntVar(&cfg.Creates, "creates", 100, "timed creates per mode")
+	c.Flags().IntVar(&cfg.Updates, "updates", 200, "timed policy changes")
+	c.Flags().IntVar(&cfg.Connects, "connects", 200, "TCP connections per system")
+	c.Flags().IntVar(&cfg.MiB, "mib", 256, "MiB sent per throughput run")
+	c.Flags().IntVar(&cfg.Runs, "runs", 5, "throughput runs per system")
+	c.Flags().DurationVar(&cfg.Settle, "settle", 50*time.Millisecond, "pause after each delete of the create runs (0: the next create pays for the last one's namespace teardown)")
+	return c
+}
+
+// newBenchNetClientCommand is the client `warren bench network` runs in
+// a sandbox and in its peer's namespace.
+func newBenchNetClientCommand() *cobra.Command {
+	var connect, send string
+	var n, mib int
+	c := &cobra.Command{
+		Use:    "netclient --connect ADDR:PORT [--n N] [--send ADDR:PORT --mib M]",
+		Short:  "The network benchmark's client (runs inside a sandbox)",
+		Hidden: true,
+		Args:   noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return bench.RunNetClient(cmd.OutOrStdout(), connect, n, send, mib)
+		},
+	}
+	c.Flags().StringVar(&connect, "connect", "", "address to connect to n times")
+	c.Flags().IntVar(&n, "n", 100, "connections")
+	c.Flags().StringVar(&send, "send", "", "address to send mib MiB to")
+	c.Flags().IntVar(&mib, "mib", 0, "MiB to send")
 	return c
 }
 

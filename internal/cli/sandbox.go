@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/rlimit"
 )
 
@@ -57,6 +59,8 @@ func newCreateCommand() *cobra.Command {
 		user              string
 		backend           string
 		ulimits           []string
+		network           string
+		group             string
 	)
 	c := &cobra.Command{
 		Use:   "create --image IMAGE [flags]",
@@ -104,6 +108,15 @@ func newCreateCommand() *cobra.Command {
 				return usagef("--timeout must not be negative")
 			}
 			req.TimeoutSeconds = durationSeconds(timeout)
+			if network != "" || group != "" {
+				if network == "" {
+					network = "none"
+				}
+				if req.Network, err = parseNetwork(network); err != nil {
+					return err
+				}
+				req.Network.Group = group
+			}
 			cl, err := NewClient(cmd)
 			if err != nil {
 				return err
@@ -138,7 +151,59 @@ func newCreateCommand() *cobra.Command {
 	f.BoolVar(&req.AllowSetuid, "allow-setuid", false, "let setuid binaries and file capabilities work in the sandbox (sudo as a non-root user): its processes run without no_new_privs; the seccomp filter stays")
 	f.BoolVar(&req.KeepEtc, "keep-etc", false, "keep the image's /etc/hosts, /etc/hostname and /etc/resolv.conf instead of the sandbox's own")
 	f.StringVar(&user, "user", "", "who commands run as when they name no user: name, uid or uid:gid (default: the image's user, else root)")
+	f.StringVar(&network, "network", "", networkFlagHelp+" (default: none)")
+	f.StringVar(&group, "network-group", "", "a group of sandboxes on this node that reach each other (every port) whatever their --network, and that nothing else reaches; fixed at create")
 	return c
+}
+
+const networkFlagHelp = "network: none (loopback only), open (NAT out through the node), or allow:CIDR[:PORT][/tcp|/udp],... (only those destinations)"
+
+// parseNetwork reads --network into the API's policy; the daemon
+// validates it.
+func parseNetwork(s string) (*warrenv1.NetworkPolicy, error) {
+	mode, rules, err := netpolicy.ParseFlag(s)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	p := &warrenv1.NetworkPolicy{Mode: mode}
+	for _, r := range rules {
+		nr := &warrenv1.NetworkRule{Cidr: r.CIDR, Protocol: r.Proto}
+		if r.HasPort {
+			port := r.Port
+			nr.Port = &port
+		}
+		p.Allow = append(p.Allow, nr)
+	}
+	return p, nil
+}
+
+// formatNetwork is a sandbox's policy as --network spells it, and its
+// group.
+func formatNetwork(p *warrenv1.NetworkPolicy) string {
+	if g := p.GetGroup(); g != "" {
+		return formatMode(p) + ", group " + g
+	}
+	return formatMode(p)
+}
+
+func formatMode(p *warrenv1.NetworkPolicy) string {
+	switch p.GetMode() {
+	case "", "none":
+		return "none"
+	case "open":
+		return "open"
+	}
+	parts := make([]string, len(p.GetAllow()))
+	for i, r := range p.GetAllow() {
+		parts[i] = r.GetCidr()
+		if r.Port != nil {
+			parts[i] += ":" + strconv.FormatUint(uint64(r.GetPort()), 10)
+		}
+		if r.GetProtocol() != "" {
+			parts[i] += "/" + r.GetProtocol()
+		}
+	}
+	return "allow:" + strings.Join(parts, ",")
 }
 
 func newListCommand() *cobra.Command {
@@ -235,6 +300,11 @@ func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
 		row("Setuid", "setuid binaries and file capabilities work (--allow-setuid: no no_new_privs)")
 	}
 	row("Workdir", s.Workdir)
+	net := formatNetwork(s.GetNetwork())
+	if s.NetworkAddress != "" {
+		net += " (address " + s.NetworkAddress + ")"
+	}
+	row("Network", net)
 	r := s.GetResources()
 	row("CPU", formatCPU(r.GetCpuMillis()))
 	if r.GetMemoryBytes() > 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,6 +24,7 @@ import (
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/kaudit"
 	"github.com/warrenrl/warren/internal/metrics"
+	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/server"
 )
 
@@ -50,6 +52,7 @@ type serveOptions struct {
 	stallTimeout             time.Duration
 	seccomp                  bool
 	cpuAffinity              bool
+	networkSubnet            string
 }
 
 func newServeCommand() *cobra.Command {
@@ -84,6 +87,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	}
 	f.StringVar(&o.mkfsErofs, "mkfs-erofs", mkfsDefault, "the mkfs.erofs (erofs-utils >= 1.8) that converts layers, keeping hardlinks: a path, \"auto\" ("+erofs.MkfsPrefix+"/bin/mkfs.erofs, then $PATH; go-erofs, which stores hardlinks as copies, if neither is usable) or \"off\" (go-erofs); $"+erofs.MkfsEnv+" sets the default")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "warren", "parent cgroup of the sandboxes (give each daemon on a host its own)")
+	f.StringVar(&o.networkSubnet, "network-subnet", netpolicy.DefaultSubnet.String(), "IPv4 subnet (/16 to /30) sandboxes with a network (open, allowlist) take a /31 of each; give each daemon on a host its own")
 	f.BoolVar(&o.cpuAffinity, "cpu-affinity", true, "run a sandbox with a CPU quota on as many of the node's CPUs as its quota (rounded up), the least used ones, and show it that many (nproc, os.cpu_count, /proc/cpuinfo); false leaves every sandbox on all CPUs, seeing all")
 	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -243,7 +247,12 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			log.Warn("closing image store", "err", cerr)
 		}
 	}()
-	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity, NoSeccomp: !o.seccomp})
+	subnet, err := netip.ParsePrefix(o.networkSubnet)
+	if err != nil {
+		return fmt.Errorf("--network-subnet: %w", err)
+	}
+	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity, NoSeccomp: !o.seccomp,
+		NetworkSubnet: subnet})
 	if err != nil {
 		return fmt.Errorf("container backend: %w", err)
 	}

@@ -17,9 +17,10 @@ func newUpdateCommand() *cobra.Command {
 		timeout      time.Duration
 		labels       []string
 		removeLabels []string
+		network      string
 	)
 	c := &cobra.Command{
-		Use:   "update ID [--cpu CORES] [--memory SIZE] [--pids N] [--timeout DURATION] [--label k=v]... [--remove-label k]...",
+		Use:   "update ID [--cpu CORES] [--memory SIZE] [--pids N] [--timeout DURATION] [--label k=v]... [--remove-label k]... [--network POLICY]",
 		Short: "Change a running sandbox's limits, lifetime or labels (all or nothing)",
 		Long: "Change a running sandbox's limits, lifetime or labels. Only the flags given change;\n" +
 			"--cpu 0 lifts the CPU quota, --memory 0 and --pids 0 restore the node defaults.\n" +
@@ -56,6 +57,11 @@ func newUpdateCommand() *cobra.Command {
 				return err
 			}
 			u.RemoveLabels = removeLabels
+			if f.Changed("network") {
+				if u.Network, err = parseNetwork(network); err != nil {
+					return err
+				}
+			}
 			cl, err := NewClient(cmd)
 			if err != nil {
 				return err
@@ -78,6 +84,7 @@ func newUpdateCommand() *cobra.Command {
 	f.Int64Var(&pids, "pids", 0, "maximum number of processes (0: node default)")
 	f.DurationVar(&timeout, "timeout", 0, "new lifetime from now, e.g. 30m (0: node default)")
 	f.StringArrayVar(&labels, "label", nil, "set label KEY=VALUE (repeatable)")
+	f.StringVar(&network, "network", "", networkFlagHelp+"; applies at once and cuts established connections the new policy forbids")
 	f.StringArrayVar(&removeLabels, "remove-label", nil, "remove label KEY (repeatable)")
 	return c
 }

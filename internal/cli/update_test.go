@@ -17,7 +17,7 @@ func (f *fakeManager) UpdateSandbox(_ context.Context, r *warrenv1.UpdateSandbox
 	f.lastUpdate = r
 	return &warrenv1.Sandbox{Id: r.Id, State: warrenv1.SandboxState_SANDBOX_STATE_RUNNING,
 		Resources: &warrenv1.Resources{CpuMillis: r.GetCpuMillis(), MemoryBytes: r.GetMemoryBytes(), PidsMax: r.GetPidsMax()},
-		Labels:    r.SetLabels}, nil
+		Labels:    r.SetLabels, Network: r.Network}, nil
 }
 
 // TestSandboxUpdate: `sandbox update` sends exactly the fields whose flags
@@ -40,7 +40,18 @@ func TestSandboxUpdate(t *testing.T) {
 		f.lastUpdate.GetPidsMax() != 64 || len(f.lastUpdate.SetLabels) != 0 || !slices.Equal(f.lastUpdate.RemoveLabels, nil) {
 		t.Fatalf("%+v sent %v", r, f.lastUpdate)
 	}
-	for _, bad := range [][]string{{"--cpu", "-1"}, {"--memory", "lots"}, {"--label", "novalue"}, {"--timeout", "-5s"}} {
+	// --network sends the policy as written and shows the new one.
+	r = run(t, addr, "", "sandbox", "update", "sb1", "--network", "allow:10.1.0.0/16:443/tcp,192.0.2.1")
+	port := uint32(443)
+	wantNet := &warrenv1.NetworkPolicy{Mode: "allowlist", Allow: []*warrenv1.NetworkRule{
+		{Cidr: "10.1.0.0/16", Port: &port, Protocol: "tcp"}, {Cidr: "192.0.2.1"}}}
+	if r.code != 0 || !proto.Equal(f.lastUpdate.GetNetwork(), wantNet) || !strings.Contains(r.stdout, "allow:10.1.0.0/16:443/tcp,192.0.2.1") {
+		t.Fatalf("%+v sent %v", r, f.lastUpdate)
+	}
+	if r := run(t, addr, "", "sandbox", "update", "sb1", "--pids", "1"); r.code != 0 || f.lastUpdate.Network != nil {
+		t.Fatalf("no --network sent a network: %v", f.lastUpdate)
+	}
+	for _, bad := range [][]string{{"--cpu", "-1"}, {"--memory", "lots"}, {"--label", "novalue"}, {"--timeout", "-5s"}, {"--network", "closed"}, {"--network", "allow:10.0.0.0/8:x"}} {
 		if r := run(t, addr, "", append([]string{"sandbox", "update", "sb1"}, bad...)...); r.code != 2 {
 			t.Errorf("%v: %+v, want usage error", bad, r)
 		}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -31,6 +32,7 @@ import (
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/kfile"
+	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/rlimit"
 	"github.com/warrenrl/warren/internal/seccomp"
 )
@@ -60,6 +62,10 @@ type Options struct {
 	// freedom to move threads matters more than nproc and os.cpu_count
 	// telling the truth.
 	NoCPUAffinity bool
+	// NetworkSubnet is where sandboxes with a network (modes open and
+	// allowlist) take their addresses, a /31 each (netpolicy); zero for
+	// netpolicy.DefaultSubnet. Each daemon on a node needs its own.
+	NetworkSubnet netip.Prefix
 	// NoSeccomp starts sandboxes without the system-call filter
 	// (internal/seccomp), still with no_new_privs: for measuring what the
 	// filter costs, and for a node where a workload needs a call it
@@ -75,6 +81,7 @@ type Backend struct {
 	trash *reaper         // removes deleted sandboxes' state directories
 	cpus  *cpuPool        // which CPUs sandboxes with a quota run on
 	pool  *dirPool        // ready-made state directories
+	net   *netpolicy.Node // sandboxes' interfaces and rules
 	// seccomp and seccompAudit are the compiled filters every init stage
 	// installs (hex of their sock_filter entries), compiled once: "" with
 	// NoSeccomp. The audit one makes the kernel log deliberate refusals.
@@ -101,6 +108,14 @@ func New(opts Options) (*Backend, error) {
 		opts.CgroupParent = "warren"
 	}
 	b := &Backend{opts: opts, cpus: newCPUPool()}
+	// The cgroup parent is the daemon's own name on the node; it names
+	// its nftables table and interfaces too. Nothing is made before a
+	// sandbox asks for a network.
+	net, err := netpolicy.New(netpolicy.Options{Name: opts.CgroupParent, Subnet: opts.NetworkSubnet})
+	if err != nil {
+		return nil, err
+	}
+	b.net = net
 	if !opts.NoSeccomp {
 		f, err := seccomp.Default()
 		if err != nil {
@@ -120,7 +135,8 @@ func New(opts Options) (*Backend, error) {
 	// The init stage and the agent are the embedded standalone binary
 	// only: from a memfd, or where the kernel refuses to exec one, from a
 	// verified file in the state (or run) directory.
-	ag, err := agentbin.Open(agentbin.Options{Dirs: []string{opts.StateDir, opts.RunDir}, Warn: opts.Warn})
+	var ag *agentbin.Agent
+	ag, err = agentbin.Open(agentbin.Options{Dirs: []string{opts.StateDir, opts.RunDir}, Warn: opts.Warn})
 	if err != nil {
 		return nil, err
 	}
@@ -173,6 +189,9 @@ func (b *Backend) Name() string { return Name }
 type state struct {
 	Pid       int    `json:"pid"`
 	StartTime uint64 `json:"start_time"` // /proc/<pid>/stat field 22, guards against pid reuse
+	// Net is the sandbox's network (nil: mode none): a restarted daemon
+	// adopts its address and removes its interface and rules on delete.
+	Net *netpolicy.Attachment `json:"net,omitempty"`
 }
 
 func (b *Backend) runDir(id string) string   { return filepath.Join(b.opts.RunDir, "sb", id) }
@@ -267,17 +286,20 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	}
 	defer lnFile.Close()
 
-	pid, pidfd, grp, err := b.startInit(ctx, spec, overlay, lnFile)
+	pid, pidfd, grp, net, err := b.startInit(ctx, spec, overlay, lnFile)
 	if err != nil {
 		return nil, err
 	}
 	cu.Add(func() error { _ = grp.Kill(5 * time.Second); return grp.Delete() })
+	if net != nil {
+		cu.Add(func() error { return b.net.Detach(spec.ID, *net) })
+	}
 	cu.Add(func() error { b.cpus.release(spec.ID); return nil })
 	// Until attach hands it to the monitor, the init is our unreaped
 	// child: killed without a wait it stays a zombie for the daemon's life.
 	cu.Add(func() error { killInit(pid); return nil })
 
-	s, err := b.attach(spec.ID, pid, pidfd, 0, grp)
+	s, err := b.attach(spec.ID, pid, pidfd, 0, grp, net)
 	if err != nil {
 		return nil, err
 	}
@@ -314,20 +336,20 @@ var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.D
 //
 // The cgroup is created after the clone, while the child starts up and
 // waits for its config: the two overlap instead of adding up.
-func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, lnFile *os.File) (int, int, cgroups.Group, error) {
+func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, lnFile *os.File) (_ int, _ int, _ cgroups.Group, _ *netpolicy.Attachment, retErr error) {
 	null, err := devNull()
 	if err != nil {
-		return 0, -1, nil, errdefs.Wrap(errdefs.Internal, err, "open /dev/null")
+		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "open /dev/null")
 	}
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
-		return 0, -1, nil, errdefs.Wrap(errdefs.Internal, err, "pipe")
+		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "pipe")
 	}
 	defer cfgR.Close()
 	defer cfgW.Close()
 	stR, stW, err := os.Pipe()
 	if err != nil {
-		return 0, -1, nil, errdefs.Wrap(errdefs.Internal, err, "pipe")
+		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "pipe")
 	}
 	defer stR.Close()
 	defer stW.Close()
@@ -338,7 +360,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	// instead cost ~0.3 ms more per create.
 	agentFile, err := b.agent.File()
 	if err != nil {
-		return 0, -1, nil, err
+		return 0, -1, nil, nil, err
 	}
 	path := "/proc/self/fd/6"
 	files := []*os.File{null, null, null, cfgR, lnFile, stW, agentFile}
@@ -361,35 +383,42 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		},
 	})
 	if err != nil {
-		return 0, -1, nil, errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
+		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
 	}
 	pid := proc.Pid
 	// We reap it through the monitor, not os.
 	_ = proc.Release()
-	var grp cgroups.Group
-	fail := func(err error) (int, int, cgroups.Group, error) {
+	fail := func(err error) (int, int, cgroups.Group, *netpolicy.Attachment, error) {
+		return 0, -1, nil, nil, err
+	}
+	var cu cleanup.Cleanup
+	defer func() {
+		if retErr != nil {
+			_ = cu.Clean()
+		}
+	}()
+	cu.Add(func() error {
 		if pidfd >= 0 {
 			unix.Close(pidfd)
 		}
 		killInit(pid)
-		b.cpus.release(spec.ID)
-		if grp != nil {
-			// The cgroup empties once the init is gone; one stuck in a
-			// hung mount may outlast the wait, and Sweep takes the
-			// cgroup at the next start.
-			_ = grp.Kill(5 * time.Second)
-			_ = grp.Delete()
-		}
-		return 0, -1, nil, err
-	}
+		return nil
+	})
 	cfgR.Close()
 	stW.Close()
-	grp, err = cgroups.New(b.opts.CgroupParent, spec.ID, cgroups.Resources{
+	grp, err := cgroups.New(b.opts.CgroupParent, spec.ID, cgroups.Resources{
 		CPUMillis: spec.CPUMillis, MemoryBytes: spec.MemoryBytes, PidsMax: spec.PidsMax,
 	})
 	if err != nil {
 		return fail(err)
 	}
+	cu.Add(func() error {
+		// The cgroup empties once the init is gone; one stuck in a hung
+		// mount may outlast the wait, and Sweep takes the cgroup at the
+		// next start.
+		_ = grp.Kill(5 * time.Second)
+		return grp.Delete()
+	})
 	if err := grp.AddProc(pid); err != nil {
 		return fail(err)
 	}
@@ -406,11 +435,23 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	}
 	maps.Copy(conf, overlay)
 	b.cgroupViewConfig(grp.Name(), conf)
+	cu.Add(func() error { b.cpus.release(spec.ID); return nil })
 	views, err := b.placeCPUs(spec, pid)
 	if err != nil {
 		return fail(err)
 	}
 	conf["views"] = views
+	// The network is made from here, from the node's side, while the
+	// init waits for its config: the sandbox starts with eth0 up.
+	var net *netpolicy.Attachment
+	if !spec.Network.IsNone() {
+		a, err := b.net.Attach(spec.ID, pid, spec.Network)
+		if err != nil {
+			return fail(err)
+		}
+		net = &a
+		cu.Add(func() error { return b.net.Detach(spec.ID, a) })
+	}
 	cfg := initConfig(conf)
 	if _, err := cfgW.Write(cfg); err != nil {
 		return fail(errdefs.Wrap(errdefs.Internal, err, "send init config"))
@@ -425,7 +466,8 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	if len(msg) > 0 {
 		return fail(errdefs.Internalf("sandbox init: %s", msg))
 	}
-	return pid, pidfd, grp, nil
+	cu.Release()
+	return pid, pidfd, grp, net, nil
 }
 
 // InitTimeout bounds the init stage's setup (mounts, pivot_root): ~3 ms
@@ -487,7 +529,7 @@ func killInit(pid int) {
 // would have been replaced by one started later). One read of
 // /proc/<pid>/stat does it; errors other than the process being gone
 // (EMFILE, ENOMEM) are Unavailable, since the init may well be alive.
-func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Group) (*sandbox, error) {
+func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Group, net *netpolicy.Attachment) (*sandbox, error) {
 	if pidfd < 0 {
 		var err error
 		if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
@@ -511,7 +553,7 @@ func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Gro
 		return nil, errdefs.NotFoundf("sandbox %s: init %d is gone", id, pid)
 	}
 	s := &sandbox{
-		b: b, id: id, grp: grp, st: state{Pid: pid, StartTime: st},
+		b: b, id: id, grp: grp, st: state{Pid: pid, StartTime: st, Net: net},
 		agent: agent.NewClient(b.socket(id)),
 		root:  pinRoot(pid),
 		disk:  fileExists(b.diskImage(id)),
@@ -566,20 +608,27 @@ func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sa
 		_ = b.teardown(id)
 		return nil, errdefs.NotFoundf("sandbox %s: no init recorded", id)
 	}
+	if st.Net != nil {
+		// Taken before anything can fail, so that a teardown below
+		// frees it and no create meanwhile takes it.
+		if err := b.net.Adopt(id, *st.Net); err != nil {
+			return nil, err
+		}
+	}
 	// Only a sandbox proven gone (NotFound) is torn down: any other
 	// failure (fds, memory, the monitor) may pass, and the daemon keeps
 	// the sandbox LOST and adopts it again later.
 	grp, err := cgroups.Load(b.opts.CgroupParent, id)
 	if err != nil {
 		if errdefs.CategoryOf(err) == errdefs.NotFound {
-			_ = b.teardown(id)
+			_ = b.teardownGroup(id, nil, -1, st.Net)
 		}
 		return nil, err
 	}
-	s, err := b.attach(id, st.Pid, -1, st.StartTime, grp)
+	s, err := b.attach(id, st.Pid, -1, st.StartTime, grp, st.Net)
 	if err != nil {
 		if errdefs.CategoryOf(err) == errdefs.NotFound {
-			_ = b.teardown(id)
+			_ = b.teardownGroup(id, grp, -1, st.Net)
 		}
 		return nil, err
 	}
@@ -615,18 +664,25 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 			errs = append(errs, b.teardown(id))
 		}
 	}
+	// Interfaces and rules of sandboxes gone while no daemon ran, and
+	// of creates a crash interrupted: known by name only.
+	errs = append(errs, b.net.Sweep(keep))
 	return errors.Join(errs...)
 }
 
 // teardown removes everything a sandbox id may own, whatever state it is
 // in: processes (via its cgroup), the root mount, the cgroup, directories.
-func (b *Backend) teardown(id string) error { return b.teardownGroup(id, nil, -1) }
+func (b *Backend) teardown(id string) error { return b.teardownGroup(id, nil, -1, nil) }
 
 // teardownGroup is teardown with the sandbox's cgroup already at hand (nil
-// to look it up) and its pinned root, which it hands to the reaper.
-func (b *Backend) teardownGroup(id string, grp cgroups.Group, root int) error {
+// to look it up), its pinned root, which it hands to the reaper, and its
+// network (nil: none known; Sweep finds interfaces by name).
+func (b *Backend) teardownGroup(id string, grp cgroups.Group, root int, net *netpolicy.Attachment) error {
 	b.cpus.release(id)
 	var errs []error
+	if net != nil {
+		errs = append(errs, b.net.Detach(id, *net))
+	}
 	if grp == nil {
 		grp, _ = cgroups.Load(b.opts.CgroupParent, id)
 	}
@@ -685,6 +741,8 @@ type sandbox struct {
 
 	destroyMu sync.Mutex
 	destroyed bool
+
+	netMu sync.Mutex // st.Net, which Update changes
 }
 
 func (s *sandbox) ID() string { return s.id }
@@ -694,8 +752,17 @@ func (s *sandbox) ID() string { return s.id }
 func (s *sandbox) Root() string            { return "/proc/" + strconv.Itoa(s.st.Pid) + "/root" }
 func (s *sandbox) Exited() context.Context { return s.exited }
 func (s *sandbox) State() []byte {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
 	b, _ := json.Marshal(s.st)
 	return b
+}
+
+// network is the sandbox's network attachment (nil: mode none).
+func (s *sandbox) network() *netpolicy.Attachment {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
+	return s.st.Net
 }
 
 // UpperDir is the overlayfs upper directory (backend.Committer).
@@ -787,7 +854,7 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	}
 	root := s.root
 	s.root = -1
-	if err := s.b.teardownGroup(s.id, s.grp, root); err != nil {
+	if err := s.b.teardownGroup(s.id, s.grp, root, s.network()); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "release sandbox "+s.id)
 	}
 	s.destroyed = true

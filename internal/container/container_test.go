@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,8 +21,11 @@ import (
 	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/mountinfo"
+	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/testutil"
 )
+
+var subnetSeq atomic.Int32
 
 // testOptions gives a test its own directories and cgroup parent, and
 // removes every sandbox, the shared sysfs and the cgroups when it ends.
@@ -31,6 +36,8 @@ func testOptions(t *testing.T, name string) Options {
 		StateDir:     filepath.Join(dir, "state"),
 		RunDir:       filepath.Join(dir, "run"),
 		CgroupParent: fmt.Sprintf("warren-test-%s%d", name, os.Getpid()),
+		// Its own: tests of other packages may run at the same time.
+		NetworkSubnet: netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 100+os.Getpid()%50, subnetSeq.Add(1)%256)),
 	}
 	t.Cleanup(func() {
 		// Fillers of backends the test never closed, before the
@@ -114,6 +121,23 @@ func resources(t *testing.T, opts Options) []string {
 		if b, err := os.ReadFile(p); err == nil && strings.HasPrefix(string(b), opts.StateDir) {
 			out = append(out, "loop "+strings.TrimSpace(string(b)))
 		}
+	}
+	if n, err := netpolicy.New(netpolicy.Options{Name: opts.CgroupParent, Subnet: opts.NetworkSubnet}); err == nil {
+		links, ids, err := n.Leftovers()
+		if err != nil {
+			t.Errorf("network leftovers: %v", err)
+		}
+		for name, id := range links {
+			out = append(out, "veth "+name+" "+id)
+		}
+		for _, id := range ids {
+			out = append(out, "nft chains of "+id)
+		}
+		groups, _ := n.Groups()
+		for g, addrs := range groups {
+			out = append(out, fmt.Sprintf("nft group %s of %d", g, len(addrs)))
+		}
+		_ = n.Close()
 	}
 	disks, _ := os.ReadDir(filepath.Join(opts.StateDir, "disks"))
 	for _, e := range disks {

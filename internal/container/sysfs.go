@@ -112,6 +112,11 @@ func (b *Backend) Close() error {
 	if b.pool != nil {
 		b.pool.close()
 	}
+	if b.net != nil {
+		// Drops the nftables table only when no sandbox has rules in it.
+		_ = b.net.RemoveUnused()
+		_ = b.net.Close()
+	}
 	if err := unix.Unmount(b.sysfsDir(), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 		return fmt.Errorf("unmount shared sysfs: %w", err)
 	}

@@ -2,17 +2,21 @@ package container
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/netpolicy"
 )
 
 var _ backend.Updater = (*sandbox)(nil)
 
-// Update changes the sandbox's cgroup limits, all or none
-// (cgroups.Group.SetLimits restores what it wrote when a write fails).
-func (s *sandbox) Update(ctx context.Context, u backend.Update) error {
+// Update changes the sandbox's network policy and cgroup limits, all or
+// none: the policy first (cgroups.Group.SetLimits restores what it wrote
+// when a write fails, and the old policy is put back then).
+func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 	select {
 	case <-s.exited.Done():
 		return errdefs.Conflictf("sandbox %s is not running", s.id)
@@ -20,6 +24,19 @@ func (s *sandbox) Update(ctx context.Context, u backend.Update) error {
 	}
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if u.Network != nil {
+		undo, err := s.setNetwork(*u.Network)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if retErr != nil {
+				if err := undo(); err != nil {
+					retErr = errors.Join(retErr, fmt.Errorf("restore network policy: %w", err))
+				}
+			}
+		}()
 	}
 	if err := s.grp.SetLimits(cgroups.Limits{CPUMillis: u.CPUMillis, MemoryBytes: u.MemoryBytes, PidsMax: u.PidsMax}); err != nil {
 		return err
@@ -63,4 +80,85 @@ func (s *sandbox) replaceCPUs(millis int64) error {
 		srcs = []string{online, cpuinfo}
 	}
 	return rebind(s.st.Pid, []string{"/" + cpuOnlinePath, "/" + cpuinfoPath}, srcs)
+}
+
+// setNetwork moves the sandbox to policy p and returns what moves it
+// back. Between two modes with an interface only the rules change (one
+// nftables transaction); to none the interface goes (its sockets lose
+// their route), and from none one is made in the running sandbox's
+// namespace as at create.
+func (s *sandbox) setNetwork(p netpolicy.Policy) (undo func() error, err error) {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
+	old := s.st.Net
+	// A group is fixed at create: an update naming none keeps it.
+	cur := ""
+	if old != nil {
+		cur = old.Policy.Group
+	}
+	if p.Group == "" {
+		p.Group = cur
+	}
+	if p.Group != cur {
+		return nil, errdefs.Invalidf("network.group: sandbox %s's group is fixed at create", s.id)
+	}
+	switch {
+	case old == nil && p.IsNone():
+		return func() error { return nil }, nil
+	case old == nil:
+		a, err := s.b.net.Attach(s.id, s.st.Pid, p)
+		if err != nil {
+			return nil, err
+		}
+		s.st.Net = &a
+		return func() error { return s.detachNetwork() }, nil
+	case p.IsNone():
+		// Its connections would lose their route and hang: abort them.
+		if err := s.b.net.Cut(s.st.Pid, *old, p); err != nil {
+			return nil, err
+		}
+		if err := s.b.net.Detach(s.id, *old); err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "sandbox "+s.id+": remove network")
+		}
+		s.st.Net = nil
+		return func() error { return s.restoreNetwork(old.Policy) }, nil
+	default:
+		if err := s.b.net.SetPolicy(s.id, s.st.Pid, *old, p); err != nil {
+			return nil, err
+		}
+		prev := old.Policy
+		s.st.Net = &netpolicy.Attachment{Index: old.Index, Policy: p}
+		return func() error { return s.restoreNetwork(prev) }, nil
+	}
+}
+
+func (s *sandbox) restoreNetwork(p netpolicy.Policy) error {
+	_, err := s.setNetwork(p)
+	return err
+}
+
+func (s *sandbox) detachNetwork() error {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
+	if s.st.Net == nil {
+		return nil
+	}
+	if err := s.b.net.Detach(s.id, *s.st.Net); err != nil {
+		return err
+	}
+	s.st.Net = nil
+	return nil
+}
+
+var _ backend.Networked = (*sandbox)(nil)
+
+// NetworkAddress is the sandbox's address on the node's sandbox subnet,
+// "" in mode none.
+func (s *sandbox) NetworkAddress() string {
+	a := s.network()
+	if a == nil {
+		return ""
+	}
+	_, addr := s.b.net.Addrs(a.Index)
+	return addr.String()
 }

@@ -69,6 +69,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		KeepEtc:         req.GetKeepEtc(),
 		AllowSetuid:     req.GetAllowSetuid(),
 		Rlimits:         rlimitProtos(p.rlimits),
+		Network:         networkProto(p.network),
 	}
 	imageWorkdir := false
 	s := &sandbox{
@@ -186,6 +187,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Workdir:     p.workdir,
 		Etc:         etcFilesOf(info),
 		Rlimits:     p.rlimits,
+		Network:     p.network,
 		AllowSetuid: info.AllowSetuid,
 	})
 	if err != nil {
@@ -214,6 +216,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	}
 	s.mu.Lock()
 	s.sb, s.fs, s.backendState, s.release = sb, fs, sb.State(), release
+	info.NetworkAddress = networkAddress(sb)
 	expires := time.Now().Add(p.timeout)
 	info.ExpiresAtUnixMs = expires.UnixMilli()
 	// The record says RUNNING; the sandbox is RUNNING once it is written.

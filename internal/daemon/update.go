@@ -22,7 +22,7 @@ type updateParams struct {
 }
 
 func (u *updateParams) hasLimits() bool {
-	return u.limits.CPUMillis != nil || u.limits.MemoryBytes != nil || u.limits.PidsMax != nil
+	return u.limits.CPUMillis != nil || u.limits.MemoryBytes != nil || u.limits.PidsMax != nil || u.limits.Network != nil
 }
 
 func (m *Manager) validateUpdate(req *warrenv1.UpdateSandboxRequest) (updateParams, error) {
@@ -47,6 +47,13 @@ func (m *Manager) validateUpdate(req *warrenv1.UpdateSandboxRequest) (updatePara
 			return u, err
 		}
 		u.limits.PidsMax = proto.Int64(cmpOr(req.GetPidsMax(), m.cfg.DefaultPids))
+	}
+	if req.Network != nil {
+		p, err := networkPolicy("network", req.GetNetwork())
+		if err != nil {
+			return u, err
+		}
+		u.limits.Network = &p
 	}
 	if req.TimeoutSeconds != nil {
 		d, err := m.lifetime(req.GetTimeoutSeconds())
@@ -108,6 +115,17 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 		return nil, err
 	}
 	old := proto.Clone(s.info.GetResources()).(*warrenv1.Resources)
+	oldNet, err := networkPolicy("network", s.info.GetNetwork())
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	if n := u.limits.Network; n != nil && n.Group == "" {
+		// The group is fixed at create: a policy naming none keeps it.
+		merged := *n
+		merged.Group = oldNet.Group
+		u.limits.Network = &merged
+	}
 	sb, backendName := s.sb, s.backendName
 	s.updating = true
 	s.mu.Unlock()
@@ -121,7 +139,7 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 	if u.hasLimits() {
 		var ok bool
 		if up, ok = sb.(backend.Updater); !ok {
-			return nil, errdefs.Unsupportedf("backend %s cannot change the limits of a running sandbox", backendName)
+			return nil, errdefs.Unsupportedf("backend %s cannot change the limits or network of a running sandbox", backendName)
 		}
 		if err := up.Update(ctx, u.limits); err != nil {
 			return nil, m.explain(opUpdate, s, err, "update sandbox "+s.id)
@@ -143,6 +161,14 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 	setIf(&res.MemoryBytes, u.limits.MemoryBytes)
 	setIf(&res.PidsMax, u.limits.PidsMax)
 	s.info.Resources, s.info.Labels = res, labels
+	prevState := s.backendState
+	if u.limits.Network != nil {
+		s.info.Network = networkProto(*u.limits.Network)
+		s.info.NetworkAddress = networkAddress(sb)
+		// The backend's state says which interface and rules to adopt
+		// and remove after a restart.
+		s.backendState = sb.State()
+	}
 	var expires time.Time
 	if u.timeout != nil {
 		expires = time.Now().Add(*u.timeout)
@@ -150,6 +176,7 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 	}
 	if err := m.persist(s); err != nil {
 		s.info.Resources, s.info.Labels, s.info.ExpiresAtUnixMs = prevInfo.Resources, prevInfo.Labels, prevInfo.ExpiresAtUnixMs
+		s.info.Network, s.info.NetworkAddress, s.backendState = prevInfo.Network, prevInfo.NetworkAddress, prevState
 		s.mu.Unlock()
 		if up != nil {
 			back := backend.Update{}
@@ -161,6 +188,9 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 			}
 			if u.limits.PidsMax != nil {
 				back.PidsMax = proto.Int64(old.GetPidsMax())
+			}
+			if u.limits.Network != nil {
+				back.Network = &oldNet
 			}
 			if rerr := up.Update(context.WithoutCancel(ctx), back); rerr != nil {
 				m.log.Error("restore limits after a failed update", "sandbox", s.id, "err", rerr)

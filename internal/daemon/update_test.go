@@ -156,6 +156,8 @@ func TestUpdateRejectedChangesNothing(t *testing.T) {
 		"set and remove":   {SetLabels: map[string]string{"b": "2"}, RemoveLabels: []string{"b"}, CpuMillis: proto.Int64(1000)},
 		"too many labels":  {SetLabels: many, CpuMillis: proto.Int64(1000)},
 		"empty label key":  {SetLabels: map[string]string{"": "x"}},
+		"bad network mode": {Network: &warrenv1.NetworkPolicy{Mode: "closed"}, CpuMillis: proto.Int64(1000)},
+		"bad network cidr": {Network: &warrenv1.NetworkPolicy{Mode: "allowlist", Allow: []*warrenv1.NetworkRule{{Cidr: "10.0.0.0/40"}}}},
 	} {
 		req.Id = "firm"
 		_, err := e.m.UpdateSandbox(ctx, req)
@@ -176,10 +178,14 @@ func TestUpdateRejectedChangesNothing(t *testing.T) {
 		st, err := e.m.sandboxStats("firm")
 		return err == nil && st.MemoryBytes > 96<<20
 	})
+	// The network goes first and is taken back too: no interface is left.
 	_, err := e.m.UpdateSandbox(ctx, &warrenv1.UpdateSandboxRequest{Id: "firm", CpuMillis: proto.Int64(2000), PidsMax: proto.Int64(50),
-		MemoryBytes: proto.Int64(32 << 20), SetLabels: map[string]string{"b": "2"}})
+		MemoryBytes: proto.Int64(32 << 20), SetLabels: map[string]string{"b": "2"}, Network: &warrenv1.NetworkPolicy{Mode: "open"}})
 	wantCat(t, err, errdefs.Invalid, "cannot give back")
 	unchanged("memory below use")
+	if res := e.sh("firm", "cat /proc/net/dev"); strings.Contains(string(res.GetStdout()), "eth0") {
+		t.Fatalf("refused update left the sandbox a network:\n%s", res.GetStdout())
+	}
 	if res := e.sh("firm", "echo alive"); string(res.GetStdout()) != "alive\n" {
 		t.Fatalf("sandbox after refused update: %q", res.GetStdout())
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/rlimit"
 )
 
@@ -72,6 +73,7 @@ type createParams struct {
 	labels             map[string]string
 	layers             []string // named layers (or digests), bottom first
 	rlimits            []rlimit.Limit
+	network            netpolicy.Policy
 }
 
 func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, error) {
@@ -160,6 +162,9 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 		return p, err
 	}
 	if p.rlimits, err = rlimitsOf(req.GetRlimits()); err != nil {
+		return p, err
+	}
+	if p.network, err = networkPolicy("network", req.GetNetwork()); err != nil {
 		return p, err
 	}
 	return p, nil

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +27,7 @@ import (
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/mountinfo"
+	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -58,6 +60,11 @@ type env struct {
 
 	// baseline is what the node held before the first sandbox.
 	baseline []resource
+
+	// subnet is the daemon's sandbox subnet (its own: envs run at once),
+	// and net reads what of its networking is on the node.
+	subnet netip.Prefix
+	net    *netpolicy.Node
 }
 
 type envOptions struct {
@@ -109,6 +116,10 @@ func newEnv(t *testing.T, o envOptions) *env {
 		files:    o.inherit,
 		environ:  o.environ,
 	}
+	e.subnet = netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 150+os.Getpid()%50, envSeq.Load()%256))
+	if e.net, err = netpolicy.New(netpolicy.Options{Name: e.parent, Subnet: e.subnet}); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(e.forceClean) // runs last
 	if o.beforeStart != nil {
 		o.beforeStart(e)
@@ -146,7 +157,7 @@ func (e *env) start() {
 	}
 	args := append([]string{"serve",
 		"--state-dir", e.stateDir, "--run-dir", e.runDir, "--socket", e.sock,
-		"--cgroup-parent", e.parent, "--log-level", "debug"}, e.extra...)
+		"--cgroup-parent", e.parent, "--log-level", "debug", "--network-subnet", e.subnet.String()}, e.extra...)
 	logf, err := os.OpenFile(e.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		e.t.Fatal(err)
@@ -373,6 +384,9 @@ func (e *env) forceClean() {
 			_ = os.Remove(dirs[i])
 		}
 	}
+	_ = e.net.Sweep(map[string]bool{})
+	_ = e.net.RemoveUnused()
+	_ = e.net.Close()
 	_ = os.RemoveAll(e.root)
 }
 
@@ -445,6 +459,30 @@ func (e *env) resources() []resource {
 	}
 	for ns, id := range netns {
 		out = append(out, resource{"netns", id, ns})
+	}
+	// Sandboxes' networks: the host ends of their veths (named for the
+	// sandbox by their alias) and their nftables chains; the daemon's
+	// table itself once it stopped (it removes it when no sandbox is
+	// left with rules).
+	links, ids, err := e.net.Leftovers()
+	if err != nil {
+		e.t.Errorf("list network leftovers: %v", err)
+	}
+	for name, id := range links {
+		out = append(out, resource{"veth", id, name})
+	}
+	for _, id := range ids {
+		out = append(out, resource{"nft", id, "chains of " + id})
+	}
+	groups, err := e.net.Groups()
+	if err != nil {
+		e.t.Errorf("list network groups: %v", err)
+	}
+	for g, addrs := range groups {
+		out = append(out, resource{"nft", "", fmt.Sprintf("group %s of %d", g, len(addrs))})
+	}
+	if !running && e.net.HasTable() {
+		out = append(out, resource{"nft", "", "table " + e.net.Table()})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
 	return out

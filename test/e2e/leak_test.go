@@ -47,10 +47,13 @@ func TestLeakAfterDelete(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	ctx := ctxFor(t, 2*time.Minute)
 	ids := []string{"d1", "d2", "d3"}
+	// A network gives a sandbox a veth and nftables chains on the node.
+	nets := map[string]*warrenv1.NetworkPolicy{"d1": {Mode: "open"},
+		"d2": {Mode: "allowlist", Allow: []*warrenv1.NetworkRule{{Cidr: "198.18.0.0/15"}}}}
 	for _, id := range ids {
 		// A disk limit gives each sandbox a mount on the host (its root is
 		// mounted only inside its own mount namespace).
-		e.create(&warrenv1.CreateRequest{Id: id, Resources: &warrenv1.Resources{MemoryBytes: 128 << 20, PidsMax: 100, CpuMillis: 1000, DiskBytes: 64 << 20}})
+		e.create(&warrenv1.CreateRequest{Id: id, Resources: &warrenv1.Resources{MemoryBytes: 128 << 20, PidsMax: 100, CpuMillis: 1000, DiskBytes: 64 << 20}, Network: nets[id]})
 		busy(t, e, id)
 	}
 	if n := e.netnsCount(); n != len(ids) {
@@ -61,7 +64,11 @@ func TestLeakAfterDelete(t *testing.T) {
 		for _, r := range e.resourcesOf(id) {
 			kinds[r.kind] = true
 		}
-		for _, k := range []string{"mount", "dir", "cgroup", "process", "netns"} {
+		want := []string{"mount", "dir", "cgroup", "process", "netns"}
+		if nets[id] != nil {
+			want = append(want, "veth", "nft")
+		}
+		for _, k := range want {
 			if !kinds[k] {
 				t.Errorf("sandbox %s holds no %s: the leak check would not see it", id, k)
 			}
@@ -197,8 +204,9 @@ func TestLeakInitKilled(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOptions{})
 	ctx := ctxFor(t, 2*time.Minute)
-	e.create(&warrenv1.CreateRequest{Id: "victim"})
-	e.create(&warrenv1.CreateRequest{Id: "bystander"})
+	// The victim's network (veth, nftables chains) goes with it too.
+	e.create(&warrenv1.CreateRequest{Id: "victim", Network: &warrenv1.NetworkPolicy{Mode: "open"}})
+	e.create(&warrenv1.CreateRequest{Id: "bystander", Network: &warrenv1.NetworkPolicy{Mode: "open"}})
 	busy(t, e, "victim")
 	p, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "victim", Argv: []string{"sleep", "300"}})
 	if err != nil {
@@ -277,7 +285,8 @@ func TestDaemonKill9Restart(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOptions{})
 	ctx := ctxFor(t, 2*time.Minute)
-	e.create(&warrenv1.CreateRequest{Id: "keep", TimeoutSeconds: 600, Labels: map[string]string{"k": "v"}, Env: map[string]string{"E": "env"}})
+	e.create(&warrenv1.CreateRequest{Id: "keep", TimeoutSeconds: 600, Labels: map[string]string{"k": "v"}, Env: map[string]string{"E": "env"},
+		Network: &warrenv1.NetworkPolicy{Mode: "allowlist", Allow: []*warrenv1.NetworkRule{{Cidr: "198.18.0.0/15"}}}})
 	if err := e.c.WriteFile(ctx, &warrenv1.WriteFileRequest{SandboxId: "keep", Path: "/work/api.txt", Content: []byte("via api"), MakeParents: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +306,7 @@ func TestDaemonKill9Restart(t *testing.T) {
 	if err := e.waitProcs("keep", func(n int) bool { return n >= 5 }, 10*time.Second); err != nil {
 		t.Errorf("before the kill: %v", err)
 	}
-	brief := e.create(&warrenv1.CreateRequest{Id: "brief", TimeoutSeconds: 4})
+	brief := e.create(&warrenv1.CreateRequest{Id: "brief", TimeoutSeconds: 4, Network: &warrenv1.NetworkPolicy{Mode: "open"}})
 
 	e.kill9()
 	// The sandboxes run on without a daemon.
@@ -314,8 +323,12 @@ func TestDaemonKill9Restart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sb.State != stateRunning || sb.Labels["k"] != "v" || sb.ExpiresAtUnixMs == 0 {
+	if sb.State != stateRunning || sb.Labels["k"] != "v" || sb.ExpiresAtUnixMs == 0 || sb.GetNetwork().GetMode() != "allowlist" || sb.NetworkAddress == "" {
 		t.Errorf("adopted sandbox: %v", sb)
+	}
+	// The adopted sandbox's network is the restarted daemon's to change.
+	if _, err := e.c.Update(ctx, "keep", client.SandboxUpdate{Network: &warrenv1.NetworkPolicy{Mode: "open"}}); err != nil {
+		t.Errorf("update the network of an adopted sandbox: %v", err)
 	}
 	if got := e.shOK("keep", "cat /work/api.txt; echo; cat /work/exec.txt; md5sum -c /work/rand.md5 >/dev/null && echo intact; echo $E"); got != "via api\nvia exec\nintact\nenv\n" {
 		t.Errorf("files after restart: %q", got)
@@ -389,8 +402,11 @@ func TestDeathWhileDaemonDown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOptions{})
 	ctx := ctxFor(t, 2*time.Minute)
-	e.create(&warrenv1.CreateRequest{Id: "gone"})
-	e.create(&warrenv1.CreateRequest{Id: "alive"})
+	// Networks: the killed sandbox's veth dies with its namespace, but
+	// its nftables chains are the next daemon's to remove.
+	open := &warrenv1.NetworkPolicy{Mode: "open"}
+	e.create(&warrenv1.CreateRequest{Id: "gone", Network: open})
+	e.create(&warrenv1.CreateRequest{Id: "alive", Network: open})
 	busy(t, e, "gone")
 	e.shOK("alive", "echo a > /a")
 
@@ -432,7 +448,7 @@ func TestDeathWhileDaemonDown(t *testing.T) {
 	}
 	// A sandbox whose lifetime passes while no daemon runs is deleted by
 	// the next one.
-	e.create(&warrenv1.CreateRequest{Id: "lapsed", TimeoutSeconds: 1})
+	e.create(&warrenv1.CreateRequest{Id: "lapsed", TimeoutSeconds: 1, Network: open})
 	e.kill9()
 	time.Sleep(1500 * time.Millisecond)
 	e.start()

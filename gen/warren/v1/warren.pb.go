@@ -216,6 +216,8 @@ type CreateRequest struct {
 	// agent) keeps the daemon's nofile, cpu, as, data and stack limits, so
 	// that what is meant for programs cannot starve the agent serving them.
 	Rlimits []*Rlimit `protobuf:"bytes,13,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
+	// The sandbox's network (unset: mode "none", loopback only).
+	Network *NetworkPolicy `protobuf:"bytes,14,opt,name=network,proto3" json:"network,omitempty"`
 	// Let setuid and setgid binaries and file capabilities work in the
 	// sandbox (sudo, su, ping run by a non-root user of the image): its
 	// processes run without no_new_privs. The seccomp filter, the
@@ -346,11 +348,157 @@ func (x *CreateRequest) GetRlimits() []*Rlimit {
 	return nil
 }
 
+func (x *CreateRequest) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
 func (x *CreateRequest) GetAllowSetuid() bool {
 	if x != nil {
 		return x.AllowSetuid
 	}
 	return false
+}
+
+// NetworkPolicy is what a sandbox may reach over the network. Modes:
+//
+//	"none" (or ""): loopback only; no interface is made.
+//	"open": an interface with an address of the node's sandbox subnet,
+//	  NAT out through the node.
+//	"allowlist": that interface, but only to the destinations in allow.
+//
+// In every mode the node's own addresses (the daemon's API and anything
+// else listening on the node), link-local and metadata addresses
+// (169.254.0.0/16, fd00:ec2::254) and other sandboxes are unreachable,
+// and nothing outside may open a connection into the sandbox, except
+// within a group.
+type NetworkPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Mode  string                 `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	Allow []*NetworkRule         `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"` // only with mode "allowlist"
+	// Sandboxes of one group on this node ([a-z0-9][a-z0-9_.-]{0,62}) reach
+	// each other on every port, whatever their mode; nothing else reaches
+	// them. A member in mode "none" gets an interface that reaches its
+	// group only. Fixed at create: an update that leaves it empty keeps it.
+	Group         string `protobuf:"bytes,3,opt,name=group,proto3" json:"group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkPolicy) Reset() {
+	*x = NetworkPolicy{}
+	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkPolicy) ProtoMessage() {}
+
+func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
+func (*NetworkPolicy) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NetworkPolicy) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *NetworkPolicy) GetAllow() []*NetworkRule {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *NetworkPolicy) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+// NetworkRule allows one destination: an IPv4 CIDR ("10.1.2.0/24", or an
+// address alone for /32), optionally one port (1-65535; unset = every
+// port) and protocol ("tcp", "udp"; "" = both).
+type NetworkRule struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cidr          string                 `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
+	Port          *uint32                `protobuf:"varint,2,opt,name=port,proto3,oneof" json:"port,omitempty"`
+	Protocol      string                 `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkRule) Reset() {
+	*x = NetworkRule{}
+	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkRule) ProtoMessage() {}
+
+func (x *NetworkRule) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
+func (*NetworkRule) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *NetworkRule) GetCidr() string {
+	if x != nil {
+		return x.Cidr
+	}
+	return ""
+}
+
+func (x *NetworkRule) GetPort() uint32 {
+	if x != nil && x.Port != nil {
+		return *x.Port
+	}
+	return 0
+}
+
+func (x *NetworkRule) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
 }
 
 // Rlimit is one resource limit. Names: cpu (seconds), fsize, data, stack,
@@ -368,7 +516,7 @@ type Rlimit struct {
 
 func (x *Rlimit) Reset() {
 	*x = Rlimit{}
-	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	mi := &file_warren_v1_warren_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +528,7 @@ func (x *Rlimit) String() string {
 func (*Rlimit) ProtoMessage() {}
 
 func (x *Rlimit) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	mi := &file_warren_v1_warren_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +541,7 @@ func (x *Rlimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
 func (*Rlimit) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Rlimit) GetName() string {
@@ -438,15 +586,18 @@ type Sandbox struct {
 	// them, in the kernel's order (CreateRequest.rlimits). Empty for
 	// sandboxes created by daemons before they were set: those inherited
 	// the daemon's own.
-	Rlimits       []*Rlimit `protobuf:"bytes,16,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
-	AllowSetuid   bool      `protobuf:"varint,19,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"` // CreateRequest.allow_setuid
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Rlimits []*Rlimit      `protobuf:"bytes,16,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
+	Network *NetworkPolicy `protobuf:"bytes,17,opt,name=network,proto3" json:"network,omitempty"` // unset for mode "none"
+	// The sandbox's address on the node's sandbox subnet ("" in mode "none").
+	NetworkAddress string `protobuf:"bytes,18,opt,name=network_address,json=networkAddress,proto3" json:"network_address,omitempty"`
+	AllowSetuid    bool   `protobuf:"varint,19,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"` // CreateRequest.allow_setuid
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	mi := &file_warren_v1_warren_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -458,7 +609,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	mi := &file_warren_v1_warren_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -471,7 +622,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Sandbox) GetId() string {
@@ -586,6 +737,20 @@ func (x *Sandbox) GetRlimits() []*Rlimit {
 	return nil
 }
 
+func (x *Sandbox) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+func (x *Sandbox) GetNetworkAddress() string {
+	if x != nil {
+		return x.NetworkAddress
+	}
+	return ""
+}
+
 func (x *Sandbox) GetAllowSetuid() bool {
 	if x != nil {
 		return x.AllowSetuid
@@ -602,7 +767,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[4]
+	mi := &file_warren_v1_warren_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -614,7 +779,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[4]
+	mi := &file_warren_v1_warren_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -627,7 +792,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{4}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetRequest) GetId() string {
@@ -646,7 +811,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[5]
+	mi := &file_warren_v1_warren_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +823,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[5]
+	mi := &file_warren_v1_warren_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +836,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{5}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -690,7 +855,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[6]
+	mi := &file_warren_v1_warren_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -702,7 +867,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[6]
+	mi := &file_warren_v1_warren_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -715,7 +880,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{6}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -734,7 +899,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[7]
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +911,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[7]
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +924,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{7}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -777,7 +942,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[8]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +954,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[8]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +967,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{8}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
 }
 
 type ExtendTimeoutRequest struct {
@@ -815,7 +980,7 @@ type ExtendTimeoutRequest struct {
 
 func (x *ExtendTimeoutRequest) Reset() {
 	*x = ExtendTimeoutRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +992,7 @@ func (x *ExtendTimeoutRequest) String() string {
 func (*ExtendTimeoutRequest) ProtoMessage() {}
 
 func (x *ExtendTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +1005,7 @@ func (x *ExtendTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*ExtendTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExtendTimeoutRequest) GetId() string {
@@ -871,13 +1036,16 @@ type UpdateSandboxRequest struct {
 	TimeoutSeconds *int64                 `protobuf:"varint,5,opt,name=timeout_seconds,json=timeoutSeconds,proto3,oneof" json:"timeout_seconds,omitempty"` // new deadline = now + timeout_seconds (0 = node default)
 	SetLabels      map[string]string      `protobuf:"bytes,6,rep,name=set_labels,json=setLabels,proto3" json:"set_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	RemoveLabels   []string               `protobuf:"bytes,7,rep,name=remove_labels,json=removeLabels,proto3" json:"remove_labels,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// A new network policy, applied at once: new connections follow it and
+	// established ones it forbids are cut. Unset: unchanged.
+	Network       *NetworkPolicy `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UpdateSandboxRequest) Reset() {
 	*x = UpdateSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +1057,7 @@ func (x *UpdateSandboxRequest) String() string {
 func (*UpdateSandboxRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +1070,7 @@ func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpdateSandboxRequest) GetId() string {
@@ -954,6 +1122,13 @@ func (x *UpdateSandboxRequest) GetRemoveLabels() []string {
 	return nil
 }
 
+func (x *UpdateSandboxRequest) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
 type ExecRequest struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId        string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -982,7 +1157,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1169,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1182,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1121,7 +1296,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1308,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1321,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecResult) GetStdout() []byte {
@@ -1248,7 +1423,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1435,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1448,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -1359,7 +1534,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1546,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1559,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -1423,7 +1598,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1610,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1623,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ProcessInfo) GetSandboxId() string {
@@ -1530,7 +1705,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +1717,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +1730,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1574,7 +1749,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1586,7 +1761,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1599,7 +1774,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1620,7 +1795,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +1807,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +1820,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WaitProcessRequest) GetSandboxId() string {
@@ -1681,7 +1856,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +1868,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +1881,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -1745,7 +1920,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1757,7 +1932,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1770,7 +1945,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
 }
 
 type WriteStdinRequest struct {
@@ -1785,7 +1960,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1797,7 +1972,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1810,7 +1985,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -1849,7 +2024,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1861,7 +2036,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1874,7 +2049,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
 }
 
 type AttachProcessRequest struct {
@@ -1892,7 +2067,7 @@ type AttachProcessRequest struct {
 
 func (x *AttachProcessRequest) Reset() {
 	*x = AttachProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1904,7 +2079,7 @@ func (x *AttachProcessRequest) String() string {
 func (*AttachProcessRequest) ProtoMessage() {}
 
 func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1917,7 +2092,7 @@ func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProcessRequest.ProtoReflect.Descriptor instead.
 func (*AttachProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AttachProcessRequest) GetSandboxId() string {
@@ -1958,7 +2133,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2145,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1983,7 +2158,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *OutputChunk) GetOffset() int64 {
@@ -2014,7 +2189,7 @@ type ProcessEvent struct {
 
 func (x *ProcessEvent) Reset() {
 	*x = ProcessEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2026,7 +2201,7 @@ func (x *ProcessEvent) String() string {
 func (*ProcessEvent) ProtoMessage() {}
 
 func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2039,7 +2214,7 @@ func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessEvent.ProtoReflect.Descriptor instead.
 func (*ProcessEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ProcessEvent) GetEvent() isProcessEvent_Event {
@@ -2110,7 +2285,7 @@ type ResizeProcessRequest struct {
 
 func (x *ResizeProcessRequest) Reset() {
 	*x = ResizeProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2122,7 +2297,7 @@ func (x *ResizeProcessRequest) String() string {
 func (*ResizeProcessRequest) ProtoMessage() {}
 
 func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2135,7 +2310,7 @@ func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessRequest.ProtoReflect.Descriptor instead.
 func (*ResizeProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResizeProcessRequest) GetSandboxId() string {
@@ -2174,7 +2349,7 @@ type ResizeProcessResponse struct {
 
 func (x *ResizeProcessResponse) Reset() {
 	*x = ResizeProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2186,7 +2361,7 @@ func (x *ResizeProcessResponse) String() string {
 func (*ResizeProcessResponse) ProtoMessage() {}
 
 func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2199,7 +2374,7 @@ func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessResponse.ProtoReflect.Descriptor instead.
 func (*ResizeProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
 }
 
 type WriteFileRequest struct {
@@ -2216,7 +2391,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2403,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2416,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -2294,7 +2469,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2306,7 +2481,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2319,7 +2494,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
 }
 
 type ReadFileRequest struct {
@@ -2334,7 +2509,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2346,7 +2521,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2359,7 +2534,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2401,7 +2576,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2413,7 +2588,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2426,7 +2601,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReadFileResponse) GetContent() []byte {
@@ -2467,7 +2642,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2654,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,7 +2667,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2575,7 +2750,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2587,7 +2762,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2600,7 +2775,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListFilesRequest) GetSandboxId() string {
@@ -2641,7 +2816,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2653,7 +2828,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2666,7 +2841,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -2693,7 +2868,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2705,7 +2880,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2718,7 +2893,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StatFileRequest) GetSandboxId() string {
@@ -2747,7 +2922,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2759,7 +2934,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2772,7 +2947,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -2811,7 +2986,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2823,7 +2998,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2836,7 +3011,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
 }
 
 type RemoveFileRequest struct {
@@ -2850,7 +3025,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2862,7 +3037,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2875,7 +3050,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RemoveFileRequest) GetSandboxId() string {
@@ -2907,7 +3082,7 @@ type RemoveFileResponse struct {
 
 func (x *RemoveFileResponse) Reset() {
 	*x = RemoveFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2919,7 +3094,7 @@ func (x *RemoveFileResponse) String() string {
 func (*RemoveFileResponse) ProtoMessage() {}
 
 func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2932,7 +3107,7 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
 }
 
 type Image struct {
@@ -2959,7 +3134,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2971,7 +3146,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2984,7 +3159,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Image) GetName() string {
@@ -3086,7 +3261,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3098,7 +3273,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3111,7 +3286,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
 }
 
 type ListImagesResponse struct {
@@ -3123,7 +3298,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3135,7 +3310,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3148,7 +3323,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -3167,7 +3342,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3179,7 +3354,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3192,7 +3367,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetImageRequest) GetName() string {
@@ -3212,7 +3387,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3224,7 +3399,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3237,7 +3412,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ImportImageRequest) GetName() string {
@@ -3263,7 +3438,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3275,7 +3450,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3288,7 +3463,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -3306,7 +3481,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3318,7 +3493,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3331,7 +3506,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
 }
 
 type PullImageRequest struct {
@@ -3345,7 +3520,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3357,7 +3532,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3370,7 +3545,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -3417,7 +3592,7 @@ type PullImageEvent struct {
 
 func (x *PullImageEvent) Reset() {
 	*x = PullImageEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3429,7 +3604,7 @@ func (x *PullImageEvent) String() string {
 func (*PullImageEvent) ProtoMessage() {}
 
 func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3442,7 +3617,7 @@ func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageEvent.ProtoReflect.Descriptor instead.
 func (*PullImageEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PullImageEvent) GetPhase() string {
@@ -3529,7 +3704,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3541,7 +3716,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3554,7 +3729,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Layer) GetName() string {
@@ -3630,7 +3805,7 @@ type BuildLayerRequest struct {
 
 func (x *BuildLayerRequest) Reset() {
 	*x = BuildLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3642,7 +3817,7 @@ func (x *BuildLayerRequest) String() string {
 func (*BuildLayerRequest) ProtoMessage() {}
 
 func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3655,7 +3830,7 @@ func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildLayerRequest.ProtoReflect.Descriptor instead.
 func (*BuildLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *BuildLayerRequest) GetName() string {
@@ -3680,7 +3855,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3692,7 +3867,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3705,7 +3880,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
 }
 
 type ListLayersResponse struct {
@@ -3717,7 +3892,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3729,7 +3904,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3742,7 +3917,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -3761,7 +3936,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3773,7 +3948,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3786,7 +3961,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RemoveLayerRequest) GetName() string {
@@ -3804,7 +3979,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3816,7 +3991,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3829,7 +4004,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
 }
 
 // CommitSandbox treats what the sandbox wrote as untrusted: setuid and
@@ -3846,7 +4021,7 @@ type CommitSandboxRequest struct {
 
 func (x *CommitSandboxRequest) Reset() {
 	*x = CommitSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3858,7 +4033,7 @@ func (x *CommitSandboxRequest) String() string {
 func (*CommitSandboxRequest) ProtoMessage() {}
 
 func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3871,7 +4046,7 @@ func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CommitSandboxRequest) GetSandboxId() string {
@@ -3904,7 +4079,7 @@ type ImageStatsRequest struct {
 
 func (x *ImageStatsRequest) Reset() {
 	*x = ImageStatsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3916,7 +4091,7 @@ func (x *ImageStatsRequest) String() string {
 func (*ImageStatsRequest) ProtoMessage() {}
 
 func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3929,7 +4104,7 @@ func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsRequest.ProtoReflect.Descriptor instead.
 func (*ImageStatsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ImageStatsRequest) GetNames() []string {
@@ -3964,7 +4139,7 @@ type LayerStat struct {
 
 func (x *LayerStat) Reset() {
 	*x = LayerStat{}
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3976,7 +4151,7 @@ func (x *LayerStat) String() string {
 func (*LayerStat) ProtoMessage() {}
 
 func (x *LayerStat) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3989,7 +4164,7 @@ func (x *LayerStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStat.ProtoReflect.Descriptor instead.
 func (*LayerStat) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *LayerStat) GetDigest() string {
@@ -4092,7 +4267,7 @@ type ImageStatsResponse struct {
 
 func (x *ImageStatsResponse) Reset() {
 	*x = ImageStatsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4104,7 +4279,7 @@ func (x *ImageStatsResponse) String() string {
 func (*ImageStatsResponse) ProtoMessage() {}
 
 func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4117,7 +4292,7 @@ func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsResponse.ProtoReflect.Descriptor instead.
 func (*ImageStatsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ImageStatsResponse) GetLayers() []*LayerStat {
@@ -4136,7 +4311,7 @@ type VerifyImageRequest struct {
 
 func (x *VerifyImageRequest) Reset() {
 	*x = VerifyImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4148,7 +4323,7 @@ func (x *VerifyImageRequest) String() string {
 func (*VerifyImageRequest) ProtoMessage() {}
 
 func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4161,7 +4336,7 @@ func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageRequest.ProtoReflect.Descriptor instead.
 func (*VerifyImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *VerifyImageRequest) GetNames() []string {
@@ -4183,7 +4358,7 @@ type LayerVerification struct {
 
 func (x *LayerVerification) Reset() {
 	*x = LayerVerification{}
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4195,7 +4370,7 @@ func (x *LayerVerification) String() string {
 func (*LayerVerification) ProtoMessage() {}
 
 func (x *LayerVerification) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4208,7 +4383,7 @@ func (x *LayerVerification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerVerification.ProtoReflect.Descriptor instead.
 func (*LayerVerification) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *LayerVerification) GetDigest() string {
@@ -4248,7 +4423,7 @@ type VerifyImageResponse struct {
 
 func (x *VerifyImageResponse) Reset() {
 	*x = VerifyImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4260,7 +4435,7 @@ func (x *VerifyImageResponse) String() string {
 func (*VerifyImageResponse) ProtoMessage() {}
 
 func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4273,7 +4448,7 @@ func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageResponse.ProtoReflect.Descriptor instead.
 func (*VerifyImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *VerifyImageResponse) GetLayers() []*LayerVerification {
@@ -4291,7 +4466,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4303,7 +4478,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4316,7 +4491,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{64}
 }
 
 type VersionResponse struct {
@@ -4331,7 +4506,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[63]
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4343,7 +4518,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[63]
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4356,7 +4531,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -4398,7 +4573,7 @@ type ListSandboxEventsRequest struct {
 
 func (x *ListSandboxEventsRequest) Reset() {
 	*x = ListSandboxEventsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[64]
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4410,7 +4585,7 @@ func (x *ListSandboxEventsRequest) String() string {
 func (*ListSandboxEventsRequest) ProtoMessage() {}
 
 func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[64]
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4423,7 +4598,7 @@ func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{64}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListSandboxEventsRequest) GetSandboxId() string {
@@ -4460,7 +4635,7 @@ type ListSandboxEventsResponse struct {
 
 func (x *ListSandboxEventsResponse) Reset() {
 	*x = ListSandboxEventsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[65]
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4472,7 +4647,7 @@ func (x *ListSandboxEventsResponse) String() string {
 func (*ListSandboxEventsResponse) ProtoMessage() {}
 
 func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[65]
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4485,7 +4660,7 @@ func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{65}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListSandboxEventsResponse) GetEvents() []*SecurityEvent {
@@ -4530,7 +4705,7 @@ type SecurityEvent struct {
 
 func (x *SecurityEvent) Reset() {
 	*x = SecurityEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4542,7 +4717,7 @@ func (x *SecurityEvent) String() string {
 func (*SecurityEvent) ProtoMessage() {}
 
 func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4555,7 +4730,7 @@ func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityEvent.ProtoReflect.Descriptor instead.
 func (*SecurityEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{66}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *SecurityEvent) GetSeq() uint64 {
@@ -4618,7 +4793,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xdf\x04\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\x93\x05\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4633,18 +4808,28 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	" \x03(\tR\x06layers\x12\x12\n" +
 	"\x04user\x18\v \x01(\tR\x04user\x12\x19\n" +
 	"\bkeep_etc\x18\f \x01(\bR\akeepEtc\x12+\n" +
-	"\arlimits\x18\r \x03(\v2\x11.warren.v1.RlimitR\arlimits\x12!\n" +
+	"\arlimits\x18\r \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
+	"\anetwork\x18\x0e \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12!\n" +
 	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"D\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"g\n" +
+	"\rNetworkPolicy\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12,\n" +
+	"\x05allow\x18\x02 \x03(\v2\x16.warren.v1.NetworkRuleR\x05allow\x12\x14\n" +
+	"\x05group\x18\x03 \x01(\tR\x05group\"_\n" +
+	"\vNetworkRule\x12\x12\n" +
+	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x17\n" +
+	"\x04port\x18\x02 \x01(\rH\x00R\x04port\x88\x01\x01\x12\x1a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocolB\a\n" +
+	"\x05_port\"D\n" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xce\x05\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xab\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4663,7 +4848,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06layers\x18\r \x03(\tR\x06layers\x12\x12\n" +
 	"\x04user\x18\x0e \x01(\tR\x04user\x12\x19\n" +
 	"\bkeep_etc\x18\x0f \x01(\bR\akeepEtc\x12+\n" +
-	"\arlimits\x18\x10 \x03(\v2\x11.warren.v1.RlimitR\arlimits\x12!\n" +
+	"\arlimits\x18\x10 \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
+	"\anetwork\x18\x11 \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12'\n" +
+	"\x0fnetwork_address\x18\x12 \x01(\tR\x0enetworkAddress\x12!\n" +
 	"\fallow_setuid\x18\x13 \x01(\bR\vallowSetuid\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -4686,7 +4873,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0eDeleteResponse\"O\n" +
 	"\x14ExtendTimeoutRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
-	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\xb3\x03\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\xe7\x03\n" +
 	"\x14UpdateSandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
 	"\n" +
@@ -4696,7 +4883,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0ftimeout_seconds\x18\x05 \x01(\x03H\x03R\x0etimeoutSeconds\x88\x01\x01\x12M\n" +
 	"\n" +
 	"set_labels\x18\x06 \x03(\v2..warren.v1.UpdateSandboxRequest.SetLabelsEntryR\tsetLabels\x12#\n" +
-	"\rremove_labels\x18\a \x03(\tR\fremoveLabels\x1a<\n" +
+	"\rremove_labels\x18\a \x03(\tR\fremoveLabels\x122\n" +
+	"\anetwork\x18\b \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x1a<\n" +
 	"\x0eSetLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
@@ -5070,185 +5258,191 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(*Resources)(nil),                 // 1: warren.v1.Resources
 	(*CreateRequest)(nil),             // 2: warren.v1.CreateRequest
-	(*Rlimit)(nil),                    // 3: warren.v1.Rlimit
-	(*Sandbox)(nil),                   // 4: warren.v1.Sandbox
-	(*GetRequest)(nil),                // 5: warren.v1.GetRequest
-	(*ListRequest)(nil),               // 6: warren.v1.ListRequest
-	(*ListResponse)(nil),              // 7: warren.v1.ListResponse
-	(*DeleteRequest)(nil),             // 8: warren.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 9: warren.v1.DeleteResponse
-	(*ExtendTimeoutRequest)(nil),      // 10: warren.v1.ExtendTimeoutRequest
-	(*UpdateSandboxRequest)(nil),      // 11: warren.v1.UpdateSandboxRequest
-	(*ExecRequest)(nil),               // 12: warren.v1.ExecRequest
-	(*ExecResult)(nil),                // 13: warren.v1.ExecResult
-	(*ExecEvent)(nil),                 // 14: warren.v1.ExecEvent
-	(*ExecStarted)(nil),               // 15: warren.v1.ExecStarted
-	(*ProcessInfo)(nil),               // 16: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),      // 17: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),     // 18: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),        // 19: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),      // 20: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),     // 21: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),         // 22: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),        // 23: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),      // 24: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),               // 25: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),              // 26: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),      // 27: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil),     // 28: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),          // 29: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 30: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),           // 31: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 32: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),                  // 33: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),          // 34: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),         // 35: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),           // 36: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),            // 37: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 38: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),         // 39: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),        // 40: warren.v1.RemoveFileResponse
-	(*Image)(nil),                     // 41: warren.v1.Image
-	(*ListImagesRequest)(nil),         // 42: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),        // 43: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),           // 44: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),        // 45: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),        // 46: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),       // 47: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),          // 48: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),            // 49: warren.v1.PullImageEvent
-	(*Layer)(nil),                     // 50: warren.v1.Layer
-	(*BuildLayerRequest)(nil),         // 51: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),         // 52: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),        // 53: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),        // 54: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),       // 55: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),      // 56: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),         // 57: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),                 // 58: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),        // 59: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),        // 60: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),         // 61: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),       // 62: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),            // 63: warren.v1.VersionRequest
-	(*VersionResponse)(nil),           // 64: warren.v1.VersionResponse
-	(*ListSandboxEventsRequest)(nil),  // 65: warren.v1.ListSandboxEventsRequest
-	(*ListSandboxEventsResponse)(nil), // 66: warren.v1.ListSandboxEventsResponse
-	(*SecurityEvent)(nil),             // 67: warren.v1.SecurityEvent
-	nil,                               // 68: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 69: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 70: warren.v1.Sandbox.EnvEntry
-	nil,                               // 71: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 72: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 73: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 74: warren.v1.ExecRequest.EnvEntry
+	(*NetworkPolicy)(nil),             // 3: warren.v1.NetworkPolicy
+	(*NetworkRule)(nil),               // 4: warren.v1.NetworkRule
+	(*Rlimit)(nil),                    // 5: warren.v1.Rlimit
+	(*Sandbox)(nil),                   // 6: warren.v1.Sandbox
+	(*GetRequest)(nil),                // 7: warren.v1.GetRequest
+	(*ListRequest)(nil),               // 8: warren.v1.ListRequest
+	(*ListResponse)(nil),              // 9: warren.v1.ListResponse
+	(*DeleteRequest)(nil),             // 10: warren.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 11: warren.v1.DeleteResponse
+	(*ExtendTimeoutRequest)(nil),      // 12: warren.v1.ExtendTimeoutRequest
+	(*UpdateSandboxRequest)(nil),      // 13: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),               // 14: warren.v1.ExecRequest
+	(*ExecResult)(nil),                // 15: warren.v1.ExecResult
+	(*ExecEvent)(nil),                 // 16: warren.v1.ExecEvent
+	(*ExecStarted)(nil),               // 17: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),               // 18: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),      // 19: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),     // 20: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),        // 21: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),      // 22: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),     // 23: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),         // 24: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 25: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),      // 26: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),               // 27: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),              // 28: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),      // 29: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil),     // 30: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),          // 31: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 32: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),           // 33: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 34: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),                  // 35: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),          // 36: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 37: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),           // 38: warren.v1.StatFileRequest
+	(*MakeDirRequest)(nil),            // 39: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 40: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),         // 41: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),        // 42: warren.v1.RemoveFileResponse
+	(*Image)(nil),                     // 43: warren.v1.Image
+	(*ListImagesRequest)(nil),         // 44: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),        // 45: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),           // 46: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),        // 47: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),        // 48: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),       // 49: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),          // 50: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),            // 51: warren.v1.PullImageEvent
+	(*Layer)(nil),                     // 52: warren.v1.Layer
+	(*BuildLayerRequest)(nil),         // 53: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),         // 54: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),        // 55: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),        // 56: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),       // 57: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),      // 58: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),         // 59: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),                 // 60: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),        // 61: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),        // 62: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),         // 63: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),       // 64: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),            // 65: warren.v1.VersionRequest
+	(*VersionResponse)(nil),           // 66: warren.v1.VersionResponse
+	(*ListSandboxEventsRequest)(nil),  // 67: warren.v1.ListSandboxEventsRequest
+	(*ListSandboxEventsResponse)(nil), // 68: warren.v1.ListSandboxEventsResponse
+	(*SecurityEvent)(nil),             // 69: warren.v1.SecurityEvent
+	nil,                               // 70: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 71: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 72: warren.v1.Sandbox.EnvEntry
+	nil,                               // 73: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 74: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 75: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 76: warren.v1.ExecRequest.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	68, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	69, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
-	3,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
-	0,  // 4: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
-	1,  // 5: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	70, // 6: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	71, // 7: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	3,  // 8: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
-	72, // 9: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
-	4,  // 10: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	73, // 11: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	74, // 12: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	13, // 13: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	15, // 14: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
-	13, // 15: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	16, // 16: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	25, // 17: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
-	25, // 18: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
-	13, // 19: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
-	33, // 20: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	41, // 21: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	41, // 22: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	50, // 23: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	58, // 24: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	61, // 25: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	67, // 26: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
-	2,  // 27: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	5,  // 28: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	6,  // 29: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	8,  // 30: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	10, // 31: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	11, // 32: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	12, // 33: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	12, // 34: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	12, // 35: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	17, // 36: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	19, // 37: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	20, // 38: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	22, // 39: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	24, // 40: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	27, // 41: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	29, // 42: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	31, // 43: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	34, // 44: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	36, // 45: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	37, // 46: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	39, // 47: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	56, // 48: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	65, // 49: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	42, // 50: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	44, // 51: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	45, // 52: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	46, // 53: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	48, // 54: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	51, // 55: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	52, // 56: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	54, // 57: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	57, // 58: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	60, // 59: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	63, // 60: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	4,  // 61: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	4,  // 62: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	7,  // 63: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	9,  // 64: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	4,  // 65: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	4,  // 66: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	13, // 67: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	14, // 68: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	16, // 69: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	18, // 70: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	13, // 71: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	21, // 72: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	23, // 73: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	26, // 74: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	28, // 75: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	30, // 76: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	32, // 77: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	35, // 78: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	33, // 79: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	38, // 80: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	40, // 81: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	50, // 82: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	66, // 83: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	43, // 84: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	41, // 85: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	41, // 86: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	47, // 87: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	49, // 88: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	50, // 89: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	53, // 90: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	55, // 91: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	59, // 92: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	62, // 93: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	64, // 94: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	61, // [61:95] is the sub-list for method output_type
-	27, // [27:61] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	70, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	71, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	5,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
+	3,  // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
+	4,  // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
+	0,  // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
+	1,  // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
+	72, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	73, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	5,  // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
+	3,  // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
+	74, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	6,  // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
+	75, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	3,  // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
+	76, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	15, // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
+	17, // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
+	15, // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	18, // 20: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	27, // 21: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
+	27, // 22: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
+	15, // 23: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
+	35, // 24: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	43, // 25: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	43, // 26: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	52, // 27: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	60, // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	63, // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	69, // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	2,  // 31: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	7,  // 32: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	8,  // 33: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	10, // 34: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	12, // 35: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	13, // 36: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	14, // 37: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	14, // 38: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	14, // 39: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	19, // 40: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	21, // 41: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	22, // 42: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	24, // 43: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	26, // 44: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	29, // 45: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	31, // 46: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	33, // 47: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	36, // 48: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	38, // 49: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	39, // 50: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	41, // 51: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	58, // 52: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	67, // 53: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	44, // 54: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	46, // 55: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	47, // 56: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	48, // 57: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	50, // 58: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	53, // 59: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	54, // 60: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	56, // 61: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	59, // 62: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	62, // 63: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	65, // 64: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	6,  // 65: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	6,  // 66: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	9,  // 67: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	11, // 68: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	6,  // 69: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	6,  // 70: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	15, // 71: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	16, // 72: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	18, // 73: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	20, // 74: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	15, // 75: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	23, // 76: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	25, // 77: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	28, // 78: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	30, // 79: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	32, // 80: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	34, // 81: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	37, // 82: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	35, // 83: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	40, // 84: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	42, // 85: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	52, // 86: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	68, // 87: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	45, // 88: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	43, // 89: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	43, // 90: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	49, // 91: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	51, // 92: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	52, // 93: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	55, // 94: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	57, // 95: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	61, // 96: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	64, // 97: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	66, // 98: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	65, // [65:99] is the sub-list for method output_type
+	31, // [31:65] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -5256,14 +5450,15 @@ func file_warren_v1_warren_proto_init() {
 	if File_warren_v1_warren_proto != nil {
 		return
 	}
-	file_warren_v1_warren_proto_msgTypes[10].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[13].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[3].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[12].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[15].OneofWrappers = []any{
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
 		(*ExecEvent_Result)(nil),
 		(*ExecEvent_Started)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[25].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[27].OneofWrappers = []any{
 		(*ProcessEvent_Stdout)(nil),
 		(*ProcessEvent_Stderr)(nil),
 		(*ProcessEvent_Exit)(nil),
@@ -5274,7 +5469,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   74,
+			NumMessages:   76,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -22,6 +22,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/netpolicy"
 )
 
 // Harness adapts a backend to the suite.
@@ -502,6 +503,10 @@ func Run(t *testing.T, h Harness) {
 		checkNoLeaks(t, h, base)
 	})
 
+	t.Run("NetworkLeaks", func(t *testing.T) {
+		networkLeaks(t, b, h)
+	})
+
 	t.Run("ConcurrentCreate", func(t *testing.T) {
 		base := h.Resources(t)
 		var wg sync.WaitGroup
@@ -596,4 +601,90 @@ func backgroundAcrossAdopt(t *testing.T, sb backend.Sandbox, b2 backend.Backend)
 	if err != nil || o.Exit == nil || o.Exit.Signal != syscall.SIGKILL {
 		t.Fatalf("exit: %+v %v", o, err)
 	}
+}
+
+// interfaces lists a sandbox's network interfaces as it sees them.
+func interfaces(t *testing.T, sb backend.Sandbox) []string {
+	t.Helper()
+	return strings.Fields(sh(t, sb, "awk -F: 'NR>2 {print $1}' /proc/net/dev").Stdout)
+}
+
+// networkLeaks: a sandbox has lo alone by default and an interface with
+// a network; its network (interfaces, rules: whatever Resources lists)
+// is gone after Destroy, after its init was killed, after an adopting
+// backend destroyed it, after a sweep, and after Update took it away.
+func networkLeaks(t *testing.T, b backend.Backend, h Harness) {
+	base := h.Resources(t)
+	open := netpolicy.Policy{Mode: netpolicy.Open}
+	plain := create(t, b, h, nil)
+	if got := interfaces(t, plain); len(got) != 1 || got[0] != "lo" {
+		t.Fatalf("default sandbox: interfaces %v, want lo alone", got)
+	}
+	_ = plain.Destroy(context.Background())
+
+	withNet := func() backend.Sandbox {
+		sb := create(t, b, h, func(s *backend.Spec) { s.Network = open })
+		if got := interfaces(t, sb); len(got) != 2 {
+			t.Fatalf("sandbox with a network: interfaces %v", got)
+		}
+		return sb
+	}
+	sb := withNet()
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, h, base)
+
+	sb = withNet()
+	h.Kill(t, sb)
+	select {
+	case <-sb.Exited().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Exited not canceled after init was killed")
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, h, base)
+
+	sb = withNet()
+	sb2, err := h.New(t).Adopt(context.Background(), sb.ID(), sb.State())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := interfaces(t, sb2); len(got) != 2 {
+		t.Fatalf("adopted sandbox: interfaces %v", got)
+	}
+	if err := sb2.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t, h, base)
+
+	orphan := withNet()
+	if err := h.New(t).Sweep(context.Background(), map[string]bool{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-orphan.Exited().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("orphan still running after sweep")
+	}
+	_ = orphan.Destroy(context.Background())
+	checkNoLeaks(t, h, base)
+
+	sb = withNet()
+	if up, ok := sb.(backend.Updater); ok {
+		allow := netpolicy.Policy{Mode: netpolicy.Allowlist}
+		none := netpolicy.Policy{Mode: netpolicy.None}
+		for _, p := range []netpolicy.Policy{allow, none, open, none} {
+			if err := up.Update(context.Background(), backend.Update{Network: &p}); err != nil {
+				t.Fatalf("update to %v: %v", p, err)
+			}
+		}
+		if got := interfaces(t, sb); len(got) != 1 {
+			t.Fatalf("after an update to none: interfaces %v", got)
+		}
+	}
+	_ = sb.Destroy(context.Background())
+	checkNoLeaks(t, h, base)
 }

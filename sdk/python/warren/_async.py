@@ -62,12 +62,14 @@ from ._types import (
     ProcessInfo,
     PullEvent,
     Resources,
+    NetworkArg,
     Rlimit,
     RlimitsArg,
     SandboxInfo,
     SecurityEvent,
     SandboxState,
     VersionInfo,
+    _network_json,
     _rlimit_list,
 )
 from .batch import BatchResult, Outcome, gather_bounded, map_bounded
@@ -387,6 +389,7 @@ class AsyncWarren:
         keep_etc: bool = False,
         allow_setuid: bool = False,
         rlimits: Optional[RlimitsArg] = None,
+        network: Optional[NetworkArg] = None,
         call_timeout: Optional[float] = None,
     ) -> "_StartContext[AsyncSandbox]":
         """Create a sandbox. Await it for an :class:`AsyncSandbox`, or use it
@@ -435,8 +438,15 @@ class AsyncWarren:
                 layer shadows the same path below, and whiteouts hide it.
                 A stored layer digest ``"sha256:<hex>"`` works too. The
                 image and layers together hold at most 40 layers.
+            network: what the sandbox may reach: a :class:`NetworkPolicy` or
+                ``"none"`` (loopback only, the default), ``"open"`` (NAT out
+                through the node) or ``"allow:CIDR[:PORT][/tcp|/udp],..."``.
+                No mode reaches the node's own services, metadata addresses
+                or other sandboxes. A bad policy is :class:`InvalidError`
+                naming the field.
             call_timeout: client deadline of this call (default ``create_timeout``).
         """
+        net = _network_json(network)
         if resources is not None and (cpu_millis or memory_bytes or pids_max or disk_bytes):
             raise ValueError("give either resources or cpu_millis/memory_bytes/pids_max/disk_bytes, not both")
         res = resources or Resources(
@@ -463,6 +473,7 @@ class AsyncWarren:
                 keep_etc=keep_etc,
                 allow_setuid=allow_setuid,
                 rlimits=limits,
+                network=net,
                 call_timeout=call_timeout if call_timeout is not None else self.create_timeout,
             )
 
@@ -485,6 +496,7 @@ class AsyncWarren:
         keep_etc: bool,
         allow_setuid: bool,
         rlimits: Sequence[Rlimit],
+        network: Optional[Dict[str, Any]],
         call_timeout: float,
     ) -> "AsyncSandbox":
         if not image:
@@ -522,6 +534,8 @@ class AsyncWarren:
             body["allowSetuid"] = True
         if rlimits:
             body["rlimits"] = [r._to_json() for r in rlimits]
+        if network is not None:
+            body["network"] = network
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + call_timeout
@@ -677,6 +691,7 @@ class AsyncWarren:
         timeout_seconds: Optional[float] = None,
         set_labels: Optional[Mapping[str, str]] = None,
         remove_labels: Optional[Sequence[str]] = None,
+        network: Optional[NetworkArg] = None,
         timeout: Optional[float] = None,
     ) -> SandboxInfo:
         """Change running sandbox ``id``, all or nothing, and return it as it
@@ -685,7 +700,10 @@ class AsyncWarren:
         ``memory_bytes``/``pids_max`` 0 = node default); ``timeout_seconds``
         sets the lifetime to end that long from now (0 = node default);
         ``set_labels`` adds or overwrites labels, ``remove_labels`` deletes
-        them (absent ones are ignored; a key in both is invalid).
+        them (absent ones are ignored; a key in both is invalid);
+        ``network`` replaces the network policy (as in :meth:`create`): new
+        connections follow it at once and established TCP connections it
+        forbids are aborted.
 
         Raises :class:`ConflictError` naming the state when the sandbox is
         not RUNNING, and :class:`InvalidError` when the node cannot honour
@@ -701,6 +719,9 @@ class AsyncWarren:
             body["setLabels"] = dict(set_labels)
         if remove_labels:
             body["removeLabels"] = list(remove_labels)
+        net = _network_json(network)
+        if net is not None:
+            body["network"] = net
         d = await self._rpc(_SBX + "UpdateSandbox", body, timeout=timeout, idempotent=True)
         return SandboxInfo._from_json(d)
 
@@ -1199,10 +1220,11 @@ class AsyncSandbox:
         timeout_seconds: Optional[float] = None,
         set_labels: Optional[Mapping[str, str]] = None,
         remove_labels: Optional[Sequence[str]] = None,
+        network: Optional[NetworkArg] = None,
         timeout: Optional[float] = None,
     ) -> SandboxInfo:
-        """Change the running sandbox's limits, lifetime or labels, all or
-        nothing (see :meth:`AsyncWarren.update_sandbox`)."""
+        """Change the running sandbox's limits, lifetime, labels or network,
+        all or nothing (see :meth:`AsyncWarren.update_sandbox`)."""
         self.info = await self.client.update_sandbox(
             self.id,
             cpu_millis=cpu_millis,
@@ -1211,6 +1233,7 @@ class AsyncSandbox:
             timeout_seconds=timeout_seconds,
             set_labels=set_labels,
             remove_labels=remove_labels,
+            network=network,
             timeout=timeout,
         )
         return self.info

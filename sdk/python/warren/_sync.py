@@ -64,6 +64,7 @@ from ._types import (
     ProcessInfo,
     PullEvent,
     Resources,
+    NetworkArg,
     RlimitsArg,
     SandboxInfo,
     SecurityEvent,
@@ -253,6 +254,7 @@ class Warren:
         keep_etc: bool = False,
         allow_setuid: bool = False,
         rlimits: Optional[RlimitsArg] = None,
+        network: Optional[NetworkArg] = None,
         call_timeout: Optional[float] = None,
     ) -> "Sandbox":
         """Create a sandbox (see :meth:`AsyncWarren.create`). Use the result in
@@ -276,6 +278,7 @@ class Warren:
             keep_etc=keep_etc,
             allow_setuid=allow_setuid,
             rlimits=rlimits,
+            network=network,
             call_timeout=call_timeout,
         )
         return Sandbox(self, self._run(_await(ctx)))
@@ -310,6 +313,7 @@ class Warren:
         timeout_seconds: Optional[float] = None,
         set_labels: Optional[Mapping[str, str]] = None,
         remove_labels: Optional[Sequence[str]] = None,
+        network: Optional[NetworkArg] = None,
         timeout: Optional[float] = None,
     ) -> SandboxInfo:
         """See :meth:`AsyncWarren.update_sandbox` (all or nothing)."""
@@ -322,6 +326,7 @@ class Warren:
                 timeout_seconds=timeout_seconds,
                 set_labels=set_labels,
                 remove_labels=remove_labels,
+                network=network,
                 timeout=timeout,
             )
         )
@@ -520,6 +525,7 @@ class Sandbox:
         timeout_seconds: Optional[float] = None,
         set_labels: Optional[Mapping[str, str]] = None,
         remove_labels: Optional[Sequence[str]] = None,
+        network: Optional[NetworkArg] = None,
         timeout: Optional[float] = None,
     ) -> SandboxInfo:
         """See :meth:`AsyncSandbox.update` (all or nothing)."""
@@ -531,6 +537,7 @@ class Sandbox:
                 timeout_seconds=timeout_seconds,
                 set_labels=set_labels,
                 remove_labels=remove_labels,
+                network=network,
                 timeout=timeout,
             )
         )

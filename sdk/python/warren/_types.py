@@ -176,6 +176,105 @@ def _rlimit_list(rlimits: Optional[RlimitsArg]) -> List[Rlimit]:
 
 
 @dataclass(frozen=True)
+class NetworkRule:
+    """One destination an ``allowlist`` policy allows: an IPv4 CIDR (or an
+    address alone), optionally one port (1-65535; None = every port) and
+    protocol (``"tcp"``, ``"udp"``; ``""`` = both)."""
+
+    cidr: str
+    port: Optional[int] = None
+    protocol: str = ""
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "NetworkRule":
+        port = d.get("port")
+        return cls(cidr=d.get("cidr", ""), port=None if port is None else int(port), protocol=d.get("protocol", ""))
+
+    def _to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"cidr": self.cidr}
+        if self.port is not None:
+            out["port"] = int(self.port)
+        if self.protocol:
+            out["protocol"] = self.protocol
+        return out
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """What a sandbox may reach. ``mode``: ``"none"`` (loopback only, the
+    default), ``"open"`` (NAT out through the node) or ``"allowlist"``
+    (only the destinations in ``allow``). In every mode the node's own
+    services, link-local and metadata addresses and other sandboxes stay
+    out of reach. :meth:`parse` reads the CLI's spelling."""
+
+    mode: str = "none"
+    allow: Tuple[NetworkRule, ...] = ()
+    #: a group of sandboxes on the node that reach each other (every port)
+    #: whatever their mode, and that nothing else reaches; fixed at create
+    group: str = ""
+
+    @classmethod
+    def parse(cls, s: str) -> "NetworkPolicy":
+        """``"none"``, ``"open"`` or ``"allow:CIDR[:PORT][/tcp|/udp],..."``
+        (as ``warren sandbox create --network``); the daemon validates."""
+        if s in ("none", "open", "allowlist"):
+            return cls(mode=s)
+        if not s.startswith("allow:"):
+            raise ValueError(f"network {s!r}: want none, open or allow:CIDR[:PORT][/PROTO],...")
+        rules = []
+        for item in s[len("allow:"):].split(","):
+            if not item:
+                continue
+            proto = ""
+            head, slash, tail = item.rpartition("/")
+            if slash and tail and not tail[0].isdigit():
+                item, proto = head, tail
+            cidr, colon, port = item.partition(":")
+            rules.append(NetworkRule(cidr=cidr, port=int(port) if colon else None, protocol=proto))
+        return cls(mode="allowlist", allow=tuple(rules))
+
+    def __str__(self) -> str:
+        if self.mode in ("", "none", "open"):
+            return self.mode or "none"
+        parts = []
+        for r in self.allow:
+            p = r.cidr + (f":{r.port}" if r.port is not None else "") + (f"/{r.protocol}" if r.protocol else "")
+            parts.append(p)
+        return "allow:" + ",".join(parts)
+
+    @classmethod
+    def _from_json(cls, d: Optional[Mapping[str, Any]]) -> "NetworkPolicy":
+        if not d:
+            return cls()
+        return cls(
+            mode=d.get("mode") or "none",
+            allow=tuple(NetworkRule._from_json(r) for r in d.get("allow") or ()),
+            group=d.get("group", ""),
+        )
+
+    def _to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"mode": self.mode}
+        if self.allow:
+            out["allow"] = [r._to_json() for r in self.allow]
+        if self.group:
+            out["group"] = self.group
+        return out
+
+
+#: What ``create(network=...)`` and ``update(network=...)`` take: a
+#: :class:`NetworkPolicy` or its CLI spelling (``"open"``, ``"allow:10.0.0.0/8:443/tcp"``).
+NetworkArg = Union[NetworkPolicy, str]
+
+
+def _network_json(network: Optional[NetworkArg]) -> Optional[Dict[str, Any]]:
+    if network is None:
+        return None
+    if isinstance(network, str):
+        network = NetworkPolicy.parse(network)
+    return network._to_json()
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     """A sandbox as the daemon describes it."""
 
@@ -203,6 +302,10 @@ class SandboxInfo:
     #: them, in the kernel's order (the defaults, or ``create(rlimits=...)``);
     #: empty for sandboxes of daemons before rlimits existed
     rlimits: Tuple[Rlimit, ...] = ()
+    #: what the sandbox may reach (mode ``"none"`` when not given at create)
+    network: NetworkPolicy = field(default_factory=NetworkPolicy)
+    #: its address on the node's sandbox subnet ("" in mode none)
+    network_address: str = ""
 
     def rlimit(self, name: str) -> Optional[Rlimit]:
         """The sandbox's limit of ``name`` (``"nofile"``), or None."""
@@ -245,6 +348,8 @@ class SandboxInfo:
             keep_etc=bool(d.get("keepEtc", False)),
             allow_setuid=bool(d.get("allowSetuid", False)),
             rlimits=tuple(Rlimit._from_json(x) for x in d.get("rlimits") or ()),
+            network=NetworkPolicy._from_json(d.get("network")),
+            network_address=d.get("networkAddress", ""),
         )
 
 

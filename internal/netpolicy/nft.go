@@ -1,0 +1,688 @@
+package netpolicy
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// firewall is the daemon's nftables table (family inet):
+//
+//	chain input    (hook input)   iifname "<prefix>*" reject
+//	chain forward  (hook forward) iifname "<prefix>*" jump egress
+//	                              oifname "<prefix>*" jump ingress
+//	chain egress   ip saddr @g-<group> ip daddr @g-<group> accept (one per group)
+//	               other sandboxes, IPv6, 169.254.0.0/16: reject;
+//	               iifname vmap @out; reject
+//	chain ingress  oifname vmap @in; drop
+//	chain postrouting (nat)       ip saddr <subnet> oifname != "<prefix>*" masquerade
+//	map out, in    ifname : verdict (jump sb-<id>-out / sb-<id>-in)
+//	chain sb-<id>-out  the sandbox's policy on what it sends, every packet
+//	chain sb-<id>-in   the same on what it receives (replies only)
+//	set g-<group>  the addresses of a group's members
+//
+// Only sandboxes' own traffic (by the daemon's interface name prefix)
+// enters the table's rules; every base chain's policy is accept, so the
+// node's other traffic is left to whatever else filters it. A sandbox's
+// state is two chains and two map elements, keyed by its id (chains)
+// and interface (elements): what Sweep finds without any other record.
+type firewall struct {
+	table  *nftables.Table
+	prefix string // of the host ends' interface names
+	subnet netip.Prefix
+
+	mu    sync.Mutex // one batch at a time on conn
+	conn  *nftables.Conn
+	ready bool // base chains written by this process
+}
+
+const groupPrefix = "g-"
+
+func groupSet(group string) string { return groupPrefix + group }
+
+func (f *firewall) ipSet(name string) *nftables.Set {
+	return &nftables.Set{Table: f.table, Name: name, KeyType: nftables.TypeIPAddr}
+}
+
+// groupRule lets members of set name reach each other: ip saddr @name ip
+// daddr @name accept.
+func groupRule(set *nftables.Set) []expr.Any {
+	lookup := func(off uint32) []expr.Any {
+		return []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 4},
+			&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
+		}
+	}
+	out := []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}}}
+	out = append(out, lookup(12)...)
+	out = append(out, lookup(16)...)
+	return append(out, &expr.Verdict{Kind: expr.VerdictAccept})
+}
+
+const (
+	mapOut = "out"
+	mapIn  = "in"
+)
+
+func chainOut(id string) string { return "sb-" + id + "-out" }
+func chainIn(id string) string  { return "sb-" + id + "-in" }
+
+// idOfChain is the sandbox id of a per-sandbox chain name.
+func idOfChain(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, "sb-")
+	if !ok {
+		return "", false
+	}
+	if id, ok := strings.CutSuffix(rest, "-out"); ok {
+		return id, true
+	}
+	if id, ok := strings.CutSuffix(rest, "-in"); ok {
+		return id, true
+	}
+	return "", false
+}
+
+func newFirewall(table, prefix string, subnet netip.Prefix) *firewall {
+	return &firewall{table: &nftables.Table{Family: nftables.TableFamilyINet, Name: table}, prefix: prefix, subnet: subnet}
+}
+
+func (f *firewall) connLocked() (*nftables.Conn, error) {
+	if f.conn == nil {
+		c, err := nftables.New(nftables.AsLasting())
+		if err != nil {
+			return nil, fmt.Errorf("nftables: %w", err)
+		}
+		f.conn = c
+	}
+	return f.conn, nil
+}
+
+func (f *firewall) chain(name string) *nftables.Chain {
+	return &nftables.Chain{Table: f.table, Name: name}
+}
+
+func (f *firewall) verdictMap(name string) *nftables.Set {
+	return &nftables.Set{Table: f.table, Name: name, IsMap: true, KeyType: nftables.TypeIFName, DataType: nftables.TypeVerdict}
+}
+
+// ensureLocked writes the table, its maps and base chains (once per
+// process: a restarted daemon rewrites the base chains in one
+// transaction, keeping the sandboxes' chains and map elements).
+func (f *firewall) ensureLocked() (*nftables.Conn, error) {
+	c, err := f.connLocked()
+	if err != nil {
+		return nil, err
+	}
+	if f.ready {
+		return c, nil
+	}
+	if err := enableForwarding(); err != nil {
+		return nil, err
+	}
+	c.AddTable(f.table)
+	accept := nftables.ChainPolicyAccept
+	base := []*nftables.Chain{
+		{Table: f.table, Name: "input", Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept},
+		{Table: f.table, Name: "forward", Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept},
+		{Table: f.table, Name: "postrouting", Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept},
+		{Table: f.table, Name: "egress"},
+		{Table: f.table, Name: "ingress"},
+	}
+	for _, ch := range base {
+		c.AddChain(ch)
+		c.FlushChain(ch)
+	}
+	sets, _ := c.GetSets(f.table) // none when the table is new
+	for _, name := range []string{mapOut, mapIn} {
+		if !hasSet(sets, name) {
+			if err := c.AddSet(f.verdictMap(name), nil); err != nil {
+				return nil, fmt.Errorf("nftables map %s: %w", name, err)
+			}
+		}
+	}
+	add := func(chain string, exprs ...expr.Any) {
+		c.AddRule(&nftables.Rule{Table: f.table, Chain: f.chain(chain), Exprs: exprs})
+	}
+	reject := func(chain string, match ...expr.Any) {
+		for _, r := range rejectRules(match) {
+			add(chain, r...)
+		}
+	}
+	// Groups first: members reach each other before anything below
+	// rejects sandbox-to-sandbox traffic.
+	for _, set := range sets {
+		if strings.HasPrefix(set.Name, groupPrefix) {
+			add("egress", groupRule(set)...)
+		}
+	}
+	in, out := ifnamePrefix(expr.MetaKeyIIFNAME, f.prefix, true), ifnamePrefix(expr.MetaKeyOIFNAME, f.prefix, true)
+	// Nothing from a sandbox is for the node: not its API, not anything
+	// listening on any of its addresses.
+	reject("input", in...)
+	add("forward", append(in, jump("egress"))...)
+	add("forward", append(out, jump("ingress"))...)
+	// Never another sandbox, whatever its policy.
+	reject("egress", out...)
+	// Sandboxes have IPv4 only; fd00:ec2::254 and any other IPv6
+	// destination stay out of reach.
+	add("egress", &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}}, &expr.Verdict{Kind: expr.VerdictDrop})
+	reject("egress", ipMatch(false, netip.MustParsePrefix("169.254.0.0/16"))...)
+	add("egress", vmap(expr.MetaKeyIIFNAME, mapOut)...)
+	reject("egress")
+	add("ingress", vmap(expr.MetaKeyOIFNAME, mapIn)...)
+	add("ingress", &expr.Verdict{Kind: expr.VerdictDrop})
+	add("postrouting", append(append(ipMatch(true, f.subnet), ifnamePrefix(expr.MetaKeyOIFNAME, f.prefix, false)...), &expr.Masq{})...)
+	if err := c.Flush(); err != nil {
+		return nil, fmt.Errorf("nftables table %s: %w", f.table.Name, err)
+	}
+	f.ready = true
+	return c, nil
+}
+
+func hasSet(sets []*nftables.Set, name string) bool {
+	for _, s := range sets {
+		if s.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// add writes sandbox id's chains with policy p and maps its interface
+// to them, in one transaction. A table someone removed since this
+// process wrote it is written again, once.
+func (f *firewall) add(id, ifname string, p Policy, addr netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	wasReady := f.ready
+	err := f.addLocked(id, ifname, p, addr)
+	if err != nil && wasReady {
+		err = f.addLocked(id, ifname, p, addr)
+	}
+	return err
+}
+
+func (f *firewall) addLocked(id, ifname string, p Policy, addr netip.Addr) error {
+	c, err := f.ensureLocked()
+	if err != nil {
+		return err
+	}
+	if p.Group != "" {
+		set, err := c.GetSetByName(f.table, groupSet(p.Group))
+		if err != nil {
+			// The group's first member: its set, and its rule at the
+			// head of egress.
+			set = f.ipSet(groupSet(p.Group))
+			if err := c.AddSet(set, nil); err != nil {
+				return err
+			}
+			c.InsertRule(&nftables.Rule{Table: f.table, Chain: f.chain("egress"), Exprs: groupRule(set)})
+		}
+		a4 := addr.As4()
+		if err := c.SetAddElements(set, []nftables.SetElement{{Key: a4[:]}}); err != nil {
+			return err
+		}
+	}
+	o, i := c.AddChain(f.chain(chainOut(id))), c.AddChain(f.chain(chainIn(id)))
+	f.policyRulesLocked(c, o, i, p)
+	key := ifnameKey(ifname)
+	if err := c.SetAddElements(f.verdictMap(mapOut), []nftables.SetElement{{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: o.Name}}}); err != nil {
+		return err
+	}
+	if err := c.SetAddElements(f.verdictMap(mapIn), []nftables.SetElement{{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: i.Name}}}); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		f.ready = false // the table may have been removed under us: rewrite it next time
+		return fmt.Errorf("nftables rules of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// set replaces sandbox id's rules with policy p in one transaction: the
+// kernel switches from the old rules to the new between two packets.
+func (f *firewall) set(id string, p Policy) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, err := f.ensureLocked()
+	if err != nil {
+		return err
+	}
+	o, i := f.chain(chainOut(id)), f.chain(chainIn(id))
+	c.FlushChain(o)
+	c.FlushChain(i)
+	f.policyRulesLocked(c, o, i, p)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables rules of sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// policyRulesLocked queues the rules of p into the (empty) chains o and i.
+func (f *firewall) policyRulesLocked(c *nftables.Conn, o, i *nftables.Chain, p Policy) {
+	add := func(ch *nftables.Chain, exprs ...expr.Any) {
+		c.AddRule(&nftables.Rule{Table: f.table, Chain: ch, Exprs: exprs})
+	}
+	established := []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+			Xor:  binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+	}
+	accept := &expr.Verdict{Kind: expr.VerdictAccept}
+	switch p.Mode {
+	case Open:
+		add(o, accept)
+		add(i, append(established, accept)...)
+	case Allowlist:
+		for _, r := range p.Allow {
+			for _, m := range ruleMatches(r, false) {
+				add(o, append(m, accept)...)
+			}
+			// Replies come from where the sandbox was allowed to go.
+			for _, m := range ruleMatches(r, true) {
+				add(i, append(append(m, established...), accept)...)
+			}
+		}
+	}
+	for _, r := range rejectRules(nil) {
+		add(o, r...)
+	}
+	add(i, &expr.Verdict{Kind: expr.VerdictDrop})
+}
+
+// ruleMatches are the expressions matching r: of the destination on the
+// way out, of the source on the way back. One list per protocol when a
+// port is named without one.
+func ruleMatches(r Rule, reply bool) [][]expr.Any {
+	addr := ipMatch(reply, r.Prefix)
+	if r.Port == 0 && r.Proto == "" {
+		return [][]expr.Any{addr}
+	}
+	protos := []byte{unix.IPPROTO_TCP, unix.IPPROTO_UDP}
+	switch r.Proto {
+	case "tcp":
+		protos = protos[:1]
+	case "udp":
+		protos = protos[1:]
+	}
+	var out [][]expr.Any
+	for _, pr := range protos {
+		m := append([]expr.Any{}, addr...)
+		m = append(m, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{pr}})
+		if r.Port != 0 {
+			off := uint32(2) // destination port
+			if reply {
+				off = 0
+			}
+			m = append(m, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(r.Port)})
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// remove deletes sandbox id's chains and map elements, whichever of them
+// exist (a create that failed halfway, a second call).
+func (f *firewall) remove(id, ifname, group string, addr netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, err := f.connLocked()
+	if err != nil {
+		return err
+	}
+	if group != "" {
+		if err := f.leaveGroupLocked(c, group, func(a netip.Addr) bool { return a == addr }); err != nil {
+			return err
+		}
+	}
+	// The common case in one transaction; if any part is missing the
+	// kernel refuses it whole, and the listing below deletes what is left.
+	if ifname != "" {
+		f.queueRemoveLocked(c, id, ifname, true, true, true)
+		if err := c.Flush(); err == nil {
+			return nil
+		}
+	}
+	return f.removeListedLocked(c, func(x string) bool { return x == id })
+}
+
+// leaveGroupLocked deletes the addresses gone says from group's set, and
+// the set and its rule once no member is left. No set: nothing to do.
+func (f *firewall) leaveGroupLocked(c *nftables.Conn, group string, gone func(netip.Addr) bool) error {
+	set, err := c.GetSetByName(f.table, groupSet(group))
+	if err != nil {
+		return nil
+	}
+	elems, err := c.GetSetElements(set)
+	if err != nil {
+		return fmt.Errorf("list group %s: %w", group, err)
+	}
+	var del []nftables.SetElement
+	for _, e := range elems {
+		if a, ok := netip.AddrFromSlice(e.Key); ok && gone(a) {
+			del = append(del, nftables.SetElement{Key: e.Key})
+		}
+	}
+	if len(del) < len(elems) {
+		if len(del) == 0 {
+			return nil
+		}
+		if err := c.SetDeleteElements(set, del); err != nil {
+			return err
+		}
+		return c.Flush()
+	}
+	// The last member: the rule goes, then the set.
+	rules, err := c.GetRules(f.table, f.chain("egress"))
+	if err != nil {
+		return fmt.Errorf("list egress rules: %w", err)
+	}
+	for _, r := range rules {
+		if usesSet(r, set.Name) {
+			if err := c.DelRule(r); err != nil {
+				return err
+			}
+		}
+	}
+	c.DelSet(set)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("remove group %s: %w", group, err)
+	}
+	return nil
+}
+
+func usesSet(r *nftables.Rule, name string) bool {
+	for _, e := range r.Exprs {
+		if l, ok := e.(*expr.Lookup); ok && l.SetName == name {
+			return true
+		}
+	}
+	return false
+}
+
+// groups lists the daemon's groups with their members' addresses.
+func (f *firewall) groupsLocked(c *nftables.Conn) (map[string][]netip.Addr, error) {
+	sets, err := c.GetSets(f.table)
+	if err != nil {
+		return nil, nil // no table
+	}
+	out := map[string][]netip.Addr{}
+	for _, s := range sets {
+		g, ok := strings.CutPrefix(s.Name, groupPrefix)
+		if !ok {
+			continue
+		}
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return nil, err
+		}
+		out[g] = nil
+		for _, e := range elems {
+			if a, ok := netip.AddrFromSlice(e.Key); ok {
+				out[g] = append(out[g], a)
+			}
+		}
+	}
+	return out, nil
+}
+
+func (f *firewall) groups() (map[string][]netip.Addr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, err := f.connLocked()
+	if err != nil {
+		return nil, err
+	}
+	return f.groupsLocked(c)
+}
+
+func (f *firewall) queueRemoveLocked(c *nftables.Conn, id, ifname string, elems, out, in bool) {
+	if elems {
+		key := []nftables.SetElement{{Key: ifnameKey(ifname)}}
+		_ = c.SetDeleteElements(f.verdictMap(mapOut), key)
+		_ = c.SetDeleteElements(f.verdictMap(mapIn), key)
+	}
+	if out {
+		c.DelChain(f.chain(chainOut(id)))
+	}
+	if in {
+		c.DelChain(f.chain(chainIn(id)))
+	}
+}
+
+// removeListedLocked deletes the chains and map elements of every
+// sandbox the kernel lists whose id gone says. No table: nothing to do.
+func (f *firewall) removeListedLocked(c *nftables.Conn, gone func(id string) bool) error {
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("list nftables chains: %w", err)
+	}
+	n := 0
+	for _, name := range []string{mapOut, mapIn} {
+		s, err := c.GetSetByName(f.table, name)
+		if err != nil {
+			continue
+		}
+		elems, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("list nftables map %s: %w", name, err)
+		}
+		var del []nftables.SetElement
+		for _, e := range elems {
+			if id, ok := idOfChain(verdictChain(e)); ok && gone(id) {
+				del = append(del, nftables.SetElement{Key: e.Key})
+			}
+		}
+		if len(del) > 0 {
+			if err := c.SetDeleteElements(s, del); err != nil {
+				return err
+			}
+			n++
+		}
+	}
+	for _, ch := range chains {
+		if ch.Table.Name != f.table.Name {
+			continue
+		}
+		if id, ok := idOfChain(ch.Name); ok && gone(id) {
+			c.DelChain(f.chain(ch.Name))
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("delete nftables state: %w", err)
+	}
+	return nil
+}
+
+// sweep deletes the chains and elements of every sandbox not in keep
+// (nil keeps none), and from groups every address not in kept.
+func (f *firewall) sweep(keep map[string]bool, kept map[netip.Addr]bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, err := f.connLocked()
+	if err != nil {
+		return err
+	}
+	groups, err := f.groupsLocked(c)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for g := range groups {
+		errs = append(errs, f.leaveGroupLocked(c, g, func(a netip.Addr) bool { return !kept[a] }))
+	}
+	errs = append(errs, f.removeListedLocked(c, func(id string) bool { return !keep[id] }))
+	return errors.Join(errs...)
+}
+
+// sandboxes lists the ids that have chains in the table (tests, leak
+// checks).
+func (f *firewall) sandboxes() ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, err := f.connLocked()
+	if err != nil {
+		return nil, err
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var ids []string
+	for _, ch := range chains {
+		if id, ok := idOfChain(ch.Name); ok && ch.Table.Name == f.table.Name && !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// removeTable deletes the table, if there is one.
+func (f *firewall) removeTable() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, err := f.connLocked()
+	if err != nil {
+		return err
+	}
+	f.ready = false
+	if t, err := c.ListTableOfFamily(f.table.Name, nftables.TableFamilyINet); err != nil || t == nil {
+		return nil
+	}
+	c.DelTable(f.table)
+	return c.Flush()
+}
+
+// close lets go of the netlink socket.
+func (f *firewall) close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conn == nil {
+		return nil
+	}
+	c := f.conn
+	f.conn, f.ready = nil, false
+	return c.CloseLasting()
+}
+
+func ifnameKey(name string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return b
+}
+
+// ifnamePrefix matches interface names starting with prefix (nft's
+// `iifname "prefix*"`: a compare of only the prefix's bytes), or, with eq
+// false, those that do not.
+func ifnamePrefix(key expr.MetaKey, prefix string, eq bool) []expr.Any {
+	op := expr.CmpOpEq
+	if !eq {
+		op = expr.CmpOpNeq
+	}
+	return []expr.Any{&expr.Meta{Key: key, Register: 1}, &expr.Cmp{Op: op, Register: 1, Data: []byte(prefix)}}
+}
+
+// ipMatch matches IPv4 packets whose destination (source, with src set)
+// is in p.
+func ipMatch(src bool, p netip.Prefix) []expr.Any {
+	off := uint32(16)
+	if src {
+		off = 12
+	}
+	mask := make([]byte, 4)
+	binary.BigEndian.PutUint32(mask, ^uint32(0)<<(32-p.Bits()))
+	if p.Bits() == 0 {
+		mask = []byte{0, 0, 0, 0}
+	}
+	net := p.Masked().Addr().As4()
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: net[:]},
+	}
+}
+
+func jump(chain string) expr.Any { return &expr.Verdict{Kind: expr.VerdictJump, Chain: chain} }
+
+// vmap looks the packet's interface name up in a verdict map: a hit is
+// the element's verdict (the verdict register, 0), a miss falls through.
+func vmap(key expr.MetaKey, set string) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: key, Register: 1},
+		&expr.Lookup{SourceRegister: 1, SetName: set, IsDestRegSet: true, DestRegister: 0}}
+}
+
+// rejectRules are two rules rejecting what match matches: TCP with a
+// reset, everything else with ICMP "administratively prohibited". A
+// refused connection fails at once instead of timing out, and one the
+// policy no longer allows sees ECONNRESET on the sandbox's next packet.
+func rejectRules(match []expr.Any) [][]expr.Any {
+	tcp := append(append([]expr.Any{}, match...),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
+	other := append(append([]expr.Any{}, match...),
+		&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED})
+	return [][]expr.Any{tcp, other}
+}
+
+// enableForwarding turns on IPv4 forwarding, which sandboxes' traffic
+// needs to leave the node. It is node-wide: on a node with several
+// interfaces, routing between them is then up to the node's own firewall
+// (docs/SECURITY.md).
+func enableForwarding() error {
+	const p = "/proc/sys/net/ipv4/ip_forward"
+	b, err := os.ReadFile(p)
+	if err == nil && strings.TrimSpace(string(b)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("enable IPv4 forwarding: %w", err)
+	}
+	return nil
+}
+
+// verdictChain is the chain a listed verdict map element jumps to: the
+// library returns the verdict undecoded, as the attributes of
+// NFTA_DATA_VERDICT (code, then chain name).
+func verdictChain(e nftables.SetElement) string {
+	if e.VerdictData != nil {
+		return e.VerdictData.Chain
+	}
+	ad, err := netlink.NewAttributeDecoder(e.Val)
+	if err != nil {
+		return ""
+	}
+	for ad.Next() {
+		if ad.Type() == unix.NFTA_VERDICT_CHAIN {
+			return ad.String()
+		}
+	}
+	return ""
+}

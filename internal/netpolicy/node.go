@@ -1,0 +1,453 @@
+package netpolicy
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/cleanup"
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// DefaultSubnet is where sandboxes' addresses come from unless the
+// daemon is given another (--network-subnet): each sandbox takes a /31,
+// the node's end of its veth the even address and the sandbox the odd.
+var DefaultSubnet = netip.MustParsePrefix("10.234.0.0/16")
+
+// Options configure a node's sandbox networking.
+type Options struct {
+	// Name names the daemon's nftables table and, hashed, the prefix of
+	// its interfaces: give each daemon on a node its own (the container
+	// backend uses its cgroup parent).
+	Name string
+	// Subnet is the daemon's sandbox subnet, IPv4, /16 to /30; each
+	// daemon on a node needs its own. Zero: DefaultSubnet.
+	Subnet netip.Prefix
+}
+
+// Node is the sandbox networking of one daemon: it gives sandboxes an
+// interface and rules, changes their rules, and removes both.
+type Node struct {
+	fw     *firewall
+	prefix string
+	subnet netip.Prefix
+
+	mu   sync.Mutex
+	used map[int]string // /31 index -> sandbox id
+	next int            // where the search for a free index starts
+}
+
+// New checks the options; it touches nothing on the node (a daemon whose
+// sandboxes all have mode none never does).
+func New(o Options) (*Node, error) {
+	if o.Name == "" {
+		return nil, errdefs.Invalidf("network: a name is required")
+	}
+	if !o.Subnet.IsValid() {
+		o.Subnet = DefaultSubnet
+	}
+	if !o.Subnet.Addr().Is4() || o.Subnet.Bits() < 16 || o.Subnet.Bits() > 30 {
+		return nil, errdefs.Invalidf("network subnet %s: want IPv4, /16 to /30", o.Subnet)
+	}
+	h := fnv.New32a()
+	h.Write([]byte(o.Name))
+	// "w" and five hex digits, then the index in hex: at most 10 bytes
+	// of the 15 an interface name has.
+	prefix := fmt.Sprintf("w%05x", h.Sum32()&0xfffff)
+	return &Node{
+		fw:     newFirewall(strings.ReplaceAll(o.Name, "/", "-"), prefix, o.Subnet.Masked()),
+		prefix: prefix, subnet: o.Subnet.Masked(), used: map[int]string{},
+	}, nil
+}
+
+// Attachment is what a sandbox with a network holds: its /31 (by index in
+// the subnet) and its policy. The container backend keeps it in the
+// sandbox's state, so that a restarted daemon can adopt and remove it.
+type Attachment struct {
+	Index  int    `json:"index"`
+	Policy Policy `json:"policy"`
+}
+
+// Prefix is the start of the host ends' interface names.
+func (n *Node) Prefix() string { return n.prefix }
+
+// Table is the name of the daemon's nftables table (family inet).
+func (n *Node) Table() string { return n.fw.table.Name }
+
+// Ifname is the host end of the sandbox's veth with index i.
+func (n *Node) Ifname(i int) string { return n.prefix + strconv.FormatInt(int64(i), 16) }
+
+// Addrs are the node's end and the sandbox's end of /31 number i.
+func (n *Node) Addrs(i int) (host, sandbox netip.Addr) {
+	b := n.subnet.Addr().As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v += uint32(2 * i)
+	host = netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	return host, host.Next()
+}
+
+func (n *Node) size() int { return 1 << (32 - n.subnet.Bits()) / 2 }
+
+// alloc takes a free /31 for id. The search starts after the last one
+// taken, so an address is reused as late as possible: replies to a
+// deleted sandbox's connections must not reach its successor.
+func (n *Node) alloc(id string) (int, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	size := n.size()
+	for k := range size {
+		i := (n.next + k) % size
+		if _, ok := n.used[i]; !ok {
+			n.used[i] = id
+			n.next = (i + 1) % size
+			return i, nil
+		}
+	}
+	return 0, errdefs.Exhaustedf("network subnet %s: all %d sandbox addresses in use", n.subnet, size)
+}
+
+func (n *Node) free(i int, id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.used[i] == id {
+		delete(n.used, i)
+	}
+}
+
+// Attach gives sandbox id (its network namespace is that of pid) an
+// interface and policy p: a veth pair whose sandbox end is eth0 with the
+// /31's odd address and a default route through the node's end, and the
+// sandbox's rules. All or nothing.
+func (n *Node) Attach(id string, pid int, p Policy) (_ Attachment, retErr error) {
+	if p.IsNone() {
+		return Attachment{}, errdefs.Invalidf("network: attach with mode none")
+	}
+	var cu cleanup.Cleanup
+	defer func() {
+		if retErr != nil {
+			_ = cu.Clean()
+		}
+	}()
+	i, err := n.alloc(id)
+	if err != nil {
+		return Attachment{}, err
+	}
+	cu.Add(func() error { n.free(i, id); return nil })
+	// Rules first: the interface never exists without them.
+	ifname := n.Ifname(i)
+	_, addr := n.Addrs(i)
+	if err := n.fw.add(id, ifname, p, addr); err != nil {
+		return Attachment{}, errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
+	}
+	cu.Add(func() error { return n.fw.remove(id, ifname, p.Group, addr) })
+	if err := n.link(id, pid, i); err != nil {
+		return Attachment{}, err
+	}
+	cu.Release()
+	return Attachment{Index: i, Policy: p}, nil
+}
+
+// link makes the veth pair of /31 i with its sandbox end in pid's network
+// namespace, and configures both ends from here: the sandbox's init waits
+// for its config meanwhile, so the sandbox starts with its network up.
+func (n *Node) link(id string, pid, i int) (retErr error) {
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrNotExist) {
+			return errdefs.Wrap(errdefs.NotFound, err, "sandbox network namespace")
+		}
+		return errdefs.Wrap(errdefs.Internal, err, "open sandbox network namespace")
+	}
+	defer ns.Close()
+	hostAddr, sbAddr := n.Addrs(i)
+	name := n.Ifname(i)
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: name},
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsFd(int(ns)),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "create veth "+name)
+	}
+	defer func() {
+		if retErr != nil {
+			// Its peer goes with it.
+			_ = netlink.LinkDel(veth)
+		}
+	}()
+	host, err := netlink.LinkByName(name)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "find veth "+name)
+	}
+	// The alias names the sandbox for whoever lists the node's
+	// interfaces (ip link; leak checks). The kernel ignores it in the
+	// create.
+	if err := netlink.LinkSetAlias(host, id); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "alias of "+name)
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(hostAddr, 31)}); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "address of "+name)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "set "+name+" up")
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "netlink in sandbox network namespace")
+	}
+	defer h.Close()
+	peer, err := h.LinkByName("eth0")
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "find sandbox eth0")
+	}
+	if err := h.AddrAdd(peer, &netlink.Addr{IPNet: ipnet(sbAddr, 31)}); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "address of sandbox eth0")
+	}
+	if err := h.LinkSetUp(peer); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "set sandbox eth0 up")
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: peer.Attrs().Index, Gw: net.IP(hostAddr.AsSlice())}); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "sandbox default route")
+	}
+	// Setting a veth up only asks for it: the kernel turns its carrier
+	// on and gives it a queue from a work item, and until then it drops
+	// what it is given. A sandbox's first SYN lost that way is resent a
+	// second later; wait instead until both ends are up.
+	if err := waitUp(netlink.LinkByName, name); err != nil {
+		return err
+	}
+	return waitUp(h.LinkByName, "eth0")
+}
+
+// upTimeout bounds the wait for a veth's carrier (one work item of the
+// kernel's; microseconds on an idle node).
+const upTimeout = 2 * time.Second
+
+func waitUp(byName func(string) (netlink.Link, error), name string) error {
+	deadline := time.Now().Add(upTimeout)
+	for delay := 20 * time.Microsecond; ; delay = min(2*delay, 5*time.Millisecond) {
+		l, err := byName(name)
+		if err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "find "+name)
+		}
+		if l.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errdefs.Unavailablef("veth %s not up after %v (state %s)", name, upTimeout, l.Attrs().OperState)
+		}
+		time.Sleep(delay)
+	}
+}
+
+func ipnet(a netip.Addr, bits int) *net.IPNet {
+	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
+}
+
+// SetPolicy replaces the rules of an attached sandbox (whose network
+// namespace is pid's) in one nftables transaction, then cuts its TCP
+// connections that p forbids (Cut).
+func (n *Node) SetPolicy(id string, pid int, a Attachment, p Policy) error {
+	if p.IsNone() {
+		return errdefs.Invalidf("network: set policy none: detach instead")
+	}
+	if err := n.fw.set(id, p); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
+	}
+	if p.Mode == Open {
+		// Forbids nothing Cut would look at: spare the scan (~1.5 ms here,
+		// the kernel walks every TCP socket of the node for it).
+		return nil
+	}
+	return n.Cut(pid, a, p)
+}
+
+// Cut aborts the TCP connections of the sandbox with attachment a (its
+// network namespace is pid's) whose peer p does not allow, as `ss -K`
+// does (SOCK_DESTROY): the sandbox's end fails at once with
+// ECONNABORTED. The rules alone would only drop the peer's packets (a
+// reset goes to a packet's sender, never to the sandbox on the way in),
+// leaving a download hanging rather than cut. Connections over lo or to
+// the sandbox's own address are its own business. UDP has no
+// connection to abort: its packets are dropped both ways.
+func (n *Node) Cut(pid int, a Attachment, p Policy) error {
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrNotExist) {
+			return nil // gone: nothing to cut
+		}
+		return errdefs.Wrap(errdefs.Internal, err, "open sandbox network namespace")
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_INET_DIAG)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "sock_diag in sandbox network namespace")
+	}
+	defer h.Close()
+	socks, err := h.SocketDiagTCP(unix.AF_INET)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "list sandbox TCP sockets")
+	}
+	_, self := n.Addrs(a.Index)
+	var errs []error
+	for _, s := range socks {
+		if s.State == tcpListen || s.State == tcpClose {
+			continue
+		}
+		remote, ok := netip.AddrFromSlice(s.ID.Destination.To4())
+		if !ok || remote.IsLoopback() || remote.IsUnspecified() || remote == self {
+			continue
+		}
+		// Group members (fixed at create) stay reachable; no other
+		// address of the subnet ever was.
+		if p.Group != "" && n.subnet.Contains(remote) {
+			continue
+		}
+		if p.Allows(remote, s.ID.DestinationPort, "tcp") {
+			continue
+		}
+		err := h.SocketDestroy(&net.TCPAddr{IP: s.ID.Source, Port: int(s.ID.SourcePort)},
+			&net.TCPAddr{IP: s.ID.Destination, Port: int(s.ID.DestinationPort)})
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "abort forbidden connections")
+	}
+	return nil
+}
+
+// TCP states as sock_diag reports them (include/net/tcp_states.h).
+const (
+	tcpClose  = 7
+	tcpListen = 10
+)
+
+// Detach removes sandbox id's interface (if its namespace has not taken
+// it already) and rules, and frees its /31. Idempotent.
+func (n *Node) Detach(id string, a Attachment) error {
+	name := n.Ifname(a.Index)
+	var errs []error
+	if l, err := netlink.LinkByName(name); err == nil {
+		if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+			errs = append(errs, fmt.Errorf("delete veth %s: %w", name, err))
+		}
+	}
+	_, addr := n.Addrs(a.Index)
+	if err := n.fw.remove(id, name, a.Policy.Group, addr); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		n.free(a.Index, id)
+	}
+	return errors.Join(errs...)
+}
+
+// Adopt marks an attachment of a sandbox of an earlier daemon as taken.
+func (n *Node) Adopt(id string, a Attachment) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if a.Index < 0 || a.Index >= n.size() {
+		return errdefs.Invalidf("sandbox %s: network index %d outside subnet %s", id, a.Index, n.subnet)
+	}
+	if other, ok := n.used[a.Index]; ok && other != id {
+		return errdefs.Conflictf("sandbox %s: network index %d is sandbox %s's", id, a.Index, other)
+	}
+	n.used[a.Index] = id
+	return nil
+}
+
+// Sweep removes the interfaces and rules of every sandbox not in keep:
+// those of sandboxes that died while no daemon ran, and of creates a
+// crash interrupted.
+func (n *Node) Sweep(keep map[string]bool) error {
+	n.mu.Lock()
+	owned := map[string]bool{}
+	kept := map[netip.Addr]bool{}
+	for i, id := range n.used {
+		if keep[id] {
+			owned[n.Ifname(i)] = true
+			_, a := n.Addrs(i)
+			kept[a] = true
+		}
+	}
+	n.mu.Unlock()
+	var errs []error
+	links, err := netlink.LinkList()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list links: %w", err))
+	}
+	for _, l := range links {
+		name := l.Attrs().Name
+		if strings.HasPrefix(name, n.prefix) && !owned[name] {
+			if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+				errs = append(errs, fmt.Errorf("delete veth %s: %w", name, err))
+			}
+		}
+	}
+	errs = append(errs, n.fw.sweep(keep, kept))
+	return errors.Join(errs...)
+}
+
+// Leftovers lists what of the daemon's networking is on the node: host
+// interfaces (name to the sandbox id of their alias) and the ids with
+// rules (leak checks).
+func (n *Node) Leftovers() (links map[string]string, ids []string, err error) {
+	ls, err := netlink.LinkList()
+	if err != nil {
+		return nil, nil, err
+	}
+	links = map[string]string{}
+	for _, l := range ls {
+		if strings.HasPrefix(l.Attrs().Name, n.prefix) {
+			links[l.Attrs().Name] = l.Attrs().Alias
+		}
+	}
+	ids, err = n.fw.sandboxes()
+	return links, ids, err
+}
+
+// Groups lists the daemon's groups with their members' addresses (leak
+// checks).
+func (n *Node) Groups() (map[string][]netip.Addr, error) { return n.fw.groups() }
+
+// HasTable reports whether the daemon's nftables table exists.
+func (n *Node) HasTable() bool {
+	n.fw.mu.Lock()
+	defer n.fw.mu.Unlock()
+	c, err := n.fw.connLocked()
+	if err != nil {
+		return false
+	}
+	t, err := c.ListTableOfFamily(n.fw.table.Name, nftables.TableFamilyINet)
+	return err == nil && t != nil
+}
+
+// RemoveUnused removes the daemon's table when no sandbox has rules in
+// it: a stopped daemon leaves nothing of its own on the node.
+func (n *Node) RemoveUnused() error {
+	ids, err := n.fw.sandboxes()
+	if err != nil || len(ids) > 0 {
+		return err
+	}
+	if gs, err := n.fw.groups(); err != nil || len(gs) > 0 {
+		return err
+	}
+	return n.fw.removeTable()
+}
+
+// Close lets go of the netlink socket.
+func (n *Node) Close() error { return n.fw.close() }
