@@ -265,6 +265,13 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	} else {
 		sources = append(sources, src)
 	}
+	// Packets the network policy refused, logged by its rules to the
+	// backend's NFLOG group, become policy_drop events.
+	if src, err := ctr.PolicyDrops(); err != nil {
+		log.Info("no policy_drop events: the refused packets' log cannot be read", "err", err)
+	} else {
+		sources = append(sources, src)
+	}
 	mgr, err := daemon.New(ctx, daemon.Config{
 		StateDir:         stateDir,
 		Backends:         map[string]backend.Backend{ctr.Name(): ctr},

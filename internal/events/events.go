@@ -44,10 +44,15 @@ const (
 	// Seccomp: the kernel refused a system call by the sandbox's
 	// seccomp filter (fed by a kernel audit source).
 	Seccomp Kind = "seccomp"
+	// PolicyDrop: the sandbox's network policy refused a packet it sent
+	// (a connection to a host or port outside its allowlist, to the node,
+	// to another sandbox); sampled, at most 100 a second per rule on a
+	// node.
+	PolicyDrop Kind = "policy_drop"
 )
 
 // Kinds lists every kind, for metrics that start at zero.
-var Kinds = []Kind{OOMKill, PidsLimit, OutputCap, DiskFull, InodesFull, Timeout, DiskReserve, Seccomp}
+var Kinds = []Kind{OOMKill, PidsLimit, OutputCap, DiskFull, InodesFull, Timeout, DiskReserve, Seccomp, PolicyDrop}
 
 // Event is one contained or denied action of one sandbox.
 type Event struct {

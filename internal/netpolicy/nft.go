@@ -40,6 +40,10 @@ type firewall struct {
 	table  *nftables.Table
 	prefix string // of the host ends' interface names
 	subnet netip.Prefix
+	// logGroup is the NFLOG group every refused packet is logged to
+	// (at most logRate a second per rule) before it is refused: the
+	// daemon turns them into events of the sandbox that sent them.
+	logGroup uint16
 
 	mu    sync.Mutex // one batch at a time on conn
 	conn  *nftables.Conn
@@ -93,8 +97,8 @@ func idOfChain(name string) (string, bool) {
 	return "", false
 }
 
-func newFirewall(table, prefix string, subnet netip.Prefix) *firewall {
-	return &firewall{table: &nftables.Table{Family: nftables.TableFamilyINet, Name: table}, prefix: prefix, subnet: subnet}
+func newFirewall(table, prefix string, subnet netip.Prefix, logGroup uint16) *firewall {
+	return &firewall{table: &nftables.Table{Family: nftables.TableFamilyINet, Name: table}, prefix: prefix, subnet: subnet, logGroup: logGroup}
 }
 
 func (f *firewall) connLocked() (*nftables.Conn, error) {
@@ -155,7 +159,7 @@ func (f *firewall) ensureLocked() (*nftables.Conn, error) {
 		c.AddRule(&nftables.Rule{Table: f.table, Chain: f.chain(chain), Exprs: exprs})
 	}
 	reject := func(chain string, match ...expr.Any) {
-		for _, r := range rejectRules(match) {
+		for _, r := range f.rejectRules(match) {
 			add(chain, r...)
 		}
 	}
@@ -298,7 +302,7 @@ func (f *firewall) policyRulesLocked(c *nftables.Conn, o, i *nftables.Chain, p P
 			}
 		}
 	}
-	for _, r := range rejectRules(nil) {
+	for _, r := range f.rejectRules(nil) {
 		add(o, r...)
 	}
 	add(i, &expr.Verdict{Kind: expr.VerdictDrop})
@@ -642,14 +646,33 @@ func vmap(key expr.MetaKey, set string) []expr.Any {
 // reset, everything else with ICMP "administratively prohibited". A
 // refused connection fails at once instead of timing out, and one the
 // policy no longer allows sees ECONNRESET on the sandbox's next packet.
-func rejectRules(match []expr.Any) [][]expr.Any {
+// Logging of refused packets: a rate per rule (node-wide, so that a
+// flood costs the daemon a bounded number of events), and how much of a
+// packet to copy (the IP and transport headers).
+const (
+	logRate  = 100
+	logBurst = 20
+	logSnap  = 64
+)
+
+// rejectRules refuse what match matches: a TCP reset, or ICMP
+// administratively prohibited; first, a rule that logs it (rate-limited)
+// to the firewall's NFLOG group.
+func (f *firewall) rejectRules(match []expr.Any) [][]expr.Any {
+	var out [][]expr.Any
+	if f.logGroup != 0 {
+		out = append(out, append(append([]expr.Any{}, match...),
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: logRate, Unit: expr.LimitTimeSecond, Burst: logBurst},
+			&expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_SNAPLEN | 1<<unix.NFTA_LOG_QTHRESHOLD,
+				Group: f.logGroup, Snaplen: logSnap, QThreshold: 1}))
+	}
 	tcp := append(append([]expr.Any{}, match...),
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
 		&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
 	other := append(append([]expr.Any{}, match...),
 		&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED})
-	return [][]expr.Any{tcp, other}
+	return append(out, tcp, other)
 }
 
 // enableForwarding turns on IPv4 forwarding, which sandboxes' traffic

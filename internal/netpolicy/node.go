@@ -66,8 +66,11 @@ func New(o Options) (*Node, error) {
 	// "w" and five hex digits, then the index in hex: at most 10 bytes
 	// of the 15 an interface name has.
 	prefix := fmt.Sprintf("w%05x", h.Sum32()&0xfffff)
+	// Another 15 bits of the hash pick the NFLOG group: one per daemon
+	// (a group has one reader), away from 0 and the low groups tools use.
+	logGroup := uint16(h.Sum32()>>17) | 0x8000
 	return &Node{
-		fw:     newFirewall(strings.ReplaceAll(o.Name, "/", "-"), prefix, o.Subnet.Masked()),
+		fw:     newFirewall(strings.ReplaceAll(o.Name, "/", "-"), prefix, o.Subnet.Masked(), logGroup),
 		prefix: prefix, subnet: o.Subnet.Masked(), used: map[int]string{},
 	}, nil
 }
@@ -78,6 +81,26 @@ func New(o Options) (*Node, error) {
 type Attachment struct {
 	Index  int    `json:"index"`
 	Policy Policy `json:"policy"`
+}
+
+// LogGroup is the NFLOG group the daemon's rules log refused packets to.
+func (n *Node) LogGroup() uint16 { return n.fw.logGroup }
+
+// SandboxOfInterface is the sandbox whose veth's host end is the
+// interface named name, if it is one of this node's.
+func (n *Node) SandboxOfInterface(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, n.prefix)
+	if !ok {
+		return "", false
+	}
+	i, err := strconv.ParseInt(rest, 16, 32)
+	if err != nil {
+		return "", false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	id, ok := n.used[int(i)]
+	return id, ok
 }
 
 // Prefix is the start of the host ends' interface names.

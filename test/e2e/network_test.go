@@ -432,3 +432,34 @@ func TestNetworkGroupMembersOnly(t *testing.T) {
 		t.Errorf("sandbox get m1:\n%s", out)
 	}
 }
+
+// TestNetworkRefusalsAreEvents: a packet the network policy refuses (a
+// port of an allowed host that the allowlist does not name, the node
+// itself) is a policy_drop event of the sandbox that sent it, naming the
+// destination; a neighbour's allowed traffic makes none.
+func TestNetworkRefusalsAreEvents(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{})
+	if strings.Contains(e.logTail(200), "no policy_drop events") {
+		t.Skipf("the daemon cannot read its refused packets here:\n%s", e.logTail(20))
+	}
+	th := testutil.NewTestHost(t)
+	p1 := httpHost(t, th.NS, th.Addr.String()+":0", "p1")
+	p2 := httpHost(t, th.NS, th.Addr.String()+":0", "p2")
+	allow := policy("allowlist", rule(th.Addr.String()+"/32", p1, "tcp"))
+	e.create(&warrenv1.CreateRequest{Id: "prober", Network: allow})
+	e.create(&warrenv1.CreateRequest{Id: "polite", Network: allow})
+	if _, ok := e.fetch("polite", th.Addr.String(), p1); !ok {
+		t.Fatal("the allowed port is unreachable")
+	}
+	if _, ok := e.fetch("prober", th.Addr.String(), p2); ok {
+		t.Fatal("a port the allowlist does not name is reachable")
+	}
+	ev := e.waitEvent("prober", "policy_drop", 5*time.Second)
+	if want := fmt.Sprintf("tcp to %s port %d refused", th.Addr, p2); !strings.Contains(ev.Detail, want) {
+		t.Errorf("policy_drop event %q does not say %q", ev.Detail, want)
+	}
+	if evs, err := e.c.SandboxEvents(ctxFor(t, 10*time.Second), "polite"); err != nil || len(evs) != 0 {
+		t.Errorf("the polite sandbox's events: %v %v", evs, err)
+	}
+}

@@ -4690,7 +4690,8 @@ type SecurityEvent struct {
 	Seq        uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"` // per sandbox, from 1; a gap is events let go
 	TimeUnixMs int64                  `protobuf:"varint,2,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
 	// oom_kill, pids_limit, output_cap, disk_full, inodes_full, timeout,
-	// disk_reserve, seccomp; clients must accept kinds they do not know.
+	// disk_reserve, seccomp, policy_drop; clients must accept kinds they
+	// do not know.
 	Kind   string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
 	Detail string `protobuf:"bytes,4,opt,name=detail,proto3" json:"detail,omitempty"`
 	Count  uint64 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"` // occurrences it stands for (a counter's rise)
