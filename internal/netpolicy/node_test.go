@@ -540,3 +540,42 @@ func TestGroupMembersReachOnlyEachOther(t *testing.T) {
 		t.Errorf("after Sweep: groups %v", gs)
 	}
 }
+
+// TestDetachForgetsFlows: a sandbox's connection-tracking entries go with
+// its network, so that an established flow of its old peers does not
+// reach the next sandbox given its address.
+func TestDetachForgetsFlows(t *testing.T) {
+	n := newTestNode(t)
+	th := newTestHost(t)
+	port := listen(t, th.ns, th.addr.String()+":0")
+	pid := sandboxProc(t)
+	a := mustAttach(t, n, "flows", pid, Policy{Mode: Open})
+	_, addr := n.Addrs(a.Index)
+	c, err := dial(nsOf(t, pid), th.addr, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	count := func() int {
+		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := 0
+		for _, f := range flows {
+			if f.Forward.SrcIP.Equal(net.IP(addr.AsSlice())) {
+				k++
+			}
+		}
+		return k
+	}
+	if count() == 0 {
+		t.Fatalf("no conntrack entry of %v with an open connection: the test shows nothing", addr)
+	}
+	if err := n.Detach("flows", a); err != nil {
+		t.Fatal(err)
+	}
+	if k := count(); k != 0 {
+		t.Errorf("%d conntrack entries of %v left after detach", k, addr)
+	}
+}
