@@ -42,14 +42,27 @@ func ioctlOn(path string, create bool, cmd, arg uintptr) syscall.Errno {
 	return raw(unix.SYS_IOCTL, uintptr(fd), cmd, arg)
 }
 
-func twoFiles(cmd uintptr) syscall.Errno {
-	src, err := unix.Open("/tmp/attack-src", unix.O_RDWR|unix.O_CREAT, 0o644)
+// twoFiles issues cmd on a file of the writable layer (/tmp) with
+// another as its donor or target; onLayer takes the source from an image
+// layer instead (/bin/busybox, opened read-only: what an agent can open).
+func twoFiles(cmd uintptr) syscall.Errno { return twoFilesFrom(cmd, false) }
+
+func twoFilesFrom(cmd uintptr, onLayer bool) syscall.Errno {
+	var src int
+	var err error
+	if onLayer {
+		src, err = unix.Open("/bin/busybox", unix.O_RDONLY, 0)
+	} else {
+		src, err = unix.Open("/tmp/attack-src", unix.O_RDWR|unix.O_CREAT, 0o644)
+	}
 	if err != nil {
 		return err.(syscall.Errno)
 	}
 	defer unix.Close(src)
-	if _, err := unix.Write(src, make([]byte, 8192)); err != nil {
-		return err.(syscall.Errno)
+	if !onLayer {
+		if _, err := unix.Write(src, make([]byte, 8192)); err != nil {
+			return err.(syscall.Errno)
+		}
 	}
 	dst, err := unix.Open("/tmp/attack-dst", unix.O_RDWR|unix.O_CREAT, 0o644)
 	if err != nil {
@@ -122,6 +135,10 @@ var attacks = map[string]func() syscall.Errno{
 	"ficlone":     func() syscall.Errno { return twoFiles(unix.FICLONE) },
 	"move_ext":    func() syscall.Errno { return twoFiles(0xc028660f) },
 	"swapext":     func() syscall.Errno { return twoFiles(0xc0c0586d) },
+	// The same with a file of an image layer.
+	"ficlone_layer":  func() syscall.Errno { return twoFilesFrom(unix.FICLONE, true) },
+	"move_ext_layer": func() syscall.Errno { return twoFilesFrom(0xc028660f, true) },
+	"swapext_layer":  func() syscall.Errno { return twoFilesFrom(0xc0c0586d, true) },
 	// FS_NOATIME_FL: a flag a file's owner may set without a capability.
 	"setflags_upper": func() syscall.Errno {
 		flags := uint32(0x80)
