@@ -397,10 +397,38 @@ func forgetFlows(addr netip.Addr) error {
 	if err := dst.AddIP(netlink.ConntrackOrigDstIP, ip); err != nil {
 		return err
 	}
-	if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, &src, &dst); err != nil {
-		return fmt.Errorf("forget the connections of %s: %w", addr, err)
+	return retryDump(func() error {
+		_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, &src, &dst)
+		if err != nil {
+			return fmt.Errorf("forget the connections of %s: %w", addr, err)
+		}
+		return nil
+	})
+}
+
+// dumpTries bounds the retries of a netlink dump the kernel interrupted
+// (NLM_F_DUMP_INTR: the table changed meanwhile, as it does while other
+// sandboxes come and go): its results may lack entries.
+const dumpTries = 5
+
+func retryDump(f func() error) error {
+	var err error
+	for range dumpTries {
+		if err = f(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return err
+		}
 	}
-	return nil
+	return err
+}
+
+// linkList lists the node's interfaces, whole.
+func linkList() ([]netlink.Link, error) {
+	var ls []netlink.Link
+	err := retryDump(func() (err error) {
+		ls, err = netlink.LinkList()
+		return err
+	})
+	return ls, err
 }
 
 // Adopt marks an attachment of a sandbox of an earlier daemon as taken.
@@ -433,7 +461,7 @@ func (n *Node) Sweep(keep map[string]bool) error {
 	}
 	n.mu.Unlock()
 	var errs []error
-	links, err := netlink.LinkList()
+	links, err := linkList()
 	if err != nil {
 		errs = append(errs, fmt.Errorf("list links: %w", err))
 	}
@@ -457,7 +485,7 @@ func (n *Node) Sweep(keep map[string]bool) error {
 // interfaces (name to the sandbox id of their alias) and the ids with
 // rules (leak checks).
 func (n *Node) Leftovers() (links map[string]string, ids []string, err error) {
-	ls, err := netlink.LinkList()
+	ls, err := linkList()
 	if err != nil {
 		return nil, nil, err
 	}

@@ -557,7 +557,11 @@ func TestDetachForgetsFlows(t *testing.T) {
 	}
 	defer c.Close()
 	count := func() int {
-		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+		var flows []*netlink.ConntrackFlow
+		err := retryDump(func() (err error) {
+			flows, err = netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+			return err
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
