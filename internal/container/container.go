@@ -71,6 +71,10 @@ type Options struct {
 	// filter costs, and for a node where a workload needs a call it
 	// refuses.
 	NoSeccomp bool
+	// ObservePhase, if set, receives the time of each step of every
+	// successful create (phases.go): the daemon's
+	// warren_sandbox_create_phase_seconds.
+	ObservePhase func(phase string, d time.Duration)
 }
 
 // Backend is the container backend.
@@ -236,6 +240,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 			_ = cu.Clean()
 		}
 	}()
+	ph := b.newPhases()
 	run, st := b.runDir(spec.ID), b.stateDir(spec.ID)
 	// The run directory is the sandbox's claim on its id on this node.
 	if err := mkdir(run); err != nil {
@@ -285,8 +290,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, errdefs.Wrap(errdefs.Internal, err, "agent socket")
 	}
 	defer lnFile.Close()
+	ph.mark("dirs")
 
-	pid, pidfd, grp, net, err := b.startInit(ctx, spec, overlay, lnFile)
+	pid, pidfd, grp, net, err := b.startInit(ctx, spec, overlay, lnFile, ph)
 	if err != nil {
 		return nil, err
 	}
@@ -303,6 +309,8 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if err != nil {
 		return nil, err
 	}
+	ph.mark("attach")
+	ph.flush()
 	cu.Release()
 	return s, nil
 }
@@ -336,7 +344,7 @@ var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.D
 //
 // The cgroup is created after the clone, while the child starts up and
 // waits for its config: the two overlap instead of adding up.
-func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, lnFile *os.File) (_ int, _ int, _ cgroups.Group, _ *netpolicy.Attachment, retErr error) {
+func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, lnFile *os.File, ph *phases) (_ int, _ int, _ cgroups.Group, _ *netpolicy.Attachment, retErr error) {
 	null, err := devNull()
 	if err != nil {
 		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "open /dev/null")
@@ -388,6 +396,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	pid := proc.Pid
 	// We reap it through the monitor, not os.
 	_ = proc.Release()
+	ph.mark("clone")
 	fail := func(err error) (int, int, cgroups.Group, *netpolicy.Attachment, error) {
 		return 0, -1, nil, nil, err
 	}
@@ -422,6 +431,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	if err := grp.AddProc(pid); err != nil {
 		return fail(err)
 	}
+	ph.mark("cgroup")
 	hostname := spec.Hostname
 	if hostname == "" {
 		hostname = spec.ID
@@ -441,6 +451,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		return fail(err)
 	}
 	conf["views"] = views
+	ph.mark("config")
 	// The network is made from here, from the node's side, while the
 	// init waits for its config: the sandbox starts with eth0 up.
 	var net *netpolicy.Attachment
@@ -452,6 +463,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		net = &a
 		cu.Add(func() error { return b.net.Detach(spec.ID, a) })
 	}
+	ph.mark("network")
 	cfg := initConfig(conf)
 	if _, err := cfgW.Write(cfg); err != nil {
 		return fail(errdefs.Wrap(errdefs.Internal, err, "send init config"))
@@ -466,6 +478,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	if len(msg) > 0 {
 		return fail(errdefs.Internalf("sandbox init: %s", msg))
 	}
+	ph.mark("init")
 	cu.Release()
 	return pid, pidfd, grp, net, nil
 }

@@ -5,6 +5,7 @@ package metrics
 import (
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -41,11 +42,16 @@ const (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	Sandboxes     *prometheus.GaugeVec   // warren_sandboxes{state}
-	CreateSeconds prometheus.Histogram   // warren_sandbox_create_seconds
-	ExecSeconds   prometheus.Histogram   // warren_exec_seconds
-	Errors        *prometheus.CounterVec // warren_errors_total{category,op}
-	Deleted       *prometheus.CounterVec // warren_sandbox_deleted_total{reason}
+	Sandboxes     *prometheus.GaugeVec // warren_sandboxes{state}
+	CreateSeconds prometheus.Histogram // warren_sandbox_create_seconds
+	// CreatePhaseSeconds is warren_sandbox_create_phase_seconds{phase}:
+	// where a backend's create spends its time (container: dirs, clone,
+	// cgroup, config, network, init, attach), so that a slower create
+	// shows which step grew.
+	CreatePhaseSeconds *prometheus.HistogramVec
+	ExecSeconds        prometheus.Histogram   // warren_exec_seconds
+	Errors             *prometheus.CounterVec // warren_errors_total{category,op}
+	Deleted            *prometheus.CounterVec // warren_sandbox_deleted_total{reason}
 	// SecurityEvents is warren_security_events_total{kind}: node-wide on
 	// purpose, since a sandbox label would make thousands of series; the
 	// API lists each sandbox's events.
@@ -77,6 +83,12 @@ func New(ops ...string) *Metrics {
 			Buckets:                     CreateBuckets(),
 			NativeHistogramBucketFactor: 1.1,
 		}),
+		CreatePhaseSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:                        "warren_sandbox_create_phase_seconds",
+			Help:                        "Time of each step of successful creates in the backend, by phase.",
+			Buckets:                     prometheus.ExponentialBucketsRange(0.00001, 1, 40),
+			NativeHistogramBucketFactor: 1.1,
+		}, []string{"phase"}),
 		ExecSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:                        "warren_exec_seconds",
 			Help:                        "Duration of Exec and ExecStream commands, from start to exit.",
@@ -104,11 +116,19 @@ func New(ops ...string) *Metrics {
 	}
 	m.InitOps(ops...)
 	m.Registry.MustRegister(
-		m.Sandboxes, m.CreateSeconds, m.ExecSeconds, m.Errors, m.Deleted, m.SecurityEvents,
+		m.Sandboxes, m.CreateSeconds, m.CreatePhaseSeconds, m.ExecSeconds, m.Errors, m.Deleted, m.SecurityEvents,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// ObserveCreatePhase records one step of a successful create.
+func (m *Metrics) ObserveCreatePhase(phase string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.CreatePhaseSeconds.WithLabelValues(phase).Observe(d.Seconds())
 }
 
 // DeleteFailuresFunc registers warren_delete_failures_total{backend}: how

@@ -92,7 +92,7 @@ func TestMetrics(t *testing.T) {
 	}
 	// Security events are counted by kind only, from zero: no series per
 	// sandbox.
-	for _, k := range []string{"oom_kill", "pids_limit", "output_cap", "disk_full", "inodes_full", "timeout", "disk_reserve", "seccomp"} {
+	for _, k := range []string{"oom_kill", "pids_limit", "output_cap", "disk_full", "inodes_full", "timeout", "disk_reserve", "seccomp", "policy_drop"} {
 		if v, ok := m0.get(`warren_security_events_total{kind="` + k + `"}`); !ok || v != 0 {
 			t.Errorf("warren_security_events_total{kind=%q} = %v (present %v), want 0", k, v, ok)
 		}
@@ -169,6 +169,19 @@ func TestMetrics(t *testing.T) {
 	}
 	if inf, _ := m1.get(`warren_sandbox_create_seconds_bucket{le="+Inf"}`); inf != 2 {
 		t.Errorf("create +Inf bucket = %v", inf)
+	}
+	// Every step of the two successful creates, and no more (the refused
+	// ones are not timed): the steps add up to less than the whole create.
+	var steps float64
+	for _, ph := range []string{"dirs", "clone", "cgroup", "config", "network", "init", "attach"} {
+		if n, _ := m1.get(`warren_sandbox_create_phase_seconds_count{phase="` + ph + `"}`); n != 2 {
+			t.Errorf("create phase %s observed %v times, want 2", ph, n)
+		}
+		v, _ := m1.get(`warren_sandbox_create_phase_seconds_sum{phase="` + ph + `"}`)
+		steps += v
+	}
+	if sum, _ := m1.get("warren_sandbox_create_seconds_sum"); steps <= 0 || steps > sum {
+		t.Errorf("create phases add up to %v s, the creates took %v s", steps, sum)
 	}
 
 	// Deletion, death and timeout move the gauges and the reasons.
