@@ -92,7 +92,6 @@ type Backend struct {
 	seccomp, seccompAudit string
 
 	sharedMu sync.Mutex // remounting the shared sysfs or devfs
-	live     sync.Map   // init pid -> sandbox id, while the init lives (AuditSandbox)
 }
 
 var (
@@ -572,13 +571,8 @@ func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Gro
 		disk:  fileExists(b.diskImage(id)),
 	}
 	s.exited, s.exit = context.WithCancel(context.Background())
-	b.live.Store(pid, id)
-	onExit := func() {
-		b.live.CompareAndDelete(pid, id)
+	if err := b.mon.watch(pidfd, pid, s.exit); err != nil {
 		s.exit()
-	}
-	if err := b.mon.watch(pidfd, pid, onExit); err != nil {
-		onExit()
 		unix.Close(pidfd)
 		if s.root >= 0 {
 			unix.Close(s.root)
@@ -975,13 +969,10 @@ func auditID(pid int) string {
 var hasLoginUID = sync.OnceValue(func() bool { return fileExists("/proc/self/loginuid") })
 
 // AuditSandbox returns the id of the live sandbox whose processes carry
-// audit login uid auid, if any.
+// audit login uid auid: its init's host pid, whose cgroup names it.
 func (b *Backend) AuditSandbox(auid uint32) (string, bool) {
-	id, ok := b.live.Load(int(auid))
-	if !ok {
-		return "", false
-	}
-	return id.(string), true
+	id, _, ok := b.SandboxOfPid(int(auid))
+	return id, ok
 }
 
 // initEnv switches the standalone agent (internal/agentbin) into the

@@ -558,3 +558,35 @@ func initPid(t *testing.T, sb backend.Sandbox) int {
 	}
 	return st.Pid
 }
+
+// TestAuditSandboxByLoginUID: a sandbox's processes carry its init's host
+// pid as audit login uid, and AuditSandbox maps that back to the sandbox
+// while it lives, and to nothing once it is gone.
+func TestAuditSandboxByLoginUID(t *testing.T) {
+	if !hasLoginUID() {
+		t.Skip("this kernel has no /proc/self/loginuid (CONFIG_AUDIT off)")
+	}
+	b, err := New(testOptions(t, "auid-"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	sb, err := b.Create(context.Background(), backend.Spec{ID: "auid", Layers: backend.DirLayers(testutil.BusyboxRoot(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := initPid(t, sb)
+	r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/proc/self/loginuid"}}, "")
+	if got := strings.TrimSpace(string(r.Stdout)); got != strconv.Itoa(pid) {
+		t.Errorf("loginuid of a sandbox process = %q, want the init's pid %d", got, pid)
+	}
+	if id, ok := b.AuditSandbox(uint32(pid)); !ok || id != "auid" {
+		t.Errorf("AuditSandbox(%d) = %q, %v; want auid", pid, id, ok)
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if id, ok := b.AuditSandbox(uint32(pid)); ok {
+		t.Errorf("AuditSandbox(%d) after destroy = %q", pid, id)
+	}
+}
