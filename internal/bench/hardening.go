@@ -55,31 +55,9 @@ type HardeningSyscall struct {
 // without is the daemon started with --seccomp=false.
 func RunHardening(ctx context.Context, with, without *Env, cfg HardeningConfig) (*HardeningReport, error) {
 	envs := [2]*Env{with, without}
-	var cycles [2]Iteration
-	for i, e := range envs {
-		cycles[i] = warrenCycle(e)
-	}
-	run := func(i int) ([]time.Duration, error) {
-		d, err := cycles[i](ctx, 0)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", side(i), err)
-		}
-		return d, nil
-	}
-	for i := range 2 * cfg.Warmup {
-		if _, err := run(i % 2); err != nil {
-			return nil, err
-		}
-	}
-	var samples [2][][]time.Duration
-	for i := range cfg.N {
-		for _, s := range abba(i) {
-			d, err := run(s)
-			if err != nil {
-				return nil, err
-			}
-			samples[s] = append(samples[s], d)
-		}
+	samples, err := Alternate(ctx, [2]Iteration{warrenCycle(with), warrenCycle(without)}, [2]string{side(0), side(1)}, cfg.Warmup, cfg.N)
+	if err != nil {
+		return nil, err
 	}
 	rep := &HardeningReport{Cycles: cfg.N}
 	// WarrenCycle's metrics: [create+exec, cycle, create, exec, delete].
@@ -87,18 +65,10 @@ func RunHardening(ctx context.Context, with, without *Env, cfg HardeningConfig) 
 		name string
 		idx  int
 	}{{"create", 2}, {"create_to_first_exec", 0}, {"exec", 3}, {"delete", 4}} {
-		var a, b, r []float64
-		for i := range samples[0] {
-			x, y := msOf(samples[0][i][m.idx]), msOf(samples[1][i][m.idx])
-			a, b, r = append(a, x), append(b, y), append(r, x/y)
-		}
-		slices.Sort(a)
-		slices.Sort(b)
-		slices.Sort(r)
+		p := ComparePaired(samples[0], samples[1], m.idx)
 		rep.Rows = append(rep.Rows, HardeningRow{
-			Metric: m.name, WithP50: Percentile(a, 50), WithP99: Percentile(a, 99),
-			WithoutP50: Percentile(b, 50), WithoutP99: Percentile(b, 99),
-			RatioP50: Percentile(a, 50) / Percentile(b, 50), PairRatioMedian: Percentile(r, 50),
+			Metric: m.name, WithP50: p.NumP50, WithP99: p.NumP99, WithoutP50: p.DenP50, WithoutP99: p.DenP99,
+			RatioP50: p.RatioP50, PairRatioMedian: p.PairRatioMedian,
 		})
 	}
 	sys, err := syscallBound(ctx, envs, cfg)
@@ -144,14 +114,6 @@ func syscallBound(ctx context.Context, envs [2]*Env, cfg HardeningConfig) (Harde
 	calls := 2 * cfg.Syscalls
 	return HardeningSyscall{Calls: calls, WithP50: a, WithoutP50: b, RatioP50: a / b,
 		NsPerCall: (a - b) * 1e6 / float64(calls)}, nil
-}
-
-// abba is the order of the two daemons in round i: flipped every round.
-func abba(i int) [2]int {
-	if i%2 == 1 {
-		return [2]int{1, 0}
-	}
-	return [2]int{0, 1}
 }
 
 func side(i int) string {

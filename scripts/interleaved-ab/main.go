@@ -14,8 +14,6 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"slices"
-	"time"
 
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
@@ -38,45 +36,21 @@ func main() {
 		}
 		cycles[i] = bench.WarrenCycle(c, req)
 	}
-	run := func(side int) []time.Duration {
-		d, err := cycles[side](ctx, 0)
-		if err != nil {
-			log.Fatalf("daemon %c: %v", 'A'+side, err)
-		}
-		return d
-	}
-	for i := range 20 { // warm-up
-		run(i % 2)
+	// Ten unmeasured cycles of each first.
+	samples, err := bench.Alternate(ctx, cycles, [2]string{"daemon A", "daemon B"}, 10, *n)
+	if err != nil {
+		log.Fatal(err)
 	}
 	// Metrics of bench.WarrenCycle: [create+exec, cycle, create, exec, delete].
 	metrics := []struct {
 		name string
 		idx  int
 	}{{"create", 2}, {"create_to_first_exec", 0}, {"exec", 3}}
-	var samples [2][][]time.Duration
-	for i := range *n {
-		order := []int{0, 1}
-		if i%2 == 1 {
-			order = []int{1, 0}
-		}
-		for _, s := range order {
-			samples[s] = append(samples[s], run(s))
-		}
-	}
-	med := func(v []float64) float64 {
-		s := slices.Clone(v)
-		slices.Sort(s)
-		return bench.Percentile(s, 50)
-	}
 	report := map[string]any{"cycles": *n}
 	for _, m := range metrics {
-		var va, vb, ratios []float64
-		for i := range samples[0] {
-			x, y := samples[0][i][m.idx].Seconds()*1000, samples[1][i][m.idx].Seconds()*1000
-			va, vb, ratios = append(va, x), append(vb, y), append(ratios, y/x)
-		}
-		fmt.Printf("%-21s A p50 %.3f ms  B p50 %.3f ms  B/A %.3f  pair-median %.3f\n", m.name, med(va), med(vb), med(vb)/med(va), med(ratios))
-		report[m.name] = map[string]float64{"a_p50_ms": med(va), "b_p50_ms": med(vb), "ratio": med(vb) / med(va), "pair_ratio_median": med(ratios)}
+		p := bench.ComparePaired(samples[1], samples[0], m.idx) // B over A
+		fmt.Printf("%-21s A p50 %.3f ms  B p50 %.3f ms  B/A %.3f  pair-median %.3f\n", m.name, p.DenP50, p.NumP50, p.RatioP50, p.PairRatioMedian)
+		report[m.name] = map[string]float64{"a_p50_ms": p.DenP50, "b_p50_ms": p.NumP50, "ratio": p.RatioP50, "pair_ratio_median": p.PairRatioMedian}
 	}
 	js, _ := json.Marshal(report)
 	fmt.Println(string(js))
