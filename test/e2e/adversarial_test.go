@@ -413,16 +413,8 @@ func (e *env) cpuUsage(id string) func() time.Duration {
 // comes back, and a neighbour keeps running with its files.
 func TestAdversarialNodeDiskFillStopsLargestSandbox(t *testing.T) {
 	e := newEnv(t, envOptions{
-		serveArgs: []string{"--disk-reserve", "32Mi", "--guard-interval", "100ms"},
-		beforeStart: func(e *env) {
-			if err := os.MkdirAll(e.stateDir, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			// forceClean unmounts it at the end.
-			if err := unix.Mount("tmpfs", e.stateDir, "tmpfs", 0, "size=96m,mode=0700"); err != nil {
-				t.Fatalf("mount tmpfs: %v", err)
-			}
-		},
+		serveArgs:   []string{"--disk-reserve", "32Mi", "--guard-interval", "100ms"},
+		beforeStart: stateOnTmpfs("size=96m,mode=0700"),
 	})
 	ctx := ctxFor(t, 2*time.Minute)
 	e.create(&warrenv1.CreateRequest{Id: "filler"})
@@ -493,16 +485,8 @@ func TestAdversarialNodeDiskFillStopsLargestSandbox(t *testing.T) {
 // disk_reserve event, and the inodes come back.
 func TestAdversarialNodeInodeFillStopsSandboxWithMostFiles(t *testing.T) {
 	e := newEnv(t, envOptions{
-		serveArgs: []string{"--disk-reserve", "1Mi", "--guard-interval", "100ms"},
-		beforeStart: func(e *env) {
-			if err := os.MkdirAll(e.stateDir, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			// forceClean unmounts it at the end.
-			if err := unix.Mount("tmpfs", e.stateDir, "tmpfs", 0, "size=256m,nr_inodes=20000,mode=0700"); err != nil {
-				t.Fatalf("mount tmpfs: %v", err)
-			}
-		},
+		serveArgs:   []string{"--disk-reserve", "1Mi", "--guard-interval", "100ms"},
+		beforeStart: stateOnTmpfs("size=256m,nr_inodes=20000,mode=0700"),
 	})
 	ctx := ctxFor(t, 2*time.Minute)
 	e.create(&warrenv1.CreateRequest{Id: "filler"})

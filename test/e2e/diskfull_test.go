@@ -24,15 +24,7 @@ import (
 // this is the daemon on a disk something else filled.
 func TestDiskFull(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, envOptions{serveArgs: []string{"--disk-reserve", "0"}, beforeStart: func(e *env) {
-		if err := os.MkdirAll(e.stateDir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		// forceClean unmounts it at the end.
-		if err := unix.Mount("tmpfs", e.stateDir, "tmpfs", 0, "size=16m,mode=0700"); err != nil {
-			t.Fatalf("mount tmpfs: %v", err)
-		}
-	}})
+	e := newEnv(t, envOptions{serveArgs: []string{"--disk-reserve", "0"}, beforeStart: stateOnTmpfs("size=16m,mode=0700")})
 	ctx := ctxFor(t, 2*time.Minute)
 	e.create(&warrenv1.CreateRequest{Id: "filler"})
 	e.create(&warrenv1.CreateRequest{Id: "other"})
@@ -170,5 +162,19 @@ func TestDiskFull(t *testing.T) {
 	e.start()
 	if sbs, err := e.c.List(ctx, nil); err != nil || len(sbs) != 0 {
 		t.Errorf("deleted sandboxes are back after a restart: %v %v", sbs, err)
+	}
+}
+
+// stateOnTmpfs is a beforeStart that puts the daemon's state directory on
+// a tmpfs of its own (mount data: its size, inodes and mode), so that a
+// test fills that disk and not the node's; forceClean unmounts it.
+func stateOnTmpfs(data string) func(*env) {
+	return func(e *env) {
+		if err := os.MkdirAll(e.stateDir, 0o700); err != nil {
+			e.t.Fatal(err)
+		}
+		if err := unix.Mount("tmpfs", e.stateDir, "tmpfs", 0, data); err != nil {
+			e.t.Fatalf("mount tmpfs: %v", err)
+		}
 	}
 }
