@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync/atomic"
 	"syscall"
 
@@ -63,11 +62,7 @@ func (p *PolicyDrops) Run(ctx context.Context, rec events.Recorder) error {
 }
 
 func (p *PolicyDrops) event(pkt nflog.Packet) (events.Event, bool) {
-	ifc, err := net.InterfaceByIndex(int(pkt.InIfindex))
-	if err != nil {
-		return events.Event{}, false
-	}
-	id, ok := p.b.net.SandboxOfInterface(ifc.Name)
+	id, ok := p.b.net.SandboxOfIfindex(int(pkt.InIfindex))
 	if !ok {
 		return events.Event{}, false
 	}

@@ -103,6 +103,17 @@ func (n *Node) SandboxOfInterface(name string) (string, bool) {
 	return id, ok
 }
 
+// SandboxOfIfindex is the sandbox whose veth's host end has interface
+// index idx. One RTM_GETLINK of that index: Go's net.InterfaceByIndex
+// dumps every interface of the node (thousands of veths) to find one.
+func (n *Node) SandboxOfIfindex(idx int) (string, bool) {
+	l, err := netlink.LinkByIndex(idx)
+	if err != nil {
+		return "", false
+	}
+	return n.SandboxOfInterface(l.Attrs().Name)
+}
+
 // Prefix is the start of the host ends' interface names.
 func (n *Node) Prefix() string { return n.prefix }
 
