@@ -128,7 +128,7 @@ func New(opts Options) (*Backend, error) {
 		if err != nil {
 			return nil, errdefs.Wrap(errdefs.Internal, err, "compile the sandbox system-call audit filter")
 		}
-		b.seccomp, b.seccompAudit = f.Hex, a.Hex
+		b.seccomp, b.seccompAudit = f, a
 	}
 	for _, d := range []string{filepath.Join(opts.StateDir, "sandboxes"), filepath.Join(opts.StateDir, "disks"), filepath.Join(opts.RunDir, "sb")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {

@@ -201,31 +201,26 @@ func Encode(prog []bpf.Instruction) ([]byte, error) {
 	return out, nil
 }
 
-// Filter is a compiled policy, as the init stage's config carries it (hex
-// of the sock_filter entries), and its length.
-type Filter struct {
-	Hex   string
-	Insns int
-}
+// Default compiles the default policy of this architecture, as the init
+// stage's config carries it: hex of the sock_filter entries.
+func Default() (string, error) { return compileHex(DefaultPolicy) }
 
-// Default compiles the default policy of this architecture.
-func Default() (Filter, error) { return compileHex(DefaultPolicy) }
+// Audit compiles the audit policy of this architecture (AuditPolicy), in
+// hex as Default.
+func Audit() (string, error) { return compileHex(AuditPolicy) }
 
-// Audit compiles the audit policy of this architecture (AuditPolicy).
-func Audit() (Filter, error) { return compileHex(AuditPolicy) }
-
-func compileHex(policy func() (*Policy, error)) (Filter, error) {
+func compileHex(policy func() (*Policy, error)) (string, error) {
 	p, err := policy()
 	if err != nil {
-		return Filter{}, err
+		return "", err
 	}
 	prog, err := p.Compile()
 	if err != nil {
-		return Filter{}, err
+		return "", err
 	}
 	b, err := Encode(prog)
 	if err != nil {
-		return Filter{}, err
+		return "", err
 	}
-	return Filter{Hex: hex.EncodeToString(b), Insns: len(prog)}, nil
+	return hex.EncodeToString(b), nil
 }

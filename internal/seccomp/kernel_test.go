@@ -28,7 +28,7 @@ func install() error {
 	if err != nil {
 		return err
 	}
-	b, err := hex.DecodeString(f.Hex)
+	b, err := hex.DecodeString(f)
 	if err != nil {
 		return err
 	}
