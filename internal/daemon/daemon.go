@@ -74,6 +74,14 @@ type Config struct {
 	// Manager is open. Their events of sandboxes this daemon does not
 	// know are dropped.
 	EventSources []events.Source
+	// TrajectoryMaxBytes caps each sandbox's trajectory log
+	// (<state>/trajectory/<id>.log; default DefaultTrajectoryMaxBytes).
+	// A full log refuses calls that carry a seq and runs the others
+	// unrecorded.
+	TrajectoryMaxBytes int64
+	// NoTrajectory records no trajectory log (calls with a seq or a
+	// session are then Unsupported).
+	NoTrajectory bool
 	Logger       *slog.Logger
 }
 
@@ -114,7 +122,7 @@ var ops = []string{
 	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
-	"CommitSandbox", "ListSandboxEvents",
+	"CommitSandbox", "ListSandboxEvents", "ReadTrajectory",
 }
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.
@@ -125,6 +133,7 @@ type Manager struct {
 	metrics *metrics.Metrics
 	images  *image.Store
 	idem    *idemCache
+	traj    *trajLogs
 	events  *events.Log
 	disk    diskGuard   // the guard goroutine's
 	diskLow atomic.Bool // the node's disk is below its reserve
@@ -226,6 +235,13 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		_ = st.Close()
 		return nil, err
 	}
+	traj, err := newTrajLogs(cfg)
+	if err != nil {
+		_ = st.Close()
+		_ = evs.Close()
+		return nil, err
+	}
+	cfg.Metrics.TrajectoryBytesFunc(traj.bytes)
 	m := &Manager{
 		events:    evs,
 		cfg:       cfg,
@@ -234,6 +250,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		metrics:   cfg.Metrics,
 		images:    cfg.Images,
 		idem:      newIdemCache(idemTTL, idemMaxBytes),
+		traj:      traj,
 		sandboxes: map[string]*sandbox{},
 		closing:   make(chan struct{}),
 	}
@@ -274,7 +291,7 @@ func (m *Manager) Close() error {
 			}
 		}
 		m.wg.Wait()
-		err = errors.Join(m.store.Close(), m.events.Close())
+		err = errors.Join(m.store.Close(), m.events.Close(), m.traj.closeAll())
 		// Backends release node-wide resources of their own (sandboxes
 		// run on without them).
 		for name, b := range m.cfg.Backends {

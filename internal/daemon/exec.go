@@ -12,6 +12,7 @@ import (
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/trajectory"
 )
 
 const (
@@ -29,7 +30,25 @@ const (
 // Exec runs a command to completion and returns its captured output.
 func (m *Manager) Exec(ctx context.Context, req *warrenv1.ExecRequest) (_ *warrenv1.ExecResult, err error) {
 	defer m.observe("Exec", &err)
-	return m.exec(ctx, req, nil)
+	out, err := m.execStep(ctx, req, nil)
+	return out.res, err
+}
+
+// execStep runs an exec as a step of the sandbox's trajectory log: the
+// recorded result when the log has the step, else live (the output is
+// then kept, to be recorded, even when it is streamed).
+func (m *Manager) execStep(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error) (stepOutcome, error) {
+	st := step{sandbox: req.GetSandboxId(), session: req.GetSessionId(), seq: req.GetSeq(), method: trajectory.MethodExec, req: req}
+	out, err := m.recorded(st, func() (*warrenv1.ExecResult, bool, string, error) {
+		res, started, err := m.exec(ctx, req, send, !m.traj.off)
+		return res, !started, "", err
+	})
+	if err == nil && out.replayed && send != nil {
+		if err := replay(out.res, send); err != nil {
+			return stepOutcome{}, withCategory(err, errdefs.Unavailable, "send exec output")
+		}
+	}
+	return out, err
 }
 
 // ExecStream runs a command and sends its output as it comes; the last
@@ -40,11 +59,11 @@ func (m *Manager) ExecStream(ctx context.Context, req *warrenv1.ExecRequest, sen
 	defer m.observe("ExecStream", &err)
 	ss := &serialSender{send: send}
 	defer ss.close()
-	res, err := m.exec(ctx, req, ss.send1)
+	out, err := m.execStep(ctx, req, ss.send1)
 	if err != nil {
 		return err
 	}
-	final := proto.Clone(res).(*warrenv1.ExecResult)
+	final := proto.Clone(out.res).(*warrenv1.ExecResult)
 	final.Stdout, final.Stderr = nil, nil
 	if err := ss.send1(&warrenv1.ExecEvent{Event: &warrenv1.ExecEvent_Result{Result: final}}); err != nil {
 		return withCategory(err, errdefs.Unavailable, "send exec result")
@@ -77,33 +96,34 @@ func (s *serialSender) close() {
 }
 
 // exec runs req once, or returns the cached outcome of an earlier run with
-// the same idempotency key (waiting for it while it runs).
-func (m *Manager) exec(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error) (*warrenv1.ExecResult, error) {
+// the same idempotency key (waiting for it while it runs). keep keeps a
+// streamed command's output too (to record it). started reports whether
+// the outcome is a command's that ran (this call's or the key's first).
+func (m *Manager) exec(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error, keep bool) (_ *warrenv1.ExecResult, started bool, _ error) {
 	key := req.GetIdempotencyKey()
 	if key == "" {
-		res, _, err := m.execOnce(ctx, req, send, send == nil)
-		return res, err
+		return m.execOnce(ctx, req, send, keep || send == nil)
 	}
 	if len(key) > maxIdempotencyKey {
-		return nil, errdefs.Invalidf("idempotency_key longer than %d bytes", maxIdempotencyKey)
+		return nil, false, errdefs.Invalidf("idempotency_key longer than %d bytes", maxIdempotencyKey)
 	}
 	if _, err := m.lookup(req.GetSandboxId()); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	e, first := m.idem.begin(req.GetSandboxId(), key)
 	if !first {
 		select {
 		case <-e.done:
 		case <-ctx.Done():
-			return nil, ctxError(ctx, "wait for the first run of idempotency key "+key)
+			return nil, false, ctxError(ctx, "wait for the first run of idempotency key "+key)
 		}
 		res, err := e.outcome()
 		if err == nil && send != nil {
 			if err := replay(res, send); err != nil {
-				return nil, withCategory(err, errdefs.Unavailable, "send exec output")
+				return nil, true, withCategory(err, errdefs.Unavailable, "send exec output")
 			}
 		}
-		return res, err
+		return res, res != nil, err
 	}
 	// Output is kept even when streaming, for the retries.
 	res, started, err := m.execOnce(ctx, req, send, true)
@@ -112,7 +132,7 @@ func (m *Manager) exec(ctx context.Context, req *warrenv1.ExecRequest, send func
 	} else {
 		m.idem.abandon(e, err)
 	}
-	return res, err
+	return res, started, err
 }
 
 // replay sends a cached result's output as stream events.

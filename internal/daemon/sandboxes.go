@@ -400,6 +400,9 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	s.releaseLayers()
 	m.idem.dropSandbox(s.id)
 	m.forget(s)
+	if terr := m.traj.remove(s.id); terr != nil {
+		m.log.Warn("remove trajectory log", "sandbox", s.id, "err", terr)
+	}
 	m.events.Forget(s.id)
 	close(done)
 	if prev == stateRunning {
@@ -645,6 +648,13 @@ func (m *Manager) adoptAll(ctx context.Context) error {
 		_, err := m.lookup(id)
 		return err == nil
 	})
+	// Likewise the trajectory logs of sandboxes whose record is gone.
+	if err := m.traj.sweep(func(id string) bool {
+		_, err := m.lookup(id)
+		return err == nil
+	}); err != nil {
+		m.log.Error("sweep trajectory logs", "err", err)
+	}
 	for name, b := range m.cfg.Backends {
 		if err := b.Sweep(ctx, keep[name]); err != nil {
 			m.log.Error("sweep orphaned sandbox resources", "backend", name, "err", err)

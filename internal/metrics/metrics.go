@@ -56,6 +56,14 @@ type Metrics struct {
 	// purpose, since a sandbox label would make thousands of series; the
 	// API lists each sandbox's events.
 	SecurityEvents *prometheus.CounterVec
+	// TrajectoryCalls is warren_trajectory_calls_total{mode}: mutating
+	// calls by how the trajectory log served them: live (ran and
+	// recorded), replayed (recorded outcome returned, nothing ran),
+	// unrecorded (ran; the sandbox's log was full).
+	TrajectoryCalls *prometheus.CounterVec
+	// TrajectoryMismatches is warren_trajectory_mismatches_total: replayed
+	// calls refused because their request differed from the recorded one.
+	TrajectoryMismatches prometheus.Counter
 }
 
 // CreateBuckets are the classic buckets of warren_sandbox_create_seconds:
@@ -108,6 +116,17 @@ func New(ops ...string) *Metrics {
 		Name: "warren_security_events_total",
 		Help: "Actions of sandboxes the node contained or denied (OOM kills, forks refused at the pids limit, output past a cap, full disks, timeout kills, ...), by kind: occurrences, rate-limited events included.",
 	}, []string{"kind"})
+	m.TrajectoryCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warren_trajectory_calls_total",
+		Help: "Mutating calls (exec, file writes) by how the trajectory log served them: live (ran, recorded), replayed (the recorded outcome, nothing ran), unrecorded (ran; the sandbox's log was full).",
+	}, []string{"mode"})
+	m.TrajectoryMismatches = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "warren_trajectory_mismatches_total",
+		Help: "Calls refused because their trajectory step was recorded with a different request.",
+	})
+	for _, mode := range []string{"live", "replayed", "unrecorded"} {
+		m.TrajectoryCalls.WithLabelValues(mode)
+	}
 	for _, s := range States {
 		m.Sandboxes.WithLabelValues(s)
 	}
@@ -117,6 +136,7 @@ func New(ops ...string) *Metrics {
 	m.InitOps(ops...)
 	m.Registry.MustRegister(
 		m.Sandboxes, m.CreateSeconds, m.CreatePhaseSeconds, m.ExecSeconds, m.Errors, m.Deleted, m.SecurityEvents,
+		m.TrajectoryCalls, m.TrajectoryMismatches,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -256,4 +276,33 @@ func (m *Metrics) SandboxEnded(reason string) {
 		return
 	}
 	m.Deleted.WithLabelValues(reason).Inc()
+}
+
+// TrajectoryCall counts one mutating call served in mode (live,
+// replayed, unrecorded).
+func (m *Metrics) TrajectoryCall(mode string) {
+	if m == nil {
+		return
+	}
+	m.TrajectoryCalls.WithLabelValues(mode).Inc()
+}
+
+// TrajectoryMismatch counts one replayed call refused for a mismatch.
+func (m *Metrics) TrajectoryMismatch() {
+	if m == nil {
+		return
+	}
+	m.TrajectoryMismatches.Inc()
+}
+
+// TrajectoryBytesFunc registers warren_trajectory_log_bytes: the size of
+// every sandbox's trajectory log on the node's disk.
+func (m *Metrics) TrajectoryBytesFunc(f func() int64) {
+	if m == nil {
+		return
+	}
+	m.replace(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "warren_trajectory_log_bytes",
+		Help: "Bytes of the trajectory logs of the node's sandboxes on disk.",
+	}, func() float64 { return float64(f()) }))
 }

@@ -291,6 +291,10 @@ func (f *fakeManager) Version(context.Context, *warrenv1.VersionRequest) (*warre
 	return &warrenv1.VersionResponse{Version: "test", Backends: []string{"container"}}, nil
 }
 
+func (f *fakeManager) ReadTrajectory(_ context.Context, r *warrenv1.ReadTrajectoryRequest) (*warrenv1.ReadTrajectoryResponse, error) {
+	return &warrenv1.ReadTrajectoryResponse{Entries: []*warrenv1.TrajectoryEntry{{Index: 1, Seq: 1, Method: "exec"}}}, nil
+}
+
 func (f *fakeManager) ListSandboxEvents(_ context.Context, r *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error) {
 	if _, err := f.Get(context.Background(), &warrenv1.GetRequest{Id: r.SandboxId}); err != nil {
 		return nil, err

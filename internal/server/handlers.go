@@ -38,6 +38,7 @@ type Manager interface {
 	RemoveFile(context.Context, *warrenv1.RemoveFileRequest) (*warrenv1.RemoveFileResponse, error)
 	CommitSandbox(context.Context, *warrenv1.CommitSandboxRequest) (*warrenv1.Layer, error)
 	ListSandboxEvents(context.Context, *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error)
+	ReadTrajectory(context.Context, *warrenv1.ReadTrajectoryRequest) (*warrenv1.ReadTrajectoryResponse, error)
 	TarOut(ctx context.Context, id, path string, w io.Writer) error
 	TarIn(ctx context.Context, id, path string, r io.Reader) error
 
@@ -160,6 +161,25 @@ func (s sandboxService) CommitSandbox(ctx context.Context, r *connect.Request[wa
 func (s sandboxService) ListSandboxEvents(ctx context.Context, r *connect.Request[warrenv1.ListSandboxEventsRequest]) (*connect.Response[warrenv1.ListSandboxEventsResponse], error) {
 	return unary(ctx, r, s.m.ListSandboxEvents)
 }
+
+func (s sandboxService) ReadTrajectory(ctx context.Context, r *connect.Request[warrenv1.ReadTrajectoryRequest]) (*connect.Response[warrenv1.ReadTrajectoryResponse], error) {
+	return unary(ctx, r, s.m.ReadTrajectory)
+}
+
+// StepRecorder is a Manager that records archive uploads in the
+// sandbox's trajectory log: PUT /v1/sandboxes/{id}/archive takes the
+// step as query parameters session and seq, and answers the step it was
+// recorded as in the headers HeaderTrajectorySeq and
+// HeaderTrajectoryReplayed.
+type StepRecorder interface {
+	TarInStep(ctx context.Context, id, path, session string, seq uint64, r io.Reader) (gotSeq uint64, replayed bool, err error)
+}
+
+// Headers of an archive upload's answer (StepRecorder).
+const (
+	HeaderTrajectorySeq      = "Warren-Trajectory-Seq"
+	HeaderTrajectoryReplayed = "Warren-Trajectory-Replayed"
+)
 
 // imageService implements warrenv1connect.ImageServiceHandler.
 type imageService struct{ m Manager }

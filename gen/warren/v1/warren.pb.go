@@ -1148,9 +1148,20 @@ type ExecRequest struct {
 	// the terminal (its end, or WriteStdin close, sends the EOF character
 	// ^D). ResizeProcess changes the size: with StartProcess by its
 	// process id, with ExecStream by the id of its first event (started).
-	Pty           bool   `protobuf:"varint,11,opt,name=pty,proto3" json:"pty,omitempty"`
-	Rows          uint32 `protobuf:"varint,12,opt,name=rows,proto3" json:"rows,omitempty"`
-	Cols          uint32 `protobuf:"varint,13,opt,name=cols,proto3" json:"cols,omitempty"`
+	Pty  bool   `protobuf:"varint,11,opt,name=pty,proto3" json:"pty,omitempty"`
+	Rows uint32 `protobuf:"varint,12,opt,name=rows,proto3" json:"rows,omitempty"`
+	Cols uint32 `protobuf:"varint,13,opt,name=cols,proto3" json:"cols,omitempty"`
+	// The trajectory log (ReadTrajectory). A call with seq > 0 is step seq
+	// of session session_id: when the sandbox's log already has that step,
+	// the request must be the recorded one, and the recorded result is
+	// returned without running anything (ExecResult.replayed); a different
+	// request is FailedPrecondition naming the step and what differs. A
+	// step not in the log runs live and is recorded. seq 0 records the call
+	// as the next step of its session. The same two fields, with the same
+	// meaning, are on WriteFileRequest, MakeDirRequest and RemoveFileRequest
+	// (and the session and seq query parameters of an archive upload).
+	SessionId     string `protobuf:"bytes,20,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Seq           uint64 `protobuf:"varint,21,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1276,6 +1287,20 @@ func (x *ExecRequest) GetCols() uint32 {
 	return 0
 }
 
+func (x *ExecRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ExecRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type ExecResult struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
 	Stdout             []byte                 `protobuf:"bytes,1,opt,name=stdout,proto3" json:"stdout,omitempty"`
@@ -1290,8 +1315,14 @@ type ExecResult struct {
 	OomKilled          bool                   `protobuf:"varint,10,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	DurationMs         int64                  `protobuf:"varint,11,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
 	Pid                int32                  `protobuf:"varint,12,opt,name=pid,proto3" json:"pid,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Exec and ExecStream: the step the call was recorded as in the
+	// sandbox's trajectory log (0: not recorded: the log is full, or the
+	// result is a background process's), and whether this is the recorded
+	// result of an earlier run rather than a new one.
+	Seq           uint64 `protobuf:"varint,20,opt,name=seq,proto3" json:"seq,omitempty"`
+	Replayed      bool   `protobuf:"varint,21,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecResult) Reset() {
@@ -1406,6 +1437,20 @@ func (x *ExecResult) GetPid() int32 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *ExecResult) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ExecResult) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
 }
 
 type ExecEvent struct {
@@ -2385,6 +2430,8 @@ type WriteFileRequest struct {
 	Mode          uint32                 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"` // default 0644
 	Append        bool                   `protobuf:"varint,5,opt,name=append,proto3" json:"append,omitempty"`
 	MakeParents   bool                   `protobuf:"varint,6,opt,name=make_parents,json=makeParents,proto3" json:"make_parents,omitempty"`
+	SessionId     string                 `protobuf:"bytes,20,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // trajectory log step: see ExecRequest.session_id
+	Seq           uint64                 `protobuf:"varint,21,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2461,8 +2508,25 @@ func (x *WriteFileRequest) GetMakeParents() bool {
 	return false
 }
 
+func (x *WriteFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *WriteFileRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+// seq and replayed: as in ExecResult.
 type WriteFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,20,opt,name=seq,proto3" json:"seq,omitempty"`
+	Replayed      bool                   `protobuf:"varint,21,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2495,6 +2559,20 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
 	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *WriteFileResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *WriteFileResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
 }
 
 type ReadFileRequest struct {
@@ -2916,6 +2994,8 @@ type MakeDirRequest struct {
 	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
 	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
 	Parents       bool                   `protobuf:"varint,4,opt,name=parents,proto3" json:"parents,omitempty"`
+	SessionId     string                 `protobuf:"bytes,20,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // trajectory log step: see ExecRequest.session_id
+	Seq           uint64                 `protobuf:"varint,21,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2978,8 +3058,24 @@ func (x *MakeDirRequest) GetParents() bool {
 	return false
 }
 
+func (x *MakeDirRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *MakeDirRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type MakeDirResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,20,opt,name=seq,proto3" json:"seq,omitempty"`
+	Replayed      bool                   `protobuf:"varint,21,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3014,11 +3110,27 @@ func (*MakeDirResponse) Descriptor() ([]byte, []int) {
 	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
 }
 
+func (x *MakeDirResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *MakeDirResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
 type RemoveFileRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
 	Recursive     bool                   `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	SessionId     string                 `protobuf:"bytes,20,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // trajectory log step: see ExecRequest.session_id
+	Seq           uint64                 `protobuf:"varint,21,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3074,8 +3186,24 @@ func (x *RemoveFileRequest) GetRecursive() bool {
 	return false
 }
 
+func (x *RemoveFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *RemoveFileRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type RemoveFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,20,opt,name=seq,proto3" json:"seq,omitempty"`
+	Replayed      bool                   `protobuf:"varint,21,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3108,6 +3236,20 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
 	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *RemoveFileResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *RemoveFileResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
 }
 
 type Image struct {
@@ -4783,6 +4925,465 @@ func (x *SecurityEvent) GetSuppressed() uint64 {
 	return 0
 }
 
+type ReadTrajectoryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // only this session's entries; "" = every session
+	PageSize      int32                  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`   // 0 = 100; at most 1000
+	PageToken     string                 `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"` // next_page_token of the previous page
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadTrajectoryRequest) Reset() {
+	*x = ReadTrajectoryRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadTrajectoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadTrajectoryRequest) ProtoMessage() {}
+
+func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadTrajectoryRequest.ProtoReflect.Descriptor instead.
+func (*ReadTrajectoryRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *ReadTrajectoryRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ReadTrajectoryRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ReadTrajectoryRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ReadTrajectoryRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ReadTrajectoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*TrajectoryEntry     `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"` // empty on the last page
+	LogBytes      int64                  `protobuf:"varint,3,opt,name=log_bytes,json=logBytes,proto3" json:"log_bytes,omitempty"`                 // the log's size on disk
+	MaxBytes      int64                  `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`                 // its cap (the node's --trajectory-max-bytes)
+	// Calls without a seq that ran unrecorded because the log was full.
+	Unrecorded    uint64 `protobuf:"varint,5,opt,name=unrecorded,proto3" json:"unrecorded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadTrajectoryResponse) Reset() {
+	*x = ReadTrajectoryResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadTrajectoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadTrajectoryResponse) ProtoMessage() {}
+
+func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadTrajectoryResponse.ProtoReflect.Descriptor instead.
+func (*ReadTrajectoryResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *ReadTrajectoryResponse) GetEntries() []*TrajectoryEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *ReadTrajectoryResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ReadTrajectoryResponse) GetLogBytes() int64 {
+	if x != nil {
+		return x.LogBytes
+	}
+	return 0
+}
+
+func (x *ReadTrajectoryResponse) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *ReadTrajectoryResponse) GetUnrecorded() uint64 {
+	if x != nil {
+		return x.Unrecorded
+	}
+	return 0
+}
+
+// TrajectoryUpload is an archive upload (PUT /v1/sandboxes/{id}/archive)
+// as the trajectory log records it; the tar body is payload_*.
+type TrajectoryUpload struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrajectoryUpload) Reset() {
+	*x = TrajectoryUpload{}
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrajectoryUpload) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrajectoryUpload) ProtoMessage() {}
+
+func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrajectoryUpload.ProtoReflect.Descriptor instead.
+func (*TrajectoryUpload) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *TrajectoryUpload) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *TrajectoryUpload) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+// TrajectoryEntry is one step of a sandbox's trajectory log.
+type TrajectoryEntry struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Index     uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"` // position in the log, from 1
+	SessionId string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Seq       uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"` // the step within its session, from 1
+	// "exec" (Exec and ExecStream), "write_file", "make_dir", "remove_file",
+	// "upload".
+	Method string `protobuf:"bytes,4,opt,name=method,proto3" json:"method,omitempty"`
+	// SHA-256 (hex) of the canonical request: its deterministic protobuf
+	// encoding without sandbox_id, session_id, seq and idempotency_key,
+	// payload included. Replay compares it.
+	RequestSha256 string `protobuf:"bytes,5,opt,name=request_sha256,json=requestSha256,proto3" json:"request_sha256,omitempty"`
+	// The request, without its payload (stdin, file content, tar body),
+	// which payload_bytes and payload_sha256 stand for.
+	//
+	// Types that are valid to be assigned to Request:
+	//
+	//	*TrajectoryEntry_Exec
+	//	*TrajectoryEntry_WriteFile
+	//	*TrajectoryEntry_MakeDir
+	//	*TrajectoryEntry_RemoveFile
+	//	*TrajectoryEntry_Upload
+	Request       isTrajectoryEntry_Request `protobuf_oneof:"request"`
+	PayloadBytes  int64                     `protobuf:"varint,11,opt,name=payload_bytes,json=payloadBytes,proto3" json:"payload_bytes,omitempty"`
+	PayloadSha256 string                    `protobuf:"bytes,12,opt,name=payload_sha256,json=payloadSha256,proto3" json:"payload_sha256,omitempty"`
+	ExecResult    *ExecResult               `protobuf:"bytes,13,opt,name=exec_result,json=execResult,proto3" json:"exec_result,omitempty"` // exec: the result returned
+	// The call's error, when it failed: its category (errdefs names:
+	// "not_found", "invalid", "conflict", ...) and message. Replay returns
+	// the same error.
+	ErrorCategory string `protobuf:"bytes,14,opt,name=error_category,json=errorCategory,proto3" json:"error_category,omitempty"`
+	Error         string `protobuf:"bytes,15,opt,name=error,proto3" json:"error,omitempty"`
+	// The call was refused before it changed anything (an invalid request,
+	// a sandbox not running, a daemon shutting down): a later call with
+	// this seq runs live and its entry supersedes this one.
+	NotRun bool `protobuf:"varint,16,opt,name=not_run,json=notRun,proto3" json:"not_run,omitempty"`
+	// The call started but its outcome was never recorded (the daemon
+	// stopped during it): the command may have run. A call with this seq is
+	// FailedPrecondition.
+	Interrupted   bool  `protobuf:"varint,17,opt,name=interrupted,proto3" json:"interrupted,omitempty"`
+	StartedUnixMs int64 `protobuf:"varint,18,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	DurationUs    int64 `protobuf:"varint,19,opt,name=duration_us,json=durationUs,proto3" json:"duration_us,omitempty"` // from the start of the call to its outcome
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrajectoryEntry) Reset() {
+	*x = TrajectoryEntry{}
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrajectoryEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrajectoryEntry) ProtoMessage() {}
+
+func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrajectoryEntry.ProtoReflect.Descriptor instead.
+func (*TrajectoryEntry) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *TrajectoryEntry) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetRequestSha256() string {
+	if x != nil {
+		return x.RequestSha256
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetRequest() isTrajectoryEntry_Request {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetExec() *ExecRequest {
+	if x != nil {
+		if x, ok := x.Request.(*TrajectoryEntry_Exec); ok {
+			return x.Exec
+		}
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetWriteFile() *WriteFileRequest {
+	if x != nil {
+		if x, ok := x.Request.(*TrajectoryEntry_WriteFile); ok {
+			return x.WriteFile
+		}
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetMakeDir() *MakeDirRequest {
+	if x != nil {
+		if x, ok := x.Request.(*TrajectoryEntry_MakeDir); ok {
+			return x.MakeDir
+		}
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetRemoveFile() *RemoveFileRequest {
+	if x != nil {
+		if x, ok := x.Request.(*TrajectoryEntry_RemoveFile); ok {
+			return x.RemoveFile
+		}
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetUpload() *TrajectoryUpload {
+	if x != nil {
+		if x, ok := x.Request.(*TrajectoryEntry_Upload); ok {
+			return x.Upload
+		}
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetPayloadBytes() int64 {
+	if x != nil {
+		return x.PayloadBytes
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetPayloadSha256() string {
+	if x != nil {
+		return x.PayloadSha256
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetExecResult() *ExecResult {
+	if x != nil {
+		return x.ExecResult
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetErrorCategory() string {
+	if x != nil {
+		return x.ErrorCategory
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetNotRun() bool {
+	if x != nil {
+		return x.NotRun
+	}
+	return false
+}
+
+func (x *TrajectoryEntry) GetInterrupted() bool {
+	if x != nil {
+		return x.Interrupted
+	}
+	return false
+}
+
+func (x *TrajectoryEntry) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetDurationUs() int64 {
+	if x != nil {
+		return x.DurationUs
+	}
+	return 0
+}
+
+type isTrajectoryEntry_Request interface {
+	isTrajectoryEntry_Request()
+}
+
+type TrajectoryEntry_Exec struct {
+	Exec *ExecRequest `protobuf:"bytes,6,opt,name=exec,proto3,oneof"`
+}
+
+type TrajectoryEntry_WriteFile struct {
+	WriteFile *WriteFileRequest `protobuf:"bytes,7,opt,name=write_file,json=writeFile,proto3,oneof"`
+}
+
+type TrajectoryEntry_MakeDir struct {
+	MakeDir *MakeDirRequest `protobuf:"bytes,8,opt,name=make_dir,json=makeDir,proto3,oneof"`
+}
+
+type TrajectoryEntry_RemoveFile struct {
+	RemoveFile *RemoveFileRequest `protobuf:"bytes,9,opt,name=remove_file,json=removeFile,proto3,oneof"`
+}
+
+type TrajectoryEntry_Upload struct {
+	Upload *TrajectoryUpload `protobuf:"bytes,10,opt,name=upload,proto3,oneof"`
+}
+
+func (*TrajectoryEntry_Exec) isTrajectoryEntry_Request() {}
+
+func (*TrajectoryEntry_WriteFile) isTrajectoryEntry_Request() {}
+
+func (*TrajectoryEntry_MakeDir) isTrajectoryEntry_Request() {}
+
+func (*TrajectoryEntry_RemoveFile) isTrajectoryEntry_Request() {}
+
+func (*TrajectoryEntry_Upload) isTrajectoryEntry_Request() {}
+
 var File_warren_v1_warren_proto protoreflect.FileDescriptor
 
 const file_warren_v1_warren_proto_rawDesc = "" +
@@ -4892,7 +5493,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\v_cpu_millisB\x0f\n" +
 	"\r_memory_bytesB\v\n" +
 	"\t_pids_maxB\x12\n" +
-	"\x10_timeout_seconds\"\xad\x03\n" +
+	"\x10_timeout_seconds\"\xde\x03\n" +
 	"\vExecRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -4909,10 +5510,13 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	" \x01(\tR\x0eidempotencyKey\x12\x10\n" +
 	"\x03pty\x18\v \x01(\bR\x03pty\x12\x12\n" +
 	"\x04rows\x18\f \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\r \x01(\rR\x04cols\x1a6\n" +
+	"\x04cols\x18\r \x01(\rR\x04cols\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x14 \x01(\tR\tsessionId\x12\x10\n" +
+	"\x03seq\x18\x15 \x01(\x04R\x03seq\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc8\x03\n" +
 	"\n" +
 	"ExecResult\x12\x16\n" +
 	"\x06stdout\x18\x01 \x01(\fR\x06stdout\x12\x16\n" +
@@ -4929,7 +5533,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	" \x01(\bR\toomKilled\x12\x1f\n" +
 	"\vduration_ms\x18\v \x01(\x03R\n" +
 	"durationMs\x12\x10\n" +
-	"\x03pid\x18\f \x01(\x05R\x03pid\"\xad\x01\n" +
+	"\x03pid\x18\f \x01(\x05R\x03pid\x12\x10\n" +
+	"\x03seq\x18\x14 \x01(\x04R\x03seq\x12\x1a\n" +
+	"\breplayed\x18\x15 \x01(\bR\breplayed\"\xad\x01\n" +
 	"\tExecEvent\x12\x18\n" +
 	"\x06stdout\x18\x01 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x02 \x01(\fH\x00R\x06stderr\x12/\n" +
@@ -5004,7 +5610,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"process_id\x18\x02 \x01(\tR\tprocessId\x12\x12\n" +
 	"\x04rows\x18\x03 \x01(\rR\x04rows\x12\x12\n" +
 	"\x04cols\x18\x04 \x01(\rR\x04cols\"\x17\n" +
-	"\x15ResizeProcessResponse\"\xae\x01\n" +
+	"\x15ResizeProcessResponse\"\xdf\x01\n" +
 	"\x10WriteFileRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -5012,8 +5618,13 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\acontent\x18\x03 \x01(\fR\acontent\x12\x12\n" +
 	"\x04mode\x18\x04 \x01(\rR\x04mode\x12\x16\n" +
 	"\x06append\x18\x05 \x01(\bR\x06append\x12!\n" +
-	"\fmake_parents\x18\x06 \x01(\bR\vmakeParents\"\x13\n" +
-	"\x11WriteFileResponse\"t\n" +
+	"\fmake_parents\x18\x06 \x01(\bR\vmakeParents\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x14 \x01(\tR\tsessionId\x12\x10\n" +
+	"\x03seq\x18\x15 \x01(\x04R\x03seq\"A\n" +
+	"\x11WriteFileResponse\x12\x10\n" +
+	"\x03seq\x18\x14 \x01(\x04R\x03seq\x12\x1a\n" +
+	"\breplayed\x18\x15 \x01(\bR\breplayed\"t\n" +
 	"\x0fReadFileRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -5049,20 +5660,30 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0fStatFileRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
-	"\x04path\x18\x02 \x01(\tR\x04path\"q\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"\xa2\x01\n" +
 	"\x0eMakeDirRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x18\n" +
-	"\aparents\x18\x04 \x01(\bR\aparents\"\x11\n" +
-	"\x0fMakeDirResponse\"d\n" +
+	"\aparents\x18\x04 \x01(\bR\aparents\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x14 \x01(\tR\tsessionId\x12\x10\n" +
+	"\x03seq\x18\x15 \x01(\x04R\x03seq\"?\n" +
+	"\x0fMakeDirResponse\x12\x10\n" +
+	"\x03seq\x18\x14 \x01(\x04R\x03seq\x12\x1a\n" +
+	"\breplayed\x18\x15 \x01(\bR\breplayed\"\x95\x01\n" +
 	"\x11RemoveFileRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
-	"\trecursive\x18\x03 \x01(\bR\trecursive\"\x14\n" +
-	"\x12RemoveFileResponse\"\xd7\x02\n" +
+	"\trecursive\x18\x03 \x01(\bR\trecursive\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x14 \x01(\tR\tsessionId\x12\x10\n" +
+	"\x03seq\x18\x15 \x01(\x04R\x03seq\"B\n" +
+	"\x12RemoveFileResponse\x12\x10\n" +
+	"\x03seq\x18\x14 \x01(\x04R\x03seq\x12\x1a\n" +
+	"\breplayed\x18\x15 \x01(\bR\breplayed\"\xd7\x02\n" +
 	"\x05Image\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
@@ -5191,7 +5812,54 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\aprocess\x18\x06 \x01(\tR\aprocess\x12\x1e\n" +
 	"\n" +
 	"suppressed\x18\a \x01(\x04R\n" +
-	"suppressed*\xeb\x01\n" +
+	"suppressed\"\x91\x01\n" +
+	"\x15ReadTrajectoryRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xd0\x01\n" +
+	"\x16ReadTrajectoryResponse\x124\n" +
+	"\aentries\x18\x01 \x03(\v2\x1a.warren.v1.TrajectoryEntryR\aentries\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1b\n" +
+	"\tlog_bytes\x18\x03 \x01(\x03R\blogBytes\x12\x1b\n" +
+	"\tmax_bytes\x18\x04 \x01(\x03R\bmaxBytes\x12\x1e\n" +
+	"\n" +
+	"unrecorded\x18\x05 \x01(\x04R\n" +
+	"unrecorded\"E\n" +
+	"\x10TrajectoryUpload\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"\x83\x06\n" +
+	"\x0fTrajectoryEntry\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x16\n" +
+	"\x06method\x18\x04 \x01(\tR\x06method\x12%\n" +
+	"\x0erequest_sha256\x18\x05 \x01(\tR\rrequestSha256\x12,\n" +
+	"\x04exec\x18\x06 \x01(\v2\x16.warren.v1.ExecRequestH\x00R\x04exec\x12<\n" +
+	"\n" +
+	"write_file\x18\a \x01(\v2\x1b.warren.v1.WriteFileRequestH\x00R\twriteFile\x126\n" +
+	"\bmake_dir\x18\b \x01(\v2\x19.warren.v1.MakeDirRequestH\x00R\amakeDir\x12?\n" +
+	"\vremove_file\x18\t \x01(\v2\x1c.warren.v1.RemoveFileRequestH\x00R\n" +
+	"removeFile\x125\n" +
+	"\x06upload\x18\n" +
+	" \x01(\v2\x1b.warren.v1.TrajectoryUploadH\x00R\x06upload\x12#\n" +
+	"\rpayload_bytes\x18\v \x01(\x03R\fpayloadBytes\x12%\n" +
+	"\x0epayload_sha256\x18\f \x01(\tR\rpayloadSha256\x126\n" +
+	"\vexec_result\x18\r \x01(\v2\x15.warren.v1.ExecResultR\n" +
+	"execResult\x12%\n" +
+	"\x0eerror_category\x18\x0e \x01(\tR\rerrorCategory\x12\x14\n" +
+	"\x05error\x18\x0f \x01(\tR\x05error\x12\x17\n" +
+	"\anot_run\x18\x10 \x01(\bR\x06notRun\x12 \n" +
+	"\vinterrupted\x18\x11 \x01(\bR\vinterrupted\x12&\n" +
+	"\x0fstarted_unix_ms\x18\x12 \x01(\x03R\rstartedUnixMs\x12\x1f\n" +
+	"\vduration_us\x18\x13 \x01(\x03R\n" +
+	"durationUsB\t\n" +
+	"\arequest*\xeb\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -5200,7 +5868,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x16SANDBOX_STATE_DELETING\x10\x04\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x05\x12\x1c\n" +
 	"\x18SANDBOX_STATE_HIBERNATED\x10\x06\x12\x16\n" +
-	"\x12SANDBOX_STATE_LOST\x10\a2\xcf\f\n" +
+	"\x12SANDBOX_STATE_LOST\x10\a2\xa6\r\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -5227,7 +5895,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\n" +
 	"RemoveFile\x12\x1c.warren.v1.RemoveFileRequest\x1a\x1d.warren.v1.RemoveFileResponse\x12B\n" +
 	"\rCommitSandbox\x12\x1f.warren.v1.CommitSandboxRequest\x1a\x10.warren.v1.Layer\x12^\n" +
-	"\x11ListSandboxEvents\x12#.warren.v1.ListSandboxEventsRequest\x1a$.warren.v1.ListSandboxEventsResponse2\xd8\x05\n" +
+	"\x11ListSandboxEvents\x12#.warren.v1.ListSandboxEventsRequest\x1a$.warren.v1.ListSandboxEventsResponse\x12U\n" +
+	"\x0eReadTrajectory\x12 .warren.v1.ReadTrajectoryRequest\x1a!.warren.v1.ReadTrajectoryResponse2\xd8\x05\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.warren.v1.ListImagesRequest\x1a\x1d.warren.v1.ListImagesResponse\x128\n" +
@@ -5259,7 +5928,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(*Resources)(nil),                 // 1: warren.v1.Resources
@@ -5331,32 +6000,36 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*ListSandboxEventsRequest)(nil),  // 67: warren.v1.ListSandboxEventsRequest
 	(*ListSandboxEventsResponse)(nil), // 68: warren.v1.ListSandboxEventsResponse
 	(*SecurityEvent)(nil),             // 69: warren.v1.SecurityEvent
-	nil,                               // 70: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 71: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 72: warren.v1.Sandbox.EnvEntry
-	nil,                               // 73: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 74: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 75: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 76: warren.v1.ExecRequest.EnvEntry
+	(*ReadTrajectoryRequest)(nil),     // 70: warren.v1.ReadTrajectoryRequest
+	(*ReadTrajectoryResponse)(nil),    // 71: warren.v1.ReadTrajectoryResponse
+	(*TrajectoryUpload)(nil),          // 72: warren.v1.TrajectoryUpload
+	(*TrajectoryEntry)(nil),           // 73: warren.v1.TrajectoryEntry
+	nil,                               // 74: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 75: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 76: warren.v1.Sandbox.EnvEntry
+	nil,                               // 77: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 78: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 79: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 80: warren.v1.ExecRequest.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	70, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	71, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	74, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	75, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	5,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	3,  // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	4,  // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,  // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	1,  // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	72, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	73, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	76, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	77, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	5,  // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	3,  // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	74, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	78, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	6,  // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	75, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	79, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	3,  // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	76, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	80, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	15, // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	17, // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	15, // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -5371,79 +6044,88 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	60, // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
 	63, // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
 	69, // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
-	2,  // 31: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	7,  // 32: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	8,  // 33: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	10, // 34: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	12, // 35: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	13, // 36: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	14, // 37: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	14, // 38: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	14, // 39: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	19, // 40: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	21, // 41: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	22, // 42: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	24, // 43: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	26, // 44: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	29, // 45: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	31, // 46: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	33, // 47: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	36, // 48: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	38, // 49: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	39, // 50: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	41, // 51: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	58, // 52: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	67, // 53: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	44, // 54: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	46, // 55: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	47, // 56: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	48, // 57: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	50, // 58: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	53, // 59: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	54, // 60: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	56, // 61: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	59, // 62: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	62, // 63: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	65, // 64: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	6,  // 65: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	6,  // 66: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	9,  // 67: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	11, // 68: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	6,  // 69: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	6,  // 70: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	15, // 71: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	16, // 72: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	18, // 73: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	20, // 74: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	15, // 75: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	23, // 76: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	25, // 77: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	28, // 78: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	30, // 79: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	32, // 80: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	34, // 81: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	37, // 82: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	35, // 83: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	40, // 84: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	42, // 85: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	52, // 86: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	68, // 87: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	45, // 88: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	43, // 89: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	43, // 90: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	49, // 91: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	51, // 92: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	52, // 93: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	55, // 94: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	57, // 95: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	61, // 96: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	64, // 97: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	66, // 98: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	65, // [65:99] is the sub-list for method output_type
-	31, // [31:65] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	73, // 31: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
+	14, // 32: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
+	31, // 33: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
+	39, // 34: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
+	41, // 35: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
+	72, // 36: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
+	15, // 37: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
+	2,  // 38: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	7,  // 39: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	8,  // 40: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	10, // 41: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	12, // 42: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	13, // 43: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	14, // 44: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	14, // 45: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	14, // 46: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	19, // 47: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	21, // 48: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	22, // 49: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	24, // 50: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	26, // 51: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	29, // 52: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	31, // 53: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	33, // 54: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	36, // 55: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	38, // 56: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	39, // 57: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	41, // 58: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	58, // 59: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	67, // 60: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	70, // 61: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	44, // 62: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	46, // 63: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	47, // 64: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	48, // 65: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	50, // 66: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	53, // 67: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	54, // 68: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	56, // 69: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	59, // 70: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	62, // 71: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	65, // 72: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	6,  // 73: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	6,  // 74: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	9,  // 75: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	11, // 76: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	6,  // 77: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	6,  // 78: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	15, // 79: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	16, // 80: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	18, // 81: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	20, // 82: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	15, // 83: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	23, // 84: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	25, // 85: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	28, // 86: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	30, // 87: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	32, // 88: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	34, // 89: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	37, // 90: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	35, // 91: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	40, // 92: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	42, // 93: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	52, // 94: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	68, // 95: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	71, // 96: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	45, // 97: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	43, // 98: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	43, // 99: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	49, // 100: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	51, // 101: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	52, // 102: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	55, // 103: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	57, // 104: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	61, // 105: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	64, // 106: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	66, // 107: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	73, // [73:108] is the sub-list for method output_type
+	38, // [38:73] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -5464,13 +6146,20 @@ func file_warren_v1_warren_proto_init() {
 		(*ProcessEvent_Stderr)(nil),
 		(*ProcessEvent_Exit)(nil),
 	}
+	file_warren_v1_warren_proto_msgTypes[72].OneofWrappers = []any{
+		(*TrajectoryEntry_Exec)(nil),
+		(*TrajectoryEntry_WriteFile)(nil),
+		(*TrajectoryEntry_MakeDir)(nil),
+		(*TrajectoryEntry_RemoveFile)(nil),
+		(*TrajectoryEntry_Upload)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   76,
+			NumMessages:   80,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

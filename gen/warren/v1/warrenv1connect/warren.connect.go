@@ -110,6 +110,9 @@ const (
 	// SandboxServiceListSandboxEventsProcedure is the fully-qualified name of the SandboxService's
 	// ListSandboxEvents RPC.
 	SandboxServiceListSandboxEventsProcedure = "/warren.v1.SandboxService/ListSandboxEvents"
+	// SandboxServiceReadTrajectoryProcedure is the fully-qualified name of the SandboxService's
+	// ReadTrajectory RPC.
+	SandboxServiceReadTrajectoryProcedure = "/warren.v1.SandboxService/ReadTrajectory"
 	// ImageServiceListImagesProcedure is the fully-qualified name of the ImageService's ListImages RPC.
 	ImageServiceListImagesProcedure = "/warren.v1.ImageService/ListImages"
 	// ImageServiceGetImageProcedure is the fully-qualified name of the ImageService's GetImage RPC.
@@ -201,6 +204,12 @@ type SandboxServiceClient interface {
 	// daemon keeps the latest 256 per sandbox while the sandbox exists
 	// (its audit file keeps them longer). NotFound for an unknown sandbox.
 	ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error)
+	// ReadTrajectory pages through a sandbox's trajectory log: every Exec,
+	// ExecStream, WriteFile, MakeDir, RemoveFile and archive upload, with
+	// its sequence number, request, outcome and timing, in the order their
+	// outcomes were recorded (docs/ARCHITECTURE.md, "The trajectory log").
+	// NotFound for an unknown sandbox.
+	ReadTrajectory(context.Context, *connect.Request[v1.ReadTrajectoryRequest]) (*connect.Response[v1.ReadTrajectoryResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the warren.v1.SandboxService service. By default,
@@ -352,6 +361,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("ListSandboxEvents")),
 			connect.WithClientOptions(opts...),
 		),
+		readTrajectory: connect.NewClient[v1.ReadTrajectoryRequest, v1.ReadTrajectoryResponse](
+			httpClient,
+			baseURL+SandboxServiceReadTrajectoryProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ReadTrajectory")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -380,6 +395,7 @@ type sandboxServiceClient struct {
 	removeFile        *connect.Client[v1.RemoveFileRequest, v1.RemoveFileResponse]
 	commitSandbox     *connect.Client[v1.CommitSandboxRequest, v1.Layer]
 	listSandboxEvents *connect.Client[v1.ListSandboxEventsRequest, v1.ListSandboxEventsResponse]
+	readTrajectory    *connect.Client[v1.ReadTrajectoryRequest, v1.ReadTrajectoryResponse]
 }
 
 // Create calls warren.v1.SandboxService.Create.
@@ -497,6 +513,11 @@ func (c *sandboxServiceClient) ListSandboxEvents(ctx context.Context, req *conne
 	return c.listSandboxEvents.CallUnary(ctx, req)
 }
 
+// ReadTrajectory calls warren.v1.SandboxService.ReadTrajectory.
+func (c *sandboxServiceClient) ReadTrajectory(ctx context.Context, req *connect.Request[v1.ReadTrajectoryRequest]) (*connect.Response[v1.ReadTrajectoryResponse], error) {
+	return c.readTrajectory.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the warren.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v1.Sandbox], error)
@@ -560,6 +581,12 @@ type SandboxServiceHandler interface {
 	// daemon keeps the latest 256 per sandbox while the sandbox exists
 	// (its audit file keeps them longer). NotFound for an unknown sandbox.
 	ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error)
+	// ReadTrajectory pages through a sandbox's trajectory log: every Exec,
+	// ExecStream, WriteFile, MakeDir, RemoveFile and archive upload, with
+	// its sequence number, request, outcome and timing, in the order their
+	// outcomes were recorded (docs/ARCHITECTURE.md, "The trajectory log").
+	// NotFound for an unknown sandbox.
+	ReadTrajectory(context.Context, *connect.Request[v1.ReadTrajectoryRequest]) (*connect.Response[v1.ReadTrajectoryResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -707,6 +734,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("ListSandboxEvents")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceReadTrajectoryHandler := connect.NewUnaryHandler(
+		SandboxServiceReadTrajectoryProcedure,
+		svc.ReadTrajectory,
+		connect.WithSchema(sandboxServiceMethods.ByName("ReadTrajectory")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warren.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -755,6 +788,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceCommitSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceListSandboxEventsProcedure:
 			sandboxServiceListSandboxEventsHandler.ServeHTTP(w, r)
+		case SandboxServiceReadTrajectoryProcedure:
+			sandboxServiceReadTrajectoryHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -854,6 +889,10 @@ func (UnimplementedSandboxServiceHandler) CommitSandbox(context.Context, *connec
 
 func (UnimplementedSandboxServiceHandler) ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.ListSandboxEvents is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ReadTrajectory(context.Context, *connect.Request[v1.ReadTrajectoryRequest]) (*connect.Response[v1.ReadTrajectoryResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.ReadTrajectory is not implemented"))
 }
 
 // ImageServiceClient is a client for the warren.v1.ImageService service.
