@@ -39,9 +39,9 @@ func (m *Manager) Exec(ctx context.Context, req *warrenv1.ExecRequest) (_ *warre
 // then kept, to be recorded, even when it is streamed).
 func (m *Manager) execStep(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error) (stepOutcome, error) {
 	st := step{sandbox: req.GetSandboxId(), session: req.GetSessionId(), seq: req.GetSeq(), method: trajectory.MethodExec, req: req}
-	out, err := m.recorded(st, func() (*warrenv1.ExecResult, bool, string, error) {
+	out, err := m.recorded(st, func() (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
 		res, started, err := m.exec(ctx, req, send, !m.traj.off)
-		return res, !started, "", err
+		return res, !started, nil, err
 	})
 	if err == nil && out.replayed && send != nil {
 		if err := replay(out.res, send); err != nil {

@@ -69,9 +69,9 @@ func (m *Manager) fileStep(method, session string, seq uint64, req interface {
 	GetSandboxId() string
 }, do func() (notRun bool, err error)) (stepOutcome, error) {
 	st := step{sandbox: req.GetSandboxId(), session: session, seq: seq, method: method, req: req}
-	return m.recorded(st, func() (*warrenv1.ExecResult, bool, string, error) {
+	return m.recorded(st, func() (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
 		notRun, err := do()
-		return nil, notRun, "", err
+		return nil, notRun, nil, err
 	})
 }
 
@@ -220,21 +220,34 @@ func (m *Manager) TarInStep(ctx context.Context, id, path, session string, seq u
 	h := sha256.New()
 	st := step{sandbox: id, session: session, seq: seq, method: trajectory.MethodUpload,
 		req: &warrenv1.TrajectoryUpload{SandboxId: id, Path: path},
-		hashNow: func() (string, error) {
-			if _, err := io.Copy(h, r); err != nil {
-				return "", errdefs.Wrap(errdefs.Unavailable, err, "read the upload")
+		hashNow: func() (*trajectory.Late, error) {
+			n, err := io.Copy(h, r)
+			if err != nil {
+				return nil, errdefs.Wrap(errdefs.Unavailable, err, "read the upload")
 			}
-			return trajectory.UploadHash(path, h.Sum(nil)), nil
+			return trajectory.UploadLate(path, n, h.Sum(nil)), nil
 		}}
-	out, err := m.recorded(st, func() (*warrenv1.ExecResult, bool, string, error) {
+	out, err := m.recorded(st, func() (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
 		fs, err := m.fsOf(id)
 		if err != nil {
-			return nil, true, "", err
+			return nil, true, nil, err
 		}
-		err = fs.TarIn(ctx, path, io.TeeReader(r, h))
+		cr := &countingReader{r: io.TeeReader(r, h)}
+		err = fs.TarIn(ctx, path, cr)
 		// What the extraction left unread is part of the request too.
-		_, _ = io.Copy(h, r)
-		return nil, false, trajectory.UploadHash(path, h.Sum(nil)), withCategory(err, errdefs.Internal, "extract into "+path)
+		_, _ = io.Copy(io.Discard, cr)
+		return nil, false, trajectory.UploadLate(path, cr.n, h.Sum(nil)), withCategory(err, errdefs.Internal, "extract into "+path)
 	})
 	return out.seq, out.replayed, err
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }

@@ -147,7 +147,7 @@ type step struct {
 	req     proto.Message // hashed and recorded (payload as digest)
 	// hash and hashNow: see trajectory.Call (uploads hash their body).
 	hash    string
-	hashNow func() (string, error)
+	hashNow func() (*trajectory.Late, error)
 }
 
 // stepOutcome is what a recorded call returns to its caller.
@@ -160,7 +160,7 @@ type stepOutcome struct {
 // runFunc runs a call live: its exec result (nil for others), whether it
 // was refused before it changed anything, its error, and for uploads the
 // request hash known only now.
-type runFunc func() (res *warrenv1.ExecResult, notRun bool, lateHash string, err error)
+type runFunc func() (res *warrenv1.ExecResult, notRun bool, late *trajectory.Late, err error)
 
 // recorded runs a mutating call through its sandbox's trajectory log:
 // the recorded outcome of its step when the log has it (the call does not

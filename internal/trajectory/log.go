@@ -228,7 +228,7 @@ type Call struct {
 	// known only once the call ran (an upload hashes its body while
 	// extracting it): HashNow computes it for a replay instead.
 	Hash    string
-	HashNow func() (string, error)
+	HashNow func() (*Late, error)
 	// Entry holds the request part (method, request, payload fields).
 	Entry *warrenv1.TrajectoryEntry
 }
@@ -301,14 +301,17 @@ func (l *Log) replay(c Call, seq uint64, off int64, n int, recHash string) (Outc
 	if err != nil {
 		return Outcome{}, errdefs.Wrap(errdefs.Internal, err, "read trajectory log")
 	}
-	h := c.Hash
+	h, entry := c.Hash, c.Entry
 	if h == "" && c.HashNow != nil {
-		if h, err = c.HashNow(); err != nil {
+		late, err := c.HashNow()
+		if err != nil {
 			return Outcome{}, err
 		}
+		entry = proto.Clone(entry).(*warrenv1.TrajectoryEntry)
+		h, entry.PayloadBytes, entry.PayloadSha256 = late.Hash, late.PayloadBytes, late.PayloadSha256
 	}
 	if h != recHash {
-		return Outcome{}, errdefs.Wrap(errdefs.Conflict, &MismatchError{Session: c.Session, Seq: seq, Diff: Diff(rec, c.Entry)}, "")
+		return Outcome{}, errdefs.Wrap(errdefs.Conflict, &MismatchError{Session: c.Session, Seq: seq, Diff: Diff(rec, entry)}, "")
 	}
 	return Outcome{Replay: rec}, nil
 }
@@ -351,14 +354,22 @@ func (l *Log) beginLocked(c Call, s *session, seq uint64) (Outcome, error) {
 	return Outcome{Live: &Ticket{l: l, st: st, entry: e, start: now}}, nil
 }
 
+// Late is what a call learns of its own request only as it runs: an
+// upload's hash and payload digest, read while its body is extracted.
+type Late struct {
+	Hash          string
+	PayloadBytes  int64
+	PayloadSha256 string
+}
+
 // Finish records the live step's outcome and returns once it is on disk.
 // res is the exec result (nil for other calls); callErr the call's error;
-// notRun tells the call was refused before it changed anything. hash is
-// the request hash when Begin had none ("" otherwise).
-func (t *Ticket) Finish(res *warrenv1.ExecResult, callErr error, notRun bool, hash string) error {
+// notRun tells the call was refused before it changed anything. late
+// completes the request when Begin had no hash (nil otherwise).
+func (t *Ticket) Finish(res *warrenv1.ExecResult, callErr error, notRun bool, late *Late) error {
 	e := t.entry
-	if hash != "" {
-		e.RequestSha256 = hash
+	if late != nil {
+		e.RequestSha256, e.PayloadBytes, e.PayloadSha256 = late.Hash, late.PayloadBytes, late.PayloadSha256
 	}
 	e.ExecResult = res
 	e.NotRun = notRun
@@ -391,7 +402,7 @@ func (t *Ticket) Finish(res *warrenv1.ExecResult, callErr error, notRun bool, ha
 // Abandon ends a live step that never started and must leave no trace in
 // the outcome (used when the call failed before it reached the sandbox):
 // it is recorded as not run.
-func (t *Ticket) Abandon(callErr error) error { return t.Finish(nil, callErr, true, "") }
+func (t *Ticket) Abandon(callErr error) error { return t.Finish(nil, callErr, true, nil) }
 
 // Stats are a log's size and counts.
 type Stats struct {

@@ -26,7 +26,7 @@ func run(t *testing.T, l *Log, c Call, out string) uint64 {
 	if err != nil || o.Live == nil {
 		t.Fatalf("begin %v: %+v %v", c.Seq, o, err)
 	}
-	if err := o.Live.Finish(&warrenv1.ExecResult{Stdout: []byte(out)}, nil, false, ""); err != nil {
+	if err := o.Live.Finish(&warrenv1.ExecResult{Stdout: []byte(out)}, nil, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	return o.Live.Seq()
@@ -87,7 +87,7 @@ func TestPayloadDigest(t *testing.T) {
 	if err != nil || o.Live == nil {
 		t.Fatal(o, err)
 	}
-	if err := o.Live.Finish(nil, nil, false, ""); err != nil {
+	if err := o.Live.Finish(nil, nil, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	o, err = l.Begin(mk("hello"))
@@ -167,7 +167,7 @@ func TestErrorReplayed(t *testing.T) {
 	}
 	defer l.Close()
 	o, _ := l.Begin(execCall("s", 1, "mkdir"))
-	if err := o.Live.Finish(nil, errdefs.AlreadyExistsf("/x exists"), false, ""); err != nil {
+	if err := o.Live.Finish(nil, errdefs.AlreadyExistsf("/x exists"), false, nil); err != nil {
 		t.Fatal(err)
 	}
 	o, _ = l.Begin(execCall("s", 1, "mkdir"))
@@ -224,7 +224,7 @@ func TestConcurrentSteps(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	o.Live.Finish(&warrenv1.ExecResult{Stdout: []byte("done")}, nil, false, "")
+	o.Live.Finish(&warrenv1.ExecResult{Stdout: []byte("done")}, nil, false, nil)
 	if r := <-got; string(r.GetExecResult().GetStdout()) != "done" {
 		t.Fatalf("waiter replayed %v", r)
 	}

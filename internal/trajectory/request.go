@@ -52,10 +52,15 @@ func RequestHash(method string, req proto.Message) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// UploadHash is the canonical hash of an upload of a tar whose SHA-256 is
-// bodySum to path.
-func UploadHash(path string, bodySum []byte) string {
-	return RequestHash(MethodUpload, &warrenv1.TrajectoryEntry{PayloadSha256: hex.EncodeToString(bodySum), Request: &warrenv1.TrajectoryEntry_Upload{Upload: &warrenv1.TrajectoryUpload{Path: path}}})
+// UploadLate is the request hash and payload digest of an upload to path
+// of a tar of n bytes whose SHA-256 is bodySum.
+func UploadLate(path string, n int64, bodySum []byte) *Late {
+	sum := hex.EncodeToString(bodySum)
+	return &Late{
+		Hash:          RequestHash(MethodUpload, &warrenv1.TrajectoryEntry{PayloadSha256: sum, Request: &warrenv1.TrajectoryEntry_Upload{Upload: &warrenv1.TrajectoryUpload{Path: path}}}),
+		PayloadBytes:  n,
+		PayloadSha256: sum,
+	}
 }
 
 func clearFields(m proto.Message, names map[protoreflect.Name]bool) {
