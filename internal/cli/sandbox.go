@@ -41,6 +41,7 @@ func newSandboxCommand() *cobra.Command {
 		newCopyCommand(),
 		newCommitCommand(),
 		newEventsCommand(),
+		newLogCommand(),
 	)
 	return c
 }
