@@ -53,6 +53,7 @@ from ._types import (
     VersionInfo,
 )
 from .batch import BatchResult, Outcome, gather_bounded, map_bounded
+from .rollout import Rollout, rollout
 from .env import (
     AsyncSandboxEnv,
     CommandReward,
@@ -86,6 +87,8 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Rollout",
+    "rollout",
     "AsyncWarren",
     "AsyncSandbox",
     "AsyncProcess",

@@ -1168,6 +1168,20 @@ class AsyncSandbox:
     def __init__(self, client: AsyncWarren, info: SandboxInfo) -> None:
         self.client = client
         self.info = info
+        #: the rollout session numbering this handle's calls (warren.rollout)
+        self._rollout: Optional[Any] = None
+
+    def _step(self, body: Dict[str, Any]) -> None:
+        """Number a mutating call as the next step of the active rollout
+        session, if any. Called before the call's first await, so that
+        calls started in one order (asyncio.gather too) get the same
+        numbers on every run of the same code."""
+        if self._rollout is not None:
+            body["sessionId"], body["seq"] = self._rollout.session_id, str(self._rollout._next())
+
+    def _stepped(self, replayed: Any) -> None:
+        if self._rollout is not None:
+            self._rollout._count(bool(replayed))
 
     @property
     def id(self) -> str:
@@ -1338,8 +1352,10 @@ class AsyncSandbox:
         body = self._exec_body(command, env, cwd, user, stdin, t, output_limit)
         _set_pty(body, pty, rows, cols)
         body["idempotencyKey"] = idempotency_key or uuid.uuid4().hex
+        self._step(body)
         d = await self.client._rpc(_SBX + "Exec", body, timeout=self.client._exec_deadline(t), idempotent=True)
         r = ExecResult._from_json(d)
+        self._stepped(r.replayed)
         self.client._check_truncation(r, command)
         if check:
             r.check(allow_truncation=self.client.on_truncation != "raise")
@@ -1374,6 +1390,7 @@ class AsyncSandbox:
         body = self._exec_body(command, env, cwd, user, stdin, t, output_limit)
         _set_pty(body, pty, rows, cols)  # as in exec
         body["idempotencyKey"] = idempotency_key or uuid.uuid4().hex
+        self._step(body)
         return ExecStream(self, body, self.client._exec_deadline(t), command)
 
     # -- background processes -------------------------------------------
@@ -1413,6 +1430,24 @@ class AsyncSandbox:
         """The sandbox's background processes (running or exited), in start order."""
         d = await self.client._rpc(_SBX + "ListProcesses", {"sandboxId": self.id}, timeout=timeout)
         return [AsyncProcess(self, ProcessInfo._from_json(p)) for p in d.get("processes") or []]
+
+    async def trajectory(self, session_id: Optional[str] = None, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        """The sandbox's trajectory log: every exec and file write as a
+        numbered step (session, seq, method, request with payloads as their
+        length and SHA-256, result or error, timing), in the order their
+        outcomes were recorded; of one session, or of all when None. Each
+        entry is the API's TrajectoryEntry as JSON (camelCase keys)."""
+        out: List[Dict[str, Any]] = []
+        body: Dict[str, Any] = {"sandboxId": self.id, "pageSize": 1000}
+        if session_id:
+            body["sessionId"] = session_id
+        while True:
+            d = await self.client._rpc(_SBX + "ReadTrajectory", body, timeout=timeout)
+            out.extend(d.get("entries") or [])
+            token = d.get("nextPageToken") or ""
+            if not token:
+                return out
+            body["pageToken"] = token
 
     async def events(self, *, timeout: Optional[float] = None) -> List[SecurityEvent]:
         """The sandbox's security events, oldest first: every action the
@@ -1581,7 +1616,10 @@ class AsyncSandbox:
                 body["append"] = True
             if make_parents:
                 body["makeParents"] = True
-            await self.client._rpc(_SBX + "WriteFile", body, timeout=timeout, idempotent=not append)
+            self._step(body)
+            # A numbered append is safe to retry: the log replays it.
+            d = await self.client._rpc(_SBX + "WriteFile", body, timeout=timeout, idempotent=not append or "seq" in body)
+            self._stepped(d.get("replayed"))
 
     async def list_files(
         self, path: str, *, page_size: Optional[int] = None, timeout: Optional[float] = None
@@ -1649,8 +1687,10 @@ class AsyncSandbox:
             body["mode"] = int(mode)
         if parents:
             body["parents"] = True
+        self._step(body)
         try:
-            await self.client._rpc(_SBX + "MakeDir", body, timeout=timeout, idempotent=True)
+            d = await self.client._rpc(_SBX + "MakeDir", body, timeout=timeout, idempotent=True)
+            self._stepped(d.get("replayed"))
         except ConflictError as e:
             if e.after_ambiguous_failure and (await self.stat(path, timeout=timeout)).is_dir:
                 return  # made by our own earlier attempt
@@ -1663,8 +1703,10 @@ class AsyncSandbox:
         body: Dict[str, Any] = {"sandboxId": self.id, "path": path}
         if recursive:
             body["recursive"] = True
+        self._step(body)
         try:
-            await self.client._rpc(_SBX + "RemoveFile", body, timeout=timeout, idempotent=True)
+            d = await self.client._rpc(_SBX + "RemoveFile", body, timeout=timeout, idempotent=True)
+            self._stepped(d.get("replayed"))
         except NotFoundError as e:
             if missing_ok or e.after_ambiguous_failure:
                 return
@@ -1696,10 +1738,14 @@ class AsyncSandbox:
         else:
             f = tar
             body = lambda: _archive.iter_file(f)  # noqa: E731
+        params = {"path": remote_dir}
+        self._step(params)
+        if "seq" in params:
+            params["session"] = params.pop("sessionId")
         await self.client._t.http(
             "PUT",
             self._archive_path(),
-            params={"path": remote_dir},
+            params=params,
             body=body,
             content_type="application/x-tar",
             timeout=timeout if timeout is not None else self.client.transfer_timeout,
@@ -1951,6 +1997,7 @@ class ExecStream(_EventStream):
             r = ExecResult._from_json(msg["result"])._with_output(bytes(self._stdout), bytes(self._stderr))
             self.result = r
             self._done = True
+            self.sandbox._stepped(r.replayed)
             # Read the end of the stream so the connection goes back to the
             # pool (and an error after the result is not missed).
             try:

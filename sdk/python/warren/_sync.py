@@ -653,6 +653,10 @@ class Sandbox:
     def process(self, process_id: str) -> "Process":
         return Process(self, self.aio.process(process_id))
 
+    def trajectory(self, session_id: Optional[str] = None, *, timeout: Optional[float] = None) -> List[Any]:
+        """The sandbox's trajectory log (see :meth:`AsyncSandbox.trajectory`)."""
+        return self._run(self.aio.trajectory(session_id, timeout=timeout))
+
     def events(self, *, timeout: Optional[float] = None) -> List[SecurityEvent]:
         """The sandbox's security events, oldest first (see :meth:`AsyncSandbox.events`)."""
         return self._run(self.aio.events(timeout=timeout))

@@ -374,6 +374,11 @@ class ExecResult:
     oom_killed: bool = False  #: killed by the out-of-memory killer
     duration_ms: int = 0
     pid: int = 0  #: process id inside the sandbox
+    #: the step of the sandbox's trajectory log this exec was recorded as
+    #: (0: not recorded), and whether this is that step's recorded result
+    #: rather than a new run (see :func:`warren.rollout`)
+    seq: int = 0
+    replayed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -447,6 +452,8 @@ class ExecResult:
             oom_killed=bool(d.get("oomKilled", False)),
             duration_ms=_int(d.get("durationMs")),
             pid=_int(d.get("pid")),
+            seq=_int(d.get("seq")),
+            replayed=bool(d.get("replayed", False)),
         )
 
     def _with_output(self, stdout: bytes, stderr: bytes) -> "ExecResult":
