@@ -53,7 +53,7 @@ result to stdout, as a table or (--json) one JSON object.`,
 	_ = pf.MarkHidden("daemon-arg")
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
 		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchHardeningCommand(&bf),
-		newBenchNetworkCommand(&bf), newBenchNetClientCommand())
+		newBenchNetworkCommand(&bf), newBenchNetClientCommand(), newBenchTrajectoryCommand(&bf))
 	return c
 }
 
@@ -495,5 +495,27 @@ func newBenchHardeningCommand(bf *benchFlags) *cobra.Command {
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 20, "unmeasured cycles per daemon first")
 	c.Flags().IntVar(&cfg.Syscalls, "syscalls", 1000000, "bytes dd copies one at a time (twice as many system calls)")
 	c.Flags().IntVar(&cfg.Runs, "runs", 10, "measured runs of the syscall-bound exec per daemon")
+	return c
+}
+
+func newBenchTrajectoryCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.TrajectoryConfig{}
+	c := &cobra.Command{
+		Use:   "trajectory [--steps 1000] [--replays 5] [--n 1000]",
+		Short: "Replay of a recorded rollout and the per-exec cost of recording it in the trajectory log",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Steps < 1 || cfg.Replays < 1 || cfg.N < 1 || cfg.Warmup < 0 {
+				return errors.New("--steps, --replays and --n must be positive")
+			}
+			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
+				return bench.RunTrajectory(ctx, env, cfg)
+			})
+		},
+	}
+	c.Flags().IntVar(&cfg.Steps, "steps", 1000, "steps of the recorded rollout")
+	c.Flags().IntVar(&cfg.Replays, "replays", 5, "replays of the whole log")
+	c.Flags().IntVar(&cfg.N, "n", 1000, "measured exec rounds, logged and unlogged")
+	c.Flags().IntVar(&cfg.Warmup, "warmup", 50, "unmeasured exec rounds first")
 	return c
 }

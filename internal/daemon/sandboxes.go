@@ -68,6 +68,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Layers:          slices.Clone(p.layers),
 		KeepEtc:         req.GetKeepEtc(),
 		AllowSetuid:     req.GetAllowSetuid(),
+		NoTrajectory:    req.GetNoTrajectory(),
 		Rlimits:         rlimitProtos(p.rlimits),
 		Network:         networkProto(p.network),
 	}

@@ -176,21 +176,22 @@ func (m *Manager) recorded(st step, run runFunc) (stepOutcome, error) {
 		res, _, _, err := run()
 		return stepOutcome{res: res}, err
 	}
-	if m.traj.off {
-		if st.seq != 0 || st.session != "" {
-			return stepOutcome{}, errdefs.Unsupportedf("this node records no trajectory log (--no-trajectory): seq and session_id cannot be honoured")
-		}
-		return live()
-	}
 	s, err := m.lookup(st.sandbox)
 	if err != nil {
 		return stepOutcome{}, err
 	}
 	s.mu.Lock()
 	err = s.allowLocked(opInspect)
+	off := m.traj.off || s.info.GetNoTrajectory()
 	s.mu.Unlock()
 	if err != nil {
 		return stepOutcome{}, err
+	}
+	if off {
+		if st.seq != 0 || st.session != "" {
+			return stepOutcome{}, errdefs.Unsupportedf("sandbox %s records no trajectory log (node --no-trajectory or its no_trajectory): seq and session_id cannot be honoured", st.sandbox)
+		}
+		return live()
 	}
 	log, err := m.traj.get(s)
 	if err != nil {

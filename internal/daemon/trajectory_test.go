@@ -262,3 +262,18 @@ func TestTrajectoryCap(t *testing.T) {
 	_ = context.Background
 	_ = trajectory.MethodExec
 }
+
+// A sandbox created with no_trajectory records nothing and refuses seqs.
+func TestTrajectoryOffPerSandbox(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "off", NoTrajectory: true})
+	if res := e.sh("off", "echo hi"); res.GetSeq() != 0 {
+		t.Fatalf("recorded: %v", res)
+	}
+	_, err := e.m.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "off", SessionId: "s", Seq: 1, Shell: "true"})
+	wantCat(t, err, errdefs.Unsupported, "records no trajectory log")
+	if _, err := os.Stat(filepath.Join(e.dir, "state", trajDirName, "off.log")); !os.IsNotExist(err) {
+		t.Fatalf("log file of a sandbox without one: %v", err)
+	}
+}

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/client"
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 )
 
 // TestTrajectoryReplaySurvivesDaemonKill9: an agent loop driven through

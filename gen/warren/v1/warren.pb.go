@@ -222,7 +222,11 @@ type CreateRequest struct {
 	// sandbox (sudo, su, ping run by a non-root user of the image): its
 	// processes run without no_new_privs. The seccomp filter, the
 	// capability bounding set and the namespaces still hold. Default off.
-	AllowSetuid   bool `protobuf:"varint,15,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
+	AllowSetuid bool `protobuf:"varint,15,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
+	// Record no trajectory log for this sandbox (ReadTrajectory): its execs
+	// and file writes skip the log's fdatasync, and calls with a seq or a
+	// session are Unsupported. Fixed at create.
+	NoTrajectory  bool `protobuf:"varint,25,opt,name=no_trajectory,json=noTrajectory,proto3" json:"no_trajectory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -358,6 +362,13 @@ func (x *CreateRequest) GetNetwork() *NetworkPolicy {
 func (x *CreateRequest) GetAllowSetuid() bool {
 	if x != nil {
 		return x.AllowSetuid
+	}
+	return false
+}
+
+func (x *CreateRequest) GetNoTrajectory() bool {
+	if x != nil {
+		return x.NoTrajectory
 	}
 	return false
 }
@@ -590,7 +601,8 @@ type Sandbox struct {
 	Network *NetworkPolicy `protobuf:"bytes,17,opt,name=network,proto3" json:"network,omitempty"` // unset for mode "none"
 	// The sandbox's address on the node's sandbox subnet ("" in mode "none").
 	NetworkAddress string `protobuf:"bytes,18,opt,name=network_address,json=networkAddress,proto3" json:"network_address,omitempty"`
-	AllowSetuid    bool   `protobuf:"varint,19,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"` // CreateRequest.allow_setuid
+	AllowSetuid    bool   `protobuf:"varint,19,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`    // CreateRequest.allow_setuid
+	NoTrajectory   bool   `protobuf:"varint,30,opt,name=no_trajectory,json=noTrajectory,proto3" json:"no_trajectory,omitempty"` // CreateRequest.no_trajectory
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -754,6 +766,13 @@ func (x *Sandbox) GetNetworkAddress() string {
 func (x *Sandbox) GetAllowSetuid() bool {
 	if x != nil {
 		return x.AllowSetuid
+	}
+	return false
+}
+
+func (x *Sandbox) GetNoTrajectory() bool {
+	if x != nil {
+		return x.NoTrajectory
 	}
 	return false
 }
@@ -5395,7 +5414,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\x93\x05\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xb8\x05\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -5412,7 +5431,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\bkeep_etc\x18\f \x01(\bR\akeepEtc\x12+\n" +
 	"\arlimits\x18\r \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
 	"\anetwork\x18\x0e \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12!\n" +
-	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x1a6\n" +
+	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x12#\n" +
+	"\rno_trajectory\x18\x19 \x01(\bR\fnoTrajectory\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -5431,7 +5451,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xab\x06\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xd0\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -5453,7 +5473,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\arlimits\x18\x10 \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
 	"\anetwork\x18\x11 \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12'\n" +
 	"\x0fnetwork_address\x18\x12 \x01(\tR\x0enetworkAddress\x12!\n" +
-	"\fallow_setuid\x18\x13 \x01(\bR\vallowSetuid\x1a6\n" +
+	"\fallow_setuid\x18\x13 \x01(\bR\vallowSetuid\x12#\n" +
+	"\rno_trajectory\x18\x1e \x01(\bR\fnoTrajectory\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
