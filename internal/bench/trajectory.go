@@ -27,8 +27,13 @@ type TrajectoryReport struct {
 	// RecordMs is the time to run the steps live (recorded).
 	RecordMs float64 `json:"record_ms"`
 	// ReplayTotalMs are the totals of each replay of the whole log,
-	// through the Go SDK, one call after the other.
+	// through client.Rollout: one read of the session's log, then each
+	// call answered from it (its request hashed and compared).
 	ReplayTotalMs []float64 `json:"replay_total_ms"`
+	// ServerReplayTotalMs: each call sent to the daemon, which replays
+	// it (one API round trip per step).
+	ServerReplayTotalMs []float64 `json:"server_replay_total_ms"`
+	ServerReplayMedian  float64   `json:"server_replay_total_median_ms"`
 	ReplayCallP50 float64   `json:"replay_call_p50_ms"`
 	ReplayCallP99 float64   `json:"replay_call_p99_ms"`
 	LogBytes      int64     `json:"log_bytes"`
@@ -48,7 +53,8 @@ type TrajectoryReport struct {
 func RunTrajectory(ctx context.Context, env *Env, cfg TrajectoryConfig) (*TrajectoryReport, error) {
 	rep := &TrajectoryReport{Benchmark: "trajectory", Daemon: env.describe(), Steps: cfg.Steps, ExecRounds: cfg.N, TargetMs: 100}
 	rep.Notes = append(rep.Notes,
-		"replay: the same Exec calls (session, seq 1..steps) sent again through the Go SDK, sequentially; each returns the recorded result without running",
+		"replay: the same Exec calls (session, seq 1..steps) made again, sequentially, through client.Rollout (one ReadTrajectory of the session, then each request hashed and compared with its step); nothing runs",
+		"server replay: the same calls each sent to the daemon, which answers from the log (one API round trip per step)",
 		"exec: Exec(argv [\"true\"]) round trip; logged = the default (begin frame + fdatasync'ed end frame per exec), unlogged = a sandbox created with no_trajectory; ABBA rounds")
 	logged, err := env.Client.Create(ctx, env.CreateRequest())
 	if err != nil {
@@ -83,9 +89,13 @@ func RunTrajectory(ctx context.Context, env *Env, cfg TrajectoryConfig) (*Trajec
 	for r := range cfg.Replays {
 		env.logf("trajectory: replay %d of %d", r+1, cfg.Replays)
 		t0 := time.Now()
+		ro, err := env.Client.NewRollout(ctx, logged.GetId(), "bench")
+		if err != nil {
+			return nil, err
+		}
 		for i := range cfg.Steps {
 			c0 := time.Now()
-			res, err := env.Client.Exec(ctx, step(i))
+			res, err := ro.Exec(ctx, step(i))
 			if err != nil {
 				return nil, fmt.Errorf("replay step %d: %w", i+1, err)
 			}
@@ -98,8 +108,22 @@ func RunTrajectory(ctx context.Context, env *Env, cfg TrajectoryConfig) (*Trajec
 	}
 	slices.Sort(calls)
 	rep.ReplayCallP50, rep.ReplayCallP99 = round(Percentile(calls, 50), 4), round(Percentile(calls, 99), 4)
-	totals := slices.Sorted(slices.Values(rep.ReplayTotalMs))
-	rep.ReplayMedian = Percentile(totals, 50)
+	rep.ReplayMedian = Percentile(slices.Sorted(slices.Values(rep.ReplayTotalMs)), 50)
+	for r := range cfg.Replays {
+		env.logf("trajectory: server replay %d of %d", r+1, cfg.Replays)
+		t0 := time.Now()
+		for i := range cfg.Steps {
+			res, err := env.Client.Exec(ctx, step(i))
+			if err != nil {
+				return nil, fmt.Errorf("server replay step %d: %w", i+1, err)
+			}
+			if !res.GetReplayed() {
+				return nil, fmt.Errorf("server replay step %d ran live", i+1)
+			}
+		}
+		rep.ServerReplayTotalMs = append(rep.ServerReplayTotalMs, round(msOf(time.Since(t0)), 2))
+	}
+	rep.ServerReplayMedian = Percentile(slices.Sorted(slices.Values(rep.ServerReplayTotalMs)), 50)
 	// Every line once: the replays ran nothing.
 	res, err := env.Client.Exec(ctx, &warrenv1.ExecRequest{SandboxId: logged.GetId(), Shell: "wc -l < /tmp/trajectory"})
 	if err != nil || string(res.GetStdout()) != strconv.Itoa(cfg.Steps)+"\n" {
@@ -138,6 +162,8 @@ func (r *TrajectoryReport) Table(w io.Writer) error {
 	t.add("replay of the whole log, total ms (median)", ms(r.ReplayMedian)+fmt.Sprintf(" (target <= %g)", r.TargetMs))
 	t.add("replay totals ms", fmt.Sprint(r.ReplayTotalMs))
 	t.add("replayed call p50 / p99 ms", ms(r.ReplayCallP50)+" / "+ms(r.ReplayCallP99))
+	t.add("server replay, total ms (median)", ms(r.ServerReplayMedian))
+	t.add("server replay totals ms", fmt.Sprint(r.ServerReplayTotalMs))
 	t.add("log bytes", strconv.FormatInt(r.LogBytes, 10))
 	p := r.ExecLogged
 	t.add("exec true logged p50 / p99 ms", ms(p.NumP50)+" / "+ms(p.NumP99))

@@ -39,7 +39,7 @@ func (m *Manager) Exec(ctx context.Context, req *warrenv1.ExecRequest) (_ *warre
 // then kept, to be recorded, even when it is streamed).
 func (m *Manager) execStep(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error) (stepOutcome, error) {
 	st := step{sandbox: req.GetSandboxId(), session: req.GetSessionId(), seq: req.GetSeq(), method: trajectory.MethodExec, req: req}
-	out, err := m.recorded(st, func() (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
+	out, err := m.recorded(ctx, st, func() (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
 		res, started, err := m.exec(ctx, req, send, !m.traj.off)
 		return res, !started, nil, err
 	})

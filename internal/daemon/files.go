@@ -64,12 +64,12 @@ func fileInfoProto(fi sandboxfs.FileInfo) *warrenv1.FileInfo {
 // fileStep runs a file call as a step of the sandbox's trajectory log.
 // do is the call: its error, and whether it was refused before it
 // touched the sandbox's files.
-func (m *Manager) fileStep(method, session string, seq uint64, req interface {
+func (m *Manager) fileStep(ctx context.Context, method, session string, seq uint64, req interface {
 	proto.Message
 	GetSandboxId() string
 }, do func() (notRun bool, err error)) (stepOutcome, error) {
 	st := step{sandbox: req.GetSandboxId(), session: session, seq: seq, method: method, req: req}
-	return m.recorded(st, func() (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
+	return m.recorded(ctx, st, func() (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
 		notRun, err := do()
 		return nil, notRun, nil, err
 	})
@@ -78,7 +78,7 @@ func (m *Manager) fileStep(method, session string, seq uint64, req interface {
 // WriteFile writes (or appends to) a file in the sandbox.
 func (m *Manager) WriteFile(ctx context.Context, req *warrenv1.WriteFileRequest) (_ *warrenv1.WriteFileResponse, err error) {
 	defer m.observe("WriteFile", &err)
-	out, err := m.fileStep(trajectory.MethodWriteFile, req.GetSessionId(), req.GetSeq(), req, func() (bool, error) {
+	out, err := m.fileStep(ctx, trajectory.MethodWriteFile, req.GetSessionId(), req.GetSeq(), req, func() (bool, error) {
 		fs, err := m.fsOf(req.GetSandboxId())
 		if err != nil {
 			return true, err
@@ -159,7 +159,7 @@ func (m *Manager) StatFile(ctx context.Context, req *warrenv1.StatFileRequest) (
 // MakeDir creates a directory (mode default 0755) in the sandbox.
 func (m *Manager) MakeDir(ctx context.Context, req *warrenv1.MakeDirRequest) (_ *warrenv1.MakeDirResponse, err error) {
 	defer m.observe("MakeDir", &err)
-	out, err := m.fileStep(trajectory.MethodMakeDir, req.GetSessionId(), req.GetSeq(), req, func() (bool, error) {
+	out, err := m.fileStep(ctx, trajectory.MethodMakeDir, req.GetSessionId(), req.GetSeq(), req, func() (bool, error) {
 		fs, err := m.fsOf(req.GetSandboxId())
 		if err != nil {
 			return true, err
@@ -182,7 +182,7 @@ func (m *Manager) MakeDir(ctx context.Context, req *warrenv1.MakeDirRequest) (_ 
 // RemoveFile removes a file, or a directory tree when recursive.
 func (m *Manager) RemoveFile(ctx context.Context, req *warrenv1.RemoveFileRequest) (_ *warrenv1.RemoveFileResponse, err error) {
 	defer m.observe("RemoveFile", &err)
-	out, err := m.fileStep(trajectory.MethodRemoveFile, req.GetSessionId(), req.GetSeq(), req, func() (bool, error) {
+	out, err := m.fileStep(ctx, trajectory.MethodRemoveFile, req.GetSessionId(), req.GetSeq(), req, func() (bool, error) {
 		fs, err := m.fsOf(req.GetSandboxId())
 		if err != nil {
 			return true, err
@@ -227,7 +227,7 @@ func (m *Manager) TarInStep(ctx context.Context, id, path, session string, seq u
 			}
 			return trajectory.UploadLate(path, n, h.Sum(nil)), nil
 		}}
-	out, err := m.recorded(st, func() (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
+	out, err := m.recorded(ctx, st, func() (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
 		fs, err := m.fsOf(id)
 		if err != nil {
 			return nil, true, nil, err

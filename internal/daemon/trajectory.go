@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -36,8 +37,13 @@ type trajLogs struct {
 	maxBytes int64
 	off      bool
 
-	mu   sync.Mutex
-	logs map[string]*trajectory.Log
+	mu     sync.Mutex
+	logs   map[string]*trajectory.Log
+	closed bool
+	// live counts the recorded calls in flight, so that closeAll lets
+	// them record their outcomes (a daemon stopping kills its execs
+	// promptly) instead of leaving their steps interrupted.
+	live sync.WaitGroup
 }
 
 func newTrajLogs(cfg Config) (*trajLogs, error) {
@@ -127,7 +133,32 @@ func (t *trajLogs) bytes() int64 {
 	return n
 }
 
+// enter counts a recorded call in flight; false once closing.
+func (t *trajLogs) enter() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.live.Add(1)
+	return true
+}
+
+// closeAll waits (a bounded time) for the recorded calls in flight, then
+// closes every log.
 func (t *trajLogs) closeAll() error {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		t.live.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(killWait + 5*time.Second):
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var errs []error
@@ -165,7 +196,7 @@ type runFunc func() (res *warrenv1.ExecResult, notRun bool, late *trajectory.Lat
 // recorded runs a mutating call through its sandbox's trajectory log:
 // the recorded outcome of its step when the log has it (the call does not
 // run), else live, with the outcome on disk before it is returned.
-func (m *Manager) recorded(st step, run runFunc) (stepOutcome, error) {
+func (m *Manager) recorded(ctx context.Context, st step, run runFunc) (stepOutcome, error) {
 	if st.sandbox == "" {
 		return stepOutcome{}, errdefs.Invalidf("sandbox id is required")
 	}
@@ -193,6 +224,10 @@ func (m *Manager) recorded(st step, run runFunc) (stepOutcome, error) {
 		}
 		return live()
 	}
+	if !m.traj.enter() {
+		return stepOutcome{}, errdefs.Unavailablef("daemon is shutting down")
+	}
+	defer m.traj.live.Done()
 	log, err := m.traj.get(s)
 	if err != nil {
 		return stepOutcome{}, err
@@ -201,7 +236,7 @@ func (m *Manager) recorded(st step, run runFunc) (stepOutcome, error) {
 	if call.Hash == "" && call.HashNow == nil {
 		call.Hash = trajectory.RequestHash(st.method, st.req)
 	}
-	out, err := log.Begin(call)
+	out, err := log.Begin(ctx, call)
 	if err != nil {
 		if _, ok := errors.AsType[*trajectory.MismatchError](err); ok {
 			m.metrics.TrajectoryMismatch()
@@ -213,6 +248,13 @@ func (m *Manager) recorded(st step, run runFunc) (stepOutcome, error) {
 		m.metrics.TrajectoryCall("replayed")
 		e := out.Replay
 		if err := trajectory.Err(e); err != nil {
+			switch errdefs.CategoryOf(err) {
+			case errdefs.Unavailable, errdefs.DeadlineExceeded, errdefs.Unknown:
+				// Cut short after it started (cancelled, daemon stopping):
+				// a retry would not make it run again, so say so rather
+				// than invite one.
+				return stepOutcome{}, errdefs.Conflictf("trajectory step %d of session %q was cut short after it started and is not run again (recorded: %v)", e.GetSeq(), e.GetSessionId(), err)
+			}
 			return stepOutcome{}, err
 		}
 		var res *warrenv1.ExecResult
@@ -234,8 +276,8 @@ func (m *Manager) recorded(st step, run runFunc) (stepOutcome, error) {
 		res.Seq = rec.Seq
 	}
 	if ferr := out.Live.Finish(rec, err, notRun, late); ferr != nil {
-		if notRun {
-			return stepOutcome{}, err // nothing ran: the call's own error says more
+		if err != nil {
+			return stepOutcome{}, err // the call's own failure says more
 		}
 		return stepOutcome{}, errdefs.Wrap(errdefs.Internal, ferr, "the call ran (step "+strconv.FormatUint(out.Live.Seq(), 10)+") but its outcome could not be recorded")
 	}

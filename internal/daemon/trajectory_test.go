@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
@@ -275,5 +276,32 @@ func TestTrajectoryOffPerSandbox(t *testing.T) {
 	wantCat(t, err, errdefs.Unsupported, "records no trajectory log")
 	if _, err := os.Stat(filepath.Join(e.dir, "state", trajDirName, "off.log")); !os.IsNotExist(err) {
 		t.Fatalf("log file of a sandbox without one: %v", err)
+	}
+}
+
+// An exec cut short by the daemon stopping records its outcome before the
+// log closes: after the restart its step is answered with a conflict that
+// says it was cut short (it is not run again), not left interrupted.
+func TestTrajectoryExecCutByCloseIsRecorded(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "cut"})
+	req := &warrenv1.ExecRequest{SandboxId: "cut", SessionId: "s", Seq: 1, Shell: "echo ran >> /ran; sleep 1000"}
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.m.Exec(ctx, req)
+		done <- err
+	}()
+	eventually(t, 10*time.Second, "sleep to start", func() bool {
+		ps := e.sh("cut", "cat /ran 2>/dev/null")
+		return string(ps.GetStdout()) == "ran\n"
+	})
+	e.stop()
+	wantCat(t, <-done, errdefs.Unavailable, "shutting down")
+	e.start()
+	_, err := e.m.Exec(ctx, req)
+	wantCat(t, err, errdefs.Conflict, "cut short after it started")
+	if res := e.sh("cut", "cat /ran"); string(res.GetStdout()) != "ran\n" {
+		t.Fatalf("ran again: %q", res.GetStdout())
 	}
 }

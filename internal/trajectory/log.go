@@ -31,6 +31,7 @@
 package trajectory
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -255,8 +256,9 @@ type Ticket struct {
 func (t *Ticket) Seq() uint64 { return t.entry.GetSeq() }
 
 // Begin looks the call's step up: a recorded one is replayed (or a
-// mismatch, or interrupted: FailedPrecondition); a new one is begun.
-func (l *Log) Begin(c Call) (Outcome, error) {
+// mismatch, or interrupted: FailedPrecondition); a new one is begun. A
+// step still running is waited for (until ctx ends).
+func (l *Log) Begin(ctx context.Context, c Call) (Outcome, error) {
 	for {
 		l.mu.Lock()
 		if l.closed {
@@ -278,7 +280,11 @@ func (l *Log) Begin(c Call) (Outcome, error) {
 		case stepRunning:
 			done := st.done
 			l.mu.Unlock()
-			<-done
+			select {
+			case <-done:
+			case <-ctx.Done():
+				return Outcome{}, errdefs.Wrap(errdefs.DeadlineExceeded, ctx.Err(), fmt.Sprintf("wait for trajectory step %d of session %q, still running", seq, c.Session))
+			}
 			continue // look again: replay what it recorded
 		case stepInterrupted:
 			l.mu.Unlock()

@@ -1,6 +1,7 @@
 package trajectory
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -22,7 +23,7 @@ func execCall(session string, seq uint64, shell string) Call {
 // unless the step ran live.
 func run(t *testing.T, l *Log, c Call, out string) uint64 {
 	t.Helper()
-	o, err := l.Begin(c)
+	o, err := l.Begin(context.Background(), c)
 	if err != nil || o.Live == nil {
 		t.Fatalf("begin %v: %+v %v", c.Seq, o, err)
 	}
@@ -51,12 +52,12 @@ func TestReplayMatchesAndRefusesMismatch(t *testing.T) {
 	}
 	defer l.Close()
 	for i := 1; i <= 3; i++ {
-		o, err := l.Begin(execCall("s", uint64(i), fmt.Sprintf("echo %d >> f", i)))
+		o, err := l.Begin(context.Background(), execCall("s", uint64(i), fmt.Sprintf("echo %d >> f", i)))
 		if err != nil || o.Replay == nil || string(o.Replay.GetExecResult().GetStdout()) != fmt.Sprint(i) || o.Replay.GetSeq() != uint64(i) {
 			t.Fatalf("replay %d: %+v %v", i, o, err)
 		}
 	}
-	_, err = l.Begin(execCall("s", 2, "echo other >> f"))
+	_, err = l.Begin(context.Background(), execCall("s", 2, "echo other >> f"))
 	var mm *MismatchError
 	if errdefs.CategoryOf(err) != errdefs.Conflict || !errors.As(err, &mm) || mm.Seq != 2 ||
 		!strings.Contains(err.Error(), `shell: recorded "echo 2 >> f", got "echo other >> f"`) {
@@ -83,18 +84,18 @@ func TestPayloadDigest(t *testing.T) {
 		req := &warrenv1.WriteFileRequest{SandboxId: "sb", Path: "/a", Content: []byte(content), Seq: 1}
 		return Call{Session: "s", Seq: 1, Hash: RequestHash(MethodWriteFile, req), Entry: NewEntry(MethodWriteFile, req)}
 	}
-	o, err := l.Begin(mk("hello"))
+	o, err := l.Begin(context.Background(), mk("hello"))
 	if err != nil || o.Live == nil {
 		t.Fatal(o, err)
 	}
 	if err := o.Live.Finish(nil, nil, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	o, err = l.Begin(mk("hello"))
+	o, err = l.Begin(context.Background(), mk("hello"))
 	if err != nil || o.Replay == nil || len(o.Replay.GetWriteFile().GetContent()) != 0 || o.Replay.GetPayloadBytes() != 5 {
 		t.Fatalf("replay %v %v", o.Replay, err)
 	}
-	if _, err = l.Begin(mk("hullo")); err == nil || !strings.Contains(err.Error(), "payload: recorded 5 bytes") {
+	if _, err = l.Begin(context.Background(), mk("hullo")); err == nil || !strings.Contains(err.Error(), "payload: recorded 5 bytes") {
 		t.Fatalf("payload mismatch: %v", err)
 	}
 }
@@ -108,7 +109,7 @@ func TestInterruptedStepAndTornTail(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, l, execCall("s", 1, "a"), "a")
-	if _, err := l.Begin(execCall("s", 2, "b")); err != nil { // never finished
+	if _, err := l.Begin(context.Background(), execCall("s", 2, "b")); err != nil { // never finished
 		t.Fatal(err)
 	}
 	l.Close()
@@ -125,7 +126,7 @@ func TestInterruptedStepAndTornTail(t *testing.T) {
 	if after, _ := os.Stat(path); after.Size() != before.Size()-6 {
 		t.Fatalf("torn tail not cut: %d -> %d", before.Size(), after.Size())
 	}
-	_, err = l.Begin(execCall("s", 2, "b"))
+	_, err = l.Begin(context.Background(), execCall("s", 2, "b"))
 	if errdefs.CategoryOf(err) != errdefs.Conflict || !strings.Contains(err.Error(), "never recorded") {
 		t.Fatalf("interrupted step: %v", err)
 	}
@@ -146,14 +147,14 @@ func TestNotRunStepRunsAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	o, _ := l.Begin(execCall("s", 1, "a"))
+	o, _ := l.Begin(context.Background(), execCall("s", 1, "a"))
 	if err := o.Live.Abandon(errdefs.Conflictf("sandbox is STOPPED")); err != nil {
 		t.Fatal(err)
 	}
 	if seq := run(t, l, execCall("s", 1, "a"), "ran"); seq != 1 {
 		t.Fatal(seq)
 	}
-	o, err = l.Begin(execCall("s", 1, "a"))
+	o, err = l.Begin(context.Background(), execCall("s", 1, "a"))
 	if err != nil || string(o.Replay.GetExecResult().GetStdout()) != "ran" {
 		t.Fatalf("%v %v", o, err)
 	}
@@ -166,11 +167,11 @@ func TestErrorReplayed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	o, _ := l.Begin(execCall("s", 1, "mkdir"))
+	o, _ := l.Begin(context.Background(), execCall("s", 1, "mkdir"))
 	if err := o.Live.Finish(nil, errdefs.AlreadyExistsf("/x exists"), false, nil); err != nil {
 		t.Fatal(err)
 	}
-	o, _ = l.Begin(execCall("s", 1, "mkdir"))
+	o, _ = l.Begin(context.Background(), execCall("s", 1, "mkdir"))
 	if err := Err(o.Replay); !errdefs.IsAlreadyExists(err) || err.Error() != "/x exists" {
 		t.Fatalf("replayed error %v", err)
 	}
@@ -184,16 +185,16 @@ func TestCap(t *testing.T) {
 	}
 	defer l.Close()
 	run(t, l, execCall("s", 0, strings.Repeat("x", 100)), "")
-	_, err = l.Begin(execCall("s", 2, "y"))
+	_, err = l.Begin(context.Background(), execCall("s", 2, "y"))
 	if errdefs.CategoryOf(err) != errdefs.Exhausted || !strings.Contains(err.Error(), "full") {
 		t.Fatalf("numbered past the cap: %v", err)
 	}
-	o, err := l.Begin(execCall("s", 0, "y"))
+	o, err := l.Begin(context.Background(), execCall("s", 0, "y"))
 	if err != nil || o.Live != nil || o.Replay != nil || l.Stats().Unrecorded != 1 {
 		t.Fatalf("unnumbered past the cap: %+v %v", o, err)
 	}
 	// Recorded steps still replay.
-	if o, err := l.Begin(execCall("s", 1, strings.Repeat("x", 100))); err != nil || o.Replay == nil {
+	if o, err := l.Begin(context.Background(), execCall("s", 1, strings.Repeat("x", 100))); err != nil || o.Replay == nil {
 		t.Fatalf("replay past the cap: %v", err)
 	}
 }
@@ -206,13 +207,13 @@ func TestConcurrentSteps(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	o, err := l.Begin(execCall("s", 1, "slow"))
+	o, err := l.Begin(context.Background(), execCall("s", 1, "slow"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan *warrenv1.TrajectoryEntry)
 	go func() {
-		o2, _ := l.Begin(execCall("s", 1, "slow"))
+		o2, _ := l.Begin(context.Background(), execCall("s", 1, "slow"))
 		got <- o2.Replay
 	}()
 	var wg sync.WaitGroup

@@ -219,11 +219,24 @@ func Err(e *warrenv1.TrajectoryEntry) error {
 	return errdefs.New(errdefs.Unknown, "%s", e.GetError())
 }
 
+// fdatasync syncs f's data. Through the raw conn, so that a Close racing
+// it (the sandbox deleted during a call) fails the sync instead of
+// closing the descriptor under it.
 func fdatasync(f *os.File) error {
-	for {
-		err := unix.Fdatasync(int(f.Fd()))
-		if !errors.Is(err, unix.EINTR) {
-			return err
-		}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
 	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		for {
+			serr = unix.Fdatasync(int(fd))
+			if !errors.Is(serr, unix.EINTR) {
+				return
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	return serr
 }

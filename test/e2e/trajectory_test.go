@@ -70,6 +70,43 @@ func TestTrajectoryReplaySurvivesDaemonKill9(t *testing.T) {
 	_, err := e.c.Exec(ctxFor(t, time.Minute), &warrenv1.ExecRequest{SandboxId: "tr", SessionId: "agent", Seq: 3, Shell: "echo other >> /seed.txt"})
 	wantCategory(t, err, client.CategoryConflict, "mismatch")
 
+	// The Go SDK's Rollout answers the recorded steps from one read of
+	// the log, and runs the rest live through the daemon.
+	sdkLoop := func(steps int) (replayed, live int) {
+		ctx := ctxFor(t, time.Minute)
+		r, err := e.c.NewRollout(ctx, "tr", "sdk")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.MakeDir(ctx, &warrenv1.MakeDirRequest{Path: "/sdk", Parents: true}); err != nil {
+			t.Fatal(err)
+		}
+		for i := range steps {
+			res, err := r.Exec(ctx, &warrenv1.ExecRequest{Shell: fmt.Sprintf("echo sdk-%d >> /sdk/log", i)})
+			if err != nil || res.Seq != uint64(i+2) {
+				t.Fatalf("sdk step %d: %v %v", i, res, err)
+			}
+		}
+		return r.Counts()
+	}
+	if rep, live := sdkLoop(2); rep != 0 || live != 3 {
+		t.Fatalf("sdk first run: %d replayed, %d live", rep, live)
+	}
+	e.kill9()
+	e.start()
+	if rep, live := sdkLoop(4); rep != 3 || live != 2 {
+		t.Fatalf("sdk after kill -9: %d replayed, %d live", rep, live)
+	}
+	if got := e.shOK("tr", "cat /sdk/log"); got != "sdk-0\nsdk-1\nsdk-2\nsdk-3\n" {
+		t.Fatalf("sdk file %q", got)
+	}
+	r, err := e.c.NewRollout(ctxFor(t, time.Minute), "tr", "sdk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.MakeDir(ctxFor(t, time.Minute), &warrenv1.MakeDirRequest{Path: "/elsewhere"})
+	wantCategory(t, err, client.CategoryConflict, "sdk mismatch")
+
 	out, stderr, code := e.cli(nil, "sandbox", "log", "tr", "--session", "agent")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if code != 0 || len(lines) != 6 {

@@ -80,6 +80,43 @@ async def test_rollout_resumes_after_trainer_and_daemon_restart(
             assert entries[2]["payloadBytes"] == "7" and "content" not in entries[2]["writeFile"]
 
 
+def test_recorded_steps_replay_without_the_daemon(sw: warren.Warren, daemon: LocalDaemon) -> None:
+    """Entering a rollout reads the session's steps; the calls that match
+    them are answered without a round trip: with the daemon frozen
+    (SIGSTOP) after the rollout began, the recorded part of the loop still
+    completes, with the recorded results and errors."""
+    import signal
+
+    with sw.create(IMAGE) as sb:
+        def body(timeout: float) -> None:
+            sb.mkdir("/w", timeout=timeout)
+            with pytest.raises(warren.AlreadyExistsError):
+                sb.mkdir("/w", timeout=timeout)
+            res = sb.exec(["sh", "-c", "cat; echo run >> /w/f"], stdin="in\n", timeout=timeout, env={"A": "1"})
+            assert res.text == "in\n" and res.seq == 3
+            sb.write_file("/w/g", b"\x00bytes", mode=0o600, timeout=timeout)
+            sb.remove("/w/g", timeout=timeout)
+
+        with warren.rollout(sb, "frozen") as r:
+            body(5)
+        assert (r.live, r.replayed) == (4, 0)  # the failed mkdir is not counted
+        assert daemon.proc is not None
+        with warren.rollout(sb, "frozen") as r:
+            daemon.proc.send_signal(signal.SIGSTOP)
+            try:
+                body(5)  # the same code: exec timeout is part of the request
+            finally:
+                daemon.proc.send_signal(signal.SIGCONT)
+        assert (r.live, r.replayed) == (0, 4)
+        assert sb.exec("cat /w/f").text == "run\n"
+        # A request that differs is not answered locally: the daemon
+        # refuses it.
+        with warren.rollout(sb, "frozen"):
+            sb.mkdir("/w")
+            with pytest.raises(warren.ConflictError, match="step 2"):
+                sb.mkdir("/w", mode=0o700)
+
+
 def test_sync_rollout(sw: warren.Warren) -> None:
     with sw.create(IMAGE) as sb:
         def loop() -> warren.Rollout:

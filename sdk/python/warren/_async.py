@@ -1171,13 +1171,20 @@ class AsyncSandbox:
         #: the rollout session numbering this handle's calls (warren.rollout)
         self._rollout: Optional[Any] = None
 
-    def _step(self, body: Dict[str, Any]) -> None:
+    def _step(self, body: Dict[str, Any], method: Optional[str] = None, payload: bytes = b"") -> Optional[Dict[str, Any]]:
         """Number a mutating call as the next step of the active rollout
         session, if any. Called before the call's first await, so that
         calls started in one order (asyncio.gather too) get the same
-        numbers on every run of the same code."""
-        if self._rollout is not None:
-            body["sessionId"], body["seq"] = self._rollout.session_id, str(self._rollout._next())
+        numbers on every run of the same code. Returns the step's recorded
+        entry when the rollout read it and the request matches it (the
+        call is then answered without a round trip)."""
+        if self._rollout is None:
+            return None
+        seq = self._rollout._next()
+        body["sessionId"], body["seq"] = self._rollout.session_id, str(seq)
+        if method is None:
+            return None
+        return self._rollout._match(seq, method, body, payload)
 
     def _stepped(self, replayed: Any) -> None:
         if self._rollout is not None:
@@ -1352,10 +1359,13 @@ class AsyncSandbox:
         body = self._exec_body(command, env, cwd, user, stdin, t, output_limit)
         _set_pty(body, pty, rows, cols)
         body["idempotencyKey"] = idempotency_key or uuid.uuid4().hex
-        self._step(body)
-        d = await self.client._rpc(_SBX + "Exec", body, timeout=self.client._exec_deadline(t), idempotent=True)
-        r = ExecResult._from_json(d)
-        self._stepped(r.replayed)
+        hit = self._step(body, "exec", _raw(stdin))
+        if hit is not None:
+            r = self._rollout._exec_result(hit)
+        else:
+            d = await self.client._rpc(_SBX + "Exec", body, timeout=self.client._exec_deadline(t), idempotent=True)
+            r = ExecResult._from_json(d)
+            self._stepped(r.replayed)
         self.client._check_truncation(r, command)
         if check:
             r.check(allow_truncation=self.client.on_truncation != "raise")
@@ -1616,7 +1626,10 @@ class AsyncSandbox:
                 body["append"] = True
             if make_parents:
                 body["makeParents"] = True
-            self._step(body)
+            hit = self._step(body, "write_file", chunk)
+            if hit is not None:
+                self._rollout._outcome(hit)
+                continue
             # A numbered append is safe to retry: the log replays it.
             d = await self.client._rpc(_SBX + "WriteFile", body, timeout=timeout, idempotent=not append or "seq" in body)
             self._stepped(d.get("replayed"))
@@ -1687,8 +1700,11 @@ class AsyncSandbox:
             body["mode"] = int(mode)
         if parents:
             body["parents"] = True
-        self._step(body)
+        hit = self._step(body, "make_dir")
         try:
+            if hit is not None:
+                self._rollout._outcome(hit)
+                return
             d = await self.client._rpc(_SBX + "MakeDir", body, timeout=timeout, idempotent=True)
             self._stepped(d.get("replayed"))
         except ConflictError as e:
@@ -1703,8 +1719,11 @@ class AsyncSandbox:
         body: Dict[str, Any] = {"sandboxId": self.id, "path": path}
         if recursive:
             body["recursive"] = True
-        self._step(body)
+        hit = self._step(body, "remove_file")
         try:
+            if hit is not None:
+                self._rollout._outcome(hit)
+                return
             d = await self.client._rpc(_SBX + "RemoveFile", body, timeout=timeout, idempotent=True)
             self._stepped(d.get("replayed"))
         except NotFoundError as e:
@@ -2408,3 +2427,9 @@ class AsyncSandboxGroup(Sequence[AsyncSandbox]):
 
 
 __all__ += ["Outcome", "BatchError"]
+
+
+def _raw(data: Optional[Data]) -> bytes:
+    if not data:
+        return b""
+    return data.encode("utf-8") if isinstance(data, str) else bytes(data)

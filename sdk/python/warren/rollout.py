@@ -15,7 +15,13 @@ running anything, and the first call past the end of the log runs live::
 
 A call whose request differs from the recorded one (the agent diverged)
 raises :class:`warren.ConflictError` naming the step and what differs:
-nothing is guessed. Calls through other handles of the same sandbox are
+nothing is guessed.
+
+Entering the session reads the session's recorded steps once; an exec or
+file call whose request equals its step's recorded request (field by
+field, payloads by SHA-256) is answered from them without a round trip,
+so a replay costs microseconds. Anything else goes to the daemon, which
+decides: replays, refuses a mismatch, or runs the call live. Calls through other handles of the same sandbox are
 not numbered by the session (they are recorded as their own steps).
 Background processes (``start``) are not recorded. The synchronous
 :class:`warren.Sandbox` works the same way, with ``with``.
@@ -23,10 +29,14 @@ Background processes (``start``) are not recorded. The synchronous
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import threading
-from typing import Any, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
 from ._async import AsyncSandbox
+from ._types import ExecResult
+from .errors import error_from_status
 
 __all__ = ["Rollout", "rollout"]
 
@@ -35,8 +45,8 @@ class Rollout:
     """A rollout session on one sandbox handle (see the module doc).
 
     ``seq`` is the last step number given out; ``replayed`` and ``live``
-    count the exec and file calls that were answered from the log and
-    that ran."""
+    count the exec and file calls that succeeded, answered from the log
+    and run (failed calls take a step but are not counted)."""
 
     def __init__(self, sandbox: Any, session_id: str, *, start: int = 0) -> None:
         if not session_id:
@@ -50,6 +60,40 @@ class Rollout:
         self.live = 0
         # The sync client runs calls on its loop thread.
         self._lock = threading.Lock()
+        self._sync = sandbox if hasattr(sandbox, "_run") else None
+        self._recorded: Dict[int, Mapping[str, Any]] = {}
+
+    async def _prefetch(self) -> None:
+        self._recorded = {}
+        for e in await self._aio.trajectory(self.session_id):
+            seq = int(e.get("seq") or 0)
+            # Later entries of a seq supersede earlier ones; steps refused
+            # before they ran, or interrupted, are the daemon's to decide.
+            if e.get("notRun") or e.get("interrupted"):
+                self._recorded.pop(seq, None)
+            else:
+                self._recorded[seq] = e
+
+    def _match(self, seq: int, method: str, body: Mapping[str, Any], payload: bytes) -> Optional[Mapping[str, Any]]:
+        e = self._recorded.get(seq)
+        if e is None or e.get("method") != method:
+            return None
+        key = _REQUEST_KEY[method]
+        if _canon(_request_part(e.get(key) or {}, method)) != _canon(_request_part(body, method)):
+            return None
+        if (e.get("payloadSha256") or "") != (hashlib.sha256(payload).hexdigest() if payload else ""):
+            return None
+        return e
+
+    def _exec_result(self, e: Mapping[str, Any]) -> ExecResult:
+        _raise_recorded(e)
+        self._count(True)
+        r = ExecResult._from_json(e.get("execResult"))
+        return dataclasses.replace(r, seq=int(e.get("seq") or 0), replayed=True)
+
+    def _outcome(self, e: Mapping[str, Any]) -> None:
+        _raise_recorded(e)
+        self._count(True)
 
     def _next(self) -> int:
         with self._lock:
@@ -74,12 +118,15 @@ class Rollout:
             self._aio._rollout = None
 
     async def __aenter__(self) -> "Rollout":
+        await self._prefetch()
         return self._attach()
 
     async def __aexit__(self, *exc: Any) -> None:
         self._detach()
 
     def __enter__(self) -> "Rollout":
+        if self._sync is not None:
+            self._sync._run(self._prefetch())
         return self._attach()
 
     def __exit__(self, *exc: Any) -> None:
@@ -95,3 +142,54 @@ def rollout(sandbox: Union[AsyncSandbox, Any], session_id: str, *, start: int = 
     ``async with`` or ``with``. ``start`` is the step before the first
     (0: the session's calls are steps 1, 2, ...)."""
     return Rollout(sandbox, session_id, start=start)
+
+
+# The fields that address a call rather than say what it does (left out of
+# the daemon's canonical hash too), and each method's payload field.
+_UNHASHED = frozenset({"sandboxId", "sessionId", "seq", "idempotencyKey"})
+_PAYLOAD = {"exec": "stdin", "write_file": "content"}
+_REQUEST_KEY = {"exec": "exec", "write_file": "writeFile", "make_dir": "makeDir", "remove_file": "removeFile"}
+
+
+def _request_part(d: Mapping[str, Any], method: str) -> Dict[str, Any]:
+    payload = _PAYLOAD.get(method)
+    return {k: v for k, v in d.items() if k not in _UNHASHED and k != payload}
+
+
+def _canon(v: Any) -> Any:
+    """A request in the JSON form's proto3 meaning: fields at their
+    default are absent, and numbers compare as text (int64s are strings
+    in JSON)."""
+    if isinstance(v, Mapping):
+        return {k: _canon(x) for k, x in v.items() if not _is_default(x)}
+    if isinstance(v, (list, tuple)):
+        return [_canon(x) for x in v]
+    if isinstance(v, bool):
+        return v
+    return str(v)
+
+
+def _is_default(x: Any) -> bool:
+    if x is None or x is False:
+        return True
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return x == 0
+    return isinstance(x, (str, list, tuple, dict)) and len(x) == 0
+
+
+# The Connect code of each category, for recorded errors.
+_CATEGORY_CODES = {
+    "not_found": "not_found", "invalid": "invalid_argument", "exhausted": "resource_exhausted",
+    "conflict": "failed_precondition", "unavailable": "unavailable", "deadline_exceeded": "deadline_exceeded",
+    "unauthenticated": "unauthenticated", "permission_denied": "permission_denied", "internal": "internal",
+    "unsupported": "unimplemented",
+}
+
+
+def _raise_recorded(e: Mapping[str, Any]) -> None:
+    cat = e.get("errorCategory") or ""
+    if not cat and not e.get("error"):
+        return
+    if cat == "already_exists":
+        raise error_from_status("already_exists", str(e.get("error") or ""), category="conflict")
+    raise error_from_status(_CATEGORY_CODES.get(cat, "unknown"), str(e.get("error") or ""), category=cat or None)
