@@ -34,9 +34,9 @@ type TrajectoryReport struct {
 	// it (one API round trip per step).
 	ServerReplayTotalMs []float64 `json:"server_replay_total_ms"`
 	ServerReplayMedian  float64   `json:"server_replay_total_median_ms"`
-	ReplayCallP50 float64   `json:"replay_call_p50_ms"`
-	ReplayCallP99 float64   `json:"replay_call_p99_ms"`
-	LogBytes      int64     `json:"log_bytes"`
+	ReplayCallP50       float64   `json:"replay_call_p50_ms"`
+	ReplayCallP99       float64   `json:"replay_call_p99_ms"`
+	LogBytes            int64     `json:"log_bytes"`
 	// Exec `true` with and without the log (ABBA rounds, one sandbox of
 	// each kind on the same daemon).
 	ExecLogged   Paired   `json:"exec_logged_vs_unlogged"`
