@@ -38,9 +38,15 @@ func (m *Manager) Exec(ctx context.Context, req *warrenv1.ExecRequest) (_ *warre
 // recorded result when the log has the step, else live (the output is
 // then kept, to be recorded, even when it is streamed).
 func (m *Manager) execStep(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error) (stepOutcome, error) {
+	if req.GetSeq() == 0 && req.GetIdempotencyKey() != "" && m.idem.known(req.GetSandboxId(), req.GetIdempotencyKey()) {
+		// A retry of an unnumbered call is that call, not a new step: it
+		// gets the first run's result, step number included.
+		res, _, err := m.exec(ctx, req, send, true, 0)
+		return stepOutcome{res: res, seq: res.GetSeq()}, err
+	}
 	st := step{sandbox: req.GetSandboxId(), session: req.GetSessionId(), seq: req.GetSeq(), method: trajectory.MethodExec, req: req}
-	out, err := m.recorded(ctx, st, func() (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
-		res, started, err := m.exec(ctx, req, send, !m.traj.off)
+	out, err := m.recorded(ctx, st, func(seq uint64) (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
+		res, started, err := m.exec(ctx, req, send, !m.traj.off, seq)
 		return res, !started, nil, err
 	})
 	if err == nil && out.replayed && send != nil {
@@ -97,9 +103,11 @@ func (s *serialSender) close() {
 
 // exec runs req once, or returns the cached outcome of an earlier run with
 // the same idempotency key (waiting for it while it runs). keep keeps a
-// streamed command's output too (to record it). started reports whether
-// the outcome is a command's that ran (this call's or the key's first).
-func (m *Manager) exec(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error, keep bool) (_ *warrenv1.ExecResult, started bool, _ error) {
+// streamed command's output too (to record it). seq is the trajectory
+// step the run is recorded as, kept with the cached result. started
+// reports whether the outcome is a command's that ran (this call's or the
+// key's first).
+func (m *Manager) exec(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error, keep bool, seq uint64) (_ *warrenv1.ExecResult, started bool, _ error) {
 	key := req.GetIdempotencyKey()
 	if key == "" {
 		return m.execOnce(ctx, req, send, keep || send == nil)
@@ -127,6 +135,9 @@ func (m *Manager) exec(ctx context.Context, req *warrenv1.ExecRequest, send func
 	}
 	// Output is kept even when streaming, for the retries.
 	res, started, err := m.execOnce(ctx, req, send, true)
+	if res != nil {
+		res.Seq = seq
+	}
 	if started {
 		m.idem.finish(e, res, err)
 	} else {

@@ -69,7 +69,7 @@ func (m *Manager) fileStep(ctx context.Context, method, session string, seq uint
 	GetSandboxId() string
 }, do func() (notRun bool, err error)) (stepOutcome, error) {
 	st := step{sandbox: req.GetSandboxId(), session: session, seq: seq, method: method, req: req}
-	return m.recorded(ctx, st, func() (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
+	return m.recorded(ctx, st, func(uint64) (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
 		notRun, err := do()
 		return nil, notRun, nil, err
 	})
@@ -227,7 +227,7 @@ func (m *Manager) TarInStep(ctx context.Context, id, path, session string, seq u
 			}
 			return trajectory.UploadLate(path, n, h.Sum(nil)), nil
 		}}
-	out, err := m.recorded(ctx, st, func() (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
+	out, err := m.recorded(ctx, st, func(uint64) (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
 		fs, err := m.fsOf(id)
 		if err != nil {
 			return nil, true, nil, err

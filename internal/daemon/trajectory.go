@@ -188,10 +188,10 @@ type stepOutcome struct {
 	replayed bool
 }
 
-// runFunc runs a call live: its exec result (nil for others), whether it
-// was refused before it changed anything, its error, and for uploads the
-// request hash known only now.
-type runFunc func() (res *warrenv1.ExecResult, notRun bool, late *trajectory.Late, err error)
+// runFunc runs a call live as step seq (0: unrecorded): its exec result
+// (nil for others), whether it was refused before it changed anything,
+// its error, and for uploads the request hash known only now.
+type runFunc func(seq uint64) (res *warrenv1.ExecResult, notRun bool, late *trajectory.Late, err error)
 
 // recorded runs a mutating call through its sandbox's trajectory log:
 // the recorded outcome of its step when the log has it (the call does not
@@ -204,7 +204,7 @@ func (m *Manager) recorded(ctx context.Context, st step, run runFunc) (stepOutco
 		return stepOutcome{}, errdefs.Invalidf("session_id longer than %d bytes", maxSessionID)
 	}
 	live := func() (stepOutcome, error) {
-		res, _, _, err := run()
+		res, _, _, err := run(0)
 		return stepOutcome{res: res}, err
 	}
 	s, err := m.lookup(st.sandbox)
@@ -268,12 +268,15 @@ func (m *Manager) recorded(ctx context.Context, st step, run runFunc) (stepOutco
 		return live()
 	}
 	m.metrics.TrajectoryCall("live")
-	res, notRun, late, err := run()
+	res, notRun, late, err := run(out.Live.Seq())
 	rec := res
 	if res != nil {
+		// A result already numbered is another step's (an idempotent
+		// duplicate that waited for the first run): it keeps its number.
+		if res.Seq == 0 {
+			res.Seq = out.Live.Seq()
+		}
 		rec = proto.Clone(res).(*warrenv1.ExecResult)
-		rec.Seq = out.Live.Seq()
-		res.Seq = rec.Seq
 	}
 	if ferr := out.Live.Finish(rec, err, notRun, late); ferr != nil {
 		if err != nil {

@@ -305,3 +305,21 @@ func TestTrajectoryExecCutByCloseIsRecorded(t *testing.T) {
 		t.Fatalf("ran again: %q", res.GetStdout())
 	}
 }
+
+// A retry of an unnumbered exec with its idempotency key is the same
+// call: the first run's result, step number included, and no new step.
+func TestTrajectoryIdempotentRetryIsOneStep(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "idem"})
+	req := &warrenv1.ExecRequest{SandboxId: "idem", Shell: "echo run >> /c; wc -l < /c", IdempotencyKey: "k1"}
+	r1 := e.exec(req)
+	r2 := e.exec(req)
+	if r1.GetSeq() != 1 || r2.GetSeq() != 1 || string(r2.GetStdout()) != "1\n" {
+		t.Fatalf("retry %v, first %v", r2, r1)
+	}
+	page, err := e.m.ReadTrajectory(ctx, &warrenv1.ReadTrajectoryRequest{SandboxId: "idem"})
+	if err != nil || len(page.GetEntries()) != 1 {
+		t.Fatalf("log %v %v", page, err)
+	}
+}
