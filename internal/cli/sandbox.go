@@ -149,6 +149,7 @@ func newCreateCommand() *cobra.Command {
 	f.DurationVar(&timeout, "timeout", 0, "lifetime, after which the sandbox is deleted, e.g. 30m (default: node default)")
 	f.StringVar(&hostname, "hostname", "", "hostname inside the sandbox, a DNS name (default: the id, '_' made '-')")
 	f.StringArrayVar(&ulimits, "ulimit", nil, "resource limit of the sandbox's processes NAME=SOFT[:HARD], e.g. nofile=1024:4096, core=unlimited (repeatable; default: Debian 12's, shown by sandbox get)")
+	f.BoolVar(&req.NoTrajectory, "no-trajectory", false, "record no trajectory log for this sandbox (its execs and file writes skip the log's fdatasync; calls with a seq are refused)")
 	f.BoolVar(&req.AllowSetuid, "allow-setuid", false, "let setuid binaries and file capabilities work in the sandbox (sudo as a non-root user): its processes run without no_new_privs; the seccomp filter stays")
 	f.BoolVar(&req.KeepEtc, "keep-etc", false, "keep the image's /etc/hosts, /etc/hostname and /etc/resolv.conf instead of the sandbox's own")
 	f.StringVar(&user, "user", "", "who commands run as when they name no user: name, uid or uid:gid (default: the image's user, else root)")
@@ -296,6 +297,9 @@ func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
 	row("Hostname", s.Hostname)
 	if s.KeepEtc {
 		row("Etc", "the image's /etc/hosts, hostname, resolv.conf (--keep-etc)")
+	}
+	if s.NoTrajectory {
+		row("Trajectory", "not recorded (--no-trajectory)")
 	}
 	if s.AllowSetuid {
 		row("Setuid", "setuid binaries and file capabilities work (--allow-setuid: no no_new_privs)")
