@@ -31,6 +31,7 @@
 package trajectory
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -430,28 +431,59 @@ func (l *Log) Stats() Stats {
 func (l *Log) Read(off int64, session string, all bool, limit int) ([]*warrenv1.TrajectoryEntry, int64, error) {
 	l.mu.Lock()
 	size := l.size
+	// Begin frames are listed only for interrupted steps; the others are
+	// skipped unread.
+	interrupted := map[int64]bool{}
+	for _, sess := range l.sessions {
+		for _, st := range sess.steps {
+			if st.state == stepInterrupted {
+				interrupted[st.beginOff] = true
+			}
+		}
+	}
 	l.mu.Unlock()
+	// One sequential buffered read instead of a pread per frame.
+	r := bufio.NewReaderSize(io.NewSectionReader(l.f, off, size-off), 256<<10)
 	var out []*warrenv1.TrajectoryEntry
+	var hdr [frameHeader + 1]byte
 	for off < size {
 		if len(out) >= limit {
 			return out, off, nil
 		}
-		kind, e, n, err := readFrame(l.f, off)
-		if err != nil {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			return nil, 0, errdefs.Wrap(errdefs.Internal, err, "read trajectory log")
 		}
-		keep := all || e.GetSessionId() == session
-		if keep && kind == kindBegin {
-			l.mu.Lock()
-			st := l.sessions[e.GetSessionId()].steps[e.GetSeq()]
-			keep = st != nil && st.state == stepInterrupted && st.beginOff == off
-			l.mu.Unlock()
+		n := binary.LittleEndian.Uint32(hdr[0:4])
+		if n < 1 || n > maxFrame {
+			return nil, 0, errdefs.Internalf("read trajectory log: bad frame length %d at %d", n, off)
+		}
+		frame := int64(frameHeader) + int64(n)
+		if hdr[frameHeader] == kindBegin && !interrupted[off] {
+			if _, err := r.Discard(int(n) - 1); err != nil {
+				return nil, 0, errdefs.Wrap(errdefs.Internal, err, "read trajectory log")
+			}
+			off += frame
+			continue
+		}
+		body := make([]byte, n)
+		body[0] = hdr[frameHeader]
+		if _, err := io.ReadFull(r, body[1:]); err != nil {
+			return nil, 0, errdefs.Wrap(errdefs.Internal, err, "read trajectory log")
+		}
+		if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(hdr[4:8]) {
+			return nil, 0, errdefs.Internalf("read trajectory log: bad frame checksum at %d", off)
+		}
+		e := &warrenv1.TrajectoryEntry{}
+		if err := proto.Unmarshal(body[1:], e); err != nil {
+			return nil, 0, errdefs.Wrap(errdefs.Internal, err, "read trajectory log")
+		}
+		if body[0] == kindBegin {
 			e.Interrupted = true
 		}
-		if keep {
+		if all || e.GetSessionId() == session {
 			out = append(out, e)
 		}
-		off += int64(n)
+		off += frame
 	}
 	return out, 0, nil
 }

@@ -29,7 +29,6 @@ Background processes (``start``) are not recorded. The synchronous
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import threading
 from typing import Any, Dict, Mapping, Optional, Union
@@ -48,7 +47,7 @@ class Rollout:
     count the exec and file calls that succeeded, answered from the log
     and run (failed calls take a step but are not counted)."""
 
-    def __init__(self, sandbox: Any, session_id: str, *, start: int = 0) -> None:
+    def __init__(self, sandbox: Any, session_id: str, *, start: int = 0, read_ahead: bool = True) -> None:
         if not session_id:
             raise ValueError("a rollout needs a session id")
         self._aio: AsyncSandbox = getattr(sandbox, "aio", sandbox)
@@ -61,10 +60,13 @@ class Rollout:
         # The sync client runs calls on its loop thread.
         self._lock = threading.Lock()
         self._sync = sandbox if hasattr(sandbox, "_run") else None
+        self._read_ahead = read_ahead
         self._recorded: Dict[int, Mapping[str, Any]] = {}
 
     async def _prefetch(self) -> None:
         self._recorded = {}
+        if not self._read_ahead:
+            return
         for e in await self._aio.trajectory(self.session_id):
             seq = int(e.get("seq") or 0)
             # Later entries of a seq supersede earlier ones; steps refused
@@ -88,8 +90,9 @@ class Rollout:
     def _exec_result(self, e: Mapping[str, Any]) -> ExecResult:
         _raise_recorded(e)
         self._count(True)
-        r = ExecResult._from_json(e.get("execResult"))
-        return dataclasses.replace(r, seq=int(e.get("seq") or 0), replayed=True)
+        d = dict(e.get("execResult") or {})
+        d["seq"], d["replayed"] = e.get("seq"), True
+        return ExecResult._from_json(d)
 
     def _outcome(self, e: Mapping[str, Any]) -> None:
         _raise_recorded(e)
@@ -136,12 +139,14 @@ class Rollout:
         return f"<Rollout {self.session_id!r} on {self._aio.id} seq={self.seq} replayed={self.replayed} live={self.live}>"
 
 
-def rollout(sandbox: Union[AsyncSandbox, Any], session_id: str, *, start: int = 0) -> Rollout:
+def rollout(sandbox: Union[AsyncSandbox, Any], session_id: str, *, start: int = 0, read_ahead: bool = True) -> Rollout:
     """A rollout session numbering the calls made through ``sandbox``
     (an :class:`AsyncSandbox` or a :class:`Sandbox`): use it with
     ``async with`` or ``with``. ``start`` is the step before the first
-    (0: the session's calls are steps 1, 2, ...)."""
-    return Rollout(sandbox, session_id, start=start)
+    (0: the session's calls are steps 1, 2, ...). ``read_ahead=False``
+    does not read the session's steps at the start: every call then goes
+    to the daemon (one round trip per replayed step, no log in memory)."""
+    return Rollout(sandbox, session_id, start=start, read_ahead=read_ahead)
 
 
 # The fields that address a call rather than say what it does (left out of
@@ -160,21 +165,24 @@ def _canon(v: Any) -> Any:
     """A request in the JSON form's proto3 meaning: fields at their
     default are absent, and numbers compare as text (int64s are strings
     in JSON)."""
-    if isinstance(v, Mapping):
+    t = type(v)
+    if t is dict:
         return {k: _canon(x) for k, x in v.items() if not _is_default(x)}
-    if isinstance(v, (list, tuple)):
+    if t is list or t is tuple:
         return [_canon(x) for x in v]
-    if isinstance(v, bool):
+    if t is bool or t is str:
         return v
     return str(v)
 
 
 def _is_default(x: Any) -> bool:
-    if x is None or x is False:
-        return True
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
+    # JSON from the daemon and the SDK's own bodies hold only these types.
+    t = type(x)
+    if x is None or t is bool:
+        return x is not True
+    if t is int or t is float:
         return x == 0
-    return isinstance(x, (str, list, tuple, dict)) and len(x) == 0
+    return not x
 
 
 # The Connect code of each category, for recorded errors.
