@@ -401,13 +401,15 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	s.releaseLayers()
 	m.idem.dropSandbox(s.id)
 	m.forget(s)
-	if terr := m.traj.remove(s.id); terr != nil {
-		m.log.Warn("remove trajectory log", "sandbox", s.id, "err", terr)
-	}
 	m.events.Forget(s.id)
 	close(done)
 	if prev == stateRunning {
 		m.metrics.SandboxEnded(reason)
+	}
+	// After forget: a recorded call racing the delete then finds the
+	// sandbox gone and cannot make the file again (trajLogs.get).
+	if terr := m.traj.remove(s.id); terr != nil {
+		m.log.Warn("remove trajectory log", "sandbox", s.id, "err", terr)
 	}
 	m.log.Debug("sandbox deleted", "sandbox", s.id, "reason", reason)
 	return nil
