@@ -5171,8 +5171,11 @@ type TrajectoryEntry struct {
 	PayloadSha256 string                    `protobuf:"bytes,12,opt,name=payload_sha256,json=payloadSha256,proto3" json:"payload_sha256,omitempty"`
 	ExecResult    *ExecResult               `protobuf:"bytes,13,opt,name=exec_result,json=execResult,proto3" json:"exec_result,omitempty"` // exec: the result returned
 	// The call's error, when it failed: its category (errdefs names:
-	// "not_found", "invalid", "conflict", ...) and message. Replay returns
-	// the same error.
+	// "not_found", "invalid", "conflict", ..., and "already_exists") and
+	// message. Replay returns the same error, except that a call cut short
+	// after it started (unavailable, deadline_exceeded, unknown: cancelled,
+	// the daemon stopping) replays as FailedPrecondition: it is not run
+	// again, so a retry would not help.
 	ErrorCategory string `protobuf:"bytes,14,opt,name=error_category,json=errorCategory,proto3" json:"error_category,omitempty"`
 	Error         string `protobuf:"bytes,15,opt,name=error,proto3" json:"error,omitempty"`
 	// The call was refused before it changed anything (an invalid request,

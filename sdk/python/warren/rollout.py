@@ -23,7 +23,9 @@ field, payloads by SHA-256) is answered from them without a round trip,
 so a replay costs microseconds. Anything else goes to the daemon, which
 decides: replays, refuses a mismatch, or runs the call live. Calls through other handles of the same sandbox are
 not numbered by the session (they are recorded as their own steps).
-Background processes (``start``) are not recorded. The synchronous
+Uploads (``upload``, ``upload_tar``, large ``write_file``) are numbered
+steps too, always sent to the daemon, and not in the counts. Background
+processes (``start``) are not recorded. The synchronous
 :class:`warren.Sandbox` works the same way, with ``with``.
 """
 
