@@ -61,6 +61,7 @@ func newCreateCommand() *cobra.Command {
 		ulimits           []string
 		network           string
 		group             string
+		userns            bool
 	)
 	c := &cobra.Command{
 		Use:   "create --image IMAGE [flags]",
@@ -122,6 +123,9 @@ func newCreateCommand() *cobra.Command {
 				return err
 			}
 			defer cl.Close()
+			if cmd.Flags().Changed("userns") {
+				req.UserNamespace = &userns
+			}
 			sb, err := cl.Create(cmd.Context(), &req)
 			if err != nil {
 				return err
@@ -149,6 +153,7 @@ func newCreateCommand() *cobra.Command {
 	f.StringVar(&hostname, "hostname", "", "hostname inside the sandbox, a DNS name (default: the id, '_' made '-')")
 	f.StringArrayVar(&ulimits, "ulimit", nil, "resource limit of the sandbox's processes NAME=SOFT[:HARD], e.g. nofile=1024:4096, core=unlimited (repeatable; default: Debian 12's, shown by sandbox get)")
 	f.BoolVar(&req.AllowSetuid, "allow-setuid", false, "let setuid binaries and file capabilities work in the sandbox (sudo as a non-root user): its processes run without no_new_privs; the seccomp filter stays")
+	f.BoolVar(&userns, "userns", false, "run the sandbox in a user namespace: root inside is an unprivileged host id (default: the node's, warren serve --userns); the image's files must have ids below 65536")
 	f.BoolVar(&req.KeepEtc, "keep-etc", false, "keep the image's /etc/hosts, /etc/hostname and /etc/resolv.conf instead of the sandbox's own")
 	f.StringVar(&user, "user", "", "who commands run as when they name no user: name, uid or uid:gid (default: the image's user, else root)")
 	f.StringVar(&network, "network", "", networkFlagHelp+" (default: none)")
@@ -295,6 +300,9 @@ func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
 	row("Hostname", s.Hostname)
 	if s.KeepEtc {
 		row("Etc", "the image's /etc/hosts, hostname, resolv.conf (--keep-etc)")
+	}
+	if s.UserNamespace {
+		row("User ns", fmt.Sprintf("root inside is host id %d (65,536 ids from it)", s.UserIdBase))
 	}
 	if s.AllowSetuid {
 		row("Setuid", "setuid binaries and file capabilities work (--allow-setuid: no no_new_privs)")

@@ -51,6 +51,8 @@ type serveOptions struct {
 	pprofAddr                string
 	stallTimeout             time.Duration
 	seccomp                  bool
+	userns                   bool
+	usernsIDs                string
 	cpuAffinity              bool
 	networkSubnet            string
 }
@@ -90,6 +92,8 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.networkSubnet, "network-subnet", netpolicy.DefaultSubnet.String(), "IPv4 subnet (/16 to /30) sandboxes with a network (open, allowlist) take a /31 of each; give each daemon on a host its own")
 	f.BoolVar(&o.cpuAffinity, "cpu-affinity", true, "run a sandbox with a CPU quota on as many of the node's CPUs as its quota (rounded up), the least used ones, and show it that many (nproc, os.cpu_count, /proc/cpuinfo); false leaves every sandbox on all CPUs, seeing all")
 	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
+	f.BoolVar(&o.userns, "userns", false, "create sandboxes in a user namespace unless a request says otherwise (create --userns): root inside is an unprivileged host id")
+	f.StringVar(&o.usernsIDs, "userns-ids", container.DefaultUserNSIDs.String(), "host ids START:COUNT that user-namespace sandboxes take 65,536 each of; give each daemon on a host its own")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive download whose client takes no data, or an upload whose client sends none, for this long (the walk it holds is released)")
@@ -251,7 +255,11 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("--network-subnet: %w", err)
 	}
-	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity, NoSeccomp: !o.seccomp, ObservePhase: met.ObserveCreatePhase,
+	idRange, err := container.ParseIDRange(o.usernsIDs)
+	if err != nil {
+		return fmt.Errorf("--userns-ids: %w", err)
+	}
+	ctr, err := container.New(container.Options{UserNSIDs: idRange, StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity, NoSeccomp: !o.seccomp, ObservePhase: met.ObserveCreatePhase,
 		NetworkSubnet: subnet})
 	if err != nil {
 		return fmt.Errorf("container backend: %w", err)
@@ -283,6 +291,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		DiskReserveBytes: diskReserve,
 		EventSources:     sources,
 		GuardInterval:    o.guardInterval,
+		UserNSDefault:    o.userns,
 		Logger:           log,
 	})
 	if err != nil {

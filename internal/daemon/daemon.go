@@ -74,7 +74,10 @@ type Config struct {
 	// Manager is open. Their events of sandboxes this daemon does not
 	// know are dropped.
 	EventSources []events.Source
-	Logger       *slog.Logger
+	// UserNSDefault creates sandboxes in a user namespace unless the
+	// request says otherwise (CreateRequest.user_namespace).
+	UserNSDefault bool
+	Logger        *slog.Logger
 }
 
 func (c *Config) setDefaults() {

@@ -68,8 +68,12 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Layers:          slices.Clone(p.layers),
 		KeepEtc:         req.GetKeepEtc(),
 		AllowSetuid:     req.GetAllowSetuid(),
+		UserNamespace:   m.cfg.UserNSDefault,
 		Rlimits:         rlimitProtos(p.rlimits),
 		Network:         networkProto(p.network),
+	}
+	if req.UserNamespace != nil {
+		info.UserNamespace = req.GetUserNamespace()
 	}
 	imageWorkdir := false
 	s := &sandbox{
@@ -189,6 +193,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Rlimits:     p.rlimits,
 		Network:     p.network,
 		AllowSetuid: info.AllowSetuid,
+		UserNS:      info.UserNamespace,
 	})
 	if err != nil {
 		return nil, withCategory(err, errdefs.Internal, "create sandbox "+p.id)
@@ -217,6 +222,10 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	s.mu.Lock()
 	s.sb, s.fs, s.backendState, s.release = sb, fs, sb.State(), release
 	info.NetworkAddress = networkAddress(sb)
+	if im, ok := sb.(backend.IDMapped); ok {
+		base, _, mapped := im.IDMap()
+		info.UserNamespace, info.UserIdBase = mapped, base
+	}
 	expires := time.Now().Add(p.timeout)
 	info.ExpiresAtUnixMs = expires.UnixMilli()
 	// The record says RUNNING; the sandbox is RUNNING once it is written.

@@ -222,7 +222,12 @@ type CreateRequest struct {
 	// sandbox (sudo, su, ping run by a non-root user of the image): its
 	// processes run without no_new_privs. The seccomp filter, the
 	// capability bounding set and the namespaces still hold. Default off.
-	AllowSetuid   bool `protobuf:"varint,15,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
+	AllowSetuid bool `protobuf:"varint,15,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
+	// Run the sandbox in a user namespace: root inside is an unprivileged
+	// host id (a range of 65,536 ids of its own), so a process that escapes
+	// every other wall is nobody on the node. Unset: the node's default
+	// (warren serve --userns). The image's files must have ids below 65,536.
+	UserNamespace *bool `protobuf:"varint,16,opt,name=user_namespace,json=userNamespace,proto3,oneof" json:"user_namespace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -358,6 +363,13 @@ func (x *CreateRequest) GetNetwork() *NetworkPolicy {
 func (x *CreateRequest) GetAllowSetuid() bool {
 	if x != nil {
 		return x.AllowSetuid
+	}
+	return false
+}
+
+func (x *CreateRequest) GetUserNamespace() bool {
+	if x != nil && x.UserNamespace != nil {
+		return *x.UserNamespace
 	}
 	return false
 }
@@ -591,8 +603,11 @@ type Sandbox struct {
 	// The sandbox's address on the node's sandbox subnet ("" in mode "none").
 	NetworkAddress string `protobuf:"bytes,18,opt,name=network_address,json=networkAddress,proto3" json:"network_address,omitempty"`
 	AllowSetuid    bool   `protobuf:"varint,19,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"` // CreateRequest.allow_setuid
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// It runs in a user namespace: root inside is host id user_id_base.
+	UserNamespace bool   `protobuf:"varint,35,opt,name=user_namespace,json=userNamespace,proto3" json:"user_namespace,omitempty"`
+	UserIdBase    uint32 `protobuf:"varint,36,opt,name=user_id_base,json=userIdBase,proto3" json:"user_id_base,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -756,6 +771,20 @@ func (x *Sandbox) GetAllowSetuid() bool {
 		return x.AllowSetuid
 	}
 	return false
+}
+
+func (x *Sandbox) GetUserNamespace() bool {
+	if x != nil {
+		return x.UserNamespace
+	}
+	return false
+}
+
+func (x *Sandbox) GetUserIdBase() uint32 {
+	if x != nil {
+		return x.UserIdBase
+	}
+	return 0
 }
 
 type GetRequest struct {
@@ -4794,7 +4823,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\x93\x05\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xd2\x05\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4811,13 +4840,15 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\bkeep_etc\x18\f \x01(\bR\akeepEtc\x12+\n" +
 	"\arlimits\x18\r \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
 	"\anetwork\x18\x0e \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12!\n" +
-	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x1a6\n" +
+	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x12*\n" +
+	"\x0euser_namespace\x18\x10 \x01(\bH\x00R\ruserNamespace\x88\x01\x01\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"g\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
+	"\x0f_user_namespace\"g\n" +
 	"\rNetworkPolicy\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12,\n" +
 	"\x05allow\x18\x02 \x03(\v2\x16.warren.v1.NetworkRuleR\x05allow\x12\x14\n" +
@@ -4830,7 +4861,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xab\x06\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xf4\x06\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -4852,7 +4883,10 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\arlimits\x18\x10 \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
 	"\anetwork\x18\x11 \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12'\n" +
 	"\x0fnetwork_address\x18\x12 \x01(\tR\x0enetworkAddress\x12!\n" +
-	"\fallow_setuid\x18\x13 \x01(\bR\vallowSetuid\x1a6\n" +
+	"\fallow_setuid\x18\x13 \x01(\bR\vallowSetuid\x12%\n" +
+	"\x0euser_namespace\x18# \x01(\bR\ruserNamespace\x12 \n" +
+	"\fuser_id_base\x18$ \x01(\rR\n" +
+	"userIdBase\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -5451,6 +5485,7 @@ func file_warren_v1_warren_proto_init() {
 	if File_warren_v1_warren_proto != nil {
 		return
 	}
+	file_warren_v1_warren_proto_msgTypes[1].OneofWrappers = []any{}
 	file_warren_v1_warren_proto_msgTypes[3].OneofWrappers = []any{}
 	file_warren_v1_warren_proto_msgTypes[12].OneofWrappers = []any{}
 	file_warren_v1_warren_proto_msgTypes[15].OneofWrappers = []any{
