@@ -40,6 +40,30 @@ const (
 	readoptMax = time.Minute
 )
 
+// userNSIDs is how many ids a sandbox's user namespace maps (the
+// container backend's IDsPerSandbox).
+const userNSIDs = 1 << 16
+
+// userNSFits says whether an image of these layers looks as it is from
+// inside a user namespace: every file's owner below userNSIDs (a higher
+// one would show as the overflow id, and could not be changed). Layers
+// imported before the store recorded their highest id are taken to fit.
+func (m *Manager) userNSFits(digests []string, asked bool) error {
+	for _, d := range digests {
+		meta, err := m.images.LayerMeta(d)
+		if err != nil {
+			if asked {
+				return withCategory(err, errdefs.Internal, "layer "+d)
+			}
+			return err
+		}
+		if meta.MaxID != nil && *meta.MaxID >= userNSIDs {
+			return errdefs.Invalidf("layer %s has files owned by id %d, above the %d ids a sandbox's user namespace maps: create the sandbox without one (user_namespace false)", d, *meta.MaxID, userNSIDs-1)
+		}
+	}
+	return nil
+}
+
 // Create validates the request, resolves the image, has the backend create
 // the sandbox and persists it as RUNNING.
 // On failure everything done is rolled back.
@@ -145,6 +169,16 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	m.imgMu.RUnlock()
 	if err != nil {
 		return nil, withCategory(err, errdefs.Internal, "resolve image "+p.image)
+	}
+	if info.UserNamespace {
+		if err := m.userNSFits(digests, req.UserNamespace != nil); err != nil {
+			if req.UserNamespace != nil {
+				release()
+				return nil, err
+			}
+			// The node's default yields to an image it does not fit.
+			info.UserNamespace = false
+		}
 	}
 	cl.Add(func() error {
 		release()
