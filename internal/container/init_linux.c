@@ -162,6 +162,13 @@ static int open_dir(const char *dir)
  * commit shift (internal/container/userns.go). -1: not in this mode. */
 static int userns_fd = -1;
 static unsigned long userns_base;
+/* Closing a detached mount unmounts it, which waits for an RCU grace
+ * period (~0.2 ms each here), and reaping the namespace's holder costs
+ * too: both wait until the daemon has been told the sandbox is up
+ * (finish_userns). */
+static int idmapped_fds[128];
+static size_t n_idmapped;
+static pid_t userns_holder;
 
 #ifndef SYS_open_tree
 #define SYS_open_tree 428
@@ -223,7 +230,10 @@ static void mount_overlay(const char *rootfs, char *lower, const char *upper, co
 		append_data(",%s", opts);
 	do_mount("overlay", rootfs, "overlay", MS_NODEV, overlay_data);
 	for (size_t i = 0; i < nfd; i++)
-		close(fds[i]);
+		if (userns_fd >= 0 && i < nfd - 2)
+			idmapped_fds[n_idmapped++] = fds[i];
+		else
+			close(fds[i]);
 	madvise(overlay_data, sizeof overlay_data, MADV_DONTNEED);
 }
 
@@ -515,10 +525,20 @@ static void make_userns(const char *spec)
 	close(procfd);
 	close(p[0]);
 	close(p[1]);
-	kill(child, SIGKILL);
-	while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
-		;
-	madvise(sharer_stack, sizeof sharer_stack, MADV_DONTNEED);
+	userns_holder = child;
+}
+
+/* What make_userns and mount_overlay left for after the sandbox is up. */
+static void finish_userns(void)
+{
+	for (size_t i = 0; i < n_idmapped; i++)
+		close(idmapped_fds[i]);
+	if (userns_holder > 0) {
+		kill(userns_holder, SIGKILL);
+		while (waitpid(userns_holder, NULL, 0) < 0 && errno == EINTR)
+			;
+		madvise(sharer_stack, sizeof sharer_stack, MADV_DONTNEED);
+	}
 }
 
 /* Joins the sandbox's user namespace as root there (host id BASE): last,
@@ -805,6 +825,7 @@ static void __attribute__((noreturn)) init_main(void)
 	unsetenv(INIT_ENV);
 	/* Closing the status pipe tells the daemon the sandbox is up. */
 	close(FD_STATUS);
+	finish_userns();
 	/* The config's pages would stay with PID 1 for good. */
 	madvise(config, sizeof config, MADV_DONTNEED);
 	warren_agent_start(FD_LISTEN);
