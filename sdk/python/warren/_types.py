@@ -298,6 +298,9 @@ class SandboxInfo:
     keep_etc: bool = False
     #: setuid binaries work: created with ``allow_setuid=True``
     allow_setuid: bool = False
+    #: it runs in a user namespace: root inside is host id ``user_id_base``
+    user_namespace: bool = False
+    user_id_base: int = 0
     #: the resource limits every process of the sandbox starts with: all of
     #: them, in the kernel's order (the defaults, or ``create(rlimits=...)``);
     #: empty for sandboxes of daemons before rlimits existed
@@ -347,6 +350,8 @@ class SandboxInfo:
             user=d.get("user", ""),
             keep_etc=bool(d.get("keepEtc", False)),
             allow_setuid=bool(d.get("allowSetuid", False)),
+            user_namespace=bool(d.get("userNamespace", False)),
+            user_id_base=_int(d.get("userIdBase")),
             rlimits=tuple(Rlimit._from_json(x) for x in d.get("rlimits") or ()),
             network=NetworkPolicy._from_json(d.get("network")),
             network_address=d.get("networkAddress", ""),
