@@ -31,6 +31,7 @@ import (
 	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/kfile"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/rlimit"
@@ -275,7 +276,17 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 			return nil, fsErr(err, "create sandbox directories")
 		}
 	}
-	if err := writeEtc(filepath.Join(st, "upper"), spec.Layers, spec.Etc, pooled); err != nil {
+	etc := spec.Etc
+	if !spec.Network.IsNone() && len(etc) > 0 {
+		// Its resolver is its gateway, known once its /31 is taken.
+		gw, err := b.net.Reserve(spec.ID)
+		if err != nil {
+			return nil, err
+		}
+		cu.Add(func() error { b.net.Release(spec.ID); return nil })
+		etc = etcfiles.WithNameserver(etc, gw)
+	}
+	if err := writeEtc(filepath.Join(st, "upper"), spec.Layers, etc, pooled); err != nil {
 		return nil, err
 	}
 
@@ -455,7 +466,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	// init waits for its config: the sandbox starts with eth0 up.
 	var net *netpolicy.Attachment
 	if !spec.Network.IsNone() {
-		a, err := b.net.Attach(spec.ID, pid, spec.Network)
+		a, err := b.net.Attach(spec.ID, hostname, pid, spec.Network)
 		if err != nil {
 			return fail(err)
 		}
