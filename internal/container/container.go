@@ -1037,3 +1037,7 @@ func (s *sandbox) SignalBackground(ctx context.Context, pid int, sig syscall.Sig
 func (s *sandbox) ResizeBackground(ctx context.Context, pid int, rows, cols uint16) error {
 	return s.agent.ResizeBackground(ctx, pid, rows, cols)
 }
+
+// Network is the backend's sandbox networking (the daemon's resolver
+// asks it who a query's source is and what it may resolve).
+func (b *Backend) Network() *netpolicy.Node { return b.net }
