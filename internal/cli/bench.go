@@ -438,7 +438,7 @@ joined to the test host by a veth pair. Run as root.`,
 // newBenchNetClientCommand is the client `warren bench network` runs in
 // a sandbox and in its peer's namespace.
 func newBenchNetClientCommand() *cobra.Command {
-	var connect, send string
+	var connect, send, dnsServer, name string
 	var n, mib int
 	c := &cobra.Command{
 		Use:    "netclient --connect ADDR:PORT [--n N] [--send ADDR:PORT --mib M]",
@@ -446,9 +446,14 @@ func newBenchNetClientCommand() *cobra.Command {
 		Hidden: true,
 		Args:   noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dnsServer != "" {
+				return bench.RunDNSClient(cmd.OutOrStdout(), dnsServer, name, n)
+			}
 			return bench.RunNetClient(cmd.OutOrStdout(), connect, n, send, mib)
 		},
 	}
+	c.Flags().StringVar(&dnsServer, "dns", "", "instead: resolve --name at this nameserver (ADDR:PORT) n times")
+	c.Flags().StringVar(&name, "name", "", "the name --dns resolves")
 	c.Flags().StringVar(&connect, "connect", "", "address to connect to n times")
 	c.Flags().IntVar(&n, "n", 100, "connections")
 	c.Flags().StringVar(&send, "send", "", "address to send mib MiB to")

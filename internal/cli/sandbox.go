@@ -161,7 +161,7 @@ func newCreateCommand() *cobra.Command {
 	return c
 }
 
-const networkFlagHelp = "network: none (loopback only), open (NAT out through the node), or allow:CIDR[:PORT][/tcp|/udp],... (only those destinations)"
+const networkFlagHelp = "network: none (loopback only), open (NAT out through the node), or allow:RULE,... with RULE a CIDR or a host name (pypi.org, *.pythonhosted.org) and [:PORT][/tcp|/udp] (only those destinations; names through Warren's resolver)"
 
 // parseNetwork reads --network into the API's policy; the daemon
 // validates it.
@@ -172,7 +172,7 @@ func parseNetwork(s string) (*warrenv1.NetworkPolicy, error) {
 	}
 	p := &warrenv1.NetworkPolicy{Mode: mode}
 	for _, r := range rules {
-		nr := &warrenv1.NetworkRule{Cidr: r.CIDR, Protocol: r.Proto}
+		nr := &warrenv1.NetworkRule{Cidr: r.CIDR, Host: r.Host, Protocol: r.Proto}
 		if r.HasPort {
 			port := r.Port
 			nr.Port = &port
@@ -201,6 +201,9 @@ func formatMode(p *warrenv1.NetworkPolicy) string {
 	parts := make([]string, len(p.GetAllow()))
 	for i, r := range p.GetAllow() {
 		parts[i] = r.GetCidr()
+		if r.GetHost() != "" {
+			parts[i] = r.GetHost()
+		}
 		if r.Port != nil {
 			parts[i] += ":" + strconv.FormatUint(uint64(r.GetPort()), 10)
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/warrenrl/warren/internal/kaudit"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/netpolicy"
+	"github.com/warrenrl/warren/internal/resolver"
 	"github.com/warrenrl/warren/internal/server"
 )
 
@@ -55,6 +56,7 @@ type serveOptions struct {
 	usernsIDs                string
 	cpuAffinity              bool
 	networkSubnet            string
+	dnsUpstreams             []string
 }
 
 func newServeCommand() *cobra.Command {
@@ -89,6 +91,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	}
 	f.StringVar(&o.mkfsErofs, "mkfs-erofs", mkfsDefault, "the mkfs.erofs (erofs-utils >= 1.8) that converts layers, keeping hardlinks: a path, \"auto\" ("+erofs.MkfsPrefix+"/bin/mkfs.erofs, then $PATH; go-erofs, which stores hardlinks as copies, if neither is usable) or \"off\" (go-erofs); $"+erofs.MkfsEnv+" sets the default")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "warren", "parent cgroup of the sandboxes (give each daemon on a host its own)")
+	f.StringSliceVar(&o.dnsUpstreams, "dns-upstream", nil, "nameserver (address or address:port; repeatable or comma-separated) Warren's resolver forwards sandboxes' allowed queries to (default: the nameservers of the node's /etc/resolv.conf)")
 	f.StringVar(&o.networkSubnet, "network-subnet", netpolicy.DefaultSubnet.String(), "IPv4 subnet (/16 to /30) sandboxes with a network (open, allowlist) take a /31 of each; give each daemon on a host its own")
 	f.BoolVar(&o.cpuAffinity, "cpu-affinity", true, "run a sandbox with a CPU quota on as many of the node's CPUs as its quota (rounded up), the least used ones, and show it that many (nproc, os.cpu_count, /proc/cpuinfo); false leaves every sandbox on all CPUs, seeing all")
 	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
@@ -272,6 +275,23 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		log.Info("no seccomp events: the kernel's audit records cannot be read", "err", err)
 	} else {
 		sources = append(sources, src)
+	}
+	// Sandboxes with a network resolve through the daemon's resolver at
+	// their gateway; without one (no upstream) their DNS is refused as
+	// any other traffic to the node.
+	if res, err := resolver.New(resolver.Options{Node: ctr.Network(), Upstreams: o.dnsUpstreams, Observe: met.ObserveDNS, Logger: log}); err != nil {
+		if len(o.dnsUpstreams) > 0 {
+			return fmt.Errorf("--dns-upstream: %w", err)
+		}
+		log.Warn("no DNS for sandboxes: the resolver cannot start", "err", err)
+	} else {
+		met.InitDNSResults(resolver.Results...)
+		if err := ctr.Network().SetResolver(res.Port()); err != nil {
+			_ = res.Close()
+			return fmt.Errorf("redirect sandboxes' DNS to the resolver: %w", err)
+		}
+		log.Info("resolver for sandboxes started", "port", res.Port(), "upstreams", strings.Join(res.Upstreams(), ","))
+		sources = append(sources, res)
 	}
 	// Packets the network policy refused, logged by its rules to the
 	// backend's NFLOG group, become policy_drop events.

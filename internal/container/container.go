@@ -31,6 +31,7 @@ import (
 	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/kfile"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/rlimit"
@@ -296,7 +297,17 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if err := shiftOwner(filepath.Join(st, "upper"), userns, 0, 0); err != nil {
 		return nil, err
 	}
-	if err := writeEtc(filepath.Join(st, "upper"), spec.Layers, spec.Etc, pooled, userns); err != nil {
+	etc := spec.Etc
+	if !spec.Network.IsNone() && len(etc) > 0 {
+		// Its resolver is its gateway, known once its /31 is taken.
+		gw, err := b.net.Reserve(spec.ID)
+		if err != nil {
+			return nil, err
+		}
+		cu.Add(func() error { b.net.Release(spec.ID); return nil })
+		etc = etcfiles.WithNameserver(etc, gw)
+	}
+	if err := writeEtc(filepath.Join(st, "upper"), spec.Layers, etc, pooled, userns); err != nil {
 		return nil, err
 	}
 
@@ -480,7 +491,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	// init waits for its config: the sandbox starts with eth0 up.
 	var net *netpolicy.Attachment
 	if !spec.Network.IsNone() {
-		a, err := b.net.Attach(spec.ID, pid, spec.Network)
+		a, err := b.net.Attach(spec.ID, hostname, pid, spec.Network)
 		if err != nil {
 			return fail(err)
 		}
@@ -1076,3 +1087,7 @@ func (s *sandbox) SignalBackground(ctx context.Context, pid int, sig syscall.Sig
 func (s *sandbox) ResizeBackground(ctx context.Context, pid int, rows, cols uint16) error {
 	return s.agent.ResizeBackground(ctx, pid, rows, cols)
 }
+
+// Network is the backend's sandbox networking (the daemon's resolver
+// asks it who a query's source is and what it may resolve).
+func (b *Backend) Network() *netpolicy.Node { return b.net }

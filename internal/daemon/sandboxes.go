@@ -1002,7 +1002,8 @@ func sortSandboxes(sbs []*warrenv1.Sandbox) {
 }
 
 // etcFilesOf is the /etc files a sandbox gets over its image's, none with
-// keep_etc. The network is "none" for every sandbox today (loopback only).
+// keep_etc. Its resolv.conf is mode none's: a backend that gives the
+// sandbox a network names its resolver there (etcfiles.WithNameserver).
 func etcFilesOf(info *warrenv1.Sandbox) []etcfiles.File {
 	if info.GetKeepEtc() {
 		return nil

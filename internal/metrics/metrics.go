@@ -56,6 +56,12 @@ type Metrics struct {
 	// purpose, since a sandbox label would make thousands of series; the
 	// API lists each sandbox's events.
 	SecurityEvents *prometheus.CounterVec
+	// DNSQueries is warren_dns_queries_total{result}: queries Warren's
+	// resolver answered, by result (internal/resolver); DNSSeconds,
+	// warren_dns_resolve_seconds, how long each took to answer (an
+	// upstream's round trip included).
+	DNSQueries *prometheus.CounterVec
+	DNSSeconds prometheus.Histogram
 }
 
 // CreateBuckets are the classic buckets of warren_sandbox_create_seconds:
@@ -108,6 +114,16 @@ func New(ops ...string) *Metrics {
 		Name: "warren_security_events_total",
 		Help: "Actions of sandboxes the node contained or denied (OOM kills, forks refused at the pids limit, output past a cap, full disks, timeout kills, ...), by kind: occurrences, rate-limited events included.",
 	}, []string{"kind"})
+	m.DNSQueries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warren_dns_queries_total",
+		Help: "Queries of sandboxes to Warren's resolver, by result: forwarded, group, empty (AAAA), refused (not on the allowlist), failed (SERVFAIL), bad.",
+	}, []string{"result"})
+	m.DNSSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:                        "warren_dns_resolve_seconds",
+		Help:                        "Time Warren's resolver took to answer a query, upstream round trip included.",
+		Buckets:                     prometheus.ExponentialBucketsRange(0.00001, 10, 40),
+		NativeHistogramBucketFactor: 1.1,
+	})
 	for _, s := range States {
 		m.Sandboxes.WithLabelValues(s)
 	}
@@ -117,10 +133,30 @@ func New(ops ...string) *Metrics {
 	m.InitOps(ops...)
 	m.Registry.MustRegister(
 		m.Sandboxes, m.CreateSeconds, m.CreatePhaseSeconds, m.ExecSeconds, m.Errors, m.Deleted, m.SecurityEvents,
+		m.DNSQueries, m.DNSSeconds,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// InitDNSResults starts warren_dns_queries_total at zero for results.
+func (m *Metrics) InitDNSResults(results ...string) {
+	if m == nil {
+		return
+	}
+	for _, r := range results {
+		m.DNSQueries.WithLabelValues(r)
+	}
+}
+
+// ObserveDNS counts one query of Warren's resolver and its latency.
+func (m *Metrics) ObserveDNS(result string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.DNSQueries.WithLabelValues(result).Inc()
+	m.DNSSeconds.Observe(d.Seconds())
 }
 
 // ObserveCreatePhase records one step of a successful create.

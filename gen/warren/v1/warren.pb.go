@@ -454,10 +454,16 @@ func (x *NetworkPolicy) GetGroup() string {
 // address alone for /32), optionally one port (1-65535; unset = every
 // port) and protocol ("tcp", "udp"; "" = both).
 type NetworkRule struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Cidr          string                 `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
-	Port          *uint32                `protobuf:"varint,2,opt,name=port,proto3,oneof" json:"port,omitempty"`
-	Protocol      string                 `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Cidr     string                 `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
+	Port     *uint32                `protobuf:"varint,2,opt,name=port,proto3,oneof" json:"port,omitempty"`
+	Protocol string                 `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// host allows a name instead of a CIDR (cidr then empty): "pypi.org",
+	// or "*.pythonhosted.org" for every name under it. The addresses
+	// Warren's resolver answers the sandbox for the name are allowed, each
+	// for its record's TTL (clamped to 30 s .. 1 h); other names are
+	// refused. Unicode names are stored as IDNA A-labels.
+	Host          string `protobuf:"bytes,4,opt,name=host,proto3" json:"host,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -509,6 +515,13 @@ func (x *NetworkRule) GetPort() uint32 {
 func (x *NetworkRule) GetProtocol() string {
 	if x != nil {
 		return x.Protocol
+	}
+	return ""
+}
+
+func (x *NetworkRule) GetHost() string {
+	if x != nil {
+		return x.Host
 	}
 	return ""
 }
@@ -4852,11 +4865,12 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\rNetworkPolicy\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12,\n" +
 	"\x05allow\x18\x02 \x03(\v2\x16.warren.v1.NetworkRuleR\x05allow\x12\x14\n" +
-	"\x05group\x18\x03 \x01(\tR\x05group\"_\n" +
+	"\x05group\x18\x03 \x01(\tR\x05group\"s\n" +
 	"\vNetworkRule\x12\x12\n" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x17\n" +
 	"\x04port\x18\x02 \x01(\rH\x00R\x04port\x88\x01\x01\x12\x1a\n" +
-	"\bprotocol\x18\x03 \x01(\tR\bprotocolB\a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x12\n" +
+	"\x04host\x18\x04 \x01(\tR\x04hostB\a\n" +
 	"\x05_port\"D\n" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
