@@ -139,7 +139,8 @@ func TestUserNamespaceRootIsUnprivilegedOnTheHost(t *testing.T) {
 	if _, err := e.c.CommitSandbox(ctx, sb.Id, "mapped-work"); err != nil {
 		t.Fatal(err)
 	}
-	plain := e.create(&warrenv1.CreateRequest{Image: imageName, Layers: []string{"mapped-work"}})
+	no := false
+	plain := e.create(&warrenv1.CreateRequest{Image: imageName, Layers: []string{"mapped-work"}, UserNamespace: &no})
 	if plain.UserNamespace {
 		t.Fatalf("sandbox without the mode reports one")
 	}
