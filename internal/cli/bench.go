@@ -465,7 +465,7 @@ func newBenchHardeningCommand(bf *benchFlags) *cobra.Command {
 	cfg := bench.HardeningConfig{}
 	c := &cobra.Command{
 		Use:   "hardening [--n 500] [--syscalls 1000000]",
-		Short: "What the seccomp filters cost: create, exec and a syscall-bound exec, against the same binary with --seccomp=false",
+		Short: "What the seccomp filters (or, --feature userns, user namespaces) cost: create, exec and a syscall-bound exec, against the same binary without",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if cfg.N < 1 || cfg.Runs < 1 || cfg.Syscalls < 1 || cfg.Warmup < 0 {
@@ -474,12 +474,16 @@ func newBenchHardeningCommand(bf *benchFlags) *cobra.Command {
 			if f := cmd.Flag("addr"); f != nil && f.Changed {
 				return usagef("%v", bench.ErrHardeningNeedsPrivate)
 			}
-			with, _, err := benchEnv(cmd, bf, nil)
+			args, ok := bench.HardeningFeatures[cfg.Feature]
+			if !ok {
+				return usagef("--feature: %q is not seccomp or userns", cfg.Feature)
+			}
+			with, _, err := benchEnv(cmd, bf, func(o *bench.Options) { o.DaemonArgs = append(o.DaemonArgs, args[0]...) })
 			if err != nil {
 				return err
 			}
 			defer func() { err = errors.Join(err, with.Close()) }()
-			without, _, err := benchEnv(cmd, bf, func(o *bench.Options) { o.DaemonArgs = append(o.DaemonArgs, "--seccomp=false") })
+			without, _, err := benchEnv(cmd, bf, func(o *bench.Options) { o.DaemonArgs = append(o.DaemonArgs, args[1]...) })
 			if err != nil {
 				return err
 			}
@@ -500,5 +504,6 @@ func newBenchHardeningCommand(bf *benchFlags) *cobra.Command {
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 20, "unmeasured cycles per daemon first")
 	c.Flags().IntVar(&cfg.Syscalls, "syscalls", 1000000, "bytes dd copies one at a time (twice as many system calls)")
 	c.Flags().IntVar(&cfg.Runs, "runs", 10, "measured runs of the syscall-bound exec per daemon")
+	c.Flags().StringVar(&cfg.Feature, "feature", "seccomp", "what the two daemons differ in: seccomp (the filters, against --seccomp=false) or userns (--userns against without)")
 	return c
 }
