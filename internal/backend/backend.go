@@ -53,6 +53,17 @@ type Spec struct {
 	// AllowSetuid runs the sandbox's processes without no_new_privs, so
 	// that setuid binaries and file capabilities work in it.
 	AllowSetuid bool
+	// UserNS runs the sandbox in a user namespace of its own: root inside
+	// is an unprivileged host id (IDMapped reports which).
+	UserNS bool
+}
+
+// IDMapped is implemented by sandboxes whose ids inside are not the
+// host's: a user namespace maps ids 0..Size-1 inside to Base.. on the
+// host. Its writable layer stores host ids, which file calls and commit
+// shift. ok is false for a sandbox without one.
+type IDMapped interface {
+	IDMap() (base, size uint32, ok bool)
 }
 
 // Layer is one read-only layer of a sandbox's root, as references a

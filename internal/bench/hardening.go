@@ -18,13 +18,25 @@ type HardeningConfig struct {
 	Warmup   int
 	Syscalls int // read+write pairs of the syscall-bound exec (dd bs=1)
 	Runs     int // measured runs of it per daemon
+	// Feature is what the two daemons differ in: "seccomp" (the
+	// default: the filters against --seccomp=false) or "userns" (--userns
+	// against without).
+	Feature string
+}
+
+// HardeningFeatures are the features bench hardening compares, with the
+// `warren serve` flags of the daemon with it and of the one without.
+var HardeningFeatures = map[string][2][]string{
+	"seccomp": {nil, {"--seccomp=false"}},
+	"userns":  {{"--userns"}, nil},
 }
 
 // HardeningReport compares a daemon with the default hardening (seccomp
 // filters, no_new_privs) against the same binary with --seccomp=false,
 // both private, run alternately so that the machine's drift hits both.
 type HardeningReport struct {
-	Cycles int              `json:"cycles"`
+	Feature string           `json:"feature"`
+	Cycles  int              `json:"cycles"`
 	Rows   []HardeningRow   `json:"rows"`
 	Sys    HardeningSyscall `json:"syscalls"`
 	Notes  []string         `json:"notes,omitempty"`
@@ -55,11 +67,14 @@ type HardeningSyscall struct {
 // without is the daemon started with --seccomp=false.
 func RunHardening(ctx context.Context, with, without *Env, cfg HardeningConfig) (*HardeningReport, error) {
 	envs := [2]*Env{with, without}
-	samples, err := Alternate(ctx, [2]Iteration{warrenCycle(with), warrenCycle(without)}, [2]string{side(0), side(1)}, cfg.Warmup, cfg.N)
+	if cfg.Feature == "" {
+		cfg.Feature = "seccomp"
+	}
+	samples, err := Alternate(ctx, [2]Iteration{warrenCycle(with), warrenCycle(without)}, [2]string{side(cfg.Feature, 0), side(cfg.Feature, 1)}, cfg.Warmup, cfg.N)
 	if err != nil {
 		return nil, err
 	}
-	rep := &HardeningReport{Cycles: cfg.N}
+	rep := &HardeningReport{Feature: cfg.Feature, Cycles: cfg.N}
 	// WarrenCycle's metrics: [create+exec, cycle, create, exec, delete].
 	for _, m := range []struct {
 		name string
@@ -76,7 +91,11 @@ func RunHardening(ctx context.Context, with, without *Env, cfg HardeningConfig) 
 		return nil, err
 	}
 	rep.Sys = sys
-	rep.Notes = append(rep.Notes, "with: the default hardening (seccomp policy and audit filters, no_new_privs); without: the same binary with --seccomp=false (no_new_privs stays)")
+	if cfg.Feature == "userns" {
+		rep.Notes = append(rep.Notes, "with: every sandbox in a user namespace of its own (--userns: idmapped layers, the init joins the namespace last); without: the same binary without")
+	} else {
+		rep.Notes = append(rep.Notes, "with: the default hardening (seccomp policy and audit filters, no_new_privs); without: the same binary with --seccomp=false (no_new_privs stays)")
+	}
 	return rep, nil
 }
 
@@ -86,7 +105,7 @@ func syscallBound(ctx context.Context, envs [2]*Env, cfg HardeningConfig) (Harde
 	for i, e := range envs {
 		sb, err := e.Client.Create(ctx, e.CreateRequest())
 		if err != nil {
-			return HardeningSyscall{}, fmt.Errorf("%s: create: %w", side(i), err)
+			return HardeningSyscall{}, fmt.Errorf("%s: create: %w", side(cfg.Feature, i), err)
 		}
 		ids[i] = sb.GetId()
 		defer e.Client.Delete(context.WithoutCancel(ctx), sb.GetId())
@@ -101,7 +120,7 @@ func syscallBound(ctx context.Context, envs [2]*Env, cfg HardeningConfig) (Harde
 				err = fmt.Errorf("dd: exit %d: %s", res.GetExitCode(), res.GetStderr())
 			}
 			if err != nil {
-				return HardeningSyscall{}, fmt.Errorf("%s: %w", side(s), err)
+				return HardeningSyscall{}, fmt.Errorf("%s: %w", side(cfg.Feature, s), err)
 			}
 			if i > 0 { // the first round warms up
 				t[s] = append(t[s], msOf(time.Since(start)))
@@ -116,16 +135,20 @@ func syscallBound(ctx context.Context, envs [2]*Env, cfg HardeningConfig) (Harde
 		NsPerCall: (a - b) * 1e6 / float64(calls)}, nil
 }
 
-func side(i int) string {
-	if i == 0 {
-		return "daemon with the filter"
+func side(feature string, i int) string {
+	what := "the filter"
+	if feature == "userns" {
+		what = "user namespaces"
 	}
-	return "daemon without the filter"
+	if i == 0 {
+		return "daemon with " + what
+	}
+	return "daemon without " + what
 }
 
 // Table prints the report.
 func (r *HardeningReport) Table(w io.Writer) error {
-	fmt.Fprintf(w, "hardening: %d create -> exec `true` -> delete cycles per daemon, alternating\n\n", r.Cycles)
+	fmt.Fprintf(w, "hardening (%s): %d create -> exec `true` -> delete cycles per daemon, alternating\n\n", r.Feature, r.Cycles)
 	t := newTable("METRIC", "WITH P50 ms", "WITH P99 ms", "WITHOUT P50 ms", "WITHOUT P99 ms", "WITH/WITHOUT P50", "PAIR MEDIAN")
 	for _, row := range r.Rows {
 		t.add(row.Metric, ms(row.WithP50), ms(row.WithP99), ms(row.WithoutP50), ms(row.WithoutP99),

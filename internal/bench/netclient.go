@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"github.com/miekg/dns"
+
 	"debug/elf"
 	"encoding/json"
 	"fmt"
@@ -20,6 +22,7 @@ import (
 type NetClientResult struct {
 	Connect Summary `json:"connect"`
 	MiBPerS float64 `json:"mib_per_s"`
+	Resolve Summary `json:"resolve,omitzero"`
 }
 
 // RunNetClient connects n times to connectAddr (each connection closed at
@@ -28,6 +31,9 @@ type NetClientResult struct {
 // closes. It writes the result to w.
 func RunNetClient(w io.Writer, connectAddr string, n int, sendAddr string, mib int) error {
 	var res NetClientResult
+	if connectAddr == "" {
+		return json.NewEncoder(w).Encode(res)
+	}
 	var ds []time.Duration
 	for range n {
 		t0 := time.Now()
@@ -60,6 +66,28 @@ func RunNetClient(w io.Writer, connectAddr string, n int, sendAddr string, mib i
 		res.MiBPerS = float64(mib) / time.Since(t0).Seconds()
 	}
 	return json.NewEncoder(w).Encode(res)
+}
+
+// RunDNSClient asks server (ip:port) for name's A records n times in a
+// row over UDP and writes the latencies' summary (NetClientResult's
+// Resolve) as JSON. Every answer must succeed with an address.
+func RunDNSClient(w io.Writer, server, name string, n int) error {
+	c := &dns.Client{Net: "udp", Timeout: 5 * time.Second}
+	q := new(dns.Msg)
+	q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	var ds []time.Duration
+	for range n {
+		t0 := time.Now()
+		r, _, err := c.Exchange(q, server)
+		if err != nil {
+			return fmt.Errorf("resolve %s at %s: %w", name, server, err)
+		}
+		ds = append(ds, time.Since(t0))
+		if r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
+			return fmt.Errorf("resolve %s at %s: %s, %d answers", name, server, dns.RcodeToString[r.Rcode], len(r.Answer))
+		}
+	}
+	return json.NewEncoder(w).Encode(NetClientResult{Resolve: Summarize(ds)})
 }
 
 // staticSelf returns this executable's path if it is statically linked

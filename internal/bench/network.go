@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
@@ -46,7 +47,13 @@ type NetworkReport struct {
 	CreateOverNoneP50 map[string]float64 `json:"create_over_none_p50_ms"`
 	PolicyChange      Summary            `json:"policy_change"`
 	Traffic           []NetworkTraffic   `json:"traffic"`
-	Notes             []string           `json:"notes,omitempty"`
+	// Resolve is A queries from an allowlisted sandbox through Warren's
+	// resolver (at its gateway) and straight to the same upstream (a
+	// test host), interleaved; ResolveRatioP50 is the first's p50 over
+	// the second's.
+	Resolve         map[string]Summary `json:"resolve,omitempty"`
+	ResolveRatioP50 float64            `json:"resolve_ratio_p50,omitempty"`
+	Notes           []string           `json:"notes,omitempty"`
 }
 
 // NetworkTraffic is TCP from a sandbox (or the peer) to a test host.
@@ -56,7 +63,9 @@ type NetworkTraffic struct {
 	MiBPerS float64 `json:"mib_per_s"` // median of the runs
 }
 
-var modes = []string{"none", "open", "allowlist"}
+// modes are the create runs: allowlist has one CIDR rule,
+// allowlist-name one name rule (its set is made at create).
+var modes = []string{"none", "open", "allowlist", "allowlist-name"}
 
 // RunNetwork measures what a sandbox's network costs: create latency in
 // each mode (interleaved, so that drift hits all alike), the latency of
@@ -75,7 +84,8 @@ func RunNetwork(ctx context.Context, env *Env, cfg NetworkConfig) (*NetworkRepor
 	defer th.Close()
 	policies := map[string]*warrenv1.NetworkPolicy{
 		"none": nil, "open": {Mode: "open"},
-		"allowlist": {Mode: "allowlist", Allow: []*warrenv1.NetworkRule{{Cidr: th.Addr.String() + "/32"}}},
+		"allowlist":      {Mode: "allowlist", Allow: []*warrenv1.NetworkRule{{Cidr: th.Addr.String() + "/32"}}},
+		"allowlist-name": {Mode: "allowlist", Allow: []*warrenv1.NetworkRule{{Host: benchName}}},
 	}
 
 	// Create latency per mode.
@@ -171,12 +181,124 @@ func RunNetwork(ctx context.Context, env *Env, cfg NetworkConfig) (*NetworkRepor
 		}
 		rep.Traffic = append(rep.Traffic, tr)
 	}
+	if err := measureResolve(ctx, env, rep, th, sb.GetId(), cfg); err != nil {
+		return nil, fmt.Errorf("resolve: %w", err)
+	}
 	rep.Notes = append(rep.Notes,
 		fmt.Sprintf("create: the Create call, p50/p99 over interleaved creates of each mode; each sandbox is deleted, then %v pass before the next create (the kernel tears a network namespace down in the background)", cfg.Settle),
 		"policy change: UpdateSandbox open <-> allowlist of one running sandbox, from request to reply (the rules apply before the reply: one nftables transaction, then the sandbox's forbidden TCP connections are aborted)",
 		"traffic: this binary (`warren bench netclient`) in the sandbox, or in the peer's namespace, to a Go server on a test host: connect = the dial of each of the sequential connections (p50/p99); MiB/s = one connection's send of the MiB until the server has read them all, median of the runs",
 		"peer: the same client in a bare network namespace joined to the test host's by a veth pair (no routing through the node, no NAT, no rules)")
 	return rep, nil
+}
+
+// benchName is the name the resolve benchmark's upstream serves.
+const benchName = "bench.warren.test"
+
+// measureResolve times A queries of benchName from sandbox id through
+// Warren's resolver and straight to its upstream, a nameserver on the
+// test host: the private daemon is restarted with --dns-upstream naming
+// it (the sandbox is adopted), and the sandbox allowlisted for the name
+// and for UDP 53 of the test host.
+func measureResolve(ctx context.Context, env *Env, rep *NetworkReport, th *testnet.Host, id string, cfg NetworkConfig) error {
+	if !env.Private {
+		rep.Notes = append(rep.Notes, "resolve not measured: it restarts the daemon with --dns-upstream, so it needs a private one (no --addr)")
+		return nil
+	}
+	up := netip.AddrPortFrom(th.Addr, 53).String()
+	stop, err := serveBenchDNS(th.NS, up)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if err := env.stopDaemon(); err != nil {
+		return err
+	}
+	env.daemonArgs = append(env.daemonArgs, "--dns-upstream", up)
+	if err := env.execDaemon(); err != nil {
+		return err
+	}
+	if err := env.waitReady(ctx); err != nil {
+		return err
+	}
+	p := &warrenv1.NetworkPolicy{Mode: "allowlist", Allow: []*warrenv1.NetworkRule{{Host: benchName}, {Cidr: th.Addr.String() + "/32", Protocol: "udp"}}}
+	sb, err := env.Client.Update(ctx, id, client.SandboxUpdate{Network: p})
+	if err != nil {
+		return err
+	}
+	addr, err := netip.ParseAddr(sb.GetNetworkAddress())
+	if err != nil {
+		return err
+	}
+	gw := netip.AddrPortFrom(addr.Prev(), 53).String()
+	n := max(cfg.Connects, 20)
+	env.logf("network: %d resolves through Warren's resolver and straight to the upstream, interleaved", 4*n)
+	samples := map[string][]float64{}
+	run := func(server string) (Summary, error) {
+		res, err := env.Client.Exec(ctx, &warrenv1.ExecRequest{SandboxId: id, TimeoutMs: 300_000,
+			Argv: []string{"/netclient", "bench", "netclient", "--dns", server, "--name", benchName, "--n", strconv.Itoa(n)}})
+		if err != nil {
+			return Summary{}, err
+		}
+		if res.GetExitCode() != 0 {
+			return Summary{}, fmt.Errorf("exit %d: %s", res.GetExitCode(), res.GetStderr())
+		}
+		var r NetClientResult
+		if err := json.Unmarshal(res.GetStdout(), &r); err != nil {
+			return Summary{}, err
+		}
+		return r.Resolve, nil
+	}
+	rep.Resolve = map[string]Summary{}
+	// ABBA: two rounds of each, so that drift hits both alike; the
+	// summaries are of the rounds' summaries (p50 = median of p50s).
+	for _, server := range []string{gw, up, up, gw} {
+		s, err := run(server)
+		if err != nil {
+			return err
+		}
+		name := "warren resolver"
+		if server == up {
+			name = "upstream direct"
+		}
+		samples[name+" p50"] = append(samples[name+" p50"], s.P50)
+		samples[name+" p99"] = append(samples[name+" p99"], s.P99)
+		rep.Resolve[name] = Summary{N: rep.Resolve[name].N + s.N}
+	}
+	for _, name := range []string{"warren resolver", "upstream direct"} {
+		s := rep.Resolve[name]
+		s.P50 = (samples[name+" p50"][0] + samples[name+" p50"][1]) / 2
+		s.P99 = max(samples[name+" p99"][0], samples[name+" p99"][1])
+		rep.Resolve[name] = s
+	}
+	if d := rep.Resolve["upstream direct"].P50; d > 0 {
+		rep.ResolveRatioP50 = rep.Resolve["warren resolver"].P50 / d
+	}
+	rep.Notes = append(rep.Notes, "resolve: `warren bench netclient --dns` in an allowlisted sandbox sends sequential UDP A queries for a name its name rule allows, to its gateway (Warren's resolver: policy check, upstream round trip, nftables element add) and straight to the upstream (a miekg/dns server on the test host); two rounds of each, ABBA; p50 is the mean of the rounds' p50s, p99 the larger of their p99s")
+	return nil
+}
+
+// serveBenchDNS answers benchName with a test address on UDP at addr in
+// namespace ns until stop.
+func serveBenchDNS(ns netns.NsHandle, addr string) (stop func(), err error) {
+	var pc net.PacketConn
+	if err := testnet.InNetns(ns, func() (err error) {
+		pc, err = net.ListenPacket("udp4", addr)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		if len(q.Question) == 1 && q.Question[0].Qtype == dns.TypeA {
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60},
+				A: net.IPv4(192, 0, 2, 10)})
+		}
+		_ = w.WriteMsg(m)
+	})}
+	go func() { _ = srv.ActivateAndServe() }()
+	return func() { _ = srv.Shutdown() }, nil
 }
 
 func withNetwork(req *warrenv1.CreateRequest, p *warrenv1.NetworkPolicy) *warrenv1.CreateRequest {
@@ -388,6 +510,18 @@ func (r *NetworkReport) Table(w io.Writer) error {
 	}
 	if err := t.write(w); err != nil {
 		return err
+	}
+	if len(r.Resolve) > 0 {
+		fmt.Fprintln(w)
+		t = newTable("RESOLVE (A, UDP)", "N", "P50 ms", "P99 ms")
+		for _, name := range []string{"warren resolver", "upstream direct"} {
+			s := r.Resolve[name]
+			t.add(name, strconv.Itoa(s.N), fmt.Sprintf("%.3f", s.P50), fmt.Sprintf("%.3f", s.P99))
+		}
+		if err := t.write(w); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "resolver p50 / upstream p50: %.2fx\n", r.ResolveRatioP50)
 	}
 	writeNotes(w, r.Notes)
 	return nil

@@ -438,7 +438,7 @@ joined to the test host by a veth pair. Run as root.`,
 // newBenchNetClientCommand is the client `warren bench network` runs in
 // a sandbox and in its peer's namespace.
 func newBenchNetClientCommand() *cobra.Command {
-	var connect, send string
+	var connect, send, dnsServer, name string
 	var n, mib int
 	c := &cobra.Command{
 		Use:    "netclient --connect ADDR:PORT [--n N] [--send ADDR:PORT --mib M]",
@@ -446,9 +446,14 @@ func newBenchNetClientCommand() *cobra.Command {
 		Hidden: true,
 		Args:   noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dnsServer != "" {
+				return bench.RunDNSClient(cmd.OutOrStdout(), dnsServer, name, n)
+			}
 			return bench.RunNetClient(cmd.OutOrStdout(), connect, n, send, mib)
 		},
 	}
+	c.Flags().StringVar(&dnsServer, "dns", "", "instead: resolve --name at this nameserver (ADDR:PORT) n times")
+	c.Flags().StringVar(&name, "name", "", "the name --dns resolves")
 	c.Flags().StringVar(&connect, "connect", "", "address to connect to n times")
 	c.Flags().IntVar(&n, "n", 100, "connections")
 	c.Flags().StringVar(&send, "send", "", "address to send mib MiB to")
@@ -460,7 +465,7 @@ func newBenchHardeningCommand(bf *benchFlags) *cobra.Command {
 	cfg := bench.HardeningConfig{}
 	c := &cobra.Command{
 		Use:   "hardening [--n 500] [--syscalls 1000000]",
-		Short: "What the seccomp filters cost: create, exec and a syscall-bound exec, against the same binary with --seccomp=false",
+		Short: "What the seccomp filters (or, --feature userns, user namespaces) cost: create, exec and a syscall-bound exec, against the same binary without",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if cfg.N < 1 || cfg.Runs < 1 || cfg.Syscalls < 1 || cfg.Warmup < 0 {
@@ -469,12 +474,16 @@ func newBenchHardeningCommand(bf *benchFlags) *cobra.Command {
 			if f := cmd.Flag("addr"); f != nil && f.Changed {
 				return usagef("%v", bench.ErrHardeningNeedsPrivate)
 			}
-			with, _, err := benchEnv(cmd, bf, nil)
+			args, ok := bench.HardeningFeatures[cfg.Feature]
+			if !ok {
+				return usagef("--feature: %q is not seccomp or userns", cfg.Feature)
+			}
+			with, _, err := benchEnv(cmd, bf, func(o *bench.Options) { o.DaemonArgs = append(o.DaemonArgs, args[0]...) })
 			if err != nil {
 				return err
 			}
 			defer func() { err = errors.Join(err, with.Close()) }()
-			without, _, err := benchEnv(cmd, bf, func(o *bench.Options) { o.DaemonArgs = append(o.DaemonArgs, "--seccomp=false") })
+			without, _, err := benchEnv(cmd, bf, func(o *bench.Options) { o.DaemonArgs = append(o.DaemonArgs, args[1]...) })
 			if err != nil {
 				return err
 			}
@@ -495,6 +504,7 @@ func newBenchHardeningCommand(bf *benchFlags) *cobra.Command {
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 20, "unmeasured cycles per daemon first")
 	c.Flags().IntVar(&cfg.Syscalls, "syscalls", 1000000, "bytes dd copies one at a time (twice as many system calls)")
 	c.Flags().IntVar(&cfg.Runs, "runs", 10, "measured runs of the syscall-bound exec per daemon")
+	c.Flags().StringVar(&cfg.Feature, "feature", "seccomp", "what the two daemons differ in: seccomp (the filters, against --seccomp=false) or userns (--userns against without)")
 	return c
 }
 

@@ -62,6 +62,7 @@ func newCreateCommand() *cobra.Command {
 		ulimits           []string
 		network           string
 		group             string
+		userns            bool
 	)
 	c := &cobra.Command{
 		Use:   "create --image IMAGE [flags]",
@@ -123,6 +124,9 @@ func newCreateCommand() *cobra.Command {
 				return err
 			}
 			defer cl.Close()
+			if cmd.Flags().Changed("userns") {
+				req.UserNamespace = &userns
+			}
 			sb, err := cl.Create(cmd.Context(), &req)
 			if err != nil {
 				return err
@@ -151,6 +155,7 @@ func newCreateCommand() *cobra.Command {
 	f.StringArrayVar(&ulimits, "ulimit", nil, "resource limit of the sandbox's processes NAME=SOFT[:HARD], e.g. nofile=1024:4096, core=unlimited (repeatable; default: Debian 12's, shown by sandbox get)")
 	f.BoolVar(&req.NoTrajectory, "no-trajectory", false, "record no trajectory log for this sandbox (its execs and file writes skip the log's fdatasync; calls with a seq are refused)")
 	f.BoolVar(&req.AllowSetuid, "allow-setuid", false, "let setuid binaries and file capabilities work in the sandbox (sudo as a non-root user): its processes run without no_new_privs; the seccomp filter stays")
+	f.BoolVar(&userns, "userns", false, "run the sandbox in a user namespace: root inside is an unprivileged host id (default: the node's, warren serve --userns); the image's files must have ids below 65536")
 	f.BoolVar(&req.KeepEtc, "keep-etc", false, "keep the image's /etc/hosts, /etc/hostname and /etc/resolv.conf instead of the sandbox's own")
 	f.StringVar(&user, "user", "", "who commands run as when they name no user: name, uid or uid:gid (default: the image's user, else root)")
 	f.StringVar(&network, "network", "", networkFlagHelp+" (default: none)")
@@ -158,7 +163,7 @@ func newCreateCommand() *cobra.Command {
 	return c
 }
 
-const networkFlagHelp = "network: none (loopback only), open (NAT out through the node), or allow:CIDR[:PORT][/tcp|/udp],... (only those destinations)"
+const networkFlagHelp = "network: none (loopback only), open (NAT out through the node), or allow:RULE,... with RULE a CIDR or a host name (pypi.org, *.pythonhosted.org) and [:PORT][/tcp|/udp] (only those destinations; names through Warren's resolver)"
 
 // parseNetwork reads --network into the API's policy; the daemon
 // validates it.
@@ -169,7 +174,7 @@ func parseNetwork(s string) (*warrenv1.NetworkPolicy, error) {
 	}
 	p := &warrenv1.NetworkPolicy{Mode: mode}
 	for _, r := range rules {
-		nr := &warrenv1.NetworkRule{Cidr: r.CIDR, Protocol: r.Proto}
+		nr := &warrenv1.NetworkRule{Cidr: r.CIDR, Host: r.Host, Protocol: r.Proto}
 		if r.HasPort {
 			port := r.Port
 			nr.Port = &port
@@ -198,6 +203,9 @@ func formatMode(p *warrenv1.NetworkPolicy) string {
 	parts := make([]string, len(p.GetAllow()))
 	for i, r := range p.GetAllow() {
 		parts[i] = r.GetCidr()
+		if r.GetHost() != "" {
+			parts[i] = r.GetHost()
+		}
 		if r.Port != nil {
 			parts[i] += ":" + strconv.FormatUint(uint64(r.GetPort()), 10)
 		}
@@ -300,6 +308,9 @@ func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
 	}
 	if s.NoTrajectory {
 		row("Trajectory", "not recorded (--no-trajectory)")
+	}
+	if s.UserNamespace {
+		row("User ns", fmt.Sprintf("root inside is host id %d (65,536 ids from it)", s.UserIdBase))
 	}
 	if s.AllowSetuid {
 		row("Setuid", "setuid binaries and file capabilities work (--allow-setuid: no no_new_privs)")

@@ -25,6 +25,7 @@ import (
 	"github.com/warrenrl/warren/internal/kaudit"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/netpolicy"
+	"github.com/warrenrl/warren/internal/resolver"
 	"github.com/warrenrl/warren/internal/server"
 )
 
@@ -53,8 +54,11 @@ type serveOptions struct {
 	pprofAddr                string
 	stallTimeout             time.Duration
 	seccomp                  bool
+	userns                   bool
+	usernsIDs                string
 	cpuAffinity              bool
 	networkSubnet            string
+	dnsUpstreams             []string
 }
 
 func newServeCommand() *cobra.Command {
@@ -91,9 +95,12 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	}
 	f.StringVar(&o.mkfsErofs, "mkfs-erofs", mkfsDefault, "the mkfs.erofs (erofs-utils >= 1.8) that converts layers, keeping hardlinks: a path, \"auto\" ("+erofs.MkfsPrefix+"/bin/mkfs.erofs, then $PATH; go-erofs, which stores hardlinks as copies, if neither is usable) or \"off\" (go-erofs); $"+erofs.MkfsEnv+" sets the default")
 	f.StringVar(&o.cgroupParent, "cgroup-parent", "warren", "parent cgroup of the sandboxes (give each daemon on a host its own)")
+	f.StringSliceVar(&o.dnsUpstreams, "dns-upstream", nil, "nameserver (address or address:port; repeatable or comma-separated) Warren's resolver forwards sandboxes' allowed queries to (default: the nameservers of the node's /etc/resolv.conf)")
 	f.StringVar(&o.networkSubnet, "network-subnet", netpolicy.DefaultSubnet.String(), "IPv4 subnet (/16 to /30) sandboxes with a network (open, allowlist) take a /31 of each; give each daemon on a host its own")
 	f.BoolVar(&o.cpuAffinity, "cpu-affinity", true, "run a sandbox with a CPU quota on as many of the node's CPUs as its quota (rounded up), the least used ones, and show it that many (nproc, os.cpu_count, /proc/cpuinfo); false leaves every sandbox on all CPUs, seeing all")
 	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
+	f.BoolVar(&o.userns, "userns", false, "create sandboxes in a user namespace unless a request says otherwise (create --userns): root inside is an unprivileged host id")
+	f.StringVar(&o.usernsIDs, "userns-ids", container.DefaultUserNSIDs.String(), "host ids START:COUNT that user-namespace sandboxes take 65,536 each of; give each daemon on a host its own")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive download whose client takes no data, or an upload whose client sends none, for this long (the walk it holds is released)")
@@ -259,7 +266,11 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("--network-subnet: %w", err)
 	}
-	ctr, err := container.New(container.Options{StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity, NoSeccomp: !o.seccomp, ObservePhase: met.ObserveCreatePhase,
+	idRange, err := container.ParseIDRange(o.usernsIDs)
+	if err != nil {
+		return fmt.Errorf("--userns-ids: %w", err)
+	}
+	ctr, err := container.New(container.Options{UserNSIDs: idRange, StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity, NoSeccomp: !o.seccomp, ObservePhase: met.ObserveCreatePhase,
 		NetworkSubnet: subnet})
 	if err != nil {
 		return fmt.Errorf("container backend: %w", err)
@@ -272,6 +283,23 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		log.Info("no seccomp events: the kernel's audit records cannot be read", "err", err)
 	} else {
 		sources = append(sources, src)
+	}
+	// Sandboxes with a network resolve through the daemon's resolver at
+	// their gateway; without one (no upstream) their DNS is refused as
+	// any other traffic to the node.
+	if res, err := resolver.New(resolver.Options{Node: ctr.Network(), Upstreams: o.dnsUpstreams, Observe: met.ObserveDNS, Logger: log}); err != nil {
+		if len(o.dnsUpstreams) > 0 {
+			return fmt.Errorf("--dns-upstream: %w", err)
+		}
+		log.Warn("no DNS for sandboxes: the resolver cannot start", "err", err)
+	} else {
+		met.InitDNSResults(resolver.Results...)
+		if err := ctr.Network().SetResolver(res.Port()); err != nil {
+			_ = res.Close()
+			return fmt.Errorf("redirect sandboxes' DNS to the resolver: %w", err)
+		}
+		log.Info("resolver for sandboxes started", "port", res.Port(), "upstreams", strings.Join(res.Upstreams(), ","))
+		sources = append(sources, res)
 	}
 	// Packets the network policy refused, logged by its rules to the
 	// backend's NFLOG group, become policy_drop events.
@@ -293,6 +321,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		DiskReserveBytes:   diskReserve,
 		EventSources:       sources,
 		GuardInterval:      o.guardInterval,
+		UserNSDefault:      o.userns,
 		Logger:             log,
 	})
 	if err != nil {

@@ -31,6 +31,7 @@ import (
 	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/kfile"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/rlimit"
@@ -75,6 +76,10 @@ type Options struct {
 	// successful create (phases.go): the daemon's
 	// warren_sandbox_create_phase_seconds.
 	ObservePhase func(phase string, d time.Duration)
+	// UserNSIDs is the host id range sandboxes in a user namespace take
+	// theirs from (IDsPerSandbox each); zero for DefaultUserNSIDs. Each
+	// daemon on a node needs its own.
+	UserNSIDs IDRange
 }
 
 // Backend is the container backend.
@@ -86,6 +91,7 @@ type Backend struct {
 	cpus  *cpuPool        // which CPUs sandboxes with a quota run on
 	pool  *dirPool        // ready-made state directories
 	net   *netpolicy.Node // sandboxes' interfaces and rules
+	ids   *idPool         // user-namespace id ranges
 	// seccomp and seccompAudit are the compiled filters every init stage
 	// installs (hex of their sock_filter entries), compiled once: "" with
 	// NoSeccomp. The audit one makes the kernel log deliberate refusals.
@@ -110,7 +116,7 @@ func New(opts Options) (*Backend, error) {
 	if opts.CgroupParent == "" {
 		opts.CgroupParent = "warren"
 	}
-	b := &Backend{opts: opts, cpus: newCPUPool()}
+	b := &Backend{opts: opts, cpus: newCPUPool(), ids: newIDPool(opts.UserNSIDs)}
 	// The cgroup parent is the daemon's own name on the node; it names
 	// its nftables table and interfaces too. Nothing is made before a
 	// sandbox asks for a network.
@@ -195,6 +201,8 @@ type state struct {
 	// Net is the sandbox's network (nil: mode none): a restarted daemon
 	// adopts its address and removes its interface and rules on delete.
 	Net *netpolicy.Attachment `json:"net,omitempty"`
+	// UserNS is the sandbox's id mapping (nil: no user namespace).
+	UserNS *UserNS `json:"userns,omitempty"`
 }
 
 func (b *Backend) runDir(id string) string   { return filepath.Join(b.opts.RunDir, "sb", id) }
@@ -240,6 +248,15 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		}
 	}()
 	ph := b.newPhases()
+	var userns *UserNS
+	if spec.UserNS {
+		u, err := b.ids.take(spec.ID)
+		if err != nil {
+			return nil, err
+		}
+		userns = &u
+		cu.Add(func() error { b.ids.release(spec.ID, u); return nil })
+	}
 	run, st := b.runDir(spec.ID), b.stateDir(spec.ID)
 	// The run directory is the sandbox's claim on its id on this node.
 	if err := mkdir(run); err != nil {
@@ -275,7 +292,22 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 			return nil, fsErr(err, "create sandbox directories")
 		}
 	}
-	if err := writeEtc(filepath.Join(st, "upper"), spec.Layers, spec.Etc, pooled); err != nil {
+	// The upper directory's root is the sandbox's / (a merged directory
+	// shows its upper's owner): root inside owns it.
+	if err := shiftOwner(filepath.Join(st, "upper"), userns, 0, 0); err != nil {
+		return nil, err
+	}
+	etc := spec.Etc
+	if !spec.Network.IsNone() && len(etc) > 0 {
+		// Its resolver is its gateway, known once its /31 is taken.
+		gw, err := b.net.Reserve(spec.ID)
+		if err != nil {
+			return nil, err
+		}
+		cu.Add(func() error { b.net.Release(spec.ID); return nil })
+		etc = etcfiles.WithNameserver(etc, gw)
+	}
+	if err := writeEtc(filepath.Join(st, "upper"), spec.Layers, etc, pooled, userns); err != nil {
 		return nil, err
 	}
 
@@ -291,7 +323,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	defer lnFile.Close()
 	ph.mark("dirs")
 
-	pid, pidfd, grp, net, err := b.startInit(ctx, spec, overlay, lnFile, ph)
+	pid, pidfd, grp, net, err := b.startInit(ctx, spec, overlay, lnFile, ph, userns)
 	if err != nil {
 		return nil, err
 	}
@@ -308,6 +340,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if err != nil {
 		return nil, err
 	}
+	s.st.UserNS = userns
 	ph.mark("attach")
 	ph.flush()
 	cu.Release()
@@ -343,7 +376,7 @@ var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.D
 //
 // The cgroup is created after the clone, while the child starts up and
 // waits for its config: the two overlap instead of adding up.
-func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, lnFile *os.File, ph *phases) (_ int, _ int, _ cgroups.Group, _ *netpolicy.Attachment, retErr error) {
+func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, lnFile *os.File, ph *phases, userns *UserNS) (_ int, _ int, _ cgroups.Group, _ *netpolicy.Attachment, retErr error) {
 	null, err := devNull()
 	if err != nil {
 		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "open /dev/null")
@@ -442,6 +475,9 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	if spec.AllowSetuid {
 		conf["no_new_privs"] = "0"
 	}
+	if userns != nil {
+		conf["userns"] = strconv.FormatUint(uint64(userns.Base), 10) + ":" + strconv.FormatUint(uint64(userns.Size), 10)
+	}
 	maps.Copy(conf, overlay)
 	b.cgroupViewConfig(grp.Name(), conf)
 	cu.Add(func() error { b.cpus.release(spec.ID); return nil })
@@ -455,7 +491,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	// init waits for its config: the sandbox starts with eth0 up.
 	var net *netpolicy.Attachment
 	if !spec.Network.IsNone() {
-		a, err := b.net.Attach(spec.ID, pid, spec.Network)
+		a, err := b.net.Attach(spec.ID, hostname, pid, spec.Network)
 		if err != nil {
 			return fail(err)
 		}
@@ -615,6 +651,11 @@ func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sa
 		_ = b.teardown(id)
 		return nil, errdefs.NotFoundf("sandbox %s: no init recorded", id)
 	}
+	if st.UserNS != nil {
+		if err := b.ids.claim(id, *st.UserNS); err != nil {
+			return nil, err
+		}
+	}
 	if st.Net != nil {
 		// Taken before anything can fail, so that a teardown below
 		// frees it and no create meanwhile takes it.
@@ -629,6 +670,9 @@ func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sa
 	if err != nil {
 		if errdefs.CategoryOf(err) == errdefs.NotFound {
 			_ = b.teardownGroup(id, nil, -1, st.Net)
+			if st.UserNS != nil {
+				b.ids.release(id, *st.UserNS)
+			}
 		}
 		return nil, err
 	}
@@ -636,9 +680,13 @@ func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sa
 	if err != nil {
 		if errdefs.CategoryOf(err) == errdefs.NotFound {
 			_ = b.teardownGroup(id, grp, -1, st.Net)
+			if st.UserNS != nil {
+				b.ids.release(id, *st.UserNS)
+			}
 		}
 		return nil, err
 	}
+	s.st.UserNS = st.UserNS
 	b.cpus.adopt(id, st.Pid)
 	return s, nil
 }
@@ -772,6 +820,16 @@ func (s *sandbox) network() *netpolicy.Attachment {
 	return s.st.Net
 }
 
+var _ backend.IDMapped = (*sandbox)(nil)
+
+// IDMap is the sandbox's user-namespace mapping (backend.IDMapped).
+func (s *sandbox) IDMap() (base, size uint32, ok bool) {
+	if u := s.st.UserNS; u != nil {
+		return u.Base, u.Size, true
+	}
+	return 0, 0, false
+}
+
 // UpperDir is the overlayfs upper directory (backend.Committer).
 func (s *sandbox) UpperDir() string { return filepath.Join(s.b.stateDir(s.id), "upper") }
 
@@ -863,6 +921,9 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	s.root = -1
 	if err := s.b.teardownGroup(s.id, s.grp, root, s.network()); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "release sandbox "+s.id)
+	}
+	if u := s.st.UserNS; u != nil {
+		s.b.ids.release(s.id, *u)
 	}
 	s.destroyed = true
 	return nil
@@ -1026,3 +1087,7 @@ func (s *sandbox) SignalBackground(ctx context.Context, pid int, sig syscall.Sig
 func (s *sandbox) ResizeBackground(ctx context.Context, pid int, rows, cols uint16) error {
 	return s.agent.ResizeBackground(ctx, pid, rows, cols)
 }
+
+// Network is the backend's sandbox networking (the daemon's resolver
+// asks it who a query's source is and what it may resolve).
+func (b *Backend) Network() *netpolicy.Node { return b.net }

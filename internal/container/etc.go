@@ -30,7 +30,10 @@ import (
 // holding empty files of etcfiles.Names, which are filled in place (never
 // truncated: ext4 flushes a file truncated and rewritten at its close)
 // or, where the sandbox gets none, removed.
-func writeEtc(upper string, layers []backend.Layer, files []etcfiles.File, pooled bool) error {
+//
+// userns (nil: none) is the sandbox's id mapping: the upper directory
+// keeps host ids, so what is written here is given to its root.
+func writeEtc(upper string, layers []backend.Layer, files []etcfiles.File, pooled bool, userns *UserNS) error {
 	dir := filepath.Join(upper, "etc")
 	if len(files) == 0 {
 		return dropPooledEtc(dir, pooled)
@@ -70,6 +73,13 @@ func writeEtc(upper string, layers []backend.Layer, files []etcfiles.File, poole
 		if err := writeFile(fd, f.Name, f.Data, pooled); err != nil {
 			return fsErr(&os.PathError{Op: "write", Path: filepath.Join(dir, f.Name), Err: err}, "sandbox /etc")
 		}
+		if err := shiftOwner(filepath.Join(dir, f.Name), userns, 0, 0); err != nil {
+			return err
+		}
+	}
+	if userns != nil {
+		// The image's owner of /etc, as the sandbox sees it.
+		uid, gid = int(userns.Base)+uid, int(userns.Base)+gid
 	}
 	// Mode and owner only where they differ (the pool's 0755 root is
 	// what most images have; the umask may have narrowed it): the chmod

@@ -32,7 +32,8 @@
  * uid every process of the sandbox carries: the init's host pid, so that
  * the daemon attributes an audit record to its sandbox even after the
  * process that caused it is gone); no_new_privs ("0": leave it off, so
- * that setuid binaries work).
+ * that setuid binaries work); userns ("BASE:SIZE": the user-namespace
+ * mode, see make_userns).
  *
  * Nothing the sandbox can read names a host path: the overlay is mounted
  * with data naming only descriptors (lowerdir=/proc/self/fd/N:..., which
@@ -42,6 +43,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
@@ -131,12 +133,68 @@ static void __attribute__((format(printf, 1, 2))) append_data(const char *fmt, .
 	overlay_len += (size_t)n;
 }
 
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+struct warren_mount_attr {
+	unsigned long long attr_set, attr_clr, propagation, userns_fd;
+};
+
 static int open_dir(const char *dir)
 {
 	int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
 		die("open", dir);
 	return fd;
+}
+
+/* The user-namespace mode (config userns=BASE:SIZE): root inside is host
+ * id BASE, an unprivileged id outside. Every mount is still made here, by
+ * the host's root in namespaces the host's user namespace owns, so the
+ * sandbox's root holds no capability over its mounts, network, hostname
+ * or cgroup; only at the end does this process join the new user
+ * namespace (join_userns). The image's layers are idmapped clones of the
+ * node's layer mounts (on-disk id N shows as BASE+N), handed to overlayfs
+ * as detached mounts (Linux 6.15 takes them as layers); the upper
+ * directory is not idmapped (overlayfs, mounted by the host's root,
+ * creates its work files as host id 0, which an idmapped upper cannot
+ * store), so it keeps host ids, BASE+N, which the daemon's file calls and
+ * commit shift (internal/container/userns.go). -1: not in this mode. */
+static int userns_fd = -1;
+static unsigned long userns_base;
+/* Closing a detached mount unmounts it, which waits for an RCU grace
+ * period (~0.2 ms each here), and reaping the namespace's holder costs
+ * too: both wait until the daemon has been told the sandbox is up
+ * (finish_userns). */
+static int idmapped_fds[128];
+static size_t n_idmapped;
+static pid_t userns_holder;
+
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#define OPEN_TREE_CLONE_FLAG 1
+#define MOUNT_ATTR_IDMAP_FLAG 0x00100000ULL
+
+/* An idmapped clone of the mount at dir (a layer), detached. */
+static int open_idmapped(const char *dir)
+{
+	int fd = (int)syscall(SYS_open_tree, AT_FDCWD, dir, OPEN_TREE_CLONE_FLAG | O_CLOEXEC);
+	if (fd < 0)
+		die("open_tree", dir);
+	struct warren_mount_attr a = {.attr_set = MOUNT_ATTR_IDMAP_FLAG, .userns_fd = (unsigned long long)userns_fd};
+	if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &a, sizeof a) < 0)
+		die("idmap layer (its filesystem must support idmapped mounts)", dir);
+	return fd;
+}
+
+/* Gives what this stage created on the sandbox's filesystems (mount
+ * points, /tmp, its /dev) to the sandbox's root: host root would show
+ * inside as the overflow id. */
+static void own(const char *path)
+{
+	if (userns_fd >= 0 && lchown(path, (uid_t)userns_base, (gid_t)userns_base) < 0)
+		die("chown", path);
 }
 
 /* Mounts the overlay of lower (':'-separated, top-most first; split in
@@ -157,7 +215,7 @@ static void mount_overlay(const char *rootfs, char *lower, const char *upper, co
 		}
 		if (end)
 			*end = 0;
-		fds[nfd] = open_dir(p);
+		fds[nfd] = userns_fd >= 0 ? open_idmapped(p) : open_dir(p);
 		append_data("%s/proc/self/fd/%d", nfd ? ":" : "", fds[nfd]);
 		nfd++;
 		if (!end)
@@ -172,7 +230,10 @@ static void mount_overlay(const char *rootfs, char *lower, const char *upper, co
 		append_data(",%s", opts);
 	do_mount("overlay", rootfs, "overlay", MS_NODEV, overlay_data);
 	for (size_t i = 0; i < nfd; i++)
-		close(fds[i]);
+		if (userns_fd >= 0 && i < nfd - 2)
+			idmapped_fds[n_idmapped++] = fds[i];
+		else
+			close(fds[i]);
 	madvise(overlay_data, sizeof overlay_data, MADV_DONTNEED);
 }
 
@@ -205,12 +266,6 @@ static void remount_ro(const char *dst)
  * call here, ten of them per create. sys_tree_ro says whether the kernel
  * has it (probed on /sys itself: set_sys_ro). Without it each bind below
  * /sys is remounted on its own. */
-#ifndef SYS_mount_setattr
-#define SYS_mount_setattr 442
-#endif
-struct warren_mount_attr {
-	unsigned long long attr_set, attr_clr, propagation, userns_fd;
-};
 static int sys_tree_ro;
 
 static int setattr_ro(const char *dst, unsigned flags)
@@ -316,6 +371,8 @@ static void setup_dev(void)
 	for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++)
 		if (mknod(nodes[i].name, S_IFCHR | 0666, makedev(nodes[i].maj, nodes[i].min)) < 0)
 			die("mknod", nodes[i].name);
+		else
+			own(nodes[i].name);
 	if (mkdir("dev/pts", 0755) < 0)
 		die("mkdir", "dev/pts");
 	/* /dev/shm is a directory of /dev, not a tmpfs of its own: every
@@ -323,10 +380,15 @@ static void setup_dev(void)
 	 * the node. */
 	if (mkdir("dev/shm", 01777) < 0)
 		die("mkdir", "dev/shm");
+	own("dev/shm");
 	do_mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
+	own("dev/pts");
+	own("dev/pts/ptmx");
 	for (size_t i = 0; i < sizeof links / sizeof links[0]; i++)
 		if (symlink(links[i][0], links[i][1]) < 0)
 			die("symlink", links[i][1]);
+		else
+			own(links[i][1]);
 	umask(022);
 }
 
@@ -400,6 +462,96 @@ static void close_all_from(unsigned first)
 			;
 		madvise(sharer_stack, sizeof sharer_stack, MADV_DONTNEED);
 	}
+}
+
+/* The child that makes the user namespace: it opens its own /proc
+ * directory into the fd table it shares with us (the host's /proc names
+ * it by its host pid, which we cannot know from inside our pid
+ * namespace), says which fd, and waits to be killed. */
+static int userns_child(void *arg)
+{
+	int fd = open("/proc/self", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	(void)!write(*(int *)arg, &fd, sizeof fd);
+	for (;;)
+		pause();
+	return 0;
+}
+
+static void write_map(int procfd, const char *file, const char *map)
+{
+	int fd = openat(procfd, file, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || write(fd, map, strlen(map)) < 0)
+		die("write", file);
+	close(fd);
+}
+
+/* Makes the sandbox's user namespace (spec "BASE:SIZE": ids 0..SIZE-1
+ * inside are BASE.. outside) and keeps it in userns_fd: a child made in
+ * it holds it while we, in the parent namespace with CAP_SETUID and
+ * CAP_SETGID there, write its maps (setgroups stays allowed: root inside
+ * may change its groups, as on any machine). */
+static void make_userns(const char *spec)
+{
+	char *end;
+	userns_base = strtoul(spec, &end, 10);
+	unsigned long size = *end == ':' ? strtoul(end + 1, &end, 10) : 0;
+	if (*end || !userns_base || !size) {
+		errno = EINVAL;
+		die("config", "userns");
+	}
+	char map[64];
+	snprintf(map, sizeof map, "0 %lu %lu\n", userns_base, size);
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		die("pipe", "user namespace");
+	pid_t child = clone(userns_child, sharer_stack + sizeof sharer_stack,
+			    CLONE_VM | CLONE_FILES | CLONE_NEWUSER | SIGCHLD, &p[1]);
+	if (child < 0)
+		die("clone", "user namespace");
+	int procfd = -1;
+	ssize_t n;
+	while ((n = read(p[0], &procfd, sizeof procfd)) < 0 && errno == EINTR)
+		;
+	if (n != sizeof procfd || procfd < 0) {
+		kill(child, SIGKILL);
+		errno = n < 0 ? errno : EIO;
+		die("open", "user namespace child's /proc");
+	}
+	write_map(procfd, "uid_map", map);
+	write_map(procfd, "gid_map", map);
+	userns_fd = openat(procfd, "ns/user", O_RDONLY | O_CLOEXEC);
+	if (userns_fd < 0)
+		die("open", "user namespace");
+	close(procfd);
+	close(p[0]);
+	close(p[1]);
+	userns_holder = child;
+}
+
+/* What make_userns and mount_overlay left for after the sandbox is up. */
+static void finish_userns(void)
+{
+	for (size_t i = 0; i < n_idmapped; i++)
+		close(idmapped_fds[i]);
+	if (userns_holder > 0) {
+		kill(userns_holder, SIGKILL);
+		while (waitpid(userns_holder, NULL, 0) < 0 && errno == EINTR)
+			;
+		madvise(sharer_stack, sizeof sharer_stack, MADV_DONTNEED);
+	}
+}
+
+/* Joins the sandbox's user namespace as root there (host id BASE): last,
+ * after every step that needs the host's root (mounts, hostname, the
+ * loopback, rlimits, the audit id). Namespaces owned by the host's user
+ * namespace stay out of the sandbox root's reach. */
+static void join_userns(void)
+{
+	if (syscall(SYS_setns, userns_fd, CLONE_NEWUSER) < 0)
+		die("setns", "user namespace");
+	close(userns_fd);
+	if (setgroups(0, NULL) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+		die("become root", "in the user namespace");
 }
 
 /* Resource limits the agent's own work counts against: its descriptors
@@ -538,6 +690,9 @@ static void __attribute__((noreturn)) init_main(void)
 	 * 5 are ours, everything above goes (6 is the standalone agent the
 	 * daemon exec'd, when that is what we are). */
 	close_all_from(FD_STATUS + 1);
+	const char *userns = conf("userns", len);
+	if (userns)
+		make_userns(userns);
 	const char *rootfs = conf("rootfs", len), *overlay = conf("overlay_options", len);
 	char *lower = (char *)conf("lower", len);
 	const char *upper = conf("upper", len), *work = conf("work", len);
@@ -566,23 +721,37 @@ static void __attribute__((noreturn)) init_main(void)
 		die("chdir", rootfs);
 	static const char *dirs[] = {"proc", "dev", "sys"};
 	for (size_t i = 0; i < 3; i++)
-		if (mkdir(dirs[i], 0755) < 0 && errno != EEXIST)
+		if (mkdir(dirs[i], 0755) == 0)
+			own(dirs[i]);
+		else if (errno != EEXIST)
 			die("mkdir", dirs[i]);
 	/* An image without /tmp gets the one every machine has: writable by
 	 * all, sticky. One the image has keeps its mode. */
 	if (mkdir("tmp", 01777) == 0) {
-		if (chmod("tmp", 01777) < 0) /* the umask narrowed it */
+		own("tmp");
+		if (chmod("tmp", 01777) < 0) /* the umask narrowed it (and chown clears nothing here: no setuid bits) */
 			die("chmod", "tmp");
 	} else if (errno != EEXIST) {
 		die("mkdir", "tmp");
 	}
 	do_mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+	/* Root in a user namespace holds no CAP_NET_BIND_SERVICE over a
+	 * network namespace the host's owns: let every process bind low
+	 * ports, as Docker and Podman do, so that a server the task starts as
+	 * root on port 80 still works. Before /proc/sys turns read-only. */
+	if (userns_fd >= 0) {
+		int fd = open("proc/sys/net/ipv4/ip_unprivileged_port_start", O_WRONLY | O_CLOEXEC);
+		if (fd < 0 || write(fd, "0", 1) < 0)
+			die("write", "ip_unprivileged_port_start");
+		close(fd);
+	}
 	/* Our own directory on the node's shared devfs tmpfs
 	 * (internal/container/devfs.go): our own inodes, no superblock of our
 	 * own. The mount is nosuid and allows device nodes. */
 	if (dev) {
 		if (mkdir(dev, 0755) < 0 || chmod(dev, 0755) < 0) /* whatever our umask */
 			die("mkdir", dev);
+		own(dev);
 		do_mount(dev, "dev", NULL, MS_BIND, NULL);
 	} else {
 		do_mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_STRICTATIME, "mode=755,size=65536k");
@@ -637,6 +806,8 @@ static void __attribute__((noreturn)) init_main(void)
 			die("set loginuid", auid);
 		close(fd);
 	}
+	if (userns_fd >= 0)
+		join_userns();
 	drop_caps();
 	/* no_new_privs=0: the sandbox asked for setuid binaries to work. The
 	 * filters then install on CAP_SYS_ADMIN, which we still hold. */
@@ -654,6 +825,7 @@ static void __attribute__((noreturn)) init_main(void)
 	unsetenv(INIT_ENV);
 	/* Closing the status pipe tells the daemon the sandbox is up. */
 	close(FD_STATUS);
+	finish_userns();
 	/* The config's pages would stay with PID 1 for good. */
 	madvise(config, sizeof config, MADV_DONTNEED);
 	warren_agent_start(FD_LISTEN);

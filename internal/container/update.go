@@ -106,7 +106,9 @@ func (s *sandbox) setNetwork(p netpolicy.Policy) (undo func() error, err error) 
 	case old == nil && p.IsNone():
 		return func() error { return nil }, nil
 	case old == nil:
-		a, err := s.b.net.Attach(s.id, s.st.Pid, p)
+		// No hostname: outside a group (a member has an interface from
+		// create on) nobody resolves it.
+		a, err := s.b.net.Attach(s.id, "", s.st.Pid, p)
 		if err != nil {
 			return nil, err
 		}

@@ -74,7 +74,13 @@ func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandbox
 		omit["etc/"+f.Name] = f.Data
 	}
 	s.mu.Unlock()
-	nl, err := m.images.CommitUpper(ctx, name, c.UpperDir(), image.CommitOptions{KeepSetuid: req.GetKeepSetuid(), Omit: omit})
+	copts := image.CommitOptions{KeepSetuid: req.GetKeepSetuid(), Omit: omit}
+	if im, ok := v.sb.(backend.IDMapped); ok {
+		if base, size, mapped := im.IDMap(); mapped {
+			copts.IDs = &image.IDShift{Base: base, Size: size}
+		}
+	}
+	nl, err := m.images.CommitUpper(ctx, name, c.UpperDir(), copts)
 	if terr := thaw(); terr != nil {
 		m.log.Error("thaw sandbox after commit", "sandbox", s.id, "err", terr)
 		if err == nil {

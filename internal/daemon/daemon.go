@@ -82,7 +82,10 @@ type Config struct {
 	// NoTrajectory records no trajectory log (calls with a seq or a
 	// session are then Unsupported).
 	NoTrajectory bool
-	Logger       *slog.Logger
+	// UserNSDefault creates sandboxes in a user namespace unless the
+	// request says otherwise (CreateRequest.user_namespace).
+	UserNSDefault bool
+	Logger        *slog.Logger
 }
 
 func (c *Config) setDefaults() {

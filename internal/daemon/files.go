@@ -30,6 +30,11 @@ func fsFor(sb backend.Sandbox) backend.FileSystem {
 		}
 	}
 	if root := sb.Root(); root != "" {
+		if im, ok := sb.(backend.IDMapped); ok {
+			if base, size, mapped := im.IDMap(); mapped {
+				return sandboxfs.NewMapped(root, sandboxfs.IDMap{Base: base, Size: size})
+			}
+		}
 		return sandboxfs.New(root)
 	}
 	return nil

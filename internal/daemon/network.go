@@ -15,7 +15,7 @@ func networkPolicy(field string, p *warrenv1.NetworkPolicy) (netpolicy.Policy, e
 	}
 	rules := make([]netpolicy.RuleSpec, len(p.GetAllow()))
 	for i, r := range p.GetAllow() {
-		rules[i] = netpolicy.RuleSpec{CIDR: r.GetCidr(), HasPort: r.Port != nil, Port: r.GetPort(), Proto: r.GetProtocol()}
+		rules[i] = netpolicy.RuleSpec{CIDR: r.GetCidr(), Host: r.GetHost(), HasPort: r.Port != nil, Port: r.GetPort(), Proto: r.GetProtocol()}
 	}
 	return netpolicy.Parse(field, p.GetMode(), p.GetGroup(), rules)
 }
@@ -30,7 +30,10 @@ func networkProto(p netpolicy.Policy) *warrenv1.NetworkPolicy {
 		out.Mode = string(netpolicy.None)
 	}
 	for _, r := range p.Allow {
-		pr := &warrenv1.NetworkRule{Cidr: r.Prefix.String(), Protocol: r.Proto}
+		pr := &warrenv1.NetworkRule{Host: r.Host, Protocol: r.Proto}
+		if r.Host == "" {
+			pr.Cidr = r.Prefix.String()
+		}
 		if r.Port != 0 {
 			port := uint32(r.Port)
 			pr.Port = &port

@@ -40,6 +40,30 @@ const (
 	readoptMax = time.Minute
 )
 
+// userNSIDs is how many ids a sandbox's user namespace maps (the
+// container backend's IDsPerSandbox).
+const userNSIDs = 1 << 16
+
+// userNSFits says whether an image of these layers looks as it is from
+// inside a user namespace: every file's owner below userNSIDs (a higher
+// one would show as the overflow id, and could not be changed). Layers
+// imported before the store recorded their highest id are taken to fit.
+func (m *Manager) userNSFits(digests []string, asked bool) error {
+	for _, d := range digests {
+		meta, err := m.images.LayerMeta(d)
+		if err != nil {
+			if asked {
+				return withCategory(err, errdefs.Internal, "layer "+d)
+			}
+			return err
+		}
+		if meta.MaxID != nil && *meta.MaxID >= userNSIDs {
+			return errdefs.Invalidf("layer %s has files owned by id %d, above the %d ids a sandbox's user namespace maps: create the sandbox without one (user_namespace false)", d, *meta.MaxID, userNSIDs-1)
+		}
+	}
+	return nil
+}
+
 // Create validates the request, resolves the image, has the backend create
 // the sandbox and persists it as RUNNING.
 // On failure everything done is rolled back.
@@ -69,8 +93,12 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		KeepEtc:         req.GetKeepEtc(),
 		AllowSetuid:     req.GetAllowSetuid(),
 		NoTrajectory:    req.GetNoTrajectory(),
+		UserNamespace:   m.cfg.UserNSDefault,
 		Rlimits:         rlimitProtos(p.rlimits),
 		Network:         networkProto(p.network),
+	}
+	if req.UserNamespace != nil {
+		info.UserNamespace = req.GetUserNamespace()
 	}
 	imageWorkdir := false
 	s := &sandbox{
@@ -143,6 +171,16 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	if err != nil {
 		return nil, withCategory(err, errdefs.Internal, "resolve image "+p.image)
 	}
+	if info.UserNamespace {
+		if err := m.userNSFits(digests, req.UserNamespace != nil); err != nil {
+			if req.UserNamespace != nil {
+				release()
+				return nil, err
+			}
+			// The node's default yields to an image it does not fit.
+			info.UserNamespace = false
+		}
+	}
 	cl.Add(func() error {
 		release()
 		return nil
@@ -190,6 +228,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Rlimits:     p.rlimits,
 		Network:     p.network,
 		AllowSetuid: info.AllowSetuid,
+		UserNS:      info.UserNamespace,
 	})
 	if err != nil {
 		return nil, withCategory(err, errdefs.Internal, "create sandbox "+p.id)
@@ -218,6 +257,10 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	s.mu.Lock()
 	s.sb, s.fs, s.backendState, s.release = sb, fs, sb.State(), release
 	info.NetworkAddress = networkAddress(sb)
+	if im, ok := sb.(backend.IDMapped); ok {
+		base, _, mapped := im.IDMap()
+		info.UserNamespace, info.UserIdBase = mapped, base
+	}
 	expires := time.Now().Add(p.timeout)
 	info.ExpiresAtUnixMs = expires.UnixMilli()
 	// The record says RUNNING; the sandbox is RUNNING once it is written.
@@ -972,7 +1015,8 @@ func sortSandboxes(sbs []*warrenv1.Sandbox) {
 }
 
 // etcFilesOf is the /etc files a sandbox gets over its image's, none with
-// keep_etc. The network is "none" for every sandbox today (loopback only).
+// keep_etc. Its resolv.conf is mode none's: a backend that gives the
+// sandbox a network names its resolver there (etcfiles.WithNameserver).
 func etcFilesOf(info *warrenv1.Sandbox) []etcfiles.File {
 	if info.GetKeepEtc() {
 		return nil

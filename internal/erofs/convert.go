@@ -146,6 +146,10 @@ type Stats struct {
 	// ignores that, so the layers below must be dropped by whoever stacks
 	// the layers (image.Store does).
 	RootOpaque bool
+	// MaxID is the highest uid or gid of the layer's entries: a sandbox
+	// in a user namespace of 65,536 ids sees the layer as it is only
+	// when it is below that.
+	MaxID uint32
 }
 
 // Inodes is the number of inodes of the image, counting each name of a
@@ -311,6 +315,7 @@ func (c *converter) read(cr *countReader) error {
 			return readErr(err, "reading layer")
 		}
 		c.st.Entries++
+		c.st.MaxID = max(c.st.MaxID, uint32(max(hdr.Uid, hdr.Gid, 0)))
 		if c.opts.MaxFiles > 0 && c.st.Entries > c.opts.MaxFiles {
 			return errdefs.Exhaustedf("layer has more than %d entries", c.opts.MaxFiles)
 		}

@@ -13,6 +13,7 @@ package etcfiles
 
 import (
 	"bytes"
+	"net/netip"
 	"strings"
 
 	"github.com/warrenrl/warren/internal/errdefs"
@@ -62,9 +63,32 @@ func Files(hostname string, network Network) []File {
 
 func resolvConf(network Network) []byte {
 	switch network {
-	default: // None, and modes without a resolver of their own yet
+	default: // None; a sandbox with a network gets WithNameserver's
 		return []byte("# Written by Warren. This sandbox has no network: no resolver.\n")
 	}
+}
+
+// ResolvConf is the resolv.conf of a sandbox with a network: its
+// gateway, where Warren's resolver answers it (internal/resolver), and
+// nothing of the node's. No search domain: group members' names are
+// single labels the resolver answers as asked. glibc's default 5 s
+// timeout is kept short: the resolver is on the other end of a veth.
+func ResolvConf(nameserver netip.Addr) []byte {
+	return []byte("# Written by Warren: the sandbox's resolver is Warren's, at its gateway.\nnameserver " +
+		nameserver.String() + "\noptions timeout:2 attempts:3\n")
+}
+
+// WithNameserver returns files with resolv.conf (if there is one) naming
+// nameserver.
+func WithNameserver(files []File, nameserver netip.Addr) []File {
+	out := make([]File, len(files))
+	copy(out, files)
+	for i, f := range out {
+		if f.Name == "resolv.conf" {
+			out[i].Data = ResolvConf(nameserver)
+		}
+	}
+	return out
 }
 
 // Unchanged reports whether data is what Files wrote for name: a commit

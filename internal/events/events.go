@@ -49,10 +49,14 @@ const (
 	// to another sandbox); sampled, at most 100 a second per rule on a
 	// node.
 	PolicyDrop Kind = "policy_drop"
+	// DNSRefused: Warren's resolver refused a name the sandbox's
+	// allowlist does not name (internal/resolver): queries carry no
+	// data out of an allowlisted sandbox.
+	DNSRefused Kind = "dns_refused"
 )
 
 // Kinds lists every kind, for metrics that start at zero.
-var Kinds = []Kind{OOMKill, PidsLimit, OutputCap, DiskFull, InodesFull, Timeout, DiskReserve, Seccomp, PolicyDrop}
+var Kinds = []Kind{OOMKill, PidsLimit, OutputCap, DiskFull, InodesFull, Timeout, DiskReserve, Seccomp, PolicyDrop, DNSRefused}
 
 // Event is one contained or denied action of one sandbox.
 type Event struct {

@@ -343,6 +343,7 @@ func (s *Store) ImportLayer(ctx context.Context, r io.Reader, lo LayerOptions) (
 		DiffID:     st.DiffID,
 		BlobSize:   size,
 		RootOpaque: st.RootOpaque,
+		MaxID:      &st.MaxID,
 	}
 	hx := digest[len("sha256:"):]
 	blob := filepath.Join(s.blobsDir(), hx+".erofs")

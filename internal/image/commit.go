@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -60,6 +61,76 @@ type CommitOptions struct {
 	// platform wrote into the writable layer (internal/etcfiles) that the
 	// sandbox did not change.
 	Omit map[string][]byte
+	// IDs is the user-namespace mapping of the sandbox whose upper this
+	// is (nil: none): its upper directory keeps host ids, Base+N for id N
+	// inside, which the layer gets back as N (owners, ACL entries, the
+	// root id of file capabilities). A host id outside the range, which
+	// the sandbox saw as the overflow id, gets that id: 65534.
+	IDs *IDShift
+}
+
+// IDShift is a user-namespace mapping: ids 0..Size-1 inside are Base..
+// on the host.
+type IDShift struct {
+	Base, Size uint32
+}
+
+// inside is host id id as the sandbox sees it.
+func (m *IDShift) inside(id uint32) uint32 {
+	if id >= m.Base && id-m.Base < m.Size {
+		return id - m.Base
+	}
+	return overflowID
+}
+
+const overflowID = 65534
+
+// shift turns hdr's host ids into the sandbox's.
+func (m *IDShift) shift(hdr *tar.Header) {
+	hdr.Uid, hdr.Gid = int(m.inside(uint32(hdr.Uid))), int(m.inside(uint32(hdr.Gid)))
+	hdr.Uname, hdr.Gname = "", ""
+	for _, k := range []string{"SCHILY.xattr.system.posix_acl_access", "SCHILY.xattr.system.posix_acl_default"} {
+		if v, ok := hdr.PAXRecords[k]; ok {
+			setXattr(hdr, k, m.shiftACL(v))
+		}
+	}
+	if v, ok := hdr.PAXRecords[capXattr]; ok {
+		setXattr(hdr, capXattr, m.shiftCaps(v))
+	}
+}
+
+// shiftACL shifts the ids of a POSIX ACL xattr (version 2: a 4-byte
+// header, then 8-byte entries of tag, permissions and id), those of named
+// users (tag 2) and groups (tag 8).
+func (m *IDShift) shiftACL(v string) string {
+	b := []byte(v)
+	if len(b) < 4 || (len(b)-4)%8 != 0 {
+		return v
+	}
+	for off := 4; off < len(b); off += 8 {
+		tag := binary.LittleEndian.Uint16(b[off:])
+		if tag == 2 || tag == 8 {
+			binary.LittleEndian.PutUint32(b[off+4:], m.inside(binary.LittleEndian.Uint32(b[off+4:])))
+		}
+	}
+	return string(b)
+}
+
+// shiftCaps turns a file capability that names the sandbox's root as its
+// root id (version 3, 24 bytes, which a root in a user namespace writes)
+// into the version 2 form (20 bytes) that a layer's root means.
+func (m *IDShift) shiftCaps(v string) string {
+	b := []byte(v)
+	const v3 = 0x03000000
+	if len(b) != 24 || binary.LittleEndian.Uint32(b)&0xff000000 != v3 {
+		return v
+	}
+	if binary.LittleEndian.Uint32(b[20:]) != m.Base {
+		return v
+	}
+	out := b[:20]
+	binary.LittleEndian.PutUint32(out, binary.LittleEndian.Uint32(b)&^0xff000000|0x02000000)
+	return string(out)
 }
 
 func (s *Store) importUpperStream(ctx context.Context, upper string, opts CommitOptions) (LayerMeta, int64, error) {
@@ -128,6 +199,9 @@ func upperToLayer(rootfd int, r io.Reader, w io.Writer, opts CommitOptions) (int
 			if strings.HasPrefix(k, "SCHILY.xattr.user.overlay.") {
 				dropXattr(hdr, k)
 			}
+		}
+		if opts.IDs != nil {
+			opts.IDs.shift(hdr)
 		}
 		if !keepSetuid && stripPrivileges(hdr) {
 			stripped++
@@ -210,6 +284,15 @@ func stripPrivileges(hdr *tar.Header) bool {
 
 // dropXattr removes the PAX record key (SCHILY.xattr.NAME) from hdr, and
 // from the deprecated Xattrs that tar.Reader fills in and Writer writes.
+// setXattr sets a PAX xattr record and its deprecated Xattrs twin, which
+// tar.Writer would otherwise write back as it was.
+func setXattr(hdr *tar.Header, key, v string) {
+	hdr.PAXRecords[key] = v
+	if hdr.Xattrs != nil {
+		hdr.Xattrs[strings.TrimPrefix(key, "SCHILY.xattr.")] = v
+	}
+}
+
 func dropXattr(hdr *tar.Header, key string) {
 	delete(hdr.PAXRecords, key)
 	delete(hdr.Xattrs, strings.TrimPrefix(key, "SCHILY.xattr."))

@@ -110,6 +110,9 @@ type LayerMeta struct {
 	BlobSize int64 `json:"blob_size,omitempty"`
 	// RootOpaque: the layer hides everything below it.
 	RootOpaque bool `json:"root_opaque,omitempty"`
+	// MaxID is the highest uid or gid of the layer's files (nil in
+	// records older than it: unknown).
+	MaxID *uint32 `json:"max_id,omitempty"`
 }
 
 // Layer formats (LayerMeta.Format).

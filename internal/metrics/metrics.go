@@ -64,6 +64,12 @@ type Metrics struct {
 	// TrajectoryMismatches is warren_trajectory_mismatches_total: replayed
 	// calls refused because their request differed from the recorded one.
 	TrajectoryMismatches prometheus.Counter
+	// DNSQueries is warren_dns_queries_total{result}: queries Warren's
+	// resolver answered, by result (internal/resolver); DNSSeconds,
+	// warren_dns_resolve_seconds, how long each took to answer (an
+	// upstream's round trip included).
+	DNSQueries *prometheus.CounterVec
+	DNSSeconds prometheus.Histogram
 }
 
 // CreateBuckets are the classic buckets of warren_sandbox_create_seconds:
@@ -127,6 +133,16 @@ func New(ops ...string) *Metrics {
 	for _, mode := range []string{"live", "replayed", "unrecorded"} {
 		m.TrajectoryCalls.WithLabelValues(mode)
 	}
+	m.DNSQueries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warren_dns_queries_total",
+		Help: "Queries of sandboxes to Warren's resolver, by result: forwarded, group, empty (AAAA), refused (not on the allowlist), failed (SERVFAIL), bad.",
+	}, []string{"result"})
+	m.DNSSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:                        "warren_dns_resolve_seconds",
+		Help:                        "Time Warren's resolver took to answer a query, upstream round trip included.",
+		Buckets:                     prometheus.ExponentialBucketsRange(0.00001, 10, 40),
+		NativeHistogramBucketFactor: 1.1,
+	})
 	for _, s := range States {
 		m.Sandboxes.WithLabelValues(s)
 	}
@@ -137,10 +153,30 @@ func New(ops ...string) *Metrics {
 	m.Registry.MustRegister(
 		m.Sandboxes, m.CreateSeconds, m.CreatePhaseSeconds, m.ExecSeconds, m.Errors, m.Deleted, m.SecurityEvents,
 		m.TrajectoryCalls, m.TrajectoryMismatches,
+		m.DNSQueries, m.DNSSeconds,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// InitDNSResults starts warren_dns_queries_total at zero for results.
+func (m *Metrics) InitDNSResults(results ...string) {
+	if m == nil {
+		return
+	}
+	for _, r := range results {
+		m.DNSQueries.WithLabelValues(r)
+	}
+}
+
+// ObserveDNS counts one query of Warren's resolver and its latency.
+func (m *Metrics) ObserveDNS(result string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.DNSQueries.WithLabelValues(result).Inc()
+	m.DNSSeconds.Observe(d.Seconds())
 }
 
 // ObserveCreatePhase records one step of a successful create.

@@ -4,10 +4,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net/netip"
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -18,7 +20,11 @@ import (
 
 // firewall is the daemon's nftables table (family inet):
 //
-//	chain input    (hook input)   iifname "<prefix>*" reject
+//	chain prerouting (nat, dstnat) iifname "<prefix>*" ip daddr <subnet> udp/tcp dport 53
+//	                              redirect to :<resolver port>  (with a resolver)
+//	chain input    (hook input)   iifname "<prefix>*" ct status dnat th dport <resolver port> accept
+//	                              iifname != "<prefix>*" th dport <resolver port> drop
+//	                              iifname "<prefix>*" reject
 //	chain forward  (hook forward) iifname "<prefix>*" jump egress
 //	                              oifname "<prefix>*" jump ingress
 //	chain egress   ip saddr @g-<group> ip daddr @g-<group> accept (one per group)
@@ -30,6 +36,11 @@ import (
 //	chain sb-<id>-out  the sandbox's policy on what it sends, every packet
 //	chain sb-<id>-in   the same on what it receives (replies only)
 //	set g-<group>  the addresses of a group's members
+//	set sb-<id>-n<hash of host>  addresses the resolver answered sandbox
+//	               <id> for a name rule's host, each with the timeout of
+//	               its record's TTL; the rule accepting them sets the
+//	               connection's ct mark to the host's, and a connection
+//	               so marked stays accepted after its address expires
 //
 // Only sandboxes' own traffic (by the daemon's interface name prefix)
 // enters the table's rules; every base chain's policy is accept, so the
@@ -44,6 +55,10 @@ type firewall struct {
 	// (at most logRate a second per rule) before it is refused: the
 	// daemon turns them into events of the sandbox that sent them.
 	logGroup uint16
+
+	// dnsPort is the daemon's resolver's port (0: none): sandboxes' DNS
+	// to their gateway is redirected to it.
+	dnsPort uint16
 
 	mu    sync.Mutex // one batch at a time on conn
 	conn  *nftables.Conn
@@ -140,6 +155,7 @@ func (f *firewall) ensureLocked() (*nftables.Conn, error) {
 		{Table: f.table, Name: "input", Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept},
 		{Table: f.table, Name: "forward", Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept},
 		{Table: f.table, Name: "postrouting", Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept},
+		{Table: f.table, Name: "prerouting", Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept},
 		{Table: f.table, Name: "egress"},
 		{Table: f.table, Name: "ingress"},
 	}
@@ -171,6 +187,9 @@ func (f *firewall) ensureLocked() (*nftables.Conn, error) {
 		}
 	}
 	in, out := ifnamePrefix(expr.MetaKeyIIFNAME, f.prefix, true), ifnamePrefix(expr.MetaKeyOIFNAME, f.prefix, true)
+	if f.dnsPort != 0 {
+		f.resolverRulesLocked(add, in)
+	}
 	// Nothing from a sandbox is for the node: not its API, not anything
 	// listening on any of its addresses.
 	reject("input", in...)
@@ -194,6 +213,45 @@ func (f *firewall) ensureLocked() (*nftables.Conn, error) {
 	f.ready = true
 	return c, nil
 }
+
+// resolverRulesLocked queues the rules that take a sandbox's DNS to the
+// resolver: its queries to any gateway (they are all the node's) are
+// redirected to the resolver's port on the gateway of the interface they
+// came in on, and the input hook accepts a sandbox's packet to that port
+// only when conntrack says it was so redirected: the resolver's socket
+// is the one thing on the node a sandbox reaches, at port 53 only. Off
+// the sandboxes' interfaces the port is dropped: the socket listens on
+// every address of the node, and answers sandboxes only.
+func (f *firewall) resolverRulesLocked(add func(chain string, exprs ...expr.Any), in []expr.Any) {
+	port := binaryutil.BigEndian.PutUint16(f.dnsPort)
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		l4 := []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}}}
+		dport := func(p []byte) []expr.Any {
+			return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p}}
+		}
+		var r []expr.Any
+		r = append(r, in...)
+		r = append(r, ipMatch(false, f.subnet)...)
+		r = append(r, l4...)
+		r = append(r, dport(binaryutil.BigEndian.PutUint16(53))...)
+		r = append(r, &expr.Immediate{Register: 1, Data: port}, &expr.Redir{RegisterProtoMin: 1})
+		add("prerouting", r...)
+		r = append(append(append([]expr.Any{}, in...), l4...), dport(port)...)
+		r = append(r, &expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(ctStatusDstNAT), Xor: binaryutil.NativeEndian.PutUint32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+			&expr.Verdict{Kind: expr.VerdictAccept})
+		add("input", r...)
+		r = append(append(ifnamePrefix(expr.MetaKeyIIFNAME, f.prefix, false), l4...), dport(port)...)
+		add("input", append(r, &expr.Verdict{Kind: expr.VerdictDrop})...)
+	}
+}
+
+// ctStatusDstNAT is IPS_DST_NAT (linux/netfilter/nf_conntrack_common.h).
+const ctStatusDstNAT = 1 << 5
 
 func hasSet(sets []*nftables.Set, name string) bool {
 	for _, s := range sets {
@@ -240,7 +298,11 @@ func (f *firewall) addLocked(id, ifname string, p Policy, addr netip.Addr) error
 		}
 	}
 	o, i := c.AddChain(f.chain(chainOut(id))), c.AddChain(f.chain(chainIn(id)))
-	f.policyRulesLocked(c, o, i, p)
+	sets, err := f.nameSetsLocked(c, id, p, nil)
+	if err != nil {
+		return err
+	}
+	f.policyRulesLocked(c, id, o, i, p, sets)
 	key := ifnameKey(ifname)
 	if err := c.SetAddElements(f.verdictMap(mapOut), []nftables.SetElement{{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: o.Name}}}); err != nil {
 		return err
@@ -265,17 +327,148 @@ func (f *firewall) set(id string, p Policy) error {
 		return err
 	}
 	o, i := f.chain(chainOut(id)), f.chain(chainIn(id))
+	have, err := f.listNameSetsLocked(c, id)
+	if err != nil {
+		return err
+	}
 	c.FlushChain(o)
 	c.FlushChain(i)
-	f.policyRulesLocked(c, o, i, p)
+	sets, err := f.nameSetsLocked(c, id, p, have)
+	if err != nil {
+		return err
+	}
+	f.policyRulesLocked(c, id, o, i, p, sets)
+	// The sets of hosts p no longer names go with their elements, after
+	// the rules that used them.
+	for name, set := range have {
+		if _, ok := sets[name]; !ok {
+			c.DelSet(set)
+		}
+	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables rules of sandbox %s: %w", id, err)
 	}
 	return nil
 }
 
-// policyRulesLocked queues the rules of p into the (empty) chains o and i.
-func (f *firewall) policyRulesLocked(c *nftables.Conn, o, i *nftables.Chain, p Policy) {
+// nameSet names the set of sandbox id's addresses for host.
+func nameSet(id, host string) string {
+	h := fnv.New64a()
+	h.Write([]byte(host))
+	return fmt.Sprintf("sb-%s-n%016x", id, h.Sum64())
+}
+
+// idOfNameSet is the sandbox id of a name set's name.
+func idOfNameSet(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, "sb-")
+	if !ok || len(rest) < 19 || rest[len(rest)-18:len(rest)-16] != "-n" {
+		return "", false
+	}
+	return rest[:len(rest)-18], true
+}
+
+// nameMark is the ct mark of sandbox id's connections its rule for host
+// accepted: never 0 (unmarked).
+func nameMark(id, host string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(id + "\x00" + host))
+	return h.Sum32() | 1
+}
+
+func (f *firewall) timeoutSet(name string) *nftables.Set {
+	return &nftables.Set{Table: f.table, Name: name, KeyType: nftables.TypeIPAddr, HasTimeout: true}
+}
+
+// listNameSetsLocked lists sandbox id's name sets by name.
+func (f *firewall) listNameSetsLocked(c *nftables.Conn, id string) (map[string]*nftables.Set, error) {
+	all, err := c.GetSets(f.table)
+	if err != nil {
+		return nil, fmt.Errorf("list nftables sets: %w", err)
+	}
+	out := map[string]*nftables.Set{}
+	for _, s := range all {
+		if got, ok := idOfNameSet(s.Name); ok && got == id {
+			out[s.Name] = s
+		}
+	}
+	return out, nil
+}
+
+// nameSetsLocked returns the sets of p's name rules by set name: those
+// in have (kept with their elements), the others queued to be made.
+func (f *firewall) nameSetsLocked(c *nftables.Conn, id string, p Policy, have map[string]*nftables.Set) (map[string]*nftables.Set, error) {
+	out := map[string]*nftables.Set{}
+	for _, r := range p.Allow {
+		if r.Host == "" {
+			continue
+		}
+		name := nameSet(id, r.Host)
+		if _, ok := out[name]; ok {
+			continue
+		}
+		if s, ok := have[name]; ok {
+			out[name] = s
+			continue
+		}
+		s := f.timeoutSet(name)
+		if err := c.AddSet(s, nil); err != nil {
+			return nil, fmt.Errorf("nftables set %s: %w", name, err)
+		}
+		out[name] = s
+	}
+	return out, nil
+}
+
+// allowResolved adds addrs to sandbox id's sets of hosts, for ttl.
+func (f *firewall) allowResolved(id string, hosts []string, addrs []netip.Addr, ttl time.Duration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, err := f.connLocked()
+	if err != nil {
+		return err
+	}
+	elems := make([]nftables.SetElement, 0, len(addrs))
+	for _, a := range addrs {
+		b := a.As4()
+		elems = append(elems, nftables.SetElement{Key: b[:], Timeout: ttl})
+	}
+	for _, h := range hosts {
+		if err := c.SetAddElements(f.timeoutSet(nameSet(id, h)), elems); err != nil {
+			return err
+		}
+	}
+	return c.Flush()
+}
+
+// resolved lists the addresses sandbox id's set for host holds (none
+// without the set).
+func (f *firewall) resolved(id, host string) ([]netip.Addr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, err := f.connLocked()
+	if err != nil {
+		return nil, err
+	}
+	set, err := c.GetSetByName(f.table, nameSet(id, host))
+	if err != nil {
+		return nil, nil
+	}
+	elems, err := c.GetSetElements(set)
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, e := range elems {
+		if a, ok := netip.AddrFromSlice(e.Key); ok {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+// policyRulesLocked queues the rules of p into the (empty) chains o and
+// i; sets are p's name sets by name.
+func (f *firewall) policyRulesLocked(c *nftables.Conn, id string, o, i *nftables.Chain, p Policy, sets map[string]*nftables.Set) {
 	add := func(ch *nftables.Chain, exprs ...expr.Any) {
 		c.AddRule(&nftables.Rule{Table: f.table, Chain: ch, Exprs: exprs})
 	}
@@ -292,7 +485,13 @@ func (f *firewall) policyRulesLocked(c *nftables.Conn, o, i *nftables.Chain, p P
 		add(o, accept)
 		add(i, append(established, accept)...)
 	case Allowlist:
+		marked := map[string]bool{}
 		for _, r := range p.Allow {
+			if r.Host != "" {
+				f.nameRulesLocked(add, o, i, r, id, sets[nameSet(id, r.Host)], established, !marked[r.Host])
+				marked[r.Host] = true
+				continue
+			}
 			for _, m := range ruleMatches(r, false) {
 				add(o, append(m, accept)...)
 			}
@@ -306,6 +505,34 @@ func (f *firewall) policyRulesLocked(c *nftables.Conn, o, i *nftables.Chain, p P
 		add(o, r...)
 	}
 	add(i, &expr.Verdict{Kind: expr.VerdictDrop})
+}
+
+// nameRulesLocked queues name rule r's rules: a packet to an address
+// of its set (and its port and protocol) is accepted and its connection
+// marked with the host's mark; with first (once per host), a marked
+// connection's packets both ways are accepted while it lasts, so that
+// an address expiring mid-download does not cut the download. A policy
+// without the host has no rule for its mark: the connection's next
+// packet is refused (and a TCP one aborted by Cut).
+func (f *firewall) nameRulesLocked(add func(*nftables.Chain, ...expr.Any), o, i *nftables.Chain, r Rule, id string, set *nftables.Set, established []expr.Any, first bool) {
+	mark := binaryutil.NativeEndian.PutUint32(nameMark(id, r.Host))
+	lookup := []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID}}
+	setMark := []expr.Any{&expr.Immediate{Register: 1, Data: mark},
+		&expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true},
+		&expr.Verdict{Kind: expr.VerdictAccept}}
+	for _, m := range ruleMatches(Rule{Prefix: netip.MustParsePrefix("0.0.0.0/0"), Port: r.Port, Proto: r.Proto}, false) {
+		add(o, append(append(append([]expr.Any{}, lookup...), m...), setMark...)...)
+	}
+	if !first {
+		return
+	}
+	marked := append([]expr.Any{&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: mark}}, established...)
+	add(o, append(append([]expr.Any{}, marked...), &expr.Verdict{Kind: expr.VerdictAccept})...)
+	add(i, append(append([]expr.Any{}, marked...), &expr.Verdict{Kind: expr.VerdictAccept})...)
 }
 
 // ruleMatches are the expressions matching r: of the destination on the
@@ -343,14 +570,14 @@ func ruleMatches(r Rule, reply bool) [][]expr.Any {
 
 // remove deletes sandbox id's chains and map elements, whichever of them
 // exist (a create that failed halfway, a second call).
-func (f *firewall) remove(id, ifname, group string, addr netip.Addr) error {
+func (f *firewall) remove(id, ifname string, p Policy, addr netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c, err := f.connLocked()
 	if err != nil {
 		return err
 	}
-	if group != "" {
+	if group := p.Group; group != "" {
 		if err := f.leaveGroupLocked(c, group, func(a netip.Addr) bool { return a == addr }); err != nil {
 			return err
 		}
@@ -359,6 +586,13 @@ func (f *firewall) remove(id, ifname, group string, addr netip.Addr) error {
 	// kernel refuses it whole, and the listing below deletes what is left.
 	if ifname != "" {
 		f.queueRemoveLocked(c, id, ifname, true, true, true)
+		seen := map[string]bool{}
+		for _, r := range p.Allow {
+			if r.Host != "" && !seen[r.Host] {
+				seen[r.Host] = true
+				c.DelSet(f.timeoutSet(nameSet(id, r.Host)))
+			}
+		}
 		if err := c.Flush(); err == nil {
 			return nil
 		}
@@ -512,6 +746,14 @@ func (f *firewall) removeListedLocked(c *nftables.Conn, gone func(id string) boo
 			n++
 		}
 	}
+	// Name sets after the chains whose rules use them.
+	sets, _ := c.GetSets(f.table)
+	for _, s := range sets {
+		if id, ok := idOfNameSet(s.Name); ok && gone(id) {
+			c.DelSet(s)
+			n++
+		}
+	}
 	if n == 0 {
 		return nil
 	}
@@ -559,6 +801,14 @@ func (f *firewall) sandboxes() ([]string, error) {
 	var ids []string
 	for _, ch := range chains {
 		if id, ok := idOfChain(ch.Name); ok && ch.Table.Name == f.table.Name && !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	// A name set left behind counts as the sandbox's state too.
+	sets, _ := c.GetSets(f.table)
+	for _, s := range sets {
+		if id, ok := idOfNameSet(s.Name); ok && !seen[id] {
 			seen[id] = true
 			ids = append(ids, id)
 		}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,8 +46,17 @@ type Node struct {
 	subnet netip.Prefix
 
 	mu   sync.Mutex
-	used map[int]string // /31 index -> sandbox id
-	next int            // where the search for a free index starts
+	used map[int]*member // /31 index -> its sandbox
+	next int             // where the search for a free index starts
+}
+
+// member is what the node knows of a sandbox with a /31: enough for the
+// resolver to answer it (who asks, what it may resolve, its group's
+// names).
+type member struct {
+	id, hostname string
+	policy       Policy
+	attached     bool // Attach or Adopt done (Reserve alone: not yet)
 }
 
 // New checks the options; it touches nothing on the node (a daemon whose
@@ -71,7 +81,7 @@ func New(o Options) (*Node, error) {
 	logGroup := uint16(h.Sum32()>>17) | 0x8000
 	return &Node{
 		fw:     newFirewall(strings.ReplaceAll(o.Name, "/", "-"), prefix, o.Subnet.Masked(), logGroup),
-		prefix: prefix, subnet: o.Subnet.Masked(), used: map[int]string{},
+		prefix: prefix, subnet: o.Subnet.Masked(), used: map[int]*member{},
 	}, nil
 }
 
@@ -81,6 +91,9 @@ func New(o Options) (*Node, error) {
 type Attachment struct {
 	Index  int    `json:"index"`
 	Policy Policy `json:"policy"`
+	// Hostname is the sandbox's hostname: group members resolve each
+	// other by it (and by id).
+	Hostname string `json:"hostname,omitempty"`
 }
 
 // LogGroup is the NFLOG group the daemon's rules log refused packets to.
@@ -99,8 +112,11 @@ func (n *Node) SandboxOfInterface(name string) (string, bool) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	id, ok := n.used[int(i)]
-	return id, ok
+	m, ok := n.used[int(i)]
+	if !ok {
+		return "", false
+	}
+	return m.id, true
 }
 
 // SandboxOfIfindex is the sandbox whose veth's host end has interface
@@ -137,14 +153,20 @@ func (n *Node) size() int { return 1 << (32 - n.subnet.Bits()) / 2 }
 // alloc takes a free /31 for id. The search starts after the last one
 // taken, so an address is reused as late as possible: replies to a
 // deleted sandbox's connections must not reach its successor.
+// An index Reserve took for id is id's.
 func (n *Node) alloc(id string) (int, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	for i, m := range n.used {
+		if m.id == id && !m.attached {
+			return i, nil
+		}
+	}
 	size := n.size()
 	for k := range size {
 		i := (n.next + k) % size
 		if _, ok := n.used[i]; !ok {
-			n.used[i] = id
+			n.used[i] = &member{id: id}
 			n.next = (i + 1) % size
 			return i, nil
 		}
@@ -155,16 +177,128 @@ func (n *Node) alloc(id string) (int, error) {
 func (n *Node) free(i int, id string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.used[i] == id {
+	if m := n.used[i]; m != nil && m.id == id {
 		delete(n.used, i)
 	}
+}
+
+// Reserve takes the /31 that Attach will give sandbox id and returns the
+// node's end of it, the sandbox's gateway and nameserver: its
+// /etc/resolv.conf is written before its network is made. Release undoes
+// it where Attach never comes.
+func (n *Node) Reserve(id string) (gateway netip.Addr, err error) {
+	i, err := n.alloc(id)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	gw, _ := n.Addrs(i)
+	return gw, nil
+}
+
+// Release frees what Reserve took for id, unless Attach used it.
+func (n *Node) Release(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for i, m := range n.used {
+		if m.id == id && !m.attached {
+			delete(n.used, i)
+		}
+	}
+}
+
+// Sandbox is what the resolver knows of a sandbox asking it.
+type Sandbox struct {
+	ID       string
+	Hostname string
+	Policy   Policy
+}
+
+// SandboxOfAddr is the attached sandbox whose address is a.
+func (n *Node) SandboxOfAddr(a netip.Addr) (Sandbox, bool) {
+	if !a.Is4() || !n.subnet.Contains(a) {
+		return Sandbox{}, false
+	}
+	b := a.As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	s := n.subnet.Addr().As4()
+	base := uint32(s[0])<<24 | uint32(s[1])<<16 | uint32(s[2])<<8 | uint32(s[3])
+	off := v - base
+	if off%2 == 0 { // a gateway, never a sandbox
+		return Sandbox{}, false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m, ok := n.used[int(off/2)]
+	if !ok || !m.attached {
+		return Sandbox{}, false
+	}
+	return Sandbox{ID: m.id, Hostname: m.hostname, Policy: m.policy}, true
+}
+
+// GroupMember is the address of the member of group whose hostname or
+// id is name (lower case), if there is one.
+func (n *Node) GroupMember(group, name string) (netip.Addr, bool) {
+	if group == "" {
+		return netip.Addr{}, false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for i, m := range n.used {
+		if m.attached && m.policy.Group == group && (strings.EqualFold(m.hostname, name) || m.id == name) {
+			_, a := n.Addrs(i)
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// AllowResolved lets sandbox id reach addrs for ttl (ClampTTL) under
+// its name rules for hosts (Policy.Hosts of the name it asked for): the
+// resolver calls it before it answers, so the sandbox's connect to what
+// it was answered finds the address allowed. An address answered again
+// gets the new answer's timeout.
+func (n *Node) AllowResolved(id string, hosts []string, addrs []netip.Addr, ttl time.Duration) error {
+	if len(hosts) == 0 || len(addrs) == 0 {
+		return nil
+	}
+	if err := n.fw.allowResolved(id, hosts, addrs, ClampTTL(ttl)); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": allow resolved addresses")
+	}
+	return nil
+}
+
+// ResolvedAddrs lists what sandbox id's name rule for host allows now
+// (tests, Cut).
+func (n *Node) ResolvedAddrs(id, host string) ([]netip.Addr, error) {
+	return n.fw.resolved(id, host)
+}
+
+// SetResolver makes the sandboxes' DNS (UDP and TCP port 53 to their
+// gateway) go to the daemon's resolver, listening on port of every
+// address of the node; 0 refuses it as any other traffic to the node.
+// Where the daemon's table exists (sandboxes adopted from an earlier
+// daemon) its base chains are rewritten at once.
+func (n *Node) SetResolver(port uint16) error {
+	n.fw.mu.Lock()
+	defer n.fw.mu.Unlock()
+	n.fw.dnsPort = port
+	n.fw.ready = false
+	c, err := n.fw.connLocked()
+	if err != nil {
+		return err
+	}
+	if t, err := c.ListTableOfFamily(n.fw.table.Name, nftables.TableFamilyINet); err != nil || t == nil {
+		return nil
+	}
+	_, err = n.fw.ensureLocked()
+	return err
 }
 
 // Attach gives sandbox id (its network namespace is that of pid) an
 // interface and policy p: a veth pair whose sandbox end is eth0 with the
 // /31's odd address and a default route through the node's end, and the
 // sandbox's rules. All or nothing.
-func (n *Node) Attach(id string, pid int, p Policy) (_ Attachment, retErr error) {
+func (n *Node) Attach(id, hostname string, pid int, p Policy) (_ Attachment, retErr error) {
 	if p.IsNone() {
 		return Attachment{}, errdefs.Invalidf("network: attach with mode none")
 	}
@@ -185,12 +319,20 @@ func (n *Node) Attach(id string, pid int, p Policy) (_ Attachment, retErr error)
 	if err := n.fw.add(id, ifname, p, addr); err != nil {
 		return Attachment{}, errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
 	}
-	cu.Add(func() error { return n.fw.remove(id, ifname, p.Group, addr) })
+	cu.Add(func() error { return n.fw.remove(id, ifname, p, addr) })
 	if err := n.link(id, pid, i); err != nil {
 		return Attachment{}, err
 	}
 	cu.Release()
-	return Attachment{Index: i, Policy: p}, nil
+	n.mark(i, id, hostname, p)
+	return Attachment{Index: i, Policy: p, Hostname: hostname}, nil
+}
+
+// mark records /31 i as sandbox id's, attached with policy p.
+func (n *Node) mark(i int, id, hostname string, p Policy) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.used[i] = &member{id: id, hostname: hostname, policy: p, attached: true}
 }
 
 // link makes the veth pair of /31 i with its sandbox end in pid's network
@@ -300,6 +442,7 @@ func (n *Node) SetPolicy(id string, pid int, a Attachment, p Policy) error {
 	if err := n.fw.set(id, p); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
 	}
+	n.mark(a.Index, id, a.Hostname, p)
 	if p.Mode == Open {
 		// Forbids nothing Cut would look at: spare the scan (~1.5 ms here,
 		// the kernel walks every TCP socket of the node for it).
@@ -335,6 +478,19 @@ func (n *Node) Cut(pid int, a Attachment, p Policy) error {
 		return errdefs.Wrap(errdefs.Internal, err, "list sandbox TCP sockets")
 	}
 	_, self := n.Addrs(a.Index)
+	// What the name rules allow now, listed once per host.
+	resolved := map[string][]netip.Addr{}
+	for _, r := range p.Allow {
+		if r.Host == "" {
+			continue
+		}
+		if _, ok := resolved[r.Host]; !ok {
+			id, _ := n.SandboxOfInterface(n.Ifname(a.Index))
+			if resolved[r.Host], err = n.fw.resolved(id, r.Host); err != nil {
+				return errdefs.Wrap(errdefs.Internal, err, "list resolved addresses")
+			}
+		}
+	}
 	var errs []error
 	for _, s := range socks {
 		if s.State == tcpListen || s.State == tcpClose {
@@ -349,7 +505,7 @@ func (n *Node) Cut(pid int, a Attachment, p Policy) error {
 		if p.Group != "" && n.subnet.Contains(remote) {
 			continue
 		}
-		if p.Allows(remote, s.ID.DestinationPort, "tcp") {
+		if p.Allows(remote, s.ID.DestinationPort, "tcp") || allowsResolved(p, resolved, remote, s.ID.DestinationPort) {
 			continue
 		}
 		err := h.SocketDestroy(&net.TCPAddr{IP: s.ID.Source, Port: int(s.ID.SourcePort)},
@@ -362,6 +518,17 @@ func (n *Node) Cut(pid int, a Attachment, p Policy) error {
 		return errdefs.Wrap(errdefs.Internal, err, "abort forbidden connections")
 	}
 	return nil
+}
+
+// allowsResolved reports whether a name rule of p allows TCP to
+// addr:port, resolved listing each host's allowed addresses.
+func allowsResolved(p Policy, resolved map[string][]netip.Addr, addr netip.Addr, port uint16) bool {
+	for _, r := range p.Allow {
+		if r.Host != "" && (r.Port == 0 || r.Port == port) && (r.Proto == "" || r.Proto == "tcp") && slices.Contains(resolved[r.Host], addr) {
+			return true
+		}
+	}
+	return false
 }
 
 // TCP states as sock_diag reports them (include/net/tcp_states.h).
@@ -381,7 +548,7 @@ func (n *Node) Detach(id string, a Attachment) error {
 		}
 	}
 	_, addr := n.Addrs(a.Index)
-	if err := n.fw.remove(id, name, a.Policy.Group, addr); err != nil {
+	if err := n.fw.remove(id, name, a.Policy, addr); err != nil {
 		errs = append(errs, err)
 	}
 	if err := forgetFlows(addr); err != nil {
@@ -449,10 +616,10 @@ func (n *Node) Adopt(id string, a Attachment) error {
 	if a.Index < 0 || a.Index >= n.size() {
 		return errdefs.Invalidf("sandbox %s: network index %d outside subnet %s", id, a.Index, n.subnet)
 	}
-	if other, ok := n.used[a.Index]; ok && other != id {
-		return errdefs.Conflictf("sandbox %s: network index %d is sandbox %s's", id, a.Index, other)
+	if other, ok := n.used[a.Index]; ok && other.id != id {
+		return errdefs.Conflictf("sandbox %s: network index %d is sandbox %s's", id, a.Index, other.id)
 	}
-	n.used[a.Index] = id
+	n.used[a.Index] = &member{id: id, hostname: a.Hostname, policy: a.Policy, attached: true}
 	return nil
 }
 
@@ -463,8 +630,8 @@ func (n *Node) Sweep(keep map[string]bool) error {
 	n.mu.Lock()
 	owned := map[string]bool{}
 	kept := map[netip.Addr]bool{}
-	for i, id := range n.used {
-		if keep[id] {
+	for i, m := range n.used {
+		if keep[m.id] {
 			owned[n.Ifname(i)] = true
 			_, a := n.Addrs(i)
 			kept[a] = true

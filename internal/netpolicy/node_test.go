@@ -131,7 +131,7 @@ func reaches(ns netns.NsHandle, addr netip.Addr, port int) error {
 
 func mustAttach(t *testing.T, n *Node, id string, pid int, p Policy) Attachment {
 	t.Helper()
-	a, err := n.Attach(id, pid, p)
+	a, err := n.Attach(id, id, pid, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +379,7 @@ func startsWith(s, p string) bool { return len(s) >= len(p) && s[:len(p)] == p }
 func BenchmarkAttach(b *testing.B) {
 	n, pid := benchNode(b)
 	for b.Loop() {
-		a, err := n.Attach("bench", pid, Policy{Mode: Open})
+		a, err := n.Attach("bench", "", pid, Policy{Mode: Open})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -395,7 +395,7 @@ func BenchmarkAttach(b *testing.B) {
 // alone: from it on, new packets meet the new rules.
 func BenchmarkSetPolicyRules(b *testing.B) {
 	n, pid := benchNode(b)
-	if _, err := n.Attach("bench", pid, Policy{Mode: Open}); err != nil {
+	if _, err := n.Attach("bench", "", pid, Policy{Mode: Open}); err != nil {
 		b.Fatal(err)
 	}
 	ps := benchPolicies()
@@ -412,7 +412,7 @@ func BenchmarkSetPolicyRules(b *testing.B) {
 // of the sandbox's TCP sockets for connections to abort.
 func BenchmarkSetPolicy(b *testing.B) {
 	n, pid := benchNode(b)
-	a, err := n.Attach("bench", pid, Policy{Mode: Open})
+	a, err := n.Attach("bench", "", pid, Policy{Mode: Open})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -462,7 +462,7 @@ func BenchmarkAddRules(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StopTimer()
-		if err := n.fw.remove("bench", "wbench0", "", netip.Addr{}); err != nil {
+		if err := n.fw.remove("bench", "wbench0", Policy{}, netip.Addr{}); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()

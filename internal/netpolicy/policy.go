@@ -47,12 +47,19 @@ type Policy struct {
 	Group string `json:"group,omitempty"`
 }
 
-// Rule allows one destination: an IPv4 prefix, optionally one port and
-// protocol.
+// Rule allows one destination: an IPv4 prefix or a host name,
+// optionally one port and protocol. A name rule allows the IPv4
+// addresses Warren's resolver (internal/resolver) answered the sandbox
+// for that name, each for its record's TTL (clamped to MinNameTTL,
+// MaxNameTTL).
 type Rule struct {
-	Prefix netip.Prefix `json:"cidr"`
-	Port   uint16       `json:"port,omitempty"`  // 0: every port
-	Proto  string       `json:"proto,omitempty"` // "tcp", "udp"; "": both
+	Prefix netip.Prefix `json:"cidr,omitzero"`
+	// Host is a name rule's name, lower case, ASCII (IDNA A-labels),
+	// without a trailing dot: "pypi.org" (that name only) or
+	// "*.pythonhosted.org" (every name under it, not the name itself).
+	Host  string `json:"host,omitempty"`
+	Port  uint16 `json:"port,omitempty"`  // 0: every port
+	Proto string `json:"proto,omitempty"` // "tcp", "udp"; "": both
 }
 
 // IsNone reports whether p gives the sandbox no interface but lo: mode
@@ -111,13 +118,25 @@ var groupRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 // RuleSpec is a rule as the API spells it.
 type RuleSpec struct {
 	CIDR    string
-	HasPort bool // a port given; 0 then is invalid, not "every port"
+	Host    string // a name rule: CIDR empty
+	HasPort bool   // a port given; 0 then is invalid, not "every port"
 	Port    uint32
 	Proto   string
 }
 
 func (r RuleSpec) parse() (Rule, error) {
 	var out Rule
+	switch {
+	case r.Host != "" && r.CIDR != "":
+		return out, fmt.Errorf("a rule names a cidr or a host, not both (%q, %q)", r.CIDR, r.Host)
+	case r.Host != "":
+		h, err := ParseHost(r.Host)
+		if err != nil {
+			return out, err
+		}
+		out.Host = h
+		return out, r.portProto(&out)
+	}
 	pfx, err := netip.ParsePrefix(r.CIDR)
 	if err != nil {
 		a, aerr := netip.ParseAddr(r.CIDR)
@@ -131,17 +150,21 @@ func (r RuleSpec) parse() (Rule, error) {
 		return out, fmt.Errorf("cidr: %q is not IPv4 (sandboxes have IPv4 only)", r.CIDR)
 	}
 	out.Prefix = pfx.Masked()
+	return out, r.portProto(&out)
+}
+
+func (r RuleSpec) portProto(out *Rule) error {
 	if r.HasPort && (r.Port == 0 || r.Port > 65535) {
-		return out, fmt.Errorf("port: %d is out of range (1-65535; leave it unset for every port)", r.Port)
+		return fmt.Errorf("port: %d is out of range (1-65535; leave it unset for every port)", r.Port)
 	}
 	out.Port = uint16(r.Port)
 	switch r.Proto {
 	case "", "tcp", "udp":
 		out.Proto = r.Proto
 	default:
-		return out, fmt.Errorf("protocol: %q (tcp, udp, or empty for both)", r.Proto)
+		return fmt.Errorf("protocol: %q (tcp, udp, or empty for both)", r.Proto)
 	}
-	return out, nil
+	return nil
 }
 
 // String is the policy as the CLI spells it: none, open, or
@@ -161,7 +184,10 @@ func (p Policy) String() string {
 }
 
 func (r Rule) String() string {
-	s := r.Prefix.String()
+	s := r.Host
+	if s == "" {
+		s = r.Prefix.String()
+	}
 	if r.Port != 0 {
 		s += ":" + strconv.Itoa(int(r.Port))
 	}
@@ -181,7 +207,7 @@ func ParseFlag(s string) (mode string, rules []RuleSpec, err error) {
 	}
 	list, ok := strings.CutPrefix(s, "allow:")
 	if !ok {
-		return "", nil, fmt.Errorf("network %q: want none, open or allow:CIDR[:PORT][/PROTO],...", s)
+		return "", nil, fmt.Errorf("network %q: want none, open or allow:RULE,... (RULE: CIDR or HOST, then [:PORT][/PROTO])", s)
 	}
 	for item := range strings.SplitSeq(list, ",") {
 		if item == "" {
@@ -195,9 +221,13 @@ func ParseFlag(s string) (mode string, rules []RuleSpec, err error) {
 				item, r.Proto = item[:i], pr
 			}
 		}
-		// An IPv4 CIDR has no ':'; the one there is the port's.
+		// An IPv4 CIDR or a name has no ':'; the one there is the port's.
 		cidr, port, hasPort := strings.Cut(item, ":")
-		r.CIDR = cidr
+		if isName(cidr) {
+			r.Host = cidr
+		} else {
+			r.CIDR = cidr
+		}
 		if hasPort {
 			n, err := strconv.ParseUint(port, 10, 31)
 			if err != nil {
@@ -210,8 +240,16 @@ func ParseFlag(s string) (mode string, rules []RuleSpec, err error) {
 	return "allowlist", rules, nil
 }
 
+// isName tells a host rule's name from a CIDR or address in the CLI's
+// spelling: an address starts with a digit and has no letter; a name
+// has a letter or a '*'.
+func isName(s string) bool {
+	return strings.ContainsFunc(s, func(c rune) bool { return c == '*' || c > '9' && c != '/' && c != '.' })
+}
+
 // Allows reports whether p lets the sandbox reach addr:port over proto
-// ("tcp", "udp"), as the sandbox's rules decide it.
+// ("tcp", "udp"), as the sandbox's CIDR rules decide it (name rules
+// allow what the resolver answered: Node.Cut asks it).
 func (p Policy) Allows(addr netip.Addr, port uint16, proto string) bool {
 	switch p.Mode {
 	case Open:

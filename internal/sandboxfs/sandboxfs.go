@@ -49,6 +49,7 @@ const MaxRead = 64 << 20
 // FS operates on the files of one sandbox root.
 type FS struct {
 	root string
+	ids  *IDMap // nil: the sandbox's ids are the host's
 }
 
 // New returns an FS for root, the host path of a sandbox's root
@@ -192,6 +193,10 @@ const ioBuf = 256 << 10
 // alone. A symlink at p is followed inside the sandbox. Writing to "/", a
 // directory or a non-regular file is Invalid.
 func (f *FS) WriteFile(ctx context.Context, p string, r io.Reader, mode os.FileMode, append, mkParents bool) error {
+	return f.asSandboxRoot(func() error { return f.writeFile(ctx, p, r, mode, append, mkParents) })
+}
+
+func (f *FS) writeFile(ctx context.Context, p string, r io.Reader, mode os.FileMode, append, mkParents bool) error {
 	cp := inroot.Clean(p)
 	if cp == "/" {
 		return errdefs.Invalidf("cannot write to /")
@@ -374,6 +379,10 @@ func lstatIn(rootfd int, cp string) (dirfd int, base string, st unix.Stat_t, err
 // existing p Conflict; with parents missing parents are created 0755 and
 // an existing directory (or symlink to one) is fine.
 func (f *FS) Mkdir(ctx context.Context, p string, mode os.FileMode, parents bool) error {
+	return f.asSandboxRoot(func() error { return f.mkdir(ctx, p, mode, parents) })
+}
+
+func (f *FS) mkdir(ctx context.Context, p string, mode os.FileMode, parents bool) error {
 	cp := inroot.Clean(p)
 	perm := UnixPerm(mode)
 	if perm == 0 {
@@ -498,11 +507,11 @@ func (f *FS) TarOut(ctx context.Context, p string, w io.Writer) error {
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		// Archive the very directory checked: nothing the sandbox renames
 		// after the check redirects the walk.
-		return tarx.Create(ctx, "/proc/self/fd/"+strconv.Itoa(fd), w, "/")
+		return tarx.CreateMapped(ctx, "/proc/self/fd/"+strconv.Itoa(fd), w, "/", f.mapID())
 	}
 	// A single file is resolved again by name (tarx takes a directory as
 	// its root); a swap between check and open stays inside the sandbox.
-	return tarx.Create(ctx, f.root, w, cp)
+	return tarx.CreateMapped(ctx, f.root, w, cp, f.mapID())
 }
 
 // TarIn extracts the tar stream r (plain or gzip) into the directory p,
@@ -512,6 +521,10 @@ func (f *FS) TarOut(ctx context.Context, p string, w io.Writer) error {
 // kept (files belong to the daemon's uid). On error, what was extracted so
 // far stays.
 func (f *FS) TarIn(ctx context.Context, p string, r io.Reader) error {
+	return f.asSandboxRoot(func() error { return f.tarIn(ctx, p, r) })
+}
+
+func (f *FS) tarIn(ctx context.Context, p string, r io.Reader) error {
 	if err := f.checkRoot(); err != nil {
 		return err
 	}

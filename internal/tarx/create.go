@@ -33,6 +33,12 @@ import (
 //
 // A missing dir is NotFound. Errors writing to w are returned wrapped.
 func Create(ctx context.Context, root string, w io.Writer, dir string) error {
+	return CreateMapped(ctx, root, w, dir, nil)
+}
+
+// CreateMapped is Create with owners passed through mapID (nil: as they
+// are): a sandbox in a user namespace shows host ids as its own.
+func CreateMapped(ctx context.Context, root string, w io.Writer, dir string, mapID func(uint32) uint32) error {
 	rootfd, err := inroot.OpenRoot(root)
 	if err != nil {
 		return errdefs.Wrap(inroot.Category(err), err, "opening archive root")
@@ -47,7 +53,7 @@ func Create(ctx context.Context, root string, w io.Writer, dir string) error {
 		return errdefs.Wrap(cat, err, "opening archive source")
 	}
 	defer unix.Close(fd)
-	c := &creator{ctx: ctx, tw: tar.NewWriter(w), links: map[devIno]string{}, buf: make([]byte, copyBuf)}
+	c := &creator{ctx: ctx, tw: tar.NewWriter(w), links: map[devIno]string{}, buf: make([]byte, copyBuf), mapID: mapID}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "stat archive source")
@@ -78,6 +84,7 @@ type creator struct {
 	dev   uint64
 	ctx   context.Context
 	tw    *tar.Writer
+	mapID func(uint32) uint32 // nil: owners as they are
 	links map[devIno]string
 	// linkBytes is the length of the names in links: past maxLinkBytes
 	// further hardlinks are archived as copies, so that many linked files
@@ -96,6 +103,9 @@ func (c *creator) writeErr(err error) error {
 }
 
 func (c *creator) header(name string, st unix.Stat_t) *tar.Header {
+	if c.mapID != nil {
+		st.Uid, st.Gid = c.mapID(st.Uid), c.mapID(st.Gid)
+	}
 	return &tar.Header{
 		Name:    name,
 		Mode:    int64(st.Mode & 0o7777),

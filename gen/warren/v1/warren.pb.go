@@ -226,7 +226,12 @@ type CreateRequest struct {
 	// Record no trajectory log for this sandbox (ReadTrajectory): its execs
 	// and file writes skip the log's fdatasync, and calls with a seq or a
 	// session are Unsupported. Fixed at create.
-	NoTrajectory  bool `protobuf:"varint,25,opt,name=no_trajectory,json=noTrajectory,proto3" json:"no_trajectory,omitempty"`
+	NoTrajectory bool `protobuf:"varint,25,opt,name=no_trajectory,json=noTrajectory,proto3" json:"no_trajectory,omitempty"`
+	// Run the sandbox in a user namespace: root inside is an unprivileged
+	// host id (a range of 65,536 ids of its own), so a process that escapes
+	// every other wall is nobody on the node. Unset: the node's default
+	// (warren serve --userns). The image's files must have ids below 65,536.
+	UserNamespace *bool `protobuf:"varint,16,opt,name=user_namespace,json=userNamespace,proto3,oneof" json:"user_namespace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -373,6 +378,13 @@ func (x *CreateRequest) GetNoTrajectory() bool {
 	return false
 }
 
+func (x *CreateRequest) GetUserNamespace() bool {
+	if x != nil && x.UserNamespace != nil {
+		return *x.UserNamespace
+	}
+	return false
+}
+
 // NetworkPolicy is what a sandbox may reach over the network. Modes:
 //
 //	"none" (or ""): loopback only; no interface is made.
@@ -453,10 +465,16 @@ func (x *NetworkPolicy) GetGroup() string {
 // address alone for /32), optionally one port (1-65535; unset = every
 // port) and protocol ("tcp", "udp"; "" = both).
 type NetworkRule struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Cidr          string                 `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
-	Port          *uint32                `protobuf:"varint,2,opt,name=port,proto3,oneof" json:"port,omitempty"`
-	Protocol      string                 `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Cidr     string                 `protobuf:"bytes,1,opt,name=cidr,proto3" json:"cidr,omitempty"`
+	Port     *uint32                `protobuf:"varint,2,opt,name=port,proto3,oneof" json:"port,omitempty"`
+	Protocol string                 `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// host allows a name instead of a CIDR (cidr then empty): "pypi.org",
+	// or "*.pythonhosted.org" for every name under it. The addresses
+	// Warren's resolver answers the sandbox for the name are allowed, each
+	// for its record's TTL (clamped to 30 s .. 1 h); other names are
+	// refused. Unicode names are stored as IDNA A-labels.
+	Host          string `protobuf:"bytes,4,opt,name=host,proto3" json:"host,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -508,6 +526,13 @@ func (x *NetworkRule) GetPort() uint32 {
 func (x *NetworkRule) GetProtocol() string {
 	if x != nil {
 		return x.Protocol
+	}
+	return ""
+}
+
+func (x *NetworkRule) GetHost() string {
+	if x != nil {
+		return x.Host
 	}
 	return ""
 }
@@ -603,8 +628,11 @@ type Sandbox struct {
 	NetworkAddress string `protobuf:"bytes,18,opt,name=network_address,json=networkAddress,proto3" json:"network_address,omitempty"`
 	AllowSetuid    bool   `protobuf:"varint,19,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`    // CreateRequest.allow_setuid
 	NoTrajectory   bool   `protobuf:"varint,30,opt,name=no_trajectory,json=noTrajectory,proto3" json:"no_trajectory,omitempty"` // CreateRequest.no_trajectory
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// It runs in a user namespace: root inside is host id user_id_base.
+	UserNamespace bool   `protobuf:"varint,35,opt,name=user_namespace,json=userNamespace,proto3" json:"user_namespace,omitempty"`
+	UserIdBase    uint32 `protobuf:"varint,36,opt,name=user_id_base,json=userIdBase,proto3" json:"user_id_base,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -775,6 +803,20 @@ func (x *Sandbox) GetNoTrajectory() bool {
 		return x.NoTrajectory
 	}
 	return false
+}
+
+func (x *Sandbox) GetUserNamespace() bool {
+	if x != nil {
+		return x.UserNamespace
+	}
+	return false
+}
+
+func (x *Sandbox) GetUserIdBase() uint32 {
+	if x != nil {
+		return x.UserIdBase
+	}
+	return 0
 }
 
 type GetRequest struct {
@@ -5417,7 +5459,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xb8\x05\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xf7\x05\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -5435,26 +5477,29 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\arlimits\x18\r \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
 	"\anetwork\x18\x0e \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12!\n" +
 	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x12#\n" +
-	"\rno_trajectory\x18\x19 \x01(\bR\fnoTrajectory\x1a6\n" +
+	"\rno_trajectory\x18\x19 \x01(\bR\fnoTrajectory\x12*\n" +
+	"\x0euser_namespace\x18\x10 \x01(\bH\x00R\ruserNamespace\x88\x01\x01\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"g\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
+	"\x0f_user_namespace\"g\n" +
 	"\rNetworkPolicy\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12,\n" +
 	"\x05allow\x18\x02 \x03(\v2\x16.warren.v1.NetworkRuleR\x05allow\x12\x14\n" +
-	"\x05group\x18\x03 \x01(\tR\x05group\"_\n" +
+	"\x05group\x18\x03 \x01(\tR\x05group\"s\n" +
 	"\vNetworkRule\x12\x12\n" +
 	"\x04cidr\x18\x01 \x01(\tR\x04cidr\x12\x17\n" +
 	"\x04port\x18\x02 \x01(\rH\x00R\x04port\x88\x01\x01\x12\x1a\n" +
-	"\bprotocol\x18\x03 \x01(\tR\bprotocolB\a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x12\n" +
+	"\x04host\x18\x04 \x01(\tR\x04hostB\a\n" +
 	"\x05_port\"D\n" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xd0\x06\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\x99\a\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -5477,7 +5522,10 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\anetwork\x18\x11 \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12'\n" +
 	"\x0fnetwork_address\x18\x12 \x01(\tR\x0enetworkAddress\x12!\n" +
 	"\fallow_setuid\x18\x13 \x01(\bR\vallowSetuid\x12#\n" +
-	"\rno_trajectory\x18\x1e \x01(\bR\fnoTrajectory\x1a6\n" +
+	"\rno_trajectory\x18\x1e \x01(\bR\fnoTrajectory\x12%\n" +
+	"\x0euser_namespace\x18# \x01(\bR\ruserNamespace\x12 \n" +
+	"\fuser_id_base\x18$ \x01(\rR\n" +
+	"userIdBase\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -6157,6 +6205,7 @@ func file_warren_v1_warren_proto_init() {
 	if File_warren_v1_warren_proto != nil {
 		return
 	}
+	file_warren_v1_warren_proto_msgTypes[1].OneofWrappers = []any{}
 	file_warren_v1_warren_proto_msgTypes[3].OneofWrappers = []any{}
 	file_warren_v1_warren_proto_msgTypes[12].OneofWrappers = []any{}
 	file_warren_v1_warren_proto_msgTypes[15].OneofWrappers = []any{

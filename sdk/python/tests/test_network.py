@@ -20,6 +20,13 @@ def test_parse_and_spell() -> None:
         warren.NetworkRule(cidr="192.0.2.1"),
     )
     assert str(p) == "allow:10.1.0.0/16:443/tcp,192.0.2.1"
+    p = warren.NetworkPolicy.parse("allow:pypi.org:443/tcp,*.pythonhosted.org,10.0.0.1")
+    assert p.allow == (
+        warren.NetworkRule(host="pypi.org", port=443, protocol="tcp"),
+        warren.NetworkRule(host="*.pythonhosted.org"),
+        warren.NetworkRule(cidr="10.0.0.1"),
+    )
+    assert str(p) == "allow:pypi.org:443/tcp,*.pythonhosted.org,10.0.0.1"
     assert warren.NetworkPolicy.parse("open") == warren.NetworkPolicy(mode="open")
     with pytest.raises(ValueError):
         warren.NetworkPolicy.parse("closed")
@@ -34,6 +41,8 @@ async def test_network_policy_create_update(w: warren.AsyncWarren) -> None:
         assert b"eth0" in r.stdout
         info = await sb.update(network=warren.NetworkPolicy(mode="allowlist", allow=(warren.NetworkRule("198.18.0.0/15", 80, "tcp"),)))
         assert str(info.network) == "allow:198.18.0.0/15:80/tcp"
+        info = await sb.update(network=warren.NetworkPolicy(mode="allowlist", allow=(warren.NetworkRule(host="PyPI.org", port=443),)))
+        assert info.network.allow == (warren.NetworkRule(host="pypi.org", port=443),)
         info = await sb.update(network="none")
         assert info.network.mode == "none" and info.network_address == ""
         r = await sb.exec("cat /proc/net/dev")
@@ -54,6 +63,9 @@ async def test_network_bad_policy_invalid(w: warren.AsyncWarren) -> None:
         ("allow:10.0.0.0/33", "network.allow[0]: cidr"),
         ("allow:10.0.0.0/8:0", "network.allow[0]: port"),
         ("allow:10.0.0.0/8:70000", "network.allow[0]: port"),
+        ("allow:ok.org,bad..name", "network.allow[1]: host"),
+        ("allow:-bad.org:443/tcp", "network.allow[0]: host"),
+        (warren.NetworkPolicy(mode="allowlist", allow=(warren.NetworkRule(host="a" * 64 + ".org"),)), "network.allow[0]: host"),
         (warren.NetworkPolicy(mode="closed"), "network.mode"),
     ):
         with pytest.raises(warren.InvalidError, match=field.replace("[", r"\[").replace("]", r"\]")):

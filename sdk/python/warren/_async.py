@@ -388,6 +388,7 @@ class AsyncWarren:
         user: Optional[str] = None,
         keep_etc: bool = False,
         allow_setuid: bool = False,
+        user_namespace: Optional[bool] = None,
         rlimits: Optional[RlimitsArg] = None,
         network: Optional[NetworkArg] = None,
         call_timeout: Optional[float] = None,
@@ -422,6 +423,10 @@ class AsyncWarren:
                 (``sudo`` as a non-root user of the image): the sandbox's
                 processes run without ``no_new_privs``; the seccomp filter
                 stays. Off by default.
+            user_namespace: run the sandbox in a user namespace, root inside
+                being an unprivileged host id (``True``), or not (``False``);
+                ``None`` takes the node's default (``warren serve --userns``).
+                The image's files must be owned by ids below 65,536.
             rlimits: resource limits of every process, over the defaults of a
                 Debian 12 machine (nofile 1024:524288, stack 8 MiB soft, core 0
                 soft, memlock 8 MiB, the rest mostly unlimited; lowered to the
@@ -472,6 +477,7 @@ class AsyncWarren:
                 user=user,
                 keep_etc=keep_etc,
                 allow_setuid=allow_setuid,
+                user_namespace=user_namespace,
                 rlimits=limits,
                 network=net,
                 call_timeout=call_timeout if call_timeout is not None else self.create_timeout,
@@ -495,6 +501,7 @@ class AsyncWarren:
         user: Optional[str],
         keep_etc: bool,
         allow_setuid: bool,
+        user_namespace: Optional[bool],
         rlimits: Sequence[Rlimit],
         network: Optional[Dict[str, Any]],
         call_timeout: float,
@@ -532,6 +539,8 @@ class AsyncWarren:
             body["keepEtc"] = True
         if allow_setuid:
             body["allowSetuid"] = True
+        if user_namespace is not None:
+            body["userNamespace"] = user_namespace
         if rlimits:
             body["rlimits"] = [r._to_json() for r in rlimits]
         if network is not None:

@@ -178,20 +178,25 @@ def _rlimit_list(rlimits: Optional[RlimitsArg]) -> List[Rlimit]:
 @dataclass(frozen=True)
 class NetworkRule:
     """One destination an ``allowlist`` policy allows: an IPv4 CIDR (or an
-    address alone), optionally one port (1-65535; None = every port) and
-    protocol (``"tcp"``, ``"udp"``; ``""`` = both)."""
+    address alone) or a ``host`` name (``"pypi.org"``, or
+    ``"*.pythonhosted.org"`` for every name under it: the addresses
+    Warren's resolver answers the sandbox for it), optionally one port
+    (1-65535; None = every port) and protocol (``"tcp"``, ``"udp"``;
+    ``""`` = both)."""
 
-    cidr: str
+    cidr: str = ""
     port: Optional[int] = None
     protocol: str = ""
+    host: str = ""
 
     @classmethod
     def _from_json(cls, d: Mapping[str, Any]) -> "NetworkRule":
         port = d.get("port")
-        return cls(cidr=d.get("cidr", ""), port=None if port is None else int(port), protocol=d.get("protocol", ""))
+        return cls(cidr=d.get("cidr", ""), port=None if port is None else int(port), protocol=d.get("protocol", ""),
+                   host=d.get("host", ""))
 
     def _to_json(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"cidr": self.cidr}
+        out: Dict[str, Any] = {"host": self.host} if self.host else {"cidr": self.cidr}
         if self.port is not None:
             out["port"] = int(self.port)
         if self.protocol:
@@ -215,8 +220,9 @@ class NetworkPolicy:
 
     @classmethod
     def parse(cls, s: str) -> "NetworkPolicy":
-        """``"none"``, ``"open"`` or ``"allow:CIDR[:PORT][/tcp|/udp],..."``
-        (as ``warren sandbox create --network``); the daemon validates."""
+        """``"none"``, ``"open"`` or ``"allow:RULE[:PORT][/tcp|/udp],..."``
+        with RULE a CIDR or a host name (as ``warren sandbox create
+        --network``); the daemon validates."""
         if s in ("none", "open", "allowlist"):
             return cls(mode=s)
         if not s.startswith("allow:"):
@@ -229,8 +235,13 @@ class NetworkPolicy:
             head, slash, tail = item.rpartition("/")
             if slash and tail and not tail[0].isdigit():
                 item, proto = head, tail
-            cidr, colon, port = item.partition(":")
-            rules.append(NetworkRule(cidr=cidr, port=int(port) if colon else None, protocol=proto))
+            dest, colon, port = item.partition(":")
+            # A CIDR or address has digits, dots and '/' only; a name has
+            # a letter or a '*'.
+            if any(c == "*" or c.isalpha() for c in dest):
+                rules.append(NetworkRule(host=dest, port=int(port) if colon else None, protocol=proto))
+            else:
+                rules.append(NetworkRule(cidr=dest, port=int(port) if colon else None, protocol=proto))
         return cls(mode="allowlist", allow=tuple(rules))
 
     def __str__(self) -> str:
@@ -238,7 +249,7 @@ class NetworkPolicy:
             return self.mode or "none"
         parts = []
         for r in self.allow:
-            p = r.cidr + (f":{r.port}" if r.port is not None else "") + (f"/{r.protocol}" if r.protocol else "")
+            p = (r.host or r.cidr) + (f":{r.port}" if r.port is not None else "") + (f"/{r.protocol}" if r.protocol else "")
             parts.append(p)
         return "allow:" + ",".join(parts)
 
@@ -298,6 +309,9 @@ class SandboxInfo:
     keep_etc: bool = False
     #: setuid binaries work: created with ``allow_setuid=True``
     allow_setuid: bool = False
+    #: it runs in a user namespace: root inside is host id ``user_id_base``
+    user_namespace: bool = False
+    user_id_base: int = 0
     #: the resource limits every process of the sandbox starts with: all of
     #: them, in the kernel's order (the defaults, or ``create(rlimits=...)``);
     #: empty for sandboxes of daemons before rlimits existed
@@ -347,6 +361,8 @@ class SandboxInfo:
             user=d.get("user", ""),
             keep_etc=bool(d.get("keepEtc", False)),
             allow_setuid=bool(d.get("allowSetuid", False)),
+            user_namespace=bool(d.get("userNamespace", False)),
+            user_id_base=_int(d.get("userIdBase")),
             rlimits=tuple(Rlimit._from_json(x) for x in d.get("rlimits") or ()),
             network=NetworkPolicy._from_json(d.get("network")),
             network_address=d.get("networkAddress", ""),

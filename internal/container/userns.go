@@ -1,0 +1,120 @@
+package container
+
+import (
+	"fmt"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// The user-namespace mode (Spec.UserNS): each such sandbox gets IDsPerSandbox
+// host ids of its own, root inside being the first, from the daemon's range
+// (Options.UserNSIDs). The init stage makes the namespace, mounts the
+// image's layers idmapped through it and joins it last (init_linux.c
+// make_userns); the upper directory keeps host ids (base+N), which
+// IDMap lets file calls (sandboxfs) and commit shift back.
+
+// IDsPerSandbox is the size of a sandbox's id range: every id a Linux
+// image uses (nobody is 65534).
+const IDsPerSandbox = 1 << 16
+
+// DefaultUserNSIDs is the host id range sandboxes take theirs from: 2^30
+// ids from 2^31, 16,384 sandboxes, far above the ids of the node's own
+// users and the usual /etc/subuid ranges (100000 + 65536 per user).
+var DefaultUserNSIDs = IDRange{Start: 1 << 31, Count: 1 << 30}
+
+// IDRange is a range of host ids.
+type IDRange struct {
+	Start, Count uint32
+}
+
+// String is START:COUNT, as warren serve --userns-ids takes it.
+func (r IDRange) String() string { return fmt.Sprintf("%d:%d", r.Start, r.Count) }
+
+// ParseIDRange reads START:COUNT.
+func ParseIDRange(s string) (IDRange, error) {
+	var r IDRange
+	if _, err := fmt.Sscanf(s, "%d:%d", &r.Start, &r.Count); err != nil {
+		return r, errdefs.Invalidf("bad id range %q: want START:COUNT", s)
+	}
+	if r.Start == 0 || r.Count < IDsPerSandbox || uint64(r.Start)+uint64(r.Count) > 1<<32-1 {
+		return r, errdefs.Invalidf("bad id range %q: START above 0, COUNT at least %d, and the range below 2^32-1", s, IDsPerSandbox)
+	}
+	return r, nil
+}
+
+// UserNS is a sandbox's id mapping, as the daemon persists it.
+type UserNS struct {
+	Base uint32 `json:"base"`
+	Size uint32 `json:"size"`
+}
+
+// idPool hands out sandboxes' id ranges: slot i is Start + i*IDsPerSandbox.
+type idPool struct {
+	r    IDRange
+	mu   sync.Mutex
+	used map[uint32]string // base -> sandbox
+	next uint32            // the slot to try first: round robin, so a
+	// freed range is the last taken again (a deleted sandbox's files may
+	// still be on their way out through the reaper).
+}
+
+func newIDPool(r IDRange) *idPool {
+	if r.Count == 0 {
+		r = DefaultUserNSIDs
+	}
+	return &idPool{r: r, used: make(map[uint32]string)}
+}
+
+func (p *idPool) slots() uint32 { return p.r.Count / IDsPerSandbox }
+
+// take returns a free range for sandbox id.
+func (p *idPool) take(id string) (UserNS, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := p.slots()
+	for i := uint32(0); i < n; i++ {
+		slot := (p.next + i) % n
+		base := p.r.Start + slot*IDsPerSandbox
+		if _, busy := p.used[base]; !busy {
+			p.used[base] = id
+			p.next = slot + 1
+			return UserNS{Base: base, Size: IDsPerSandbox}, nil
+		}
+	}
+	return UserNS{}, errdefs.Exhaustedf("no free user-namespace id range: all %d of %s are in use (warren serve --userns-ids)", n, p.r)
+}
+
+// claim marks an adopted sandbox's range as used.
+func (p *idPool) claim(id string, u UserNS) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if other, busy := p.used[u.Base]; busy && other != id {
+		return errdefs.Conflictf("sandbox %s: user-namespace ids %d.. are sandbox %s's", id, u.Base, other)
+	}
+	p.used[u.Base] = id
+	return nil
+}
+
+func (p *idPool) release(id string, u UserNS) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.used[u.Base] == id {
+		delete(p.used, u.Base)
+	}
+}
+
+// shiftOwner gives a file the daemon made in a sandbox's upper directory
+// to the sandbox's ids: host uid/gid N becomes base+N.
+func shiftOwner(path string, u *UserNS, uid, gid int) error {
+	if u == nil {
+		return nil
+	}
+	if err := unix.Lchown(path, int(u.Base)+uid, int(u.Base)+gid); err != nil {
+		return fsErr(&os.PathError{Op: "chown", Path: path, Err: err}, "sandbox upper directory")
+	}
+	return nil
+}

@@ -1,0 +1,325 @@
+package e2e
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/vishvananda/netns"
+
+	"github.com/warrenrl/warren/client"
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/testutil"
+)
+
+// DNS tests: the upstream is a miekg/dns server on a test host (a network
+// namespace the test makes), given to the daemon with --dns-upstream;
+// the names it serves are under warren.test, which resolves nowhere else.
+
+// testDNS is an upstream nameserver whose records the test changes.
+type testDNS struct {
+	addr string // ip:53
+	mu   sync.Mutex
+	a    map[string][]netip.Addr // fqdn -> A records, TTL 1
+}
+
+func (d *testDNS) set(name string, addrs ...netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.a[dns.Fqdn(name)] = addrs
+}
+
+func newTestDNS(t *testing.T, ns netns.NsHandle, ip netip.Addr) *testDNS {
+	t.Helper()
+	d := &testDNS{addr: netip.AddrPortFrom(ip, 53).String(), a: map[string][]netip.Addr{}}
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		qn := q.Question[0]
+		d.mu.Lock()
+		addrs, ok := d.a[strings.ToLower(qn.Name)]
+		d.mu.Unlock()
+		if !ok {
+			m.Rcode = dns.RcodeNameError
+		}
+		if qn.Qtype == dns.TypeA {
+			for _, a := range addrs {
+				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: qn.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 1}, A: a.AsSlice()})
+			}
+		}
+		if _, udp := w.RemoteAddr().(*net.UDPAddr); udp {
+			size := dns.MinMsgSize
+			if o := q.IsEdns0(); o != nil {
+				size = int(o.UDPSize())
+			}
+			m.Truncate(size)
+		}
+		_ = w.WriteMsg(m)
+	})
+	var pc net.PacketConn
+	testutil.InNetns(t, ns, func() (err error) {
+		pc, err = net.ListenPacket("udp4", d.addr)
+		return err
+	})
+	ln := testutil.Listen(t, ns, d.addr)
+	us, ts := &dns.Server{PacketConn: pc, Handler: h}, &dns.Server{Listener: ln, Handler: h}
+	go func() { _ = us.ActivateAndServe() }()
+	go func() { _ = ts.ActivateAndServe() }()
+	t.Cleanup(func() { _ = us.Shutdown(); _ = ts.Shutdown() })
+	return d
+}
+
+func hostRule(host string, port int, proto string) *warrenv1.NetworkRule {
+	r := rule("", port, proto)
+	r.Host = host
+	return r
+}
+
+var nsAddrRE = regexp.MustCompile(`(?m)^Address:\s*([0-9.]+)\s*$`)
+
+// lookup resolves name in sandbox id with busybox nslookup (its own DNS
+// client, through /etc/resolv.conf): the IPv4 addresses, and whether it
+// succeeded.
+func (e *env) lookup(id, name string) ([]string, bool) {
+	e.t.Helper()
+	res := e.sh(id, "nslookup -type=a "+name)
+	var out []string
+	for _, m := range nsAddrRE.FindAllStringSubmatch(string(res.Stdout), -1) {
+		out = append(out, m[1])
+	}
+	return out, res.ExitCode == 0 && len(out) > 0
+}
+
+// TestDNSAllowlistFollowsNames: an allowlisted sandbox resolves a name
+// its rules allow through Warren's resolver and reaches the address it
+// was answered, and nothing else; a name not on the list is REFUSED
+// (a dns_refused event) and its address unreachable; when the upstream
+// moves the name, the next resolution allows the new address; a phase
+// without the name removes what it allowed and refuses the name; a
+// restarted daemon's resolver answers the adopted sandbox; the
+// sandbox's DNS reaches nothing else of the node (the resolver's own
+// port at the gateway is refused).
+func TestDNSAllowlistFollowsNames(t *testing.T) {
+	t.Parallel()
+	th1, th2 := testutil.NewTestHost(t), testutil.NewTestHost(t)
+	p1 := httpHost(t, th1.NS, th1.Addr.String()+":0", "one")
+	p2 := httpHost(t, th2.NS, th2.Addr.String()+":0", "two")
+	up := newTestDNS(t, th1.NS, th1.Addr)
+	up.set("svc.warren.test", th1.Addr)
+	up.set("other.warren.test", th2.Addr)
+	e := newEnv(t, envOptions{serveArgs: []string{"--dns-upstream", up.addr}})
+	ctx := ctxFor(t, 3*time.Minute)
+	e.create(&warrenv1.CreateRequest{Id: "al", Network: policy("allowlist", hostRule("svc.warren.test", 0, "tcp"))})
+	gw := e.gateway("al")
+	if conf := e.shOK("al", "cat /etc/resolv.conf"); !strings.Contains(conf, "nameserver "+gw+"\n") {
+		t.Errorf("allowlist sandbox's resolv.conf does not name its gateway %s:\n%s", gw, conf)
+	}
+	if _, ok := e.fetch("al", th1.Addr.String(), p1); ok {
+		t.Fatal("a name rule's address is reachable before the sandbox resolved the name")
+	}
+	addrs, ok := e.lookup("al", "svc.warren.test")
+	if !ok || len(addrs) != 1 || addrs[0] != th1.Addr.String() {
+		t.Fatalf("svc.warren.test resolved to %v (ok %v), want [%s]", addrs, ok, th1.Addr)
+	}
+	if body, ok := e.fetch("al", th1.Addr.String(), p1); !ok || body != "hello one\n" {
+		t.Fatalf("the resolved address is unreachable: %q", body)
+	}
+	// A name off the list: refused, an event, its address unreachable.
+	if addrs, ok := e.lookup("al", "other.warren.test"); ok {
+		t.Errorf("other.warren.test resolved to %v in an allowlist without it", addrs)
+	}
+	ev := e.waitEvent("al", "dns_refused", 5*time.Second)
+	if !strings.Contains(ev.Detail, "other.warren.test") {
+		t.Errorf("dns_refused event %q does not name the name", ev.Detail)
+	}
+	if _, ok := e.fetch("al", th2.Addr.String(), p2); ok {
+		t.Error("a name off the list: its address is reachable")
+	}
+	// The upstream moves the name (TTL 1): the next answer is the new
+	// address, which is then reachable.
+	up.set("svc.warren.test", th2.Addr)
+	if addrs, ok := e.lookup("al", "svc.warren.test"); !ok || len(addrs) != 1 || addrs[0] != th2.Addr.String() {
+		t.Fatalf("after the move svc.warren.test resolved to %v, want [%s]", addrs, th2.Addr)
+	}
+	if body, ok := e.fetch("al", th2.Addr.String(), p2); !ok || body != "hello two\n" {
+		t.Errorf("the name's new address is unreachable: %q", body)
+	}
+	// DNS is no way into the node: the resolver's own port at the
+	// gateway, and another port, are refused.
+	port := e.resolverPort()
+	for _, p := range []string{port, "22", "7070"} {
+		if res := e.sh("al", "nc -w 2 "+gw+" "+p+" </dev/null"); res.ExitCode == 0 {
+			t.Errorf("the sandbox connects to its gateway's port %s", p)
+		}
+	}
+	if res := e.sh("al", "nc -w 2 "+gw+" 53 </dev/null"); res.ExitCode != 0 {
+		t.Errorf("TCP to the gateway's port 53 (the resolver) refused: %s", res.Stderr)
+	}
+	// A restarted daemon adopts the sandbox, and its resolver (a new
+	// port) answers it.
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	if addrs, ok := e.lookup("al", "svc.warren.test"); !ok || len(addrs) != 1 {
+		t.Errorf("after a daemon restart svc.warren.test resolved to %v", addrs)
+	}
+	// A phase without the name: refused, its addresses no longer
+	// allowed, established or not.
+	if _, err := e.c.Update(ctx, "al", client.SandboxUpdate{Network: policy("allowlist", rule("192.0.2.1", 0, ""))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := e.fetch("al", th2.Addr.String(), p2); ok {
+		t.Error("after a phase without the name its address is reachable")
+	}
+	if addrs, ok := e.lookup("al", "svc.warren.test"); ok {
+		t.Errorf("after a phase without the name it resolves to %v", addrs)
+	}
+	if err := e.c.Delete(ctx, "al"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ids, err := e.net.Leftovers(); err != nil || len(ids) != 0 {
+		t.Errorf("nftables state left after delete: %v %v", ids, err)
+	}
+}
+
+// TestDNSModesAndGroups: an open sandbox resolves any name (AAAA empty
+// at once); a mode-none sandbox has no nameserver; --keep-etc keeps the
+// image's (here: none); group members resolve each other's hostnames
+// and ids to their group addresses, and a sandbox outside the group
+// cannot.
+func TestDNSModesAndGroups(t *testing.T) {
+	t.Parallel()
+	th := testutil.NewTestHost(t)
+	up := newTestDNS(t, th.NS, th.Addr)
+	up.set("any.warren.test", netip.MustParseAddr("192.0.2.7"))
+	e := newEnv(t, envOptions{serveArgs: []string{"--dns-upstream", up.addr}})
+	e.create(&warrenv1.CreateRequest{Id: "op", Network: policy("open")})
+	e.create(&warrenv1.CreateRequest{Id: "no"})
+	e.create(&warrenv1.CreateRequest{Id: "ke", Network: policy("open"), KeepEtc: true})
+	if addrs, ok := e.lookup("op", "any.warren.test"); !ok || len(addrs) != 1 || addrs[0] != "192.0.2.7" {
+		t.Errorf("open sandbox: any.warren.test resolved to %v", addrs)
+	}
+	start := time.Now()
+	res := e.sh("op", "nslookup -type=aaaa any.warren.test")
+	if strings.Contains(string(res.Stdout), "Address:") && strings.Count(string(res.Stdout), "Address:") > 1 || time.Since(start) > time.Second {
+		t.Errorf("AAAA: %q after %v, want no address at once", res.Stdout, time.Since(start))
+	}
+	if conf := e.shOK("no", "cat /etc/resolv.conf"); strings.Contains(conf, "nameserver") {
+		t.Errorf("mode none's resolv.conf names a nameserver:\n%s", conf)
+	}
+	if res := e.sh("ke", "cat /etc/resolv.conf"); res.ExitCode == 0 {
+		t.Errorf("--keep-etc: the image has no resolv.conf, the sandbox has %q", res.Stdout)
+	}
+	e.create(&warrenv1.CreateRequest{Id: "m1", Hostname: "db", Network: &warrenv1.NetworkPolicy{Mode: "none", Group: "g"}})
+	e.create(&warrenv1.CreateRequest{Id: "m2", Network: &warrenv1.NetworkPolicy{Mode: "allowlist", Group: "g"}})
+	e.create(&warrenv1.CreateRequest{Id: "outsider", Network: policy("open")})
+	m1 := e.sb("m1").NetworkAddress
+	for _, name := range []string{"db", "m1"} {
+		if addrs, ok := e.lookup("m2", name); !ok || len(addrs) != 1 || addrs[0] != m1 {
+			t.Errorf("member m2 resolves %s to %v, want [%s]", name, addrs, m1)
+		}
+	}
+	if addrs, ok := e.lookup("m1", "m2"); !ok || len(addrs) != 1 || addrs[0] != e.sb("m2").NetworkAddress {
+		t.Errorf("member m1 (mode none) resolves m2 to %v", addrs)
+	}
+	if conf := e.shOK("m1", "cat /etc/resolv.conf"); !strings.Contains(conf, "nameserver") {
+		t.Errorf("a group member in mode none has no nameserver:\n%s", conf)
+	}
+	for _, name := range []string{"db", "m1"} {
+		if addrs, ok := e.lookup("outsider", name); ok {
+			t.Errorf("a sandbox outside the group resolves %s to %v", name, addrs)
+		}
+	}
+	if addrs, ok := e.lookup("m1", "any.warren.test"); ok {
+		t.Errorf("a group member in mode none resolves an outside name: %v", addrs)
+	}
+}
+
+// debianRoot is the Debian bookworm tree the fidelity suite caches
+// (test/fidelity), which has glibc's getent and python3; "" without it.
+func debianRoot() string {
+	dirs, _ := filepath.Glob("/var/cache/warren/fidelity/*/rootfs.done")
+	for _, d := range dirs {
+		root := filepath.Join(filepath.Dir(d), "rootfs")
+		if _, err := os.Stat(filepath.Join(root, "usr/bin/python3")); err == nil {
+			return root
+		}
+	}
+	return ""
+}
+
+// TestDNSGlibcAndPython: glibc's resolver (getent) and Python's
+// socket module resolve an allowed name through Warren's resolver (AAAA
+// answered empty, so getaddrinfo's A+AAAA pair returns at once) and
+// Python connects to the address it got.
+func TestDNSGlibcAndPython(t *testing.T) {
+	t.Parallel()
+	root := debianRoot()
+	if root == "" {
+		t.Skip("no Debian tree with python3 cached: run test/fidelity once (it debootstraps one)")
+	}
+	th := testutil.NewTestHost(t)
+	p := httpHost(t, th.NS, th.Addr.String()+":0", "py")
+	up := newTestDNS(t, th.NS, th.Addr)
+	up.set("py.warren.test", th.Addr)
+	// Too many records for a UDP answer: TC, then TCP, both to the
+	// upstream and from the sandbox.
+	var big []netip.Addr
+	for i := range 100 {
+		big = append(big, netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)}))
+	}
+	up.set("big.warren.test", big...)
+	e := newEnv(t, envOptions{serveArgs: []string{"--dns-upstream", up.addr}})
+	if _, err := e.c.ImportImage(ctxFor(t, 5*time.Minute), "deb", root); err != nil {
+		t.Fatal(err)
+	}
+	e.create(&warrenv1.CreateRequest{Id: "py", Image: "deb", Network: policy("allowlist", hostRule("py.warren.test", p, "tcp"), hostRule("*.warren.test", 443, "tcp"))})
+	out := e.shOK("py", "getent ahostsv4 py.warren.test | head -1")
+	if !strings.HasPrefix(out, th.Addr.String()) {
+		t.Errorf("getent: %q, want %s", out, th.Addr)
+	}
+	script := fmt.Sprintf(`import socket, time
+t = time.monotonic()
+infos = socket.getaddrinfo("py.warren.test", %d, type=socket.SOCK_STREAM)
+took = time.monotonic() - t
+s = socket.create_connection(("py.warren.test", %d), timeout=3)
+s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+print(sorted({i[4][0] for i in infos}), round(took, 3), s.recv(4096).split(b"\r\n\r\n", 1)[1].decode().strip())
+`, p, p)
+	res := e.sh("py", "python3 -c '"+script+"'")
+	want := fmt.Sprintf("['%s']", th.Addr)
+	if res.ExitCode != 0 || !strings.HasPrefix(string(res.Stdout), want) || !strings.HasSuffix(strings.TrimSpace(string(res.Stdout)), "hello py") {
+		t.Errorf("python: exit %d, %q %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if res := e.sh("py", "getent hosts not-allowed.example"); res.ExitCode == 0 {
+		t.Errorf("getent resolved a name off the allowlist: %q", res.Stdout)
+	}
+	if n := strings.TrimSpace(e.shOK("py", "getent ahostsv4 big.warren.test | awk '{print $1}' | sort -u | wc -l")); n != "100" {
+		t.Errorf("a 100-record answer (TCP) gave %s addresses", n)
+	}
+	if got, err := e.net.ResolvedAddrs("py", "*.warren.test"); err != nil || len(got) != 101 {
+		t.Errorf("the wildcard rule allows %d addresses (%v), want 100 of big and py's", len(got), err)
+	}
+}
+
+var resolverPortRE = regexp.MustCompile(`resolver for sandboxes started.*port=(\d+)`)
+
+// resolverPort is the port the daemon's resolver listens on, from its
+// log (the latest start).
+func (e *env) resolverPort() string {
+	e.t.Helper()
+	m := resolverPortRE.FindAllStringSubmatch(e.logTail(10000), -1)
+	if len(m) == 0 {
+		e.t.Fatalf("no resolver in the daemon's log:\n%s", e.logTail(30))
+	}
+	return m[len(m)-1][1]
+}
