@@ -37,9 +37,9 @@ var HardeningFeatures = map[string][2][]string{
 type HardeningReport struct {
 	Feature string           `json:"feature"`
 	Cycles  int              `json:"cycles"`
-	Rows   []HardeningRow   `json:"rows"`
-	Sys    HardeningSyscall `json:"syscalls"`
-	Notes  []string         `json:"notes,omitempty"`
+	Rows    []HardeningRow   `json:"rows"`
+	Sys     HardeningSyscall `json:"syscalls"`
+	Notes   []string         `json:"notes,omitempty"`
 }
 
 // HardeningRow is one latency with the filter and without it.
