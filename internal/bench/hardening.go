@@ -28,7 +28,7 @@ type HardeningConfig struct {
 // `warren serve` flags of the daemon with it and of the one without.
 var HardeningFeatures = map[string][2][]string{
 	"seccomp": {nil, {"--seccomp=false"}},
-	"userns":  {{"--userns"}, nil},
+	"userns":  {{"--userns"}, {"--userns=false"}},
 }
 
 // HardeningReport compares a daemon with the default hardening (seccomp
