@@ -28,7 +28,7 @@ type HardeningConfig struct {
 // `warren serve` flags of the daemon with it and of the one without.
 var HardeningFeatures = map[string][2][]string{
 	"seccomp": {nil, {"--seccomp=false"}},
-	"userns":  {{"--userns"}, nil},
+	"userns":  {{"--userns"}, {"--userns=false"}},
 }
 
 // HardeningReport compares a daemon with the default hardening (seccomp
@@ -37,9 +37,9 @@ var HardeningFeatures = map[string][2][]string{
 type HardeningReport struct {
 	Feature string           `json:"feature"`
 	Cycles  int              `json:"cycles"`
-	Rows   []HardeningRow   `json:"rows"`
-	Sys    HardeningSyscall `json:"syscalls"`
-	Notes  []string         `json:"notes,omitempty"`
+	Rows    []HardeningRow   `json:"rows"`
+	Sys     HardeningSyscall `json:"syscalls"`
+	Notes   []string         `json:"notes,omitempty"`
 }
 
 // HardeningRow is one latency with the filter and without it.

@@ -155,7 +155,7 @@ func newCreateCommand() *cobra.Command {
 	f.StringArrayVar(&ulimits, "ulimit", nil, "resource limit of the sandbox's processes NAME=SOFT[:HARD], e.g. nofile=1024:4096, core=unlimited (repeatable; default: Debian 12's, shown by sandbox get)")
 	f.BoolVar(&req.NoTrajectory, "no-trajectory", false, "record no trajectory log for this sandbox (its execs and file writes skip the log's fdatasync; calls with a seq are refused)")
 	f.BoolVar(&req.AllowSetuid, "allow-setuid", false, "let setuid binaries and file capabilities work in the sandbox (sudo as a non-root user): its processes run without no_new_privs; the seccomp filter stays")
-	f.BoolVar(&userns, "userns", false, "run the sandbox in a user namespace: root inside is an unprivileged host id (default: the node's, warren serve --userns); the image's files must have ids below 65536")
+	f.BoolVar(&userns, "userns", false, "run the sandbox in a user namespace, root inside being an unprivileged host id (default: the node's, warren serve --userns, on unless the image has files of ids above 65535); --userns=false for one without")
 	f.BoolVar(&req.KeepEtc, "keep-etc", false, "keep the image's /etc/hosts, /etc/hostname and /etc/resolv.conf instead of the sandbox's own")
 	f.StringVar(&user, "user", "", "who commands run as when they name no user: name, uid or uid:gid (default: the image's user, else root)")
 	f.StringVar(&network, "network", "", networkFlagHelp+" (default: none)")

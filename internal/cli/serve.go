@@ -99,7 +99,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.networkSubnet, "network-subnet", netpolicy.DefaultSubnet.String(), "IPv4 subnet (/16 to /30) sandboxes with a network (open, allowlist) take a /31 of each; give each daemon on a host its own")
 	f.BoolVar(&o.cpuAffinity, "cpu-affinity", true, "run a sandbox with a CPU quota on as many of the node's CPUs as its quota (rounded up), the least used ones, and show it that many (nproc, os.cpu_count, /proc/cpuinfo); false leaves every sandbox on all CPUs, seeing all")
 	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
-	f.BoolVar(&o.userns, "userns", false, "create sandboxes in a user namespace unless a request says otherwise (create --userns): root inside is an unprivileged host id")
+	f.BoolVar(&o.userns, "userns", true, "create sandboxes in a user namespace (root inside is an unprivileged host id) unless the request says otherwise (create --userns=false) or the image has files owned by ids above 65535; false makes sandboxes without one the default")
 	f.StringVar(&o.usernsIDs, "userns-ids", container.DefaultUserNSIDs.String(), "host ids START:COUNT that user-namespace sandboxes take 65,536 each of; give each daemon on a host its own")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -265,6 +265,12 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	subnet, err := netip.ParsePrefix(o.networkSubnet)
 	if err != nil {
 		return fmt.Errorf("--network-subnet: %w", err)
+	}
+	if o.userns {
+		if err := container.UserNSSupported(); err != nil {
+			log.Warn("sandboxes run without user namespaces by default", "reason", err)
+			o.userns = false
+		}
 	}
 	idRange, err := container.ParseIDRange(o.usernsIDs)
 	if err != nil {

@@ -163,12 +163,11 @@ static int open_dir(const char *dir)
 static int userns_fd = -1;
 static unsigned long userns_base;
 /* Closing a detached mount unmounts it, which waits for an RCU grace
- * period (~0.2 ms each here), and reaping the namespace's holder costs
- * too: both wait until the daemon has been told the sandbox is up
- * (finish_userns). */
+ * period (~0.2 ms each here): the namespace's holder closes them once
+ * the sandbox is up, while PID 1 serves (finish_userns). */
 static int idmapped_fds[128];
 static size_t n_idmapped;
-static pid_t userns_holder;
+static int holder_go[2] = {-1, -1}; /* closing [1] lets the holder finish */
 
 #ifndef SYS_open_tree
 #define SYS_open_tree 428
@@ -467,14 +466,23 @@ static void close_all_from(unsigned first)
 /* The child that makes the user namespace: it opens its own /proc
  * directory into the fd table it shares with us (the host's /proc names
  * it by its host pid, which we cannot know from inside our pid
- * namespace), says which fd, and waits to be killed. */
+ * namespace) and says which fd. It then holds the namespace until we
+ * close holder_go[1] (finish_userns), closes the idmapped layer mounts
+ * (in the table and memory it shares with us: the unmounts' waits are
+ * its, not PID 1's) and exits; the agent reaps it as an orphan. Only it
+ * closes holder_go[0] and those fds, so no number it closes can have
+ * been reused. */
 static int userns_child(void *arg)
 {
 	int fd = open("/proc/self", O_PATH | O_DIRECTORY | O_CLOEXEC);
 	(void)!write(*(int *)arg, &fd, sizeof fd);
-	for (;;)
-		pause();
-	return 0;
+	char c;
+	while (read(holder_go[0], &c, 1) < 0 && errno == EINTR)
+		;
+	close(holder_go[0]);
+	for (size_t i = 0; i < n_idmapped; i++)
+		close(idmapped_fds[i]);
+	_exit(0);
 }
 
 static void write_map(int procfd, const char *file, const char *map)
@@ -502,7 +510,7 @@ static void make_userns(const char *spec)
 	char map[64];
 	snprintf(map, sizeof map, "0 %lu %lu\n", userns_base, size);
 	int p[2];
-	if (pipe2(p, O_CLOEXEC) < 0)
+	if (pipe2(p, O_CLOEXEC) < 0 || pipe2(holder_go, O_CLOEXEC) < 0)
 		die("pipe", "user namespace");
 	pid_t child = clone(userns_child, sharer_stack + sizeof sharer_stack,
 			    CLONE_VM | CLONE_FILES | CLONE_NEWUSER | SIGCHLD, &p[1]);
@@ -513,7 +521,7 @@ static void make_userns(const char *spec)
 	while ((n = read(p[0], &procfd, sizeof procfd)) < 0 && errno == EINTR)
 		;
 	if (n != sizeof procfd || procfd < 0) {
-		kill(child, SIGKILL);
+		kill(child, SIGKILL); /* our exit takes the pid namespace anyway */
 		errno = n < 0 ? errno : EIO;
 		die("open", "user namespace child's /proc");
 	}
@@ -525,20 +533,14 @@ static void make_userns(const char *spec)
 	close(procfd);
 	close(p[0]);
 	close(p[1]);
-	userns_holder = child;
 }
 
-/* What make_userns and mount_overlay left for after the sandbox is up. */
+/* Lets the holder close what make_userns and mount_overlay left open,
+ * once the sandbox is up. */
 static void finish_userns(void)
 {
-	for (size_t i = 0; i < n_idmapped; i++)
-		close(idmapped_fds[i]);
-	if (userns_holder > 0) {
-		kill(userns_holder, SIGKILL);
-		while (waitpid(userns_holder, NULL, 0) < 0 && errno == EINTR)
-			;
-		madvise(sharer_stack, sizeof sharer_stack, MADV_DONTNEED);
-	}
+	if (holder_go[1] >= 0)
+		close(holder_go[1]);
 }
 
 /* Joins the sandbox's user namespace as root there (host id BASE): last,

@@ -118,3 +118,23 @@ func shiftOwner(path string, u *UserNS, uid, gid int) error {
 	}
 	return nil
 }
+
+// UserNSSupported says whether this kernel can run sandboxes in user
+// namespaces as the init stage builds them: idmapped mounts (5.12) of the
+// layers' filesystems, and overlayfs taking detached mounts as layers
+// (6.15). On an older kernel the daemon leaves the mode off by default.
+func UserNSSupported() error {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return err
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	var major, minor int
+	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil {
+		return fmt.Errorf("kernel release %q: %w", rel, err)
+	}
+	if major < 6 || major == 6 && minor < 15 {
+		return errdefs.Unsupportedf("kernel %s: sandboxes in user namespaces need Linux 6.15 (overlayfs layers from detached idmapped mounts)", rel)
+	}
+	return nil
+}
