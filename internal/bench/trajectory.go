@@ -161,7 +161,7 @@ func (r *TrajectoryReport) Table(w io.Writer) error {
 	t.add("record, total ms", ms(r.RecordMs))
 	t.add("replay of the whole log, total ms (median)", ms(r.ReplayMedian)+fmt.Sprintf(" (target <= %g)", r.TargetMs))
 	t.add("replay totals ms", fmt.Sprint(r.ReplayTotalMs))
-	t.add("replayed call p50 / p99 ms", ms(r.ReplayCallP50)+" / "+ms(r.ReplayCallP99))
+	t.add("replayed call p50 / p99 µs", fmt.Sprintf("%.1f / %.1f", r.ReplayCallP50*1000, r.ReplayCallP99*1000))
 	t.add("server replay, total ms (median)", ms(r.ServerReplayMedian))
 	t.add("server replay totals ms", fmt.Sprint(r.ServerReplayTotalMs))
 	t.add("log bytes", strconv.FormatInt(r.LogBytes, 10))

@@ -79,6 +79,12 @@ type Config struct {
 	// A full log refuses calls that carry a seq and runs the others
 	// unrecorded.
 	TrajectoryMaxBytes int64
+	// TrajectoryNoSync writes outcomes to the log without fdatasync
+	// before they are returned: they survive a daemon crash or restart
+	// (the page cache), not a machine crash, which the running sandbox
+	// and its unsynced writable layer do not survive either. Saves the
+	// fdatasync per exec and file write (docs/BENCHMARKS.md).
+	TrajectoryNoSync bool
 	// NoTrajectory records no trajectory log (calls with a seq or a
 	// session are then Unsupported).
 	NoTrajectory bool

@@ -35,6 +35,7 @@ const maxSessionID = 256
 type trajLogs struct {
 	dir      string
 	maxBytes int64
+	noSync   bool
 	off      bool
 
 	mu     sync.Mutex
@@ -47,7 +48,7 @@ type trajLogs struct {
 }
 
 func newTrajLogs(cfg Config) (*trajLogs, error) {
-	t := &trajLogs{dir: filepath.Join(cfg.StateDir, trajDirName), maxBytes: cfg.TrajectoryMaxBytes, off: cfg.NoTrajectory, logs: map[string]*trajectory.Log{}}
+	t := &trajLogs{dir: filepath.Join(cfg.StateDir, trajDirName), maxBytes: cfg.TrajectoryMaxBytes, noSync: cfg.TrajectoryNoSync, off: cfg.NoTrajectory, logs: map[string]*trajectory.Log{}}
 	if t.maxBytes == 0 {
 		t.maxBytes = DefaultTrajectoryMaxBytes
 	}
@@ -68,7 +69,7 @@ func (t *trajLogs) get(s *sandbox) (*trajectory.Log, error) {
 	if l := t.logs[s.id]; l != nil {
 		return l, nil
 	}
-	l, err := trajectory.Open(t.path(s.id), t.maxBytes)
+	l, err := trajectory.Open(t.path(s.id), trajectory.Options{MaxBytes: t.maxBytes, NoSync: t.noSync})
 	if err != nil {
 		return nil, err
 	}
@@ -81,6 +82,21 @@ func (t *trajLogs) get(s *sandbox) (*trajectory.Log, error) {
 	}
 	t.logs[s.id] = l
 	return l, nil
+}
+
+// sync makes a sandbox's recorded outcomes durable. With
+// Config.TrajectoryNoSync, whatever saves a sandbox's state to disk
+// (checkpoint, hibernate) must call it first, so that its log is as
+// durable as the state it describes. A log not open has nothing unsynced
+// from this daemon.
+func (t *trajLogs) sync(id string) error {
+	t.mu.Lock()
+	l := t.logs[id]
+	t.mu.Unlock()
+	if l == nil {
+		return nil
+	}
+	return l.Sync()
 }
 
 // remove deletes a sandbox's log, open or not.

@@ -323,3 +323,24 @@ func TestTrajectoryIdempotentRetryIsOneStep(t *testing.T) {
 		t.Fatalf("log %v %v", page, err)
 	}
 }
+
+// Without fdatasync the outcomes are still written before they are
+// returned: a daemon restart replays them, and sync makes them durable.
+func TestTrajectoryNoSyncSurvivesDaemonRestart(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.TrajectoryNoSync = true })
+	e.create(&warrenv1.CreateRequest{Id: "nosync"})
+	if n := rollout(t, e.m, "nosync", "s", 2); n != 0 {
+		t.Fatalf("first run replayed %d", n)
+	}
+	if err := e.m.traj.sync("nosync"); err != nil {
+		t.Fatal(err)
+	}
+	e.stop()
+	e.start()
+	if n := rollout(t, e.m, "nosync", "s", 3); n != 4 {
+		t.Fatalf("after restart replayed %d, want 4", n)
+	}
+	if res := e.sh("nosync", "cat /work/log"); string(res.GetStdout()) != "line-0\nline-1\nline-2\n" {
+		t.Fatalf("file %q", res.GetStdout())
+	}
+}

@@ -10,7 +10,7 @@ import (
 
 // BenchmarkRecord is one live step: begin frame, end frame, fdatasync.
 func BenchmarkRecord(b *testing.B) {
-	l, err := Open(filepath.Join(b.TempDir(), "sb.log"), 0)
+	l, err := Open(filepath.Join(b.TempDir(), "sb.log"), Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -31,7 +31,7 @@ func BenchmarkRecord(b *testing.B) {
 
 // BenchmarkReplay is one replayed step.
 func BenchmarkReplay(b *testing.B) {
-	l, err := Open(filepath.Join(b.TempDir(), "sb.log"), 0)
+	l, err := Open(filepath.Join(b.TempDir(), "sb.log"), Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

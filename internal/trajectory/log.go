@@ -89,6 +89,7 @@ type session struct {
 type Log struct {
 	path     string
 	maxBytes int64
+	noSync   bool
 
 	mu         sync.Mutex
 	f          *os.File
@@ -101,15 +102,25 @@ type Log struct {
 	sync groupSync
 }
 
-// Open opens (creating when needed) the log at path. maxBytes caps the
-// file (0: no cap): a call that would start past it is refused (with a
-// seq) or runs unrecorded (without one).
-func Open(path string, maxBytes int64) (*Log, error) {
+// Options configure a Log.
+type Options struct {
+	// MaxBytes caps the file (0: no cap): a call that would start past it
+	// is refused (with a seq) or runs unrecorded (without one).
+	MaxBytes int64
+	// NoSync leaves outcomes in the page cache when Finish returns
+	// (written, not fdatasync'ed): they survive a daemon crash, not a
+	// machine crash. Sync makes them durable (before a checkpoint).
+	NoSync bool
+}
+
+// Open opens (creating when needed) the log at path.
+func Open(path string, o Options) (*Log, error) {
+	maxBytes := o.MaxBytes
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "open trajectory log")
 	}
-	l := &Log{path: path, maxBytes: maxBytes, f: f, sessions: map[string]*session{}}
+	l := &Log{path: path, maxBytes: maxBytes, noSync: o.NoSync, f: f, sessions: map[string]*session{}}
 	l.sync.f = f
 	if err := l.load(); err != nil {
 		_ = f.Close()
@@ -400,11 +411,14 @@ func (t *Ticket) Finish(res *warrenv1.ExecResult, callErr error, notRun bool, la
 	}
 	close(st.done)
 	l.mu.Unlock()
-	if err != nil {
+	if err != nil || l.noSync {
 		return err
 	}
 	return l.sync.sync()
 }
+
+// Sync makes every outcome recorded so far durable.
+func (l *Log) Sync() error { return l.sync.sync() }
 
 // Abandon ends a live step that never started and must leave no trace in
 // the outcome (used when the call failed before it reached the sandbox):

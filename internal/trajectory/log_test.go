@@ -37,7 +37,7 @@ func run(t *testing.T, l *Log, c Call, out string) uint64 {
 // across a reopen of the file; a step past the end runs live.
 func TestReplayMatchesAndRefusesMismatch(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sb.log")
-	l, err := Open(path, 0)
+	l, err := Open(path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestReplayMatchesAndRefusesMismatch(t *testing.T) {
 		}
 	}
 	l.Close()
-	if l, err = Open(path, 0); err != nil {
+	if l, err = Open(path, Options{}); err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
@@ -75,7 +75,7 @@ func TestReplayMatchesAndRefusesMismatch(t *testing.T) {
 // A payload (stdin, file content) takes part in the match through its
 // digest, and is not kept in the entry.
 func TestPayloadDigest(t *testing.T) {
-	l, err := Open(filepath.Join(t.TempDir(), "sb.log"), 0)
+	l, err := Open(filepath.Join(t.TempDir(), "sb.log"), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestPayloadDigest(t *testing.T) {
 // is neither replayed nor run again; a torn frame at the tail is cut.
 func TestInterruptedStepAndTornTail(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sb.log")
-	l, err := Open(path, 0)
+	l, err := Open(path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestInterruptedStepAndTornTail(t *testing.T) {
 	f.Close()
 	before, _ := os.Stat(path)
 
-	l, err = Open(path, 0)
+	l, err = Open(path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestInterruptedStepAndTornTail(t *testing.T) {
 
 // A step refused before it ran is run again, and superseded.
 func TestNotRunStepRunsAgain(t *testing.T) {
-	l, err := Open(filepath.Join(t.TempDir(), "sb.log"), 0)
+	l, err := Open(filepath.Join(t.TempDir(), "sb.log"), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestNotRunStepRunsAgain(t *testing.T) {
 
 // A recorded error is replayed with its category.
 func TestErrorReplayed(t *testing.T) {
-	l, err := Open(filepath.Join(t.TempDir(), "sb.log"), 0)
+	l, err := Open(filepath.Join(t.TempDir(), "sb.log"), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestErrorReplayed(t *testing.T) {
 
 // The cap refuses a numbered step and runs an unnumbered one unrecorded.
 func TestCap(t *testing.T) {
-	l, err := Open(filepath.Join(t.TempDir(), "sb.log"), 100)
+	l, err := Open(filepath.Join(t.TempDir(), "sb.log"), Options{MaxBytes: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +202,7 @@ func TestCap(t *testing.T) {
 // Concurrent steps record once each; a call with the seq of a running
 // step waits and replays it.
 func TestConcurrentSteps(t *testing.T) {
-	l, err := Open(filepath.Join(t.TempDir(), "sb.log"), 0)
+	l, err := Open(filepath.Join(t.TempDir(), "sb.log"), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
