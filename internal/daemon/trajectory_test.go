@@ -3,7 +3,6 @@ package daemon
 import (
 	"archive/tar"
 	"bytes"
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,7 +12,6 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
-	"github.com/warrenrl/warren/internal/trajectory"
 )
 
 // rollout is an agent loop's calls on sandbox id in session: each
@@ -260,8 +258,6 @@ func TestTrajectoryCap(t *testing.T) {
 	if err != nil || page.GetUnrecorded() != 1 || len(page.GetEntries()) != 1 {
 		t.Fatalf("log %v %v", page, err)
 	}
-	_ = context.Background
-	_ = trajectory.MethodExec
 }
 
 // A sandbox created with no_trajectory records nothing and refuses seqs.
