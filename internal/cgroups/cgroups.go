@@ -60,6 +60,15 @@ type Group interface {
 	// Thaw; it returns once they are all frozen.
 	Freeze() error
 	Thaw() error
+	// Frozen reports whether the group is frozen (a Freeze not thawed,
+	// perhaps by an earlier daemon).
+	Frozen() (bool, error)
+	// Memory reads what the group's processes hold (memory.go).
+	Memory() (Memory, error)
+	// Reclaim gives back what the group's memory it can: page cache, and
+	// anonymous memory where the node has swap. Meant for a frozen group,
+	// whose tasks do not fault it back in meanwhile (memory.go).
+	Reclaim() error
 	Stats() (Stats, error)
 	// OOMKills reads only the OOM-kill counter: one file, for the exec
 	// path, which checks it before and after every process.
