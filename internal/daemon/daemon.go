@@ -181,12 +181,12 @@ type sandbox struct {
 	procsAdopted chan struct{}
 	procsClaimed atomic.Bool // whoever sets it adopts the processes
 	procPending  int
-	commit       *commitOp   // the commit in progress, if any
-	pausing      bool        // a Pause or Resume is in progress (pause.go)
+	commit       *commitOp // the commit in progress, if any
+	pausing      bool      // a Pause or Resume is in progress (pause.go)
 	// procsOnResume: adopted while PAUSED, its background processes are
 	// adopted when it is resumed (its agent is frozen until then).
 	procsOnResume bool
-	seen         containSeen // the containment counters last read (events.go)
+	seen          containSeen // the containment counters last read (events.go)
 	// exitsUnchecked: a background process exited since the guard last
 	// looked at the processes' output (events.go).
 	exitsUnchecked atomic.Bool
