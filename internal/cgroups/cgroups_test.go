@@ -760,3 +760,58 @@ func TestFreezeReclaimThaw(t *testing.T) {
 	}
 	deleteGroup(t, g, parent, "sb1")
 }
+
+// TestReclaimAnonV1RestoresLimit: the v1 step-down that pushes anonymous
+// memory to swap lowers the limit only while the kernel can reclaim, never
+// OOM-kills (a v1 limit write refuses with EBUSY instead), and puts back
+// the limit it found, exactly. Without swap on the node the kernel cannot
+// take anonymous pages: the steps end at the first refusal, which is what
+// this node checks; with swap the anonymous memory must also go.
+func TestReclaimAnonV1RestoresLimit(t *testing.T) {
+	parent := testParent(t)
+	if Mode() == "v2" {
+		t.Skip("v2 reclaims through memory.reclaim, not v1 limit steps")
+	}
+	g, err := New(parent, "sb1", Resources{MemoryBytes: 256 << 20, PidsMax: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	_, start, _ := gated(t, g, "exec python3 -c \"import time; b=bytearray(48<<20); [b.__setitem__(i,1) for i in range(0,len(b),4096)]; print('held',flush=True); time.sleep(600)\"", &out)
+	start()
+	waitFor(t, "the memory to be held", 20*time.Second, func() bool { m, _ := g.Memory(); return m.Anon >= 48<<20 })
+	pids, _ := g.Procs()
+	if err := g.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	dir := v1Dir("memory", g.Name())
+	limit := mustRead(t, filepath.Join(dir, "memory.limit_in_bytes"))
+	before, _ := g.Memory()
+	t0 := time.Now()
+	if err := reclaimAnonV1(g.Name(), dir); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t0)
+	after, _ := g.Memory()
+	t.Logf("step-down took %v: before %+v after %+v", took, before, after)
+	if got := mustRead(t, filepath.Join(dir, "memory.limit_in_bytes")); got != limit {
+		t.Errorf("limit %s after the step-down, want %s back", got, limit)
+	}
+	if oom, _ := g.OOMKills(); oom != 0 {
+		t.Errorf("%d OOM kills during the step-down", oom)
+	}
+	if swap, _ := SwapTotal(); swap > 0 && after.Anon > before.Anon/2 {
+		t.Errorf("with %d bytes of swap, %d of %d bytes of anonymous memory stayed", swap, after.Anon, before.Anon)
+	}
+	if err := g.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	now, _ := g.Procs()
+	if !slices.Equal(now, pids) {
+		t.Errorf("processes %v after the step-down, want %v", now, pids)
+	}
+	if err := g.Kill(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	deleteGroup(t, g, parent, "sb1")
+}
