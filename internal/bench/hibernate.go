@@ -37,8 +37,8 @@ type HibernateReport struct {
 // HibernateRow is one case and system: latency, and for reclaiming
 // cases the memory given back (p50 of the rounds).
 type HibernateRow struct {
-	Case   string  `json:"case"`
-	System string  `json:"system"`
+	Case   string `json:"case"`
+	System string `json:"system"`
 	Summary
 	BeforeMiB *float64 `json:"before_mib,omitempty"`
 	AfterMiB  *float64 `json:"after_mib,omitempty"`
