@@ -470,6 +470,12 @@ const FreezeTimeout = 10 * time.Second
 // until the group reports it, or thaws it and fails after FreezeTimeout.
 func freeze(name string, request func() error, frozen func() (bool, error), thaw func() error) error {
 	deadline := time.Now().Add(FreezeTimeout)
+	// Sleeping tasks freeze at once and a running one at its next
+	// return to user space, usually within tens of microseconds: poll
+	// from 20 µs, doubling to 1 ms (a flat 1 ms made every freeze take
+	// at least that: `warren bench hibernate`'s raw freeze+thaw p50 went
+	// from 1.24 ms to ~0.15 ms).
+	wait := 20 * time.Microsecond
 	for {
 		if err := request(); err != nil {
 			_ = thaw()
@@ -487,7 +493,8 @@ func freeze(name string, request func() error, frozen func() (bool, error), thaw
 			_ = thaw()
 			return errdefs.Unavailablef("cgroup %s did not freeze within %v (a task in uninterruptible sleep?)", name, FreezeTimeout)
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(wait)
+		wait = min(2*wait, time.Millisecond)
 	}
 }
 
