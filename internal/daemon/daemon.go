@@ -182,7 +182,10 @@ type sandbox struct {
 	procsClaimed atomic.Bool // whoever sets it adopts the processes
 	procPending  int
 	commit       *commitOp // the commit in progress, if any
-	pausing      bool      // a Pause or Resume is in progress (pause.go)
+	// pausing is closed when the Pause or Resume in progress ends; nil
+	// when none runs (pause.go). A delete waits for it: a freeze still
+	// being requested would hold the init's SIGKILL on v1.
+	pausing chan struct{}
 	// procsOnResume: adopted while PAUSED, its background processes are
 	// adopted when it is resumed (its agent is frozen until then).
 	procsOnResume bool

@@ -76,14 +76,14 @@ func (m *Manager) Pause(ctx context.Context, req *warrenv1.PauseRequest) (_ *war
 		s.mu.Unlock()
 		return nil, err
 	}
-	s.pausing = true
+	done := s.startPausingLocked()
 	s.mu.Unlock()
 
 	st, perr := p.Pause(ctx, req.GetReclaim())
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.pausing = false
+	s.endPausingLocked(done)
 	if s.st != statePaused {
 		// Deleted (or died) meanwhile: the deletion has it now.
 		return nil, s.allowLocked(opPause)
@@ -136,7 +136,7 @@ func (m *Manager) Resume(ctx context.Context, req *warrenv1.ResumeRequest) (_ *w
 		s.mu.Unlock()
 		return nil, err
 	}
-	s.pausing = true
+	done := s.startPausingLocked()
 	var limit *int64
 	if mem := s.info.GetResources().GetMemoryBytes(); mem > 0 {
 		limit = &mem
@@ -148,7 +148,7 @@ func (m *Manager) Resume(ctx context.Context, req *warrenv1.ResumeRequest) (_ *w
 	thaw := time.Since(t0)
 
 	s.mu.Lock()
-	s.pausing = false
+	s.endPausingLocked(done)
 	if s.st != statePaused {
 		err := s.allowLocked(opResume)
 		s.mu.Unlock()
@@ -184,7 +184,7 @@ func (m *Manager) Resume(ctx context.Context, req *warrenv1.ResumeRequest) (_ *w
 // reclaim lowers too), or another pause or resume. s.mu held.
 func (s *sandbox) busyLocked() error {
 	switch {
-	case s.pausing:
+	case s.pausing != nil:
 		return errdefs.Conflictf("sandbox %s is being paused or resumed: retry once that call returned", s.id)
 	case s.commit != nil:
 		return errdefs.Conflictf("sandbox %s is being committed: retry once the commit returned", s.id)
@@ -192,6 +192,18 @@ func (s *sandbox) busyLocked() error {
 		return errdefs.Conflictf("sandbox %s is being updated: retry once that call returned", s.id)
 	}
 	return nil
+}
+
+// startPausingLocked marks a Pause or Resume in progress; s.mu held.
+func (s *sandbox) startPausingLocked() chan struct{} {
+	s.pausing = make(chan struct{})
+	return s.pausing
+}
+
+// endPausingLocked ends it and wakes a delete waiting for it; s.mu held.
+func (s *sandbox) endPausingLocked(done chan struct{}) {
+	s.pausing = nil
+	close(done)
 }
 
 // unpauseLocked moves a PAUSED sandbox to RUNNING and adds the pause to

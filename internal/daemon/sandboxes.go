@@ -368,13 +368,19 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 		procs = append(procs, p)
 	}
 	commit := s.commit
+	pausing := s.pausing
 	s.mu.Unlock()
 
 	// A commit in progress holds the sandbox frozen, and frozen processes
-	// cannot die: stop it first.
+	// cannot die: stop it first. A pause or resume in progress is waited
+	// for (bounded by the freeze timeout): the destroy then finds the
+	// group frozen or thawed, not half-way.
 	if commit != nil {
 		commit.cancel()
 		<-commit.done
+	}
+	if pausing != nil {
+		<-pausing
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
 	var err error
