@@ -236,3 +236,44 @@ func TestPauseByLabel(t *testing.T) {
 	err := e.m.PauseByLabel(ctx, &warrenv1.PauseByLabelRequest{}, func(*warrenv1.ByLabelEvent) error { return nil })
 	wantCat(t, err, errdefs.Invalid, "labels are required")
 }
+
+// TestExecTimeoutDoesNotCountPause: an exec's timeout counts the time its
+// sandbox runs, not the time it is paused: a 3 s sleep under a 1.5 s
+// timeout, with the sandbox paused for 2 s of it, is killed for its
+// timeout only after 1.5 s of running time, not while paused.
+func TestExecTimeoutDoesNotCountPause(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "nap"})
+	type result struct {
+		res *warrenv1.ExecResult
+		err error
+		at  time.Duration
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		res, err := e.m.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "nap", Shell: "sleep 5", TimeoutMs: 1500})
+		done <- result{res, err, time.Since(start)}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if _, err := e.m.Pause(ctx, &warrenv1.PauseRequest{Id: "nap"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("the exec ended while its sandbox was paused: %v %v after %v", r.res, r.err, r.at)
+	case <-time.After(2 * time.Second):
+	}
+	if _, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "nap"}); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || !r.res.GetTimedOut() {
+		t.Fatalf("exec: %v %v, want it killed by its timeout", r.res, r.err)
+	}
+	// 0.3 s ran before the pause, 1.2 s after it: about 3.5 s in all.
+	if r.at < 3300*time.Millisecond || r.at > 4500*time.Millisecond {
+		t.Fatalf("the exec timed out after %v, want about 3.5 s (1.5 s of running time plus the 2 s pause)", r.at)
+	}
+}
