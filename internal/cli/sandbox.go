@@ -41,6 +41,8 @@ func newSandboxCommand() *cobra.Command {
 		newCopyCommand(),
 		newCommitCommand(),
 		newEventsCommand(),
+		newPauseCommand(),
+		newResumeCommand(),
 	)
 	return c
 }

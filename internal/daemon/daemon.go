@@ -117,7 +117,7 @@ var ops = []string{
 	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
-	"CommitSandbox", "ListSandboxEvents",
+	"CommitSandbox", "ListSandboxEvents", "Pause", "Resume", "PauseByLabel", "ResumeByLabel",
 }
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.
@@ -184,8 +184,15 @@ type sandbox struct {
 	procsAdopted chan struct{}
 	procsClaimed atomic.Bool // whoever sets it adopts the processes
 	procPending  int
-	commit       *commitOp   // the commit in progress, if any
-	seen         containSeen // the containment counters last read (events.go)
+	commit       *commitOp // the commit in progress, if any
+	// pausing is closed when the Pause or Resume in progress ends; nil
+	// when none runs (pause.go). A delete waits for it: a freeze still
+	// being requested would hold the init's SIGKILL on v1.
+	pausing chan struct{}
+	// procsOnResume: adopted while PAUSED, its background processes are
+	// adopted when it is resumed (its agent is frozen until then).
+	procsOnResume bool
+	seen          containSeen // the containment counters last read (events.go)
 	// exitsUnchecked: a background process exited since the guard last
 	// looked at the processes' output (events.go).
 	exitsUnchecked atomic.Bool
@@ -368,9 +375,12 @@ func (m *Manager) persist(s *sandbox) error {
 	info := s.info
 	if s.st == stateLost {
 		// LOST is what this daemon sees, not what the sandbox is: the
-		// next daemon tries to adopt it again.
+		// next daemon tries to adopt it again (paused, if it was).
 		info = cloneSandbox(info)
 		info.State = stateRunning
+		if info.GetPausedAtUnixMs() != 0 {
+			info.State = statePaused
+		}
 	}
 	return m.store.Put(store.Record{
 		ID:           s.id,

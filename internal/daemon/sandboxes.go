@@ -411,13 +411,19 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 		procs = append(procs, p)
 	}
 	commit := s.commit
+	pausing := s.pausing
 	s.mu.Unlock()
 
 	// A commit in progress holds the sandbox frozen, and frozen processes
-	// cannot die: stop it first.
+	// cannot die: stop it first. A pause or resume in progress is waited
+	// for (bounded by the freeze timeout): the destroy then finds the
+	// group frozen or thawed, not half-way.
 	if commit != nil {
 		commit.cancel()
 		<-commit.done
+	}
+	if pausing != nil {
+		<-pausing
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
 	var err error
@@ -445,7 +451,7 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	m.forget(s)
 	m.events.Forget(s.id)
 	close(done)
-	if prev == stateRunning {
+	if prev == stateRunning || prev == statePaused {
 		m.metrics.SandboxEnded(reason)
 	}
 	m.log.Debug("sandbox deleted", "sandbox", s.id, "reason", reason)
@@ -515,7 +521,7 @@ func (m *Manager) failedRemove(s *sandbox, sb backend.Sandbox, prev state, err e
 		back = stateStopped
 		s.info.DeadReason = "init exited in a delete that failed: " + err.Error()
 		s.fs = nil
-		if prev == stateRunning {
+		if prev == stateRunning || prev == statePaused {
 			m.metrics.SandboxEnded(metrics.ReasonDead)
 		}
 	}
@@ -616,12 +622,12 @@ func (m *Manager) watch(s *sandbox, sb backend.Sandbox) {
 	s.mu.Unlock()
 }
 
-// died marks a running sandbox STOPPED, releases its resources and keeps
-// the record until Delete (or its lifetime passes). A sandbox being
-// deleted is left to the deletion (failedRemove looks at its init).
+// died marks a running or paused sandbox STOPPED, releases its resources
+// and keeps the record until Delete (or its lifetime passes). A sandbox
+// being deleted is left to the deletion (failedRemove looks at its init).
 func (m *Manager) died(s *sandbox, sb backend.Sandbox, why string) {
 	s.mu.Lock()
-	if s.st != stateRunning || s.sb != sb {
+	if (s.st != stateRunning && s.st != statePaused) || s.sb != sb {
 		s.mu.Unlock()
 		return
 	}
@@ -807,8 +813,8 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 
 	switch {
 	case !servedHere(st):
-		// PAUSED, HIBERNATED or a number this daemon does not know: a
-		// newer daemon's. Kept as it is, resources and all, with no timer:
+		// HIBERNATED or a number this daemon does not know: a newer
+		// daemon's. Kept as it is, resources and all, with no timer:
 		// a rollback to this daemon must not lose it.
 		log.Warn("sandbox in a state this daemon does not drive: kept as it is", "state", stateName(st))
 		add()
@@ -817,7 +823,7 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		add()
 		armTimer(time.UnixMilli(info.GetExpiresAtUnixMs()))
 		return false
-	case st != stateRunning:
+	case st != stateRunning && st != statePaused:
 		// Half-created or half-deleted: finish the job. Sweep removes
 		// whatever Adopt cannot find.
 		if len(rec.BackendState) > 0 {
@@ -868,7 +874,12 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		}
 		return false
 	}
-	s.procsAdopted = make(chan struct{})
+	if st == statePaused {
+		// Its agent is frozen: processes are adopted on resume.
+		s.procsOnResume = true
+	} else {
+		s.procsAdopted = make(chan struct{})
+	}
 	add()
 	armTimer(expires)
 	m.watch(s, sb)
@@ -966,15 +977,23 @@ func (m *Manager) found(s *sandbox, sb backend.Sandbox, err error) {
 	}
 	s.sb, s.backendState = sb, sb.State()
 	s.fs = fsFor(sb)
-	_ = m.setState(s, stateRunning)
+	back := stateRunning
+	if s.info.GetPausedAtUnixMs() != 0 {
+		back = statePaused // it was paused when the node lost it
+	}
+	_ = m.setState(s, back)
 	s.info.DeadReason = ""
 	if perr := m.persist(s); perr != nil {
 		m.log.Warn("persist running state", "sandbox", s.id, "err", perr)
 	}
+	paused := back == statePaused
+	s.procsOnResume = paused
 	s.mu.Unlock()
 	m.watch(s, sb)
-	m.adoptProcesses(s, sb)
-	m.log.Info("LOST sandbox adopted again", "sandbox", s.id)
+	if !paused {
+		m.adoptProcesses(s, sb)
+	}
+	m.log.Info("LOST sandbox adopted again", "sandbox", s.id, "state", stateName(back))
 }
 
 func (m *Manager) count(st warrenv1.SandboxState) int {
