@@ -244,6 +244,111 @@ func TestDNSModesAndGroups(t *testing.T) {
 	}
 }
 
+// TestDNSResolvConfFollowsUpdates: a sandbox created in mode none has a
+// resolv.conf without a nameserver; an update that gives it a network
+// makes it name its gateway (Warren's resolver, which then answers it),
+// and one back to none takes the nameserver away again, across a daemon
+// restart in between (the record keeps what Warren wrote), also in a
+// user namespace (the file stays root's inside). Commits leave the file
+// Warren wrote out whichever it is. A sandbox that edited its
+// resolv.conf, or made it a symlink, keeps what it made; keep_etc keeps
+// the image's (none here).
+func TestDNSResolvConfFollowsUpdates(t *testing.T) {
+	t.Parallel()
+	th := testutil.NewTestHost(t)
+	up := newTestDNS(t, th.NS, th.Addr)
+	up.set("any.warren.test", netip.MustParseAddr("192.0.2.9"))
+	e := newEnv(t, envOptions{serveArgs: []string{"--dns-upstream", up.addr}})
+	ctx := ctxFor(t, 3*time.Minute)
+	yes := true
+	e.create(&warrenv1.CreateRequest{Id: "fl"})
+	e.create(&warrenv1.CreateRequest{Id: "mapped", UserNamespace: &yes})
+	e.create(&warrenv1.CreateRequest{Id: "edited"})
+	e.create(&warrenv1.CreateRequest{Id: "linked"})
+	e.create(&warrenv1.CreateRequest{Id: "kept", KeepEtc: true})
+	for _, id := range []string{"fl", "mapped"} {
+		if conf := e.shOK(id, "cat /etc/resolv.conf"); strings.Contains(conf, "nameserver") {
+			t.Fatalf("%s in mode none: resolv.conf names a nameserver:\n%s", id, conf)
+		}
+	}
+	e.shOK("edited", "echo 'nameserver 192.0.2.53' >> /etc/resolv.conf")
+	edited := e.shOK("edited", "cat /etc/resolv.conf")
+	// A symlink to a copy of Warren's file: the link is the sandbox's
+	// own, and what it leads to is never written.
+	e.shOK("linked", "cp /etc/resolv.conf /tmp/r && ln -sf /tmp/r /etc/resolv.conf")
+	linked := e.shOK("linked", "cat /tmp/r")
+	setNet := func(mode string) {
+		t.Helper()
+		for _, id := range []string{"fl", "mapped", "edited", "linked", "kept"} {
+			if _, err := e.c.Update(ctx, id, client.SandboxUpdate{Network: policy(mode)}); err != nil {
+				t.Fatalf("update %s to %s: %v", id, mode, err)
+			}
+		}
+	}
+	// others checks that the sandboxes with files of their own kept them.
+	others := func(when string) {
+		t.Helper()
+		if got := e.shOK("edited", "cat /etc/resolv.conf"); got != edited {
+			t.Errorf("%s: the sandbox's edited resolv.conf became %q", when, got)
+		}
+		if got := e.shOK("linked", "readlink /etc/resolv.conf; cat /tmp/r"); got != "/tmp/r\n"+linked {
+			t.Errorf("%s: the symlinked resolv.conf became %q", when, got)
+		}
+		if res := e.sh("kept", "cat /etc/resolv.conf"); res.ExitCode == 0 {
+			t.Errorf("%s: keep_etc sandbox has a resolv.conf %q", when, res.Stdout)
+		}
+	}
+	// noResolv commits id and checks that the layer has no resolv.conf.
+	noResolv := func(id, layer string) {
+		t.Helper()
+		if _, err := e.c.CommitSandbox(ctx, id, layer); err != nil {
+			t.Fatal(err)
+		}
+		c := e.create(&warrenv1.CreateRequest{Layers: []string{layer}, KeepEtc: true})
+		if res := e.sh(c.Id, "cat /etc/resolv.conf"); res.ExitCode == 0 {
+			t.Errorf("the commit of %s carries Warren's resolv.conf: %q", id, res.Stdout)
+		}
+	}
+
+	// Created with a network, its file names the gateway from the start.
+	e.create(&warrenv1.CreateRequest{Id: "born-open", Network: policy("open")})
+	noResolv("born-open", "born-open")
+
+	setNet("open")
+	for _, id := range []string{"fl", "mapped"} {
+		gw := e.gateway(id)
+		if conf := e.shOK(id, "cat /etc/resolv.conf"); gw == "" || !strings.Contains(conf, "\nnameserver "+gw+"\n") {
+			t.Errorf("%s after an update to open: resolv.conf does not name its gateway %q:\n%s", id, gw, conf)
+		}
+		if addrs, ok := e.lookup(id, "any.warren.test"); !ok || len(addrs) != 1 || addrs[0] != "192.0.2.9" {
+			t.Errorf("%s after an update to open: any.warren.test resolved to %v", id, addrs)
+		}
+	}
+	if got := e.shOK("mapped", "stat -c %u:%g:%a /etc/resolv.conf"); got != "0:0:644\n" {
+		t.Errorf("in a user namespace the rewritten resolv.conf is %q, want root's 0644", got)
+	}
+	others("after an update to open")
+	noResolv("fl", "fl-open")
+
+	// The record keeps what Warren wrote: a restarted daemon still
+	// recognises the file as its own.
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	setNet("none")
+	for _, id := range []string{"fl", "mapped"} {
+		if conf := e.shOK(id, "cat /etc/resolv.conf"); strings.Contains(conf, "nameserver") {
+			t.Errorf("%s back in mode none after a daemon restart: resolv.conf names a nameserver:\n%s", id, conf)
+		}
+	}
+	others("back in mode none")
+	noResolv("fl", "fl-none")
+	if got := e.shOK("fl", "ls -a /etc | grep -c warren || true"); got != "0\n" {
+		t.Errorf("temporary files left in /etc: %s", e.shOK("fl", "ls -a /etc"))
+	}
+}
+
 // debianRoot is the Debian bookworm tree the fidelity suite caches
 // (test/fidelity), which has glibc's getent and python3; "" without it.
 func debianRoot() string {
