@@ -77,7 +77,8 @@ func (m *Manager) followNetwork(ctx context.Context, id string, sb backend.Sandb
 	return rw
 }
 
-// undo puts back what followNetwork wrote, while the file still holds it.
+// undoResolv puts back what followNetwork wrote, while the file still
+// holds it (the update failed after it).
 func (m *Manager) undoResolv(ctx context.Context, id string, fs backend.FileSystem, rw resolvRewrite) {
 	if !rw.done {
 		return

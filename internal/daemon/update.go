@@ -148,7 +148,9 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 	}
 	var resolv resolvRewrite
 	if u.limits.Network != nil {
-		resolv = m.followNetwork(ctx, s.id, sb, fs, keepEtc, etcNS)
+		// The network has changed: a client gone now must not leave the
+		// file naming the old one.
+		resolv = m.followNetwork(context.WithoutCancel(ctx), s.id, sb, fs, keepEtc, etcNS)
 	}
 
 	s.mu.Lock()
