@@ -7,6 +7,7 @@ package backend
 import (
 	"context"
 	"io"
+	"net/netip"
 	"os"
 	"syscall"
 	"time"
@@ -113,6 +114,15 @@ type FileSystem interface {
 	Remove(ctx context.Context, p string, recursive bool) error
 	TarOut(ctx context.Context, p string, w io.Writer) error
 	TarIn(ctx context.Context, p string, r io.Reader) error
+}
+
+// FileReplacer is implemented by a FileSystem that can replace a file
+// atomically while it holds given content (sandboxfs.FS.ReplaceIf): the
+// daemon rewrites the /etc files it wrote this way when they go stale
+// (resolv.conf after a network change). Without it they are left as
+// written at create.
+type FileReplacer interface {
+	ReplaceIf(ctx context.Context, p string, old, data []byte) (replaced bool, err error)
 }
 
 // Files is implemented by sandboxes that serve file calls themselves,
@@ -312,6 +322,14 @@ type Update struct {
 // address ("" without one).
 type Networked interface {
 	NetworkAddress() string
+}
+
+// Resolved is implemented by sandboxes whose network has a resolver of
+// Warren's: Nameserver is the address its resolv.conf names (the
+// container backend: its gateway), invalid without a network. It
+// changes when an update gives the sandbox a network or takes it away.
+type Resolved interface {
+	Nameserver() netip.Addr
 }
 
 // ProcSpec describes a process to start.

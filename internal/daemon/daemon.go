@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -162,6 +163,7 @@ type sandbox struct {
 	sb           backend.Sandbox   // nil while creating, or when never adopted
 	backendState []byte
 	imageLayers  []string           // digests, bottom first
+	etcNS        netip.Addr         // the nameserver of the resolv.conf Warren last wrote (etc.go)
 	fs           backend.FileSystem // nil: the backend serves no file calls (fsFor)
 	timer        *time.Timer
 	unwatch      func() bool   // unregisters watch's callback
@@ -383,11 +385,12 @@ func (m *Manager) persist(s *sandbox) error {
 		}
 	}
 	return m.store.Put(store.Record{
-		ID:           s.id,
-		Backend:      s.backendName,
-		BackendState: s.backendState,
-		ImageLayers:  s.imageLayers,
-		Sandbox:      info,
+		ID:            s.id,
+		Backend:       s.backendName,
+		BackendState:  s.backendState,
+		ImageLayers:   s.imageLayers,
+		Sandbox:       info,
+		EtcNameserver: formatNameserver(s.etcNS),
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"maps"
+	"net/netip"
 	"path"
 	"slices"
 	"strings"
@@ -223,7 +224,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		DiskBytes:   p.resources.DiskBytes,
 		Env:         envList(p.env),
 		Workdir:     p.workdir,
-		Etc:         etcFilesOf(info),
+		Etc:         etcFilesOf(info, netip.Addr{}),
 		Rlimits:     p.rlimits,
 		Network:     p.network,
 		AllowSetuid: info.AllowSetuid,
@@ -255,6 +256,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	}
 	s.mu.Lock()
 	s.sb, s.fs, s.backendState, s.release = sb, fs, sb.State(), release
+	s.etcNS = nameserverOf(sb, info.GetKeepEtc())
 	info.NetworkAddress = networkAddress(sb)
 	if im, ok := sb.(backend.IDMapped); ok {
 		base, _, mapped := im.IDMap()
@@ -265,7 +267,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	// The record says RUNNING; the sandbox is RUNNING once it is written.
 	info.State = stateRunning
 	if err = m.persist(s); err != nil {
-		s.sb, s.fs, s.backendState, s.release = nil, nil, nil, nil
+		s.sb, s.fs, s.backendState, s.release, s.etcNS = nil, nil, nil, nil, netip.Addr{}
 		info.State = stateCreating
 		info.ExpiresAtUnixMs = 0
 		s.mu.Unlock()
@@ -772,6 +774,7 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		info:         info,
 		backendState: rec.BackendState,
 		imageLayers:  rec.ImageLayers,
+		etcNS:        parseNameserver(rec.EtcNameserver),
 	}
 	close(s.ready)
 	// Before the sandbox is published, its state changes without gauges
@@ -1021,11 +1024,13 @@ func sortSandboxes(sbs []*warrenv1.Sandbox) {
 }
 
 // etcFilesOf is the /etc files a sandbox gets over its image's, none with
-// keep_etc. Its resolv.conf is mode none's: a backend that gives the
-// sandbox a network names its resolver there (etcfiles.WithNameserver).
-func etcFilesOf(info *warrenv1.Sandbox) []etcfiles.File {
+// keep_etc. Its resolv.conf names nameserver (none for the zero Addr):
+// at create mode none's, and a backend that gives the sandbox a network
+// names its resolver there (etcfiles.WithNameserver, backend.Resolved);
+// after that the sandbox's etcNS, what Warren last wrote (etc.go).
+func etcFilesOf(info *warrenv1.Sandbox, nameserver netip.Addr) []etcfiles.File {
 	if info.GetKeepEtc() {
 		return nil
 	}
-	return etcfiles.Files(info.GetHostname(), etcfiles.None)
+	return etcfiles.WithNameserver(etcfiles.Files(info.GetHostname(), etcfiles.None), nameserver)
 }
