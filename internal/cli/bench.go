@@ -53,7 +53,7 @@ result to stdout, as a table or (--json) one JSON object.`,
 	_ = pf.MarkHidden("daemon-arg")
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
 		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchHardeningCommand(&bf),
-		newBenchNetworkCommand(&bf), newBenchNetClientCommand(), newBenchTrajectoryCommand(&bf))
+		newBenchNetworkCommand(&bf), newBenchNetClientCommand(), newBenchHibernateCommand(&bf), newBenchTrajectoryCommand(&bf))
 	return c
 }
 
@@ -217,6 +217,35 @@ func newBenchDeleteCommand(bf *benchFlags) *cobra.Command {
 	c.Flags().IntVar(&cfg.Rounds, "rounds", 5, "deletes timed per case")
 	c.Flags().IntVar(&cfg.Files, "files", 20000, "files the sandbox writes before its delete in the \"wrote files\" case")
 	c.Flags().IntVar(&cfg.DirtyMiB, "dirty-mib", 400, "MiB another sandbox writes (unsynced) in the \"neighbour\" case")
+	return c
+}
+
+func newBenchHibernateCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.HibernateConfig{}
+	c := &cobra.Command{
+		Use:   "hibernate [--rounds 100] [--reclaim-rounds 20] [--anon-mib 256] [--cache-mib 256]",
+		Short: "Pause in place: freeze+thaw latency, pause-with-reclaim latency and memory freed; against the raw cgroup",
+		Long: `Create one sandbox holding --anon-mib of anonymous memory and --cache-mib of
+page cache, then time Pause (freeze only) and Resume through the API, and
+Pause with reclaim with the memory it gave back (the page cache is refilled
+before every round). With --peers, the same cgroup is frozen, thawed and
+reclaimed by writing its files directly, in alternating rounds: the floor
+(needs the private daemon).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Rounds < 1 || cfg.ReclaimRounds < 1 || cfg.AnonMiB < 1 || cfg.CacheMiB < 1 {
+				return errors.New("--rounds, --reclaim-rounds, --anon-mib and --cache-mib must be positive")
+			}
+			cfg.Peers = bf.peers
+			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
+				return bench.RunHibernate(ctx, env, cfg)
+			})
+		},
+	}
+	c.Flags().IntVar(&cfg.Rounds, "rounds", 100, "freeze+thaw rounds")
+	c.Flags().IntVar(&cfg.ReclaimRounds, "reclaim-rounds", 20, "pause-with-reclaim rounds")
+	c.Flags().IntVar(&cfg.AnonMiB, "anon-mib", 256, "anonymous memory the sandbox holds, MiB")
+	c.Flags().IntVar(&cfg.CacheMiB, "cache-mib", 256, "page cache the sandbox reads before each reclaim, MiB")
 	return c
 }
 

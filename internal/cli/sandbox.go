@@ -42,6 +42,8 @@ func newSandboxCommand() *cobra.Command {
 		newCommitCommand(),
 		newEventsCommand(),
 		newLogCommand(),
+		newPauseCommand(),
+		newResumeCommand(),
 	)
 	return c
 }

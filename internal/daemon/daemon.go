@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -131,7 +132,7 @@ var ops = []string{
 	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
-	"CommitSandbox", "ListSandboxEvents", "ReadTrajectory",
+	"CommitSandbox", "ListSandboxEvents", "Pause", "Resume", "PauseByLabel", "ResumeByLabel", "ReadTrajectory",
 }
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.
@@ -177,6 +178,7 @@ type sandbox struct {
 	sb           backend.Sandbox   // nil while creating, or when never adopted
 	backendState []byte
 	imageLayers  []string           // digests, bottom first
+	etcNS        netip.Addr         // the nameserver of the resolv.conf Warren last wrote (etc.go)
 	fs           backend.FileSystem // nil: the backend serves no file calls (fsFor)
 	timer        *time.Timer
 	unwatch      func() bool   // unregisters watch's callback
@@ -199,8 +201,15 @@ type sandbox struct {
 	procsAdopted chan struct{}
 	procsClaimed atomic.Bool // whoever sets it adopts the processes
 	procPending  int
-	commit       *commitOp   // the commit in progress, if any
-	seen         containSeen // the containment counters last read (events.go)
+	commit       *commitOp // the commit in progress, if any
+	// pausing is closed when the Pause or Resume in progress ends; nil
+	// when none runs (pause.go). A delete waits for it: a freeze still
+	// being requested would hold the init's SIGKILL on v1.
+	pausing chan struct{}
+	// procsOnResume: adopted while PAUSED, its background processes are
+	// adopted when it is resumed (its agent is frozen until then).
+	procsOnResume bool
+	seen          containSeen // the containment counters last read (events.go)
 	// exitsUnchecked: a background process exited since the guard last
 	// looked at the processes' output (events.go).
 	exitsUnchecked atomic.Bool
@@ -391,16 +400,20 @@ func (m *Manager) persist(s *sandbox) error {
 	info := s.info
 	if s.st == stateLost {
 		// LOST is what this daemon sees, not what the sandbox is: the
-		// next daemon tries to adopt it again.
+		// next daemon tries to adopt it again (paused, if it was).
 		info = cloneSandbox(info)
 		info.State = stateRunning
+		if info.GetPausedAtUnixMs() != 0 {
+			info.State = statePaused
+		}
 	}
 	return m.store.Put(store.Record{
-		ID:           s.id,
-		Backend:      s.backendName,
-		BackendState: s.backendState,
-		ImageLayers:  s.imageLayers,
-		Sandbox:      info,
+		ID:            s.id,
+		Backend:       s.backendName,
+		BackendState:  s.backendState,
+		ImageLayers:   s.imageLayers,
+		Sandbox:       info,
+		EtcNameserver: formatNameserver(s.etcNS),
 	})
 }
 

@@ -338,20 +338,22 @@ func (m *Manager) run(ctx context.Context, s *sandbox, sb backend.Sandbox, spec 
 		waitCh <- waitResult{st, err}
 	}()
 
-	var timeoutC <-chan time.Time
-	if o.timeout > 0 {
-		t := time.NewTimer(o.timeout)
-		defer t.Stop()
-		timeoutC = t.C
-	}
+	// The timeout counts running time: a pause of the sandbox pushes it
+	// back (pause.go).
+	rt := newRunTimer(s, time.Now(), o.timeout, s.pausedTotal())
+	defer rt.stop()
 	var (
 		wr       waitResult
 		timedOut bool
 		stopErr  error
 	)
+wait:
 	select {
 	case wr = <-waitCh:
-	case <-timeoutC:
+	case <-rt.C():
+		if !rt.expired() {
+			goto wait
+		}
 		timedOut = true
 		_ = proc.Signal(syscall.SIGKILL, true)
 		wr = awaitExit(proc, waitCh)

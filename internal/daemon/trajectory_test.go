@@ -340,3 +340,31 @@ func TestTrajectoryNoSyncSurvivesDaemonRestart(t *testing.T) {
 		t.Fatalf("file %q", res.GetStdout())
 	}
 }
+
+// A paused sandbox answers its recorded steps from the log (nothing has
+// to run) and refuses new ones as not run; after resume the refused step
+// runs live.
+func TestTrajectoryReplayWhilePaused(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "zz"})
+	rollout(t, e.m, "zz", "s", 1)
+	if _, err := e.m.Pause(ctx, &warrenv1.PauseRequest{Id: "zz"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := rollout(t, e.m, "zz", "s", 1); n != 2 {
+		t.Fatalf("replayed %d while paused, want 2", n)
+	}
+	next := &warrenv1.ExecRequest{SandboxId: "zz", SessionId: "s", Seq: 3, Shell: "echo new >> /work/log"}
+	_, err := e.m.Exec(ctx, next)
+	wantCat(t, err, errdefs.Conflict, "PAUSED")
+	if _, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "zz"}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.m.Exec(ctx, next); err != nil || res.GetReplayed() || res.GetSeq() != 3 {
+		t.Fatalf("after resume %v %v", res, err)
+	}
+	if res := e.sh("zz", "cat /work/log"); string(res.GetStdout()) != "line-0\nnew\n" {
+		t.Fatalf("file %q", res.GetStdout())
+	}
+}

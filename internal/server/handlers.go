@@ -39,6 +39,10 @@ type Manager interface {
 	CommitSandbox(context.Context, *warrenv1.CommitSandboxRequest) (*warrenv1.Layer, error)
 	ListSandboxEvents(context.Context, *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error)
 	ReadTrajectory(context.Context, *warrenv1.ReadTrajectoryRequest) (*warrenv1.ReadTrajectoryResponse, error)
+	Pause(context.Context, *warrenv1.PauseRequest) (*warrenv1.PauseResponse, error)
+	Resume(context.Context, *warrenv1.ResumeRequest) (*warrenv1.ResumeResponse, error)
+	PauseByLabel(ctx context.Context, req *warrenv1.PauseByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
+	ResumeByLabel(ctx context.Context, req *warrenv1.ResumeByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	TarOut(ctx context.Context, id, path string, w io.Writer) error
 	TarIn(ctx context.Context, id, path string, r io.Reader) error
 
@@ -180,6 +184,22 @@ const (
 	HeaderTrajectorySeq      = "Warren-Trajectory-Seq"
 	HeaderTrajectoryReplayed = "Warren-Trajectory-Replayed"
 )
+
+func (s sandboxService) Pause(ctx context.Context, r *connect.Request[warrenv1.PauseRequest]) (*connect.Response[warrenv1.PauseResponse], error) {
+	return unary(ctx, r, s.m.Pause)
+}
+
+func (s sandboxService) Resume(ctx context.Context, r *connect.Request[warrenv1.ResumeRequest]) (*connect.Response[warrenv1.ResumeResponse], error) {
+	return unary(ctx, r, s.m.Resume)
+}
+
+func (s sandboxService) PauseByLabel(ctx context.Context, r *connect.Request[warrenv1.PauseByLabelRequest], st *connect.ServerStream[warrenv1.ByLabelEvent]) error {
+	return ToConnectError(s.m.PauseByLabel(ctx, r.Msg, st.Send))
+}
+
+func (s sandboxService) ResumeByLabel(ctx context.Context, r *connect.Request[warrenv1.ResumeByLabelRequest], st *connect.ServerStream[warrenv1.ByLabelEvent]) error {
+	return ToConnectError(s.m.ResumeByLabel(ctx, r.Msg, st.Send))
+}
 
 // imageService implements warrenv1connect.ImageServiceHandler.
 type imageService struct{ m Manager }

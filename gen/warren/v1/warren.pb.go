@@ -631,6 +631,13 @@ type Sandbox struct {
 	// It runs in a user namespace: root inside is host id user_id_base.
 	UserNamespace bool   `protobuf:"varint,35,opt,name=user_namespace,json=userNamespace,proto3" json:"user_namespace,omitempty"`
 	UserIdBase    uint32 `protobuf:"varint,36,opt,name=user_id_base,json=userIdBase,proto3" json:"user_id_base,omitempty"`
+	// When it was paused (PAUSED); 0 otherwise. Its lifetime keeps counting
+	// while paused (expires_at_unix_ms): ExtendTimeout works in PAUSED.
+	PausedAtUnixMs int64 `protobuf:"varint,25,opt,name=paused_at_unix_ms,json=pausedAtUnixMs,proto3" json:"paused_at_unix_ms,omitempty"`
+	// How long it has been paused in all, the current pause included up to
+	// its last change. Process timeouts count running time only: they are
+	// pushed back by the time the sandbox spent paused.
+	PausedTotalMs int64 `protobuf:"varint,26,opt,name=paused_total_ms,json=pausedTotalMs,proto3" json:"paused_total_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -815,6 +822,20 @@ func (x *Sandbox) GetUserNamespace() bool {
 func (x *Sandbox) GetUserIdBase() uint32 {
 	if x != nil {
 		return x.UserIdBase
+	}
+	return 0
+}
+
+func (x *Sandbox) GetPausedAtUnixMs() int64 {
+	if x != nil {
+		return x.PausedAtUnixMs
+	}
+	return 0
+}
+
+func (x *Sandbox) GetPausedTotalMs() int64 {
+	if x != nil {
+		return x.PausedTotalMs
 	}
 	return 0
 }
@@ -5448,6 +5469,541 @@ func (*TrajectoryEntry_RemoveFile) isTrajectoryEntry_Request() {}
 
 func (*TrajectoryEntry_Upload) isTrajectoryEntry_Request() {}
 
+type PauseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Give back memory once frozen: the page cache, and anonymous memory
+	// where the node has swap. Slower (about 0.5 ms per MB of page cache
+	// here); without it the pause is a freeze only.
+	Reclaim       bool `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRequest) Reset() {
+	*x = PauseRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRequest) ProtoMessage() {}
+
+func (x *PauseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
+func (*PauseRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *PauseRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PauseRequest) GetReclaim() bool {
+	if x != nil {
+		return x.Reclaim
+	}
+	return false
+}
+
+// Memory is a sandbox's memory in bytes.
+type Memory struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bytes         uint64                 `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"` // everything charged to it
+	File          uint64                 `protobuf:"varint,2,opt,name=file,proto3" json:"file,omitempty"`   // page cache
+	Anon          uint64                 `protobuf:"varint,3,opt,name=anon,proto3" json:"anon,omitempty"`   // anonymous memory
+	Swap          uint64                 `protobuf:"varint,4,opt,name=swap,proto3" json:"swap,omitempty"`   // out on swap or zswap
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Memory) Reset() {
+	*x = Memory{}
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Memory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Memory) ProtoMessage() {}
+
+func (x *Memory) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Memory.ProtoReflect.Descriptor instead.
+func (*Memory) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *Memory) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *Memory) GetFile() uint64 {
+	if x != nil {
+		return x.File
+	}
+	return 0
+}
+
+func (x *Memory) GetAnon() uint64 {
+	if x != nil {
+		return x.Anon
+	}
+	return 0
+}
+
+func (x *Memory) GetSwap() uint64 {
+	if x != nil {
+		return x.Swap
+	}
+	return 0
+}
+
+type PauseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Before        *Memory                `protobuf:"bytes,2,opt,name=before,proto3" json:"before,omitempty"` // once frozen
+	After         *Memory                `protobuf:"bytes,3,opt,name=after,proto3" json:"after,omitempty"`   // once reclaimed (= before without reclaim)
+	FreezeUs      int64                  `protobuf:"varint,4,opt,name=freeze_us,json=freezeUs,proto3" json:"freeze_us,omitempty"`
+	ReclaimUs     int64                  `protobuf:"varint,5,opt,name=reclaim_us,json=reclaimUs,proto3" json:"reclaim_us,omitempty"`
+	TotalUs       int64                  `protobuf:"varint,6,opt,name=total_us,json=totalUs,proto3" json:"total_us,omitempty"` // the whole call in the daemon
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseResponse) Reset() {
+	*x = PauseResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseResponse) ProtoMessage() {}
+
+func (x *PauseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
+func (*PauseResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *PauseResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *PauseResponse) GetBefore() *Memory {
+	if x != nil {
+		return x.Before
+	}
+	return nil
+}
+
+func (x *PauseResponse) GetAfter() *Memory {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *PauseResponse) GetFreezeUs() int64 {
+	if x != nil {
+		return x.FreezeUs
+	}
+	return 0
+}
+
+func (x *PauseResponse) GetReclaimUs() int64 {
+	if x != nil {
+		return x.ReclaimUs
+	}
+	return 0
+}
+
+func (x *PauseResponse) GetTotalUs() int64 {
+	if x != nil {
+		return x.TotalUs
+	}
+	return 0
+}
+
+type ResumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRequest) Reset() {
+	*x = ResumeRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRequest) ProtoMessage() {}
+
+func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *ResumeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ResumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	ThawUs        int64                  `protobuf:"varint,2,opt,name=thaw_us,json=thawUs,proto3" json:"thaw_us,omitempty"`
+	PausedMs      int64                  `protobuf:"varint,3,opt,name=paused_ms,json=pausedMs,proto3" json:"paused_ms,omitempty"` // how long it was paused
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeResponse) Reset() {
+	*x = ResumeResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeResponse) ProtoMessage() {}
+
+func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
+func (*ResumeResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *ResumeResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *ResumeResponse) GetThawUs() int64 {
+	if x != nil {
+		return x.ThawUs
+	}
+	return 0
+}
+
+func (x *ResumeResponse) GetPausedMs() int64 {
+	if x != nil {
+		return x.PausedMs
+	}
+	return 0
+}
+
+type PauseByLabelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // required: at least one
+	Reclaim       bool                   `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	Parallelism   int32                  `protobuf:"varint,3,opt,name=parallelism,proto3" json:"parallelism,omitempty"` // 0 = 8; at most 64
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseByLabelRequest) Reset() {
+	*x = PauseByLabelRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseByLabelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseByLabelRequest) ProtoMessage() {}
+
+func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
+func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *PauseByLabelRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *PauseByLabelRequest) GetReclaim() bool {
+	if x != nil {
+		return x.Reclaim
+	}
+	return false
+}
+
+func (x *PauseByLabelRequest) GetParallelism() int32 {
+	if x != nil {
+		return x.Parallelism
+	}
+	return 0
+}
+
+type ResumeByLabelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // required: at least one
+	Parallelism   int32                  `protobuf:"varint,2,opt,name=parallelism,proto3" json:"parallelism,omitempty"`                                                                // 0 = 8; at most 64
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeByLabelRequest) Reset() {
+	*x = ResumeByLabelRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeByLabelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeByLabelRequest) ProtoMessage() {}
+
+func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
+func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *ResumeByLabelRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *ResumeByLabelRequest) GetParallelism() int32 {
+	if x != nil {
+		return x.Parallelism
+	}
+	return 0
+}
+
+// ByLabelEvent is one sandbox's outcome, or (done set) the last event.
+type ByLabelEvent struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The error when this sandbox failed ("" on success), and its
+	// category ("conflict", "not_found", ...).
+	Error         string          `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	ErrorCode     string          `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Paused        *PauseResponse  `protobuf:"bytes,4,opt,name=paused,proto3" json:"paused,omitempty"`        // PauseByLabel, on success
+	Resumed       *ResumeResponse `protobuf:"bytes,5,opt,name=resumed,proto3" json:"resumed,omitempty"`      // ResumeByLabel, on success
+	Completed     int32           `protobuf:"varint,6,opt,name=completed,proto3" json:"completed,omitempty"` // sandboxes finished so far, this one included
+	Total         int32           `protobuf:"varint,7,opt,name=total,proto3" json:"total,omitempty"`         // sandboxes matched
+	Done          bool            `protobuf:"varint,8,opt,name=done,proto3" json:"done,omitempty"`           // the last event: totals only
+	Failed        int32           `protobuf:"varint,9,opt,name=failed,proto3" json:"failed,omitempty"`       // on the last event: how many failed
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ByLabelEvent) Reset() {
+	*x = ByLabelEvent{}
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ByLabelEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ByLabelEvent) ProtoMessage() {}
+
+func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
+func (*ByLabelEvent) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *ByLabelEvent) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ByLabelEvent) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ByLabelEvent) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *ByLabelEvent) GetPaused() *PauseResponse {
+	if x != nil {
+		return x.Paused
+	}
+	return nil
+}
+
+func (x *ByLabelEvent) GetResumed() *ResumeResponse {
+	if x != nil {
+		return x.Resumed
+	}
+	return nil
+}
+
+func (x *ByLabelEvent) GetCompleted() int32 {
+	if x != nil {
+		return x.Completed
+	}
+	return 0
+}
+
+func (x *ByLabelEvent) GetTotal() int32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *ByLabelEvent) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *ByLabelEvent) GetFailed() int32 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
 var File_warren_v1_warren_proto protoreflect.FileDescriptor
 
 const file_warren_v1_warren_proto_rawDesc = "" +
@@ -5499,7 +6055,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\x99\a\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xec\a\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -5525,7 +6081,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\rno_trajectory\x18\x1e \x01(\bR\fnoTrajectory\x12%\n" +
 	"\x0euser_namespace\x18# \x01(\bR\ruserNamespace\x12 \n" +
 	"\fuser_id_base\x18$ \x01(\rR\n" +
-	"userIdBase\x1a6\n" +
+	"userIdBase\x12)\n" +
+	"\x11paused_at_unix_ms\x18\x19 \x01(\x03R\x0epausedAtUnixMs\x12&\n" +
+	"\x0fpaused_total_ms\x18\x1a \x01(\x03R\rpausedTotalMs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -5931,7 +6489,54 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0fstarted_unix_ms\x18\x12 \x01(\x03R\rstartedUnixMs\x12\x1f\n" +
 	"\vduration_us\x18\x13 \x01(\x03R\n" +
 	"durationUsB\t\n" +
-	"\arequest*\xeb\x01\n" +
+	"\arequest\"8\n" +
+	"\fPauseRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\"Z\n" +
+	"\x06Memory\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x04R\x05bytes\x12\x12\n" +
+	"\x04file\x18\x02 \x01(\x04R\x04file\x12\x12\n" +
+	"\x04anon\x18\x03 \x01(\x04R\x04anon\x12\x12\n" +
+	"\x04swap\x18\x04 \x01(\x04R\x04swap\"\xe8\x01\n" +
+	"\rPauseResponse\x12,\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12)\n" +
+	"\x06before\x18\x02 \x01(\v2\x11.warren.v1.MemoryR\x06before\x12'\n" +
+	"\x05after\x18\x03 \x01(\v2\x11.warren.v1.MemoryR\x05after\x12\x1b\n" +
+	"\tfreeze_us\x18\x04 \x01(\x03R\bfreezeUs\x12\x1d\n" +
+	"\n" +
+	"reclaim_us\x18\x05 \x01(\x03R\treclaimUs\x12\x19\n" +
+	"\btotal_us\x18\x06 \x01(\x03R\atotalUs\"\x1f\n" +
+	"\rResumeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"t\n" +
+	"\x0eResumeResponse\x12,\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12\x17\n" +
+	"\athaw_us\x18\x02 \x01(\x03R\x06thawUs\x12\x1b\n" +
+	"\tpaused_ms\x18\x03 \x01(\x03R\bpausedMs\"\xd0\x01\n" +
+	"\x13PauseByLabelRequest\x12B\n" +
+	"\x06labels\x18\x01 \x03(\v2*.warren.v1.PauseByLabelRequest.LabelsEntryR\x06labels\x12\x18\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\x12 \n" +
+	"\vparallelism\x18\x03 \x01(\x05R\vparallelism\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb8\x01\n" +
+	"\x14ResumeByLabelRequest\x12C\n" +
+	"\x06labels\x18\x01 \x03(\v2+.warren.v1.ResumeByLabelRequest.LabelsEntryR\x06labels\x12 \n" +
+	"\vparallelism\x18\x02 \x01(\x05R\vparallelism\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x02\n" +
+	"\fByLabelEvent\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x03 \x01(\tR\terrorCode\x120\n" +
+	"\x06paused\x18\x04 \x01(\v2\x18.warren.v1.PauseResponseR\x06paused\x123\n" +
+	"\aresumed\x18\x05 \x01(\v2\x19.warren.v1.ResumeResponseR\aresumed\x12\x1c\n" +
+	"\tcompleted\x18\x06 \x01(\x05R\tcompleted\x12\x14\n" +
+	"\x05total\x18\a \x01(\x05R\x05total\x12\x12\n" +
+	"\x04done\x18\b \x01(\bR\x04done\x12\x16\n" +
+	"\x06failed\x18\t \x01(\x05R\x06failed*\xeb\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -5940,7 +6545,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x16SANDBOX_STATE_DELETING\x10\x04\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x05\x12\x1c\n" +
 	"\x18SANDBOX_STATE_HIBERNATED\x10\x06\x12\x16\n" +
-	"\x12SANDBOX_STATE_LOST\x10\a2\xa6\r\n" +
+	"\x12SANDBOX_STATE_LOST\x10\a2\xb9\x0f\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -5968,7 +6573,11 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"RemoveFile\x12\x1c.warren.v1.RemoveFileRequest\x1a\x1d.warren.v1.RemoveFileResponse\x12B\n" +
 	"\rCommitSandbox\x12\x1f.warren.v1.CommitSandboxRequest\x1a\x10.warren.v1.Layer\x12^\n" +
 	"\x11ListSandboxEvents\x12#.warren.v1.ListSandboxEventsRequest\x1a$.warren.v1.ListSandboxEventsResponse\x12U\n" +
-	"\x0eReadTrajectory\x12 .warren.v1.ReadTrajectoryRequest\x1a!.warren.v1.ReadTrajectoryResponse2\xd8\x05\n" +
+	"\x0eReadTrajectory\x12 .warren.v1.ReadTrajectoryRequest\x1a!.warren.v1.ReadTrajectoryResponse\x12:\n" +
+	"\x05Pause\x12\x17.warren.v1.PauseRequest\x1a\x18.warren.v1.PauseResponse\x12=\n" +
+	"\x06Resume\x12\x18.warren.v1.ResumeRequest\x1a\x19.warren.v1.ResumeResponse\x12I\n" +
+	"\fPauseByLabel\x12\x1e.warren.v1.PauseByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x12K\n" +
+	"\rResumeByLabel\x12\x1f.warren.v1.ResumeByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x012\xd8\x05\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.warren.v1.ListImagesRequest\x1a\x1d.warren.v1.ListImagesResponse\x128\n" +
@@ -6000,7 +6609,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 90)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(*Resources)(nil),                 // 1: warren.v1.Resources
@@ -6076,32 +6685,42 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*ReadTrajectoryResponse)(nil),    // 71: warren.v1.ReadTrajectoryResponse
 	(*TrajectoryUpload)(nil),          // 72: warren.v1.TrajectoryUpload
 	(*TrajectoryEntry)(nil),           // 73: warren.v1.TrajectoryEntry
-	nil,                               // 74: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 75: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 76: warren.v1.Sandbox.EnvEntry
-	nil,                               // 77: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 78: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 79: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 80: warren.v1.ExecRequest.EnvEntry
+	(*PauseRequest)(nil),              // 74: warren.v1.PauseRequest
+	(*Memory)(nil),                    // 75: warren.v1.Memory
+	(*PauseResponse)(nil),             // 76: warren.v1.PauseResponse
+	(*ResumeRequest)(nil),             // 77: warren.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 78: warren.v1.ResumeResponse
+	(*PauseByLabelRequest)(nil),       // 79: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 80: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 81: warren.v1.ByLabelEvent
+	nil,                               // 82: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 83: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 84: warren.v1.Sandbox.EnvEntry
+	nil,                               // 85: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 86: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 87: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 88: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 89: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 90: warren.v1.ResumeByLabelRequest.LabelsEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	1,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	74, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	75, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	82, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	83, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	5,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	3,  // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	4,  // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,  // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	1,  // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	76, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	77, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	84, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	85, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	5,  // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	3,  // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	78, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	86, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	6,  // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	79, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	87, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	3,  // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	80, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	88, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	15, // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	17, // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	15, // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -6123,81 +6742,97 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	41, // 35: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
 	72, // 36: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
 	15, // 37: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
-	2,  // 38: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	7,  // 39: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	8,  // 40: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	10, // 41: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	12, // 42: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	13, // 43: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	14, // 44: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	14, // 45: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	14, // 46: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	19, // 47: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	21, // 48: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	22, // 49: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	24, // 50: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	26, // 51: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	29, // 52: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	31, // 53: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	33, // 54: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	36, // 55: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	38, // 56: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	39, // 57: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	41, // 58: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	58, // 59: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	67, // 60: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	70, // 61: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	44, // 62: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	46, // 63: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	47, // 64: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	48, // 65: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	50, // 66: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	53, // 67: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	54, // 68: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	56, // 69: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	59, // 70: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	62, // 71: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	65, // 72: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	6,  // 73: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	6,  // 74: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	9,  // 75: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	11, // 76: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	6,  // 77: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	6,  // 78: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	15, // 79: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	16, // 80: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	18, // 81: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	20, // 82: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	15, // 83: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	23, // 84: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	25, // 85: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	28, // 86: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	30, // 87: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	32, // 88: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	34, // 89: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	37, // 90: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	35, // 91: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	40, // 92: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	42, // 93: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	52, // 94: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	68, // 95: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	71, // 96: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	45, // 97: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	43, // 98: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	43, // 99: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	49, // 100: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	51, // 101: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	52, // 102: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	55, // 103: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	57, // 104: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	61, // 105: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	64, // 106: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	66, // 107: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	73, // [73:108] is the sub-list for method output_type
-	38, // [38:73] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	6,  // 38: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
+	75, // 39: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
+	75, // 40: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
+	6,  // 41: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
+	89, // 42: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	90, // 43: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	76, // 44: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
+	78, // 45: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
+	2,  // 46: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	7,  // 47: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	8,  // 48: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	10, // 49: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	12, // 50: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	13, // 51: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	14, // 52: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	14, // 53: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	14, // 54: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	19, // 55: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	21, // 56: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	22, // 57: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	24, // 58: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	26, // 59: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	29, // 60: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	31, // 61: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	33, // 62: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	36, // 63: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	38, // 64: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	39, // 65: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	41, // 66: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	58, // 67: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	67, // 68: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	70, // 69: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	74, // 70: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	77, // 71: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	79, // 72: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	80, // 73: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	44, // 74: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	46, // 75: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	47, // 76: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	48, // 77: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	50, // 78: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	53, // 79: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	54, // 80: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	56, // 81: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	59, // 82: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	62, // 83: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	65, // 84: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	6,  // 85: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	6,  // 86: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	9,  // 87: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	11, // 88: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	6,  // 89: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	6,  // 90: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	15, // 91: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	16, // 92: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	18, // 93: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	20, // 94: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	15, // 95: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	23, // 96: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	25, // 97: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	28, // 98: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	30, // 99: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	32, // 100: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	34, // 101: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	37, // 102: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	35, // 103: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	40, // 104: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	42, // 105: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	52, // 106: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	68, // 107: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	71, // 108: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	76, // 109: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	78, // 110: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	81, // 111: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	81, // 112: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	45, // 113: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	43, // 114: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	43, // 115: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	49, // 116: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	51, // 117: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	52, // 118: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	55, // 119: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	57, // 120: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	61, // 121: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	64, // 122: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	66, // 123: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	85, // [85:124] is the sub-list for method output_type
+	46, // [46:85] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -6232,7 +6867,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   80,
+			NumMessages:   90,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

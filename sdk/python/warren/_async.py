@@ -50,6 +50,8 @@ from . import _archive
 from ._retry import RetryPolicy
 from ._transport import Transport
 from ._types import (
+    ByLabelEvent,
+    ByLabelResult,
     DownloadStats,
     ExecEvent,
     ExecResult,
@@ -60,8 +62,10 @@ from ._types import (
     LayerVerification,
     ProcessEvent,
     ProcessInfo,
+    PauseResult,
     PullEvent,
     Resources,
+    ResumeResult,
     NetworkArg,
     Rlimit,
     RlimitsArg,
@@ -69,6 +73,7 @@ from ._types import (
     SecurityEvent,
     SandboxState,
     VersionInfo,
+    _int,
     _network_json,
     _rlimit_list,
 )
@@ -752,6 +757,85 @@ class AsyncWarren:
         )
         return Layer._from_json(d)
 
+    # -- pause and resume ------------------------------------------------
+
+    async def pause(self, id: str, *, reclaim: bool = False, timeout: Optional[float] = None) -> PauseResult:
+        """Freeze every process of running sandbox ``id`` where it is and,
+        with ``reclaim``, give back its page cache (and its anonymous memory
+        where the node has swap). The sandbox is PAUSED until :meth:`resume`:
+        exec and file calls raise :class:`ConflictError` meanwhile, its
+        lifetime keeps counting, and it stays paused across a daemon
+        restart. :class:`ConflictError` unless RUNNING. Not retried once
+        sent (a retry of a pause that happened is a conflict)."""
+        body: Dict[str, Any] = {"id": id}
+        if reclaim:
+            body["reclaim"] = True
+        d = await self._rpc(_SBX + "Pause", body, timeout=timeout, idempotent=False)
+        return PauseResult._from_json(d)
+
+    async def resume(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
+        """Thaw paused sandbox ``id``: its processes continue where they
+        stopped. :class:`ConflictError` unless PAUSED."""
+        d = await self._rpc(_SBX + "Resume", {"id": id}, timeout=timeout, idempotent=False)
+        return ResumeResult._from_json(d)
+
+    async def pause_by_label(
+        self,
+        labels: Mapping[str, str],
+        *,
+        reclaim: bool = False,
+        parallelism: int = 0,
+        progress: Optional[Callable[[ByLabelEvent], Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> ByLabelResult:
+        """Pause every RUNNING sandbox whose labels include all of
+        ``labels`` (the rollout batch of a trainer), ``parallelism`` at a
+        time (0 = the daemon's 8), calling ``progress`` (a function or
+        coroutine function) with each sandbox's :class:`ByLabelEvent` as it
+        finishes. A sandbox that fails is an event with ``error``, not an
+        exception: check ``result.ok``. Sandboxes in other states are left
+        out, so calling it again finishes a batch paused in part.
+        ``timeout`` (default ``transfer_timeout``) bounds the whole call."""
+        body: Dict[str, Any] = {"labels": dict(labels), "parallelism": int(parallelism)}
+        if reclaim:
+            body["reclaim"] = True
+        return await self._by_label("PauseByLabel", body, progress, timeout)
+
+    async def resume_by_label(
+        self,
+        labels: Mapping[str, str],
+        *,
+        parallelism: int = 0,
+        progress: Optional[Callable[[ByLabelEvent], Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> ByLabelResult:
+        """Resume every PAUSED sandbox whose labels include all of
+        ``labels``, as :meth:`pause_by_label` pauses them."""
+        body: Dict[str, Any] = {"labels": dict(labels), "parallelism": int(parallelism)}
+        return await self._by_label("ResumeByLabel", body, progress, timeout)
+
+    async def _by_label(
+        self, method: str, body: Dict[str, Any], progress: Optional[Callable[[ByLabelEvent], Any]], timeout: Optional[float]
+    ) -> ByLabelResult:
+        if not body["labels"]:
+            raise ValueError("labels are required: a call without would match every sandbox of the node")
+        t = _positive("timeout", timeout) if timeout is not None else self.transfer_timeout
+        events: List[ByLabelEvent] = []
+        gen = self._t.server_stream(_SBX + method, body, timeout=t, idempotent=False)
+        try:
+            async for msg in gen:
+                if msg.get("done"):
+                    return ByLabelResult(events=tuple(events), total=_int(msg.get("total")), failed=_int(msg.get("failed")))
+                ev = ByLabelEvent._from_json(msg)
+                events.append(ev)
+                if progress is not None:
+                    r = progress(ev)
+                    if inspect.isawaitable(r):
+                        await r
+        finally:
+            await gen.aclose()
+        raise UnavailableError(f"{method}: stream ended without its totals", code="unavailable")
+
     # -- images ----------------------------------------------------------
 
     async def list_images(self, *, timeout: Optional[float] = None) -> List[Image]:
@@ -1240,6 +1324,19 @@ class AsyncSandbox:
         """Set the sandbox's deadline to now + ``seconds``."""
         self.info = await self.client.extend_timeout(self.id, seconds, timeout=timeout)
         return self.info
+
+    async def pause(self, *, reclaim: bool = False, timeout: Optional[float] = None) -> PauseResult:
+        """Freeze the sandbox's processes where they are and, with
+        ``reclaim``, give back its memory (see :meth:`AsyncWarren.pause`)."""
+        res = await self.client.pause(self.id, reclaim=reclaim, timeout=timeout)
+        self.info = res.sandbox
+        return res
+
+    async def resume(self, *, timeout: Optional[float] = None) -> ResumeResult:
+        """Thaw the paused sandbox: its processes continue where they stopped."""
+        res = await self.client.resume(self.id, timeout=timeout)
+        self.info = res.sandbox
+        return res
 
     async def update(
         self,
