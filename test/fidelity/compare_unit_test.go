@@ -226,3 +226,42 @@ func TestRerun(t *testing.T) {
 		t.Errorf("passed on re-run: %d", r.Cases.PassedOnRerun)
 	}
 }
+
+// TestCompareModuleExcusedByItsCases: a module that failed in the sandbox
+// only through test cases that are all excepted is excused with them; one
+// unexcepted failing case, or a crash, keeps the module a failure.
+func TestCompareModuleExcusedByItsCases(t *testing.T) {
+	chroot := results{
+		modules: map[string]outcome{"test_posix": passed, "test_os": passed, "test_pty": passed},
+		cases: map[string]outcome{
+			"test.test_posix.P.chown": passed, "test.test_posix.P.ok": passed,
+			"test.test_os.O.chown": passed, "test.test_os.O.other": passed,
+			"test.test_pty.T.chown": passed,
+		},
+	}
+	sandbox := results{
+		modules:     map[string]outcome{"test_posix": failed, "test_os": failed, "test_pty": failed},
+		moduleWords: map[string]string{"test_posix": "failed (1 error)", "test_os": "failed (2 errors)", "test_pty": "crashed (Exit code 1)"},
+		cases: map[string]outcome{
+			"test.test_posix.P.chown": failed, "test.test_posix.P.ok": passed,
+			"test.test_os.O.chown": failed, "test.test_os.O.other": failed,
+			"test.test_pty.T.chown": failed,
+		},
+	}
+	exc := []exception{
+		{id: "test.test_posix.P.chown", reason: "user namespace", line: 1},
+		{id: "test.test_os.O.chown", reason: "user namespace", line: 2},
+		{id: "test.test_pty.T.chown", reason: "user namespace", line: 3},
+	}
+	fails := compare(chroot, sandbox, exc).failures()
+	want := []string{
+		"module test_os: passed in the chroot, failed (2 errors) in the sandbox",
+		"test case test.test_os.O.other: passed in the chroot, failed in the sandbox",
+		"module test_pty: passed in the chroot, crashed (Exit code 1) in the sandbox",
+	}
+	slices.Sort(fails)
+	slices.Sort(want)
+	if !slices.Equal(fails, want) {
+		t.Errorf("failures %q, want %q", fails, want)
+	}
+}
