@@ -798,6 +798,9 @@ type sandbox struct {
 	destroyed bool
 
 	netMu sync.Mutex // st.Net, which Update changes
+
+	jobMu  sync.Mutex // one job at a time (RunJob)
+	jobMem int64      // the memory limit RunJob last set; 0: the spec's
 }
 
 func (s *sandbox) ID() string { return s.id }
