@@ -68,9 +68,9 @@ func TestStatuses(t *testing.T) {
 	s, img := newService(t, Options{})
 	lim := func(st backend.Step, f func(*backend.StepLimits)) backend.Step { f(&st.Limits); return st }
 	cases := []struct {
-		name string
-		step backend.Step
-		want backend.Status
+		name  string
+		step  backend.Step
+		want  backend.Status
 		check func(t *testing.T, r backend.StepResult)
 	}{
 		{"accepted", sh("echo hello; echo oops >&2"), backend.StatusAccepted, func(t *testing.T, r backend.StepResult) {
