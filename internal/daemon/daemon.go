@@ -29,6 +29,7 @@ import (
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/events"
+	"github.com/warrenrl/warren/internal/fncall"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/store"
@@ -77,7 +78,10 @@ type Config struct {
 	// UserNSDefault creates sandboxes in a user namespace unless the
 	// request says otherwise (CreateRequest.user_namespace).
 	UserNSDefault bool
-	Logger        *slog.Logger
+	// FnCall runs the jobs of Run (nil: Run is Unsupported). The Manager
+	// closes it.
+	FnCall *fncall.Service
+	Logger *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -117,7 +121,7 @@ var ops = []string{
 	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
-	"CommitSandbox", "ListSandboxEvents",
+	"CommitSandbox", "ListSandboxEvents", "Run",
 }
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.
@@ -277,7 +281,11 @@ func (m *Manager) Close() error {
 			}
 		}
 		m.wg.Wait()
-		err = errors.Join(m.store.Close(), m.events.Close())
+		if m.cfg.FnCall != nil {
+			// Its environments are the daemon's alone: none outlives it.
+			err = m.cfg.FnCall.Close()
+		}
+		err = errors.Join(err, m.store.Close(), m.events.Close())
 		// Backends release node-wide resources of their own (sandboxes
 		// run on without them).
 		for name, b := range m.cfg.Backends {

@@ -48,8 +48,6 @@ const (
 type Options struct {
 	// Backend makes the environments: the container backend.
 	Backend backend.Backend
-	// UserNS puts every environment in a user namespace of its own.
-	UserNS bool
 	// MaxIdle caps the idle environments of one image (default 8).
 	MaxIdle int
 	// IdleTimeout empties an image's pool after that long without a call
@@ -74,6 +72,9 @@ type Image struct {
 	Layers []backend.Layer
 	// Env is every step's environment under the step's own.
 	Env []string
+	// UserNS puts the image's environments in user namespaces of their
+	// own (the node's default, for images whose ids fit).
+	UserNS bool
 	// Release is called once the pool no longer needs Layers (nil: none).
 	Release func()
 }
@@ -279,6 +280,15 @@ func nameOK(n string) bool {
 		}
 	}
 	return true
+}
+
+// Pooled reports whether the service has a pool for key, which holds its
+// image's layers: a caller then need not take them again for Run.
+func (s *Service) Pooled(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.pools[key]
+	return ok
 }
 
 func (s *Service) pool(img Image) (*pool, error) {

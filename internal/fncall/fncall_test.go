@@ -270,7 +270,8 @@ func TestUserNamespace(t *testing.T) {
 	if err := container.UserNSSupported(); err != nil {
 		t.Skipf("user namespaces for sandboxes: %v", err)
 	}
-	s, img := newService(t, Options{UserNS: true, NoSpare: true, MaxIdle: 1})
+	s, img := newService(t, Options{NoSpare: true, MaxIdle: 1})
+	img.UserNS = true
 	for i := range 2 {
 		r := run1(t, s, img, sh("ls -A /w; id -u; echo x > /w/f; awk '{print ($2 != 0)}' /proc/self/uid_map")).Steps[0]
 		if r.Status != backend.StatusAccepted || string(r.Stdout) != "1000\n1\n" {

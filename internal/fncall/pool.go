@@ -157,7 +157,7 @@ func (p *pool) make(ctx context.Context) (*env, error) {
 		Layers:      p.img.Layers,
 		MemoryBytes: o.MemoryBytes,
 		PidsMax:     o.PidsMax,
-		UserNS:      o.UserNS,
+		UserNS:      p.img.UserNS,
 	})
 	if err != nil {
 		return nil, err

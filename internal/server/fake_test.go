@@ -291,6 +291,10 @@ func (f *fakeManager) Version(context.Context, *warrenv1.VersionRequest) (*warre
 	return &warrenv1.VersionResponse{Version: "test", Backends: []string{"container"}}, nil
 }
 
+func (f *fakeManager) Run(_ context.Context, r *warrenv1.RunRequest) (*warrenv1.RunResult, error) {
+	return nil, errdefs.Unsupportedf("fake: no fncall backend")
+}
+
 func (f *fakeManager) ListSandboxEvents(_ context.Context, r *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error) {
 	if _, err := f.Get(context.Background(), &warrenv1.GetRequest{Id: r.SandboxId}); err != nil {
 		return nil, err

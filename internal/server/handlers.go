@@ -38,6 +38,7 @@ type Manager interface {
 	RemoveFile(context.Context, *warrenv1.RemoveFileRequest) (*warrenv1.RemoveFileResponse, error)
 	CommitSandbox(context.Context, *warrenv1.CommitSandboxRequest) (*warrenv1.Layer, error)
 	ListSandboxEvents(context.Context, *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error)
+	Run(context.Context, *warrenv1.RunRequest) (*warrenv1.RunResult, error)
 	TarOut(ctx context.Context, id, path string, w io.Writer) error
 	TarIn(ctx context.Context, id, path string, r io.Reader) error
 
@@ -155,6 +156,10 @@ func (s sandboxService) RemoveFile(ctx context.Context, r *connect.Request[warre
 
 func (s sandboxService) CommitSandbox(ctx context.Context, r *connect.Request[warrenv1.CommitSandboxRequest]) (*connect.Response[warrenv1.Layer], error) {
 	return unary(ctx, r, s.m.CommitSandbox)
+}
+
+func (s sandboxService) Run(ctx context.Context, r *connect.Request[warrenv1.RunRequest]) (*connect.Response[warrenv1.RunResult], error) {
+	return unary(ctx, r, s.m.Run)
 }
 
 func (s sandboxService) ListSandboxEvents(ctx context.Context, r *connect.Request[warrenv1.ListSandboxEventsRequest]) (*connect.Response[warrenv1.ListSandboxEventsResponse], error) {

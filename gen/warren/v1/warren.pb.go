@@ -101,6 +101,73 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_warren_v1_warren_proto_rawDescGZIP(), []int{0}
 }
 
+type RunStatus int32
+
+const (
+	RunStatus_RUN_STATUS_UNSPECIFIED    RunStatus = 0
+	RunStatus_RUN_STATUS_ACCEPTED       RunStatus = 1 // exited 0
+	RunStatus_RUN_STATUS_NON_ZERO_EXIT  RunStatus = 2
+	RunStatus_RUN_STATUS_SIGNALLED      RunStatus = 3
+	RunStatus_RUN_STATUS_TIME_LIMIT     RunStatus = 4 // CPU or wall time
+	RunStatus_RUN_STATUS_MEMORY_LIMIT   RunStatus = 5
+	RunStatus_RUN_STATUS_OUTPUT_LIMIT   RunStatus = 6 // a stream past output_bytes, or a file past file_size_bytes
+	RunStatus_RUN_STATUS_FILE_ERROR     RunStatus = 7 // an input file not written, an output file missing or too large, a program not found
+	RunStatus_RUN_STATUS_INTERNAL_ERROR RunStatus = 8 // the environment failed to run the step
+)
+
+// Enum value maps for RunStatus.
+var (
+	RunStatus_name = map[int32]string{
+		0: "RUN_STATUS_UNSPECIFIED",
+		1: "RUN_STATUS_ACCEPTED",
+		2: "RUN_STATUS_NON_ZERO_EXIT",
+		3: "RUN_STATUS_SIGNALLED",
+		4: "RUN_STATUS_TIME_LIMIT",
+		5: "RUN_STATUS_MEMORY_LIMIT",
+		6: "RUN_STATUS_OUTPUT_LIMIT",
+		7: "RUN_STATUS_FILE_ERROR",
+		8: "RUN_STATUS_INTERNAL_ERROR",
+	}
+	RunStatus_value = map[string]int32{
+		"RUN_STATUS_UNSPECIFIED":    0,
+		"RUN_STATUS_ACCEPTED":       1,
+		"RUN_STATUS_NON_ZERO_EXIT":  2,
+		"RUN_STATUS_SIGNALLED":      3,
+		"RUN_STATUS_TIME_LIMIT":     4,
+		"RUN_STATUS_MEMORY_LIMIT":   5,
+		"RUN_STATUS_OUTPUT_LIMIT":   6,
+		"RUN_STATUS_FILE_ERROR":     7,
+		"RUN_STATUS_INTERNAL_ERROR": 8,
+	}
+)
+
+func (x RunStatus) Enum() *RunStatus {
+	p := new(RunStatus)
+	*p = x
+	return p
+}
+
+func (x RunStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RunStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_warren_v1_warren_proto_enumTypes[1].Descriptor()
+}
+
+func (RunStatus) Type() protoreflect.EnumType {
+	return &file_warren_v1_warren_proto_enumTypes[1]
+}
+
+func (x RunStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RunStatus.Descriptor instead.
+func (RunStatus) EnumDescriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{1}
+}
+
 type Resources struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	CpuMillis   int64                  `protobuf:"varint,1,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`       // 1000 = one core; 0 = no quota
@@ -4825,6 +4892,588 @@ func (x *SecurityEvent) GetSuppressed() uint64 {
 	return 0
 }
 
+type RunRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	Backend       string                 `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"` // "fncall" (default; the only one so far)
+	Steps         []*RunStep             `protobuf:"bytes,3,rep,name=steps,proto3" json:"steps,omitempty"`     // 1 to 64, run in order
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunRequest) Reset() {
+	*x = RunRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunRequest) ProtoMessage() {}
+
+func (x *RunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
+func (*RunRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *RunRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *RunRequest) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *RunRequest) GetSteps() []*RunStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+// RunStep is one program of a job. Every step runs in the job's work
+// directory (/w, empty at the job's start, HOME) as uid and gid 1000,
+// without network (loopback only).
+type RunStep struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Argv    []string               `protobuf:"bytes,1,rep,name=argv,proto3" json:"argv,omitempty"`                                                                         // argv[0] without '/' is searched in PATH
+	Env     map[string]string      `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // over the image's env and PATH, HOME, TMPDIR
+	Stdin   []byte                 `protobuf:"bytes,3,opt,name=stdin,proto3" json:"stdin,omitempty"`                                                                       // empty: /dev/null
+	Files   []*RunFile             `protobuf:"bytes,4,rep,name=files,proto3" json:"files,omitempty"`                                                                       // written into /w before the program starts
+	Outputs []string               `protobuf:"bytes,5,rep,name=outputs,proto3" json:"outputs,omitempty"`                                                                   // files of /w read back after it ended
+	Limits  *RunLimits             `protobuf:"bytes,6,opt,name=limits,proto3" json:"limits,omitempty"`
+	// Run the next step even when this one was not accepted (test cases
+	// after a failed one); without it the job ends at its first failure.
+	ContinueOnFailure bool `protobuf:"varint,7,opt,name=continue_on_failure,json=continueOnFailure,proto3" json:"continue_on_failure,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *RunStep) Reset() {
+	*x = RunStep{}
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunStep) ProtoMessage() {}
+
+func (x *RunStep) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
+func (*RunStep) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *RunStep) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *RunStep) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *RunStep) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *RunStep) GetFiles() []*RunFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *RunStep) GetOutputs() []string {
+	if x != nil {
+		return x.Outputs
+	}
+	return nil
+}
+
+func (x *RunStep) GetLimits() *RunLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *RunStep) GetContinueOnFailure() bool {
+	if x != nil {
+		return x.ContinueOnFailure
+	}
+	return false
+}
+
+// RunFile is an input file: its bytes, or an output file of an earlier
+// step of the same job (from, from_step).
+type RunFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // relative to /w; no "." or ".." components
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"` // permission bits; 0 for 0644
+	From          string                 `protobuf:"bytes,4,opt,name=from,proto3" json:"from,omitempty"`  // an output file name of step from_step
+	FromStep      int32                  `protobuf:"varint,5,opt,name=from_step,json=fromStep,proto3" json:"from_step,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunFile) Reset() {
+	*x = RunFile{}
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunFile) ProtoMessage() {}
+
+func (x *RunFile) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
+func (*RunFile) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *RunFile) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RunFile) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *RunFile) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *RunFile) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *RunFile) GetFromStep() int32 {
+	if x != nil {
+		return x.FromStep
+	}
+	return 0
+}
+
+// RunLimits bound one step; 0 takes the default.
+type RunLimits struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CpuMs         int64                  `protobuf:"varint,1,opt,name=cpu_ms,json=cpuMs,proto3" json:"cpu_ms,omitempty"`                           // default 10 s
+	WallMs        int64                  `protobuf:"varint,2,opt,name=wall_ms,json=wallMs,proto3" json:"wall_ms,omitempty"`                        // default 2 x cpu + 1 s
+	MemoryBytes   int64                  `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`         // peak resident memory; default 256 MiB
+	Processes     int32                  `protobuf:"varint,4,opt,name=processes,proto3" json:"processes,omitempty"`                                // of the job's user; default 64
+	OutputBytes   int64                  `protobuf:"varint,5,opt,name=output_bytes,json=outputBytes,proto3" json:"output_bytes,omitempty"`         // per stream; default 64 KiB
+	FileSizeBytes int64                  `protobuf:"varint,6,opt,name=file_size_bytes,json=fileSizeBytes,proto3" json:"file_size_bytes,omitempty"` // largest file written; default 64 MiB
+	OpenFiles     int32                  `protobuf:"varint,7,opt,name=open_files,json=openFiles,proto3" json:"open_files,omitempty"`               // default 256
+	FileOutBytes  int64                  `protobuf:"varint,8,opt,name=file_out_bytes,json=fileOutBytes,proto3" json:"file_out_bytes,omitempty"`    // each output file read back; default 64 KiB
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunLimits) Reset() {
+	*x = RunLimits{}
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunLimits) ProtoMessage() {}
+
+func (x *RunLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
+func (*RunLimits) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *RunLimits) GetCpuMs() int64 {
+	if x != nil {
+		return x.CpuMs
+	}
+	return 0
+}
+
+func (x *RunLimits) GetWallMs() int64 {
+	if x != nil {
+		return x.WallMs
+	}
+	return 0
+}
+
+func (x *RunLimits) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *RunLimits) GetProcesses() int32 {
+	if x != nil {
+		return x.Processes
+	}
+	return 0
+}
+
+func (x *RunLimits) GetOutputBytes() int64 {
+	if x != nil {
+		return x.OutputBytes
+	}
+	return 0
+}
+
+func (x *RunLimits) GetFileSizeBytes() int64 {
+	if x != nil {
+		return x.FileSizeBytes
+	}
+	return 0
+}
+
+func (x *RunLimits) GetOpenFiles() int32 {
+	if x != nil {
+		return x.OpenFiles
+	}
+	return 0
+}
+
+func (x *RunLimits) GetFileOutBytes() int64 {
+	if x != nil {
+		return x.FileOutBytes
+	}
+	return 0
+}
+
+type RunStepResult struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Status          RunStatus              `protobuf:"varint,1,opt,name=status,proto3,enum=warren.v1.RunStatus" json:"status,omitempty"`
+	ExitCode        int32                  `protobuf:"varint,2,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"` // -1 when signalled
+	Signal          int32                  `protobuf:"varint,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	CpuUs           int64                  `protobuf:"varint,4,opt,name=cpu_us,json=cpuUs,proto3" json:"cpu_us,omitempty"`
+	WallUs          int64                  `protobuf:"varint,5,opt,name=wall_us,json=wallUs,proto3" json:"wall_us,omitempty"`
+	PeakMemoryBytes int64                  `protobuf:"varint,6,opt,name=peak_memory_bytes,json=peakMemoryBytes,proto3" json:"peak_memory_bytes,omitempty"`
+	Stdout          []byte                 `protobuf:"bytes,7,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr          []byte                 `protobuf:"bytes,8,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	StdoutTruncated bool                   `protobuf:"varint,9,opt,name=stdout_truncated,json=stdoutTruncated,proto3" json:"stdout_truncated,omitempty"`
+	StderrTruncated bool                   `protobuf:"varint,10,opt,name=stderr_truncated,json=stderrTruncated,proto3" json:"stderr_truncated,omitempty"`
+	Error           string                 `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"` // why a file error or internal error
+	Files           []*RunFileResult       `protobuf:"bytes,12,rep,name=files,proto3" json:"files,omitempty"` // the step's outputs, in order
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RunStepResult) Reset() {
+	*x = RunStepResult{}
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunStepResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunStepResult) ProtoMessage() {}
+
+func (x *RunStepResult) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
+func (*RunStepResult) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *RunStepResult) GetStatus() RunStatus {
+	if x != nil {
+		return x.Status
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+func (x *RunStepResult) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *RunStepResult) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+func (x *RunStepResult) GetCpuUs() int64 {
+	if x != nil {
+		return x.CpuUs
+	}
+	return 0
+}
+
+func (x *RunStepResult) GetWallUs() int64 {
+	if x != nil {
+		return x.WallUs
+	}
+	return 0
+}
+
+func (x *RunStepResult) GetPeakMemoryBytes() int64 {
+	if x != nil {
+		return x.PeakMemoryBytes
+	}
+	return 0
+}
+
+func (x *RunStepResult) GetStdout() []byte {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *RunStepResult) GetStderr() []byte {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *RunStepResult) GetStdoutTruncated() bool {
+	if x != nil {
+		return x.StdoutTruncated
+	}
+	return false
+}
+
+func (x *RunStepResult) GetStderrTruncated() bool {
+	if x != nil {
+		return x.StderrTruncated
+	}
+	return false
+}
+
+func (x *RunStepResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *RunStepResult) GetFiles() []*RunFileResult {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+type RunFileResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"` // "" when read
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunFileResult) Reset() {
+	*x = RunFileResult{}
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunFileResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunFileResult) ProtoMessage() {}
+
+func (x *RunFileResult) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
+func (*RunFileResult) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *RunFileResult) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RunFileResult) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *RunFileResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type RunResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The steps run, in order: a failed step without continue_on_failure
+	// is the last.
+	Steps         []*RunStepResult `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	WallUs        int64            `protobuf:"varint,2,opt,name=wall_us,json=wallUs,proto3" json:"wall_us,omitempty"` // the whole call in the daemon
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunResult) Reset() {
+	*x = RunResult{}
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunResult) ProtoMessage() {}
+
+func (x *RunResult) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
+func (*RunResult) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *RunResult) GetSteps() []*RunStepResult {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *RunResult) GetWallUs() int64 {
+	if x != nil {
+		return x.WallUs
+	}
+	return 0
+}
+
 var File_warren_v1_warren_proto protoreflect.FileDescriptor
 
 const file_warren_v1_warren_proto_rawDesc = "" +
@@ -5239,7 +5888,60 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\aprocess\x18\x06 \x01(\tR\aprocess\x12\x1e\n" +
 	"\n" +
 	"suppressed\x18\a \x01(\x04R\n" +
-	"suppressed*\xeb\x01\n" +
+	"suppressed\"f\n" +
+	"\n" +
+	"RunRequest\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
+	"\abackend\x18\x02 \x01(\tR\abackend\x12(\n" +
+	"\x05steps\x18\x03 \x03(\v2\x12.warren.v1.RunStepR\x05steps\"\xbc\x02\n" +
+	"\aRunStep\x12\x12\n" +
+	"\x04argv\x18\x01 \x03(\tR\x04argv\x12-\n" +
+	"\x03env\x18\x02 \x03(\v2\x1b.warren.v1.RunStep.EnvEntryR\x03env\x12\x14\n" +
+	"\x05stdin\x18\x03 \x01(\fR\x05stdin\x12(\n" +
+	"\x05files\x18\x04 \x03(\v2\x12.warren.v1.RunFileR\x05files\x12\x18\n" +
+	"\aoutputs\x18\x05 \x03(\tR\aoutputs\x12,\n" +
+	"\x06limits\x18\x06 \x01(\v2\x14.warren.v1.RunLimitsR\x06limits\x12.\n" +
+	"\x13continue_on_failure\x18\a \x01(\bR\x11continueOnFailure\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"v\n" +
+	"\aRunFile\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x12\n" +
+	"\x04from\x18\x04 \x01(\tR\x04from\x12\x1b\n" +
+	"\tfrom_step\x18\x05 \x01(\x05R\bfromStep\"\x8c\x02\n" +
+	"\tRunLimits\x12\x15\n" +
+	"\x06cpu_ms\x18\x01 \x01(\x03R\x05cpuMs\x12\x17\n" +
+	"\awall_ms\x18\x02 \x01(\x03R\x06wallMs\x12!\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x03R\vmemoryBytes\x12\x1c\n" +
+	"\tprocesses\x18\x04 \x01(\x05R\tprocesses\x12!\n" +
+	"\foutput_bytes\x18\x05 \x01(\x03R\voutputBytes\x12&\n" +
+	"\x0ffile_size_bytes\x18\x06 \x01(\x03R\rfileSizeBytes\x12\x1d\n" +
+	"\n" +
+	"open_files\x18\a \x01(\x05R\topenFiles\x12$\n" +
+	"\x0efile_out_bytes\x18\b \x01(\x03R\ffileOutBytes\"\x9a\x03\n" +
+	"\rRunStepResult\x12,\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x14.warren.v1.RunStatusR\x06status\x12\x1b\n" +
+	"\texit_code\x18\x02 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x03 \x01(\x05R\x06signal\x12\x15\n" +
+	"\x06cpu_us\x18\x04 \x01(\x03R\x05cpuUs\x12\x17\n" +
+	"\awall_us\x18\x05 \x01(\x03R\x06wallUs\x12*\n" +
+	"\x11peak_memory_bytes\x18\x06 \x01(\x03R\x0fpeakMemoryBytes\x12\x16\n" +
+	"\x06stdout\x18\a \x01(\fR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\b \x01(\fR\x06stderr\x12)\n" +
+	"\x10stdout_truncated\x18\t \x01(\bR\x0fstdoutTruncated\x12)\n" +
+	"\x10stderr_truncated\x18\n" +
+	" \x01(\bR\x0fstderrTruncated\x12\x14\n" +
+	"\x05error\x18\v \x01(\tR\x05error\x12.\n" +
+	"\x05files\x18\f \x03(\v2\x18.warren.v1.RunFileResultR\x05files\"M\n" +
+	"\rRunFileResult\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"T\n" +
+	"\tRunResult\x12.\n" +
+	"\x05steps\x18\x01 \x03(\v2\x18.warren.v1.RunStepResultR\x05steps\x12\x17\n" +
+	"\awall_us\x18\x02 \x01(\x03R\x06wallUs*\xeb\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -5248,7 +5950,17 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x16SANDBOX_STATE_DELETING\x10\x04\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x05\x12\x1c\n" +
 	"\x18SANDBOX_STATE_HIBERNATED\x10\x06\x12\x16\n" +
-	"\x12SANDBOX_STATE_LOST\x10\a2\xcf\f\n" +
+	"\x12SANDBOX_STATE_LOST\x10\a*\x87\x02\n" +
+	"\tRunStatus\x12\x1a\n" +
+	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13RUN_STATUS_ACCEPTED\x10\x01\x12\x1c\n" +
+	"\x18RUN_STATUS_NON_ZERO_EXIT\x10\x02\x12\x18\n" +
+	"\x14RUN_STATUS_SIGNALLED\x10\x03\x12\x19\n" +
+	"\x15RUN_STATUS_TIME_LIMIT\x10\x04\x12\x1b\n" +
+	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
+	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
+	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\x83\r\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -5275,7 +5987,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\n" +
 	"RemoveFile\x12\x1c.warren.v1.RemoveFileRequest\x1a\x1d.warren.v1.RemoveFileResponse\x12B\n" +
 	"\rCommitSandbox\x12\x1f.warren.v1.CommitSandboxRequest\x1a\x10.warren.v1.Layer\x12^\n" +
-	"\x11ListSandboxEvents\x12#.warren.v1.ListSandboxEventsRequest\x1a$.warren.v1.ListSandboxEventsResponse2\xd8\x05\n" +
+	"\x11ListSandboxEvents\x12#.warren.v1.ListSandboxEventsRequest\x1a$.warren.v1.ListSandboxEventsResponse\x122\n" +
+	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult2\xd8\x05\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.warren.v1.ListImagesRequest\x1a\x1d.warren.v1.ListImagesResponse\x128\n" +
@@ -5306,192 +6019,210 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 	return file_warren_v1_warren_proto_rawDescData
 }
 
-var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
+var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
-	(*Resources)(nil),                 // 1: warren.v1.Resources
-	(*CreateRequest)(nil),             // 2: warren.v1.CreateRequest
-	(*NetworkPolicy)(nil),             // 3: warren.v1.NetworkPolicy
-	(*NetworkRule)(nil),               // 4: warren.v1.NetworkRule
-	(*Rlimit)(nil),                    // 5: warren.v1.Rlimit
-	(*Sandbox)(nil),                   // 6: warren.v1.Sandbox
-	(*GetRequest)(nil),                // 7: warren.v1.GetRequest
-	(*ListRequest)(nil),               // 8: warren.v1.ListRequest
-	(*ListResponse)(nil),              // 9: warren.v1.ListResponse
-	(*DeleteRequest)(nil),             // 10: warren.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 11: warren.v1.DeleteResponse
-	(*ExtendTimeoutRequest)(nil),      // 12: warren.v1.ExtendTimeoutRequest
-	(*UpdateSandboxRequest)(nil),      // 13: warren.v1.UpdateSandboxRequest
-	(*ExecRequest)(nil),               // 14: warren.v1.ExecRequest
-	(*ExecResult)(nil),                // 15: warren.v1.ExecResult
-	(*ExecEvent)(nil),                 // 16: warren.v1.ExecEvent
-	(*ExecStarted)(nil),               // 17: warren.v1.ExecStarted
-	(*ProcessInfo)(nil),               // 18: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),      // 19: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),     // 20: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),        // 21: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),      // 22: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),     // 23: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),         // 24: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),        // 25: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),      // 26: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),               // 27: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),              // 28: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),      // 29: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil),     // 30: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),          // 31: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 32: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),           // 33: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 34: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),                  // 35: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),          // 36: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),         // 37: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),           // 38: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),            // 39: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 40: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),         // 41: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),        // 42: warren.v1.RemoveFileResponse
-	(*Image)(nil),                     // 43: warren.v1.Image
-	(*ListImagesRequest)(nil),         // 44: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),        // 45: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),           // 46: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),        // 47: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),        // 48: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),       // 49: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),          // 50: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),            // 51: warren.v1.PullImageEvent
-	(*Layer)(nil),                     // 52: warren.v1.Layer
-	(*BuildLayerRequest)(nil),         // 53: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),         // 54: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),        // 55: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),        // 56: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),       // 57: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),      // 58: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),         // 59: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),                 // 60: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),        // 61: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),        // 62: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),         // 63: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),       // 64: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),            // 65: warren.v1.VersionRequest
-	(*VersionResponse)(nil),           // 66: warren.v1.VersionResponse
-	(*ListSandboxEventsRequest)(nil),  // 67: warren.v1.ListSandboxEventsRequest
-	(*ListSandboxEventsResponse)(nil), // 68: warren.v1.ListSandboxEventsResponse
-	(*SecurityEvent)(nil),             // 69: warren.v1.SecurityEvent
-	nil,                               // 70: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 71: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 72: warren.v1.Sandbox.EnvEntry
-	nil,                               // 73: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 74: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 75: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 76: warren.v1.ExecRequest.EnvEntry
+	(RunStatus)(0),                    // 1: warren.v1.RunStatus
+	(*Resources)(nil),                 // 2: warren.v1.Resources
+	(*CreateRequest)(nil),             // 3: warren.v1.CreateRequest
+	(*NetworkPolicy)(nil),             // 4: warren.v1.NetworkPolicy
+	(*NetworkRule)(nil),               // 5: warren.v1.NetworkRule
+	(*Rlimit)(nil),                    // 6: warren.v1.Rlimit
+	(*Sandbox)(nil),                   // 7: warren.v1.Sandbox
+	(*GetRequest)(nil),                // 8: warren.v1.GetRequest
+	(*ListRequest)(nil),               // 9: warren.v1.ListRequest
+	(*ListResponse)(nil),              // 10: warren.v1.ListResponse
+	(*DeleteRequest)(nil),             // 11: warren.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 12: warren.v1.DeleteResponse
+	(*ExtendTimeoutRequest)(nil),      // 13: warren.v1.ExtendTimeoutRequest
+	(*UpdateSandboxRequest)(nil),      // 14: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),               // 15: warren.v1.ExecRequest
+	(*ExecResult)(nil),                // 16: warren.v1.ExecResult
+	(*ExecEvent)(nil),                 // 17: warren.v1.ExecEvent
+	(*ExecStarted)(nil),               // 18: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),               // 19: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),      // 20: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),     // 21: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),        // 22: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),      // 23: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),     // 24: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),         // 25: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 26: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),      // 27: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),               // 28: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),              // 29: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),      // 30: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil),     // 31: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),          // 32: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 33: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),           // 34: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 35: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),                  // 36: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),          // 37: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 38: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),           // 39: warren.v1.StatFileRequest
+	(*MakeDirRequest)(nil),            // 40: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 41: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),         // 42: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),        // 43: warren.v1.RemoveFileResponse
+	(*Image)(nil),                     // 44: warren.v1.Image
+	(*ListImagesRequest)(nil),         // 45: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),        // 46: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),           // 47: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),        // 48: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),        // 49: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),       // 50: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),          // 51: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),            // 52: warren.v1.PullImageEvent
+	(*Layer)(nil),                     // 53: warren.v1.Layer
+	(*BuildLayerRequest)(nil),         // 54: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),         // 55: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),        // 56: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),        // 57: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),       // 58: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),      // 59: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),         // 60: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),                 // 61: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),        // 62: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),        // 63: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),         // 64: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),       // 65: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),            // 66: warren.v1.VersionRequest
+	(*VersionResponse)(nil),           // 67: warren.v1.VersionResponse
+	(*ListSandboxEventsRequest)(nil),  // 68: warren.v1.ListSandboxEventsRequest
+	(*ListSandboxEventsResponse)(nil), // 69: warren.v1.ListSandboxEventsResponse
+	(*SecurityEvent)(nil),             // 70: warren.v1.SecurityEvent
+	(*RunRequest)(nil),                // 71: warren.v1.RunRequest
+	(*RunStep)(nil),                   // 72: warren.v1.RunStep
+	(*RunFile)(nil),                   // 73: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 74: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 75: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 76: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 77: warren.v1.RunResult
+	nil,                               // 78: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 79: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 80: warren.v1.Sandbox.EnvEntry
+	nil,                               // 81: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 82: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 83: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 84: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 85: warren.v1.RunStep.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
-	1,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	70, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	71, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
-	5,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
-	3,  // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
-	4,  // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
+	2,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
+	78, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	79, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	6,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
+	4,  // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
+	5,  // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,  // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
-	1,  // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	72, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	73, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	5,  // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
-	3,  // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	74, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
-	6,  // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	75, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	3,  // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	76, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	15, // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	17, // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
-	15, // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	18, // 20: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	27, // 21: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
-	27, // 22: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
-	15, // 23: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
-	35, // 24: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	43, // 25: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	43, // 26: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	52, // 27: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	60, // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	63, // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	69, // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
-	2,  // 31: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	7,  // 32: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	8,  // 33: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	10, // 34: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	12, // 35: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	13, // 36: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	14, // 37: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	14, // 38: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	14, // 39: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	19, // 40: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	21, // 41: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	22, // 42: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	24, // 43: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	26, // 44: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	29, // 45: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	31, // 46: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	33, // 47: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	36, // 48: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	38, // 49: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	39, // 50: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	41, // 51: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	58, // 52: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	67, // 53: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	44, // 54: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	46, // 55: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	47, // 56: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	48, // 57: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	50, // 58: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	53, // 59: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	54, // 60: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	56, // 61: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	59, // 62: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	62, // 63: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	65, // 64: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	6,  // 65: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	6,  // 66: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	9,  // 67: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	11, // 68: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	6,  // 69: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	6,  // 70: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	15, // 71: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	16, // 72: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	18, // 73: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	20, // 74: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	15, // 75: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	23, // 76: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	25, // 77: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	28, // 78: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	30, // 79: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	32, // 80: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	34, // 81: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	37, // 82: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	35, // 83: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	40, // 84: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	42, // 85: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	52, // 86: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	68, // 87: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	45, // 88: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	43, // 89: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	43, // 90: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	49, // 91: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	51, // 92: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	52, // 93: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	55, // 94: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	57, // 95: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	61, // 96: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	64, // 97: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	66, // 98: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	65, // [65:99] is the sub-list for method output_type
-	31, // [31:65] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	2,  // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
+	80, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	81, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	6,  // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
+	4,  // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
+	82, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	7,  // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
+	83, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	4,  // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
+	84, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	16, // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
+	18, // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
+	16, // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	19, // 20: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	28, // 21: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
+	28, // 22: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
+	16, // 23: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
+	36, // 24: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	44, // 25: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	44, // 26: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	53, // 27: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	61, // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	64, // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	70, // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	72, // 31: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	85, // 32: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	73, // 33: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	74, // 34: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	1,  // 35: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
+	76, // 36: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	75, // 37: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	3,  // 38: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	8,  // 39: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	9,  // 40: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	11, // 41: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	13, // 42: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	14, // 43: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	15, // 44: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	15, // 45: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	15, // 46: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	20, // 47: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	22, // 48: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	23, // 49: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	25, // 50: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	27, // 51: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	30, // 52: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	32, // 53: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	34, // 54: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	37, // 55: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	39, // 56: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	40, // 57: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	42, // 58: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	59, // 59: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	68, // 60: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	71, // 61: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	45, // 62: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	47, // 63: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	48, // 64: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	49, // 65: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	51, // 66: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	54, // 67: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	55, // 68: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	57, // 69: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	60, // 70: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	63, // 71: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	66, // 72: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	7,  // 73: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	7,  // 74: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	10, // 75: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	12, // 76: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	7,  // 77: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	7,  // 78: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	16, // 79: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	17, // 80: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	19, // 81: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	21, // 82: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	16, // 83: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	24, // 84: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	26, // 85: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	29, // 86: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	31, // 87: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	33, // 88: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	35, // 89: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	38, // 90: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	36, // 91: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	41, // 92: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	43, // 93: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	53, // 94: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	69, // 95: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	77, // 96: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	46, // 97: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	44, // 98: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	44, // 99: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	50, // 100: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	52, // 101: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	53, // 102: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	56, // 103: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	58, // 104: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	62, // 105: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	65, // 106: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	67, // 107: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	73, // [73:108] is the sub-list for method output_type
+	38, // [38:73] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -5518,8 +6249,8 @@ func file_warren_v1_warren_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   76,
+			NumEnums:      2,
+			NumMessages:   84,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -110,6 +110,8 @@ const (
 	// SandboxServiceListSandboxEventsProcedure is the fully-qualified name of the SandboxService's
 	// ListSandboxEvents RPC.
 	SandboxServiceListSandboxEventsProcedure = "/warren.v1.SandboxService/ListSandboxEvents"
+	// SandboxServiceRunProcedure is the fully-qualified name of the SandboxService's Run RPC.
+	SandboxServiceRunProcedure = "/warren.v1.SandboxService/Run"
 	// ImageServiceListImagesProcedure is the fully-qualified name of the ImageService's ListImages RPC.
 	ImageServiceListImagesProcedure = "/warren.v1.ImageService/ListImages"
 	// ImageServiceGetImageProcedure is the fully-qualified name of the ImageService's GetImage RPC.
@@ -201,6 +203,13 @@ type SandboxServiceClient interface {
 	// daemon keeps the latest 256 per sandbox while the sandbox exists
 	// (its audit file keeps them longer). NotFound for an unknown sandbox.
 	ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error)
+	// Run runs one job (its steps in order in one fresh, isolated
+	// environment of the image) and returns every step's result. The
+	// backend is "fncall": a pool of pre-made environments per image, each
+	// reset between jobs (docs/ARCHITECTURE.md, "fncall"). A program's
+	// failure (exit code, signal, any limit) is a step's status, never an
+	// error: an error means Warren failed or the request is invalid.
+	Run(context.Context, *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error)
 }
 
 // NewSandboxServiceClient constructs a client for the warren.v1.SandboxService service. By default,
@@ -352,6 +361,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("ListSandboxEvents")),
 			connect.WithClientOptions(opts...),
 		),
+		run: connect.NewClient[v1.RunRequest, v1.RunResult](
+			httpClient,
+			baseURL+SandboxServiceRunProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Run")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -380,6 +395,7 @@ type sandboxServiceClient struct {
 	removeFile        *connect.Client[v1.RemoveFileRequest, v1.RemoveFileResponse]
 	commitSandbox     *connect.Client[v1.CommitSandboxRequest, v1.Layer]
 	listSandboxEvents *connect.Client[v1.ListSandboxEventsRequest, v1.ListSandboxEventsResponse]
+	run               *connect.Client[v1.RunRequest, v1.RunResult]
 }
 
 // Create calls warren.v1.SandboxService.Create.
@@ -497,6 +513,11 @@ func (c *sandboxServiceClient) ListSandboxEvents(ctx context.Context, req *conne
 	return c.listSandboxEvents.CallUnary(ctx, req)
 }
 
+// Run calls warren.v1.SandboxService.Run.
+func (c *sandboxServiceClient) Run(ctx context.Context, req *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error) {
+	return c.run.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the warren.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v1.Sandbox], error)
@@ -560,6 +581,13 @@ type SandboxServiceHandler interface {
 	// daemon keeps the latest 256 per sandbox while the sandbox exists
 	// (its audit file keeps them longer). NotFound for an unknown sandbox.
 	ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error)
+	// Run runs one job (its steps in order in one fresh, isolated
+	// environment of the image) and returns every step's result. The
+	// backend is "fncall": a pool of pre-made environments per image, each
+	// reset between jobs (docs/ARCHITECTURE.md, "fncall"). A program's
+	// failure (exit code, signal, any limit) is a step's status, never an
+	// error: an error means Warren failed or the request is invalid.
+	Run(context.Context, *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -707,6 +735,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("ListSandboxEvents")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceRunHandler := connect.NewUnaryHandler(
+		SandboxServiceRunProcedure,
+		svc.Run,
+		connect.WithSchema(sandboxServiceMethods.ByName("Run")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warren.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -755,6 +789,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceCommitSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceListSandboxEventsProcedure:
 			sandboxServiceListSandboxEventsHandler.ServeHTTP(w, r)
+		case SandboxServiceRunProcedure:
+			sandboxServiceRunHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -854,6 +890,10 @@ func (UnimplementedSandboxServiceHandler) CommitSandbox(context.Context, *connec
 
 func (UnimplementedSandboxServiceHandler) ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.ListSandboxEvents is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Run(context.Context, *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.Run is not implemented"))
 }
 
 // ImageServiceClient is a client for the warren.v1.ImageService service.

@@ -1,0 +1,167 @@
+package daemon
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/fncall"
+	"github.com/warrenrl/warren/internal/image"
+)
+
+// Run runs one job in the fncall backend (internal/fncall): a program's
+// failure is a step status in the result, never an error.
+func (m *Manager) Run(ctx context.Context, req *warrenv1.RunRequest) (_ *warrenv1.RunResult, err error) {
+	defer m.observe("Run", &err)
+	start := time.Now()
+	if b := req.GetBackend(); b != "" && b != fncall.Name {
+		return nil, errdefs.Invalidf("backend %q runs no jobs: Run takes %q", b, fncall.Name)
+	}
+	if m.cfg.FnCall == nil {
+		return nil, errdefs.Unsupportedf("this node runs no %s backend", fncall.Name)
+	}
+	if req.GetImage() == "" {
+		return nil, errdefs.Invalidf("image is required")
+	}
+	steps, err := runSteps(req.GetSteps())
+	if err != nil {
+		return nil, err
+	}
+	img, err := m.fnImage(ctx, req.GetImage())
+	if err != nil {
+		return nil, err
+	}
+	res, err := m.cfg.FnCall.Run(ctx, img, steps)
+	if err != nil {
+		return nil, err
+	}
+	out := &warrenv1.RunResult{Steps: make([]*warrenv1.RunStepResult, len(res.Steps))}
+	for i, s := range res.Steps {
+		out.Steps[i] = runStepResult(s)
+	}
+	out.WallUs = time.Since(start).Microseconds()
+	return out, nil
+}
+
+// fnImage resolves an image for the fncall backend. The layers are taken
+// (held, mounted) only for an image the service has no pool of yet: the
+// pool holds them from its first call on.
+func (m *Manager) fnImage(ctx context.Context, name string) (fncall.Image, error) {
+	m.imgMu.RLock()
+	defer m.imgMu.RUnlock()
+	rec, digests, err := m.images.Resolve(name, nil)
+	if err != nil {
+		return fncall.Image{}, withCategory(err, errdefs.Internal, "resolve image "+name)
+	}
+	userns := m.cfg.UserNSDefault && m.userNSFits(digests, false) == nil
+	img := fncall.Image{Key: name + "@" + strings.Join(digests, ",") + map[bool]string{true: "+userns"}[userns], UserNS: userns}
+	if rec.Config != nil {
+		for k, v := range imageEnv(rec.Config, nil) {
+			img.Env = append(img.Env, k+"="+v)
+		}
+		slices.Sort(img.Env)
+	}
+	if m.cfg.FnCall.Pooled(img.Key) {
+		return img, nil
+	}
+	refs, release, err := m.images.LayerRefs(ctx, image.Image{Name: name, Layers: digests}, true)
+	if err != nil {
+		return fncall.Image{}, withCategory(err, errdefs.Internal, "resolve image "+name)
+	}
+	img.Layers, img.Release = specLayers(refs), release
+	return img, nil
+}
+
+func runSteps(in []*warrenv1.RunStep) ([]backend.Step, error) {
+	if len(in) == 0 {
+		return nil, errdefs.Invalidf("a job needs at least one step")
+	}
+	out := make([]backend.Step, len(in))
+	for i, s := range in {
+		l := s.GetLimits()
+		for _, v := range []int64{l.GetCpuMs(), l.GetWallMs(), l.GetMemoryBytes(), int64(l.GetProcesses()), l.GetOutputBytes(), l.GetFileSizeBytes(), int64(l.GetOpenFiles()), l.GetFileOutBytes()} {
+			if v < 0 {
+				return nil, errdefs.Invalidf("step %d: a negative limit", i)
+			}
+		}
+		st := backend.Step{
+			Argv:     s.GetArgv(),
+			Stdin:    s.GetStdin(),
+			Outputs:  s.GetOutputs(),
+			Continue: s.GetContinueOnFailure(),
+			Limits: backend.StepLimits{
+				CPU:           time.Duration(l.GetCpuMs()) * time.Millisecond,
+				Wall:          time.Duration(l.GetWallMs()) * time.Millisecond,
+				MemoryBytes:   l.GetMemoryBytes(),
+				Procs:         uint32(l.GetProcesses()),
+				OutputBytes:   l.GetOutputBytes(),
+				FileSizeBytes: l.GetFileSizeBytes(),
+				OpenFiles:     uint32(l.GetOpenFiles()),
+				FileOutBytes:  l.GetFileOutBytes(),
+			},
+		}
+		keys := make([]string, 0, len(s.GetEnv()))
+		for k := range s.GetEnv() {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			if k == "" || strings.ContainsAny(k, "=\x00") {
+				return nil, errdefs.Invalidf("step %d: bad environment variable name %q", i, k)
+			}
+			st.Env = append(st.Env, k+"="+s.GetEnv()[k])
+		}
+		for _, f := range s.GetFiles() {
+			fi := backend.FileIn{Name: f.GetName(), Mode: f.GetMode(), Data: f.GetData(), FromStep: -1}
+			if f.GetFrom() != "" {
+				fi.FromStep, fi.From = int(f.GetFromStep()), f.GetFrom()
+			}
+			st.Files = append(st.Files, fi)
+		}
+		out[i] = st
+	}
+	return out, nil
+}
+
+func runStepResult(s backend.StepResult) *warrenv1.RunStepResult {
+	r := &warrenv1.RunStepResult{
+		Status:          warrenv1.RunStatus(s.Status),
+		ExitCode:        int32(s.ExitCode),
+		Signal:          int32(s.Signal),
+		CpuUs:           s.CPU.Microseconds(),
+		WallUs:          s.Wall.Microseconds(),
+		PeakMemoryBytes: int64(s.PeakMemoryBytes),
+		Stdout:          s.Stdout,
+		Stderr:          s.Stderr,
+		StdoutTruncated: s.StdoutTruncated,
+		StderrTruncated: s.StderrTruncated,
+	}
+	if s.Errno != 0 {
+		r.Error = s.What + ": " + s.Errno.Error()
+	}
+	for _, f := range s.Files {
+		fr := &warrenv1.RunFileResult{Name: f.Name, Data: f.Data}
+		if f.Err != 0 {
+			fr.Error = errnoText(f.Err)
+		}
+		r.Files = append(r.Files, fr)
+	}
+	return r
+}
+
+func errnoText(e syscall.Errno) string {
+	switch e {
+	case syscall.ENOENT:
+		return "missing"
+	case syscall.EFBIG:
+		return "larger than file_out_bytes"
+	case syscall.EACCES:
+		return "not a regular file of the work directory (a symlink, or unreadable)"
+	}
+	return e.Error()
+}
