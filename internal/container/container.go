@@ -801,6 +801,9 @@ type sandbox struct {
 
 	jobMu  sync.Mutex // one job at a time (RunJob)
 	jobMem int64      // the memory limit RunJob last set; 0: the spec's
+	// jobOOM is the cgroup's OOM kill count after the last job.
+	jobOOM      uint64
+	jobOOMKnown bool
 }
 
 func (s *sandbox) ID() string { return s.id }

@@ -43,18 +43,26 @@ func (s *sandbox) RunJob(ctx context.Context, j backend.Job) (backend.JobResult,
 		}
 		s.jobMem = mem
 	}
-	before, err := s.grp.OOMKills()
-	if err != nil {
-		return backend.JobResult{}, err
+	// Nothing runs between jobs: the count after the last job is the
+	// count before this one (one cgroup read per job, not two).
+	if !s.jobOOMKnown {
+		n, err := s.grp.OOMKills()
+		if err != nil {
+			return backend.JobResult{}, err
+		}
+		s.jobOOM, s.jobOOMKnown = n, true
 	}
+	before := s.jobOOM
 	res, err := s.agent.RunJob(ctx, j)
 	if err != nil {
 		return res, err
 	}
 	after, err := s.grp.OOMKills()
 	if err != nil {
+		s.jobOOMKnown = false
 		return res, err
 	}
+	s.jobOOM = after
 	if after > before {
 		// Only the agent (limits, the end of a step) and the OOM killer
 		// send SIGKILL here, and the agent's own kills end in another

@@ -141,6 +141,13 @@ type Manager struct {
 	// the in-use check and a create that is resolving it.
 	imgMu sync.RWMutex
 
+	// fnImages caches Run's image resolutions by name (run.go); fnGen
+	// counts fnForget calls, so that a resolution that raced one is not
+	// kept.
+	fnMu     sync.Mutex
+	fnImages map[string]fncall.Image
+	fnGen    atomic.Uint64
+
 	mu        sync.RWMutex
 	sandboxes map[string]*sandbox
 	closed    bool

@@ -52,14 +52,24 @@ func (m *Manager) Run(ctx context.Context, req *warrenv1.RunRequest) (_ *warrenv
 // (held, mounted) only for an image the service has no pool of yet: the
 // pool holds them from its first call on.
 func (m *Manager) fnImage(ctx context.Context, name string) (fncall.Image, error) {
+	// Resolving reads the image's record and every layer's: ~100 µs a
+	// call. An image's resolution is kept while its pool exists, until an
+	// image or layer call of this daemon may have changed it (fnForget).
+	m.fnMu.Lock()
+	img, ok := m.fnImages[name]
+	m.fnMu.Unlock()
+	if ok && m.cfg.FnCall.Pooled(img.Key) {
+		return img, nil
+	}
 	m.imgMu.RLock()
 	defer m.imgMu.RUnlock()
+	gen := m.fnGen.Load()
 	rec, digests, err := m.images.Resolve(name, nil)
 	if err != nil {
 		return fncall.Image{}, withCategory(err, errdefs.Internal, "resolve image "+name)
 	}
 	userns := m.cfg.UserNSDefault && m.userNSFits(digests, false) == nil
-	img := fncall.Image{Key: name + "@" + strings.Join(digests, ",") + map[bool]string{true: "+userns"}[userns], UserNS: userns}
+	img = fncall.Image{Key: name + "@" + strings.Join(digests, ",") + map[bool]string{true: "+userns"}[userns], UserNS: userns}
 	if rec.Config != nil {
 		for k, v := range imageEnv(rec.Config, nil) {
 			img.Env = append(img.Env, k+"="+v)
@@ -67,14 +77,39 @@ func (m *Manager) fnImage(ctx context.Context, name string) (fncall.Image, error
 		slices.Sort(img.Env)
 	}
 	if m.cfg.FnCall.Pooled(img.Key) {
+		m.fnRemember(name, img, gen)
 		return img, nil
 	}
 	refs, release, err := m.images.LayerRefs(ctx, image.Image{Name: name, Layers: digests}, true)
 	if err != nil {
 		return fncall.Image{}, withCategory(err, errdefs.Internal, "resolve image "+name)
 	}
+	cached := img
 	img.Layers, img.Release = specLayers(refs), release
+	m.fnRemember(name, cached, gen)
 	return img, nil
+}
+
+// fnRemember caches an image's resolution (without its layers, which its
+// pool holds) unless fnForget ran since gen was read.
+func (m *Manager) fnRemember(name string, img fncall.Image, gen uint64) {
+	m.fnMu.Lock()
+	defer m.fnMu.Unlock()
+	if m.fnGen.Load() != gen {
+		return
+	}
+	if m.fnImages == nil {
+		m.fnImages = map[string]fncall.Image{}
+	}
+	m.fnImages[name] = img
+}
+
+// fnForget drops every cached resolution: images or layers may change.
+func (m *Manager) fnForget() {
+	m.fnMu.Lock()
+	defer m.fnMu.Unlock()
+	m.fnGen.Add(1)
+	m.fnImages = nil
 }
 
 func runSteps(in []*warrenv1.RunStep) ([]backend.Step, error) {

@@ -19,6 +19,12 @@ import (
 // newService returns a service over a container backend of the test's
 // own, with busybox as the image, and removes everything at the end.
 func newService(t *testing.T, o Options) (*Service, Image) {
+	return newServiceTB(t, o)
+}
+
+func newServiceB(b *testing.B) (*Service, Image) { return newServiceTB(b, Options{}) }
+
+func newServiceTB(t testing.TB, o Options) (*Service, Image) {
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
 	copts := container.Options{
@@ -280,5 +286,18 @@ func TestUserNamespace(t *testing.T) {
 	}
 	if st := s.Stats(); st.Created != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// BenchmarkRunTrue measures a one-step /bin/true job through the service
+// alone (no API): the pool, the JOB frame, the step and the reset.
+func BenchmarkRunTrue(b *testing.B) {
+	s, img := newServiceB(b)
+	steps := []backend.Step{{Argv: []string{"/bin/true"}}}
+	ctx := context.Background()
+	for b.Loop() {
+		if res, err := s.Run(ctx, img, steps); err != nil || res.Steps[0].Status != backend.StatusAccepted {
+			b.Fatal(err, res)
+		}
 	}
 }

@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // TestFnRun: Run through the daemon, the Go client and the CLI: steps in
@@ -58,6 +61,23 @@ func TestFnRun(t *testing.T) {
 	out, _, code = e.cli(nil, "--json", "fn", "run", "--image", imageName, "--", "true")
 	if code != 0 || !strings.Contains(out, "RUN_STATUS_ACCEPTED") {
 		t.Errorf("fn run --json: code %d %s", code, out)
+	}
+
+	// An image imported again under the same name is run as it is now.
+	for _, v := range []string{"one", "two"} {
+		root := filepath.Join(t.TempDir(), "root")
+		if err := os.CopyFS(root, os.DirFS(testutil.BusyboxRoot(t))); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, "marker"), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.c.ImportImage(ctx, "fnre", root); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := e.c.RunCommand(ctx, "fnre", "cat", "/marker"); err != nil || string(r.Stdout) != v {
+			t.Fatalf("run on the image imported with %q: %v %v", v, r, err)
+		}
 	}
 
 	// Pooled environments belong to the daemon alone: after a crash the
