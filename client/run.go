@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 
+	"connectrpc.com/connect"
+
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 )
 
@@ -21,4 +23,28 @@ func (c *Client) RunCommand(ctx context.Context, image string, argv ...string) (
 		return nil, err
 	}
 	return res.GetSteps()[0], nil
+}
+
+// RunBatch runs many jobs of one image at once and calls fn with each
+// job's item as it finishes (completion order; Index says which job). An
+// item with Error set is a job Warren failed to run; RunBatch returns an
+// error only for a failed request or stream, or fn's error (which cancels
+// the jobs not yet run).
+func (c *Client) RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, fn func(*warrenv1.RunBatchItem) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.sandboxes.RunBatch(ctx, connect.NewRequest(req))
+	if err != nil {
+		return wrapErr(err)
+	}
+	defer st.Close()
+	for st.Receive() {
+		if err := fn(st.Msg()); err != nil {
+			return err
+		}
+	}
+	if err := st.Err(); err != nil {
+		return wrapErr(err)
+	}
+	return nil
 }

@@ -121,7 +121,7 @@ var ops = []string{
 	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
-	"CommitSandbox", "ListSandboxEvents", "Run",
+	"CommitSandbox", "ListSandboxEvents", "Run", "RunBatch",
 }
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.

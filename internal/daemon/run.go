@@ -2,8 +2,11 @@ package daemon
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,20 +22,33 @@ import (
 func (m *Manager) Run(ctx context.Context, req *warrenv1.RunRequest) (_ *warrenv1.RunResult, err error) {
 	defer m.observe("Run", &err)
 	start := time.Now()
-	if b := req.GetBackend(); b != "" && b != fncall.Name {
-		return nil, errdefs.Invalidf("backend %q runs no jobs: Run takes %q", b, fncall.Name)
-	}
-	if m.cfg.FnCall == nil {
-		return nil, errdefs.Unsupportedf("this node runs no %s backend", fncall.Name)
-	}
-	if req.GetImage() == "" {
-		return nil, errdefs.Invalidf("image is required")
+	if err := m.fnCheck(req.GetBackend(), req.GetImage()); err != nil {
+		return nil, err
 	}
 	steps, err := runSteps(req.GetSteps())
 	if err != nil {
 		return nil, err
 	}
-	img, err := m.fnImage(ctx, req.GetImage())
+	return m.runJob(ctx, req.GetImage(), steps, start)
+}
+
+// fnCheck validates what Run and RunBatch share.
+func (m *Manager) fnCheck(backendName, image string) error {
+	if backendName != "" && backendName != fncall.Name {
+		return errdefs.Invalidf("backend %q runs no jobs: Run takes %q", backendName, fncall.Name)
+	}
+	if m.cfg.FnCall == nil {
+		return errdefs.Unsupportedf("this node runs no %s backend", fncall.Name)
+	}
+	if image == "" {
+		return errdefs.Invalidf("image is required")
+	}
+	return nil
+}
+
+// runJob runs one validated job.
+func (m *Manager) runJob(ctx context.Context, image string, steps []backend.Step, start time.Time) (*warrenv1.RunResult, error) {
+	img, err := m.fnImage(ctx, image)
 	if err != nil {
 		return nil, err
 	}
@@ -46,6 +62,75 @@ func (m *Manager) Run(ctx context.Context, req *warrenv1.RunRequest) (_ *warrenv
 	}
 	out.WallUs = time.Since(start).Microseconds()
 	return out, nil
+}
+
+// MaxBatchJobs bounds RunBatchRequest.jobs.
+const MaxBatchJobs = 10000
+
+// RunBatch runs a batch of jobs, parallelism at once, and sends each
+// result as it finishes. Every job is validated before the first runs.
+func (m *Manager) RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, send func(*warrenv1.RunBatchItem) error) (err error) {
+	defer m.observe("RunBatch", &err)
+	if err := m.fnCheck(req.GetBackend(), req.GetImage()); err != nil {
+		return err
+	}
+	if n := len(req.GetJobs()); n == 0 || n > MaxBatchJobs {
+		return errdefs.Invalidf("a batch has 1 to %d jobs, not %d", MaxBatchJobs, n)
+	}
+	jobs := make([][]backend.Step, len(req.GetJobs()))
+	for i, j := range req.GetJobs() {
+		if jobs[i], err = runSteps(j.GetSteps()); err != nil {
+			return errdefs.New(errdefs.Invalid, "job %d: %w", i, err)
+		}
+	}
+	par := int(req.GetParallelism())
+	if par < 0 {
+		return errdefs.Invalidf("parallelism must not be negative")
+	}
+	if par == 0 {
+		par = 2 * runtime.NumCPU()
+	}
+	par = min(par, len(jobs), 256)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		next    atomic.Int64
+		sendMu  sync.Mutex
+		sendErr error
+		wg      sync.WaitGroup
+	)
+	for range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(jobs) || ctx.Err() != nil {
+					return
+				}
+				start := time.Now()
+				item := &warrenv1.RunBatchItem{Index: int32(i)}
+				res, err := m.runJob(ctx, req.GetImage(), jobs[i], start)
+				if err != nil {
+					item.Error, item.ErrorCategory = err.Error(), string(errdefs.CategoryOf(err))
+				} else {
+					item.Result = res
+				}
+				sendMu.Lock()
+				if sendErr == nil {
+					if sendErr = send(item); sendErr != nil {
+						cancel() // the client is gone: stop the rest
+					}
+				}
+				sendMu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if sendErr != nil {
+		return sendErr
+	}
+	return ctx.Err()
 }
 
 // fnImage resolves an image for the fncall backend. The layers are taken

@@ -39,6 +39,7 @@ type Manager interface {
 	CommitSandbox(context.Context, *warrenv1.CommitSandboxRequest) (*warrenv1.Layer, error)
 	ListSandboxEvents(context.Context, *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error)
 	Run(context.Context, *warrenv1.RunRequest) (*warrenv1.RunResult, error)
+	RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, send func(*warrenv1.RunBatchItem) error) error
 	TarOut(ctx context.Context, id, path string, w io.Writer) error
 	TarIn(ctx context.Context, id, path string, r io.Reader) error
 
@@ -160,6 +161,10 @@ func (s sandboxService) CommitSandbox(ctx context.Context, r *connect.Request[wa
 
 func (s sandboxService) Run(ctx context.Context, r *connect.Request[warrenv1.RunRequest]) (*connect.Response[warrenv1.RunResult], error) {
 	return unary(ctx, r, s.m.Run)
+}
+
+func (s sandboxService) RunBatch(ctx context.Context, r *connect.Request[warrenv1.RunBatchRequest], st *connect.ServerStream[warrenv1.RunBatchItem]) error {
+	return ToConnectError(s.m.RunBatch(ctx, r.Msg, st.Send))
 }
 
 func (s sandboxService) ListSandboxEvents(ctx context.Context, r *connect.Request[warrenv1.ListSandboxEventsRequest]) (*connect.Response[warrenv1.ListSandboxEventsResponse], error) {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -88,4 +89,52 @@ func TestFnRun(t *testing.T) {
 	if r, err := e.c.RunCommand(ctx, imageName, "echo", "again"); err != nil || string(r.Stdout) != "again\n" {
 		t.Fatalf("run after restart: %v %v", r, err)
 	}
+}
+
+// TestFnRunBatch: a batch's jobs run in parallel in separate environments
+// and each result is streamed once, with its index, as it finishes; a
+// job's program failure is a status in its item.
+func TestFnRunBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 2*time.Minute)
+	const n = 40
+	req := &warrenv1.RunBatchRequest{Image: imageName, Parallelism: 4}
+	for i := range n {
+		script := fmt.Sprintf("echo %d > f; sleep 0.05; cat f; exit %d", i, i%2)
+		req.Jobs = append(req.Jobs, &warrenv1.RunJob{Steps: []*warrenv1.RunStep{{Argv: []string{"sh", "-c", script}}}})
+	}
+	seen := map[int32]bool{}
+	t0 := time.Now()
+	err := e.c.RunBatch(ctx, req, func(it *warrenv1.RunBatchItem) error {
+		if seen[it.Index] {
+			t.Errorf("job %d twice", it.Index)
+		}
+		seen[it.Index] = true
+		if it.Error != "" {
+			t.Errorf("job %d: %s (%s)", it.Index, it.Error, it.ErrorCategory)
+			return nil
+		}
+		s := it.Result.Steps[0]
+		want := warrenv1.RunStatus_RUN_STATUS_ACCEPTED
+		if it.Index%2 == 1 {
+			want = warrenv1.RunStatus_RUN_STATUS_NON_ZERO_EXIT
+		}
+		if s.Status != want || string(s.Stdout) != fmt.Sprintf("%d\n", it.Index) {
+			t.Errorf("job %d: %v %q", it.Index, s.Status, s.Stdout)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != n {
+		t.Fatalf("%d of %d jobs reported", len(seen), n)
+	}
+	// 40 jobs of >= 50 ms each, four at a time: well under 40 x 50 ms.
+	if d := time.Since(t0); d > 1900*time.Millisecond {
+		t.Logf("batch took %v: were the jobs run in parallel?", d)
+	}
+	err = e.c.RunBatch(ctx, &warrenv1.RunBatchRequest{Image: imageName, Jobs: []*warrenv1.RunJob{{}}}, func(*warrenv1.RunBatchItem) error { return nil })
+	wantCategory(t, err, client.CategoryInvalid, "a batch with a job without steps")
 }

@@ -5474,6 +5474,186 @@ func (x *RunResult) GetWallUs() int64 {
 	return 0
 }
 
+type RunBatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	Backend       string                 `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`          // "fncall" (default)
+	Jobs          []*RunJob              `protobuf:"bytes,3,rep,name=jobs,proto3" json:"jobs,omitempty"`                // at most 10,000
+	Parallelism   int32                  `protobuf:"varint,4,opt,name=parallelism,proto3" json:"parallelism,omitempty"` // jobs at once; 0: twice the node's CPUs
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunBatchRequest) Reset() {
+	*x = RunBatchRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunBatchRequest) ProtoMessage() {}
+
+func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
+func (*RunBatchRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *RunBatchRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *RunBatchRequest) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *RunBatchRequest) GetJobs() []*RunJob {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+func (x *RunBatchRequest) GetParallelism() int32 {
+	if x != nil {
+		return x.Parallelism
+	}
+	return 0
+}
+
+type RunJob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Steps         []*RunStep             `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunJob) Reset() {
+	*x = RunJob{}
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunJob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunJob) ProtoMessage() {}
+
+func (x *RunJob) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
+func (*RunJob) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *RunJob) GetSteps() []*RunStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+type RunBatchItem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`                                     // of the job in RunBatchRequest.jobs
+	Result        *RunResult             `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`                                    // unless error is set
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`                                      // Warren failed to run this job
+	ErrorCategory string                 `protobuf:"bytes,4,opt,name=error_category,json=errorCategory,proto3" json:"error_category,omitempty"` // the error's category (not_found, internal, ...)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunBatchItem) Reset() {
+	*x = RunBatchItem{}
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunBatchItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunBatchItem) ProtoMessage() {}
+
+func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
+func (*RunBatchItem) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *RunBatchItem) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *RunBatchItem) GetResult() *RunResult {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *RunBatchItem) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *RunBatchItem) GetErrorCategory() string {
+	if x != nil {
+		return x.ErrorCategory
+	}
+	return ""
+}
+
 var File_warren_v1_warren_proto protoreflect.FileDescriptor
 
 const file_warren_v1_warren_proto_rawDesc = "" +
@@ -5941,7 +6121,19 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"T\n" +
 	"\tRunResult\x12.\n" +
 	"\x05steps\x18\x01 \x03(\v2\x18.warren.v1.RunStepResultR\x05steps\x12\x17\n" +
-	"\awall_us\x18\x02 \x01(\x03R\x06wallUs*\xeb\x01\n" +
+	"\awall_us\x18\x02 \x01(\x03R\x06wallUs\"\x8a\x01\n" +
+	"\x0fRunBatchRequest\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
+	"\abackend\x18\x02 \x01(\tR\abackend\x12%\n" +
+	"\x04jobs\x18\x03 \x03(\v2\x11.warren.v1.RunJobR\x04jobs\x12 \n" +
+	"\vparallelism\x18\x04 \x01(\x05R\vparallelism\"2\n" +
+	"\x06RunJob\x12(\n" +
+	"\x05steps\x18\x01 \x03(\v2\x12.warren.v1.RunStepR\x05steps\"\x8f\x01\n" +
+	"\fRunBatchItem\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12,\n" +
+	"\x06result\x18\x02 \x01(\v2\x14.warren.v1.RunResultR\x06result\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12%\n" +
+	"\x0eerror_category\x18\x04 \x01(\tR\rerrorCategory*\xeb\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -5960,7 +6152,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
 	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
 	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
-	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\x83\r\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xc6\r\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -5988,7 +6180,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"RemoveFile\x12\x1c.warren.v1.RemoveFileRequest\x1a\x1d.warren.v1.RemoveFileResponse\x12B\n" +
 	"\rCommitSandbox\x12\x1f.warren.v1.CommitSandboxRequest\x1a\x10.warren.v1.Layer\x12^\n" +
 	"\x11ListSandboxEvents\x12#.warren.v1.ListSandboxEventsRequest\x1a$.warren.v1.ListSandboxEventsResponse\x122\n" +
-	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult2\xd8\x05\n" +
+	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult\x12A\n" +
+	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x012\xd8\x05\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.warren.v1.ListImagesRequest\x1a\x1d.warren.v1.ListImagesResponse\x128\n" +
@@ -6020,7 +6213,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(RunStatus)(0),                    // 1: warren.v1.RunStatus
@@ -6100,33 +6293,36 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*RunStepResult)(nil),             // 75: warren.v1.RunStepResult
 	(*RunFileResult)(nil),             // 76: warren.v1.RunFileResult
 	(*RunResult)(nil),                 // 77: warren.v1.RunResult
-	nil,                               // 78: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 79: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 80: warren.v1.Sandbox.EnvEntry
-	nil,                               // 81: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 82: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 83: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 84: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 85: warren.v1.RunStep.EnvEntry
+	(*RunBatchRequest)(nil),           // 78: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 79: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 80: warren.v1.RunBatchItem
+	nil,                               // 81: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 82: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 83: warren.v1.Sandbox.EnvEntry
+	nil,                               // 84: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 85: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 86: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 87: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 88: warren.v1.RunStep.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	2,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	78, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	79, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	81, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	82, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	6,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	4,  // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	5,  // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,  // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	2,  // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	80, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	81, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	83, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	84, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	6,  // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	4,  // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	82, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	85, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	7,  // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	83, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	86, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	4,  // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	84, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	87, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	16, // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	18, // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	16, // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -6142,87 +6338,92 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	64, // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
 	70, // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
 	72, // 31: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	85, // 32: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	88, // 32: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
 	73, // 33: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
 	74, // 34: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
 	1,  // 35: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
 	76, // 36: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
 	75, // 37: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	3,  // 38: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	8,  // 39: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	9,  // 40: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	11, // 41: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	13, // 42: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	14, // 43: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	15, // 44: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	15, // 45: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	15, // 46: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	20, // 47: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	22, // 48: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	23, // 49: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	25, // 50: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	27, // 51: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	30, // 52: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	32, // 53: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	34, // 54: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	37, // 55: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	39, // 56: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	40, // 57: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	42, // 58: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	59, // 59: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	68, // 60: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	71, // 61: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	45, // 62: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	47, // 63: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	48, // 64: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	49, // 65: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	51, // 66: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	54, // 67: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	55, // 68: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	57, // 69: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	60, // 70: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	63, // 71: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	66, // 72: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	7,  // 73: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	7,  // 74: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	10, // 75: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	12, // 76: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	7,  // 77: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	7,  // 78: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	16, // 79: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	17, // 80: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	19, // 81: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	21, // 82: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	16, // 83: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	24, // 84: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	26, // 85: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	29, // 86: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	31, // 87: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	33, // 88: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	35, // 89: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	38, // 90: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	36, // 91: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	41, // 92: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	43, // 93: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	53, // 94: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	69, // 95: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	77, // 96: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	46, // 97: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	44, // 98: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	44, // 99: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	50, // 100: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	52, // 101: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	53, // 102: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	56, // 103: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	58, // 104: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	62, // 105: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	65, // 106: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	67, // 107: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	73, // [73:108] is the sub-list for method output_type
-	38, // [38:73] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	79, // 38: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	72, // 39: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	77, // 40: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	3,  // 41: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	8,  // 42: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	9,  // 43: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	11, // 44: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	13, // 45: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	14, // 46: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	15, // 47: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	15, // 48: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	15, // 49: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	20, // 50: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	22, // 51: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	23, // 52: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	25, // 53: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	27, // 54: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	30, // 55: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	32, // 56: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	34, // 57: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	37, // 58: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	39, // 59: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	40, // 60: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	42, // 61: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	59, // 62: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	68, // 63: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	71, // 64: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	78, // 65: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	45, // 66: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	47, // 67: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	48, // 68: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	49, // 69: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	51, // 70: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	54, // 71: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	55, // 72: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	57, // 73: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	60, // 74: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	63, // 75: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	66, // 76: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	7,  // 77: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	7,  // 78: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	10, // 79: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	12, // 80: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	7,  // 81: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	7,  // 82: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	16, // 83: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	17, // 84: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	19, // 85: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	21, // 86: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	16, // 87: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	24, // 88: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	26, // 89: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	29, // 90: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	31, // 91: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	33, // 92: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	35, // 93: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	38, // 94: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	36, // 95: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	41, // 96: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	43, // 97: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	53, // 98: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	69, // 99: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	77, // 100: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	80, // 101: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	46, // 102: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	44, // 103: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	44, // 104: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	50, // 105: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	52, // 106: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	53, // 107: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	56, // 108: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	58, // 109: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	62, // 110: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	65, // 111: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	67, // 112: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	77, // [77:113] is the sub-list for method output_type
+	41, // [41:77] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -6250,7 +6451,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   84,
+			NumMessages:   87,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

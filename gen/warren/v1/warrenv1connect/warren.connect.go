@@ -112,6 +112,8 @@ const (
 	SandboxServiceListSandboxEventsProcedure = "/warren.v1.SandboxService/ListSandboxEvents"
 	// SandboxServiceRunProcedure is the fully-qualified name of the SandboxService's Run RPC.
 	SandboxServiceRunProcedure = "/warren.v1.SandboxService/Run"
+	// SandboxServiceRunBatchProcedure is the fully-qualified name of the SandboxService's RunBatch RPC.
+	SandboxServiceRunBatchProcedure = "/warren.v1.SandboxService/RunBatch"
 	// ImageServiceListImagesProcedure is the fully-qualified name of the ImageService's ListImages RPC.
 	ImageServiceListImagesProcedure = "/warren.v1.ImageService/ListImages"
 	// ImageServiceGetImageProcedure is the fully-qualified name of the ImageService's GetImage RPC.
@@ -210,6 +212,12 @@ type SandboxServiceClient interface {
 	// failure (exit code, signal, any limit) is a step's status, never an
 	// error: an error means Warren failed or the request is invalid.
 	Run(context.Context, *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error)
+	// RunBatch runs many jobs of one image, each as Run runs one, up to
+	// `parallelism` at once, and streams each job's result as it finishes
+	// (completion order, with the job's index). A job that Warren failed
+	// to run carries its error in its item; the stream itself fails only
+	// for an invalid request.
+	RunBatch(context.Context, *connect.Request[v1.RunBatchRequest]) (*connect.ServerStreamForClient[v1.RunBatchItem], error)
 }
 
 // NewSandboxServiceClient constructs a client for the warren.v1.SandboxService service. By default,
@@ -367,6 +375,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("Run")),
 			connect.WithClientOptions(opts...),
 		),
+		runBatch: connect.NewClient[v1.RunBatchRequest, v1.RunBatchItem](
+			httpClient,
+			baseURL+SandboxServiceRunBatchProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RunBatch")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -396,6 +410,7 @@ type sandboxServiceClient struct {
 	commitSandbox     *connect.Client[v1.CommitSandboxRequest, v1.Layer]
 	listSandboxEvents *connect.Client[v1.ListSandboxEventsRequest, v1.ListSandboxEventsResponse]
 	run               *connect.Client[v1.RunRequest, v1.RunResult]
+	runBatch          *connect.Client[v1.RunBatchRequest, v1.RunBatchItem]
 }
 
 // Create calls warren.v1.SandboxService.Create.
@@ -518,6 +533,11 @@ func (c *sandboxServiceClient) Run(ctx context.Context, req *connect.Request[v1.
 	return c.run.CallUnary(ctx, req)
 }
 
+// RunBatch calls warren.v1.SandboxService.RunBatch.
+func (c *sandboxServiceClient) RunBatch(ctx context.Context, req *connect.Request[v1.RunBatchRequest]) (*connect.ServerStreamForClient[v1.RunBatchItem], error) {
+	return c.runBatch.CallServerStream(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the warren.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v1.Sandbox], error)
@@ -588,6 +608,12 @@ type SandboxServiceHandler interface {
 	// failure (exit code, signal, any limit) is a step's status, never an
 	// error: an error means Warren failed or the request is invalid.
 	Run(context.Context, *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error)
+	// RunBatch runs many jobs of one image, each as Run runs one, up to
+	// `parallelism` at once, and streams each job's result as it finishes
+	// (completion order, with the job's index). A job that Warren failed
+	// to run carries its error in its item; the stream itself fails only
+	// for an invalid request.
+	RunBatch(context.Context, *connect.Request[v1.RunBatchRequest], *connect.ServerStream[v1.RunBatchItem]) error
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -741,6 +767,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("Run")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceRunBatchHandler := connect.NewServerStreamHandler(
+		SandboxServiceRunBatchProcedure,
+		svc.RunBatch,
+		connect.WithSchema(sandboxServiceMethods.ByName("RunBatch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warren.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -791,6 +823,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceListSandboxEventsHandler.ServeHTTP(w, r)
 		case SandboxServiceRunProcedure:
 			sandboxServiceRunHandler.ServeHTTP(w, r)
+		case SandboxServiceRunBatchProcedure:
+			sandboxServiceRunBatchHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -894,6 +928,10 @@ func (UnimplementedSandboxServiceHandler) ListSandboxEvents(context.Context, *co
 
 func (UnimplementedSandboxServiceHandler) Run(context.Context, *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.Run is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RunBatch(context.Context, *connect.Request[v1.RunBatchRequest], *connect.ServerStream[v1.RunBatchItem]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.RunBatch is not implemented"))
 }
 
 // ImageServiceClient is a client for the warren.v1.ImageService service.
