@@ -112,7 +112,7 @@ func (m *Manager) RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, s
 				item := &warrenv1.RunBatchItem{Index: int32(i)}
 				res, err := m.runJob(ctx, req.GetImage(), jobs[i], start)
 				if err != nil {
-					item.Error, item.ErrorCategory = err.Error(), string(errdefs.CategoryOf(err))
+					item.Error, item.ErrorCategory = err.Error(), errdefs.CategoryOf(err).String()
 				} else {
 					item.Result = res
 				}
