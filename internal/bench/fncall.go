@@ -48,6 +48,9 @@ type fnProgram struct {
 	argv  []string
 	host  string // the program's host path, for bare fork+exec
 	files []*warrenv1.RunFile
+	// steps > 1 runs the program that many times per job: one Run of
+	// that many steps, that many Execs, that many fork+execs.
+	steps int
 }
 
 // RunFnCall measures Run of one-step jobs in the fncall backend (client ->
@@ -58,10 +61,12 @@ func RunFnCall(ctx context.Context, env *Env, cfg FnCallConfig) (*FnCallReport, 
 	rep := &FnCallReport{Benchmark: "fncall", Daemon: env.describe(), Warmup: cfg.Warmup}
 	rep.Notes = append(rep.Notes,
 		"warren fncall: Run of a one-step job through the client SDK: a pooled environment (a container sandbox: namespaces, cgroup, overlay root, seccomp, user namespace as the node's default), the step, kill-all and reset (work and scratch directories emptied), result; per_s = completed jobs / wall time",
-		"warren exec: Exec of the program into one running sandbox (the exec-per-step path a job would take without the JOB frame), no reset",
+		"warren exec: Exec of the program into one running sandbox (the exec-per-step path a job would take without the JOB frame), no reset; with 10 steps per job, 10 Execs one after another against one Run of 10 steps",
 		"fork+exec: os.StartProcess + Wait of the same static binary on the host, no isolation (the floor); overhead_p50_ms = warren fncall p50 - fork+exec p50",
 		"the machine is shared with other engineers' test runs: numbers vary from run to run")
-	progs := []fnProgram{{name: "/bin/true", argv: []string{"/bin/true"}, host: filepath.Join(env.Rootfs, "bin", "busybox")}}
+	bb := filepath.Join(env.Rootfs, "bin", "busybox")
+	progs := []fnProgram{{name: "/bin/true", argv: []string{"/bin/true"}, host: bb},
+		{name: "10 x /bin/true per job", argv: []string{"/bin/true"}, host: bb, steps: 10}}
 	if c, err := buildSmallC(ctx, env); err != nil {
 		rep.Notes = append(rep.Notes, "small C program skipped: "+err.Error())
 	} else {
@@ -85,6 +90,9 @@ func runFnWorkload(ctx context.Context, env *Env, cfg FnCallConfig, p fnProgram)
 		argv = []string{"./" + p.files[0].GetName()}
 	}
 	req := &warrenv1.RunRequest{Image: env.Image, Steps: []*warrenv1.RunStep{{Argv: argv, Files: p.files}}}
+	for range p.steps - 1 {
+		req.Steps = append(req.Steps, &warrenv1.RunStep{Argv: argv})
+	}
 	iter := func(ctx context.Context, _ int) ([]time.Duration, error) {
 		t0 := time.Now()
 		res, err := env.Client.Run(ctx, req)
@@ -92,8 +100,13 @@ func runFnWorkload(ctx context.Context, env *Env, cfg FnCallConfig, p fnProgram)
 		if err != nil {
 			return nil, err
 		}
-		if s := res.GetSteps()[0]; s.GetStatus() != warrenv1.RunStatus_RUN_STATUS_ACCEPTED {
-			return nil, fmt.Errorf("run %s: %v %s %q", p.name, s.GetStatus(), s.GetError(), s.GetStderr())
+		if len(res.GetSteps()) != len(req.Steps) {
+			return nil, fmt.Errorf("run %s: %d of %d steps ran", p.name, len(res.GetSteps()), len(req.Steps))
+		}
+		for _, s := range res.GetSteps() {
+			if s.GetStatus() != warrenv1.RunStatus_RUN_STATUS_ACCEPTED {
+				return nil, fmt.Errorf("run %s: %v %s %q", p.name, s.GetStatus(), s.GetError(), s.GetStderr())
+			}
 		}
 		return []time.Duration{d}, nil
 	}
@@ -134,7 +147,7 @@ func runFnWorkload(ctx context.Context, env *Env, cfg FnCallConfig, p fnProgram)
 // crun container, and through Warren's exec into a running sandbox.
 func fnPeers(env *Env, p fnProgram) []*peer {
 	hostArgv := p.argv
-	if p.host != "" && p.name == "/bin/true" {
+	if p.host != "" && p.files == nil {
 		hostArgv = []string{p.host, "true"} // busybox by path: no PATH lookup, no symlink
 	} else if p.host != "" {
 		hostArgv = []string{p.host}
@@ -144,21 +157,27 @@ func fnPeers(env *Env, p fnProgram) []*peer {
 		setup:  func(ctx context.Context) error { return exec.CommandContext(ctx, hostArgv[0], hostArgv[1:]...).Run() },
 		iter: func(ctx context.Context, _ int) ([]time.Duration, error) {
 			t0 := time.Now()
-			proc, err := os.StartProcess(hostArgv[0], hostArgv, &os.ProcAttr{})
-			if err != nil {
-				return nil, err
+			for range max(p.steps, 1) {
+				proc, err := os.StartProcess(hostArgv[0], hostArgv, &os.ProcAttr{})
+				if err != nil {
+					return nil, err
+				}
+				st, err := proc.Wait()
+				if err != nil || !st.Success() {
+					return nil, fmt.Errorf("%s: %v %v", p.name, err, st)
+				}
 			}
-			st, err := proc.Wait()
-			d := time.Since(t0)
-			if err != nil || !st.Success() {
-				return nil, fmt.Errorf("%s: %v %v", p.name, err, st)
-			}
-			return []time.Duration{d}, nil
+			return []time.Duration{time.Since(t0)}, nil
 		},
 	}}
-	if p.name != "/bin/true" {
-		// The exec path needs the binary in the image: /bin/true only.
+	if p.files != nil {
+		// The exec path needs the binary in the image.
 		return append(peers, fnRunPeers(env, p)...)
+	}
+	if p.steps > 1 {
+		// A container per step is not what a job is: the multi-step
+		// comparison is the one frame against exec per step.
+		return peers
 	}
 	var sbID string
 	peers = append(peers, &peer{
@@ -173,15 +192,16 @@ func fnPeers(env *Env, p fnProgram) []*peer {
 		},
 		iter: func(ctx context.Context, _ int) ([]time.Duration, error) {
 			t0 := time.Now()
-			res, err := env.Client.Exec(ctx, &warrenv1.ExecRequest{SandboxId: sbID, Argv: p.argv})
-			d := time.Since(t0)
-			if err != nil {
-				return nil, err
+			for range max(p.steps, 1) {
+				res, err := env.Client.Exec(ctx, &warrenv1.ExecRequest{SandboxId: sbID, Argv: p.argv})
+				if err != nil {
+					return nil, err
+				}
+				if res.GetExitCode() != 0 {
+					return nil, fmt.Errorf("exec %s: exit code %d", p.name, res.GetExitCode())
+				}
 			}
-			if res.GetExitCode() != 0 {
-				return nil, fmt.Errorf("exec %s: exit code %d", p.name, res.GetExitCode())
-			}
-			return []time.Duration{d}, nil
+			return []time.Duration{time.Since(t0)}, nil
 		},
 		teardown: func() {
 			if sbID != "" {
