@@ -174,11 +174,6 @@ func fnPeers(env *Env, p fnProgram) []*peer {
 		// The exec path needs the binary in the image.
 		return append(peers, fnRunPeers(env, p)...)
 	}
-	if p.steps > 1 {
-		// A container per step is not what a job is: the multi-step
-		// comparison is the one frame against exec per step.
-		return peers
-	}
 	var sbID string
 	peers = append(peers, &peer{
 		system: "warren exec",
@@ -211,6 +206,11 @@ func fnPeers(env *Env, p fnProgram) []*peer {
 			}
 		},
 	})
+	if p.steps > 1 {
+		// A container per step is not what a job is: the multi-step
+		// comparison is the one frame against exec per step.
+		return peers
+	}
 	return append(peers, fnRunPeers(env, p)...)
 }
 
