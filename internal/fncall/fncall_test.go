@@ -301,3 +301,16 @@ func BenchmarkRunTrue(b *testing.B) {
 		}
 	}
 }
+
+// TestLimitsApplied: a step's process runs with the rlimits of its
+// limits (open files, processes, file size, CPU seconds, no core dumps).
+func TestLimitsApplied(t *testing.T) {
+	s, img := newService(t, Options{})
+	st := sh("ulimit -n; ulimit -u; ulimit -f; ulimit -t; ulimit -c")
+	st.Limits = backend.StepLimits{OpenFiles: 77, Procs: 33, FileSizeBytes: 10 << 20, CPU: 2500 * time.Millisecond}
+	r := run1(t, s, img, st).Steps[0]
+	// busybox ulimit -f counts 512-byte blocks; -t whole seconds, rounded up.
+	if want := "77\n33\n20480\n3\n0\n"; r.Status != backend.StatusAccepted || string(r.Stdout) != want {
+		t.Fatalf("limits seen: %v %q %q, want %q", r.Status, r.Stdout, r.Stderr, want)
+	}
+}
