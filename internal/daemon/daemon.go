@@ -146,6 +146,7 @@ type Manager struct {
 	// kept.
 	fnMu     sync.Mutex
 	fnImages map[string]fncall.Image
+	fnPools  map[string]string // image name -> the key of its pool
 	fnGen    atomic.Uint64
 
 	mu        sync.RWMutex

@@ -155,6 +155,11 @@ func (m *Manager) ImportImageTar(ctx context.Context, name string, r io.Reader) 
 func (m *Manager) RemoveImage(ctx context.Context, req *warrenv1.RemoveImageRequest) (_ *warrenv1.RemoveImageResponse, err error) {
 	m.fnForget()
 	defer m.fnForget()
+	defer func() {
+		if err == nil {
+			m.fnRemoved(req.GetName())
+		}
+	}()
 	defer m.observe("RemoveImage", &err)
 	name := req.GetName()
 	if err := image.ValidName(name); err != nil {

@@ -161,6 +161,7 @@ func (m *Manager) fnImage(ctx context.Context, name string) (fncall.Image, error
 		}
 		slices.Sort(img.Env)
 	}
+	m.fnPoolOf(name, img.Key)
 	if m.cfg.FnCall.Pooled(img.Key) {
 		m.fnRemember(name, img, gen)
 		return img, nil
@@ -187,6 +188,36 @@ func (m *Manager) fnRemember(name string, img fncall.Image, gen uint64) {
 		m.fnImages = map[string]fncall.Image{}
 	}
 	m.fnImages[name] = img
+}
+
+// fnPoolOf records that image name now resolves to key, and closes the
+// pool of what it resolved to before (the image was imported again), so
+// that the old layers are let go.
+func (m *Manager) fnPoolOf(name, key string) {
+	m.fnMu.Lock()
+	old := m.fnPools[name]
+	if m.fnPools == nil {
+		m.fnPools = map[string]string{}
+	}
+	m.fnPools[name] = key
+	m.fnMu.Unlock()
+	if old != "" && old != key {
+		m.cfg.FnCall.Forget(old)
+	}
+}
+
+// fnRemoved closes the pool of a removed image.
+func (m *Manager) fnRemoved(name string) {
+	if m.cfg.FnCall == nil {
+		return
+	}
+	m.fnMu.Lock()
+	old := m.fnPools[name]
+	delete(m.fnPools, name)
+	m.fnMu.Unlock()
+	if old != "" {
+		m.cfg.FnCall.Forget(old)
+	}
 }
 
 // fnForget drops every cached resolution: images or layers may change.

@@ -282,6 +282,26 @@ func nameOK(n string) bool {
 	return true
 }
 
+// Forget closes the pool of key, if there is one, in the background:
+// its idle environments are destroyed, those in use when their jobs end,
+// and its image's layers are released. A call that already holds the
+// pool fails Unavailable (which clients retry).
+func (s *Service) Forget(key string) {
+	s.mu.Lock()
+	p, ok := s.pools[key]
+	if ok {
+		delete(s.pools, key)
+		s.wg.Add(1)
+	}
+	s.mu.Unlock()
+	if ok {
+		go func() {
+			defer s.wg.Done()
+			p.close()
+		}()
+	}
+}
+
 // Pooled reports whether the service has a pool for key, which holds its
 // image's layers: a caller then need not take them again for Run.
 func (s *Service) Pooled(key string) bool {
@@ -345,10 +365,10 @@ func (s *Service) Close() error {
 	s.pools = nil
 	s.mu.Unlock()
 	close(s.stop)
-	s.wg.Wait()
 	for _, p := range pools {
 		p.close()
 	}
+	s.wg.Wait() // the janitor and pools being forgotten
 	return nil
 }
 

@@ -314,3 +314,26 @@ func TestLimitsApplied(t *testing.T) {
 		t.Fatalf("limits seen: %v %q %q, want %q", r.Status, r.Stdout, r.Stderr, want)
 	}
 }
+
+// TestForget: a forgotten pool destroys its environments and releases
+// its image's layers; the next call of the key makes a new pool.
+func TestForget(t *testing.T) {
+	s, img := newService(t, Options{})
+	released := make(chan struct{})
+	img.Release = func() { close(released) }
+	run1(t, s, img, sh("true"))
+	s.Forget(img.Key)
+	select {
+	case <-released:
+	case <-time.After(30 * time.Second):
+		t.Fatal("layers not released")
+	}
+	if st := s.Stats(); st.Idle != 0 || st.Destroyed != st.Created {
+		t.Fatalf("stats %+v: environments left", st)
+	}
+	img.Release = nil
+	run1(t, s, img, sh("true"))
+	if !s.Pooled(img.Key) {
+		t.Fatal("no new pool")
+	}
+}

@@ -81,6 +81,13 @@ func TestFnRun(t *testing.T) {
 		}
 	}
 
+	// Removing it closes its pool; a job of it is then NotFound.
+	if err := e.c.RemoveImage(ctx, "fnre"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.c.RunCommand(ctx, "fnre", "true")
+	wantCategory(t, err, client.CategoryNotFound, "a job of a removed image")
+
 	// Pooled environments belong to the daemon alone: after a crash the
 	// next daemon removes them.
 	e.kill9()
