@@ -1862,13 +1862,13 @@ static int job_kill_all(struct jrun *r)
 static int job_read(int *fd, uint8_t *buf, uint32_t *len, uint64_t cap)
 {
 	for (;;) {
-		uint8_t sink[4096];
-		uint8_t *dst = *len <= cap ? buf + *len : sink;
-		size_t room = *len <= cap ? cap + 1 - *len : sizeof(sink);
-		ssize_t n = read(*fd, dst, room);
+		/* Past the cap the step is over: stop reading, or a writer as
+		 * fast as we are could keep us here. */
+		if (*len > cap)
+			return 1;
+		ssize_t n = read(*fd, buf + *len, cap + 1 - *len);
 		if (n > 0) {
-			if (*len <= cap)
-				*len += (uint32_t)n;
+			*len += (uint32_t)n;
 			continue;
 		}
 		if (n < 0 && errno == EINTR)
