@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -237,4 +238,26 @@ func localError(err error) error {
 		errdefs.PermissionDenied: connect.CodePermissionDenied, errdefs.Internal: connect.CodeInternal,
 	}
 	return &Error{Category: Category(cat.String()), Code: codes[cat], Message: err.Error(), err: err}
+}
+
+// UploadStep is Upload as step seq of session of the sandbox's trajectory
+// log (seq 0: the session's next step). It returns the step the upload
+// was recorded as (0: not recorded) and whether it was replayed: the
+// step was recorded with the same tar, so nothing was extracted again.
+func (c *Client) UploadStep(ctx context.Context, sandboxID, path, session string, seq uint64, r io.Reader) (uint64, bool, error) {
+	q := url.Values{"path": {path}}
+	if session != "" {
+		q.Set("session", session)
+	}
+	if seq != 0 {
+		q.Set("seq", strconv.FormatUint(seq, 10))
+	}
+	resp, err := c.put(ctx, c.baseURL+"/v1/sandboxes/"+url.PathEscape(sandboxID)+"/archive?"+q.Encode(), r)
+	if err != nil {
+		return 0, false, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	got, _ := strconv.ParseUint(resp.Header.Get("Warren-Trajectory-Seq"), 10, 64)
+	return got, resp.Header.Get("Warren-Trajectory-Replayed") == "true", nil
 }

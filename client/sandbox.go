@@ -165,6 +165,30 @@ func (c *Client) SandboxEvents(ctx context.Context, sandboxID string) ([]*warren
 	}
 }
 
+// ReadTrajectory returns one page of a sandbox's trajectory log: its
+// execs and file writes as numbered steps, in the order their outcomes
+// were recorded; pass the response's NextPageToken for the next page.
+func (c *Client) ReadTrajectory(ctx context.Context, req *warrenv1.ReadTrajectoryRequest) (*warrenv1.ReadTrajectoryResponse, error) {
+	return call(ctx, c.sandboxes.ReadTrajectory, req)
+}
+
+// Trajectory returns a sandbox's whole trajectory log (of one session,
+// or of every session when session is "").
+func (c *Client) Trajectory(ctx context.Context, sandboxID, session string) ([]*warrenv1.TrajectoryEntry, error) {
+	var out []*warrenv1.TrajectoryEntry
+	req := &warrenv1.ReadTrajectoryRequest{SandboxId: sandboxID, SessionId: session, PageSize: 1000}
+	for {
+		res, err := c.ReadTrajectory(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, res.GetEntries()...)
+		if req.PageToken = res.GetNextPageToken(); req.PageToken == "" {
+			return out, nil
+		}
+	}
+}
+
 // WaitProcess waits for a background process to exit.
 func (c *Client) WaitProcess(ctx context.Context, req *warrenv1.WaitProcessRequest) (*warrenv1.ExecResult, error) {
 	return call(ctx, c.sandboxes.WaitProcess, req)

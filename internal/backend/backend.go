@@ -7,6 +7,7 @@ package backend
 import (
 	"context"
 	"io"
+	"net/netip"
 	"os"
 	"syscall"
 	"time"
@@ -113,6 +114,15 @@ type FileSystem interface {
 	Remove(ctx context.Context, p string, recursive bool) error
 	TarOut(ctx context.Context, p string, w io.Writer) error
 	TarIn(ctx context.Context, p string, r io.Reader) error
+}
+
+// FileReplacer is implemented by a FileSystem that can replace a file
+// atomically while it holds given content (sandboxfs.FS.ReplaceIf): the
+// daemon rewrites the /etc files it wrote this way when they go stale
+// (resolv.conf after a network change). Without it they are left as
+// written at create.
+type FileReplacer interface {
+	ReplaceIf(ctx context.Context, p string, old, data []byte) (replaced bool, err error)
 }
 
 // Files is implemented by sandboxes that serve file calls themselves,
@@ -246,6 +256,47 @@ type Committer interface {
 	Freeze(ctx context.Context) (thaw func() error, err error)
 }
 
+// Pauser is implemented by sandboxes that can be paused in place: every
+// process frozen where it is (no signal, nothing it can notice but the
+// clock), and the memory they hold given back as far as the node allows,
+// until Resume. A paused sandbox keeps its processes, files and network
+// identity; calls into it (its agent is frozen too) block until it is
+// resumed, so the daemon makes none.
+type Pauser interface {
+	// Pause freezes the sandbox's whole process tree, waiting (bounded)
+	// until every task is frozen; with reclaim it then gives back the
+	// page cache and, where the node has swap or zswap, pushes anonymous
+	// memory out. All or nothing: on error the sandbox runs on.
+	Pause(ctx context.Context, reclaim bool) (PauseStats, error)
+	// Resume thaws the sandbox; o restores what Pause may have left
+	// changed (a daemon may have crashed in the middle of a reclaim).
+	// Idempotent: resuming a sandbox that runs does nothing.
+	Resume(ctx context.Context, o ResumeOptions) error
+}
+
+// PauseStats are what a Pause did.
+type PauseStats struct {
+	// Before is the sandbox's memory once frozen, After once reclaimed
+	// (equal to Before without reclaim).
+	Before, After MemoryUse
+	// Freeze is how long the freeze took, Reclaim the reclaim.
+	Freeze, Reclaim time.Duration
+}
+
+// MemoryUse is a sandbox's memory in bytes: the whole charge, the page
+// cache and the anonymous part of it, and what is out on swap.
+type MemoryUse struct {
+	Bytes, File, Anon, Swap uint64
+}
+
+// ResumeOptions are what Resume puts back.
+type ResumeOptions struct {
+	// MemoryBytes is the sandbox's memory limit (Spec's meaning), set
+	// again in case a reclaim that lowered it was cut short; nil leaves
+	// the limit as it is.
+	MemoryBytes *int64
+}
+
 // Updater is implemented by sandboxes whose limits can change while they
 // run (UpdateSandbox). Later fields (network policy, QoS) join Update;
 // a backend refuses with Unsupported a field it cannot apply at all (and
@@ -271,6 +322,14 @@ type Update struct {
 // address ("" without one).
 type Networked interface {
 	NetworkAddress() string
+}
+
+// Resolved is implemented by sandboxes whose network has a resolver of
+// Warren's: Nameserver is the address its resolv.conf names (the
+// container backend: its gateway), invalid without a network. It
+// changes when an update gives the sandbox a network or takes it away.
+type Resolved interface {
+	Nameserver() netip.Addr
 }
 
 // ProcSpec describes a process to start.

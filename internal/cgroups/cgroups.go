@@ -60,6 +60,15 @@ type Group interface {
 	// Thaw; it returns once they are all frozen.
 	Freeze() error
 	Thaw() error
+	// Frozen reports whether the group is frozen (a Freeze not thawed,
+	// perhaps by an earlier daemon).
+	Frozen() (bool, error)
+	// Memory reads what the group's processes hold (memory.go).
+	Memory() (Memory, error)
+	// Reclaim gives back what the group's memory it can: page cache, and
+	// anonymous memory where the node has swap. Meant for a frozen group,
+	// whose tasks do not fault it back in meanwhile (memory.go).
+	Reclaim() error
 	Stats() (Stats, error)
 	// OOMKills reads only the OOM-kill counter: one file, for the exec
 	// path, which checks it before and after every process.
@@ -461,6 +470,12 @@ const FreezeTimeout = 10 * time.Second
 // until the group reports it, or thaws it and fails after FreezeTimeout.
 func freeze(name string, request func() error, frozen func() (bool, error), thaw func() error) error {
 	deadline := time.Now().Add(FreezeTimeout)
+	// Sleeping tasks freeze at once and a running one at its next
+	// return to user space, often within tens of microseconds: poll from
+	// 20 µs, doubling to 1 ms. A flat 1 ms made most freezes take at
+	// least that (`warren bench hibernate`'s raw freeze+thaw p50: 1.21 to
+	// 1.24 ms in four of five runs; 0.11 to 1.16 ms in four runs since).
+	wait := 20 * time.Microsecond
 	for {
 		if err := request(); err != nil {
 			_ = thaw()
@@ -478,7 +493,8 @@ func freeze(name string, request func() error, frozen func() (bool, error), thaw
 			_ = thaw()
 			return errdefs.Unavailablef("cgroup %s did not freeze within %v (a task in uninterruptible sleep?)", name, FreezeTimeout)
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(wait)
+		wait = min(2*wait, time.Millisecond)
 	}
 }
 

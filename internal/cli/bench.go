@@ -53,7 +53,7 @@ result to stdout, as a table or (--json) one JSON object.`,
 	_ = pf.MarkHidden("daemon-arg")
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
 		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchHardeningCommand(&bf),
-		newBenchNetworkCommand(&bf), newBenchNetClientCommand(), newBenchFnCallCommand(&bf))
+		newBenchNetworkCommand(&bf), newBenchNetClientCommand(), newBenchHibernateCommand(&bf), newBenchTrajectoryCommand(&bf), newBenchFnCallCommand(&bf))
 	return c
 }
 
@@ -239,6 +239,35 @@ func newBenchDeleteCommand(bf *benchFlags) *cobra.Command {
 	c.Flags().IntVar(&cfg.Rounds, "rounds", 5, "deletes timed per case")
 	c.Flags().IntVar(&cfg.Files, "files", 20000, "files the sandbox writes before its delete in the \"wrote files\" case")
 	c.Flags().IntVar(&cfg.DirtyMiB, "dirty-mib", 400, "MiB another sandbox writes (unsynced) in the \"neighbour\" case")
+	return c
+}
+
+func newBenchHibernateCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.HibernateConfig{}
+	c := &cobra.Command{
+		Use:   "hibernate [--rounds 100] [--reclaim-rounds 20] [--anon-mib 256] [--cache-mib 256]",
+		Short: "Pause in place: freeze+thaw latency, pause-with-reclaim latency and memory freed; against the raw cgroup",
+		Long: `Create one sandbox holding --anon-mib of anonymous memory and --cache-mib of
+page cache, then time Pause (freeze only) and Resume through the API, and
+Pause with reclaim with the memory it gave back (the page cache is refilled
+before every round). With --peers, the same cgroup is frozen, thawed and
+reclaimed by writing its files directly, in alternating rounds: the floor
+(needs the private daemon).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Rounds < 1 || cfg.ReclaimRounds < 1 || cfg.AnonMiB < 1 || cfg.CacheMiB < 1 {
+				return errors.New("--rounds, --reclaim-rounds, --anon-mib and --cache-mib must be positive")
+			}
+			cfg.Peers = bf.peers
+			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
+				return bench.RunHibernate(ctx, env, cfg)
+			})
+		},
+	}
+	c.Flags().IntVar(&cfg.Rounds, "rounds", 100, "freeze+thaw rounds")
+	c.Flags().IntVar(&cfg.ReclaimRounds, "reclaim-rounds", 20, "pause-with-reclaim rounds")
+	c.Flags().IntVar(&cfg.AnonMiB, "anon-mib", 256, "anonymous memory the sandbox holds, MiB")
+	c.Flags().IntVar(&cfg.CacheMiB, "cache-mib", 256, "page cache the sandbox reads before each reclaim, MiB")
 	return c
 }
 
@@ -527,5 +556,27 @@ func newBenchHardeningCommand(bf *benchFlags) *cobra.Command {
 	c.Flags().IntVar(&cfg.Syscalls, "syscalls", 1000000, "bytes dd copies one at a time (twice as many system calls)")
 	c.Flags().IntVar(&cfg.Runs, "runs", 10, "measured runs of the syscall-bound exec per daemon")
 	c.Flags().StringVar(&cfg.Feature, "feature", "seccomp", "what the two daemons differ in: seccomp (the filters, against --seccomp=false) or userns (--userns against without)")
+	return c
+}
+
+func newBenchTrajectoryCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.TrajectoryConfig{}
+	c := &cobra.Command{
+		Use:   "trajectory [--steps 1000] [--replays 5] [--n 1000]",
+		Short: "Replay of a recorded rollout and the per-exec cost of recording it in the trajectory log",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.Steps < 1 || cfg.Replays < 1 || cfg.N < 1 || cfg.Warmup < 0 {
+				return errors.New("--steps, --replays and --n must be positive")
+			}
+			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
+				return bench.RunTrajectory(ctx, env, cfg)
+			})
+		},
+	}
+	c.Flags().IntVar(&cfg.Steps, "steps", 1000, "steps of the recorded rollout")
+	c.Flags().IntVar(&cfg.Replays, "replays", 5, "replays of the whole log")
+	c.Flags().IntVar(&cfg.N, "n", 1000, "measured exec rounds, logged and unlogged")
+	c.Flags().IntVar(&cfg.Warmup, "warmup", 50, "unmeasured exec rounds first")
 	return c
 }

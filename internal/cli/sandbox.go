@@ -41,6 +41,9 @@ func newSandboxCommand() *cobra.Command {
 		newCopyCommand(),
 		newCommitCommand(),
 		newEventsCommand(),
+		newLogCommand(),
+		newPauseCommand(),
+		newResumeCommand(),
 	)
 	return c
 }
@@ -152,6 +155,7 @@ func newCreateCommand() *cobra.Command {
 	f.DurationVar(&timeout, "timeout", 0, "lifetime, after which the sandbox is deleted, e.g. 30m (default: node default)")
 	f.StringVar(&hostname, "hostname", "", "hostname inside the sandbox, a DNS name (default: the id, '_' made '-')")
 	f.StringArrayVar(&ulimits, "ulimit", nil, "resource limit of the sandbox's processes NAME=SOFT[:HARD], e.g. nofile=1024:4096, core=unlimited (repeatable; default: Debian 12's, shown by sandbox get)")
+	f.BoolVar(&req.NoTrajectory, "no-trajectory", false, "record no trajectory log for this sandbox (its execs and file writes skip the log's fdatasync; calls with a seq are refused)")
 	f.BoolVar(&req.AllowSetuid, "allow-setuid", false, "let setuid binaries and file capabilities work in the sandbox (sudo as a non-root user): its processes run without no_new_privs; the seccomp filter stays")
 	f.BoolVar(&userns, "userns", false, "run the sandbox in a user namespace, root inside being an unprivileged host id (default: the node's, warren serve --userns, on unless the image has files of ids above 65535); --userns=false for one without")
 	f.BoolVar(&req.KeepEtc, "keep-etc", false, "keep the image's /etc/hosts, /etc/hostname and /etc/resolv.conf instead of the sandbox's own")
@@ -303,6 +307,9 @@ func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
 	row("Hostname", s.Hostname)
 	if s.KeepEtc {
 		row("Etc", "the image's /etc/hosts, hostname, resolv.conf (--keep-etc)")
+	}
+	if s.NoTrajectory {
+		row("Trajectory", "not recorded (--no-trajectory)")
 	}
 	if s.UserNamespace {
 		row("User ns", fmt.Sprintf("root inside is host id %d (65,536 ids from it)", s.UserIdBase))

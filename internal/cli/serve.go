@@ -43,6 +43,9 @@ type serveOptions struct {
 	defaultTimeout           time.Duration
 	defaultDisk              string
 	eventLogBytes            string
+	trajectoryBytes          string
+	noTrajectory             bool
+	trajectoryFsync          bool
 	diskReserve              string
 	guardInterval            time.Duration
 	logLevel, logFormat      string
@@ -83,6 +86,9 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.defaultDisk, "default-disk", "", "disk limit of each sandbox's writable layer when a create request gives none, e.g. 10Gi (default: unlimited, on the state dir's filesystem)")
 	f.StringVar(&o.diskReserve, "disk-reserve", "5%", "free space to keep on the state dir's filesystem, a size (2Gi) or a percentage of it (at most 10Gi then); below it (or below 5% of its inodes) creates are refused, below half of it the sandbox whose writable layer takes the most is stopped; 0 turns the guard off")
 	f.DurationVar(&o.guardInterval, "guard-interval", daemon.DefaultGuardInterval, "how often every sandbox's containment counters (OOM kills, refused forks, its disk) and the node's free disk are read")
+	f.StringVar(&o.trajectoryBytes, "trajectory-max-bytes", "64Mi", "cap of each sandbox's trajectory log (<state-dir>/trajectory/ID.log): past it, calls with a seq are refused (ResourceExhausted) and calls without one run unrecorded")
+	f.BoolVar(&o.trajectoryFsync, "trajectory-fsync", false, "fdatasync each recorded outcome before it is returned (~0.2-0.5 ms per exec and file write); by default outcomes are written to the page cache before they are returned, which a daemon crash or restart keeps and a machine crash does not, as it does not keep the running sandbox they describe (checkpoints sync the log)")
+	f.BoolVar(&o.noTrajectory, "no-trajectory", false, "record no trajectory log (calls with a seq or session are then Unsupported)")
 	f.StringVar(&o.eventLogBytes, "event-log-bytes", "16Mi", "size at which the security event audit file (<state-dir>/events/events.log) is rotated; the node keeps it and one rotated file")
 	f.BoolVar(&o.layerDirectIO, "layer-direct-io", true, "mount layer blobs with EROFS's directio option where the kernel and the store's filesystem allow it, so that only the blocks sandboxes read are read (not the store disk's readahead around them)")
 	f.IntVar(&o.layerReadAheadKB, "layer-read-ahead-kb", 0, "readahead window of each layer mount in KiB (0: the kernel's default, 128)")
@@ -202,6 +208,10 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil || eventLogBytes < 4096 {
 		return usageError{fmt.Errorf("--event-log-bytes %q: want a size of at least 4Ki", o.eventLogBytes)}
 	}
+	trajectoryBytes, err := parseBytes(o.trajectoryBytes)
+	if err != nil || trajectoryBytes < 4096 {
+		return usageError{fmt.Errorf("--trajectory-max-bytes %q: want a size of at least 4Ki", o.trajectoryBytes)}
+	}
 	diskReserve, err := parseReserve(o.diskReserve, stateDir)
 	if err != nil {
 		return usageError{fmt.Errorf("--disk-reserve: %w", err)}
@@ -314,19 +324,22 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		return fmt.Errorf("fncall backend: %w", err)
 	}
 	mgr, err := daemon.New(ctx, daemon.Config{
-		StateDir:         stateDir,
-		Backends:         map[string]backend.Backend{ctr.Name(): ctr},
-		Images:           images,
-		Metrics:          met,
-		DefaultTimeout:   o.defaultTimeout,
-		DefaultDiskBytes: defaultDisk,
-		EventFileBytes:   eventLogBytes,
-		DiskReserveBytes: diskReserve,
-		EventSources:     sources,
-		GuardInterval:    o.guardInterval,
-		UserNSDefault:    o.userns,
-		FnCall:           fn,
-		Logger:           log,
+		StateDir:           stateDir,
+		Backends:           map[string]backend.Backend{ctr.Name(): ctr},
+		Images:             images,
+		Metrics:            met,
+		DefaultTimeout:     o.defaultTimeout,
+		DefaultDiskBytes:   defaultDisk,
+		EventFileBytes:     eventLogBytes,
+		TrajectoryMaxBytes: trajectoryBytes,
+		NoTrajectory:       o.noTrajectory,
+		TrajectoryNoSync:   !o.trajectoryFsync,
+		DiskReserveBytes:   diskReserve,
+		EventSources:       sources,
+		GuardInterval:      o.guardInterval,
+		UserNSDefault:      o.userns,
+		FnCall:             fn,
+		Logger:             log,
 	})
 	if err != nil {
 		_ = fn.Close()

@@ -917,6 +917,8 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 		if cur, err := procStartTime(s.st.Pid); err == nil && cur == s.st.StartTime {
 			_ = unix.Kill(s.st.Pid, unix.SIGKILL)
 		}
+		// A paused sandbox: its init dies only once thawed.
+		s.thawForKill()
 		select {
 		case <-s.exited.Done():
 		case <-time.After(10 * time.Second):

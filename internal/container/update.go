@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/cgroups"
@@ -152,7 +153,21 @@ func (s *sandbox) detachNetwork() error {
 	return nil
 }
 
-var _ backend.Networked = (*sandbox)(nil)
+var (
+	_ backend.Networked = (*sandbox)(nil)
+	_ backend.Resolved  = (*sandbox)(nil)
+)
+
+// Nameserver is the sandbox's gateway, where Warren's resolver answers
+// it; invalid in mode none.
+func (s *sandbox) Nameserver() netip.Addr {
+	a := s.network()
+	if a == nil {
+		return netip.Addr{}
+	}
+	gw, _ := s.b.net.Addrs(a.Index)
+	return gw
+}
 
 // NetworkAddress is the sandbox's address on the node's sandbox subnet,
 // "" in mode none.

@@ -70,7 +70,7 @@ func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandbox
 	}
 	s.mu.Lock()
 	omit := make(map[string][]byte)
-	for _, f := range etcFilesOf(s.info) {
+	for _, f := range etcFilesOf(s.info, s.etcNS) {
 		omit["etc/"+f.Name] = f.Data
 	}
 	s.mu.Unlock()

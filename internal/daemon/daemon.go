@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -75,6 +76,20 @@ type Config struct {
 	// Manager is open. Their events of sandboxes this daemon does not
 	// know are dropped.
 	EventSources []events.Source
+	// TrajectoryMaxBytes caps each sandbox's trajectory log
+	// (<state>/trajectory/<id>.log; default DefaultTrajectoryMaxBytes).
+	// A full log refuses calls that carry a seq and runs the others
+	// unrecorded.
+	TrajectoryMaxBytes int64
+	// TrajectoryNoSync writes outcomes to the log without fdatasync
+	// before they are returned: they survive a daemon crash or restart
+	// (the page cache), not a machine crash, which the running sandbox
+	// and its unsynced writable layer do not survive either. Saves the
+	// fdatasync per exec and file write (docs/BENCHMARKS.md).
+	TrajectoryNoSync bool
+	// NoTrajectory records no trajectory log (calls with a seq or a
+	// session are then Unsupported).
+	NoTrajectory bool
 	// UserNSDefault creates sandboxes in a user namespace unless the
 	// request says otherwise (CreateRequest.user_namespace).
 	UserNSDefault bool
@@ -121,7 +136,7 @@ var ops = []string{
 	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
-	"CommitSandbox", "ListSandboxEvents", "Run", "RunBatch",
+	"CommitSandbox", "ListSandboxEvents", "Pause", "Resume", "PauseByLabel", "ResumeByLabel", "ReadTrajectory", "Run", "RunBatch",
 }
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.
@@ -132,6 +147,7 @@ type Manager struct {
 	metrics *metrics.Metrics
 	images  *image.Store
 	idem    *idemCache
+	traj    *trajLogs
 	events  *events.Log
 	disk    diskGuard   // the guard goroutine's
 	diskLow atomic.Bool // the node's disk is below its reserve
@@ -174,6 +190,7 @@ type sandbox struct {
 	sb           backend.Sandbox   // nil while creating, or when never adopted
 	backendState []byte
 	imageLayers  []string           // digests, bottom first
+	etcNS        netip.Addr         // the nameserver of the resolv.conf Warren last wrote (etc.go)
 	fs           backend.FileSystem // nil: the backend serves no file calls (fsFor)
 	timer        *time.Timer
 	unwatch      func() bool   // unregisters watch's callback
@@ -196,8 +213,15 @@ type sandbox struct {
 	procsAdopted chan struct{}
 	procsClaimed atomic.Bool // whoever sets it adopts the processes
 	procPending  int
-	commit       *commitOp   // the commit in progress, if any
-	seen         containSeen // the containment counters last read (events.go)
+	commit       *commitOp // the commit in progress, if any
+	// pausing is closed when the Pause or Resume in progress ends; nil
+	// when none runs (pause.go). A delete waits for it: a freeze still
+	// being requested would hold the init's SIGKILL on v1.
+	pausing chan struct{}
+	// procsOnResume: adopted while PAUSED, its background processes are
+	// adopted when it is resumed (its agent is frozen until then).
+	procsOnResume bool
+	seen          containSeen // the containment counters last read (events.go)
 	// exitsUnchecked: a background process exited since the guard last
 	// looked at the processes' output (events.go).
 	exitsUnchecked atomic.Bool
@@ -241,6 +265,13 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		_ = st.Close()
 		return nil, err
 	}
+	traj, err := newTrajLogs(cfg)
+	if err != nil {
+		_ = st.Close()
+		_ = evs.Close()
+		return nil, err
+	}
+	cfg.Metrics.TrajectoryBytesFunc(traj.bytes)
 	m := &Manager{
 		events:    evs,
 		cfg:       cfg,
@@ -249,6 +280,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		metrics:   cfg.Metrics,
 		images:    cfg.Images,
 		idem:      newIdemCache(idemTTL, idemMaxBytes),
+		traj:      traj,
 		sandboxes: map[string]*sandbox{},
 		closing:   make(chan struct{}),
 	}
@@ -293,7 +325,7 @@ func (m *Manager) Close() error {
 			// Its environments are the daemon's alone: none outlives it.
 			err = m.cfg.FnCall.Close()
 		}
-		err = errors.Join(err, m.store.Close(), m.events.Close())
+		err = errors.Join(err, m.store.Close(), m.events.Close(), m.traj.closeAll())
 		// Backends release node-wide resources of their own (sandboxes
 		// run on without them).
 		for name, b := range m.cfg.Backends {
@@ -384,16 +416,20 @@ func (m *Manager) persist(s *sandbox) error {
 	info := s.info
 	if s.st == stateLost {
 		// LOST is what this daemon sees, not what the sandbox is: the
-		// next daemon tries to adopt it again.
+		// next daemon tries to adopt it again (paused, if it was).
 		info = cloneSandbox(info)
 		info.State = stateRunning
+		if info.GetPausedAtUnixMs() != 0 {
+			info.State = statePaused
+		}
 	}
 	return m.store.Put(store.Record{
-		ID:           s.id,
-		Backend:      s.backendName,
-		BackendState: s.backendState,
-		ImageLayers:  s.imageLayers,
-		Sandbox:      info,
+		ID:            s.id,
+		Backend:       s.backendName,
+		BackendState:  s.backendState,
+		ImageLayers:   s.imageLayers,
+		Sandbox:       info,
+		EtcNameserver: formatNameserver(s.etcNS),
 	})
 }
 

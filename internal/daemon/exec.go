@@ -12,6 +12,7 @@ import (
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/trajectory"
 )
 
 const (
@@ -29,7 +30,31 @@ const (
 // Exec runs a command to completion and returns its captured output.
 func (m *Manager) Exec(ctx context.Context, req *warrenv1.ExecRequest) (_ *warrenv1.ExecResult, err error) {
 	defer m.observe("Exec", &err)
-	return m.exec(ctx, req, nil)
+	out, err := m.execStep(ctx, req, nil)
+	return out.res, err
+}
+
+// execStep runs an exec as a step of the sandbox's trajectory log: the
+// recorded result when the log has the step, else live (the output is
+// then kept, to be recorded, even when it is streamed).
+func (m *Manager) execStep(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error) (stepOutcome, error) {
+	if req.GetSeq() == 0 && req.GetIdempotencyKey() != "" && m.idem.known(req.GetSandboxId(), req.GetIdempotencyKey()) {
+		// A retry of an unnumbered call is that call, not a new step: it
+		// gets the first run's result, step number included.
+		res, _, err := m.exec(ctx, req, send, true, 0)
+		return stepOutcome{res: res, seq: res.GetSeq()}, err
+	}
+	st := step{sandbox: req.GetSandboxId(), session: req.GetSessionId(), seq: req.GetSeq(), method: trajectory.MethodExec, req: req}
+	out, err := m.recorded(ctx, st, func(seq uint64) (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
+		res, started, err := m.exec(ctx, req, send, !m.traj.off, seq)
+		return res, !started, nil, err
+	})
+	if err == nil && out.replayed && send != nil {
+		if err := replay(out.res, send); err != nil {
+			return stepOutcome{}, withCategory(err, errdefs.Unavailable, "send exec output")
+		}
+	}
+	return out, err
 }
 
 // ExecStream runs a command and sends its output as it comes; the last
@@ -40,11 +65,11 @@ func (m *Manager) ExecStream(ctx context.Context, req *warrenv1.ExecRequest, sen
 	defer m.observe("ExecStream", &err)
 	ss := &serialSender{send: send}
 	defer ss.close()
-	res, err := m.exec(ctx, req, ss.send1)
+	out, err := m.execStep(ctx, req, ss.send1)
 	if err != nil {
 		return err
 	}
-	final := proto.Clone(res).(*warrenv1.ExecResult)
+	final := proto.Clone(out.res).(*warrenv1.ExecResult)
 	final.Stdout, final.Stderr = nil, nil
 	if err := ss.send1(&warrenv1.ExecEvent{Event: &warrenv1.ExecEvent_Result{Result: final}}); err != nil {
 		return withCategory(err, errdefs.Unavailable, "send exec result")
@@ -77,42 +102,48 @@ func (s *serialSender) close() {
 }
 
 // exec runs req once, or returns the cached outcome of an earlier run with
-// the same idempotency key (waiting for it while it runs).
-func (m *Manager) exec(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error) (*warrenv1.ExecResult, error) {
+// the same idempotency key (waiting for it while it runs). keep keeps a
+// streamed command's output too (to record it). seq is the trajectory
+// step the run is recorded as, kept with the cached result. started
+// reports whether the outcome is a command's that ran (this call's or the
+// key's first).
+func (m *Manager) exec(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error, keep bool, seq uint64) (_ *warrenv1.ExecResult, started bool, _ error) {
 	key := req.GetIdempotencyKey()
 	if key == "" {
-		res, _, err := m.execOnce(ctx, req, send, send == nil)
-		return res, err
+		return m.execOnce(ctx, req, send, keep || send == nil)
 	}
 	if len(key) > maxIdempotencyKey {
-		return nil, errdefs.Invalidf("idempotency_key longer than %d bytes", maxIdempotencyKey)
+		return nil, false, errdefs.Invalidf("idempotency_key longer than %d bytes", maxIdempotencyKey)
 	}
 	if _, err := m.lookup(req.GetSandboxId()); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	e, first := m.idem.begin(req.GetSandboxId(), key)
 	if !first {
 		select {
 		case <-e.done:
 		case <-ctx.Done():
-			return nil, ctxError(ctx, "wait for the first run of idempotency key "+key)
+			return nil, false, ctxError(ctx, "wait for the first run of idempotency key "+key)
 		}
 		res, err := e.outcome()
 		if err == nil && send != nil {
 			if err := replay(res, send); err != nil {
-				return nil, withCategory(err, errdefs.Unavailable, "send exec output")
+				return nil, true, withCategory(err, errdefs.Unavailable, "send exec output")
 			}
 		}
-		return res, err
+		return res, res != nil, err
 	}
 	// Output is kept even when streaming, for the retries.
 	res, started, err := m.execOnce(ctx, req, send, true)
+	if res != nil {
+		res.Seq = seq
+	}
 	if started {
 		m.idem.finish(e, res, err)
 	} else {
 		m.idem.abandon(e, err)
 	}
-	return res, err
+	return res, started, err
 }
 
 // replay sends a cached result's output as stream events.
@@ -307,20 +338,22 @@ func (m *Manager) run(ctx context.Context, s *sandbox, sb backend.Sandbox, spec 
 		waitCh <- waitResult{st, err}
 	}()
 
-	var timeoutC <-chan time.Time
-	if o.timeout > 0 {
-		t := time.NewTimer(o.timeout)
-		defer t.Stop()
-		timeoutC = t.C
-	}
+	// The timeout counts running time: a pause of the sandbox pushes it
+	// back (pause.go).
+	rt := newRunTimer(s, time.Now(), o.timeout, s.pausedTotal())
+	defer rt.stop()
 	var (
 		wr       waitResult
 		timedOut bool
 		stopErr  error
 	)
+wait:
 	select {
 	case wr = <-waitCh:
-	case <-timeoutC:
+	case <-rt.C():
+		if !rt.expired() {
+			goto wait
+		}
 		timedOut = true
 		_ = proc.Signal(syscall.SIGKILL, true)
 		wr = awaitExit(proc, waitCh)

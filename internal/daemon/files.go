@@ -3,13 +3,17 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"io"
 	"os"
+
+	"google.golang.org/protobuf/proto"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/sandboxfs"
+	"github.com/warrenrl/warren/internal/trajectory"
 )
 
 // MaxReadFile caps one ReadFile response.
@@ -62,25 +66,42 @@ func fileInfoProto(fi sandboxfs.FileInfo) *warrenv1.FileInfo {
 	}
 }
 
+// fileStep runs a file call as a step of the sandbox's trajectory log.
+// do is the call: its error, and whether it was refused before it
+// touched the sandbox's files.
+func (m *Manager) fileStep(ctx context.Context, method, session string, seq uint64, req interface {
+	proto.Message
+	GetSandboxId() string
+}, do func() (notRun bool, err error)) (stepOutcome, error) {
+	st := step{sandbox: req.GetSandboxId(), session: session, seq: seq, method: method, req: req}
+	return m.recorded(ctx, st, func(uint64) (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
+		notRun, err := do()
+		return nil, notRun, nil, err
+	})
+}
+
 // WriteFile writes (or appends to) a file in the sandbox.
 func (m *Manager) WriteFile(ctx context.Context, req *warrenv1.WriteFileRequest) (_ *warrenv1.WriteFileResponse, err error) {
 	defer m.observe("WriteFile", &err)
-	fs, err := m.fsOf(req.GetSandboxId())
+	out, err := m.fileStep(ctx, trajectory.MethodWriteFile, req.GetSessionId(), req.GetSeq(), req, func() (bool, error) {
+		fs, err := m.fsOf(req.GetSandboxId())
+		if err != nil {
+			return true, err
+		}
+		mode := os.FileMode(req.GetMode())
+		if mode == 0 {
+			mode = 0o644
+		}
+		if mode&^os.FileMode(0o7777) != 0 {
+			return true, errdefs.Invalidf("invalid mode %#o: permission bits only", req.GetMode())
+		}
+		err = fs.WriteFile(ctx, req.GetPath(), bytes.NewReader(req.GetContent()), mode, req.GetAppend(), req.GetMakeParents())
+		return false, withCategory(err, errdefs.Internal, "write "+req.GetPath())
+	})
 	if err != nil {
 		return nil, err
 	}
-	mode := os.FileMode(req.GetMode())
-	if mode == 0 {
-		mode = 0o644
-	}
-	if mode&^os.FileMode(0o7777) != 0 {
-		return nil, errdefs.Invalidf("invalid mode %#o: permission bits only", req.GetMode())
-	}
-	err = fs.WriteFile(ctx, req.GetPath(), bytes.NewReader(req.GetContent()), mode, req.GetAppend(), req.GetMakeParents())
-	if err != nil {
-		return nil, withCategory(err, errdefs.Internal, "write "+req.GetPath())
-	}
-	return &warrenv1.WriteFileResponse{}, nil
+	return &warrenv1.WriteFileResponse{Seq: out.seq, Replayed: out.replayed}, nil
 }
 
 // ReadFile reads length bytes (0: to the end, capped at 64 MiB) from
@@ -143,34 +164,40 @@ func (m *Manager) StatFile(ctx context.Context, req *warrenv1.StatFileRequest) (
 // MakeDir creates a directory (mode default 0755) in the sandbox.
 func (m *Manager) MakeDir(ctx context.Context, req *warrenv1.MakeDirRequest) (_ *warrenv1.MakeDirResponse, err error) {
 	defer m.observe("MakeDir", &err)
-	fs, err := m.fsOf(req.GetSandboxId())
+	out, err := m.fileStep(ctx, trajectory.MethodMakeDir, req.GetSessionId(), req.GetSeq(), req, func() (bool, error) {
+		fs, err := m.fsOf(req.GetSandboxId())
+		if err != nil {
+			return true, err
+		}
+		mode := os.FileMode(req.GetMode())
+		if mode == 0 {
+			mode = 0o755
+		}
+		if mode&^os.FileMode(0o7777) != 0 {
+			return true, errdefs.Invalidf("invalid mode %#o: permission bits only", req.GetMode())
+		}
+		return false, withCategory(fs.Mkdir(ctx, req.GetPath(), mode, req.GetParents()), errdefs.Internal, "mkdir "+req.GetPath())
+	})
 	if err != nil {
 		return nil, err
 	}
-	mode := os.FileMode(req.GetMode())
-	if mode == 0 {
-		mode = 0o755
-	}
-	if mode&^os.FileMode(0o7777) != 0 {
-		return nil, errdefs.Invalidf("invalid mode %#o: permission bits only", req.GetMode())
-	}
-	if err := fs.Mkdir(ctx, req.GetPath(), mode, req.GetParents()); err != nil {
-		return nil, withCategory(err, errdefs.Internal, "mkdir "+req.GetPath())
-	}
-	return &warrenv1.MakeDirResponse{}, nil
+	return &warrenv1.MakeDirResponse{Seq: out.seq, Replayed: out.replayed}, nil
 }
 
 // RemoveFile removes a file, or a directory tree when recursive.
 func (m *Manager) RemoveFile(ctx context.Context, req *warrenv1.RemoveFileRequest) (_ *warrenv1.RemoveFileResponse, err error) {
 	defer m.observe("RemoveFile", &err)
-	fs, err := m.fsOf(req.GetSandboxId())
+	out, err := m.fileStep(ctx, trajectory.MethodRemoveFile, req.GetSessionId(), req.GetSeq(), req, func() (bool, error) {
+		fs, err := m.fsOf(req.GetSandboxId())
+		if err != nil {
+			return true, err
+		}
+		return false, withCategory(fs.Remove(ctx, req.GetPath(), req.GetRecursive()), errdefs.Internal, "remove "+req.GetPath())
+	})
 	if err != nil {
 		return nil, err
 	}
-	if err := fs.Remove(ctx, req.GetPath(), req.GetRecursive()); err != nil {
-		return nil, withCategory(err, errdefs.Internal, "remove "+req.GetPath())
-	}
-	return &warrenv1.RemoveFileResponse{}, nil
+	return &warrenv1.RemoveFileResponse{Seq: out.seq, Replayed: out.replayed}, nil
 }
 
 // TarOut writes the tree at path of the sandbox to w as a tar stream.
@@ -183,12 +210,49 @@ func (m *Manager) TarOut(ctx context.Context, id, path string, w io.Writer) (err
 	return withCategory(fs.TarOut(ctx, path, w), errdefs.Internal, "archive "+path)
 }
 
-// TarIn extracts the tar stream r under path of the sandbox.
+// TarIn extracts the tar stream r under path of the sandbox, recorded as
+// the next step of the sandbox's trajectory log.
 func (m *Manager) TarIn(ctx context.Context, id, path string, r io.Reader) (err error) {
+	_, _, err = m.TarInStep(ctx, id, path, "", 0, r)
+	return err
+}
+
+// TarInStep is TarIn as step seq of session (server.StepRecorder). The
+// upload's request hash covers its body, which is read once: while it is
+// extracted (live), or to compare it with the recorded step (replay).
+func (m *Manager) TarInStep(ctx context.Context, id, path, session string, seq uint64, r io.Reader) (gotSeq uint64, replayed bool, err error) {
 	defer m.observe("TarIn", &err)
-	fs, err := m.fsOf(id)
-	if err != nil {
-		return err
-	}
-	return withCategory(fs.TarIn(ctx, path, r), errdefs.Internal, "extract into "+path)
+	h := sha256.New()
+	st := step{sandbox: id, session: session, seq: seq, method: trajectory.MethodUpload,
+		req: &warrenv1.TrajectoryUpload{SandboxId: id, Path: path},
+		hashNow: func() (*trajectory.Late, error) {
+			n, err := io.Copy(h, r)
+			if err != nil {
+				return nil, errdefs.Wrap(errdefs.Unavailable, err, "read the upload")
+			}
+			return trajectory.UploadLate(path, n, h.Sum(nil)), nil
+		}}
+	out, err := m.recorded(ctx, st, func(uint64) (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
+		fs, err := m.fsOf(id)
+		if err != nil {
+			return nil, true, nil, err
+		}
+		cr := &countingReader{r: io.TeeReader(r, h)}
+		err = fs.TarIn(ctx, path, cr)
+		// What the extraction left unread is part of the request too.
+		_, _ = io.Copy(io.Discard, cr)
+		return nil, false, trajectory.UploadLate(path, cr.n, h.Sum(nil)), withCategory(err, errdefs.Internal, "extract into "+path)
+	})
+	return out.seq, out.replayed, err
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }

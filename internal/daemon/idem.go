@@ -74,6 +74,14 @@ func (c *idemCache) begin(sandbox, key string) (*idemEntry, bool) {
 	return e, true
 }
 
+// known reports whether (sandbox, key) has an entry, running or finished.
+func (c *idemCache) known(sandbox, key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.m[sandbox][key]
+	return ok
+}
+
 // finish stores the outcome of a run that happened (the command started).
 func (c *idemCache) finish(e *idemEntry, res *warrenv1.ExecResult, err error) {
 	c.mu.Lock()

@@ -16,16 +16,21 @@ import (
 //
 //	            create ok              init exits
 //	CREATING ───────────► RUNNING ─────────────────► STOPPED
-//	   │                  ▲  │  ▲  ╲                    │
-//	   │ create fails     │  │  │   ╲ pause/hibernate   │
-//	   ▼                  │  │  │    ▼  (later issue)   │
-//	 gone     adopt ok    │  │  └─ PAUSED, HIBERNATED   │
-//	          (retried)   │  │         │                │
+//	   │                  ▲  │  ▲  ╲ pause            ▲ │
+//	   │ create fails     │  │  │   ╲   hibernate     │ │
+//	   ▼                  │  │  │    ▼  (later issue) │ │ init exits
+//	 gone     adopt ok    │  │  └─ PAUSED, HIBERNATED ┘ │
+//	          (retried)   │  │ resume  │                │
 //	 LOST ────────────────┘  │ delete  │ delete         │ delete
 //	 (adopt failed, not      ▼         ▼                ▼
 //	  proven gone) ─────► DELETING ──────────────────► gone
 //	                         │  destroy failed: back to the state before,
 //	                         └─ or STOPPED if the init exited meanwhile
+//
+// A LOST sandbox whose record says it was paused goes back to PAUSED
+// once adopted. PAUSED is persisted before the freeze and RUNNING after
+// the thaw, so that a crash in between leaves a record that Resume
+// fixes (thawing a sandbox that runs does nothing).
 //
 // Transitions are listed in transitions; calls per state in allowed.
 // Get, List and reads of processes work in every state but gone. A
@@ -61,11 +66,18 @@ const (
 	opUpdate            // UpdateSandbox
 	opExtend            // ExtendTimeout
 	opDelete            // Delete and expiry (CREATING and DELETING wait instead)
+	opPause             // Pause
+	opResume            // Resume
+	// opProcess: SignalProcess, WriteStdin, ResizeProcess, which reach
+	// the sandbox's agent: refused while it is frozen (they would block
+	// until it is resumed), as in states this daemon does not know.
+	opProcess
 )
 
 var opNames = [...]string{
 	opInspect: "inspect", opExec: "exec", opFiles: "file access", opCommit: "commit",
 	opUpdate: "update", opExtend: "extend timeout", opDelete: "delete",
+	opPause: "pause", opResume: "resume", opProcess: "signal, stdin or resize of a process",
 }
 
 func (o op) String() string { return opNames[o] }
@@ -76,13 +88,13 @@ var known = []state{stateCreating, stateRunning, statePaused, stateHibernated, s
 
 // allowed are the calls each known state permits besides opInspect.
 var allowed = map[state][]op{
-	stateCreating:   nil, // Delete waits for the creation to finish
-	stateRunning:    {opExec, opFiles, opCommit, opUpdate, opExtend, opDelete},
-	statePaused:     {opExtend, opDelete},
-	stateHibernated: {opExtend, opDelete},
-	stateStopped:    {opExtend, opDelete},
-	stateLost:       {opExtend, opDelete},
-	stateDeleting:   nil, // Delete waits for the deletion in progress
+	stateCreating:   {opProcess}, // Delete waits for the creation to finish
+	stateRunning:    {opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess},
+	statePaused:     {opExtend, opDelete, opResume},
+	stateHibernated: {opExtend, opDelete, opProcess},
+	stateStopped:    {opExtend, opDelete, opProcess},
+	stateLost:       {opExtend, opDelete, opProcess},
+	stateDeleting:   {opProcess}, // Delete waits for the deletion in progress
 }
 
 // allowedUnknown are the calls a state this daemon does not know permits.
@@ -96,7 +108,7 @@ var transitions = map[state][]state{
 	statePaused:     {stateRunning, stateHibernated, stateStopped, stateDeleting},
 	stateHibernated: {stateRunning, stateDeleting},
 	stateStopped:    {stateDeleting},
-	stateLost:       {stateRunning, stateStopped, stateDeleting},
+	stateLost:       {stateRunning, statePaused, stateStopped, stateDeleting},
 	// Back to the state before when Destroy fails (STOPPED when the init
 	// died meanwhile); unknown states go back too (canTransition).
 	stateDeleting: {stateGone, stateRunning, statePaused, stateHibernated, stateStopped, stateLost},
@@ -178,6 +190,8 @@ func (s *sandbox) allowLocked(o op) error {
 		why = " (" + s.info.GetDeadReason() + ")"
 	case st == stateLost:
 		why = " (the node cannot reach it now; it is retried)"
+	case st == statePaused:
+		why = " (its processes are frozen: Resume it first)"
 	case !isKnown(st):
 		why = ", which this daemon does not know (a newer daemon's?)"
 	}
@@ -225,10 +239,10 @@ func stateLabel(st state) string {
 }
 
 // servedHere reports whether this daemon drives a record of state st on
-// adoption: RUNNING ones are adopted, STOPPED ones kept, CREATING and
-// DELETING ones finished. The others (PAUSED and HIBERNATED, which only a
-// newer daemon makes so far, and unknown numbers) keep their resources
+// adoption: RUNNING and PAUSED ones are adopted, STOPPED ones kept,
+// CREATING and DELETING ones finished. The others (HIBERNATED, which only
+// a newer daemon makes so far, and unknown numbers) keep their resources
 // untouched until a Delete.
 func servedHere(st state) bool {
-	return st == stateRunning || st == stateStopped || st == stateCreating || st == stateDeleting
+	return st == stateRunning || st == statePaused || st == stateStopped || st == stateCreating || st == stateDeleting
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/warrenrl/warren/internal/store"
 )
 
-var allOps = []op{opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete}
+var allOps = []op{opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opResume, opProcess}
 
 // unknownState is a state number no daemon of this version knows.
 const unknownState = state(42)
@@ -34,13 +34,13 @@ const unknownState = state(42)
 func TestLifecycleTableRefusesWithConflictNamingTheState(t *testing.T) {
 	states := append(slices.Clone(known), unknownState, stateGone)
 	want := map[state][]op{
-		stateCreating:   {opInspect},
-		stateRunning:    allOps,
-		statePaused:     {opInspect, opExtend, opDelete},
-		stateHibernated: {opInspect, opExtend, opDelete},
-		stateStopped:    {opInspect, opExtend, opDelete},
-		stateLost:       {opInspect, opExtend, opDelete},
-		stateDeleting:   {opInspect},
+		stateCreating:   {opInspect, opProcess},
+		stateRunning:    {opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess},
+		statePaused:     {opInspect, opExtend, opDelete, opResume},
+		stateHibernated: {opInspect, opExtend, opDelete, opProcess},
+		stateStopped:    {opInspect, opExtend, opDelete, opProcess},
+		stateLost:       {opInspect, opExtend, opDelete, opProcess},
+		stateDeleting:   {opInspect, opProcess},
 		unknownState:    {opInspect, opDelete},
 		stateGone:       nil,
 	}
@@ -74,7 +74,7 @@ func TestLifecycleTableRefusesWithConflictNamingTheState(t *testing.T) {
 		t.Fatalf("only %d refusals checked", refused)
 	}
 	s := &sandbox{id: "x", st: statePaused, info: &warrenv1.Sandbox{State: statePaused}}
-	if err := s.allowLocked(opExec); err == nil || err.Error() != "sandbox x is PAUSED: exec needs RUNNING" {
+	if err := s.allowLocked(opExec); err == nil || err.Error() != "sandbox x is PAUSED (its processes are frozen: Resume it first): exec needs RUNNING" {
 		t.Fatalf("message: %v", err)
 	}
 	s = &sandbox{id: "x", st: unknownState, info: &warrenv1.Sandbox{State: unknownState}}
@@ -205,7 +205,7 @@ func TestCallsRefusedWhenPausedOrHibernated(t *testing.T) {
 		t.Helper()
 		for call, f := range calls {
 			err := f()
-			if errdefs.CategoryOf(err) != errdefs.Conflict || !strings.Contains(err.Error(), "sandbox nap is "+name+":") ||
+			if errdefs.CategoryOf(err) != errdefs.Conflict || !strings.Contains(err.Error(), "sandbox nap is "+name) ||
 				!strings.Contains(err.Error(), "needs RUNNING") {
 				t.Errorf("%s in %s: %s %v", call, name, errdefs.CategoryOf(err), err)
 			}
@@ -280,8 +280,8 @@ func recordBlob(t *testing.T, e *env, id string) []byte {
 }
 
 // TestUnknownStateRecordSurvivesRestart: a record in a state this daemon
-// does not know (a newer daemon's number) or does not drive (PAUSED) is
-// kept across restarts, listed with its state, its sandbox left running
+// does not know (a newer daemon's number), and a PAUSED one (adopted as
+// such, whether or not its sandbox is frozen), are kept across restarts, listed with its state, its sandbox left running
 // and its resources untouched by the sweep; calls other than Delete are
 // refused; Delete removes it and everything it had. (Before the table,
 // adoption deleted such records and the sweep tore their sandboxes down.)

@@ -37,6 +37,9 @@ type process struct {
 	pid     int
 	started time.Time
 	timeout time.Duration // 0: none
+	// paused0 is how long its sandbox had been paused when it started
+	// (runTimer); 0 for a process adopted after a restart.
+	paused0 time.Duration
 	pty     bool
 	host    backend.Background
 
@@ -279,6 +282,7 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 		return nil, why
 	}
 	p := newProcess(s.id, host, tag, pid, req.GetPty())
+	p.paused0 = s.pausedTotalLocked()
 	if s.procs == nil {
 		s.procs = map[string]*process{}
 	}
@@ -420,14 +424,13 @@ func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
 // when its timeout passes, and records the exit. It returns without one
 // when the daemon lets go (detach): the process runs on in the agent.
 func (m *Manager) watchProcess(p *process) {
-	var timeoutC <-chan time.Time
-	if p.timeout > 0 {
-		t := time.NewTimer(time.Until(p.started.Add(p.timeout)))
-		defer t.Stop()
-		timeoutC = t.C
+	var rt *runTimer
+	if s, err := m.lookup(p.sandbox); err == nil {
+		rt = newRunTimer(s, p.started, p.timeout, p.paused0)
+		defer rt.stop()
 	}
 	for !p.isDetached() {
-		st, err := p.awaitExit(&timeoutC)
+		st, err := p.awaitExit(rt)
 		if st != nil {
 			p.finish(*st, false, time.Since(p.started))
 			m.processExited(p)
@@ -462,9 +465,9 @@ func (p *process) isDetached() bool {
 }
 
 // awaitExit attaches as a waiter (no output) and returns the exit status,
-// or the error that ended the attach. When *timeoutC fires first, the
-// process group is killed (once: *timeoutC is cleared).
-func (p *process) awaitExit(timeoutC *<-chan time.Time) (*backend.ExitStatus, error) {
+// or the error that ended the attach. When the timeout passes first (rt:
+// running time, pauses not counted), the process group is killed.
+func (p *process) awaitExit(rt *runTimer) (*backend.ExitStatus, error) {
 	a, err := p.host.AttachBackground(context.Background(), p.pid, backend.FromEnd, backend.FromEnd)
 	if err != nil {
 		return nil, err
@@ -496,22 +499,27 @@ func (p *process) awaitExit(timeoutC *<-chan time.Time) (*backend.ExitStatus, er
 			}
 		}
 	}()
-	select {
-	case n := <-ch:
-		return n.st, n.err
-	case <-*timeoutC:
-		*timeoutC = nil
-		p.mu.Lock()
-		p.timedOut = true
-		p.mu.Unlock()
-		_ = p.host.SignalBackground(context.Background(), p.pid, syscall.SIGKILL, true)
-		n := <-ch
-		return n.st, n.err
+	for {
+		select {
+		case n := <-ch:
+			return n.st, n.err
+		case <-rt.C():
+		}
+		if rt.expired() {
+			break
+		}
 	}
+	p.mu.Lock()
+	p.timedOut = true
+	p.mu.Unlock()
+	_ = p.host.SignalBackground(context.Background(), p.pid, syscall.SIGKILL, true)
+	n := <-ch
+	return n.st, n.err
 }
 
-// process finds a background process of a sandbox in any state.
-func (m *Manager) process(ctx context.Context, sandboxID, processID string) (*process, error) {
+// process finds a background process of a sandbox in a state that permits
+// o (opInspect: any).
+func (m *Manager) process(ctx context.Context, o op, sandboxID, processID string) (*process, error) {
 	s, err := m.lookup(sandboxID)
 	if err != nil {
 		return nil, err
@@ -521,7 +529,7 @@ func (m *Manager) process(ctx context.Context, sandboxID, processID string) (*pr
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.allowLocked(opInspect); err != nil {
+	if err := s.allowLocked(o); err != nil {
 		return nil, err
 	}
 	p := s.procs[processID]
@@ -548,9 +556,14 @@ func (m *Manager) ListProcesses(ctx context.Context, req *warrenv1.ListProcesses
 	}
 	s.mu.Unlock()
 	slices.SortFunc(procs, func(a, b *process) int { return a.seq - b.seq })
-	// The byte counts come from the agent, in one call.
+	// The byte counts come from the agent, in one call; not while the
+	// sandbox is paused (its agent is frozen): the records then carry
+	// what the daemon knows.
 	recs := map[int]*backend.BackgroundInfo{}
-	if len(procs) > 0 && !procs[0].exitedAll(procs) {
+	s.mu.Lock()
+	paused := s.st == statePaused
+	s.mu.Unlock()
+	if len(procs) > 0 && !paused && !procs[0].exitedAll(procs) {
 		if list, err := procs[0].host.ListBackground(ctx); err == nil {
 			for i := range list {
 				recs[list[i].Pid] = &list[i]
@@ -585,7 +598,7 @@ func (p *process) exitedAll(procs []*process) bool {
 // passes; the process keeps running).
 func (m *Manager) WaitProcess(ctx context.Context, req *warrenv1.WaitProcessRequest) (_ *warrenv1.ExecResult, err error) {
 	defer m.observe("WaitProcess", &err)
-	p, err := m.process(ctx, req.GetSandboxId(), req.GetProcessId())
+	p, err := m.process(ctx, opInspect, req.GetSandboxId(), req.GetProcessId())
 	if err != nil {
 		return nil, err
 	}
@@ -668,7 +681,7 @@ func (b *streamBuf) add(o backend.Output) {
 // detaches; the process runs on.
 func (m *Manager) AttachProcess(ctx context.Context, req *warrenv1.AttachProcessRequest, send func(*warrenv1.ProcessEvent) error) (err error) {
 	defer m.observe("AttachProcess", &err)
-	p, err := m.process(ctx, req.GetSandboxId(), req.GetProcessId())
+	p, err := m.process(ctx, opInspect, req.GetSandboxId(), req.GetProcessId())
 	if err != nil {
 		return err
 	}
@@ -751,7 +764,7 @@ func (m *Manager) ResizeProcess(ctx context.Context, req *warrenv1.ResizeProcess
 		}
 		return &warrenv1.ResizeProcessResponse{}, nil
 	}
-	p, err := m.process(ctx, req.GetSandboxId(), req.GetProcessId())
+	p, err := m.process(ctx, opProcess, req.GetSandboxId(), req.GetProcessId())
 	if err != nil {
 		return nil, err
 	}
@@ -781,7 +794,7 @@ func (m *Manager) SignalProcess(ctx context.Context, req *warrenv1.SignalProcess
 	if sig < 1 || sig > 64 {
 		return nil, errdefs.Invalidf("invalid signal %d", req.GetSignal())
 	}
-	p, err := m.process(ctx, req.GetSandboxId(), req.GetProcessId())
+	p, err := m.process(ctx, opProcess, req.GetSandboxId(), req.GetProcessId())
 	if err != nil {
 		return nil, err
 	}
@@ -802,7 +815,7 @@ func (m *Manager) SignalProcess(ctx context.Context, req *warrenv1.SignalProcess
 // is cancelled.
 func (m *Manager) WriteStdin(ctx context.Context, req *warrenv1.WriteStdinRequest) (_ *warrenv1.WriteStdinResponse, err error) {
 	defer m.observe("WriteStdin", &err)
-	p, err := m.process(ctx, req.GetSandboxId(), req.GetProcessId())
+	p, err := m.process(ctx, opProcess, req.GetSandboxId(), req.GetProcessId())
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"maps"
+	"net/netip"
 	"path"
 	"slices"
 	"strings"
@@ -92,6 +93,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Layers:          slices.Clone(p.layers),
 		KeepEtc:         req.GetKeepEtc(),
 		AllowSetuid:     req.GetAllowSetuid(),
+		NoTrajectory:    req.GetNoTrajectory(),
 		UserNamespace:   m.cfg.UserNSDefault,
 		Rlimits:         rlimitProtos(p.rlimits),
 		Network:         networkProto(p.network),
@@ -223,7 +225,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		DiskBytes:   p.resources.DiskBytes,
 		Env:         envList(p.env),
 		Workdir:     p.workdir,
-		Etc:         etcFilesOf(info),
+		Etc:         etcFilesOf(info, netip.Addr{}),
 		Rlimits:     p.rlimits,
 		Network:     p.network,
 		AllowSetuid: info.AllowSetuid,
@@ -255,6 +257,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	}
 	s.mu.Lock()
 	s.sb, s.fs, s.backendState, s.release = sb, fs, sb.State(), release
+	s.etcNS = nameserverOf(sb, info.GetKeepEtc())
 	info.NetworkAddress = networkAddress(sb)
 	if im, ok := sb.(backend.IDMapped); ok {
 		base, _, mapped := im.IDMap()
@@ -265,7 +268,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	// The record says RUNNING; the sandbox is RUNNING once it is written.
 	info.State = stateRunning
 	if err = m.persist(s); err != nil {
-		s.sb, s.fs, s.backendState, s.release = nil, nil, nil, nil
+		s.sb, s.fs, s.backendState, s.release, s.etcNS = nil, nil, nil, nil, netip.Addr{}
 		info.State = stateCreating
 		info.ExpiresAtUnixMs = 0
 		s.mu.Unlock()
@@ -411,13 +414,19 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 		procs = append(procs, p)
 	}
 	commit := s.commit
+	pausing := s.pausing
 	s.mu.Unlock()
 
 	// A commit in progress holds the sandbox frozen, and frozen processes
-	// cannot die: stop it first.
+	// cannot die: stop it first. A pause or resume in progress is waited
+	// for (bounded by the freeze timeout): the destroy then finds the
+	// group frozen or thawed, not half-way.
 	if commit != nil {
 		commit.cancel()
 		<-commit.done
+	}
+	if pausing != nil {
+		<-pausing
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
 	var err error
@@ -445,8 +454,13 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	m.forget(s)
 	m.events.Forget(s.id)
 	close(done)
-	if prev == stateRunning {
+	if prev == stateRunning || prev == statePaused {
 		m.metrics.SandboxEnded(reason)
+	}
+	// After forget: a recorded call racing the delete then finds the
+	// sandbox gone and cannot make the file again (trajLogs.get).
+	if terr := m.traj.remove(s.id); terr != nil {
+		m.log.Warn("remove trajectory log", "sandbox", s.id, "err", terr)
 	}
 	m.log.Debug("sandbox deleted", "sandbox", s.id, "reason", reason)
 	return nil
@@ -515,7 +529,7 @@ func (m *Manager) failedRemove(s *sandbox, sb backend.Sandbox, prev state, err e
 		back = stateStopped
 		s.info.DeadReason = "init exited in a delete that failed: " + err.Error()
 		s.fs = nil
-		if prev == stateRunning {
+		if prev == stateRunning || prev == statePaused {
 			m.metrics.SandboxEnded(metrics.ReasonDead)
 		}
 	}
@@ -616,12 +630,12 @@ func (m *Manager) watch(s *sandbox, sb backend.Sandbox) {
 	s.mu.Unlock()
 }
 
-// died marks a running sandbox STOPPED, releases its resources and keeps
-// the record until Delete (or its lifetime passes). A sandbox being
-// deleted is left to the deletion (failedRemove looks at its init).
+// died marks a running or paused sandbox STOPPED, releases its resources
+// and keeps the record until Delete (or its lifetime passes). A sandbox
+// being deleted is left to the deletion (failedRemove looks at its init).
 func (m *Manager) died(s *sandbox, sb backend.Sandbox, why string) {
 	s.mu.Lock()
-	if s.st != stateRunning || s.sb != sb {
+	if (s.st != stateRunning && s.st != statePaused) || s.sb != sb {
 		s.mu.Unlock()
 		return
 	}
@@ -688,6 +702,13 @@ func (m *Manager) adoptAll(ctx context.Context) error {
 		_, err := m.lookup(id)
 		return err == nil
 	})
+	// Likewise the trajectory logs of sandboxes whose record is gone.
+	if err := m.traj.sweep(func(id string) bool {
+		_, err := m.lookup(id)
+		return err == nil
+	}); err != nil {
+		m.log.Error("sweep trajectory logs", "err", err)
+	}
 	for name, b := range m.cfg.Backends {
 		if err := b.Sweep(ctx, keep[name]); err != nil {
 			m.log.Error("sweep orphaned sandbox resources", "backend", name, "err", err)
@@ -766,6 +787,7 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		info:         info,
 		backendState: rec.BackendState,
 		imageLayers:  rec.ImageLayers,
+		etcNS:        parseNameserver(rec.EtcNameserver),
 	}
 	close(s.ready)
 	// Before the sandbox is published, its state changes without gauges
@@ -807,8 +829,8 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 
 	switch {
 	case !servedHere(st):
-		// PAUSED, HIBERNATED or a number this daemon does not know: a
-		// newer daemon's. Kept as it is, resources and all, with no timer:
+		// HIBERNATED or a number this daemon does not know: a newer
+		// daemon's. Kept as it is, resources and all, with no timer:
 		// a rollback to this daemon must not lose it.
 		log.Warn("sandbox in a state this daemon does not drive: kept as it is", "state", stateName(st))
 		add()
@@ -817,7 +839,7 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		add()
 		armTimer(time.UnixMilli(info.GetExpiresAtUnixMs()))
 		return false
-	case st != stateRunning:
+	case st != stateRunning && st != statePaused:
 		// Half-created or half-deleted: finish the job. Sweep removes
 		// whatever Adopt cannot find.
 		if len(rec.BackendState) > 0 {
@@ -868,7 +890,12 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		}
 		return false
 	}
-	s.procsAdopted = make(chan struct{})
+	if st == statePaused {
+		// Its agent is frozen: processes are adopted on resume.
+		s.procsOnResume = true
+	} else {
+		s.procsAdopted = make(chan struct{})
+	}
 	add()
 	armTimer(expires)
 	m.watch(s, sb)
@@ -966,15 +993,23 @@ func (m *Manager) found(s *sandbox, sb backend.Sandbox, err error) {
 	}
 	s.sb, s.backendState = sb, sb.State()
 	s.fs = fsFor(sb)
-	_ = m.setState(s, stateRunning)
+	back := stateRunning
+	if s.info.GetPausedAtUnixMs() != 0 {
+		back = statePaused // it was paused when the node lost it
+	}
+	_ = m.setState(s, back)
 	s.info.DeadReason = ""
 	if perr := m.persist(s); perr != nil {
 		m.log.Warn("persist running state", "sandbox", s.id, "err", perr)
 	}
+	paused := back == statePaused
+	s.procsOnResume = paused
 	s.mu.Unlock()
 	m.watch(s, sb)
-	m.adoptProcesses(s, sb)
-	m.log.Info("LOST sandbox adopted again", "sandbox", s.id)
+	if !paused {
+		m.adoptProcesses(s, sb)
+	}
+	m.log.Info("LOST sandbox adopted again", "sandbox", s.id, "state", stateName(back))
 }
 
 func (m *Manager) count(st warrenv1.SandboxState) int {
@@ -1002,11 +1037,13 @@ func sortSandboxes(sbs []*warrenv1.Sandbox) {
 }
 
 // etcFilesOf is the /etc files a sandbox gets over its image's, none with
-// keep_etc. Its resolv.conf is mode none's: a backend that gives the
-// sandbox a network names its resolver there (etcfiles.WithNameserver).
-func etcFilesOf(info *warrenv1.Sandbox) []etcfiles.File {
+// keep_etc. Its resolv.conf names nameserver (none for the zero Addr):
+// at create mode none's, and a backend that gives the sandbox a network
+// names its resolver there (etcfiles.WithNameserver, backend.Resolved);
+// after that the sandbox's etcNS, what Warren last wrote (etc.go).
+func etcFilesOf(info *warrenv1.Sandbox, nameserver netip.Addr) []etcfiles.File {
 	if info.GetKeepEtc() {
 		return nil
 	}
-	return etcfiles.Files(info.GetHostname(), etcfiles.None)
+	return etcfiles.WithNameserver(etcfiles.Files(info.GetHostname(), etcfiles.None), nameserver)
 }

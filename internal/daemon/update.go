@@ -82,7 +82,8 @@ func cmpOr(v, def int64) int64 {
 // Updater), lifetime and labels, all or nothing: everything is validated
 // first, the backend applies its part whole or not at all, and a failed
 // write of the record puts the limits back. Conflict in any other state,
-// and while another update of the sandbox runs.
+// and while another update of the sandbox runs. A network change makes
+// the sandbox's resolv.conf follow (etc.go) while it is Warren's.
 func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandboxRequest) (_ *warrenv1.Sandbox, err error) {
 	defer m.observe("UpdateSandbox", &err)
 	u, err := m.validateUpdate(req)
@@ -126,7 +127,7 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 		merged.Group = oldNet.Group
 		u.limits.Network = &merged
 	}
-	sb, backendName := s.sb, s.backendName
+	sb, backendName, fs, keepEtc, etcNS := s.sb, s.backendName, s.fs, s.info.GetKeepEtc(), s.etcNS
 	s.updating = true
 	s.mu.Unlock()
 	defer func() {
@@ -145,6 +146,12 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 			return nil, m.explain(opUpdate, s, err, "update sandbox "+s.id)
 		}
 	}
+	var resolv resolvRewrite
+	if u.limits.Network != nil {
+		// The network has changed: a client gone now must not leave the
+		// file naming the old one.
+		resolv = m.followNetwork(context.WithoutCancel(ctx), s.id, sb, fs, keepEtc, etcNS)
+	}
 
 	s.mu.Lock()
 	if err := s.allowLocked(opUpdate); err != nil {
@@ -162,6 +169,9 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 	setIf(&res.PidsMax, u.limits.PidsMax)
 	s.info.Resources, s.info.Labels = res, labels
 	prevState := s.backendState
+	if resolv.done {
+		s.etcNS = resolv.to
+	}
 	if u.limits.Network != nil {
 		s.info.Network = networkProto(*u.limits.Network)
 		s.info.NetworkAddress = networkAddress(sb)
@@ -177,7 +187,9 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 	if err := m.persist(s); err != nil {
 		s.info.Resources, s.info.Labels, s.info.ExpiresAtUnixMs = prevInfo.Resources, prevInfo.Labels, prevInfo.ExpiresAtUnixMs
 		s.info.Network, s.info.NetworkAddress, s.backendState = prevInfo.Network, prevInfo.NetworkAddress, prevState
+		s.etcNS = etcNS
 		s.mu.Unlock()
+		m.undoResolv(context.WithoutCancel(ctx), s.id, fs, resolv)
 		if up != nil {
 			back := backend.Update{}
 			if u.limits.CPUMillis != nil {

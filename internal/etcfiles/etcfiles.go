@@ -73,13 +73,17 @@ func resolvConf(network Network) []byte {
 // nothing of the node's. No search domain: group members' names are
 // single labels the resolver answers as asked. glibc's default 5 s
 // timeout is kept short: the resolver is on the other end of a veth.
+// Without a nameserver (the zero Addr) it is mode none's.
 func ResolvConf(nameserver netip.Addr) []byte {
+	if !nameserver.IsValid() {
+		return resolvConf(None)
+	}
 	return []byte("# Written by Warren: the sandbox's resolver is Warren's, at its gateway.\nnameserver " +
 		nameserver.String() + "\noptions timeout:2 attempts:3\n")
 }
 
 // WithNameserver returns files with resolv.conf (if there is one) naming
-// nameserver.
+// nameserver (none for the zero Addr).
 func WithNameserver(files []File, nameserver netip.Addr) []File {
 	out := make([]File, len(files))
 	copy(out, files)

@@ -1,6 +1,7 @@
 package etcfiles
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -71,5 +72,24 @@ func TestFiles(t *testing.T) {
 	}
 	if Unchanged("hosts", []byte(byName["hosts"]+"10.0.0.1 db\n"), "web.test", None) || Unchanged("hosts", []byte(byName["hosts"]), "other", None) {
 		t.Error("Unchanged of a changed hosts file = true")
+	}
+}
+
+// TestResolvConf: with a nameserver resolv.conf names it; the zero Addr
+// (a sandbox without a network) gives mode none's, as Files writes it.
+func TestResolvConf(t *testing.T) {
+	gw := netip.MustParseAddr("10.88.0.2")
+	if got := string(ResolvConf(gw)); !strings.Contains(got, "\nnameserver 10.88.0.2\n") {
+		t.Errorf("ResolvConf(%s) = %q", gw, got)
+	}
+	none := Files("h", None)[2].Data
+	if got := ResolvConf(netip.Addr{}); string(got) != string(none) {
+		t.Errorf("ResolvConf(zero) = %q, want mode none's %q", got, none)
+	}
+	if got := WithNameserver(Files("h", None), netip.Addr{})[2].Data; string(got) != string(none) {
+		t.Errorf("WithNameserver(zero) = %q", got)
+	}
+	if got := WithNameserver(Files("h", None), gw)[2].Data; string(got) != string(ResolvConf(gw)) {
+		t.Errorf("WithNameserver(%s) = %q", gw, got)
 	}
 }

@@ -5,6 +5,7 @@ package metrics
 import (
 	"errors"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,12 +57,28 @@ type Metrics struct {
 	// purpose, since a sandbox label would make thousands of series; the
 	// API lists each sandbox's events.
 	SecurityEvents *prometheus.CounterVec
+	// TrajectoryCalls is warren_trajectory_calls_total{mode}: mutating
+	// calls by how the trajectory log served them: live (ran and
+	// recorded), replayed (recorded outcome returned, nothing ran),
+	// unrecorded (ran; the sandbox's log was full).
+	TrajectoryCalls *prometheus.CounterVec
+	// TrajectoryMismatches is warren_trajectory_mismatches_total: replayed
+	// calls refused because their request differed from the recorded one.
+	TrajectoryMismatches prometheus.Counter
 	// DNSQueries is warren_dns_queries_total{result}: queries Warren's
 	// resolver answered, by result (internal/resolver); DNSSeconds,
 	// warren_dns_resolve_seconds, how long each took to answer (an
 	// upstream's round trip included).
 	DNSQueries *prometheus.CounterVec
 	DNSSeconds prometheus.Histogram
+	// PauseSeconds is warren_sandbox_pause_seconds{reclaim}: a Pause in
+	// the daemon, freeze only ("false") or with the memory reclaim
+	// ("true"), whose costs differ by orders of magnitude.
+	PauseSeconds  *prometheus.HistogramVec
+	ResumeSeconds prometheus.Histogram // warren_sandbox_resume_seconds
+	// ReclaimedBytes is warren_sandbox_reclaimed_bytes_total: memory
+	// paused sandboxes gave back.
+	ReclaimedBytes prometheus.Counter
 }
 
 // CreateBuckets are the classic buckets of warren_sandbox_create_seconds:
@@ -110,10 +127,37 @@ func New(ops ...string) *Metrics {
 			Help: "Sandboxes that ended, by reason: user (Delete of a live sandbox), timeout (lifetime passed), dead (init exited). Each sandbox is counted once.",
 		}, []string{"reason"}),
 	}
+	m.PauseSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:                        "warren_sandbox_pause_seconds",
+		Help:                        "Latency of successful pauses in the daemon, by whether memory was reclaimed.",
+		Buckets:                     prometheus.ExponentialBucketsRange(0.0001, 10, 40),
+		NativeHistogramBucketFactor: 1.1,
+	}, []string{"reclaim"})
+	m.ResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:                        "warren_sandbox_resume_seconds",
+		Help:                        "Latency of successful resumes in the daemon.",
+		Buckets:                     prometheus.ExponentialBucketsRange(0.0001, 10, 40),
+		NativeHistogramBucketFactor: 1.1,
+	})
+	m.ReclaimedBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "warren_sandbox_reclaimed_bytes_total",
+		Help: "Memory that paused sandboxes gave back (page cache, and anonymous memory pushed to swap), in bytes.",
+	})
 	m.SecurityEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "warren_security_events_total",
 		Help: "Actions of sandboxes the node contained or denied (OOM kills, forks refused at the pids limit, output past a cap, full disks, timeout kills, ...), by kind: occurrences, rate-limited events included.",
 	}, []string{"kind"})
+	m.TrajectoryCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warren_trajectory_calls_total",
+		Help: "Mutating calls (exec, file writes) by how the trajectory log served them: live (ran, recorded), replayed (the recorded outcome, nothing ran), unrecorded (ran; the sandbox's log was full).",
+	}, []string{"mode"})
+	m.TrajectoryMismatches = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "warren_trajectory_mismatches_total",
+		Help: "Calls refused because their trajectory step was recorded with a different request.",
+	})
+	for _, mode := range []string{"live", "replayed", "unrecorded"} {
+		m.TrajectoryCalls.WithLabelValues(mode)
+	}
 	m.DNSQueries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "warren_dns_queries_total",
 		Help: "Queries of sandboxes to Warren's resolver, by result: forwarded, group, empty (AAAA), refused (not on the allowlist), failed (SERVFAIL), bad.",
@@ -133,7 +177,9 @@ func New(ops ...string) *Metrics {
 	m.InitOps(ops...)
 	m.Registry.MustRegister(
 		m.Sandboxes, m.CreateSeconds, m.CreatePhaseSeconds, m.ExecSeconds, m.Errors, m.Deleted, m.SecurityEvents,
+		m.TrajectoryCalls, m.TrajectoryMismatches,
 		m.DNSQueries, m.DNSSeconds,
+		m.PauseSeconds, m.ResumeSeconds, m.ReclaimedBytes,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -286,10 +332,56 @@ func (m *Metrics) ObserveExec(seconds float64) {
 	m.ExecSeconds.Observe(seconds)
 }
 
+// ObservePause records a successful pause and the bytes it gave back.
+func (m *Metrics) ObservePause(reclaim bool, d time.Duration, reclaimed uint64) {
+	if m == nil {
+		return
+	}
+	m.PauseSeconds.WithLabelValues(strconv.FormatBool(reclaim)).Observe(d.Seconds())
+	m.ReclaimedBytes.Add(float64(reclaimed))
+}
+
+// ObserveResume records a successful resume.
+func (m *Metrics) ObserveResume(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.ResumeSeconds.Observe(d.Seconds())
+}
+
 // SandboxEnded counts a sandbox that ended for reason.
 func (m *Metrics) SandboxEnded(reason string) {
 	if m == nil {
 		return
 	}
 	m.Deleted.WithLabelValues(reason).Inc()
+}
+
+// TrajectoryCall counts one mutating call served in mode (live,
+// replayed, unrecorded).
+func (m *Metrics) TrajectoryCall(mode string) {
+	if m == nil {
+		return
+	}
+	m.TrajectoryCalls.WithLabelValues(mode).Inc()
+}
+
+// TrajectoryMismatch counts one replayed call refused for a mismatch.
+func (m *Metrics) TrajectoryMismatch() {
+	if m == nil {
+		return
+	}
+	m.TrajectoryMismatches.Inc()
+}
+
+// TrajectoryBytesFunc registers warren_trajectory_log_bytes: the size of
+// every sandbox's trajectory log on the node's disk.
+func (m *Metrics) TrajectoryBytesFunc(f func() int64) {
+	if m == nil {
+		return
+	}
+	m.replace(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "warren_trajectory_log_bytes",
+		Help: "Bytes of the trajectory logs of the node's sandboxes on disk.",
+	}, func() float64 { return float64(f()) }))
 }

@@ -291,6 +291,10 @@ func (f *fakeManager) Version(context.Context, *warrenv1.VersionRequest) (*warre
 	return &warrenv1.VersionResponse{Version: "test", Backends: []string{"container"}}, nil
 }
 
+func (f *fakeManager) ReadTrajectory(_ context.Context, r *warrenv1.ReadTrajectoryRequest) (*warrenv1.ReadTrajectoryResponse, error) {
+	return &warrenv1.ReadTrajectoryResponse{Entries: []*warrenv1.TrajectoryEntry{{Index: 1, Seq: 1, Method: "exec"}}}, nil
+}
+
 func (f *fakeManager) Run(_ context.Context, r *warrenv1.RunRequest) (*warrenv1.RunResult, error) {
 	return nil, errdefs.Unsupportedf("fake: no fncall backend")
 }
@@ -304,4 +308,28 @@ func (f *fakeManager) ListSandboxEvents(_ context.Context, r *warrenv1.ListSandb
 		return nil, err
 	}
 	return &warrenv1.ListSandboxEventsResponse{Events: []*warrenv1.SecurityEvent{{Seq: 1, Kind: "oom_kill", Count: 1}}}, nil
+}
+
+func (f *fakeManager) Pause(_ context.Context, r *warrenv1.PauseRequest) (*warrenv1.PauseResponse, error) {
+	sb, err := f.Get(context.Background(), &warrenv1.GetRequest{Id: r.Id})
+	if err != nil {
+		return nil, err
+	}
+	return &warrenv1.PauseResponse{Sandbox: sb, Before: &warrenv1.Memory{Bytes: 2}, After: &warrenv1.Memory{Bytes: 1}}, nil
+}
+
+func (f *fakeManager) Resume(_ context.Context, r *warrenv1.ResumeRequest) (*warrenv1.ResumeResponse, error) {
+	sb, err := f.Get(context.Background(), &warrenv1.GetRequest{Id: r.Id})
+	if err != nil {
+		return nil, err
+	}
+	return &warrenv1.ResumeResponse{Sandbox: sb}, nil
+}
+
+func (f *fakeManager) PauseByLabel(_ context.Context, r *warrenv1.PauseByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error {
+	return send(&warrenv1.ByLabelEvent{Done: true})
+}
+
+func (f *fakeManager) ResumeByLabel(_ context.Context, r *warrenv1.ResumeByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error {
+	return send(&warrenv1.ByLabelEvent{Done: true})
 }

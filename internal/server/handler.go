@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -217,7 +218,26 @@ func (h *httpAPI) putArchive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body := newStallReader(w, http.MaxBytesReader(w, r.Body, h.o.ArchiveMaxBytes), h.o.StallTimeout)
-	if err := h.m.TarIn(r.Context(), id, path, body); err != nil {
+	var err error
+	if rec, ok := h.m.(StepRecorder); ok {
+		var seq uint64
+		if s := r.URL.Query().Get("seq"); s != "" {
+			if seq, err = strconv.ParseUint(s, 10, 64); err != nil {
+				writeHTTPError(w, errdefs.Invalidf("bad query parameter seq %q", s))
+				return
+			}
+		}
+		var got uint64
+		var replayed bool
+		got, replayed, err = rec.TarInStep(r.Context(), id, path, r.URL.Query().Get("session"), seq, body)
+		if err == nil && got > 0 {
+			w.Header().Set(HeaderTrajectorySeq, strconv.FormatUint(got, 10))
+			w.Header().Set(HeaderTrajectoryReplayed, strconv.FormatBool(replayed))
+		}
+	} else {
+		err = h.m.TarIn(r.Context(), id, path, body)
+	}
+	if err != nil {
 		writeHTTPError(w, stalled(tooLarge(err, h.o.ArchiveMaxBytes), h.o.StallTimeout))
 		return
 	}

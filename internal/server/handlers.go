@@ -38,6 +38,11 @@ type Manager interface {
 	RemoveFile(context.Context, *warrenv1.RemoveFileRequest) (*warrenv1.RemoveFileResponse, error)
 	CommitSandbox(context.Context, *warrenv1.CommitSandboxRequest) (*warrenv1.Layer, error)
 	ListSandboxEvents(context.Context, *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error)
+	ReadTrajectory(context.Context, *warrenv1.ReadTrajectoryRequest) (*warrenv1.ReadTrajectoryResponse, error)
+	Pause(context.Context, *warrenv1.PauseRequest) (*warrenv1.PauseResponse, error)
+	Resume(context.Context, *warrenv1.ResumeRequest) (*warrenv1.ResumeResponse, error)
+	PauseByLabel(ctx context.Context, req *warrenv1.PauseByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
+	ResumeByLabel(ctx context.Context, req *warrenv1.ResumeByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	Run(context.Context, *warrenv1.RunRequest) (*warrenv1.RunResult, error)
 	RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, send func(*warrenv1.RunBatchItem) error) error
 	TarOut(ctx context.Context, id, path string, w io.Writer) error
@@ -169,6 +174,41 @@ func (s sandboxService) RunBatch(ctx context.Context, r *connect.Request[warrenv
 
 func (s sandboxService) ListSandboxEvents(ctx context.Context, r *connect.Request[warrenv1.ListSandboxEventsRequest]) (*connect.Response[warrenv1.ListSandboxEventsResponse], error) {
 	return unary(ctx, r, s.m.ListSandboxEvents)
+}
+
+func (s sandboxService) ReadTrajectory(ctx context.Context, r *connect.Request[warrenv1.ReadTrajectoryRequest]) (*connect.Response[warrenv1.ReadTrajectoryResponse], error) {
+	return unary(ctx, r, s.m.ReadTrajectory)
+}
+
+// StepRecorder is a Manager that records archive uploads in the
+// sandbox's trajectory log: PUT /v1/sandboxes/{id}/archive takes the
+// step as query parameters session and seq, and answers the step it was
+// recorded as in the headers HeaderTrajectorySeq and
+// HeaderTrajectoryReplayed.
+type StepRecorder interface {
+	TarInStep(ctx context.Context, id, path, session string, seq uint64, r io.Reader) (gotSeq uint64, replayed bool, err error)
+}
+
+// Headers of an archive upload's answer (StepRecorder).
+const (
+	HeaderTrajectorySeq      = "Warren-Trajectory-Seq"
+	HeaderTrajectoryReplayed = "Warren-Trajectory-Replayed"
+)
+
+func (s sandboxService) Pause(ctx context.Context, r *connect.Request[warrenv1.PauseRequest]) (*connect.Response[warrenv1.PauseResponse], error) {
+	return unary(ctx, r, s.m.Pause)
+}
+
+func (s sandboxService) Resume(ctx context.Context, r *connect.Request[warrenv1.ResumeRequest]) (*connect.Response[warrenv1.ResumeResponse], error) {
+	return unary(ctx, r, s.m.Resume)
+}
+
+func (s sandboxService) PauseByLabel(ctx context.Context, r *connect.Request[warrenv1.PauseByLabelRequest], st *connect.ServerStream[warrenv1.ByLabelEvent]) error {
+	return ToConnectError(s.m.PauseByLabel(ctx, r.Msg, st.Send))
+}
+
+func (s sandboxService) ResumeByLabel(ctx context.Context, r *connect.Request[warrenv1.ResumeByLabelRequest], st *connect.ServerStream[warrenv1.ByLabelEvent]) error {
+	return ToConnectError(s.m.ResumeByLabel(ctx, r.Msg, st.Send))
 }
 
 // imageService implements warrenv1connect.ImageServiceHandler.

@@ -54,6 +54,11 @@ type Record struct {
 	// Sandbox is the API view of the sandbox; its State field is the
 	// sandbox's lifecycle state.
 	Sandbox *warrenv1.Sandbox
+	// EtcNameserver is the nameserver the /etc/resolv.conf Warren last
+	// wrote into the sandbox names: "" for mode none's, which names none
+	// (records of daemons before it say that too). Commits leave that
+	// file out, and a network change rewrites it only while it is that.
+	EtcNameserver string
 }
 
 // State is the lifecycle state of the record.
@@ -67,6 +72,7 @@ type encoded struct {
 	BackendState []byte   `json:"backend_state,omitempty"`
 	ImageLayers  []string `json:"image_layers,omitempty"`
 	Sandbox      []byte   `json:"sandbox"`
+	Nameserver   string   `json:"etc_nameserver,omitempty"`
 }
 
 // Store is the sandbox database. It is safe for concurrent use.
@@ -217,7 +223,7 @@ func (s *Store) Put(r Record) error {
 	if err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "store: encode sandbox "+r.ID)
 	}
-	val, err := json.Marshal(encoded{ID: r.ID, Backend: r.Backend, BackendState: r.BackendState, ImageLayers: r.ImageLayers, Sandbox: pb})
+	val, err := json.Marshal(encoded{ID: r.ID, Backend: r.Backend, BackendState: r.BackendState, ImageLayers: r.ImageLayers, Sandbox: pb, Nameserver: r.EtcNameserver})
 	if err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "store: encode record "+r.ID)
 	}
@@ -288,7 +294,7 @@ func decode(v []byte) (Record, error) {
 	if err := proto.Unmarshal(e.Sandbox, sb); err != nil {
 		return Record{}, errdefs.Wrap(errdefs.Internal, err, fmt.Sprintf("store: decode sandbox %s", e.ID))
 	}
-	return Record{ID: e.ID, Backend: e.Backend, BackendState: e.BackendState, ImageLayers: e.ImageLayers, Sandbox: sb}, nil
+	return Record{ID: e.ID, Backend: e.Backend, BackendState: e.BackendState, ImageLayers: e.ImageLayers, Sandbox: sb, EtcNameserver: e.Nameserver}, nil
 }
 
 // writeCategory tells a full disk (the caller may free space and retry)

@@ -16,10 +16,11 @@ import (
 
 func rec(id string, st warrenv1.SandboxState) Record {
 	return Record{
-		ID:           id,
-		Backend:      "container",
-		BackendState: []byte(`{"pid":42}`),
-		ImageLayers:  []string{"sha256:aa", "sha256:bb"},
+		ID:            id,
+		Backend:       "container",
+		BackendState:  []byte(`{"pid":42}`),
+		ImageLayers:   []string{"sha256:aa", "sha256:bb"},
+		EtcNameserver: "10.88.0.2",
 		Sandbox: &warrenv1.Sandbox{
 			Id: id, Image: "busybox", Backend: "container", State: st,
 			Labels: map[string]string{"team": "rl"}, CreatedAtUnixMs: 1234,
@@ -57,7 +58,7 @@ func TestPutGetDeleteList(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got.ID != "b" || got.Backend != "container" || string(got.BackendState) != `{"pid":42}` ||
-		len(got.ImageLayers) != 2 || got.ImageLayers[1] != "sha256:bb" ||
+		len(got.ImageLayers) != 2 || got.ImageLayers[1] != "sha256:bb" || got.EtcNameserver != "10.88.0.2" ||
 		got.State() != warrenv1.SandboxState_SANDBOX_STATE_STOPPED || !proto.Equal(got.Sandbox, r.Sandbox) {
 		t.Fatalf("got %+v", got)
 	}

@@ -290,6 +290,10 @@ type CreateRequest struct {
 	// processes run without no_new_privs. The seccomp filter, the
 	// capability bounding set and the namespaces still hold. Default off.
 	AllowSetuid bool `protobuf:"varint,15,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`
+	// Record no trajectory log for this sandbox (ReadTrajectory): its execs
+	// and file writes skip the log's fdatasync, and calls with a seq or a
+	// session are Unsupported. Fixed at create.
+	NoTrajectory bool `protobuf:"varint,25,opt,name=no_trajectory,json=noTrajectory,proto3" json:"no_trajectory,omitempty"`
 	// Run the sandbox in a user namespace: root inside is an unprivileged
 	// host id (a range of 65,536 ids of its own), so a process that escapes
 	// every other wall is nobody on the node. Unset: the node's default
@@ -430,6 +434,13 @@ func (x *CreateRequest) GetNetwork() *NetworkPolicy {
 func (x *CreateRequest) GetAllowSetuid() bool {
 	if x != nil {
 		return x.AllowSetuid
+	}
+	return false
+}
+
+func (x *CreateRequest) GetNoTrajectory() bool {
+	if x != nil {
+		return x.NoTrajectory
 	}
 	return false
 }
@@ -682,10 +693,18 @@ type Sandbox struct {
 	Network *NetworkPolicy `protobuf:"bytes,17,opt,name=network,proto3" json:"network,omitempty"` // unset for mode "none"
 	// The sandbox's address on the node's sandbox subnet ("" in mode "none").
 	NetworkAddress string `protobuf:"bytes,18,opt,name=network_address,json=networkAddress,proto3" json:"network_address,omitempty"`
-	AllowSetuid    bool   `protobuf:"varint,19,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"` // CreateRequest.allow_setuid
+	AllowSetuid    bool   `protobuf:"varint,19,opt,name=allow_setuid,json=allowSetuid,proto3" json:"allow_setuid,omitempty"`    // CreateRequest.allow_setuid
+	NoTrajectory   bool   `protobuf:"varint,30,opt,name=no_trajectory,json=noTrajectory,proto3" json:"no_trajectory,omitempty"` // CreateRequest.no_trajectory
 	// It runs in a user namespace: root inside is host id user_id_base.
 	UserNamespace bool   `protobuf:"varint,35,opt,name=user_namespace,json=userNamespace,proto3" json:"user_namespace,omitempty"`
 	UserIdBase    uint32 `protobuf:"varint,36,opt,name=user_id_base,json=userIdBase,proto3" json:"user_id_base,omitempty"`
+	// When it was paused (PAUSED); 0 otherwise. Its lifetime keeps counting
+	// while paused (expires_at_unix_ms): ExtendTimeout works in PAUSED.
+	PausedAtUnixMs int64 `protobuf:"varint,25,opt,name=paused_at_unix_ms,json=pausedAtUnixMs,proto3" json:"paused_at_unix_ms,omitempty"`
+	// How long it has been paused in all, the current pause included up to
+	// its last change. Process timeouts count running time only: they are
+	// pushed back by the time the sandbox spent paused.
+	PausedTotalMs int64 `protobuf:"varint,26,opt,name=paused_total_ms,json=pausedTotalMs,proto3" json:"paused_total_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -853,6 +872,13 @@ func (x *Sandbox) GetAllowSetuid() bool {
 	return false
 }
 
+func (x *Sandbox) GetNoTrajectory() bool {
+	if x != nil {
+		return x.NoTrajectory
+	}
+	return false
+}
+
 func (x *Sandbox) GetUserNamespace() bool {
 	if x != nil {
 		return x.UserNamespace
@@ -863,6 +889,20 @@ func (x *Sandbox) GetUserNamespace() bool {
 func (x *Sandbox) GetUserIdBase() uint32 {
 	if x != nil {
 		return x.UserIdBase
+	}
+	return 0
+}
+
+func (x *Sandbox) GetPausedAtUnixMs() int64 {
+	if x != nil {
+		return x.PausedAtUnixMs
+	}
+	return 0
+}
+
+func (x *Sandbox) GetPausedTotalMs() int64 {
+	if x != nil {
+		return x.PausedTotalMs
 	}
 	return 0
 }
@@ -1257,9 +1297,20 @@ type ExecRequest struct {
 	// the terminal (its end, or WriteStdin close, sends the EOF character
 	// ^D). ResizeProcess changes the size: with StartProcess by its
 	// process id, with ExecStream by the id of its first event (started).
-	Pty           bool   `protobuf:"varint,11,opt,name=pty,proto3" json:"pty,omitempty"`
-	Rows          uint32 `protobuf:"varint,12,opt,name=rows,proto3" json:"rows,omitempty"`
-	Cols          uint32 `protobuf:"varint,13,opt,name=cols,proto3" json:"cols,omitempty"`
+	Pty  bool   `protobuf:"varint,11,opt,name=pty,proto3" json:"pty,omitempty"`
+	Rows uint32 `protobuf:"varint,12,opt,name=rows,proto3" json:"rows,omitempty"`
+	Cols uint32 `protobuf:"varint,13,opt,name=cols,proto3" json:"cols,omitempty"`
+	// The trajectory log (ReadTrajectory). A call with seq > 0 is step seq
+	// of session session_id: when the sandbox's log already has that step,
+	// the request must be the recorded one, and the recorded result is
+	// returned without running anything (ExecResult.replayed); a different
+	// request is FailedPrecondition naming the step and what differs. A
+	// step not in the log runs live and is recorded. seq 0 records the call
+	// as the next step of its session. The same two fields, with the same
+	// meaning, are on WriteFileRequest, MakeDirRequest and RemoveFileRequest
+	// (and the session and seq query parameters of an archive upload).
+	SessionId     string `protobuf:"bytes,20,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Seq           uint64 `protobuf:"varint,21,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1385,6 +1436,20 @@ func (x *ExecRequest) GetCols() uint32 {
 	return 0
 }
 
+func (x *ExecRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ExecRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type ExecResult struct {
 	state              protoimpl.MessageState `protogen:"open.v1"`
 	Stdout             []byte                 `protobuf:"bytes,1,opt,name=stdout,proto3" json:"stdout,omitempty"`
@@ -1399,8 +1464,14 @@ type ExecResult struct {
 	OomKilled          bool                   `protobuf:"varint,10,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	DurationMs         int64                  `protobuf:"varint,11,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
 	Pid                int32                  `protobuf:"varint,12,opt,name=pid,proto3" json:"pid,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Exec and ExecStream: the step the call was recorded as in the
+	// sandbox's trajectory log (0: not recorded: the log is full, or the
+	// result is a background process's), and whether this is the recorded
+	// result of an earlier run rather than a new one.
+	Seq           uint64 `protobuf:"varint,20,opt,name=seq,proto3" json:"seq,omitempty"`
+	Replayed      bool   `protobuf:"varint,21,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecResult) Reset() {
@@ -1515,6 +1586,20 @@ func (x *ExecResult) GetPid() int32 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *ExecResult) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ExecResult) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
 }
 
 type ExecEvent struct {
@@ -2494,6 +2579,8 @@ type WriteFileRequest struct {
 	Mode          uint32                 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"` // default 0644
 	Append        bool                   `protobuf:"varint,5,opt,name=append,proto3" json:"append,omitempty"`
 	MakeParents   bool                   `protobuf:"varint,6,opt,name=make_parents,json=makeParents,proto3" json:"make_parents,omitempty"`
+	SessionId     string                 `protobuf:"bytes,20,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // trajectory log step: see ExecRequest.session_id
+	Seq           uint64                 `protobuf:"varint,21,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2570,8 +2657,25 @@ func (x *WriteFileRequest) GetMakeParents() bool {
 	return false
 }
 
+func (x *WriteFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *WriteFileRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+// seq and replayed: as in ExecResult.
 type WriteFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,20,opt,name=seq,proto3" json:"seq,omitempty"`
+	Replayed      bool                   `protobuf:"varint,21,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2604,6 +2708,20 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
 	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *WriteFileResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *WriteFileResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
 }
 
 type ReadFileRequest struct {
@@ -3025,6 +3143,8 @@ type MakeDirRequest struct {
 	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
 	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
 	Parents       bool                   `protobuf:"varint,4,opt,name=parents,proto3" json:"parents,omitempty"`
+	SessionId     string                 `protobuf:"bytes,20,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // trajectory log step: see ExecRequest.session_id
+	Seq           uint64                 `protobuf:"varint,21,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3087,8 +3207,24 @@ func (x *MakeDirRequest) GetParents() bool {
 	return false
 }
 
+func (x *MakeDirRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *MakeDirRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type MakeDirResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,20,opt,name=seq,proto3" json:"seq,omitempty"`
+	Replayed      bool                   `protobuf:"varint,21,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3123,11 +3259,27 @@ func (*MakeDirResponse) Descriptor() ([]byte, []int) {
 	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
 }
 
+func (x *MakeDirResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *MakeDirResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
 type RemoveFileRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
 	Recursive     bool                   `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	SessionId     string                 `protobuf:"bytes,20,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // trajectory log step: see ExecRequest.session_id
+	Seq           uint64                 `protobuf:"varint,21,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3183,8 +3335,24 @@ func (x *RemoveFileRequest) GetRecursive() bool {
 	return false
 }
 
+func (x *RemoveFileRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *RemoveFileRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type RemoveFileResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,20,opt,name=seq,proto3" json:"seq,omitempty"`
+	Replayed      bool                   `protobuf:"varint,21,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3217,6 +3385,20 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
 	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *RemoveFileResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *RemoveFileResponse) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
 }
 
 type Image struct {
@@ -4892,6 +5074,1003 @@ func (x *SecurityEvent) GetSuppressed() uint64 {
 	return 0
 }
 
+type ReadTrajectoryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"` // only this session's entries; "" = every session
+	PageSize      int32                  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`   // 0 = 100; at most 1000
+	PageToken     string                 `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"` // next_page_token of the previous page
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadTrajectoryRequest) Reset() {
+	*x = ReadTrajectoryRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadTrajectoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadTrajectoryRequest) ProtoMessage() {}
+
+func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadTrajectoryRequest.ProtoReflect.Descriptor instead.
+func (*ReadTrajectoryRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *ReadTrajectoryRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ReadTrajectoryRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ReadTrajectoryRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ReadTrajectoryRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ReadTrajectoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*TrajectoryEntry     `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"` // empty on the last page
+	LogBytes      int64                  `protobuf:"varint,3,opt,name=log_bytes,json=logBytes,proto3" json:"log_bytes,omitempty"`                 // the log's size on disk
+	MaxBytes      int64                  `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`                 // its cap (the node's --trajectory-max-bytes)
+	// Calls without a seq that ran unrecorded because the log was full.
+	Unrecorded    uint64 `protobuf:"varint,5,opt,name=unrecorded,proto3" json:"unrecorded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadTrajectoryResponse) Reset() {
+	*x = ReadTrajectoryResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadTrajectoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadTrajectoryResponse) ProtoMessage() {}
+
+func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadTrajectoryResponse.ProtoReflect.Descriptor instead.
+func (*ReadTrajectoryResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *ReadTrajectoryResponse) GetEntries() []*TrajectoryEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *ReadTrajectoryResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ReadTrajectoryResponse) GetLogBytes() int64 {
+	if x != nil {
+		return x.LogBytes
+	}
+	return 0
+}
+
+func (x *ReadTrajectoryResponse) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *ReadTrajectoryResponse) GetUnrecorded() uint64 {
+	if x != nil {
+		return x.Unrecorded
+	}
+	return 0
+}
+
+// TrajectoryUpload is an archive upload (PUT /v1/sandboxes/{id}/archive)
+// as the trajectory log records it; the tar body is payload_*.
+type TrajectoryUpload struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrajectoryUpload) Reset() {
+	*x = TrajectoryUpload{}
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrajectoryUpload) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrajectoryUpload) ProtoMessage() {}
+
+func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrajectoryUpload.ProtoReflect.Descriptor instead.
+func (*TrajectoryUpload) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *TrajectoryUpload) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *TrajectoryUpload) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+// TrajectoryEntry is one step of a sandbox's trajectory log.
+type TrajectoryEntry struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Index     uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"` // position in the log, from 1
+	SessionId string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Seq       uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"` // the step within its session, from 1
+	// "exec" (Exec and ExecStream), "write_file", "make_dir", "remove_file",
+	// "upload".
+	Method string `protobuf:"bytes,4,opt,name=method,proto3" json:"method,omitempty"`
+	// SHA-256 (hex) of the canonical request: its deterministic protobuf
+	// encoding without sandbox_id, session_id, seq and idempotency_key,
+	// payload included. Replay compares it.
+	RequestSha256 string `protobuf:"bytes,5,opt,name=request_sha256,json=requestSha256,proto3" json:"request_sha256,omitempty"`
+	// The request, without its payload (stdin, file content, tar body),
+	// which payload_bytes and payload_sha256 stand for.
+	//
+	// Types that are valid to be assigned to Request:
+	//
+	//	*TrajectoryEntry_Exec
+	//	*TrajectoryEntry_WriteFile
+	//	*TrajectoryEntry_MakeDir
+	//	*TrajectoryEntry_RemoveFile
+	//	*TrajectoryEntry_Upload
+	Request       isTrajectoryEntry_Request `protobuf_oneof:"request"`
+	PayloadBytes  int64                     `protobuf:"varint,11,opt,name=payload_bytes,json=payloadBytes,proto3" json:"payload_bytes,omitempty"`
+	PayloadSha256 string                    `protobuf:"bytes,12,opt,name=payload_sha256,json=payloadSha256,proto3" json:"payload_sha256,omitempty"`
+	ExecResult    *ExecResult               `protobuf:"bytes,13,opt,name=exec_result,json=execResult,proto3" json:"exec_result,omitempty"` // exec: the result returned
+	// The call's error, when it failed: its category (errdefs names:
+	// "not_found", "invalid", "conflict", ..., and "already_exists") and
+	// message. Replay returns the same error, except that a call cut short
+	// after it started (unavailable, deadline_exceeded, unknown: cancelled,
+	// the daemon stopping) replays as FailedPrecondition: it is not run
+	// again, so a retry would not help.
+	ErrorCategory string `protobuf:"bytes,14,opt,name=error_category,json=errorCategory,proto3" json:"error_category,omitempty"`
+	Error         string `protobuf:"bytes,15,opt,name=error,proto3" json:"error,omitempty"`
+	// The call was refused before it changed anything (an invalid request,
+	// a sandbox not running, a daemon shutting down): a later call with
+	// this seq runs live and its entry supersedes this one.
+	NotRun bool `protobuf:"varint,16,opt,name=not_run,json=notRun,proto3" json:"not_run,omitempty"`
+	// The call started but its outcome was never recorded (the daemon
+	// stopped during it): the command may have run. A call with this seq is
+	// FailedPrecondition.
+	Interrupted   bool  `protobuf:"varint,17,opt,name=interrupted,proto3" json:"interrupted,omitempty"`
+	StartedUnixMs int64 `protobuf:"varint,18,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	DurationUs    int64 `protobuf:"varint,19,opt,name=duration_us,json=durationUs,proto3" json:"duration_us,omitempty"` // from the start of the call to its outcome
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrajectoryEntry) Reset() {
+	*x = TrajectoryEntry{}
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrajectoryEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrajectoryEntry) ProtoMessage() {}
+
+func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrajectoryEntry.ProtoReflect.Descriptor instead.
+func (*TrajectoryEntry) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *TrajectoryEntry) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetRequestSha256() string {
+	if x != nil {
+		return x.RequestSha256
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetRequest() isTrajectoryEntry_Request {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetExec() *ExecRequest {
+	if x != nil {
+		if x, ok := x.Request.(*TrajectoryEntry_Exec); ok {
+			return x.Exec
+		}
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetWriteFile() *WriteFileRequest {
+	if x != nil {
+		if x, ok := x.Request.(*TrajectoryEntry_WriteFile); ok {
+			return x.WriteFile
+		}
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetMakeDir() *MakeDirRequest {
+	if x != nil {
+		if x, ok := x.Request.(*TrajectoryEntry_MakeDir); ok {
+			return x.MakeDir
+		}
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetRemoveFile() *RemoveFileRequest {
+	if x != nil {
+		if x, ok := x.Request.(*TrajectoryEntry_RemoveFile); ok {
+			return x.RemoveFile
+		}
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetUpload() *TrajectoryUpload {
+	if x != nil {
+		if x, ok := x.Request.(*TrajectoryEntry_Upload); ok {
+			return x.Upload
+		}
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetPayloadBytes() int64 {
+	if x != nil {
+		return x.PayloadBytes
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetPayloadSha256() string {
+	if x != nil {
+		return x.PayloadSha256
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetExecResult() *ExecResult {
+	if x != nil {
+		return x.ExecResult
+	}
+	return nil
+}
+
+func (x *TrajectoryEntry) GetErrorCategory() string {
+	if x != nil {
+		return x.ErrorCategory
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *TrajectoryEntry) GetNotRun() bool {
+	if x != nil {
+		return x.NotRun
+	}
+	return false
+}
+
+func (x *TrajectoryEntry) GetInterrupted() bool {
+	if x != nil {
+		return x.Interrupted
+	}
+	return false
+}
+
+func (x *TrajectoryEntry) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
+	}
+	return 0
+}
+
+func (x *TrajectoryEntry) GetDurationUs() int64 {
+	if x != nil {
+		return x.DurationUs
+	}
+	return 0
+}
+
+type isTrajectoryEntry_Request interface {
+	isTrajectoryEntry_Request()
+}
+
+type TrajectoryEntry_Exec struct {
+	Exec *ExecRequest `protobuf:"bytes,6,opt,name=exec,proto3,oneof"`
+}
+
+type TrajectoryEntry_WriteFile struct {
+	WriteFile *WriteFileRequest `protobuf:"bytes,7,opt,name=write_file,json=writeFile,proto3,oneof"`
+}
+
+type TrajectoryEntry_MakeDir struct {
+	MakeDir *MakeDirRequest `protobuf:"bytes,8,opt,name=make_dir,json=makeDir,proto3,oneof"`
+}
+
+type TrajectoryEntry_RemoveFile struct {
+	RemoveFile *RemoveFileRequest `protobuf:"bytes,9,opt,name=remove_file,json=removeFile,proto3,oneof"`
+}
+
+type TrajectoryEntry_Upload struct {
+	Upload *TrajectoryUpload `protobuf:"bytes,10,opt,name=upload,proto3,oneof"`
+}
+
+func (*TrajectoryEntry_Exec) isTrajectoryEntry_Request() {}
+
+func (*TrajectoryEntry_WriteFile) isTrajectoryEntry_Request() {}
+
+func (*TrajectoryEntry_MakeDir) isTrajectoryEntry_Request() {}
+
+func (*TrajectoryEntry_RemoveFile) isTrajectoryEntry_Request() {}
+
+func (*TrajectoryEntry_Upload) isTrajectoryEntry_Request() {}
+
+type PauseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Give back memory once frozen: the page cache, and anonymous memory
+	// where the node has swap. Slower (about 0.5 ms per MB of page cache
+	// here); without it the pause is a freeze only.
+	Reclaim       bool `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRequest) Reset() {
+	*x = PauseRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRequest) ProtoMessage() {}
+
+func (x *PauseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
+func (*PauseRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *PauseRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PauseRequest) GetReclaim() bool {
+	if x != nil {
+		return x.Reclaim
+	}
+	return false
+}
+
+// Memory is a sandbox's memory in bytes.
+type Memory struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bytes         uint64                 `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"` // everything charged to it
+	File          uint64                 `protobuf:"varint,2,opt,name=file,proto3" json:"file,omitempty"`   // page cache
+	Anon          uint64                 `protobuf:"varint,3,opt,name=anon,proto3" json:"anon,omitempty"`   // anonymous memory
+	Swap          uint64                 `protobuf:"varint,4,opt,name=swap,proto3" json:"swap,omitempty"`   // out on swap or zswap
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Memory) Reset() {
+	*x = Memory{}
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Memory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Memory) ProtoMessage() {}
+
+func (x *Memory) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Memory.ProtoReflect.Descriptor instead.
+func (*Memory) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *Memory) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *Memory) GetFile() uint64 {
+	if x != nil {
+		return x.File
+	}
+	return 0
+}
+
+func (x *Memory) GetAnon() uint64 {
+	if x != nil {
+		return x.Anon
+	}
+	return 0
+}
+
+func (x *Memory) GetSwap() uint64 {
+	if x != nil {
+		return x.Swap
+	}
+	return 0
+}
+
+type PauseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Before        *Memory                `protobuf:"bytes,2,opt,name=before,proto3" json:"before,omitempty"` // once frozen
+	After         *Memory                `protobuf:"bytes,3,opt,name=after,proto3" json:"after,omitempty"`   // once reclaimed (= before without reclaim)
+	FreezeUs      int64                  `protobuf:"varint,4,opt,name=freeze_us,json=freezeUs,proto3" json:"freeze_us,omitempty"`
+	ReclaimUs     int64                  `protobuf:"varint,5,opt,name=reclaim_us,json=reclaimUs,proto3" json:"reclaim_us,omitempty"`
+	TotalUs       int64                  `protobuf:"varint,6,opt,name=total_us,json=totalUs,proto3" json:"total_us,omitempty"` // the whole call in the daemon
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseResponse) Reset() {
+	*x = PauseResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseResponse) ProtoMessage() {}
+
+func (x *PauseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
+func (*PauseResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *PauseResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *PauseResponse) GetBefore() *Memory {
+	if x != nil {
+		return x.Before
+	}
+	return nil
+}
+
+func (x *PauseResponse) GetAfter() *Memory {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *PauseResponse) GetFreezeUs() int64 {
+	if x != nil {
+		return x.FreezeUs
+	}
+	return 0
+}
+
+func (x *PauseResponse) GetReclaimUs() int64 {
+	if x != nil {
+		return x.ReclaimUs
+	}
+	return 0
+}
+
+func (x *PauseResponse) GetTotalUs() int64 {
+	if x != nil {
+		return x.TotalUs
+	}
+	return 0
+}
+
+type ResumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRequest) Reset() {
+	*x = ResumeRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRequest) ProtoMessage() {}
+
+func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *ResumeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ResumeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	ThawUs        int64                  `protobuf:"varint,2,opt,name=thaw_us,json=thawUs,proto3" json:"thaw_us,omitempty"`
+	PausedMs      int64                  `protobuf:"varint,3,opt,name=paused_ms,json=pausedMs,proto3" json:"paused_ms,omitempty"` // how long it was paused
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeResponse) Reset() {
+	*x = ResumeResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeResponse) ProtoMessage() {}
+
+func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
+func (*ResumeResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *ResumeResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *ResumeResponse) GetThawUs() int64 {
+	if x != nil {
+		return x.ThawUs
+	}
+	return 0
+}
+
+func (x *ResumeResponse) GetPausedMs() int64 {
+	if x != nil {
+		return x.PausedMs
+	}
+	return 0
+}
+
+type PauseByLabelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // required: at least one
+	Reclaim       bool                   `protobuf:"varint,2,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	Parallelism   int32                  `protobuf:"varint,3,opt,name=parallelism,proto3" json:"parallelism,omitempty"` // 0 = 8; at most 64
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseByLabelRequest) Reset() {
+	*x = PauseByLabelRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseByLabelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseByLabelRequest) ProtoMessage() {}
+
+func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
+func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *PauseByLabelRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *PauseByLabelRequest) GetReclaim() bool {
+	if x != nil {
+		return x.Reclaim
+	}
+	return false
+}
+
+func (x *PauseByLabelRequest) GetParallelism() int32 {
+	if x != nil {
+		return x.Parallelism
+	}
+	return 0
+}
+
+type ResumeByLabelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // required: at least one
+	Parallelism   int32                  `protobuf:"varint,2,opt,name=parallelism,proto3" json:"parallelism,omitempty"`                                                                // 0 = 8; at most 64
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeByLabelRequest) Reset() {
+	*x = ResumeByLabelRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeByLabelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeByLabelRequest) ProtoMessage() {}
+
+func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
+func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *ResumeByLabelRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *ResumeByLabelRequest) GetParallelism() int32 {
+	if x != nil {
+		return x.Parallelism
+	}
+	return 0
+}
+
+// ByLabelEvent is one sandbox's outcome, or (done set) the last event.
+type ByLabelEvent struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The error when this sandbox failed ("" on success), and its
+	// category ("conflict", "not_found", ...).
+	Error         string          `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	ErrorCode     string          `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Paused        *PauseResponse  `protobuf:"bytes,4,opt,name=paused,proto3" json:"paused,omitempty"`        // PauseByLabel, on success
+	Resumed       *ResumeResponse `protobuf:"bytes,5,opt,name=resumed,proto3" json:"resumed,omitempty"`      // ResumeByLabel, on success
+	Completed     int32           `protobuf:"varint,6,opt,name=completed,proto3" json:"completed,omitempty"` // sandboxes finished so far, this one included
+	Total         int32           `protobuf:"varint,7,opt,name=total,proto3" json:"total,omitempty"`         // sandboxes matched
+	Done          bool            `protobuf:"varint,8,opt,name=done,proto3" json:"done,omitempty"`           // the last event: totals only
+	Failed        int32           `protobuf:"varint,9,opt,name=failed,proto3" json:"failed,omitempty"`       // on the last event: how many failed
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ByLabelEvent) Reset() {
+	*x = ByLabelEvent{}
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ByLabelEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ByLabelEvent) ProtoMessage() {}
+
+func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
+func (*ByLabelEvent) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *ByLabelEvent) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ByLabelEvent) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *ByLabelEvent) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *ByLabelEvent) GetPaused() *PauseResponse {
+	if x != nil {
+		return x.Paused
+	}
+	return nil
+}
+
+func (x *ByLabelEvent) GetResumed() *ResumeResponse {
+	if x != nil {
+		return x.Resumed
+	}
+	return nil
+}
+
+func (x *ByLabelEvent) GetCompleted() int32 {
+	if x != nil {
+		return x.Completed
+	}
+	return 0
+}
+
+func (x *ByLabelEvent) GetTotal() int32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *ByLabelEvent) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *ByLabelEvent) GetFailed() int32 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
 type RunRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
@@ -4903,7 +6082,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4915,7 +6094,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4928,7 +6107,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RunRequest) GetImage() string {
@@ -4972,7 +6151,7 @@ type RunStep struct {
 
 func (x *RunStep) Reset() {
 	*x = RunStep{}
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4984,7 +6163,7 @@ func (x *RunStep) String() string {
 func (*RunStep) ProtoMessage() {}
 
 func (x *RunStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4997,7 +6176,7 @@ func (x *RunStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
 func (*RunStep) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *RunStep) GetArgv() []string {
@@ -5064,7 +6243,7 @@ type RunFile struct {
 
 func (x *RunFile) Reset() {
 	*x = RunFile{}
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5076,7 +6255,7 @@ func (x *RunFile) String() string {
 func (*RunFile) ProtoMessage() {}
 
 func (x *RunFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5089,7 +6268,7 @@ func (x *RunFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
 func (*RunFile) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *RunFile) GetName() string {
@@ -5144,7 +6323,7 @@ type RunLimits struct {
 
 func (x *RunLimits) Reset() {
 	*x = RunLimits{}
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5156,7 +6335,7 @@ func (x *RunLimits) String() string {
 func (*RunLimits) ProtoMessage() {}
 
 func (x *RunLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5169,7 +6348,7 @@ func (x *RunLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
 func (*RunLimits) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *RunLimits) GetCpuMs() int64 {
@@ -5248,7 +6427,7 @@ type RunStepResult struct {
 
 func (x *RunStepResult) Reset() {
 	*x = RunStepResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5260,7 +6439,7 @@ func (x *RunStepResult) String() string {
 func (*RunStepResult) ProtoMessage() {}
 
 func (x *RunStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5273,7 +6452,7 @@ func (x *RunStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
 func (*RunStepResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *RunStepResult) GetStatus() RunStatus {
@@ -5371,7 +6550,7 @@ type RunFileResult struct {
 
 func (x *RunFileResult) Reset() {
 	*x = RunFileResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5383,7 +6562,7 @@ func (x *RunFileResult) String() string {
 func (*RunFileResult) ProtoMessage() {}
 
 func (x *RunFileResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5396,7 +6575,7 @@ func (x *RunFileResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
 func (*RunFileResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *RunFileResult) GetName() string {
@@ -5432,7 +6611,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5444,7 +6623,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5457,7 +6636,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RunResult) GetSteps() []*RunStepResult {
@@ -5486,7 +6665,7 @@ type RunBatchRequest struct {
 
 func (x *RunBatchRequest) Reset() {
 	*x = RunBatchRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5498,7 +6677,7 @@ func (x *RunBatchRequest) String() string {
 func (*RunBatchRequest) ProtoMessage() {}
 
 func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5511,7 +6690,7 @@ func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RunBatchRequest) GetImage() string {
@@ -5551,7 +6730,7 @@ type RunJob struct {
 
 func (x *RunJob) Reset() {
 	*x = RunJob{}
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5563,7 +6742,7 @@ func (x *RunJob) String() string {
 func (*RunJob) ProtoMessage() {}
 
 func (x *RunJob) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5576,7 +6755,7 @@ func (x *RunJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
 func (*RunJob) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *RunJob) GetSteps() []*RunStep {
@@ -5598,7 +6777,7 @@ type RunBatchItem struct {
 
 func (x *RunBatchItem) Reset() {
 	*x = RunBatchItem{}
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5610,7 +6789,7 @@ func (x *RunBatchItem) String() string {
 func (*RunBatchItem) ProtoMessage() {}
 
 func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5623,7 +6802,7 @@ func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
 func (*RunBatchItem) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RunBatchItem) GetIndex() int32 {
@@ -5665,7 +6844,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xd2\x05\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xf7\x05\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -5682,7 +6861,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\bkeep_etc\x18\f \x01(\bR\akeepEtc\x12+\n" +
 	"\arlimits\x18\r \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
 	"\anetwork\x18\x0e \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12!\n" +
-	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x12*\n" +
+	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x12#\n" +
+	"\rno_trajectory\x18\x19 \x01(\bR\fnoTrajectory\x12*\n" +
 	"\x0euser_namespace\x18\x10 \x01(\bH\x00R\ruserNamespace\x88\x01\x01\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -5704,7 +6884,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xf4\x06\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xec\a\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -5726,10 +6906,13 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\arlimits\x18\x10 \x03(\v2\x11.warren.v1.RlimitR\arlimits\x122\n" +
 	"\anetwork\x18\x11 \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12'\n" +
 	"\x0fnetwork_address\x18\x12 \x01(\tR\x0enetworkAddress\x12!\n" +
-	"\fallow_setuid\x18\x13 \x01(\bR\vallowSetuid\x12%\n" +
+	"\fallow_setuid\x18\x13 \x01(\bR\vallowSetuid\x12#\n" +
+	"\rno_trajectory\x18\x1e \x01(\bR\fnoTrajectory\x12%\n" +
 	"\x0euser_namespace\x18# \x01(\bR\ruserNamespace\x12 \n" +
 	"\fuser_id_base\x18$ \x01(\rR\n" +
-	"userIdBase\x1a6\n" +
+	"userIdBase\x12)\n" +
+	"\x11paused_at_unix_ms\x18\x19 \x01(\x03R\x0epausedAtUnixMs\x12&\n" +
+	"\x0fpaused_total_ms\x18\x1a \x01(\x03R\rpausedTotalMs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -5769,7 +6952,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\v_cpu_millisB\x0f\n" +
 	"\r_memory_bytesB\v\n" +
 	"\t_pids_maxB\x12\n" +
-	"\x10_timeout_seconds\"\xad\x03\n" +
+	"\x10_timeout_seconds\"\xde\x03\n" +
 	"\vExecRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -5786,10 +6969,13 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	" \x01(\tR\x0eidempotencyKey\x12\x10\n" +
 	"\x03pty\x18\v \x01(\bR\x03pty\x12\x12\n" +
 	"\x04rows\x18\f \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\r \x01(\rR\x04cols\x1a6\n" +
+	"\x04cols\x18\r \x01(\rR\x04cols\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x14 \x01(\tR\tsessionId\x12\x10\n" +
+	"\x03seq\x18\x15 \x01(\x04R\x03seq\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc8\x03\n" +
 	"\n" +
 	"ExecResult\x12\x16\n" +
 	"\x06stdout\x18\x01 \x01(\fR\x06stdout\x12\x16\n" +
@@ -5806,7 +6992,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	" \x01(\bR\toomKilled\x12\x1f\n" +
 	"\vduration_ms\x18\v \x01(\x03R\n" +
 	"durationMs\x12\x10\n" +
-	"\x03pid\x18\f \x01(\x05R\x03pid\"\xad\x01\n" +
+	"\x03pid\x18\f \x01(\x05R\x03pid\x12\x10\n" +
+	"\x03seq\x18\x14 \x01(\x04R\x03seq\x12\x1a\n" +
+	"\breplayed\x18\x15 \x01(\bR\breplayed\"\xad\x01\n" +
 	"\tExecEvent\x12\x18\n" +
 	"\x06stdout\x18\x01 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x02 \x01(\fH\x00R\x06stderr\x12/\n" +
@@ -5881,7 +7069,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"process_id\x18\x02 \x01(\tR\tprocessId\x12\x12\n" +
 	"\x04rows\x18\x03 \x01(\rR\x04rows\x12\x12\n" +
 	"\x04cols\x18\x04 \x01(\rR\x04cols\"\x17\n" +
-	"\x15ResizeProcessResponse\"\xae\x01\n" +
+	"\x15ResizeProcessResponse\"\xdf\x01\n" +
 	"\x10WriteFileRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -5889,8 +7077,13 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\acontent\x18\x03 \x01(\fR\acontent\x12\x12\n" +
 	"\x04mode\x18\x04 \x01(\rR\x04mode\x12\x16\n" +
 	"\x06append\x18\x05 \x01(\bR\x06append\x12!\n" +
-	"\fmake_parents\x18\x06 \x01(\bR\vmakeParents\"\x13\n" +
-	"\x11WriteFileResponse\"t\n" +
+	"\fmake_parents\x18\x06 \x01(\bR\vmakeParents\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x14 \x01(\tR\tsessionId\x12\x10\n" +
+	"\x03seq\x18\x15 \x01(\x04R\x03seq\"A\n" +
+	"\x11WriteFileResponse\x12\x10\n" +
+	"\x03seq\x18\x14 \x01(\x04R\x03seq\x12\x1a\n" +
+	"\breplayed\x18\x15 \x01(\bR\breplayed\"t\n" +
 	"\x0fReadFileRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -5926,20 +7119,30 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0fStatFileRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
-	"\x04path\x18\x02 \x01(\tR\x04path\"q\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"\xa2\x01\n" +
 	"\x0eMakeDirRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x18\n" +
-	"\aparents\x18\x04 \x01(\bR\aparents\"\x11\n" +
-	"\x0fMakeDirResponse\"d\n" +
+	"\aparents\x18\x04 \x01(\bR\aparents\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x14 \x01(\tR\tsessionId\x12\x10\n" +
+	"\x03seq\x18\x15 \x01(\x04R\x03seq\"?\n" +
+	"\x0fMakeDirResponse\x12\x10\n" +
+	"\x03seq\x18\x14 \x01(\x04R\x03seq\x12\x1a\n" +
+	"\breplayed\x18\x15 \x01(\bR\breplayed\"\x95\x01\n" +
 	"\x11RemoveFileRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
-	"\trecursive\x18\x03 \x01(\bR\trecursive\"\x14\n" +
-	"\x12RemoveFileResponse\"\xd7\x02\n" +
+	"\trecursive\x18\x03 \x01(\bR\trecursive\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x14 \x01(\tR\tsessionId\x12\x10\n" +
+	"\x03seq\x18\x15 \x01(\x04R\x03seq\"B\n" +
+	"\x12RemoveFileResponse\x12\x10\n" +
+	"\x03seq\x18\x14 \x01(\x04R\x03seq\x12\x1a\n" +
+	"\breplayed\x18\x15 \x01(\bR\breplayed\"\xd7\x02\n" +
 	"\x05Image\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
@@ -6068,7 +7271,101 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\aprocess\x18\x06 \x01(\tR\aprocess\x12\x1e\n" +
 	"\n" +
 	"suppressed\x18\a \x01(\x04R\n" +
-	"suppressed\"f\n" +
+	"suppressed\"\x91\x01\n" +
+	"\x15ReadTrajectoryRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\xd0\x01\n" +
+	"\x16ReadTrajectoryResponse\x124\n" +
+	"\aentries\x18\x01 \x03(\v2\x1a.warren.v1.TrajectoryEntryR\aentries\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1b\n" +
+	"\tlog_bytes\x18\x03 \x01(\x03R\blogBytes\x12\x1b\n" +
+	"\tmax_bytes\x18\x04 \x01(\x03R\bmaxBytes\x12\x1e\n" +
+	"\n" +
+	"unrecorded\x18\x05 \x01(\x04R\n" +
+	"unrecorded\"E\n" +
+	"\x10TrajectoryUpload\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"\x83\x06\n" +
+	"\x0fTrajectoryEntry\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x16\n" +
+	"\x06method\x18\x04 \x01(\tR\x06method\x12%\n" +
+	"\x0erequest_sha256\x18\x05 \x01(\tR\rrequestSha256\x12,\n" +
+	"\x04exec\x18\x06 \x01(\v2\x16.warren.v1.ExecRequestH\x00R\x04exec\x12<\n" +
+	"\n" +
+	"write_file\x18\a \x01(\v2\x1b.warren.v1.WriteFileRequestH\x00R\twriteFile\x126\n" +
+	"\bmake_dir\x18\b \x01(\v2\x19.warren.v1.MakeDirRequestH\x00R\amakeDir\x12?\n" +
+	"\vremove_file\x18\t \x01(\v2\x1c.warren.v1.RemoveFileRequestH\x00R\n" +
+	"removeFile\x125\n" +
+	"\x06upload\x18\n" +
+	" \x01(\v2\x1b.warren.v1.TrajectoryUploadH\x00R\x06upload\x12#\n" +
+	"\rpayload_bytes\x18\v \x01(\x03R\fpayloadBytes\x12%\n" +
+	"\x0epayload_sha256\x18\f \x01(\tR\rpayloadSha256\x126\n" +
+	"\vexec_result\x18\r \x01(\v2\x15.warren.v1.ExecResultR\n" +
+	"execResult\x12%\n" +
+	"\x0eerror_category\x18\x0e \x01(\tR\rerrorCategory\x12\x14\n" +
+	"\x05error\x18\x0f \x01(\tR\x05error\x12\x17\n" +
+	"\anot_run\x18\x10 \x01(\bR\x06notRun\x12 \n" +
+	"\vinterrupted\x18\x11 \x01(\bR\vinterrupted\x12&\n" +
+	"\x0fstarted_unix_ms\x18\x12 \x01(\x03R\rstartedUnixMs\x12\x1f\n" +
+	"\vduration_us\x18\x13 \x01(\x03R\n" +
+	"durationUsB\t\n" +
+	"\arequest\"8\n" +
+	"\fPauseRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\"Z\n" +
+	"\x06Memory\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x04R\x05bytes\x12\x12\n" +
+	"\x04file\x18\x02 \x01(\x04R\x04file\x12\x12\n" +
+	"\x04anon\x18\x03 \x01(\x04R\x04anon\x12\x12\n" +
+	"\x04swap\x18\x04 \x01(\x04R\x04swap\"\xe8\x01\n" +
+	"\rPauseResponse\x12,\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12)\n" +
+	"\x06before\x18\x02 \x01(\v2\x11.warren.v1.MemoryR\x06before\x12'\n" +
+	"\x05after\x18\x03 \x01(\v2\x11.warren.v1.MemoryR\x05after\x12\x1b\n" +
+	"\tfreeze_us\x18\x04 \x01(\x03R\bfreezeUs\x12\x1d\n" +
+	"\n" +
+	"reclaim_us\x18\x05 \x01(\x03R\treclaimUs\x12\x19\n" +
+	"\btotal_us\x18\x06 \x01(\x03R\atotalUs\"\x1f\n" +
+	"\rResumeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"t\n" +
+	"\x0eResumeResponse\x12,\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12\x17\n" +
+	"\athaw_us\x18\x02 \x01(\x03R\x06thawUs\x12\x1b\n" +
+	"\tpaused_ms\x18\x03 \x01(\x03R\bpausedMs\"\xd0\x01\n" +
+	"\x13PauseByLabelRequest\x12B\n" +
+	"\x06labels\x18\x01 \x03(\v2*.warren.v1.PauseByLabelRequest.LabelsEntryR\x06labels\x12\x18\n" +
+	"\areclaim\x18\x02 \x01(\bR\areclaim\x12 \n" +
+	"\vparallelism\x18\x03 \x01(\x05R\vparallelism\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb8\x01\n" +
+	"\x14ResumeByLabelRequest\x12C\n" +
+	"\x06labels\x18\x01 \x03(\v2+.warren.v1.ResumeByLabelRequest.LabelsEntryR\x06labels\x12 \n" +
+	"\vparallelism\x18\x02 \x01(\x05R\vparallelism\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x02\n" +
+	"\fByLabelEvent\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x03 \x01(\tR\terrorCode\x120\n" +
+	"\x06paused\x18\x04 \x01(\v2\x18.warren.v1.PauseResponseR\x06paused\x123\n" +
+	"\aresumed\x18\x05 \x01(\v2\x19.warren.v1.ResumeResponseR\aresumed\x12\x1c\n" +
+	"\tcompleted\x18\x06 \x01(\x05R\tcompleted\x12\x14\n" +
+	"\x05total\x18\a \x01(\x05R\x05total\x12\x12\n" +
+	"\x04done\x18\b \x01(\bR\x04done\x12\x16\n" +
+	"\x06failed\x18\t \x01(\x05R\x06failed\"f\n" +
 	"\n" +
 	"RunRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
@@ -6152,7 +7449,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
 	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
 	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
-	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xc6\r\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xb0\x10\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -6179,7 +7476,12 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\n" +
 	"RemoveFile\x12\x1c.warren.v1.RemoveFileRequest\x1a\x1d.warren.v1.RemoveFileResponse\x12B\n" +
 	"\rCommitSandbox\x12\x1f.warren.v1.CommitSandboxRequest\x1a\x10.warren.v1.Layer\x12^\n" +
-	"\x11ListSandboxEvents\x12#.warren.v1.ListSandboxEventsRequest\x1a$.warren.v1.ListSandboxEventsResponse\x122\n" +
+	"\x11ListSandboxEvents\x12#.warren.v1.ListSandboxEventsRequest\x1a$.warren.v1.ListSandboxEventsResponse\x12U\n" +
+	"\x0eReadTrajectory\x12 .warren.v1.ReadTrajectoryRequest\x1a!.warren.v1.ReadTrajectoryResponse\x12:\n" +
+	"\x05Pause\x12\x17.warren.v1.PauseRequest\x1a\x18.warren.v1.PauseResponse\x12=\n" +
+	"\x06Resume\x12\x18.warren.v1.ResumeRequest\x1a\x19.warren.v1.ResumeResponse\x12I\n" +
+	"\fPauseByLabel\x12\x1e.warren.v1.PauseByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x12K\n" +
+	"\rResumeByLabel\x12\x1f.warren.v1.ResumeByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x122\n" +
 	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult\x12A\n" +
 	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x012\xd8\x05\n" +
 	"\fImageService\x12I\n" +
@@ -6213,7 +7515,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(RunStatus)(0),                    // 1: warren.v1.RunStatus
@@ -6286,144 +7588,183 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*ListSandboxEventsRequest)(nil),  // 68: warren.v1.ListSandboxEventsRequest
 	(*ListSandboxEventsResponse)(nil), // 69: warren.v1.ListSandboxEventsResponse
 	(*SecurityEvent)(nil),             // 70: warren.v1.SecurityEvent
-	(*RunRequest)(nil),                // 71: warren.v1.RunRequest
-	(*RunStep)(nil),                   // 72: warren.v1.RunStep
-	(*RunFile)(nil),                   // 73: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 74: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 75: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 76: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 77: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 78: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 79: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 80: warren.v1.RunBatchItem
-	nil,                               // 81: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 82: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 83: warren.v1.Sandbox.EnvEntry
-	nil,                               // 84: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 85: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 86: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 87: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 88: warren.v1.RunStep.EnvEntry
+	(*ReadTrajectoryRequest)(nil),     // 71: warren.v1.ReadTrajectoryRequest
+	(*ReadTrajectoryResponse)(nil),    // 72: warren.v1.ReadTrajectoryResponse
+	(*TrajectoryUpload)(nil),          // 73: warren.v1.TrajectoryUpload
+	(*TrajectoryEntry)(nil),           // 74: warren.v1.TrajectoryEntry
+	(*PauseRequest)(nil),              // 75: warren.v1.PauseRequest
+	(*Memory)(nil),                    // 76: warren.v1.Memory
+	(*PauseResponse)(nil),             // 77: warren.v1.PauseResponse
+	(*ResumeRequest)(nil),             // 78: warren.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 79: warren.v1.ResumeResponse
+	(*PauseByLabelRequest)(nil),       // 80: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 81: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 82: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 83: warren.v1.RunRequest
+	(*RunStep)(nil),                   // 84: warren.v1.RunStep
+	(*RunFile)(nil),                   // 85: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 86: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 87: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 88: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 89: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 90: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 91: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 92: warren.v1.RunBatchItem
+	nil,                               // 93: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 94: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 95: warren.v1.Sandbox.EnvEntry
+	nil,                               // 96: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 97: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 98: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 99: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 100: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 101: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 102: warren.v1.RunStep.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
-	2,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	81, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	82, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
-	6,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
-	4,  // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
-	5,  // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
-	0,  // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
-	2,  // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	83, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	84, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	6,  // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
-	4,  // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	85, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
-	7,  // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	86, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	4,  // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	87, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	16, // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	18, // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
-	16, // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	19, // 20: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	28, // 21: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
-	28, // 22: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
-	16, // 23: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
-	36, // 24: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	44, // 25: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	44, // 26: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	53, // 27: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	61, // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	64, // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	70, // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
-	72, // 31: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	88, // 32: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	73, // 33: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	74, // 34: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
-	1,  // 35: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	76, // 36: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	75, // 37: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	79, // 38: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	72, // 39: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	77, // 40: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
-	3,  // 41: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	8,  // 42: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	9,  // 43: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	11, // 44: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	13, // 45: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	14, // 46: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	15, // 47: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	15, // 48: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	15, // 49: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	20, // 50: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	22, // 51: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	23, // 52: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	25, // 53: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	27, // 54: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	30, // 55: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	32, // 56: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	34, // 57: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	37, // 58: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	39, // 59: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	40, // 60: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	42, // 61: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	59, // 62: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	68, // 63: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	71, // 64: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	78, // 65: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	45, // 66: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	47, // 67: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	48, // 68: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	49, // 69: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	51, // 70: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	54, // 71: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	55, // 72: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	57, // 73: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	60, // 74: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	63, // 75: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	66, // 76: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	7,  // 77: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	7,  // 78: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	10, // 79: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	12, // 80: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	7,  // 81: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	7,  // 82: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	16, // 83: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	17, // 84: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	19, // 85: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	21, // 86: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	16, // 87: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	24, // 88: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	26, // 89: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	29, // 90: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	31, // 91: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	33, // 92: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	35, // 93: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	38, // 94: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	36, // 95: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	41, // 96: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	43, // 97: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	53, // 98: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	69, // 99: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	77, // 100: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	80, // 101: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	46, // 102: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	44, // 103: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	44, // 104: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	50, // 105: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	52, // 106: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	53, // 107: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	56, // 108: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	58, // 109: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	62, // 110: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	65, // 111: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	67, // 112: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	77, // [77:113] is the sub-list for method output_type
-	41, // [41:77] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
+	93,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	94,  // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	6,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
+	4,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
+	5,   // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
+	0,   // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
+	2,   // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
+	95,  // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	96,  // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	6,   // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
+	4,   // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
+	97,  // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	7,   // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
+	98,  // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	4,   // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
+	99,  // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	16,  // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
+	18,  // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
+	16,  // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	19,  // 20: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	28,  // 21: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
+	28,  // 22: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
+	16,  // 23: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
+	36,  // 24: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	44,  // 25: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	44,  // 26: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	53,  // 27: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	61,  // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	64,  // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	70,  // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	74,  // 31: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
+	15,  // 32: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
+	32,  // 33: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
+	40,  // 34: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
+	42,  // 35: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
+	73,  // 36: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
+	16,  // 37: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
+	7,   // 38: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
+	76,  // 39: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
+	76,  // 40: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
+	7,   // 41: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
+	100, // 42: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	101, // 43: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	77,  // 44: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
+	79,  // 45: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
+	84,  // 46: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	102, // 47: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	85,  // 48: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	86,  // 49: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	1,   // 50: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
+	88,  // 51: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	87,  // 52: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	91,  // 53: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	84,  // 54: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	89,  // 55: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	3,   // 56: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	8,   // 57: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	9,   // 58: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	11,  // 59: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	13,  // 60: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	14,  // 61: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	15,  // 62: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	15,  // 63: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	15,  // 64: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	20,  // 65: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	22,  // 66: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	23,  // 67: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	25,  // 68: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	27,  // 69: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	30,  // 70: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	32,  // 71: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	34,  // 72: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	37,  // 73: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	39,  // 74: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	40,  // 75: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	42,  // 76: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	59,  // 77: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	68,  // 78: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	71,  // 79: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	75,  // 80: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	78,  // 81: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	80,  // 82: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	81,  // 83: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	83,  // 84: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	90,  // 85: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	45,  // 86: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	47,  // 87: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	48,  // 88: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	49,  // 89: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	51,  // 90: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	54,  // 91: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	55,  // 92: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	57,  // 93: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	60,  // 94: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	63,  // 95: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	66,  // 96: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	7,   // 97: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	7,   // 98: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	10,  // 99: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	12,  // 100: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	7,   // 101: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	7,   // 102: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	16,  // 103: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	17,  // 104: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	19,  // 105: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	21,  // 106: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	16,  // 107: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	24,  // 108: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	26,  // 109: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	29,  // 110: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	31,  // 111: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	33,  // 112: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	35,  // 113: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	38,  // 114: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	36,  // 115: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	41,  // 116: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	43,  // 117: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	53,  // 118: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	69,  // 119: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	72,  // 120: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	77,  // 121: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	79,  // 122: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	82,  // 123: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	82,  // 124: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	89,  // 125: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	92,  // 126: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	46,  // 127: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	44,  // 128: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	44,  // 129: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	50,  // 130: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	52,  // 131: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	53,  // 132: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	56,  // 133: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	58,  // 134: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	62,  // 135: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	65,  // 136: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	67,  // 137: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	97,  // [97:138] is the sub-list for method output_type
+	56,  // [56:97] is the sub-list for method input_type
+	56,  // [56:56] is the sub-list for extension type_name
+	56,  // [56:56] is the sub-list for extension extendee
+	0,   // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -6445,13 +7786,20 @@ func file_warren_v1_warren_proto_init() {
 		(*ProcessEvent_Stderr)(nil),
 		(*ProcessEvent_Exit)(nil),
 	}
+	file_warren_v1_warren_proto_msgTypes[72].OneofWrappers = []any{
+		(*TrajectoryEntry_Exec)(nil),
+		(*TrajectoryEntry_WriteFile)(nil),
+		(*TrajectoryEntry_MakeDir)(nil),
+		(*TrajectoryEntry_RemoveFile)(nil),
+		(*TrajectoryEntry_Upload)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   87,
+			NumMessages:   101,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

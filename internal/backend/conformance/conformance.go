@@ -432,6 +432,8 @@ func Run(t *testing.T, h Harness) {
 		_ = sb.Destroy(ctx)
 	})
 
+	t.Run("Pause", func(t *testing.T) { pause(t, b, h) })
+
 	t.Run("InitDies", func(t *testing.T) {
 		base := h.Resources(t)
 		sb := create(t, b, h, nil)

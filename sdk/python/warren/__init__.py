@@ -30,6 +30,8 @@ from ._async import (
 from ._retry import NO_RETRY, RetryPolicy
 from ._sync import Process, Sandbox, SandboxGroup, SyncExecStream, SyncImagePull, SyncProcessAttach, Warren
 from ._types import (
+    ByLabelEvent,
+    ByLabelResult,
     ExecEvent,
     DownloadStats,
     ExecResult,
@@ -38,6 +40,9 @@ from ._types import (
     Layer,
     LayerStat,
     LayerVerification,
+    Memory,
+    PauseResult,
+    ResumeResult,
     ProcessEvent,
     ProcessInfo,
     PullEvent,
@@ -57,6 +62,7 @@ from ._types import (
     VersionInfo,
 )
 from .batch import BatchResult, Outcome, gather_bounded, map_bounded
+from .rollout import Rollout, rollout
 from .env import (
     AsyncSandboxEnv,
     CommandReward,
@@ -90,6 +96,13 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Rollout",
+    "rollout",
+    "ByLabelEvent",
+    "ByLabelResult",
+    "Memory",
+    "PauseResult",
+    "ResumeResult",
     "AsyncWarren",
     "AsyncSandbox",
     "AsyncProcess",

@@ -50,6 +50,8 @@ from . import _archive
 from ._retry import RetryPolicy
 from ._transport import Transport
 from ._types import (
+    ByLabelEvent,
+    ByLabelResult,
     DownloadStats,
     ExecEvent,
     ExecResult,
@@ -60,8 +62,10 @@ from ._types import (
     LayerVerification,
     ProcessEvent,
     ProcessInfo,
+    PauseResult,
     PullEvent,
     Resources,
+    ResumeResult,
     NetworkArg,
     Rlimit,
     RlimitsArg,
@@ -771,6 +775,85 @@ class AsyncWarren:
         )
         return Layer._from_json(d)
 
+    # -- pause and resume ------------------------------------------------
+
+    async def pause(self, id: str, *, reclaim: bool = False, timeout: Optional[float] = None) -> PauseResult:
+        """Freeze every process of running sandbox ``id`` where it is and,
+        with ``reclaim``, give back its page cache (and its anonymous memory
+        where the node has swap). The sandbox is PAUSED until :meth:`resume`:
+        exec and file calls raise :class:`ConflictError` meanwhile, its
+        lifetime keeps counting, and it stays paused across a daemon
+        restart. :class:`ConflictError` unless RUNNING. Not retried once
+        sent (a retry of a pause that happened is a conflict)."""
+        body: Dict[str, Any] = {"id": id}
+        if reclaim:
+            body["reclaim"] = True
+        d = await self._rpc(_SBX + "Pause", body, timeout=timeout, idempotent=False)
+        return PauseResult._from_json(d)
+
+    async def resume(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
+        """Thaw paused sandbox ``id``: its processes continue where they
+        stopped. :class:`ConflictError` unless PAUSED."""
+        d = await self._rpc(_SBX + "Resume", {"id": id}, timeout=timeout, idempotent=False)
+        return ResumeResult._from_json(d)
+
+    async def pause_by_label(
+        self,
+        labels: Mapping[str, str],
+        *,
+        reclaim: bool = False,
+        parallelism: int = 0,
+        progress: Optional[Callable[[ByLabelEvent], Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> ByLabelResult:
+        """Pause every RUNNING sandbox whose labels include all of
+        ``labels`` (the rollout batch of a trainer), ``parallelism`` at a
+        time (0 = the daemon's 8), calling ``progress`` (a function or
+        coroutine function) with each sandbox's :class:`ByLabelEvent` as it
+        finishes. A sandbox that fails is an event with ``error``, not an
+        exception: check ``result.ok``. Sandboxes in other states are left
+        out, so calling it again finishes a batch paused in part.
+        ``timeout`` (default ``transfer_timeout``) bounds the whole call."""
+        body: Dict[str, Any] = {"labels": dict(labels), "parallelism": int(parallelism)}
+        if reclaim:
+            body["reclaim"] = True
+        return await self._by_label("PauseByLabel", body, progress, timeout)
+
+    async def resume_by_label(
+        self,
+        labels: Mapping[str, str],
+        *,
+        parallelism: int = 0,
+        progress: Optional[Callable[[ByLabelEvent], Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> ByLabelResult:
+        """Resume every PAUSED sandbox whose labels include all of
+        ``labels``, as :meth:`pause_by_label` pauses them."""
+        body: Dict[str, Any] = {"labels": dict(labels), "parallelism": int(parallelism)}
+        return await self._by_label("ResumeByLabel", body, progress, timeout)
+
+    async def _by_label(
+        self, method: str, body: Dict[str, Any], progress: Optional[Callable[[ByLabelEvent], Any]], timeout: Optional[float]
+    ) -> ByLabelResult:
+        if not body["labels"]:
+            raise ValueError("labels are required: a call without would match every sandbox of the node")
+        t = _positive("timeout", timeout) if timeout is not None else self.transfer_timeout
+        events: List[ByLabelEvent] = []
+        gen = self._t.server_stream(_SBX + method, body, timeout=t, idempotent=False)
+        try:
+            async for msg in gen:
+                if msg.get("done"):
+                    return ByLabelResult(events=tuple(events), total=_int(msg.get("total")), failed=_int(msg.get("failed")))
+                ev = ByLabelEvent._from_json(msg)
+                events.append(ev)
+                if progress is not None:
+                    r = progress(ev)
+                    if inspect.isawaitable(r):
+                        await r
+        finally:
+            await gen.aclose()
+        raise UnavailableError(f"{method}: stream ended without its totals", code="unavailable")
+
     # -- images ----------------------------------------------------------
 
     async def list_images(self, *, timeout: Optional[float] = None) -> List[Image]:
@@ -1249,6 +1332,27 @@ class AsyncSandbox:
     def __init__(self, client: AsyncWarren, info: SandboxInfo) -> None:
         self.client = client
         self.info = info
+        #: the rollout session numbering this handle's calls (warren.rollout)
+        self._rollout: Optional[Any] = None
+
+    def _step(self, body: Dict[str, Any], method: Optional[str] = None, payload: bytes = b"") -> Optional[Dict[str, Any]]:
+        """Number a mutating call as the next step of the active rollout
+        session, if any. Called before the call's first await, so that
+        calls started in one order (asyncio.gather too) get the same
+        numbers on every run of the same code. Returns the step's recorded
+        entry when the rollout read it and the request matches it (the
+        call is then answered without a round trip)."""
+        if self._rollout is None:
+            return None
+        seq = self._rollout._next()
+        body["sessionId"], body["seq"] = self._rollout.session_id, str(seq)
+        if method is None:
+            return None
+        return self._rollout._match(seq, method, body, payload)
+
+    def _stepped(self, replayed: Any) -> None:
+        if self._rollout is not None:
+            self._rollout._count(bool(replayed))
 
     @property
     def id(self) -> str:
@@ -1291,6 +1395,19 @@ class AsyncSandbox:
         """Set the sandbox's deadline to now + ``seconds``."""
         self.info = await self.client.extend_timeout(self.id, seconds, timeout=timeout)
         return self.info
+
+    async def pause(self, *, reclaim: bool = False, timeout: Optional[float] = None) -> PauseResult:
+        """Freeze the sandbox's processes where they are and, with
+        ``reclaim``, give back its memory (see :meth:`AsyncWarren.pause`)."""
+        res = await self.client.pause(self.id, reclaim=reclaim, timeout=timeout)
+        self.info = res.sandbox
+        return res
+
+    async def resume(self, *, timeout: Optional[float] = None) -> ResumeResult:
+        """Thaw the paused sandbox: its processes continue where they stopped."""
+        res = await self.client.resume(self.id, timeout=timeout)
+        self.info = res.sandbox
+        return res
 
     async def update(
         self,
@@ -1419,8 +1536,13 @@ class AsyncSandbox:
         body = self._exec_body(command, env, cwd, user, stdin, t, output_limit)
         _set_pty(body, pty, rows, cols)
         body["idempotencyKey"] = idempotency_key or uuid.uuid4().hex
-        d = await self.client._rpc(_SBX + "Exec", body, timeout=self.client._exec_deadline(t), idempotent=True)
-        r = ExecResult._from_json(d)
+        hit = self._step(body, "exec", _raw(stdin))
+        if hit is not None:
+            r = self._rollout._exec_result(hit)
+        else:
+            d = await self.client._rpc(_SBX + "Exec", body, timeout=self.client._exec_deadline(t), idempotent=True)
+            r = ExecResult._from_json(d)
+            self._stepped(r.replayed)
         self.client._check_truncation(r, command)
         if check:
             r.check(allow_truncation=self.client.on_truncation != "raise")
@@ -1455,6 +1577,7 @@ class AsyncSandbox:
         body = self._exec_body(command, env, cwd, user, stdin, t, output_limit)
         _set_pty(body, pty, rows, cols)  # as in exec
         body["idempotencyKey"] = idempotency_key or uuid.uuid4().hex
+        self._step(body)
         return ExecStream(self, body, self.client._exec_deadline(t), command)
 
     # -- background processes -------------------------------------------
@@ -1494,6 +1617,24 @@ class AsyncSandbox:
         """The sandbox's background processes (running or exited), in start order."""
         d = await self.client._rpc(_SBX + "ListProcesses", {"sandboxId": self.id}, timeout=timeout)
         return [AsyncProcess(self, ProcessInfo._from_json(p)) for p in d.get("processes") or []]
+
+    async def trajectory(self, session_id: Optional[str] = None, *, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        """The sandbox's trajectory log: every exec and file write as a
+        numbered step (session, seq, method, request with payloads as their
+        length and SHA-256, result or error, timing), in the order their
+        outcomes were recorded; of one session, or of all when None. Each
+        entry is the API's TrajectoryEntry as JSON (camelCase keys)."""
+        out: List[Dict[str, Any]] = []
+        body: Dict[str, Any] = {"sandboxId": self.id, "pageSize": 1000}
+        if session_id:
+            body["sessionId"] = session_id
+        while True:
+            d = await self.client._rpc(_SBX + "ReadTrajectory", body, timeout=timeout)
+            out.extend(d.get("entries") or [])
+            token = d.get("nextPageToken") or ""
+            if not token:
+                return out
+            body["pageToken"] = token
 
     async def events(self, *, timeout: Optional[float] = None) -> List[SecurityEvent]:
         """The sandbox's security events, oldest first: every action the
@@ -1662,7 +1803,13 @@ class AsyncSandbox:
                 body["append"] = True
             if make_parents:
                 body["makeParents"] = True
-            await self.client._rpc(_SBX + "WriteFile", body, timeout=timeout, idempotent=not append)
+            hit = self._step(body, "write_file", chunk)
+            if hit is not None:
+                self._rollout._outcome(hit)
+                continue
+            # A numbered append is safe to retry: the log replays it.
+            d = await self.client._rpc(_SBX + "WriteFile", body, timeout=timeout, idempotent=not append or "seq" in body)
+            self._stepped(d.get("replayed"))
 
     async def list_files(
         self, path: str, *, page_size: Optional[int] = None, timeout: Optional[float] = None
@@ -1730,8 +1877,13 @@ class AsyncSandbox:
             body["mode"] = int(mode)
         if parents:
             body["parents"] = True
+        hit = self._step(body, "make_dir")
         try:
-            await self.client._rpc(_SBX + "MakeDir", body, timeout=timeout, idempotent=True)
+            if hit is not None:
+                self._rollout._outcome(hit)
+                return
+            d = await self.client._rpc(_SBX + "MakeDir", body, timeout=timeout, idempotent=True)
+            self._stepped(d.get("replayed"))
         except ConflictError as e:
             if e.after_ambiguous_failure and (await self.stat(path, timeout=timeout)).is_dir:
                 return  # made by our own earlier attempt
@@ -1744,8 +1896,13 @@ class AsyncSandbox:
         body: Dict[str, Any] = {"sandboxId": self.id, "path": path}
         if recursive:
             body["recursive"] = True
+        hit = self._step(body, "remove_file")
         try:
-            await self.client._rpc(_SBX + "RemoveFile", body, timeout=timeout, idempotent=True)
+            if hit is not None:
+                self._rollout._outcome(hit)
+                return
+            d = await self.client._rpc(_SBX + "RemoveFile", body, timeout=timeout, idempotent=True)
+            self._stepped(d.get("replayed"))
         except NotFoundError as e:
             if missing_ok or e.after_ambiguous_failure:
                 return
@@ -1777,10 +1934,14 @@ class AsyncSandbox:
         else:
             f = tar
             body = lambda: _archive.iter_file(f)  # noqa: E731
+        params = {"path": remote_dir}
+        self._step(params)
+        if "seq" in params:
+            params["session"] = params.pop("sessionId")
         await self.client._t.http(
             "PUT",
             self._archive_path(),
-            params={"path": remote_dir},
+            params=params,
             body=body,
             content_type="application/x-tar",
             timeout=timeout if timeout is not None else self.client.transfer_timeout,
@@ -2032,6 +2193,7 @@ class ExecStream(_EventStream):
             r = ExecResult._from_json(msg["result"])._with_output(bytes(self._stdout), bytes(self._stderr))
             self.result = r
             self._done = True
+            self.sandbox._stepped(r.replayed)
             # Read the end of the stream so the connection goes back to the
             # pool (and an error after the result is not missed).
             try:
@@ -2442,3 +2604,9 @@ class AsyncSandboxGroup(Sequence[AsyncSandbox]):
 
 
 __all__ += ["Outcome", "BatchError"]
+
+
+def _raw(data: Optional[Data]) -> bytes:
+    if not data:
+        return b""
+    return data.encode("utf-8") if isinstance(data, str) else bytes(data)

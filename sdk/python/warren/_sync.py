@@ -52,6 +52,8 @@ from ._async import (
 from ._archive import DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES
 from ._retry import RetryPolicy
 from ._types import (
+    ByLabelEvent,
+    ByLabelResult,
     DownloadStats,
     ExecEvent,
     ExecResult,
@@ -61,9 +63,11 @@ from ._types import (
     LayerStat,
     LayerVerification,
     ProcessEvent,
+    PauseResult,
     ProcessInfo,
     PullEvent,
     Resources,
+    ResumeResult,
     NetworkArg,
     RlimitsArg,
     RunResult,
@@ -342,6 +346,42 @@ class Warren:
         """Make sandbox ``id``'s writable layer the named layer ``name`` (see :meth:`Sandbox.commit`)."""
         return self._run(self.aio.commit_sandbox(id, name, keep_setuid=keep_setuid, timeout=timeout))
 
+    # -- pause and resume ------------------------------------------------
+
+    def pause(self, id: str, *, reclaim: bool = False, timeout: Optional[float] = None) -> PauseResult:
+        """Freeze sandbox ``id`` in place (see :meth:`AsyncWarren.pause`)."""
+        return self._run(self.aio.pause(id, reclaim=reclaim, timeout=timeout))
+
+    def resume(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
+        """Thaw paused sandbox ``id``."""
+        return self._run(self.aio.resume(id, timeout=timeout))
+
+    def pause_by_label(
+        self,
+        labels: Mapping[str, str],
+        *,
+        reclaim: bool = False,
+        parallelism: int = 0,
+        progress: Optional[Callable[[ByLabelEvent], Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> ByLabelResult:
+        """Pause every RUNNING sandbox matching ``labels``, with progress
+        (see :meth:`AsyncWarren.pause_by_label`)."""
+        return self._run(
+            self.aio.pause_by_label(labels, reclaim=reclaim, parallelism=parallelism, progress=progress, timeout=timeout)
+        )
+
+    def resume_by_label(
+        self,
+        labels: Mapping[str, str],
+        *,
+        parallelism: int = 0,
+        progress: Optional[Callable[[ByLabelEvent], Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> ByLabelResult:
+        """Resume every PAUSED sandbox matching ``labels``."""
+        return self._run(self.aio.resume_by_label(labels, parallelism=parallelism, progress=progress, timeout=timeout))
+
     # -- images ----------------------------------------------------------
 
     def list_images(self, *, timeout: Optional[float] = None) -> List[Image]:
@@ -581,6 +621,14 @@ class Sandbox:
             )
         )
 
+    def pause(self, *, reclaim: bool = False, timeout: Optional[float] = None) -> PauseResult:
+        """Freeze the sandbox in place (see :meth:`AsyncWarren.pause`)."""
+        return self._run(self.aio.pause(reclaim=reclaim, timeout=timeout))
+
+    def resume(self, *, timeout: Optional[float] = None) -> ResumeResult:
+        """Thaw the paused sandbox."""
+        return self._run(self.aio.resume(timeout=timeout))
+
     def commit(self, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None) -> Layer:
         """Make the sandbox's writable layer the named layer ``name`` (see
         :meth:`AsyncSandbox.commit`: setuid bits and file capabilities are
@@ -691,6 +739,10 @@ class Sandbox:
 
     def process(self, process_id: str) -> "Process":
         return Process(self, self.aio.process(process_id))
+
+    def trajectory(self, session_id: Optional[str] = None, *, timeout: Optional[float] = None) -> List[Any]:
+        """The sandbox's trajectory log (see :meth:`AsyncSandbox.trajectory`)."""
+        return self._run(self.aio.trajectory(session_id, timeout=timeout))
 
     def events(self, *, timeout: Optional[float] = None) -> List[SecurityEvent]:
         """The sandbox's security events, oldest first (see :meth:`AsyncSandbox.events`)."""

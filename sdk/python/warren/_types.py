@@ -320,6 +320,10 @@ class SandboxInfo:
     network: NetworkPolicy = field(default_factory=NetworkPolicy)
     #: its address on the node's sandbox subnet ("" in mode none)
     network_address: str = ""
+    #: when it was paused (state PAUSED), else 0
+    paused_at_unix_ms: int = 0
+    #: how long it has been paused in all (process timeouts do not count it)
+    paused_total_ms: int = 0
 
     def rlimit(self, name: str) -> Optional[Rlimit]:
         """The sandbox's limit of ``name`` (``"nofile"``), or None."""
@@ -366,6 +370,8 @@ class SandboxInfo:
             rlimits=tuple(Rlimit._from_json(x) for x in d.get("rlimits") or ()),
             network=NetworkPolicy._from_json(d.get("network")),
             network_address=d.get("networkAddress", ""),
+            paused_at_unix_ms=_int(d.get("pausedAtUnixMs")),
+            paused_total_ms=_int(d.get("pausedTotalMs")),
         )
 
 
@@ -390,6 +396,11 @@ class ExecResult:
     oom_killed: bool = False  #: killed by the out-of-memory killer
     duration_ms: int = 0
     pid: int = 0  #: process id inside the sandbox
+    #: the step of the sandbox's trajectory log this exec was recorded as
+    #: (0: not recorded), and whether this is that step's recorded result
+    #: rather than a new run (see :func:`warren.rollout`)
+    seq: int = 0
+    replayed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -463,6 +474,8 @@ class ExecResult:
             oom_killed=bool(d.get("oomKilled", False)),
             duration_ms=_int(d.get("durationMs")),
             pid=_int(d.get("pid")),
+            seq=_int(d.get("seq")),
+            replayed=bool(d.get("replayed", False)),
         )
 
     def _with_output(self, stdout: bytes, stderr: bytes) -> "ExecResult":
@@ -857,6 +870,114 @@ class VersionInfo:
 def _list(d: Mapping[str, Any], key: str) -> List[Any]:
     v = d.get(key)
     return list(v) if v else []
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A sandbox's memory in bytes."""
+
+    bytes: int = 0  #: everything charged to it
+    file: int = 0  #: page cache
+    anon: int = 0  #: anonymous memory
+    swap: int = 0  #: out on swap or zswap
+
+    @classmethod
+    def _from_json(cls, d: Optional[Mapping[str, Any]]) -> "Memory":
+        d = d or {}
+        return cls(bytes=_int(d.get("bytes")), file=_int(d.get("file")), anon=_int(d.get("anon")), swap=_int(d.get("swap")))
+
+
+@dataclass(frozen=True)
+class PauseResult:
+    """What a pause did: the sandbox (now PAUSED), its memory once frozen
+    (``before``) and once reclaimed (``after``, equal without reclaim), and
+    the timings in microseconds."""
+
+    sandbox: SandboxInfo
+    before: Memory = field(default_factory=Memory)
+    after: Memory = field(default_factory=Memory)
+    freeze_us: int = 0
+    reclaim_us: int = 0
+    total_us: int = 0
+
+    @property
+    def freed_bytes(self) -> int:
+        """Memory the pause gave back."""
+        return max(0, self.before.bytes - self.after.bytes)
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "PauseResult":
+        return cls(
+            sandbox=SandboxInfo._from_json(d.get("sandbox") or {}),
+            before=Memory._from_json(d.get("before")),
+            after=Memory._from_json(d.get("after")),
+            freeze_us=_int(d.get("freezeUs")),
+            reclaim_us=_int(d.get("reclaimUs")),
+            total_us=_int(d.get("totalUs")),
+        )
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    """What a resume did: the sandbox (now RUNNING), the thaw's time and how
+    long it had been paused."""
+
+    sandbox: SandboxInfo
+    thaw_us: int = 0
+    paused_ms: int = 0
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "ResumeResult":
+        return cls(
+            sandbox=SandboxInfo._from_json(d.get("sandbox") or {}),
+            thaw_us=_int(d.get("thawUs")),
+            paused_ms=_int(d.get("pausedMs")),
+        )
+
+
+@dataclass(frozen=True)
+class ByLabelEvent:
+    """One sandbox's outcome in a by-label pause or resume, as it finished:
+    ``error`` (with its category ``error_code``) when it failed, else
+    ``paused`` or ``resumed``; ``completed`` of ``total`` are done."""
+
+    sandbox_id: str
+    error: str = ""
+    error_code: str = ""
+    paused: Optional[PauseResult] = None
+    resumed: Optional[ResumeResult] = None
+    completed: int = 0
+    total: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "ByLabelEvent":
+        return cls(
+            sandbox_id=d.get("sandboxId", ""),
+            error=d.get("error", ""),
+            error_code=d.get("errorCode", ""),
+            paused=PauseResult._from_json(d["paused"]) if d.get("paused") else None,
+            resumed=ResumeResult._from_json(d["resumed"]) if d.get("resumed") else None,
+            completed=_int(d.get("completed")),
+            total=_int(d.get("total")),
+        )
+
+
+@dataclass(frozen=True)
+class ByLabelResult:
+    """Every sandbox's event of a by-label call, in the order they
+    finished, and the totals."""
+
+    events: Tuple[ByLabelEvent, ...] = ()
+    total: int = 0
+    failed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0
 
 
 # -- fncall: Run and RunBatch ---------------------------------------------

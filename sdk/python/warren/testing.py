@@ -156,6 +156,22 @@ class LocalDaemon:
         except OSError:
             return ""
 
+    def restart(self, timeout: float = 30.0) -> "LocalDaemon":
+        """Stop the daemon process (SIGTERM) and start it again on the same
+        state: its sandboxes keep running and the new daemon adopts them,
+        as after an upgrade or a crash of the daemon alone."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return self.start()
+
     def stop(self, timeout: float = 30.0) -> None:
         """Delete every sandbox, stop the daemon and remove its files and
         cgroups."""

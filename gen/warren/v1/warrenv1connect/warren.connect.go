@@ -110,6 +110,19 @@ const (
 	// SandboxServiceListSandboxEventsProcedure is the fully-qualified name of the SandboxService's
 	// ListSandboxEvents RPC.
 	SandboxServiceListSandboxEventsProcedure = "/warren.v1.SandboxService/ListSandboxEvents"
+	// SandboxServiceReadTrajectoryProcedure is the fully-qualified name of the SandboxService's
+	// ReadTrajectory RPC.
+	SandboxServiceReadTrajectoryProcedure = "/warren.v1.SandboxService/ReadTrajectory"
+	// SandboxServicePauseProcedure is the fully-qualified name of the SandboxService's Pause RPC.
+	SandboxServicePauseProcedure = "/warren.v1.SandboxService/Pause"
+	// SandboxServiceResumeProcedure is the fully-qualified name of the SandboxService's Resume RPC.
+	SandboxServiceResumeProcedure = "/warren.v1.SandboxService/Resume"
+	// SandboxServicePauseByLabelProcedure is the fully-qualified name of the SandboxService's
+	// PauseByLabel RPC.
+	SandboxServicePauseByLabelProcedure = "/warren.v1.SandboxService/PauseByLabel"
+	// SandboxServiceResumeByLabelProcedure is the fully-qualified name of the SandboxService's
+	// ResumeByLabel RPC.
+	SandboxServiceResumeByLabelProcedure = "/warren.v1.SandboxService/ResumeByLabel"
 	// SandboxServiceRunProcedure is the fully-qualified name of the SandboxService's Run RPC.
 	SandboxServiceRunProcedure = "/warren.v1.SandboxService/Run"
 	// SandboxServiceRunBatchProcedure is the fully-qualified name of the SandboxService's RunBatch RPC.
@@ -205,6 +218,32 @@ type SandboxServiceClient interface {
 	// daemon keeps the latest 256 per sandbox while the sandbox exists
 	// (its audit file keeps them longer). NotFound for an unknown sandbox.
 	ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error)
+	// ReadTrajectory pages through a sandbox's trajectory log: every Exec,
+	// ExecStream, WriteFile, MakeDir, RemoveFile and archive upload, with
+	// its sequence number, request, outcome and timing, in the order their
+	// outcomes were recorded (docs/ARCHITECTURE.md, "The trajectory log").
+	// NotFound for an unknown sandbox.
+	ReadTrajectory(context.Context, *connect.Request[v1.ReadTrajectoryRequest]) (*connect.Response[v1.ReadTrajectoryResponse], error)
+	// Pause freezes every process of a RUNNING sandbox where it is and, with
+	// reclaim, gives back its memory: its page cache, and its anonymous
+	// memory where the node has swap or zswap. The sandbox is PAUSED until
+	// Resume: exec and file calls are refused (Conflict), Get, List,
+	// ExtendTimeout and Delete work, and its lifetime keeps counting. A
+	// daemon restart keeps it PAUSED. Conflict unless RUNNING (or while a
+	// commit or update of it runs).
+	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
+	// Resume thaws a PAUSED sandbox: its processes continue where they
+	// stopped. Conflict unless PAUSED.
+	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// PauseByLabel pauses every RUNNING sandbox whose labels include all of
+	// `labels` (at least one), `parallelism` at a time, and streams one
+	// event per sandbox as it finishes, then a last one with the totals.
+	// Sandboxes in other states are left out, so that a batch paused in
+	// part is finished by calling it again.
+	PauseByLabel(context.Context, *connect.Request[v1.PauseByLabelRequest]) (*connect.ServerStreamForClient[v1.ByLabelEvent], error)
+	// ResumeByLabel resumes every PAUSED sandbox matching `labels`, as
+	// PauseByLabel does.
+	ResumeByLabel(context.Context, *connect.Request[v1.ResumeByLabelRequest]) (*connect.ServerStreamForClient[v1.ByLabelEvent], error)
 	// Run runs one job (its steps in order in one fresh, isolated
 	// environment of the image) and returns every step's result. The
 	// backend is "fncall": a pool of pre-made environments per image, each
@@ -369,6 +408,36 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("ListSandboxEvents")),
 			connect.WithClientOptions(opts...),
 		),
+		readTrajectory: connect.NewClient[v1.ReadTrajectoryRequest, v1.ReadTrajectoryResponse](
+			httpClient,
+			baseURL+SandboxServiceReadTrajectoryProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ReadTrajectory")),
+			connect.WithClientOptions(opts...),
+		),
+		pause: connect.NewClient[v1.PauseRequest, v1.PauseResponse](
+			httpClient,
+			baseURL+SandboxServicePauseProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Pause")),
+			connect.WithClientOptions(opts...),
+		),
+		resume: connect.NewClient[v1.ResumeRequest, v1.ResumeResponse](
+			httpClient,
+			baseURL+SandboxServiceResumeProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
+			connect.WithClientOptions(opts...),
+		),
+		pauseByLabel: connect.NewClient[v1.PauseByLabelRequest, v1.ByLabelEvent](
+			httpClient,
+			baseURL+SandboxServicePauseByLabelProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("PauseByLabel")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeByLabel: connect.NewClient[v1.ResumeByLabelRequest, v1.ByLabelEvent](
+			httpClient,
+			baseURL+SandboxServiceResumeByLabelProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ResumeByLabel")),
+			connect.WithClientOptions(opts...),
+		),
 		run: connect.NewClient[v1.RunRequest, v1.RunResult](
 			httpClient,
 			baseURL+SandboxServiceRunProcedure,
@@ -409,6 +478,11 @@ type sandboxServiceClient struct {
 	removeFile        *connect.Client[v1.RemoveFileRequest, v1.RemoveFileResponse]
 	commitSandbox     *connect.Client[v1.CommitSandboxRequest, v1.Layer]
 	listSandboxEvents *connect.Client[v1.ListSandboxEventsRequest, v1.ListSandboxEventsResponse]
+	readTrajectory    *connect.Client[v1.ReadTrajectoryRequest, v1.ReadTrajectoryResponse]
+	pause             *connect.Client[v1.PauseRequest, v1.PauseResponse]
+	resume            *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
+	pauseByLabel      *connect.Client[v1.PauseByLabelRequest, v1.ByLabelEvent]
+	resumeByLabel     *connect.Client[v1.ResumeByLabelRequest, v1.ByLabelEvent]
 	run               *connect.Client[v1.RunRequest, v1.RunResult]
 	runBatch          *connect.Client[v1.RunBatchRequest, v1.RunBatchItem]
 }
@@ -528,6 +602,31 @@ func (c *sandboxServiceClient) ListSandboxEvents(ctx context.Context, req *conne
 	return c.listSandboxEvents.CallUnary(ctx, req)
 }
 
+// ReadTrajectory calls warren.v1.SandboxService.ReadTrajectory.
+func (c *sandboxServiceClient) ReadTrajectory(ctx context.Context, req *connect.Request[v1.ReadTrajectoryRequest]) (*connect.Response[v1.ReadTrajectoryResponse], error) {
+	return c.readTrajectory.CallUnary(ctx, req)
+}
+
+// Pause calls warren.v1.SandboxService.Pause.
+func (c *sandboxServiceClient) Pause(ctx context.Context, req *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error) {
+	return c.pause.CallUnary(ctx, req)
+}
+
+// Resume calls warren.v1.SandboxService.Resume.
+func (c *sandboxServiceClient) Resume(ctx context.Context, req *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return c.resume.CallUnary(ctx, req)
+}
+
+// PauseByLabel calls warren.v1.SandboxService.PauseByLabel.
+func (c *sandboxServiceClient) PauseByLabel(ctx context.Context, req *connect.Request[v1.PauseByLabelRequest]) (*connect.ServerStreamForClient[v1.ByLabelEvent], error) {
+	return c.pauseByLabel.CallServerStream(ctx, req)
+}
+
+// ResumeByLabel calls warren.v1.SandboxService.ResumeByLabel.
+func (c *sandboxServiceClient) ResumeByLabel(ctx context.Context, req *connect.Request[v1.ResumeByLabelRequest]) (*connect.ServerStreamForClient[v1.ByLabelEvent], error) {
+	return c.resumeByLabel.CallServerStream(ctx, req)
+}
+
 // Run calls warren.v1.SandboxService.Run.
 func (c *sandboxServiceClient) Run(ctx context.Context, req *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error) {
 	return c.run.CallUnary(ctx, req)
@@ -601,6 +700,32 @@ type SandboxServiceHandler interface {
 	// daemon keeps the latest 256 per sandbox while the sandbox exists
 	// (its audit file keeps them longer). NotFound for an unknown sandbox.
 	ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error)
+	// ReadTrajectory pages through a sandbox's trajectory log: every Exec,
+	// ExecStream, WriteFile, MakeDir, RemoveFile and archive upload, with
+	// its sequence number, request, outcome and timing, in the order their
+	// outcomes were recorded (docs/ARCHITECTURE.md, "The trajectory log").
+	// NotFound for an unknown sandbox.
+	ReadTrajectory(context.Context, *connect.Request[v1.ReadTrajectoryRequest]) (*connect.Response[v1.ReadTrajectoryResponse], error)
+	// Pause freezes every process of a RUNNING sandbox where it is and, with
+	// reclaim, gives back its memory: its page cache, and its anonymous
+	// memory where the node has swap or zswap. The sandbox is PAUSED until
+	// Resume: exec and file calls are refused (Conflict), Get, List,
+	// ExtendTimeout and Delete work, and its lifetime keeps counting. A
+	// daemon restart keeps it PAUSED. Conflict unless RUNNING (or while a
+	// commit or update of it runs).
+	Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error)
+	// Resume thaws a PAUSED sandbox: its processes continue where they
+	// stopped. Conflict unless PAUSED.
+	Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// PauseByLabel pauses every RUNNING sandbox whose labels include all of
+	// `labels` (at least one), `parallelism` at a time, and streams one
+	// event per sandbox as it finishes, then a last one with the totals.
+	// Sandboxes in other states are left out, so that a batch paused in
+	// part is finished by calling it again.
+	PauseByLabel(context.Context, *connect.Request[v1.PauseByLabelRequest], *connect.ServerStream[v1.ByLabelEvent]) error
+	// ResumeByLabel resumes every PAUSED sandbox matching `labels`, as
+	// PauseByLabel does.
+	ResumeByLabel(context.Context, *connect.Request[v1.ResumeByLabelRequest], *connect.ServerStream[v1.ByLabelEvent]) error
 	// Run runs one job (its steps in order in one fresh, isolated
 	// environment of the image) and returns every step's result. The
 	// backend is "fncall": a pool of pre-made environments per image, each
@@ -761,6 +886,36 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("ListSandboxEvents")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceReadTrajectoryHandler := connect.NewUnaryHandler(
+		SandboxServiceReadTrajectoryProcedure,
+		svc.ReadTrajectory,
+		connect.WithSchema(sandboxServiceMethods.ByName("ReadTrajectory")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServicePauseHandler := connect.NewUnaryHandler(
+		SandboxServicePauseProcedure,
+		svc.Pause,
+		connect.WithSchema(sandboxServiceMethods.ByName("Pause")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceResumeHandler := connect.NewUnaryHandler(
+		SandboxServiceResumeProcedure,
+		svc.Resume,
+		connect.WithSchema(sandboxServiceMethods.ByName("Resume")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServicePauseByLabelHandler := connect.NewServerStreamHandler(
+		SandboxServicePauseByLabelProcedure,
+		svc.PauseByLabel,
+		connect.WithSchema(sandboxServiceMethods.ByName("PauseByLabel")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceResumeByLabelHandler := connect.NewServerStreamHandler(
+		SandboxServiceResumeByLabelProcedure,
+		svc.ResumeByLabel,
+		connect.WithSchema(sandboxServiceMethods.ByName("ResumeByLabel")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceRunHandler := connect.NewUnaryHandler(
 		SandboxServiceRunProcedure,
 		svc.Run,
@@ -821,6 +976,16 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceCommitSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceListSandboxEventsProcedure:
 			sandboxServiceListSandboxEventsHandler.ServeHTTP(w, r)
+		case SandboxServiceReadTrajectoryProcedure:
+			sandboxServiceReadTrajectoryHandler.ServeHTTP(w, r)
+		case SandboxServicePauseProcedure:
+			sandboxServicePauseHandler.ServeHTTP(w, r)
+		case SandboxServiceResumeProcedure:
+			sandboxServiceResumeHandler.ServeHTTP(w, r)
+		case SandboxServicePauseByLabelProcedure:
+			sandboxServicePauseByLabelHandler.ServeHTTP(w, r)
+		case SandboxServiceResumeByLabelProcedure:
+			sandboxServiceResumeByLabelHandler.ServeHTTP(w, r)
 		case SandboxServiceRunProcedure:
 			sandboxServiceRunHandler.ServeHTTP(w, r)
 		case SandboxServiceRunBatchProcedure:
@@ -924,6 +1089,26 @@ func (UnimplementedSandboxServiceHandler) CommitSandbox(context.Context, *connec
 
 func (UnimplementedSandboxServiceHandler) ListSandboxEvents(context.Context, *connect.Request[v1.ListSandboxEventsRequest]) (*connect.Response[v1.ListSandboxEventsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.ListSandboxEvents is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ReadTrajectory(context.Context, *connect.Request[v1.ReadTrajectoryRequest]) (*connect.Response[v1.ReadTrajectoryResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.ReadTrajectory is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Pause(context.Context, *connect.Request[v1.PauseRequest]) (*connect.Response[v1.PauseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.Pause is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Resume(context.Context, *connect.Request[v1.ResumeRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.Resume is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) PauseByLabel(context.Context, *connect.Request[v1.PauseByLabelRequest], *connect.ServerStream[v1.ByLabelEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.PauseByLabel is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ResumeByLabel(context.Context, *connect.Request[v1.ResumeByLabelRequest], *connect.ServerStream[v1.ByLabelEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.ResumeByLabel is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Run(context.Context, *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error) {

@@ -1,0 +1,86 @@
+package client
+
+import (
+	"context"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+)
+
+// Pause freezes every process of a RUNNING sandbox where it is; with
+// reclaim it also gives back the sandbox's page cache (and its anonymous
+// memory where the node has swap). The response has the memory before
+// and after, and the timings. The sandbox is PAUSED until Resume: exec
+// and file calls fail with CategoryConflict meanwhile, and its lifetime
+// keeps counting (ExtendTimeout works).
+func (c *Client) Pause(ctx context.Context, sandboxID string, reclaim bool) (*warrenv1.PauseResponse, error) {
+	return call(ctx, c.sandboxes.Pause, &warrenv1.PauseRequest{Id: sandboxID, Reclaim: reclaim})
+}
+
+// Resume thaws a PAUSED sandbox: its processes continue where they
+// stopped.
+func (c *Client) Resume(ctx context.Context, sandboxID string) (*warrenv1.ResumeResponse, error) {
+	return call(ctx, c.sandboxes.Resume, &warrenv1.ResumeRequest{Id: sandboxID})
+}
+
+// ByLabelResult is the outcome of a by-label call: one event per
+// sandbox, in the order they finished, and the totals.
+type ByLabelResult struct {
+	Events []*warrenv1.ByLabelEvent // per sandbox, without the last event
+	Total  int                      // sandboxes matched
+	Failed int                      // of which failed (their events say why)
+}
+
+// PauseByLabel pauses every RUNNING sandbox whose labels include all of
+// req.Labels, req.Parallelism at a time. fn, if not nil, is called with
+// each sandbox's event as it finishes (progress); if it returns an error
+// the call is cancelled (sandboxes not started yet are not paused) and
+// that error returned.
+func (c *Client) PauseByLabel(ctx context.Context, req *warrenv1.PauseByLabelRequest, fn func(*warrenv1.ByLabelEvent) error) (*ByLabelResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.sandboxes.PauseByLabel(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	return byLabel(st, fn)
+}
+
+// ResumeByLabel resumes every PAUSED sandbox whose labels include all of
+// req.Labels, as PauseByLabel pauses them.
+func (c *Client) ResumeByLabel(ctx context.Context, req *warrenv1.ResumeByLabelRequest, fn func(*warrenv1.ByLabelEvent) error) (*ByLabelResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.sandboxes.ResumeByLabel(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	return byLabel(st, fn)
+}
+
+func byLabel(st *connect.ServerStreamForClient[warrenv1.ByLabelEvent], fn func(*warrenv1.ByLabelEvent) error) (*ByLabelResult, error) {
+	defer st.Close()
+	res := &ByLabelResult{}
+	done := false
+	for st.Receive() {
+		ev := st.Msg()
+		if ev.GetDone() {
+			res.Total, res.Failed, done = int(ev.GetTotal()), int(ev.GetFailed()), true
+			continue
+		}
+		res.Events = append(res.Events, ev)
+		if fn != nil {
+			if err := fn(ev); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := st.Err(); err != nil {
+		return nil, wrapErr(err)
+	}
+	if !done {
+		return nil, &Error{Category: CategoryUnavailable, Code: connect.CodeUnavailable, Message: "by-label stream ended without its totals"}
+	}
+	return res, nil
+}

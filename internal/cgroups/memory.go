@@ -1,0 +1,182 @@
+package cgroups
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"github.com/containerd/cgroups/v3/cgroup1"
+
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/kfile"
+)
+
+// Memory is what a group's processes hold of the node's memory, in bytes:
+// Usage is the group's charge (memory.usage_in_bytes on v1,
+// memory.current on v2: page cache, anonymous memory and, with kernel
+// accounting, kernel objects); File and Anon are the page cache and the
+// anonymous part of it; Swap is what it has out on swap (or zswap).
+type Memory struct {
+	Usage, File, Anon, Swap uint64
+}
+
+// SwapTotal is the node's swap (swap files and partitions, which zswap
+// fronts), from /proc/meminfo: 0 means anonymous memory cannot be given
+// back, only page cache.
+func SwapTotal() (uint64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for line := range bytes.SplitSeq(b, []byte{'\n'}) {
+		if v, ok := bytes.CutPrefix(line, []byte("SwapTotal:")); ok {
+			f := bytes.Fields(v)
+			if len(f) == 0 {
+				break
+			}
+			kb, err := strconv.ParseUint(string(f[0]), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no SwapTotal in /proc/meminfo")
+}
+
+// anonFloor is how far Reclaim lowers a v1 limit at most: the group's
+// tasks are frozen and touch nothing until they thaw, but the kernel
+// keeps some pages it cannot reclaim (page tables, kernel stacks), and a
+// limit below them only makes the write fail.
+const anonFloor = 4 << 20
+
+// v1Memory reads a v1 memory directory's use.
+func v1Memory(dir string) (Memory, error) {
+	var m Memory
+	var err error
+	if m.Usage, err = readUint(filepath.Join(dir, "memory.usage_in_bytes")); err != nil {
+		return m, classify(err, "read memory use")
+	}
+	stat := filepath.Join(dir, "memory.stat")
+	m.File, _ = readKey(stat, "total_cache")
+	m.Anon, _ = readKey(stat, "total_rss")
+	m.Swap, _ = readKey(stat, "total_swap")
+	return m, nil
+}
+
+// reclaimV1 gives back a v1 group's memory. memory.force_empty reclaims
+// every page it can (clean page cache at once, dirty pages after
+// writeback; with swap, the kernel's reclaim may take anonymous pages
+// too). Anonymous memory is then pushed out by lowering
+// memory.limit_in_bytes in steps, each a write the kernel answers by
+// reclaiming down to it or refusing (EBUSY: nothing more can go), and
+// the limit is put back whatever happened: a v1 limit write never
+// OOM-kills.
+func reclaimV1(name string) error {
+	dir := v1Dir(cgroup1.Memory, name)
+	if err := kfile.Write(filepath.Join(dir, "memory.force_empty"), "0"); err != nil {
+		return classify(err, "reclaim page cache of cgroup "+name)
+	}
+	if swap, err := SwapTotal(); err != nil || swap == 0 {
+		return nil
+	}
+	return reclaimAnonV1(name, dir)
+}
+
+// reclaimAnonV1 lowers the limit of v1 memory directory dir by a quarter
+// of the usage at a time (at least 16 MiB), so that each write asks the
+// kernel for a bounded amount (one huge step fails whole when a part
+// cannot go), down to anonFloor, then restores the limit it found.
+func reclaimAnonV1(name, dir string) (err error) {
+	limitFile := filepath.Join(dir, "memory.limit_in_bytes")
+	b, err := kfile.Read(limitFile)
+	if err != nil {
+		return classify(err, "read memory limit of cgroup "+name)
+	}
+	old := string(bytes.TrimSpace(b))
+	defer func() {
+		if rerr := kfile.Write(limitFile, old); rerr != nil {
+			err = errors.Join(err, errdefs.Wrap(errdefs.Internal, rerr, "restore memory limit "+old+" of cgroup "+name+" after reclaim"))
+		}
+	}()
+	for {
+		use, err := readUint(filepath.Join(dir, "memory.usage_in_bytes"))
+		if err != nil {
+			return classify(err, "read memory use of cgroup "+name)
+		}
+		if use <= anonFloor {
+			return nil
+		}
+		step := max(use/4, 16<<20)
+		next := uint64(anonFloor)
+		if use > step+anonFloor {
+			next = use - step
+		}
+		if err := kfile.Write(limitFile, strconv.FormatUint(next, 10)); err != nil {
+			if errors.Is(err, syscall.EBUSY) {
+				return nil // the rest cannot be reclaimed
+			}
+			return classify(err, "lower memory limit of cgroup "+name)
+		}
+	}
+}
+
+// v2Memory reads a v2 group directory's use.
+func v2Memory(dir string) (Memory, error) {
+	var m Memory
+	var err error
+	if m.Usage, err = readUint(filepath.Join(dir, "memory.current")); err != nil {
+		return m, classify(err, "read memory use")
+	}
+	stat := filepath.Join(dir, "memory.stat")
+	m.File, _ = readKey(stat, "file")
+	m.Anon, _ = readKey(stat, "anon")
+	m.Swap, _ = readUint(filepath.Join(dir, "memory.swap.current"))
+	return m, nil
+}
+
+// reclaimV2 asks memory.reclaim (Linux 5.19) for everything the group
+// uses. The kernel reclaims page cache and, where the node has swap and
+// the group may use it (memory.swap.max), anonymous memory as its
+// swappiness says. It answers EAGAIN when it could not reclaim the whole
+// amount, which is the normal case (the frozen tasks' unreclaimable pages
+// stay). Lowering memory.max instead would OOM-kill on v2.
+func reclaimV2(name, dir string) error {
+	use, err := readUint(filepath.Join(dir, "memory.current"))
+	if err != nil {
+		return classify(err, "read memory use of cgroup "+name)
+	}
+	err = kfile.Write(filepath.Join(dir, "memory.reclaim"), strconv.FormatUint(use, 10))
+	if err != nil && !errors.Is(err, syscall.EAGAIN) {
+		return classify(err, "reclaim memory of cgroup "+name)
+	}
+	return nil
+}
+
+// Frozen reports whether the v1 freezer's state reads FROZEN.
+func (g *v1Group) Frozen() (bool, error) {
+	b, err := kfile.Read(filepath.Join(g.dir(cgroup1.Freezer), "freezer.state"))
+	if err != nil {
+		return false, classify(err, "read freezer state of cgroup "+g.name)
+	}
+	return string(bytes.TrimSpace(b)) == "FROZEN", nil
+}
+
+func frozen2(name, dir string) (bool, error) {
+	n, err := readKey(filepath.Join(dir, "cgroup.events"), "frozen")
+	if err != nil {
+		return false, classify(err, "read frozen state of cgroup "+name)
+	}
+	return n == 1, nil
+}
+
+func (g *hybridGroup) Frozen() (bool, error) { return frozen2(g.name, g.udir()) }
+func (g *v2Group) Frozen() (bool, error)     { return frozen2(g.name, g.dir()) }
+
+func (g *v1Group) Memory() (Memory, error)     { return v1Memory(g.dir(cgroup1.Memory)) }
+func (g *hybridGroup) Memory() (Memory, error) { return v1Memory(g.dir(cgroup1.Memory)) }
+func (g *v2Group) Memory() (Memory, error)     { return v2Memory(g.dir()) }
+
+func (g *v1Group) Reclaim() error     { return reclaimV1(g.name) }
+func (g *hybridGroup) Reclaim() error { return reclaimV1(g.name) }
+func (g *v2Group) Reclaim() error     { return reclaimV2(g.name, g.dir()) }
