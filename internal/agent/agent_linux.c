@@ -22,7 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <poll.h>
 #include <sys/epoll.h>
+#include <sys/ipc.h>
+#include <sys/msg.h>
+#include <sys/sem.h>
+#include <sys/shm.h>
+#include <sys/stat.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -461,6 +467,8 @@ static void finish_start(struct conn *c)
 
 static void bproc_reaped(pid_t pid, int st);
 
+static void reaped(pid_t pid, int st);
+
 static void reap(void)
 {
 	struct signalfd_siginfo si;
@@ -471,22 +479,29 @@ static void reap(void)
 		pid_t pid = waitpid(-1, &st, WNOHANG);
 		if (pid <= 0)
 			return;
-		struct conn *c = conns;
-		while (c && !(c->pid == pid && c->state != C_DETACHED && !c->reaped))
-			c = c->next;
-		if (!c) {
-			bproc_reaped(pid, st); /* or an orphan reparented to us */
-			continue;
-		}
-		nrunning--;
-		c->reaped = 1;
-		c->status = st;
-		if (c->pipefd >= 0)
-			finish_start(c); /* the child is gone: read cannot block */
-		if (c->fd >= 0 && c->state == C_RUNNING)
-			send_exited(c);
-		drop(c, 0);
+		reaped(pid, st);
 	}
+}
+
+/* The bookkeeping of a reaped child: a connection's process, a background
+ * process, or an orphan reparented to us. */
+static void reaped(pid_t pid, int st)
+{
+	struct conn *c = conns;
+	while (c && !(c->pid == pid && c->state != C_DETACHED && !c->reaped))
+		c = c->next;
+	if (!c) {
+		bproc_reaped(pid, st); /* or an orphan reparented to us */
+		return;
+	}
+	nrunning--;
+	c->reaped = 1;
+	c->status = st;
+	if (c->pipefd >= 0)
+		finish_start(c); /* the child is gone: read cannot block */
+	if (c->fd >= 0 && c->state == C_RUNNING)
+		send_exited(c);
+	drop(c, 0);
 }
 
 /* ---- child ------------------------------------------------------------ */
@@ -1415,6 +1430,909 @@ static void start_exec(struct conn *c)
 		fail(c, errno, "epoll");
 }
 
+/* ---- jobs (fncall) ------------------------------------------------------ */
+
+/* A JOB frame runs every step of one job, in order, in this sandbox, and
+ * then resets it for the next job: the whole job in one round trip
+ * (doc.go, "Jobs"). The agent runs it synchronously: a sandbox that takes
+ * jobs (the fncall backend's pooled environments) serves nothing else, and
+ * waiting in one place for one step at a time keeps the accounting exact. */
+
+#define JOB_MAX_STEPS 64
+#define JOB_MAX_FILES 64
+#define JOB_MAX_DEPTH 48
+#define JOB_REAP_MS 2000 /* how long killed processes may take to go */
+#define JF_CONTINUE 1u   /* run the next step even if this one failed */
+enum { JS_ACCEPTED = 1, JS_NONZERO, JS_SIGNALLED, JS_TIME, JS_MEMORY, JS_OUTPUT, JS_FILE, JS_INTERNAL };
+
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+struct open_how_ {
+	uint64_t flags, mode, resolve;
+};
+#define RESOLVE_NO_MAGICLINKS_ 0x02
+#define RESOLVE_NO_SYMLINKS_ 0x04
+#define RESOLVE_BENEATH_ 0x08
+
+struct jrd {
+	const uint8_t *p;
+	uint32_t n, off;
+	int bad;
+};
+
+static uint32_t jr32(struct jrd *r)
+{
+	if (r->bad || r->n - r->off < 4) {
+		r->bad = 1;
+		return 0;
+	}
+	uint32_t v = get32(r->p + r->off);
+	r->off += 4;
+	return v;
+}
+
+static uint64_t jr64(struct jrd *r)
+{
+	uint64_t lo = jr32(r);
+	return lo | (uint64_t)jr32(r) << 32;
+}
+
+static const uint8_t *jrbytes(struct jrd *r, uint32_t len)
+{
+	if (r->bad || r->n - r->off < len) {
+		r->bad = 1;
+		return NULL;
+	}
+	const uint8_t *p = r->p + r->off;
+	r->off += len;
+	return p;
+}
+
+static const char *jrstr(struct jrd *r)
+{
+	if (r->bad || r->off >= r->n) {
+		r->bad = 1;
+		return NULL;
+	}
+	const uint8_t *z = memchr(r->p + r->off, 0, r->n - r->off);
+	if (!z) {
+		r->bad = 1;
+		return NULL;
+	}
+	const char *s = (const char *)r->p + r->off;
+	r->off = (uint32_t)(z - r->p) + 1;
+	return s;
+}
+
+/* A file name a job may use: relative, no "." or ".." components, no
+ * empty ones. */
+static int jname_ok(const char *s)
+{
+	if (!*s || *s == '/' || strlen(s) > 1024)
+		return 0;
+	for (const char *p = s;;) {
+		const char *e = strchrnul(p, '/');
+		size_t n = e - p;
+		if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.'))
+			return 0;
+		if (!*e)
+			return 1;
+		p = e + 1;
+	}
+}
+
+struct jfile {
+	const char *name, *src; /* src: the earlier step's output name */
+	uint32_t mode, len;
+	int32_t from; /* -1: inline data */
+	const uint8_t *data;
+};
+
+struct jstep {
+	uint32_t flags, argc, envc, nin, nout;
+	uint64_t cpu_ms, wall_ms, mem, out_cap, fsize, fout_cap;
+	uint32_t nproc, nofile, stdin_len;
+	const uint8_t *stdin_data;
+	const char *strs; /* argc argv strings, then envc env strings */
+	struct jfile *in;
+	const char **out;
+	uint32_t *out_off, *out_len; /* captured outputs: offsets in the result */
+	int32_t *out_err;
+};
+
+struct job {
+	uint32_t uid, gid, nsteps, nwipe;
+	const char *workdir;
+	const char *wipe; /* nwipe strings */
+	struct jstep *steps;
+	void *mem;
+	size_t memlen;
+};
+
+/* The result under construction: one 'j' frame. */
+struct jbuf {
+	uint8_t *p;
+	uint32_t len, cap;
+	int full;
+};
+
+static uint8_t *jb_reserve(struct jbuf *b, uint32_t n)
+{
+	if (b->full || b->cap - b->len < n) {
+		b->full = 1;
+		return NULL;
+	}
+	uint8_t *p = b->p + b->len;
+	b->len += n;
+	return p;
+}
+
+static void jb32(struct jbuf *b, uint32_t v)
+{
+	uint8_t *p = jb_reserve(b, 4);
+	if (p)
+		put32(p, v);
+}
+
+static void jb64(struct jbuf *b, uint64_t v)
+{
+	uint8_t *p = jb_reserve(b, 8);
+	if (p)
+		put64(p, v);
+}
+
+static void jbbytes(struct jbuf *b, const void *d, uint32_t n)
+{
+	uint8_t *p = jb_reserve(b, n);
+	if (p && n)
+		memcpy(p, d, n);
+}
+
+static int job_parse(struct conn *c, struct job *j)
+{
+	struct jrd r = {c->payload, c->plen, 0, 0};
+	j->uid = jr32(&r);
+	j->gid = jr32(&r);
+	j->nsteps = jr32(&r);
+	j->nwipe = jr32(&r);
+	j->workdir = jrstr(&r);
+	if (r.bad || j->nsteps == 0 || j->nsteps > JOB_MAX_STEPS || j->nwipe > 16 || j->workdir[0] != '/')
+		return -1;
+	j->wipe = (const char *)r.p + r.off;
+	for (uint32_t i = 0; i < j->nwipe; i++) {
+		const char *w = jrstr(&r);
+		if (!w || w[0] != '/')
+			return -1;
+	}
+	/* One allocation for every table: at most 64 steps of 64 files. */
+	j->memlen = j->nsteps * (sizeof(struct jstep) + JOB_MAX_FILES * (sizeof(struct jfile) + sizeof(char *) + 3 * 4));
+	j->mem = big_alloc(j->memlen);
+	if (!j->mem)
+		return -1;
+	memset(j->mem, 0, j->memlen);
+	uint8_t *m = j->mem;
+	j->steps = (struct jstep *)m;
+	m += j->nsteps * sizeof(struct jstep);
+	for (uint32_t i = 0; i < j->nsteps; i++) {
+		struct jstep *s = &j->steps[i];
+		s->flags = jr32(&r);
+		s->argc = jr32(&r);
+		s->envc = jr32(&r);
+		s->nin = jr32(&r);
+		s->nout = jr32(&r);
+		s->cpu_ms = jr64(&r);
+		s->wall_ms = jr64(&r);
+		s->mem = jr64(&r);
+		s->out_cap = jr64(&r);
+		s->fsize = jr64(&r);
+		s->fout_cap = jr64(&r);
+		s->nproc = jr32(&r);
+		s->nofile = jr32(&r);
+		s->stdin_len = jr32(&r);
+		s->stdin_data = jrbytes(&r, s->stdin_len);
+		if (r.bad || s->argc == 0 || s->nin > JOB_MAX_FILES || s->nout > JOB_MAX_FILES ||
+		    s->out_cap > MAX_PAYLOAD || s->fout_cap > MAX_PAYLOAD || s->wall_ms == 0)
+			return -1;
+		s->strs = (const char *)r.p + r.off;
+		for (uint32_t k = 0; k < s->argc + s->envc; k++)
+			if (!jrstr(&r))
+				return -1;
+		if (!*s->strs)
+			return -1;
+		s->in = (struct jfile *)m;
+		m += JOB_MAX_FILES * sizeof(struct jfile);
+		for (uint32_t k = 0; k < s->nin; k++) {
+			struct jfile *f = &s->in[k];
+			f->mode = jr32(&r) & 07777;
+			f->from = (int32_t)jr32(&r);
+			f->len = jr32(&r);
+			f->name = jrstr(&r);
+			if (r.bad || !jname_ok(f->name) || f->from >= (int32_t)i || f->from < -1)
+				return -1;
+			if (f->from < 0)
+				f->data = jrbytes(&r, f->len);
+			else
+				f->src = jrstr(&r);
+			if (r.bad)
+				return -1;
+		}
+		s->out = (const char **)m;
+		m += JOB_MAX_FILES * sizeof(char *);
+		s->out_off = (uint32_t *)m;
+		m += JOB_MAX_FILES * 4;
+		s->out_len = (uint32_t *)m;
+		m += JOB_MAX_FILES * 4;
+		s->out_err = (int32_t *)m;
+		m += JOB_MAX_FILES * 4;
+		for (uint32_t k = 0; k < s->nout; k++)
+			if (!(s->out[k] = jrstr(&r)) || !jname_ok(s->out[k]))
+				return -1;
+	}
+	return r.bad || r.off != r.n ? -1 : 0;
+}
+
+/* Writes one input file, in the step's child (as the job's user, in the
+ * work directory: a symlink a step left can only lead where that user may
+ * write anyway). */
+static int job_write_file(const char *name, uint32_t mode, const uint8_t *d, uint32_t n)
+{
+	char path[1040];
+	size_t len = strlen(name);
+	memcpy(path, name, len + 1);
+	for (char *p = path; (p = strchr(p, '/')); p++) {
+		*p = 0;
+		if (mkdir(path, 0755) < 0 && errno != EEXIST)
+			return -1;
+		*p = '/';
+	}
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, mode ? mode : 0644);
+	if (fd < 0)
+		return -1;
+	while (n) {
+		ssize_t w = write(fd, d, n);
+		if (w <= 0) {
+			close(fd);
+			return -1;
+		}
+		d += w;
+		n -= (uint32_t)w;
+	}
+	if (mode && fchmod(fd, mode) < 0) {
+		close(fd);
+		return -1;
+	}
+	return close(fd);
+}
+
+/* The data of input file f: inline, or an earlier step's output. */
+static int job_file_data(const struct job *j, const struct jfile *f, const struct jbuf *res, const uint8_t **d, uint32_t *n)
+{
+	if (f->from < 0) {
+		*d = f->data;
+		*n = f->len;
+		return 0;
+	}
+	const struct jstep *e = &j->steps[f->from];
+	for (uint32_t k = 0; k < e->nout; k++)
+		if (strcmp(e->out[k], f->src) == 0) {
+			if (e->out_err[k]) {
+				errno = e->out_err[k];
+				return -1;
+			}
+			*d = res->p + e->out_off[k];
+			*n = e->out_len[k];
+			return 0;
+		}
+	errno = ENOENT;
+	return -1;
+}
+
+static void __attribute__((noreturn)) job_child(const struct job *j, const struct jstep *s, const struct jbuf *res,
+						 int fds[3], int errfd)
+{
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	if (setsid() < 0)
+		child_fail(errfd, "setsid");
+	if (setgroups(0, NULL) < 0 && !(errno == EPERM && getgroups(0, NULL) == 0))
+		child_fail(errfd, "setgroups");
+	if (setgid(j->gid) < 0)
+		child_fail(errfd, "setgid");
+	if (setuid(j->uid) < 0)
+		child_fail(errfd, "setuid");
+	if (chdir(j->workdir) < 0)
+		child_fail(errfd, "chdir");
+	umask(022);
+	for (uint32_t k = 0; k < s->nin; k++) {
+		const uint8_t *d;
+		uint32_t n;
+		if (job_file_data(j, &s->in[k], res, &d, &n) < 0 ||
+		    job_write_file(s->in[k].name, s->in[k].mode, d, n) < 0)
+			child_fail(errfd, "filein");
+	}
+	for (int i = 0; i < 3; i++)
+		if (dup2(fds[i], i) < 0)
+			child_fail(errfd, "stdio");
+	close_between(3, errfd - 1);
+	close_between(errfd + 1, ~0u);
+	if (have_nofile)
+		setrlimit(RLIMIT_NOFILE, &orig_nofile);
+	for (int i = 0; i < nchild_rlimits; i++)
+		setrlimit(child_rlimits[i].res, &child_rlimits[i].r);
+	struct rlimit core = {0, 0};
+	setrlimit(RLIMIT_CORE, &core);
+	if (s->cpu_ms) {
+		/* Whole seconds: the kernel's granularity. The agent compares
+		 * the exact CPU time with the limit after the step. */
+		rlim_t sec = (s->cpu_ms + 999) / 1000;
+		struct rlimit cpu = {sec, sec + 1};
+		if (setrlimit(RLIMIT_CPU, &cpu) < 0)
+			child_fail(errfd, "setrlimit");
+	}
+	struct {
+		int res;
+		uint64_t v;
+	} lims[] = {{RLIMIT_FSIZE, s->fsize}, {RLIMIT_NOFILE, s->nofile}, {RLIMIT_NPROC, s->nproc}};
+	for (size_t i = 0; i < sizeof lims / sizeof lims[0]; i++) {
+		struct rlimit rl = {lims[i].v, lims[i].v};
+		if (lims[i].v && setrlimit(lims[i].res, &rl) < 0)
+			child_fail(errfd, "setrlimit");
+	}
+	char **argv = big_alloc((s->argc + 1) * sizeof(char *));
+	char **envp = big_alloc((s->envc + 1) * sizeof(char *));
+	if (!argv || !envp)
+		child_fail(errfd, "memory");
+	const char *p = s->strs;
+	for (uint32_t i = 0; i < s->argc; i++, p += strlen(p) + 1)
+		argv[i] = (char *)p;
+	argv[s->argc] = NULL;
+	for (uint32_t i = 0; i < s->envc; i++, p += strlen(p) + 1)
+		envp[i] = (char *)p;
+	envp[s->envc] = NULL;
+	exec_path(argv, envp, errfd);
+}
+
+static uint64_t mono_us(void)
+{
+	/* A raw syscall: the vDSO is unmapped (drop_mappings). */
+	struct timespec ts;
+	syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+/* One step's process, while it runs. */
+struct jrun {
+	pid_t pid;
+	int reaped, status;
+	struct rusage ru;
+};
+
+/* Reaps what has exited; the step's process into r. Returns how many. */
+static int job_reap(struct jrun *r)
+{
+	int n = 0;
+	for (;;) {
+		int st;
+		struct rusage ru;
+		pid_t pid = wait4(-1, &st, WNOHANG, &ru);
+		if (pid <= 0)
+			return pid < 0 && errno == ECHILD ? -1 - n : n;
+		n++;
+		if (r && pid == r->pid) {
+			r->reaped = 1;
+			r->status = st;
+			r->ru = ru;
+		} else {
+			reaped(pid, st);
+		}
+	}
+}
+
+/* Kills every process of the sandbox but the agent and waits until they
+ * are gone: the end of every step. Only as PID 1, where kill(-1) means
+ * this pid namespace; elsewhere (the agent's tests) the step's group. */
+static int job_kill_all(struct jrun *r)
+{
+	struct signalfd_siginfo si;
+	uint64_t deadline = mono_us() + JOB_REAP_MS * 1000ull;
+	for (;;) {
+		if (getpid() == 1)
+			kill(-1, SIGKILL);
+		else if (r && !r->reaped)
+			kill(-r->pid, SIGKILL), kill(r->pid, SIGKILL);
+		int n = job_reap(r);
+		if (n < 0 || (getpid() != 1 && (!r || r->reaped)))
+			break; /* no children left */
+		uint64_t now = mono_us();
+		if (now >= deadline)
+			return -1;
+		struct pollfd pf = {sfd, POLLIN, 0};
+		struct timespec ts = {0, 10 * 1000 * 1000};
+		ppoll(&pf, 1, &ts, NULL);
+		while (read(sfd, &si, sizeof(si)) == sizeof(si))
+			;
+	}
+	return 0;
+}
+
+/* Reads what fd has, up to cap+1 bytes in all (one more than the cap
+ * shows that the stream outgrew it). Returns 0 at EOF. */
+static int job_read(int *fd, uint8_t *buf, uint32_t *len, uint64_t cap)
+{
+	for (;;) {
+		/* Past the cap the step is over: stop reading, or a writer as
+		 * fast as we are could keep us here. */
+		if (*len > cap)
+			return 1;
+		ssize_t n = read(*fd, buf + *len, cap + 1 - *len);
+		if (n > 0) {
+			*len += (uint32_t)n;
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN)
+			return 1;
+		close(*fd);
+		*fd = -1;
+		return 0;
+	}
+}
+
+/* Reads a step's output file into the result, beneath the work directory
+ * and through no symlink (the agent is root; the file is the job's). */
+static int job_read_out(int wfd, const char *name, uint64_t cap, struct jbuf *res, uint32_t *off, uint32_t *len)
+{
+	struct open_how_ how = {O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0,
+				RESOLVE_BENEATH_ | RESOLVE_NO_SYMLINKS_ | RESOLVE_NO_MAGICLINKS_};
+	int fd = (int)syscall(SYS_openat2, wfd, name, &how, sizeof(how));
+	if (fd < 0)
+		return errno == ELOOP || errno == EXDEV ? EACCES : errno;
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return EINVAL;
+	}
+	if ((uint64_t)st.st_size > cap) {
+		close(fd);
+		return EFBIG;
+	}
+	uint32_t mark = res->len;
+	uint8_t *p = jb_reserve(res, 4);
+	if (!p) {
+		close(fd);
+		return ENOBUFS;
+	}
+	uint32_t start = res->len, got = 0;
+	int e = 0;
+	for (;;) {
+		if (res->cap - res->len == 0 || got > cap) {
+			e = got > cap ? EFBIG : ENOBUFS;
+			break;
+		}
+		ssize_t n = read(fd, res->p + res->len, res->cap - res->len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			e = errno;
+			break;
+		}
+		if (n == 0)
+			break;
+		res->len += (uint32_t)n;
+		got += (uint32_t)n;
+	}
+	close(fd);
+	if (!e && got > cap)
+		e = EFBIG;
+	if (e) {
+		res->len = mark; /* the caller records an empty file */
+		res->full = 0;
+		return e;
+	}
+	put32(p, got);
+	*off = start;
+	*len = got;
+	return 0;
+}
+
+/* Removes everything in directory dfd. The job may have made directories
+ * it cannot search or write itself: the agent is root here, and a
+ * directory it still cannot open fails the reset (the sandbox is then
+ * replaced, never reused unclean). */
+static int job_wipe(int dfd, int depth)
+{
+	if (depth > JOB_MAX_DEPTH)
+		return ELOOP;
+	char buf[512]; /* small: one frame per level on the agent's 128 KiB stack */
+	for (int pass = 0; pass < 1000; pass++) {
+		if (lseek(dfd, 0, SEEK_SET) < 0)
+			return errno;
+		long n = syscall(SYS_getdents64, dfd, buf, sizeof(buf));
+		if (n < 0)
+			return errno;
+		int any = 0;
+		for (long off = 0; off < n;) {
+			struct {
+				uint64_t ino;
+				int64_t off;
+				unsigned short reclen;
+				unsigned char type;
+				char name[];
+			} *d = (void *)(buf + off);
+			off += d->reclen;
+			if (!strcmp(d->name, ".") || !strcmp(d->name, ".."))
+				continue;
+			any = 1;
+			if (unlinkat(dfd, d->name, 0) == 0)
+				continue;
+			if (errno != EISDIR && errno != EPERM)
+				return errno;
+			int sub = openat(dfd, d->name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (sub < 0)
+				return errno;
+			int e = job_wipe(sub, depth + 1);
+			close(sub);
+			if (e)
+				return e;
+			if (unlinkat(dfd, d->name, AT_REMOVEDIR) < 0)
+				return errno;
+		}
+		if (!any)
+			return 0;
+	}
+	return EAGAIN;
+}
+
+/* SysV IPC objects outlive the processes that made them: remove every
+ * one in the sandbox's IPC namespace. */
+static void job_wipe_ipc(void)
+{
+	struct shmid_ds shm;
+	struct msqid_ds msq;
+	struct semid_ds sem;
+	int max = shmctl(0, SHM_INFO, &shm);
+	for (int i = 0; i <= max; i++) {
+		int id = shmctl(i, SHM_STAT, &shm);
+		if (id >= 0)
+			shmctl(id, IPC_RMID, NULL);
+	}
+	max = msgctl(0, MSG_INFO, &msq);
+	for (int i = 0; i <= max; i++) {
+		int id = msgctl(i, MSG_STAT, &msq);
+		if (id >= 0)
+			msgctl(id, IPC_RMID, NULL);
+	}
+	union {
+		struct semid_ds *buf;
+	} arg = {&sem};
+	max = semctl(0, 0, SEM_INFO, arg);
+	for (int i = 0; i <= max; i++) {
+		int id = semctl(i, 0, SEM_STAT, arg);
+		if (id >= 0)
+			semctl(id, 0, IPC_RMID);
+	}
+}
+
+/* The reset after a job: every process is gone already (each step ends
+ * with job_kill_all); empty the work directory and the shared scratch
+ * directories, and give the work directory back to the job's user. */
+static int job_reset(const struct job *j)
+{
+	job_wipe_ipc();
+	const char *w = j->wipe;
+	for (uint32_t i = 0; i <= j->nwipe; i++) {
+		const char *dir = i == 0 ? j->workdir : w;
+		if (i > 0)
+			w += strlen(w) + 1;
+		int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0) {
+			if (errno == ENOENT && i > 0)
+				continue;
+			return errno;
+		}
+		int e = job_wipe(fd, 0);
+		if (!e && i == 0 && (fchown(fd, j->uid, j->gid) < 0 || fchmod(fd, 0755) < 0))
+			e = errno;
+		close(fd);
+		if (e)
+			return e;
+	}
+	return 0;
+}
+
+/* A step's status from how it ended. */
+static uint32_t job_status(const struct jstep *s, const struct jrun *r, int wall_out, int out_over, uint64_t cpu_us)
+{
+	int st = r->status;
+	if (out_over)
+		return JS_OUTPUT;
+	if (wall_out)
+		return JS_TIME;
+	if (s->cpu_ms && cpu_us > s->cpu_ms * 1000)
+		return JS_TIME;
+	if (WIFSIGNALED(st) && WTERMSIG(st) == SIGXCPU)
+		return JS_TIME;
+	if (WIFSIGNALED(st) && WTERMSIG(st) == SIGXFSZ)
+		return JS_OUTPUT;
+	if (s->mem && (uint64_t)r->ru.ru_maxrss * 1024 > s->mem)
+		return JS_MEMORY;
+	if (WIFSIGNALED(st))
+		return JS_SIGNALLED;
+	if (WEXITSTATUS(st))
+		return JS_NONZERO;
+	return JS_ACCEPTED;
+}
+
+/* Runs step si and appends its result to res. Returns its status, or -1
+ * when the sandbox could not be cleaned after it (its processes would not
+ * die). */
+static int job_step(struct job *j, uint32_t si, struct jbuf *res)
+{
+	struct jstep *s = &j->steps[si];
+	uint32_t status = JS_INTERNAL, lens[2] = {0, 0};
+	int err = 0, wall_out = 0, over = 0, killfail = 0;
+	char what[16] = "";
+	struct jrun r = {0};
+	uint8_t *bufs[2] = {NULL, NULL};
+	int out[2][2] = {{-1, -1}, {-1, -1}}, ep[2] = {-1, -1}, in = -1;
+	uint64_t t0 = mono_us(), wall_us = 0;
+
+	for (int i = 0; i < 2; i++) {
+		bufs[i] = big_alloc(s->out_cap + 1);
+		if (!bufs[i] || pipe2(out[i], O_CLOEXEC) < 0) {
+			err = errno ? errno : ENOMEM;
+			strcpy(what, "pipe");
+			goto done;
+		}
+		fcntl(out[i][0], F_SETFL, O_NONBLOCK);
+	}
+	if (pipe2(ep, O_CLOEXEC) < 0) {
+		err = errno;
+		strcpy(what, "pipe");
+		goto done;
+	}
+	/* Standard input from a memfd: any size, and no writer to keep fed. */
+	if (s->stdin_len) {
+		in = (int)syscall(SYS_memfd_create, "stdin", MFD_CLOEXEC);
+		const uint8_t *d = s->stdin_data;
+		uint32_t n = s->stdin_len;
+		while (in >= 0 && n) {
+			ssize_t w = write(in, d, n);
+			if (w <= 0)
+				break;
+			d += w;
+			n -= (uint32_t)w;
+		}
+		if (in < 0 || n || lseek(in, 0, SEEK_SET) < 0) {
+			err = errno;
+			strcpy(what, "stdin");
+			goto done;
+		}
+	} else if ((in = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
+		err = errno;
+		strcpy(what, "stdin");
+		goto done;
+	}
+	t0 = mono_us();
+	r.pid = fork();
+	if (r.pid < 0) {
+		err = errno;
+		strcpy(what, "fork");
+		goto done;
+	}
+	if (r.pid == 0) {
+		close(ep[0]);
+		int fds[3] = {in, out[0][1], out[1][1]};
+		job_child(j, s, res, fds, ep[1]);
+	}
+	nrunning++;
+	close(ep[1]);
+	ep[1] = -1;
+	close(out[0][1]);
+	close(out[1][1]);
+	out[0][1] = out[1][1] = -1;
+
+	/* The setup report: EOF once exec succeeded (CLOEXEC). */
+	struct child_err ce;
+	ssize_t ne;
+	while ((ne = read(ep[0], &ce, sizeof(ce))) < 0 && errno == EINTR)
+		;
+	if (ne == (ssize_t)sizeof(ce)) {
+		err = ce.err;
+		memcpy(what, ce.step, sizeof(ce.step));
+		what[sizeof(ce.step)] = 0;
+	}
+	uint64_t deadline = t0 + s->wall_ms * 1000;
+	while (!err && !r.reaped) {
+		struct pollfd pf[3] = {{sfd, POLLIN, 0}, {out[0][0], POLLIN, 0}, {out[1][0], POLLIN, 0}};
+		uint64_t now = mono_us();
+		if (now >= deadline) {
+			wall_out = 1;
+			break;
+		}
+		uint64_t left = deadline - now;
+		struct timespec ts = {(time_t)(left / 1000000), (long)(left % 1000000) * 1000};
+		if (ppoll(pf, 3, &ts, NULL) < 0 && errno != EINTR)
+			break;
+		if (pf[0].revents) {
+			struct signalfd_siginfo si;
+			while (read(sfd, &si, sizeof(si)) == sizeof(si))
+				;
+		}
+		for (int i = 0; i < 2; i++)
+			if (out[i][0] >= 0 && pf[i + 1].revents && (job_read(&out[i][0], bufs[i], &lens[i], s->out_cap), lens[i] > s->out_cap))
+				over = 1;
+		if (over)
+			break;
+		job_reap(&r);
+	}
+	wall_us = mono_us() - t0;
+	/* Whatever the step left running goes now; its output so far is in
+	 * the pipes, whose last writers are then gone. */
+	if (job_kill_all(&r) < 0)
+		killfail = 1;
+	if (!r.reaped && !killfail)
+		killfail = 1; /* not PID 1, and the step outlived its group kill */
+	for (int i = 0; i < 2; i++)
+		if (out[i][0] >= 0) {
+			job_read(&out[i][0], bufs[i], &lens[i], s->out_cap);
+			if (lens[i] > s->out_cap)
+				over = 1;
+		}
+	uint64_t cpu_us = 0;
+	if (r.reaped) {
+		cpu_us = (uint64_t)r.ru.ru_utime.tv_sec * 1000000 + r.ru.ru_utime.tv_usec +
+			 (uint64_t)r.ru.ru_stime.tv_sec * 1000000 + r.ru.ru_stime.tv_usec;
+	}
+	if (err) {
+		status = strcmp(what, "filein") == 0 || strcmp(what, "exec") == 0 || strcmp(what, "chdir") == 0 ? JS_FILE : JS_INTERNAL;
+	} else if (!r.reaped) {
+		status = JS_INTERNAL;
+		err = ESRCH;
+		strcpy(what, "wait");
+	} else {
+		status = job_status(s, &r, wall_out, over, cpu_us);
+	}
+	if (wall_out && !err && status != JS_OUTPUT)
+		status = JS_TIME;
+
+done:
+	if (r.pid > 0)
+		nrunning--;
+	for (int i = 0; i < 2; i++)
+		for (int k = 0; k < 2; k++)
+			if (out[i][k] >= 0)
+				close(out[i][k]);
+	if (ep[0] >= 0)
+		close(ep[0]);
+	if (ep[1] >= 0)
+		close(ep[1]);
+	if (in >= 0)
+		close(in);
+	int st = r.status;
+	jb32(res, status);
+	jb32(res, r.reaped && WIFEXITED(st) ? (uint32_t)WEXITSTATUS(st) : (uint32_t)-1);
+	jb32(res, r.reaped && WIFSIGNALED(st) ? (uint32_t)WTERMSIG(st) : 0);
+	jb64(res, r.reaped ? (uint64_t)r.ru.ru_utime.tv_sec * 1000000 + r.ru.ru_utime.tv_usec +
+				     (uint64_t)r.ru.ru_stime.tv_sec * 1000000 + r.ru.ru_stime.tv_usec
+			   : 0);
+	jb64(res, wall_us);
+	jb64(res, r.reaped ? (uint64_t)r.ru.ru_maxrss * 1024 : 0);
+	jb32(res, (lens[0] > s->out_cap ? 1u : 0) | (lens[1] > s->out_cap ? 2u : 0));
+	jb32(res, (uint32_t)err);
+	jbbytes(res, what, (uint32_t)strlen(what) + 1);
+	for (int i = 0; i < 2; i++) {
+		uint32_t n = lens[i] > s->out_cap ? (uint32_t)s->out_cap : lens[i];
+		jb32(res, n);
+		jbbytes(res, bufs[i], n);
+		if (bufs[i])
+			big_free(bufs[i], s->out_cap + 1);
+	}
+	/* Output files, read whatever the status (a judge may want a partial
+	 * one); a missing one fails an otherwise accepted step. */
+	int wfd = open(j->workdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	uint32_t nfail = 0;
+	jb32(res, s->nout);
+	for (uint32_t k = 0; k < s->nout; k++) {
+		uint8_t *ep4 = jb_reserve(res, 4);
+		int e = wfd < 0 ? errno : job_read_out(wfd, s->out[k], s->fout_cap, res, &s->out_off[k], &s->out_len[k]);
+		if (e) {
+			jb32(res, 0); /* an empty file */
+			nfail++;
+		}
+		s->out_err[k] = e;
+		if (ep4)
+			put32(ep4, (uint32_t)e);
+	}
+	if (wfd >= 0)
+		close(wfd);
+	if (nfail && status == JS_ACCEPTED)
+		return -2; /* the caller patches the status to JS_FILE */
+	if (killfail)
+		return -1;
+	return (int)status;
+}
+
+/* Runs the job of c's JOB frame and replies with one 'j' frame (or FAILED
+ * when the frame is malformed). */
+static void run_job(struct conn *c)
+{
+	struct job j = {0};
+	if (getpid() != 1) {
+		/* kill(-1) and the reset are only safe as a sandbox's PID 1. */
+		fail(c, EPERM, "job");
+		return;
+	}
+	if (job_parse(c, &j) < 0) {
+		if (j.mem)
+			big_free(j.mem, j.memlen);
+		fail(c, EINVAL, "proto");
+		return;
+	}
+	struct jbuf res = {big_alloc(HDR_LEN + MAX_PAYLOAD), HDR_LEN, HDR_LEN + MAX_PAYLOAD, 0};
+	if (!res.p) {
+		big_free(j.mem, j.memlen);
+		fail(c, ENOMEM, "job");
+		return;
+	}
+	/* The first job of a sandbox makes its work directory. */
+	if (mkdir(j.workdir, 0755) == 0 && chown(j.workdir, j.uid, j.gid) < 0)
+		rmdir(j.workdir);
+	jb32(&res, 0); /* steps run */
+	jb32(&res, 0); /* reset errno */
+	uint32_t ran = 0;
+	int reset_err = 0;
+	for (uint32_t i = 0; i < j.nsteps; i++) {
+		uint32_t at = res.len;
+		int st = job_step(&j, i, &res);
+		ran++;
+		if (st == -1) {
+			reset_err = ESRCH; /* processes that would not die */
+			break;
+		}
+		if (st == -2) {
+			if (!res.full)
+				put32(res.p + at, JS_FILE);
+			st = JS_FILE;
+		}
+		if (st != JS_ACCEPTED && !(j.steps[i].flags & JF_CONTINUE))
+			break;
+	}
+	if (!reset_err)
+		reset_err = job_reset(&j);
+	put32(res.p + HDR_LEN, ran);
+	put32(res.p + HDR_LEN + 4, (uint32_t)reset_err);
+	big_free(j.mem, j.memlen);
+	if (res.full) {
+		big_free(res.p, HDR_LEN + MAX_PAYLOAD);
+		fail(c, E2BIG, "job");
+		return;
+	}
+	put32(res.p, res.len - HDR_LEN);
+	res.p[4] = 'j';
+	/* The reply may be megabytes: wait for the client to take it. */
+	for (uint32_t sent = 0; sent < res.len;) {
+		ssize_t w = send(c->fd, res.p + sent, res.len - sent, MSG_NOSIGNAL);
+		if (w > 0) {
+			sent += (uint32_t)w;
+			continue;
+		}
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN) {
+			struct pollfd pf = {c->fd, POLLOUT, 0};
+			if (poll(&pf, 1, 10000) > 0)
+				continue;
+		}
+		break;
+	}
+	big_free(res.p, HDR_LEN + MAX_PAYLOAD);
+	drop(c, 0);
+}
+
 /* Act on the complete frame in c. Anything unexpected fails the
  * connection (and so kills its process). */
 static void handle_frame(struct conn *c)
@@ -1426,6 +2344,10 @@ static void handle_frame(struct conn *c)
 	}
 	if (type == 'E') {
 		start_exec(c); /* consumes the frame or drops the connection */
+		return;
+	}
+	if (type == 'J' && c->state == C_IDLE) {
+		run_job(c); /* replies and drops the connection */
 		return;
 	}
 	if (c->state == C_IDLE && type && strchr("LAICKW", type)) {

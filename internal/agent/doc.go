@@ -78,6 +78,59 @@
 // ("RES:SOFT:HARD", ','-separated: limits meant for programs that the agent
 // does not hold itself to; the container init stage sets it).
 //
+// # Jobs
+//
+// A JOB frame runs a whole job of the fncall backend (internal/fncall) and
+// resets the sandbox, in one round trip; only an agent that is its pid
+// namespace's PID 1 takes one (FAILED step "job", EPERM, elsewhere):
+//
+//	'J' JOB     u32 uid, u32 gid, u32 nsteps (1-64), u32 nwipe (0-16),
+//	            the work directory and nwipe more directories the reset
+//	            empties, NUL-terminated; then per step: u32 flags (bit0
+//	            run the next step even if this one failed), u32 argc,
+//	            u32 envc, u32 nin, u32 nout (0-64 each), u64 cpu ms,
+//	            u64 wall ms (> 0), u64 memory bytes, u64 output cap per
+//	            stream, u64 file size, u64 output file cap, u32 processes,
+//	            u32 open files (0: no limit, for all but wall), u32 stdin
+//	            length and the stdin bytes, argc + envc strings; nin input
+//	            files: u32 mode, i32 from step (-1: inline), u32 length,
+//	            the name, then the bytes (inline) or the earlier step's
+//	            output name; nout output names. Names are relative, with
+//	            no "." or ".." components.
+//	'j' RESULT  u32 steps run, u32 reset errno (0: the sandbox is clean);
+//	            per step run: u32 status (1 accepted, 2 non-zero exit,
+//	            3 signalled, 4 time limit, 5 memory limit, 6 output limit,
+//	            7 file error, 8 internal error), i32 exit code (-1 if
+//	            signalled), i32 signal, u64 CPU µs, u64 wall µs, u64 peak
+//	            resident bytes (the program's and its waited-for
+//	            children's largest), u32 flags (bit0 stdout, bit1 stderr
+//	            truncated), i32 errno and a NUL-terminated step name (why
+//	            a file or internal error: "filein", "exec", "fork"...),
+//	            u32 length + stdout, u32 length + stderr, u32 nout, and per
+//	            output file: i32 errno (ENOENT missing, EFBIG over the cap,
+//	            EACCES through a symlink), u32 length, the bytes.
+//
+// Each step is a child in its own session with supplementary groups
+// dropped, uid and gid as asked, cwd the work directory (made by the
+// first job, owned by uid), the input files written there as that user
+// (so a symlink an earlier step left leads only where the user may write
+// anyway), stdin from a memfd, stdout and stderr pipes the agent reads up
+// to the cap (one byte more ends the step: output limit), and the
+// limits as rlimits: CPU in whole seconds (the agent compares the exact
+// CPU time after), FSIZE (SIGXFSZ: output limit), NOFILE, NPROC, CORE 0.
+// The agent waits on the pipes, its SIGCHLD signalfd and the wall
+// deadline; when the step's process exits, or a limit is hit, it kills
+// every process of the namespace (kill(-1)) and reaps until none is
+// left (2 s at most: longer fails the reset). Output files are then read
+// with openat2 beneath the work directory, through no symlink. After the
+// last step the reset removes SysV IPC objects and empties the work
+// directory (its mode back to 0755, its owner uid) and the wipe
+// directories, walking at most 48 levels deep. The agent runs the job
+// synchronously: a sandbox that takes jobs serves nothing else
+// meanwhile. Peak memory over the limit is memory limit; a kill by the
+// memory cgroup arrives as SIGKILL, which the container backend turns
+// into memory limit by its OOM counter.
+//
 // # Background processes
 //
 // EXEC with DETACH starts a process the agent owns rather than the

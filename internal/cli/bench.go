@@ -53,7 +53,7 @@ result to stdout, as a table or (--json) one JSON object.`,
 	_ = pf.MarkHidden("daemon-arg")
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
 		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchHardeningCommand(&bf),
-		newBenchNetworkCommand(&bf), newBenchNetClientCommand(), newBenchHibernateCommand(&bf), newBenchTrajectoryCommand(&bf))
+		newBenchNetworkCommand(&bf), newBenchNetClientCommand(), newBenchHibernateCommand(&bf), newBenchTrajectoryCommand(&bf), newBenchFnCallCommand(&bf))
 	return c
 }
 
@@ -195,6 +195,28 @@ func newBenchExecCommand(bf *benchFlags) *cobra.Command {
 	c.Flags().IntVar(&cfg.N, "n", 2000, "measured execs per system and concurrency")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 50, "unmeasured execs before each measured run")
 	concurrencyFlag(c, &cfg.Concurrency)
+	return c
+}
+
+func newBenchFnCallCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.FnCallConfig{}
+	c := &cobra.Command{
+		Use:   "fncall [--n 2000] [--concurrency 1,4]",
+		Short: "Run one-step jobs in the fncall backend, against bare fork+exec, unshare+chroot, crun run and exec per step",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkCounts(cfg.N, cfg.Warmup, cfg.Concurrency); err != nil {
+				return err
+			}
+			cfg.Peers = bf.peers
+			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
+				return bench.RunFnCall(ctx, env, cfg)
+			})
+		},
+	}
+	c.Flags().IntVar(&cfg.N, "n", 2000, "measured runs per system, program and concurrency")
+	c.Flags().IntVar(&cfg.Warmup, "warmup", 100, "unmeasured runs before each measured run")
+	c.Flags().IntSliceVar(&cfg.Concurrency, "concurrency", []int{1, 4}, "concurrent callers (comma-separated)")
 	return c
 }
 

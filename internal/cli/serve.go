@@ -21,6 +21,7 @@ import (
 	"github.com/warrenrl/warren/internal/daemon"
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/events"
+	"github.com/warrenrl/warren/internal/fncall"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/kaudit"
 	"github.com/warrenrl/warren/internal/metrics"
@@ -316,6 +317,12 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	} else {
 		sources = append(sources, src)
 	}
+	// Run's jobs: pools of container sandboxes per image, made on the
+	// first call of each image (internal/fncall).
+	fn, err := fncall.New(fncall.Options{Backend: ctr, Logger: log})
+	if err != nil {
+		return fmt.Errorf("fncall backend: %w", err)
+	}
 	mgr, err := daemon.New(ctx, daemon.Config{
 		StateDir:           stateDir,
 		Backends:           map[string]backend.Backend{ctr.Name(): ctr},
@@ -331,9 +338,11 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		EventSources:       sources,
 		GuardInterval:      o.guardInterval,
 		UserNSDefault:      o.userns,
+		FnCall:             fn,
 		Logger:             log,
 	})
 	if err != nil {
+		_ = fn.Close()
 		return fmt.Errorf("start daemon: %w", err)
 	}
 	defer func() {

@@ -798,6 +798,12 @@ type sandbox struct {
 	destroyed bool
 
 	netMu sync.Mutex // st.Net, which Update changes
+
+	jobMu  sync.Mutex // one job at a time (RunJob)
+	jobMem int64      // the memory limit RunJob last set; 0: the spec's
+	// jobOOM is the cgroup's OOM kill count after the last job.
+	jobOOM      uint64
+	jobOOMKnown bool
 }
 
 func (s *sandbox) ID() string { return s.id }

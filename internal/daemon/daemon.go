@@ -30,6 +30,7 @@ import (
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/events"
+	"github.com/warrenrl/warren/internal/fncall"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/store"
@@ -92,7 +93,10 @@ type Config struct {
 	// UserNSDefault creates sandboxes in a user namespace unless the
 	// request says otherwise (CreateRequest.user_namespace).
 	UserNSDefault bool
-	Logger        *slog.Logger
+	// FnCall runs the jobs of Run (nil: Run is Unsupported). The Manager
+	// closes it.
+	FnCall *fncall.Service
+	Logger *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -132,7 +136,7 @@ var ops = []string{
 	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
-	"CommitSandbox", "ListSandboxEvents", "Pause", "Resume", "PauseByLabel", "ResumeByLabel", "ReadTrajectory",
+	"CommitSandbox", "ListSandboxEvents", "Pause", "Resume", "PauseByLabel", "ResumeByLabel", "ReadTrajectory", "Run", "RunBatch",
 }
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.
@@ -152,6 +156,14 @@ type Manager struct {
 	// and RemoveLayer (write), so an image or layer cannot vanish between
 	// the in-use check and a create that is resolving it.
 	imgMu sync.RWMutex
+
+	// fnImages caches Run's image resolutions by name (run.go); fnGen
+	// counts fnForget calls, so that a resolution that raced one is not
+	// kept.
+	fnMu     sync.Mutex
+	fnImages map[string]fncall.Image
+	fnPools  map[string]string // image name -> the key of its pool
+	fnGen    atomic.Uint64
 
 	mu        sync.RWMutex
 	sandboxes map[string]*sandbox
@@ -309,7 +321,11 @@ func (m *Manager) Close() error {
 			}
 		}
 		m.wg.Wait()
-		err = errors.Join(m.store.Close(), m.events.Close(), m.traj.closeAll())
+		if m.cfg.FnCall != nil {
+			// Its environments are the daemon's alone: none outlives it.
+			err = m.cfg.FnCall.Close()
+		}
+		err = errors.Join(err, m.store.Close(), m.events.Close(), m.traj.closeAll())
 		// Backends release node-wide resources of their own (sandboxes
 		// run on without them).
 		for name, b := range m.cfg.Backends {

@@ -79,6 +79,8 @@ func (m *Manager) GetImage(ctx context.Context, req *warrenv1.GetImageRequest) (
 // ImportImage imports the root filesystem directory or tarball at path
 // (on the daemon's host) as image name.
 func (m *Manager) ImportImage(ctx context.Context, req *warrenv1.ImportImageRequest) (_ *warrenv1.Image, err error) {
+	m.fnForget()
+	defer m.fnForget()
 	defer m.observe("ImportImage", &err)
 	name, path := req.GetName(), req.GetPath()
 	if err := image.ValidName(name); err != nil {
@@ -134,6 +136,8 @@ func fromHostPath[T any](op, path string, byDir func(dir string) (T, error), byT
 // ImportImageTar imports a tarball (optionally gzip-compressed) read from r
 // as image name.
 func (m *Manager) ImportImageTar(ctx context.Context, name string, r io.Reader) (_ *warrenv1.Image, err error) {
+	m.fnForget()
+	defer m.fnForget()
 	defer m.observe("ImportImageTar", &err)
 	if err := image.ValidName(name); err != nil {
 		return nil, err
@@ -149,6 +153,13 @@ func (m *Manager) ImportImageTar(ctx context.Context, name string, r io.Reader) 
 // RemoveImage removes an image; it refuses (Conflict) while a sandbox that
 // is not dead uses it.
 func (m *Manager) RemoveImage(ctx context.Context, req *warrenv1.RemoveImageRequest) (_ *warrenv1.RemoveImageResponse, err error) {
+	m.fnForget()
+	defer m.fnForget()
+	defer func() {
+		if err == nil {
+			m.fnRemoved(req.GetName())
+		}
+	}()
 	defer m.observe("RemoveImage", &err)
 	name := req.GetName()
 	if err := image.ValidName(name); err != nil {
@@ -236,6 +247,8 @@ func (m *Manager) ImportOCI(ctx context.Context, ref, name, platform string, pro
 }
 
 func (m *Manager) importOCI(ctx context.Context, ref, name, platform string, progress func(oci.Event)) (*warrenv1.Image, error) {
+	m.fnForget()
+	defer m.fnForget()
 	if !m.images.IsEROFS() {
 		return nil, errdefs.Unsupportedf("OCI imports need the EROFS image store (image.OpenStore)")
 	}
@@ -366,6 +379,8 @@ func (m *Manager) ListLayers(ctx context.Context, req *warrenv1.ListLayersReques
 // RemoveLayer removes a named layer; it refuses (Conflict) while a sandbox
 // that is not dead has its blob in its layer stack.
 func (m *Manager) RemoveLayer(ctx context.Context, req *warrenv1.RemoveLayerRequest) (_ *warrenv1.RemoveLayerResponse, err error) {
+	m.fnForget()
+	defer m.fnForget()
 	defer m.observe("RemoveLayer", &err)
 	name := req.GetName()
 	if err := validLayerName(name); err != nil {

@@ -295,6 +295,14 @@ func (f *fakeManager) ReadTrajectory(_ context.Context, r *warrenv1.ReadTrajecto
 	return &warrenv1.ReadTrajectoryResponse{Entries: []*warrenv1.TrajectoryEntry{{Index: 1, Seq: 1, Method: "exec"}}}, nil
 }
 
+func (f *fakeManager) Run(_ context.Context, r *warrenv1.RunRequest) (*warrenv1.RunResult, error) {
+	return nil, errdefs.Unsupportedf("fake: no fncall backend")
+}
+
+func (f *fakeManager) RunBatch(context.Context, *warrenv1.RunBatchRequest, func(*warrenv1.RunBatchItem) error) error {
+	return errdefs.Unsupportedf("fake: no fncall backend")
+}
+
 func (f *fakeManager) ListSandboxEvents(_ context.Context, r *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error) {
 	if _, err := f.Get(context.Background(), &warrenv1.GetRequest{Id: r.SandboxId}); err != nil {
 		return nil, err

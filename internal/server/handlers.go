@@ -43,6 +43,8 @@ type Manager interface {
 	Resume(context.Context, *warrenv1.ResumeRequest) (*warrenv1.ResumeResponse, error)
 	PauseByLabel(ctx context.Context, req *warrenv1.PauseByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	ResumeByLabel(ctx context.Context, req *warrenv1.ResumeByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
+	Run(context.Context, *warrenv1.RunRequest) (*warrenv1.RunResult, error)
+	RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, send func(*warrenv1.RunBatchItem) error) error
 	TarOut(ctx context.Context, id, path string, w io.Writer) error
 	TarIn(ctx context.Context, id, path string, r io.Reader) error
 
@@ -160,6 +162,14 @@ func (s sandboxService) RemoveFile(ctx context.Context, r *connect.Request[warre
 
 func (s sandboxService) CommitSandbox(ctx context.Context, r *connect.Request[warrenv1.CommitSandboxRequest]) (*connect.Response[warrenv1.Layer], error) {
 	return unary(ctx, r, s.m.CommitSandbox)
+}
+
+func (s sandboxService) Run(ctx context.Context, r *connect.Request[warrenv1.RunRequest]) (*connect.Response[warrenv1.RunResult], error) {
+	return unary(ctx, r, s.m.Run)
+}
+
+func (s sandboxService) RunBatch(ctx context.Context, r *connect.Request[warrenv1.RunBatchRequest], st *connect.ServerStream[warrenv1.RunBatchItem]) error {
+	return ToConnectError(s.m.RunBatch(ctx, r.Msg, st.Send))
 }
 
 func (s sandboxService) ListSandboxEvents(ctx context.Context, r *connect.Request[warrenv1.ListSandboxEventsRequest]) (*connect.Response[warrenv1.ListSandboxEventsResponse], error) {

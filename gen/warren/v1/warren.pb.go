@@ -101,6 +101,73 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_warren_v1_warren_proto_rawDescGZIP(), []int{0}
 }
 
+type RunStatus int32
+
+const (
+	RunStatus_RUN_STATUS_UNSPECIFIED    RunStatus = 0
+	RunStatus_RUN_STATUS_ACCEPTED       RunStatus = 1 // exited 0
+	RunStatus_RUN_STATUS_NON_ZERO_EXIT  RunStatus = 2
+	RunStatus_RUN_STATUS_SIGNALLED      RunStatus = 3
+	RunStatus_RUN_STATUS_TIME_LIMIT     RunStatus = 4 // CPU or wall time
+	RunStatus_RUN_STATUS_MEMORY_LIMIT   RunStatus = 5
+	RunStatus_RUN_STATUS_OUTPUT_LIMIT   RunStatus = 6 // a stream past output_bytes, or a file past file_size_bytes
+	RunStatus_RUN_STATUS_FILE_ERROR     RunStatus = 7 // an input file not written, an output file missing or too large, a program not found
+	RunStatus_RUN_STATUS_INTERNAL_ERROR RunStatus = 8 // the environment failed to run the step
+)
+
+// Enum value maps for RunStatus.
+var (
+	RunStatus_name = map[int32]string{
+		0: "RUN_STATUS_UNSPECIFIED",
+		1: "RUN_STATUS_ACCEPTED",
+		2: "RUN_STATUS_NON_ZERO_EXIT",
+		3: "RUN_STATUS_SIGNALLED",
+		4: "RUN_STATUS_TIME_LIMIT",
+		5: "RUN_STATUS_MEMORY_LIMIT",
+		6: "RUN_STATUS_OUTPUT_LIMIT",
+		7: "RUN_STATUS_FILE_ERROR",
+		8: "RUN_STATUS_INTERNAL_ERROR",
+	}
+	RunStatus_value = map[string]int32{
+		"RUN_STATUS_UNSPECIFIED":    0,
+		"RUN_STATUS_ACCEPTED":       1,
+		"RUN_STATUS_NON_ZERO_EXIT":  2,
+		"RUN_STATUS_SIGNALLED":      3,
+		"RUN_STATUS_TIME_LIMIT":     4,
+		"RUN_STATUS_MEMORY_LIMIT":   5,
+		"RUN_STATUS_OUTPUT_LIMIT":   6,
+		"RUN_STATUS_FILE_ERROR":     7,
+		"RUN_STATUS_INTERNAL_ERROR": 8,
+	}
+)
+
+func (x RunStatus) Enum() *RunStatus {
+	p := new(RunStatus)
+	*p = x
+	return p
+}
+
+func (x RunStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RunStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_warren_v1_warren_proto_enumTypes[1].Descriptor()
+}
+
+func (RunStatus) Type() protoreflect.EnumType {
+	return &file_warren_v1_warren_proto_enumTypes[1]
+}
+
+func (x RunStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RunStatus.Descriptor instead.
+func (RunStatus) EnumDescriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{1}
+}
+
 type Resources struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	CpuMillis   int64                  `protobuf:"varint,1,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`       // 1000 = one core; 0 = no quota
@@ -6004,6 +6071,768 @@ func (x *ByLabelEvent) GetFailed() int32 {
 	return 0
 }
 
+type RunRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	Backend       string                 `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"` // "fncall" (default; the only one so far)
+	Steps         []*RunStep             `protobuf:"bytes,3,rep,name=steps,proto3" json:"steps,omitempty"`     // 1 to 64, run in order
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunRequest) Reset() {
+	*x = RunRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunRequest) ProtoMessage() {}
+
+func (x *RunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
+func (*RunRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *RunRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *RunRequest) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *RunRequest) GetSteps() []*RunStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+// RunStep is one program of a job. Every step runs in the job's work
+// directory (/w, empty at the job's start, HOME) as uid and gid 1000,
+// without network (loopback only).
+type RunStep struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Argv    []string               `protobuf:"bytes,1,rep,name=argv,proto3" json:"argv,omitempty"`                                                                         // argv[0] without '/' is searched in PATH
+	Env     map[string]string      `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // over the image's env and PATH, HOME, TMPDIR
+	Stdin   []byte                 `protobuf:"bytes,3,opt,name=stdin,proto3" json:"stdin,omitempty"`                                                                       // empty: /dev/null
+	Files   []*RunFile             `protobuf:"bytes,4,rep,name=files,proto3" json:"files,omitempty"`                                                                       // written into /w before the program starts
+	Outputs []string               `protobuf:"bytes,5,rep,name=outputs,proto3" json:"outputs,omitempty"`                                                                   // files of /w read back after it ended
+	Limits  *RunLimits             `protobuf:"bytes,6,opt,name=limits,proto3" json:"limits,omitempty"`
+	// Run the next step even when this one was not accepted (test cases
+	// after a failed one); without it the job ends at its first failure.
+	ContinueOnFailure bool `protobuf:"varint,7,opt,name=continue_on_failure,json=continueOnFailure,proto3" json:"continue_on_failure,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *RunStep) Reset() {
+	*x = RunStep{}
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunStep) ProtoMessage() {}
+
+func (x *RunStep) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
+func (*RunStep) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *RunStep) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *RunStep) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *RunStep) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *RunStep) GetFiles() []*RunFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *RunStep) GetOutputs() []string {
+	if x != nil {
+		return x.Outputs
+	}
+	return nil
+}
+
+func (x *RunStep) GetLimits() *RunLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *RunStep) GetContinueOnFailure() bool {
+	if x != nil {
+		return x.ContinueOnFailure
+	}
+	return false
+}
+
+// RunFile is an input file: its bytes, or an output file of an earlier
+// step of the same job (from, from_step).
+type RunFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // relative to /w; no "." or ".." components
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Mode          uint32                 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"` // permission bits; 0 for 0644
+	From          string                 `protobuf:"bytes,4,opt,name=from,proto3" json:"from,omitempty"`  // an output file name of step from_step
+	FromStep      int32                  `protobuf:"varint,5,opt,name=from_step,json=fromStep,proto3" json:"from_step,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunFile) Reset() {
+	*x = RunFile{}
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunFile) ProtoMessage() {}
+
+func (x *RunFile) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
+func (*RunFile) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *RunFile) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RunFile) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *RunFile) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *RunFile) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *RunFile) GetFromStep() int32 {
+	if x != nil {
+		return x.FromStep
+	}
+	return 0
+}
+
+// RunLimits bound one step; 0 takes the default.
+type RunLimits struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CpuMs         int64                  `protobuf:"varint,1,opt,name=cpu_ms,json=cpuMs,proto3" json:"cpu_ms,omitempty"`                           // default 10 s
+	WallMs        int64                  `protobuf:"varint,2,opt,name=wall_ms,json=wallMs,proto3" json:"wall_ms,omitempty"`                        // default 2 x cpu + 1 s
+	MemoryBytes   int64                  `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`         // peak resident memory; default 256 MiB
+	Processes     int32                  `protobuf:"varint,4,opt,name=processes,proto3" json:"processes,omitempty"`                                // of the job's user; default 64
+	OutputBytes   int64                  `protobuf:"varint,5,opt,name=output_bytes,json=outputBytes,proto3" json:"output_bytes,omitempty"`         // per stream; default 64 KiB
+	FileSizeBytes int64                  `protobuf:"varint,6,opt,name=file_size_bytes,json=fileSizeBytes,proto3" json:"file_size_bytes,omitempty"` // largest file written; default 64 MiB
+	OpenFiles     int32                  `protobuf:"varint,7,opt,name=open_files,json=openFiles,proto3" json:"open_files,omitempty"`               // default 256
+	FileOutBytes  int64                  `protobuf:"varint,8,opt,name=file_out_bytes,json=fileOutBytes,proto3" json:"file_out_bytes,omitempty"`    // each output file read back; default 64 KiB
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunLimits) Reset() {
+	*x = RunLimits{}
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunLimits) ProtoMessage() {}
+
+func (x *RunLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
+func (*RunLimits) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
+}
+
+func (x *RunLimits) GetCpuMs() int64 {
+	if x != nil {
+		return x.CpuMs
+	}
+	return 0
+}
+
+func (x *RunLimits) GetWallMs() int64 {
+	if x != nil {
+		return x.WallMs
+	}
+	return 0
+}
+
+func (x *RunLimits) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *RunLimits) GetProcesses() int32 {
+	if x != nil {
+		return x.Processes
+	}
+	return 0
+}
+
+func (x *RunLimits) GetOutputBytes() int64 {
+	if x != nil {
+		return x.OutputBytes
+	}
+	return 0
+}
+
+func (x *RunLimits) GetFileSizeBytes() int64 {
+	if x != nil {
+		return x.FileSizeBytes
+	}
+	return 0
+}
+
+func (x *RunLimits) GetOpenFiles() int32 {
+	if x != nil {
+		return x.OpenFiles
+	}
+	return 0
+}
+
+func (x *RunLimits) GetFileOutBytes() int64 {
+	if x != nil {
+		return x.FileOutBytes
+	}
+	return 0
+}
+
+type RunStepResult struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Status          RunStatus              `protobuf:"varint,1,opt,name=status,proto3,enum=warren.v1.RunStatus" json:"status,omitempty"`
+	ExitCode        int32                  `protobuf:"varint,2,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"` // -1 when signalled
+	Signal          int32                  `protobuf:"varint,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	CpuUs           int64                  `protobuf:"varint,4,opt,name=cpu_us,json=cpuUs,proto3" json:"cpu_us,omitempty"`
+	WallUs          int64                  `protobuf:"varint,5,opt,name=wall_us,json=wallUs,proto3" json:"wall_us,omitempty"`
+	PeakMemoryBytes int64                  `protobuf:"varint,6,opt,name=peak_memory_bytes,json=peakMemoryBytes,proto3" json:"peak_memory_bytes,omitempty"`
+	Stdout          []byte                 `protobuf:"bytes,7,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr          []byte                 `protobuf:"bytes,8,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	StdoutTruncated bool                   `protobuf:"varint,9,opt,name=stdout_truncated,json=stdoutTruncated,proto3" json:"stdout_truncated,omitempty"`
+	StderrTruncated bool                   `protobuf:"varint,10,opt,name=stderr_truncated,json=stderrTruncated,proto3" json:"stderr_truncated,omitempty"`
+	Error           string                 `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"` // why a file error or internal error
+	Files           []*RunFileResult       `protobuf:"bytes,12,rep,name=files,proto3" json:"files,omitempty"` // the step's outputs, in order
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RunStepResult) Reset() {
+	*x = RunStepResult{}
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunStepResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunStepResult) ProtoMessage() {}
+
+func (x *RunStepResult) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
+func (*RunStepResult) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
+}
+
+func (x *RunStepResult) GetStatus() RunStatus {
+	if x != nil {
+		return x.Status
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+func (x *RunStepResult) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *RunStepResult) GetSignal() int32 {
+	if x != nil {
+		return x.Signal
+	}
+	return 0
+}
+
+func (x *RunStepResult) GetCpuUs() int64 {
+	if x != nil {
+		return x.CpuUs
+	}
+	return 0
+}
+
+func (x *RunStepResult) GetWallUs() int64 {
+	if x != nil {
+		return x.WallUs
+	}
+	return 0
+}
+
+func (x *RunStepResult) GetPeakMemoryBytes() int64 {
+	if x != nil {
+		return x.PeakMemoryBytes
+	}
+	return 0
+}
+
+func (x *RunStepResult) GetStdout() []byte {
+	if x != nil {
+		return x.Stdout
+	}
+	return nil
+}
+
+func (x *RunStepResult) GetStderr() []byte {
+	if x != nil {
+		return x.Stderr
+	}
+	return nil
+}
+
+func (x *RunStepResult) GetStdoutTruncated() bool {
+	if x != nil {
+		return x.StdoutTruncated
+	}
+	return false
+}
+
+func (x *RunStepResult) GetStderrTruncated() bool {
+	if x != nil {
+		return x.StderrTruncated
+	}
+	return false
+}
+
+func (x *RunStepResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *RunStepResult) GetFiles() []*RunFileResult {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+type RunFileResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"` // "" when read
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunFileResult) Reset() {
+	*x = RunFileResult{}
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunFileResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunFileResult) ProtoMessage() {}
+
+func (x *RunFileResult) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
+func (*RunFileResult) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
+}
+
+func (x *RunFileResult) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RunFileResult) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *RunFileResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type RunResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The steps run, in order: a failed step without continue_on_failure
+	// is the last.
+	Steps         []*RunStepResult `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	WallUs        int64            `protobuf:"varint,2,opt,name=wall_us,json=wallUs,proto3" json:"wall_us,omitempty"` // the whole call in the daemon
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunResult) Reset() {
+	*x = RunResult{}
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunResult) ProtoMessage() {}
+
+func (x *RunResult) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
+func (*RunResult) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
+}
+
+func (x *RunResult) GetSteps() []*RunStepResult {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *RunResult) GetWallUs() int64 {
+	if x != nil {
+		return x.WallUs
+	}
+	return 0
+}
+
+type RunBatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	Backend       string                 `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`          // "fncall" (default)
+	Jobs          []*RunJob              `protobuf:"bytes,3,rep,name=jobs,proto3" json:"jobs,omitempty"`                // at most 10,000
+	Parallelism   int32                  `protobuf:"varint,4,opt,name=parallelism,proto3" json:"parallelism,omitempty"` // jobs at once; 0: twice the node's CPUs
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunBatchRequest) Reset() {
+	*x = RunBatchRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunBatchRequest) ProtoMessage() {}
+
+func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
+func (*RunBatchRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
+}
+
+func (x *RunBatchRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *RunBatchRequest) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *RunBatchRequest) GetJobs() []*RunJob {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+func (x *RunBatchRequest) GetParallelism() int32 {
+	if x != nil {
+		return x.Parallelism
+	}
+	return 0
+}
+
+type RunJob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Steps         []*RunStep             `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunJob) Reset() {
+	*x = RunJob{}
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunJob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunJob) ProtoMessage() {}
+
+func (x *RunJob) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
+func (*RunJob) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *RunJob) GetSteps() []*RunStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+type RunBatchItem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`                                     // of the job in RunBatchRequest.jobs
+	Result        *RunResult             `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`                                    // unless error is set
+	Error         string                 `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`                                      // Warren failed to run this job
+	ErrorCategory string                 `protobuf:"bytes,4,opt,name=error_category,json=errorCategory,proto3" json:"error_category,omitempty"` // the error's category (not_found, internal, ...)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunBatchItem) Reset() {
+	*x = RunBatchItem{}
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunBatchItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunBatchItem) ProtoMessage() {}
+
+func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
+func (*RunBatchItem) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+}
+
+func (x *RunBatchItem) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *RunBatchItem) GetResult() *RunResult {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *RunBatchItem) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *RunBatchItem) GetErrorCategory() string {
+	if x != nil {
+		return x.ErrorCategory
+	}
+	return ""
+}
+
 var File_warren_v1_warren_proto protoreflect.FileDescriptor
 
 const file_warren_v1_warren_proto_rawDesc = "" +
@@ -6536,7 +7365,72 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\tcompleted\x18\x06 \x01(\x05R\tcompleted\x12\x14\n" +
 	"\x05total\x18\a \x01(\x05R\x05total\x12\x12\n" +
 	"\x04done\x18\b \x01(\bR\x04done\x12\x16\n" +
-	"\x06failed\x18\t \x01(\x05R\x06failed*\xeb\x01\n" +
+	"\x06failed\x18\t \x01(\x05R\x06failed\"f\n" +
+	"\n" +
+	"RunRequest\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
+	"\abackend\x18\x02 \x01(\tR\abackend\x12(\n" +
+	"\x05steps\x18\x03 \x03(\v2\x12.warren.v1.RunStepR\x05steps\"\xbc\x02\n" +
+	"\aRunStep\x12\x12\n" +
+	"\x04argv\x18\x01 \x03(\tR\x04argv\x12-\n" +
+	"\x03env\x18\x02 \x03(\v2\x1b.warren.v1.RunStep.EnvEntryR\x03env\x12\x14\n" +
+	"\x05stdin\x18\x03 \x01(\fR\x05stdin\x12(\n" +
+	"\x05files\x18\x04 \x03(\v2\x12.warren.v1.RunFileR\x05files\x12\x18\n" +
+	"\aoutputs\x18\x05 \x03(\tR\aoutputs\x12,\n" +
+	"\x06limits\x18\x06 \x01(\v2\x14.warren.v1.RunLimitsR\x06limits\x12.\n" +
+	"\x13continue_on_failure\x18\a \x01(\bR\x11continueOnFailure\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"v\n" +
+	"\aRunFile\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x12\n" +
+	"\x04from\x18\x04 \x01(\tR\x04from\x12\x1b\n" +
+	"\tfrom_step\x18\x05 \x01(\x05R\bfromStep\"\x8c\x02\n" +
+	"\tRunLimits\x12\x15\n" +
+	"\x06cpu_ms\x18\x01 \x01(\x03R\x05cpuMs\x12\x17\n" +
+	"\awall_ms\x18\x02 \x01(\x03R\x06wallMs\x12!\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x03R\vmemoryBytes\x12\x1c\n" +
+	"\tprocesses\x18\x04 \x01(\x05R\tprocesses\x12!\n" +
+	"\foutput_bytes\x18\x05 \x01(\x03R\voutputBytes\x12&\n" +
+	"\x0ffile_size_bytes\x18\x06 \x01(\x03R\rfileSizeBytes\x12\x1d\n" +
+	"\n" +
+	"open_files\x18\a \x01(\x05R\topenFiles\x12$\n" +
+	"\x0efile_out_bytes\x18\b \x01(\x03R\ffileOutBytes\"\x9a\x03\n" +
+	"\rRunStepResult\x12,\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x14.warren.v1.RunStatusR\x06status\x12\x1b\n" +
+	"\texit_code\x18\x02 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x03 \x01(\x05R\x06signal\x12\x15\n" +
+	"\x06cpu_us\x18\x04 \x01(\x03R\x05cpuUs\x12\x17\n" +
+	"\awall_us\x18\x05 \x01(\x03R\x06wallUs\x12*\n" +
+	"\x11peak_memory_bytes\x18\x06 \x01(\x03R\x0fpeakMemoryBytes\x12\x16\n" +
+	"\x06stdout\x18\a \x01(\fR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\b \x01(\fR\x06stderr\x12)\n" +
+	"\x10stdout_truncated\x18\t \x01(\bR\x0fstdoutTruncated\x12)\n" +
+	"\x10stderr_truncated\x18\n" +
+	" \x01(\bR\x0fstderrTruncated\x12\x14\n" +
+	"\x05error\x18\v \x01(\tR\x05error\x12.\n" +
+	"\x05files\x18\f \x03(\v2\x18.warren.v1.RunFileResultR\x05files\"M\n" +
+	"\rRunFileResult\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"T\n" +
+	"\tRunResult\x12.\n" +
+	"\x05steps\x18\x01 \x03(\v2\x18.warren.v1.RunStepResultR\x05steps\x12\x17\n" +
+	"\awall_us\x18\x02 \x01(\x03R\x06wallUs\"\x8a\x01\n" +
+	"\x0fRunBatchRequest\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
+	"\abackend\x18\x02 \x01(\tR\abackend\x12%\n" +
+	"\x04jobs\x18\x03 \x03(\v2\x11.warren.v1.RunJobR\x04jobs\x12 \n" +
+	"\vparallelism\x18\x04 \x01(\x05R\vparallelism\"2\n" +
+	"\x06RunJob\x12(\n" +
+	"\x05steps\x18\x01 \x03(\v2\x12.warren.v1.RunStepR\x05steps\"\x8f\x01\n" +
+	"\fRunBatchItem\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12,\n" +
+	"\x06result\x18\x02 \x01(\v2\x14.warren.v1.RunResultR\x06result\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12%\n" +
+	"\x0eerror_category\x18\x04 \x01(\tR\rerrorCategory*\xeb\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -6545,7 +7439,17 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x16SANDBOX_STATE_DELETING\x10\x04\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x05\x12\x1c\n" +
 	"\x18SANDBOX_STATE_HIBERNATED\x10\x06\x12\x16\n" +
-	"\x12SANDBOX_STATE_LOST\x10\a2\xb9\x0f\n" +
+	"\x12SANDBOX_STATE_LOST\x10\a*\x87\x02\n" +
+	"\tRunStatus\x12\x1a\n" +
+	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13RUN_STATUS_ACCEPTED\x10\x01\x12\x1c\n" +
+	"\x18RUN_STATUS_NON_ZERO_EXIT\x10\x02\x12\x18\n" +
+	"\x14RUN_STATUS_SIGNALLED\x10\x03\x12\x19\n" +
+	"\x15RUN_STATUS_TIME_LIMIT\x10\x04\x12\x1b\n" +
+	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
+	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
+	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xb0\x10\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -6577,7 +7481,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05Pause\x12\x17.warren.v1.PauseRequest\x1a\x18.warren.v1.PauseResponse\x12=\n" +
 	"\x06Resume\x12\x18.warren.v1.ResumeRequest\x1a\x19.warren.v1.ResumeResponse\x12I\n" +
 	"\fPauseByLabel\x12\x1e.warren.v1.PauseByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x12K\n" +
-	"\rResumeByLabel\x12\x1f.warren.v1.ResumeByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x012\xd8\x05\n" +
+	"\rResumeByLabel\x12\x1f.warren.v1.ResumeByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x122\n" +
+	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult\x12A\n" +
+	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x012\xd8\x05\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.warren.v1.ListImagesRequest\x1a\x1d.warren.v1.ListImagesResponse\x128\n" +
@@ -6608,231 +7514,257 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 	return file_warren_v1_warren_proto_rawDescData
 }
 
-var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 90)
+var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
-	(*Resources)(nil),                 // 1: warren.v1.Resources
-	(*CreateRequest)(nil),             // 2: warren.v1.CreateRequest
-	(*NetworkPolicy)(nil),             // 3: warren.v1.NetworkPolicy
-	(*NetworkRule)(nil),               // 4: warren.v1.NetworkRule
-	(*Rlimit)(nil),                    // 5: warren.v1.Rlimit
-	(*Sandbox)(nil),                   // 6: warren.v1.Sandbox
-	(*GetRequest)(nil),                // 7: warren.v1.GetRequest
-	(*ListRequest)(nil),               // 8: warren.v1.ListRequest
-	(*ListResponse)(nil),              // 9: warren.v1.ListResponse
-	(*DeleteRequest)(nil),             // 10: warren.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 11: warren.v1.DeleteResponse
-	(*ExtendTimeoutRequest)(nil),      // 12: warren.v1.ExtendTimeoutRequest
-	(*UpdateSandboxRequest)(nil),      // 13: warren.v1.UpdateSandboxRequest
-	(*ExecRequest)(nil),               // 14: warren.v1.ExecRequest
-	(*ExecResult)(nil),                // 15: warren.v1.ExecResult
-	(*ExecEvent)(nil),                 // 16: warren.v1.ExecEvent
-	(*ExecStarted)(nil),               // 17: warren.v1.ExecStarted
-	(*ProcessInfo)(nil),               // 18: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),      // 19: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),     // 20: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),        // 21: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),      // 22: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),     // 23: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),         // 24: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),        // 25: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),      // 26: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),               // 27: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),              // 28: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),      // 29: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil),     // 30: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),          // 31: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 32: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),           // 33: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 34: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),                  // 35: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),          // 36: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),         // 37: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),           // 38: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),            // 39: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 40: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),         // 41: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),        // 42: warren.v1.RemoveFileResponse
-	(*Image)(nil),                     // 43: warren.v1.Image
-	(*ListImagesRequest)(nil),         // 44: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),        // 45: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),           // 46: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),        // 47: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),        // 48: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),       // 49: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),          // 50: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),            // 51: warren.v1.PullImageEvent
-	(*Layer)(nil),                     // 52: warren.v1.Layer
-	(*BuildLayerRequest)(nil),         // 53: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),         // 54: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),        // 55: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),        // 56: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),       // 57: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),      // 58: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),         // 59: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),                 // 60: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),        // 61: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),        // 62: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),         // 63: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),       // 64: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),            // 65: warren.v1.VersionRequest
-	(*VersionResponse)(nil),           // 66: warren.v1.VersionResponse
-	(*ListSandboxEventsRequest)(nil),  // 67: warren.v1.ListSandboxEventsRequest
-	(*ListSandboxEventsResponse)(nil), // 68: warren.v1.ListSandboxEventsResponse
-	(*SecurityEvent)(nil),             // 69: warren.v1.SecurityEvent
-	(*ReadTrajectoryRequest)(nil),     // 70: warren.v1.ReadTrajectoryRequest
-	(*ReadTrajectoryResponse)(nil),    // 71: warren.v1.ReadTrajectoryResponse
-	(*TrajectoryUpload)(nil),          // 72: warren.v1.TrajectoryUpload
-	(*TrajectoryEntry)(nil),           // 73: warren.v1.TrajectoryEntry
-	(*PauseRequest)(nil),              // 74: warren.v1.PauseRequest
-	(*Memory)(nil),                    // 75: warren.v1.Memory
-	(*PauseResponse)(nil),             // 76: warren.v1.PauseResponse
-	(*ResumeRequest)(nil),             // 77: warren.v1.ResumeRequest
-	(*ResumeResponse)(nil),            // 78: warren.v1.ResumeResponse
-	(*PauseByLabelRequest)(nil),       // 79: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 80: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 81: warren.v1.ByLabelEvent
-	nil,                               // 82: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 83: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 84: warren.v1.Sandbox.EnvEntry
-	nil,                               // 85: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 86: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 87: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 88: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 89: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 90: warren.v1.ResumeByLabelRequest.LabelsEntry
+	(RunStatus)(0),                    // 1: warren.v1.RunStatus
+	(*Resources)(nil),                 // 2: warren.v1.Resources
+	(*CreateRequest)(nil),             // 3: warren.v1.CreateRequest
+	(*NetworkPolicy)(nil),             // 4: warren.v1.NetworkPolicy
+	(*NetworkRule)(nil),               // 5: warren.v1.NetworkRule
+	(*Rlimit)(nil),                    // 6: warren.v1.Rlimit
+	(*Sandbox)(nil),                   // 7: warren.v1.Sandbox
+	(*GetRequest)(nil),                // 8: warren.v1.GetRequest
+	(*ListRequest)(nil),               // 9: warren.v1.ListRequest
+	(*ListResponse)(nil),              // 10: warren.v1.ListResponse
+	(*DeleteRequest)(nil),             // 11: warren.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 12: warren.v1.DeleteResponse
+	(*ExtendTimeoutRequest)(nil),      // 13: warren.v1.ExtendTimeoutRequest
+	(*UpdateSandboxRequest)(nil),      // 14: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),               // 15: warren.v1.ExecRequest
+	(*ExecResult)(nil),                // 16: warren.v1.ExecResult
+	(*ExecEvent)(nil),                 // 17: warren.v1.ExecEvent
+	(*ExecStarted)(nil),               // 18: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),               // 19: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),      // 20: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),     // 21: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),        // 22: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),      // 23: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),     // 24: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),         // 25: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 26: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),      // 27: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),               // 28: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),              // 29: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),      // 30: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil),     // 31: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),          // 32: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 33: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),           // 34: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 35: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),                  // 36: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),          // 37: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 38: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),           // 39: warren.v1.StatFileRequest
+	(*MakeDirRequest)(nil),            // 40: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 41: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),         // 42: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),        // 43: warren.v1.RemoveFileResponse
+	(*Image)(nil),                     // 44: warren.v1.Image
+	(*ListImagesRequest)(nil),         // 45: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),        // 46: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),           // 47: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),        // 48: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),        // 49: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),       // 50: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),          // 51: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),            // 52: warren.v1.PullImageEvent
+	(*Layer)(nil),                     // 53: warren.v1.Layer
+	(*BuildLayerRequest)(nil),         // 54: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),         // 55: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),        // 56: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),        // 57: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),       // 58: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),      // 59: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),         // 60: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),                 // 61: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),        // 62: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),        // 63: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),         // 64: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),       // 65: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),            // 66: warren.v1.VersionRequest
+	(*VersionResponse)(nil),           // 67: warren.v1.VersionResponse
+	(*ListSandboxEventsRequest)(nil),  // 68: warren.v1.ListSandboxEventsRequest
+	(*ListSandboxEventsResponse)(nil), // 69: warren.v1.ListSandboxEventsResponse
+	(*SecurityEvent)(nil),             // 70: warren.v1.SecurityEvent
+	(*ReadTrajectoryRequest)(nil),     // 71: warren.v1.ReadTrajectoryRequest
+	(*ReadTrajectoryResponse)(nil),    // 72: warren.v1.ReadTrajectoryResponse
+	(*TrajectoryUpload)(nil),          // 73: warren.v1.TrajectoryUpload
+	(*TrajectoryEntry)(nil),           // 74: warren.v1.TrajectoryEntry
+	(*PauseRequest)(nil),              // 75: warren.v1.PauseRequest
+	(*Memory)(nil),                    // 76: warren.v1.Memory
+	(*PauseResponse)(nil),             // 77: warren.v1.PauseResponse
+	(*ResumeRequest)(nil),             // 78: warren.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 79: warren.v1.ResumeResponse
+	(*PauseByLabelRequest)(nil),       // 80: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 81: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 82: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 83: warren.v1.RunRequest
+	(*RunStep)(nil),                   // 84: warren.v1.RunStep
+	(*RunFile)(nil),                   // 85: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 86: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 87: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 88: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 89: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 90: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 91: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 92: warren.v1.RunBatchItem
+	nil,                               // 93: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 94: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 95: warren.v1.Sandbox.EnvEntry
+	nil,                               // 96: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 97: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 98: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 99: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 100: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 101: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 102: warren.v1.RunStep.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
-	1,  // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	82, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	83, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
-	5,  // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
-	3,  // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
-	4,  // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
-	0,  // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
-	1,  // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	84, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	85, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	5,  // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
-	3,  // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	86, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
-	6,  // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	87, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	3,  // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	88, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	15, // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	17, // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
-	15, // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	18, // 20: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	27, // 21: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
-	27, // 22: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
-	15, // 23: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
-	35, // 24: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	43, // 25: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	43, // 26: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	52, // 27: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	60, // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	63, // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	69, // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
-	73, // 31: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
-	14, // 32: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
-	31, // 33: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
-	39, // 34: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
-	41, // 35: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
-	72, // 36: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
-	15, // 37: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
-	6,  // 38: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
-	75, // 39: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
-	75, // 40: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
-	6,  // 41: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
-	89, // 42: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	90, // 43: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
-	76, // 44: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
-	78, // 45: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	2,  // 46: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	7,  // 47: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	8,  // 48: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	10, // 49: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	12, // 50: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	13, // 51: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	14, // 52: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	14, // 53: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	14, // 54: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	19, // 55: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	21, // 56: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	22, // 57: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	24, // 58: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	26, // 59: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	29, // 60: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	31, // 61: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	33, // 62: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	36, // 63: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	38, // 64: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	39, // 65: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	41, // 66: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	58, // 67: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	67, // 68: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	70, // 69: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	74, // 70: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	77, // 71: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	79, // 72: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	80, // 73: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	44, // 74: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	46, // 75: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	47, // 76: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	48, // 77: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	50, // 78: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	53, // 79: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	54, // 80: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	56, // 81: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	59, // 82: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	62, // 83: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	65, // 84: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	6,  // 85: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	6,  // 86: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	9,  // 87: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	11, // 88: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	6,  // 89: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	6,  // 90: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	15, // 91: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	16, // 92: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	18, // 93: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	20, // 94: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	15, // 95: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	23, // 96: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	25, // 97: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	28, // 98: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	30, // 99: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	32, // 100: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	34, // 101: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	37, // 102: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	35, // 103: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	40, // 104: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	42, // 105: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	52, // 106: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	68, // 107: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	71, // 108: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	76, // 109: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	78, // 110: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	81, // 111: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	81, // 112: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	45, // 113: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	43, // 114: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	43, // 115: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	49, // 116: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	51, // 117: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	52, // 118: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	55, // 119: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	57, // 120: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	61, // 121: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	64, // 122: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	66, // 123: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	85, // [85:124] is the sub-list for method output_type
-	46, // [46:85] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
+	93,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	94,  // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	6,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
+	4,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
+	5,   // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
+	0,   // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
+	2,   // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
+	95,  // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	96,  // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	6,   // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
+	4,   // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
+	97,  // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	7,   // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
+	98,  // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	4,   // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
+	99,  // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	16,  // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
+	18,  // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
+	16,  // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	19,  // 20: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	28,  // 21: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
+	28,  // 22: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
+	16,  // 23: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
+	36,  // 24: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	44,  // 25: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	44,  // 26: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	53,  // 27: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	61,  // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	64,  // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	70,  // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	74,  // 31: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
+	15,  // 32: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
+	32,  // 33: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
+	40,  // 34: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
+	42,  // 35: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
+	73,  // 36: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
+	16,  // 37: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
+	7,   // 38: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
+	76,  // 39: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
+	76,  // 40: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
+	7,   // 41: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
+	100, // 42: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	101, // 43: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	77,  // 44: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
+	79,  // 45: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
+	84,  // 46: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	102, // 47: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	85,  // 48: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	86,  // 49: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	1,   // 50: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
+	88,  // 51: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	87,  // 52: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	91,  // 53: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	84,  // 54: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	89,  // 55: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	3,   // 56: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	8,   // 57: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	9,   // 58: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	11,  // 59: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	13,  // 60: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	14,  // 61: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	15,  // 62: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	15,  // 63: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	15,  // 64: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	20,  // 65: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	22,  // 66: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	23,  // 67: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	25,  // 68: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	27,  // 69: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	30,  // 70: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	32,  // 71: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	34,  // 72: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	37,  // 73: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	39,  // 74: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	40,  // 75: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	42,  // 76: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	59,  // 77: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	68,  // 78: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	71,  // 79: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	75,  // 80: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	78,  // 81: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	80,  // 82: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	81,  // 83: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	83,  // 84: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	90,  // 85: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	45,  // 86: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	47,  // 87: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	48,  // 88: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	49,  // 89: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	51,  // 90: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	54,  // 91: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	55,  // 92: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	57,  // 93: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	60,  // 94: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	63,  // 95: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	66,  // 96: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	7,   // 97: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	7,   // 98: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	10,  // 99: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	12,  // 100: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	7,   // 101: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	7,   // 102: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	16,  // 103: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	17,  // 104: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	19,  // 105: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	21,  // 106: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	16,  // 107: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	24,  // 108: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	26,  // 109: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	29,  // 110: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	31,  // 111: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	33,  // 112: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	35,  // 113: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	38,  // 114: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	36,  // 115: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	41,  // 116: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	43,  // 117: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	53,  // 118: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	69,  // 119: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	72,  // 120: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	77,  // 121: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	79,  // 122: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	82,  // 123: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	82,  // 124: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	89,  // 125: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	92,  // 126: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	46,  // 127: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	44,  // 128: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	44,  // 129: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	50,  // 130: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	52,  // 131: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	53,  // 132: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	56,  // 133: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	58,  // 134: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	62,  // 135: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	65,  // 136: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	67,  // 137: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	97,  // [97:138] is the sub-list for method output_type
+	56,  // [56:97] is the sub-list for method input_type
+	56,  // [56:56] is the sub-list for extension type_name
+	56,  // [56:56] is the sub-list for extension extendee
+	0,   // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -6866,8 +7798,8 @@ func file_warren_v1_warren_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   90,
+			NumEnums:      2,
+			NumMessages:   101,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

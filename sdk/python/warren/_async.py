@@ -69,9 +69,11 @@ from ._types import (
     NetworkArg,
     Rlimit,
     RlimitsArg,
+    RunResult,
     SandboxInfo,
     SecurityEvent,
     SandboxState,
+    Step,
     VersionInfo,
     _int,
     _network_json,
@@ -89,6 +91,7 @@ from .errors import (
     TimeoutError,
     UnavailableError,
     WarrenError,
+    error_from_status,
 )
 
 __all__ = [
@@ -141,6 +144,21 @@ _WRITE_INLINE_MAX = 32 << 20
 _READ_CHUNK = 8 << 20
 #: Default caps of the calls that return a whole file or archive in memory.
 READ_MAX_BYTES = 256 << 20
+
+
+def _job_steps(command: Any, steps: Optional[Sequence[Step]], options: Mapping[str, Any]) -> List[Step]:
+    """The steps of a job given as a command with options, a Step, or steps."""
+    if steps is not None:
+        if command is not None or options:
+            raise ValueError("give a command with step options, or steps, not both")
+        return list(steps)
+    if isinstance(command, Step):
+        return [command]
+    if isinstance(command, (list, tuple)) and command and all(isinstance(s, Step) for s in command):
+        return list(command)
+    if command is None:
+        raise ValueError("a job needs a command or steps")
+    return [Step(command, **options)]
 
 
 def _new_id() -> str:
@@ -1087,6 +1105,59 @@ class AsyncWarren:
         return [LayerVerification._from_json(x) for x in d.get("layers") or []]
 
     # -- system ----------------------------------------------------------
+
+    # -- fncall: jobs in pooled environments -----------------------------
+
+    async def run(
+        self,
+        image: str,
+        command: Any = None,
+        *,
+        steps: Optional[Sequence[Step]] = None,
+        backend: str = "fncall",
+        timeout: Optional[float] = None,
+        **step_options: Any,
+    ) -> RunResult:
+        """Run one job in a fresh, isolated environment of ``image`` (the
+        ``fncall`` backend: a pooled environment, reset between jobs) and
+        return every step's :class:`StepResult`. Give ``command`` (an argv
+        list, or a string for ``sh -c``) with :class:`Step` options as
+        keywords, or ``steps``. A program's failure is a step's status;
+        exceptions mean the request was invalid or Warren failed."""
+        body = {"image": image, "backend": backend, "steps": [s._to_json() for s in _job_steps(command, steps, step_options)]}
+        d = await self._rpc(_SBX + "Run", body, timeout=timeout, idempotent=False)
+        return RunResult._from_json(d)
+
+    async def run_batch(
+        self,
+        image: str,
+        jobs: Sequence[Any],
+        *,
+        parallelism: int = 0,
+        backend: str = "fncall",
+        timeout: Optional[float] = None,
+    ) -> AsyncIterator[Tuple[int, Union[RunResult, WarrenError]]]:
+        """Run many jobs of ``image`` at once (``parallelism`` at a time;
+        0: the node's choice) and yield ``(index, result)`` as each job
+        finishes; ``result`` is a :class:`WarrenError` for a job Warren
+        failed to run. A job is a :class:`Step`, a list of them, or a
+        command."""
+        body = {
+            "image": image,
+            "backend": backend,
+            "parallelism": parallelism,
+            "jobs": [{"steps": [s._to_json() for s in _job_steps(j, None, {})]} for j in jobs],
+        }
+        gen = self._t.server_stream(_SBX + "RunBatch", body, timeout=timeout or self.timeout, idempotent=False)
+        try:
+            async for item in gen:
+                idx = _int(item.get("index"))
+                if item.get("error"):
+                    yield idx, error_from_status(None, item["error"], category=item.get("errorCategory") or "internal")
+                else:
+                    yield idx, RunResult._from_json(item.get("result") or {})
+        finally:
+            await gen.aclose()
 
     async def version(self, *, timeout: Optional[float] = None) -> VersionInfo:
         d = await self._rpc(_SYS + "Version", {}, timeout=timeout)

@@ -70,11 +70,14 @@ from ._types import (
     ResumeResult,
     NetworkArg,
     RlimitsArg,
+    RunResult,
     SandboxInfo,
     SecurityEvent,
+    Step,
     VersionInfo,
 )
 from .batch import BatchResult
+from .errors import WarrenError
 
 __all__ = ["Warren", "Sandbox", "Process", "SyncExecStream", "SyncImagePull", "SyncProcessAttach", "SandboxGroup"]
 
@@ -458,6 +461,40 @@ class Warren:
         return self._run(self.aio.verify_image(names, timeout=timeout))
 
     # -- system ----------------------------------------------------------
+
+    def run(
+        self,
+        image: str,
+        command: Any = None,
+        *,
+        steps: Optional[Sequence[Step]] = None,
+        backend: str = "fncall",
+        timeout: Optional[float] = None,
+        **step_options: Any,
+    ) -> RunResult:
+        """See :meth:`AsyncWarren.run`."""
+        return self._run(self.aio.run(image, command, steps=steps, backend=backend, timeout=timeout, **step_options))
+
+    def run_batch(
+        self,
+        image: str,
+        jobs: Sequence[Any],
+        *,
+        parallelism: int = 0,
+        backend: str = "fncall",
+        timeout: Optional[float] = None,
+    ) -> List[Tuple[int, Union[RunResult, WarrenError]]]:
+        """See :meth:`AsyncWarren.run_batch`: the items in completion order."""
+
+        async def collect() -> List[Tuple[int, Union[RunResult, WarrenError]]]:
+            return [
+                item
+                async for item in self.aio.run_batch(
+                    image, jobs, parallelism=parallelism, backend=backend, timeout=timeout
+                )
+            ]
+
+        return self._run(collect())
 
     def version(self, *, timeout: Optional[float] = None) -> VersionInfo:
         return self._run(self.aio.version(timeout=timeout))

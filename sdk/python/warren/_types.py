@@ -978,3 +978,152 @@ class ByLabelResult:
     @property
     def ok(self) -> bool:
         return self.failed == 0
+
+
+# -- fncall: Run and RunBatch ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One program of a :meth:`AsyncWarren.run` job. ``command`` is an argv
+    list, or a string run with ``sh -c``. Limits of 0 take the node's
+    defaults (CPU 10 s, wall 2 x CPU + 1 s, memory 256 MiB, 64 processes,
+    64 KiB per output stream, 64 MiB per file written, 256 open files,
+    64 KiB per output file read back). ``files`` are written into the work
+    directory ``/w`` first: bytes, or ``(step_index, output_name)`` for an
+    output file of an earlier step of the same job."""
+
+    command: Any
+    env: Optional[Mapping[str, str]] = None
+    stdin: bytes = b""
+    files: Optional[Mapping[str, Any]] = None
+    outputs: Sequence[str] = ()
+    cpu: float = 0.0  #: seconds of CPU time
+    wall: float = 0.0  #: seconds
+    memory: int = 0  #: bytes of peak resident memory
+    processes: int = 0
+    output_bytes: int = 0
+    file_size: int = 0
+    open_files: int = 0
+    file_out_bytes: int = 0
+    continue_on_failure: bool = False
+
+    def _to_json(self) -> Dict[str, Any]:
+        argv = ["sh", "-c", self.command] if isinstance(self.command, str) else list(self.command)
+        if not argv:
+            raise ValueError("empty command")
+        d: Dict[str, Any] = {"argv": argv}
+        if self.env:
+            d["env"] = dict(self.env)
+        if self.stdin:
+            d["stdin"] = base64.b64encode(bytes(self.stdin)).decode("ascii")
+        if self.files:
+            fs = []
+            for name, v in self.files.items():
+                if isinstance(v, tuple):
+                    fs.append({"name": name, "fromStep": int(v[0]), "from": str(v[1])})
+                else:
+                    if isinstance(v, str):
+                        v = v.encode("utf-8")
+                    fs.append({"name": name, "data": base64.b64encode(bytes(v)).decode("ascii")})
+            d["files"] = fs
+        if self.outputs:
+            d["outputs"] = list(self.outputs)
+        lim = {
+            "cpuMs": str(int(self.cpu * 1000)) if self.cpu else None,
+            "wallMs": str(int(self.wall * 1000)) if self.wall else None,
+            "memoryBytes": str(self.memory) if self.memory else None,
+            "processes": self.processes or None,
+            "outputBytes": str(self.output_bytes) if self.output_bytes else None,
+            "fileSizeBytes": str(self.file_size) if self.file_size else None,
+            "openFiles": self.open_files or None,
+            "fileOutBytes": str(self.file_out_bytes) if self.file_out_bytes else None,
+        }
+        lim = {k: v for k, v in lim.items() if v is not None}
+        if lim:
+            d["limits"] = lim
+        if self.continue_on_failure:
+            d["continueOnFailure"] = True
+        return d
+
+
+@dataclass(frozen=True)
+class RunFileResult:
+    """An output file of a step: its data, or why it could not be read."""
+
+    name: str
+    data: bytes = b""
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """How one step of a job ended. ``status`` is ``accepted``,
+    ``non_zero_exit``, ``signalled``, ``time_limit``, ``memory_limit``,
+    ``output_limit``, ``file_error`` or ``internal_error``: a program's
+    failure is a status, never an exception."""
+
+    status: str
+    exit_code: int = 0
+    signal: int = 0
+    cpu_us: int = 0
+    wall_us: int = 0
+    peak_memory_bytes: int = 0
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    error: str = ""
+    files: Tuple[RunFileResult, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "accepted"
+
+    def file(self, name: str) -> RunFileResult:
+        for f in self.files:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "StepResult":
+        st = str(d.get("status", "RUN_STATUS_UNSPECIFIED"))
+        return cls(
+            status=st.replace("RUN_STATUS_", "").lower(),
+            exit_code=_int(d.get("exitCode")),
+            signal=_int(d.get("signal")),
+            cpu_us=_int(d.get("cpuUs")),
+            wall_us=_int(d.get("wallUs")),
+            peak_memory_bytes=_int(d.get("peakMemoryBytes")),
+            stdout=_b64(d.get("stdout")),
+            stderr=_b64(d.get("stderr")),
+            stdout_truncated=bool(d.get("stdoutTruncated")),
+            stderr_truncated=bool(d.get("stderrTruncated")),
+            error=d.get("error", ""),
+            files=tuple(
+                RunFileResult(name=f.get("name", ""), data=_b64(f.get("data")), error=f.get("error", ""))
+                for f in d.get("files") or []
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The steps a job ran, in order (a failed step without
+    ``continue_on_failure`` is the last)."""
+
+    steps: Tuple[StepResult, ...]
+    wall_us: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.steps) and all(s.ok for s in self.steps)
+
+    @property
+    def last(self) -> StepResult:
+        return self.steps[-1]
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "RunResult":
+        return cls(steps=tuple(StepResult._from_json(s) for s in d.get("steps") or []), wall_us=_int(d.get("wallUs")))

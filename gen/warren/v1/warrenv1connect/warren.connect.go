@@ -123,6 +123,10 @@ const (
 	// SandboxServiceResumeByLabelProcedure is the fully-qualified name of the SandboxService's
 	// ResumeByLabel RPC.
 	SandboxServiceResumeByLabelProcedure = "/warren.v1.SandboxService/ResumeByLabel"
+	// SandboxServiceRunProcedure is the fully-qualified name of the SandboxService's Run RPC.
+	SandboxServiceRunProcedure = "/warren.v1.SandboxService/Run"
+	// SandboxServiceRunBatchProcedure is the fully-qualified name of the SandboxService's RunBatch RPC.
+	SandboxServiceRunBatchProcedure = "/warren.v1.SandboxService/RunBatch"
 	// ImageServiceListImagesProcedure is the fully-qualified name of the ImageService's ListImages RPC.
 	ImageServiceListImagesProcedure = "/warren.v1.ImageService/ListImages"
 	// ImageServiceGetImageProcedure is the fully-qualified name of the ImageService's GetImage RPC.
@@ -240,6 +244,19 @@ type SandboxServiceClient interface {
 	// ResumeByLabel resumes every PAUSED sandbox matching `labels`, as
 	// PauseByLabel does.
 	ResumeByLabel(context.Context, *connect.Request[v1.ResumeByLabelRequest]) (*connect.ServerStreamForClient[v1.ByLabelEvent], error)
+	// Run runs one job (its steps in order in one fresh, isolated
+	// environment of the image) and returns every step's result. The
+	// backend is "fncall": a pool of pre-made environments per image, each
+	// reset between jobs (docs/ARCHITECTURE.md, "fncall"). A program's
+	// failure (exit code, signal, any limit) is a step's status, never an
+	// error: an error means Warren failed or the request is invalid.
+	Run(context.Context, *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error)
+	// RunBatch runs many jobs of one image, each as Run runs one, up to
+	// `parallelism` at once, and streams each job's result as it finishes
+	// (completion order, with the job's index). A job that Warren failed
+	// to run carries its error in its item; the stream itself fails only
+	// for an invalid request.
+	RunBatch(context.Context, *connect.Request[v1.RunBatchRequest]) (*connect.ServerStreamForClient[v1.RunBatchItem], error)
 }
 
 // NewSandboxServiceClient constructs a client for the warren.v1.SandboxService service. By default,
@@ -421,6 +438,18 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("ResumeByLabel")),
 			connect.WithClientOptions(opts...),
 		),
+		run: connect.NewClient[v1.RunRequest, v1.RunResult](
+			httpClient,
+			baseURL+SandboxServiceRunProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Run")),
+			connect.WithClientOptions(opts...),
+		),
+		runBatch: connect.NewClient[v1.RunBatchRequest, v1.RunBatchItem](
+			httpClient,
+			baseURL+SandboxServiceRunBatchProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RunBatch")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -454,6 +483,8 @@ type sandboxServiceClient struct {
 	resume            *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
 	pauseByLabel      *connect.Client[v1.PauseByLabelRequest, v1.ByLabelEvent]
 	resumeByLabel     *connect.Client[v1.ResumeByLabelRequest, v1.ByLabelEvent]
+	run               *connect.Client[v1.RunRequest, v1.RunResult]
+	runBatch          *connect.Client[v1.RunBatchRequest, v1.RunBatchItem]
 }
 
 // Create calls warren.v1.SandboxService.Create.
@@ -596,6 +627,16 @@ func (c *sandboxServiceClient) ResumeByLabel(ctx context.Context, req *connect.R
 	return c.resumeByLabel.CallServerStream(ctx, req)
 }
 
+// Run calls warren.v1.SandboxService.Run.
+func (c *sandboxServiceClient) Run(ctx context.Context, req *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error) {
+	return c.run.CallUnary(ctx, req)
+}
+
+// RunBatch calls warren.v1.SandboxService.RunBatch.
+func (c *sandboxServiceClient) RunBatch(ctx context.Context, req *connect.Request[v1.RunBatchRequest]) (*connect.ServerStreamForClient[v1.RunBatchItem], error) {
+	return c.runBatch.CallServerStream(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the warren.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v1.Sandbox], error)
@@ -685,6 +726,19 @@ type SandboxServiceHandler interface {
 	// ResumeByLabel resumes every PAUSED sandbox matching `labels`, as
 	// PauseByLabel does.
 	ResumeByLabel(context.Context, *connect.Request[v1.ResumeByLabelRequest], *connect.ServerStream[v1.ByLabelEvent]) error
+	// Run runs one job (its steps in order in one fresh, isolated
+	// environment of the image) and returns every step's result. The
+	// backend is "fncall": a pool of pre-made environments per image, each
+	// reset between jobs (docs/ARCHITECTURE.md, "fncall"). A program's
+	// failure (exit code, signal, any limit) is a step's status, never an
+	// error: an error means Warren failed or the request is invalid.
+	Run(context.Context, *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error)
+	// RunBatch runs many jobs of one image, each as Run runs one, up to
+	// `parallelism` at once, and streams each job's result as it finishes
+	// (completion order, with the job's index). A job that Warren failed
+	// to run carries its error in its item; the stream itself fails only
+	// for an invalid request.
+	RunBatch(context.Context, *connect.Request[v1.RunBatchRequest], *connect.ServerStream[v1.RunBatchItem]) error
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -862,6 +916,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("ResumeByLabel")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceRunHandler := connect.NewUnaryHandler(
+		SandboxServiceRunProcedure,
+		svc.Run,
+		connect.WithSchema(sandboxServiceMethods.ByName("Run")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceRunBatchHandler := connect.NewServerStreamHandler(
+		SandboxServiceRunBatchProcedure,
+		svc.RunBatch,
+		connect.WithSchema(sandboxServiceMethods.ByName("RunBatch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warren.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -920,6 +986,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServicePauseByLabelHandler.ServeHTTP(w, r)
 		case SandboxServiceResumeByLabelProcedure:
 			sandboxServiceResumeByLabelHandler.ServeHTTP(w, r)
+		case SandboxServiceRunProcedure:
+			sandboxServiceRunHandler.ServeHTTP(w, r)
+		case SandboxServiceRunBatchProcedure:
+			sandboxServiceRunBatchHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1039,6 +1109,14 @@ func (UnimplementedSandboxServiceHandler) PauseByLabel(context.Context, *connect
 
 func (UnimplementedSandboxServiceHandler) ResumeByLabel(context.Context, *connect.Request[v1.ResumeByLabelRequest], *connect.ServerStream[v1.ByLabelEvent]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.ResumeByLabel is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Run(context.Context, *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.Run is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RunBatch(context.Context, *connect.Request[v1.RunBatchRequest], *connect.ServerStream[v1.RunBatchItem]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.RunBatch is not implemented"))
 }
 
 // ImageServiceClient is a client for the warren.v1.ImageService service.

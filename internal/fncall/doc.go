@@ -1,0 +1,28 @@
+// Package fncall is the `fncall` backend: one job (a few programs run in
+// order, with limits, files in and out) in a fresh, isolated environment
+// in about a millisecond, thousands of times per second per node.
+//
+// An environment is a container sandbox (internal/container: the same
+// namespaces, cgroup, overlay root over the image's layers, seccomp
+// filter, no_new_privs, user namespace and masks), made ahead of time and
+// kept in a pool per image. A call draws one, sends the whole job to its
+// agent in one frame (internal/agent, "Jobs"), and gets every step's
+// status, output, CPU and wall time and peak memory back in one frame.
+// The agent then resets the environment before it replies: every
+// process killed (kill(-1) as its PID 1, waited for until none is left),
+// the work directory and the scratch directories (/tmp, /var/tmp,
+// /dev/shm) emptied, SysV IPC objects removed. A reset that fails, or
+// any error from the environment, destroys it; the pool makes another.
+//
+// What it promises: a job sees no file, process or IPC object of an
+// earlier job; a program's failure (exit code, signal, limit) is a
+// step's status, never an error; an error means Warren failed. Programs
+// run as an unprivileged user (JobUID) in their environment, so the image's
+// files are read-only to them and the reset knows every place they
+// could have written.
+//
+// Pools adapt to load: each keeps as many environments, idle or in use,
+// as were in use at once in the last second plus one spare, refills in
+// the background as calls draw them, and an image's pool that sees no call
+// for IdleTimeout has its environments destroyed.
+package fncall

@@ -1,0 +1,384 @@
+package fncall
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// Name is the backend's name in the API.
+const Name = "fncall"
+
+// The job's user and its directories.
+const (
+	JobUID  = 1000
+	JobGID  = 1000
+	Workdir = "/w"
+)
+
+// scratchDirs are the places other than Workdir that JobUID can write in
+// an image laid out as usual; the reset empties them.
+var scratchDirs = []string{"/tmp", "/var/tmp", "/dev/shm"}
+
+// Defaults of a step's limits.
+const (
+	DefaultCPU          = 10 * time.Second
+	DefaultMemoryBytes  = 256 << 20
+	DefaultProcs        = 64
+	DefaultOutputBytes  = 64 << 10
+	DefaultFileSize     = 64 << 20
+	DefaultOpenFiles    = 256
+	DefaultFileOutBytes = 64 << 10
+	// MaxResultBytes bounds what a job's steps may send back in all (two
+	// streams' caps and the output files' of every step): one agent frame
+	// carries it, and a request whose caps add up to more is refused.
+	MaxResultBytes = 3 << 20
+)
+
+// Options configure the backend.
+type Options struct {
+	// Backend makes the environments: the container backend.
+	Backend backend.Backend
+	// MaxIdle caps the idle environments of one image (default 8).
+	MaxIdle int
+	// IdleTimeout empties an image's pool after that long without a call
+	// (default 1 min).
+	IdleTimeout time.Duration
+	// PidsMax and MemoryBytes are each environment's cgroup limits outside
+	// jobs (defaults 256 and 512 MiB); a job sets the memory limit of its
+	// largest step.
+	PidsMax     int64
+	MemoryBytes int64
+	// NoSpare keeps no spare environment beyond the last second's peak
+	// (tests that need consecutive jobs in one environment).
+	NoSpare bool
+	Logger  *slog.Logger
+}
+
+// Image is what an environment is made from.
+type Image struct {
+	// Key names the image's content (its name and layer digests): one
+	// pool per key.
+	Key    string
+	Layers []backend.Layer
+	// Env is every step's environment under the step's own.
+	Env []string
+	// UserNS puts the image's environments in user namespaces of their
+	// own (the node's default, for images whose ids fit).
+	UserNS bool
+	// Release is called once the pool no longer needs Layers (nil: none).
+	Release func()
+}
+
+// Service runs jobs in pooled environments, one pool per image.
+type Service struct {
+	opts   Options
+	log    *slog.Logger
+	seq    atomic.Uint64
+	mu     sync.Mutex
+	pools  map[string]*pool
+	closed bool
+	stop   chan struct{}
+	wg     sync.WaitGroup
+
+	// Counters, for tests and metrics.
+	created, destroyed, resetFailures atomic.Uint64
+}
+
+// New returns the service; it makes no environment before a call.
+func New(opts Options) (*Service, error) {
+	if opts.Backend == nil {
+		return nil, errdefs.Invalidf("fncall: no backend")
+	}
+	if opts.MaxIdle <= 0 {
+		opts.MaxIdle = 8
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = time.Minute
+	}
+	if opts.PidsMax <= 0 {
+		opts.PidsMax = 256
+	}
+	if opts.MemoryBytes <= 0 {
+		opts.MemoryBytes = 512 << 20
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Service{opts: opts, log: opts.Logger, pools: map[string]*pool{}, stop: make(chan struct{})}
+	s.wg.Add(1)
+	go s.janitor()
+	return s, nil
+}
+
+// Stats are the service's counters.
+type Stats struct {
+	Created, Destroyed, ResetFailures uint64
+	Idle                              int
+}
+
+// Stats reads the counters and the idle environments of every pool.
+func (s *Service) Stats() Stats {
+	st := Stats{Created: s.created.Load(), Destroyed: s.destroyed.Load(), ResetFailures: s.resetFailures.Load()}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.pools {
+		p.mu.Lock()
+		st.Idle += len(p.idle)
+		p.mu.Unlock()
+	}
+	return st
+}
+
+// Run runs job in an environment of img and returns its result: a
+// program's failure is a step status, an error means an environment or
+// Warren failed. img.Release is the pool's from the first call of its
+// key on; a later call's is called at once.
+func (s *Service) Run(ctx context.Context, img Image, job []backend.Step) (backend.JobResult, error) {
+	j, err := s.job(img, job)
+	if err != nil {
+		if img.Release != nil {
+			img.Release()
+		}
+		return backend.JobResult{}, err
+	}
+	p, err := s.pool(img)
+	if err != nil {
+		return backend.JobResult{}, err
+	}
+	e, err := p.draw(ctx)
+	if err != nil {
+		return backend.JobResult{}, err
+	}
+	res, err := e.run.RunJob(ctx, j)
+	if err != nil || res.ResetErr != 0 {
+		if err == nil {
+			s.resetFailures.Add(1)
+			s.log.Warn("fncall: environment reset failed; replacing it", "env", e.sb.ID(), "err", res.ResetErr)
+		}
+		p.discard(e)
+		if err != nil {
+			if ctx.Err() != nil {
+				return res, errors.Join(ctx.Err(), err)
+			}
+			return res, errdefs.Wrap(errdefs.Internal, err, "fncall environment "+e.sb.ID())
+		}
+		return res, nil // the job ran; only the environment is lost
+	}
+	p.put(e)
+	return res, nil
+}
+
+// job validates steps and fills in defaults.
+func (s *Service) job(img Image, steps []backend.Step) (backend.Job, error) {
+	if len(steps) == 0 {
+		return backend.Job{}, errdefs.Invalidf("a job needs at least one step")
+	}
+	j := backend.Job{UID: JobUID, GID: JobGID, Workdir: Workdir, Wipe: scratchDirs, Steps: make([]backend.Step, len(steps))}
+	var result int64
+	for i, st := range steps {
+		l := &st.Limits
+		if l.CPU <= 0 {
+			l.CPU = DefaultCPU
+		}
+		if l.Wall <= 0 {
+			l.Wall = 2*l.CPU + time.Second
+		}
+		if l.MemoryBytes <= 0 {
+			l.MemoryBytes = DefaultMemoryBytes
+		}
+		if l.Procs == 0 {
+			l.Procs = DefaultProcs
+		}
+		if l.OutputBytes <= 0 {
+			l.OutputBytes = DefaultOutputBytes
+		}
+		if l.FileSizeBytes <= 0 {
+			l.FileSizeBytes = DefaultFileSize
+		}
+		if l.OpenFiles == 0 {
+			l.OpenFiles = DefaultOpenFiles
+		}
+		if l.FileOutBytes <= 0 {
+			l.FileOutBytes = DefaultFileOutBytes
+		}
+		result += 2*l.OutputBytes + int64(len(st.Outputs))*l.FileOutBytes
+		if result > MaxResultBytes {
+			return backend.Job{}, errdefs.Invalidf("step %d: the job's output caps and output files may send back up to %d bytes, more than %d", i, result, MaxResultBytes)
+		}
+		if len(st.Argv) == 0 || st.Argv[0] == "" {
+			return backend.Job{}, errdefs.Invalidf("step %d: no command", i)
+		}
+		for _, f := range st.Files {
+			if !nameOK(f.Name) {
+				return backend.Job{}, errdefs.Invalidf("step %d: file name %q: a relative path without . or .. components", i, f.Name)
+			}
+			if f.From != "" && (f.FromStep < 0 || f.FromStep >= i) {
+				return backend.Job{}, errdefs.Invalidf("step %d: file %q from step %d, which is not an earlier step", i, f.Name, f.FromStep)
+			}
+		}
+		for _, o := range st.Outputs {
+			if !nameOK(o) {
+				return backend.Job{}, errdefs.Invalidf("step %d: output file name %q: a relative path without . or .. components", i, o)
+			}
+		}
+		st.Env = append(append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + Workdir, "TMPDIR=/tmp"}, img.Env...), st.Env...)
+		st.Env = dedupEnv(st.Env)
+		j.Steps[i] = st
+	}
+	return j, nil
+}
+
+// dedupEnv keeps the last value of each name, in first-seen order.
+func dedupEnv(env []string) []string {
+	idx := map[string]int{}
+	out := env[:0:0]
+	for _, kv := range env {
+		k := kv
+		for i := 0; i < len(kv); i++ {
+			if kv[i] == '=' {
+				k = kv[:i]
+				break
+			}
+		}
+		if i, ok := idx[k]; ok {
+			out[i] = kv
+			continue
+		}
+		idx[k] = len(out)
+		out = append(out, kv)
+	}
+	return out
+}
+
+func nameOK(n string) bool {
+	if n == "" || n[0] == '/' || len(n) > 1024 {
+		return false
+	}
+	start := 0
+	for i := 0; i <= len(n); i++ {
+		if i == len(n) || n[i] == '/' {
+			c := n[start:i]
+			if c == "" || c == "." || c == ".." {
+				return false
+			}
+			for k := 0; k < len(c); k++ {
+				if c[k] == 0 {
+					return false
+				}
+			}
+			start = i + 1
+		}
+	}
+	return true
+}
+
+// Forget closes the pool of key, if there is one, in the background:
+// its idle environments are destroyed, those in use when their jobs end,
+// and its image's layers are released. A call that already holds the
+// pool fails Unavailable (which clients retry).
+func (s *Service) Forget(key string) {
+	s.mu.Lock()
+	p, ok := s.pools[key]
+	if ok {
+		delete(s.pools, key)
+		s.wg.Add(1)
+	}
+	s.mu.Unlock()
+	if ok {
+		go func() {
+			defer s.wg.Done()
+			p.close()
+		}()
+	}
+}
+
+// Pooled reports whether the service has a pool for key, which holds its
+// image's layers: a caller then need not take them again for Run.
+func (s *Service) Pooled(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.pools[key]
+	return ok
+}
+
+func (s *Service) pool(img Image) (*pool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		if img.Release != nil {
+			img.Release()
+		}
+		return nil, errdefs.Unavailablef("fncall: shutting down")
+	}
+	if p, ok := s.pools[img.Key]; ok {
+		if img.Release != nil {
+			img.Release()
+		}
+		return p, nil
+	}
+	sum := sha256.Sum256([]byte(img.Key))
+	p := &pool{s: s, img: img, tag: hex.EncodeToString(sum[:4]), target: 1 + s.spare(), lastUse: time.Now()}
+	p.cond = sync.NewCond(&p.mu)
+	s.pools[img.Key] = p
+	return p, nil
+}
+
+// janitor adapts every pool's size once a second and empties the pools
+// that have been idle for IdleTimeout.
+func (s *Service) janitor() {
+	defer s.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		for _, p := range s.pools {
+			p.tick(s.opts.IdleTimeout)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Close destroys every environment and releases every image.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	pools := s.pools
+	s.pools = nil
+	s.mu.Unlock()
+	close(s.stop)
+	for _, p := range pools {
+		p.close()
+	}
+	s.wg.Wait() // the janitor and pools being forgotten
+	return nil
+}
+
+func (s *Service) newID(tag string) string {
+	return fmt.Sprintf("fn-%s-%d-%d", tag, time.Now().UnixNano()%1e9, s.seq.Add(1))
+}
+
+func (s *Service) spare() int {
+	if s.opts.NoSpare {
+		return 0
+	}
+	return 1
+}

@@ -1,0 +1,213 @@
+package fncall
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// env is one pooled environment.
+type env struct {
+	sb  backend.Sandbox
+	run backend.JobRunner
+}
+
+// pool is the environments of one image. Its states: an environment is
+// idle (in idle), in use (drawn, counted in inUse), or being made
+// (making); it leaves the pool destroyed, after a failed job or reset,
+// when the pool shrinks, or when the pool closes.
+type pool struct {
+	s    *Service
+	img  Image
+	tag  string
+	mu   sync.Mutex
+	cond *sync.Cond // signalled when an environment becomes idle or a make fails
+
+	idle    []*env
+	inUse   int
+	making  int
+	waiting int // callers waiting for one being made
+	peak    int // most in use at once since the last tick
+	target  int // environments to keep, idle or in use: last second's peak in use, plus one spare
+	lastUse time.Time
+	closed  bool
+	wg      sync.WaitGroup // makes and destroys in the background
+}
+
+// draw takes an idle environment, or makes one when none is idle and
+// none is being made for it to wait for.
+func (p *pool) draw(ctx context.Context) (*env, error) {
+	p.mu.Lock()
+	p.lastUse = time.Now()
+	for len(p.idle) == 0 && !p.closed {
+		// Wait for an environment already being made (a refill) when
+		// there is one for every caller waiting; otherwise make one: a
+		// burst makes environments in parallel, a trickle takes refills.
+		if p.making > p.waiting {
+			p.waiting++
+			p.cond.Wait()
+			p.waiting--
+			continue
+		}
+		p.making++
+		p.mu.Unlock()
+		e, err := p.make(ctx)
+		p.mu.Lock()
+		p.making--
+		if err != nil {
+			p.cond.Broadcast()
+			p.mu.Unlock()
+			return nil, err
+		}
+		p.inUse++
+		p.peak = max(p.peak, p.inUse)
+		p.refillLocked()
+		p.mu.Unlock()
+		return e, nil
+	}
+	if p.closed {
+		p.mu.Unlock()
+		return nil, errdefs.Unavailablef("fncall: shutting down")
+	}
+	e := p.idle[len(p.idle)-1]
+	p.idle = p.idle[:len(p.idle)-1]
+	p.inUse++
+	p.peak = max(p.peak, p.inUse)
+	p.refillLocked()
+	p.mu.Unlock()
+	return e, nil
+}
+
+// refillLocked starts making environments in the background until those
+// idle, in use and being made reach the target.
+func (p *pool) refillLocked() {
+	for !p.closed && len(p.idle)+p.making+p.inUse < p.target && len(p.idle)+p.making < p.s.opts.MaxIdle {
+		p.making++
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			e, err := p.make(context.Background())
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			p.making--
+			if err != nil {
+				p.s.log.Warn("fncall: make environment", "err", err)
+				p.cond.Broadcast()
+				return
+			}
+			p.idleLocked(e)
+		}()
+	}
+}
+
+// idleLocked adds e to the idle environments, or destroys it when the
+// pool has enough or is closed.
+func (p *pool) idleLocked(e *env) {
+	if p.closed || len(p.idle)+p.inUse >= p.target || len(p.idle) >= p.s.opts.MaxIdle {
+		p.destroyLater(e)
+		return
+	}
+	p.idle = append(p.idle, e)
+	p.cond.Signal()
+}
+
+// put returns an environment after a job and its reset succeeded.
+func (p *pool) put(e *env) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inUse--
+	p.idleLocked(e)
+}
+
+// discard destroys an environment that failed, and refills.
+func (p *pool) discard(e *env) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inUse--
+	p.destroyLater(e)
+	p.refillLocked()
+}
+
+func (p *pool) destroyLater(e *env) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.destroy(e)
+	}()
+}
+
+func (p *pool) destroy(e *env) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.sb.Destroy(ctx); err != nil {
+		p.s.log.Error("fncall: destroy environment", "env", e.sb.ID(), "err", err)
+	}
+	p.s.destroyed.Add(1)
+}
+
+// make creates one environment of the pool's image.
+func (p *pool) make(ctx context.Context) (*env, error) {
+	o := p.s.opts
+	sb, err := o.Backend.Create(ctx, backend.Spec{
+		ID:          p.s.newID(p.tag),
+		Hostname:    "fncall",
+		Layers:      p.img.Layers,
+		MemoryBytes: o.MemoryBytes,
+		PidsMax:     o.PidsMax,
+		UserNS:      p.img.UserNS,
+	})
+	if err != nil {
+		return nil, err
+	}
+	run, ok := sb.(backend.JobRunner)
+	if !ok {
+		_ = sb.Destroy(context.Background())
+		return nil, errdefs.Unsupportedf("fncall: backend %s runs no jobs", o.Backend.Name())
+	}
+	p.s.created.Add(1)
+	return &env{sb: sb, run: run}, nil
+}
+
+// tick adapts the target to the last second's peak (plus a spare, so that
+// a caller beyond it does not wait for a create) and trims idle
+// environments above it, or all of them once the pool has had no call
+// for idleTimeout. The pool itself stays, holding its image's layers,
+// until the service closes: a call racing its removal would need the
+// layers again.
+func (p *pool) tick(idleTimeout time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = p.peak + p.s.spare()
+	p.peak = p.inUse
+	keep := min(max(p.target-p.inUse, 0), p.s.opts.MaxIdle)
+	if time.Since(p.lastUse) > idleTimeout {
+		keep = 0
+	}
+	for len(p.idle) > keep {
+		e := p.idle[0]
+		p.idle = p.idle[1:]
+		p.destroyLater(e)
+	}
+}
+
+// close destroys every idle environment, waits for those in the
+// background, and releases the image. Environments in use are destroyed
+// when they come back (put sees closed).
+func (p *pool) close() {
+	p.mu.Lock()
+	p.closed = true
+	idle := p.idle
+	p.idle = nil
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	for _, e := range idle {
+		p.destroy(e)
+	}
+	p.wg.Wait()
+	if p.img.Release != nil {
+		p.img.Release()
+	}
+}

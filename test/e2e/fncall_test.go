@@ -1,0 +1,147 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenrl/warren/client"
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/testutil"
+)
+
+// TestFnRun: Run through the daemon, the Go client and the CLI: steps in
+// order with files between them, a program's failure as a status (and
+// the CLI's exit code), a bad request as Invalid; and the pooled
+// environments are gone after a daemon crash and restart (Sweep) and
+// after a clean stop (the harness's baseline check).
+func TestFnRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 2*time.Minute)
+
+	res, err := e.c.Run(ctx, &warrenv1.RunRequest{Image: imageName, Steps: []*warrenv1.RunStep{
+		{Argv: []string{"sh", "-c", "echo $GREETING > out; id -u; pwd"}, Env: map[string]string{"GREETING": "hello"}, Outputs: []string{"out"}},
+		{Argv: []string{"cat", "in"}, Files: []*warrenv1.RunFile{{Name: "in", From: "out", FromStep: 0}}},
+		{Argv: []string{"sh", "-c", "exit 7"}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Steps) != 3 {
+		t.Fatalf("%d steps", len(res.Steps))
+	}
+	if s := res.Steps[0]; s.Status != warrenv1.RunStatus_RUN_STATUS_ACCEPTED || string(s.Stdout) != "1000\n/w\n" || string(s.Files[0].Data) != "hello\n" {
+		t.Errorf("step 0: %v", s)
+	}
+	if s := res.Steps[1]; s.Status != warrenv1.RunStatus_RUN_STATUS_ACCEPTED || string(s.Stdout) != "hello\n" {
+		t.Errorf("step 1: %v", s)
+	}
+	if s := res.Steps[2]; s.Status != warrenv1.RunStatus_RUN_STATUS_NON_ZERO_EXIT || s.ExitCode != 7 || s.WallUs <= 0 {
+		t.Errorf("step 2: %v", s)
+	}
+
+	_, err = e.c.Run(ctx, &warrenv1.RunRequest{Image: imageName})
+	wantCategory(t, err, client.CategoryInvalid, "a job without steps")
+	_, err = e.c.Run(ctx, &warrenv1.RunRequest{Image: imageName, Backend: "container", Steps: []*warrenv1.RunStep{{Argv: []string{"true"}}}})
+	wantCategory(t, err, client.CategoryInvalid, "a job for the container backend")
+	_, err = e.c.Run(ctx, &warrenv1.RunRequest{Image: "nosuchimage", Steps: []*warrenv1.RunStep{{Argv: []string{"true"}}}})
+	wantCategory(t, err, client.CategoryNotFound, "a job of an unknown image")
+
+	out, errOut, code := e.cli(nil, "fn", "run", "--image", imageName, "--cpu", "1s", "--", "sh", "-c", "echo hi; exit 3")
+	if out != "hi\n" || code != 3 || !strings.Contains(errOut, "status non_zero_exit") {
+		t.Errorf("fn run: stdout %q stderr %q code %d", out, errOut, code)
+	}
+	out, _, code = e.cli(nil, "fn", "run", "--image", imageName, "--wall", "200ms", "--", "sleep", "5")
+	if code != 124 {
+		t.Errorf("fn run past the wall limit: code %d, stdout %q", code, out)
+	}
+	out, _, code = e.cli(nil, "--json", "fn", "run", "--image", imageName, "--", "true")
+	if code != 0 || !strings.Contains(out, "RUN_STATUS_ACCEPTED") {
+		t.Errorf("fn run --json: code %d %s", code, out)
+	}
+
+	// An image imported again under the same name is run as it is now.
+	for _, v := range []string{"one", "two"} {
+		root := filepath.Join(t.TempDir(), "root")
+		if err := os.CopyFS(root, os.DirFS(testutil.BusyboxRoot(t))); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, "marker"), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.c.ImportImage(ctx, "fnre", root); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := e.c.RunCommand(ctx, "fnre", "cat", "/marker"); err != nil || string(r.Stdout) != v {
+			t.Fatalf("run on the image imported with %q: %v %v", v, r, err)
+		}
+	}
+
+	// Removing it closes its pool; a job of it is then NotFound.
+	if err := e.c.RemoveImage(ctx, "fnre"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.c.RunCommand(ctx, "fnre", "true")
+	wantCategory(t, err, client.CategoryNotFound, "a job of a removed image")
+
+	// Pooled environments belong to the daemon alone: after a crash the
+	// next daemon removes them.
+	e.kill9()
+	e.start()
+	e.expectBaseline("after a crash with pooled environments and a restart")
+	if r, err := e.c.RunCommand(ctx, imageName, "echo", "again"); err != nil || string(r.Stdout) != "again\n" {
+		t.Fatalf("run after restart: %v %v", r, err)
+	}
+}
+
+// TestFnRunBatch: a batch's jobs run in parallel in separate environments
+// and each result is streamed once, with its index, as it finishes; a
+// job's program failure is a status in its item.
+func TestFnRunBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 2*time.Minute)
+	const n = 40
+	req := &warrenv1.RunBatchRequest{Image: imageName, Parallelism: 4}
+	for i := range n {
+		script := fmt.Sprintf("echo %d > f; sleep 0.05; cat f; exit %d", i, i%2)
+		req.Jobs = append(req.Jobs, &warrenv1.RunJob{Steps: []*warrenv1.RunStep{{Argv: []string{"sh", "-c", script}}}})
+	}
+	seen := map[int32]bool{}
+	t0 := time.Now()
+	err := e.c.RunBatch(ctx, req, func(it *warrenv1.RunBatchItem) error {
+		if seen[it.Index] {
+			t.Errorf("job %d twice", it.Index)
+		}
+		seen[it.Index] = true
+		if it.Error != "" {
+			t.Errorf("job %d: %s (%s)", it.Index, it.Error, it.ErrorCategory)
+			return nil
+		}
+		s := it.Result.Steps[0]
+		want := warrenv1.RunStatus_RUN_STATUS_ACCEPTED
+		if it.Index%2 == 1 {
+			want = warrenv1.RunStatus_RUN_STATUS_NON_ZERO_EXIT
+		}
+		if s.Status != want || string(s.Stdout) != fmt.Sprintf("%d\n", it.Index) {
+			t.Errorf("job %d: %v %q", it.Index, s.Status, s.Stdout)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != n {
+		t.Fatalf("%d of %d jobs reported", len(seen), n)
+	}
+	// 40 jobs of >= 50 ms each, four at a time: well under 40 x 50 ms.
+	if d := time.Since(t0); d > 1900*time.Millisecond {
+		t.Logf("batch took %v: were the jobs run in parallel?", d)
+	}
+	err = e.c.RunBatch(ctx, &warrenv1.RunBatchRequest{Image: imageName, Jobs: []*warrenv1.RunJob{{}}}, func(*warrenv1.RunBatchItem) error { return nil })
+	wantCategory(t, err, client.CategoryInvalid, "a batch with a job without steps")
+}
