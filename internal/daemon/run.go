@@ -153,7 +153,11 @@ func (m *Manager) fnImage(ctx context.Context, name string) (fncall.Image, error
 	if err != nil {
 		return fncall.Image{}, withCategory(err, errdefs.Internal, "resolve image "+name)
 	}
-	userns := m.cfg.UserNSDefault && m.userNSFits(digests, false) == nil
+	userns := false
+	if m.cfg.UserNSDefault {
+		recs, err := m.layerRecords(digests)
+		userns = err == nil && userNSFits(recs) == nil
+	}
 	img = fncall.Image{Key: name + "@" + strings.Join(digests, ",") + map[bool]string{true: "+userns"}[userns], UserNS: userns}
 	if rec.Config != nil {
 		for k, v := range imageEnv(rec.Config, nil) {

@@ -49,20 +49,27 @@ const userNSIDs = 1 << 16
 // inside a user namespace: every file's owner below userNSIDs (a higher
 // one would show as the overflow id, and could not be changed). Layers
 // imported before the store recorded their highest id are taken to fit.
-func (m *Manager) userNSFits(digests []string, asked bool) error {
-	for _, d := range digests {
-		meta, err := m.images.LayerMeta(d)
-		if err != nil {
-			if asked {
-				return withCategory(err, errdefs.Internal, "layer "+d)
-			}
-			return err
-		}
-		if meta.MaxID != nil && *meta.MaxID >= userNSIDs {
-			return errdefs.Invalidf("layer %s has files owned by id %d, above the %d ids a sandbox's user namespace maps: create the sandbox without one (user_namespace false)", d, *meta.MaxID, userNSIDs-1)
+func userNSFits(layers []image.LayerRef) error {
+	for _, l := range layers {
+		if l.MaxID != nil && *l.MaxID >= userNSIDs {
+			return errdefs.Invalidf("layer %s has files owned by id %d, above the %d ids a sandbox's user namespace maps: create the sandbox without one (user_namespace false)", l.Digest, *l.MaxID, userNSIDs-1)
 		}
 	}
 	return nil
+}
+
+// layerRecords reads the records of layers that are not taken (the
+// fncall backend's key, before any refs are), as LayerRefs carries them.
+func (m *Manager) layerRecords(digests []string) ([]image.LayerRef, error) {
+	out := make([]image.LayerRef, len(digests))
+	for i, d := range digests {
+		meta, err := m.images.LayerMeta(d)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = image.LayerRef{Digest: d, MaxID: meta.MaxID}
+	}
+	return out, nil
 }
 
 // Create validates the request, resolves the image, has the backend create
@@ -173,7 +180,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		return nil, withCategory(err, errdefs.Internal, "resolve image "+p.image)
 	}
 	if info.UserNamespace {
-		if err := m.userNSFits(digests, req.UserNamespace != nil); err != nil {
+		if err := userNSFits(layers); err != nil {
 			if req.UserNamespace != nil {
 				release()
 				return nil, err

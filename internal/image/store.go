@@ -742,6 +742,9 @@ type LayerRef struct {
 	Digest string // "sha256:<hex>"
 	Blob   string // host path of its EROFS blob; "" for a directory layer
 	Dir    string // host directory with its tree (the blob mounted)
+	// MaxID is the highest uid or gid of the layer's files, from its
+	// record (nil: not recorded, as in records older than it).
+	MaxID *uint32
 }
 
 // LayerRefs is LayerDirs with each layer's digest and blob path too, for
@@ -759,19 +762,24 @@ func (s *Store) LayerRefs(ctx context.Context, img Image, mount bool) (refs []La
 			releases[i]()
 		}
 	}
+	// Each layer's record is read once, top first: for its highest id,
+	// and for whether its root is opaque.
+	aboveOpaque := false
 	for i := len(img.Layers) - 1; i >= 0; i-- {
-		if i < len(img.Layers)-1 && s.erofs {
+		if aboveOpaque {
 			// A layer above marked its root opaque: overlayfs would not
 			// hide the layers below it, so they are left out.
-			if m, err := s.LayerMeta(img.Layers[i+1]); err == nil && m.RootOpaque {
-				break
-			}
+			break
+		}
+		var maxID *uint32
+		if m, err := s.LayerMeta(img.Layers[i]); err == nil {
+			maxID, aboveOpaque = m.MaxID, s.erofs && m.RootOpaque
 		}
 		l, err := s.Layer(img.Layers[i])
 		if el, ok := l.(*erofsLayer); err == nil && ok && !mount {
 			var rel func()
 			if rel, err = el.hold(ctx); err == nil {
-				refs = append(refs, LayerRef{Digest: img.Layers[i], Blob: el.blob})
+				refs = append(refs, LayerRef{Digest: img.Layers[i], Blob: el.blob, MaxID: maxID})
 				releases = append(releases, rel)
 				continue
 			}
@@ -780,7 +788,7 @@ func (s *Store) LayerRefs(ctx context.Context, img Image, mount bool) (refs []La
 			var rel func()
 			dir, rel, err = l.Mount(ctx)
 			if err == nil {
-				ref := LayerRef{Digest: img.Layers[i], Dir: dir}
+				ref := LayerRef{Digest: img.Layers[i], Dir: dir, MaxID: maxID}
 				if el, ok := l.(*erofsLayer); ok {
 					ref.Blob = el.blob
 				}
