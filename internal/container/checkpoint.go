@@ -137,6 +137,15 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 		TcpEstablished:    proto.Bool(true),
 		FileLocks:         proto.Bool(true),
 	}
+	// CRIU kills the tree while it traces it: the init's exit reaches
+	// the monitor before CRIU lets go of it, when the daemon (its parent)
+	// cannot collect it yet, and the monitor's one try leaves a zombie.
+	// A pidfd taken now reaps it once the dump is over.
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "pidfd_open sandbox init")
+	}
+	defer unix.Close(pidfd)
 	c := criu.MakeCriu()
 	c.SetCriuPath(CRIUPath)
 	if err := c.Dump(opts, nil); err != nil {
@@ -150,6 +159,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	case <-time.After(10 * time.Second):
 		return errdefs.Internalf("sandbox %s: init still alive after its checkpoint", s.id)
 	}
+	reapTraced(pidfd)
 	if err := os.Rename(s.UpperDir(), filepath.Join(dir, ckptUpper)); err != nil {
 		return fsErr(err, "move the writable layer into the checkpoint")
 	}
@@ -446,4 +456,21 @@ func makeDevDir(dir string) error {
 		}
 	}
 	return nil
+}
+
+// reapTraced collects the init pidfd names if it is this daemon's child
+// (ECHILD otherwise, or once the monitor has), waiting a little for the
+// tracer to let go of it.
+func reapTraced(pidfd int) {
+	for range 100 {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED|unix.WNOHANG, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || info.Signo != 0 {
+			return // reaped, or not ours to reap
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
