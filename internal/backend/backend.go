@@ -57,6 +57,24 @@ type Spec struct {
 	// UserNS runs the sandbox in a user namespace of its own: root inside
 	// is an unprivileged host id (IDMapped reports which).
 	UserNS bool
+	// Restore, if set, is a checkpoint directory (Checkpointer) to
+	// restore the sandbox's processes and writable layer from instead of
+	// starting a new init: Layers and the other fields must be those of
+	// the checkpointed sandbox. A backend without checkpoints refuses it
+	// (Unsupported). A restore that fails leaves the directory as it was.
+	Restore string
+}
+
+// Checkpointer is implemented by sandboxes whose whole process tree can
+// be saved to disk and restored later (Spec.Restore), on this node or on
+// another that has the same layers.
+type Checkpointer interface {
+	// Checkpoint saves the processes and writable layer into dir (new or
+	// empty, on the state directory's filesystem) and stops the sandbox:
+	// its processes are gone and Exited is done, and the caller Destroys
+	// it to release the rest. A sandbox that cannot be checkpointed
+	// (Unsupported, or the failure's category) keeps running.
+	Checkpoint(ctx context.Context, dir string) error
 }
 
 // IDMapped is implemented by sandboxes whose ids inside are not the

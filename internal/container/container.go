@@ -229,16 +229,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if len(spec.Layers) == 0 {
 		return nil, errdefs.Invalidf("sandbox %s: no image layers", spec.ID)
 	}
-	if err := b.ensureSysfs(); err != nil {
-		return nil, err
+	if spec.Restore != "" {
+		return b.restore(ctx, spec)
 	}
-	if err := b.ensureDevfs(); err != nil {
-		return nil, err
-	}
-	if err := b.ensureEmpty(); err != nil {
-		return nil, err
-	}
-	if err := b.ensureViews(); err != nil {
+	if err := b.ensureShared(); err != nil {
 		return nil, err
 	}
 	var cu cleanup.Cleanup
@@ -316,14 +310,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, err
 	}
 
-	lnFile, err := listenUnix(b.socket(spec.ID))
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "agent socket")
-	}
-	defer lnFile.Close()
 	ph.mark("dirs")
 
-	pid, pidfd, grp, net, err := b.startInit(ctx, spec, overlay, lnFile, ph, userns)
+	pid, pidfd, grp, net, err := b.startInit(ctx, spec, overlay, ph, userns)
 	if err != nil {
 		return nil, err
 	}
@@ -345,6 +334,17 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	ph.flush()
 	cu.Release()
 	return s, nil
+}
+
+// ensureShared remounts the node's shared filesystems that sandboxes bind
+// (sysfs, devfs, the empty directory, the views) where they went away.
+func (b *Backend) ensureShared() error {
+	for _, f := range []func() error{b.ensureSysfs, b.ensureDevfs, b.ensureEmpty, b.ensureViews} {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // listenUnix returns a listening unix socket bound at path, as a file to
@@ -376,7 +376,7 @@ var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.D
 //
 // The cgroup is created after the clone, while the child starts up and
 // waits for its config: the two overlap instead of adding up.
-func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, lnFile *os.File, ph *phases, userns *UserNS) (_ int, _ int, _ cgroups.Group, _ *netpolicy.Attachment, retErr error) {
+func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, ph *phases, userns *UserNS) (_ int, _ int, _ cgroups.Group, _ *netpolicy.Attachment, retErr error) {
 	null, err := devNull()
 	if err != nil {
 		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "open /dev/null")
@@ -403,27 +403,44 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		return 0, -1, nil, nil, err
 	}
 	path := "/proc/self/fd/6"
-	files := []*os.File{null, null, null, cfgR, lnFile, stW, agentFile}
+	files := []*os.File{null, null, null, cfgR, nil, stW, agentFile}
 	if b.opts.InitBinary != "" {
 		path, files = b.opts.InitBinary, files[:6]
 	}
 	pidfd := -1
-	// os.StartProcess rather than os/exec: no stdio goroutines or
-	// /dev/null opens per create. The clone hands us a pidfd (PidFD).
-	proc, err := os.StartProcess(path, []string{"warren-init"}, &os.ProcAttr{
-		Env:   []string{initEnv + "=1"},
-		Files: files,
-		Sys: &syscall.SysProcAttr{
-			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS |
-				syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
-			// Its own session: signals to the daemon's terminal or process
-			// group never reach sandboxes.
-			Setsid: true,
-			PidFD:  &pidfd,
-		},
+	var proc *os.Process
+	// The agent's socket (fd 4) is made in the sandbox's network
+	// namespace, not the daemon's: CRIU dumps only sockets of the
+	// namespaces of the tree it dumps (checkpoint.go).
+	err = inNewNetns(func() error {
+		ln, err := listenUnix(b.socket(spec.ID))
+		if err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "agent socket")
+		}
+		defer ln.Close()
+		files[4] = ln
+		// os.StartProcess rather than os/exec: no stdio goroutines or
+		// /dev/null opens per create. The clone hands us a pidfd (PidFD).
+		// The child inherits this thread's network namespace.
+		proc, err = os.StartProcess(path, []string{"warren-init"}, &os.ProcAttr{
+			Env:   []string{initEnv + "=1"},
+			Files: files,
+			Sys: &syscall.SysProcAttr{
+				Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS |
+					syscall.CLONE_NEWIPC,
+				// Its own session: signals to the daemon's terminal or process
+				// group never reach sandboxes.
+				Setsid: true,
+				PidFD:  &pidfd,
+			},
+		})
+		if err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
+		}
+		return nil
 	})
 	if err != nil {
-		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
+		return 0, -1, nil, nil, err
 	}
 	pid := proc.Pid
 	// We reap it through the monitor, not os.

@@ -1,0 +1,476 @@
+package container
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	criu "github.com/checkpoint-restore/go-criu/v7"
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/cleanup"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/kfile"
+)
+
+// CRIUPrefix is where scripts/criu.sh installs CRIU >= 4 (Debian trixie's,
+// run through its own loader); CRIUPath is the binary Warren runs. A
+// variable for tests.
+var (
+	CRIUPrefix = "/opt/warren/criu"
+	CRIUPath   = CRIUPrefix + "/bin/criu"
+)
+
+// A checkpoint directory holds:
+//
+//	images/          CRIU's images of the process tree (dump.log, restore.log)
+//	upper/           the sandbox's writable layer, moved, not copied
+//	checkpoint.json  what restore must hand CRIU back (checkpointMeta)
+const (
+	ckptImages = "images"
+	ckptUpper  = "upper"
+	ckptMeta   = "checkpoint.json"
+)
+
+// checkpointMeta names the files of the dumped tree that live outside it
+// and that restore passes in as already open (CRIU's inherit-fd): the
+// agent's listening socket, which the daemon made, and the init's stdio,
+// the node's /dev/null.
+type checkpointMeta struct {
+	// SocketKey is the agent socket's CRIU key ("socket:[ino]").
+	SocketKey string `json:"socket_key"`
+	// NullKey is the external file key of the init's stdio
+	// ("file[mnt_id:ino]", hex), "" where it was no external file.
+	NullKey string `json:"null_key,omitempty"`
+}
+
+var _ backend.Checkpointer = (*sandbox)(nil)
+
+// criuAvailable says why this node cannot checkpoint, or nil.
+func criuAvailable() error {
+	if _, err := os.Stat(CRIUPath); err != nil {
+		why := "not installed"
+		if b, err := os.ReadFile(CRIUPrefix + ".error"); err == nil {
+			why = strings.TrimSpace(string(b))
+		}
+		return errdefs.New(errdefs.Unsupported, "this node cannot checkpoint sandboxes: no CRIU >= 4 at %s (%s); scripts/criu.sh installs it", CRIUPath, why)
+	}
+	return nil
+}
+
+// checkpointable refuses, before anything is stopped, what the backend
+// cannot checkpoint yet (docs/HIBERNATE.md says why).
+func checkpointable(userns bool, network bool, disk bool) error {
+	switch {
+	case userns:
+		return errdefs.New(errdefs.Unsupported, "checkpoint of a sandbox in a user namespace is not supported yet")
+	case network:
+		return errdefs.New(errdefs.Unsupported, "checkpoint of a sandbox with a network (its veth) is not supported yet")
+	case disk:
+		return errdefs.New(errdefs.Unsupported, "checkpoint of a sandbox with a disk limit (its writable layer on a disk image) is not supported yet")
+	}
+	return nil
+}
+
+// Checkpoint dumps the sandbox's process tree with CRIU into dir/images,
+// which kills it, and moves its writable layer to dir/upper
+// (backend.Checkpointer).
+func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
+	select {
+	case <-s.exited.Done():
+		return errdefs.Conflictf("sandbox %s is not running", s.id)
+	default:
+	}
+	if err := criuAvailable(); err != nil {
+		return err
+	}
+	if err := checkpointable(s.st.UserNS != nil, s.network() != nil, s.disk); err != nil {
+		return err
+	}
+	pid := s.st.Pid
+	meta, err := externalFiles(pid)
+	if err != nil {
+		return err
+	}
+	images := filepath.Join(dir, ckptImages)
+	if err := os.MkdirAll(images, 0o700); err != nil {
+		return fsErr(err, "create checkpoint directory")
+	}
+	imgDir, err := os.Open(images)
+	if err != nil {
+		return fsErr(err, "open checkpoint directory")
+	}
+	defer imgDir.Close()
+	external := []string{
+		// Every bind of a host directory (devfs, sysfs, the empty and
+		// views filesystems, masked files) is recorded by its host path
+		// and bound again from there on restore.
+		"mnt[]",
+	}
+	if meta.NullKey != "" {
+		external = append(external, meta.NullKey)
+	}
+	opts := &rpc.CriuOpts{
+		ImagesDirFd: proto.Int32(int32(imgDir.Fd())),
+		Pid:         proto.Int32(int32(pid)),
+		LogLevel:    proto.Int32(4),
+		LogFile:     proto.String("dump.log"),
+		External:    external,
+		// The sandbox's network namespace is locked while it is dumped;
+		// the node has nftables, not iptables.
+		NetworkLock:       rpc.CriuNetworkLockMethod_NFTABLES.Enum(),
+		ManageCgroups:     proto.Bool(true),
+		ManageCgroupsMode: rpc.CriuCgMode_SOFT.Enum(),
+		TcpEstablished:    proto.Bool(true),
+		FileLocks:         proto.Bool(true),
+	}
+	// CRIU kills the tree while it traces it: the init's exit reaches
+	// the monitor before CRIU lets go of it, when the daemon (its parent)
+	// cannot collect it yet, and the monitor's one try leaves a zombie.
+	// A pidfd taken now reaps it once the dump is over.
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "pidfd_open sandbox init")
+	}
+	defer unix.Close(pidfd)
+	c := criu.MakeCriu()
+	c.SetCriuPath(CRIUPath)
+	if err := c.Dump(opts, nil); err != nil {
+		// CRIU resumes the tree when a dump fails: the sandbox runs on.
+		return errdefs.Wrap(errdefs.Unsupported, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(images, "dump.log"))), "checkpoint sandbox "+s.id)
+	}
+	// CRIU killed the tree once its images were written; the init's exit
+	// reaches the monitor.
+	select {
+	case <-s.exited.Done():
+	case <-time.After(10 * time.Second):
+		return errdefs.Internalf("sandbox %s: init still alive after its checkpoint", s.id)
+	}
+	reapTraced(pidfd)
+	if err := os.Rename(s.UpperDir(), filepath.Join(dir, ckptUpper)); err != nil {
+		return fsErr(err, "move the writable layer into the checkpoint")
+	}
+	b, _ := json.Marshal(meta)
+	if err := os.WriteFile(filepath.Join(dir, ckptMeta), b, 0o600); err != nil {
+		return fsErr(err, "write checkpoint metadata")
+	}
+	return syncDir(dir)
+}
+
+// externalFiles finds the files of init pid that CRIU cannot dump: the
+// agent socket (fd 4) and the node's /dev/null (stdio).
+func externalFiles(pid int) (checkpointMeta, error) {
+	var m checkpointMeta
+	var st unix.Stat_t
+	fd := "/proc/" + strconv.Itoa(pid) + "/fd/"
+	if err := unix.Stat(fd+"4", &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return m, errdefs.Internalf("sandbox init %d: no agent socket at fd 4 (%v)", pid, err)
+	}
+	m.SocketKey = "socket:[" + strconv.FormatUint(st.Ino, 10) + "]"
+	if err := unix.Stat(fd+"0", &st); err != nil {
+		return m, errdefs.Wrap(errdefs.Internal, err, "stat sandbox init stdio")
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFCHR {
+		info, err := kfile.Read("/proc/" + strconv.Itoa(pid) + "/fdinfo/0")
+		if err != nil {
+			return m, errdefs.Wrap(errdefs.Internal, err, "read sandbox init stdio")
+		}
+		mnt := fdinfoField(info, "mnt_id")
+		if mnt == "" {
+			return m, errdefs.Internalf("sandbox init %d: no mnt_id for its stdio", pid)
+		}
+		id, _ := strconv.ParseUint(mnt, 10, 64)
+		m.NullKey = fmt.Sprintf("file[%x:%x]", id, st.Ino)
+	}
+	return m, nil
+}
+
+func fdinfoField(b []byte, name string) string {
+	for line := range bytes.Lines(b) {
+		if k, v, ok := strings.Cut(string(line), ":"); ok && k == name {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// criuLogErrors is the Error lines of a CRIU log, for the caller's error.
+func criuLogErrors(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "no CRIU log"
+	}
+	var out []string
+	for line := range strings.Lines(string(b)) {
+		if strings.Contains(line, "Error (") && !strings.Contains(line, "RLIMIT_NOFILE") && !strings.Contains(line, "tables") {
+			out = append(out, strings.TrimSpace(line))
+		}
+	}
+	if len(out) > 5 {
+		out = out[len(out)-5:]
+	}
+	return strings.Join(out, "; ") + " (" + path + ")"
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fsErr(err, "open "+dir)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fsErr(err, "sync "+dir)
+	}
+	return nil
+}
+
+// restore is Create from a checkpoint directory: the writable layer moves
+// back, the overlay is mounted on the host for CRIU's --root, and CRIU
+// restores the tree into a new cgroup and a network namespace made here
+// (so that the agent's socket, made in it, can be checkpointed again).
+func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.Sandbox, retErr error) {
+	if err := criuAvailable(); err != nil {
+		return nil, err
+	}
+	if err := checkpointable(spec.UserNS, !spec.Network.IsNone(), spec.DiskBytes > 0); err != nil {
+		return nil, err
+	}
+	dir := spec.Restore
+	var meta checkpointMeta
+	mb, err := os.ReadFile(filepath.Join(dir, ckptMeta))
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Invalid, err, "not a checkpoint directory")
+	}
+	if err := json.Unmarshal(mb, &meta); err != nil {
+		return nil, errdefs.Wrap(errdefs.Invalid, err, "checkpoint metadata")
+	}
+	if err := b.ensureShared(); err != nil {
+		return nil, err
+	}
+	var cu cleanup.Cleanup
+	defer func() {
+		if retErr != nil {
+			_ = cu.Clean()
+		}
+	}()
+	run, st := b.runDir(spec.ID), b.stateDir(spec.ID)
+	if err := mkdir(run); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, errdefs.AlreadyExistsf("sandbox %s already exists on this node", spec.ID)
+		}
+		return nil, fsErr(err, "create sandbox directories")
+	}
+	cu.Add(func() error { return b.removeDirs(spec.ID, -1) })
+	if err := mkdir(st); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fsErr(err, "create sandbox directories")
+	}
+	upper, work := filepath.Join(st, "upper"), filepath.Join(st, "work")
+	if err := os.Rename(filepath.Join(dir, ckptUpper), upper); err != nil {
+		return nil, fsErr(err, "move the checkpoint's writable layer back")
+	}
+	// A failed restore leaves the checkpoint as it found it.
+	cu.Add(func() error { return os.Rename(upper, filepath.Join(dir, ckptUpper)) })
+	if err := os.Mkdir(work, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fsErr(err, "create sandbox directories")
+	}
+	// The dumped /dev is a bind of this directory (an external mount):
+	// delete removed the checkpointed sandbox's.
+	_ = removeTree(b.devDir(spec.ID))
+	if err := makeDevDir(b.devDir(spec.ID)); err != nil {
+		return nil, err
+	}
+	overlay, err := overlayConfig(spec.Layers, upper, work)
+	if err != nil {
+		return nil, err
+	}
+	root := b.rootfs(spec.ID)
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return nil, fsErr(err, "create restore root")
+	}
+	data := "lowerdir=" + overlay["lower"] + ",upperdir=" + upper + ",workdir=" + work + "," + overlay["overlay_options"]
+	if err := unix.Mount("overlay", root, "overlay", unix.MS_NODEV, data); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "mount the restored root")
+	}
+	// The restored tree holds its own copy; the host's goes either way.
+	defer unmount(root)
+
+	grp, err := cgroups.New(b.opts.CgroupParent, spec.ID, cgroups.Resources{
+		CPUMillis: spec.CPUMillis, MemoryBytes: spec.MemoryBytes, PidsMax: spec.PidsMax,
+	})
+	if err != nil {
+		return nil, err
+	}
+	cu.Add(func() error { _ = grp.Kill(5 * time.Second); return grp.Delete() })
+
+	var ln, netns *os.File
+	err = inNewNetns(func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err == nil {
+			err = netlink.LinkSetUp(lo)
+		}
+		if err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "set up the restored sandbox's loopback")
+		}
+		if ln, err = listenUnix(b.socket(spec.ID)); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "agent socket")
+		}
+		if netns, err = os.Open("/proc/thread-self/ns/net"); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "open the restored sandbox's network namespace")
+		}
+		return nil
+	})
+	if ln != nil {
+		defer ln.Close()
+	}
+	if netns != nil {
+		defer netns.Close()
+	}
+	if err != nil {
+		return nil, err
+	}
+	null, err := devNull()
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "open /dev/null")
+	}
+	images := filepath.Join(dir, ckptImages)
+	imgDir, err := os.Open(images)
+	if err != nil {
+		return nil, fsErr(err, "open checkpoint images")
+	}
+	defer imgDir.Close()
+	inherit := []*rpc.InheritFd{{Key: proto.String(meta.SocketKey), Fd: proto.Int32(int32(ln.Fd()))}}
+	if meta.NullKey != "" {
+		inherit = append(inherit, &rpc.InheritFd{Key: proto.String(meta.NullKey), Fd: proto.Int32(int32(null.Fd()))})
+	}
+	opts := &rpc.CriuOpts{
+		ImagesDirFd:       proto.Int32(int32(imgDir.Fd())),
+		LogLevel:          proto.Int32(4),
+		LogFile:           proto.String("restore.log"),
+		Root:              proto.String(root),
+		External:          []string{"mnt[]"},
+		InheritFd:         inherit,
+		JoinNs:            []*rpc.JoinNamespace{{Ns: proto.String("net"), NsFile: proto.String("/proc/self/fd/" + strconv.Itoa(int(netns.Fd())))}},
+		NetworkLock:       rpc.CriuNetworkLockMethod_NFTABLES.Enum(),
+		ManageCgroups:     proto.Bool(true),
+		ManageCgroupsMode: rpc.CriuCgMode_SOFT.Enum(),
+		TcpEstablished:    proto.Bool(true),
+		FileLocks:         proto.Bool(true),
+	}
+	pid, err := criuRestore(opts, []*os.File{ln, null, netns})
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(images, "restore.log"))), "restore sandbox "+spec.ID)
+	}
+	cu.Add(func() error { _ = unix.Kill(pid, unix.SIGKILL); return nil })
+	s, err := b.attach(spec.ID, pid, -1, 0, grp, nil)
+	if err != nil {
+		return nil, err
+	}
+	b.cpus.adopt(spec.ID, pid)
+	cu.Release()
+	return s, nil
+}
+
+// criuRestore runs CRIU's restore through its RPC interface and returns
+// the restored init's host pid. The files in pass reach CRIU's process
+// under their own numbers (inherit-fd, join-ns name them): go-criu starts
+// it with os/exec, which keeps only descriptors without close-on-exec, so
+// theirs is cleared around the start. Another child the daemon starts in
+// that moment inherits them too, and closes them when it exits.
+func criuRestore(opts *rpc.CriuOpts, pass []*os.File) (int, error) {
+	c := criu.MakeCriu()
+	c.SetCriuPath(CRIUPath)
+	for _, f := range pass {
+		if _, err := unix.FcntlInt(f.Fd(), unix.F_SETFD, 0); err != nil {
+			return 0, err
+		}
+	}
+	err := c.Prepare()
+	for _, f := range pass {
+		syscall.CloseOnExec(int(f.Fd()))
+	}
+	if err != nil {
+		return 0, fmt.Errorf("start criu: %w", err)
+	}
+	defer c.Cleanup()
+	nfy := &restoreNotify{}
+	if err := c.Restore(opts, nfy); err != nil {
+		return 0, err
+	}
+	if nfy.pid <= 0 {
+		return 0, errors.New("criu reported no restored pid")
+	}
+	return int(nfy.pid), nil
+}
+
+// restoreNotify takes the restored init's pid from CRIU's post-restore
+// notification.
+type restoreNotify struct {
+	criu.NoNotify
+	pid int32
+}
+
+func (n *restoreNotify) PostRestore(pid int32) error { n.pid = pid; return nil }
+
+// makeDevDir makes a sandbox's /dev directory as the init stage does
+// (init_linux.c, setup_dev; devEntries): CRIU binds it back as /dev and
+// mounts the devpts instance on its pts. What the sandbox kept in /dev/shm
+// is not in the checkpoint.
+func makeDevDir(dir string) error {
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return fsErr(err, "create sandbox /dev")
+	}
+	old := unix.Umask(0)
+	defer unix.Umask(old)
+	for _, n := range []struct {
+		name     string
+		maj, min uint32
+	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
+		if err := unix.Mknod(filepath.Join(dir, n.name), unix.S_IFCHR|0o666, int(unix.Mkdev(n.maj, n.min))); err != nil {
+			return fsErr(err, "create sandbox /dev/"+n.name)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		mode uint32
+	}{{"pts", 0o755}, {"shm", 0o1777}} {
+		if err := unix.Mkdir(filepath.Join(dir, d.name), d.mode); err != nil {
+			return fsErr(err, "create sandbox /dev/"+d.name)
+		}
+	}
+	for _, l := range [][2]string{{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}} {
+		if err := os.Symlink(l[0], filepath.Join(dir, l[1])); err != nil {
+			return fsErr(err, "create sandbox /dev/"+l[1])
+		}
+	}
+	return nil
+}
+
+// reapTraced collects the init pidfd names if it is this daemon's child
+// (ECHILD otherwise, or once the monitor has), waiting a little for the
+// tracer to let go of it.
+func reapTraced(pidfd int) {
+	for range 100 {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED|unix.WNOHANG, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || info.Signo != 0 {
+			return // reaped, or not ours to reap
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
