@@ -327,6 +327,11 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		if ln, err = listenUnix(b.socket(spec.ID)); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "agent socket")
 		}
+		// The agent made its listener non-blocking when it started
+		// (agent_linux.c); CRIU hands this one over as it is.
+		if err := unix.SetNonblock(int(ln.Fd()), true); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "agent socket")
+		}
 		if netns, err = os.Open("/proc/thread-self/ns/net"); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "open the restored sandbox's network namespace")
 		}
@@ -449,6 +454,11 @@ func makeDevDir(dir string) error {
 		if err := unix.Mkdir(filepath.Join(dir, d.name), d.mode); err != nil {
 			return fsErr(err, "create sandbox /dev/"+d.name)
 		}
+	}
+	// The mount point of the agent's executable (agentfs.go), which CRIU
+	// binds again from the node's agent tmpfs.
+	if err := os.WriteFile(filepath.Join(dir, filepath.Base(agentExeSandboxPath)), nil, 0); err != nil {
+		return fsErr(err, "create sandbox "+agentExeSandboxPath)
 	}
 	for _, l := range [][2]string{{"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}} {
 		if err := os.Symlink(l[0], filepath.Join(dir, l[1])); err != nil {

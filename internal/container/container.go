@@ -87,11 +87,14 @@ type Backend struct {
 	opts  Options
 	mon   *monitor
 	agent *agentbin.Agent // every sandbox's init and PID 1
-	trash *reaper         // removes deleted sandboxes' state directories
-	cpus  *cpuPool        // which CPUs sandboxes with a quota run on
-	pool  *dirPool        // ready-made state directories
-	net   *netpolicy.Node // sandboxes' interfaces and rules
-	ids   *idPool         // user-namespace id ranges
+	// agentExe is the agent's file on the node's agent tmpfs (agentfs.go),
+	// which every sandbox binds and runs from once its init is done.
+	agentExe string
+	trash    *reaper         // removes deleted sandboxes' state directories
+	cpus     *cpuPool        // which CPUs sandboxes with a quota run on
+	pool     *dirPool        // ready-made state directories
+	net      *netpolicy.Node // sandboxes' interfaces and rules
+	ids      *idPool         // user-namespace id ranges
 	// seccomp and seccompAudit are the compiled filters every init stage
 	// installs (hex of their sock_filter entries), compiled once: "" with
 	// NoSeccomp. The audit one makes the kernel log deliberate refusals.
@@ -150,6 +153,9 @@ func New(opts Options) (*Backend, error) {
 		return nil, err
 	}
 	b.agent = ag
+	if b.agentExe, err = b.ensureAgentExe(agentBinary()); err != nil {
+		return nil, err
+	}
 	// Sandboxes hide host directories of /proc and /sys under read-only
 	// binds of this one empty filesystem.
 	if err := mountSharedEmpty(b.emptyDir()); err != nil {
@@ -488,7 +494,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	conf := map[string]string{"rootfs": b.rootMount(), "hostname": hostname,
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID),
 		"rlimits": rlimit.InitConfig(spec.Rlimits), "seccomp": b.seccomp,
-		"seccomp_audit": b.seccompAudit, "auid": auditID(pid)}
+		"seccomp_audit": b.seccompAudit, "auid": auditID(pid), "agent_exe": b.agentExe}
 	if spec.AllowSetuid {
 		conf["no_new_privs"] = "0"
 	}
