@@ -77,6 +77,12 @@ type Checkpointer interface {
 	Checkpoint(ctx context.Context, dir string) error
 }
 
+// MemoryReporter is implemented by sandboxes that can say how much
+// memory they are charged now (what a hibernation gives back).
+type MemoryReporter interface {
+	MemoryUse() (MemoryUse, error)
+}
+
 // IDMapped is implemented by sandboxes whose ids inside are not the
 // host's: a user namespace maps ids 0..Size-1 inside to Base.. on the
 // host. Its writable layer stores host ids, which file calls and commit

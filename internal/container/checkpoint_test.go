@@ -55,7 +55,9 @@ func waitCounter(t *testing.T, sb backend.Sandbox, min int) int {
 // from where it was: the counter process continues from its value (not
 // from 1), the files written before are there, the agent serves execs and
 // background processes, and delete leaves nothing behind.
-func TestCheckpointRestoreKeepsCounting(t *testing.T) {
+func TestCheckpointRestoreKeepsCounting(t *testing.T) { checkpointRoundTrip(t, false) }
+
+func checkpointRoundTrip(t *testing.T, userns bool) {
 	requireCRIU(t)
 	opts := testOptions(t, "ckpt-")
 	b, err := New(opts)
@@ -64,7 +66,7 @@ func TestCheckpointRestoreKeepsCounting(t *testing.T) {
 	}
 	defer b.Close()
 	baseline := resources(t, opts)
-	spec := backend.Spec{ID: "ck1", Layers: backend.DirLayers(testutil.BusyboxRoot(t)), MemoryBytes: 256 << 20}
+	spec := backend.Spec{ID: "ck1", Layers: backend.DirLayers(testutil.BusyboxRoot(t)), MemoryBytes: 256 << 20, UserNS: userns}
 	sb, err := b.Create(t.Context(), spec)
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"maps"
 	"net/netip"
+	"os"
 	"path"
 	"slices"
 	"strings"
@@ -456,12 +457,18 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 		// The record comes back after a restart; Delete forgets it.
 		m.log.Warn("delete record", "sandbox", s.id, "err", derr)
 	}
+	// A hibernated sandbox's checkpoint (or one a hibernation racing
+	// this delete made): the next daemon removes one left here, since no
+	// record names it.
+	if cerr := os.RemoveAll(m.checkpointDir(s.id)); cerr != nil {
+		m.log.Warn("remove checkpoint", "sandbox", s.id, "err", cerr)
+	}
 	s.releaseLayers()
 	m.idem.dropSandbox(s.id)
 	m.forget(s)
 	m.events.Forget(s.id)
 	close(done)
-	if prev == stateRunning || prev == statePaused {
+	if prev == stateRunning || prev == statePaused || prev == stateHibernated {
 		m.metrics.SandboxEnded(reason)
 	}
 	// After forget: a recorded call racing the delete then finds the
@@ -676,6 +683,7 @@ func (m *Manager) adoptAll(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	recs = m.recoverHibernated(recs)
 	var (
 		mu   sync.Mutex
 		keep = map[string]map[string]bool{}
@@ -843,6 +851,14 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		add()
 		return true
 	case st == stateStopped:
+		add()
+		armTimer(time.UnixMilli(info.GetExpiresAtUnixMs()))
+		return false
+	case st == stateHibernated:
+		// Nothing of it runs; its layers are held for the restore, and
+		// its processes' records come back from the agent then.
+		s.release = m.holdLayers(ctx, s)
+		s.procsOnResume = true
 		add()
 		armTimer(time.UnixMilli(info.GetExpiresAtUnixMs()))
 		return false

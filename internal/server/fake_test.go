@@ -333,3 +333,11 @@ func (f *fakeManager) PauseByLabel(_ context.Context, r *warrenv1.PauseByLabelRe
 func (f *fakeManager) ResumeByLabel(_ context.Context, r *warrenv1.ResumeByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error {
 	return send(&warrenv1.ByLabelEvent{Done: true})
 }
+
+func (f *fakeManager) Hibernate(_ context.Context, r *warrenv1.HibernateRequest) (*warrenv1.HibernateResponse, error) {
+	return nil, errdefs.Unsupportedf("fake")
+}
+
+func (f *fakeManager) HibernateByLabel(_ context.Context, r *warrenv1.HibernateByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error {
+	return send(&warrenv1.ByLabelEvent{Done: true})
+}

@@ -219,13 +219,9 @@ func (s *Store) Put(r Record) error {
 	if r.Sandbox == nil {
 		return errdefs.Invalidf("store: record %s without sandbox", r.ID)
 	}
-	pb, err := proto.Marshal(r.Sandbox)
+	val, err := Encode(r)
 	if err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "store: encode sandbox "+r.ID)
-	}
-	val, err := json.Marshal(encoded{ID: r.ID, Backend: r.Backend, BackendState: r.BackendState, ImageLayers: r.ImageLayers, Sandbox: pb, Nameserver: r.EtcNameserver})
-	if err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "store: encode record "+r.ID)
+		return err
 	}
 	err = s.db.Batch(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).Put([]byte(r.ID), val)
@@ -283,6 +279,34 @@ func (s *Store) List() ([]Record, error) {
 	}
 	sort.Slice(recs, func(i, j int) bool { return recs[i].ID < recs[j].ID })
 	return recs, nil
+}
+
+// Encode is a record in the store's on-disk form (Decode reads it back):
+// for copies of a record kept outside the store.
+func Encode(r Record) ([]byte, error) {
+	pb, err := proto.Marshal(r.Sandbox)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "store: encode sandbox "+r.ID)
+	}
+	val, err := json.Marshal(encoded{ID: r.ID, Backend: r.Backend, BackendState: r.BackendState, ImageLayers: r.ImageLayers, Sandbox: pb, Nameserver: r.EtcNameserver})
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "store: encode record "+r.ID)
+	}
+	return val, nil
+}
+
+// Decode reads a record Encode wrote.
+func Decode(v []byte) (Record, error) { return decode(v) }
+
+// Sync makes every record written so far durable. Within a boot the
+// store does not sync its commits (a running sandbox dies with the
+// machine); a record that must outlive a reboot (a hibernated sandbox's)
+// is followed by Sync.
+func (s *Store) Sync() error {
+	if err := s.db.Sync(); err != nil {
+		return errdefs.Wrap(writeCategory(err), err, "store: sync")
+	}
+	return nil
 }
 
 func decode(v []byte) (Record, error) {

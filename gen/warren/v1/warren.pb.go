@@ -705,8 +705,13 @@ type Sandbox struct {
 	// its last change. Process timeouts count running time only: they are
 	// pushed back by the time the sandbox spent paused.
 	PausedTotalMs int64 `protobuf:"varint,26,opt,name=paused_total_ms,json=pausedTotalMs,proto3" json:"paused_total_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// When it was hibernated (HIBERNATED); 0 otherwise. Its lifetime keeps
+	// counting, as while paused: the checkpoint holds the node's disk.
+	HibernatedAtUnixMs int64 `protobuf:"varint,41,opt,name=hibernated_at_unix_ms,json=hibernatedAtUnixMs,proto3" json:"hibernated_at_unix_ms,omitempty"`
+	// The checkpoint's size on disk while HIBERNATED.
+	CheckpointBytes uint64 `protobuf:"varint,42,opt,name=checkpoint_bytes,json=checkpointBytes,proto3" json:"checkpoint_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -903,6 +908,20 @@ func (x *Sandbox) GetPausedAtUnixMs() int64 {
 func (x *Sandbox) GetPausedTotalMs() int64 {
 	if x != nil {
 		return x.PausedTotalMs
+	}
+	return 0
+}
+
+func (x *Sandbox) GetHibernatedAtUnixMs() int64 {
+	if x != nil {
+		return x.HibernatedAtUnixMs
+	}
+	return 0
+}
+
+func (x *Sandbox) GetCheckpointBytes() uint64 {
+	if x != nil {
+		return x.CheckpointBytes
 	}
 	return 0
 }
@@ -5789,10 +5808,14 @@ func (x *ResumeRequest) GetId() string {
 }
 
 type ResumeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
-	ThawUs        int64                  `protobuf:"varint,2,opt,name=thaw_us,json=thawUs,proto3" json:"thaw_us,omitempty"`
-	PausedMs      int64                  `protobuf:"varint,3,opt,name=paused_ms,json=pausedMs,proto3" json:"paused_ms,omitempty"` // how long it was paused
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox  *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	ThawUs   int64                  `protobuf:"varint,2,opt,name=thaw_us,json=thawUs,proto3" json:"thaw_us,omitempty"`
+	PausedMs int64                  `protobuf:"varint,3,opt,name=paused_ms,json=pausedMs,proto3" json:"paused_ms,omitempty"` // how long it was paused (or hibernated)
+	// Resume of a HIBERNATED sandbox: how long CRIU's restore took (its
+	// processes run again from then on); thaw_us is 0.
+	RestoreUs     int64 `protobuf:"varint,4,opt,name=restore_us,json=restoreUs,proto3" json:"restore_us,omitempty"`
+	Restored      bool  `protobuf:"varint,5,opt,name=restored,proto3" json:"restored,omitempty"` // it was HIBERNATED
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5848,6 +5871,192 @@ func (x *ResumeResponse) GetPausedMs() int64 {
 	return 0
 }
 
+func (x *ResumeResponse) GetRestoreUs() int64 {
+	if x != nil {
+		return x.RestoreUs
+	}
+	return 0
+}
+
+func (x *ResumeResponse) GetRestored() bool {
+	if x != nil {
+		return x.Restored
+	}
+	return false
+}
+
+type HibernateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateRequest) Reset() {
+	*x = HibernateRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateRequest) ProtoMessage() {}
+
+func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateRequest.ProtoReflect.Descriptor instead.
+func (*HibernateRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *HibernateRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type HibernateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	CheckpointUs  int64                  `protobuf:"varint,2,opt,name=checkpoint_us,json=checkpointUs,proto3" json:"checkpoint_us,omitempty"` // CRIU's dump, the writable layer moved
+	TotalUs       int64                  `protobuf:"varint,3,opt,name=total_us,json=totalUs,proto3" json:"total_us,omitempty"`                // the whole call in the daemon
+	Bytes         uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`                                   // the checkpoint's size on disk (images)
+	Before        *Memory                `protobuf:"bytes,5,opt,name=before,proto3" json:"before,omitempty"`                                  // the memory the sandbox held, now released
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateResponse) Reset() {
+	*x = HibernateResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateResponse) ProtoMessage() {}
+
+func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
+func (*HibernateResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *HibernateResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *HibernateResponse) GetCheckpointUs() int64 {
+	if x != nil {
+		return x.CheckpointUs
+	}
+	return 0
+}
+
+func (x *HibernateResponse) GetTotalUs() int64 {
+	if x != nil {
+		return x.TotalUs
+	}
+	return 0
+}
+
+func (x *HibernateResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *HibernateResponse) GetBefore() *Memory {
+	if x != nil {
+		return x.Before
+	}
+	return nil
+}
+
+type HibernateByLabelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // required: at least one
+	Parallelism   int32                  `protobuf:"varint,2,opt,name=parallelism,proto3" json:"parallelism,omitempty"`                                                                // 0 = 8; at most 64
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateByLabelRequest) Reset() {
+	*x = HibernateByLabelRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateByLabelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateByLabelRequest) ProtoMessage() {}
+
+func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateByLabelRequest.ProtoReflect.Descriptor instead.
+func (*HibernateByLabelRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *HibernateByLabelRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *HibernateByLabelRequest) GetParallelism() int32 {
+	if x != nil {
+		return x.Parallelism
+	}
+	return 0
+}
+
 type PauseByLabelRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // required: at least one
@@ -5859,7 +6068,7 @@ type PauseByLabelRequest struct {
 
 func (x *PauseByLabelRequest) Reset() {
 	*x = PauseByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5871,7 +6080,7 @@ func (x *PauseByLabelRequest) String() string {
 func (*PauseByLabelRequest) ProtoMessage() {}
 
 func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5884,7 +6093,7 @@ func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
 func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *PauseByLabelRequest) GetLabels() map[string]string {
@@ -5918,7 +6127,7 @@ type ResumeByLabelRequest struct {
 
 func (x *ResumeByLabelRequest) Reset() {
 	*x = ResumeByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5930,7 +6139,7 @@ func (x *ResumeByLabelRequest) String() string {
 func (*ResumeByLabelRequest) ProtoMessage() {}
 
 func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5943,7 +6152,7 @@ func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
 func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ResumeByLabelRequest) GetLabels() map[string]string {
@@ -5966,21 +6175,22 @@ type ByLabelEvent struct {
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// The error when this sandbox failed ("" on success), and its
 	// category ("conflict", "not_found", ...).
-	Error         string          `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
-	ErrorCode     string          `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
-	Paused        *PauseResponse  `protobuf:"bytes,4,opt,name=paused,proto3" json:"paused,omitempty"`        // PauseByLabel, on success
-	Resumed       *ResumeResponse `protobuf:"bytes,5,opt,name=resumed,proto3" json:"resumed,omitempty"`      // ResumeByLabel, on success
-	Completed     int32           `protobuf:"varint,6,opt,name=completed,proto3" json:"completed,omitempty"` // sandboxes finished so far, this one included
-	Total         int32           `protobuf:"varint,7,opt,name=total,proto3" json:"total,omitempty"`         // sandboxes matched
-	Done          bool            `protobuf:"varint,8,opt,name=done,proto3" json:"done,omitempty"`           // the last event: totals only
-	Failed        int32           `protobuf:"varint,9,opt,name=failed,proto3" json:"failed,omitempty"`       // on the last event: how many failed
+	Error         string             `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	ErrorCode     string             `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Paused        *PauseResponse     `protobuf:"bytes,4,opt,name=paused,proto3" json:"paused,omitempty"`          // PauseByLabel, on success
+	Resumed       *ResumeResponse    `protobuf:"bytes,5,opt,name=resumed,proto3" json:"resumed,omitempty"`        // ResumeByLabel, on success
+	Completed     int32              `protobuf:"varint,6,opt,name=completed,proto3" json:"completed,omitempty"`   // sandboxes finished so far, this one included
+	Total         int32              `protobuf:"varint,7,opt,name=total,proto3" json:"total,omitempty"`           // sandboxes matched
+	Done          bool               `protobuf:"varint,8,opt,name=done,proto3" json:"done,omitempty"`             // the last event: totals only
+	Failed        int32              `protobuf:"varint,9,opt,name=failed,proto3" json:"failed,omitempty"`         // on the last event: how many failed
+	Hibernated    *HibernateResponse `protobuf:"bytes,10,opt,name=hibernated,proto3" json:"hibernated,omitempty"` // HibernateByLabel, on success
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ByLabelEvent) Reset() {
 	*x = ByLabelEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5992,7 +6202,7 @@ func (x *ByLabelEvent) String() string {
 func (*ByLabelEvent) ProtoMessage() {}
 
 func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6005,7 +6215,7 @@ func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
 func (*ByLabelEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ByLabelEvent) GetSandboxId() string {
@@ -6071,6 +6281,13 @@ func (x *ByLabelEvent) GetFailed() int32 {
 	return 0
 }
 
+func (x *ByLabelEvent) GetHibernated() *HibernateResponse {
+	if x != nil {
+		return x.Hibernated
+	}
+	return nil
+}
+
 type RunRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
@@ -6082,7 +6299,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6094,7 +6311,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6107,7 +6324,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *RunRequest) GetImage() string {
@@ -6151,7 +6368,7 @@ type RunStep struct {
 
 func (x *RunStep) Reset() {
 	*x = RunStep{}
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6163,7 +6380,7 @@ func (x *RunStep) String() string {
 func (*RunStep) ProtoMessage() {}
 
 func (x *RunStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6176,7 +6393,7 @@ func (x *RunStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
 func (*RunStep) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *RunStep) GetArgv() []string {
@@ -6243,7 +6460,7 @@ type RunFile struct {
 
 func (x *RunFile) Reset() {
 	*x = RunFile{}
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6255,7 +6472,7 @@ func (x *RunFile) String() string {
 func (*RunFile) ProtoMessage() {}
 
 func (x *RunFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6268,7 +6485,7 @@ func (x *RunFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
 func (*RunFile) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *RunFile) GetName() string {
@@ -6323,7 +6540,7 @@ type RunLimits struct {
 
 func (x *RunLimits) Reset() {
 	*x = RunLimits{}
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6335,7 +6552,7 @@ func (x *RunLimits) String() string {
 func (*RunLimits) ProtoMessage() {}
 
 func (x *RunLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6348,7 +6565,7 @@ func (x *RunLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
 func (*RunLimits) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RunLimits) GetCpuMs() int64 {
@@ -6427,7 +6644,7 @@ type RunStepResult struct {
 
 func (x *RunStepResult) Reset() {
 	*x = RunStepResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6439,7 +6656,7 @@ func (x *RunStepResult) String() string {
 func (*RunStepResult) ProtoMessage() {}
 
 func (x *RunStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6452,7 +6669,7 @@ func (x *RunStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
 func (*RunStepResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RunStepResult) GetStatus() RunStatus {
@@ -6550,7 +6767,7 @@ type RunFileResult struct {
 
 func (x *RunFileResult) Reset() {
 	*x = RunFileResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6562,7 +6779,7 @@ func (x *RunFileResult) String() string {
 func (*RunFileResult) ProtoMessage() {}
 
 func (x *RunFileResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6575,7 +6792,7 @@ func (x *RunFileResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
 func (*RunFileResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *RunFileResult) GetName() string {
@@ -6611,7 +6828,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6623,7 +6840,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6636,7 +6853,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RunResult) GetSteps() []*RunStepResult {
@@ -6665,7 +6882,7 @@ type RunBatchRequest struct {
 
 func (x *RunBatchRequest) Reset() {
 	*x = RunBatchRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6677,7 +6894,7 @@ func (x *RunBatchRequest) String() string {
 func (*RunBatchRequest) ProtoMessage() {}
 
 func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6690,7 +6907,7 @@ func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RunBatchRequest) GetImage() string {
@@ -6730,7 +6947,7 @@ type RunJob struct {
 
 func (x *RunJob) Reset() {
 	*x = RunJob{}
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6742,7 +6959,7 @@ func (x *RunJob) String() string {
 func (*RunJob) ProtoMessage() {}
 
 func (x *RunJob) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6755,7 +6972,7 @@ func (x *RunJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
 func (*RunJob) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RunJob) GetSteps() []*RunStep {
@@ -6777,7 +6994,7 @@ type RunBatchItem struct {
 
 func (x *RunBatchItem) Reset() {
 	*x = RunBatchItem{}
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6789,7 +7006,7 @@ func (x *RunBatchItem) String() string {
 func (*RunBatchItem) ProtoMessage() {}
 
 func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6802,7 +7019,7 @@ func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
 func (*RunBatchItem) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RunBatchItem) GetIndex() int32 {
@@ -6884,7 +7101,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xec\a\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xca\b\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -6912,7 +7129,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fuser_id_base\x18$ \x01(\rR\n" +
 	"userIdBase\x12)\n" +
 	"\x11paused_at_unix_ms\x18\x19 \x01(\x03R\x0epausedAtUnixMs\x12&\n" +
-	"\x0fpaused_total_ms\x18\x1a \x01(\x03R\rpausedTotalMs\x1a6\n" +
+	"\x0fpaused_total_ms\x18\x1a \x01(\x03R\rpausedTotalMs\x121\n" +
+	"\x15hibernated_at_unix_ms\x18) \x01(\x03R\x12hibernatedAtUnixMs\x12)\n" +
+	"\x10checkpoint_bytes\x18* \x01(\x04R\x0fcheckpointBytes\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -7336,11 +7555,28 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"reclaim_us\x18\x05 \x01(\x03R\treclaimUs\x12\x19\n" +
 	"\btotal_us\x18\x06 \x01(\x03R\atotalUs\"\x1f\n" +
 	"\rResumeRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"t\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xaf\x01\n" +
 	"\x0eResumeResponse\x12,\n" +
 	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12\x17\n" +
 	"\athaw_us\x18\x02 \x01(\x03R\x06thawUs\x12\x1b\n" +
-	"\tpaused_ms\x18\x03 \x01(\x03R\bpausedMs\"\xd0\x01\n" +
+	"\tpaused_ms\x18\x03 \x01(\x03R\bpausedMs\x12\x1d\n" +
+	"\n" +
+	"restore_us\x18\x04 \x01(\x03R\trestoreUs\x12\x1a\n" +
+	"\brestored\x18\x05 \x01(\bR\brestored\"\"\n" +
+	"\x10HibernateRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xc2\x01\n" +
+	"\x11HibernateResponse\x12,\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12#\n" +
+	"\rcheckpoint_us\x18\x02 \x01(\x03R\fcheckpointUs\x12\x19\n" +
+	"\btotal_us\x18\x03 \x01(\x03R\atotalUs\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12)\n" +
+	"\x06before\x18\x05 \x01(\v2\x11.warren.v1.MemoryR\x06before\"\xbe\x01\n" +
+	"\x17HibernateByLabelRequest\x12F\n" +
+	"\x06labels\x18\x01 \x03(\v2..warren.v1.HibernateByLabelRequest.LabelsEntryR\x06labels\x12 \n" +
+	"\vparallelism\x18\x02 \x01(\x05R\vparallelism\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd0\x01\n" +
 	"\x13PauseByLabelRequest\x12B\n" +
 	"\x06labels\x18\x01 \x03(\v2*.warren.v1.PauseByLabelRequest.LabelsEntryR\x06labels\x12\x18\n" +
 	"\areclaim\x18\x02 \x01(\bR\areclaim\x12 \n" +
@@ -7353,7 +7589,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\vparallelism\x18\x02 \x01(\x05R\vparallelism\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe7\x02\n" +
 	"\fByLabelEvent\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -7365,7 +7601,11 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\tcompleted\x18\x06 \x01(\x05R\tcompleted\x12\x14\n" +
 	"\x05total\x18\a \x01(\x05R\x05total\x12\x12\n" +
 	"\x04done\x18\b \x01(\bR\x04done\x12\x16\n" +
-	"\x06failed\x18\t \x01(\x05R\x06failed\"f\n" +
+	"\x06failed\x18\t \x01(\x05R\x06failed\x12<\n" +
+	"\n" +
+	"hibernated\x18\n" +
+	" \x01(\v2\x1c.warren.v1.HibernateResponseR\n" +
+	"hibernated\"f\n" +
 	"\n" +
 	"RunRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
@@ -7449,7 +7689,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
 	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
 	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
-	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xb0\x10\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xcb\x11\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -7481,7 +7721,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05Pause\x12\x17.warren.v1.PauseRequest\x1a\x18.warren.v1.PauseResponse\x12=\n" +
 	"\x06Resume\x12\x18.warren.v1.ResumeRequest\x1a\x19.warren.v1.ResumeResponse\x12I\n" +
 	"\fPauseByLabel\x12\x1e.warren.v1.PauseByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x12K\n" +
-	"\rResumeByLabel\x12\x1f.warren.v1.ResumeByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x122\n" +
+	"\rResumeByLabel\x12\x1f.warren.v1.ResumeByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x12F\n" +
+	"\tHibernate\x12\x1b.warren.v1.HibernateRequest\x1a\x1c.warren.v1.HibernateResponse\x12Q\n" +
+	"\x10HibernateByLabel\x12\".warren.v1.HibernateByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x122\n" +
 	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult\x12A\n" +
 	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x012\xd8\x05\n" +
 	"\fImageService\x12I\n" +
@@ -7515,7 +7757,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 105)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(RunStatus)(0),                    // 1: warren.v1.RunStatus
@@ -7597,48 +7839,52 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*PauseResponse)(nil),             // 77: warren.v1.PauseResponse
 	(*ResumeRequest)(nil),             // 78: warren.v1.ResumeRequest
 	(*ResumeResponse)(nil),            // 79: warren.v1.ResumeResponse
-	(*PauseByLabelRequest)(nil),       // 80: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 81: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 82: warren.v1.ByLabelEvent
-	(*RunRequest)(nil),                // 83: warren.v1.RunRequest
-	(*RunStep)(nil),                   // 84: warren.v1.RunStep
-	(*RunFile)(nil),                   // 85: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 86: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 87: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 88: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 89: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 90: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 91: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 92: warren.v1.RunBatchItem
-	nil,                               // 93: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 94: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 95: warren.v1.Sandbox.EnvEntry
-	nil,                               // 96: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 97: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 98: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 99: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 100: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 101: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 102: warren.v1.RunStep.EnvEntry
+	(*HibernateRequest)(nil),          // 80: warren.v1.HibernateRequest
+	(*HibernateResponse)(nil),         // 81: warren.v1.HibernateResponse
+	(*HibernateByLabelRequest)(nil),   // 82: warren.v1.HibernateByLabelRequest
+	(*PauseByLabelRequest)(nil),       // 83: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 84: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 85: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 86: warren.v1.RunRequest
+	(*RunStep)(nil),                   // 87: warren.v1.RunStep
+	(*RunFile)(nil),                   // 88: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 89: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 90: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 91: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 92: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 93: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 94: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 95: warren.v1.RunBatchItem
+	nil,                               // 96: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 97: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 98: warren.v1.Sandbox.EnvEntry
+	nil,                               // 99: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 100: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 101: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 102: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 103: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 104: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 105: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 106: warren.v1.RunStep.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	93,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	94,  // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	96,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	97,  // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	6,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	4,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	5,   // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,   // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	2,   // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	95,  // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	96,  // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	98,  // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	99,  // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	6,   // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	4,   // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	97,  // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	100, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	7,   // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	98,  // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	101, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	4,   // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	99,  // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	102, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	16,  // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	18,  // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	16,  // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -7664,107 +7910,115 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	76,  // 39: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
 	76,  // 40: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
 	7,   // 41: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
-	100, // 42: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	101, // 43: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
-	77,  // 44: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
-	79,  // 45: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	84,  // 46: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	102, // 47: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	85,  // 48: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	86,  // 49: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
-	1,   // 50: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	88,  // 51: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	87,  // 52: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	91,  // 53: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	84,  // 54: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	89,  // 55: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
-	3,   // 56: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	8,   // 57: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	9,   // 58: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	11,  // 59: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	13,  // 60: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	14,  // 61: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	15,  // 62: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	15,  // 63: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	15,  // 64: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	20,  // 65: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	22,  // 66: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	23,  // 67: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	25,  // 68: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	27,  // 69: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	30,  // 70: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	32,  // 71: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	34,  // 72: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	37,  // 73: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	39,  // 74: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	40,  // 75: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	42,  // 76: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	59,  // 77: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	68,  // 78: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	71,  // 79: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	75,  // 80: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	78,  // 81: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	80,  // 82: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	81,  // 83: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	83,  // 84: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	90,  // 85: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	45,  // 86: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	47,  // 87: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	48,  // 88: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	49,  // 89: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	51,  // 90: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	54,  // 91: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	55,  // 92: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	57,  // 93: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	60,  // 94: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	63,  // 95: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	66,  // 96: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	7,   // 97: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	7,   // 98: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	10,  // 99: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	12,  // 100: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	7,   // 101: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	7,   // 102: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	16,  // 103: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	17,  // 104: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	19,  // 105: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	21,  // 106: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	16,  // 107: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	24,  // 108: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	26,  // 109: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	29,  // 110: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	31,  // 111: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	33,  // 112: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	35,  // 113: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	38,  // 114: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	36,  // 115: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	41,  // 116: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	43,  // 117: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	53,  // 118: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	69,  // 119: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	72,  // 120: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	77,  // 121: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	79,  // 122: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	82,  // 123: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	82,  // 124: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	89,  // 125: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	92,  // 126: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	46,  // 127: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	44,  // 128: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	44,  // 129: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	50,  // 130: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	52,  // 131: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	53,  // 132: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	56,  // 133: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	58,  // 134: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	62,  // 135: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	65,  // 136: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	67,  // 137: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	97,  // [97:138] is the sub-list for method output_type
-	56,  // [56:97] is the sub-list for method input_type
-	56,  // [56:56] is the sub-list for extension type_name
-	56,  // [56:56] is the sub-list for extension extendee
-	0,   // [0:56] is the sub-list for field type_name
+	7,   // 42: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
+	76,  // 43: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
+	103, // 44: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	104, // 45: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	105, // 46: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	77,  // 47: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
+	79,  // 48: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
+	81,  // 49: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
+	87,  // 50: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	106, // 51: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	88,  // 52: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	89,  // 53: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	1,   // 54: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
+	91,  // 55: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	90,  // 56: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	94,  // 57: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	87,  // 58: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	92,  // 59: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	3,   // 60: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	8,   // 61: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	9,   // 62: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	11,  // 63: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	13,  // 64: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	14,  // 65: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	15,  // 66: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	15,  // 67: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	15,  // 68: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	20,  // 69: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	22,  // 70: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	23,  // 71: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	25,  // 72: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	27,  // 73: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	30,  // 74: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	32,  // 75: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	34,  // 76: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	37,  // 77: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	39,  // 78: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	40,  // 79: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	42,  // 80: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	59,  // 81: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	68,  // 82: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	71,  // 83: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	75,  // 84: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	78,  // 85: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	83,  // 86: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	84,  // 87: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	80,  // 88: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	82,  // 89: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	86,  // 90: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	93,  // 91: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	45,  // 92: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	47,  // 93: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	48,  // 94: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	49,  // 95: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	51,  // 96: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	54,  // 97: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	55,  // 98: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	57,  // 99: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	60,  // 100: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	63,  // 101: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	66,  // 102: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	7,   // 103: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	7,   // 104: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	10,  // 105: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	12,  // 106: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	7,   // 107: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	7,   // 108: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	16,  // 109: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	17,  // 110: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	19,  // 111: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	21,  // 112: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	16,  // 113: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	24,  // 114: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	26,  // 115: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	29,  // 116: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	31,  // 117: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	33,  // 118: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	35,  // 119: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	38,  // 120: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	36,  // 121: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	41,  // 122: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	43,  // 123: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	53,  // 124: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	69,  // 125: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	72,  // 126: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	77,  // 127: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	79,  // 128: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	85,  // 129: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	85,  // 130: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	81,  // 131: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	85,  // 132: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	92,  // 133: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	95,  // 134: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	46,  // 135: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	44,  // 136: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	44,  // 137: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	50,  // 138: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	52,  // 139: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	53,  // 140: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	56,  // 141: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	58,  // 142: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	62,  // 143: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	65,  // 144: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	67,  // 145: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	103, // [103:146] is the sub-list for method output_type
+	60,  // [60:103] is the sub-list for method input_type
+	60,  // [60:60] is the sub-list for extension type_name
+	60,  // [60:60] is the sub-list for extension extendee
+	0,   // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -7799,7 +8053,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   101,
+			NumMessages:   105,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
