@@ -101,6 +101,11 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 		return err
 	}
 	pid := s.st.Pid
+	// CRIU cannot dump a connection whose other end is the daemon's: the
+	// agent must have let go of every connection but its listener.
+	if err := agentIdle(ctx, pid, 2*time.Second); err != nil {
+		return err
+	}
 	meta, err := externalFiles(pid)
 	if err != nil {
 		return err
@@ -168,6 +173,46 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 		return fsErr(err, "write checkpoint metadata")
 	}
 	return syncDir(dir)
+}
+
+// agentIdle waits until the agent (pid, the init) holds no socket but
+// its listener: the connections of calls that just ended close on its
+// side a moment later. Calls still in flight make it a Conflict.
+func agentIdle(ctx context.Context, pid int, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		n, err := socketsOf(pid)
+		if err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "list the agent's descriptors")
+		}
+		if n <= 1 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errdefs.Conflictf("the sandbox's agent still serves %d connections (an exec, a stream or a process being waited for): checkpoint once they ended", n-1)
+		}
+		select {
+		case <-ctx.Done():
+			return errdefs.Wrap(errdefs.DeadlineExceeded, ctx.Err(), "wait for the agent's connections to end")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// socketsOf counts the sockets among pid's descriptors.
+func socketsOf(pid int) (int, error) {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // externalFiles finds the files of init pid that CRIU cannot dump: the

@@ -78,6 +78,15 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 	// CRIU kills the tree once it is saved: that exit is no death.
 	watching := s.unwatch != nil && s.unwatch()
 	s.unwatch = nil
+	// The daemon's connections to the agent (a watcher per background
+	// process) cannot be checkpointed: they are let go of, and the
+	// records are rebuilt from the agent once it runs again (restored,
+	// or left running by a failure).
+	procs := len(s.procs)
+	for id, pr := range s.procs {
+		pr.detach()
+		delete(s.procs, id)
+	}
 	s.mu.Unlock()
 
 	fail := func(err error) (*warrenv1.HibernateResponse, error) {
@@ -87,6 +96,16 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 		s.mu.Unlock()
 		if watching {
 			m.watch(s, sb)
+		}
+		if procs > 0 {
+			if prev == statePaused {
+				// Frozen again: its agent answers on resume.
+				s.mu.Lock()
+				s.procsOnResume = true
+				s.mu.Unlock()
+			} else {
+				m.adoptProcesses(s, sb)
+			}
 		}
 		return nil, err
 	}
@@ -153,10 +172,6 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 	s.sb, s.fs, s.backendState = nil, nil, nil
 	// Its background processes are saved with it; their records are
 	// rebuilt from the agent once it is restored.
-	for id, pr := range s.procs {
-		pr.detach()
-		delete(s.procs, id)
-	}
 	s.procsOnResume = true
 	perr := m.persistDurable(s)
 	out := &warrenv1.HibernateResponse{

@@ -1,0 +1,192 @@
+package daemon
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/container"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/store"
+)
+
+func requireCRIU(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat(container.CRIUPath); err != nil {
+		t.Skipf("no CRIU >= 4 at %s (scripts/criu.sh installs it): %v", container.CRIUPath, err)
+	}
+}
+
+// TestHibernateRestoreAcrossRestart: a hibernated sandbox's processes and
+// memory are gone from the node, its record survives a daemon restart
+// (and the loss of the store's copy), and Resume restores it: a counter
+// continues from where it stopped, files written before are there, the
+// background process is listed again. Calls are refused while it is
+// HIBERNATED; delete of a hibernated sandbox leaves nothing.
+func TestHibernateRestoreAcrossRestart(t *testing.T) {
+	requireCRIU(t)
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "hib", UserNamespace: proto.Bool(false)})
+	if res := e.sh("hib", "echo before > /f"); res.GetExitCode() != 0 {
+		t.Fatalf("write: %v", res)
+	}
+	count := counter(t, e, "hib")
+	res, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "hib"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("hibernate: checkpoint %d us, %d bytes, total %d us, before %v", res.GetCheckpointUs(), res.GetBytes(), res.GetTotalUs(), res.GetBefore())
+	if sb := res.GetSandbox(); sb.GetState() != stateHibernated || sb.GetHibernatedAtUnixMs() == 0 || sb.GetCheckpointBytes() == 0 {
+		t.Fatalf("hibernated sandbox: %v", sb)
+	}
+	// Nothing of it runs on the node: no cgroup, no run directory.
+	if left := sweepLeftovers(e, "hib"); left != "" {
+		t.Fatalf("resources of a hibernated sandbox: %s", left)
+	}
+	_, err = e.m.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "hib", Argv: []string{"true"}})
+	wantCat(t, err, errdefs.Conflict, "is HIBERNATED")
+	_, err = e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "hib"})
+	wantCat(t, err, errdefs.Conflict, "is HIBERNATED")
+	if e.gauge("hibernated") != 1 {
+		t.Errorf("gauge hibernated = %v", e.gauge("hibernated"))
+	}
+	ckpt := e.m.checkpointDir("hib")
+
+	// A restart whose store lost the record (a torn file of an ended
+	// boot) gets it back from the checkpoint.
+	e.stop()
+	st, err := store.Open(filepath.Join(e.dir, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete("hib"); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	e.start()
+	sb, err := e.m.Get(ctx, &warrenv1.GetRequest{Id: "hib"})
+	if err != nil || sb.GetState() != stateHibernated {
+		t.Fatalf("after restart: %v %v", sb, err)
+	}
+	// The counter's value as saved (its reader needs a running sandbox).
+	saved := readFileInt(t, filepath.Join(ckpt, "upper", "count"))
+	rr, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "hib"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restore: %d us, hibernated %d ms", rr.GetRestoreUs(), rr.GetPausedMs())
+	if !rr.GetRestored() || rr.GetSandbox().GetState() != stateRunning || rr.GetSandbox().GetHibernatedAtUnixMs() != 0 {
+		t.Fatalf("resumed: %v", rr)
+	}
+	if n := count(); n < saved || n > saved+50 {
+		t.Fatalf("counter after restore = %d, saved %d: restarted or lost", n, saved)
+	}
+	waitUntil(t, "the counter to count after the restore", func() bool { return count() > saved+5 })
+	if out := e.sh("hib", "cat /f").GetStdout(); string(out) != "before\n" {
+		t.Fatalf("file written before hibernation: %q", out)
+	}
+	list, err := e.m.ListProcesses(ctx, &warrenv1.ListProcessesRequest{SandboxId: "hib"})
+	if err != nil || len(list.GetProcesses()) != 1 || !list.GetProcesses()[0].GetRunning() {
+		t.Fatalf("processes after restore: %v %v", list, err)
+	}
+	if _, err := os.Stat(ckpt); !os.IsNotExist(err) {
+		t.Errorf("checkpoint left after restore: %v", err)
+	}
+
+	// Hibernated again, then deleted: nothing is left.
+	if _, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "hib"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: "hib"}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the hibernated sandbox's resources to go", func() bool { return sweepLeftovers(e, "hib") == "" })
+	if _, err := os.Stat(ckpt); !os.IsNotExist(err) {
+		t.Errorf("checkpoint left after delete: %v", err)
+	}
+	if e.gauge("hibernated") != 0 {
+		t.Errorf("gauge hibernated %v after delete", e.gauge("hibernated"))
+	}
+}
+
+// TestHibernatePausedAndByLabel: a PAUSED sandbox hibernates too;
+// HibernateByLabel takes exactly the matching ones, ResumeByLabel brings
+// them back; a sandbox CRIU cannot take (user namespace) is refused with
+// the reason and keeps running.
+func TestHibernatePausedAndByLabel(t *testing.T) {
+	requireCRIU(t)
+	e := newEnv(t)
+	ctx := ctxT(t)
+	for _, id := range []string{"a", "b", "other"} {
+		lab := map[string]string{"batch": "1"}
+		if id == "other" {
+			lab = map[string]string{"batch": "2"}
+		}
+		e.create(&warrenv1.CreateRequest{Id: id, Labels: lab, UserNamespace: proto.Bool(false)})
+	}
+	if _, err := e.m.Pause(ctx, &warrenv1.PauseRequest{Id: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	var evs []*warrenv1.ByLabelEvent
+	if err := e.m.HibernateByLabel(ctx, &warrenv1.HibernateByLabelRequest{Labels: map[string]string{"batch": "1"}}, func(ev *warrenv1.ByLabelEvent) error {
+		evs = append(evs, ev)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	last := evs[len(evs)-1]
+	if !last.GetDone() || last.GetTotal() != 2 || last.GetFailed() != 0 {
+		t.Fatalf("events: %v", evs)
+	}
+	for _, id := range []string{"a", "b"} {
+		if sb, _ := e.m.Get(ctx, &warrenv1.GetRequest{Id: id}); sb.GetState() != stateHibernated {
+			t.Fatalf("%s: %v", id, sb)
+		}
+	}
+	if sb, _ := e.m.Get(ctx, &warrenv1.GetRequest{Id: "other"}); sb.GetState() != stateRunning {
+		t.Fatalf("other: %v", sb)
+	}
+	evs = nil
+	if err := e.m.ResumeByLabel(ctx, &warrenv1.ResumeByLabelRequest{Labels: map[string]string{"batch": "1"}}, func(ev *warrenv1.ByLabelEvent) error {
+		evs = append(evs, ev)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if last := evs[len(evs)-1]; last.GetTotal() != 2 || last.GetFailed() != 0 {
+		t.Fatalf("resume events: %v", evs)
+	}
+	for _, id := range []string{"a", "b"} {
+		if out := e.sh(id, "echo up").GetStdout(); string(out) != "up\n" {
+			t.Fatalf("%s after ResumeByLabel: %q", id, out)
+		}
+	}
+
+	if container.UserNSSupported() != nil {
+		return
+	}
+	e.create(&warrenv1.CreateRequest{Id: "uns", UserNamespace: proto.Bool(true)})
+	_, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "uns"})
+	wantCat(t, err, errdefs.Unsupported, "user namespace")
+	if out := e.sh("uns", "echo up").GetStdout(); string(out) != "up\n" {
+		t.Fatalf("refused sandbox after the refusal: %q", out)
+	}
+}
+
+func readFileInt(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	for _, c := range strings.TrimSpace(string(b)) {
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
