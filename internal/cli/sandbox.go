@@ -43,6 +43,7 @@ func newSandboxCommand() *cobra.Command {
 		newEventsCommand(),
 		newLogCommand(),
 		newPauseCommand(),
+		newHibernateCommand(),
 		newResumeCommand(),
 	)
 	return c

@@ -63,6 +63,7 @@ from ._types import (
     ProcessEvent,
     ProcessInfo,
     PauseResult,
+    HibernateResult,
     PullEvent,
     Resources,
     ResumeResult,
@@ -792,10 +793,41 @@ class AsyncWarren:
         return PauseResult._from_json(d)
 
     async def resume(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
-        """Thaw paused sandbox ``id``: its processes continue where they
-        stopped. :class:`ConflictError` unless PAUSED."""
-        d = await self._rpc(_SBX + "Resume", {"id": id}, timeout=timeout, idempotent=False)
+        """Thaw paused sandbox ``id``, or restore hibernated sandbox ``id``
+        from its checkpoint (``result.restored``): its processes continue
+        where they stopped. :class:`ConflictError` unless PAUSED or
+        HIBERNATED. ``timeout`` defaults to ``transfer_timeout`` (a restore
+        reads the checkpoint back)."""
+        t = timeout if timeout is not None else self.transfer_timeout
+        d = await self._rpc(_SBX + "Resume", {"id": id}, timeout=t, idempotent=False)
         return ResumeResult._from_json(d)
+
+    async def hibernate(self, id: str, *, timeout: Optional[float] = None) -> HibernateResult:
+        """Checkpoint running or paused sandbox ``id`` to disk with CRIU and
+        release everything it holds on the node: memory, processes,
+        mounts. It is HIBERNATED, across daemon restarts and reboots, until
+        :meth:`resume` restores it; its lifetime keeps counting.
+        :class:`UnsupportedError` (the sandbox keeps running) where CRIU
+        cannot checkpoint it; :class:`ConflictError` while calls to it are
+        in flight. ``timeout`` defaults to ``transfer_timeout``."""
+        t = timeout if timeout is not None else self.transfer_timeout
+        d = await self._rpc(_SBX + "Hibernate", {"id": id}, timeout=t, idempotent=False)
+        return HibernateResult._from_json(d)
+
+    async def hibernate_by_label(
+        self,
+        labels: Mapping[str, str],
+        *,
+        parallelism: int = 0,
+        progress: Optional[Callable[[ByLabelEvent], Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> ByLabelResult:
+        """Hibernate every RUNNING or PAUSED sandbox whose labels include all
+        of ``labels`` (a trainer's whole rollout batch before it is
+        preempted), as :meth:`pause_by_label` pauses them;
+        :meth:`resume_by_label` restores them."""
+        body: Dict[str, Any] = {"labels": dict(labels), "parallelism": int(parallelism)}
+        return await self._by_label("HibernateByLabel", body, progress, timeout)
 
     async def pause_by_label(
         self,
@@ -827,8 +859,8 @@ class AsyncWarren:
         progress: Optional[Callable[[ByLabelEvent], Any]] = None,
         timeout: Optional[float] = None,
     ) -> ByLabelResult:
-        """Resume every PAUSED sandbox whose labels include all of
-        ``labels``, as :meth:`pause_by_label` pauses them."""
+        """Resume every PAUSED or HIBERNATED sandbox whose labels include
+        all of ``labels``, as :meth:`pause_by_label` pauses them."""
         body: Dict[str, Any] = {"labels": dict(labels), "parallelism": int(parallelism)}
         return await self._by_label("ResumeByLabel", body, progress, timeout)
 
@@ -1404,8 +1436,16 @@ class AsyncSandbox:
         return res
 
     async def resume(self, *, timeout: Optional[float] = None) -> ResumeResult:
-        """Thaw the paused sandbox: its processes continue where they stopped."""
+        """Thaw the paused sandbox, or restore the hibernated one: its
+        processes continue where they stopped."""
         res = await self.client.resume(self.id, timeout=timeout)
+        self.info = res.sandbox
+        return res
+
+    async def hibernate(self, *, timeout: Optional[float] = None) -> HibernateResult:
+        """Checkpoint the sandbox to disk and release what it holds on the
+        node (see :meth:`AsyncWarren.hibernate`); :meth:`resume` restores it."""
+        res = await self.client.hibernate(self.id, timeout=timeout)
         self.info = res.sandbox
         return res
 

@@ -64,6 +64,7 @@ from ._types import (
     LayerVerification,
     ProcessEvent,
     PauseResult,
+    HibernateResult,
     ProcessInfo,
     PullEvent,
     Resources,
@@ -353,8 +354,23 @@ class Warren:
         return self._run(self.aio.pause(id, reclaim=reclaim, timeout=timeout))
 
     def resume(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
-        """Thaw paused sandbox ``id``."""
+        """Thaw paused sandbox ``id``, or restore hibernated sandbox ``id``."""
         return self._run(self.aio.resume(id, timeout=timeout))
+
+    def hibernate(self, id: str, *, timeout: Optional[float] = None) -> HibernateResult:
+        """Checkpoint sandbox ``id`` to disk (see :meth:`AsyncWarren.hibernate`)."""
+        return self._run(self.aio.hibernate(id, timeout=timeout))
+
+    def hibernate_by_label(
+        self,
+        labels: Mapping[str, str],
+        *,
+        parallelism: int = 0,
+        progress: Optional[Callable[[ByLabelEvent], Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> ByLabelResult:
+        """Hibernate every RUNNING or PAUSED sandbox matching ``labels``."""
+        return self._run(self.aio.hibernate_by_label(labels, parallelism=parallelism, progress=progress, timeout=timeout))
 
     def pause_by_label(
         self,
@@ -379,7 +395,7 @@ class Warren:
         progress: Optional[Callable[[ByLabelEvent], Any]] = None,
         timeout: Optional[float] = None,
     ) -> ByLabelResult:
-        """Resume every PAUSED sandbox matching ``labels``."""
+        """Resume every PAUSED or HIBERNATED sandbox matching ``labels``."""
         return self._run(self.aio.resume_by_label(labels, parallelism=parallelism, progress=progress, timeout=timeout))
 
     # -- images ----------------------------------------------------------
@@ -626,8 +642,12 @@ class Sandbox:
         return self._run(self.aio.pause(reclaim=reclaim, timeout=timeout))
 
     def resume(self, *, timeout: Optional[float] = None) -> ResumeResult:
-        """Thaw the paused sandbox."""
+        """Thaw the paused sandbox, or restore the hibernated one."""
         return self._run(self.aio.resume(timeout=timeout))
+
+    def hibernate(self, *, timeout: Optional[float] = None) -> HibernateResult:
+        """Checkpoint the sandbox to disk (see :meth:`AsyncWarren.hibernate`)."""
+        return self._run(self.aio.hibernate(timeout=timeout))
 
     def commit(self, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None) -> Layer:
         """Make the sandbox's writable layer the named layer ``name`` (see
