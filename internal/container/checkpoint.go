@@ -50,6 +50,12 @@ const (
 // agent's listening socket, which the daemon made, and the init's stdio,
 // the node's /dev/null.
 type checkpointMeta struct {
+	// ID is the checkpointed sandbox's: a restore under another id (a
+	// fork) finds the host paths CRIU recorded under it.
+	ID string `json:"id,omitempty"`
+	// Cgroups is the init's cgroup in every hierarchy when it was
+	// dumped (cgroupsOf), for cgroupRoots.
+	Cgroups map[string]string `json:"cgroups,omitempty"`
 	// SocketKey is the agent socket's CRIU key ("socket:[ino]").
 	SocketKey string `json:"socket_key"`
 	// NullKey is the external file key of the init's stdio
@@ -110,6 +116,9 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	if err != nil {
 		return err
 	}
+	if meta.Cgroups, err = cgroupsOf(pid); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "read the sandbox's cgroups")
+	}
 	images := filepath.Join(dir, ckptImages)
 	if err := os.MkdirAll(images, 0o700); err != nil {
 		return fsErr(err, "create checkpoint directory")
@@ -168,6 +177,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	if err := os.Rename(s.UpperDir(), filepath.Join(dir, ckptUpper)); err != nil {
 		return fsErr(err, "move the writable layer into the checkpoint")
 	}
+	meta.ID = s.id
 	b, _ := json.Marshal(meta)
 	if err := os.WriteFile(filepath.Join(dir, ckptMeta), b, 0o600); err != nil {
 		return fsErr(err, "write checkpoint metadata")
@@ -323,19 +333,46 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		return nil, fsErr(err, "create sandbox directories")
 	}
 	upper, work := filepath.Join(st, "upper"), filepath.Join(st, "work")
-	if err := os.Rename(filepath.Join(dir, ckptUpper), upper); err != nil {
+	if err := os.Rename(filepath.Join(dir, ckptUpper), upper); err == nil {
+		// A failed restore leaves the checkpoint as it found it.
+		cu.Add(func() error { return os.Rename(upper, filepath.Join(dir, ckptUpper)) })
+	} else if errors.Is(err, os.ErrNotExist) {
+		// Its writable layer became a lower layer the caller passes in
+		// Layers (a fork's, or a forked checkpoint's own restore): this
+		// sandbox writes on a fresh one.
+		if err := os.Mkdir(upper, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fsErr(err, "create sandbox directories")
+		}
+	} else {
 		return nil, fsErr(err, "move the checkpoint's writable layer back")
 	}
-	// A failed restore leaves the checkpoint as it found it.
-	cu.Add(func() error { return os.Rename(upper, filepath.Join(dir, ckptUpper)) })
 	if err := os.Mkdir(work, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fsErr(err, "create sandbox directories")
 	}
-	// The dumped /dev is a bind of this directory (an external mount):
-	// delete removed the checkpointed sandbox's.
-	_ = removeTree(b.devDir(spec.ID))
-	if err := makeDevDir(b.devDir(spec.ID)); err != nil {
+	// The dumped /dev is a bind of the checkpointed sandbox's directory
+	// (an external mount CRIU binds again from the host path it
+	// recorded): it is made there, and a fork's is then renamed to its
+	// own id (the binds follow the directory). Delete removed the
+	// checkpointed sandbox's; one there now is a sandbox of that id
+	// running, which a fork must not take: forks take turns.
+	src := meta.ID
+	if src == "" {
+		src = spec.ID
+	}
+	if src != spec.ID {
+		b.forkMu.Lock()
+		defer b.forkMu.Unlock()
+		if _, err := os.Lstat(b.devDir(src)); err == nil {
+			return nil, errdefs.Conflictf("sandbox %s, whose checkpoint this is, runs on this node: a fork of it restores only while it does not", src)
+		}
+	} else {
+		_ = removeTree(b.devDir(spec.ID))
+	}
+	if err := makeDevDir(b.devDir(src)); err != nil {
 		return nil, err
+	}
+	if src != spec.ID {
+		cu.Add(func() error { return removeTree(b.devDir(src)) })
 	}
 	overlay, err := overlayConfig(spec.Layers, upper, work)
 	if err != nil {
@@ -405,8 +442,16 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if meta.NullKey != "" {
 		inherit = append(inherit, &rpc.InheritFd{Key: proto.String(meta.NullKey), Fd: proto.Int32(int32(null.Fd()))})
 	}
+	// The log goes to the sandbox's run directory: the images stay as
+	// they are for the next restore of them (forks).
+	workDir, err := os.Open(run)
+	if err != nil {
+		return nil, fsErr(err, "open the sandbox's run directory")
+	}
+	defer workDir.Close()
 	opts := &rpc.CriuOpts{
 		ImagesDirFd:       proto.Int32(int32(imgDir.Fd())),
+		WorkDirFd:         proto.Int32(int32(workDir.Fd())),
 		LogLevel:          proto.Int32(4),
 		LogFile:           proto.String("restore.log"),
 		Root:              proto.String(root),
@@ -416,14 +461,22 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		NetworkLock:       rpc.CriuNetworkLockMethod_NFTABLES.Enum(),
 		ManageCgroups:     proto.Bool(true),
 		ManageCgroupsMode: rpc.CriuCgMode_SOFT.Enum(),
-		TcpEstablished:    proto.Bool(true),
-		FileLocks:         proto.Bool(true),
+		// The tree goes into the group made above: a fork's is not its
+		// source's, which CRIU recorded.
+		CgRoot:         cgroupRoots(meta.Cgroups, src, grp.Name()),
+		TcpEstablished: proto.Bool(true),
+		FileLocks:      proto.Bool(true),
 	}
-	pid, err := criuRestore(opts, []*os.File{ln, null, netns})
+	pid, err := criuRestore(opts, []*os.File{ln, null, netns, workDir})
 	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(images, "restore.log"))), "restore sandbox "+spec.ID)
+		return nil, errdefs.Wrap(errdefs.Internal, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(run, "restore.log"))), "restore sandbox "+spec.ID)
 	}
 	cu.Add(func() error { _ = unix.Kill(pid, unix.SIGKILL); return nil })
+	if src != spec.ID {
+		if err := os.Rename(b.devDir(src), b.devDir(spec.ID)); err != nil {
+			return nil, fsErr(err, "move the fork's /dev to its own id")
+		}
+	}
 	s, err := b.attach(spec.ID, pid, -1, 0, grp, nil)
 	if err != nil {
 		return nil, err
@@ -431,6 +484,47 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	b.cpus.adopt(spec.ID, pid)
 	cu.Release()
 	return s, nil
+}
+
+// cgroupsOf reads pid's cgroup of every hierarchy: controllers ("" for
+// the v2 one) -> path.
+func cgroupsOf(pid int) (map[string]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) == 3 {
+			out[parts[1]] = parts[2]
+		}
+	}
+	return out, nil
+}
+
+// cgroupRoots tells CRIU where to put the restored tree in every
+// hierarchy: where the checkpointed init had a group of its own (its path
+// ends in its id), the group made for this sandbox; elsewhere (cpuset,
+// blkio, a devices group shared by the node's sandboxes) where it was.
+// Without it CRIU makes the checkpointed sandbox's groups again, which a
+// fork must not share. An entry without a controller is CRIU's default,
+// the v2 hierarchy's here.
+func cgroupRoots(dumped map[string]string, srcID, name string) []*rpc.CgroupRoot {
+	var out []*rpc.CgroupRoot
+	for ctrls, p := range dumped {
+		if strings.HasSuffix(p, "/"+srcID) {
+			p = "/" + name
+		}
+		if ctrls == "" {
+			out = append(out, &rpc.CgroupRoot{Path: proto.String(p)})
+			continue
+		}
+		for _, c := range strings.Split(ctrls, ",") {
+			out = append(out, &rpc.CgroupRoot{Ctrl: proto.String(c), Path: proto.String(p)})
+		}
+	}
+	return out
 }
 
 // criuRestore runs CRIU's restore through its RPC interface and returns

@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -179,4 +180,88 @@ func TestCheckpointRefusedKeepsRunning(t *testing.T) {
 	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"echo", "ok"}}, ""); r.Stdout != "ok\n" {
 		t.Fatalf("sandbox after a refused checkpoint: %+v", r)
 	}
+}
+
+// TestCheckpointForks: a checkpoint whose writable layer became a lower
+// layer restores many times, under other ids (forks) and its own: each
+// copy's counter goes on from the saved value, each writes on its own
+// upper (they diverge; the shared layer does not change), and deleting
+// them all leaves nothing.
+func TestCheckpointForks(t *testing.T) {
+	requireCRIU(t)
+	opts := testOptions(t, "fork-")
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	baseline := resources(t, opts)
+	layers := backend.DirLayers(testutil.BusyboxRoot(t))
+	sb, err := b.Create(t.Context(), backend.Spec{ID: "src", Layers: layers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"sh", "-c", "echo shared > /root/f"}}, ""); r.Status.Code != 0 {
+		t.Fatalf("write: %+v", r)
+	}
+	if _, err := sb.(backend.Background).StartBackground(t.Context(), backend.ProcSpec{Argv: []string{"sh", "-c", counterScript}}, backend.BackgroundOpts{OutputCap: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	waitCounter(t, sb, 3)
+	dir := filepath.Join(opts.StateDir, "checkpoints", "src")
+	if err := sb.(backend.Checkpointer).Checkpoint(t.Context(), dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Destroy(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.Join(opts.StateDir, "base-src")
+	if err := os.Rename(filepath.Join(dir, ckptUpper), base); err != nil {
+		t.Fatal(err)
+	}
+	cb, err := os.ReadFile(filepath.Join(base, "tmp/c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at, _ := strconv.Atoi(strings.TrimSpace(string(cb)))
+	withBase := append([]backend.Layer{{Digest: "base-src", Dir: base}}, layers...)
+	var sbs []backend.Sandbox
+	for _, id := range []string{"fork1", "fork2", "src"} {
+		start := time.Now()
+		rs, err := b.Create(t.Context(), backend.Spec{ID: id, Layers: withBase, Restore: dir})
+		if err != nil {
+			t.Fatalf("restore %s: %v", id, err)
+		}
+		t.Logf("restore %s: %v", id, time.Since(start))
+		defer rs.Destroy(context.Background())
+		// Its tree is in its own groups, not its source's.
+		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", rs.(*sandbox).st.Pid))
+		if err != nil || !strings.Contains(string(cg), "/"+id+"\n") {
+			t.Errorf("restored %s's init is in %s (%v)", id, cg, err)
+		}
+		sbs = append(sbs, rs)
+	}
+	for i, rs := range sbs {
+		if n := waitCounter(t, rs, at); n > at+30 {
+			t.Errorf("copy %d: counter restarted or jumped: %d after %d", i, n, at)
+		}
+		if r := conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"sh", "-c", fmt.Sprintf("cat /root/f; echo %d > /root/mine; hostname", i)}}, ""); !strings.HasPrefix(r.Stdout, "shared\n") {
+			t.Errorf("copy %d: %+v", i, r)
+		}
+	}
+	for i, rs := range sbs {
+		r := conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"cat", "/root/mine"}}, "")
+		if r.Stdout != fmt.Sprintf("%d\n", i) {
+			t.Errorf("copy %d sees %q: the copies do not diverge", i, r.Stdout)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(base, "root/mine")); err == nil {
+		t.Errorf("a copy wrote into the shared layer")
+	}
+	for _, rs := range sbs {
+		if err := rs.Destroy(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitNoLeaks(t, opts, baseline)
 }

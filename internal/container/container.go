@@ -101,6 +101,7 @@ type Backend struct {
 	seccomp, seccompAudit string
 
 	sharedMu sync.Mutex // remounting the shared sysfs or devfs
+	forkMu   sync.Mutex // a fork's restore, which borrows its source's /dev path
 }
 
 var (
@@ -414,39 +415,22 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		path, files = b.opts.InitBinary, files[:6]
 	}
 	pidfd := -1
-	var proc *os.Process
-	// The agent's socket (fd 4) is made in the sandbox's network
-	// namespace, not the daemon's: CRIU dumps only sockets of the
-	// namespaces of the tree it dumps (checkpoint.go).
-	err = inNewNetns(func() error {
-		ln, err := listenUnix(b.socket(spec.ID))
-		if err != nil {
-			return errdefs.Wrap(errdefs.Internal, err, "agent socket")
-		}
-		defer ln.Close()
-		files[4] = ln
-		// os.StartProcess rather than os/exec: no stdio goroutines or
-		// /dev/null opens per create. The clone hands us a pidfd (PidFD).
-		// The child inherits this thread's network namespace.
-		proc, err = os.StartProcess(path, []string{"warren-init"}, &os.ProcAttr{
-			Env:   []string{initEnv + "=1"},
-			Files: files,
-			Sys: &syscall.SysProcAttr{
-				Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS |
-					syscall.CLONE_NEWIPC,
-				// Its own session: signals to the daemon's terminal or process
-				// group never reach sandboxes.
-				Setsid: true,
-				PidFD:  &pidfd,
-			},
-		})
-		if err != nil {
-			return errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
-		}
-		return nil
+	// os.StartProcess rather than os/exec: no stdio goroutines or
+	// /dev/null opens per create. The clone hands us a pidfd (PidFD).
+	proc, err := os.StartProcess(path, []string{"warren-init"}, &os.ProcAttr{
+		Env:   []string{initEnv + "=1"},
+		Files: files,
+		Sys: &syscall.SysProcAttr{
+			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS |
+				syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
+			// Its own session: signals to the daemon's terminal or process
+			// group never reach sandboxes.
+			Setsid: true,
+			PidFD:  &pidfd,
+		},
 	})
 	if err != nil {
-		return 0, -1, nil, nil, err
+		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
 	}
 	pid := proc.Pid
 	// We reap it through the monitor, not os.
@@ -494,7 +478,8 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	conf := map[string]string{"rootfs": b.rootMount(), "hostname": hostname,
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID),
 		"rlimits": rlimit.InitConfig(spec.Rlimits), "seccomp": b.seccomp,
-		"seccomp_audit": b.seccompAudit, "auid": auditID(pid), "agent_exe": b.agentExe}
+		"seccomp_audit": b.seccompAudit, "auid": auditID(pid), "agent_exe": b.agentExe,
+		"agent_socket": b.socket(spec.ID)}
 	if spec.AllowSetuid {
 		conf["no_new_privs"] = "0"
 	}

@@ -9,7 +9,8 @@
  * world and becomes the agent (PID 1) in the same process.
  *
  * File descriptors: 3 = config (read until EOF; the daemon writes it only
- * after placing us in our cgroup), 4 = the agent's listening socket,
+ * after placing us in our cgroup), 4 = the agent's listening socket (made
+ * here at the config's agent_socket; listen_at),
  * 5 = status pipe (a message means failure; our closing it means the
  * sandbox is up), 6 = the standalone agent (what the daemon exec'd; closed).
  *
@@ -34,7 +35,8 @@
  * process that caused it is gone); no_new_privs ("0": leave it off, so
  * that setuid binaries work); userns ("BASE:SIZE": the user-namespace
  * mode, see make_userns); agent_exe (the agent's file on the node's
- * agent tmpfs: adopt_exe).
+ * agent tmpfs: adopt_exe); agent_socket (where the agent listens:
+ * listen_at).
  *
  * Nothing the sandbox can read names a host path: the overlay is mounted
  * with data naming only descriptors (lowerdir=/proc/self/fd/N:..., which
@@ -60,6 +62,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -791,6 +794,32 @@ static void install_seccomp(const char *hex, unsigned flags)
 	madvise(filter, sizeof filter, MADV_DONTNEED);
 }
 
+/* The agent's listening socket at path, as fd 4: made here, so that it
+ * belongs to the sandbox's network namespace (CRIU dumps only the sockets
+ * of the namespaces of the tree it dumps: checkpoint.go), at the host path
+ * the daemon connects to, which this mount namespace still sees. */
+static void listen_at(const char *path)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof a.sun_path) {
+		errno = ENAMETOOLONG;
+		die("agent socket", path);
+	}
+	strcpy(a.sun_path, path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		die("socket", path);
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0)
+		die("bind", path);
+	if (listen(fd, SOMAXCONN) < 0)
+		die("listen", path);
+	if (fd != FD_LISTEN) {
+		if (dup3(fd, FD_LISTEN, O_CLOEXEC) < 0)
+			die("dup3", path);
+		close(fd);
+	}
+}
+
 static void __attribute__((noreturn)) init_main(void)
 {
 	size_t len = 0;
@@ -815,6 +844,9 @@ static void __attribute__((noreturn)) init_main(void)
 	 * 5 are ours, everything above goes (6 is the standalone agent the
 	 * daemon exec'd, when that is what we are). */
 	close_all_from(FD_STATUS + 1);
+	const char *sock = conf("agent_socket", len);
+	if (sock)
+		listen_at(sock);
 	const char *userns = conf("userns", len);
 	if (userns)
 		make_userns(userns);
