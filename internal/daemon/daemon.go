@@ -190,6 +190,7 @@ type sandbox struct {
 	sb           backend.Sandbox   // nil while creating, or when never adopted
 	backendState []byte
 	imageLayers  []string           // digests, bottom first
+	bases        []string           // forked checkpoints' layers above them, top first (fork.go)
 	etcNS        netip.Addr         // the nameserver of the resolv.conf Warren last wrote (etc.go)
 	fs           backend.FileSystem // nil: the backend serves no file calls (fsFor)
 	timer        *time.Timer
@@ -430,6 +431,7 @@ func (m *Manager) persist(s *sandbox) error {
 		ImageLayers:   s.imageLayers,
 		Sandbox:       info,
 		EtcNameserver: formatNameserver(s.etcNS),
+		Bases:         s.bases,
 	})
 }
 

@@ -202,7 +202,7 @@ func (m *Manager) persistDurable(s *sandbox) error {
 	if err := m.store.Sync(); err != nil {
 		return err
 	}
-	rec := store.Record{ID: s.id, Backend: s.backendName, ImageLayers: s.imageLayers, Sandbox: s.info}
+	rec := store.Record{ID: s.id, Backend: s.backendName, ImageLayers: s.imageLayers, Sandbox: s.info, Bases: s.bases}
 	enc, err := store.Encode(rec)
 	if err != nil {
 		return err
@@ -269,7 +269,7 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 		return nil, errdefs.Unavailablef("sandbox %s: backend %s is not configured on this daemon", s.id, s.backendName)
 	}
 	info := cloneSandbox(s.info)
-	digests := s.imageLayers
+	digests, bases := s.imageLayers, s.bases
 	done := s.startPausingLocked()
 	s.mu.Unlock()
 	end := func() {
@@ -303,7 +303,7 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 	spec = backend.Spec{
 		ID:          s.id,
 		Hostname:    info.GetHostname(),
-		Layers:      specLayers(layers),
+		Layers:      append(baseLayers(bases), specLayers(layers)...),
 		CPUMillis:   res.GetCpuMillis(),
 		MemoryBytes: res.GetMemoryBytes(),
 		PidsMax:     res.GetPidsMax(),
@@ -315,6 +315,11 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 		AllowSetuid: info.GetAllowSetuid(),
 		UserNS:      info.GetUserNamespace(),
 		Restore:     m.checkpointDir(s.id),
+	}
+	if err := m.settleBase(s.id, bases); err != nil {
+		release()
+		end()
+		return nil, err
 	}
 	t0 := time.Now()
 	sb, err := s.b.Create(ctx, spec)

@@ -190,3 +190,99 @@ func readFileInt(t *testing.T, path string) int {
 	}
 	return n
 }
+
+// TestFork: Fork of a RUNNING sandbox makes copies that continue its
+// counter from the checkpoint, see its files, and diverge independently;
+// the source runs on; the shared base outlives the source's delete and
+// goes with the last fork. A HIBERNATED source stays so; bad counts are
+// refused.
+func TestFork(t *testing.T) {
+	requireCRIU(t)
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "src", UserNamespace: proto.Bool(false), Labels: map[string]string{"run": "1"}})
+	if res := e.sh("src", "echo shared > /root/f"); res.GetExitCode() != 0 {
+		t.Fatalf("write: %v", res)
+	}
+	count := counter(t, e, "src")
+	_, err := e.m.Fork(ctx, &warrenv1.ForkRequest{Id: "src", Count: 0})
+	wantCat(t, err, errdefs.Invalid, "count 0")
+	_, err = e.m.Fork(ctx, &warrenv1.ForkRequest{Id: "nope", Count: 1})
+	wantCat(t, err, errdefs.NotFound, "")
+
+	res, err := e.m.Fork(ctx, &warrenv1.ForkRequest{Id: "src", Count: 3, Labels: map[string]string{"branch": "yes"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fork of 3: checkpoint %d us, restores %v us, total %d us", res.GetCheckpointUs(), res.GetRestoreUs(), res.GetTotalUs())
+	if len(res.GetSandboxes()) != 3 || res.GetSource().GetState() != stateRunning {
+		t.Fatalf("fork: %v", res)
+	}
+	saved := count()
+	var ids []string
+	for i, f := range res.GetSandboxes() {
+		if f.GetState() != stateRunning || f.GetForkedFrom() != "src" || f.GetLabels()["run"] != "1" || f.GetLabels()["branch"] != "yes" {
+			t.Fatalf("fork %d: %v", i, f)
+		}
+		ids = append(ids, f.GetId())
+	}
+	for i, id := range ids {
+		out := e.sh(id, "cat /root/f; cat /count; echo "+string(rune('a'+i))+" > /root/mine")
+		if !strings.HasPrefix(string(out.GetStdout()), "shared\n") {
+			t.Fatalf("fork %s: %v", id, out)
+		}
+	}
+	for i, id := range ids {
+		if out := e.sh(id, "cat /root/mine").GetStdout(); string(out) != string(rune('a'+i))+"\n" {
+			t.Errorf("fork %s sees %q: forks do not diverge", id, out)
+		}
+		list, err := e.m.ListProcesses(ctx, &warrenv1.ListProcessesRequest{SandboxId: id})
+		if err != nil || len(list.GetProcesses()) != 1 {
+			t.Errorf("fork %s's processes: %v %v", id, list, err)
+		}
+	}
+	if out := e.sh("src", "cat /root/mine 2>&1; cat /root/f").GetStdout(); !strings.HasSuffix(string(out), "shared\n") || strings.Contains(string(out), "\na\n") {
+		t.Errorf("the source sees a fork's file: %q", out)
+	}
+	waitUntil(t, "the source's counter to go on", func() bool { return count() > saved+5 })
+
+	// The source goes; its forks keep their shared base.
+	if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: "src"}); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.sh(ids[0], "cat /root/f").GetStdout(); string(out) != "shared\n" {
+		t.Fatalf("fork after its source's delete: %q", out)
+	}
+	// A hibernated fork forks again, and stays hibernated.
+	if _, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: ids[0]}); err != nil {
+		t.Fatal(err)
+	}
+	res2, err := e.m.Fork(ctx, &warrenv1.ForkRequest{Id: ids[0], Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb, _ := e.m.Get(ctx, &warrenv1.GetRequest{Id: ids[0]}); sb.GetState() != stateHibernated {
+		t.Fatalf("hibernated source after a fork: %v", sb)
+	}
+	g := res2.GetSandboxes()[0].GetId()
+	if out := e.sh(g, "cat /root/f /root/mine").GetStdout(); string(out) != "shared\na\n" {
+		t.Fatalf("fork of a fork: %q", out)
+	}
+	if _, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: ids[0]}); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.sh(ids[0], "cat /root/mine").GetStdout(); string(out) != "a\n" {
+		t.Fatalf("restored forked fork: %q", out)
+	}
+	for _, id := range append(ids, g) {
+		if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range append(ids, g, "src") {
+		waitUntil(t, "the resources of "+id+" to go", func() bool { return sweepLeftovers(e, id) == "" })
+	}
+	if ents, _ := os.ReadDir(e.m.basesDir()); len(ents) != 0 {
+		t.Errorf("bases left: %v", ents)
+	}
+}

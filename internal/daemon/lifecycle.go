@@ -69,6 +69,7 @@ const (
 	opPause               // Pause
 	opResume              // Resume (a thaw, or a restore from HIBERNATED)
 	opHibernate           // Hibernate
+	opFork                // Fork (of a HIBERNATED sandbox; others are hibernated first)
 	// opProcess: SignalProcess, WriteStdin, ResizeProcess, which reach
 	// the sandbox's agent: refused while it is frozen (they would block
 	// until it is resumed), as in states this daemon does not know.
@@ -79,7 +80,7 @@ var opNames = [...]string{
 	opInspect: "inspect", opExec: "exec", opFiles: "file access", opCommit: "commit",
 	opUpdate: "update", opExtend: "extend timeout", opDelete: "delete",
 	opPause: "pause", opResume: "resume", opProcess: "signal, stdin or resize of a process",
-	opHibernate: "hibernate",
+	opHibernate: "hibernate", opFork: "fork",
 }
 
 func (o op) String() string { return opNames[o] }
@@ -93,7 +94,7 @@ var allowed = map[state][]op{
 	stateCreating:   {opProcess}, // Delete waits for the creation to finish
 	stateRunning:    {opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess, opHibernate},
 	statePaused:     {opExtend, opDelete, opResume, opHibernate},
-	stateHibernated: {opExtend, opDelete, opResume},
+	stateHibernated: {opExtend, opDelete, opResume, opFork},
 	stateStopped:    {opExtend, opDelete, opProcess},
 	stateLost:       {opExtend, opDelete, opProcess},
 	stateDeleting:   {opProcess}, // Delete waits for the deletion in progress

@@ -467,6 +467,7 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	m.idem.dropSandbox(s.id)
 	m.forget(s)
 	m.events.Forget(s.id)
+	m.dropBases(s.bases)
 	close(done)
 	if prev == stateRunning || prev == statePaused || prev == stateHibernated {
 		m.metrics.SandboxEnded(reason)
@@ -684,6 +685,7 @@ func (m *Manager) adoptAll(ctx context.Context) error {
 		return err
 	}
 	recs = m.recoverHibernated(recs)
+	m.sweepBases(recs)
 	var (
 		mu   sync.Mutex
 		keep = map[string]map[string]bool{}
@@ -802,6 +804,7 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		info:         info,
 		backendState: rec.BackendState,
 		imageLayers:  rec.ImageLayers,
+		bases:        rec.Bases,
 		etcNS:        parseNameserver(rec.EtcNameserver),
 	}
 	close(s.ready)

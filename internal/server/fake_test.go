@@ -341,3 +341,7 @@ func (f *fakeManager) Hibernate(_ context.Context, r *warrenv1.HibernateRequest)
 func (f *fakeManager) HibernateByLabel(_ context.Context, r *warrenv1.HibernateByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error {
 	return send(&warrenv1.ByLabelEvent{Done: true})
 }
+
+func (f *fakeManager) Fork(_ context.Context, r *warrenv1.ForkRequest) (*warrenv1.ForkResponse, error) {
+	return nil, errdefs.Unsupportedf("fake")
+}

@@ -59,6 +59,10 @@ type Record struct {
 	// (records of daemons before it say that too). Commits leave that
 	// file out, and a network change rewrites it only while it is that.
 	EtcNameserver string
+	// Bases are directories of the daemon's, top first, that sit above
+	// the image layers as lower layers: a forked checkpoint's writable
+	// layer, shared by the forks and their source (daemon fork.go).
+	Bases []string
 }
 
 // State is the lifecycle state of the record.
@@ -73,6 +77,7 @@ type encoded struct {
 	ImageLayers  []string `json:"image_layers,omitempty"`
 	Sandbox      []byte   `json:"sandbox"`
 	Nameserver   string   `json:"etc_nameserver,omitempty"`
+	Bases        []string `json:"bases,omitempty"`
 }
 
 // Store is the sandbox database. It is safe for concurrent use.
@@ -288,7 +293,7 @@ func Encode(r Record) ([]byte, error) {
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "store: encode sandbox "+r.ID)
 	}
-	val, err := json.Marshal(encoded{ID: r.ID, Backend: r.Backend, BackendState: r.BackendState, ImageLayers: r.ImageLayers, Sandbox: pb, Nameserver: r.EtcNameserver})
+	val, err := json.Marshal(encoded{ID: r.ID, Backend: r.Backend, BackendState: r.BackendState, ImageLayers: r.ImageLayers, Sandbox: pb, Nameserver: r.EtcNameserver, Bases: r.Bases})
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "store: encode record "+r.ID)
 	}
@@ -318,7 +323,7 @@ func decode(v []byte) (Record, error) {
 	if err := proto.Unmarshal(e.Sandbox, sb); err != nil {
 		return Record{}, errdefs.Wrap(errdefs.Internal, err, fmt.Sprintf("store: decode sandbox %s", e.ID))
 	}
-	return Record{ID: e.ID, Backend: e.Backend, BackendState: e.BackendState, ImageLayers: e.ImageLayers, Sandbox: sb, EtcNameserver: e.Nameserver}, nil
+	return Record{ID: e.ID, Backend: e.Backend, BackendState: e.BackendState, ImageLayers: e.ImageLayers, Sandbox: sb, EtcNameserver: e.Nameserver, Bases: e.Bases}, nil
 }
 
 // writeCategory tells a full disk (the caller may free space and retry)

@@ -710,8 +710,10 @@ type Sandbox struct {
 	HibernatedAtUnixMs int64 `protobuf:"varint,41,opt,name=hibernated_at_unix_ms,json=hibernatedAtUnixMs,proto3" json:"hibernated_at_unix_ms,omitempty"`
 	// The checkpoint's size on disk while HIBERNATED.
 	CheckpointBytes uint64 `protobuf:"varint,42,opt,name=checkpoint_bytes,json=checkpointBytes,proto3" json:"checkpoint_bytes,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The sandbox this one was forked from ("" when it was created).
+	ForkedFrom    string `protobuf:"bytes,43,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -924,6 +926,13 @@ func (x *Sandbox) GetCheckpointBytes() uint64 {
 		return x.CheckpointBytes
 	}
 	return 0
+}
+
+func (x *Sandbox) GetForkedFrom() string {
+	if x != nil {
+		return x.ForkedFrom
+	}
+	return ""
 }
 
 type GetRequest struct {
@@ -6005,6 +6014,150 @@ func (x *HibernateResponse) GetBefore() *Memory {
 	return nil
 }
 
+type ForkRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Count          int32                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`                                                                            // 1 to 64
+	Labels         map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // added to the source's on every fork
+	TimeoutSeconds int64                  `protobuf:"varint,4,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`                                    // the forks' lifetime; 0 = the node default
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ForkRequest) Reset() {
+	*x = ForkRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRequest) ProtoMessage() {}
+
+func (x *ForkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
+func (*ForkRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *ForkRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ForkRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *ForkRequest) GetTimeoutSeconds() int64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+type ForkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`                            // the forks, RUNNING
+	Source        *Sandbox               `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`                                  // the source, in the state it was in
+	CheckpointUs  int64                  `protobuf:"varint,3,opt,name=checkpoint_us,json=checkpointUs,proto3" json:"checkpoint_us,omitempty"` // the source's checkpoint (0 if it was HIBERNATED)
+	RestoreUs     []int64                `protobuf:"varint,4,rep,packed,name=restore_us,json=restoreUs,proto3" json:"restore_us,omitempty"`   // each fork's restore
+	TotalUs       int64                  `protobuf:"varint,5,opt,name=total_us,json=totalUs,proto3" json:"total_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkResponse) Reset() {
+	*x = ForkResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResponse) ProtoMessage() {}
+
+func (x *ForkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
+func (*ForkResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *ForkResponse) GetSandboxes() []*Sandbox {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetSource() *Sandbox {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetCheckpointUs() int64 {
+	if x != nil {
+		return x.CheckpointUs
+	}
+	return 0
+}
+
+func (x *ForkResponse) GetRestoreUs() []int64 {
+	if x != nil {
+		return x.RestoreUs
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetTotalUs() int64 {
+	if x != nil {
+		return x.TotalUs
+	}
+	return 0
+}
+
 type HibernateByLabelRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // required: at least one
@@ -6015,7 +6168,7 @@ type HibernateByLabelRequest struct {
 
 func (x *HibernateByLabelRequest) Reset() {
 	*x = HibernateByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6027,7 +6180,7 @@ func (x *HibernateByLabelRequest) String() string {
 func (*HibernateByLabelRequest) ProtoMessage() {}
 
 func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6040,7 +6193,7 @@ func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateByLabelRequest.ProtoReflect.Descriptor instead.
 func (*HibernateByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *HibernateByLabelRequest) GetLabels() map[string]string {
@@ -6068,7 +6221,7 @@ type PauseByLabelRequest struct {
 
 func (x *PauseByLabelRequest) Reset() {
 	*x = PauseByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6080,7 +6233,7 @@ func (x *PauseByLabelRequest) String() string {
 func (*PauseByLabelRequest) ProtoMessage() {}
 
 func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6093,7 +6246,7 @@ func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
 func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *PauseByLabelRequest) GetLabels() map[string]string {
@@ -6127,7 +6280,7 @@ type ResumeByLabelRequest struct {
 
 func (x *ResumeByLabelRequest) Reset() {
 	*x = ResumeByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6139,7 +6292,7 @@ func (x *ResumeByLabelRequest) String() string {
 func (*ResumeByLabelRequest) ProtoMessage() {}
 
 func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6152,7 +6305,7 @@ func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
 func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ResumeByLabelRequest) GetLabels() map[string]string {
@@ -6190,7 +6343,7 @@ type ByLabelEvent struct {
 
 func (x *ByLabelEvent) Reset() {
 	*x = ByLabelEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6202,7 +6355,7 @@ func (x *ByLabelEvent) String() string {
 func (*ByLabelEvent) ProtoMessage() {}
 
 func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6215,7 +6368,7 @@ func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
 func (*ByLabelEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ByLabelEvent) GetSandboxId() string {
@@ -6299,7 +6452,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6311,7 +6464,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6324,7 +6477,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *RunRequest) GetImage() string {
@@ -6368,7 +6521,7 @@ type RunStep struct {
 
 func (x *RunStep) Reset() {
 	*x = RunStep{}
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6380,7 +6533,7 @@ func (x *RunStep) String() string {
 func (*RunStep) ProtoMessage() {}
 
 func (x *RunStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6393,7 +6546,7 @@ func (x *RunStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
 func (*RunStep) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RunStep) GetArgv() []string {
@@ -6460,7 +6613,7 @@ type RunFile struct {
 
 func (x *RunFile) Reset() {
 	*x = RunFile{}
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6472,7 +6625,7 @@ func (x *RunFile) String() string {
 func (*RunFile) ProtoMessage() {}
 
 func (x *RunFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6485,7 +6638,7 @@ func (x *RunFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
 func (*RunFile) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RunFile) GetName() string {
@@ -6540,7 +6693,7 @@ type RunLimits struct {
 
 func (x *RunLimits) Reset() {
 	*x = RunLimits{}
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6552,7 +6705,7 @@ func (x *RunLimits) String() string {
 func (*RunLimits) ProtoMessage() {}
 
 func (x *RunLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6565,7 +6718,7 @@ func (x *RunLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
 func (*RunLimits) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *RunLimits) GetCpuMs() int64 {
@@ -6644,7 +6797,7 @@ type RunStepResult struct {
 
 func (x *RunStepResult) Reset() {
 	*x = RunStepResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6656,7 +6809,7 @@ func (x *RunStepResult) String() string {
 func (*RunStepResult) ProtoMessage() {}
 
 func (x *RunStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6669,7 +6822,7 @@ func (x *RunStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
 func (*RunStepResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RunStepResult) GetStatus() RunStatus {
@@ -6767,7 +6920,7 @@ type RunFileResult struct {
 
 func (x *RunFileResult) Reset() {
 	*x = RunFileResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6779,7 +6932,7 @@ func (x *RunFileResult) String() string {
 func (*RunFileResult) ProtoMessage() {}
 
 func (x *RunFileResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6792,7 +6945,7 @@ func (x *RunFileResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
 func (*RunFileResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RunFileResult) GetName() string {
@@ -6828,7 +6981,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6840,7 +6993,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6853,7 +7006,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RunResult) GetSteps() []*RunStepResult {
@@ -6882,7 +7035,7 @@ type RunBatchRequest struct {
 
 func (x *RunBatchRequest) Reset() {
 	*x = RunBatchRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6894,7 +7047,7 @@ func (x *RunBatchRequest) String() string {
 func (*RunBatchRequest) ProtoMessage() {}
 
 func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6907,7 +7060,7 @@ func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RunBatchRequest) GetImage() string {
@@ -6947,7 +7100,7 @@ type RunJob struct {
 
 func (x *RunJob) Reset() {
 	*x = RunJob{}
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6959,7 +7112,7 @@ func (x *RunJob) String() string {
 func (*RunJob) ProtoMessage() {}
 
 func (x *RunJob) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6972,7 +7125,7 @@ func (x *RunJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
 func (*RunJob) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RunJob) GetSteps() []*RunStep {
@@ -6994,7 +7147,7 @@ type RunBatchItem struct {
 
 func (x *RunBatchItem) Reset() {
 	*x = RunBatchItem{}
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7006,7 +7159,7 @@ func (x *RunBatchItem) String() string {
 func (*RunBatchItem) ProtoMessage() {}
 
 func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7019,7 +7172,7 @@ func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
 func (*RunBatchItem) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RunBatchItem) GetIndex() int32 {
@@ -7101,7 +7254,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xca\b\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xeb\b\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -7131,7 +7284,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x11paused_at_unix_ms\x18\x19 \x01(\x03R\x0epausedAtUnixMs\x12&\n" +
 	"\x0fpaused_total_ms\x18\x1a \x01(\x03R\rpausedTotalMs\x121\n" +
 	"\x15hibernated_at_unix_ms\x18) \x01(\x03R\x12hibernatedAtUnixMs\x12)\n" +
-	"\x10checkpoint_bytes\x18* \x01(\x04R\x0fcheckpointBytes\x1a6\n" +
+	"\x10checkpoint_bytes\x18* \x01(\x04R\x0fcheckpointBytes\x12\x1f\n" +
+	"\vforked_from\x18+ \x01(\tR\n" +
+	"forkedFrom\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -7570,7 +7725,22 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\rcheckpoint_us\x18\x02 \x01(\x03R\fcheckpointUs\x12\x19\n" +
 	"\btotal_us\x18\x03 \x01(\x03R\atotalUs\x12\x14\n" +
 	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12)\n" +
-	"\x06before\x18\x05 \x01(\v2\x11.warren.v1.MemoryR\x06before\"\xbe\x01\n" +
+	"\x06before\x18\x05 \x01(\v2\x11.warren.v1.MemoryR\x06before\"\xd3\x01\n" +
+	"\vForkRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12:\n" +
+	"\x06labels\x18\x03 \x03(\v2\".warren.v1.ForkRequest.LabelsEntryR\x06labels\x12'\n" +
+	"\x0ftimeout_seconds\x18\x04 \x01(\x03R\x0etimeoutSeconds\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcb\x01\n" +
+	"\fForkResponse\x120\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x12.warren.v1.SandboxR\tsandboxes\x12*\n" +
+	"\x06source\x18\x02 \x01(\v2\x12.warren.v1.SandboxR\x06source\x12#\n" +
+	"\rcheckpoint_us\x18\x03 \x01(\x03R\fcheckpointUs\x12\x1d\n" +
+	"\n" +
+	"restore_us\x18\x04 \x03(\x03R\trestoreUs\x12\x19\n" +
+	"\btotal_us\x18\x05 \x01(\x03R\atotalUs\"\xbe\x01\n" +
 	"\x17HibernateByLabelRequest\x12F\n" +
 	"\x06labels\x18\x01 \x03(\v2..warren.v1.HibernateByLabelRequest.LabelsEntryR\x06labels\x12 \n" +
 	"\vparallelism\x18\x02 \x01(\x05R\vparallelism\x1a9\n" +
@@ -7689,7 +7859,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
 	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
 	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
-	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xcb\x11\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\x84\x12\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -7723,7 +7893,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fPauseByLabel\x12\x1e.warren.v1.PauseByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x12K\n" +
 	"\rResumeByLabel\x12\x1f.warren.v1.ResumeByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x12F\n" +
 	"\tHibernate\x12\x1b.warren.v1.HibernateRequest\x1a\x1c.warren.v1.HibernateResponse\x12Q\n" +
-	"\x10HibernateByLabel\x12\".warren.v1.HibernateByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x122\n" +
+	"\x10HibernateByLabel\x12\".warren.v1.HibernateByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x127\n" +
+	"\x04Fork\x12\x16.warren.v1.ForkRequest\x1a\x17.warren.v1.ForkResponse\x122\n" +
 	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult\x12A\n" +
 	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x012\xd8\x05\n" +
 	"\fImageService\x12I\n" +
@@ -7757,7 +7928,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 105)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 108)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(RunStatus)(0),                    // 1: warren.v1.RunStatus
@@ -7841,50 +8012,53 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*ResumeResponse)(nil),            // 79: warren.v1.ResumeResponse
 	(*HibernateRequest)(nil),          // 80: warren.v1.HibernateRequest
 	(*HibernateResponse)(nil),         // 81: warren.v1.HibernateResponse
-	(*HibernateByLabelRequest)(nil),   // 82: warren.v1.HibernateByLabelRequest
-	(*PauseByLabelRequest)(nil),       // 83: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 84: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 85: warren.v1.ByLabelEvent
-	(*RunRequest)(nil),                // 86: warren.v1.RunRequest
-	(*RunStep)(nil),                   // 87: warren.v1.RunStep
-	(*RunFile)(nil),                   // 88: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 89: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 90: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 91: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 92: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 93: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 94: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 95: warren.v1.RunBatchItem
-	nil,                               // 96: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 97: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 98: warren.v1.Sandbox.EnvEntry
-	nil,                               // 99: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 100: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 101: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 102: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 103: warren.v1.HibernateByLabelRequest.LabelsEntry
-	nil,                               // 104: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 105: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 106: warren.v1.RunStep.EnvEntry
+	(*ForkRequest)(nil),               // 82: warren.v1.ForkRequest
+	(*ForkResponse)(nil),              // 83: warren.v1.ForkResponse
+	(*HibernateByLabelRequest)(nil),   // 84: warren.v1.HibernateByLabelRequest
+	(*PauseByLabelRequest)(nil),       // 85: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 86: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 87: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 88: warren.v1.RunRequest
+	(*RunStep)(nil),                   // 89: warren.v1.RunStep
+	(*RunFile)(nil),                   // 90: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 91: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 92: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 93: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 94: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 95: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 96: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 97: warren.v1.RunBatchItem
+	nil,                               // 98: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 99: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 100: warren.v1.Sandbox.EnvEntry
+	nil,                               // 101: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 102: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 103: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 104: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 105: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 106: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 107: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 108: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 109: warren.v1.RunStep.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	96,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	97,  // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	98,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	99,  // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	6,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	4,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	5,   // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,   // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	2,   // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	98,  // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	99,  // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	100, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	101, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	6,   // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	4,   // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	100, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	102, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	7,   // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	101, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	103, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	4,   // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	102, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	104, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	16,  // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	18,  // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	16,  // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -7912,113 +8086,118 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	7,   // 41: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
 	7,   // 42: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
 	76,  // 43: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
-	103, // 44: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
-	104, // 45: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	105, // 46: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
-	77,  // 47: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
-	79,  // 48: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	81,  // 49: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
-	87,  // 50: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	106, // 51: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	88,  // 52: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	89,  // 53: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
-	1,   // 54: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	91,  // 55: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	90,  // 56: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	94,  // 57: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	87,  // 58: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	92,  // 59: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
-	3,   // 60: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	8,   // 61: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	9,   // 62: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	11,  // 63: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	13,  // 64: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	14,  // 65: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	15,  // 66: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	15,  // 67: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	15,  // 68: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	20,  // 69: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	22,  // 70: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	23,  // 71: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	25,  // 72: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	27,  // 73: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	30,  // 74: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	32,  // 75: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	34,  // 76: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	37,  // 77: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	39,  // 78: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	40,  // 79: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	42,  // 80: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	59,  // 81: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	68,  // 82: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	71,  // 83: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	75,  // 84: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	78,  // 85: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	83,  // 86: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	84,  // 87: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	80,  // 88: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
-	82,  // 89: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
-	86,  // 90: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	93,  // 91: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	45,  // 92: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	47,  // 93: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	48,  // 94: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	49,  // 95: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	51,  // 96: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	54,  // 97: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	55,  // 98: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	57,  // 99: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	60,  // 100: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	63,  // 101: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	66,  // 102: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	7,   // 103: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	7,   // 104: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	10,  // 105: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	12,  // 106: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	7,   // 107: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	7,   // 108: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	16,  // 109: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	17,  // 110: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	19,  // 111: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	21,  // 112: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	16,  // 113: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	24,  // 114: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	26,  // 115: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	29,  // 116: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	31,  // 117: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	33,  // 118: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	35,  // 119: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	38,  // 120: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	36,  // 121: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	41,  // 122: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	43,  // 123: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	53,  // 124: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	69,  // 125: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	72,  // 126: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	77,  // 127: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	79,  // 128: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	85,  // 129: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	85,  // 130: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	81,  // 131: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
-	85,  // 132: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
-	92,  // 133: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	95,  // 134: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	46,  // 135: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	44,  // 136: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	44,  // 137: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	50,  // 138: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	52,  // 139: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	53,  // 140: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	56,  // 141: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	58,  // 142: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	62,  // 143: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	65,  // 144: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	67,  // 145: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	103, // [103:146] is the sub-list for method output_type
-	60,  // [60:103] is the sub-list for method input_type
-	60,  // [60:60] is the sub-list for extension type_name
-	60,  // [60:60] is the sub-list for extension extendee
-	0,   // [0:60] is the sub-list for field type_name
+	105, // 44: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	7,   // 45: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
+	7,   // 46: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
+	106, // 47: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	107, // 48: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	108, // 49: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	77,  // 50: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
+	79,  // 51: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
+	81,  // 52: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
+	89,  // 53: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	109, // 54: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	90,  // 55: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	91,  // 56: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	1,   // 57: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
+	93,  // 58: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	92,  // 59: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	96,  // 60: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	89,  // 61: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	94,  // 62: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	3,   // 63: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	8,   // 64: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	9,   // 65: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	11,  // 66: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	13,  // 67: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	14,  // 68: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	15,  // 69: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	15,  // 70: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	15,  // 71: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	20,  // 72: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	22,  // 73: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	23,  // 74: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	25,  // 75: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	27,  // 76: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	30,  // 77: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	32,  // 78: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	34,  // 79: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	37,  // 80: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	39,  // 81: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	40,  // 82: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	42,  // 83: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	59,  // 84: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	68,  // 85: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	71,  // 86: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	75,  // 87: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	78,  // 88: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	85,  // 89: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	86,  // 90: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	80,  // 91: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	84,  // 92: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	82,  // 93: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	88,  // 94: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	95,  // 95: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	45,  // 96: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	47,  // 97: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	48,  // 98: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	49,  // 99: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	51,  // 100: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	54,  // 101: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	55,  // 102: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	57,  // 103: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	60,  // 104: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	63,  // 105: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	66,  // 106: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	7,   // 107: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	7,   // 108: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	10,  // 109: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	12,  // 110: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	7,   // 111: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	7,   // 112: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	16,  // 113: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	17,  // 114: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	19,  // 115: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	21,  // 116: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	16,  // 117: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	24,  // 118: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	26,  // 119: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	29,  // 120: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	31,  // 121: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	33,  // 122: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	35,  // 123: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	38,  // 124: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	36,  // 125: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	41,  // 126: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	43,  // 127: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	53,  // 128: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	69,  // 129: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	72,  // 130: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	77,  // 131: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	79,  // 132: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	87,  // 133: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	87,  // 134: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	81,  // 135: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	87,  // 136: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	83,  // 137: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	94,  // 138: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	97,  // 139: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	46,  // 140: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	44,  // 141: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	44,  // 142: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	50,  // 143: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	52,  // 144: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	53,  // 145: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	56,  // 146: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	58,  // 147: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	62,  // 148: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	65,  // 149: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	67,  // 150: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	107, // [107:151] is the sub-list for method output_type
+	63,  // [63:107] is the sub-list for method input_type
+	63,  // [63:63] is the sub-list for extension type_name
+	63,  // [63:63] is the sub-list for extension extendee
+	0,   // [0:63] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -8053,7 +8232,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   105,
+			NumMessages:   108,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

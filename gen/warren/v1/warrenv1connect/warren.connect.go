@@ -129,6 +129,8 @@ const (
 	// SandboxServiceHibernateByLabelProcedure is the fully-qualified name of the SandboxService's
 	// HibernateByLabel RPC.
 	SandboxServiceHibernateByLabelProcedure = "/warren.v1.SandboxService/HibernateByLabel"
+	// SandboxServiceForkProcedure is the fully-qualified name of the SandboxService's Fork RPC.
+	SandboxServiceForkProcedure = "/warren.v1.SandboxService/Fork"
 	// SandboxServiceRunProcedure is the fully-qualified name of the SandboxService's Run RPC.
 	SandboxServiceRunProcedure = "/warren.v1.SandboxService/Run"
 	// SandboxServiceRunBatchProcedure is the fully-qualified name of the SandboxService's RunBatch RPC.
@@ -263,6 +265,16 @@ type SandboxServiceClient interface {
 	// HibernateByLabel hibernates every RUNNING or PAUSED sandbox matching
 	// `labels`, as PauseByLabel does. ResumeByLabel restores them.
 	HibernateByLabel(context.Context, *connect.Request[v1.HibernateByLabelRequest]) (*connect.ServerStreamForClient[v1.ByLabelEvent], error)
+	// Fork makes `count` new sandboxes from one: each a copy of it at the
+	// moment of its checkpoint, processes and files, running on its own
+	// copy-on-write writable layer; they then diverge independently. The
+	// source is HIBERNATED (forked from its checkpoint, and left so) or
+	// RUNNING or PAUSED (hibernated for the fork and then resumed, in the
+	// state it was in). Forks carry the source's labels plus `labels`, and
+	// a copy of its trajectory log, so that a rollout replayed on a fork
+	// finds the source's steps. Unsupported where the source cannot be
+	// hibernated.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	// Run runs one job (its steps in order in one fresh, isolated
 	// environment of the image) and returns every step's result. The
 	// backend is "fncall": a pool of pre-made environments per image, each
@@ -469,6 +481,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("HibernateByLabel")),
 			connect.WithClientOptions(opts...),
 		),
+		fork: connect.NewClient[v1.ForkRequest, v1.ForkResponse](
+			httpClient,
+			baseURL+SandboxServiceForkProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Fork")),
+			connect.WithClientOptions(opts...),
+		),
 		run: connect.NewClient[v1.RunRequest, v1.RunResult](
 			httpClient,
 			baseURL+SandboxServiceRunProcedure,
@@ -516,6 +534,7 @@ type sandboxServiceClient struct {
 	resumeByLabel     *connect.Client[v1.ResumeByLabelRequest, v1.ByLabelEvent]
 	hibernate         *connect.Client[v1.HibernateRequest, v1.HibernateResponse]
 	hibernateByLabel  *connect.Client[v1.HibernateByLabelRequest, v1.ByLabelEvent]
+	fork              *connect.Client[v1.ForkRequest, v1.ForkResponse]
 	run               *connect.Client[v1.RunRequest, v1.RunResult]
 	runBatch          *connect.Client[v1.RunBatchRequest, v1.RunBatchItem]
 }
@@ -670,6 +689,11 @@ func (c *sandboxServiceClient) HibernateByLabel(ctx context.Context, req *connec
 	return c.hibernateByLabel.CallServerStream(ctx, req)
 }
 
+// Fork calls warren.v1.SandboxService.Fork.
+func (c *sandboxServiceClient) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return c.fork.CallUnary(ctx, req)
+}
+
 // Run calls warren.v1.SandboxService.Run.
 func (c *sandboxServiceClient) Run(ctx context.Context, req *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error) {
 	return c.run.CallUnary(ctx, req)
@@ -782,6 +806,16 @@ type SandboxServiceHandler interface {
 	// HibernateByLabel hibernates every RUNNING or PAUSED sandbox matching
 	// `labels`, as PauseByLabel does. ResumeByLabel restores them.
 	HibernateByLabel(context.Context, *connect.Request[v1.HibernateByLabelRequest], *connect.ServerStream[v1.ByLabelEvent]) error
+	// Fork makes `count` new sandboxes from one: each a copy of it at the
+	// moment of its checkpoint, processes and files, running on its own
+	// copy-on-write writable layer; they then diverge independently. The
+	// source is HIBERNATED (forked from its checkpoint, and left so) or
+	// RUNNING or PAUSED (hibernated for the fork and then resumed, in the
+	// state it was in). Forks carry the source's labels plus `labels`, and
+	// a copy of its trajectory log, so that a rollout replayed on a fork
+	// finds the source's steps. Unsupported where the source cannot be
+	// hibernated.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	// Run runs one job (its steps in order in one fresh, isolated
 	// environment of the image) and returns every step's result. The
 	// backend is "fncall": a pool of pre-made environments per image, each
@@ -984,6 +1018,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("HibernateByLabel")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceForkHandler := connect.NewUnaryHandler(
+		SandboxServiceForkProcedure,
+		svc.Fork,
+		connect.WithSchema(sandboxServiceMethods.ByName("Fork")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceRunHandler := connect.NewUnaryHandler(
 		SandboxServiceRunProcedure,
 		svc.Run,
@@ -1058,6 +1098,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceHibernateHandler.ServeHTTP(w, r)
 		case SandboxServiceHibernateByLabelProcedure:
 			sandboxServiceHibernateByLabelHandler.ServeHTTP(w, r)
+		case SandboxServiceForkProcedure:
+			sandboxServiceForkHandler.ServeHTTP(w, r)
 		case SandboxServiceRunProcedure:
 			sandboxServiceRunHandler.ServeHTTP(w, r)
 		case SandboxServiceRunBatchProcedure:
@@ -1189,6 +1231,10 @@ func (UnimplementedSandboxServiceHandler) Hibernate(context.Context, *connect.Re
 
 func (UnimplementedSandboxServiceHandler) HibernateByLabel(context.Context, *connect.Request[v1.HibernateByLabelRequest], *connect.ServerStream[v1.ByLabelEvent]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.HibernateByLabel is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.Fork is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Run(context.Context, *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error) {
