@@ -105,3 +105,11 @@ func byLabel(st *connect.ServerStreamForClient[warrenv1.ByLabelEvent], fn func(*
 	}
 	return res, nil
 }
+
+// Fork makes req.Count copies of sandbox req.Id, each a copy of it at its
+// checkpoint (processes and files) on its own copy-on-write writable
+// layer. A RUNNING or PAUSED source is hibernated for the fork and put
+// back; a HIBERNATED one stays hibernated.
+func (c *Client) Fork(ctx context.Context, req *warrenv1.ForkRequest) (*warrenv1.ForkResponse, error) {
+	return call(ctx, c.sandboxes.Fork, req)
+}

@@ -166,6 +166,53 @@ hibernated, --parallel at a time, and each is reported as it finishes.`,
 	return c
 }
 
+func newForkCommand() *cobra.Command {
+	var (
+		count   int32
+		labels  []string
+		timeout time.Duration
+	)
+	c := &cobra.Command{
+		Use:   "fork ID",
+		Short: "Make copies of a sandbox: its processes and files, each on its own copy-on-write layer",
+		Long: `Make --count copies of a sandbox from a checkpoint of it: each runs the
+sandbox's processes from where they were and sees its files, writing on a
+copy-on-write layer of its own, and then goes its own way. A running or
+paused sandbox is hibernated for the fork and put back as it was; a
+hibernated one stays hibernated. Forks carry the sandbox's labels plus
+--label, and a copy of its trajectory log. Prints the forks' IDs, one per
+line (the whole response with --json).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sel, err := parseKVs("label", labels)
+			if err != nil {
+				return err
+			}
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			res, err := cl.Fork(cmd.Context(), &warrenv1.ForkRequest{Id: args[0], Count: count, Labels: sel, TimeoutSeconds: int64(timeout / time.Second)})
+			if err != nil {
+				return err
+			}
+			if JSONOutput(cmd) {
+				return printJSON(cmd.OutOrStdout(), res)
+			}
+			for _, f := range res.GetSandboxes() {
+				fmt.Fprintln(cmd.OutOrStdout(), f.GetId())
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "forked %s %d times in %v\n", args[0], len(res.GetSandboxes()), time.Duration(res.GetTotalUs())*time.Microsecond)
+			return nil
+		},
+	}
+	c.Flags().Int32VarP(&count, "count", "n", 1, "how many copies (at most 64)")
+	c.Flags().StringArrayVar(&labels, "label", nil, "a label KEY=VALUE the forks carry besides the source's (repeatable)")
+	c.Flags().DurationVar(&timeout, "timeout", 0, "the forks' lifetime (default: the node's)")
+	return c
+}
+
 func hibernateLine(id string, r *warrenv1.HibernateResponse) string {
 	return fmt.Sprintf("%s hibernated in %v (checkpoint %v): %s released, checkpoint %s on disk", id,
 		time.Duration(r.GetTotalUs())*time.Microsecond, time.Duration(r.GetCheckpointUs())*time.Microsecond,

@@ -66,3 +66,26 @@ async def test_hibernate_by_label(w: warren.AsyncWarren, labels: dict) -> None:
     finally:
         for sb in sbs:
             await sb.delete(missing_ok=True)
+
+
+async def test_fork(w: warren.AsyncWarren, labels: dict) -> None:
+    async with w.create(IMAGE, user_namespace=False, labels=labels) as sb:
+        await sb.exec("echo shared > /root/f")
+        await sb.start(COUNTER)
+        await sb.exec("sleep 0.2")
+        forks = await sb.fork(3, labels={"branch": "x"})
+        try:
+            assert len(forks) == 3 and sb.info.state == warren.SandboxState.RUNNING
+            for i, f in enumerate(forks):
+                assert f.info.forked_from == sb.id and f.info.labels["branch"] == "x"
+                r = await f.exec(f"cat /root/f; echo {i} > /root/mine")
+                assert r.stdout == b"shared\n", r
+            for i, f in enumerate(forks):
+                assert (await f.exec("cat /root/mine")).stdout == f"{i}\n".encode()
+                c1 = int((await f.exec("cat /tmp/count")).stdout)
+                c2 = int((await f.exec("sleep 0.3; cat /tmp/count")).stdout)
+                assert c2 > c1, (c1, c2)
+            assert (await sb.exec("cat /root/mine 2>/dev/null || echo none")).stdout == b"none\n"
+        finally:
+            for f in forks:
+                await f.delete(missing_ok=True)

@@ -814,6 +814,33 @@ class AsyncWarren:
         d = await self._rpc(_SBX + "Hibernate", {"id": id}, timeout=t, idempotent=False)
         return HibernateResult._from_json(d)
 
+    async def fork(
+        self,
+        id: str,
+        n: int = 1,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        lifetime: Optional[float] = None,
+        timeout: Optional[float] = None,
+    ) -> List["AsyncSandbox"]:
+        """Make ``n`` copies (at most 64) of sandbox ``id`` from a checkpoint
+        of it: each runs its processes from where they were and sees its
+        files, on a copy-on-write layer of its own, and then diverges (the
+        N rollouts of GRPO from one prepared state). A RUNNING or PAUSED
+        sandbox is hibernated for the fork and put back as it was; a
+        HIBERNATED one stays hibernated. Forks carry its labels plus
+        ``labels``, ``lifetime`` seconds (default: the node's), and a copy
+        of its trajectory log. All or nothing. ``timeout`` defaults to
+        ``transfer_timeout``."""
+        body: Dict[str, Any] = {"id": id, "count": int(n)}
+        if labels:
+            body["labels"] = dict(labels)
+        if lifetime is not None:
+            body["timeoutSeconds"] = int(lifetime)
+        t = timeout if timeout is not None else self.transfer_timeout
+        d = await self._rpc(_SBX + "Fork", body, timeout=t, idempotent=False)
+        return [AsyncSandbox(self, SandboxInfo._from_json(x)) for x in d.get("sandboxes") or []]
+
     async def hibernate_by_label(
         self,
         labels: Mapping[str, str],
@@ -1448,6 +1475,15 @@ class AsyncSandbox:
         res = await self.client.hibernate(self.id, timeout=timeout)
         self.info = res.sandbox
         return res
+
+    async def fork(
+        self, n: int = 1, *, labels: Optional[Mapping[str, str]] = None, lifetime: Optional[float] = None, timeout: Optional[float] = None
+    ) -> List["AsyncSandbox"]:
+        """``n`` copies of the sandbox from a checkpoint of it (see
+        :meth:`AsyncWarren.fork`)."""
+        forks = await self.client.fork(self.id, n, labels=labels, lifetime=lifetime, timeout=timeout)
+        await self.refresh()
+        return forks
 
     async def update(
         self,

@@ -361,6 +361,19 @@ class Warren:
         """Checkpoint sandbox ``id`` to disk (see :meth:`AsyncWarren.hibernate`)."""
         return self._run(self.aio.hibernate(id, timeout=timeout))
 
+    def fork(
+        self,
+        id: str,
+        n: int = 1,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        lifetime: Optional[float] = None,
+        timeout: Optional[float] = None,
+    ) -> List["Sandbox"]:
+        """``n`` copies of sandbox ``id`` (see :meth:`AsyncWarren.fork`)."""
+        forks = self._run(self.aio.fork(id, n, labels=labels, lifetime=lifetime, timeout=timeout))
+        return [Sandbox(self, f) for f in forks]
+
     def hibernate_by_label(
         self,
         labels: Mapping[str, str],
@@ -648,6 +661,13 @@ class Sandbox:
     def hibernate(self, *, timeout: Optional[float] = None) -> HibernateResult:
         """Checkpoint the sandbox to disk (see :meth:`AsyncWarren.hibernate`)."""
         return self._run(self.aio.hibernate(timeout=timeout))
+
+    def fork(
+        self, n: int = 1, *, labels: Optional[Mapping[str, str]] = None, lifetime: Optional[float] = None, timeout: Optional[float] = None
+    ) -> List["Sandbox"]:
+        """``n`` copies of the sandbox (see :meth:`AsyncWarren.fork`)."""
+        forks = self._run(self.aio.fork(n, labels=labels, lifetime=lifetime, timeout=timeout))
+        return [Sandbox(self.client, f) for f in forks]
 
     def commit(self, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None) -> Layer:
         """Make the sandbox's writable layer the named layer ``name`` (see

@@ -328,6 +328,8 @@ class SandboxInfo:
     hibernated_at_unix_ms: int = 0
     #: the checkpoint's size on disk while HIBERNATED
     checkpoint_bytes: int = 0
+    #: the sandbox this one was forked from ("" when it was created)
+    forked_from: str = ""
 
     def rlimit(self, name: str) -> Optional[Rlimit]:
         """The sandbox's limit of ``name`` (``"nofile"``), or None."""
@@ -378,6 +380,7 @@ class SandboxInfo:
             paused_total_ms=_int(d.get("pausedTotalMs")),
             hibernated_at_unix_ms=_int(d.get("hibernatedAtUnixMs")),
             checkpoint_bytes=_int(d.get("checkpointBytes")),
+            forked_from=d.get("forkedFrom", ""),
         )
 
 
