@@ -82,11 +82,13 @@ func criuAvailable() error {
 func checkpointable(userns bool, network bool, disk bool) error {
 	switch {
 	case userns:
-		return errdefs.New(errdefs.Unsupported, "checkpoint of a sandbox in a user namespace is not supported yet")
+		// CRIU dumps a user namespace only with every other namespace of
+		// the tree owned by it; a sandbox's are owned by the node's.
+		return errdefs.New(errdefs.Unsupported, "a sandbox in a user namespace cannot be checkpointed yet (CRIU needs its other namespaces owned by that user namespace; docs/HIBERNATE.md): create it with user_namespace false to hibernate or fork it")
 	case network:
-		return errdefs.New(errdefs.Unsupported, "checkpoint of a sandbox with a network (its veth) is not supported yet")
+		return errdefs.New(errdefs.Unsupported, "a sandbox with a network cannot be checkpointed yet (docs/HIBERNATE.md): create it with network mode none to hibernate or fork it")
 	case disk:
-		return errdefs.New(errdefs.Unsupported, "checkpoint of a sandbox with a disk limit (its writable layer on a disk image) is not supported yet")
+		return errdefs.New(errdefs.Unsupported, "a sandbox with a disk limit cannot be checkpointed yet (its writable layer is on a disk image; docs/HIBERNATE.md): create it without disk_bytes to hibernate or fork it")
 	}
 	return nil
 }
