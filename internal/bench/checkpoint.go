@@ -69,7 +69,7 @@ func checkpointRows(ctx context.Context, env *Env, cfg HibernateConfig, id strin
 		}
 		notes = append(notes,
 			"hibernate: Hibernate through the API, request to reply (CRIU's dump of the whole sandbox tree, the writable layer moved into the checkpoint, the sandbox's resources released, the record synced); restore: Resume of the hibernated sandbox; restore to first exec: Resume and then an exec of `true`",
-			"bare criu: `criu dump -t PID -D DIR` and `criu restore -d -D DIR` of a shell holding the same anonymous memory, run outside any sandbox, by command line: the floor")
+			"bare criu: `criu dump -t PID -D DIR` and `criu restore -d -D DIR` of a (stopped) shell holding the same anonymous memory, run outside any sandbox, by command line: the floor")
 	}
 	if cfg.Forks > 0 {
 		env.logf("hibernate: fork of %d", cfg.Forks)
@@ -113,13 +113,12 @@ func bareCRIU(ctx context.Context, cfg HibernateConfig) (dump, restore []time.Du
 	}
 	defer os.RemoveAll(tmp)
 	ready := filepath.Join(tmp, "ready")
-	cmd := exec.CommandContext(ctx, "sh", "-c", fmt.Sprintf("x=$(head -c %d /dev/zero | tr '\\0' a); touch %s; while :; do sleep 1000; done", cfg.AnonMiB<<20, ready))
+	cmd := exec.CommandContext(ctx, "sh", "-c", fmt.Sprintf("x=$(head -c %d /dev/zero | tr '\\0' a); touch %s; kill -STOP $$", cfg.AnonMiB<<20, ready))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, nil, nil, err
 	}
 	pid := cmd.Process.Pid
-	go func() { _ = cmd.Wait() }()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		if _, err := os.Stat(ready); err == nil {
 			break
@@ -143,15 +142,35 @@ func bareCRIU(ctx context.Context, cfg HibernateConfig) (dump, restore []time.Du
 		}
 		dump = append(dump, time.Since(t0))
 		size = append(size, mibF(uint64(dirSize(dir))))
+		// The restore needs the pid back: wait until the dumped (and
+		// killed) process is reaped, not timed.
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			var ws syscall.WaitStatus
+			_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil) // if it is ours (a subreaper's)
+			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+				break
+			}
+		}
 		t1 := time.Now()
 		if out, err := exec.CommandContext(ctx, criu, "restore", "-d", "-D", dir).CombinedOutput(); err != nil {
-			return nil, nil, nil, fmt.Errorf("criu restore: %v: %s", err, lastLine(out))
+			return nil, nil, nil, fmt.Errorf("criu restore: %v: %s", err, firstError(out))
 		}
 		restore = append(restore, time.Since(t1))
 		_ = os.RemoveAll(dir)
 	}
 	kill()
 	return dump, restore, size, nil
+}
+
+// firstError is CRIU's first "Error" line that is not its complaint
+// about RLIMIT_NOFILE (harmless here), else its last line.
+func firstError(b []byte) string {
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "Error") && !strings.Contains(l, "RLIMIT_NOFILE") {
+			return strings.TrimSpace(l)
+		}
+	}
+	return lastLine(b)
 }
 
 func lastLine(b []byte) string {
