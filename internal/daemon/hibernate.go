@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/atomicfile"
 	"github.com/warrenrl/warren/internal/backend"
@@ -188,6 +190,20 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 		// restart finds, if the store's is not.
 		m.log.Error("persist hibernated state", "sandbox", s.id, "err", perr)
 	}
+	// CRIU does not sync its images: they go to disk in the background,
+	// so that the call does not wait for ~the sandbox's memory in writes.
+	// A machine crash before that loses them, and the restore then fails
+	// with CRIU's error (the record says HIBERNATED; Delete removes it).
+	m.spawn(func() {
+		f, err := os.Open(dir)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		if err := unix.Syncfs(int(f.Fd())); err != nil {
+			m.log.Warn("sync checkpoint", "sandbox", s.id, "err", err)
+		}
+	})
 	m.metrics.ObserveHibernate(took, size)
 	m.log.Debug("sandbox hibernated", "sandbox", s.id, "checkpoint", took, "bytes", size, "took", time.Since(start))
 	return out, nil
