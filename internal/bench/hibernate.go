@@ -49,9 +49,9 @@ type HibernateRow struct {
 	BeforeMiB *float64 `json:"before_mib,omitempty"`
 	// ArtifactMiB: the checkpoint's size on disk (p50).
 	ArtifactMiB *float64 `json:"artifact_mib,omitempty"`
-	AfterMiB  *float64 `json:"after_mib,omitempty"`
-	FreedMiB  *float64 `json:"freed_mib,omitempty"`
-	TargetMs  float64  `json:"target_ms,omitempty"`
+	AfterMiB    *float64 `json:"after_mib,omitempty"`
+	FreedMiB    *float64 `json:"freed_mib,omitempty"`
+	TargetMs    float64  `json:"target_ms,omitempty"`
 }
 
 // RunHibernate measures pausing in place on one sandbox holding

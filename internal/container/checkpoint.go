@@ -39,6 +39,7 @@ var (
 //	images/          CRIU's images of the process tree (dump.log, restore.log)
 //	upper/           the sandbox's writable layer, moved, not copied
 //	checkpoint.json  what restore must hand CRIU back (checkpointMeta)
+//
 // netnsKey names the sandbox's network namespace as CRIU's external one.
 const netnsKey = "warren-netns"
 
