@@ -24,6 +24,7 @@ import (
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/kfile"
+	"github.com/warrenrl/warren/internal/netpolicy"
 )
 
 // CRIUPrefix is where scripts/criu.sh installs CRIU >= 4 (Debian trixie's,
@@ -60,6 +61,9 @@ type checkpointMeta struct {
 	// Cgroups is the init's cgroup in every hierarchy when it was
 	// dumped (cgroupsOf), for cgroupRoots.
 	Cgroups map[string]string `json:"cgroups,omitempty"`
+	// Net is the sandbox's network when it was dumped: its restore asks
+	// for the same address.
+	Net *netpolicy.Attachment `json:"net,omitempty"`
 	// SocketKey is the agent socket's CRIU key ("socket:[ino]").
 	SocketKey string `json:"socket_key"`
 	// NullKey is the external file key of the init's stdio
@@ -83,14 +87,12 @@ func criuAvailable() error {
 
 // checkpointable refuses, before anything is stopped, what the backend
 // cannot checkpoint yet (docs/HIBERNATE.md says why).
-func checkpointable(userns bool, network bool, disk bool) error {
+func checkpointable(userns bool, disk bool) error {
 	switch {
 	case userns:
 		// CRIU dumps a user namespace only with every other namespace of
 		// the tree owned by it; a sandbox's are owned by the node's.
 		return errdefs.New(errdefs.Unsupported, "a sandbox in a user namespace cannot be checkpointed yet (CRIU needs its other namespaces owned by that user namespace; docs/HIBERNATE.md): create it with user_namespace false to hibernate or fork it")
-	case network:
-		return errdefs.New(errdefs.Unsupported, "a sandbox with a network cannot be checkpointed yet (docs/HIBERNATE.md): create it with network mode none to hibernate or fork it")
 	case disk:
 		return errdefs.New(errdefs.Unsupported, "a sandbox with a disk limit cannot be checkpointed yet (its writable layer is on a disk image; docs/HIBERNATE.md): create it without disk_bytes to hibernate or fork it")
 	}
@@ -109,7 +111,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	if err := criuAvailable(); err != nil {
 		return err
 	}
-	if err := checkpointable(s.st.UserNS != nil, s.network() != nil, s.disk); err != nil {
+	if err := checkpointable(s.st.UserNS != nil, s.disk); err != nil {
 		return err
 	}
 	pid := s.st.Pid
@@ -193,6 +195,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 		return fsErr(err, "move the writable layer into the checkpoint")
 	}
 	meta.ID = s.id
+	meta.Net = s.network()
 	b, _ := json.Marshal(meta)
 	if err := os.WriteFile(filepath.Join(dir, ckptMeta), b, 0o600); err != nil {
 		return fsErr(err, "write checkpoint metadata")
@@ -315,7 +318,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := criuAvailable(); err != nil {
 		return nil, err
 	}
-	if err := checkpointable(spec.UserNS, !spec.Network.IsNone(), spec.DiskBytes > 0); err != nil {
+	if err := checkpointable(spec.UserNS, spec.DiskBytes > 0); err != nil {
 		return nil, err
 	}
 	dir := spec.Restore
@@ -413,6 +416,16 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	cu.Add(func() error { _ = grp.Kill(5 * time.Second); return grp.Delete() })
 
 	var ln, netns *os.File
+	var net *netpolicy.Attachment
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = spec.ID
+	}
+	if !spec.Network.IsNone() && meta.Net != nil && src == spec.ID {
+		// Its address, where no sandbox took it meanwhile (a fork's
+		// source may run with it).
+		b.net.Prefer(spec.ID, meta.Net.Index)
+	}
 	err = inNewNetns(func() error {
 		lo, err := netlink.LinkByName("lo")
 		if err == nil {
@@ -420,6 +433,15 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		}
 		if err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "set up the restored sandbox's loopback")
+		}
+		if !spec.Network.IsNone() {
+			// Its interface and rules, made into this namespace (this
+			// thread's) as create makes them into the init's.
+			a, err := b.net.Attach(spec.ID, hostname, unix.Gettid(), spec.Network)
+			if err != nil {
+				return err
+			}
+			net = &a
 		}
 		if ln, err = listenUnix(b.socket(spec.ID)); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "agent socket")
@@ -439,6 +461,10 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	}
 	if netns != nil {
 		defer netns.Close()
+	}
+	if net != nil {
+		a := *net
+		cu.Add(func() error { return b.net.Detach(spec.ID, a) })
 	}
 	if err != nil {
 		return nil, err
@@ -482,6 +508,12 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		TcpEstablished: proto.Bool(true),
 		FileLocks:      proto.Bool(true),
 	}
+	if net != nil {
+		// Connections to the outside cannot come back (the peer moved
+		// on; a fork has another address): every TCP connection is
+		// restored closed, as after a network outage.
+		opts.TcpClose = proto.Bool(true)
+	}
 	pid, err := criuRestore(opts, []*os.File{ln, null, netns, workDir})
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(run, "restore.log"))), "restore sandbox "+spec.ID)
@@ -492,7 +524,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 			return nil, fsErr(err, "move the fork's /dev to its own id")
 		}
 	}
-	s, err := b.attach(spec.ID, pid, -1, 0, grp, nil)
+	s, err := b.attach(spec.ID, pid, -1, 0, grp, net)
 	if err != nil {
 		return nil, err
 	}

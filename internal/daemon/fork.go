@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -153,7 +154,7 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 		}
 	}
 	info := cloneSandbox(s.info)
-	digests, bases := s.imageLayers, s.bases
+	digests, bases, etcNS := s.imageLayers, s.bases, s.etcNS
 	s.mu.Unlock()
 	if err := m.settleBase(s.id, bases); err != nil {
 		return nil, err
@@ -164,7 +165,7 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 
 	var made []*sandbox
 	for range n {
-		f, took, ferr := m.forkOne(ctx, s, info, digests, bases, req.GetLabels(), life)
+		f, took, ferr := m.forkOne(ctx, s, info, digests, bases, etcNS, req.GetLabels(), life)
 		if ferr != nil {
 			// All or nothing: the forks made so far go.
 			for _, f := range made {
@@ -186,7 +187,7 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 }
 
 // forkOne restores one fork of src from its checkpoint.
-func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sandbox, digests, bases []string, labels map[string]string, life time.Duration) (_ *sandbox, _ time.Duration, err error) {
+func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sandbox, digests, bases []string, etcNS netip.Addr, labels map[string]string, life time.Duration) (_ *sandbox, _ time.Duration, err error) {
 	now := time.Now()
 	fi := cloneSandbox(info)
 	fi.State = stateCreating
@@ -286,8 +287,9 @@ func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sand
 
 	s.mu.Lock()
 	s.sb, s.fs, s.backendState, s.release = sb, fsFor(sb), sb.State(), release
-	s.etcNS = src.etcNS
+	s.etcNS = etcNS
 	fi.NetworkAddress = networkAddress(sb)
+	m.followRestoredNetwork(ctx, s)
 	expires := time.Now().Add(life)
 	fi.ExpiresAtUnixMs = expires.UnixMilli()
 	fi.State = stateRunning

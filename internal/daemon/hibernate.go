@@ -362,6 +362,8 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 	s.info.PausedAtUnixMs, s.info.HibernatedAtUnixMs, s.info.CheckpointBytes = 0, 0, 0
 	old := s.release
 	s.sb, s.fs, s.backendState, s.release = sb, fsFor(sb), sb.State(), release
+	s.info.NetworkAddress = networkAddress(sb)
+	m.followRestoredNetwork(ctx, s)
 	_ = m.setState(s, stateRunning)
 	if err := m.persist(s); err != nil {
 		m.log.Warn("persist running state after restore", "sandbox", s.id, "err", err)
@@ -380,6 +382,16 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 	m.metrics.ObserveRestore(time.Since(start))
 	m.log.Debug("sandbox restored", "sandbox", s.id, "restore", took, "hibernated", hibernated)
 	return out, nil
+}
+
+// followRestoredNetwork points the resolv.conf of a restored sandbox
+// (or fork) at its resolver where its address changed (a fork's, or one
+// whose address another sandbox took meanwhile); s.mu held.
+func (m *Manager) followRestoredNetwork(ctx context.Context, s *sandbox) {
+	rw := m.followNetwork(context.WithoutCancel(ctx), s.id, s.sb, s.fs, s.info.GetKeepEtc(), s.etcNS)
+	if rw.done {
+		s.etcNS = rw.to
+	}
 }
 
 // HibernateByLabel hibernates the RUNNING and PAUSED sandboxes matching

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -284,5 +285,68 @@ func TestFork(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(e.m.basesDir()); len(ents) != 0 {
 		t.Errorf("bases left: %v", ents)
+	}
+}
+
+// TestHibernateWithNetwork: a sandbox with a network hibernates and comes
+// back with its interface, its address and its resolver; a fork of it
+// gets an address of its own and a resolv.conf naming its own gateway;
+// nothing of either is left after delete.
+func TestHibernateWithNetwork(t *testing.T) {
+	requireCRIU(t)
+	e := newEnv(t)
+	ctx := ctxT(t)
+	sb := e.create(&warrenv1.CreateRequest{Id: "net", UserNamespace: proto.Bool(false), Network: &warrenv1.NetworkPolicy{Mode: "open"}})
+	addr := sb.GetNetworkAddress()
+	if addr == "" {
+		t.Fatalf("no address: %v", sb)
+	}
+	resolv := string(e.sh("net", "cat /etc/resolv.conf").GetStdout())
+	if _, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "net"}); err != nil {
+		t.Fatal(err)
+	}
+	if left := sweepLeftovers(e, "net"); left != "" {
+		t.Fatalf("resources of a hibernated sandbox: %s", left)
+	}
+	rr, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "net"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rr.GetSandbox().GetNetworkAddress(); got != addr {
+		t.Errorf("address after restore %q, was %q", got, addr)
+	}
+	if out := string(e.sh("net", "ip -o -4 addr show eth0 2>/dev/null || cat /proc/net/dev").GetStdout()); !strings.Contains(out, "eth0") {
+		t.Errorf("no eth0 after restore: %q", out)
+	}
+	if out := string(e.sh("net", "cat /etc/resolv.conf").GetStdout()); out != resolv {
+		t.Errorf("resolv.conf after restore %q, was %q", out, resolv)
+	}
+	res, err := e.m.Fork(ctx, &warrenv1.ForkRequest{Id: "net", Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := res.GetSandboxes()[0]
+	if f.GetNetworkAddress() == "" || f.GetNetworkAddress() == addr {
+		t.Errorf("fork's address %q, source's %q", f.GetNetworkAddress(), addr)
+	}
+	fr := string(e.sh(f.GetId(), "cat /etc/resolv.conf").GetStdout())
+	if fr == resolv || !strings.Contains(fr, "nameserver") {
+		t.Errorf("fork's resolv.conf %q, source's %q: want its own gateway", fr, resolv)
+	}
+	for _, id := range []string{f.GetId(), "net"} {
+		if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: id}); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, "the resources of "+id+" to go", func() bool { return sweepLeftovers(e, id) == "" })
+	}
+	// No host end of a veth names either (its alias is the sandbox id).
+	out, err := exec.Command("ip", "-o", "link").CombinedOutput()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{f.GetId(), "net"} {
+		if strings.Contains(string(out), "alias "+id+"\n") || strings.HasSuffix(strings.TrimSpace(string(out)), "alias "+id) {
+			t.Errorf("a veth of %s is left:\n%s", id, out)
+		}
 	}
 }

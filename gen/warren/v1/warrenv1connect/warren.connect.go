@@ -260,7 +260,7 @@ type SandboxServiceClient interface {
 	// written durably: it survives daemon restarts and reboots. Resume
 	// restores it: its processes continue where they stopped. Unsupported,
 	// with the sandbox left running, where CRIU cannot checkpoint it
-	// (docs/HIBERNATE.md: user-namespace and networked sandboxes, for now).
+	// (docs/HIBERNATE.md: sandboxes in a user namespace or with a disk limit, for now; a networked one comes back with its TCP connections closed).
 	Hibernate(context.Context, *connect.Request[v1.HibernateRequest]) (*connect.Response[v1.HibernateResponse], error)
 	// HibernateByLabel hibernates every RUNNING or PAUSED sandbox matching
 	// `labels`, as PauseByLabel does. ResumeByLabel restores them.
@@ -801,7 +801,7 @@ type SandboxServiceHandler interface {
 	// written durably: it survives daemon restarts and reboots. Resume
 	// restores it: its processes continue where they stopped. Unsupported,
 	// with the sandbox left running, where CRIU cannot checkpoint it
-	// (docs/HIBERNATE.md: user-namespace and networked sandboxes, for now).
+	// (docs/HIBERNATE.md: sandboxes in a user namespace or with a disk limit, for now; a networked one comes back with its TCP connections closed).
 	Hibernate(context.Context, *connect.Request[v1.HibernateRequest]) (*connect.Response[v1.HibernateResponse], error)
 	// HibernateByLabel hibernates every RUNNING or PAUSED sandbox matching
 	// `labels`, as PauseByLabel does. ResumeByLabel restores them.
