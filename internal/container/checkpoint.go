@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -48,6 +50,7 @@ const (
 	ckptImages = "images"
 	ckptUpper  = "upper"
 	ckptMeta   = "checkpoint.json"
+	ckptShm    = "shm" // the files of the sandbox's /dev/shm
 )
 
 // checkpointMeta names the files of the dumped tree that live outside it
@@ -193,6 +196,13 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	reapTraced(pidfd)
 	if err := os.Rename(s.UpperDir(), filepath.Join(dir, ckptUpper)); err != nil {
 		return fsErr(err, "move the writable layer into the checkpoint")
+	}
+	// /dev/shm is a directory of the sandbox's /dev, on the node's devfs
+	// tmpfs, which the checkpoint does not hold: its files are copied in
+	// (POSIX shared memory and semaphores a restored process has mapped
+	// must be there for CRIU to map them again).
+	if err := copyTree(filepath.Join(s.b.devDir(s.id), "shm"), filepath.Join(dir, ckptShm)); err != nil {
+		return fsErr(err, "copy /dev/shm into the checkpoint")
 	}
 	meta.ID = s.id
 	meta.Net = s.network()
@@ -388,6 +398,10 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	}
 	if err := makeDevDir(b.devDir(src)); err != nil {
 		return nil, err
+	}
+	if err := copyTree(filepath.Join(dir, ckptShm), filepath.Join(b.devDir(src), "shm")); err != nil {
+		_ = removeTree(b.devDir(src))
+		return nil, fsErr(err, "copy /dev/shm back from the checkpoint")
 	}
 	if src != spec.ID {
 		cu.Add(func() error { return removeTree(b.devDir(src)) })
@@ -652,6 +666,75 @@ func makeDevDir(dir string) error {
 		}
 	}
 	return nil
+}
+
+// copyTree copies the directories, regular files and symlinks under src
+// into dst (which may exist), with their modes and owners: a missing src
+// copies nothing. Other file types (sockets, fifos) are left out.
+func copyTree(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && p == src {
+				return nil
+			}
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		to := filepath.Join(dst, rel)
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		st, _ := fi.Sys().(*syscall.Stat_t)
+		switch {
+		case d.IsDir():
+			if err := os.Mkdir(to, fi.Mode().Perm()); err != nil && !errors.Is(err, fs.ErrExist) {
+				return err
+			}
+			if err := os.Chmod(to, fi.Mode()&(fs.ModePerm|fs.ModeSticky|fs.ModeSetuid|fs.ModeSetgid)); err != nil {
+				return err
+			}
+		case d.Type()&fs.ModeSymlink != 0:
+			l, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			if err := os.Symlink(l, to); err != nil {
+				return err
+			}
+		case d.Type().IsRegular():
+			if err := copyFile(p, to, fi.Mode().Perm()); err != nil {
+				return err
+			}
+		default:
+			return nil
+		}
+		if st != nil {
+			return os.Lchown(to, int(st.Uid), int(st.Gid))
+		}
+		return nil
+	})
+}
+
+func copyFile(from, to string, mode fs.FileMode) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Chmod(mode); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // reapTraced collects the init pidfd names if it is this daemon's child

@@ -72,10 +72,15 @@ func checkpointRoundTrip(t *testing.T, userns bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"sh", "-c", "echo before > /root/f"}}, ""); r.Status.Code != 0 {
+	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"sh", "-c", "echo before > /root/f; echo shm > /dev/shm/kept"}}, ""); r.Status.Code != 0 {
 		t.Fatalf("write: %+v", r)
 	}
 	if _, err := sb.(backend.Background).StartBackground(t.Context(), backend.ProcSpec{Argv: []string{"sh", "-c", counterScript}}, backend.BackgroundOpts{OutputCap: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	// A process holding a /dev/shm file open (as POSIX shared memory
+	// is): CRIU opens it again on restore, so the file must come back.
+	if _, err := sb.(backend.Background).StartBackground(t.Context(), backend.ProcSpec{Argv: []string{"sh", "-c", "exec 3</dev/shm/kept; while :; do sleep 1; done"}}, backend.BackgroundOpts{OutputCap: 1024}); err != nil {
 		t.Fatal(err)
 	}
 	waitCounter(t, sb, 5)
@@ -130,12 +135,12 @@ func checkpointRoundTrip(t *testing.T, userns bool) {
 	if n := waitCounter(t, rs, at); n > at+20 {
 		t.Errorf("counter restarted or jumped: %d after %d", n, at)
 	}
-	r := conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"cat", "/root/f"}}, "")
-	if r.Stdout != "before\n" {
-		t.Errorf("file written before the checkpoint: %+v", r)
+	r := conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"cat", "/root/f", "/dev/shm/kept"}}, "")
+	if r.Stdout != "before\nshm\n" {
+		t.Errorf("files written before the checkpoint: %+v", r)
 	}
 	list, err := rs.(backend.Background).ListBackground(t.Context())
-	if err != nil || len(list) != 1 || list[0].Exited {
+	if err != nil || len(list) != 2 || list[0].Exited || list[1].Exited {
 		t.Errorf("background processes after restore: %+v, %v", list, err)
 	}
 	if err := rs.Destroy(t.Context()); err != nil {

@@ -34,9 +34,9 @@ const unknownState = state(42)
 func TestLifecycleTableRefusesWithConflictNamingTheState(t *testing.T) {
 	states := append(slices.Clone(known), unknownState, stateGone)
 	want := map[state][]op{
-		stateCreating:   {opInspect, opProcess},
-		stateRunning:    {opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess, opHibernate},
-		statePaused:     {opInspect, opExtend, opDelete, opResume, opHibernate},
+		stateCreating: {opInspect, opProcess},
+		stateRunning:  {opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess, opHibernate},
+		statePaused:   {opInspect, opExtend, opDelete, opResume, opHibernate},
 		// Nothing runs: calls that reach the agent are refused, as
 		// while paused; Fork takes its checkpoint.
 		stateHibernated: {opInspect, opExtend, opDelete, opResume, opFork},
