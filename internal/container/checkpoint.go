@@ -457,7 +457,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 			}
 			net = &a
 		}
-		if ln, err = listenUnix(b.socket(spec.ID)); err != nil {
+		if ln, err = listenUnixHidden(b.socket(spec.ID)); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "agent socket")
 		}
 		// The agent made its listener non-blocking when it started
@@ -586,6 +586,22 @@ func cgroupRoots(dumped map[string]string, srcID, name string) []*rpc.CgroupRoot
 		}
 	}
 	return out
+}
+
+// listenUnixHidden is listenUnix, bound through a descriptor of the
+// socket's directory: the sandbox's /proc/net/unix shows the name given
+// to bind, which then names no host path (init_linux.c, listen_at).
+func listenUnixHidden(path string) (*os.File, error) {
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	f, err := listenUnix(fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)))
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 // criuRestore runs CRIU's restore through its RPC interface and returns

@@ -797,15 +797,34 @@ static void install_seccomp(const char *hex, unsigned flags)
 /* The agent's listening socket at path, as fd 4: made here, so that it
  * belongs to the sandbox's network namespace (CRIU dumps only the sockets
  * of the namespaces of the tree it dumps: checkpoint.go), at the host path
- * the daemon connects to, which this mount namespace still sees. */
+ * the daemon connects to, which this mount namespace still sees. It is
+ * bound by its name from inside its directory, since the sandbox's
+ * /proc/net/unix shows the path given here: the run directory's is the
+ * node's business. */
 static void listen_at(const char *path)
 {
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
-	if (strlen(path) >= sizeof a.sun_path) {
+	const char *slash = strrchr(path, '/');
+	const char *name = slash ? slash + 1 : path;
+	if (strlen(name) >= sizeof a.sun_path || !*name) {
 		errno = ENAMETOOLONG;
 		die("agent socket", path);
 	}
-	strcpy(a.sun_path, path);
+	strcpy(a.sun_path, name);
+	if (slash) {
+		char dir[4096];
+		size_t n = (size_t)(slash - path);
+		if (n >= sizeof dir) {
+			errno = ENAMETOOLONG;
+			die("agent socket", path);
+		}
+		memcpy(dir, path, n);
+		dir[n ? n : 1] = 0;
+		if (!n)
+			dir[0] = '/';
+		if (chdir(dir) < 0)
+			die("chdir", dir);
+	}
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		die("socket", path);
@@ -813,6 +832,8 @@ static void listen_at(const char *path)
 		die("bind", path);
 	if (listen(fd, SOMAXCONN) < 0)
 		die("listen", path);
+	if (chdir("/") < 0)
+		die("chdir", "/");
 	if (fd != FD_LISTEN) {
 		if (dup3(fd, FD_LISTEN, O_CLOEXEC) < 0)
 			die("dup3", path);
