@@ -6,8 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -26,6 +26,7 @@ import (
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/kfile"
+	"github.com/warrenrl/warren/internal/mountinfo"
 	"github.com/warrenrl/warren/internal/netpolicy"
 )
 
@@ -64,6 +65,9 @@ type checkpointMeta struct {
 	// Cgroups is the init's cgroup in every hierarchy when it was
 	// dumped (cgroupsOf), for cgroupRoots.
 	Cgroups map[string]string `json:"cgroups,omitempty"`
+	// DevMounts are the keys of the binds of the sandbox's /dev
+	// directory -> their path in it ("" for the directory itself).
+	DevMounts map[string]string `json:"dev_mounts,omitempty"`
 	// Net is the sandbox's network when it was dumped: its restore asks
 	// for the same address.
 	Net *netpolicy.Attachment `json:"net,omitempty"`
@@ -140,11 +144,22 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	}
 	defer imgDir.Close()
 	external := []string{
-		// Every bind of a host directory (devfs, sysfs, the empty and
-		// views filesystems, masked files) is recorded by its host path
-		// and bound again from there on restore.
+		// Every bind of a host directory (sysfs, the empty, views and
+		// agent filesystems) is recorded by its host path and bound
+		// again from there on restore.
 		"mnt[]",
 	}
+	// Binds of the sandbox's own /dev directory (/dev, and the masked
+	// files bound from its null) are named by keys instead: a restore
+	// under another id (a fork) binds them from its own directory.
+	devs, err := devBinds(pid, s.id)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "read the sandbox's mounts")
+	}
+	for point, key := range devs.points {
+		external = append(external, "mnt["+point+"]:"+key)
+	}
+	meta.DevMounts = devs.keys
 	if meta.NullKey != "" {
 		external = append(external, meta.NullKey)
 	}
@@ -211,6 +226,40 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 		return fsErr(err, "write checkpoint metadata")
 	}
 	return syncDir(dir)
+}
+
+// devMountsOf are a sandbox's binds of its own /dev directory: mount
+// point -> key, and key -> path in the directory.
+type devMountsOf struct {
+	points map[string]string
+	keys   map[string]string
+}
+
+// devBinds finds the mounts of init pid's namespace whose source is the
+// sandbox's /dev directory on the node's devfs (their root is /<id> or
+// below it).
+func devBinds(pid int, id string) (devMountsOf, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return devMountsOf{}, err
+	}
+	out := devMountsOf{points: map[string]string{}, keys: map[string]string{}}
+	for _, m := range mountinfo.Parse(string(b)) {
+		if m.FSType != "tmpfs" {
+			continue
+		}
+		rel, ok := strings.CutPrefix(m.Root, "/"+id)
+		if !ok || (rel != "" && !strings.HasPrefix(rel, "/")) {
+			continue
+		}
+		key := "warren-dev" + strings.ReplaceAll(rel, "/", "-")
+		out.points[m.Point] = key
+		out.keys[key] = strings.TrimPrefix(rel, "/")
+	}
+	if len(out.points) == 0 {
+		return out, fmt.Errorf("no bind of its /dev directory in its mount table")
+	}
+	return out, nil
 }
 
 // agentIdle waits until the agent (pid, the init) holds no socket but
@@ -377,34 +426,23 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := os.Mkdir(work, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fsErr(err, "create sandbox directories")
 	}
-	// The dumped /dev is a bind of the checkpointed sandbox's directory
-	// (an external mount CRIU binds again from the host path it
-	// recorded): it is made there, and a fork's is then renamed to its
-	// own id (the binds follow the directory). Delete removed the
-	// checkpointed sandbox's; one there now is a sandbox of that id
-	// running, which a fork must not take: forks take turns.
+	// The dumped /dev and the masked files are binds of the sandbox's
+	// /dev directory, named by keys (devBinds): they are bound from this
+	// sandbox's own, made again here (delete removed the checkpointed
+	// one's; a fork has its own id).
 	src := meta.ID
 	if src == "" {
 		src = spec.ID
 	}
-	if src != spec.ID {
-		b.forkMu.Lock()
-		defer b.forkMu.Unlock()
-		if _, err := os.Lstat(b.devDir(src)); err == nil {
-			return nil, errdefs.Conflictf("sandbox %s, whose checkpoint this is, runs on this node: a fork of it restores only while it does not", src)
-		}
-	} else {
-		_ = removeTree(b.devDir(spec.ID))
+	if len(meta.DevMounts) == 0 && src != spec.ID {
+		return nil, errdefs.Unsupportedf("checkpoint of sandbox %s was taken by an older daemon: it restores only as itself", src)
 	}
-	if err := makeDevDir(b.devDir(src)); err != nil {
+	_ = removeTree(b.devDir(spec.ID))
+	if err := makeDevDir(b.devDir(spec.ID)); err != nil {
 		return nil, err
 	}
-	if err := copyTree(filepath.Join(dir, ckptShm), filepath.Join(b.devDir(src), "shm")); err != nil {
-		_ = removeTree(b.devDir(src))
+	if err := copyTree(filepath.Join(dir, ckptShm), filepath.Join(b.devDir(spec.ID), "shm")); err != nil {
 		return nil, fsErr(err, "copy /dev/shm back from the checkpoint")
-	}
-	if src != spec.ID {
-		cu.Add(func() error { return removeTree(b.devDir(src)) })
 	}
 	overlay, err := overlayConfig(spec.Layers, upper, work)
 	if err != nil {
@@ -511,7 +549,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		LogLevel:          proto.Int32(4),
 		LogFile:           proto.String("restore.log"),
 		Root:              proto.String(root),
-		External:          []string{"mnt[]"},
+		External:          restoreExternal(meta.DevMounts, b.devDir(spec.ID)),
 		InheritFd:         inherit,
 		NetworkLock:       rpc.CriuNetworkLockMethod_NFTABLES.Enum(),
 		ManageCgroups:     proto.Bool(true),
@@ -533,11 +571,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		return nil, errdefs.Wrap(errdefs.Internal, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(run, "restore.log"))), "restore sandbox "+spec.ID)
 	}
 	cu.Add(func() error { _ = unix.Kill(pid, unix.SIGKILL); return nil })
-	if src != spec.ID {
-		if err := os.Rename(b.devDir(src), b.devDir(spec.ID)); err != nil {
-			return nil, fsErr(err, "move the fork's /dev to its own id")
-		}
-	}
+
 	s, err := b.attach(spec.ID, pid, -1, 0, grp, net)
 	if err != nil {
 		return nil, err
@@ -545,6 +579,16 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	b.cpus.adopt(spec.ID, pid)
 	cu.Release()
 	return s, nil
+}
+
+// restoreExternal are the restore's external mounts: the host binds by
+// their recorded paths, and the /dev binds by key from dev.
+func restoreExternal(devMounts map[string]string, dev string) []string {
+	out := []string{"mnt[]"}
+	for key, rel := range devMounts {
+		out = append(out, "mnt["+key+"]:"+filepath.Join(dev, rel))
+	}
+	return out
 }
 
 // cgroupsOf reads pid's cgroup of every hierarchy: controllers ("" for

@@ -253,6 +253,11 @@ func TestCheckpointForks(t *testing.T) {
 		if r := conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"sh", "-c", fmt.Sprintf("cat /root/f; echo %d > /root/mine; hostname", i)}}, ""); !strings.HasPrefix(r.Stdout, "shared\n") {
 			t.Errorf("copy %d: %+v", i, r)
 		}
+		// Its /dev and masked files are bound from its own /dev
+		// directory, not its source's.
+		if r := conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"sh", "-c", "wc -c < /proc/timer_list; echo x > /dev/null && echo null-ok"}}, ""); r.Stdout != "0\nnull-ok\n" {
+			t.Errorf("copy %d's /dev: %+v", i, r)
+		}
 	}
 	for i, rs := range sbs {
 		r := conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"cat", "/root/mine"}}, "")

@@ -101,7 +101,6 @@ type Backend struct {
 	seccomp, seccompAudit string
 
 	sharedMu sync.Mutex // remounting the shared sysfs or devfs
-	forkMu   sync.Mutex // a fork's restore, which borrows its source's /dev path
 }
 
 var (

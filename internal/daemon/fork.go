@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
@@ -36,8 +37,12 @@ import (
 // base goes once no record names it: on delete (dropBases), and when the
 // daemon starts (sweepBases).
 
-// maxForks bounds one Fork call.
-const maxForks = 64
+// maxForks bounds one Fork call; forkParallelism is how many of its
+// forks restore at once.
+const (
+	maxForks        = 64
+	forkParallelism = 4
+)
 
 func (m *Manager) basesDir() string { return filepath.Join(m.cfg.StateDir, "bases") }
 
@@ -163,23 +168,50 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 		m.log.Warn("sync trajectory log before forking", "sandbox", s.id, "err", err)
 	}
 
-	var made []*sandbox
-	for range n {
-		f, took, ferr := m.forkOne(ctx, s, info, digests, bases, etcNS, req.GetLabels(), life)
-		if ferr != nil {
-			// All or nothing: the forks made so far go.
-			for _, f := range made {
-				if derr := m.remove(context.WithoutCancel(ctx), f, "fork_failed"); derr != nil {
-					m.log.Warn("delete a fork of a failed fork call", "sandbox", f.id, "err", derr)
-				}
-			}
-			return nil, ferr
+	// Forks restore a few at a time: each is mostly CRIU writing the
+	// source's memory into its own, which a core or two keep busy.
+	type result struct {
+		f    *sandbox
+		took time.Duration
+		err  error
+	}
+	results := make([]result, n)
+	sem := make(chan struct{}, forkParallelism)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			f, took, ferr := m.forkOne(ctx, s, info, digests, bases, etcNS, req.GetLabels(), life)
+			results[i] = result{f, took, ferr}
+		}()
+	}
+	wg.Wait()
+	var ferr error
+	for _, r := range results {
+		if r.err != nil && ferr == nil {
+			ferr = r.err
 		}
-		made = append(made, f)
-		f.mu.Lock()
-		out.Sandboxes = append(out.Sandboxes, cloneSandbox(f.info))
-		f.mu.Unlock()
-		out.RestoreUs = append(out.RestoreUs, took.Microseconds())
+	}
+	if ferr != nil {
+		// All or nothing: the forks made go.
+		for _, r := range results {
+			if r.f == nil {
+				continue
+			}
+			if derr := m.remove(context.WithoutCancel(ctx), r.f, "fork_failed"); derr != nil {
+				m.log.Warn("delete a fork of a failed fork call", "sandbox", r.f.id, "err", derr)
+			}
+		}
+		return nil, ferr
+	}
+	for _, r := range results {
+		r.f.mu.Lock()
+		out.Sandboxes = append(out.Sandboxes, cloneSandbox(r.f.info))
+		r.f.mu.Unlock()
+		out.RestoreUs = append(out.RestoreUs, r.took.Microseconds())
 	}
 	out.TotalUs = time.Since(start).Microseconds()
 	m.log.Debug("sandbox forked", "sandbox", s.id, "forks", n, "took", time.Since(start))
