@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -648,6 +649,8 @@ func listenUnixHidden(path string) (*os.File, error) {
 	return f, nil
 }
 
+var criuStartMu sync.Mutex
+
 // criuRestore runs CRIU's restore through its RPC interface and returns
 // the restored init's host pid. The files in pass reach CRIU's process
 // under their own numbers (inherit-fd, join-ns name them): go-criu starts
@@ -657,8 +660,13 @@ func listenUnixHidden(path string) (*os.File, error) {
 func criuRestore(opts *rpc.CriuOpts, pass []*os.File) (int, error) {
 	c := criu.MakeCriu()
 	c.SetCriuPath(CRIUPath)
+	// One start at a time: restores share descriptors (the node's
+	// /dev/null), and one putting close-on-exec back while another's
+	// CRIU starts would keep it from that one.
+	criuStartMu.Lock()
 	for _, f := range pass {
 		if _, err := unix.FcntlInt(f.Fd(), unix.F_SETFD, 0); err != nil {
+			criuStartMu.Unlock()
 			return 0, err
 		}
 	}
@@ -666,6 +674,7 @@ func criuRestore(opts *rpc.CriuOpts, pass []*os.File) (int, error) {
 	for _, f := range pass {
 		syscall.CloseOnExec(int(f.Fd()))
 	}
+	criuStartMu.Unlock()
 	if err != nil {
 		return 0, fmt.Errorf("start criu: %w", err)
 	}
