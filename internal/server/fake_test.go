@@ -333,3 +333,14 @@ func (f *fakeManager) PauseByLabel(_ context.Context, r *warrenv1.PauseByLabelRe
 func (f *fakeManager) ResumeByLabel(_ context.Context, r *warrenv1.ResumeByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error {
 	return send(&warrenv1.ByLabelEvent{Done: true})
 }
+
+// ParentOf implements Owner from the sandboxes' parent field.
+func (f *fakeManager) ParentOf(id string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sandboxes[id]
+	if !ok {
+		return "", errdefs.NotFoundf("sandbox %s not found", id)
+	}
+	return sb.GetParent(), nil
+}
