@@ -324,6 +324,15 @@ class SandboxInfo:
     paused_at_unix_ms: int = 0
     #: how long it has been paused in all (process timeouts do not count it)
     paused_total_ms: int = 0
+    #: it is a harness (``create(harness=True)``): how many children it may have
+    max_children: int = 0
+    #: the harness that created it ("" for one the node's API created)
+    parent: str = ""
+
+    @property
+    def harness(self) -> bool:
+        """It is a harness: it drives its own sandboxes through its route."""
+        return self.max_children > 0
 
     def rlimit(self, name: str) -> Optional[Rlimit]:
         """The sandbox's limit of ``name`` (``"nofile"``), or None."""
@@ -372,6 +381,8 @@ class SandboxInfo:
             network_address=d.get("networkAddress", ""),
             paused_at_unix_ms=_int(d.get("pausedAtUnixMs")),
             paused_total_ms=_int(d.get("pausedTotalMs")),
+            max_children=_int((d.get("harness") or {}).get("maxChildren")),
+            parent=d.get("parent", ""),
         )
 
 
