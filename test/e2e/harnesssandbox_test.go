@@ -243,3 +243,68 @@ func TestHarnessSandboxChildrenFollowIt(t *testing.T) {
 	}
 	e.expectBaseline("after every harness is gone")
 }
+
+// Harness cycles leak nothing in the daemon: each harness's listener,
+// its server's goroutines and connections, and the socket file go with
+// the harness.
+func TestHarnessSandboxNoLeaks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 3*time.Minute)
+	cycle := func(i int) {
+		id := fmt.Sprintf("hl%d", i)
+		e.create(&warrenv1.CreateRequest{Id: id, Harness: &warrenv1.HarnessOptions{}})
+		rc, err := client.New("unix://"+e.routePath(id), client.WithToken(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kid, err := rc.Create(ctx, &warrenv1.CreateRequest{Image: imageName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := rc.Exec(ctx, &warrenv1.ExecRequest{SandboxId: kid.GetId(), Argv: []string{"true"}}); err != nil || res.GetExitCode() != 0 {
+			t.Fatalf("exec through the route: %v %v", res, err)
+		}
+		// A call in flight when the harness goes: the route's end ends it.
+		p, err := rc.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: kid.GetId(), Argv: []string{"sleep", "60"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waited := make(chan error, 1)
+		go func() {
+			_, err := rc.WaitProcess(ctx, &warrenv1.WaitProcessRequest{SandboxId: kid.GetId(), ProcessId: p.GetProcessId()})
+			waited <- err
+		}()
+		if err := e.c.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-waited:
+		case <-time.After(30 * time.Second):
+			t.Fatal("a call through the route outlived the harness")
+		}
+		rc.Close()
+		if _, err := os.Lstat(e.routePath(id)); err == nil {
+			t.Fatalf("route socket of %s left", id)
+		}
+	}
+	cycle(0)
+	fds0, gor0 := e.daemonFDs(), e.goroutines(t)
+	for i := 1; i <= 10; i++ {
+		cycle(i)
+	}
+	var fds, gor int
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		fds, gor = e.daemonFDs(), e.goroutines(t)
+		if (fds <= fds0+4 && gor <= gor0+10) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("daemon: %d -> %d file descriptors, %d -> %d goroutines over 10 harness cycles", fds0, fds, gor0, gor)
+	if fds > fds0+4 || gor > gor0+10 {
+		t.Errorf("daemon grew over 10 harness cycles: fds %d -> %d, goroutines %d -> %d", fds0, fds, gor0, gor)
+	}
+	e.expectBaseline("after the harness cycles")
+}
