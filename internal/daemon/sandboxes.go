@@ -472,7 +472,9 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 		// First the route, so that the harness makes no more calls, then
 		// its children (none is added: it is DELETING), then itself.
 		m.closeRoute(s)
-		m.removeChildren(ctx, s.id, reason)
+		// Not cut short by the caller going away: a child left behind
+		// would wait for the next daemon's orphan sweep.
+		m.removeChildren(context.WithoutCancel(ctx), s.id, reason)
 	}
 
 	// A commit in progress holds the sandbox frozen, and frozen processes
@@ -961,12 +963,13 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 	} else {
 		s.procsAdopted = make(chan struct{})
 	}
+	if s.isHarness() {
+		// Before the watch: a death it reports closes the route for good.
+		m.openRoute(s)
+	}
 	add()
 	armTimer(expires)
 	m.watch(s, sb)
-	if s.isHarness() {
-		m.openRoute(s)
-	}
 	return true
 }
 
@@ -1074,10 +1077,10 @@ func (m *Manager) found(s *sandbox, sb backend.Sandbox, err error) {
 	paused := back == statePaused
 	s.procsOnResume = paused
 	s.mu.Unlock()
-	m.watch(s, sb)
 	if s.isHarness() {
-		m.openRoute(s)
+		m.openRoute(s) // before the watch, as in adopt
 	}
+	m.watch(s, sb)
 	if !paused {
 		m.adoptProcesses(s, sb)
 	}
