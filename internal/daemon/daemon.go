@@ -375,6 +375,8 @@ func (m *Manager) housekeeping() {
 			// Forget the layers of sandboxes gone since adoption, so that
 			// the store can collect them (and other nodes sharing it).
 			m.images.SetKeep(m.inUseDigests()...)
+			// Children whose harness's deletion failed to delete them.
+			m.removeOrphans()
 		}
 	}
 }

@@ -287,9 +287,13 @@ func (m *Manager) harnessEnded(s *sandbox) {
 	m.removeChildren(ctx, s.id, metrics.ReasonDead)
 }
 
-// removeOrphans deletes, after adoption, the children whose harness is
-// gone or STOPPED: it was deleted or died while no daemon ran, or the
-// daemon stopped half-way through deleting its children.
+// removeOrphans deletes the children whose harness is gone or STOPPED:
+// after adoption, those of a harness deleted or dead while no daemon ran
+// (or whose deletion the daemon's stop cut short); every minute
+// (housekeeping), those a harness's deletion failed to delete. A harness
+// leaves the map only after its children were tried, and takes no child
+// once it is DELETING or STOPPED, so a child of a live harness is never
+// taken for an orphan.
 func (m *Manager) removeOrphans() {
 	live := map[string]bool{}
 	var orphans []*sandbox
