@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"golang.org/x/net/netutil"
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/caller"
@@ -26,6 +27,18 @@ import (
 // start) wait and are served from Serve on; Serve's shutdown closes them
 // all. Closing a route closes its listener, removes the socket file and
 // ends its calls in flight.
+
+// A harness is a sandbox, not a trusted client: its route takes fewer
+// connections, streams and unread bytes than the node's socket, so that
+// one harness cannot hold thousands of the daemon's goroutines or
+// gigabytes of its buffers. 32 connections of 256 streams still carry a
+// harness driving its whole cap of children with several calls each.
+const (
+	RouteMaxConns      = 32
+	RouteMaxStreams    = 256
+	routeRecvPerConn   = 16 << 20
+	routeRecvPerStream = 4 << 20
+)
 
 // route is one harness's listener and server.
 type route struct {
@@ -94,12 +107,15 @@ func (s *Server) Routes() []string {
 func (s *Server) startRoutes(reqCtx context.Context, h http.Handler, log *slog.Logger) (stop func()) {
 	serve := func(r *route) {
 		r.srv = NewHTTPServer(h)
+		r.srv.HTTP2.MaxConcurrentStreams = RouteMaxStreams
+		r.srv.HTTP2.MaxReceiveBufferPerConnection = routeRecvPerConn
+		r.srv.HTTP2.MaxReceiveBufferPerStream = routeRecvPerStream
 		r.srv.BaseContext = func(net.Listener) context.Context { return caller.WithHarness(reqCtx, r.id) }
 		r.srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelDebug)
 		r.done = make(chan struct{})
 		go func() {
 			defer close(r.done)
-			if err := r.srv.Serve(r.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := r.srv.Serve(netutil.LimitListener(r.ln, RouteMaxConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				log.Warn("harness route failed", "harness", r.id, "err", err)
 			}
 		}()

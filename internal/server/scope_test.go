@@ -171,3 +171,44 @@ func TestHarnessRouteScopes(t *testing.T) {
 	}
 	waitGoroutines(t, before+2)
 }
+
+// A route serves at most RouteMaxConns connections at once: a harness
+// cannot hold an unbounded number of the daemon's connections (each a
+// goroutine and buffers); the next is served once one closes.
+func TestRouteConnectionLimit(t *testing.T) {
+	ts := startServer(t, Config{})
+	path := filepath.Join(shortTempDir(t), "warren.sock")
+	if err := ts.srv.OpenRoute("h", path); err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	for range RouteMaxConns {
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	get := func(timeout time.Duration) error {
+		hc := &http.Client{Timeout: timeout, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		}}}
+		defer hc.CloseIdleConnections()
+		res, err := hc.Get("http://h/healthz")
+		if err == nil {
+			res.Body.Close()
+		}
+		return err
+	}
+	if err := get(500 * time.Millisecond); err == nil {
+		t.Fatalf("a call past %d held connections was served", RouteMaxConns)
+	}
+	held[0].Close()
+	if err := get(10 * time.Second); err != nil {
+		t.Fatalf("a call once a connection closed: %v", err)
+	}
+	for _, c := range held[1:] {
+		c.Close()
+	}
+	ts.srv.CloseRoute("h")
+}
