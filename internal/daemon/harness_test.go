@@ -1,9 +1,12 @@
 package daemon
 
 import (
+	"fmt"
+	"sync"
 	"testing"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/caller"
 	"github.com/warrenrl/warren/internal/errdefs"
 )
 
@@ -49,5 +52,95 @@ func TestCheckChild(t *testing.T) {
 		if c.ok != (err == nil) || (err != nil && errdefs.CategoryOf(err) != errdefs.PermissionDenied) {
 			t.Errorf("%s: %v, want ok %v (else permission_denied)", c.name, err, c.ok)
 		}
+	}
+}
+
+// routes is a Router that records which harnesses have a route.
+type routes struct {
+	mu   sync.Mutex
+	open map[string]string
+}
+
+func (r *routes) OpenRoute(id, path string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.open[id] = path
+	return nil
+}
+
+func (r *routes) CloseRoute(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.open, id)
+}
+
+func (r *routes) has(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.open[id]
+	return ok
+}
+
+// Creates of children racing the deletion of their harness are each
+// refused or deleted with it: none outlives the harness (a child is
+// either in the map when the deletion looks for children, or its create
+// finds the harness DELETING). The route is closed with the harness, and
+// the cap counts children at once, not ever.
+func TestHarnessChildrenRaceItsDeletion(t *testing.T) {
+	rt := &routes{open: map[string]string{}}
+	e := newEnv(t, func(c *Config) { c.Router = rt })
+	ctx := ctxT(t)
+	h, err := e.m.Create(ctx, &warrenv1.CreateRequest{Id: "h", Image: "busybox", Harness: &warrenv1.HarnessOptions{MaxChildren: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rt.has("h") || h.GetEnv()[EnvHarnessAddr] != "unix:///dev/warren.sock" || h.GetHarness().GetMaxChildren() != 3 {
+		t.Fatalf("harness: route %v, %v", rt.has("h"), h)
+	}
+	hctx := caller.WithHarness(ctx, "h")
+	for i := range 3 {
+		if _, err := e.m.Create(hctx, &warrenv1.CreateRequest{Id: fmt.Sprintf("k%d", i), Image: "busybox"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.m.Create(hctx, &warrenv1.CreateRequest{Image: "busybox"}); errdefs.CategoryOf(err) != errdefs.Exhausted {
+		t.Fatalf("a fourth child: %v, want exhausted", err)
+	}
+	if _, err := e.m.Delete(hctx, &warrenv1.DeleteRequest{Id: "k0"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Create(hctx, &warrenv1.CreateRequest{Id: "k3", Image: "busybox"}); err != nil {
+		t.Fatalf("a child after one was deleted: %v", err)
+	}
+	list, err := e.m.List(hctx, &warrenv1.ListRequest{})
+	if err != nil || len(list.GetSandboxes()) != 3 {
+		t.Fatalf("the harness's list: %v %v, want its 3 children", list, err)
+	}
+
+	// Delete the harness while more children are being created.
+	if _, err := e.m.Delete(hctx, &warrenv1.DeleteRequest{Id: "k1"}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = e.m.Create(hctx, &warrenv1.CreateRequest{Id: fmt.Sprintf("r%d", i), Image: "busybox"})
+		}()
+	}
+	if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: "h"}); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	all, err := e.m.List(ctx, &warrenv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range all.GetSandboxes() {
+		t.Errorf("sandbox %s (parent %q) outlived the harness", s.GetId(), s.GetParent())
+	}
+	if rt.has("h") {
+		t.Error("the harness's route is still open")
 	}
 }
