@@ -91,6 +91,18 @@ type IDMapped interface {
 	IDMap() (base, size uint32, ok bool)
 }
 
+// SocketDirs is implemented by backends whose sandboxes each have a host
+// directory that their processes see, where the daemon can bind a unix
+// socket for them: the route of a harness sandbox to the API. A
+// path-based unix socket works across mount, network and user
+// namespaces, so the route opens nothing else of the node. The directory
+// must be the sandbox's alone, and exist while the sandbox runs.
+type SocketDirs interface {
+	// SocketDir is sandbox id's directory on the host and its path
+	// inside, known before the sandbox is created (its env names it).
+	SocketDir(id string) (host, inside string)
+}
+
 // Layer is one read-only layer of a sandbox's root, as references a
 // backend picks from: a container backend stacks the mounted directories
 // in an overlay; a VM backend can attach the blobs as read-only disks.

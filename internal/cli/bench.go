@@ -186,7 +186,7 @@ func newBenchExecCommand(bf *benchFlags) *cobra.Command {
 			if err := checkCounts(cfg.N, cfg.Warmup, cfg.Concurrency); err != nil {
 				return err
 			}
-			cfg.Peers = bf.peers
+			cfg.Peers = bf.peers && !cfg.Harness
 			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
 				return bench.RunExec(ctx, env, cfg)
 			})
@@ -194,6 +194,7 @@ func newBenchExecCommand(bf *benchFlags) *cobra.Command {
 	}
 	c.Flags().IntVar(&cfg.N, "n", 2000, "measured execs per system and concurrency")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 50, "unmeasured execs before each measured run")
+	c.Flags().BoolVar(&cfg.Harness, "harness", false, "exec into a harness sandbox's child, through the node socket and through the harness's route (no peers)")
 	concurrencyFlag(c, &cfg.Concurrency)
 	return c
 }

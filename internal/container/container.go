@@ -786,9 +786,11 @@ var stateEntries = []string{"upper/etc/hosts", "upper/etc/hostname", "upper/etc/
 	"upper/", "work/work/", "work/"}
 
 // devEntries is what the init stage puts in a sandbox's /dev directory
-// (init_linux.c, setup_dev).
+// (init_linux.c, setup_dev),
+// and the daemon's API socket of a harness (backend.SocketDirs), which the
+// daemon normally removed already.
 var devEntries = []string{"null", "zero", "full", "random", "urandom", "tty", "ptmx",
-	"fd", "stdin", "stdout", "stderr", "pts/", "shm/"}
+	"fd", "stdin", "stdout", "stderr", "pts/", "shm/", "warren.sock"}
 
 type sandbox struct {
 	b      *Backend
@@ -842,6 +844,13 @@ func (s *sandbox) IDMap() (base, size uint32, ok bool) {
 	}
 	return 0, 0, false
 }
+
+var _ backend.SocketDirs = (*Backend)(nil)
+
+// SocketDir is the sandbox's /dev on the node's shared devfs tmpfs
+// (backend.SocketDirs): its own directory, bound at /dev by the init
+// stage, which no other sandbox sees.
+func (b *Backend) SocketDir(id string) (host, inside string) { return b.devDir(id), "/dev" }
 
 // UpperDir is the overlayfs upper directory (backend.Committer).
 func (s *sandbox) UpperDir() string { return filepath.Join(s.b.stateDir(s.id), "upper") }

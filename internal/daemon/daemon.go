@@ -93,6 +93,9 @@ type Config struct {
 	// UserNSDefault creates sandboxes in a user namespace unless the
 	// request says otherwise (CreateRequest.user_namespace).
 	UserNSDefault bool
+	// Router opens the API routes of harness sandboxes (harness.go); nil:
+	// creating a harness is Unsupported.
+	Router Router
 	// FnCall runs the jobs of Run (nil: Run is Unsupported). The Manager
 	// closes it.
 	FnCall *fncall.Service
@@ -183,6 +186,11 @@ type sandbox struct {
 	b           backend.Backend
 
 	ready chan struct{} // closed when Create finished, either way
+
+	// Fixed at create (harness.go): the harness that created it, and
+	// whether it is a harness itself.
+	parent  string
+	harness bool
 
 	mu           sync.Mutex
 	st           state             // the lifecycle state (lifecycle.go); info.State mirrors it
@@ -368,6 +376,8 @@ func (m *Manager) housekeeping() {
 			// Forget the layers of sandboxes gone since adoption, so that
 			// the store can collect them (and other nodes sharing it).
 			m.images.SetKeep(m.inUseDigests()...)
+			// Children whose harness's deletion failed to delete them.
+			m.removeOrphans()
 		}
 	}
 }

@@ -100,6 +100,9 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 	if err != nil {
 		return nil, err
 	}
+	if s.isHarness() {
+		return nil, errdefs.Unsupportedf("sandbox %s is a harness: its API route's connections cannot be checkpointed, so it cannot be hibernated or forked", s.id)
+	}
 	s.mu.Lock()
 	prev := s.st
 	s.mu.Unlock()
@@ -240,12 +243,20 @@ func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sand
 		info:        fi,
 		imageLayers: digests,
 		bases:       bases,
+		// A fork of a harness's child is the harness's child too.
+		parent: src.parent,
 	}
 	s.seen.known = true
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return nil, 0, errdefs.Unavailablef("daemon is shutting down")
+	}
+	if s.parent != "" {
+		if err := m.reserveChildLocked(s.parent); err != nil {
+			m.mu.Unlock()
+			return nil, 0, err
+		}
 	}
 	id := newID()
 	for m.sandboxes[id] != nil {

@@ -62,6 +62,11 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 	if !ok {
 		return nil, errdefs.Unsupportedf("backend %s cannot hibernate sandboxes", v.backend)
 	}
+	if s.isHarness() {
+		// Its processes hold connections to its route, the daemon's end
+		// of which no checkpoint can hold.
+		return nil, errdefs.Unsupportedf("sandbox %s is a harness: its API route's connections cannot be checkpointed, so it cannot be hibernated or forked", s.id)
+	}
 	s.mu.Lock()
 	if err := s.allowLocked(opHibernate); err != nil {
 		s.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/caller"
 	"github.com/warrenrl/warren/internal/container"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/store"
@@ -347,6 +348,50 @@ func TestHibernateWithNetwork(t *testing.T) {
 	for _, id := range []string{f.GetId(), "net"} {
 		if strings.Contains(string(out), "alias "+id+"\n") || strings.HasSuffix(strings.TrimSpace(string(out)), "alias "+id) {
 			t.Errorf("a veth of %s is left:\n%s", id, out)
+		}
+	}
+}
+
+// TestForkOfHarnessChildren: a harness cannot be hibernated or forked (its
+// route's connections); forks of its child are its children too, within
+// its cap, and go with it.
+func TestForkOfHarnessChildren(t *testing.T) {
+	requireCRIU(t)
+	rt := &routes{open: map[string]string{}}
+	e := newEnv(t, func(c *Config) { c.Router = rt })
+	ctx := ctxT(t)
+	if _, err := e.m.Create(ctx, &warrenv1.CreateRequest{Id: "h", Image: "busybox", UserNamespace: proto.Bool(false), Harness: &warrenv1.HarnessOptions{MaxChildren: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "h"})
+	wantCat(t, err, errdefs.Unsupported, "is a harness")
+	_, err = e.m.Fork(ctx, &warrenv1.ForkRequest{Id: "h", Count: 1})
+	wantCat(t, err, errdefs.Unsupported, "is a harness")
+	hctx := caller.WithHarness(ctx, "h")
+	if _, err := e.m.Create(hctx, &warrenv1.CreateRequest{Id: "kid", Image: "busybox", UserNamespace: proto.Bool(false)}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.m.Fork(hctx, &warrenv1.ForkRequest{Id: "kid", Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range res.GetSandboxes() {
+		if f.GetParent() != "h" {
+			t.Errorf("fork of a child: parent %q", f.GetParent())
+		}
+	}
+	// Three children now: the cap refuses another fork, all or nothing.
+	_, err = e.m.Fork(hctx, &warrenv1.ForkRequest{Id: "kid", Count: 1})
+	wantCat(t, err, errdefs.Exhausted, "max_children")
+	if list, err := e.m.List(hctx, &warrenv1.ListRequest{}); err != nil || len(list.GetSandboxes()) != 3 {
+		t.Fatalf("the harness's children: %v %v", list, err)
+	}
+	if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: "h"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range res.GetSandboxes() {
+		if _, err := e.m.Get(ctx, &warrenv1.GetRequest{Id: f.GetId()}); errdefs.CategoryOf(err) != errdefs.NotFound {
+			t.Errorf("fork %s after its harness's delete: %v", f.GetId(), err)
 		}
 	}
 }

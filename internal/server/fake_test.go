@@ -345,3 +345,14 @@ func (f *fakeManager) HibernateByLabel(_ context.Context, r *warrenv1.HibernateB
 func (f *fakeManager) Fork(_ context.Context, r *warrenv1.ForkRequest) (*warrenv1.ForkResponse, error) {
 	return nil, errdefs.Unsupportedf("fake")
 }
+
+// ParentOf implements Owner from the sandboxes' parent field.
+func (f *fakeManager) ParentOf(id string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sandboxes[id]
+	if !ok {
+		return "", errdefs.NotFoundf("sandbox %s not found", id)
+	}
+	return sb.GetParent(), nil
+}

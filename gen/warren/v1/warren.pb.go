@@ -299,6 +299,13 @@ type CreateRequest struct {
 	// every other wall is nobody on the node. Unset: the node's default
 	// (warren serve --userns). The image's files must have ids below 65,536.
 	UserNamespace *bool `protobuf:"varint,16,opt,name=user_namespace,json=userNamespace,proto3,oneof" json:"user_namespace,omitempty"`
+	// Make the sandbox a harness: it gets a route to the API (a unix socket
+	// at /dev/warren.sock, $WARREN_ADDR in its env) through which it may
+	// create sandboxes, its children, and drive only those; everything
+	// else of the node is refused (PermissionDenied). Deleting the harness,
+	// or its death, deletes its children. docs/SECURITY.md, "Harness
+	// sandboxes". A harness cannot create another harness.
+	Harness       *HarnessOptions `protobuf:"bytes,26,opt,name=harness,proto3" json:"harness,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -452,6 +459,60 @@ func (x *CreateRequest) GetUserNamespace() bool {
 	return false
 }
 
+func (x *CreateRequest) GetHarness() *HarnessOptions {
+	if x != nil {
+		return x.Harness
+	}
+	return nil
+}
+
+// HarnessOptions are the limits of a harness sandbox.
+type HarnessOptions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many children it may have at once (0: 32; at most 1024); a
+	// create past it is Exhausted.
+	MaxChildren   int32 `protobuf:"varint,1,opt,name=max_children,json=maxChildren,proto3" json:"max_children,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HarnessOptions) Reset() {
+	*x = HarnessOptions{}
+	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HarnessOptions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HarnessOptions) ProtoMessage() {}
+
+func (x *HarnessOptions) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HarnessOptions.ProtoReflect.Descriptor instead.
+func (*HarnessOptions) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HarnessOptions) GetMaxChildren() int32 {
+	if x != nil {
+		return x.MaxChildren
+	}
+	return 0
+}
+
 // NetworkPolicy is what a sandbox may reach over the network. Modes:
 //
 //	"none" (or ""): loopback only; no interface is made.
@@ -479,7 +540,7 @@ type NetworkPolicy struct {
 
 func (x *NetworkPolicy) Reset() {
 	*x = NetworkPolicy{}
-	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	mi := &file_warren_v1_warren_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -491,7 +552,7 @@ func (x *NetworkPolicy) String() string {
 func (*NetworkPolicy) ProtoMessage() {}
 
 func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	mi := &file_warren_v1_warren_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -504,7 +565,7 @@ func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
 func (*NetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NetworkPolicy) GetMode() string {
@@ -548,7 +609,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	mi := &file_warren_v1_warren_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +621,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	mi := &file_warren_v1_warren_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +634,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *NetworkRule) GetCidr() string {
@@ -619,7 +680,7 @@ type Rlimit struct {
 
 func (x *Rlimit) Reset() {
 	*x = Rlimit{}
-	mi := &file_warren_v1_warren_proto_msgTypes[4]
+	mi := &file_warren_v1_warren_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +692,7 @@ func (x *Rlimit) String() string {
 func (*Rlimit) ProtoMessage() {}
 
 func (x *Rlimit) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[4]
+	mi := &file_warren_v1_warren_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +705,7 @@ func (x *Rlimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
 func (*Rlimit) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{4}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Rlimit) GetName() string {
@@ -711,14 +772,19 @@ type Sandbox struct {
 	// The checkpoint's size on disk while HIBERNATED.
 	CheckpointBytes uint64 `protobuf:"varint,42,opt,name=checkpoint_bytes,json=checkpointBytes,proto3" json:"checkpoint_bytes,omitempty"`
 	// The sandbox this one was forked from ("" when it was created).
-	ForkedFrom    string `protobuf:"bytes,43,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	ForkedFrom string `protobuf:"bytes,43,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	// Set on a harness (CreateRequest.harness), with the defaults filled in.
+	Harness *HarnessOptions `protobuf:"bytes,37,opt,name=harness,proto3" json:"harness,omitempty"`
+	// The harness that created this sandbox through its route ("" for a
+	// sandbox the node's API created). Fixed at create.
+	Parent        string `protobuf:"bytes,38,opt,name=parent,proto3" json:"parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_warren_v1_warren_proto_msgTypes[5]
+	mi := &file_warren_v1_warren_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -730,7 +796,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[5]
+	mi := &file_warren_v1_warren_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -743,7 +809,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{5}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Sandbox) GetId() string {
@@ -935,6 +1001,20 @@ func (x *Sandbox) GetForkedFrom() string {
 	return ""
 }
 
+func (x *Sandbox) GetHarness() *HarnessOptions {
+	if x != nil {
+		return x.Harness
+	}
+	return nil
+}
+
+func (x *Sandbox) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
 type GetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -944,7 +1024,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[6]
+	mi := &file_warren_v1_warren_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1036,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[6]
+	mi := &file_warren_v1_warren_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1049,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{6}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetRequest) GetId() string {
@@ -988,7 +1068,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[7]
+	mi := &file_warren_v1_warren_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1080,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[7]
+	mi := &file_warren_v1_warren_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1093,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{7}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -1032,7 +1112,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[8]
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +1124,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[8]
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,7 +1137,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{8}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1076,7 +1156,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1088,7 +1168,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1101,7 +1181,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -1119,7 +1199,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1211,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1224,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
 }
 
 type ExtendTimeoutRequest struct {
@@ -1157,7 +1237,7 @@ type ExtendTimeoutRequest struct {
 
 func (x *ExtendTimeoutRequest) Reset() {
 	*x = ExtendTimeoutRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1249,7 @@ func (x *ExtendTimeoutRequest) String() string {
 func (*ExtendTimeoutRequest) ProtoMessage() {}
 
 func (x *ExtendTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1262,7 @@ func (x *ExtendTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*ExtendTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExtendTimeoutRequest) GetId() string {
@@ -1222,7 +1302,7 @@ type UpdateSandboxRequest struct {
 
 func (x *UpdateSandboxRequest) Reset() {
 	*x = UpdateSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1314,7 @@ func (x *UpdateSandboxRequest) String() string {
 func (*UpdateSandboxRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1327,7 @@ func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdateSandboxRequest) GetId() string {
@@ -1345,7 +1425,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1437,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1450,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1504,7 +1584,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1596,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1609,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecResult) GetStdout() []byte {
@@ -1645,7 +1725,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1657,7 +1737,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1670,7 +1750,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -1756,7 +1836,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1768,7 +1848,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1781,7 +1861,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -1820,7 +1900,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1832,7 +1912,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1845,7 +1925,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ProcessInfo) GetSandboxId() string {
@@ -1927,7 +2007,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1939,7 +2019,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1952,7 +2032,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1971,7 +2051,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1983,7 +2063,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1996,7 +2076,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -2017,7 +2097,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2109,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2122,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WaitProcessRequest) GetSandboxId() string {
@@ -2078,7 +2158,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2090,7 +2170,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2103,7 +2183,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -2142,7 +2222,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2154,7 +2234,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2167,7 +2247,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
 }
 
 type WriteStdinRequest struct {
@@ -2182,7 +2262,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2194,7 +2274,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2207,7 +2287,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -2246,7 +2326,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2258,7 +2338,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2271,7 +2351,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
 }
 
 type AttachProcessRequest struct {
@@ -2289,7 +2369,7 @@ type AttachProcessRequest struct {
 
 func (x *AttachProcessRequest) Reset() {
 	*x = AttachProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2301,7 +2381,7 @@ func (x *AttachProcessRequest) String() string {
 func (*AttachProcessRequest) ProtoMessage() {}
 
 func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2314,7 +2394,7 @@ func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProcessRequest.ProtoReflect.Descriptor instead.
 func (*AttachProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AttachProcessRequest) GetSandboxId() string {
@@ -2355,7 +2435,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2367,7 +2447,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2380,7 +2460,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *OutputChunk) GetOffset() int64 {
@@ -2411,7 +2491,7 @@ type ProcessEvent struct {
 
 func (x *ProcessEvent) Reset() {
 	*x = ProcessEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2423,7 +2503,7 @@ func (x *ProcessEvent) String() string {
 func (*ProcessEvent) ProtoMessage() {}
 
 func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2436,7 +2516,7 @@ func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessEvent.ProtoReflect.Descriptor instead.
 func (*ProcessEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ProcessEvent) GetEvent() isProcessEvent_Event {
@@ -2507,7 +2587,7 @@ type ResizeProcessRequest struct {
 
 func (x *ResizeProcessRequest) Reset() {
 	*x = ResizeProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +2599,7 @@ func (x *ResizeProcessRequest) String() string {
 func (*ResizeProcessRequest) ProtoMessage() {}
 
 func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +2612,7 @@ func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessRequest.ProtoReflect.Descriptor instead.
 func (*ResizeProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ResizeProcessRequest) GetSandboxId() string {
@@ -2571,7 +2651,7 @@ type ResizeProcessResponse struct {
 
 func (x *ResizeProcessResponse) Reset() {
 	*x = ResizeProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2583,7 +2663,7 @@ func (x *ResizeProcessResponse) String() string {
 func (*ResizeProcessResponse) ProtoMessage() {}
 
 func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2596,7 +2676,7 @@ func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessResponse.ProtoReflect.Descriptor instead.
 func (*ResizeProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
 }
 
 type WriteFileRequest struct {
@@ -2615,7 +2695,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2627,7 +2707,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2640,7 +2720,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -2710,7 +2790,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2722,7 +2802,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2735,7 +2815,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WriteFileResponse) GetSeq() uint64 {
@@ -2764,7 +2844,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2776,7 +2856,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2789,7 +2869,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2831,7 +2911,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2843,7 +2923,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2856,7 +2936,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadFileResponse) GetContent() []byte {
@@ -2897,7 +2977,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2909,7 +2989,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2922,7 +3002,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *FileInfo) GetName() string {
@@ -3005,7 +3085,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3017,7 +3097,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3030,7 +3110,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListFilesRequest) GetSandboxId() string {
@@ -3071,7 +3151,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3083,7 +3163,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3096,7 +3176,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -3123,7 +3203,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3135,7 +3215,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3148,7 +3228,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StatFileRequest) GetSandboxId() string {
@@ -3179,7 +3259,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3191,7 +3271,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3204,7 +3284,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -3259,7 +3339,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3271,7 +3351,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3284,7 +3364,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *MakeDirResponse) GetSeq() uint64 {
@@ -3314,7 +3394,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3326,7 +3406,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3339,7 +3419,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RemoveFileRequest) GetSandboxId() string {
@@ -3387,7 +3467,7 @@ type RemoveFileResponse struct {
 
 func (x *RemoveFileResponse) Reset() {
 	*x = RemoveFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3399,7 +3479,7 @@ func (x *RemoveFileResponse) String() string {
 func (*RemoveFileResponse) ProtoMessage() {}
 
 func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3412,7 +3492,7 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RemoveFileResponse) GetSeq() uint64 {
@@ -3453,7 +3533,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3465,7 +3545,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3478,7 +3558,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Image) GetName() string {
@@ -3580,7 +3660,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3592,7 +3672,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3605,7 +3685,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
 }
 
 type ListImagesResponse struct {
@@ -3617,7 +3697,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3629,7 +3709,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3642,7 +3722,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -3661,7 +3741,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3673,7 +3753,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3686,7 +3766,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetImageRequest) GetName() string {
@@ -3706,7 +3786,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3718,7 +3798,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3731,7 +3811,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ImportImageRequest) GetName() string {
@@ -3757,7 +3837,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3769,7 +3849,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3782,7 +3862,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -3800,7 +3880,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3812,7 +3892,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3825,7 +3905,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
 }
 
 type PullImageRequest struct {
@@ -3839,7 +3919,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3851,7 +3931,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3864,7 +3944,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -3911,7 +3991,7 @@ type PullImageEvent struct {
 
 func (x *PullImageEvent) Reset() {
 	*x = PullImageEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3923,7 +4003,7 @@ func (x *PullImageEvent) String() string {
 func (*PullImageEvent) ProtoMessage() {}
 
 func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3936,7 +4016,7 @@ func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageEvent.ProtoReflect.Descriptor instead.
 func (*PullImageEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *PullImageEvent) GetPhase() string {
@@ -4023,7 +4103,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4035,7 +4115,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4048,7 +4128,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Layer) GetName() string {
@@ -4124,7 +4204,7 @@ type BuildLayerRequest struct {
 
 func (x *BuildLayerRequest) Reset() {
 	*x = BuildLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4136,7 +4216,7 @@ func (x *BuildLayerRequest) String() string {
 func (*BuildLayerRequest) ProtoMessage() {}
 
 func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4149,7 +4229,7 @@ func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildLayerRequest.ProtoReflect.Descriptor instead.
 func (*BuildLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *BuildLayerRequest) GetName() string {
@@ -4174,7 +4254,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4186,7 +4266,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4199,7 +4279,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
 }
 
 type ListLayersResponse struct {
@@ -4211,7 +4291,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4223,7 +4303,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4236,7 +4316,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -4255,7 +4335,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4267,7 +4347,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4280,7 +4360,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RemoveLayerRequest) GetName() string {
@@ -4298,7 +4378,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4310,7 +4390,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4323,7 +4403,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
 }
 
 // CommitSandbox treats what the sandbox wrote as untrusted: setuid and
@@ -4340,7 +4420,7 @@ type CommitSandboxRequest struct {
 
 func (x *CommitSandboxRequest) Reset() {
 	*x = CommitSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4352,7 +4432,7 @@ func (x *CommitSandboxRequest) String() string {
 func (*CommitSandboxRequest) ProtoMessage() {}
 
 func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4365,7 +4445,7 @@ func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CommitSandboxRequest) GetSandboxId() string {
@@ -4398,7 +4478,7 @@ type ImageStatsRequest struct {
 
 func (x *ImageStatsRequest) Reset() {
 	*x = ImageStatsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4410,7 +4490,7 @@ func (x *ImageStatsRequest) String() string {
 func (*ImageStatsRequest) ProtoMessage() {}
 
 func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4423,7 +4503,7 @@ func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsRequest.ProtoReflect.Descriptor instead.
 func (*ImageStatsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ImageStatsRequest) GetNames() []string {
@@ -4458,7 +4538,7 @@ type LayerStat struct {
 
 func (x *LayerStat) Reset() {
 	*x = LayerStat{}
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4470,7 +4550,7 @@ func (x *LayerStat) String() string {
 func (*LayerStat) ProtoMessage() {}
 
 func (x *LayerStat) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4483,7 +4563,7 @@ func (x *LayerStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStat.ProtoReflect.Descriptor instead.
 func (*LayerStat) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *LayerStat) GetDigest() string {
@@ -4586,7 +4666,7 @@ type ImageStatsResponse struct {
 
 func (x *ImageStatsResponse) Reset() {
 	*x = ImageStatsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4598,7 +4678,7 @@ func (x *ImageStatsResponse) String() string {
 func (*ImageStatsResponse) ProtoMessage() {}
 
 func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4611,7 +4691,7 @@ func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsResponse.ProtoReflect.Descriptor instead.
 func (*ImageStatsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ImageStatsResponse) GetLayers() []*LayerStat {
@@ -4630,7 +4710,7 @@ type VerifyImageRequest struct {
 
 func (x *VerifyImageRequest) Reset() {
 	*x = VerifyImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4642,7 +4722,7 @@ func (x *VerifyImageRequest) String() string {
 func (*VerifyImageRequest) ProtoMessage() {}
 
 func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4655,7 +4735,7 @@ func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageRequest.ProtoReflect.Descriptor instead.
 func (*VerifyImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *VerifyImageRequest) GetNames() []string {
@@ -4677,7 +4757,7 @@ type LayerVerification struct {
 
 func (x *LayerVerification) Reset() {
 	*x = LayerVerification{}
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4689,7 +4769,7 @@ func (x *LayerVerification) String() string {
 func (*LayerVerification) ProtoMessage() {}
 
 func (x *LayerVerification) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4702,7 +4782,7 @@ func (x *LayerVerification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerVerification.ProtoReflect.Descriptor instead.
 func (*LayerVerification) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *LayerVerification) GetDigest() string {
@@ -4742,7 +4822,7 @@ type VerifyImageResponse struct {
 
 func (x *VerifyImageResponse) Reset() {
 	*x = VerifyImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[63]
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4754,7 +4834,7 @@ func (x *VerifyImageResponse) String() string {
 func (*VerifyImageResponse) ProtoMessage() {}
 
 func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[63]
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4767,7 +4847,7 @@ func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageResponse.ProtoReflect.Descriptor instead.
 func (*VerifyImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *VerifyImageResponse) GetLayers() []*LayerVerification {
@@ -4785,7 +4865,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[64]
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4797,7 +4877,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[64]
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4810,7 +4890,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{64}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{65}
 }
 
 type VersionResponse struct {
@@ -4825,7 +4905,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[65]
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4837,7 +4917,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[65]
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4850,7 +4930,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{65}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -4892,7 +4972,7 @@ type ListSandboxEventsRequest struct {
 
 func (x *ListSandboxEventsRequest) Reset() {
 	*x = ListSandboxEventsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4904,7 +4984,7 @@ func (x *ListSandboxEventsRequest) String() string {
 func (*ListSandboxEventsRequest) ProtoMessage() {}
 
 func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4917,7 +4997,7 @@ func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{66}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListSandboxEventsRequest) GetSandboxId() string {
@@ -4954,7 +5034,7 @@ type ListSandboxEventsResponse struct {
 
 func (x *ListSandboxEventsResponse) Reset() {
 	*x = ListSandboxEventsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4966,7 +5046,7 @@ func (x *ListSandboxEventsResponse) String() string {
 func (*ListSandboxEventsResponse) ProtoMessage() {}
 
 func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4979,7 +5059,7 @@ func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListSandboxEventsResponse) GetEvents() []*SecurityEvent {
@@ -5025,7 +5105,7 @@ type SecurityEvent struct {
 
 func (x *SecurityEvent) Reset() {
 	*x = SecurityEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5037,7 +5117,7 @@ func (x *SecurityEvent) String() string {
 func (*SecurityEvent) ProtoMessage() {}
 
 func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5050,7 +5130,7 @@ func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityEvent.ProtoReflect.Descriptor instead.
 func (*SecurityEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *SecurityEvent) GetSeq() uint64 {
@@ -5114,7 +5194,7 @@ type ReadTrajectoryRequest struct {
 
 func (x *ReadTrajectoryRequest) Reset() {
 	*x = ReadTrajectoryRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5126,7 +5206,7 @@ func (x *ReadTrajectoryRequest) String() string {
 func (*ReadTrajectoryRequest) ProtoMessage() {}
 
 func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5139,7 +5219,7 @@ func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*ReadTrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ReadTrajectoryRequest) GetSandboxId() string {
@@ -5184,7 +5264,7 @@ type ReadTrajectoryResponse struct {
 
 func (x *ReadTrajectoryResponse) Reset() {
 	*x = ReadTrajectoryResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5196,7 +5276,7 @@ func (x *ReadTrajectoryResponse) String() string {
 func (*ReadTrajectoryResponse) ProtoMessage() {}
 
 func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5209,7 +5289,7 @@ func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTrajectoryResponse.ProtoReflect.Descriptor instead.
 func (*ReadTrajectoryResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ReadTrajectoryResponse) GetEntries() []*TrajectoryEntry {
@@ -5259,7 +5339,7 @@ type TrajectoryUpload struct {
 
 func (x *TrajectoryUpload) Reset() {
 	*x = TrajectoryUpload{}
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5271,7 +5351,7 @@ func (x *TrajectoryUpload) String() string {
 func (*TrajectoryUpload) ProtoMessage() {}
 
 func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5284,7 +5364,7 @@ func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryUpload.ProtoReflect.Descriptor instead.
 func (*TrajectoryUpload) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *TrajectoryUpload) GetSandboxId() string {
@@ -5352,7 +5432,7 @@ type TrajectoryEntry struct {
 
 func (x *TrajectoryEntry) Reset() {
 	*x = TrajectoryEntry{}
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5364,7 +5444,7 @@ func (x *TrajectoryEntry) String() string {
 func (*TrajectoryEntry) ProtoMessage() {}
 
 func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5377,7 +5457,7 @@ func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryEntry.ProtoReflect.Descriptor instead.
 func (*TrajectoryEntry) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *TrajectoryEntry) GetIndex() uint64 {
@@ -5577,7 +5657,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5589,7 +5669,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5602,7 +5682,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -5632,7 +5712,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5644,7 +5724,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5657,7 +5737,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *Memory) GetBytes() uint64 {
@@ -5702,7 +5782,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5714,7 +5794,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5727,7 +5807,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -5781,7 +5861,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5793,7 +5873,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5806,7 +5886,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -5831,7 +5911,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5843,7 +5923,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5856,7 +5936,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -5903,7 +5983,7 @@ type HibernateRequest struct {
 
 func (x *HibernateRequest) Reset() {
 	*x = HibernateRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5915,7 +5995,7 @@ func (x *HibernateRequest) String() string {
 func (*HibernateRequest) ProtoMessage() {}
 
 func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5928,7 +6008,7 @@ func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateRequest.ProtoReflect.Descriptor instead.
 func (*HibernateRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *HibernateRequest) GetId() string {
@@ -5951,7 +6031,7 @@ type HibernateResponse struct {
 
 func (x *HibernateResponse) Reset() {
 	*x = HibernateResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5963,7 +6043,7 @@ func (x *HibernateResponse) String() string {
 func (*HibernateResponse) ProtoMessage() {}
 
 func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5976,7 +6056,7 @@ func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
 func (*HibernateResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *HibernateResponse) GetSandbox() *Sandbox {
@@ -6026,7 +6106,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6038,7 +6118,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6051,7 +6131,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -6095,7 +6175,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6107,7 +6187,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6120,7 +6200,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ForkResponse) GetSandboxes() []*Sandbox {
@@ -6168,7 +6248,7 @@ type HibernateByLabelRequest struct {
 
 func (x *HibernateByLabelRequest) Reset() {
 	*x = HibernateByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6180,7 +6260,7 @@ func (x *HibernateByLabelRequest) String() string {
 func (*HibernateByLabelRequest) ProtoMessage() {}
 
 func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6193,7 +6273,7 @@ func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateByLabelRequest.ProtoReflect.Descriptor instead.
 func (*HibernateByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *HibernateByLabelRequest) GetLabels() map[string]string {
@@ -6221,7 +6301,7 @@ type PauseByLabelRequest struct {
 
 func (x *PauseByLabelRequest) Reset() {
 	*x = PauseByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6233,7 +6313,7 @@ func (x *PauseByLabelRequest) String() string {
 func (*PauseByLabelRequest) ProtoMessage() {}
 
 func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6246,7 +6326,7 @@ func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
 func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *PauseByLabelRequest) GetLabels() map[string]string {
@@ -6280,7 +6360,7 @@ type ResumeByLabelRequest struct {
 
 func (x *ResumeByLabelRequest) Reset() {
 	*x = ResumeByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6292,7 +6372,7 @@ func (x *ResumeByLabelRequest) String() string {
 func (*ResumeByLabelRequest) ProtoMessage() {}
 
 func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6305,7 +6385,7 @@ func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
 func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ResumeByLabelRequest) GetLabels() map[string]string {
@@ -6343,7 +6423,7 @@ type ByLabelEvent struct {
 
 func (x *ByLabelEvent) Reset() {
 	*x = ByLabelEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6355,7 +6435,7 @@ func (x *ByLabelEvent) String() string {
 func (*ByLabelEvent) ProtoMessage() {}
 
 func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6368,7 +6448,7 @@ func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
 func (*ByLabelEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ByLabelEvent) GetSandboxId() string {
@@ -6452,7 +6532,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6464,7 +6544,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6477,7 +6557,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RunRequest) GetImage() string {
@@ -6521,7 +6601,7 @@ type RunStep struct {
 
 func (x *RunStep) Reset() {
 	*x = RunStep{}
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6533,7 +6613,7 @@ func (x *RunStep) String() string {
 func (*RunStep) ProtoMessage() {}
 
 func (x *RunStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6546,7 +6626,7 @@ func (x *RunStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
 func (*RunStep) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RunStep) GetArgv() []string {
@@ -6613,7 +6693,7 @@ type RunFile struct {
 
 func (x *RunFile) Reset() {
 	*x = RunFile{}
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6625,7 +6705,7 @@ func (x *RunFile) String() string {
 func (*RunFile) ProtoMessage() {}
 
 func (x *RunFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6638,7 +6718,7 @@ func (x *RunFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
 func (*RunFile) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *RunFile) GetName() string {
@@ -6693,7 +6773,7 @@ type RunLimits struct {
 
 func (x *RunLimits) Reset() {
 	*x = RunLimits{}
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6705,7 +6785,7 @@ func (x *RunLimits) String() string {
 func (*RunLimits) ProtoMessage() {}
 
 func (x *RunLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6718,7 +6798,7 @@ func (x *RunLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
 func (*RunLimits) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RunLimits) GetCpuMs() int64 {
@@ -6797,7 +6877,7 @@ type RunStepResult struct {
 
 func (x *RunStepResult) Reset() {
 	*x = RunStepResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6809,7 +6889,7 @@ func (x *RunStepResult) String() string {
 func (*RunStepResult) ProtoMessage() {}
 
 func (x *RunStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6822,7 +6902,7 @@ func (x *RunStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
 func (*RunStepResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RunStepResult) GetStatus() RunStatus {
@@ -6920,7 +7000,7 @@ type RunFileResult struct {
 
 func (x *RunFileResult) Reset() {
 	*x = RunFileResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6932,7 +7012,7 @@ func (x *RunFileResult) String() string {
 func (*RunFileResult) ProtoMessage() {}
 
 func (x *RunFileResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6945,7 +7025,7 @@ func (x *RunFileResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
 func (*RunFileResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RunFileResult) GetName() string {
@@ -6981,7 +7061,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6993,7 +7073,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7006,7 +7086,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RunResult) GetSteps() []*RunStepResult {
@@ -7035,7 +7115,7 @@ type RunBatchRequest struct {
 
 func (x *RunBatchRequest) Reset() {
 	*x = RunBatchRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7047,7 +7127,7 @@ func (x *RunBatchRequest) String() string {
 func (*RunBatchRequest) ProtoMessage() {}
 
 func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7060,7 +7140,7 @@ func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RunBatchRequest) GetImage() string {
@@ -7100,7 +7180,7 @@ type RunJob struct {
 
 func (x *RunJob) Reset() {
 	*x = RunJob{}
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7112,7 +7192,7 @@ func (x *RunJob) String() string {
 func (*RunJob) ProtoMessage() {}
 
 func (x *RunJob) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7125,7 +7205,7 @@ func (x *RunJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
 func (*RunJob) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RunJob) GetSteps() []*RunStep {
@@ -7147,7 +7227,7 @@ type RunBatchItem struct {
 
 func (x *RunBatchItem) Reset() {
 	*x = RunBatchItem{}
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7159,7 +7239,7 @@ func (x *RunBatchItem) String() string {
 func (*RunBatchItem) ProtoMessage() {}
 
 func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7172,7 +7252,7 @@ func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
 func (*RunBatchItem) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RunBatchItem) GetIndex() int32 {
@@ -7214,7 +7294,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xf7\x05\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xac\x06\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -7233,14 +7313,17 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\anetwork\x18\x0e \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12!\n" +
 	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x12#\n" +
 	"\rno_trajectory\x18\x19 \x01(\bR\fnoTrajectory\x12*\n" +
-	"\x0euser_namespace\x18\x10 \x01(\bH\x00R\ruserNamespace\x88\x01\x01\x1a6\n" +
+	"\x0euser_namespace\x18\x10 \x01(\bH\x00R\ruserNamespace\x88\x01\x01\x123\n" +
+	"\aharness\x18\x1a \x01(\v2\x19.warren.v1.HarnessOptionsR\aharness\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
-	"\x0f_user_namespace\"g\n" +
+	"\x0f_user_namespace\"3\n" +
+	"\x0eHarnessOptions\x12!\n" +
+	"\fmax_children\x18\x01 \x01(\x05R\vmaxChildren\"g\n" +
 	"\rNetworkPolicy\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12,\n" +
 	"\x05allow\x18\x02 \x03(\v2\x16.warren.v1.NetworkRuleR\x05allow\x12\x14\n" +
@@ -7254,7 +7337,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xeb\b\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xb8\t\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -7286,7 +7369,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x15hibernated_at_unix_ms\x18) \x01(\x03R\x12hibernatedAtUnixMs\x12)\n" +
 	"\x10checkpoint_bytes\x18* \x01(\x04R\x0fcheckpointBytes\x12\x1f\n" +
 	"\vforked_from\x18+ \x01(\tR\n" +
-	"forkedFrom\x1a6\n" +
+	"forkedFrom\x123\n" +
+	"\aharness\x18% \x01(\v2\x19.warren.v1.HarnessOptionsR\aharness\x12\x16\n" +
+	"\x06parent\x18& \x01(\tR\x06parent\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -7928,276 +8013,279 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 108)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(RunStatus)(0),                    // 1: warren.v1.RunStatus
 	(*Resources)(nil),                 // 2: warren.v1.Resources
 	(*CreateRequest)(nil),             // 3: warren.v1.CreateRequest
-	(*NetworkPolicy)(nil),             // 4: warren.v1.NetworkPolicy
-	(*NetworkRule)(nil),               // 5: warren.v1.NetworkRule
-	(*Rlimit)(nil),                    // 6: warren.v1.Rlimit
-	(*Sandbox)(nil),                   // 7: warren.v1.Sandbox
-	(*GetRequest)(nil),                // 8: warren.v1.GetRequest
-	(*ListRequest)(nil),               // 9: warren.v1.ListRequest
-	(*ListResponse)(nil),              // 10: warren.v1.ListResponse
-	(*DeleteRequest)(nil),             // 11: warren.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 12: warren.v1.DeleteResponse
-	(*ExtendTimeoutRequest)(nil),      // 13: warren.v1.ExtendTimeoutRequest
-	(*UpdateSandboxRequest)(nil),      // 14: warren.v1.UpdateSandboxRequest
-	(*ExecRequest)(nil),               // 15: warren.v1.ExecRequest
-	(*ExecResult)(nil),                // 16: warren.v1.ExecResult
-	(*ExecEvent)(nil),                 // 17: warren.v1.ExecEvent
-	(*ExecStarted)(nil),               // 18: warren.v1.ExecStarted
-	(*ProcessInfo)(nil),               // 19: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),      // 20: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),     // 21: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),        // 22: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),      // 23: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),     // 24: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),         // 25: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),        // 26: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),      // 27: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),               // 28: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),              // 29: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),      // 30: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil),     // 31: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),          // 32: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 33: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),           // 34: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 35: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),                  // 36: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),          // 37: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),         // 38: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),           // 39: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),            // 40: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 41: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),         // 42: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),        // 43: warren.v1.RemoveFileResponse
-	(*Image)(nil),                     // 44: warren.v1.Image
-	(*ListImagesRequest)(nil),         // 45: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),        // 46: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),           // 47: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),        // 48: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),        // 49: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),       // 50: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),          // 51: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),            // 52: warren.v1.PullImageEvent
-	(*Layer)(nil),                     // 53: warren.v1.Layer
-	(*BuildLayerRequest)(nil),         // 54: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),         // 55: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),        // 56: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),        // 57: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),       // 58: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),      // 59: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),         // 60: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),                 // 61: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),        // 62: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),        // 63: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),         // 64: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),       // 65: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),            // 66: warren.v1.VersionRequest
-	(*VersionResponse)(nil),           // 67: warren.v1.VersionResponse
-	(*ListSandboxEventsRequest)(nil),  // 68: warren.v1.ListSandboxEventsRequest
-	(*ListSandboxEventsResponse)(nil), // 69: warren.v1.ListSandboxEventsResponse
-	(*SecurityEvent)(nil),             // 70: warren.v1.SecurityEvent
-	(*ReadTrajectoryRequest)(nil),     // 71: warren.v1.ReadTrajectoryRequest
-	(*ReadTrajectoryResponse)(nil),    // 72: warren.v1.ReadTrajectoryResponse
-	(*TrajectoryUpload)(nil),          // 73: warren.v1.TrajectoryUpload
-	(*TrajectoryEntry)(nil),           // 74: warren.v1.TrajectoryEntry
-	(*PauseRequest)(nil),              // 75: warren.v1.PauseRequest
-	(*Memory)(nil),                    // 76: warren.v1.Memory
-	(*PauseResponse)(nil),             // 77: warren.v1.PauseResponse
-	(*ResumeRequest)(nil),             // 78: warren.v1.ResumeRequest
-	(*ResumeResponse)(nil),            // 79: warren.v1.ResumeResponse
-	(*HibernateRequest)(nil),          // 80: warren.v1.HibernateRequest
-	(*HibernateResponse)(nil),         // 81: warren.v1.HibernateResponse
-	(*ForkRequest)(nil),               // 82: warren.v1.ForkRequest
-	(*ForkResponse)(nil),              // 83: warren.v1.ForkResponse
-	(*HibernateByLabelRequest)(nil),   // 84: warren.v1.HibernateByLabelRequest
-	(*PauseByLabelRequest)(nil),       // 85: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 86: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 87: warren.v1.ByLabelEvent
-	(*RunRequest)(nil),                // 88: warren.v1.RunRequest
-	(*RunStep)(nil),                   // 89: warren.v1.RunStep
-	(*RunFile)(nil),                   // 90: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 91: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 92: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 93: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 94: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 95: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 96: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 97: warren.v1.RunBatchItem
-	nil,                               // 98: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 99: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 100: warren.v1.Sandbox.EnvEntry
-	nil,                               // 101: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 102: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 103: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 104: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 105: warren.v1.ForkRequest.LabelsEntry
-	nil,                               // 106: warren.v1.HibernateByLabelRequest.LabelsEntry
-	nil,                               // 107: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 108: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 109: warren.v1.RunStep.EnvEntry
+	(*HarnessOptions)(nil),            // 4: warren.v1.HarnessOptions
+	(*NetworkPolicy)(nil),             // 5: warren.v1.NetworkPolicy
+	(*NetworkRule)(nil),               // 6: warren.v1.NetworkRule
+	(*Rlimit)(nil),                    // 7: warren.v1.Rlimit
+	(*Sandbox)(nil),                   // 8: warren.v1.Sandbox
+	(*GetRequest)(nil),                // 9: warren.v1.GetRequest
+	(*ListRequest)(nil),               // 10: warren.v1.ListRequest
+	(*ListResponse)(nil),              // 11: warren.v1.ListResponse
+	(*DeleteRequest)(nil),             // 12: warren.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 13: warren.v1.DeleteResponse
+	(*ExtendTimeoutRequest)(nil),      // 14: warren.v1.ExtendTimeoutRequest
+	(*UpdateSandboxRequest)(nil),      // 15: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),               // 16: warren.v1.ExecRequest
+	(*ExecResult)(nil),                // 17: warren.v1.ExecResult
+	(*ExecEvent)(nil),                 // 18: warren.v1.ExecEvent
+	(*ExecStarted)(nil),               // 19: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),               // 20: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),      // 21: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),     // 22: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),        // 23: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),      // 24: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),     // 25: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),         // 26: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 27: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),      // 28: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),               // 29: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),              // 30: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),      // 31: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil),     // 32: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),          // 33: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 34: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),           // 35: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 36: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),                  // 37: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),          // 38: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 39: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),           // 40: warren.v1.StatFileRequest
+	(*MakeDirRequest)(nil),            // 41: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 42: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),         // 43: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),        // 44: warren.v1.RemoveFileResponse
+	(*Image)(nil),                     // 45: warren.v1.Image
+	(*ListImagesRequest)(nil),         // 46: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),        // 47: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),           // 48: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),        // 49: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),        // 50: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),       // 51: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),          // 52: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),            // 53: warren.v1.PullImageEvent
+	(*Layer)(nil),                     // 54: warren.v1.Layer
+	(*BuildLayerRequest)(nil),         // 55: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),         // 56: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),        // 57: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),        // 58: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),       // 59: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),      // 60: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),         // 61: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),                 // 62: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),        // 63: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),        // 64: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),         // 65: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),       // 66: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),            // 67: warren.v1.VersionRequest
+	(*VersionResponse)(nil),           // 68: warren.v1.VersionResponse
+	(*ListSandboxEventsRequest)(nil),  // 69: warren.v1.ListSandboxEventsRequest
+	(*ListSandboxEventsResponse)(nil), // 70: warren.v1.ListSandboxEventsResponse
+	(*SecurityEvent)(nil),             // 71: warren.v1.SecurityEvent
+	(*ReadTrajectoryRequest)(nil),     // 72: warren.v1.ReadTrajectoryRequest
+	(*ReadTrajectoryResponse)(nil),    // 73: warren.v1.ReadTrajectoryResponse
+	(*TrajectoryUpload)(nil),          // 74: warren.v1.TrajectoryUpload
+	(*TrajectoryEntry)(nil),           // 75: warren.v1.TrajectoryEntry
+	(*PauseRequest)(nil),              // 76: warren.v1.PauseRequest
+	(*Memory)(nil),                    // 77: warren.v1.Memory
+	(*PauseResponse)(nil),             // 78: warren.v1.PauseResponse
+	(*ResumeRequest)(nil),             // 79: warren.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 80: warren.v1.ResumeResponse
+	(*HibernateRequest)(nil),          // 81: warren.v1.HibernateRequest
+	(*HibernateResponse)(nil),         // 82: warren.v1.HibernateResponse
+	(*ForkRequest)(nil),               // 83: warren.v1.ForkRequest
+	(*ForkResponse)(nil),              // 84: warren.v1.ForkResponse
+	(*HibernateByLabelRequest)(nil),   // 85: warren.v1.HibernateByLabelRequest
+	(*PauseByLabelRequest)(nil),       // 86: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 87: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 88: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 89: warren.v1.RunRequest
+	(*RunStep)(nil),                   // 90: warren.v1.RunStep
+	(*RunFile)(nil),                   // 91: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 92: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 93: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 94: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 95: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 96: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 97: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 98: warren.v1.RunBatchItem
+	nil,                               // 99: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 100: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 101: warren.v1.Sandbox.EnvEntry
+	nil,                               // 102: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 103: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 104: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 105: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 106: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 107: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 108: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 109: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 110: warren.v1.RunStep.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	98,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	99,  // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
-	6,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
-	4,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
-	5,   // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
-	0,   // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
-	2,   // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	100, // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	101, // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	6,   // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
-	4,   // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	102, // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
-	7,   // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	103, // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	4,   // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	104, // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	16,  // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	18,  // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
-	16,  // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	19,  // 20: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	28,  // 21: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
-	28,  // 22: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
-	16,  // 23: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
-	36,  // 24: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	44,  // 25: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	44,  // 26: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	53,  // 27: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	61,  // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	64,  // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	70,  // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
-	74,  // 31: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
-	15,  // 32: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
-	32,  // 33: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
-	40,  // 34: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
-	42,  // 35: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
-	73,  // 36: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
-	16,  // 37: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
-	7,   // 38: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
-	76,  // 39: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
-	76,  // 40: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
-	7,   // 41: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
-	7,   // 42: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
-	76,  // 43: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
-	105, // 44: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
-	7,   // 45: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
-	7,   // 46: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
-	106, // 47: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
-	107, // 48: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	108, // 49: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
-	77,  // 50: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
-	79,  // 51: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	81,  // 52: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
-	89,  // 53: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	109, // 54: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	90,  // 55: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	91,  // 56: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
-	1,   // 57: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	93,  // 58: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	92,  // 59: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	96,  // 60: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	89,  // 61: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	94,  // 62: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
-	3,   // 63: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	8,   // 64: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	9,   // 65: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	11,  // 66: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	13,  // 67: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	14,  // 68: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	15,  // 69: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	15,  // 70: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	15,  // 71: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	20,  // 72: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	22,  // 73: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	23,  // 74: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	25,  // 75: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	27,  // 76: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	30,  // 77: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	32,  // 78: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	34,  // 79: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	37,  // 80: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	39,  // 81: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	40,  // 82: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	42,  // 83: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	59,  // 84: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	68,  // 85: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	71,  // 86: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	75,  // 87: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	78,  // 88: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	85,  // 89: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	86,  // 90: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	80,  // 91: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
-	84,  // 92: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
-	82,  // 93: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
-	88,  // 94: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	95,  // 95: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	45,  // 96: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	47,  // 97: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	48,  // 98: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	49,  // 99: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	51,  // 100: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	54,  // 101: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	55,  // 102: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	57,  // 103: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	60,  // 104: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	63,  // 105: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	66,  // 106: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	7,   // 107: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	7,   // 108: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	10,  // 109: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	12,  // 110: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	7,   // 111: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	7,   // 112: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	16,  // 113: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	17,  // 114: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	19,  // 115: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	21,  // 116: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	16,  // 117: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	24,  // 118: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	26,  // 119: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	29,  // 120: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	31,  // 121: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	33,  // 122: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	35,  // 123: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	38,  // 124: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	36,  // 125: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	41,  // 126: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	43,  // 127: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	53,  // 128: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	69,  // 129: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	72,  // 130: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	77,  // 131: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	79,  // 132: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	87,  // 133: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	87,  // 134: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	81,  // 135: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
-	87,  // 136: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
-	83,  // 137: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
-	94,  // 138: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	97,  // 139: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	46,  // 140: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	44,  // 141: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	44,  // 142: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	50,  // 143: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	52,  // 144: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	53,  // 145: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	56,  // 146: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	58,  // 147: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	62,  // 148: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	65,  // 149: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	67,  // 150: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	107, // [107:151] is the sub-list for method output_type
-	63,  // [63:107] is the sub-list for method input_type
-	63,  // [63:63] is the sub-list for extension type_name
-	63,  // [63:63] is the sub-list for extension extendee
-	0,   // [0:63] is the sub-list for field type_name
+	99,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	100, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	7,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
+	5,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
+	4,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
+	6,   // 6: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
+	0,   // 7: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
+	2,   // 8: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
+	101, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	102, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	7,   // 11: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
+	5,   // 12: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
+	4,   // 13: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
+	103, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	8,   // 15: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
+	104, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	5,   // 17: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
+	105, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	17,  // 19: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
+	19,  // 20: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
+	17,  // 21: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	20,  // 22: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	29,  // 23: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
+	29,  // 24: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
+	17,  // 25: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
+	37,  // 26: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	45,  // 27: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	45,  // 28: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	54,  // 29: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	62,  // 30: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	65,  // 31: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	71,  // 32: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	75,  // 33: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
+	16,  // 34: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
+	33,  // 35: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
+	41,  // 36: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
+	43,  // 37: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
+	74,  // 38: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
+	17,  // 39: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
+	8,   // 40: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
+	77,  // 41: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
+	77,  // 42: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
+	8,   // 43: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
+	8,   // 44: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
+	77,  // 45: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
+	106, // 46: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	8,   // 47: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
+	8,   // 48: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
+	107, // 49: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	108, // 50: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	109, // 51: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	78,  // 52: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
+	80,  // 53: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
+	82,  // 54: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
+	90,  // 55: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	110, // 56: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	91,  // 57: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	92,  // 58: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	1,   // 59: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
+	94,  // 60: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	93,  // 61: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	97,  // 62: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	90,  // 63: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	95,  // 64: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	3,   // 65: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	9,   // 66: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	10,  // 67: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	12,  // 68: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	14,  // 69: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	15,  // 70: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	16,  // 71: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	16,  // 72: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	16,  // 73: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	21,  // 74: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	23,  // 75: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	24,  // 76: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	26,  // 77: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	28,  // 78: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	31,  // 79: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	33,  // 80: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	35,  // 81: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	38,  // 82: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	40,  // 83: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	41,  // 84: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	43,  // 85: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	60,  // 86: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	69,  // 87: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	72,  // 88: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	76,  // 89: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	79,  // 90: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	86,  // 91: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	87,  // 92: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	81,  // 93: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	85,  // 94: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	83,  // 95: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	89,  // 96: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	96,  // 97: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	46,  // 98: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	48,  // 99: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	49,  // 100: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	50,  // 101: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	52,  // 102: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	55,  // 103: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	56,  // 104: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	58,  // 105: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	61,  // 106: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	64,  // 107: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	67,  // 108: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	8,   // 109: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	8,   // 110: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	11,  // 111: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	13,  // 112: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	8,   // 113: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	8,   // 114: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	17,  // 115: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	18,  // 116: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	20,  // 117: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	22,  // 118: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	17,  // 119: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	25,  // 120: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	27,  // 121: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	30,  // 122: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	32,  // 123: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	34,  // 124: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	36,  // 125: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	39,  // 126: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	37,  // 127: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	42,  // 128: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	44,  // 129: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	54,  // 130: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	70,  // 131: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	73,  // 132: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	78,  // 133: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	80,  // 134: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	88,  // 135: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	88,  // 136: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	82,  // 137: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	88,  // 138: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	84,  // 139: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	95,  // 140: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	98,  // 141: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	47,  // 142: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	45,  // 143: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	45,  // 144: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	51,  // 145: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	53,  // 146: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	54,  // 147: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	57,  // 148: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	59,  // 149: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	63,  // 150: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	66,  // 151: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	68,  // 152: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	109, // [109:153] is the sub-list for method output_type
+	65,  // [65:109] is the sub-list for method input_type
+	65,  // [65:65] is the sub-list for extension type_name
+	65,  // [65:65] is the sub-list for extension extendee
+	0,   // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -8206,20 +8294,20 @@ func file_warren_v1_warren_proto_init() {
 		return
 	}
 	file_warren_v1_warren_proto_msgTypes[1].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[3].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[12].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[15].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[4].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[13].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[16].OneofWrappers = []any{
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
 		(*ExecEvent_Result)(nil),
 		(*ExecEvent_Started)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[27].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[28].OneofWrappers = []any{
 		(*ProcessEvent_Stdout)(nil),
 		(*ProcessEvent_Stderr)(nil),
 		(*ProcessEvent_Exit)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[72].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[73].OneofWrappers = []any{
 		(*TrajectoryEntry_Exec)(nil),
 		(*TrajectoryEntry_WriteFile)(nil),
 		(*TrajectoryEntry_MakeDir)(nil),
@@ -8232,7 +8320,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   108,
+			NumMessages:   109,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -415,6 +415,8 @@ class AsyncWarren:
         user_namespace: Optional[bool] = None,
         rlimits: Optional[RlimitsArg] = None,
         network: Optional[NetworkArg] = None,
+        harness: bool = False,
+        max_children: int = 0,
         call_timeout: Optional[float] = None,
     ) -> "_StartContext[AsyncSandbox]":
         """Create a sandbox. Await it for an :class:`AsyncSandbox`, or use it
@@ -473,6 +475,14 @@ class AsyncWarren:
                 No mode reaches the node's own services, metadata addresses
                 or other sandboxes. A bad policy is :class:`InvalidError`
                 naming the field.
+            harness: make the sandbox a harness: its processes reach the API
+                at ``/dev/warren.sock`` (``$WARREN_ADDR``, which this SDK
+                reads), where they may create sandboxes (its children) and
+                drive those only; everything else is
+                :class:`PermissionDeniedError`. Deleting the harness, or its
+                death, deletes its children. A harness cannot create one.
+            max_children: with ``harness``: how many children it may have at
+                once (0 = 32, at most 1024); past it :class:`ExhaustedError`.
             call_timeout: client deadline of this call (default ``create_timeout``).
         """
         net = _network_json(network)
@@ -504,6 +514,7 @@ class AsyncWarren:
                 user_namespace=user_namespace,
                 rlimits=limits,
                 network=net,
+                harness={"maxChildren": max_children} if max_children else {} if harness else None,
                 call_timeout=call_timeout if call_timeout is not None else self.create_timeout,
             )
 
@@ -529,6 +540,7 @@ class AsyncWarren:
         rlimits: Sequence[Rlimit],
         network: Optional[Dict[str, Any]],
         call_timeout: float,
+        harness: Optional[Dict[str, Any]] = None,
     ) -> "AsyncSandbox":
         if not image:
             raise ValueError("image is required")
@@ -569,6 +581,8 @@ class AsyncWarren:
             body["rlimits"] = [r._to_json() for r in rlimits]
         if network is not None:
             body["network"] = network
+        if harness is not None:
+            body["harness"] = harness
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + call_timeout

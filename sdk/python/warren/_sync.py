@@ -264,6 +264,8 @@ class Warren:
         user_namespace: Optional[bool] = None,
         rlimits: Optional[RlimitsArg] = None,
         network: Optional[NetworkArg] = None,
+        harness: bool = False,
+        max_children: int = 0,
         call_timeout: Optional[float] = None,
     ) -> "Sandbox":
         """Create a sandbox (see :meth:`AsyncWarren.create`). Use the result in
@@ -289,6 +291,8 @@ class Warren:
             user_namespace=user_namespace,
             rlimits=rlimits,
             network=network,
+            harness=harness,
+            max_children=max_children,
             call_timeout=call_timeout,
         )
         return Sandbox(self, self._run(_await(ctx)))

@@ -330,6 +330,15 @@ class SandboxInfo:
     checkpoint_bytes: int = 0
     #: the sandbox this one was forked from ("" when it was created)
     forked_from: str = ""
+    #: it is a harness (``create(harness=True)``): how many children it may have
+    max_children: int = 0
+    #: the harness that created it ("" for one the node's API created)
+    parent: str = ""
+
+    @property
+    def harness(self) -> bool:
+        """It is a harness: it drives its own sandboxes through its route."""
+        return self.max_children > 0
 
     def rlimit(self, name: str) -> Optional[Rlimit]:
         """The sandbox's limit of ``name`` (``"nofile"``), or None."""
@@ -381,6 +390,8 @@ class SandboxInfo:
             hibernated_at_unix_ms=_int(d.get("hibernatedAtUnixMs")),
             checkpoint_bytes=_int(d.get("checkpointBytes")),
             forked_from=d.get("forkedFrom", ""),
+            max_children=_int((d.get("harness") or {}).get("maxChildren")),
+            parent=d.get("parent", ""),
         )
 
 
