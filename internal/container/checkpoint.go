@@ -19,6 +19,7 @@ import (
 	criu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
@@ -468,7 +469,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	}
 	cu.Add(func() error { _ = grp.Kill(5 * time.Second); return grp.Delete() })
 
-	var ln, netns *os.File
+	var ln, nsFile *os.File
 	var net *netpolicy.Attachment
 	hostname := spec.Hostname
 	if hostname == "" {
@@ -487,15 +488,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		if err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "set up the restored sandbox's loopback")
 		}
-		if !spec.Network.IsNone() {
-			// Its interface and rules, made into this namespace (this
-			// thread's) as create makes them into the init's.
-			a, err := b.net.Attach(spec.ID, hostname, unix.Gettid(), spec.Network)
-			if err != nil {
-				return err
-			}
-			net = &a
-		}
+
 		if ln, err = listenUnixHidden(b.socket(spec.ID)); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "agent socket")
 		}
@@ -504,7 +497,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		if err := unix.SetNonblock(int(ln.Fd()), true); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "agent socket")
 		}
-		if netns, err = os.Open("/proc/thread-self/ns/net"); err != nil {
+		if nsFile, err = os.Open("/proc/thread-self/ns/net"); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "open the restored sandbox's network namespace")
 		}
 		return nil
@@ -512,15 +505,22 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if ln != nil {
 		defer ln.Close()
 	}
-	if netns != nil {
-		defer netns.Close()
-	}
-	if net != nil {
-		a := *net
-		cu.Add(func() error { return b.net.Detach(spec.ID, a) })
+	if nsFile != nil {
+		defer nsFile.Close()
 	}
 	if err != nil {
 		return nil, err
+	}
+	if !spec.Network.IsNone() {
+		// Its interface and rules, made into the new namespace from the
+		// node's (this goroutine's thread is in the daemon's), as create
+		// makes them into the init's.
+		a, err := b.net.AttachNS(spec.ID, hostname, vnetns.NsHandle(nsFile.Fd()), spec.Network)
+		if err != nil {
+			return nil, err
+		}
+		net = &a
+		cu.Add(func() error { return b.net.Detach(spec.ID, a) })
 	}
 	null, err := devNull()
 	if err != nil {
@@ -533,7 +533,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	}
 	defer imgDir.Close()
 	inherit := []*rpc.InheritFd{{Key: proto.String(meta.SocketKey), Fd: proto.Int32(int32(ln.Fd()))},
-		{Key: proto.String(netnsKey), Fd: proto.Int32(int32(netns.Fd()))}}
+		{Key: proto.String(netnsKey), Fd: proto.Int32(int32(nsFile.Fd()))}}
 	if meta.NullKey != "" {
 		inherit = append(inherit, &rpc.InheritFd{Key: proto.String(meta.NullKey), Fd: proto.Int32(int32(null.Fd()))})
 	}
@@ -567,7 +567,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		// restored closed, as after a network outage.
 		opts.TcpClose = proto.Bool(true)
 	}
-	pid, err := criuRestore(opts, []*os.File{ln, null, netns, workDir})
+	pid, err := criuRestore(opts, []*os.File{ln, null, nsFile, workDir})
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(run, "restore.log"))), "restore sandbox "+spec.ID)
 	}

@@ -319,6 +319,11 @@ func TestHibernateWithNetwork(t *testing.T) {
 	if out := string(e.sh("net", "ip -o -4 addr show eth0 2>/dev/null || cat /proc/net/dev").GetStdout()); !strings.Contains(out, "eth0") {
 		t.Errorf("no eth0 after restore: %q", out)
 	}
+	// The node's end of its veth is in the node's namespace, named for
+	// the sandbox (not both ends in the sandbox's).
+	if out, err := exec.Command("ip", "-o", "link").CombinedOutput(); err != nil || !strings.Contains(string(out), "alias net") {
+		t.Errorf("no veth of the restored sandbox on the node (%v):\n%s", err, out)
+	}
 	if out := string(e.sh("net", "cat /etc/resolv.conf").GetStdout()); out != resolv {
 		t.Errorf("resolv.conf after restore %q, was %q", out, resolv)
 	}

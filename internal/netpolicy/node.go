@@ -315,6 +315,20 @@ func (n *Node) SetResolver(port uint16) error {
 // /31's odd address and a default route through the node's end, and the
 // sandbox's rules. All or nothing.
 func (n *Node) Attach(id, hostname string, pid int, p Policy) (_ Attachment, retErr error) {
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrNotExist) {
+			return Attachment{}, errdefs.Wrap(errdefs.NotFound, err, "sandbox network namespace")
+		}
+		return Attachment{}, errdefs.Wrap(errdefs.Internal, err, "open sandbox network namespace")
+	}
+	defer ns.Close()
+	return n.AttachNS(id, hostname, ns, p)
+}
+
+// AttachNS is Attach to the network namespace ns (a restore's, which no
+// process holds yet). Like Attach it runs from the node's namespace.
+func (n *Node) AttachNS(id, hostname string, ns netns.NsHandle, p Policy) (_ Attachment, retErr error) {
 	if p.IsNone() {
 		return Attachment{}, errdefs.Invalidf("network: attach with mode none")
 	}
@@ -336,7 +350,7 @@ func (n *Node) Attach(id, hostname string, pid int, p Policy) (_ Attachment, ret
 		return Attachment{}, errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
 	}
 	cu.Add(func() error { return n.fw.remove(id, ifname, p, addr) })
-	if err := n.link(id, pid, i); err != nil {
+	if err := n.link(id, ns, i); err != nil {
 		return Attachment{}, err
 	}
 	cu.Release()
@@ -351,18 +365,10 @@ func (n *Node) mark(i int, id, hostname string, p Policy) {
 	n.used[i] = &member{id: id, hostname: hostname, policy: p, attached: true}
 }
 
-// link makes the veth pair of /31 i with its sandbox end in pid's network
-// namespace, and configures both ends from here: the sandbox's init waits
+// link makes the veth pair of /31 i with its sandbox end in network
+// namespace ns, and configures both ends from here: the sandbox's init waits
 // for its config meanwhile, so the sandbox starts with its network up.
-func (n *Node) link(id string, pid, i int) (retErr error) {
-	ns, err := netns.GetFromPid(pid)
-	if err != nil {
-		if errors.Is(err, unix.ESRCH) || errors.Is(err, os.ErrNotExist) {
-			return errdefs.Wrap(errdefs.NotFound, err, "sandbox network namespace")
-		}
-		return errdefs.Wrap(errdefs.Internal, err, "open sandbox network namespace")
-	}
-	defer ns.Close()
+func (n *Node) link(id string, ns netns.NsHandle, i int) (retErr error) {
 	hostAddr, sbAddr := n.Addrs(i)
 	name := n.Ifname(i)
 	veth := &netlink.Veth{
