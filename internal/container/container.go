@@ -90,6 +90,7 @@ type Backend struct {
 	trash *reaper         // removes deleted sandboxes' state directories
 	cpus  *cpuPool        // which CPUs sandboxes with a quota run on
 	pool  *dirPool        // ready-made state directories
+	netns *nsPool         // ready-made network namespaces (netns.go)
 	net   *netpolicy.Node // sandboxes' interfaces and rules
 	ids   *idPool         // user-namespace id ranges
 	// seccomp and seccompAudit are the compiled filters every init stage
@@ -178,6 +179,7 @@ func New(opts Options) (*Backend, error) {
 	if b.pool, err = newDirPool(filepath.Join(opts.StateDir, "pool"), poolSize); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create directory pool")
 	}
+	b.netns = newNSPool(nsPoolSize)
 	if dev, ok := journalless(b.stateDir("")); ok && opts.Warn != nil {
 		opts.Warn("sandbox writable layers are on ext4 without a journal: under sandbox churn its inode allocator slows every create (docs/BENCHMARKS.md); a journal, or another filesystem for the state directory, avoids it", "device", dev, "dir", b.stateDir(""))
 	}
@@ -449,6 +451,20 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	if b.opts.InitBinary != "" {
 		path, files = b.opts.InitBinary, files[:6]
 	}
+	cloneflags := uintptr(syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC)
+	// A sandbox without a network joins a namespace of the pool (its fd
+	// 7) first thing; the others, and an init that is not ours, get a
+	// new one from the clone.
+	var netns *os.File
+	if spec.Network.IsNone() && b.opts.InitBinary == "" && b.netns != nil {
+		netns = b.netns.take()
+	}
+	if netns != nil {
+		defer netns.Close()
+		files = append(files, netns)
+	} else {
+		cloneflags |= syscall.CLONE_NEWNET
+	}
 	pidfd := -1
 	// os.StartProcess rather than os/exec: no stdio goroutines or
 	// /dev/null opens per create. The clone hands us a pidfd (PidFD).
@@ -456,8 +472,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		Env:   []string{initEnv + "=1"},
 		Files: files,
 		Sys: &syscall.SysProcAttr{
-			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS |
-				syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
+			Cloneflags: cloneflags,
 			// Its own session: signals to the daemon's terminal or process
 			// group never reach sandboxes.
 			Setsid: true,
@@ -507,6 +522,9 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		"seccomp_audit": b.seccompAudit, "auid": auditID(pid)}
 	if spec.AllowSetuid {
 		conf["no_new_privs"] = "0"
+	}
+	if netns != nil {
+		conf["netns"] = "7"
 	}
 	if userns != nil {
 		conf["userns"] = strconv.FormatUint(uint64(userns.Base), 10) + ":" + strconv.FormatUint(uint64(userns.Size), 10)

@@ -11,7 +11,8 @@
  * File descriptors: 3 = config (read until EOF; the daemon writes it only
  * after placing us in our cgroup), 4 = the agent's listening socket,
  * 5 = status pipe (a message means failure; our closing it means the
- * sandbox is up), 6 = the standalone agent (what the daemon exec'd; closed).
+ * sandbox is up), 6 = the standalone agent (what the daemon exec'd; closed),
+ * 7 = a network namespace to join, where the config says so (closed).
  *
  * Config: NUL-separated key=value entries: rootfs (mount point); lower
  * (the overlay's lower directories, top-most first, ':'-separated), upper,
@@ -33,7 +34,8 @@
  * the daemon attributes an audit record to its sandbox even after the
  * process that caused it is gone); no_new_privs ("0": leave it off, so
  * that setuid binaries work); userns ("BASE:SIZE": the user-namespace
- * mode, see make_userns).
+ * mode, see make_userns); netns ("7": join the network namespace at fd 7,
+ * the clone made none).
  *
  * Nothing the sandbox can read names a host path: the overlay is mounted
  * with data naming only descriptors (lowerdir=/proc/self/fd/N:..., which
@@ -687,6 +689,12 @@ static void __attribute__((noreturn)) init_main(void)
 	}
 	close(FD_CONFIG);
 	config[len] = 0;
+	/* A network namespace of the daemon's pool (netns: its fd, lo
+	 * already up: internal/container/netns.go), joined first; without
+	 * one the clone made ours. */
+	const char *netns = conf("netns", len);
+	if (netns && syscall(SYS_setns, atoi(netns), CLONE_NEWNET) < 0)
+		die("setns", "network namespace");
 	/* Whatever else the daemon inherited from its own parent and did not
 	 * mark close-on-exec must not live on in PID 1 of a sandbox: fds 4 and
 	 * 5 are ours, everything above goes (6 is the standalone agent the
@@ -795,7 +803,8 @@ static void __attribute__((noreturn)) init_main(void)
 		die("chdir", "/");
 	if (hostname && sethostname(hostname, strlen(hostname)) < 0)
 		die("sethostname", hostname);
-	loopback_up();
+	if (!netns)
+		loopback_up();
 	const char *rlimits = conf("rlimits", len);
 	if (rlimits)
 		apply_rlimits(rlimits);
