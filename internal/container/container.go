@@ -90,7 +90,7 @@ type Backend struct {
 	trash *reaper         // removes deleted sandboxes' state directories
 	cpus  *cpuPool        // which CPUs sandboxes with a quota run on
 	pool  *dirPool        // ready-made state directories
-	netns *nsPool         // ready-made network namespaces (netns.go)
+	netns *nsPool         // ready-made network namespaces (netnspool.go)
 	net   *netpolicy.Node // sandboxes' interfaces and rules
 	ids   *idPool         // user-namespace id ranges
 	// seccomp and seccompAudit are the compiled filters every init stage

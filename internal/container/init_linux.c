@@ -717,7 +717,7 @@ static void __attribute__((noreturn)) init_main(void)
 	close(FD_CONFIG);
 	config[len] = 0;
 	/* A network namespace of the daemon's pool (netns: its fd, lo
-	 * already up: internal/container/netns.go), joined first; without
+	 * already up: internal/container/netnspool.go), joined first; without
 	 * one the clone made ours. */
 	const char *netns = conf("netns", len);
 	if (netns && syscall(SYS_setns, atoi(netns), CLONE_NEWNET) < 0)
