@@ -299,6 +299,13 @@ type CreateRequest struct {
 	// every other wall is nobody on the node. Unset: the node's default
 	// (warren serve --userns). The image's files must have ids below 65,536.
 	UserNamespace *bool `protobuf:"varint,16,opt,name=user_namespace,json=userNamespace,proto3,oneof" json:"user_namespace,omitempty"`
+	// Make the sandbox a harness: it gets a route to the API (a unix socket
+	// at /dev/warren.sock, $WARREN_ADDR in its env) through which it may
+	// create sandboxes, its children, and drive only those; everything
+	// else of the node is refused (PermissionDenied). Deleting the harness,
+	// or its death, deletes its children. docs/SECURITY.md, "Harness
+	// sandboxes". A harness cannot create another harness.
+	Harness       *HarnessOptions `protobuf:"bytes,26,opt,name=harness,proto3" json:"harness,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -452,6 +459,60 @@ func (x *CreateRequest) GetUserNamespace() bool {
 	return false
 }
 
+func (x *CreateRequest) GetHarness() *HarnessOptions {
+	if x != nil {
+		return x.Harness
+	}
+	return nil
+}
+
+// HarnessOptions are the limits of a harness sandbox.
+type HarnessOptions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many children it may have at once (0: 32; at most 1024); a
+	// create past it is Exhausted.
+	MaxChildren   int32 `protobuf:"varint,1,opt,name=max_children,json=maxChildren,proto3" json:"max_children,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HarnessOptions) Reset() {
+	*x = HarnessOptions{}
+	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HarnessOptions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HarnessOptions) ProtoMessage() {}
+
+func (x *HarnessOptions) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HarnessOptions.ProtoReflect.Descriptor instead.
+func (*HarnessOptions) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HarnessOptions) GetMaxChildren() int32 {
+	if x != nil {
+		return x.MaxChildren
+	}
+	return 0
+}
+
 // NetworkPolicy is what a sandbox may reach over the network. Modes:
 //
 //	"none" (or ""): loopback only; no interface is made.
@@ -479,7 +540,7 @@ type NetworkPolicy struct {
 
 func (x *NetworkPolicy) Reset() {
 	*x = NetworkPolicy{}
-	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	mi := &file_warren_v1_warren_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -491,7 +552,7 @@ func (x *NetworkPolicy) String() string {
 func (*NetworkPolicy) ProtoMessage() {}
 
 func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	mi := &file_warren_v1_warren_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -504,7 +565,7 @@ func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
 func (*NetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NetworkPolicy) GetMode() string {
@@ -548,7 +609,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	mi := &file_warren_v1_warren_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +621,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	mi := &file_warren_v1_warren_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +634,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *NetworkRule) GetCidr() string {
@@ -619,7 +680,7 @@ type Rlimit struct {
 
 func (x *Rlimit) Reset() {
 	*x = Rlimit{}
-	mi := &file_warren_v1_warren_proto_msgTypes[4]
+	mi := &file_warren_v1_warren_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +692,7 @@ func (x *Rlimit) String() string {
 func (*Rlimit) ProtoMessage() {}
 
 func (x *Rlimit) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[4]
+	mi := &file_warren_v1_warren_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +705,7 @@ func (x *Rlimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
 func (*Rlimit) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{4}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Rlimit) GetName() string {
@@ -705,13 +766,25 @@ type Sandbox struct {
 	// its last change. Process timeouts count running time only: they are
 	// pushed back by the time the sandbox spent paused.
 	PausedTotalMs int64 `protobuf:"varint,26,opt,name=paused_total_ms,json=pausedTotalMs,proto3" json:"paused_total_ms,omitempty"`
+	// When it was hibernated (HIBERNATED); 0 otherwise. Its lifetime keeps
+	// counting, as while paused: the checkpoint holds the node's disk.
+	HibernatedAtUnixMs int64 `protobuf:"varint,41,opt,name=hibernated_at_unix_ms,json=hibernatedAtUnixMs,proto3" json:"hibernated_at_unix_ms,omitempty"`
+	// The checkpoint's size on disk while HIBERNATED.
+	CheckpointBytes uint64 `protobuf:"varint,42,opt,name=checkpoint_bytes,json=checkpointBytes,proto3" json:"checkpoint_bytes,omitempty"`
+	// The sandbox this one was forked from ("" when it was created).
+	ForkedFrom string `protobuf:"bytes,43,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	// Set on a harness (CreateRequest.harness), with the defaults filled in.
+	Harness *HarnessOptions `protobuf:"bytes,37,opt,name=harness,proto3" json:"harness,omitempty"`
+	// The harness that created this sandbox through its route ("" for a
+	// sandbox the node's API created). Fixed at create.
+	Parent        string `protobuf:"bytes,38,opt,name=parent,proto3" json:"parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_warren_v1_warren_proto_msgTypes[5]
+	mi := &file_warren_v1_warren_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +796,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[5]
+	mi := &file_warren_v1_warren_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +809,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{5}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Sandbox) GetId() string {
@@ -907,6 +980,41 @@ func (x *Sandbox) GetPausedTotalMs() int64 {
 	return 0
 }
 
+func (x *Sandbox) GetHibernatedAtUnixMs() int64 {
+	if x != nil {
+		return x.HibernatedAtUnixMs
+	}
+	return 0
+}
+
+func (x *Sandbox) GetCheckpointBytes() uint64 {
+	if x != nil {
+		return x.CheckpointBytes
+	}
+	return 0
+}
+
+func (x *Sandbox) GetForkedFrom() string {
+	if x != nil {
+		return x.ForkedFrom
+	}
+	return ""
+}
+
+func (x *Sandbox) GetHarness() *HarnessOptions {
+	if x != nil {
+		return x.Harness
+	}
+	return nil
+}
+
+func (x *Sandbox) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
 type GetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -916,7 +1024,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[6]
+	mi := &file_warren_v1_warren_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -928,7 +1036,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[6]
+	mi := &file_warren_v1_warren_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -941,7 +1049,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{6}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetRequest) GetId() string {
@@ -960,7 +1068,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[7]
+	mi := &file_warren_v1_warren_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1080,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[7]
+	mi := &file_warren_v1_warren_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1093,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{7}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -1004,7 +1112,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[8]
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1124,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[8]
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1137,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{8}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1048,7 +1156,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1060,7 +1168,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1073,7 +1181,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -1091,7 +1199,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1211,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1224,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
 }
 
 type ExtendTimeoutRequest struct {
@@ -1129,7 +1237,7 @@ type ExtendTimeoutRequest struct {
 
 func (x *ExtendTimeoutRequest) Reset() {
 	*x = ExtendTimeoutRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +1249,7 @@ func (x *ExtendTimeoutRequest) String() string {
 func (*ExtendTimeoutRequest) ProtoMessage() {}
 
 func (x *ExtendTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +1262,7 @@ func (x *ExtendTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*ExtendTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExtendTimeoutRequest) GetId() string {
@@ -1194,7 +1302,7 @@ type UpdateSandboxRequest struct {
 
 func (x *UpdateSandboxRequest) Reset() {
 	*x = UpdateSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1206,7 +1314,7 @@ func (x *UpdateSandboxRequest) String() string {
 func (*UpdateSandboxRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1219,7 +1327,7 @@ func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdateSandboxRequest) GetId() string {
@@ -1317,7 +1425,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1329,7 +1437,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1342,7 +1450,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1476,7 +1584,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1488,7 +1596,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1501,7 +1609,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecResult) GetStdout() []byte {
@@ -1617,7 +1725,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1737,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1750,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -1728,7 +1836,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1740,7 +1848,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,7 +1861,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -1792,7 +1900,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1804,7 +1912,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1817,7 +1925,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ProcessInfo) GetSandboxId() string {
@@ -1899,7 +2007,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1911,7 +2019,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1924,7 +2032,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1943,7 +2051,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1955,7 +2063,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1968,7 +2076,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1989,7 +2097,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2001,7 +2109,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2014,7 +2122,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WaitProcessRequest) GetSandboxId() string {
@@ -2050,7 +2158,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2170,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2183,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -2114,7 +2222,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2234,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2247,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
 }
 
 type WriteStdinRequest struct {
@@ -2154,7 +2262,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2166,7 +2274,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2179,7 +2287,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -2218,7 +2326,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2230,7 +2338,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2243,7 +2351,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
 }
 
 type AttachProcessRequest struct {
@@ -2261,7 +2369,7 @@ type AttachProcessRequest struct {
 
 func (x *AttachProcessRequest) Reset() {
 	*x = AttachProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2381,7 @@ func (x *AttachProcessRequest) String() string {
 func (*AttachProcessRequest) ProtoMessage() {}
 
 func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2394,7 @@ func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProcessRequest.ProtoReflect.Descriptor instead.
 func (*AttachProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AttachProcessRequest) GetSandboxId() string {
@@ -2327,7 +2435,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2339,7 +2447,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2352,7 +2460,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *OutputChunk) GetOffset() int64 {
@@ -2383,7 +2491,7 @@ type ProcessEvent struct {
 
 func (x *ProcessEvent) Reset() {
 	*x = ProcessEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2395,7 +2503,7 @@ func (x *ProcessEvent) String() string {
 func (*ProcessEvent) ProtoMessage() {}
 
 func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2408,7 +2516,7 @@ func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessEvent.ProtoReflect.Descriptor instead.
 func (*ProcessEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ProcessEvent) GetEvent() isProcessEvent_Event {
@@ -2479,7 +2587,7 @@ type ResizeProcessRequest struct {
 
 func (x *ResizeProcessRequest) Reset() {
 	*x = ResizeProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2491,7 +2599,7 @@ func (x *ResizeProcessRequest) String() string {
 func (*ResizeProcessRequest) ProtoMessage() {}
 
 func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2504,7 +2612,7 @@ func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessRequest.ProtoReflect.Descriptor instead.
 func (*ResizeProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ResizeProcessRequest) GetSandboxId() string {
@@ -2543,7 +2651,7 @@ type ResizeProcessResponse struct {
 
 func (x *ResizeProcessResponse) Reset() {
 	*x = ResizeProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2555,7 +2663,7 @@ func (x *ResizeProcessResponse) String() string {
 func (*ResizeProcessResponse) ProtoMessage() {}
 
 func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2568,7 +2676,7 @@ func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessResponse.ProtoReflect.Descriptor instead.
 func (*ResizeProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
 }
 
 type WriteFileRequest struct {
@@ -2587,7 +2695,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2599,7 +2707,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2612,7 +2720,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -2682,7 +2790,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2694,7 +2802,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2707,7 +2815,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WriteFileResponse) GetSeq() uint64 {
@@ -2736,7 +2844,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2748,7 +2856,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2761,7 +2869,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2803,7 +2911,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2815,7 +2923,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2828,7 +2936,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadFileResponse) GetContent() []byte {
@@ -2869,7 +2977,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2881,7 +2989,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2894,7 +3002,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2977,7 +3085,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2989,7 +3097,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3002,7 +3110,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListFilesRequest) GetSandboxId() string {
@@ -3043,7 +3151,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3055,7 +3163,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3068,7 +3176,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -3095,7 +3203,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3107,7 +3215,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3120,7 +3228,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StatFileRequest) GetSandboxId() string {
@@ -3151,7 +3259,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3163,7 +3271,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3176,7 +3284,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -3231,7 +3339,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3243,7 +3351,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3256,7 +3364,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *MakeDirResponse) GetSeq() uint64 {
@@ -3286,7 +3394,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3298,7 +3406,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3311,7 +3419,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RemoveFileRequest) GetSandboxId() string {
@@ -3359,7 +3467,7 @@ type RemoveFileResponse struct {
 
 func (x *RemoveFileResponse) Reset() {
 	*x = RemoveFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3371,7 +3479,7 @@ func (x *RemoveFileResponse) String() string {
 func (*RemoveFileResponse) ProtoMessage() {}
 
 func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3384,7 +3492,7 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RemoveFileResponse) GetSeq() uint64 {
@@ -3425,7 +3533,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3437,7 +3545,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3450,7 +3558,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Image) GetName() string {
@@ -3552,7 +3660,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3564,7 +3672,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3577,7 +3685,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
 }
 
 type ListImagesResponse struct {
@@ -3589,7 +3697,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3601,7 +3709,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3614,7 +3722,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -3633,7 +3741,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3645,7 +3753,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3658,7 +3766,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetImageRequest) GetName() string {
@@ -3678,7 +3786,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3690,7 +3798,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3703,7 +3811,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ImportImageRequest) GetName() string {
@@ -3729,7 +3837,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3741,7 +3849,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3754,7 +3862,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -3772,7 +3880,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3784,7 +3892,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3797,7 +3905,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
 }
 
 type PullImageRequest struct {
@@ -3811,7 +3919,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3823,7 +3931,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3836,7 +3944,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -3883,7 +3991,7 @@ type PullImageEvent struct {
 
 func (x *PullImageEvent) Reset() {
 	*x = PullImageEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3895,7 +4003,7 @@ func (x *PullImageEvent) String() string {
 func (*PullImageEvent) ProtoMessage() {}
 
 func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3908,7 +4016,7 @@ func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageEvent.ProtoReflect.Descriptor instead.
 func (*PullImageEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *PullImageEvent) GetPhase() string {
@@ -3995,7 +4103,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4007,7 +4115,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4020,7 +4128,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Layer) GetName() string {
@@ -4096,7 +4204,7 @@ type BuildLayerRequest struct {
 
 func (x *BuildLayerRequest) Reset() {
 	*x = BuildLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4108,7 +4216,7 @@ func (x *BuildLayerRequest) String() string {
 func (*BuildLayerRequest) ProtoMessage() {}
 
 func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4121,7 +4229,7 @@ func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildLayerRequest.ProtoReflect.Descriptor instead.
 func (*BuildLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *BuildLayerRequest) GetName() string {
@@ -4146,7 +4254,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4158,7 +4266,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4171,7 +4279,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
 }
 
 type ListLayersResponse struct {
@@ -4183,7 +4291,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4195,7 +4303,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4208,7 +4316,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -4227,7 +4335,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4239,7 +4347,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4252,7 +4360,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RemoveLayerRequest) GetName() string {
@@ -4270,7 +4378,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4282,7 +4390,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4295,7 +4403,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
 }
 
 // CommitSandbox treats what the sandbox wrote as untrusted: setuid and
@@ -4312,7 +4420,7 @@ type CommitSandboxRequest struct {
 
 func (x *CommitSandboxRequest) Reset() {
 	*x = CommitSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4324,7 +4432,7 @@ func (x *CommitSandboxRequest) String() string {
 func (*CommitSandboxRequest) ProtoMessage() {}
 
 func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4337,7 +4445,7 @@ func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CommitSandboxRequest) GetSandboxId() string {
@@ -4370,7 +4478,7 @@ type ImageStatsRequest struct {
 
 func (x *ImageStatsRequest) Reset() {
 	*x = ImageStatsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4382,7 +4490,7 @@ func (x *ImageStatsRequest) String() string {
 func (*ImageStatsRequest) ProtoMessage() {}
 
 func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4395,7 +4503,7 @@ func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsRequest.ProtoReflect.Descriptor instead.
 func (*ImageStatsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ImageStatsRequest) GetNames() []string {
@@ -4430,7 +4538,7 @@ type LayerStat struct {
 
 func (x *LayerStat) Reset() {
 	*x = LayerStat{}
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4442,7 +4550,7 @@ func (x *LayerStat) String() string {
 func (*LayerStat) ProtoMessage() {}
 
 func (x *LayerStat) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4455,7 +4563,7 @@ func (x *LayerStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStat.ProtoReflect.Descriptor instead.
 func (*LayerStat) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *LayerStat) GetDigest() string {
@@ -4558,7 +4666,7 @@ type ImageStatsResponse struct {
 
 func (x *ImageStatsResponse) Reset() {
 	*x = ImageStatsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4570,7 +4678,7 @@ func (x *ImageStatsResponse) String() string {
 func (*ImageStatsResponse) ProtoMessage() {}
 
 func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4583,7 +4691,7 @@ func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsResponse.ProtoReflect.Descriptor instead.
 func (*ImageStatsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ImageStatsResponse) GetLayers() []*LayerStat {
@@ -4602,7 +4710,7 @@ type VerifyImageRequest struct {
 
 func (x *VerifyImageRequest) Reset() {
 	*x = VerifyImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4614,7 +4722,7 @@ func (x *VerifyImageRequest) String() string {
 func (*VerifyImageRequest) ProtoMessage() {}
 
 func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4627,7 +4735,7 @@ func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageRequest.ProtoReflect.Descriptor instead.
 func (*VerifyImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *VerifyImageRequest) GetNames() []string {
@@ -4649,7 +4757,7 @@ type LayerVerification struct {
 
 func (x *LayerVerification) Reset() {
 	*x = LayerVerification{}
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4661,7 +4769,7 @@ func (x *LayerVerification) String() string {
 func (*LayerVerification) ProtoMessage() {}
 
 func (x *LayerVerification) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4674,7 +4782,7 @@ func (x *LayerVerification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerVerification.ProtoReflect.Descriptor instead.
 func (*LayerVerification) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *LayerVerification) GetDigest() string {
@@ -4714,7 +4822,7 @@ type VerifyImageResponse struct {
 
 func (x *VerifyImageResponse) Reset() {
 	*x = VerifyImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[63]
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4726,7 +4834,7 @@ func (x *VerifyImageResponse) String() string {
 func (*VerifyImageResponse) ProtoMessage() {}
 
 func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[63]
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4739,7 +4847,7 @@ func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageResponse.ProtoReflect.Descriptor instead.
 func (*VerifyImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *VerifyImageResponse) GetLayers() []*LayerVerification {
@@ -4757,7 +4865,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[64]
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4769,7 +4877,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[64]
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4782,7 +4890,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{64}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{65}
 }
 
 type VersionResponse struct {
@@ -4797,7 +4905,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[65]
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4809,7 +4917,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[65]
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4822,7 +4930,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{65}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -4864,7 +4972,7 @@ type ListSandboxEventsRequest struct {
 
 func (x *ListSandboxEventsRequest) Reset() {
 	*x = ListSandboxEventsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4876,7 +4984,7 @@ func (x *ListSandboxEventsRequest) String() string {
 func (*ListSandboxEventsRequest) ProtoMessage() {}
 
 func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4889,7 +4997,7 @@ func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{66}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListSandboxEventsRequest) GetSandboxId() string {
@@ -4926,7 +5034,7 @@ type ListSandboxEventsResponse struct {
 
 func (x *ListSandboxEventsResponse) Reset() {
 	*x = ListSandboxEventsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4938,7 +5046,7 @@ func (x *ListSandboxEventsResponse) String() string {
 func (*ListSandboxEventsResponse) ProtoMessage() {}
 
 func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4951,7 +5059,7 @@ func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListSandboxEventsResponse) GetEvents() []*SecurityEvent {
@@ -4997,7 +5105,7 @@ type SecurityEvent struct {
 
 func (x *SecurityEvent) Reset() {
 	*x = SecurityEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5009,7 +5117,7 @@ func (x *SecurityEvent) String() string {
 func (*SecurityEvent) ProtoMessage() {}
 
 func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5022,7 +5130,7 @@ func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityEvent.ProtoReflect.Descriptor instead.
 func (*SecurityEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *SecurityEvent) GetSeq() uint64 {
@@ -5086,7 +5194,7 @@ type ReadTrajectoryRequest struct {
 
 func (x *ReadTrajectoryRequest) Reset() {
 	*x = ReadTrajectoryRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5098,7 +5206,7 @@ func (x *ReadTrajectoryRequest) String() string {
 func (*ReadTrajectoryRequest) ProtoMessage() {}
 
 func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5111,7 +5219,7 @@ func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*ReadTrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ReadTrajectoryRequest) GetSandboxId() string {
@@ -5156,7 +5264,7 @@ type ReadTrajectoryResponse struct {
 
 func (x *ReadTrajectoryResponse) Reset() {
 	*x = ReadTrajectoryResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5168,7 +5276,7 @@ func (x *ReadTrajectoryResponse) String() string {
 func (*ReadTrajectoryResponse) ProtoMessage() {}
 
 func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5181,7 +5289,7 @@ func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTrajectoryResponse.ProtoReflect.Descriptor instead.
 func (*ReadTrajectoryResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ReadTrajectoryResponse) GetEntries() []*TrajectoryEntry {
@@ -5231,7 +5339,7 @@ type TrajectoryUpload struct {
 
 func (x *TrajectoryUpload) Reset() {
 	*x = TrajectoryUpload{}
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5243,7 +5351,7 @@ func (x *TrajectoryUpload) String() string {
 func (*TrajectoryUpload) ProtoMessage() {}
 
 func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5256,7 +5364,7 @@ func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryUpload.ProtoReflect.Descriptor instead.
 func (*TrajectoryUpload) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *TrajectoryUpload) GetSandboxId() string {
@@ -5324,7 +5432,7 @@ type TrajectoryEntry struct {
 
 func (x *TrajectoryEntry) Reset() {
 	*x = TrajectoryEntry{}
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5336,7 +5444,7 @@ func (x *TrajectoryEntry) String() string {
 func (*TrajectoryEntry) ProtoMessage() {}
 
 func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5349,7 +5457,7 @@ func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryEntry.ProtoReflect.Descriptor instead.
 func (*TrajectoryEntry) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *TrajectoryEntry) GetIndex() uint64 {
@@ -5549,7 +5657,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5561,7 +5669,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5574,7 +5682,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -5604,7 +5712,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5616,7 +5724,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5629,7 +5737,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *Memory) GetBytes() uint64 {
@@ -5674,7 +5782,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5686,7 +5794,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5699,7 +5807,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -5753,7 +5861,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5765,7 +5873,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5778,7 +5886,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -5789,17 +5897,21 @@ func (x *ResumeRequest) GetId() string {
 }
 
 type ResumeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
-	ThawUs        int64                  `protobuf:"varint,2,opt,name=thaw_us,json=thawUs,proto3" json:"thaw_us,omitempty"`
-	PausedMs      int64                  `protobuf:"varint,3,opt,name=paused_ms,json=pausedMs,proto3" json:"paused_ms,omitempty"` // how long it was paused
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox  *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	ThawUs   int64                  `protobuf:"varint,2,opt,name=thaw_us,json=thawUs,proto3" json:"thaw_us,omitempty"`
+	PausedMs int64                  `protobuf:"varint,3,opt,name=paused_ms,json=pausedMs,proto3" json:"paused_ms,omitempty"` // how long it was paused (or hibernated)
+	// Resume of a HIBERNATED sandbox: how long CRIU's restore took (its
+	// processes run again from then on); thaw_us is 0.
+	RestoreUs     int64 `protobuf:"varint,4,opt,name=restore_us,json=restoreUs,proto3" json:"restore_us,omitempty"`
+	Restored      bool  `protobuf:"varint,5,opt,name=restored,proto3" json:"restored,omitempty"` // it was HIBERNATED
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5811,7 +5923,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5824,7 +5936,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -5848,6 +5960,336 @@ func (x *ResumeResponse) GetPausedMs() int64 {
 	return 0
 }
 
+func (x *ResumeResponse) GetRestoreUs() int64 {
+	if x != nil {
+		return x.RestoreUs
+	}
+	return 0
+}
+
+func (x *ResumeResponse) GetRestored() bool {
+	if x != nil {
+		return x.Restored
+	}
+	return false
+}
+
+type HibernateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateRequest) Reset() {
+	*x = HibernateRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateRequest) ProtoMessage() {}
+
+func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateRequest.ProtoReflect.Descriptor instead.
+func (*HibernateRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *HibernateRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type HibernateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	CheckpointUs  int64                  `protobuf:"varint,2,opt,name=checkpoint_us,json=checkpointUs,proto3" json:"checkpoint_us,omitempty"` // CRIU's dump, the writable layer moved
+	TotalUs       int64                  `protobuf:"varint,3,opt,name=total_us,json=totalUs,proto3" json:"total_us,omitempty"`                // the whole call in the daemon
+	Bytes         uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`                                   // the checkpoint's size on disk (images)
+	Before        *Memory                `protobuf:"bytes,5,opt,name=before,proto3" json:"before,omitempty"`                                  // the memory the sandbox held, now released
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateResponse) Reset() {
+	*x = HibernateResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateResponse) ProtoMessage() {}
+
+func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
+func (*HibernateResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *HibernateResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *HibernateResponse) GetCheckpointUs() int64 {
+	if x != nil {
+		return x.CheckpointUs
+	}
+	return 0
+}
+
+func (x *HibernateResponse) GetTotalUs() int64 {
+	if x != nil {
+		return x.TotalUs
+	}
+	return 0
+}
+
+func (x *HibernateResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *HibernateResponse) GetBefore() *Memory {
+	if x != nil {
+		return x.Before
+	}
+	return nil
+}
+
+type ForkRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Count          int32                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`                                                                            // 1 to 64
+	Labels         map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // added to the source's on every fork
+	TimeoutSeconds int64                  `protobuf:"varint,4,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`                                    // the forks' lifetime; 0 = the node default
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ForkRequest) Reset() {
+	*x = ForkRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRequest) ProtoMessage() {}
+
+func (x *ForkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
+func (*ForkRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *ForkRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ForkRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *ForkRequest) GetTimeoutSeconds() int64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+type ForkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`                            // the forks, RUNNING
+	Source        *Sandbox               `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`                                  // the source, in the state it was in
+	CheckpointUs  int64                  `protobuf:"varint,3,opt,name=checkpoint_us,json=checkpointUs,proto3" json:"checkpoint_us,omitempty"` // the source's checkpoint (0 if it was HIBERNATED)
+	RestoreUs     []int64                `protobuf:"varint,4,rep,packed,name=restore_us,json=restoreUs,proto3" json:"restore_us,omitempty"`   // each fork's restore
+	TotalUs       int64                  `protobuf:"varint,5,opt,name=total_us,json=totalUs,proto3" json:"total_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkResponse) Reset() {
+	*x = ForkResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResponse) ProtoMessage() {}
+
+func (x *ForkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
+func (*ForkResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *ForkResponse) GetSandboxes() []*Sandbox {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetSource() *Sandbox {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetCheckpointUs() int64 {
+	if x != nil {
+		return x.CheckpointUs
+	}
+	return 0
+}
+
+func (x *ForkResponse) GetRestoreUs() []int64 {
+	if x != nil {
+		return x.RestoreUs
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetTotalUs() int64 {
+	if x != nil {
+		return x.TotalUs
+	}
+	return 0
+}
+
+type HibernateByLabelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // required: at least one
+	Parallelism   int32                  `protobuf:"varint,2,opt,name=parallelism,proto3" json:"parallelism,omitempty"`                                                                // 0 = 8; at most 64
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateByLabelRequest) Reset() {
+	*x = HibernateByLabelRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateByLabelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateByLabelRequest) ProtoMessage() {}
+
+func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateByLabelRequest.ProtoReflect.Descriptor instead.
+func (*HibernateByLabelRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *HibernateByLabelRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *HibernateByLabelRequest) GetParallelism() int32 {
+	if x != nil {
+		return x.Parallelism
+	}
+	return 0
+}
+
 type PauseByLabelRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // required: at least one
@@ -5859,7 +6301,7 @@ type PauseByLabelRequest struct {
 
 func (x *PauseByLabelRequest) Reset() {
 	*x = PauseByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5871,7 +6313,7 @@ func (x *PauseByLabelRequest) String() string {
 func (*PauseByLabelRequest) ProtoMessage() {}
 
 func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5884,7 +6326,7 @@ func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
 func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *PauseByLabelRequest) GetLabels() map[string]string {
@@ -5918,7 +6360,7 @@ type ResumeByLabelRequest struct {
 
 func (x *ResumeByLabelRequest) Reset() {
 	*x = ResumeByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5930,7 +6372,7 @@ func (x *ResumeByLabelRequest) String() string {
 func (*ResumeByLabelRequest) ProtoMessage() {}
 
 func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5943,7 +6385,7 @@ func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
 func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ResumeByLabelRequest) GetLabels() map[string]string {
@@ -5966,21 +6408,22 @@ type ByLabelEvent struct {
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// The error when this sandbox failed ("" on success), and its
 	// category ("conflict", "not_found", ...).
-	Error         string          `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
-	ErrorCode     string          `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
-	Paused        *PauseResponse  `protobuf:"bytes,4,opt,name=paused,proto3" json:"paused,omitempty"`        // PauseByLabel, on success
-	Resumed       *ResumeResponse `protobuf:"bytes,5,opt,name=resumed,proto3" json:"resumed,omitempty"`      // ResumeByLabel, on success
-	Completed     int32           `protobuf:"varint,6,opt,name=completed,proto3" json:"completed,omitempty"` // sandboxes finished so far, this one included
-	Total         int32           `protobuf:"varint,7,opt,name=total,proto3" json:"total,omitempty"`         // sandboxes matched
-	Done          bool            `protobuf:"varint,8,opt,name=done,proto3" json:"done,omitempty"`           // the last event: totals only
-	Failed        int32           `protobuf:"varint,9,opt,name=failed,proto3" json:"failed,omitempty"`       // on the last event: how many failed
+	Error         string             `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	ErrorCode     string             `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Paused        *PauseResponse     `protobuf:"bytes,4,opt,name=paused,proto3" json:"paused,omitempty"`          // PauseByLabel, on success
+	Resumed       *ResumeResponse    `protobuf:"bytes,5,opt,name=resumed,proto3" json:"resumed,omitempty"`        // ResumeByLabel, on success
+	Completed     int32              `protobuf:"varint,6,opt,name=completed,proto3" json:"completed,omitempty"`   // sandboxes finished so far, this one included
+	Total         int32              `protobuf:"varint,7,opt,name=total,proto3" json:"total,omitempty"`           // sandboxes matched
+	Done          bool               `protobuf:"varint,8,opt,name=done,proto3" json:"done,omitempty"`             // the last event: totals only
+	Failed        int32              `protobuf:"varint,9,opt,name=failed,proto3" json:"failed,omitempty"`         // on the last event: how many failed
+	Hibernated    *HibernateResponse `protobuf:"bytes,10,opt,name=hibernated,proto3" json:"hibernated,omitempty"` // HibernateByLabel, on success
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ByLabelEvent) Reset() {
 	*x = ByLabelEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5992,7 +6435,7 @@ func (x *ByLabelEvent) String() string {
 func (*ByLabelEvent) ProtoMessage() {}
 
 func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6005,7 +6448,7 @@ func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
 func (*ByLabelEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ByLabelEvent) GetSandboxId() string {
@@ -6071,6 +6514,13 @@ func (x *ByLabelEvent) GetFailed() int32 {
 	return 0
 }
 
+func (x *ByLabelEvent) GetHibernated() *HibernateResponse {
+	if x != nil {
+		return x.Hibernated
+	}
+	return nil
+}
+
 type RunRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
@@ -6082,7 +6532,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6094,7 +6544,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6107,7 +6557,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RunRequest) GetImage() string {
@@ -6151,7 +6601,7 @@ type RunStep struct {
 
 func (x *RunStep) Reset() {
 	*x = RunStep{}
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6163,7 +6613,7 @@ func (x *RunStep) String() string {
 func (*RunStep) ProtoMessage() {}
 
 func (x *RunStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6176,7 +6626,7 @@ func (x *RunStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
 func (*RunStep) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RunStep) GetArgv() []string {
@@ -6243,7 +6693,7 @@ type RunFile struct {
 
 func (x *RunFile) Reset() {
 	*x = RunFile{}
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6255,7 +6705,7 @@ func (x *RunFile) String() string {
 func (*RunFile) ProtoMessage() {}
 
 func (x *RunFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6268,7 +6718,7 @@ func (x *RunFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
 func (*RunFile) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *RunFile) GetName() string {
@@ -6323,7 +6773,7 @@ type RunLimits struct {
 
 func (x *RunLimits) Reset() {
 	*x = RunLimits{}
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6335,7 +6785,7 @@ func (x *RunLimits) String() string {
 func (*RunLimits) ProtoMessage() {}
 
 func (x *RunLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6348,7 +6798,7 @@ func (x *RunLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
 func (*RunLimits) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RunLimits) GetCpuMs() int64 {
@@ -6427,7 +6877,7 @@ type RunStepResult struct {
 
 func (x *RunStepResult) Reset() {
 	*x = RunStepResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6439,7 +6889,7 @@ func (x *RunStepResult) String() string {
 func (*RunStepResult) ProtoMessage() {}
 
 func (x *RunStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6452,7 +6902,7 @@ func (x *RunStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
 func (*RunStepResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RunStepResult) GetStatus() RunStatus {
@@ -6550,7 +7000,7 @@ type RunFileResult struct {
 
 func (x *RunFileResult) Reset() {
 	*x = RunFileResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6562,7 +7012,7 @@ func (x *RunFileResult) String() string {
 func (*RunFileResult) ProtoMessage() {}
 
 func (x *RunFileResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6575,7 +7025,7 @@ func (x *RunFileResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
 func (*RunFileResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RunFileResult) GetName() string {
@@ -6611,7 +7061,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6623,7 +7073,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6636,7 +7086,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RunResult) GetSteps() []*RunStepResult {
@@ -6665,7 +7115,7 @@ type RunBatchRequest struct {
 
 func (x *RunBatchRequest) Reset() {
 	*x = RunBatchRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6677,7 +7127,7 @@ func (x *RunBatchRequest) String() string {
 func (*RunBatchRequest) ProtoMessage() {}
 
 func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6690,7 +7140,7 @@ func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RunBatchRequest) GetImage() string {
@@ -6730,7 +7180,7 @@ type RunJob struct {
 
 func (x *RunJob) Reset() {
 	*x = RunJob{}
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6742,7 +7192,7 @@ func (x *RunJob) String() string {
 func (*RunJob) ProtoMessage() {}
 
 func (x *RunJob) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6755,7 +7205,7 @@ func (x *RunJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
 func (*RunJob) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RunJob) GetSteps() []*RunStep {
@@ -6777,7 +7227,7 @@ type RunBatchItem struct {
 
 func (x *RunBatchItem) Reset() {
 	*x = RunBatchItem{}
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6789,7 +7239,7 @@ func (x *RunBatchItem) String() string {
 func (*RunBatchItem) ProtoMessage() {}
 
 func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6802,7 +7252,7 @@ func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
 func (*RunBatchItem) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RunBatchItem) GetIndex() int32 {
@@ -6844,7 +7294,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xf7\x05\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xac\x06\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -6863,14 +7313,17 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\anetwork\x18\x0e \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12!\n" +
 	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x12#\n" +
 	"\rno_trajectory\x18\x19 \x01(\bR\fnoTrajectory\x12*\n" +
-	"\x0euser_namespace\x18\x10 \x01(\bH\x00R\ruserNamespace\x88\x01\x01\x1a6\n" +
+	"\x0euser_namespace\x18\x10 \x01(\bH\x00R\ruserNamespace\x88\x01\x01\x123\n" +
+	"\aharness\x18\x1a \x01(\v2\x19.warren.v1.HarnessOptionsR\aharness\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
-	"\x0f_user_namespace\"g\n" +
+	"\x0f_user_namespace\"3\n" +
+	"\x0eHarnessOptions\x12!\n" +
+	"\fmax_children\x18\x01 \x01(\x05R\vmaxChildren\"g\n" +
 	"\rNetworkPolicy\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12,\n" +
 	"\x05allow\x18\x02 \x03(\v2\x16.warren.v1.NetworkRuleR\x05allow\x12\x14\n" +
@@ -6884,7 +7337,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xec\a\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xb8\t\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -6912,7 +7365,13 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fuser_id_base\x18$ \x01(\rR\n" +
 	"userIdBase\x12)\n" +
 	"\x11paused_at_unix_ms\x18\x19 \x01(\x03R\x0epausedAtUnixMs\x12&\n" +
-	"\x0fpaused_total_ms\x18\x1a \x01(\x03R\rpausedTotalMs\x1a6\n" +
+	"\x0fpaused_total_ms\x18\x1a \x01(\x03R\rpausedTotalMs\x121\n" +
+	"\x15hibernated_at_unix_ms\x18) \x01(\x03R\x12hibernatedAtUnixMs\x12)\n" +
+	"\x10checkpoint_bytes\x18* \x01(\x04R\x0fcheckpointBytes\x12\x1f\n" +
+	"\vforked_from\x18+ \x01(\tR\n" +
+	"forkedFrom\x123\n" +
+	"\aharness\x18% \x01(\v2\x19.warren.v1.HarnessOptionsR\aharness\x12\x16\n" +
+	"\x06parent\x18& \x01(\tR\x06parent\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -7336,11 +7795,43 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"reclaim_us\x18\x05 \x01(\x03R\treclaimUs\x12\x19\n" +
 	"\btotal_us\x18\x06 \x01(\x03R\atotalUs\"\x1f\n" +
 	"\rResumeRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"t\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xaf\x01\n" +
 	"\x0eResumeResponse\x12,\n" +
 	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12\x17\n" +
 	"\athaw_us\x18\x02 \x01(\x03R\x06thawUs\x12\x1b\n" +
-	"\tpaused_ms\x18\x03 \x01(\x03R\bpausedMs\"\xd0\x01\n" +
+	"\tpaused_ms\x18\x03 \x01(\x03R\bpausedMs\x12\x1d\n" +
+	"\n" +
+	"restore_us\x18\x04 \x01(\x03R\trestoreUs\x12\x1a\n" +
+	"\brestored\x18\x05 \x01(\bR\brestored\"\"\n" +
+	"\x10HibernateRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xc2\x01\n" +
+	"\x11HibernateResponse\x12,\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12#\n" +
+	"\rcheckpoint_us\x18\x02 \x01(\x03R\fcheckpointUs\x12\x19\n" +
+	"\btotal_us\x18\x03 \x01(\x03R\atotalUs\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12)\n" +
+	"\x06before\x18\x05 \x01(\v2\x11.warren.v1.MemoryR\x06before\"\xd3\x01\n" +
+	"\vForkRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12:\n" +
+	"\x06labels\x18\x03 \x03(\v2\".warren.v1.ForkRequest.LabelsEntryR\x06labels\x12'\n" +
+	"\x0ftimeout_seconds\x18\x04 \x01(\x03R\x0etimeoutSeconds\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcb\x01\n" +
+	"\fForkResponse\x120\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x12.warren.v1.SandboxR\tsandboxes\x12*\n" +
+	"\x06source\x18\x02 \x01(\v2\x12.warren.v1.SandboxR\x06source\x12#\n" +
+	"\rcheckpoint_us\x18\x03 \x01(\x03R\fcheckpointUs\x12\x1d\n" +
+	"\n" +
+	"restore_us\x18\x04 \x03(\x03R\trestoreUs\x12\x19\n" +
+	"\btotal_us\x18\x05 \x01(\x03R\atotalUs\"\xbe\x01\n" +
+	"\x17HibernateByLabelRequest\x12F\n" +
+	"\x06labels\x18\x01 \x03(\v2..warren.v1.HibernateByLabelRequest.LabelsEntryR\x06labels\x12 \n" +
+	"\vparallelism\x18\x02 \x01(\x05R\vparallelism\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd0\x01\n" +
 	"\x13PauseByLabelRequest\x12B\n" +
 	"\x06labels\x18\x01 \x03(\v2*.warren.v1.PauseByLabelRequest.LabelsEntryR\x06labels\x12\x18\n" +
 	"\areclaim\x18\x02 \x01(\bR\areclaim\x12 \n" +
@@ -7353,7 +7844,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\vparallelism\x18\x02 \x01(\x05R\vparallelism\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe7\x02\n" +
 	"\fByLabelEvent\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -7365,7 +7856,11 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\tcompleted\x18\x06 \x01(\x05R\tcompleted\x12\x14\n" +
 	"\x05total\x18\a \x01(\x05R\x05total\x12\x12\n" +
 	"\x04done\x18\b \x01(\bR\x04done\x12\x16\n" +
-	"\x06failed\x18\t \x01(\x05R\x06failed\"f\n" +
+	"\x06failed\x18\t \x01(\x05R\x06failed\x12<\n" +
+	"\n" +
+	"hibernated\x18\n" +
+	" \x01(\v2\x1c.warren.v1.HibernateResponseR\n" +
+	"hibernated\"f\n" +
 	"\n" +
 	"RunRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
@@ -7449,7 +7944,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
 	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
 	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
-	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xb0\x10\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\x84\x12\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -7481,7 +7976,10 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05Pause\x12\x17.warren.v1.PauseRequest\x1a\x18.warren.v1.PauseResponse\x12=\n" +
 	"\x06Resume\x12\x18.warren.v1.ResumeRequest\x1a\x19.warren.v1.ResumeResponse\x12I\n" +
 	"\fPauseByLabel\x12\x1e.warren.v1.PauseByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x12K\n" +
-	"\rResumeByLabel\x12\x1f.warren.v1.ResumeByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x122\n" +
+	"\rResumeByLabel\x12\x1f.warren.v1.ResumeByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x12F\n" +
+	"\tHibernate\x12\x1b.warren.v1.HibernateRequest\x1a\x1c.warren.v1.HibernateResponse\x12Q\n" +
+	"\x10HibernateByLabel\x12\".warren.v1.HibernateByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x127\n" +
+	"\x04Fork\x12\x16.warren.v1.ForkRequest\x1a\x17.warren.v1.ForkResponse\x122\n" +
 	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult\x12A\n" +
 	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x012\xd8\x05\n" +
 	"\fImageService\x12I\n" +
@@ -7515,256 +8013,279 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(RunStatus)(0),                    // 1: warren.v1.RunStatus
 	(*Resources)(nil),                 // 2: warren.v1.Resources
 	(*CreateRequest)(nil),             // 3: warren.v1.CreateRequest
-	(*NetworkPolicy)(nil),             // 4: warren.v1.NetworkPolicy
-	(*NetworkRule)(nil),               // 5: warren.v1.NetworkRule
-	(*Rlimit)(nil),                    // 6: warren.v1.Rlimit
-	(*Sandbox)(nil),                   // 7: warren.v1.Sandbox
-	(*GetRequest)(nil),                // 8: warren.v1.GetRequest
-	(*ListRequest)(nil),               // 9: warren.v1.ListRequest
-	(*ListResponse)(nil),              // 10: warren.v1.ListResponse
-	(*DeleteRequest)(nil),             // 11: warren.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 12: warren.v1.DeleteResponse
-	(*ExtendTimeoutRequest)(nil),      // 13: warren.v1.ExtendTimeoutRequest
-	(*UpdateSandboxRequest)(nil),      // 14: warren.v1.UpdateSandboxRequest
-	(*ExecRequest)(nil),               // 15: warren.v1.ExecRequest
-	(*ExecResult)(nil),                // 16: warren.v1.ExecResult
-	(*ExecEvent)(nil),                 // 17: warren.v1.ExecEvent
-	(*ExecStarted)(nil),               // 18: warren.v1.ExecStarted
-	(*ProcessInfo)(nil),               // 19: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),      // 20: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),     // 21: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),        // 22: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),      // 23: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),     // 24: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),         // 25: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),        // 26: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),      // 27: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),               // 28: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),              // 29: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),      // 30: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil),     // 31: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),          // 32: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 33: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),           // 34: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 35: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),                  // 36: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),          // 37: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),         // 38: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),           // 39: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),            // 40: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 41: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),         // 42: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),        // 43: warren.v1.RemoveFileResponse
-	(*Image)(nil),                     // 44: warren.v1.Image
-	(*ListImagesRequest)(nil),         // 45: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),        // 46: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),           // 47: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),        // 48: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),        // 49: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),       // 50: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),          // 51: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),            // 52: warren.v1.PullImageEvent
-	(*Layer)(nil),                     // 53: warren.v1.Layer
-	(*BuildLayerRequest)(nil),         // 54: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),         // 55: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),        // 56: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),        // 57: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),       // 58: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),      // 59: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),         // 60: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),                 // 61: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),        // 62: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),        // 63: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),         // 64: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),       // 65: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),            // 66: warren.v1.VersionRequest
-	(*VersionResponse)(nil),           // 67: warren.v1.VersionResponse
-	(*ListSandboxEventsRequest)(nil),  // 68: warren.v1.ListSandboxEventsRequest
-	(*ListSandboxEventsResponse)(nil), // 69: warren.v1.ListSandboxEventsResponse
-	(*SecurityEvent)(nil),             // 70: warren.v1.SecurityEvent
-	(*ReadTrajectoryRequest)(nil),     // 71: warren.v1.ReadTrajectoryRequest
-	(*ReadTrajectoryResponse)(nil),    // 72: warren.v1.ReadTrajectoryResponse
-	(*TrajectoryUpload)(nil),          // 73: warren.v1.TrajectoryUpload
-	(*TrajectoryEntry)(nil),           // 74: warren.v1.TrajectoryEntry
-	(*PauseRequest)(nil),              // 75: warren.v1.PauseRequest
-	(*Memory)(nil),                    // 76: warren.v1.Memory
-	(*PauseResponse)(nil),             // 77: warren.v1.PauseResponse
-	(*ResumeRequest)(nil),             // 78: warren.v1.ResumeRequest
-	(*ResumeResponse)(nil),            // 79: warren.v1.ResumeResponse
-	(*PauseByLabelRequest)(nil),       // 80: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 81: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 82: warren.v1.ByLabelEvent
-	(*RunRequest)(nil),                // 83: warren.v1.RunRequest
-	(*RunStep)(nil),                   // 84: warren.v1.RunStep
-	(*RunFile)(nil),                   // 85: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 86: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 87: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 88: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 89: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 90: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 91: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 92: warren.v1.RunBatchItem
-	nil,                               // 93: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 94: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 95: warren.v1.Sandbox.EnvEntry
-	nil,                               // 96: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 97: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 98: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 99: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 100: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 101: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 102: warren.v1.RunStep.EnvEntry
+	(*HarnessOptions)(nil),            // 4: warren.v1.HarnessOptions
+	(*NetworkPolicy)(nil),             // 5: warren.v1.NetworkPolicy
+	(*NetworkRule)(nil),               // 6: warren.v1.NetworkRule
+	(*Rlimit)(nil),                    // 7: warren.v1.Rlimit
+	(*Sandbox)(nil),                   // 8: warren.v1.Sandbox
+	(*GetRequest)(nil),                // 9: warren.v1.GetRequest
+	(*ListRequest)(nil),               // 10: warren.v1.ListRequest
+	(*ListResponse)(nil),              // 11: warren.v1.ListResponse
+	(*DeleteRequest)(nil),             // 12: warren.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 13: warren.v1.DeleteResponse
+	(*ExtendTimeoutRequest)(nil),      // 14: warren.v1.ExtendTimeoutRequest
+	(*UpdateSandboxRequest)(nil),      // 15: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),               // 16: warren.v1.ExecRequest
+	(*ExecResult)(nil),                // 17: warren.v1.ExecResult
+	(*ExecEvent)(nil),                 // 18: warren.v1.ExecEvent
+	(*ExecStarted)(nil),               // 19: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),               // 20: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),      // 21: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),     // 22: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),        // 23: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),      // 24: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),     // 25: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),         // 26: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 27: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),      // 28: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),               // 29: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),              // 30: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),      // 31: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil),     // 32: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),          // 33: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 34: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),           // 35: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 36: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),                  // 37: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),          // 38: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 39: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),           // 40: warren.v1.StatFileRequest
+	(*MakeDirRequest)(nil),            // 41: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 42: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),         // 43: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),        // 44: warren.v1.RemoveFileResponse
+	(*Image)(nil),                     // 45: warren.v1.Image
+	(*ListImagesRequest)(nil),         // 46: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),        // 47: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),           // 48: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),        // 49: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),        // 50: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),       // 51: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),          // 52: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),            // 53: warren.v1.PullImageEvent
+	(*Layer)(nil),                     // 54: warren.v1.Layer
+	(*BuildLayerRequest)(nil),         // 55: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),         // 56: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),        // 57: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),        // 58: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),       // 59: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),      // 60: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),         // 61: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),                 // 62: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),        // 63: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),        // 64: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),         // 65: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),       // 66: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),            // 67: warren.v1.VersionRequest
+	(*VersionResponse)(nil),           // 68: warren.v1.VersionResponse
+	(*ListSandboxEventsRequest)(nil),  // 69: warren.v1.ListSandboxEventsRequest
+	(*ListSandboxEventsResponse)(nil), // 70: warren.v1.ListSandboxEventsResponse
+	(*SecurityEvent)(nil),             // 71: warren.v1.SecurityEvent
+	(*ReadTrajectoryRequest)(nil),     // 72: warren.v1.ReadTrajectoryRequest
+	(*ReadTrajectoryResponse)(nil),    // 73: warren.v1.ReadTrajectoryResponse
+	(*TrajectoryUpload)(nil),          // 74: warren.v1.TrajectoryUpload
+	(*TrajectoryEntry)(nil),           // 75: warren.v1.TrajectoryEntry
+	(*PauseRequest)(nil),              // 76: warren.v1.PauseRequest
+	(*Memory)(nil),                    // 77: warren.v1.Memory
+	(*PauseResponse)(nil),             // 78: warren.v1.PauseResponse
+	(*ResumeRequest)(nil),             // 79: warren.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 80: warren.v1.ResumeResponse
+	(*HibernateRequest)(nil),          // 81: warren.v1.HibernateRequest
+	(*HibernateResponse)(nil),         // 82: warren.v1.HibernateResponse
+	(*ForkRequest)(nil),               // 83: warren.v1.ForkRequest
+	(*ForkResponse)(nil),              // 84: warren.v1.ForkResponse
+	(*HibernateByLabelRequest)(nil),   // 85: warren.v1.HibernateByLabelRequest
+	(*PauseByLabelRequest)(nil),       // 86: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 87: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 88: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 89: warren.v1.RunRequest
+	(*RunStep)(nil),                   // 90: warren.v1.RunStep
+	(*RunFile)(nil),                   // 91: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 92: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 93: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 94: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 95: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 96: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 97: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 98: warren.v1.RunBatchItem
+	nil,                               // 99: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 100: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 101: warren.v1.Sandbox.EnvEntry
+	nil,                               // 102: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 103: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 104: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 105: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 106: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 107: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 108: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 109: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 110: warren.v1.RunStep.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	93,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	94,  // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
-	6,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
-	4,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
-	5,   // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
-	0,   // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
-	2,   // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	95,  // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	96,  // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	6,   // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
-	4,   // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	97,  // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
-	7,   // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	98,  // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	4,   // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	99,  // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	16,  // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	18,  // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
-	16,  // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	19,  // 20: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	28,  // 21: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
-	28,  // 22: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
-	16,  // 23: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
-	36,  // 24: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	44,  // 25: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	44,  // 26: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	53,  // 27: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	61,  // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	64,  // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	70,  // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
-	74,  // 31: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
-	15,  // 32: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
-	32,  // 33: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
-	40,  // 34: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
-	42,  // 35: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
-	73,  // 36: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
-	16,  // 37: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
-	7,   // 38: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
-	76,  // 39: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
-	76,  // 40: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
-	7,   // 41: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
-	100, // 42: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	101, // 43: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
-	77,  // 44: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
-	79,  // 45: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	84,  // 46: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	102, // 47: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	85,  // 48: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	86,  // 49: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
-	1,   // 50: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	88,  // 51: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	87,  // 52: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	91,  // 53: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	84,  // 54: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	89,  // 55: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
-	3,   // 56: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	8,   // 57: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	9,   // 58: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	11,  // 59: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	13,  // 60: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	14,  // 61: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	15,  // 62: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	15,  // 63: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	15,  // 64: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	20,  // 65: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	22,  // 66: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	23,  // 67: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	25,  // 68: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	27,  // 69: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	30,  // 70: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	32,  // 71: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	34,  // 72: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	37,  // 73: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	39,  // 74: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	40,  // 75: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	42,  // 76: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	59,  // 77: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	68,  // 78: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	71,  // 79: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	75,  // 80: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	78,  // 81: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	80,  // 82: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	81,  // 83: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	83,  // 84: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	90,  // 85: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	45,  // 86: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	47,  // 87: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	48,  // 88: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	49,  // 89: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	51,  // 90: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	54,  // 91: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	55,  // 92: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	57,  // 93: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	60,  // 94: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	63,  // 95: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	66,  // 96: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	7,   // 97: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	7,   // 98: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	10,  // 99: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	12,  // 100: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	7,   // 101: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	7,   // 102: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	16,  // 103: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	17,  // 104: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	19,  // 105: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	21,  // 106: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	16,  // 107: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	24,  // 108: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	26,  // 109: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	29,  // 110: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	31,  // 111: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	33,  // 112: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	35,  // 113: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	38,  // 114: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	36,  // 115: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	41,  // 116: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	43,  // 117: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	53,  // 118: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	69,  // 119: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	72,  // 120: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	77,  // 121: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	79,  // 122: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	82,  // 123: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	82,  // 124: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	89,  // 125: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	92,  // 126: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	46,  // 127: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	44,  // 128: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	44,  // 129: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	50,  // 130: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	52,  // 131: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	53,  // 132: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	56,  // 133: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	58,  // 134: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	62,  // 135: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	65,  // 136: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	67,  // 137: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	97,  // [97:138] is the sub-list for method output_type
-	56,  // [56:97] is the sub-list for method input_type
-	56,  // [56:56] is the sub-list for extension type_name
-	56,  // [56:56] is the sub-list for extension extendee
-	0,   // [0:56] is the sub-list for field type_name
+	99,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	100, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	7,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
+	5,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
+	4,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
+	6,   // 6: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
+	0,   // 7: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
+	2,   // 8: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
+	101, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	102, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	7,   // 11: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
+	5,   // 12: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
+	4,   // 13: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
+	103, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	8,   // 15: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
+	104, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	5,   // 17: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
+	105, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	17,  // 19: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
+	19,  // 20: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
+	17,  // 21: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	20,  // 22: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	29,  // 23: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
+	29,  // 24: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
+	17,  // 25: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
+	37,  // 26: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	45,  // 27: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	45,  // 28: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	54,  // 29: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	62,  // 30: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	65,  // 31: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	71,  // 32: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	75,  // 33: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
+	16,  // 34: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
+	33,  // 35: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
+	41,  // 36: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
+	43,  // 37: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
+	74,  // 38: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
+	17,  // 39: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
+	8,   // 40: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
+	77,  // 41: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
+	77,  // 42: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
+	8,   // 43: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
+	8,   // 44: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
+	77,  // 45: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
+	106, // 46: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	8,   // 47: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
+	8,   // 48: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
+	107, // 49: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	108, // 50: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	109, // 51: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	78,  // 52: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
+	80,  // 53: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
+	82,  // 54: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
+	90,  // 55: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	110, // 56: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	91,  // 57: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	92,  // 58: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	1,   // 59: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
+	94,  // 60: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	93,  // 61: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	97,  // 62: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	90,  // 63: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	95,  // 64: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	3,   // 65: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	9,   // 66: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	10,  // 67: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	12,  // 68: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	14,  // 69: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	15,  // 70: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	16,  // 71: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	16,  // 72: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	16,  // 73: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	21,  // 74: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	23,  // 75: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	24,  // 76: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	26,  // 77: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	28,  // 78: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	31,  // 79: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	33,  // 80: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	35,  // 81: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	38,  // 82: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	40,  // 83: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	41,  // 84: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	43,  // 85: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	60,  // 86: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	69,  // 87: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	72,  // 88: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	76,  // 89: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	79,  // 90: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	86,  // 91: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	87,  // 92: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	81,  // 93: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	85,  // 94: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	83,  // 95: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	89,  // 96: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	96,  // 97: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	46,  // 98: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	48,  // 99: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	49,  // 100: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	50,  // 101: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	52,  // 102: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	55,  // 103: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	56,  // 104: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	58,  // 105: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	61,  // 106: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	64,  // 107: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	67,  // 108: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	8,   // 109: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	8,   // 110: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	11,  // 111: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	13,  // 112: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	8,   // 113: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	8,   // 114: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	17,  // 115: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	18,  // 116: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	20,  // 117: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	22,  // 118: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	17,  // 119: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	25,  // 120: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	27,  // 121: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	30,  // 122: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	32,  // 123: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	34,  // 124: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	36,  // 125: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	39,  // 126: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	37,  // 127: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	42,  // 128: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	44,  // 129: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	54,  // 130: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	70,  // 131: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	73,  // 132: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	78,  // 133: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	80,  // 134: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	88,  // 135: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	88,  // 136: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	82,  // 137: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	88,  // 138: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	84,  // 139: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	95,  // 140: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	98,  // 141: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	47,  // 142: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	45,  // 143: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	45,  // 144: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	51,  // 145: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	53,  // 146: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	54,  // 147: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	57,  // 148: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	59,  // 149: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	63,  // 150: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	66,  // 151: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	68,  // 152: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	109, // [109:153] is the sub-list for method output_type
+	65,  // [65:109] is the sub-list for method input_type
+	65,  // [65:65] is the sub-list for extension type_name
+	65,  // [65:65] is the sub-list for extension extendee
+	0,   // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -7773,20 +8294,20 @@ func file_warren_v1_warren_proto_init() {
 		return
 	}
 	file_warren_v1_warren_proto_msgTypes[1].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[3].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[12].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[15].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[4].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[13].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[16].OneofWrappers = []any{
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
 		(*ExecEvent_Result)(nil),
 		(*ExecEvent_Started)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[27].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[28].OneofWrappers = []any{
 		(*ProcessEvent_Stdout)(nil),
 		(*ProcessEvent_Stderr)(nil),
 		(*ProcessEvent_Exit)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[72].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[73].OneofWrappers = []any{
 		(*TrajectoryEntry_Exec)(nil),
 		(*TrajectoryEntry_WriteFile)(nil),
 		(*TrajectoryEntry_MakeDir)(nil),
@@ -7799,7 +8320,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   101,
+			NumMessages:   109,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
