@@ -93,6 +93,7 @@ type Backend struct {
 	trash    *reaper         // removes deleted sandboxes' state directories
 	cpus     *cpuPool        // which CPUs sandboxes with a quota run on
 	pool     *dirPool        // ready-made state directories
+	netns    *nsPool         // ready-made network namespaces (netnspool.go)
 	net      *netpolicy.Node // sandboxes' interfaces and rules
 	ids      *idPool         // user-namespace id ranges
 	// seccomp and seccompAudit are the compiled filters every init stage
@@ -184,6 +185,7 @@ func New(opts Options) (*Backend, error) {
 	if b.pool, err = newDirPool(filepath.Join(opts.StateDir, "pool"), poolSize); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create directory pool")
 	}
+	b.netns = newNSPool(nsPoolSize)
 	if dev, ok := journalless(b.stateDir("")); ok && opts.Warn != nil {
 		opts.Warn("sandbox writable layers are on ext4 without a journal: under sandbox churn its inode allocator slows every create (docs/BENCHMARKS.md); a journal, or another filesystem for the state directory, avoids it", "device", dev, "dir", b.stateDir(""))
 	}
@@ -278,6 +280,8 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	// would make it fail.
 	_ = removeTree(b.devDir(spec.ID))
 	cu.Add(func() error { return b.removeDirs(spec.ID, -1) })
+	grp := b.newGroup(spec)
+	cu.Add(grp.remove)
 	if spec.DiskBytes > 0 {
 		if err := mountDisk(b.diskImage(spec.ID), st, spec.DiskBytes); err != nil {
 			return nil, err
@@ -318,11 +322,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 
 	ph.mark("dirs")
 
-	pid, pidfd, grp, net, err := b.startInit(ctx, spec, overlay, ph, userns)
+	pid, pidfd, net, err := b.startInit(ctx, spec, overlay, grp, ph, userns)
 	if err != nil {
 		return nil, err
 	}
-	cu.Add(func() error { _ = grp.Kill(5 * time.Second); return grp.Delete() })
 	if net != nil {
 		cu.Add(func() error { return b.net.Detach(spec.ID, *net) })
 	}
@@ -331,7 +334,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	// child: killed without a wait it stays a zombie for the daemon's life.
 	cu.Add(func() error { killInit(pid); return nil })
 
-	s, err := b.attach(spec.ID, pid, pidfd, 0, grp, net)
+	s, err := b.attach(spec.ID, pid, pidfd, 0, grp.grp, net)
 	if err != nil {
 		return nil, err
 	}
@@ -375,27 +378,68 @@ func listenUnix(path string) (*os.File, error) {
 // devNull is /dev/null, open once, as every init stage's stdio.
 var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.DevNull, os.O_RDWR, 0) })
 
+// pendingGroup is a sandbox's cgroup being made by a goroutine of its
+// own (newGroup).
+type pendingGroup struct {
+	done chan struct{}
+	grp  cgroups.Group // set, or err, once done is closed
+	err  error
+}
+
+// newGroup starts making the sandbox's cgroup, which the init joins only
+// after its clone: its mkdirs (~170 us here, most of it the memory
+// cgroup's) then run on another CPU while Create makes the directories,
+// /etc files and the clone, instead of after them, where the init waited
+// for them.
+func (b *Backend) newGroup(spec backend.Spec) *pendingGroup {
+	p := &pendingGroup{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.grp, p.err = cgroups.New(b.opts.CgroupParent, spec.ID, cgroups.Resources{
+			CPUMillis: spec.CPUMillis, MemoryBytes: spec.MemoryBytes, PidsMax: spec.PidsMax,
+		})
+	}()
+	return p
+}
+
+// wait returns the group once it is made.
+func (p *pendingGroup) wait() (cgroups.Group, error) {
+	<-p.done
+	return p.grp, p.err
+}
+
+// remove undoes newGroup for a failed create: it kills what joined the
+// group and deletes it (or nothing, if making it failed).
+func (p *pendingGroup) remove() error {
+	grp, err := p.wait()
+	if err != nil {
+		return nil
+	}
+	// The cgroup empties once the init is gone; one stuck in a hung
+	// mount may outlast the wait, and Sweep takes the cgroup at the
+	// next start.
+	_ = grp.Kill(5 * time.Second)
+	return grp.Delete()
+}
+
 // startInit starts the init stage in new namespaces, places it in its
-// cgroup, sends it its config and waits until it has become the agent. It
-// returns the init's pid and the pidfd the clone made (-1 where the kernel
-// made none: attach opens one then).
-//
-// The cgroup is created after the clone, while the child starts up and
-// waits for its config: the two overlap instead of adding up.
-func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, ph *phases, userns *UserNS) (_ int, _ int, _ cgroups.Group, _ *netpolicy.Attachment, retErr error) {
+// cgroup (grp, made meanwhile), sends it its config and waits until it
+// has become the agent. It returns the init's pid and the pidfd the clone
+// made (-1 where the kernel made none: attach opens one then).
+func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, pending *pendingGroup, ph *phases, userns *UserNS) (_ int, _ int, _ *netpolicy.Attachment, retErr error) {
 	null, err := devNull()
 	if err != nil {
-		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "open /dev/null")
+		return 0, -1, nil, errdefs.Wrap(errdefs.Internal, err, "open /dev/null")
 	}
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
-		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "pipe")
+		return 0, -1, nil, errdefs.Wrap(errdefs.Internal, err, "pipe")
 	}
 	defer cfgR.Close()
 	defer cfgW.Close()
 	stR, stW, err := os.Pipe()
 	if err != nil {
-		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "pipe")
+		return 0, -1, nil, errdefs.Wrap(errdefs.Internal, err, "pipe")
 	}
 	defer stR.Close()
 	defer stW.Close()
@@ -406,12 +450,26 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	// instead cost ~0.3 ms more per create.
 	agentFile, err := b.agent.File()
 	if err != nil {
-		return 0, -1, nil, nil, err
+		return 0, -1, nil, err
 	}
 	path := "/proc/self/fd/6"
 	files := []*os.File{null, null, null, cfgR, nil, stW, agentFile}
 	if b.opts.InitBinary != "" {
 		path, files = b.opts.InitBinary, files[:6]
+	}
+	cloneflags := uintptr(syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC)
+	// A sandbox without a network joins a namespace of the pool (its fd
+	// 7) first thing; the others, and an init that is not ours, get a
+	// new one from the clone.
+	var netns *os.File
+	if spec.Network.IsNone() && b.opts.InitBinary == "" && b.netns != nil {
+		netns = b.netns.take()
+	}
+	if netns != nil {
+		defer netns.Close()
+		files = append(files, netns)
+	} else {
+		cloneflags |= syscall.CLONE_NEWNET
 	}
 	pidfd := -1
 	// os.StartProcess rather than os/exec: no stdio goroutines or
@@ -420,8 +478,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		Env:   []string{initEnv + "=1"},
 		Files: files,
 		Sys: &syscall.SysProcAttr{
-			Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS |
-				syscall.CLONE_NEWIPC | syscall.CLONE_NEWNET,
+			Cloneflags: cloneflags,
 			// Its own session: signals to the daemon's terminal or process
 			// group never reach sandboxes.
 			Setsid: true,
@@ -429,14 +486,14 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		},
 	})
 	if err != nil {
-		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
+		return 0, -1, nil, errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
 	}
 	pid := proc.Pid
 	// We reap it through the monitor, not os.
 	_ = proc.Release()
 	ph.mark("clone")
-	fail := func(err error) (int, int, cgroups.Group, *netpolicy.Attachment, error) {
-		return 0, -1, nil, nil, err
+	fail := func(err error) (int, int, *netpolicy.Attachment, error) {
+		return 0, -1, nil, err
 	}
 	var cu cleanup.Cleanup
 	defer func() {
@@ -453,19 +510,10 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	})
 	cfgR.Close()
 	stW.Close()
-	grp, err := cgroups.New(b.opts.CgroupParent, spec.ID, cgroups.Resources{
-		CPUMillis: spec.CPUMillis, MemoryBytes: spec.MemoryBytes, PidsMax: spec.PidsMax,
-	})
+	grp, err := pending.wait()
 	if err != nil {
 		return fail(err)
 	}
-	cu.Add(func() error {
-		// The cgroup empties once the init is gone; one stuck in a hung
-		// mount may outlast the wait, and Sweep takes the cgroup at the
-		// next start.
-		_ = grp.Kill(5 * time.Second)
-		return grp.Delete()
-	})
 	if err := grp.AddProc(pid); err != nil {
 		return fail(err)
 	}
@@ -481,6 +529,9 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		"agent_socket": b.socket(spec.ID)}
 	if spec.AllowSetuid {
 		conf["no_new_privs"] = "0"
+	}
+	if netns != nil {
+		conf["netns"] = "7"
 	}
 	if userns != nil {
 		conf["userns"] = strconv.FormatUint(uint64(userns.Base), 10) + ":" + strconv.FormatUint(uint64(userns.Size), 10)
@@ -522,7 +573,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	}
 	ph.mark("init")
 	cu.Release()
-	return pid, pidfd, grp, net, nil
+	return pid, pidfd, net, nil
 }
 
 // InitTimeout bounds the init stage's setup (mounts, pivot_root): ~3 ms

@@ -112,6 +112,9 @@ func (b *Backend) Close() error {
 	if b.pool != nil {
 		b.pool.close()
 	}
+	if b.netns != nil {
+		b.netns.close()
+	}
 	if b.net != nil {
 		// Drops the nftables table only when no sandbox has rules in it.
 		_ = b.net.RemoveUnused()

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -85,6 +86,16 @@ type Store struct {
 	db *bolt.DB
 	// Salvaged is set when Open found a file of an ended boot.
 	Salvaged *Salvage
+
+	mu    sync.Mutex
+	queue []*write // writes waiting for the commit that runs (write)
+	busy  bool     // a commit runs, and will take the queue after it
+}
+
+// write is one Put or Delete waiting to be committed.
+type write struct {
+	fn   func(*bolt.Tx) error
+	done chan error
 }
 
 // Open opens (creating when needed) <dir>/warren.db. It fails with category
@@ -114,9 +125,6 @@ func Open(dir string) (*Store, error) {
 		}
 		return nil, errdefs.Wrap(errdefs.Internal, err, "store: open "+path)
 	}
-	// Concurrent creates are group-committed by Batch; keep the added
-	// latency of a lone write small.
-	db.MaxBatchDelay = time.Millisecond
 	err = db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucketSandboxes)
 		if err != nil || salvaged == nil {
@@ -228,13 +236,68 @@ func (s *Store) Put(r Record) error {
 	if err != nil {
 		return err
 	}
-	err = s.db.Batch(func(tx *bolt.Tx) error {
+	err = s.write(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).Put([]byte(r.ID), val)
 	})
 	if err != nil {
 		return errdefs.Wrap(writeCategory(err), err, "store: put "+r.ID)
 	}
 	return nil
+}
+
+// write commits fn: at once when no commit runs, or else with every
+// other write that arrives meanwhile, in one transaction right after the
+// running one. bbolt's Batch held each write for its MaxBatchDelay
+// (1 ms here) waiting for company, and a lone create, the common case,
+// found none: a quarter of a create's 4 ms p50. Grouping still matters
+// where every commit is synced (no boot id).
+func (s *Store) write(fn func(*bolt.Tx) error) error {
+	w := &write{fn: fn, done: make(chan error, 1)}
+	s.mu.Lock()
+	s.queue = append(s.queue, w)
+	lead := !s.busy
+	s.busy = true
+	s.mu.Unlock()
+	if lead {
+		s.commitQueued()
+	}
+	return <-w.done
+}
+
+// commitQueued commits what is queued as one transaction and, if more
+// arrived meanwhile, leaves their commit to a goroutine of its own: the
+// caller that started it returns after its own write's commit, not after
+// every later one's.
+func (s *Store) commitQueued() {
+	s.mu.Lock()
+	q := s.queue
+	s.queue = nil
+	s.mu.Unlock()
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for _, w := range q {
+			if err := w.fn(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil && len(q) > 1 {
+		// One write's failure must not fail the others: each alone.
+		for _, w := range q {
+			w.done <- s.db.Update(w.fn)
+		}
+	} else {
+		for _, w := range q {
+			w.done <- err
+		}
+	}
+	s.mu.Lock()
+	more := len(s.queue) > 0
+	s.busy = more
+	s.mu.Unlock()
+	if more {
+		go s.commitQueued()
+	}
 }
 
 // Get returns the record of id, or an error of category NotFound.
@@ -254,7 +317,7 @@ func (s *Store) Get(id string) (Record, error) {
 
 // Delete removes the record of id; a missing record is not an error.
 func (s *Store) Delete(id string) error {
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+	err := s.write(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).Delete([]byte(id))
 	})
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -164,6 +165,46 @@ func TestConcurrentPuts(t *testing.T) {
 	}
 	if len(list) != 32 {
 		t.Fatalf("%d records", len(list))
+	}
+}
+
+// TestGroupedWriteFailsAlone: a write that fails (a key bbolt refuses)
+// among concurrent ones, which group commit puts in one transaction,
+// fails alone; every other write is committed.
+func TestGroupedWriteFailsAlone(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	bad := strings.Repeat("x", 40000) // above bbolt's MaxKeySize
+	for round := range 20 {
+		var wg sync.WaitGroup
+		errs := make([]error, 16)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				id := fmt.Sprintf("r%02d-%02d", round, i)
+				if i == 7 {
+					id = bad
+				}
+				errs[i] = s.Put(rec(id, warrenv1.SandboxState_SANDBOX_STATE_RUNNING))
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if (err != nil) != (i == 7) {
+				t.Fatalf("round %d write %d: %v", round, i, err)
+			}
+		}
+	}
+	list, err := s.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 20*15 {
+		t.Fatalf("%d records, want %d", len(list), 20*15)
 	}
 }
 
