@@ -11,7 +11,9 @@
 // The agent then resets the environment before it replies: every
 // process killed (kill(-1) as its PID 1, waited for until none is left),
 // the work directory and the scratch directories (/tmp, /var/tmp,
-// /dev/shm) emptied, SysV IPC objects removed. A reset that fails, or
+// /dev/shm) emptied, SysV IPC objects removed; the container backend
+// then unlinks the POSIX message queues the job left (internal/container,
+// mqueue.go), which the agent cannot list. A reset that fails, or
 // any error from the environment, destroys it; the pool makes another.
 //
 // What it promises: a job sees no file, process or IPC object of an

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -181,6 +182,59 @@ func TestIsolationBetweenJobs(t *testing.T) {
 	want := lines[0] + "\n0\nwritable\n"
 	if out != want {
 		t.Fatalf("second job saw:\n%s\nwant:\n%s\nstderr %q", out, want, second.Stderr)
+	}
+	if st := s.Stats(); st.Created != 1 || st.ResetFailures != 0 {
+		t.Fatalf("stats %+v: want one environment, reused", st)
+	}
+}
+
+// buildMQ builds testdata/mq, a static program that creates or opens a
+// POSIX message queue (busybox has no tool for it).
+func buildMQ(t *testing.T) []byte {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "mq")
+	cmd := exec.Command("go", "build", "-o", bin, "./testdata/mq")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build mq: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// TestMessageQueuesWipedBetweenJobs: a POSIX message queue a job creates
+// (in its environment's IPC namespace, where no process of the next job
+// can list it but any can open it by name) is gone for the next job in
+// the same environment.
+// It runs with and without a user namespace: with one, root in the
+// environment could not mount the queues' filesystem to list them.
+func TestMessageQueuesWipedBetweenJobs(t *testing.T) {
+	bin := buildMQ(t)
+	for _, userns := range []bool{false, true} {
+		t.Run(fmt.Sprintf("userns=%v", userns), func(t *testing.T) {
+			if err := container.UserNSSupported(); userns && err != nil {
+				t.Skipf("user namespaces for sandboxes: %v", err)
+			}
+			testMessageQueuesWiped(t, bin, userns)
+		})
+	}
+}
+
+func testMessageQueuesWiped(t *testing.T, bin []byte, userns bool) {
+	s, img := newService(t, Options{NoSpare: true, MaxIdle: 1})
+	img.UserNS = userns
+	mq := []backend.FileIn{{Name: "mq", Data: bin, Mode: 0o755, FromStep: -1}}
+	first := run1(t, s, img, backend.Step{Argv: []string{"sh", "-c", initStart + "; ./mq create warren-q && ./mq open warren-q"}, Files: mq}).Steps[0]
+	if first.Status != backend.StatusAccepted || !strings.HasSuffix(string(first.Stdout), "\nok\nok\n") {
+		t.Fatalf("first job: %v %q %q", first.Status, first.Stdout, first.Stderr)
+	}
+	start, _, _ := strings.Cut(string(first.Stdout), "\n")
+	second := run1(t, s, img, backend.Step{Argv: []string{"sh", "-c", initStart + "; ./mq open warren-q"}, Files: mq}).Steps[0]
+	if got, want := string(second.Stdout), start+"\nENOENT\n"; got != want {
+		t.Fatalf("second job saw %q (%v, stderr %q), want %q: the queue outlived its job", got, second.Status, second.Stderr, want)
 	}
 	if st := s.Stats(); st.Created != 1 || st.ResetFailures != 0 {
 		t.Fatalf("stats %+v: want one environment, reused", st)
