@@ -29,6 +29,7 @@
 #include <sys/sem.h>
 #include <sys/shm.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -2066,6 +2067,20 @@ static uint32_t job_status(const struct jstep *s, const struct jrun *r, int wall
 	return JS_ACCEPTED;
 }
 
+/* Whether the filesystem of the work directory (the sandbox's writable
+ * layer: with a disk quota, a filesystem of its own) is full: under
+ * JOB_DISK_SLACK bytes or no inode left for the job's user. A program
+ * that filled it got ENOSPC; its step ends in the output limit, as one
+ * that wrote past the file size limit. */
+#define JOB_DISK_SLACK (64 << 10)
+static int job_disk_full(const struct job *j)
+{
+	struct statvfs v;
+	if (statvfs(j->workdir, &v) < 0)
+		return 0;
+	return (uint64_t)v.f_bavail * v.f_frsize < JOB_DISK_SLACK || (v.f_files && v.f_favail == 0);
+}
+
 /* Runs step si and appends its result to res. Returns its status, or -1
  * when the sandbox could not be cleaned after it (its processes would not
  * die). */
@@ -2198,6 +2213,11 @@ static int job_step(struct job *j, uint32_t si, struct jbuf *res)
 	}
 	if (wall_out && !err && status != JS_OUTPUT)
 		status = JS_TIME;
+	if (!err && (status == JS_ACCEPTED || status == JS_NONZERO || status == JS_SIGNALLED) && job_disk_full(j)) {
+		status = JS_OUTPUT;
+		err = ENOSPC;
+		strcpy(what, "disk");
+	}
 
 done:
 	if (r.pid > 0)

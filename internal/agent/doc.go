@@ -105,7 +105,8 @@
 //	            resident bytes (the program's and its waited-for
 //	            children's largest), u32 flags (bit0 stdout, bit1 stderr
 //	            truncated), i32 errno and a NUL-terminated step name (why
-//	            a file or internal error: "filein", "exec", "fork"...),
+//	            a file, output or internal error: "filein", "exec",
+//	            "fork", "disk"...),
 //	            u32 length + stdout, u32 length + stderr, u32 nout, and per
 //	            output file: i32 errno (ENOENT missing, EFBIG over the cap,
 //	            EACCES through a symlink), u32 length, the bytes.
@@ -122,7 +123,11 @@
 // deadline; when the step's process exits, or a limit is hit, it kills
 // every process of the namespace (kill(-1)) and reaps until none is
 // left (2 s at most: longer fails the reset). Output files are then read
-// with openat2 beneath the work directory, through no symlink. After the
+// with openat2 beneath the work directory, through no symlink. A step
+// that was accepted, exited non-zero or was signalled while the work
+// directory's filesystem has under 64 KiB or no inode left (statvfs)
+// filled the job's disk quota: output limit, errno ENOSPC, step "disk".
+// After the
 // last step the reset removes SysV IPC objects and empties the work
 // directory (its mode back to 0755, its owner uid) and the wipe
 // directories, walking at most 48 levels deep. The agent runs the job

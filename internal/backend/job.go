@@ -67,6 +67,10 @@ type StepLimits struct {
 	OpenFiles     uint32
 	// FileOutBytes bounds each output file read back.
 	FileOutBytes int64
+	// DiskBytes bounds what the whole job writes: the sandbox that runs
+	// it has a writable layer of that size (Spec.DiskBytes). A job takes
+	// the largest of its steps'; a step that fills it is OutputLimit.
+	DiskBytes int64
 }
 
 // Status is how a step ended.

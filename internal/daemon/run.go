@@ -239,7 +239,7 @@ func runSteps(in []*warrenv1.RunStep) ([]backend.Step, error) {
 	out := make([]backend.Step, len(in))
 	for i, s := range in {
 		l := s.GetLimits()
-		for _, v := range []int64{l.GetCpuMs(), l.GetWallMs(), l.GetMemoryBytes(), int64(l.GetProcesses()), l.GetOutputBytes(), l.GetFileSizeBytes(), int64(l.GetOpenFiles()), l.GetFileOutBytes()} {
+		for _, v := range []int64{l.GetCpuMs(), l.GetWallMs(), l.GetMemoryBytes(), int64(l.GetProcesses()), l.GetOutputBytes(), l.GetFileSizeBytes(), int64(l.GetOpenFiles()), l.GetFileOutBytes(), l.GetDiskBytes()} {
 			if v < 0 {
 				return nil, errdefs.Invalidf("step %d: a negative limit", i)
 			}
@@ -258,6 +258,7 @@ func runSteps(in []*warrenv1.RunStep) ([]backend.Step, error) {
 				FileSizeBytes: l.GetFileSizeBytes(),
 				OpenFiles:     uint32(l.GetOpenFiles()),
 				FileOutBytes:  l.GetFileOutBytes(),
+				DiskBytes:     l.GetDiskBytes(),
 			},
 		}
 		keys := make([]string, 0, len(s.GetEnv()))

@@ -23,6 +23,12 @@
 // files are read-only to them and the reset knows every place they
 // could have written.
 //
+// A job's disk quota (StepLimits.DiskBytes, the largest of its steps',
+// or Options.DiskBytes) is its environment's writable layer: a
+// filesystem of that size (the container backend's disk limit), so there
+// is a pool per image and quota; a step that fills it ends in the output
+// limit.
+//
 // Pools adapt to load: each keeps as many environments, idle or in use,
 // as were in use at once in the last second plus one spare, refills in
 // the background as calls draw them, and an image's pool that sees no call

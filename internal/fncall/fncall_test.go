@@ -14,6 +14,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/container"
+	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -238,6 +239,52 @@ func testMessageQueuesWiped(t *testing.T, bin []byte, userns bool) {
 	}
 	if st := s.Stats(); st.Created != 1 || st.ResetFailures != 0 {
 		t.Fatalf("stats %+v: want one environment, reused", st)
+	}
+}
+
+// TestDiskQuota: what a job writes is bounded in total, across /w and
+// /tmp, by its disk quota, though each file is under the file size
+// limit; the step that fills it ends in the output limit, and the next
+// job in the same environment finds it empty and whole again. A job
+// without a quota runs in another pool, on the node's disk.
+func TestDiskQuota(t *testing.T) {
+	for _, userns := range []bool{false, true} {
+		t.Run(fmt.Sprintf("userns=%v", userns), func(t *testing.T) {
+			if err := container.UserNSSupported(); userns && err != nil {
+				t.Skipf("user namespaces for sandboxes: %v", err)
+			}
+			testDiskQuota(t, userns)
+		})
+	}
+}
+
+func testDiskQuota(t *testing.T, userns bool) {
+	s, img := newService(t, Options{NoSpare: true, MaxIdle: 1})
+	img.UserNS = userns
+	quota := func(st backend.Step) backend.Step { st.Limits.DiskBytes = 16 << 20; return st }
+	fill := "head -c 10000000 /dev/zero > /w/a; head -c 10000000 /dev/zero > /tmp/b"
+	r := run1(t, s, img, quota(sh(initStart+"; "+fill))).Steps[0]
+	if r.Status != backend.StatusOutputLimit || r.Errno != syscall.ENOSPC || r.What != "disk" {
+		t.Fatalf("filling the quota: %v %v %q (stderr %q), want output limit, ENOSPC, \"disk\"", r.Status, r.Errno, r.What, r.Stderr)
+	}
+	start, _, _ := strings.Cut(string(r.Stdout), "\n")
+	r = run1(t, s, img, quota(sh(initStart+"; ls -A /w /tmp; head -c 10000000 /dev/zero > /w/a && echo wrote"))).Steps[0]
+	if want := start + "\n/tmp:\n\n/w:\nwrote\n"; r.Status != backend.StatusAccepted || string(r.Stdout) != want {
+		t.Fatalf("next job in the environment: %v %q (stderr %q), want %q", r.Status, r.Stdout, r.Stderr, want)
+	}
+	// The image's second pool: the caller, which knows the image is
+	// pooled (Pooled), brings no layers, as the daemon does.
+	r = run1(t, s, Image{Key: img.Key, UserNS: userns}, sh(fill+" && echo wrote")).Steps[0]
+	if r.Status != backend.StatusAccepted || string(r.Stdout) != "wrote\n" {
+		t.Fatalf("without a quota: %v %q %q", r.Status, r.Stdout, r.Stderr)
+	}
+	if st := s.Stats(); st.Created != 2 || st.ResetFailures != 0 {
+		t.Fatalf("stats %+v: want one environment per quota, reused", st)
+	}
+	for _, n := range []int64{1 << 20, -1} {
+		if _, err := s.Run(context.Background(), img, []backend.Step{{Argv: []string{"true"}, Limits: backend.StepLimits{DiskBytes: n}}}); errdefs.CategoryOf(err) != errdefs.Invalid {
+			t.Errorf("quota %d: %v, want invalid", n, err)
+		}
 	}
 }
 
