@@ -50,12 +50,19 @@ func (m *Manager) fnCheck(backendName, image string) error {
 func (m *Manager) runJob(ctx context.Context, image string, steps []backend.Step, start time.Time) (*warrenv1.RunResult, error) {
 	img, err := m.fnImage(ctx, image)
 	if err != nil {
+		m.metrics.ObserveFnJob("error", time.Since(start))
 		return nil, err
 	}
 	res, err := m.cfg.FnCall.Run(ctx, img, steps)
 	if err != nil {
+		m.metrics.ObserveFnJob("error", time.Since(start))
 		return nil, err
 	}
+	outcome := "error"
+	if n := len(res.Steps); n > 0 {
+		outcome = res.Steps[n-1].Status.String()
+	}
+	m.metrics.ObserveFnJob(outcome, time.Since(start))
 	out := &warrenv1.RunResult{Steps: make([]*warrenv1.RunStepResult, len(res.Steps))}
 	for i, s := range res.Steps {
 		out.Steps[i] = runStepResult(s)
@@ -158,7 +165,7 @@ func (m *Manager) fnImage(ctx context.Context, name string) (fncall.Image, error
 		recs, err := m.layerRecords(digests)
 		userns = err == nil && userNSFits(recs) == nil
 	}
-	img = fncall.Image{Key: name + "@" + strings.Join(digests, ",") + map[bool]string{true: "+userns"}[userns], UserNS: userns}
+	img = fncall.Image{Name: name, Key: name + "@" + strings.Join(digests, ",") + map[bool]string{true: "+userns"}[userns], UserNS: userns}
 	if rec.Config != nil {
 		for k, v := range imageEnv(rec.Config, nil) {
 			img.Env = append(img.Env, k+"="+v)

@@ -70,6 +70,8 @@ type Options struct {
 
 // Image is what an environment is made from.
 type Image struct {
+	// Name is the image's name, for metrics ("" : the key).
+	Name string
 	// Key names the image's content (its name and layer digests): one
 	// pool per key.
 	Key    string
@@ -99,7 +101,7 @@ type Service struct {
 	images map[string]*imageRef
 
 	// Counters, for tests and metrics.
-	created, destroyed, resetFailures atomic.Uint64
+	created, destroyed, resetFailures, failed atomic.Uint64
 }
 
 // imageRef is an image's layers, shared by its pools.
@@ -148,12 +150,15 @@ func New(opts Options) (*Service, error) {
 // Stats are the service's counters.
 type Stats struct {
 	Created, Destroyed, ResetFailures uint64
-	Idle                              int
+	// Failed counts environments destroyed because their job or reset
+	// failed.
+	Failed uint64
+	Idle   int
 }
 
 // Stats reads the counters and the idle environments of every pool.
 func (s *Service) Stats() Stats {
-	st := Stats{Created: s.created.Load(), Destroyed: s.destroyed.Load(), ResetFailures: s.resetFailures.Load()}
+	st := Stats{Created: s.created.Load(), Destroyed: s.destroyed.Load(), ResetFailures: s.resetFailures.Load(), Failed: s.failed.Load()}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range s.pools {
@@ -162,6 +167,30 @@ func (s *Service) Stats() Stats {
 		p.mu.Unlock()
 	}
 	return st
+}
+
+// PoolStat is one pool's environments.
+type PoolStat struct {
+	Image               string // Image.Name, or the key
+	DiskBytes           int64
+	Idle, InUse, Making int
+}
+
+// Pools reports every open pool's environments.
+func (s *Service) Pools() []PoolStat {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]PoolStat, 0, len(s.pools))
+	for _, p := range s.pools {
+		name := p.img.Name
+		if name == "" {
+			name = p.img.Key
+		}
+		p.mu.Lock()
+		out = append(out, PoolStat{Image: name, DiskBytes: p.disk, Idle: len(p.idle), InUse: p.inUse, Making: p.making})
+		p.mu.Unlock()
+	}
+	return out
 }
 
 // Run runs job in an environment of img and returns its result: a

@@ -129,6 +129,7 @@ func (p *pool) discard(e *env) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.inUse--
+	p.s.failed.Add(1)
 	p.destroyLater(e)
 	p.refillLocked()
 }

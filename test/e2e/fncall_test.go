@@ -145,3 +145,94 @@ func TestFnRunBatch(t *testing.T) {
 	err = e.c.RunBatch(ctx, &warrenv1.RunBatchRequest{Image: imageName, Jobs: []*warrenv1.RunJob{{}}}, func(*warrenv1.RunBatchItem) error { return nil })
 	wantCategory(t, err, client.CategoryInvalid, "a batch with a job without steps")
 }
+
+// TestFnMetrics: the fncall backend's metrics follow its pools and jobs:
+// jobs by outcome and their latency, environments created, in a pool
+// per image, and destroyed after a failed reset.
+func TestFnMetrics(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 2*time.Minute)
+	m0, body := e.scrape(t)
+	for _, want := range []string{
+		"# TYPE warren_fncall_jobs_total counter",
+		"# TYPE warren_fncall_job_seconds histogram",
+		"# TYPE warren_fncall_environments_created_total counter",
+		"# TYPE warren_fncall_environments_failed_total counter",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if v, ok := m0.get(`warren_fncall_jobs_total{status="accepted"}`); !ok || v != 0 {
+		t.Errorf("accepted jobs before any: %v %v", v, ok)
+	}
+	run := func(script string) {
+		t.Helper()
+		if _, err := e.c.Run(ctx, &warrenv1.RunRequest{Image: imageName, Steps: []*warrenv1.RunStep{{Argv: []string{"sh", "-c", script}}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A job running shows as an environment in use.
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.c.Run(ctx, &warrenv1.RunRequest{Image: imageName, Steps: []*warrenv1.RunStep{{Argv: []string{"sh", "-c", "sleep 1"}}}})
+		done <- err
+	}()
+	inUse := `warren_fncall_environments{image="` + imageName + `",state="in_use"}`
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if m, _ := e.scrape(t); m[inUse] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no environment in use while a job runs")
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	run("exit 2")
+	// A tree deeper than the reset walks: the job is accepted, its
+	// environment destroyed.
+	run("mkdir -p " + strings.Repeat("d/", 60))
+	_, err := e.c.Run(ctx, &warrenv1.RunRequest{Image: "nosuchimage", Steps: []*warrenv1.RunStep{{Argv: []string{"true"}}}})
+	wantCategory(t, err, client.CategoryNotFound, "a job of an unknown image")
+
+	want := map[string]float64{
+		`warren_fncall_jobs_total{status="accepted"}`:      2,
+		`warren_fncall_jobs_total{status="non_zero_exit"}`: 1,
+		`warren_fncall_jobs_total{status="error"}`:         1,
+		`warren_fncall_job_seconds_count`:                  4,
+		`warren_fncall_environments_failed_total`:          1,
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m, _ := e.scrape(t)
+		var bad []string
+		for s, v := range want {
+			if got, _ := m.get(s); got != v {
+				bad = append(bad, fmt.Sprintf("%s = %v, want %v", s, got, v))
+			}
+		}
+		// At least the first environment and the failed one's
+		// replacement; the failed one destroyed; the pool refilled.
+		if got, _ := m.get("warren_fncall_environments_created_total"); got < 2 {
+			bad = append(bad, fmt.Sprintf("created %v, want >= 2", got))
+		}
+		if got, _ := m.get("warren_fncall_environments_destroyed_total"); got < 1 {
+			bad = append(bad, fmt.Sprintf("destroyed %v, want >= 1", got))
+		}
+		idle, _ := m.get(`warren_fncall_environments{image="` + imageName + `",state="idle"}`)
+		inUse, ok := m.get(`warren_fncall_environments{image="` + imageName + `",state="in_use"}`)
+		if !ok || idle < 1 || inUse != 0 {
+			bad = append(bad, fmt.Sprintf("pool of %s: %v idle, %v in use (reported %v)", imageName, idle, inUse, ok))
+		}
+		if len(bad) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics after the jobs:\n%s", strings.Join(bad, "\n"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
