@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -234,5 +235,94 @@ func TestFnMetrics(t *testing.T) {
 			t.Fatalf("metrics after the jobs:\n%s", strings.Join(bad, "\n"))
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// fnImage builds the root of language image kind ("python" or "cc") from
+// the host's programs with scripts/fn-images.sh, the way the benchmark's
+// are documented to be built, and imports it as name.
+func fnImage(t *testing.T, e *env, kind, name string) {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), kind)
+	out, err := exec.Command("../../scripts/fn-images.sh", kind, root).CombinedOutput()
+	if err != nil {
+		t.Fatalf("scripts/fn-images.sh %s: %v\n%s", kind, err, out)
+	}
+	if _, err := e.c.ImportImage(ctxFor(t, 2*time.Minute), name, root); err != nil {
+		t.Fatalf("import %s: %v", name, err)
+	}
+}
+
+// sumC reads whitespace-separated integers from stdin and prints their
+// count and sum: the judge's program under test.
+const sumC = `#include <stdio.h>
+int main(void) {
+	long long x, s = 0; int n = 0;
+	while (scanf("%lld", &x) == 1) { s += x; n++; }
+	printf("%d %lld\n", n, s);
+	return 0;
+}
+`
+
+// TestFnCompileAndRunAndPython: the workloads the fncall backend is for,
+// in images built from the host's gcc and python3: one job compiles a C
+// program with the image's cc and runs it on five test inputs, each
+// output compared with the expected one; a compile error is the compile
+// step's status with the compiler's message; and Python runs with its
+// standard library.
+func TestFnCompileAndRunAndPython(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 3*time.Minute)
+	fnImage(t, e, "cc", "fn-cc")
+	fnImage(t, e, "python", "fn-python")
+
+	inputs := []string{"1 2 3", "", "-5 5", "1000000000000 1000000000000", strings.Repeat("7 ", 1000)}
+	wants := []string{"3 6\n", "0 0\n", "2 0\n", "2 2000000000000\n", "1000 7000\n"}
+	steps := []*warrenv1.RunStep{{Argv: []string{"cc", "-O2", "-Wall", "-o", "sum", "sum.c"},
+		Files: []*warrenv1.RunFile{{Name: "sum.c", Data: []byte(sumC)}}, Limits: &warrenv1.RunLimits{CpuMs: 20000, MemoryBytes: 512 << 20}}}
+	for _, in := range inputs {
+		steps = append(steps, &warrenv1.RunStep{Argv: []string{"./sum"}, Stdin: []byte(in), ContinueOnFailure: true,
+			Limits: &warrenv1.RunLimits{CpuMs: 1000}})
+	}
+	res, err := e.c.Run(ctx, &warrenv1.RunRequest{Image: "fn-cc", Steps: steps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Steps) != 1+len(inputs) {
+		t.Fatalf("%d steps ran: %v", len(res.Steps), res.Steps)
+	}
+	if c := res.Steps[0]; c.Status != warrenv1.RunStatus_RUN_STATUS_ACCEPTED || len(c.Stderr) != 0 {
+		t.Fatalf("compile: %v %q", c.Status, c.Stderr)
+	}
+	for i, s := range res.Steps[1:] {
+		if s.Status != warrenv1.RunStatus_RUN_STATUS_ACCEPTED || string(s.Stdout) != wants[i] {
+			t.Errorf("test %d: %v %q (stderr %q), want %q", i, s.Status, s.Stdout, s.Stderr, wants[i])
+		}
+	}
+	res, err = e.c.Run(ctx, &warrenv1.RunRequest{Image: "fn-cc", Steps: []*warrenv1.RunStep{
+		{Argv: []string{"cc", "-o", "bad", "bad.c"}, Files: []*warrenv1.RunFile{{Name: "bad.c", Data: []byte("int main(void) { return x; }\n")}}},
+		{Argv: []string{"./bad"}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Steps) != 1 || res.Steps[0].Status != warrenv1.RunStatus_RUN_STATUS_NON_ZERO_EXIT || !strings.Contains(string(res.Steps[0].Stderr), "'x' undeclared") {
+		t.Fatalf("compile error: %v", res.Steps)
+	}
+
+	res, err = e.c.Run(ctx, &warrenv1.RunRequest{Image: "fn-python", Steps: []*warrenv1.RunStep{
+		{Argv: []string{"python3", "-c", "pass"}},
+		{Argv: []string{"python3", "-c", "import sys, json, hashlib; xs = sorted(map(int, sys.stdin.read().split())); print(json.dumps(xs), hashlib.sha256(bytes(xs)).hexdigest()[:8])"},
+			Stdin: []byte("3 1 2")},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Steps) != 2 || res.Steps[0].Status != warrenv1.RunStatus_RUN_STATUS_ACCEPTED {
+		t.Fatalf("python3 -c pass: %v", res.Steps)
+	}
+	if s := res.Steps[1]; s.Status != warrenv1.RunStatus_RUN_STATUS_ACCEPTED || string(s.Stdout) != "[1, 2, 3] 039058c6\n" {
+		t.Fatalf("python job: %v %q %q", s.Status, s.Stdout, s.Stderr)
 	}
 }
