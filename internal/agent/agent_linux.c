@@ -2276,8 +2276,41 @@ done:
 	return (int)status;
 }
 
-/* Runs the job of c's JOB frame and replies with one 'j' frame (or FAILED
- * when the frame is malformed). */
+/* Sends n bytes of p on the blocking-or-not socket fd, waiting for the
+ * client to take them (a step's result may be megabytes). */
+static int job_send(int fd, const uint8_t *p, uint32_t n)
+{
+	for (uint32_t sent = 0; sent < n;) {
+		ssize_t w = send(fd, p + sent, n - sent, MSG_NOSIGNAL);
+		if (w > 0) {
+			sent += (uint32_t)w;
+			continue;
+		}
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN) {
+			struct pollfd pf = {fd, POLLOUT, 0};
+			if (poll(&pf, 1, 10000) > 0)
+				continue;
+		}
+		return -1;
+	}
+	return 0;
+}
+
+/* Sends the step result res holds from at on: one 'k' frame. */
+static int job_send_step(int fd, const struct jbuf *res, uint32_t at)
+{
+	uint8_t hdr[HDR_LEN];
+	put32(hdr, res->len - at);
+	hdr[4] = 'k';
+	return job_send(fd, hdr, HDR_LEN) < 0 ? -1 : job_send(fd, res->p + at, res->len - at);
+}
+
+/* Runs the job of c's JOB frame and replies with one 'k' frame per step
+ * as it ends and a 'j' frame after the reset (or FAILED when the frame is
+ * malformed): a client that loses the agent mid-job keeps the results of
+ * the steps that ended. */
 static void run_job(struct conn *c)
 {
 	struct job j = {0};
@@ -2304,19 +2337,23 @@ static void run_job(struct conn *c)
 	jb32(&res, 0); /* steps run */
 	jb32(&res, 0); /* reset errno */
 	uint32_t ran = 0;
-	int reset_err = 0;
+	int reset_err = 0, client = 1;
 	for (uint32_t i = 0; i < j.nsteps; i++) {
 		uint32_t at = res.len;
 		int st = job_step(&j, i, &res);
 		ran++;
-		if (st == -1) {
-			reset_err = ESRCH; /* processes that would not die */
-			break;
-		}
 		if (st == -2) {
 			if (!res.full)
 				put32(res.p + at, JS_FILE);
 			st = JS_FILE;
+		}
+		/* A client gone takes no more frames; the job still ends with
+		 * the reset. A full buffer fails the job below. */
+		if (client && !res.full && job_send_step(c->fd, &res, at) < 0)
+			client = 0;
+		if (st == -1) {
+			reset_err = ESRCH; /* processes that would not die */
+			break;
 		}
 		if (st != JS_ACCEPTED && !(j.steps[i].flags & JF_CONTINUE))
 			break;
@@ -2331,24 +2368,10 @@ static void run_job(struct conn *c)
 		fail(c, E2BIG, "job");
 		return;
 	}
-	put32(res.p, res.len - HDR_LEN);
+	put32(res.p, 8);
 	res.p[4] = 'j';
-	/* The reply may be megabytes: wait for the client to take it. */
-	for (uint32_t sent = 0; sent < res.len;) {
-		ssize_t w = send(c->fd, res.p + sent, res.len - sent, MSG_NOSIGNAL);
-		if (w > 0) {
-			sent += (uint32_t)w;
-			continue;
-		}
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0 && errno == EAGAIN) {
-			struct pollfd pf = {c->fd, POLLOUT, 0};
-			if (poll(&pf, 1, 10000) > 0)
-				continue;
-		}
-		break;
-	}
+	if (client)
+		job_send(c->fd, res.p, HDR_LEN + 8);
 	big_free(res.p, HDR_LEN + MAX_PAYLOAD);
 	drop(c, 0);
 }

@@ -307,6 +307,9 @@ func runStepResult(s backend.StepResult) *warrenv1.RunStepResult {
 	if s.Errno != 0 {
 		r.Error = s.What + ": " + s.Errno.Error()
 	}
+	if s.Status == backend.StatusInternalError && s.What == "environment" {
+		r.Error = "environment: the job's environment failed while this step ran (it was replaced; the steps after it did not run)"
+	}
 	for _, f := range s.Files {
 		fr := &warrenv1.RunFileResult{Name: f.Name, Data: f.Data}
 		if f.Err != 0 {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/warrenrl/warren/internal/backend"
@@ -209,27 +210,52 @@ func (s *Service) Run(ctx context.Context, img Image, job []backend.Step) (backe
 	if err != nil {
 		return backend.JobResult{}, err
 	}
-	e, err := p.draw(ctx)
-	if err != nil {
-		return backend.JobResult{}, err
-	}
-	res, err := e.run.RunJob(ctx, j)
-	if err != nil || res.ResetErr != 0 {
+	// An environment that fails before the job reaches it (it died while
+	// idle) costs a second draw: the job has not run, so running it
+	// elsewhere is safe. One that fails mid-job makes the step it was
+	// running an internal error (cut).
+	for attempt := 0; ; attempt++ {
+		e, err := p.draw(ctx)
+		if err != nil {
+			return backend.JobResult{}, err
+		}
+		res, err := e.run.RunJob(ctx, j)
+		if err == nil && res.ResetErr == 0 {
+			p.put(e)
+			return res, nil
+		}
+		p.discard(e)
 		if err == nil {
 			s.resetFailures.Add(1)
 			s.log.Warn("fncall: environment reset failed; replacing it", "env", e.sb.ID(), "err", res.ResetErr)
+			return res, nil // the job ran; only the environment is lost
 		}
-		p.discard(e)
-		if err != nil {
-			if ctx.Err() != nil {
-				return res, errors.Join(ctx.Err(), err)
-			}
+		if ctx.Err() != nil {
+			return res, errors.Join(ctx.Err(), err)
+		}
+		if errors.Is(err, backend.ErrJobCut) {
+			s.log.Warn("fncall: environment failed mid-job; replacing it", "env", e.sb.ID(), "err", err)
+			return cut(j, res), nil
+		}
+		if attempt == 1 {
 			return res, errdefs.Wrap(errdefs.Internal, err, "fncall environment "+e.sb.ID())
 		}
-		return res, nil // the job ran; only the environment is lost
+		s.log.Warn("fncall: environment failed before the job reached it; drawing another", "env", e.sb.ID(), "err", err)
 	}
-	p.put(e)
-	return res, nil
+}
+
+// cut completes the result of a job whose environment failed after the
+// steps in res ended: unless the last of them ended the job, the next step
+// is an internal error (the environment failed running it; the steps
+// after it did not run).
+func cut(j backend.Job, res backend.JobResult) backend.JobResult {
+	n := len(res.Steps)
+	if n == len(j.Steps) || (n > 0 && res.Steps[n-1].Status != backend.StatusAccepted && !j.Steps[n-1].Continue) {
+		return res // every step that would run ended: only the reset was lost
+	}
+	res.Steps = append(res.Steps, backend.StepResult{Status: backend.StatusInternalError, ExitCode: -1,
+		What: "environment", Errno: syscall.ECONNRESET})
+	return res
 }
 
 // MinDiskBytes is the smallest disk quota: the container backend's

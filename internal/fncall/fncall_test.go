@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -285,6 +286,87 @@ func testDiskQuota(t *testing.T, userns bool) {
 		if _, err := s.Run(context.Background(), img, []backend.Step{{Argv: []string{"true"}, Limits: backend.StepLimits{DiskBytes: n}}}); errdefs.CategoryOf(err) != errdefs.Invalid {
 			t.Errorf("quota %d: %v, want invalid", n, err)
 		}
+	}
+}
+
+// agentPid is the host pid of the agent (PID 1) of the pool's one idle
+// environment.
+func agentPid(t *testing.T, s *Service) int {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.pools {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if len(p.idle) == 1 {
+			root := p.idle[0].sb.Root() // /proc/PID/root
+			pid, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(root, "/proc/"), "/root"))
+			if err != nil {
+				t.Fatalf("root %q: %v", root, err)
+			}
+			return pid
+		}
+	}
+	t.Fatal("no pool with one idle environment")
+	return 0
+}
+
+// TestInternalErrorWhenEnvironmentDies: an environment whose agent dies
+// while a step runs makes that step an internal error, with the results
+// of the steps before it and without an API error (the request was
+// served; the environment failed); the environment is replaced. One that
+// dies while idle costs nothing but a second draw: the job runs, in a new
+// environment.
+func TestInternalErrorWhenEnvironmentDies(t *testing.T) {
+	s, img := newService(t, Options{NoSpare: true, MaxIdle: 1})
+	first := run1(t, s, img, sh(initStart)).Steps[0]
+	pid := agentPid(t, s)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		started := fmt.Sprintf("/proc/%d/root/w/started", pid)
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if _, err := os.Stat(started); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				return
+			}
+		}
+		t.Error("the second step never started")
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := s.Run(ctx, img, []backend.Step{sh(initStart + "; echo first"), sh("touch started; sleep 30"), sh("echo never")})
+	<-done
+	if err != nil {
+		t.Fatalf("an API error for an environment that died mid-job: %v", err)
+	}
+	if len(res.Steps) != 2 {
+		t.Fatalf("%d step results, want the first's and the cut one's: %+v", len(res.Steps), res.Steps)
+	}
+	if a := res.Steps[0]; a.Status != backend.StatusAccepted || string(a.Stdout) != string(first.Stdout)+"first\n" {
+		t.Fatalf("step 0: %v %q, want accepted in the first job's environment (%q)", a.Status, a.Stdout, first.Stdout)
+	}
+	if b := res.Steps[1]; b.Status != backend.StatusInternalError || b.What != "environment" || b.Errno == 0 {
+		t.Fatalf("step 1: %v %q %v, want internal error, environment", b.Status, b.What, b.Errno)
+	}
+	next := run1(t, s, img, sh(initStart)).Steps[0]
+	if next.Status != backend.StatusAccepted || string(next.Stdout) == string(first.Stdout) {
+		t.Fatalf("next job: %v %q (the dead environment's %q)", next.Status, next.Stdout, first.Stdout)
+	}
+	if st := s.Stats(); st.Failed != 1 || st.Created != 2 {
+		t.Fatalf("stats %+v: want one failed environment, replaced", st)
+	}
+
+	// An idle environment killed: the next job runs in a new one.
+	pid = agentPid(t, s)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if r := run1(t, s, img, sh("echo ok")).Steps[0]; r.Status != backend.StatusAccepted || string(r.Stdout) != "ok\n" {
+		t.Fatalf("after an idle environment died: %v %q %q", r.Status, r.Stdout, r.Stderr)
+	}
+	if st := s.Stats(); st.Failed != 2 || st.Created != 3 {
+		t.Fatalf("stats %+v: want the dead idle environment replaced", st)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -324,5 +325,60 @@ func TestFnCompileAndRunAndPython(t *testing.T) {
 	}
 	if s := res.Steps[1]; s.Status != warrenv1.RunStatus_RUN_STATUS_ACCEPTED || string(s.Stdout) != "[1, 2, 3] 039058c6\n" {
 		t.Fatalf("python job: %v %q %q", s.Status, s.Stdout, s.Stderr)
+	}
+}
+
+// TestFnInternalError: the API contract for an environment that fails
+// mid-job (its agent killed on the host while the second step runs): the
+// call succeeds, the first step's result is there, the second is an
+// internal error saying so and the third did not run; an API error is
+// kept for jobs Warren could not run at all (an unknown image, above).
+// The next job runs, in a new environment.
+func TestFnInternalError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 2*time.Minute)
+	killed := make(chan int, 1)
+	go func() {
+		defer close(killed)
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			for pid, id := range e.procs() {
+				if !strings.HasPrefix(id, "fn-") {
+					continue
+				}
+				st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+				_, ns, _ := strings.Cut(string(st), "NSpid:")
+				f := strings.Fields(strings.SplitN(ns, "\n", 2)[0])
+				if len(f) < 2 || f[len(f)-1] != "1" {
+					continue // not the environment's agent
+				}
+				if _, err := os.Stat(fmt.Sprintf("/proc/%d/root/w/started", pid)); err == nil {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+					killed <- pid
+					return
+				}
+			}
+		}
+	}()
+	res, err := e.c.Run(ctx, &warrenv1.RunRequest{Image: imageName, Steps: []*warrenv1.RunStep{
+		{Argv: []string{"echo", "first"}},
+		{Argv: []string{"sh", "-c", "touch started; sleep 60"}},
+		{Argv: []string{"echo", "never"}},
+	}})
+	if _, ok := <-killed; !ok {
+		t.Fatal("the environment's agent was not found while the second step ran")
+	}
+	if err != nil {
+		t.Fatalf("an API error for an environment that failed mid-job: %v", err)
+	}
+	if len(res.Steps) != 2 || res.Steps[0].Status != warrenv1.RunStatus_RUN_STATUS_ACCEPTED || string(res.Steps[0].Stdout) != "first\n" {
+		t.Fatalf("steps: %v", res.Steps)
+	}
+	if s := res.Steps[1]; s.Status != warrenv1.RunStatus_RUN_STATUS_INTERNAL_ERROR || !strings.Contains(s.Error, "environment failed") || s.WallUs != 0 {
+		t.Fatalf("the cut step: %v", s)
+	}
+	res, err = e.c.Run(ctx, &warrenv1.RunRequest{Image: imageName, Steps: []*warrenv1.RunStep{{Argv: []string{"echo", "ok"}}}})
+	if err != nil || res.Steps[0].Status != warrenv1.RunStatus_RUN_STATUS_ACCEPTED {
+		t.Fatalf("next job: %v %v", res, err)
 	}
 }

@@ -104,15 +104,20 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 type RunStatus int32
 
 const (
-	RunStatus_RUN_STATUS_UNSPECIFIED    RunStatus = 0
-	RunStatus_RUN_STATUS_ACCEPTED       RunStatus = 1 // exited 0
-	RunStatus_RUN_STATUS_NON_ZERO_EXIT  RunStatus = 2
-	RunStatus_RUN_STATUS_SIGNALLED      RunStatus = 3
-	RunStatus_RUN_STATUS_TIME_LIMIT     RunStatus = 4 // CPU or wall time
-	RunStatus_RUN_STATUS_MEMORY_LIMIT   RunStatus = 5
-	RunStatus_RUN_STATUS_OUTPUT_LIMIT   RunStatus = 6 // a stream past output_bytes, a file past file_size_bytes, or the job's files past disk_bytes
-	RunStatus_RUN_STATUS_FILE_ERROR     RunStatus = 7 // an input file not written, an output file missing or too large, a program not found
-	RunStatus_RUN_STATUS_INTERNAL_ERROR RunStatus = 8 // the environment failed to run the step
+	RunStatus_RUN_STATUS_UNSPECIFIED   RunStatus = 0
+	RunStatus_RUN_STATUS_ACCEPTED      RunStatus = 1 // exited 0
+	RunStatus_RUN_STATUS_NON_ZERO_EXIT RunStatus = 2
+	RunStatus_RUN_STATUS_SIGNALLED     RunStatus = 3
+	RunStatus_RUN_STATUS_TIME_LIMIT    RunStatus = 4 // CPU or wall time
+	RunStatus_RUN_STATUS_MEMORY_LIMIT  RunStatus = 5
+	RunStatus_RUN_STATUS_OUTPUT_LIMIT  RunStatus = 6 // a stream past output_bytes, a file past file_size_bytes, or the job's files past disk_bytes
+	RunStatus_RUN_STATUS_FILE_ERROR    RunStatus = 7 // an input file not written, an output file missing or too large, a program not found
+	// The environment failed to run the step: its agent could not start it,
+	// or the environment died while it ran (the steps after it did not run;
+	// the environment is replaced). Warren served the call: an API error
+	// means a job did not run at all (invalid, unknown image, no environment
+	// could be made, shutting down, cancelled).
+	RunStatus_RUN_STATUS_INTERNAL_ERROR RunStatus = 8
 )
 
 // Enum value maps for RunStatus.
