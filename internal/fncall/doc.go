@@ -6,8 +6,9 @@
 // namespaces, cgroup, overlay root over the image's layers, seccomp
 // filter, no_new_privs, user namespace and masks), made ahead of time and
 // kept in a pool per image. A call draws one, sends the whole job to its
-// agent in one frame (internal/agent, "Jobs"), and gets every step's
-// status, output, CPU and wall time and peak memory back in one frame.
+// agent in one frame (internal/agent, "Jobs"), and gets each step's
+// status, output, CPU and wall time and peak memory back as the step
+// ends, then one frame after the reset: no round trip per step.
 // The agent then resets the environment before it replies: every
 // process killed (kill(-1) as its PID 1, waited for until none is left),
 // the work directory and the scratch directories (/tmp, /var/tmp,
