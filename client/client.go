@@ -8,6 +8,12 @@
 // connections, so one Client per process is enough even for thousands of
 // concurrent calls. Failed calls return an *Error carrying the error
 // category (see IsNotFound and friends).
+//
+// Inside a harness sandbox (CreateRequest.harness) $WARREN_ADDR names the
+// harness's route to the API, unix:///dev/warren.sock, so client.New("")
+// there reaches it: Create makes the harness's own sandboxes, List shows
+// them only, and calls on anything else are PermissionDenied
+// (IsPermissionDenied).
 package client
 
 import (

@@ -18,10 +18,31 @@ func (c *Client) Pause(ctx context.Context, sandboxID string, reclaim bool) (*wa
 	return call(ctx, c.sandboxes.Pause, &warrenv1.PauseRequest{Id: sandboxID, Reclaim: reclaim})
 }
 
-// Resume thaws a PAUSED sandbox: its processes continue where they
-// stopped.
+// Resume thaws a PAUSED sandbox, or restores a HIBERNATED one from its
+// checkpoint: either way its processes continue where they stopped.
 func (c *Client) Resume(ctx context.Context, sandboxID string) (*warrenv1.ResumeResponse, error) {
 	return call(ctx, c.sandboxes.Resume, &warrenv1.ResumeRequest{Id: sandboxID})
+}
+
+// Hibernate checkpoints a RUNNING or PAUSED sandbox to disk and releases
+// everything it holds on the node; it is HIBERNATED until Resume restores
+// it, across daemon restarts and reboots. A sandbox CRIU cannot
+// checkpoint fails with CategoryUnsupported (or CategoryConflict while
+// calls to it are in flight) and keeps running.
+func (c *Client) Hibernate(ctx context.Context, sandboxID string) (*warrenv1.HibernateResponse, error) {
+	return call(ctx, c.sandboxes.Hibernate, &warrenv1.HibernateRequest{Id: sandboxID})
+}
+
+// HibernateByLabel hibernates every RUNNING or PAUSED sandbox whose labels
+// include all of req.Labels, as PauseByLabel pauses them.
+func (c *Client) HibernateByLabel(ctx context.Context, req *warrenv1.HibernateByLabelRequest, fn func(*warrenv1.ByLabelEvent) error) (*ByLabelResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.sandboxes.HibernateByLabel(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, wrapErr(err)
+	}
+	return byLabel(st, fn)
 }
 
 // ByLabelResult is the outcome of a by-label call: one event per
@@ -47,7 +68,7 @@ func (c *Client) PauseByLabel(ctx context.Context, req *warrenv1.PauseByLabelReq
 	return byLabel(st, fn)
 }
 
-// ResumeByLabel resumes every PAUSED sandbox whose labels include all of
+// ResumeByLabel resumes every PAUSED or HIBERNATED sandbox whose labels include all of
 // req.Labels, as PauseByLabel pauses them.
 func (c *Client) ResumeByLabel(ctx context.Context, req *warrenv1.ResumeByLabelRequest, fn func(*warrenv1.ByLabelEvent) error) (*ByLabelResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
@@ -83,4 +104,12 @@ func byLabel(st *connect.ServerStreamForClient[warrenv1.ByLabelEvent], fn func(*
 		return nil, &Error{Category: CategoryUnavailable, Code: connect.CodeUnavailable, Message: "by-label stream ended without its totals"}
 	}
 	return res, nil
+}
+
+// Fork makes req.Count copies of sandbox req.Id, each a copy of it at its
+// checkpoint (processes and files) on its own copy-on-write writable
+// layer. A RUNNING or PAUSED source is hibernated for the fork and put
+// back; a HIBERNATED one stays hibernated.
+func (c *Client) Fork(ctx context.Context, req *warrenv1.ForkRequest) (*warrenv1.ForkResponse, error) {
+	return call(ctx, c.sandboxes.Fork, req)
 }

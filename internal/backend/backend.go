@@ -57,6 +57,30 @@ type Spec struct {
 	// UserNS runs the sandbox in a user namespace of its own: root inside
 	// is an unprivileged host id (IDMapped reports which).
 	UserNS bool
+	// Restore, if set, is a checkpoint directory (Checkpointer) to
+	// restore the sandbox's processes and writable layer from instead of
+	// starting a new init: Layers and the other fields must be those of
+	// the checkpointed sandbox. A backend without checkpoints refuses it
+	// (Unsupported). A restore that fails leaves the directory as it was.
+	Restore string
+}
+
+// Checkpointer is implemented by sandboxes whose whole process tree can
+// be saved to disk and restored later (Spec.Restore), on this node or on
+// another that has the same layers.
+type Checkpointer interface {
+	// Checkpoint saves the processes and writable layer into dir (new or
+	// empty, on the state directory's filesystem) and stops the sandbox:
+	// its processes are gone and Exited is done, and the caller Destroys
+	// it to release the rest. A sandbox that cannot be checkpointed
+	// (Unsupported, or the failure's category) keeps running.
+	Checkpoint(ctx context.Context, dir string) error
+}
+
+// MemoryReporter is implemented by sandboxes that can say how much
+// memory they are charged now (what a hibernation gives back).
+type MemoryReporter interface {
+	MemoryUse() (MemoryUse, error)
 }
 
 // IDMapped is implemented by sandboxes whose ids inside are not the
@@ -65,6 +89,18 @@ type Spec struct {
 // shift. ok is false for a sandbox without one.
 type IDMapped interface {
 	IDMap() (base, size uint32, ok bool)
+}
+
+// SocketDirs is implemented by backends whose sandboxes each have a host
+// directory that their processes see, where the daemon can bind a unix
+// socket for them: the route of a harness sandbox to the API. A
+// path-based unix socket works across mount, network and user
+// namespaces, so the route opens nothing else of the node. The directory
+// must be the sandbox's alone, and exist while the sandbox runs.
+type SocketDirs interface {
+	// SocketDir is sandbox id's directory on the host and its path
+	// inside, known before the sandbox is created (its env names it).
+	SocketDir(id string) (host, inside string)
 }
 
 // Layer is one read-only layer of a sandbox's root, as references a

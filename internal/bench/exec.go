@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strconv"
 	"time"
 
+	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 )
 
@@ -16,6 +18,10 @@ type ExecConfig struct {
 	Warmup      int
 	Concurrency []int
 	Peers       bool // crun exec, runc exec, nsenter
+	// Harness also measures the exec through a harness sandbox's route
+	// into its child, beside the node socket's into the same child
+	// (a private daemon only: the route's socket is in its run dir).
+	Harness bool
 }
 
 // ExecReport is the result of `warren bench exec`.
@@ -41,14 +47,35 @@ func RunExec(ctx context.Context, env *Env, cfg ExecConfig) (*ExecReport, error)
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
 	rep.SandboxID = sb.GetId()
-	defer func() {
+	defer func(id string) {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		_ = env.Client.Delete(dctx, sb.GetId())
-	}()
+		_ = env.Client.Delete(dctx, id)
+	}(sb.GetId())
+	systems := []struct {
+		name string
+		c    *client.Client
+	}{{"warren", env.Client}}
+	if cfg.Harness {
+		// The harness's child is the sandbox of every row: the rows
+		// differ in the path of the call only.
+		route, child, done, err := harnessChild(ctx, env)
+		if err != nil {
+			return nil, err
+		}
+		defer done()
+		sb = child // deleted with the harness
+		rep.SandboxID = sb.GetId()
+		systems = append(systems, struct {
+			name string
+			c    *client.Client
+		}{"warren via harness route", route})
+		rep.Notes = append(rep.Notes, "with --harness: every row execs into a harness's child; \"warren via harness route\" calls through the harness's socket (its scope check included)")
+	}
+	var cl *client.Client
 	iter := func(ctx context.Context, _ int) ([]time.Duration, error) {
 		t0 := time.Now()
-		res, err := env.Client.Exec(ctx, &warrenv1.ExecRequest{SandboxId: sb.GetId(), Argv: []string{"true"}})
+		res, err := cl.Exec(ctx, &warrenv1.ExecRequest{SandboxId: sb.GetId(), Argv: []string{"true"}})
 		d := time.Since(t0)
 		if err != nil {
 			return nil, err
@@ -59,11 +86,14 @@ func RunExec(ctx context.Context, env *Env, cfg ExecConfig) (*ExecReport, error)
 		return []time.Duration{d}, nil
 	}
 	var rows []Row
-	for _, c := range cfg.Concurrency {
-		env.logf("exec: warren, concurrency %d, %d execs (+%d warm-up)", c, cfg.N, cfg.Warmup)
-		rows = append(rows, rowFrom("warren", c, Loop(ctx, cfg.N, cfg.Warmup, c, 1, iter)))
-		if err := ctx.Err(); err != nil {
-			return nil, err
+	for _, sys := range systems {
+		cl = sys.c
+		for _, c := range cfg.Concurrency {
+			env.logf("exec: %s, concurrency %d, %d execs (+%d warm-up)", sys.name, c, cfg.N, cfg.Warmup)
+			rows = append(rows, rowFrom(sys.name, c, Loop(ctx, cfg.N, cfg.Warmup, c, 1, iter)))
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if cfg.Peers {
@@ -110,4 +140,38 @@ func (r *ExecReport) Table(w io.Writer) error {
 	writeRowProblems(w, r.Results)
 	writeNotes(w, r.Notes)
 	return nil
+}
+
+// harnessChild creates a harness sandbox and a child through its route,
+// and returns a client of the route, the child, and a func that deletes
+// the harness (and with it the child).
+func harnessChild(ctx context.Context, env *Env) (*client.Client, *warrenv1.Sandbox, func(), error) {
+	if !env.Private {
+		return nil, nil, nil, fmt.Errorf("--harness needs a private daemon (its route is in the daemon's run dir)")
+	}
+	req := env.CreateRequest()
+	req.Harness = &warrenv1.HarnessOptions{}
+	h, err := env.Client.Create(ctx, req)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("create harness: %w", err)
+	}
+	route, err := client.New("unix://" + filepath.Join(env.Tmp, "run", "devfs", h.GetId(), "warren.sock"))
+	done := func() {
+		if route != nil {
+			route.Close()
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		_ = env.Client.Delete(dctx, h.GetId())
+	}
+	if err != nil {
+		done()
+		return nil, nil, nil, err
+	}
+	child, err := route.Create(ctx, &warrenv1.CreateRequest{Image: env.Image})
+	if err != nil {
+		done()
+		return nil, nil, nil, fmt.Errorf("create a child through the harness's route: %w", err)
+	}
+	return route, child, done, nil
 }

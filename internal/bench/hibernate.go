@@ -19,6 +19,12 @@ type HibernateConfig struct {
 	AnonMiB       int // anonymous memory the sandbox holds
 	CacheMiB      int // page cache it reads before each reclaim
 	Peers         bool
+	// CheckpointRounds of hibernate and restore (0: none); Forks is how
+	// many copies the fork case makes (0: no fork case). Both need CRIU
+	// (CRIUPath) and a sandbox without a user namespace.
+	CheckpointRounds int
+	Forks            int
+	CRIUPath         string
 }
 
 // HibernateReport is the result of `warren bench hibernate`. Later parts
@@ -41,9 +47,11 @@ type HibernateRow struct {
 	System string `json:"system"`
 	Summary
 	BeforeMiB *float64 `json:"before_mib,omitempty"`
-	AfterMiB  *float64 `json:"after_mib,omitempty"`
-	FreedMiB  *float64 `json:"freed_mib,omitempty"`
-	TargetMs  float64  `json:"target_ms,omitempty"`
+	// ArtifactMiB: the checkpoint's size on disk (p50).
+	ArtifactMiB *float64 `json:"artifact_mib,omitempty"`
+	AfterMiB    *float64 `json:"after_mib,omitempty"`
+	FreedMiB    *float64 `json:"freed_mib,omitempty"`
+	TargetMs    float64  `json:"target_ms,omitempty"`
 }
 
 // RunHibernate measures pausing in place on one sandbox holding
@@ -59,6 +67,12 @@ func RunHibernate(ctx context.Context, env *Env, cfg HibernateConfig) (*Hibernat
 		AnonMiB: cfg.AnonMiB, CacheMiB: cfg.CacheMiB}
 	req := env.CreateRequest()
 	req.Resources = &warrenv1.Resources{MemoryBytes: int64(cfg.AnonMiB*2+cfg.CacheMiB+256) << 20}
+	if cfg.CheckpointRounds > 0 || cfg.Forks > 0 {
+		// CRIU cannot take a sandbox in a user namespace yet
+		// (docs/HIBERNATE.md).
+		no := false
+		req.UserNamespace = &no
+	}
 	sb, err := env.Client.Create(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
@@ -189,6 +203,14 @@ func RunHibernate(ctx context.Context, env *Env, cfg HibernateConfig) (*Hibernat
 	if grp != nil {
 		rep.Results = append(rep.Results, reclaimRow("raw cgroup", rawRec, rawBefore, rawAfter))
 	}
+	if cfg.CheckpointRounds > 0 || cfg.Forks > 0 {
+		rows, notes, err := checkpointRows(ctx, env, cfg, id, sh)
+		if err != nil {
+			return nil, err
+		}
+		rep.Results = append(rep.Results, rows...)
+		rep.Notes = append(rep.Notes, notes...)
+	}
 	rep.Notes = append(rep.Notes,
 		"warren: Pause and Resume through the Go client, request to reply; freeze+thaw is the two calls back to back",
 		"raw cgroup: the sandbox's own cgroup frozen, waited on until frozen and thawed (and reclaimed) by writing its files from the benchmark: the kernel's floor, without daemon or API",
@@ -223,9 +245,9 @@ func reclaimRow(system string, ds []time.Duration, before, after []float64) Hibe
 
 // Table prints the hibernate report.
 func (r *HibernateReport) Table(w io.Writer) error {
-	fmt.Fprintf(w, "pause in place (daemon: %s; %d MiB anonymous + %d MiB page cache; cgroups %s; swap %d bytes)\n\n",
+	fmt.Fprintf(w, "pause, hibernate, restore, fork (daemon: %s; %d MiB anonymous + %d MiB page cache; cgroups %s; swap %d bytes)\n\n",
 		r.Daemon, r.AnonMiB, r.CacheMiB, r.Cgroups, r.SwapBytes)
-	t := newTable("CASE", "SYSTEM", "N", "P50 ms", "P99 ms", "MAX ms", "TARGET", "BEFORE MiB", "AFTER MiB", "FREED MiB")
+	t := newTable("CASE", "SYSTEM", "N", "P50 ms", "P99 ms", "MAX ms", "TARGET", "BEFORE MiB", "AFTER MiB", "FREED MiB", "ARTIFACT MiB")
 	opt := func(v *float64) string {
 		if v == nil {
 			return "-"
@@ -238,7 +260,7 @@ func (r *HibernateReport) Table(w io.Writer) error {
 			target = "<= " + ms(row.TargetMs)
 		}
 		t.add(row.Case, row.System, strconv.Itoa(row.N), ms(row.P50), ms(row.P99), ms(row.Max), target,
-			opt(row.BeforeMiB), opt(row.AfterMiB), opt(row.FreedMiB))
+			opt(row.BeforeMiB), opt(row.AfterMiB), opt(row.FreedMiB), opt(row.ArtifactMiB))
 	}
 	if err := t.write(w); err != nil {
 		return err

@@ -186,7 +186,7 @@ func newBenchExecCommand(bf *benchFlags) *cobra.Command {
 			if err := checkCounts(cfg.N, cfg.Warmup, cfg.Concurrency); err != nil {
 				return err
 			}
-			cfg.Peers = bf.peers
+			cfg.Peers = bf.peers && !cfg.Harness
 			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
 				return bench.RunExec(ctx, env, cfg)
 			})
@@ -194,6 +194,7 @@ func newBenchExecCommand(bf *benchFlags) *cobra.Command {
 	}
 	c.Flags().IntVar(&cfg.N, "n", 2000, "measured execs per system and concurrency")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 50, "unmeasured execs before each measured run")
+	c.Flags().BoolVar(&cfg.Harness, "harness", false, "exec into a harness sandbox's child, through the node socket and through the harness's route (no peers)")
 	concurrencyFlag(c, &cfg.Concurrency)
 	return c
 }
@@ -247,14 +248,18 @@ func newBenchDeleteCommand(bf *benchFlags) *cobra.Command {
 func newBenchHibernateCommand(bf *benchFlags) *cobra.Command {
 	cfg := bench.HibernateConfig{}
 	c := &cobra.Command{
-		Use:   "hibernate [--rounds 100] [--reclaim-rounds 20] [--anon-mib 256] [--cache-mib 256]",
-		Short: "Pause in place: freeze+thaw latency, pause-with-reclaim latency and memory freed; against the raw cgroup",
+		Use:   "hibernate [--rounds 100] [--reclaim-rounds 20] [--anon-mib 256] [--cache-mib 256] [--checkpoint-rounds 5] [--forks 16]",
+		Short: "Pause, hibernate, restore and fork: latencies, memory freed, checkpoint size; against the raw cgroup and bare CRIU",
 		Long: `Create one sandbox holding --anon-mib of anonymous memory and --cache-mib of
 page cache, then time Pause (freeze only) and Resume through the API, and
 Pause with reclaim with the memory it gave back (the page cache is refilled
-before every round). With --peers, the same cgroup is frozen, thawed and
-reclaimed by writing its files directly, in alternating rounds: the floor
-(needs the private daemon).`,
+before every round). Then Hibernate (a CRIU checkpoint to disk) and
+Resume (restore) --checkpoint-rounds times, with the checkpoint's size and
+the time to the first exec after a restore, and a Fork of --forks copies
+of the hibernated sandbox. With --peers, the same cgroup is frozen, thawed
+and reclaimed by writing its files directly, in alternating rounds (needs
+the private daemon), and bare CRIU dumps and restores a plain process
+holding the same anonymous memory: the floors.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.Rounds < 1 || cfg.ReclaimRounds < 1 || cfg.AnonMiB < 1 || cfg.CacheMiB < 1 {
@@ -270,6 +275,8 @@ reclaimed by writing its files directly, in alternating rounds: the floor
 	c.Flags().IntVar(&cfg.ReclaimRounds, "reclaim-rounds", 20, "pause-with-reclaim rounds")
 	c.Flags().IntVar(&cfg.AnonMiB, "anon-mib", 256, "anonymous memory the sandbox holds, MiB")
 	c.Flags().IntVar(&cfg.CacheMiB, "cache-mib", 256, "page cache the sandbox reads before each reclaim, MiB")
+	c.Flags().IntVar(&cfg.CheckpointRounds, "checkpoint-rounds", 5, "hibernate and restore rounds (0: none; needs CRIU, scripts/criu.sh)")
+	c.Flags().IntVar(&cfg.Forks, "forks", 16, "copies the fork case makes of the hibernated sandbox (0: no fork case)")
 	return c
 }
 

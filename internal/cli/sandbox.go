@@ -43,6 +43,8 @@ func newSandboxCommand() *cobra.Command {
 		newEventsCommand(),
 		newLogCommand(),
 		newPauseCommand(),
+		newHibernateCommand(),
+		newForkCommand(),
 		newResumeCommand(),
 	)
 	return c
@@ -65,6 +67,8 @@ func newCreateCommand() *cobra.Command {
 		network           string
 		group             string
 		userns            bool
+		harness           bool
+		maxChildren       int32
 	)
 	c := &cobra.Command{
 		Use:   "create --image IMAGE [flags]",
@@ -129,6 +133,9 @@ func newCreateCommand() *cobra.Command {
 			if cmd.Flags().Changed("userns") {
 				req.UserNamespace = &userns
 			}
+			if harness || cmd.Flags().Changed("max-children") {
+				req.Harness = &warrenv1.HarnessOptions{MaxChildren: maxChildren}
+			}
 			sb, err := cl.Create(cmd.Context(), &req)
 			if err != nil {
 				return err
@@ -161,6 +168,8 @@ func newCreateCommand() *cobra.Command {
 	f.BoolVar(&req.KeepEtc, "keep-etc", false, "keep the image's /etc/hosts, /etc/hostname and /etc/resolv.conf instead of the sandbox's own")
 	f.StringVar(&user, "user", "", "who commands run as when they name no user: name, uid or uid:gid (default: the image's user, else root)")
 	f.StringVar(&network, "network", "", networkFlagHelp+" (default: none)")
+	f.BoolVar(&harness, "harness", false, "make the sandbox a harness: it reaches the API at /dev/warren.sock ($WARREN_ADDR) and may create and drive its own sandboxes there, nothing else; deleting it deletes them")
+	f.Int32Var(&maxChildren, "max-children", 0, "with --harness: how many sandboxes it may have at once (default 32)")
 	f.StringVar(&group, "network-group", "", "a group of sandboxes on this node that reach each other (every port) whatever their --network, and that nothing else reaches; fixed at create")
 	return c
 }
@@ -316,6 +325,12 @@ func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
 	}
 	if s.AllowSetuid {
 		row("Setuid", "setuid binaries and file capabilities work (--allow-setuid: no no_new_privs)")
+	}
+	if h := s.GetHarness(); h != nil {
+		row("Harness", fmt.Sprintf("API at /dev/warren.sock for its own sandboxes (at most %d)", h.GetMaxChildren()))
+	}
+	if s.Parent != "" {
+		row("Parent", "harness "+s.Parent+" (deleted with it)")
 	}
 	row("Workdir", s.Workdir)
 	net := formatNetwork(s.GetNetwork())

@@ -345,6 +345,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		GuardInterval:      o.guardInterval,
 		UserNSDefault:      o.userns,
 		FnCall:             fn,
+		Router:             srv,
 		Logger:             log,
 	})
 	if err != nil {

@@ -87,11 +87,14 @@ type Backend struct {
 	opts  Options
 	mon   *monitor
 	agent *agentbin.Agent // every sandbox's init and PID 1
-	trash *reaper         // removes deleted sandboxes' state directories
-	cpus  *cpuPool        // which CPUs sandboxes with a quota run on
-	pool  *dirPool        // ready-made state directories
-	net   *netpolicy.Node // sandboxes' interfaces and rules
-	ids   *idPool         // user-namespace id ranges
+	// agentExe is the agent's file on the node's agent tmpfs (agentfs.go),
+	// which every sandbox binds and runs from once its init is done.
+	agentExe string
+	trash    *reaper         // removes deleted sandboxes' state directories
+	cpus     *cpuPool        // which CPUs sandboxes with a quota run on
+	pool     *dirPool        // ready-made state directories
+	net      *netpolicy.Node // sandboxes' interfaces and rules
+	ids      *idPool         // user-namespace id ranges
 	// seccomp and seccompAudit are the compiled filters every init stage
 	// installs (hex of their sock_filter entries), compiled once: "" with
 	// NoSeccomp. The audit one makes the kernel log deliberate refusals.
@@ -150,6 +153,9 @@ func New(opts Options) (*Backend, error) {
 		return nil, err
 	}
 	b.agent = ag
+	if b.agentExe, err = b.ensureAgentExe(agentBinary()); err != nil {
+		return nil, err
+	}
 	// Sandboxes hide host directories of /proc and /sys under read-only
 	// binds of this one empty filesystem.
 	if err := mountSharedEmpty(b.emptyDir()); err != nil {
@@ -229,16 +235,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if len(spec.Layers) == 0 {
 		return nil, errdefs.Invalidf("sandbox %s: no image layers", spec.ID)
 	}
-	if err := b.ensureSysfs(); err != nil {
-		return nil, err
+	if spec.Restore != "" {
+		return b.restore(ctx, spec)
 	}
-	if err := b.ensureDevfs(); err != nil {
-		return nil, err
-	}
-	if err := b.ensureEmpty(); err != nil {
-		return nil, err
-	}
-	if err := b.ensureViews(); err != nil {
+	if err := b.ensureShared(); err != nil {
 		return nil, err
 	}
 	var cu cleanup.Cleanup
@@ -316,14 +316,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, err
 	}
 
-	lnFile, err := listenUnix(b.socket(spec.ID))
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "agent socket")
-	}
-	defer lnFile.Close()
 	ph.mark("dirs")
 
-	pid, pidfd, grp, net, err := b.startInit(ctx, spec, overlay, lnFile, ph, userns)
+	pid, pidfd, grp, net, err := b.startInit(ctx, spec, overlay, ph, userns)
 	if err != nil {
 		return nil, err
 	}
@@ -345,6 +340,17 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	ph.flush()
 	cu.Release()
 	return s, nil
+}
+
+// ensureShared remounts the node's shared filesystems that sandboxes bind
+// (sysfs, devfs, the empty directory, the views) where they went away.
+func (b *Backend) ensureShared() error {
+	for _, f := range []func() error{b.ensureSysfs, b.ensureDevfs, b.ensureEmpty, b.ensureViews} {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // listenUnix returns a listening unix socket bound at path, as a file to
@@ -376,7 +382,7 @@ var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.D
 //
 // The cgroup is created after the clone, while the child starts up and
 // waits for its config: the two overlap instead of adding up.
-func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, lnFile *os.File, ph *phases, userns *UserNS) (_ int, _ int, _ cgroups.Group, _ *netpolicy.Attachment, retErr error) {
+func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[string]string, ph *phases, userns *UserNS) (_ int, _ int, _ cgroups.Group, _ *netpolicy.Attachment, retErr error) {
 	null, err := devNull()
 	if err != nil {
 		return 0, -1, nil, nil, errdefs.Wrap(errdefs.Internal, err, "open /dev/null")
@@ -403,7 +409,7 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		return 0, -1, nil, nil, err
 	}
 	path := "/proc/self/fd/6"
-	files := []*os.File{null, null, null, cfgR, lnFile, stW, agentFile}
+	files := []*os.File{null, null, null, cfgR, nil, stW, agentFile}
 	if b.opts.InitBinary != "" {
 		path, files = b.opts.InitBinary, files[:6]
 	}
@@ -471,7 +477,8 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	conf := map[string]string{"rootfs": b.rootMount(), "hostname": hostname,
 		"empty": b.emptyDir(), "sysfs": b.sysfsDir(), "dev": b.devDir(spec.ID),
 		"rlimits": rlimit.InitConfig(spec.Rlimits), "seccomp": b.seccomp,
-		"seccomp_audit": b.seccompAudit, "auid": auditID(pid)}
+		"seccomp_audit": b.seccompAudit, "auid": auditID(pid), "agent_exe": b.agentExe,
+		"agent_socket": b.socket(spec.ID)}
 	if spec.AllowSetuid {
 		conf["no_new_privs"] = "0"
 	}
@@ -779,9 +786,11 @@ var stateEntries = []string{"upper/etc/hosts", "upper/etc/hostname", "upper/etc/
 	"upper/", "work/work/", "work/"}
 
 // devEntries is what the init stage puts in a sandbox's /dev directory
-// (init_linux.c, setup_dev).
+// (init_linux.c, setup_dev),
+// and the daemon's API socket of a harness (backend.SocketDirs), which the
+// daemon normally removed already.
 var devEntries = []string{"null", "zero", "full", "random", "urandom", "tty", "ptmx",
-	"fd", "stdin", "stdout", "stderr", "pts/", "shm/"}
+	"fd", "stdin", "stdout", "stderr", "pts/", "shm/", "warren.sock"}
 
 type sandbox struct {
 	b      *Backend
@@ -836,6 +845,13 @@ func (s *sandbox) IDMap() (base, size uint32, ok bool) {
 	}
 	return 0, 0, false
 }
+
+var _ backend.SocketDirs = (*Backend)(nil)
+
+// SocketDir is the sandbox's /dev on the node's shared devfs tmpfs
+// (backend.SocketDirs): its own directory, bound at /dev by the init
+// stage, which no other sandbox sees.
+func (b *Backend) SocketDir(id string) (host, inside string) { return b.devDir(id), "/dev" }
 
 // UpperDir is the overlayfs upper directory (backend.Committer).
 func (s *sandbox) UpperDir() string { return filepath.Join(s.b.stateDir(s.id), "upper") }

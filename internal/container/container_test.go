@@ -318,8 +318,10 @@ func TestStandaloneAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(maps), "memfd:warren-agent") {
-		t.Errorf("PID 1 is not the standalone agent:\n%s", maps)
+	// It runs from the node's agent tmpfs, bound into the sandbox
+	// (agentfs.go): nothing maps the memfd it was exec'd from.
+	if !strings.Contains(string(maps), agentExeSandboxPath) || strings.Contains(string(maps), "memfd:") {
+		t.Errorf("PID 1 is not the standalone agent run from %s:\n%s", agentExeSandboxPath, maps)
 	}
 	// The sandbox's cgroup namespace is rooted at its own groups (the
 	// shared devices group on hybrid hosts too).
@@ -386,8 +388,10 @@ func TestAgentFromFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(exe, agentDir+"/warren-agent-") {
-		t.Errorf("PID 1 runs %s, want the agent below %s", exe, agentDir)
+	// Exec'd from that copy, it then moves onto the sandbox's view of
+	// the node's agent tmpfs, as from a memfd (agentfs.go).
+	if exe != agentExeSandboxPath {
+		t.Errorf("PID 1 runs %s, want %s", exe, agentExeSandboxPath)
 	}
 	r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/proc/1/cmdline"}}, "")
 	if r.Stdout != "warren-init\x00" {
@@ -435,6 +439,8 @@ func TestMountinfoNamesNoHostPath(t *testing.T) {
 		// The node's views tmpfs (views.go) names its files for what
 		// they are: the cgroup skeleton and the CPU view files.
 		view := m.FSType == "tmpfs" && (m.Root == "/cgroup" || strings.HasPrefix(m.Root, "/cpu/"))
+		// The agent's file (agentfs.go) is named for its content.
+		view = view || m.FSType == "tmpfs" && m.Point == agentExeSandboxPath && strings.HasPrefix(m.Root, "/warren-agent-")
 		if m.Root != "/" && m.FSType != "proc" && !strings.HasPrefix(m.Root+"/", "/"+id+"/") && !view {
 			t.Errorf("%s shows its source as %s (%s)", m.Point, m.Root, m.FSType)
 		}

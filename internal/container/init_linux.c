@@ -9,7 +9,8 @@
  * world and becomes the agent (PID 1) in the same process.
  *
  * File descriptors: 3 = config (read until EOF; the daemon writes it only
- * after placing us in our cgroup), 4 = the agent's listening socket,
+ * after placing us in our cgroup), 4 = the agent's listening socket (made
+ * here at the config's agent_socket; listen_at),
  * 5 = status pipe (a message means failure; our closing it means the
  * sandbox is up), 6 = the standalone agent (what the daemon exec'd; closed).
  *
@@ -33,7 +34,9 @@
  * the daemon attributes an audit record to its sandbox even after the
  * process that caused it is gone); no_new_privs ("0": leave it off, so
  * that setuid binaries work); userns ("BASE:SIZE": the user-namespace
- * mode, see make_userns).
+ * mode, see make_userns); agent_exe (the agent's file on the node's
+ * agent tmpfs: adopt_exe); agent_socket (where the agent listens:
+ * listen_at).
  *
  * Nothing the sandbox can read names a host path: the overlay is mounted
  * with data naming only descriptors (lowerdir=/proc/self/fd/N:..., which
@@ -59,6 +62,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -391,6 +395,128 @@ static void setup_dev(void)
 	umask(022);
 }
 
+/* Makes fd the exe link. PR_SET_MM_EXE_FILE alone needs CAP_SYS_RESOURCE,
+ * which these nodes' bounding set lacks; PR_SET_MM_MAP needs
+ * CAP_CHECKPOINT_RESTORE (or CAP_SYS_ADMIN) instead, and takes the
+ * memory map's current values, read from /proc/self/stat, unchanged. */
+static void set_exe(int fd)
+{
+	static char st[2048];
+	int sfd = open("proc/self/stat", O_RDONLY | O_CLOEXEC);
+	ssize_t n = sfd < 0 ? -1 : read(sfd, st, sizeof st - 1);
+	if (n <= 0)
+		die("read", "proc/self/stat");
+	close(sfd);
+	st[n] = 0;
+	char *p = strrchr(st, ')');
+	if (!p)
+		die("parse", "proc/self/stat");
+	/* Fields from 3 (state) on; the ones wanted are 26-28 and 45-51. */
+	unsigned long f[53] = {0};
+	p += 2;
+	for (int i = 3; i <= 52 && *p; i++) {
+		char *end;
+		f[i] = i == 3 ? 0 : strtoul(p, &end, 10);
+		p = strchr(p, ' ');
+		if (!p)
+			break;
+		p++;
+	}
+	struct prctl_mm_map m = {
+		.start_code = f[26], .end_code = f[27], .start_stack = f[28],
+		.start_data = f[45], .end_data = f[46], .start_brk = f[47],
+		.brk = (unsigned long)syscall(SYS_brk, 0),
+		.arg_start = f[48], .arg_end = f[49], .env_start = f[50], .env_end = f[51],
+		.auxv = NULL, .auxv_size = 0, .exe_fd = (unsigned)fd,
+	};
+	if (prctl(PR_SET_MM, PR_SET_MM_MAP, (unsigned long)&m, sizeof m, 0) < 0)
+		die("prctl", "PR_SET_MM_MAP");
+}
+
+/* The agent runs from what the daemon exec'd: a memfd, or a file on a
+ * host mount. CRIU can restore neither (docs/HIBERNATE.md), so the same
+ * bytes, a read-only file of the node's agent tmpfs (agentfs.go), are
+ * bound at /dev/.warren-agent and every mapping of the old file moves
+ * onto that one: a fresh private mapping of it, into which only the pages
+ * this process wrote are copied (the rest stay shared page cache), moved
+ * over the old one by mremap. Then it becomes the exe link. Text is
+ * replaced by the same bytes at the same address, so the code running
+ * here, and the userns holder sharing our memory, notice nothing. */
+static void adopt_exe(const char *src)
+{
+	static const char dst[] = "dev/.warren-agent";
+	int fd = open(dst, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0);
+	if (fd < 0)
+		die("create", dst);
+	close(fd);
+	do_mount(src, dst, NULL, MS_BIND, NULL);
+	int exe = open(dst, O_RDONLY | O_CLOEXEC);
+	struct stat old, new;
+	if (exe < 0 || fstat(exe, &new) < 0)
+		die("open", dst);
+	if (stat("proc/self/exe", &old) < 0)
+		die("stat", "proc/self/exe");
+	if (old.st_size != new.st_size)
+		die("agent executable differs from", src);
+	static char maps[16384];
+	int mfd = open("proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (mfd < 0)
+		die("open", "proc/self/maps");
+	size_t n = 0;
+	for (ssize_t r; n < sizeof maps - 1 && (r = read(mfd, maps + n, sizeof maps - 1 - n)) != 0;) {
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			die("read", "proc/self/maps");
+		}
+		n += r;
+	}
+	close(mfd);
+	maps[n] = 0;
+	struct {
+		unsigned long start, end, off;
+		int prot;
+	} v[16];
+	int nv = 0;
+	for (char *line = maps, *next; line && *line; line = next) {
+		next = strchr(line, '\n');
+		if (next)
+			*next++ = 0;
+		unsigned long start, end, off, ino;
+		unsigned maj, min;
+		char perms[5];
+		if (sscanf(line, "%lx-%lx %4s %lx %x:%x %lu", &start, &end, perms, &off, &maj, &min, &ino) != 7)
+			continue;
+		if (ino != old.st_ino || maj != major(old.st_dev) || min != minor(old.st_dev))
+			continue;
+		if (nv == (int)(sizeof v / sizeof v[0]))
+			die("too many agent mappings", NULL);
+		v[nv].start = start, v[nv].end = end, v[nv].off = off;
+		v[nv].prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
+			     (perms[2] == 'x' ? PROT_EXEC : 0);
+		nv++;
+	}
+	if (nv == 0)
+		die("no mapping of the agent executable", NULL);
+	long page = sysconf(_SC_PAGESIZE);
+	for (int i = 0; i < nv; i++) {
+		size_t len = v[i].end - v[i].start;
+		char *at = (char *)v[i].start;
+		char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, exe, v[i].off);
+		if (m == MAP_FAILED)
+			die("mmap", dst);
+		for (size_t p = 0; p < len; p += page)
+			if ((v[i].prot & PROT_READ) && memcmp(m + p, at + p, page))
+				memcpy(m + p, at + p, page);
+		if (mprotect(m, len, v[i].prot) < 0)
+			die("mprotect", dst);
+		if (mremap(m, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED)
+			die("mremap", dst);
+	}
+	set_exe(exe);
+	close(exe);
+}
+
 static void loopback_up(void)
 {
 	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -668,6 +794,53 @@ static void install_seccomp(const char *hex, unsigned flags)
 	madvise(filter, sizeof filter, MADV_DONTNEED);
 }
 
+/* The agent's listening socket at path, as fd 4: made here, so that it
+ * belongs to the sandbox's network namespace (CRIU dumps only the sockets
+ * of the namespaces of the tree it dumps: checkpoint.go), at the host path
+ * the daemon connects to, which this mount namespace still sees. It is
+ * bound by its name from inside its directory, since the sandbox's
+ * /proc/net/unix shows the path given here: the run directory's is the
+ * node's business. */
+static void listen_at(const char *path)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	const char *slash = strrchr(path, '/');
+	const char *name = slash ? slash + 1 : path;
+	if (strlen(name) >= sizeof a.sun_path || !*name) {
+		errno = ENAMETOOLONG;
+		die("agent socket", path);
+	}
+	strcpy(a.sun_path, name);
+	if (slash) {
+		char dir[4096];
+		size_t n = (size_t)(slash - path);
+		if (n >= sizeof dir) {
+			errno = ENAMETOOLONG;
+			die("agent socket", path);
+		}
+		memcpy(dir, path, n);
+		dir[n ? n : 1] = 0;
+		if (!n)
+			dir[0] = '/';
+		if (chdir(dir) < 0)
+			die("chdir", dir);
+	}
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		die("socket", path);
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0)
+		die("bind", path);
+	if (listen(fd, SOMAXCONN) < 0)
+		die("listen", path);
+	if (chdir("/") < 0)
+		die("chdir", "/");
+	if (fd != FD_LISTEN) {
+		if (dup3(fd, FD_LISTEN, O_CLOEXEC) < 0)
+			die("dup3", path);
+		close(fd);
+	}
+}
+
 static void __attribute__((noreturn)) init_main(void)
 {
 	size_t len = 0;
@@ -692,6 +865,9 @@ static void __attribute__((noreturn)) init_main(void)
 	 * 5 are ours, everything above goes (6 is the standalone agent the
 	 * daemon exec'd, when that is what we are). */
 	close_all_from(FD_STATUS + 1);
+	const char *sock = conf("agent_socket", len);
+	if (sock)
+		listen_at(sock);
 	const char *userns = conf("userns", len);
 	if (userns)
 		make_userns(userns);
@@ -759,6 +935,9 @@ static void __attribute__((noreturn)) init_main(void)
 		do_mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_STRICTATIME, "mode=755,size=65536k");
 	}
 	setup_dev();
+	const char *agent_exe = conf("agent_exe", len);
+	if (agent_exe)
+		adopt_exe(agent_exe);
 	/* The node's shared sysfs (internal/container/sysfs.go): one
 	 * superblock for all sandboxes instead of one each. */
 	if (sysfs)

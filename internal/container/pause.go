@@ -88,3 +88,13 @@ func (s *sandbox) thawForKill() {
 		_ = s.grp.Thaw()
 	}
 }
+
+// MemoryUse is what the sandbox's cgroup is charged now
+// (backend.MemoryReporter).
+func (s *sandbox) MemoryUse() (backend.MemoryUse, error) {
+	m, err := s.grp.Memory()
+	if err != nil {
+		return backend.MemoryUse{}, err
+	}
+	return memoryUse(m), nil
+}

@@ -126,5 +126,8 @@ func (b *Backend) Close() error {
 	if err := b.closeViews(); err != nil {
 		return err
 	}
+	if err := b.closeAgentfs(); err != nil {
+		return err
+	}
 	return b.closeDevfs()
 }

@@ -93,6 +93,9 @@ type Config struct {
 	// UserNSDefault creates sandboxes in a user namespace unless the
 	// request says otherwise (CreateRequest.user_namespace).
 	UserNSDefault bool
+	// Router opens the API routes of harness sandboxes (harness.go); nil:
+	// creating a harness is Unsupported.
+	Router Router
 	// FnCall runs the jobs of Run (nil: Run is Unsupported). The Manager
 	// closes it.
 	FnCall *fncall.Service
@@ -184,12 +187,18 @@ type sandbox struct {
 
 	ready chan struct{} // closed when Create finished, either way
 
+	// Fixed at create (harness.go): the harness that created it, and
+	// whether it is a harness itself.
+	parent  string
+	harness bool
+
 	mu           sync.Mutex
 	st           state             // the lifecycle state (lifecycle.go); info.State mirrors it
 	info         *warrenv1.Sandbox // State mirrors st
 	sb           backend.Sandbox   // nil while creating, or when never adopted
 	backendState []byte
 	imageLayers  []string           // digests, bottom first
+	bases        []string           // forked checkpoints' layers above them, top first (fork.go)
 	etcNS        netip.Addr         // the nameserver of the resolv.conf Warren last wrote (etc.go)
 	fs           backend.FileSystem // nil: the backend serves no file calls (fsFor)
 	timer        *time.Timer
@@ -380,6 +389,8 @@ func (m *Manager) housekeeping() {
 			// Forget the layers of sandboxes gone since adoption, so that
 			// the store can collect them (and other nodes sharing it).
 			m.images.SetKeep(m.inUseDigests()...)
+			// Children whose harness's deletion failed to delete them.
+			m.removeOrphans()
 		}
 	}
 }
@@ -443,6 +454,7 @@ func (m *Manager) persist(s *sandbox) error {
 		ImageLayers:   s.imageLayers,
 		Sandbox:       info,
 		EtcNameserver: formatNameserver(s.etcNS),
+		Bases:         s.bases,
 	})
 }
 

@@ -18,7 +18,7 @@ import (
 //	CREATING ───────────► RUNNING ─────────────────► STOPPED
 //	   │                  ▲  │  ▲  ╲ pause            ▲ │
 //	   │ create fails     │  │  │   ╲   hibernate     │ │
-//	   ▼                  │  │  │    ▼  (later issue) │ │ init exits
+//	   ▼                  │  │  │    ▼                │ │ init exits
 //	 gone     adopt ok    │  │  └─ PAUSED, HIBERNATED ┘ │
 //	          (retried)   │  │ resume  │                │
 //	 LOST ────────────────┘  │ delete  │ delete         │ delete
@@ -59,15 +59,17 @@ const (
 type op uint8
 
 const (
-	opInspect op = iota // Get, List, ListProcesses, WaitProcess, SignalProcess, WriteStdin
-	opExec              // Exec, ExecStream, StartProcess
-	opFiles             // file calls and archives
-	opCommit            // CommitSandbox
-	opUpdate            // UpdateSandbox
-	opExtend            // ExtendTimeout
-	opDelete            // Delete and expiry (CREATING and DELETING wait instead)
-	opPause             // Pause
-	opResume            // Resume
+	opInspect   op = iota // Get, List, ListProcesses, WaitProcess, SignalProcess, WriteStdin
+	opExec                // Exec, ExecStream, StartProcess
+	opFiles               // file calls and archives
+	opCommit              // CommitSandbox
+	opUpdate              // UpdateSandbox
+	opExtend              // ExtendTimeout
+	opDelete              // Delete and expiry (CREATING and DELETING wait instead)
+	opPause               // Pause
+	opResume              // Resume (a thaw, or a restore from HIBERNATED)
+	opHibernate           // Hibernate
+	opFork                // Fork (of a HIBERNATED sandbox; others are hibernated first)
 	// opProcess: SignalProcess, WriteStdin, ResizeProcess, which reach
 	// the sandbox's agent: refused while it is frozen (they would block
 	// until it is resumed), as in states this daemon does not know.
@@ -78,6 +80,7 @@ var opNames = [...]string{
 	opInspect: "inspect", opExec: "exec", opFiles: "file access", opCommit: "commit",
 	opUpdate: "update", opExtend: "extend timeout", opDelete: "delete",
 	opPause: "pause", opResume: "resume", opProcess: "signal, stdin or resize of a process",
+	opHibernate: "hibernate", opFork: "fork",
 }
 
 func (o op) String() string { return opNames[o] }
@@ -89,9 +92,9 @@ var known = []state{stateCreating, stateRunning, statePaused, stateHibernated, s
 // allowed are the calls each known state permits besides opInspect.
 var allowed = map[state][]op{
 	stateCreating:   {opProcess}, // Delete waits for the creation to finish
-	stateRunning:    {opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess},
-	statePaused:     {opExtend, opDelete, opResume},
-	stateHibernated: {opExtend, opDelete, opProcess},
+	stateRunning:    {opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess, opHibernate},
+	statePaused:     {opExtend, opDelete, opResume, opHibernate},
+	stateHibernated: {opExtend, opDelete, opResume, opFork},
 	stateStopped:    {opExtend, opDelete, opProcess},
 	stateLost:       {opExtend, opDelete, opProcess},
 	stateDeleting:   {opProcess}, // Delete waits for the deletion in progress
@@ -244,5 +247,5 @@ func stateLabel(st state) string {
 // a newer daemon makes so far, and unknown numbers) keep their resources
 // untouched until a Delete.
 func servedHere(st state) bool {
-	return st == stateRunning || st == statePaused || st == stateStopped || st == stateCreating || st == stateDeleting
+	return st == stateRunning || st == statePaused || st == stateHibernated || st == stateStopped || st == stateCreating || st == stateDeleting
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/warrenrl/warren/internal/store"
 )
 
-var allOps = []op{opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opResume, opProcess}
+var allOps = []op{opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opResume, opProcess, opHibernate, opFork}
 
 // unknownState is a state number no daemon of this version knows.
 const unknownState = state(42)
@@ -34,10 +34,12 @@ const unknownState = state(42)
 func TestLifecycleTableRefusesWithConflictNamingTheState(t *testing.T) {
 	states := append(slices.Clone(known), unknownState, stateGone)
 	want := map[state][]op{
-		stateCreating:   {opInspect, opProcess},
-		stateRunning:    {opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess},
-		statePaused:     {opInspect, opExtend, opDelete, opResume},
-		stateHibernated: {opInspect, opExtend, opDelete, opProcess},
+		stateCreating: {opInspect, opProcess},
+		stateRunning:  {opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess, opHibernate},
+		statePaused:   {opInspect, opExtend, opDelete, opResume, opHibernate},
+		// Nothing runs: calls that reach the agent are refused, as
+		// while paused; Fork takes its checkpoint.
+		stateHibernated: {opInspect, opExtend, opDelete, opResume, opFork},
 		stateStopped:    {opInspect, opExtend, opDelete, opProcess},
 		stateLost:       {opInspect, opExtend, opDelete, opProcess},
 		stateDeleting:   {opInspect, opProcess},

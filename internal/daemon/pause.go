@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -118,6 +119,12 @@ func (m *Manager) Resume(ctx context.Context, req *warrenv1.ResumeRequest) (_ *w
 	if err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	hibernated := s.st == stateHibernated
+	s.mu.Unlock()
+	if hibernated {
+		return m.restoreHibernated(ctx, s, start)
+	}
 	p, ok := v.sb.(backend.Pauser)
 	if !ok {
 		// A LOST sandbox adopted back as PAUSED has a handle; one
@@ -218,7 +225,7 @@ func (m *Manager) unpauseLocked(s *sandbox) {
 // current pause included; s.mu held.
 func (s *sandbox) pausedTotalLocked() time.Duration {
 	d := time.Duration(s.info.GetPausedTotalMs()) * time.Millisecond
-	if s.st == statePaused && s.info.GetPausedAtUnixMs() != 0 {
+	if (s.st == statePaused || s.st == stateHibernated) && s.info.GetPausedAtUnixMs() != 0 {
 		d += time.Since(time.UnixMilli(s.info.GetPausedAtUnixMs()))
 	}
 	return d
@@ -284,24 +291,25 @@ func memoryProto(u backend.MemoryUse) *warrenv1.Memory {
 // PauseByLabel pauses the RUNNING sandboxes matching the labels.
 func (m *Manager) PauseByLabel(ctx context.Context, req *warrenv1.PauseByLabelRequest, send func(*warrenv1.ByLabelEvent) error) (err error) {
 	defer m.observe("PauseByLabel", &err)
-	return m.byLabel(ctx, req.GetLabels(), req.GetParallelism(), stateRunning, send, func(ctx context.Context, id string, ev *warrenv1.ByLabelEvent) error {
+	return m.byLabel(ctx, req.GetLabels(), req.GetParallelism(), []state{stateRunning}, send, func(ctx context.Context, id string, ev *warrenv1.ByLabelEvent) error {
 		res, err := m.Pause(ctx, &warrenv1.PauseRequest{Id: id, Reclaim: req.GetReclaim()})
 		ev.Paused = res
 		return err
 	})
 }
 
-// ResumeByLabel resumes the PAUSED sandboxes matching the labels.
+// ResumeByLabel resumes the PAUSED and HIBERNATED sandboxes matching the
+// labels.
 func (m *Manager) ResumeByLabel(ctx context.Context, req *warrenv1.ResumeByLabelRequest, send func(*warrenv1.ByLabelEvent) error) (err error) {
 	defer m.observe("ResumeByLabel", &err)
-	return m.byLabel(ctx, req.GetLabels(), req.GetParallelism(), statePaused, send, func(ctx context.Context, id string, ev *warrenv1.ByLabelEvent) error {
+	return m.byLabel(ctx, req.GetLabels(), req.GetParallelism(), []state{statePaused, stateHibernated}, send, func(ctx context.Context, id string, ev *warrenv1.ByLabelEvent) error {
 		res, err := m.Resume(ctx, &warrenv1.ResumeRequest{Id: id})
 		ev.Resumed = res
 		return err
 	})
 }
 
-// byLabel runs do on every sandbox in state st whose labels include
+// byLabel runs do on every sandbox in one of the states sts whose labels include
 // labels, parallelism at a time, and sends one event per sandbox as it
 // finishes (in completion order) and a last one with the totals. The
 // stream is the progress: a batch of hundreds of reclaiming pauses takes
@@ -309,7 +317,7 @@ func (m *Manager) ResumeByLabel(ctx context.Context, req *warrenv1.ResumeByLabel
 // than wait blind for a list. A failed sandbox is an event, not the
 // call's error; the call fails only on a bad request, a failed send or
 // its context's end (sandboxes not started by then are not touched).
-func (m *Manager) byLabel(ctx context.Context, labels map[string]string, parallelism int32, st state,
+func (m *Manager) byLabel(ctx context.Context, labels map[string]string, parallelism int32, sts []state,
 	send func(*warrenv1.ByLabelEvent) error, do func(context.Context, string, *warrenv1.ByLabelEvent) error) error {
 	if len(labels) == 0 {
 		return errdefs.Invalidf("labels are required: a call without would match every sandbox of the node")
@@ -326,7 +334,7 @@ func (m *Manager) byLabel(ctx context.Context, labels map[string]string, paralle
 	var ids []string
 	for _, s := range m.snapshot() {
 		s.mu.Lock()
-		if s.st == st && labelsMatch(s.info.GetLabels(), labels) {
+		if slices.Contains(sts, s.st) && labelsMatch(s.info.GetLabels(), labels) {
 			ids = append(ids, s.id)
 		}
 		s.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"maps"
 	"net/netip"
+	"os"
 	"path"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/caller"
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/etcfiles"
@@ -85,6 +87,24 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	if err := m.refuseOnLowDisk(); err != nil {
 		return nil, err
 	}
+	hp, err := m.validateHarness(ctx, req, &p)
+	if err != nil {
+		return nil, err
+	}
+	parent, isChild := caller.Harness(ctx)
+	var parentInfo *warrenv1.Sandbox
+	if isChild {
+		if parentInfo, err = m.parentInfo(parent); err != nil {
+			return nil, err
+		}
+		userNS := m.cfg.UserNSDefault
+		if req.UserNamespace != nil {
+			userNS = req.GetUserNamespace()
+		}
+		if err := checkChild(parentInfo, p.network, req.GetAllowSetuid(), userNS); err != nil {
+			return nil, err
+		}
+	}
 	b := m.cfg.Backends[p.backend]
 	info := &warrenv1.Sandbox{
 		Id:              p.id,
@@ -104,6 +124,10 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		UserNamespace:   m.cfg.UserNSDefault,
 		Rlimits:         rlimitProtos(p.rlimits),
 		Network:         networkProto(p.network),
+		Parent:          parent,
+	}
+	if hp != nil {
+		info.Harness = &warrenv1.HarnessOptions{MaxChildren: hp.maxChildren}
 	}
 	if req.UserNamespace != nil {
 		info.UserNamespace = req.GetUserNamespace()
@@ -115,6 +139,8 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		ready:       make(chan struct{}),
 		st:          stateCreating,
 		info:        info,
+		parent:      parent,
+		harness:     hp != nil,
 	}
 	// A new sandbox's counters start at zero: every rise is an event.
 	s.seen.known = true
@@ -131,6 +157,12 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	} else if m.sandboxes[p.id] != nil {
 		m.mu.Unlock()
 		return nil, errdefs.AlreadyExistsf("sandbox %s already exists", p.id)
+	}
+	if isChild {
+		if err := m.reserveChildLocked(parent); err != nil {
+			m.mu.Unlock()
+			return nil, err
+		}
 	}
 	s.id, info.Id = p.id, p.id
 	if info.Hostname == "" {
@@ -181,7 +213,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	}
 	if info.UserNamespace {
 		if err := userNSFits(layers); err != nil {
-			if req.UserNamespace != nil {
+			if req.UserNamespace != nil || parentInfo.GetUserNamespace() {
 				release()
 				return nil, err
 			}
@@ -250,6 +282,15 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	// learn the id: do not leave it a sandbox it cannot delete.
 	if err := ctx.Err(); err != nil {
 		return nil, ctxError(ctx, "create sandbox "+p.id)
+	}
+	if hp != nil {
+		if err := m.cfg.Router.OpenRoute(p.id, hp.socket); err != nil {
+			return nil, withCategory(err, errdefs.Internal, "open the API route of harness "+p.id)
+		}
+		cl.Add(func() error {
+			m.cfg.Router.CloseRoute(p.id)
+			return nil
+		})
 	}
 
 	fs := fsFor(sb)
@@ -340,8 +381,12 @@ func (m *Manager) List(ctx context.Context, req *warrenv1.ListRequest) (_ *warre
 	defer m.observe("List", &err)
 	all := m.snapshot()
 	want := req.GetLabels()
+	parent, scoped := caller.Harness(ctx)
 	resp := &warrenv1.ListResponse{Sandboxes: make([]*warrenv1.Sandbox, 0, len(all))}
 	for _, s := range all {
+		if scoped && s.parent != parent {
+			continue // a harness sees its own sandboxes only
+		}
 		s.mu.Lock()
 		if permits(s.st, opInspect) && labelsMatch(s.info.GetLabels(), want) {
 			resp.Sandboxes = append(resp.Sandboxes, cloneSandbox(s.info))
@@ -424,6 +469,15 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	pausing := s.pausing
 	s.mu.Unlock()
 
+	if s.isHarness() {
+		// First the route, so that the harness makes no more calls, then
+		// its children (none is added: it is DELETING), then itself.
+		m.closeRoute(s)
+		// Not cut short by the caller going away: a child left behind
+		// would wait for the next daemon's orphan sweep.
+		m.removeChildren(context.WithoutCancel(ctx), s.id, reason)
+	}
+
 	// A commit in progress holds the sandbox frozen, and frozen processes
 	// cannot die: stop it first. A pause or resume in progress is waited
 	// for (bounded by the freeze timeout): the destroy then finds the
@@ -456,12 +510,19 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 		// The record comes back after a restart; Delete forgets it.
 		m.log.Warn("delete record", "sandbox", s.id, "err", derr)
 	}
+	// A hibernated sandbox's checkpoint (or one a hibernation racing
+	// this delete made): the next daemon removes one left here, since no
+	// record names it.
+	if cerr := os.RemoveAll(m.checkpointDir(s.id)); cerr != nil {
+		m.log.Warn("remove checkpoint", "sandbox", s.id, "err", cerr)
+	}
 	s.releaseLayers()
 	m.idem.dropSandbox(s.id)
 	m.forget(s)
 	m.events.Forget(s.id)
+	m.dropBases(s.bases)
 	close(done)
-	if prev == stateRunning || prev == statePaused {
+	if prev == stateRunning || prev == statePaused || prev == stateHibernated {
 		m.metrics.SandboxEnded(reason)
 	}
 	// After forget: a recorded call racing the delete then finds the
@@ -542,6 +603,9 @@ func (m *Manager) failedRemove(s *sandbox, sb backend.Sandbox, prev state, err e
 	}
 	_ = m.setState(s, back)
 	s.deleting, s.deleteErr = nil, err
+	if s.isHarness() && (back == stateRunning || back == statePaused) {
+		m.openRoute(s) // it runs on: so does its route
+	}
 	if perr := m.persist(s); perr != nil {
 		m.log.Warn("persist state after failed delete", "sandbox", s.id, "err", perr)
 	}
@@ -668,6 +732,7 @@ func (m *Manager) died(s *sandbox, sb backend.Sandbox, why string) {
 		m.log.Error("release resources of dead sandbox", "sandbox", s.id, "err", err)
 	}
 	s.releaseLayers()
+	m.harnessEnded(s)
 }
 
 // adoptAll re-adopts the sandboxes of the store, then sweeps orphans.
@@ -676,6 +741,8 @@ func (m *Manager) adoptAll(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	recs = m.recoverHibernated(recs)
+	m.sweepBases(recs)
 	var (
 		mu   sync.Mutex
 		keep = map[string]map[string]bool{}
@@ -728,6 +795,7 @@ func (m *Manager) adoptAll(ctx context.Context) error {
 	}
 	m.log.Info("adopted sandboxes", "records", len(recs), "running", m.count(stateRunning), "stopped", m.count(stateStopped), "lost", m.count(stateLost))
 	m.spawn(m.adoptAllProcesses)
+	m.spawn(m.removeOrphans)
 	return nil
 }
 
@@ -794,7 +862,10 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		info:         info,
 		backendState: rec.BackendState,
 		imageLayers:  rec.ImageLayers,
+		bases:        rec.Bases,
 		etcNS:        parseNameserver(rec.EtcNameserver),
+		parent:       info.GetParent(),
+		harness:      info.GetHarness() != nil,
 	}
 	close(s.ready)
 	// Before the sandbox is published, its state changes without gauges
@@ -843,6 +914,14 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		add()
 		return true
 	case st == stateStopped:
+		add()
+		armTimer(time.UnixMilli(info.GetExpiresAtUnixMs()))
+		return false
+	case st == stateHibernated:
+		// Nothing of it runs; its layers are held for the restore, and
+		// its processes' records come back from the agent then.
+		s.release = m.holdLayers(ctx, s)
+		s.procsOnResume = true
 		add()
 		armTimer(time.UnixMilli(info.GetExpiresAtUnixMs()))
 		return false
@@ -902,6 +981,10 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		s.procsOnResume = true
 	} else {
 		s.procsAdopted = make(chan struct{})
+	}
+	if s.isHarness() {
+		// Before the watch: a death it reports closes the route for good.
+		m.openRoute(s)
 	}
 	add()
 	armTimer(expires)
@@ -996,6 +1079,7 @@ func (m *Manager) found(s *sandbox, sb backend.Sandbox, err error) {
 		s.releaseLayers()
 		m.metrics.SandboxEnded(metrics.ReasonDead)
 		m.log.Warn("LOST sandbox is gone", "sandbox", s.id)
+		m.spawn(func() { m.harnessEnded(s) })
 		return
 	}
 	s.sb, s.backendState = sb, sb.State()
@@ -1012,6 +1096,9 @@ func (m *Manager) found(s *sandbox, sb backend.Sandbox, err error) {
 	paused := back == statePaused
 	s.procsOnResume = paused
 	s.mu.Unlock()
+	if s.isHarness() {
+		m.openRoute(s) // before the watch, as in adopt
+	}
 	m.watch(s, sb)
 	if !paused {
 		m.adoptProcesses(s, sb)

@@ -9,6 +9,7 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/caller"
 	"github.com/warrenrl/warren/internal/errdefs"
 )
 
@@ -89,6 +90,16 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 	u, err := m.validateUpdate(req)
 	if err != nil {
 		return nil, err
+	}
+	if parent, ok := caller.Harness(ctx); ok && u.limits.Network != nil {
+		// A harness cannot widen a child's network past its own.
+		pinfo, err := m.parentInfo(parent)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkChildNetwork(pinfo, *u.limits.Network); err != nil {
+			return nil, err
+		}
 	}
 	s, err := m.lookup(req.GetId())
 	if err != nil {

@@ -76,6 +76,11 @@ type Metrics struct {
 	// ("true"), whose costs differ by orders of magnitude.
 	PauseSeconds  *prometheus.HistogramVec
 	ResumeSeconds prometheus.Histogram // warren_sandbox_resume_seconds
+	// HibernateSeconds: CRIU's checkpoint; RestoreSeconds: a whole
+	// restore in the daemon; CheckpointBytes: checkpoints written.
+	HibernateSeconds prometheus.Histogram // warren_sandbox_hibernate_seconds
+	RestoreSeconds   prometheus.Histogram // warren_sandbox_restore_seconds
+	CheckpointBytes  prometheus.Counter   // warren_checkpoint_bytes_total
 	// ReclaimedBytes is warren_sandbox_reclaimed_bytes_total: memory
 	// paused sandboxes gave back.
 	ReclaimedBytes prometheus.Counter
@@ -143,6 +148,22 @@ func New(ops ...string) *Metrics {
 		Buckets:                     prometheus.ExponentialBucketsRange(0.0001, 10, 40),
 		NativeHistogramBucketFactor: 1.1,
 	})
+	m.HibernateSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:                        "warren_sandbox_hibernate_seconds",
+		Help:                        "Latency of successful checkpoints of hibernations (CRIU's dump and the writable layer's move).",
+		Buckets:                     prometheus.ExponentialBucketsRange(0.001, 60, 40),
+		NativeHistogramBucketFactor: 1.1,
+	})
+	m.RestoreSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:                        "warren_sandbox_restore_seconds",
+		Help:                        "Latency of successful resumes of hibernated sandboxes in the daemon.",
+		Buckets:                     prometheus.ExponentialBucketsRange(0.001, 60, 40),
+		NativeHistogramBucketFactor: 1.1,
+	})
+	m.CheckpointBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "warren_checkpoint_bytes_total",
+		Help: "Bytes of checkpoints written by hibernations.",
+	})
 	m.ReclaimedBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "warren_sandbox_reclaimed_bytes_total",
 		Help: "Memory that paused sandboxes gave back (page cache, and anonymous memory pushed to swap), in bytes.",
@@ -184,7 +205,7 @@ func New(ops ...string) *Metrics {
 		m.Sandboxes, m.CreateSeconds, m.CreatePhaseSeconds, m.ExecSeconds, m.Errors, m.Deleted, m.SecurityEvents,
 		m.TrajectoryCalls, m.TrajectoryMismatches,
 		m.DNSQueries, m.DNSSeconds,
-		m.PauseSeconds, m.ResumeSeconds, m.ReclaimedBytes,
+		m.PauseSeconds, m.ResumeSeconds, m.ReclaimedBytes, m.HibernateSeconds, m.RestoreSeconds, m.CheckpointBytes,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -352,6 +373,23 @@ func (m *Metrics) ObserveResume(d time.Duration) {
 		return
 	}
 	m.ResumeSeconds.Observe(d.Seconds())
+}
+
+// ObserveHibernate records a successful hibernation's checkpoint.
+func (m *Metrics) ObserveHibernate(d time.Duration, bytes int64) {
+	if m == nil {
+		return
+	}
+	m.HibernateSeconds.Observe(d.Seconds())
+	m.CheckpointBytes.Add(float64(bytes))
+}
+
+// ObserveRestore records a successful restore of a hibernated sandbox.
+func (m *Metrics) ObserveRestore(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.RestoreSeconds.Observe(d.Seconds())
 }
 
 // SandboxEnded counts a sandbox that ended for reason.

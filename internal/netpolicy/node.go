@@ -174,6 +174,22 @@ func (n *Node) alloc(id string) (int, error) {
 	return 0, errdefs.Exhaustedf("network subnet %s: all %d sandbox addresses in use", n.subnet, size)
 }
 
+// Prefer reserves /31 i for sandbox id's next Attach, if it is free: a
+// restored sandbox keeps its address where it can. It reports whether it
+// did.
+func (n *Node) Prefer(id string, i int) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if i < 0 || i >= n.size() {
+		return false
+	}
+	if m, ok := n.used[i]; ok {
+		return m.id == id && !m.attached
+	}
+	n.used[i] = &member{id: id}
+	return true
+}
+
 func (n *Node) free(i int, id string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

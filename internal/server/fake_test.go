@@ -333,3 +333,26 @@ func (f *fakeManager) PauseByLabel(_ context.Context, r *warrenv1.PauseByLabelRe
 func (f *fakeManager) ResumeByLabel(_ context.Context, r *warrenv1.ResumeByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error {
 	return send(&warrenv1.ByLabelEvent{Done: true})
 }
+
+func (f *fakeManager) Hibernate(_ context.Context, r *warrenv1.HibernateRequest) (*warrenv1.HibernateResponse, error) {
+	return nil, errdefs.Unsupportedf("fake")
+}
+
+func (f *fakeManager) HibernateByLabel(_ context.Context, r *warrenv1.HibernateByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error {
+	return send(&warrenv1.ByLabelEvent{Done: true})
+}
+
+func (f *fakeManager) Fork(_ context.Context, r *warrenv1.ForkRequest) (*warrenv1.ForkResponse, error) {
+	return nil, errdefs.Unsupportedf("fake")
+}
+
+// ParentOf implements Owner from the sandboxes' parent field.
+func (f *fakeManager) ParentOf(id string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sandboxes[id]
+	if !ok {
+		return "", errdefs.NotFoundf("sandbox %s not found", id)
+	}
+	return sb.GetParent(), nil
+}

@@ -76,7 +76,8 @@ func NewHandler(m Manager, o HandlerOptions) http.Handler {
 		// Small messages are not worth compressing, even for clients
 		// that accept gzip.
 		connect.WithCompressMinBytes(4096),
-		connect.WithInterceptors(&logInterceptor{log: o.Logger}),
+		// The scope check runs inside the log, so refusals are logged.
+		connect.WithInterceptors(&logInterceptor{log: o.Logger}, scope{m}),
 		connect.WithRecover(func(ctx context.Context, spec connect.Spec, _ http.Header, p any) error {
 			o.Logger.Error("panic in handler", "procedure", spec.Procedure, "panic", p)
 			ce := connect.NewError(connect.CodeInternal, fmt.Errorf("internal error: %v", p))
@@ -90,21 +91,31 @@ func NewHandler(m Manager, o HandlerOptions) http.Handler {
 	mux.Handle(warrenv1connect.NewSystemServiceHandler(systemService{m}, opts...))
 
 	h := &httpAPI{m: m, o: o}
-	mux.HandleFunc("GET /v1/sandboxes/{id}/archive", h.getArchive)
-	mux.HandleFunc("PUT /v1/sandboxes/{id}/archive", h.putArchive)
-	mux.HandleFunc("PUT /v1/images/{name...}", h.putImage)
-	mux.HandleFunc("PUT /v1/layers/{name...}", h.putLayer)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
-		if o.Metrics == nil {
-			writeHTTPError(w, errdefs.NotFoundf("metrics are not enabled"))
-			return
-		}
-		o.Metrics.ServeHTTP(w, r)
-	})
+	sc := scope{m}
+	// The last column is what a harness may do with each (scope.go).
+	for _, e := range []struct {
+		pattern string
+		fn      http.HandlerFunc
+		harness access
+	}{
+		{"GET /v1/sandboxes/{id}/archive", h.getArchive, child},
+		{"PUT /v1/sandboxes/{id}/archive", h.putArchive, child},
+		{"PUT /v1/images/{name...}", h.putImage, deny},
+		{"PUT /v1/layers/{name...}", h.putLayer, deny},
+		{"GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			_, _ = w.Write([]byte("ok\n"))
+		}, anyone},
+		{"GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+			if o.Metrics == nil {
+				writeHTTPError(w, errdefs.NotFoundf("metrics are not enabled"))
+				return
+			}
+			o.Metrics.ServeHTTP(w, r)
+		}, deny},
+	} {
+		mux.HandleFunc(e.pattern, sc.scopeHTTP(e.harness, e.fn))
+	}
 	if o.Token != "" {
 		return requireToken(o.Token, mux)
 	}

@@ -42,6 +42,9 @@ type Manager interface {
 	Pause(context.Context, *warrenv1.PauseRequest) (*warrenv1.PauseResponse, error)
 	Resume(context.Context, *warrenv1.ResumeRequest) (*warrenv1.ResumeResponse, error)
 	PauseByLabel(ctx context.Context, req *warrenv1.PauseByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
+	Hibernate(context.Context, *warrenv1.HibernateRequest) (*warrenv1.HibernateResponse, error)
+	Fork(context.Context, *warrenv1.ForkRequest) (*warrenv1.ForkResponse, error)
+	HibernateByLabel(ctx context.Context, req *warrenv1.HibernateByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	ResumeByLabel(ctx context.Context, req *warrenv1.ResumeByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	Run(context.Context, *warrenv1.RunRequest) (*warrenv1.RunResult, error)
 	RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, send func(*warrenv1.RunBatchItem) error) error
@@ -201,6 +204,18 @@ func (s sandboxService) Pause(ctx context.Context, r *connect.Request[warrenv1.P
 
 func (s sandboxService) Resume(ctx context.Context, r *connect.Request[warrenv1.ResumeRequest]) (*connect.Response[warrenv1.ResumeResponse], error) {
 	return unary(ctx, r, s.m.Resume)
+}
+
+func (s sandboxService) Hibernate(ctx context.Context, r *connect.Request[warrenv1.HibernateRequest]) (*connect.Response[warrenv1.HibernateResponse], error) {
+	return unary(ctx, r, s.m.Hibernate)
+}
+
+func (s sandboxService) Fork(ctx context.Context, r *connect.Request[warrenv1.ForkRequest]) (*connect.Response[warrenv1.ForkResponse], error) {
+	return unary(ctx, r, s.m.Fork)
+}
+
+func (s sandboxService) HibernateByLabel(ctx context.Context, r *connect.Request[warrenv1.HibernateByLabelRequest], st *connect.ServerStream[warrenv1.ByLabelEvent]) error {
+	return ToConnectError(s.m.HibernateByLabel(ctx, r.Msg, st.Send))
 }
 
 func (s sandboxService) PauseByLabel(ctx context.Context, r *connect.Request[warrenv1.PauseByLabelRequest], st *connect.ServerStream[warrenv1.ByLabelEvent]) error {

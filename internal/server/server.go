@@ -57,6 +57,12 @@ type Server struct {
 	log    *slog.Logger
 	unixLn net.Listener
 	tcpLn  net.Listener
+
+	// The routes of harness sandboxes (routes.go).
+	routeMu      sync.Mutex
+	routes       map[string]*route
+	serveRoute   func(*route) // set while Serve serves
+	routesClosed bool
 }
 
 // New checks cfg and returns a Server that is not listening yet.
@@ -108,13 +114,26 @@ func (s *Server) Addrs() []net.Addr {
 	return out
 }
 
-// Close closes listeners that Serve has not taken over.
+// Close closes listeners that Serve has not taken over, and the harness
+// routes opened without being served.
 func (s *Server) Close() {
 	for _, ln := range []*net.Listener{&s.unixLn, &s.tcpLn} {
 		if *ln != nil {
 			(*ln).Close()
 			*ln = nil
 		}
+	}
+	s.routeMu.Lock()
+	var pending []*route
+	if s.serveRoute == nil {
+		for _, r := range s.routes {
+			pending = append(pending, r)
+		}
+		s.routes = nil
+	}
+	s.routeMu.Unlock()
+	for _, r := range pending {
+		r.close()
 	}
 }
 
@@ -189,6 +208,8 @@ func (s *Server) Serve(ctx context.Context, m Manager) error {
 	}
 	// Serve owns the listeners now; http.Server closes them.
 	s.unixLn, s.tcpLn = nil, nil
+	// Harness routes share one handler; the listener says who calls.
+	stopRoutes := s.startRoutes(reqCtx, NewHandler(m, base), s.log)
 
 	var serveErr error
 	select {
@@ -212,5 +233,6 @@ func (s *Server) Serve(ctx context.Context, m Manager) error {
 	}
 	swg.Wait()
 	wg.Wait()
+	stopRoutes()
 	return serveErr
 }

@@ -98,6 +98,7 @@ func TestClientCategoriesMatch(t *testing.T) {
 // testServer runs a Server on a unix socket and, when tcp is set, on a
 // random TCP port, until the test ends.
 type testServer struct {
+	srv  *Server
 	sock string
 	tcp  string
 	m    *fakeManager
@@ -129,7 +130,7 @@ func startServer(t *testing.T, cfg Config) *testServer {
 	if err := s.Listen(); err != nil {
 		t.Fatal(err)
 	}
-	ts := &testServer{sock: cfg.SocketPath, m: newFake()}
+	ts := &testServer{srv: s, sock: cfg.SocketPath, m: newFake()}
 	for _, a := range s.Addrs() {
 		if a.Network() == "tcp" {
 			ts.tcp = a.String()

@@ -59,6 +59,10 @@ type Record struct {
 	// (records of daemons before it say that too). Commits leave that
 	// file out, and a network change rewrites it only while it is that.
 	EtcNameserver string
+	// Bases are directories of the daemon's, top first, that sit above
+	// the image layers as lower layers: a forked checkpoint's writable
+	// layer, shared by the forks and their source (daemon fork.go).
+	Bases []string
 }
 
 // State is the lifecycle state of the record.
@@ -73,6 +77,7 @@ type encoded struct {
 	ImageLayers  []string `json:"image_layers,omitempty"`
 	Sandbox      []byte   `json:"sandbox"`
 	Nameserver   string   `json:"etc_nameserver,omitempty"`
+	Bases        []string `json:"bases,omitempty"`
 }
 
 // Store is the sandbox database. It is safe for concurrent use.
@@ -219,13 +224,9 @@ func (s *Store) Put(r Record) error {
 	if r.Sandbox == nil {
 		return errdefs.Invalidf("store: record %s without sandbox", r.ID)
 	}
-	pb, err := proto.Marshal(r.Sandbox)
+	val, err := Encode(r)
 	if err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "store: encode sandbox "+r.ID)
-	}
-	val, err := json.Marshal(encoded{ID: r.ID, Backend: r.Backend, BackendState: r.BackendState, ImageLayers: r.ImageLayers, Sandbox: pb, Nameserver: r.EtcNameserver})
-	if err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "store: encode record "+r.ID)
+		return err
 	}
 	err = s.db.Batch(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).Put([]byte(r.ID), val)
@@ -285,6 +286,34 @@ func (s *Store) List() ([]Record, error) {
 	return recs, nil
 }
 
+// Encode is a record in the store's on-disk form (Decode reads it back):
+// for copies of a record kept outside the store.
+func Encode(r Record) ([]byte, error) {
+	pb, err := proto.Marshal(r.Sandbox)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "store: encode sandbox "+r.ID)
+	}
+	val, err := json.Marshal(encoded{ID: r.ID, Backend: r.Backend, BackendState: r.BackendState, ImageLayers: r.ImageLayers, Sandbox: pb, Nameserver: r.EtcNameserver, Bases: r.Bases})
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "store: encode record "+r.ID)
+	}
+	return val, nil
+}
+
+// Decode reads a record Encode wrote.
+func Decode(v []byte) (Record, error) { return decode(v) }
+
+// Sync makes every record written so far durable. Within a boot the
+// store does not sync its commits (a running sandbox dies with the
+// machine); a record that must outlive a reboot (a hibernated sandbox's)
+// is followed by Sync.
+func (s *Store) Sync() error {
+	if err := s.db.Sync(); err != nil {
+		return errdefs.Wrap(writeCategory(err), err, "store: sync")
+	}
+	return nil
+}
+
 func decode(v []byte) (Record, error) {
 	var e encoded
 	if err := json.Unmarshal(v, &e); err != nil {
@@ -294,7 +323,7 @@ func decode(v []byte) (Record, error) {
 	if err := proto.Unmarshal(e.Sandbox, sb); err != nil {
 		return Record{}, errdefs.Wrap(errdefs.Internal, err, fmt.Sprintf("store: decode sandbox %s", e.ID))
 	}
-	return Record{ID: e.ID, Backend: e.Backend, BackendState: e.BackendState, ImageLayers: e.ImageLayers, Sandbox: sb, EtcNameserver: e.Nameserver}, nil
+	return Record{ID: e.ID, Backend: e.Backend, BackendState: e.BackendState, ImageLayers: e.ImageLayers, Sandbox: sb, EtcNameserver: e.Nameserver, Bases: e.Bases}, nil
 }
 
 // writeCategory tells a full disk (the caller may free space and retry)

@@ -280,9 +280,11 @@ func TestMountinfoShowsNoHostPaths(t *testing.T) {
 	// Every bind's source is a filesystem's root, a /proc entry, in the
 	// sandbox's own /dev directory (named by its id), or a file of the
 	// node's views tmpfs, named for what it is (the cgroup skeleton, the
-	// CPU views).
+	// CPU views), or the agent's file on the node's agent tmpfs, named
+	// for its content.
 	for _, m := range mountinfo.Parse(text) {
 		view := m.FSType == "tmpfs" && (m.Root == "/cgroup" || strings.HasPrefix(m.Root, "/cpu/"))
+		view = view || m.FSType == "tmpfs" && m.Point == "/dev/.warren-agent" && strings.HasPrefix(m.Root, "/warren-agent-")
 		if m.Root != "/" && m.FSType != "proc" && !strings.HasPrefix(m.Root+"/", "/mi/") && !view {
 			t.Errorf("mount %s shows its source as %s (%s %s)", m.Point, m.Root, m.FSType, m.Source)
 		}

@@ -410,16 +410,16 @@ func (e *env) resources() []resource {
 	// runs, and the daemon unmounts them when it stops. They count only
 	// once it stopped.
 	// So are the shared sysfs (<run>/sysfs), empty tmpfs (<run>/empty),
-	// views tmpfs (<run>/views) and devfs (<run>/devfs) that sandboxes
-	// bind; the devfs stays after a
+	// views tmpfs (<run>/views), agent tmpfs (<run>/agentfs) and devfs
+	// (<run>/devfs) that sandboxes bind; the devfs stays after a
 	// stop while sandboxes live.
 	layers := filepath.Join(e.runDir, "layers") + "/"
 	sysfs, devfs, empty := filepath.Join(e.runDir, "sysfs"), filepath.Join(e.runDir, "devfs"), filepath.Join(e.runDir, "empty")
-	views := filepath.Join(e.runDir, "views")
+	views, agentfs := filepath.Join(e.runDir, "views"), filepath.Join(e.runDir, "agentfs")
 	running := e.running()
 	devs, _ := os.ReadDir(devfs)
 	for _, m := range e.mounts() {
-		if running && (strings.HasPrefix(m, layers) || m == sysfs || m == empty || m == views) || m == devfs && (running || len(devs) > 0) {
+		if running && (strings.HasPrefix(m, layers) || m == sysfs || m == empty || m == views || m == agentfs) || m == devfs && (running || len(devs) > 0) {
 			continue
 		}
 		out = append(out, resource{"mount", e.idOfPath(m), m})

@@ -304,6 +304,13 @@ type CreateRequest struct {
 	// every other wall is nobody on the node. Unset: the node's default
 	// (warren serve --userns). The image's files must have ids below 65,536.
 	UserNamespace *bool `protobuf:"varint,16,opt,name=user_namespace,json=userNamespace,proto3,oneof" json:"user_namespace,omitempty"`
+	// Make the sandbox a harness: it gets a route to the API (a unix socket
+	// at /dev/warren.sock, $WARREN_ADDR in its env) through which it may
+	// create sandboxes, its children, and drive only those; everything
+	// else of the node is refused (PermissionDenied). Deleting the harness,
+	// or its death, deletes its children. docs/SECURITY.md, "Harness
+	// sandboxes". A harness cannot create another harness.
+	Harness       *HarnessOptions `protobuf:"bytes,26,opt,name=harness,proto3" json:"harness,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -457,6 +464,60 @@ func (x *CreateRequest) GetUserNamespace() bool {
 	return false
 }
 
+func (x *CreateRequest) GetHarness() *HarnessOptions {
+	if x != nil {
+		return x.Harness
+	}
+	return nil
+}
+
+// HarnessOptions are the limits of a harness sandbox.
+type HarnessOptions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many children it may have at once (0: 32; at most 1024); a
+	// create past it is Exhausted.
+	MaxChildren   int32 `protobuf:"varint,1,opt,name=max_children,json=maxChildren,proto3" json:"max_children,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HarnessOptions) Reset() {
+	*x = HarnessOptions{}
+	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HarnessOptions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HarnessOptions) ProtoMessage() {}
+
+func (x *HarnessOptions) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HarnessOptions.ProtoReflect.Descriptor instead.
+func (*HarnessOptions) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HarnessOptions) GetMaxChildren() int32 {
+	if x != nil {
+		return x.MaxChildren
+	}
+	return 0
+}
+
 // NetworkPolicy is what a sandbox may reach over the network. Modes:
 //
 //	"none" (or ""): loopback only; no interface is made.
@@ -484,7 +545,7 @@ type NetworkPolicy struct {
 
 func (x *NetworkPolicy) Reset() {
 	*x = NetworkPolicy{}
-	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	mi := &file_warren_v1_warren_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -496,7 +557,7 @@ func (x *NetworkPolicy) String() string {
 func (*NetworkPolicy) ProtoMessage() {}
 
 func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[2]
+	mi := &file_warren_v1_warren_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -509,7 +570,7 @@ func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
 func (*NetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NetworkPolicy) GetMode() string {
@@ -553,7 +614,7 @@ type NetworkRule struct {
 
 func (x *NetworkRule) Reset() {
 	*x = NetworkRule{}
-	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	mi := &file_warren_v1_warren_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -565,7 +626,7 @@ func (x *NetworkRule) String() string {
 func (*NetworkRule) ProtoMessage() {}
 
 func (x *NetworkRule) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[3]
+	mi := &file_warren_v1_warren_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -578,7 +639,7 @@ func (x *NetworkRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkRule.ProtoReflect.Descriptor instead.
 func (*NetworkRule) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *NetworkRule) GetCidr() string {
@@ -624,7 +685,7 @@ type Rlimit struct {
 
 func (x *Rlimit) Reset() {
 	*x = Rlimit{}
-	mi := &file_warren_v1_warren_proto_msgTypes[4]
+	mi := &file_warren_v1_warren_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +697,7 @@ func (x *Rlimit) String() string {
 func (*Rlimit) ProtoMessage() {}
 
 func (x *Rlimit) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[4]
+	mi := &file_warren_v1_warren_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +710,7 @@ func (x *Rlimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
 func (*Rlimit) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{4}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Rlimit) GetName() string {
@@ -710,13 +771,25 @@ type Sandbox struct {
 	// its last change. Process timeouts count running time only: they are
 	// pushed back by the time the sandbox spent paused.
 	PausedTotalMs int64 `protobuf:"varint,26,opt,name=paused_total_ms,json=pausedTotalMs,proto3" json:"paused_total_ms,omitempty"`
+	// When it was hibernated (HIBERNATED); 0 otherwise. Its lifetime keeps
+	// counting, as while paused: the checkpoint holds the node's disk.
+	HibernatedAtUnixMs int64 `protobuf:"varint,41,opt,name=hibernated_at_unix_ms,json=hibernatedAtUnixMs,proto3" json:"hibernated_at_unix_ms,omitempty"`
+	// The checkpoint's size on disk while HIBERNATED.
+	CheckpointBytes uint64 `protobuf:"varint,42,opt,name=checkpoint_bytes,json=checkpointBytes,proto3" json:"checkpoint_bytes,omitempty"`
+	// The sandbox this one was forked from ("" when it was created).
+	ForkedFrom string `protobuf:"bytes,43,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	// Set on a harness (CreateRequest.harness), with the defaults filled in.
+	Harness *HarnessOptions `protobuf:"bytes,37,opt,name=harness,proto3" json:"harness,omitempty"`
+	// The harness that created this sandbox through its route ("" for a
+	// sandbox the node's API created). Fixed at create.
+	Parent        string `protobuf:"bytes,38,opt,name=parent,proto3" json:"parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_warren_v1_warren_proto_msgTypes[5]
+	mi := &file_warren_v1_warren_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -728,7 +801,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[5]
+	mi := &file_warren_v1_warren_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -741,7 +814,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{5}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Sandbox) GetId() string {
@@ -912,6 +985,41 @@ func (x *Sandbox) GetPausedTotalMs() int64 {
 	return 0
 }
 
+func (x *Sandbox) GetHibernatedAtUnixMs() int64 {
+	if x != nil {
+		return x.HibernatedAtUnixMs
+	}
+	return 0
+}
+
+func (x *Sandbox) GetCheckpointBytes() uint64 {
+	if x != nil {
+		return x.CheckpointBytes
+	}
+	return 0
+}
+
+func (x *Sandbox) GetForkedFrom() string {
+	if x != nil {
+		return x.ForkedFrom
+	}
+	return ""
+}
+
+func (x *Sandbox) GetHarness() *HarnessOptions {
+	if x != nil {
+		return x.Harness
+	}
+	return nil
+}
+
+func (x *Sandbox) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
 type GetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -921,7 +1029,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[6]
+	mi := &file_warren_v1_warren_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +1041,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[6]
+	mi := &file_warren_v1_warren_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +1054,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{6}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetRequest) GetId() string {
@@ -965,7 +1073,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[7]
+	mi := &file_warren_v1_warren_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1085,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[7]
+	mi := &file_warren_v1_warren_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1098,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{7}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListRequest) GetLabels() map[string]string {
@@ -1009,7 +1117,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[8]
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1129,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[8]
+	mi := &file_warren_v1_warren_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1142,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{8}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListResponse) GetSandboxes() []*Sandbox {
@@ -1053,7 +1161,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1173,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[9]
+	mi := &file_warren_v1_warren_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,7 +1186,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{9}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteRequest) GetId() string {
@@ -1096,7 +1204,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1216,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[10]
+	mi := &file_warren_v1_warren_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1229,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{10}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
 }
 
 type ExtendTimeoutRequest struct {
@@ -1134,7 +1242,7 @@ type ExtendTimeoutRequest struct {
 
 func (x *ExtendTimeoutRequest) Reset() {
 	*x = ExtendTimeoutRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1254,7 @@ func (x *ExtendTimeoutRequest) String() string {
 func (*ExtendTimeoutRequest) ProtoMessage() {}
 
 func (x *ExtendTimeoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[11]
+	mi := &file_warren_v1_warren_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1267,7 @@ func (x *ExtendTimeoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendTimeoutRequest.ProtoReflect.Descriptor instead.
 func (*ExtendTimeoutRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{11}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExtendTimeoutRequest) GetId() string {
@@ -1199,7 +1307,7 @@ type UpdateSandboxRequest struct {
 
 func (x *UpdateSandboxRequest) Reset() {
 	*x = UpdateSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1319,7 @@ func (x *UpdateSandboxRequest) String() string {
 func (*UpdateSandboxRequest) ProtoMessage() {}
 
 func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[12]
+	mi := &file_warren_v1_warren_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1332,7 @@ func (x *UpdateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*UpdateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{12}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdateSandboxRequest) GetId() string {
@@ -1322,7 +1430,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1442,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[13]
+	mi := &file_warren_v1_warren_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1455,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{13}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecRequest) GetSandboxId() string {
@@ -1481,7 +1589,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +1601,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[14]
+	mi := &file_warren_v1_warren_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1614,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{14}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecResult) GetStdout() []byte {
@@ -1622,7 +1730,7 @@ type ExecEvent struct {
 
 func (x *ExecEvent) Reset() {
 	*x = ExecEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1634,7 +1742,7 @@ func (x *ExecEvent) String() string {
 func (*ExecEvent) ProtoMessage() {}
 
 func (x *ExecEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[15]
+	mi := &file_warren_v1_warren_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1647,7 +1755,7 @@ func (x *ExecEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecEvent.ProtoReflect.Descriptor instead.
 func (*ExecEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{15}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecEvent) GetEvent() isExecEvent_Event {
@@ -1733,7 +1841,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1745,7 +1853,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[16]
+	mi := &file_warren_v1_warren_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1758,7 +1866,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{16}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExecStarted) GetProcessId() string {
@@ -1797,7 +1905,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +1917,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[17]
+	mi := &file_warren_v1_warren_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +1930,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{17}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ProcessInfo) GetSandboxId() string {
@@ -1904,7 +2012,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1916,7 +2024,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[18]
+	mi := &file_warren_v1_warren_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1929,7 +2037,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{18}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListProcessesRequest) GetSandboxId() string {
@@ -1948,7 +2056,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1960,7 +2068,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[19]
+	mi := &file_warren_v1_warren_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1973,7 +2081,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{19}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*ProcessInfo {
@@ -1994,7 +2102,7 @@ type WaitProcessRequest struct {
 
 func (x *WaitProcessRequest) Reset() {
 	*x = WaitProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2114,7 @@ func (x *WaitProcessRequest) String() string {
 func (*WaitProcessRequest) ProtoMessage() {}
 
 func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[20]
+	mi := &file_warren_v1_warren_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2127,7 @@ func (x *WaitProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessRequest.ProtoReflect.Descriptor instead.
 func (*WaitProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{20}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WaitProcessRequest) GetSandboxId() string {
@@ -2055,7 +2163,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2067,7 +2175,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[21]
+	mi := &file_warren_v1_warren_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2080,7 +2188,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{21}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SignalProcessRequest) GetSandboxId() string {
@@ -2119,7 +2227,7 @@ type SignalProcessResponse struct {
 
 func (x *SignalProcessResponse) Reset() {
 	*x = SignalProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2239,7 @@ func (x *SignalProcessResponse) String() string {
 func (*SignalProcessResponse) ProtoMessage() {}
 
 func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[22]
+	mi := &file_warren_v1_warren_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2252,7 @@ func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
 func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{22}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
 }
 
 type WriteStdinRequest struct {
@@ -2159,7 +2267,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2171,7 +2279,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[23]
+	mi := &file_warren_v1_warren_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2184,7 +2292,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{23}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WriteStdinRequest) GetSandboxId() string {
@@ -2223,7 +2331,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2343,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[24]
+	mi := &file_warren_v1_warren_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2356,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{24}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
 }
 
 type AttachProcessRequest struct {
@@ -2266,7 +2374,7 @@ type AttachProcessRequest struct {
 
 func (x *AttachProcessRequest) Reset() {
 	*x = AttachProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2386,7 @@ func (x *AttachProcessRequest) String() string {
 func (*AttachProcessRequest) ProtoMessage() {}
 
 func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[25]
+	mi := &file_warren_v1_warren_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2399,7 @@ func (x *AttachProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProcessRequest.ProtoReflect.Descriptor instead.
 func (*AttachProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{25}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AttachProcessRequest) GetSandboxId() string {
@@ -2332,7 +2440,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2344,7 +2452,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[26]
+	mi := &file_warren_v1_warren_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2357,7 +2465,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{26}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *OutputChunk) GetOffset() int64 {
@@ -2388,7 +2496,7 @@ type ProcessEvent struct {
 
 func (x *ProcessEvent) Reset() {
 	*x = ProcessEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2400,7 +2508,7 @@ func (x *ProcessEvent) String() string {
 func (*ProcessEvent) ProtoMessage() {}
 
 func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[27]
+	mi := &file_warren_v1_warren_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2413,7 +2521,7 @@ func (x *ProcessEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessEvent.ProtoReflect.Descriptor instead.
 func (*ProcessEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{27}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ProcessEvent) GetEvent() isProcessEvent_Event {
@@ -2484,7 +2592,7 @@ type ResizeProcessRequest struct {
 
 func (x *ResizeProcessRequest) Reset() {
 	*x = ResizeProcessRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2496,7 +2604,7 @@ func (x *ResizeProcessRequest) String() string {
 func (*ResizeProcessRequest) ProtoMessage() {}
 
 func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[28]
+	mi := &file_warren_v1_warren_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2509,7 +2617,7 @@ func (x *ResizeProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessRequest.ProtoReflect.Descriptor instead.
 func (*ResizeProcessRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{28}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ResizeProcessRequest) GetSandboxId() string {
@@ -2548,7 +2656,7 @@ type ResizeProcessResponse struct {
 
 func (x *ResizeProcessResponse) Reset() {
 	*x = ResizeProcessResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2560,7 +2668,7 @@ func (x *ResizeProcessResponse) String() string {
 func (*ResizeProcessResponse) ProtoMessage() {}
 
 func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[29]
+	mi := &file_warren_v1_warren_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2573,7 +2681,7 @@ func (x *ResizeProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeProcessResponse.ProtoReflect.Descriptor instead.
 func (*ResizeProcessResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{29}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
 }
 
 type WriteFileRequest struct {
@@ -2592,7 +2700,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2604,7 +2712,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[30]
+	mi := &file_warren_v1_warren_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2617,7 +2725,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{30}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WriteFileRequest) GetSandboxId() string {
@@ -2687,7 +2795,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2699,7 +2807,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[31]
+	mi := &file_warren_v1_warren_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2712,7 +2820,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{31}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WriteFileResponse) GetSeq() uint64 {
@@ -2741,7 +2849,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2753,7 +2861,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[32]
+	mi := &file_warren_v1_warren_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2766,7 +2874,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{32}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReadFileRequest) GetSandboxId() string {
@@ -2808,7 +2916,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2820,7 +2928,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[33]
+	mi := &file_warren_v1_warren_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2833,7 +2941,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{33}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadFileResponse) GetContent() []byte {
@@ -2874,7 +2982,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2886,7 +2994,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[34]
+	mi := &file_warren_v1_warren_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2899,7 +3007,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{34}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *FileInfo) GetName() string {
@@ -2982,7 +3090,7 @@ type ListFilesRequest struct {
 
 func (x *ListFilesRequest) Reset() {
 	*x = ListFilesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2994,7 +3102,7 @@ func (x *ListFilesRequest) String() string {
 func (*ListFilesRequest) ProtoMessage() {}
 
 func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[35]
+	mi := &file_warren_v1_warren_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3007,7 +3115,7 @@ func (x *ListFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesRequest.ProtoReflect.Descriptor instead.
 func (*ListFilesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{35}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListFilesRequest) GetSandboxId() string {
@@ -3048,7 +3156,7 @@ type ListFilesResponse struct {
 
 func (x *ListFilesResponse) Reset() {
 	*x = ListFilesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3060,7 +3168,7 @@ func (x *ListFilesResponse) String() string {
 func (*ListFilesResponse) ProtoMessage() {}
 
 func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[36]
+	mi := &file_warren_v1_warren_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3073,7 +3181,7 @@ func (x *ListFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListFilesResponse.ProtoReflect.Descriptor instead.
 func (*ListFilesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{36}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListFilesResponse) GetFiles() []*FileInfo {
@@ -3100,7 +3208,7 @@ type StatFileRequest struct {
 
 func (x *StatFileRequest) Reset() {
 	*x = StatFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3112,7 +3220,7 @@ func (x *StatFileRequest) String() string {
 func (*StatFileRequest) ProtoMessage() {}
 
 func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[37]
+	mi := &file_warren_v1_warren_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3125,7 +3233,7 @@ func (x *StatFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatFileRequest.ProtoReflect.Descriptor instead.
 func (*StatFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{37}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StatFileRequest) GetSandboxId() string {
@@ -3156,7 +3264,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3168,7 +3276,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[38]
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3181,7 +3289,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{38}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -3236,7 +3344,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3248,7 +3356,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3261,7 +3369,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *MakeDirResponse) GetSeq() uint64 {
@@ -3291,7 +3399,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3303,7 +3411,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3316,7 +3424,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RemoveFileRequest) GetSandboxId() string {
@@ -3364,7 +3472,7 @@ type RemoveFileResponse struct {
 
 func (x *RemoveFileResponse) Reset() {
 	*x = RemoveFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3376,7 +3484,7 @@ func (x *RemoveFileResponse) String() string {
 func (*RemoveFileResponse) ProtoMessage() {}
 
 func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3389,7 +3497,7 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RemoveFileResponse) GetSeq() uint64 {
@@ -3430,7 +3538,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3442,7 +3550,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3455,7 +3563,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Image) GetName() string {
@@ -3557,7 +3665,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3569,7 +3677,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3582,7 +3690,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
 }
 
 type ListImagesResponse struct {
@@ -3594,7 +3702,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3606,7 +3714,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3619,7 +3727,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -3638,7 +3746,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3650,7 +3758,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3663,7 +3771,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetImageRequest) GetName() string {
@@ -3683,7 +3791,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3695,7 +3803,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3708,7 +3816,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ImportImageRequest) GetName() string {
@@ -3734,7 +3842,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3746,7 +3854,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3759,7 +3867,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -3777,7 +3885,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3789,7 +3897,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3802,7 +3910,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
 }
 
 type PullImageRequest struct {
@@ -3816,7 +3924,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3828,7 +3936,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3841,7 +3949,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -3888,7 +3996,7 @@ type PullImageEvent struct {
 
 func (x *PullImageEvent) Reset() {
 	*x = PullImageEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3900,7 +4008,7 @@ func (x *PullImageEvent) String() string {
 func (*PullImageEvent) ProtoMessage() {}
 
 func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3913,7 +4021,7 @@ func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageEvent.ProtoReflect.Descriptor instead.
 func (*PullImageEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *PullImageEvent) GetPhase() string {
@@ -4000,7 +4108,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4012,7 +4120,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4025,7 +4133,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Layer) GetName() string {
@@ -4101,7 +4209,7 @@ type BuildLayerRequest struct {
 
 func (x *BuildLayerRequest) Reset() {
 	*x = BuildLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4113,7 +4221,7 @@ func (x *BuildLayerRequest) String() string {
 func (*BuildLayerRequest) ProtoMessage() {}
 
 func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4126,7 +4234,7 @@ func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildLayerRequest.ProtoReflect.Descriptor instead.
 func (*BuildLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *BuildLayerRequest) GetName() string {
@@ -4151,7 +4259,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4163,7 +4271,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4176,7 +4284,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
 }
 
 type ListLayersResponse struct {
@@ -4188,7 +4296,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4200,7 +4308,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4213,7 +4321,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -4232,7 +4340,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4244,7 +4352,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4257,7 +4365,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RemoveLayerRequest) GetName() string {
@@ -4275,7 +4383,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4287,7 +4395,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4300,7 +4408,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
 }
 
 // CommitSandbox treats what the sandbox wrote as untrusted: setuid and
@@ -4317,7 +4425,7 @@ type CommitSandboxRequest struct {
 
 func (x *CommitSandboxRequest) Reset() {
 	*x = CommitSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4329,7 +4437,7 @@ func (x *CommitSandboxRequest) String() string {
 func (*CommitSandboxRequest) ProtoMessage() {}
 
 func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4342,7 +4450,7 @@ func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CommitSandboxRequest) GetSandboxId() string {
@@ -4375,7 +4483,7 @@ type ImageStatsRequest struct {
 
 func (x *ImageStatsRequest) Reset() {
 	*x = ImageStatsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4387,7 +4495,7 @@ func (x *ImageStatsRequest) String() string {
 func (*ImageStatsRequest) ProtoMessage() {}
 
 func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4400,7 +4508,7 @@ func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsRequest.ProtoReflect.Descriptor instead.
 func (*ImageStatsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ImageStatsRequest) GetNames() []string {
@@ -4435,7 +4543,7 @@ type LayerStat struct {
 
 func (x *LayerStat) Reset() {
 	*x = LayerStat{}
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4447,7 +4555,7 @@ func (x *LayerStat) String() string {
 func (*LayerStat) ProtoMessage() {}
 
 func (x *LayerStat) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4460,7 +4568,7 @@ func (x *LayerStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStat.ProtoReflect.Descriptor instead.
 func (*LayerStat) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *LayerStat) GetDigest() string {
@@ -4563,7 +4671,7 @@ type ImageStatsResponse struct {
 
 func (x *ImageStatsResponse) Reset() {
 	*x = ImageStatsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4575,7 +4683,7 @@ func (x *ImageStatsResponse) String() string {
 func (*ImageStatsResponse) ProtoMessage() {}
 
 func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4588,7 +4696,7 @@ func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsResponse.ProtoReflect.Descriptor instead.
 func (*ImageStatsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ImageStatsResponse) GetLayers() []*LayerStat {
@@ -4607,7 +4715,7 @@ type VerifyImageRequest struct {
 
 func (x *VerifyImageRequest) Reset() {
 	*x = VerifyImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4619,7 +4727,7 @@ func (x *VerifyImageRequest) String() string {
 func (*VerifyImageRequest) ProtoMessage() {}
 
 func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4632,7 +4740,7 @@ func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageRequest.ProtoReflect.Descriptor instead.
 func (*VerifyImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *VerifyImageRequest) GetNames() []string {
@@ -4654,7 +4762,7 @@ type LayerVerification struct {
 
 func (x *LayerVerification) Reset() {
 	*x = LayerVerification{}
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4666,7 +4774,7 @@ func (x *LayerVerification) String() string {
 func (*LayerVerification) ProtoMessage() {}
 
 func (x *LayerVerification) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4679,7 +4787,7 @@ func (x *LayerVerification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerVerification.ProtoReflect.Descriptor instead.
 func (*LayerVerification) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *LayerVerification) GetDigest() string {
@@ -4719,7 +4827,7 @@ type VerifyImageResponse struct {
 
 func (x *VerifyImageResponse) Reset() {
 	*x = VerifyImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[63]
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4731,7 +4839,7 @@ func (x *VerifyImageResponse) String() string {
 func (*VerifyImageResponse) ProtoMessage() {}
 
 func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[63]
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4744,7 +4852,7 @@ func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageResponse.ProtoReflect.Descriptor instead.
 func (*VerifyImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *VerifyImageResponse) GetLayers() []*LayerVerification {
@@ -4762,7 +4870,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[64]
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4774,7 +4882,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[64]
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4787,7 +4895,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{64}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{65}
 }
 
 type VersionResponse struct {
@@ -4802,7 +4910,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[65]
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4814,7 +4922,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[65]
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4827,7 +4935,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{65}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -4869,7 +4977,7 @@ type ListSandboxEventsRequest struct {
 
 func (x *ListSandboxEventsRequest) Reset() {
 	*x = ListSandboxEventsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4881,7 +4989,7 @@ func (x *ListSandboxEventsRequest) String() string {
 func (*ListSandboxEventsRequest) ProtoMessage() {}
 
 func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4894,7 +5002,7 @@ func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{66}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListSandboxEventsRequest) GetSandboxId() string {
@@ -4931,7 +5039,7 @@ type ListSandboxEventsResponse struct {
 
 func (x *ListSandboxEventsResponse) Reset() {
 	*x = ListSandboxEventsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4943,7 +5051,7 @@ func (x *ListSandboxEventsResponse) String() string {
 func (*ListSandboxEventsResponse) ProtoMessage() {}
 
 func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4956,7 +5064,7 @@ func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListSandboxEventsResponse) GetEvents() []*SecurityEvent {
@@ -5002,7 +5110,7 @@ type SecurityEvent struct {
 
 func (x *SecurityEvent) Reset() {
 	*x = SecurityEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5014,7 +5122,7 @@ func (x *SecurityEvent) String() string {
 func (*SecurityEvent) ProtoMessage() {}
 
 func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5027,7 +5135,7 @@ func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityEvent.ProtoReflect.Descriptor instead.
 func (*SecurityEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *SecurityEvent) GetSeq() uint64 {
@@ -5091,7 +5199,7 @@ type ReadTrajectoryRequest struct {
 
 func (x *ReadTrajectoryRequest) Reset() {
 	*x = ReadTrajectoryRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5103,7 +5211,7 @@ func (x *ReadTrajectoryRequest) String() string {
 func (*ReadTrajectoryRequest) ProtoMessage() {}
 
 func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5116,7 +5224,7 @@ func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*ReadTrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ReadTrajectoryRequest) GetSandboxId() string {
@@ -5161,7 +5269,7 @@ type ReadTrajectoryResponse struct {
 
 func (x *ReadTrajectoryResponse) Reset() {
 	*x = ReadTrajectoryResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5173,7 +5281,7 @@ func (x *ReadTrajectoryResponse) String() string {
 func (*ReadTrajectoryResponse) ProtoMessage() {}
 
 func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5186,7 +5294,7 @@ func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTrajectoryResponse.ProtoReflect.Descriptor instead.
 func (*ReadTrajectoryResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ReadTrajectoryResponse) GetEntries() []*TrajectoryEntry {
@@ -5236,7 +5344,7 @@ type TrajectoryUpload struct {
 
 func (x *TrajectoryUpload) Reset() {
 	*x = TrajectoryUpload{}
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5248,7 +5356,7 @@ func (x *TrajectoryUpload) String() string {
 func (*TrajectoryUpload) ProtoMessage() {}
 
 func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5261,7 +5369,7 @@ func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryUpload.ProtoReflect.Descriptor instead.
 func (*TrajectoryUpload) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *TrajectoryUpload) GetSandboxId() string {
@@ -5329,7 +5437,7 @@ type TrajectoryEntry struct {
 
 func (x *TrajectoryEntry) Reset() {
 	*x = TrajectoryEntry{}
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5341,7 +5449,7 @@ func (x *TrajectoryEntry) String() string {
 func (*TrajectoryEntry) ProtoMessage() {}
 
 func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5354,7 +5462,7 @@ func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryEntry.ProtoReflect.Descriptor instead.
 func (*TrajectoryEntry) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *TrajectoryEntry) GetIndex() uint64 {
@@ -5554,7 +5662,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5566,7 +5674,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5579,7 +5687,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -5609,7 +5717,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5621,7 +5729,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5634,7 +5742,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *Memory) GetBytes() uint64 {
@@ -5679,7 +5787,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5691,7 +5799,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5704,7 +5812,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -5758,7 +5866,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5770,7 +5878,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5783,7 +5891,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -5794,17 +5902,21 @@ func (x *ResumeRequest) GetId() string {
 }
 
 type ResumeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
-	ThawUs        int64                  `protobuf:"varint,2,opt,name=thaw_us,json=thawUs,proto3" json:"thaw_us,omitempty"`
-	PausedMs      int64                  `protobuf:"varint,3,opt,name=paused_ms,json=pausedMs,proto3" json:"paused_ms,omitempty"` // how long it was paused
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox  *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	ThawUs   int64                  `protobuf:"varint,2,opt,name=thaw_us,json=thawUs,proto3" json:"thaw_us,omitempty"`
+	PausedMs int64                  `protobuf:"varint,3,opt,name=paused_ms,json=pausedMs,proto3" json:"paused_ms,omitempty"` // how long it was paused (or hibernated)
+	// Resume of a HIBERNATED sandbox: how long CRIU's restore took (its
+	// processes run again from then on); thaw_us is 0.
+	RestoreUs     int64 `protobuf:"varint,4,opt,name=restore_us,json=restoreUs,proto3" json:"restore_us,omitempty"`
+	Restored      bool  `protobuf:"varint,5,opt,name=restored,proto3" json:"restored,omitempty"` // it was HIBERNATED
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5816,7 +5928,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5829,7 +5941,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -5853,6 +5965,336 @@ func (x *ResumeResponse) GetPausedMs() int64 {
 	return 0
 }
 
+func (x *ResumeResponse) GetRestoreUs() int64 {
+	if x != nil {
+		return x.RestoreUs
+	}
+	return 0
+}
+
+func (x *ResumeResponse) GetRestored() bool {
+	if x != nil {
+		return x.Restored
+	}
+	return false
+}
+
+type HibernateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateRequest) Reset() {
+	*x = HibernateRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateRequest) ProtoMessage() {}
+
+func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateRequest.ProtoReflect.Descriptor instead.
+func (*HibernateRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *HibernateRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type HibernateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	CheckpointUs  int64                  `protobuf:"varint,2,opt,name=checkpoint_us,json=checkpointUs,proto3" json:"checkpoint_us,omitempty"` // CRIU's dump, the writable layer moved
+	TotalUs       int64                  `protobuf:"varint,3,opt,name=total_us,json=totalUs,proto3" json:"total_us,omitempty"`                // the whole call in the daemon
+	Bytes         uint64                 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`                                   // the checkpoint's size on disk (images)
+	Before        *Memory                `protobuf:"bytes,5,opt,name=before,proto3" json:"before,omitempty"`                                  // the memory the sandbox held, now released
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateResponse) Reset() {
+	*x = HibernateResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateResponse) ProtoMessage() {}
+
+func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
+func (*HibernateResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *HibernateResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *HibernateResponse) GetCheckpointUs() int64 {
+	if x != nil {
+		return x.CheckpointUs
+	}
+	return 0
+}
+
+func (x *HibernateResponse) GetTotalUs() int64 {
+	if x != nil {
+		return x.TotalUs
+	}
+	return 0
+}
+
+func (x *HibernateResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *HibernateResponse) GetBefore() *Memory {
+	if x != nil {
+		return x.Before
+	}
+	return nil
+}
+
+type ForkRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Count          int32                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`                                                                            // 1 to 64
+	Labels         map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // added to the source's on every fork
+	TimeoutSeconds int64                  `protobuf:"varint,4,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`                                    // the forks' lifetime; 0 = the node default
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ForkRequest) Reset() {
+	*x = ForkRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkRequest) ProtoMessage() {}
+
+func (x *ForkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
+func (*ForkRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *ForkRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ForkRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ForkRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *ForkRequest) GetTimeoutSeconds() int64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+type ForkResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`                            // the forks, RUNNING
+	Source        *Sandbox               `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`                                  // the source, in the state it was in
+	CheckpointUs  int64                  `protobuf:"varint,3,opt,name=checkpoint_us,json=checkpointUs,proto3" json:"checkpoint_us,omitempty"` // the source's checkpoint (0 if it was HIBERNATED)
+	RestoreUs     []int64                `protobuf:"varint,4,rep,packed,name=restore_us,json=restoreUs,proto3" json:"restore_us,omitempty"`   // each fork's restore
+	TotalUs       int64                  `protobuf:"varint,5,opt,name=total_us,json=totalUs,proto3" json:"total_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkResponse) Reset() {
+	*x = ForkResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkResponse) ProtoMessage() {}
+
+func (x *ForkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
+func (*ForkResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *ForkResponse) GetSandboxes() []*Sandbox {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetSource() *Sandbox {
+	if x != nil {
+		return x.Source
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetCheckpointUs() int64 {
+	if x != nil {
+		return x.CheckpointUs
+	}
+	return 0
+}
+
+func (x *ForkResponse) GetRestoreUs() []int64 {
+	if x != nil {
+		return x.RestoreUs
+	}
+	return nil
+}
+
+func (x *ForkResponse) GetTotalUs() int64 {
+	if x != nil {
+		return x.TotalUs
+	}
+	return 0
+}
+
+type HibernateByLabelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // required: at least one
+	Parallelism   int32                  `protobuf:"varint,2,opt,name=parallelism,proto3" json:"parallelism,omitempty"`                                                                // 0 = 8; at most 64
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateByLabelRequest) Reset() {
+	*x = HibernateByLabelRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateByLabelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateByLabelRequest) ProtoMessage() {}
+
+func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateByLabelRequest.ProtoReflect.Descriptor instead.
+func (*HibernateByLabelRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *HibernateByLabelRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *HibernateByLabelRequest) GetParallelism() int32 {
+	if x != nil {
+		return x.Parallelism
+	}
+	return 0
+}
+
 type PauseByLabelRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // required: at least one
@@ -5864,7 +6306,7 @@ type PauseByLabelRequest struct {
 
 func (x *PauseByLabelRequest) Reset() {
 	*x = PauseByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5876,7 +6318,7 @@ func (x *PauseByLabelRequest) String() string {
 func (*PauseByLabelRequest) ProtoMessage() {}
 
 func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5889,7 +6331,7 @@ func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
 func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *PauseByLabelRequest) GetLabels() map[string]string {
@@ -5923,7 +6365,7 @@ type ResumeByLabelRequest struct {
 
 func (x *ResumeByLabelRequest) Reset() {
 	*x = ResumeByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5935,7 +6377,7 @@ func (x *ResumeByLabelRequest) String() string {
 func (*ResumeByLabelRequest) ProtoMessage() {}
 
 func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5948,7 +6390,7 @@ func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
 func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ResumeByLabelRequest) GetLabels() map[string]string {
@@ -5971,21 +6413,22 @@ type ByLabelEvent struct {
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// The error when this sandbox failed ("" on success), and its
 	// category ("conflict", "not_found", ...).
-	Error         string          `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
-	ErrorCode     string          `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
-	Paused        *PauseResponse  `protobuf:"bytes,4,opt,name=paused,proto3" json:"paused,omitempty"`        // PauseByLabel, on success
-	Resumed       *ResumeResponse `protobuf:"bytes,5,opt,name=resumed,proto3" json:"resumed,omitempty"`      // ResumeByLabel, on success
-	Completed     int32           `protobuf:"varint,6,opt,name=completed,proto3" json:"completed,omitempty"` // sandboxes finished so far, this one included
-	Total         int32           `protobuf:"varint,7,opt,name=total,proto3" json:"total,omitempty"`         // sandboxes matched
-	Done          bool            `protobuf:"varint,8,opt,name=done,proto3" json:"done,omitempty"`           // the last event: totals only
-	Failed        int32           `protobuf:"varint,9,opt,name=failed,proto3" json:"failed,omitempty"`       // on the last event: how many failed
+	Error         string             `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	ErrorCode     string             `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Paused        *PauseResponse     `protobuf:"bytes,4,opt,name=paused,proto3" json:"paused,omitempty"`          // PauseByLabel, on success
+	Resumed       *ResumeResponse    `protobuf:"bytes,5,opt,name=resumed,proto3" json:"resumed,omitempty"`        // ResumeByLabel, on success
+	Completed     int32              `protobuf:"varint,6,opt,name=completed,proto3" json:"completed,omitempty"`   // sandboxes finished so far, this one included
+	Total         int32              `protobuf:"varint,7,opt,name=total,proto3" json:"total,omitempty"`           // sandboxes matched
+	Done          bool               `protobuf:"varint,8,opt,name=done,proto3" json:"done,omitempty"`             // the last event: totals only
+	Failed        int32              `protobuf:"varint,9,opt,name=failed,proto3" json:"failed,omitempty"`         // on the last event: how many failed
+	Hibernated    *HibernateResponse `protobuf:"bytes,10,opt,name=hibernated,proto3" json:"hibernated,omitempty"` // HibernateByLabel, on success
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ByLabelEvent) Reset() {
 	*x = ByLabelEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5997,7 +6440,7 @@ func (x *ByLabelEvent) String() string {
 func (*ByLabelEvent) ProtoMessage() {}
 
 func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6010,7 +6453,7 @@ func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
 func (*ByLabelEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ByLabelEvent) GetSandboxId() string {
@@ -6076,6 +6519,13 @@ func (x *ByLabelEvent) GetFailed() int32 {
 	return 0
 }
 
+func (x *ByLabelEvent) GetHibernated() *HibernateResponse {
+	if x != nil {
+		return x.Hibernated
+	}
+	return nil
+}
+
 type RunRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
@@ -6087,7 +6537,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6099,7 +6549,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6112,7 +6562,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RunRequest) GetImage() string {
@@ -6156,7 +6606,7 @@ type RunStep struct {
 
 func (x *RunStep) Reset() {
 	*x = RunStep{}
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6168,7 +6618,7 @@ func (x *RunStep) String() string {
 func (*RunStep) ProtoMessage() {}
 
 func (x *RunStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6181,7 +6631,7 @@ func (x *RunStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
 func (*RunStep) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RunStep) GetArgv() []string {
@@ -6248,7 +6698,7 @@ type RunFile struct {
 
 func (x *RunFile) Reset() {
 	*x = RunFile{}
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6260,7 +6710,7 @@ func (x *RunFile) String() string {
 func (*RunFile) ProtoMessage() {}
 
 func (x *RunFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6273,7 +6723,7 @@ func (x *RunFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
 func (*RunFile) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *RunFile) GetName() string {
@@ -6336,7 +6786,7 @@ type RunLimits struct {
 
 func (x *RunLimits) Reset() {
 	*x = RunLimits{}
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6348,7 +6798,7 @@ func (x *RunLimits) String() string {
 func (*RunLimits) ProtoMessage() {}
 
 func (x *RunLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6361,7 +6811,7 @@ func (x *RunLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
 func (*RunLimits) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RunLimits) GetCpuMs() int64 {
@@ -6447,7 +6897,7 @@ type RunStepResult struct {
 
 func (x *RunStepResult) Reset() {
 	*x = RunStepResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6459,7 +6909,7 @@ func (x *RunStepResult) String() string {
 func (*RunStepResult) ProtoMessage() {}
 
 func (x *RunStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6472,7 +6922,7 @@ func (x *RunStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
 func (*RunStepResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RunStepResult) GetStatus() RunStatus {
@@ -6570,7 +7020,7 @@ type RunFileResult struct {
 
 func (x *RunFileResult) Reset() {
 	*x = RunFileResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6582,7 +7032,7 @@ func (x *RunFileResult) String() string {
 func (*RunFileResult) ProtoMessage() {}
 
 func (x *RunFileResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6595,7 +7045,7 @@ func (x *RunFileResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
 func (*RunFileResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RunFileResult) GetName() string {
@@ -6631,7 +7081,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6643,7 +7093,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6656,7 +7106,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RunResult) GetSteps() []*RunStepResult {
@@ -6685,7 +7135,7 @@ type RunBatchRequest struct {
 
 func (x *RunBatchRequest) Reset() {
 	*x = RunBatchRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6697,7 +7147,7 @@ func (x *RunBatchRequest) String() string {
 func (*RunBatchRequest) ProtoMessage() {}
 
 func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6710,7 +7160,7 @@ func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RunBatchRequest) GetImage() string {
@@ -6750,7 +7200,7 @@ type RunJob struct {
 
 func (x *RunJob) Reset() {
 	*x = RunJob{}
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6762,7 +7212,7 @@ func (x *RunJob) String() string {
 func (*RunJob) ProtoMessage() {}
 
 func (x *RunJob) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6775,7 +7225,7 @@ func (x *RunJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
 func (*RunJob) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RunJob) GetSteps() []*RunStep {
@@ -6797,7 +7247,7 @@ type RunBatchItem struct {
 
 func (x *RunBatchItem) Reset() {
 	*x = RunBatchItem{}
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6809,7 +7259,7 @@ func (x *RunBatchItem) String() string {
 func (*RunBatchItem) ProtoMessage() {}
 
 func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6822,7 +7272,7 @@ func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
 func (*RunBatchItem) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RunBatchItem) GetIndex() int32 {
@@ -6864,7 +7314,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xf7\x05\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xac\x06\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -6883,14 +7333,17 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\anetwork\x18\x0e \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12!\n" +
 	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x12#\n" +
 	"\rno_trajectory\x18\x19 \x01(\bR\fnoTrajectory\x12*\n" +
-	"\x0euser_namespace\x18\x10 \x01(\bH\x00R\ruserNamespace\x88\x01\x01\x1a6\n" +
+	"\x0euser_namespace\x18\x10 \x01(\bH\x00R\ruserNamespace\x88\x01\x01\x123\n" +
+	"\aharness\x18\x1a \x01(\v2\x19.warren.v1.HarnessOptionsR\aharness\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x11\n" +
-	"\x0f_user_namespace\"g\n" +
+	"\x0f_user_namespace\"3\n" +
+	"\x0eHarnessOptions\x12!\n" +
+	"\fmax_children\x18\x01 \x01(\x05R\vmaxChildren\"g\n" +
 	"\rNetworkPolicy\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12,\n" +
 	"\x05allow\x18\x02 \x03(\v2\x16.warren.v1.NetworkRuleR\x05allow\x12\x14\n" +
@@ -6904,7 +7357,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xec\a\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xb8\t\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -6932,7 +7385,13 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fuser_id_base\x18$ \x01(\rR\n" +
 	"userIdBase\x12)\n" +
 	"\x11paused_at_unix_ms\x18\x19 \x01(\x03R\x0epausedAtUnixMs\x12&\n" +
-	"\x0fpaused_total_ms\x18\x1a \x01(\x03R\rpausedTotalMs\x1a6\n" +
+	"\x0fpaused_total_ms\x18\x1a \x01(\x03R\rpausedTotalMs\x121\n" +
+	"\x15hibernated_at_unix_ms\x18) \x01(\x03R\x12hibernatedAtUnixMs\x12)\n" +
+	"\x10checkpoint_bytes\x18* \x01(\x04R\x0fcheckpointBytes\x12\x1f\n" +
+	"\vforked_from\x18+ \x01(\tR\n" +
+	"forkedFrom\x123\n" +
+	"\aharness\x18% \x01(\v2\x19.warren.v1.HarnessOptionsR\aharness\x12\x16\n" +
+	"\x06parent\x18& \x01(\tR\x06parent\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -7356,11 +7815,43 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"reclaim_us\x18\x05 \x01(\x03R\treclaimUs\x12\x19\n" +
 	"\btotal_us\x18\x06 \x01(\x03R\atotalUs\"\x1f\n" +
 	"\rResumeRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"t\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xaf\x01\n" +
 	"\x0eResumeResponse\x12,\n" +
 	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12\x17\n" +
 	"\athaw_us\x18\x02 \x01(\x03R\x06thawUs\x12\x1b\n" +
-	"\tpaused_ms\x18\x03 \x01(\x03R\bpausedMs\"\xd0\x01\n" +
+	"\tpaused_ms\x18\x03 \x01(\x03R\bpausedMs\x12\x1d\n" +
+	"\n" +
+	"restore_us\x18\x04 \x01(\x03R\trestoreUs\x12\x1a\n" +
+	"\brestored\x18\x05 \x01(\bR\brestored\"\"\n" +
+	"\x10HibernateRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xc2\x01\n" +
+	"\x11HibernateResponse\x12,\n" +
+	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12#\n" +
+	"\rcheckpoint_us\x18\x02 \x01(\x03R\fcheckpointUs\x12\x19\n" +
+	"\btotal_us\x18\x03 \x01(\x03R\atotalUs\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12)\n" +
+	"\x06before\x18\x05 \x01(\v2\x11.warren.v1.MemoryR\x06before\"\xd3\x01\n" +
+	"\vForkRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12:\n" +
+	"\x06labels\x18\x03 \x03(\v2\".warren.v1.ForkRequest.LabelsEntryR\x06labels\x12'\n" +
+	"\x0ftimeout_seconds\x18\x04 \x01(\x03R\x0etimeoutSeconds\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcb\x01\n" +
+	"\fForkResponse\x120\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x12.warren.v1.SandboxR\tsandboxes\x12*\n" +
+	"\x06source\x18\x02 \x01(\v2\x12.warren.v1.SandboxR\x06source\x12#\n" +
+	"\rcheckpoint_us\x18\x03 \x01(\x03R\fcheckpointUs\x12\x1d\n" +
+	"\n" +
+	"restore_us\x18\x04 \x03(\x03R\trestoreUs\x12\x19\n" +
+	"\btotal_us\x18\x05 \x01(\x03R\atotalUs\"\xbe\x01\n" +
+	"\x17HibernateByLabelRequest\x12F\n" +
+	"\x06labels\x18\x01 \x03(\v2..warren.v1.HibernateByLabelRequest.LabelsEntryR\x06labels\x12 \n" +
+	"\vparallelism\x18\x02 \x01(\x05R\vparallelism\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd0\x01\n" +
 	"\x13PauseByLabelRequest\x12B\n" +
 	"\x06labels\x18\x01 \x03(\v2*.warren.v1.PauseByLabelRequest.LabelsEntryR\x06labels\x12\x18\n" +
 	"\areclaim\x18\x02 \x01(\bR\areclaim\x12 \n" +
@@ -7373,7 +7864,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\vparallelism\x18\x02 \x01(\x05R\vparallelism\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe7\x02\n" +
 	"\fByLabelEvent\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -7385,7 +7876,11 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\tcompleted\x18\x06 \x01(\x05R\tcompleted\x12\x14\n" +
 	"\x05total\x18\a \x01(\x05R\x05total\x12\x12\n" +
 	"\x04done\x18\b \x01(\bR\x04done\x12\x16\n" +
-	"\x06failed\x18\t \x01(\x05R\x06failed\"f\n" +
+	"\x06failed\x18\t \x01(\x05R\x06failed\x12<\n" +
+	"\n" +
+	"hibernated\x18\n" +
+	" \x01(\v2\x1c.warren.v1.HibernateResponseR\n" +
+	"hibernated\"f\n" +
 	"\n" +
 	"RunRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
@@ -7471,7 +7966,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
 	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
 	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
-	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xb0\x10\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\x84\x12\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -7503,7 +7998,10 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05Pause\x12\x17.warren.v1.PauseRequest\x1a\x18.warren.v1.PauseResponse\x12=\n" +
 	"\x06Resume\x12\x18.warren.v1.ResumeRequest\x1a\x19.warren.v1.ResumeResponse\x12I\n" +
 	"\fPauseByLabel\x12\x1e.warren.v1.PauseByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x12K\n" +
-	"\rResumeByLabel\x12\x1f.warren.v1.ResumeByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x122\n" +
+	"\rResumeByLabel\x12\x1f.warren.v1.ResumeByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x12F\n" +
+	"\tHibernate\x12\x1b.warren.v1.HibernateRequest\x1a\x1c.warren.v1.HibernateResponse\x12Q\n" +
+	"\x10HibernateByLabel\x12\".warren.v1.HibernateByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x127\n" +
+	"\x04Fork\x12\x16.warren.v1.ForkRequest\x1a\x17.warren.v1.ForkResponse\x122\n" +
 	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult\x12A\n" +
 	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x012\xd8\x05\n" +
 	"\fImageService\x12I\n" +
@@ -7537,256 +8035,279 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(RunStatus)(0),                    // 1: warren.v1.RunStatus
 	(*Resources)(nil),                 // 2: warren.v1.Resources
 	(*CreateRequest)(nil),             // 3: warren.v1.CreateRequest
-	(*NetworkPolicy)(nil),             // 4: warren.v1.NetworkPolicy
-	(*NetworkRule)(nil),               // 5: warren.v1.NetworkRule
-	(*Rlimit)(nil),                    // 6: warren.v1.Rlimit
-	(*Sandbox)(nil),                   // 7: warren.v1.Sandbox
-	(*GetRequest)(nil),                // 8: warren.v1.GetRequest
-	(*ListRequest)(nil),               // 9: warren.v1.ListRequest
-	(*ListResponse)(nil),              // 10: warren.v1.ListResponse
-	(*DeleteRequest)(nil),             // 11: warren.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 12: warren.v1.DeleteResponse
-	(*ExtendTimeoutRequest)(nil),      // 13: warren.v1.ExtendTimeoutRequest
-	(*UpdateSandboxRequest)(nil),      // 14: warren.v1.UpdateSandboxRequest
-	(*ExecRequest)(nil),               // 15: warren.v1.ExecRequest
-	(*ExecResult)(nil),                // 16: warren.v1.ExecResult
-	(*ExecEvent)(nil),                 // 17: warren.v1.ExecEvent
-	(*ExecStarted)(nil),               // 18: warren.v1.ExecStarted
-	(*ProcessInfo)(nil),               // 19: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),      // 20: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),     // 21: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),        // 22: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),      // 23: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),     // 24: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),         // 25: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),        // 26: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),      // 27: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),               // 28: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),              // 29: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),      // 30: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil),     // 31: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),          // 32: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 33: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),           // 34: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 35: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),                  // 36: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),          // 37: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),         // 38: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),           // 39: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),            // 40: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 41: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),         // 42: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),        // 43: warren.v1.RemoveFileResponse
-	(*Image)(nil),                     // 44: warren.v1.Image
-	(*ListImagesRequest)(nil),         // 45: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),        // 46: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),           // 47: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),        // 48: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),        // 49: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),       // 50: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),          // 51: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),            // 52: warren.v1.PullImageEvent
-	(*Layer)(nil),                     // 53: warren.v1.Layer
-	(*BuildLayerRequest)(nil),         // 54: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),         // 55: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),        // 56: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),        // 57: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),       // 58: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),      // 59: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),         // 60: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),                 // 61: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),        // 62: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),        // 63: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),         // 64: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),       // 65: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),            // 66: warren.v1.VersionRequest
-	(*VersionResponse)(nil),           // 67: warren.v1.VersionResponse
-	(*ListSandboxEventsRequest)(nil),  // 68: warren.v1.ListSandboxEventsRequest
-	(*ListSandboxEventsResponse)(nil), // 69: warren.v1.ListSandboxEventsResponse
-	(*SecurityEvent)(nil),             // 70: warren.v1.SecurityEvent
-	(*ReadTrajectoryRequest)(nil),     // 71: warren.v1.ReadTrajectoryRequest
-	(*ReadTrajectoryResponse)(nil),    // 72: warren.v1.ReadTrajectoryResponse
-	(*TrajectoryUpload)(nil),          // 73: warren.v1.TrajectoryUpload
-	(*TrajectoryEntry)(nil),           // 74: warren.v1.TrajectoryEntry
-	(*PauseRequest)(nil),              // 75: warren.v1.PauseRequest
-	(*Memory)(nil),                    // 76: warren.v1.Memory
-	(*PauseResponse)(nil),             // 77: warren.v1.PauseResponse
-	(*ResumeRequest)(nil),             // 78: warren.v1.ResumeRequest
-	(*ResumeResponse)(nil),            // 79: warren.v1.ResumeResponse
-	(*PauseByLabelRequest)(nil),       // 80: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 81: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 82: warren.v1.ByLabelEvent
-	(*RunRequest)(nil),                // 83: warren.v1.RunRequest
-	(*RunStep)(nil),                   // 84: warren.v1.RunStep
-	(*RunFile)(nil),                   // 85: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 86: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 87: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 88: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 89: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 90: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 91: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 92: warren.v1.RunBatchItem
-	nil,                               // 93: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 94: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 95: warren.v1.Sandbox.EnvEntry
-	nil,                               // 96: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 97: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 98: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 99: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 100: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 101: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 102: warren.v1.RunStep.EnvEntry
+	(*HarnessOptions)(nil),            // 4: warren.v1.HarnessOptions
+	(*NetworkPolicy)(nil),             // 5: warren.v1.NetworkPolicy
+	(*NetworkRule)(nil),               // 6: warren.v1.NetworkRule
+	(*Rlimit)(nil),                    // 7: warren.v1.Rlimit
+	(*Sandbox)(nil),                   // 8: warren.v1.Sandbox
+	(*GetRequest)(nil),                // 9: warren.v1.GetRequest
+	(*ListRequest)(nil),               // 10: warren.v1.ListRequest
+	(*ListResponse)(nil),              // 11: warren.v1.ListResponse
+	(*DeleteRequest)(nil),             // 12: warren.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 13: warren.v1.DeleteResponse
+	(*ExtendTimeoutRequest)(nil),      // 14: warren.v1.ExtendTimeoutRequest
+	(*UpdateSandboxRequest)(nil),      // 15: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),               // 16: warren.v1.ExecRequest
+	(*ExecResult)(nil),                // 17: warren.v1.ExecResult
+	(*ExecEvent)(nil),                 // 18: warren.v1.ExecEvent
+	(*ExecStarted)(nil),               // 19: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),               // 20: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),      // 21: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),     // 22: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),        // 23: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),      // 24: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),     // 25: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),         // 26: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 27: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),      // 28: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),               // 29: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),              // 30: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),      // 31: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil),     // 32: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),          // 33: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 34: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),           // 35: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 36: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),                  // 37: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),          // 38: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 39: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),           // 40: warren.v1.StatFileRequest
+	(*MakeDirRequest)(nil),            // 41: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 42: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),         // 43: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),        // 44: warren.v1.RemoveFileResponse
+	(*Image)(nil),                     // 45: warren.v1.Image
+	(*ListImagesRequest)(nil),         // 46: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),        // 47: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),           // 48: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),        // 49: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),        // 50: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),       // 51: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),          // 52: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),            // 53: warren.v1.PullImageEvent
+	(*Layer)(nil),                     // 54: warren.v1.Layer
+	(*BuildLayerRequest)(nil),         // 55: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),         // 56: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),        // 57: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),        // 58: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),       // 59: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),      // 60: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),         // 61: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),                 // 62: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),        // 63: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),        // 64: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),         // 65: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),       // 66: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),            // 67: warren.v1.VersionRequest
+	(*VersionResponse)(nil),           // 68: warren.v1.VersionResponse
+	(*ListSandboxEventsRequest)(nil),  // 69: warren.v1.ListSandboxEventsRequest
+	(*ListSandboxEventsResponse)(nil), // 70: warren.v1.ListSandboxEventsResponse
+	(*SecurityEvent)(nil),             // 71: warren.v1.SecurityEvent
+	(*ReadTrajectoryRequest)(nil),     // 72: warren.v1.ReadTrajectoryRequest
+	(*ReadTrajectoryResponse)(nil),    // 73: warren.v1.ReadTrajectoryResponse
+	(*TrajectoryUpload)(nil),          // 74: warren.v1.TrajectoryUpload
+	(*TrajectoryEntry)(nil),           // 75: warren.v1.TrajectoryEntry
+	(*PauseRequest)(nil),              // 76: warren.v1.PauseRequest
+	(*Memory)(nil),                    // 77: warren.v1.Memory
+	(*PauseResponse)(nil),             // 78: warren.v1.PauseResponse
+	(*ResumeRequest)(nil),             // 79: warren.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 80: warren.v1.ResumeResponse
+	(*HibernateRequest)(nil),          // 81: warren.v1.HibernateRequest
+	(*HibernateResponse)(nil),         // 82: warren.v1.HibernateResponse
+	(*ForkRequest)(nil),               // 83: warren.v1.ForkRequest
+	(*ForkResponse)(nil),              // 84: warren.v1.ForkResponse
+	(*HibernateByLabelRequest)(nil),   // 85: warren.v1.HibernateByLabelRequest
+	(*PauseByLabelRequest)(nil),       // 86: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 87: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 88: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 89: warren.v1.RunRequest
+	(*RunStep)(nil),                   // 90: warren.v1.RunStep
+	(*RunFile)(nil),                   // 91: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 92: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 93: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 94: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 95: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 96: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 97: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 98: warren.v1.RunBatchItem
+	nil,                               // 99: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 100: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 101: warren.v1.Sandbox.EnvEntry
+	nil,                               // 102: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 103: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 104: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 105: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 106: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 107: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 108: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 109: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 110: warren.v1.RunStep.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	93,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	94,  // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
-	6,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
-	4,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
-	5,   // 5: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
-	0,   // 6: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
-	2,   // 7: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	95,  // 8: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	96,  // 9: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	6,   // 10: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
-	4,   // 11: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	97,  // 12: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
-	7,   // 13: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	98,  // 14: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	4,   // 15: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	99,  // 16: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	16,  // 17: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	18,  // 18: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
-	16,  // 19: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	19,  // 20: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	28,  // 21: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
-	28,  // 22: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
-	16,  // 23: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
-	36,  // 24: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	44,  // 25: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	44,  // 26: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	53,  // 27: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	61,  // 28: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	64,  // 29: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	70,  // 30: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
-	74,  // 31: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
-	15,  // 32: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
-	32,  // 33: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
-	40,  // 34: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
-	42,  // 35: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
-	73,  // 36: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
-	16,  // 37: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
-	7,   // 38: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
-	76,  // 39: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
-	76,  // 40: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
-	7,   // 41: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
-	100, // 42: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	101, // 43: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
-	77,  // 44: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
-	79,  // 45: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	84,  // 46: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	102, // 47: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	85,  // 48: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	86,  // 49: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
-	1,   // 50: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	88,  // 51: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	87,  // 52: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	91,  // 53: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	84,  // 54: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	89,  // 55: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
-	3,   // 56: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	8,   // 57: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	9,   // 58: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	11,  // 59: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	13,  // 60: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	14,  // 61: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	15,  // 62: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	15,  // 63: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	15,  // 64: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	20,  // 65: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	22,  // 66: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	23,  // 67: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	25,  // 68: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	27,  // 69: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	30,  // 70: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	32,  // 71: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	34,  // 72: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	37,  // 73: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	39,  // 74: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	40,  // 75: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	42,  // 76: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	59,  // 77: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	68,  // 78: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	71,  // 79: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	75,  // 80: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	78,  // 81: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	80,  // 82: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	81,  // 83: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	83,  // 84: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	90,  // 85: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	45,  // 86: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	47,  // 87: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	48,  // 88: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	49,  // 89: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	51,  // 90: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	54,  // 91: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	55,  // 92: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	57,  // 93: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	60,  // 94: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	63,  // 95: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	66,  // 96: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	7,   // 97: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	7,   // 98: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	10,  // 99: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	12,  // 100: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	7,   // 101: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	7,   // 102: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	16,  // 103: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	17,  // 104: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	19,  // 105: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	21,  // 106: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	16,  // 107: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	24,  // 108: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	26,  // 109: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	29,  // 110: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	31,  // 111: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	33,  // 112: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	35,  // 113: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	38,  // 114: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	36,  // 115: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	41,  // 116: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	43,  // 117: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	53,  // 118: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	69,  // 119: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	72,  // 120: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	77,  // 121: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	79,  // 122: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	82,  // 123: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	82,  // 124: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	89,  // 125: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	92,  // 126: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	46,  // 127: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	44,  // 128: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	44,  // 129: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	50,  // 130: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	52,  // 131: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	53,  // 132: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	56,  // 133: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	58,  // 134: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	62,  // 135: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	65,  // 136: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	67,  // 137: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	97,  // [97:138] is the sub-list for method output_type
-	56,  // [56:97] is the sub-list for method input_type
-	56,  // [56:56] is the sub-list for extension type_name
-	56,  // [56:56] is the sub-list for extension extendee
-	0,   // [0:56] is the sub-list for field type_name
+	99,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	100, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	7,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
+	5,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
+	4,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
+	6,   // 6: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
+	0,   // 7: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
+	2,   // 8: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
+	101, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	102, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	7,   // 11: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
+	5,   // 12: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
+	4,   // 13: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
+	103, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	8,   // 15: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
+	104, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	5,   // 17: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
+	105, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	17,  // 19: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
+	19,  // 20: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
+	17,  // 21: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	20,  // 22: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	29,  // 23: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
+	29,  // 24: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
+	17,  // 25: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
+	37,  // 26: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	45,  // 27: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	45,  // 28: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	54,  // 29: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	62,  // 30: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	65,  // 31: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	71,  // 32: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	75,  // 33: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
+	16,  // 34: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
+	33,  // 35: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
+	41,  // 36: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
+	43,  // 37: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
+	74,  // 38: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
+	17,  // 39: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
+	8,   // 40: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
+	77,  // 41: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
+	77,  // 42: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
+	8,   // 43: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
+	8,   // 44: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
+	77,  // 45: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
+	106, // 46: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	8,   // 47: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
+	8,   // 48: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
+	107, // 49: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	108, // 50: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	109, // 51: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	78,  // 52: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
+	80,  // 53: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
+	82,  // 54: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
+	90,  // 55: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	110, // 56: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	91,  // 57: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	92,  // 58: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	1,   // 59: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
+	94,  // 60: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	93,  // 61: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	97,  // 62: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	90,  // 63: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	95,  // 64: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	3,   // 65: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	9,   // 66: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	10,  // 67: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	12,  // 68: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	14,  // 69: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	15,  // 70: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	16,  // 71: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	16,  // 72: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	16,  // 73: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	21,  // 74: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	23,  // 75: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	24,  // 76: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	26,  // 77: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	28,  // 78: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	31,  // 79: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	33,  // 80: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	35,  // 81: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	38,  // 82: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	40,  // 83: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	41,  // 84: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	43,  // 85: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	60,  // 86: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	69,  // 87: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	72,  // 88: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	76,  // 89: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	79,  // 90: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	86,  // 91: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	87,  // 92: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	81,  // 93: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	85,  // 94: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	83,  // 95: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	89,  // 96: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	96,  // 97: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	46,  // 98: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	48,  // 99: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	49,  // 100: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	50,  // 101: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	52,  // 102: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	55,  // 103: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	56,  // 104: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	58,  // 105: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	61,  // 106: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	64,  // 107: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	67,  // 108: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	8,   // 109: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	8,   // 110: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	11,  // 111: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	13,  // 112: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	8,   // 113: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	8,   // 114: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	17,  // 115: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	18,  // 116: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	20,  // 117: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	22,  // 118: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	17,  // 119: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	25,  // 120: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	27,  // 121: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	30,  // 122: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	32,  // 123: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	34,  // 124: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	36,  // 125: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	39,  // 126: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	37,  // 127: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	42,  // 128: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	44,  // 129: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	54,  // 130: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	70,  // 131: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	73,  // 132: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	78,  // 133: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	80,  // 134: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	88,  // 135: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	88,  // 136: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	82,  // 137: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	88,  // 138: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	84,  // 139: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	95,  // 140: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	98,  // 141: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	47,  // 142: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	45,  // 143: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	45,  // 144: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	51,  // 145: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	53,  // 146: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	54,  // 147: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	57,  // 148: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	59,  // 149: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	63,  // 150: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	66,  // 151: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	68,  // 152: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	109, // [109:153] is the sub-list for method output_type
+	65,  // [65:109] is the sub-list for method input_type
+	65,  // [65:65] is the sub-list for extension type_name
+	65,  // [65:65] is the sub-list for extension extendee
+	0,   // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -7795,20 +8316,20 @@ func file_warren_v1_warren_proto_init() {
 		return
 	}
 	file_warren_v1_warren_proto_msgTypes[1].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[3].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[12].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[15].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[4].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[13].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[16].OneofWrappers = []any{
 		(*ExecEvent_Stdout)(nil),
 		(*ExecEvent_Stderr)(nil),
 		(*ExecEvent_Result)(nil),
 		(*ExecEvent_Started)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[27].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[28].OneofWrappers = []any{
 		(*ProcessEvent_Stdout)(nil),
 		(*ProcessEvent_Stderr)(nil),
 		(*ProcessEvent_Exit)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[72].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[73].OneofWrappers = []any{
 		(*TrajectoryEntry_Exec)(nil),
 		(*TrajectoryEntry_WriteFile)(nil),
 		(*TrajectoryEntry_MakeDir)(nil),
@@ -7821,7 +8342,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   101,
+			NumMessages:   109,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

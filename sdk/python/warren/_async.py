@@ -63,6 +63,7 @@ from ._types import (
     ProcessEvent,
     ProcessInfo,
     PauseResult,
+    HibernateResult,
     PullEvent,
     Resources,
     ResumeResult,
@@ -414,6 +415,8 @@ class AsyncWarren:
         user_namespace: Optional[bool] = None,
         rlimits: Optional[RlimitsArg] = None,
         network: Optional[NetworkArg] = None,
+        harness: bool = False,
+        max_children: int = 0,
         call_timeout: Optional[float] = None,
     ) -> "_StartContext[AsyncSandbox]":
         """Create a sandbox. Await it for an :class:`AsyncSandbox`, or use it
@@ -472,6 +475,14 @@ class AsyncWarren:
                 No mode reaches the node's own services, metadata addresses
                 or other sandboxes. A bad policy is :class:`InvalidError`
                 naming the field.
+            harness: make the sandbox a harness: its processes reach the API
+                at ``/dev/warren.sock`` (``$WARREN_ADDR``, which this SDK
+                reads), where they may create sandboxes (its children) and
+                drive those only; everything else is
+                :class:`PermissionDeniedError`. Deleting the harness, or its
+                death, deletes its children. A harness cannot create one.
+            max_children: with ``harness``: how many children it may have at
+                once (0 = 32, at most 1024); past it :class:`ExhaustedError`.
             call_timeout: client deadline of this call (default ``create_timeout``).
         """
         net = _network_json(network)
@@ -503,6 +514,7 @@ class AsyncWarren:
                 user_namespace=user_namespace,
                 rlimits=limits,
                 network=net,
+                harness={"maxChildren": max_children} if max_children else {} if harness else None,
                 call_timeout=call_timeout if call_timeout is not None else self.create_timeout,
             )
 
@@ -528,6 +540,7 @@ class AsyncWarren:
         rlimits: Sequence[Rlimit],
         network: Optional[Dict[str, Any]],
         call_timeout: float,
+        harness: Optional[Dict[str, Any]] = None,
     ) -> "AsyncSandbox":
         if not image:
             raise ValueError("image is required")
@@ -568,6 +581,8 @@ class AsyncWarren:
             body["rlimits"] = [r._to_json() for r in rlimits]
         if network is not None:
             body["network"] = network
+        if harness is not None:
+            body["harness"] = harness
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + call_timeout
@@ -792,10 +807,68 @@ class AsyncWarren:
         return PauseResult._from_json(d)
 
     async def resume(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
-        """Thaw paused sandbox ``id``: its processes continue where they
-        stopped. :class:`ConflictError` unless PAUSED."""
-        d = await self._rpc(_SBX + "Resume", {"id": id}, timeout=timeout, idempotent=False)
+        """Thaw paused sandbox ``id``, or restore hibernated sandbox ``id``
+        from its checkpoint (``result.restored``): its processes continue
+        where they stopped. :class:`ConflictError` unless PAUSED or
+        HIBERNATED. ``timeout`` defaults to ``transfer_timeout`` (a restore
+        reads the checkpoint back)."""
+        t = timeout if timeout is not None else self.transfer_timeout
+        d = await self._rpc(_SBX + "Resume", {"id": id}, timeout=t, idempotent=False)
         return ResumeResult._from_json(d)
+
+    async def hibernate(self, id: str, *, timeout: Optional[float] = None) -> HibernateResult:
+        """Checkpoint running or paused sandbox ``id`` to disk with CRIU and
+        release everything it holds on the node: memory, processes,
+        mounts. It is HIBERNATED, across daemon restarts and reboots, until
+        :meth:`resume` restores it; its lifetime keeps counting.
+        :class:`UnsupportedError` (the sandbox keeps running) where CRIU
+        cannot checkpoint it; :class:`ConflictError` while calls to it are
+        in flight. ``timeout`` defaults to ``transfer_timeout``."""
+        t = timeout if timeout is not None else self.transfer_timeout
+        d = await self._rpc(_SBX + "Hibernate", {"id": id}, timeout=t, idempotent=False)
+        return HibernateResult._from_json(d)
+
+    async def fork(
+        self,
+        id: str,
+        n: int = 1,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        lifetime: Optional[float] = None,
+        timeout: Optional[float] = None,
+    ) -> List["AsyncSandbox"]:
+        """Make ``n`` copies (at most 64) of sandbox ``id`` from a checkpoint
+        of it: each runs its processes from where they were and sees its
+        files, on a copy-on-write layer of its own, and then diverges (the
+        N rollouts of GRPO from one prepared state). A RUNNING or PAUSED
+        sandbox is hibernated for the fork and put back as it was; a
+        HIBERNATED one stays hibernated. Forks carry its labels plus
+        ``labels``, ``lifetime`` seconds (default: the node's), and a copy
+        of its trajectory log. All or nothing. ``timeout`` defaults to
+        ``transfer_timeout``."""
+        body: Dict[str, Any] = {"id": id, "count": int(n)}
+        if labels:
+            body["labels"] = dict(labels)
+        if lifetime is not None:
+            body["timeoutSeconds"] = int(lifetime)
+        t = timeout if timeout is not None else self.transfer_timeout
+        d = await self._rpc(_SBX + "Fork", body, timeout=t, idempotent=False)
+        return [AsyncSandbox(self, SandboxInfo._from_json(x)) for x in d.get("sandboxes") or []]
+
+    async def hibernate_by_label(
+        self,
+        labels: Mapping[str, str],
+        *,
+        parallelism: int = 0,
+        progress: Optional[Callable[[ByLabelEvent], Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> ByLabelResult:
+        """Hibernate every RUNNING or PAUSED sandbox whose labels include all
+        of ``labels`` (a trainer's whole rollout batch before it is
+        preempted), as :meth:`pause_by_label` pauses them;
+        :meth:`resume_by_label` restores them."""
+        body: Dict[str, Any] = {"labels": dict(labels), "parallelism": int(parallelism)}
+        return await self._by_label("HibernateByLabel", body, progress, timeout)
 
     async def pause_by_label(
         self,
@@ -827,8 +900,8 @@ class AsyncWarren:
         progress: Optional[Callable[[ByLabelEvent], Any]] = None,
         timeout: Optional[float] = None,
     ) -> ByLabelResult:
-        """Resume every PAUSED sandbox whose labels include all of
-        ``labels``, as :meth:`pause_by_label` pauses them."""
+        """Resume every PAUSED or HIBERNATED sandbox whose labels include
+        all of ``labels``, as :meth:`pause_by_label` pauses them."""
         body: Dict[str, Any] = {"labels": dict(labels), "parallelism": int(parallelism)}
         return await self._by_label("ResumeByLabel", body, progress, timeout)
 
@@ -1404,10 +1477,27 @@ class AsyncSandbox:
         return res
 
     async def resume(self, *, timeout: Optional[float] = None) -> ResumeResult:
-        """Thaw the paused sandbox: its processes continue where they stopped."""
+        """Thaw the paused sandbox, or restore the hibernated one: its
+        processes continue where they stopped."""
         res = await self.client.resume(self.id, timeout=timeout)
         self.info = res.sandbox
         return res
+
+    async def hibernate(self, *, timeout: Optional[float] = None) -> HibernateResult:
+        """Checkpoint the sandbox to disk and release what it holds on the
+        node (see :meth:`AsyncWarren.hibernate`); :meth:`resume` restores it."""
+        res = await self.client.hibernate(self.id, timeout=timeout)
+        self.info = res.sandbox
+        return res
+
+    async def fork(
+        self, n: int = 1, *, labels: Optional[Mapping[str, str]] = None, lifetime: Optional[float] = None, timeout: Optional[float] = None
+    ) -> List["AsyncSandbox"]:
+        """``n`` copies of the sandbox from a checkpoint of it (see
+        :meth:`AsyncWarren.fork`)."""
+        forks = await self.client.fork(self.id, n, labels=labels, lifetime=lifetime, timeout=timeout)
+        await self.refresh()
+        return forks
 
     async def update(
         self,

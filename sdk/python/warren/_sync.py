@@ -64,6 +64,7 @@ from ._types import (
     LayerVerification,
     ProcessEvent,
     PauseResult,
+    HibernateResult,
     ProcessInfo,
     PullEvent,
     Resources,
@@ -263,6 +264,8 @@ class Warren:
         user_namespace: Optional[bool] = None,
         rlimits: Optional[RlimitsArg] = None,
         network: Optional[NetworkArg] = None,
+        harness: bool = False,
+        max_children: int = 0,
         call_timeout: Optional[float] = None,
     ) -> "Sandbox":
         """Create a sandbox (see :meth:`AsyncWarren.create`). Use the result in
@@ -288,6 +291,8 @@ class Warren:
             user_namespace=user_namespace,
             rlimits=rlimits,
             network=network,
+            harness=harness,
+            max_children=max_children,
             call_timeout=call_timeout,
         )
         return Sandbox(self, self._run(_await(ctx)))
@@ -353,8 +358,36 @@ class Warren:
         return self._run(self.aio.pause(id, reclaim=reclaim, timeout=timeout))
 
     def resume(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
-        """Thaw paused sandbox ``id``."""
+        """Thaw paused sandbox ``id``, or restore hibernated sandbox ``id``."""
         return self._run(self.aio.resume(id, timeout=timeout))
+
+    def hibernate(self, id: str, *, timeout: Optional[float] = None) -> HibernateResult:
+        """Checkpoint sandbox ``id`` to disk (see :meth:`AsyncWarren.hibernate`)."""
+        return self._run(self.aio.hibernate(id, timeout=timeout))
+
+    def fork(
+        self,
+        id: str,
+        n: int = 1,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        lifetime: Optional[float] = None,
+        timeout: Optional[float] = None,
+    ) -> List["Sandbox"]:
+        """``n`` copies of sandbox ``id`` (see :meth:`AsyncWarren.fork`)."""
+        forks = self._run(self.aio.fork(id, n, labels=labels, lifetime=lifetime, timeout=timeout))
+        return [Sandbox(self, f) for f in forks]
+
+    def hibernate_by_label(
+        self,
+        labels: Mapping[str, str],
+        *,
+        parallelism: int = 0,
+        progress: Optional[Callable[[ByLabelEvent], Any]] = None,
+        timeout: Optional[float] = None,
+    ) -> ByLabelResult:
+        """Hibernate every RUNNING or PAUSED sandbox matching ``labels``."""
+        return self._run(self.aio.hibernate_by_label(labels, parallelism=parallelism, progress=progress, timeout=timeout))
 
     def pause_by_label(
         self,
@@ -379,7 +412,7 @@ class Warren:
         progress: Optional[Callable[[ByLabelEvent], Any]] = None,
         timeout: Optional[float] = None,
     ) -> ByLabelResult:
-        """Resume every PAUSED sandbox matching ``labels``."""
+        """Resume every PAUSED or HIBERNATED sandbox matching ``labels``."""
         return self._run(self.aio.resume_by_label(labels, parallelism=parallelism, progress=progress, timeout=timeout))
 
     # -- images ----------------------------------------------------------
@@ -626,8 +659,19 @@ class Sandbox:
         return self._run(self.aio.pause(reclaim=reclaim, timeout=timeout))
 
     def resume(self, *, timeout: Optional[float] = None) -> ResumeResult:
-        """Thaw the paused sandbox."""
+        """Thaw the paused sandbox, or restore the hibernated one."""
         return self._run(self.aio.resume(timeout=timeout))
+
+    def hibernate(self, *, timeout: Optional[float] = None) -> HibernateResult:
+        """Checkpoint the sandbox to disk (see :meth:`AsyncWarren.hibernate`)."""
+        return self._run(self.aio.hibernate(timeout=timeout))
+
+    def fork(
+        self, n: int = 1, *, labels: Optional[Mapping[str, str]] = None, lifetime: Optional[float] = None, timeout: Optional[float] = None
+    ) -> List["Sandbox"]:
+        """``n`` copies of the sandbox (see :meth:`AsyncWarren.fork`)."""
+        forks = self._run(self.aio.fork(n, labels=labels, lifetime=lifetime, timeout=timeout))
+        return [Sandbox(self.client, f) for f in forks]
 
     def commit(self, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None) -> Layer:
         """Make the sandbox's writable layer the named layer ``name`` (see

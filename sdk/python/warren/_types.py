@@ -324,6 +324,21 @@ class SandboxInfo:
     paused_at_unix_ms: int = 0
     #: how long it has been paused in all (process timeouts do not count it)
     paused_total_ms: int = 0
+    #: when it was hibernated (state HIBERNATED), else 0
+    hibernated_at_unix_ms: int = 0
+    #: the checkpoint's size on disk while HIBERNATED
+    checkpoint_bytes: int = 0
+    #: the sandbox this one was forked from ("" when it was created)
+    forked_from: str = ""
+    #: it is a harness (``create(harness=True)``): how many children it may have
+    max_children: int = 0
+    #: the harness that created it ("" for one the node's API created)
+    parent: str = ""
+
+    @property
+    def harness(self) -> bool:
+        """It is a harness: it drives its own sandboxes through its route."""
+        return self.max_children > 0
 
     def rlimit(self, name: str) -> Optional[Rlimit]:
         """The sandbox's limit of ``name`` (``"nofile"``), or None."""
@@ -372,6 +387,11 @@ class SandboxInfo:
             network_address=d.get("networkAddress", ""),
             paused_at_unix_ms=_int(d.get("pausedAtUnixMs")),
             paused_total_ms=_int(d.get("pausedTotalMs")),
+            hibernated_at_unix_ms=_int(d.get("hibernatedAtUnixMs")),
+            checkpoint_bytes=_int(d.get("checkpointBytes")),
+            forked_from=d.get("forkedFrom", ""),
+            max_children=_int((d.get("harness") or {}).get("maxChildren")),
+            parent=d.get("parent", ""),
         )
 
 
@@ -925,6 +945,10 @@ class ResumeResult:
     sandbox: SandboxInfo
     thaw_us: int = 0
     paused_ms: int = 0
+    #: The sandbox was HIBERNATED and was restored from its checkpoint;
+    #: ``restore_us`` is how long that took (``thaw_us`` is 0).
+    restored: bool = False
+    restore_us: int = 0
 
     @classmethod
     def _from_json(cls, d: Mapping[str, Any]) -> "ResumeResult":
@@ -932,6 +956,32 @@ class ResumeResult:
             sandbox=SandboxInfo._from_json(d.get("sandbox") or {}),
             thaw_us=_int(d.get("thawUs")),
             paused_ms=_int(d.get("pausedMs")),
+            restored=bool(d.get("restored", False)),
+            restore_us=_int(d.get("restoreUs")),
+        )
+
+
+@dataclass(frozen=True)
+class HibernateResult:
+    """What a hibernation did: the sandbox (now HIBERNATED), the memory it
+    held and gave back (``before``), the checkpoint's size on disk
+    (``bytes``), CRIU's checkpoint time and the whole call's, in
+    microseconds."""
+
+    sandbox: SandboxInfo
+    checkpoint_us: int = 0
+    total_us: int = 0
+    bytes: int = 0
+    before: Memory = field(default_factory=Memory)
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "HibernateResult":
+        return cls(
+            sandbox=SandboxInfo._from_json(d.get("sandbox") or {}),
+            checkpoint_us=_int(d.get("checkpointUs")),
+            total_us=_int(d.get("totalUs")),
+            bytes=_int(d.get("bytes")),
+            before=Memory._from_json(d.get("before")),
         )
 
 
@@ -946,6 +996,7 @@ class ByLabelEvent:
     error_code: str = ""
     paused: Optional[PauseResult] = None
     resumed: Optional[ResumeResult] = None
+    hibernated: Optional[HibernateResult] = None
     completed: int = 0
     total: int = 0
 
@@ -961,6 +1012,7 @@ class ByLabelEvent:
             error_code=d.get("errorCode", ""),
             paused=PauseResult._from_json(d["paused"]) if d.get("paused") else None,
             resumed=ResumeResult._from_json(d["resumed"]) if d.get("resumed") else None,
+            hibernated=HibernateResult._from_json(d["hibernated"]) if d.get("hibernated") else None,
             completed=_int(d.get("completed")),
             total=_int(d.get("total")),
         )

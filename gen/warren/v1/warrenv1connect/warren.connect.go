@@ -123,6 +123,14 @@ const (
 	// SandboxServiceResumeByLabelProcedure is the fully-qualified name of the SandboxService's
 	// ResumeByLabel RPC.
 	SandboxServiceResumeByLabelProcedure = "/warren.v1.SandboxService/ResumeByLabel"
+	// SandboxServiceHibernateProcedure is the fully-qualified name of the SandboxService's Hibernate
+	// RPC.
+	SandboxServiceHibernateProcedure = "/warren.v1.SandboxService/Hibernate"
+	// SandboxServiceHibernateByLabelProcedure is the fully-qualified name of the SandboxService's
+	// HibernateByLabel RPC.
+	SandboxServiceHibernateByLabelProcedure = "/warren.v1.SandboxService/HibernateByLabel"
+	// SandboxServiceForkProcedure is the fully-qualified name of the SandboxService's Fork RPC.
+	SandboxServiceForkProcedure = "/warren.v1.SandboxService/Fork"
 	// SandboxServiceRunProcedure is the fully-qualified name of the SandboxService's Run RPC.
 	SandboxServiceRunProcedure = "/warren.v1.SandboxService/Run"
 	// SandboxServiceRunBatchProcedure is the fully-qualified name of the SandboxService's RunBatch RPC.
@@ -244,6 +252,29 @@ type SandboxServiceClient interface {
 	// ResumeByLabel resumes every PAUSED sandbox matching `labels`, as
 	// PauseByLabel does.
 	ResumeByLabel(context.Context, *connect.Request[v1.ResumeByLabelRequest]) (*connect.ServerStreamForClient[v1.ByLabelEvent], error)
+	// Hibernate checkpoints a RUNNING or PAUSED sandbox to disk with CRIU:
+	// its processes (memory, open files, pipes, sockets inside it) and its
+	// writable layer go into a checkpoint under the daemon's state
+	// directory, and everything it held on the node (memory, processes,
+	// mounts, cgroup) is released. The sandbox is HIBERNATED, its record
+	// written durably: it survives daemon restarts and reboots. Resume
+	// restores it: its processes continue where they stopped. Unsupported,
+	// with the sandbox left running, where CRIU cannot checkpoint it
+	// (docs/HIBERNATE.md: sandboxes in a user namespace or with a disk limit, for now; a networked one comes back with its TCP connections closed).
+	Hibernate(context.Context, *connect.Request[v1.HibernateRequest]) (*connect.Response[v1.HibernateResponse], error)
+	// HibernateByLabel hibernates every RUNNING or PAUSED sandbox matching
+	// `labels`, as PauseByLabel does. ResumeByLabel restores them.
+	HibernateByLabel(context.Context, *connect.Request[v1.HibernateByLabelRequest]) (*connect.ServerStreamForClient[v1.ByLabelEvent], error)
+	// Fork makes `count` new sandboxes from one: each a copy of it at the
+	// moment of its checkpoint, processes and files, running on its own
+	// copy-on-write writable layer; they then diverge independently. The
+	// source is HIBERNATED (forked from its checkpoint, and left so) or
+	// RUNNING or PAUSED (hibernated for the fork and then resumed, in the
+	// state it was in). Forks carry the source's labels plus `labels`, and
+	// a copy of its trajectory log, so that a rollout replayed on a fork
+	// finds the source's steps. Unsupported where the source cannot be
+	// hibernated.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	// Run runs one job (its steps in order in one fresh, isolated
 	// environment of the image) and returns every step's result. The
 	// backend is "fncall": a pool of pre-made environments per image, each
@@ -438,6 +469,24 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("ResumeByLabel")),
 			connect.WithClientOptions(opts...),
 		),
+		hibernate: connect.NewClient[v1.HibernateRequest, v1.HibernateResponse](
+			httpClient,
+			baseURL+SandboxServiceHibernateProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Hibernate")),
+			connect.WithClientOptions(opts...),
+		),
+		hibernateByLabel: connect.NewClient[v1.HibernateByLabelRequest, v1.ByLabelEvent](
+			httpClient,
+			baseURL+SandboxServiceHibernateByLabelProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("HibernateByLabel")),
+			connect.WithClientOptions(opts...),
+		),
+		fork: connect.NewClient[v1.ForkRequest, v1.ForkResponse](
+			httpClient,
+			baseURL+SandboxServiceForkProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Fork")),
+			connect.WithClientOptions(opts...),
+		),
 		run: connect.NewClient[v1.RunRequest, v1.RunResult](
 			httpClient,
 			baseURL+SandboxServiceRunProcedure,
@@ -483,6 +532,9 @@ type sandboxServiceClient struct {
 	resume            *connect.Client[v1.ResumeRequest, v1.ResumeResponse]
 	pauseByLabel      *connect.Client[v1.PauseByLabelRequest, v1.ByLabelEvent]
 	resumeByLabel     *connect.Client[v1.ResumeByLabelRequest, v1.ByLabelEvent]
+	hibernate         *connect.Client[v1.HibernateRequest, v1.HibernateResponse]
+	hibernateByLabel  *connect.Client[v1.HibernateByLabelRequest, v1.ByLabelEvent]
+	fork              *connect.Client[v1.ForkRequest, v1.ForkResponse]
 	run               *connect.Client[v1.RunRequest, v1.RunResult]
 	runBatch          *connect.Client[v1.RunBatchRequest, v1.RunBatchItem]
 }
@@ -627,6 +679,21 @@ func (c *sandboxServiceClient) ResumeByLabel(ctx context.Context, req *connect.R
 	return c.resumeByLabel.CallServerStream(ctx, req)
 }
 
+// Hibernate calls warren.v1.SandboxService.Hibernate.
+func (c *sandboxServiceClient) Hibernate(ctx context.Context, req *connect.Request[v1.HibernateRequest]) (*connect.Response[v1.HibernateResponse], error) {
+	return c.hibernate.CallUnary(ctx, req)
+}
+
+// HibernateByLabel calls warren.v1.SandboxService.HibernateByLabel.
+func (c *sandboxServiceClient) HibernateByLabel(ctx context.Context, req *connect.Request[v1.HibernateByLabelRequest]) (*connect.ServerStreamForClient[v1.ByLabelEvent], error) {
+	return c.hibernateByLabel.CallServerStream(ctx, req)
+}
+
+// Fork calls warren.v1.SandboxService.Fork.
+func (c *sandboxServiceClient) Fork(ctx context.Context, req *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return c.fork.CallUnary(ctx, req)
+}
+
 // Run calls warren.v1.SandboxService.Run.
 func (c *sandboxServiceClient) Run(ctx context.Context, req *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error) {
 	return c.run.CallUnary(ctx, req)
@@ -726,6 +793,29 @@ type SandboxServiceHandler interface {
 	// ResumeByLabel resumes every PAUSED sandbox matching `labels`, as
 	// PauseByLabel does.
 	ResumeByLabel(context.Context, *connect.Request[v1.ResumeByLabelRequest], *connect.ServerStream[v1.ByLabelEvent]) error
+	// Hibernate checkpoints a RUNNING or PAUSED sandbox to disk with CRIU:
+	// its processes (memory, open files, pipes, sockets inside it) and its
+	// writable layer go into a checkpoint under the daemon's state
+	// directory, and everything it held on the node (memory, processes,
+	// mounts, cgroup) is released. The sandbox is HIBERNATED, its record
+	// written durably: it survives daemon restarts and reboots. Resume
+	// restores it: its processes continue where they stopped. Unsupported,
+	// with the sandbox left running, where CRIU cannot checkpoint it
+	// (docs/HIBERNATE.md: sandboxes in a user namespace or with a disk limit, for now; a networked one comes back with its TCP connections closed).
+	Hibernate(context.Context, *connect.Request[v1.HibernateRequest]) (*connect.Response[v1.HibernateResponse], error)
+	// HibernateByLabel hibernates every RUNNING or PAUSED sandbox matching
+	// `labels`, as PauseByLabel does. ResumeByLabel restores them.
+	HibernateByLabel(context.Context, *connect.Request[v1.HibernateByLabelRequest], *connect.ServerStream[v1.ByLabelEvent]) error
+	// Fork makes `count` new sandboxes from one: each a copy of it at the
+	// moment of its checkpoint, processes and files, running on its own
+	// copy-on-write writable layer; they then diverge independently. The
+	// source is HIBERNATED (forked from its checkpoint, and left so) or
+	// RUNNING or PAUSED (hibernated for the fork and then resumed, in the
+	// state it was in). Forks carry the source's labels plus `labels`, and
+	// a copy of its trajectory log, so that a rollout replayed on a fork
+	// finds the source's steps. Unsupported where the source cannot be
+	// hibernated.
+	Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error)
 	// Run runs one job (its steps in order in one fresh, isolated
 	// environment of the image) and returns every step's result. The
 	// backend is "fncall": a pool of pre-made environments per image, each
@@ -916,6 +1006,24 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("ResumeByLabel")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceHibernateHandler := connect.NewUnaryHandler(
+		SandboxServiceHibernateProcedure,
+		svc.Hibernate,
+		connect.WithSchema(sandboxServiceMethods.ByName("Hibernate")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceHibernateByLabelHandler := connect.NewServerStreamHandler(
+		SandboxServiceHibernateByLabelProcedure,
+		svc.HibernateByLabel,
+		connect.WithSchema(sandboxServiceMethods.ByName("HibernateByLabel")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceForkHandler := connect.NewUnaryHandler(
+		SandboxServiceForkProcedure,
+		svc.Fork,
+		connect.WithSchema(sandboxServiceMethods.ByName("Fork")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceRunHandler := connect.NewUnaryHandler(
 		SandboxServiceRunProcedure,
 		svc.Run,
@@ -986,6 +1094,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServicePauseByLabelHandler.ServeHTTP(w, r)
 		case SandboxServiceResumeByLabelProcedure:
 			sandboxServiceResumeByLabelHandler.ServeHTTP(w, r)
+		case SandboxServiceHibernateProcedure:
+			sandboxServiceHibernateHandler.ServeHTTP(w, r)
+		case SandboxServiceHibernateByLabelProcedure:
+			sandboxServiceHibernateByLabelHandler.ServeHTTP(w, r)
+		case SandboxServiceForkProcedure:
+			sandboxServiceForkHandler.ServeHTTP(w, r)
 		case SandboxServiceRunProcedure:
 			sandboxServiceRunHandler.ServeHTTP(w, r)
 		case SandboxServiceRunBatchProcedure:
@@ -1109,6 +1223,18 @@ func (UnimplementedSandboxServiceHandler) PauseByLabel(context.Context, *connect
 
 func (UnimplementedSandboxServiceHandler) ResumeByLabel(context.Context, *connect.Request[v1.ResumeByLabelRequest], *connect.ServerStream[v1.ByLabelEvent]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.ResumeByLabel is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Hibernate(context.Context, *connect.Request[v1.HibernateRequest]) (*connect.Response[v1.HibernateResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.Hibernate is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) HibernateByLabel(context.Context, *connect.Request[v1.HibernateByLabelRequest], *connect.ServerStream[v1.ByLabelEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.HibernateByLabel is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Fork(context.Context, *connect.Request[v1.ForkRequest]) (*connect.Response[v1.ForkResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.Fork is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) Run(context.Context, *connect.Request[v1.RunRequest]) (*connect.Response[v1.RunResult], error) {

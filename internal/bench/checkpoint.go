@@ -1,0 +1,190 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+)
+
+// checkpointRows times, on the sandbox of RunHibernate (its anonymous
+// memory held by a background shell, its page cache file on disk):
+// Hibernate, Resume of the hibernated sandbox, and restore to the first
+// exec, cfg.CheckpointRounds times; then a Fork of cfg.Forks copies of the
+// hibernated sandbox. The peer is bare CRIU on a process holding the same
+// anonymous memory, outside any sandbox: dump and restore by its command
+// line (the floor the issue names).
+func checkpointRows(ctx context.Context, env *Env, cfg HibernateConfig, id string, sh func(string) error) ([]HibernateRow, []string, error) {
+	var rows []HibernateRow
+	var notes []string
+	if cfg.CheckpointRounds > 0 {
+		env.logf("hibernate: checkpoint and restore, %d rounds", cfg.CheckpointRounds)
+		var hib, ckpt, restore, firstExec []time.Duration
+		var art []float64
+		for range cfg.CheckpointRounds {
+			t0 := time.Now()
+			h, err := env.Client.Hibernate(ctx, id)
+			if err != nil {
+				return nil, nil, fmt.Errorf("hibernate: %w", err)
+			}
+			hib = append(hib, time.Since(t0))
+			ckpt = append(ckpt, time.Duration(h.GetCheckpointUs())*time.Microsecond)
+			art = append(art, mibF(h.GetBytes()))
+			t1 := time.Now()
+			if _, err := env.Client.Resume(ctx, id); err != nil {
+				return nil, nil, fmt.Errorf("restore: %w", err)
+			}
+			restore = append(restore, time.Since(t1))
+			if err := sh("true"); err != nil {
+				return nil, nil, fmt.Errorf("exec after restore: %w", err)
+			}
+			firstExec = append(firstExec, time.Since(t1))
+		}
+		slices.Sort(art)
+		a := round(Percentile(art, 50), 1)
+		rows = append(rows,
+			HibernateRow{Case: "hibernate (checkpoint to disk)", System: "warren", Summary: Summarize(hib), TargetMs: 500, ArtifactMiB: &a},
+			HibernateRow{Case: "  of which CRIU dump", System: "warren", Summary: Summarize(ckpt)},
+			HibernateRow{Case: "restore", System: "warren", Summary: Summarize(restore)},
+			HibernateRow{Case: "restore to first exec", System: "warren", Summary: Summarize(firstExec), TargetMs: 250})
+		if cfg.Peers {
+			dump, rest, size, err := bareCRIU(ctx, cfg)
+			if err != nil {
+				notes = append(notes, "bare CRIU peer failed: "+err.Error())
+			} else {
+				slices.Sort(size)
+				a := round(Percentile(size, 50), 1)
+				rows = append(rows,
+					HibernateRow{Case: "hibernate (checkpoint to disk)", System: "bare criu", Summary: Summarize(dump), ArtifactMiB: &a},
+					HibernateRow{Case: "restore", System: "bare criu", Summary: Summarize(rest)})
+			}
+		}
+		notes = append(notes,
+			"hibernate: Hibernate through the API, request to reply (CRIU's dump of the whole sandbox tree, the writable layer moved into the checkpoint, the sandbox's resources released, the record synced); restore: Resume of the hibernated sandbox; restore to first exec: Resume and then an exec of `true`",
+			"bare criu: `criu dump -t PID -D DIR` and `criu restore -d -D DIR` of a (stopped) shell holding the same anonymous memory, run outside any sandbox, by command line: the floor")
+	}
+	if cfg.Forks > 0 {
+		env.logf("hibernate: fork of %d", cfg.Forks)
+		if _, err := env.Client.Hibernate(ctx, id); err != nil {
+			return nil, nil, fmt.Errorf("hibernate before the fork: %w", err)
+		}
+		t0 := time.Now()
+		f, err := env.Client.Fork(ctx, &warrenv1.ForkRequest{Id: id, Count: int32(cfg.Forks), Labels: env.Labels})
+		if err != nil {
+			return nil, nil, fmt.Errorf("fork: %w", err)
+		}
+		total := time.Since(t0)
+		var each []time.Duration
+		for _, us := range f.GetRestoreUs() {
+			each = append(each, time.Duration(us)*time.Microsecond)
+		}
+		for _, sb := range f.GetSandboxes() {
+			_ = env.Client.Delete(context.WithoutCancel(ctx), sb.GetId())
+		}
+		if _, err := env.Client.Resume(ctx, id); err != nil {
+			return nil, nil, fmt.Errorf("restore after the fork: %w", err)
+		}
+		rows = append(rows,
+			HibernateRow{Case: fmt.Sprintf("fork of %d", cfg.Forks), System: "warren", Summary: Summarize([]time.Duration{total}), TargetMs: 2000},
+			HibernateRow{Case: "  each fork's restore", System: "warren", Summary: Summarize(each)})
+		notes = append(notes, fmt.Sprintf("fork of %d: one Fork call on the hibernated sandbox, request to reply; each fork restores the checkpoint onto a fresh copy-on-write layer over the shared one", cfg.Forks))
+	}
+	return rows, notes, nil
+}
+
+// bareCRIU dumps and restores, cfg.CheckpointRounds times, a shell
+// holding cfg.AnonMiB of anonymous memory, with CRIU's command line.
+func bareCRIU(ctx context.Context, cfg HibernateConfig) (dump, restore []time.Duration, size []float64, err error) {
+	criu := cfg.CRIUPath
+	if criu == "" {
+		criu = "/opt/warren/criu/bin/criu"
+	}
+	tmp, err := os.MkdirTemp("", "warren-bench-criu-")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer os.RemoveAll(tmp)
+	ready := filepath.Join(tmp, "ready")
+	cmd := exec.CommandContext(ctx, "sh", "-c", fmt.Sprintf("x=$(head -c %d /dev/zero | tr '\\0' a); touch %s; kill -STOP $$", cfg.AnonMiB<<20, ready))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, err
+	}
+	pid := cmd.Process.Pid
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			return nil, nil, nil, fmt.Errorf("the memory holder did not start")
+		}
+	}
+	kill := func() { _ = syscall.Kill(-pid, syscall.SIGKILL) }
+	for r := range cfg.CheckpointRounds {
+		dir := filepath.Join(tmp, "img"+strconv.Itoa(r))
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			kill()
+			return nil, nil, nil, err
+		}
+		t0 := time.Now()
+		if out, err := exec.CommandContext(ctx, criu, "dump", "-t", strconv.Itoa(pid), "-D", dir).CombinedOutput(); err != nil {
+			kill()
+			return nil, nil, nil, fmt.Errorf("criu dump: %v: %s", err, lastLine(out))
+		}
+		dump = append(dump, time.Since(t0))
+		size = append(size, mibF(uint64(dirSize(dir))))
+		// The restore needs the pid back: wait until the dumped (and
+		// killed) process is reaped, not timed.
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			var ws syscall.WaitStatus
+			_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil) // if it is ours (a subreaper's)
+			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+				break
+			}
+		}
+		t1 := time.Now()
+		if out, err := exec.CommandContext(ctx, criu, "restore", "-d", "-D", dir).CombinedOutput(); err != nil {
+			return nil, nil, nil, fmt.Errorf("criu restore: %v: %s", err, firstError(out))
+		}
+		restore = append(restore, time.Since(t1))
+		_ = os.RemoveAll(dir)
+	}
+	kill()
+	return dump, restore, size, nil
+}
+
+// firstError is CRIU's first "Error" line that is not its complaint
+// about RLIMIT_NOFILE (harmless here), else its last line.
+func firstError(b []byte) string {
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "Error") && !strings.Contains(l, "RLIMIT_NOFILE") {
+			return strings.TrimSpace(l)
+		}
+	}
+	return lastLine(b)
+}
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}

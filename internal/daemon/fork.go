@@ -1,0 +1,429 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"maps"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cleanup"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/netpolicy"
+	"github.com/warrenrl/warren/internal/store"
+)
+
+// Forking (Fork).
+//
+// A fork is the source's checkpoint restored under a new id. The first
+// fork of a checkpoint turns its writable layer into a base: a directory
+// under <state>/bases that the source and every fork share read-only as
+// their top lower layer, each writing on a fresh upper of its own (layers:
+// bases, top first, then the image's). Copy-on-write at the file level, as
+// overlayfs does for the image, and nothing is copied up front: a fork
+// costs a restore, not a copy of the source's files.
+//
+// The source's record names the base (synced) before the checkpoint's
+// upper is renamed to it; settleBase finishes a rename a crash cut off. A
+// base goes once no record names it: on delete (dropBases), and when the
+// daemon starts (sweepBases).
+
+// maxForks bounds one Fork call; forkParallelism is how many of its
+// forks restore at once.
+const (
+	maxForks        = 64
+	forkParallelism = 4
+)
+
+func (m *Manager) basesDir() string { return filepath.Join(m.cfg.StateDir, "bases") }
+
+// baseLayers are bases as the backend's lower layers.
+func baseLayers(bases []string) []backend.Layer {
+	out := make([]backend.Layer, len(bases))
+	for i, b := range bases {
+		out[i] = backend.Layer{Digest: "base:" + filepath.Base(b), Dir: b}
+	}
+	return out
+}
+
+// settleBase makes sure the top base of sandbox id exists: a crash between
+// recording it and renaming the checkpoint's upper to it is finished here.
+func (m *Manager) settleBase(id string, bases []string) error {
+	if len(bases) == 0 {
+		return nil
+	}
+	top := bases[0]
+	if _, err := os.Stat(top); err == nil {
+		return nil
+	}
+	up := filepath.Join(m.checkpointDir(id), "upper")
+	if _, err := os.Stat(up); err != nil {
+		return errdefs.Internalf("sandbox %s: its base layer %s is missing", id, top)
+	}
+	if err := os.MkdirAll(filepath.Dir(top), 0o700); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "create bases directory")
+	}
+	if err := os.Rename(up, top); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "make the checkpoint's writable layer a base")
+	}
+	return nil
+}
+
+// Fork makes req.Count copies of a sandbox from its checkpoint.
+func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warrenv1.ForkResponse, err error) {
+	defer m.observe("Fork", &err)
+	start := time.Now()
+	n := int(req.GetCount())
+	if n < 1 || n > maxForks {
+		return nil, errdefs.Invalidf("count %d is out of range [1, %d]", n, maxForks)
+	}
+	if err := checkLabels(req.GetLabels()); err != nil {
+		return nil, err
+	}
+	life, err := m.lifetime(req.GetTimeoutSeconds())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetId() == "" {
+		return nil, errdefs.Invalidf("sandbox id is required")
+	}
+	s, err := m.lookup(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if s.isHarness() {
+		return nil, errdefs.Unsupportedf("sandbox %s is a harness: its API route's connections cannot be checkpointed, so it cannot be hibernated or forked", s.id)
+	}
+	s.mu.Lock()
+	prev := s.st
+	s.mu.Unlock()
+	out := &warrenv1.ForkResponse{}
+	switch prev {
+	case stateRunning, statePaused:
+		h, err := m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: s.id})
+		if err != nil {
+			return nil, err
+		}
+		out.CheckpointUs = h.GetCheckpointUs()
+		// The source goes back to the state it was in, forks or not.
+		defer func() {
+			bctx := context.WithoutCancel(ctx)
+			if _, rerr := m.Resume(bctx, &warrenv1.ResumeRequest{Id: s.id}); rerr != nil {
+				m.log.Error("resume the source of a fork", "sandbox", s.id, "err", rerr)
+				if err == nil {
+					err = withCategory(rerr, errdefs.Internal, "resume sandbox "+s.id+" after forking it")
+				}
+			} else if prev == statePaused {
+				if _, perr := m.Pause(bctx, &warrenv1.PauseRequest{Id: s.id}); perr != nil {
+					m.log.Error("pause the source of a fork again", "sandbox", s.id, "err", perr)
+				}
+			}
+			if out != nil {
+				if info, gerr := m.Get(bctx, &warrenv1.GetRequest{Id: s.id}); gerr == nil {
+					out.Source = info
+				}
+			}
+		}()
+	}
+
+	s.mu.Lock()
+	if err := s.allowLocked(opFork); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	if err := s.busyLocked(); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	done := s.startPausingLocked()
+	defer func() {
+		s.mu.Lock()
+		s.endPausingLocked(done)
+		s.mu.Unlock()
+	}()
+	// The checkpoint's writable layer becomes a base, recorded first.
+	if _, err := os.Stat(filepath.Join(m.checkpointDir(s.id), "upper")); err == nil {
+		nb := filepath.Join(m.basesDir(), s.id+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+		old := s.bases
+		s.bases = append([]string{nb}, old...)
+		if err := m.persistDurable(s); err != nil {
+			s.bases = old
+			s.mu.Unlock()
+			return nil, err
+		}
+	}
+	info := cloneSandbox(s.info)
+	digests, bases, etcNS := s.imageLayers, s.bases, s.etcNS
+	s.mu.Unlock()
+	if err := m.settleBase(s.id, bases); err != nil {
+		return nil, err
+	}
+	if err := m.traj.sync(s.id); err != nil {
+		m.log.Warn("sync trajectory log before forking", "sandbox", s.id, "err", err)
+	}
+
+	// Forks restore a few at a time: each is mostly CRIU writing the
+	// source's memory into its own, which a core or two keep busy.
+	type result struct {
+		f    *sandbox
+		took time.Duration
+		err  error
+	}
+	results := make([]result, n)
+	sem := make(chan struct{}, forkParallelism)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			f, took, ferr := m.forkOne(ctx, s, info, digests, bases, etcNS, req.GetLabels(), life)
+			results[i] = result{f, took, ferr}
+		}()
+	}
+	wg.Wait()
+	var ferr error
+	for _, r := range results {
+		if r.err != nil && ferr == nil {
+			ferr = r.err
+		}
+	}
+	if ferr != nil {
+		// All or nothing: the forks made go.
+		for _, r := range results {
+			if r.f == nil {
+				continue
+			}
+			if derr := m.remove(context.WithoutCancel(ctx), r.f, "fork_failed"); derr != nil {
+				m.log.Warn("delete a fork of a failed fork call", "sandbox", r.f.id, "err", derr)
+			}
+		}
+		return nil, ferr
+	}
+	for _, r := range results {
+		r.f.mu.Lock()
+		out.Sandboxes = append(out.Sandboxes, cloneSandbox(r.f.info))
+		r.f.mu.Unlock()
+		out.RestoreUs = append(out.RestoreUs, r.took.Microseconds())
+	}
+	out.TotalUs = time.Since(start).Microseconds()
+	m.log.Debug("sandbox forked", "sandbox", s.id, "forks", n, "took", time.Since(start))
+	return out, nil
+}
+
+// forkOne restores one fork of src from its checkpoint.
+func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sandbox, digests, bases []string, etcNS netip.Addr, labels map[string]string, life time.Duration) (_ *sandbox, _ time.Duration, err error) {
+	now := time.Now()
+	fi := cloneSandbox(info)
+	fi.State = stateCreating
+	fi.Labels = maps.Clone(info.GetLabels())
+	if fi.Labels == nil {
+		fi.Labels = map[string]string{}
+	}
+	maps.Copy(fi.Labels, labels)
+	fi.ForkedFrom = src.id
+	fi.CreatedAtUnixMs = now.UnixMilli()
+	fi.PausedAtUnixMs, fi.PausedTotalMs, fi.HibernatedAtUnixMs, fi.CheckpointBytes = 0, 0, 0, 0
+	fi.DeadReason, fi.ExpiresAtUnixMs = "", 0
+	s := &sandbox{
+		backendName: src.backendName,
+		b:           src.b,
+		ready:       make(chan struct{}),
+		st:          stateCreating,
+		info:        fi,
+		imageLayers: digests,
+		bases:       bases,
+		// A fork of a harness's child is the harness's child too.
+		parent: src.parent,
+	}
+	s.seen.known = true
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, 0, errdefs.Unavailablef("daemon is shutting down")
+	}
+	if s.parent != "" {
+		if err := m.reserveChildLocked(s.parent); err != nil {
+			m.mu.Unlock()
+			return nil, 0, err
+		}
+	}
+	id := newID()
+	for m.sandboxes[id] != nil {
+		id = newID()
+	}
+	s.id, fi.Id = id, id
+	m.sandboxes[id] = s
+	m.mu.Unlock()
+	m.metrics.SandboxState("", stateLabel(stateCreating))
+	var cl cleanup.Cleanup
+	defer func() {
+		if err != nil {
+			if cerr := cl.Clean(); cerr != nil {
+				m.log.Warn("rollback of failed fork incomplete", "sandbox", id, "err", cerr)
+			}
+		}
+	}()
+	cl.Add(func() error {
+		m.forget(s)
+		m.events.Forget(id)
+		return nil
+	})
+
+	m.imgMu.RLock()
+	layers, release, err := m.images.LayerRefs(ctx, image.Image{Name: fi.GetImage(), Layers: digests}, mountsLayers(s.b))
+	m.imgMu.RUnlock()
+	if err != nil {
+		return nil, 0, withCategory(err, errdefs.Internal, "resolve the layers of sandbox "+src.id)
+	}
+	cl.Add(func() error { release(); return nil })
+	rl, err := rlimitsOf(fi.GetRlimits())
+	if err != nil {
+		return nil, 0, withCategory(err, errdefs.Internal, "the record of sandbox "+src.id)
+	}
+	var pol netpolicy.Policy
+	if pol, err = networkPolicy("network", fi.GetNetwork()); err != nil {
+		return nil, 0, withCategory(err, errdefs.Internal, "the record of sandbox "+src.id)
+	}
+	res := fi.GetResources()
+	t0 := time.Now()
+	sb, err := s.b.Create(ctx, backend.Spec{
+		ID:          id,
+		Hostname:    fi.GetHostname(),
+		Layers:      append(baseLayers(bases), specLayers(layers)...),
+		CPUMillis:   res.GetCpuMillis(),
+		MemoryBytes: res.GetMemoryBytes(),
+		PidsMax:     res.GetPidsMax(),
+		DiskBytes:   res.GetDiskBytes(),
+		Env:         envList(fi.GetEnv()),
+		Workdir:     fi.GetWorkdir(),
+		Rlimits:     rl,
+		Network:     pol,
+		AllowSetuid: fi.GetAllowSetuid(),
+		UserNS:      fi.GetUserNamespace(),
+		Restore:     m.checkpointDir(src.id),
+	})
+	took := time.Since(t0)
+	if err != nil {
+		return nil, 0, withCategory(err, errdefs.Internal, "restore a fork of sandbox "+src.id)
+	}
+	cl.Add(func() error {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
+		defer cancel()
+		return sb.Destroy(dctx)
+	})
+	// The fork's rollout replays the source's steps before its own.
+	if err := copyFile(m.traj.path(src.id), m.traj.path(id)); err != nil {
+		return nil, 0, errdefs.Wrap(errdefs.Internal, err, "copy the trajectory log of sandbox "+src.id)
+	}
+	cl.Add(func() error { return m.traj.remove(id) })
+
+	s.mu.Lock()
+	s.sb, s.fs, s.backendState, s.release = sb, fsFor(sb), sb.State(), release
+	s.etcNS = etcNS
+	fi.NetworkAddress = networkAddress(sb)
+	m.followRestoredNetwork(ctx, s)
+	expires := time.Now().Add(life)
+	fi.ExpiresAtUnixMs = expires.UnixMilli()
+	fi.State = stateRunning
+	if err = m.persist(s); err != nil {
+		s.sb, s.fs, s.backendState, s.release = nil, nil, nil, nil
+		fi.State = stateCreating
+		s.mu.Unlock()
+		return nil, 0, err
+	}
+	_ = m.setState(s, stateRunning)
+	m.armTimerLocked(s, expires)
+	close(s.ready)
+	s.procsAdopted = make(chan struct{})
+	s.mu.Unlock()
+	cl.Release()
+	m.watch(s, sb)
+	// Its background processes (the source's, restored) are listed
+	// again from its agent.
+	if s.procsClaimed.CompareAndSwap(false, true) {
+		m.spawn(func() { m.adoptProcessesOf(s) })
+	}
+	m.metrics.ObserveRestore(took)
+	return s, took, nil
+}
+
+// dropBases removes the bases of a deleted sandbox that no other sandbox
+// names.
+func (m *Manager) dropBases(bases []string) {
+	if len(bases) == 0 {
+		return
+	}
+	used := map[string]bool{}
+	for _, o := range m.snapshot() {
+		o.mu.Lock()
+		for _, b := range o.bases {
+			used[b] = true
+		}
+		o.mu.Unlock()
+	}
+	for _, b := range bases {
+		if !used[b] {
+			if err := os.RemoveAll(b); err != nil {
+				m.log.Warn("remove a base no sandbox uses", "base", b, "err", err)
+			}
+		}
+	}
+}
+
+// sweepBases removes the bases no record names (a crash between a fork's
+// record and its rename, or a delete whose removal failed).
+func (m *Manager) sweepBases(recs []store.Record) {
+	ents, err := os.ReadDir(m.basesDir())
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			m.log.Warn("read bases directory", "err", err)
+		}
+		return
+	}
+	used := map[string]bool{}
+	for _, r := range recs {
+		for _, b := range r.Bases {
+			used[b] = true
+		}
+	}
+	for _, e := range ents {
+		p := filepath.Join(m.basesDir(), e.Name())
+		if !used[p] {
+			if err := os.RemoveAll(p); err != nil {
+				m.log.Warn("remove a base no record names", "base", p, "err", err)
+			}
+		}
+	}
+}
+
+// copyFile copies from to to; nothing when from does not exist.
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

@@ -1,0 +1,425 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/atomicfile"
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/netpolicy"
+	"github.com/warrenrl/warren/internal/store"
+)
+
+// Hibernating to disk (Hibernate, HibernateByLabel; Resume restores).
+//
+// The backend checkpoints the sandbox into <state>/checkpoints/<id>
+// (backend.Checkpointer: CRIU's images and the writable layer, moved) and
+// its processes are gone; the daemon then destroys the backend sandbox,
+// which releases its cgroup, mounts and run directory, and records it
+// HIBERNATED. The image layers stay held: the restore needs them, and
+// image GC must not take them.
+//
+// The record of a hibernated sandbox must outlive a reboot, unlike a
+// running one's (which dies with the machine): the store is synced after
+// it is written, and a copy of it goes into the checkpoint directory,
+// synced, from which adoptAll puts it back should the store's file of an
+// ended boot have been torn (recoverHibernated).
+//
+// While HIBERNATED its lifetime keeps counting (the checkpoint holds the
+// node's disk) and process timeouts do not: hibernation counts as paused
+// time (paused_total_ms), as a pause does. Delete removes the checkpoint.
+
+// checkpointDir is where the sandbox's checkpoint lives while it is
+// HIBERNATED; on the state directory's filesystem, as the backend needs.
+func (m *Manager) checkpointDir(id string) string {
+	return filepath.Join(m.cfg.StateDir, "checkpoints", id)
+}
+
+// hibernatedRecord is the copy of the record in the checkpoint directory.
+const hibernatedRecord = "record.pb"
+
+// Hibernate checkpoints a RUNNING or PAUSED sandbox to disk.
+func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest) (_ *warrenv1.HibernateResponse, err error) {
+	defer m.observe("Hibernate", &err)
+	start := time.Now()
+	s, v, err := m.live(opHibernate, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if v.sb == nil {
+		return nil, errdefs.Unavailablef("sandbox %s cannot be reached to hibernate it; retry later", req.GetId())
+	}
+	cp, ok := v.sb.(backend.Checkpointer)
+	if !ok {
+		return nil, errdefs.Unsupportedf("backend %s cannot hibernate sandboxes", v.backend)
+	}
+	if s.isHarness() {
+		// Its processes hold connections to its route, the daemon's end
+		// of which no checkpoint can hold.
+		return nil, errdefs.Unsupportedf("sandbox %s is a harness: its API route's connections cannot be checkpointed, so it cannot be hibernated or forked", s.id)
+	}
+	s.mu.Lock()
+	if err := s.allowLocked(opHibernate); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	if err := s.busyLocked(); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	sb, prev := s.sb, s.st
+	var limit *int64
+	if mem := s.info.GetResources().GetMemoryBytes(); mem > 0 {
+		limit = &mem
+	}
+	done := s.startPausingLocked()
+	// CRIU kills the tree once it is saved: that exit is no death.
+	watching := s.unwatch != nil && s.unwatch()
+	s.unwatch = nil
+	// The daemon's connections to the agent (a watcher per background
+	// process) cannot be checkpointed: they are let go of, and the
+	// records are rebuilt from the agent once it runs again (restored,
+	// or left running by a failure).
+	procs := len(s.procs)
+	for id, pr := range s.procs {
+		pr.detach()
+		delete(s.procs, id)
+	}
+	s.mu.Unlock()
+
+	fail := func(err error) (*warrenv1.HibernateResponse, error) {
+		_ = os.RemoveAll(m.checkpointDir(s.id))
+		s.mu.Lock()
+		s.endPausingLocked(done)
+		s.mu.Unlock()
+		if watching {
+			m.watch(s, sb)
+		}
+		if procs > 0 {
+			if prev == statePaused {
+				// Frozen again: its agent answers on resume.
+				s.mu.Lock()
+				s.procsOnResume = true
+				s.mu.Unlock()
+			} else {
+				m.adoptProcesses(s, sb)
+			}
+		}
+		return nil, err
+	}
+	// A paused sandbox is thawed for CRIU, which freezes it its own way,
+	// and frozen again should the checkpoint fail.
+	p, _ := sb.(backend.Pauser)
+	if prev == statePaused {
+		if p == nil {
+			return fail(errdefs.Unsupportedf("backend %s cannot thaw sandbox %s to hibernate it", v.backend, s.id))
+		}
+		if err := p.Resume(ctx, backend.ResumeOptions{MemoryBytes: limit}); err != nil {
+			return fail(withCategory(err, errdefs.Internal, "thaw sandbox "+s.id+" to hibernate it"))
+		}
+	}
+	var before backend.MemoryUse
+	if ms, ok := sb.(backend.MemoryReporter); ok {
+		before, _ = ms.MemoryUse()
+	}
+	// The log must be as durable as the state it describes.
+	if err := m.traj.sync(s.id); err != nil {
+		m.log.Warn("sync trajectory log before hibernating", "sandbox", s.id, "err", err)
+	}
+	dir := m.checkpointDir(s.id)
+	_ = os.RemoveAll(dir) // what a crashed attempt left
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return fail(errdefs.Wrap(errdefs.Internal, err, "create checkpoints directory"))
+	}
+	t0 := time.Now()
+	cerr := cp.Checkpoint(ctx, dir)
+	took := time.Since(t0)
+	if cerr != nil {
+		if prev == statePaused {
+			if _, err := p.Pause(context.WithoutCancel(ctx), false); err != nil {
+				m.log.Warn("freeze sandbox again after a failed hibernation", "sandbox", s.id, "err", err)
+			}
+		}
+		return fail(withCategory(cerr, errdefs.Internal, "hibernate sandbox "+s.id))
+	}
+	size := dirBytes(dir)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
+	if err := sb.Destroy(dctx); err != nil {
+		m.log.Warn("release resources of hibernated sandbox", "sandbox", s.id, "err", err)
+	}
+	cancel()
+
+	s.mu.Lock()
+	s.endPausingLocked(done)
+	if s.st != prev {
+		// Deleted meanwhile (the deletion waited for us): it removes
+		// the checkpoint.
+		err := s.allowLocked(opHibernate)
+		s.mu.Unlock()
+		return nil, err
+	}
+	now := time.Now()
+	if prev == statePaused {
+		// The pause so far counts; the hibernation counts from now.
+		s.info.PausedTotalMs = s.pausedTotalLocked().Milliseconds()
+	}
+	s.info.PausedAtUnixMs = now.UnixMilli()
+	s.info.HibernatedAtUnixMs = now.UnixMilli()
+	s.info.CheckpointBytes = uint64(size)
+	_ = m.setState(s, stateHibernated)
+	s.sb, s.fs, s.backendState = nil, nil, nil
+	// Its background processes are saved with it; their records are
+	// rebuilt from the agent once it is restored.
+	s.procsOnResume = true
+	perr := m.persistDurable(s)
+	out := &warrenv1.HibernateResponse{
+		Sandbox:      cloneSandbox(s.info),
+		CheckpointUs: took.Microseconds(),
+		TotalUs:      time.Since(start).Microseconds(),
+		Bytes:        uint64(size),
+		Before:       memoryProto(before),
+	}
+	s.mu.Unlock()
+	if perr != nil {
+		// The checkpoint is on disk and the sandbox is gone from the
+		// node: the record in the checkpoint directory is what a
+		// restart finds, if the store's is not.
+		m.log.Error("persist hibernated state", "sandbox", s.id, "err", perr)
+	}
+	// CRIU does not sync its images: they go to disk in the background,
+	// so that the call does not wait for ~the sandbox's memory in writes.
+	// A machine crash before that loses them, and the restore then fails
+	// with CRIU's error (the record says HIBERNATED; Delete removes it).
+	m.spawn(func() {
+		f, err := os.Open(dir)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		if err := unix.Syncfs(int(f.Fd())); err != nil {
+			m.log.Warn("sync checkpoint", "sandbox", s.id, "err", err)
+		}
+	})
+	m.metrics.ObserveHibernate(took, size)
+	m.log.Debug("sandbox hibernated", "sandbox", s.id, "checkpoint", took, "bytes", size, "took", time.Since(start))
+	return out, nil
+}
+
+// persistDurable writes the record, syncs the store, and keeps a synced
+// copy in the checkpoint directory; s.mu held.
+func (m *Manager) persistDurable(s *sandbox) error {
+	if err := m.persist(s); err != nil {
+		return err
+	}
+	if err := m.store.Sync(); err != nil {
+		return err
+	}
+	rec := store.Record{ID: s.id, Backend: s.backendName, ImageLayers: s.imageLayers, Sandbox: s.info, Bases: s.bases}
+	enc, err := store.Encode(rec)
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(filepath.Join(m.checkpointDir(s.id), hibernatedRecord), ".record-", enc, 0o600)
+}
+
+// recoverHibernated puts back the records of hibernated sandboxes that
+// the store lost (a file of an ended boot torn past salvage), from the
+// copies in their checkpoint directories, and removes checkpoint
+// directories no record names (a crash between the checkpoint and its
+// record, or a delete whose removal failed).
+func (m *Manager) recoverHibernated(recs []store.Record) []store.Record {
+	root := filepath.Join(m.cfg.StateDir, "checkpoints")
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			m.log.Warn("read checkpoints directory", "err", err)
+		}
+		return recs
+	}
+	have := map[string]store.Record{}
+	for _, r := range recs {
+		have[r.ID] = r
+	}
+	for _, e := range ents {
+		id := e.Name()
+		if r, ok := have[id]; ok && r.State() == stateHibernated {
+			continue
+		}
+		dir := filepath.Join(root, id)
+		b, err := os.ReadFile(filepath.Join(dir, hibernatedRecord))
+		if _, known := have[id]; err == nil && !known {
+			if rec, derr := store.Decode(b); derr == nil && rec.ID == id {
+				if perr := m.store.Put(rec); perr == nil {
+					m.log.Warn("hibernated sandbox's record recovered from its checkpoint", "sandbox", id)
+					recs = append(recs, rec)
+					continue
+				}
+			}
+		}
+		// A checkpoint no record names as HIBERNATED is not restorable.
+		if rerr := os.RemoveAll(dir); rerr != nil {
+			m.log.Warn("remove orphaned checkpoint", "sandbox", id, "err", rerr)
+		}
+	}
+	return recs
+}
+
+// restoreHibernated is Resume of a HIBERNATED sandbox: the backend
+// restores it from its checkpoint with the spec it was created with.
+func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.Time) (*warrenv1.ResumeResponse, error) {
+	s.mu.Lock()
+	if err := s.allowLocked(opResume); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	if err := s.busyLocked(); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	if s.b == nil {
+		s.mu.Unlock()
+		return nil, errdefs.Unavailablef("sandbox %s: backend %s is not configured on this daemon", s.id, s.backendName)
+	}
+	info := cloneSandbox(s.info)
+	digests, bases := s.imageLayers, s.bases
+	done := s.startPausingLocked()
+	s.mu.Unlock()
+	end := func() {
+		s.mu.Lock()
+		s.endPausingLocked(done)
+		s.mu.Unlock()
+	}
+
+	m.imgMu.RLock()
+	img := image.Image{Name: info.GetImage(), Layers: digests}
+	layers, release, err := m.images.LayerRefs(ctx, img, mountsLayers(s.b))
+	m.imgMu.RUnlock()
+	if err != nil {
+		end()
+		return nil, withCategory(err, errdefs.Internal, "resolve the layers of hibernated sandbox "+s.id)
+	}
+	res := info.GetResources()
+	var spec backend.Spec
+	rl, err := rlimitsOf(info.GetRlimits())
+	if err == nil {
+		var pol netpolicy.Policy
+		if pol, err = networkPolicy("network", info.GetNetwork()); err == nil {
+			spec.Network = pol
+		}
+	}
+	if err != nil {
+		release()
+		end()
+		return nil, withCategory(err, errdefs.Internal, "the record of hibernated sandbox "+s.id)
+	}
+	spec = backend.Spec{
+		ID:          s.id,
+		Hostname:    info.GetHostname(),
+		Layers:      append(baseLayers(bases), specLayers(layers)...),
+		CPUMillis:   res.GetCpuMillis(),
+		MemoryBytes: res.GetMemoryBytes(),
+		PidsMax:     res.GetPidsMax(),
+		DiskBytes:   res.GetDiskBytes(),
+		Env:         envList(info.GetEnv()),
+		Workdir:     info.GetWorkdir(),
+		Rlimits:     rl,
+		Network:     spec.Network,
+		AllowSetuid: info.GetAllowSetuid(),
+		UserNS:      info.GetUserNamespace(),
+		Restore:     m.checkpointDir(s.id),
+	}
+	if err := m.settleBase(s.id, bases); err != nil {
+		release()
+		end()
+		return nil, err
+	}
+	t0 := time.Now()
+	sb, err := s.b.Create(ctx, spec)
+	took := time.Since(t0)
+	if err != nil {
+		release()
+		end()
+		return nil, withCategory(err, errdefs.Internal, "restore hibernated sandbox "+s.id)
+	}
+
+	s.mu.Lock()
+	s.endPausingLocked(done)
+	if s.st != stateHibernated {
+		err := s.allowLocked(opResume)
+		s.mu.Unlock()
+		release()
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
+		_ = sb.Destroy(dctx)
+		cancel()
+		return nil, err
+	}
+	hibernated := time.Since(time.UnixMilli(s.info.GetHibernatedAtUnixMs()))
+	s.info.PausedTotalMs = s.pausedTotalLocked().Milliseconds()
+	s.info.PausedAtUnixMs, s.info.HibernatedAtUnixMs, s.info.CheckpointBytes = 0, 0, 0
+	old := s.release
+	s.sb, s.fs, s.backendState, s.release = sb, fsFor(sb), sb.State(), release
+	s.info.NetworkAddress = networkAddress(sb)
+	m.followRestoredNetwork(ctx, s)
+	_ = m.setState(s, stateRunning)
+	if err := m.persist(s); err != nil {
+		m.log.Warn("persist running state after restore", "sandbox", s.id, "err", err)
+	}
+	s.procsOnResume = false
+	out := &warrenv1.ResumeResponse{Sandbox: cloneSandbox(s.info), RestoreUs: took.Microseconds(), PausedMs: hibernated.Milliseconds(), Restored: true}
+	s.mu.Unlock()
+	if old != nil {
+		old()
+	}
+	if err := os.RemoveAll(m.checkpointDir(s.id)); err != nil {
+		m.log.Warn("remove checkpoint of restored sandbox", "sandbox", s.id, "err", err)
+	}
+	m.watch(s, sb)
+	m.adoptProcesses(s, sb)
+	m.metrics.ObserveRestore(time.Since(start))
+	m.log.Debug("sandbox restored", "sandbox", s.id, "restore", took, "hibernated", hibernated)
+	return out, nil
+}
+
+// followRestoredNetwork points the resolv.conf of a restored sandbox
+// (or fork) at its resolver where its address changed (a fork's, or one
+// whose address another sandbox took meanwhile); s.mu held.
+func (m *Manager) followRestoredNetwork(ctx context.Context, s *sandbox) {
+	rw := m.followNetwork(context.WithoutCancel(ctx), s.id, s.sb, s.fs, s.info.GetKeepEtc(), s.etcNS)
+	if rw.done {
+		s.etcNS = rw.to
+	}
+}
+
+// HibernateByLabel hibernates the RUNNING and PAUSED sandboxes matching
+// the labels.
+func (m *Manager) HibernateByLabel(ctx context.Context, req *warrenv1.HibernateByLabelRequest, send func(*warrenv1.ByLabelEvent) error) (err error) {
+	defer m.observe("HibernateByLabel", &err)
+	return m.byLabel(ctx, req.GetLabels(), req.GetParallelism(), []state{stateRunning, statePaused}, send, func(ctx context.Context, id string, ev *warrenv1.ByLabelEvent) error {
+		res, err := m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: id})
+		ev.Hibernated = res
+		return err
+	})
+}
+
+// dirBytes is the disk space of the files under dir.
+func dirBytes(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
