@@ -210,10 +210,11 @@ func (s *Service) Run(ctx context.Context, img Image, job []backend.Step) (backe
 	if err != nil {
 		return backend.JobResult{}, err
 	}
-	// An environment that fails before the job reaches it (it died while
-	// idle) costs a second draw: the job has not run, so running it
-	// elsewhere is safe. One that fails mid-job makes the step it was
-	// running an internal error (cut).
+	// An environment that fails before it sent a step's result (it died
+	// while idle, or during the first step) costs a second draw: a job
+	// has no effect outside its environment, so running it again is safe.
+	// One that fails after that, or on the second draw, makes the step it
+	// was running an internal error (cut), after the steps that ended.
 	for attempt := 0; ; attempt++ {
 		e, err := p.draw(ctx)
 		if err != nil {
@@ -233,14 +234,15 @@ func (s *Service) Run(ctx context.Context, img Image, job []backend.Step) (backe
 		if ctx.Err() != nil {
 			return res, errors.Join(ctx.Err(), err)
 		}
-		if errors.Is(err, backend.ErrJobCut) {
+		jobCut := errors.Is(err, backend.ErrJobCut)
+		if jobCut && (len(res.Steps) > 0 || attempt == 1) {
 			s.log.Warn("fncall: environment failed mid-job; replacing it", "env", e.sb.ID(), "err", err)
 			return cut(j, res), nil
 		}
 		if attempt == 1 {
 			return res, errdefs.Wrap(errdefs.Internal, err, "fncall environment "+e.sb.ID())
 		}
-		s.log.Warn("fncall: environment failed before the job reached it; drawing another", "env", e.sb.ID(), "err", err)
+		s.log.Warn("fncall: environment failed before a step's result; running the job in another", "env", e.sb.ID(), "err", err)
 	}
 }
 
