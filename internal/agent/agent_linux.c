@@ -29,6 +29,7 @@
 #include <sys/sem.h>
 #include <sys/shm.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -2066,6 +2067,20 @@ static uint32_t job_status(const struct jstep *s, const struct jrun *r, int wall
 	return JS_ACCEPTED;
 }
 
+/* Whether the filesystem of the work directory (the sandbox's writable
+ * layer: with a disk quota, a filesystem of its own) is full: under
+ * JOB_DISK_SLACK bytes or no inode left for the job's user. A program
+ * that filled it got ENOSPC; its step ends in the output limit, as one
+ * that wrote past the file size limit. */
+#define JOB_DISK_SLACK (64 << 10)
+static int job_disk_full(const struct job *j)
+{
+	struct statvfs v;
+	if (statvfs(j->workdir, &v) < 0)
+		return 0;
+	return (uint64_t)v.f_bavail * v.f_frsize < JOB_DISK_SLACK || (v.f_files && v.f_favail == 0);
+}
+
 /* Runs step si and appends its result to res. Returns its status, or -1
  * when the sandbox could not be cleaned after it (its processes would not
  * die). */
@@ -2198,6 +2213,11 @@ static int job_step(struct job *j, uint32_t si, struct jbuf *res)
 	}
 	if (wall_out && !err && status != JS_OUTPUT)
 		status = JS_TIME;
+	if (!err && (status == JS_ACCEPTED || status == JS_NONZERO || status == JS_SIGNALLED) && job_disk_full(j)) {
+		status = JS_OUTPUT;
+		err = ENOSPC;
+		strcpy(what, "disk");
+	}
 
 done:
 	if (r.pid > 0)
@@ -2256,8 +2276,41 @@ done:
 	return (int)status;
 }
 
-/* Runs the job of c's JOB frame and replies with one 'j' frame (or FAILED
- * when the frame is malformed). */
+/* Sends n bytes of p on the blocking-or-not socket fd, waiting for the
+ * client to take them (a step's result may be megabytes). */
+static int job_send(int fd, const uint8_t *p, uint32_t n)
+{
+	for (uint32_t sent = 0; sent < n;) {
+		ssize_t w = send(fd, p + sent, n - sent, MSG_NOSIGNAL);
+		if (w > 0) {
+			sent += (uint32_t)w;
+			continue;
+		}
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN) {
+			struct pollfd pf = {fd, POLLOUT, 0};
+			if (poll(&pf, 1, 10000) > 0)
+				continue;
+		}
+		return -1;
+	}
+	return 0;
+}
+
+/* Sends the step result res holds from at on: one 'k' frame. */
+static int job_send_step(int fd, const struct jbuf *res, uint32_t at)
+{
+	uint8_t hdr[HDR_LEN];
+	put32(hdr, res->len - at);
+	hdr[4] = 'k';
+	return job_send(fd, hdr, HDR_LEN) < 0 ? -1 : job_send(fd, res->p + at, res->len - at);
+}
+
+/* Runs the job of c's JOB frame and replies with one 'k' frame per step
+ * as it ends and a 'j' frame after the reset (or FAILED when the frame is
+ * malformed): a client that loses the agent mid-job keeps the results of
+ * the steps that ended. */
 static void run_job(struct conn *c)
 {
 	struct job j = {0};
@@ -2284,19 +2337,23 @@ static void run_job(struct conn *c)
 	jb32(&res, 0); /* steps run */
 	jb32(&res, 0); /* reset errno */
 	uint32_t ran = 0;
-	int reset_err = 0;
+	int reset_err = 0, client = 1;
 	for (uint32_t i = 0; i < j.nsteps; i++) {
 		uint32_t at = res.len;
 		int st = job_step(&j, i, &res);
 		ran++;
-		if (st == -1) {
-			reset_err = ESRCH; /* processes that would not die */
-			break;
-		}
 		if (st == -2) {
 			if (!res.full)
 				put32(res.p + at, JS_FILE);
 			st = JS_FILE;
+		}
+		/* A client gone takes no more frames; the job still ends with
+		 * the reset. A full buffer fails the job below. */
+		if (client && !res.full && job_send_step(c->fd, &res, at) < 0)
+			client = 0;
+		if (st == -1) {
+			reset_err = ESRCH; /* processes that would not die */
+			break;
 		}
 		if (st != JS_ACCEPTED && !(j.steps[i].flags & JF_CONTINUE))
 			break;
@@ -2311,24 +2368,10 @@ static void run_job(struct conn *c)
 		fail(c, E2BIG, "job");
 		return;
 	}
-	put32(res.p, res.len - HDR_LEN);
+	put32(res.p, 8);
 	res.p[4] = 'j';
-	/* The reply may be megabytes: wait for the client to take it. */
-	for (uint32_t sent = 0; sent < res.len;) {
-		ssize_t w = send(c->fd, res.p + sent, res.len - sent, MSG_NOSIGNAL);
-		if (w > 0) {
-			sent += (uint32_t)w;
-			continue;
-		}
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w < 0 && errno == EAGAIN) {
-			struct pollfd pf = {c->fd, POLLOUT, 0};
-			if (poll(&pf, 1, 10000) > 0)
-				continue;
-		}
-		break;
-	}
+	if (client)
+		job_send(c->fd, res.p, HDR_LEN + 8);
 	big_free(res.p, HDR_LEN + MAX_PAYLOAD);
 	drop(c, 0);
 }

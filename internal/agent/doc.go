@@ -97,18 +97,22 @@
 //	            the name, then the bytes (inline) or the earlier step's
 //	            output name; nout output names. Names are relative, with
 //	            no "." or ".." components.
-//	'j' RESULT  u32 steps run, u32 reset errno (0: the sandbox is clean);
-//	            per step run: u32 status (1 accepted, 2 non-zero exit,
-//	            3 signalled, 4 time limit, 5 memory limit, 6 output limit,
-//	            7 file error, 8 internal error), i32 exit code (-1 if
+//	'k' STEP    one per step run, as it ends (a client that loses the
+//	            agent mid-job keeps the steps that ended): u32 status
+//	            (1 accepted, 2 non-zero exit, 3 signalled, 4 time limit,
+//	            5 memory limit, 6 output limit, 7 file error, 8 internal
+//	            error), i32 exit code (-1 if
 //	            signalled), i32 signal, u64 CPU µs, u64 wall µs, u64 peak
 //	            resident bytes (the program's and its waited-for
 //	            children's largest), u32 flags (bit0 stdout, bit1 stderr
 //	            truncated), i32 errno and a NUL-terminated step name (why
-//	            a file or internal error: "filein", "exec", "fork"...),
+//	            a file, output or internal error: "filein", "exec",
+//	            "fork", "disk"...),
 //	            u32 length + stdout, u32 length + stderr, u32 nout, and per
 //	            output file: i32 errno (ENOENT missing, EFBIG over the cap,
 //	            EACCES through a symlink), u32 length, the bytes.
+//	'j' RESULT  after the last step and the reset: u32 steps run (the
+//	            STEP frames sent), u32 reset errno (0: the sandbox is clean).
 //
 // Each step is a child in its own session with supplementary groups
 // dropped, uid and gid as asked, cwd the work directory (made by the
@@ -122,7 +126,11 @@
 // deadline; when the step's process exits, or a limit is hit, it kills
 // every process of the namespace (kill(-1)) and reaps until none is
 // left (2 s at most: longer fails the reset). Output files are then read
-// with openat2 beneath the work directory, through no symlink. After the
+// with openat2 beneath the work directory, through no symlink. A step
+// that was accepted, exited non-zero or was signalled while the work
+// directory's filesystem has under 64 KiB or no inode left (statvfs)
+// filled the job's disk quota: output limit, errno ENOSPC, step "disk".
+// After the
 // last step the reset removes SysV IPC objects and empties the work
 // directory (its mode back to 0755, its owner uid) and the wipe
 // directories, walking at most 48 levels deep. The agent runs the job

@@ -13,11 +13,14 @@ import (
 
 const (
 	frameJob       = 'J'
+	frameJobStep   = 'k'
 	frameJobResult = 'j'
 )
 
-// RunJob sends j in one JOB frame and reads the one result frame: every
-// step and the reset run in the agent without another round trip.
+// RunJob sends j in one JOB frame and reads a result frame per step as it
+// ends and a last one after the reset: every step and the reset run in
+// the agent without another round trip. An error after the job was sent
+// comes with the steps that ended before it, and wraps backend.ErrJobCut.
 func (c *Client) RunJob(ctx context.Context, j backend.Job) (backend.JobResult, error) {
 	payload, err := EncodeJob(j)
 	if err != nil {
@@ -33,20 +36,42 @@ func (c *Client) RunJob(ctx context.Context, j backend.Job) (backend.JobResult, 
 	if _, err := conn.Write(frame(frameJob, payload)); err != nil {
 		return backend.JobResult{}, ioErr(ctx, err, "send job to sandbox agent")
 	}
-	typ, body, err := readFrameMax(conn, maxPayload)
-	if err != nil {
-		return backend.JobResult{}, ioErr(ctx, err, "read job result from sandbox agent")
+	var res backend.JobResult
+	cut := func(err error) (backend.JobResult, error) {
+		return res, fmt.Errorf("%w after %d of %d steps: %w", backend.ErrJobCut, len(res.Steps), len(j.Steps), err)
 	}
-	switch typ {
-	case frameJobResult:
-		return decodeJobResult(j, body)
-	case frameFailed:
-		if len(body) >= 5 {
-			errno := syscall.Errno(binary.LittleEndian.Uint32(body))
-			return backend.JobResult{}, errdefs.Internalf("sandbox agent refused the job (%s): %v", cstring(body[4:]), errno)
+	for {
+		typ, body, err := readFrameMax(conn, maxPayload)
+		if err != nil {
+			return cut(ioErr(ctx, err, "read job result from sandbox agent"))
 		}
+		switch typ {
+		case frameJobStep:
+			if len(res.Steps) >= len(j.Steps) {
+				return cut(errdefs.Internalf("sandbox agent: more step results than the job's %d steps", len(j.Steps)))
+			}
+			s, err := decodeStepResult(j.Steps[len(res.Steps)], body)
+			if err != nil {
+				return cut(err)
+			}
+			res.Steps = append(res.Steps, s)
+			continue
+		case frameJobResult:
+			r := &reader{b: body}
+			n, reset := r.u32(), syscall.Errno(r.u32())
+			if r.bad || len(r.b) != 0 || n != uint32(len(res.Steps)) {
+				return cut(errdefs.Internalf("sandbox agent: malformed job end (%d steps, %d received)", n, len(res.Steps)))
+			}
+			res.ResetErr = reset
+			return res, nil
+		case frameFailed:
+			if len(body) >= 5 {
+				errno := syscall.Errno(binary.LittleEndian.Uint32(body))
+				return cut(errdefs.Internalf("sandbox agent refused the job (%s): %v", cstring(body[4:]), errno))
+			}
+		}
+		return cut(errdefs.Internalf("sandbox agent: unexpected reply %q to a job", typ))
 	}
-	return backend.JobResult{}, errdefs.Internalf("sandbox agent: unexpected reply %q to a job", typ)
 }
 
 func cstring(b []byte) string {
@@ -200,43 +225,33 @@ func (r *reader) str() string {
 	return ""
 }
 
-func decodeJobResult(j backend.Job, body []byte) (backend.JobResult, error) {
+// decodeStepResult decodes one step's 'k' frame (doc.go, "Jobs").
+func decodeStepResult(st backend.Step, body []byte) (backend.StepResult, error) {
 	r := &reader{b: body}
-	n := r.u32()
-	res := backend.JobResult{ResetErr: syscall.Errno(r.u32())}
-	if n > uint32(len(j.Steps)) {
-		return res, errdefs.Internalf("sandbox agent: result of %d steps for a job of %d", n, len(j.Steps))
+	var s backend.StepResult
+	s.Status = backend.Status(r.u32())
+	s.ExitCode = int(int32(r.u32()))
+	s.Signal = syscall.Signal(r.u32())
+	s.CPU = time.Duration(r.u64()) * time.Microsecond
+	s.Wall = time.Duration(r.u64()) * time.Microsecond
+	s.PeakMemoryBytes = r.u64()
+	fl := r.u32()
+	s.StdoutTruncated, s.StderrTruncated = fl&1 != 0, fl&2 != 0
+	s.Errno = syscall.Errno(r.u32())
+	s.What = r.str()
+	s.Stdout = r.bytes(r.u32())
+	s.Stderr = r.bytes(r.u32())
+	nf := r.u32()
+	if !r.bad && nf != uint32(len(st.Outputs)) {
+		return s, errdefs.Internalf("sandbox agent: %d output files for a step that asked %d", nf, len(st.Outputs))
 	}
-	for i := range n {
-		var s backend.StepResult
-		s.Status = backend.Status(r.u32())
-		s.ExitCode = int(int32(r.u32()))
-		s.Signal = syscall.Signal(r.u32())
-		s.CPU = time.Duration(r.u64()) * time.Microsecond
-		s.Wall = time.Duration(r.u64()) * time.Microsecond
-		s.PeakMemoryBytes = r.u64()
-		fl := r.u32()
-		s.StdoutTruncated, s.StderrTruncated = fl&1 != 0, fl&2 != 0
-		s.Errno = syscall.Errno(r.u32())
-		s.What = r.str()
-		s.Stdout = r.bytes(r.u32())
-		s.Stderr = r.bytes(r.u32())
-		nf := r.u32()
-		if nf != uint32(len(j.Steps[i].Outputs)) {
-			return res, errdefs.Internalf("sandbox agent: %d output files for step %d, asked %d", nf, i, len(j.Steps[i].Outputs))
-		}
-		for k := range nf {
-			f := backend.FileOut{Name: j.Steps[i].Outputs[k], Err: syscall.Errno(r.u32())}
-			f.Data = r.bytes(r.u32())
-			s.Files = append(s.Files, f)
-		}
-		if r.bad {
-			break
-		}
-		res.Steps = append(res.Steps, s)
+	for k := uint32(0); k < nf && !r.bad; k++ {
+		f := backend.FileOut{Name: st.Outputs[k], Err: syscall.Errno(r.u32())}
+		f.Data = r.bytes(r.u32())
+		s.Files = append(s.Files, f)
 	}
 	if r.bad || len(r.b) != 0 {
-		return res, fmt.Errorf("sandbox agent: malformed job result: %w", errdefs.Internalf("%d bytes left", len(r.b)))
+		return s, fmt.Errorf("sandbox agent: malformed step result: %w", errdefs.Internalf("%d bytes left", len(r.b)))
 	}
-	return res, nil
+	return s, nil
 }

@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"syscall"
 	"time"
 )
@@ -12,9 +13,16 @@ import (
 type JobRunner interface {
 	// RunJob runs j's steps in order and resets the sandbox. A program's
 	// failure is a step's Status; an error means the sandbox failed (it
-	// must not be reused then), as does a JobResult with ResetErr set.
+	// must not be reused then), as does a JobResult with ResetErr set. An
+	// error that wraps ErrJobCut comes after the job reached the sandbox,
+	// with the results of the steps that ended before it.
 	RunJob(ctx context.Context, j Job) (JobResult, error)
 }
+
+// ErrJobCut marks a RunJob error after the job reached the sandbox: it
+// ran up to the steps in the JobResult, and the sandbox failed meanwhile
+// (its agent died, or broke the protocol).
+var ErrJobCut = errors.New("the sandbox failed mid-job")
 
 // Job is one or more steps run in order in one sandbox, as one user.
 type Job struct {
@@ -67,6 +75,10 @@ type StepLimits struct {
 	OpenFiles     uint32
 	// FileOutBytes bounds each output file read back.
 	FileOutBytes int64
+	// DiskBytes bounds what the whole job writes: the sandbox that runs
+	// it has a writable layer of that size (Spec.DiskBytes). A job takes
+	// the largest of its steps'; a step that fills it is OutputLimit.
+	DiskBytes int64
 }
 
 // Status is how a step ended.

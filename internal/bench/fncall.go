@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -20,6 +21,11 @@ type FnCallConfig struct {
 	Warmup      int
 	Concurrency []int
 	Peers       bool // fork+exec, unshare+chroot, crun run
+	// PythonImage and CCImage name images made by scripts/fn-images.sh
+	// (an image of the daemon, or the root directory itself, which is
+	// imported for the run): with one, the python3 -c pass row, and the
+	// compile-then-run row.
+	PythonImage, CCImage string
 }
 
 // FnCallReport is the result of `warren bench fncall`.
@@ -51,6 +57,16 @@ type fnProgram struct {
 	// steps > 1 runs the program that many times per job: one Run of
 	// that many steps, that many Execs, that many fork+execs.
 	steps int
+	// A workload in an image of its own: image (not env.Image), job (the
+	// Run's steps), hostRun (one fork+exec peer iteration: the same work
+	// on the host), and chroot (argv for unshare+chroot in rootfs, with
+	// stdin; none without a rootfs).
+	image   string
+	job     []*warrenv1.RunStep
+	hostRun func(ctx context.Context, worker int) error
+	rootfs  string
+	chroot  []string
+	stdin   []byte
 }
 
 // RunFnCall measures Run of one-step jobs in the fncall backend (client ->
@@ -73,6 +89,21 @@ func RunFnCall(ctx context.Context, env *Env, cfg FnCallConfig) (*FnCallReport, 
 		progs = append(progs, c)
 		rep.Notes = append(rep.Notes, "small C program: a static musl binary summing 1..1e5; Warren gets it as an input file of every job (written to /w, then run: a judge's case), the peers run it from their root")
 	}
+	langs, cleanup, err := fnLanguages(ctx, env, cfg)
+	defer cleanup()
+	if err != nil {
+		return nil, err
+	}
+	progs = append(progs, langs...)
+	if cfg.PythonImage != "" {
+		rep.Notes = append(rep.Notes, pythonImageNote)
+	}
+	if cfg.CCImage != "" {
+		rep.Notes = append(rep.Notes, ccImageNote)
+	}
+	if cfg.PythonImage == "" || cfg.CCImage == "" {
+		rep.Notes = append(rep.Notes, "python3 -c pass and compile-then-run rows need --python-image and --cc-image (scripts/fn-images.sh builds them from the host's python3 and gcc)")
+	}
 	for _, p := range progs {
 		w, err := runFnWorkload(ctx, env, cfg, p)
 		if err != nil {
@@ -92,6 +123,9 @@ func runFnWorkload(ctx context.Context, env *Env, cfg FnCallConfig, p fnProgram)
 	req := &warrenv1.RunRequest{Image: env.Image, Steps: []*warrenv1.RunStep{{Argv: argv, Files: p.files}}}
 	for range p.steps - 1 {
 		req.Steps = append(req.Steps, &warrenv1.RunStep{Argv: argv})
+	}
+	if p.job != nil {
+		req = &warrenv1.RunRequest{Image: p.image, Steps: p.job}
 	}
 	iter := func(ctx context.Context, _ int) ([]time.Duration, error) {
 		t0 := time.Now()
@@ -146,6 +180,9 @@ func runFnWorkload(ctx context.Context, env *Env, cfg FnCallConfig, p fnProgram)
 // fnPeers run p once per iteration: bare, in fresh namespaces, in a fresh
 // crun container, and through Warren's exec into a running sandbox.
 func fnPeers(env *Env, p fnProgram) []*peer {
+	if p.hostRun != nil {
+		return fnLanguagePeers(p)
+	}
 	hostArgv := p.argv
 	if p.host != "" && p.files == nil {
 		hostArgv = []string{p.host, "true"} // busybox by path: no PATH lookup, no symlink
@@ -344,4 +381,97 @@ func slicesSortedKeys(m map[string]float64) []string {
 		return x - y
 	})
 	return out
+}
+
+const pythonImageNote = "python3 -c pass: in the python image (scripts/fn-images.sh python: the host's python3 and standard library, .pyc included); fork+exec runs the host's /usr/bin/python3, unshare+chroot the image's root directory (when given as one)"
+
+const ccImageNote = "compile then run: one job of two steps in the cc image (scripts/fn-images.sh cc: the host's gcc, binutils and libc headers): cc -O2 of the small C program (shipped in with the job), then the binary; fork+exec does the same with the host's gcc, unshare+chroot with the image's root directory (when given as one; the source on stdin)"
+
+// fnLanguages returns the python3 -c pass and compile-then-run workloads
+// of cfg's images, importing an image given as a directory (removed by
+// cleanup).
+func fnLanguages(ctx context.Context, env *Env, cfg FnCallConfig) (progs []fnProgram, cleanup func(), err error) {
+	var imported []string
+	cleanup = func() {
+		dctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for _, name := range imported {
+			_ = env.Client.RemoveImage(dctx, name)
+		}
+	}
+	resolve := func(kind, v string) (image, rootfs string, err error) {
+		st, err := os.Stat(v)
+		if err != nil || !st.IsDir() {
+			return v, "", nil // an image of the daemon
+		}
+		name := fmt.Sprintf("bench-fn-%s-%d", kind, os.Getpid())
+		env.logf("fncall: importing %s as image %s", v, name)
+		if _, err := env.Client.ImportImage(ctx, name, v); err != nil {
+			return "", "", fmt.Errorf("import %s: %w", v, err)
+		}
+		imported = append(imported, name)
+		return name, v, nil
+	}
+	if cfg.PythonImage != "" {
+		img, root, err := resolve("python", cfg.PythonImage)
+		if err != nil {
+			return nil, cleanup, err
+		}
+		argv := []string{"python3", "-c", "pass"}
+		progs = append(progs, fnProgram{name: "python3 -c pass", image: img, job: []*warrenv1.RunStep{{Argv: argv}},
+			hostRun: func(ctx context.Context, _ int) error { return runCmd(ctx, "/usr/bin/python3", "-c", "pass") },
+			rootfs:  root, chroot: []string{"/usr/bin/python3", "-c", "pass"}})
+	}
+	if cfg.CCImage != "" {
+		img, root, err := resolve("cc", cfg.CCImage)
+		if err != nil {
+			return nil, cleanup, err
+		}
+		src := filepath.Join(env.Tmp, "compile.c")
+		if err := os.WriteFile(src, []byte(smallC), 0o644); err != nil {
+			return nil, cleanup, err
+		}
+		progs = append(progs, fnProgram{name: "compile a small C program (cc -O2) then run it", image: img,
+			job: []*warrenv1.RunStep{
+				{Argv: []string{"cc", "-O2", "-o", "small", "small.c"}, Files: []*warrenv1.RunFile{{Name: "small.c", Data: []byte(smallC)}}},
+				{Argv: []string{"./small"}},
+			},
+			hostRun: func(ctx context.Context, w int) error {
+				bin := filepath.Join(env.Tmp, "compiled-"+strconv.Itoa(w))
+				if err := runCmd(ctx, "cc", "-O2", "-o", bin, src); err != nil {
+					return err
+				}
+				return runCmd(ctx, bin)
+			},
+			rootfs: root, chroot: []string{"/bin/sh", "-c", "f=$(mktemp -u /tmp/fnbench.XXXXXX) && cc -O2 -x c -o $f - && $f >/dev/null; r=$?; rm -f $f; exit $r"},
+			stdin: []byte(smallC)})
+	}
+	return progs, cleanup, nil
+}
+
+// fnLanguagePeers are p's fork+exec on the host and, with a root
+// directory, unshare+chroot into it.
+func fnLanguagePeers(p fnProgram) []*peer {
+	timed := func(f func(ctx context.Context, w int) error) Iteration {
+		return func(ctx context.Context, w int) ([]time.Duration, error) {
+			t0 := time.Now()
+			if err := f(ctx, w); err != nil {
+				return nil, err
+			}
+			return []time.Duration{time.Since(t0)}, nil
+		}
+	}
+	peers := []*peer{{system: "fork+exec", setup: func(ctx context.Context) error { return p.hostRun(ctx, -1) }, iter: timed(p.hostRun)}}
+	if p.rootfs != "" && have("unshare") && have("chroot") {
+		run := func(ctx context.Context, _ int) error {
+			cmd := exec.CommandContext(ctx, "unshare", unshareArgs(p.rootfs, p.chroot...)...)
+			cmd.Stdin = bytes.NewReader(p.stdin)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("unshare+chroot %s: %w: %s", p.name, err, out)
+			}
+			return nil
+		}
+		peers = append(peers, &peer{system: "unshare+chroot", setup: func(ctx context.Context) error { return run(ctx, 0) }, iter: timed(run)})
+	}
+	return peers
 }

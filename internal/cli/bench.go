@@ -218,6 +218,8 @@ func newBenchFnCallCommand(bf *benchFlags) *cobra.Command {
 	c.Flags().IntVar(&cfg.N, "n", 2000, "measured runs per system, program and concurrency")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 100, "unmeasured runs before each measured run")
 	c.Flags().IntSliceVar(&cfg.Concurrency, "concurrency", []int{1, 4}, "concurrent callers (comma-separated)")
+	c.Flags().StringVar(&cfg.PythonImage, "python-image", "", "python image (scripts/fn-images.sh python): an image of the daemon, or its root directory to import; adds the python3 -c pass row")
+	c.Flags().StringVar(&cfg.CCImage, "cc-image", "", "C compiler image (scripts/fn-images.sh cc): an image of the daemon, or its root directory to import; adds the compile-then-run row")
 	return c
 }
 

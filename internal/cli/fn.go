@@ -27,11 +27,11 @@ func newFnCommand() *cobra.Command {
 
 func newFnRunCommand() *cobra.Command {
 	var (
-		image, backendName, memory, output, fileSize, fileOut string
-		cpu, wall                                             time.Duration
-		procs, openFiles                                      int32
-		env, files, outputs                                   []string
-		stdin                                                 bool
+		image, backendName, memory, output, fileSize, fileOut, disk string
+		cpu, wall                                                   time.Duration
+		procs, openFiles                                            int32
+		env, files, outputs                                         []string
+		stdin                                                       bool
 	)
 	c := &cobra.Command{
 		Use:   "run --image IMAGE [flags] -- ARGV...",
@@ -61,7 +61,7 @@ file of /w after the step.`,
 			for _, b := range []struct {
 				s   string
 				dst *int64
-			}{{memory, &step.Limits.MemoryBytes}, {output, &step.Limits.OutputBytes}, {fileSize, &step.Limits.FileSizeBytes}, {fileOut, &step.Limits.FileOutBytes}} {
+			}{{memory, &step.Limits.MemoryBytes}, {output, &step.Limits.OutputBytes}, {fileSize, &step.Limits.FileSizeBytes}, {fileOut, &step.Limits.FileOutBytes}, {disk, &step.Limits.DiskBytes}} {
 				if b.s != "" {
 					if *b.dst, err = parseBytes(b.s); err != nil {
 						return usageError{err}
@@ -138,6 +138,7 @@ file of /w after the step.`,
 	f.StringVar(&output, "output-limit", "", "bytes per output stream (default 64KiB)")
 	f.StringVar(&fileSize, "file-size", "", "largest file the command may write (default 64MiB)")
 	f.StringVar(&fileOut, "output-file-limit", "", "largest output file read back (default 64KiB)")
+	f.StringVar(&disk, "disk", "", "everything the job may write in all, e.g. 64MiB (default: the node's --fn-disk-bytes)")
 	f.Int32Var(&openFiles, "open-files", 0, "open files (default 256)")
 	f.StringArrayVarP(&env, "env", "e", nil, "KEY=VALUE environment variable (repeatable)")
 	f.StringArrayVar(&files, "file", nil, "NAME=PATH: copy a local file into /w (repeatable)")

@@ -42,6 +42,7 @@ type serveOptions struct {
 	insecureNoAuth           bool
 	defaultTimeout           time.Duration
 	defaultDisk              string
+	fnDisk                   string
 	eventLogBytes            string
 	trajectoryBytes          string
 	noTrajectory             bool
@@ -83,6 +84,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token for --listen (default $"+client.EnvToken+")")
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
 	f.DurationVar(&o.defaultTimeout, "default-timeout", daemon.DefaultTimeout, "sandbox lifetime when a create request gives none")
+	f.StringVar(&o.fnDisk, "fn-disk-bytes", "1Gi", "disk quota of a Run job that asks none: everything it writes in /w, /tmp and /var/tmp (each fncall environment gets a filesystem of that size); 0: none, each file bounded by the file size limit only")
 	f.StringVar(&o.defaultDisk, "default-disk", "", "disk limit of each sandbox's writable layer when a create request gives none, e.g. 10Gi (default: unlimited, on the state dir's filesystem)")
 	f.StringVar(&o.diskReserve, "disk-reserve", "5%", "free space to keep on the state dir's filesystem, a size (2Gi) or a percentage of it (at most 10Gi then); below it (or below 5% of its inodes) creates are refused, below half of it the sandbox whose writable layer takes the most is stopped; 0 turns the guard off")
 	f.DurationVar(&o.guardInterval, "guard-interval", daemon.DefaultGuardInterval, "how often every sandbox's containment counters (OOM kills, refused forks, its disk) and the node's free disk are read")
@@ -222,6 +224,10 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			return usageError{err}
 		}
 	}
+	fnDisk, err := parseBytes(o.fnDisk)
+	if err != nil {
+		return usageError{fmt.Errorf("--fn-disk-bytes: %w", err)}
+	}
 	mkfs, why, err := erofs.SelectMkfs(o.mkfsErofs)
 	if err != nil {
 		return fmt.Errorf("--mkfs-erofs: %w", err)
@@ -319,7 +325,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	}
 	// Run's jobs: pools of container sandboxes per image, made on the
 	// first call of each image (internal/fncall).
-	fn, err := fncall.New(fncall.Options{Backend: ctr, Logger: log})
+	fn, err := fncall.New(fncall.Options{Backend: ctr, DiskBytes: fnDisk, Logger: log})
 	if err != nil {
 		return fmt.Errorf("fncall backend: %w", err)
 	}

@@ -864,6 +864,7 @@ type sandbox struct {
 	// jobOOM is the cgroup's OOM kill count after the last job.
 	jobOOM      uint64
 	jobOOMKnown bool
+	jobMq       *os.File // the mqueue filesystem's root (mqueue.go), from the first job on
 }
 
 func (s *sandbox) ID() string { return s.id }
@@ -994,6 +995,12 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	}
 	root := s.root
 	s.root = -1
+	s.jobMu.Lock()
+	if s.jobMq != nil {
+		s.jobMq.Close()
+		s.jobMq = nil
+	}
+	s.jobMu.Unlock()
 	if err := s.b.teardownGroup(s.id, s.grp, root, s.network()); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "release sandbox "+s.id)
 	}

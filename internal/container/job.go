@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"errors"
 	"syscall"
 
 	"github.com/warrenrl/warren/internal/backend"
@@ -19,7 +20,8 @@ var _ backend.JobRunner = (*sandbox)(nil)
 const jobMemorySlack = 16 << 20
 
 // RunJob runs a job through the agent (one JOB frame: every step, then
-// the reset) and turns kills by the memory cgroup into MemoryLimit: the
+// the reset), completes the reset with what the agent cannot reach (POSIX
+// message queues, mqueue.go), and turns kills by the memory cgroup into MemoryLimit: the
 // agent sees only a SIGKILL, the cgroup's OOM counter says whose.
 func (s *sandbox) RunJob(ctx context.Context, j backend.Job) (backend.JobResult, error) {
 	select {
@@ -57,6 +59,9 @@ func (s *sandbox) RunJob(ctx context.Context, j backend.Job) (backend.JobResult,
 	if err != nil {
 		return res, err
 	}
+	if res.ResetErr == 0 {
+		res.ResetErr = s.wipeJobMqueues()
+	}
 	after, err := s.grp.OOMKills()
 	if err != nil {
 		s.jobOOMKnown = false
@@ -76,4 +81,28 @@ func (s *sandbox) RunJob(ctx context.Context, j backend.Job) (backend.JobResult,
 		}
 	}
 	return res, nil
+}
+
+// wipeJobMqueues removes the message queues the job left, opening the
+// sandbox's mqueue filesystem on its first job; an errno fails the reset.
+func (s *sandbox) wipeJobMqueues() syscall.Errno {
+	if s.jobMq == nil {
+		d, err := openMqueue(s.st.Pid)
+		if err != nil {
+			return errnoOf(err)
+		}
+		s.jobMq = d
+	}
+	if err := wipeMqueue(s.jobMq); err != nil {
+		return errnoOf(err)
+	}
+	return 0
+}
+
+func errnoOf(err error) syscall.Errno {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return syscall.EIO
 }

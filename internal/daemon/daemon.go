@@ -281,6 +281,19 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	cfg.Metrics.TrajectoryBytesFunc(traj.bytes)
+	if fn := cfg.FnCall; fn != nil {
+		cfg.Metrics.RegisterFnCall(func() []metrics.FnPool {
+			ps := fn.Pools()
+			out := make([]metrics.FnPool, len(ps))
+			for i, p := range ps {
+				out[i] = metrics.FnPool{Image: p.Image, Idle: p.Idle, InUse: p.InUse, Making: p.Making}
+			}
+			return out
+		}, func() metrics.FnCounts {
+			st := fn.Stats()
+			return metrics.FnCounts{Created: st.Created, Destroyed: st.Destroyed, Failed: st.Failed}
+		})
+	}
 	m := &Manager{
 		events:    evs,
 		cfg:       cfg,

@@ -50,12 +50,19 @@ func (m *Manager) fnCheck(backendName, image string) error {
 func (m *Manager) runJob(ctx context.Context, image string, steps []backend.Step, start time.Time) (*warrenv1.RunResult, error) {
 	img, err := m.fnImage(ctx, image)
 	if err != nil {
+		m.metrics.ObserveFnJob("error", time.Since(start))
 		return nil, err
 	}
 	res, err := m.cfg.FnCall.Run(ctx, img, steps)
 	if err != nil {
+		m.metrics.ObserveFnJob("error", time.Since(start))
 		return nil, err
 	}
+	outcome := "error"
+	if n := len(res.Steps); n > 0 {
+		outcome = res.Steps[n-1].Status.String()
+	}
+	m.metrics.ObserveFnJob(outcome, time.Since(start))
 	out := &warrenv1.RunResult{Steps: make([]*warrenv1.RunStepResult, len(res.Steps))}
 	for i, s := range res.Steps {
 		out.Steps[i] = runStepResult(s)
@@ -158,7 +165,7 @@ func (m *Manager) fnImage(ctx context.Context, name string) (fncall.Image, error
 		recs, err := m.layerRecords(digests)
 		userns = err == nil && userNSFits(recs) == nil
 	}
-	img = fncall.Image{Key: name + "@" + strings.Join(digests, ",") + map[bool]string{true: "+userns"}[userns], UserNS: userns}
+	img = fncall.Image{Name: name, Key: name + "@" + strings.Join(digests, ",") + map[bool]string{true: "+userns"}[userns], UserNS: userns}
 	if rec.Config != nil {
 		for k, v := range imageEnv(rec.Config, nil) {
 			img.Env = append(img.Env, k+"="+v)
@@ -239,7 +246,7 @@ func runSteps(in []*warrenv1.RunStep) ([]backend.Step, error) {
 	out := make([]backend.Step, len(in))
 	for i, s := range in {
 		l := s.GetLimits()
-		for _, v := range []int64{l.GetCpuMs(), l.GetWallMs(), l.GetMemoryBytes(), int64(l.GetProcesses()), l.GetOutputBytes(), l.GetFileSizeBytes(), int64(l.GetOpenFiles()), l.GetFileOutBytes()} {
+		for _, v := range []int64{l.GetCpuMs(), l.GetWallMs(), l.GetMemoryBytes(), int64(l.GetProcesses()), l.GetOutputBytes(), l.GetFileSizeBytes(), int64(l.GetOpenFiles()), l.GetFileOutBytes(), l.GetDiskBytes()} {
 			if v < 0 {
 				return nil, errdefs.Invalidf("step %d: a negative limit", i)
 			}
@@ -258,6 +265,7 @@ func runSteps(in []*warrenv1.RunStep) ([]backend.Step, error) {
 				FileSizeBytes: l.GetFileSizeBytes(),
 				OpenFiles:     uint32(l.GetOpenFiles()),
 				FileOutBytes:  l.GetFileOutBytes(),
+				DiskBytes:     l.GetDiskBytes(),
 			},
 		}
 		keys := make([]string, 0, len(s.GetEnv()))
@@ -298,6 +306,9 @@ func runStepResult(s backend.StepResult) *warrenv1.RunStepResult {
 	}
 	if s.Errno != 0 {
 		r.Error = s.What + ": " + s.Errno.Error()
+	}
+	if s.Status == backend.StatusInternalError && s.What == "environment" {
+		r.Error = "environment: the job's environment failed while this step ran (it was replaced; the steps after it did not run)"
 	}
 	for _, f := range s.Files {
 		fr := &warrenv1.RunFileResult{Name: f.Name, Data: f.Data}

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/warrenrl/warren/internal/backend"
@@ -58,6 +60,9 @@ type Options struct {
 	// largest step.
 	PidsMax     int64
 	MemoryBytes int64
+	// DiskBytes is the disk quota of a job whose steps ask none (0: none;
+	// each file is still bounded by the file size limit).
+	DiskBytes int64
 	// NoSpare keeps no spare environment beyond the last second's peak
 	// (tests that need consecutive jobs in one environment).
 	NoSpare bool
@@ -66,6 +71,8 @@ type Options struct {
 
 // Image is what an environment is made from.
 type Image struct {
+	// Name is the image's name, for metrics ("" : the key).
+	Name string
 	// Key names the image's content (its name and layer digests): one
 	// pool per key.
 	Key    string
@@ -90,8 +97,20 @@ type Service struct {
 	stop   chan struct{}
 	wg     sync.WaitGroup
 
+	// images holds each image's layers for all its pools (one per disk
+	// quota), until the last of them closes.
+	images map[string]*imageRef
+
 	// Counters, for tests and metrics.
-	created, destroyed, resetFailures atomic.Uint64
+	created, destroyed, resetFailures, failed atomic.Uint64
+}
+
+// imageRef is an image's layers, shared by its pools.
+type imageRef struct {
+	key     string
+	layers  []backend.Layer
+	release func()
+	pools   int
 }
 
 // New returns the service; it makes no environment before a call.
@@ -114,7 +133,16 @@ func New(opts Options) (*Service, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Service{opts: opts, log: opts.Logger, pools: map[string]*pool{}, stop: make(chan struct{})}
+	if opts.DiskBytes < 0 {
+		return nil, errdefs.Invalidf("fncall: negative disk quota")
+	}
+	if opts.DiskBytes > 0 {
+		var err error
+		if opts.DiskBytes, err = diskQuota(opts.DiskBytes); err != nil {
+			return nil, err
+		}
+	}
+	s := &Service{opts: opts, log: opts.Logger, pools: map[string]*pool{}, images: map[string]*imageRef{}, stop: make(chan struct{})}
 	s.wg.Add(1)
 	go s.janitor()
 	return s, nil
@@ -123,12 +151,15 @@ func New(opts Options) (*Service, error) {
 // Stats are the service's counters.
 type Stats struct {
 	Created, Destroyed, ResetFailures uint64
-	Idle                              int
+	// Failed counts environments destroyed because their job or reset
+	// failed.
+	Failed uint64
+	Idle   int
 }
 
 // Stats reads the counters and the idle environments of every pool.
 func (s *Service) Stats() Stats {
-	st := Stats{Created: s.created.Load(), Destroyed: s.destroyed.Load(), ResetFailures: s.resetFailures.Load()}
+	st := Stats{Created: s.created.Load(), Destroyed: s.destroyed.Load(), ResetFailures: s.resetFailures.Load(), Failed: s.failed.Load()}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range s.pools {
@@ -139,49 +170,130 @@ func (s *Service) Stats() Stats {
 	return st
 }
 
+// PoolStat is one pool's environments.
+type PoolStat struct {
+	Image               string // Image.Name, or the key
+	DiskBytes           int64
+	Idle, InUse, Making int
+}
+
+// Pools reports every open pool's environments.
+func (s *Service) Pools() []PoolStat {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]PoolStat, 0, len(s.pools))
+	for _, p := range s.pools {
+		name := p.img.Name
+		if name == "" {
+			name = p.img.Key
+		}
+		p.mu.Lock()
+		out = append(out, PoolStat{Image: name, DiskBytes: p.disk, Idle: len(p.idle), InUse: p.inUse, Making: p.making})
+		p.mu.Unlock()
+	}
+	return out
+}
+
 // Run runs job in an environment of img and returns its result: a
 // program's failure is a step status, an error means an environment or
 // Warren failed. img.Release is the pool's from the first call of its
 // key on; a later call's is called at once.
 func (s *Service) Run(ctx context.Context, img Image, job []backend.Step) (backend.JobResult, error) {
-	j, err := s.job(img, job)
+	j, disk, err := s.job(img, job)
 	if err != nil {
 		if img.Release != nil {
 			img.Release()
 		}
 		return backend.JobResult{}, err
 	}
-	p, err := s.pool(img)
+	p, err := s.pool(img, disk)
 	if err != nil {
 		return backend.JobResult{}, err
 	}
-	e, err := p.draw(ctx)
-	if err != nil {
-		return backend.JobResult{}, err
-	}
-	res, err := e.run.RunJob(ctx, j)
-	if err != nil || res.ResetErr != 0 {
+	// An environment that fails before it sent a step's result (it died
+	// while idle, or during the first step) costs a second draw: a job
+	// has no effect outside its environment, so running it again is safe.
+	// One that fails after that, or on the second draw, makes the step it
+	// was running an internal error (cut), after the steps that ended.
+	for attempt := 0; ; attempt++ {
+		e, err := p.draw(ctx)
+		if err != nil {
+			return backend.JobResult{}, err
+		}
+		res, err := e.run.RunJob(ctx, j)
+		if err == nil && res.ResetErr == 0 {
+			p.put(e)
+			return res, nil
+		}
+		p.discard(e)
 		if err == nil {
 			s.resetFailures.Add(1)
 			s.log.Warn("fncall: environment reset failed; replacing it", "env", e.sb.ID(), "err", res.ResetErr)
+			return res, nil // the job ran; only the environment is lost
 		}
-		p.discard(e)
-		if err != nil {
-			if ctx.Err() != nil {
-				return res, errors.Join(ctx.Err(), err)
-			}
+		if ctx.Err() != nil {
+			return res, errors.Join(ctx.Err(), err)
+		}
+		jobCut := errors.Is(err, backend.ErrJobCut)
+		if jobCut && (len(res.Steps) > 0 || attempt == 1) {
+			s.log.Warn("fncall: environment failed mid-job; replacing it", "env", e.sb.ID(), "err", err)
+			return cut(j, res), nil
+		}
+		if attempt == 1 {
 			return res, errdefs.Wrap(errdefs.Internal, err, "fncall environment "+e.sb.ID())
 		}
-		return res, nil // the job ran; only the environment is lost
+		s.log.Warn("fncall: environment failed before a step's result; running the job in another", "env", e.sb.ID(), "err", err)
 	}
-	p.put(e)
-	return res, nil
 }
 
-// job validates steps and fills in defaults.
-func (s *Service) job(img Image, steps []backend.Step) (backend.Job, error) {
+// cut completes the result of a job whose environment failed after the
+// steps in res ended: unless the last of them ended the job, the next step
+// is an internal error (the environment failed running it; the steps
+// after it did not run).
+func cut(j backend.Job, res backend.JobResult) backend.JobResult {
+	n := len(res.Steps)
+	if n == len(j.Steps) || (n > 0 && res.Steps[n-1].Status != backend.StatusAccepted && !j.Steps[n-1].Continue) {
+		return res // every step that would run ended: only the reset was lost
+	}
+	res.Steps = append(res.Steps, backend.StepResult{Status: backend.StatusInternalError, ExitCode: -1,
+		What: "environment", Errno: syscall.ECONNRESET})
+	return res
+}
+
+// MinDiskBytes is the smallest disk quota: the container backend's
+// smallest disk of its own.
+const MinDiskBytes = 16 << 20
+
+// diskQuota rounds a quota up to a MiB (a pool per quota: few distinct
+// sizes) and checks it.
+func diskQuota(n int64) (int64, error) {
+	if n < MinDiskBytes {
+		return 0, errdefs.Invalidf("disk quota of %d bytes: at least %d", n, MinDiskBytes)
+	}
+	if n > 1<<50 {
+		return 0, errdefs.Invalidf("disk quota of %d bytes: too large", n)
+	}
+	return (n + 1<<20 - 1) &^ (1<<20 - 1), nil
+}
+
+// job validates steps and fills in defaults; disk is the job's quota.
+func (s *Service) job(img Image, steps []backend.Step) (_ backend.Job, disk int64, _ error) {
 	if len(steps) == 0 {
-		return backend.Job{}, errdefs.Invalidf("a job needs at least one step")
+		return backend.Job{}, 0, errdefs.Invalidf("a job needs at least one step")
+	}
+	for i, st := range steps {
+		if st.Limits.DiskBytes < 0 {
+			return backend.Job{}, 0, errdefs.Invalidf("step %d: negative disk quota", i)
+		}
+		disk = max(disk, st.Limits.DiskBytes)
+	}
+	if disk == 0 {
+		disk = s.opts.DiskBytes
+	} else {
+		var err error
+		if disk, err = diskQuota(disk); err != nil {
+			return backend.Job{}, 0, err
+		}
 	}
 	j := backend.Job{UID: JobUID, GID: JobGID, Workdir: Workdir, Wipe: scratchDirs, Steps: make([]backend.Step, len(steps))}
 	var result int64
@@ -213,29 +325,29 @@ func (s *Service) job(img Image, steps []backend.Step) (backend.Job, error) {
 		}
 		result += 2*l.OutputBytes + int64(len(st.Outputs))*l.FileOutBytes
 		if result > MaxResultBytes {
-			return backend.Job{}, errdefs.Invalidf("step %d: the job's output caps and output files may send back up to %d bytes, more than %d", i, result, MaxResultBytes)
+			return backend.Job{}, 0, errdefs.Invalidf("step %d: the job's output caps and output files may send back up to %d bytes, more than %d", i, result, MaxResultBytes)
 		}
 		if len(st.Argv) == 0 || st.Argv[0] == "" {
-			return backend.Job{}, errdefs.Invalidf("step %d: no command", i)
+			return backend.Job{}, 0, errdefs.Invalidf("step %d: no command", i)
 		}
 		for _, f := range st.Files {
 			if !nameOK(f.Name) {
-				return backend.Job{}, errdefs.Invalidf("step %d: file name %q: a relative path without . or .. components", i, f.Name)
+				return backend.Job{}, 0, errdefs.Invalidf("step %d: file name %q: a relative path without . or .. components", i, f.Name)
 			}
 			if f.From != "" && (f.FromStep < 0 || f.FromStep >= i) {
-				return backend.Job{}, errdefs.Invalidf("step %d: file %q from step %d, which is not an earlier step", i, f.Name, f.FromStep)
+				return backend.Job{}, 0, errdefs.Invalidf("step %d: file %q from step %d, which is not an earlier step", i, f.Name, f.FromStep)
 			}
 		}
 		for _, o := range st.Outputs {
 			if !nameOK(o) {
-				return backend.Job{}, errdefs.Invalidf("step %d: output file name %q: a relative path without . or .. components", i, o)
+				return backend.Job{}, 0, errdefs.Invalidf("step %d: output file name %q: a relative path without . or .. components", i, o)
 			}
 		}
 		st.Env = append(append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + Workdir, "TMPDIR=/tmp"}, img.Env...), st.Env...)
 		st.Env = dedupEnv(st.Env)
 		j.Steps[i] = st
 	}
-	return j, nil
+	return j, disk, nil
 }
 
 // dedupEnv keeps the last value of each name, in first-seen order.
@@ -288,13 +400,18 @@ func nameOK(n string) bool {
 // pool fails Unavailable (which clients retry).
 func (s *Service) Forget(key string) {
 	s.mu.Lock()
-	p, ok := s.pools[key]
-	if ok {
-		delete(s.pools, key)
-		s.wg.Add(1)
+	var ps []*pool
+	for k, p := range s.pools {
+		if p.img.Key == key {
+			delete(s.pools, k)
+			ps = append(ps, p)
+		}
 	}
+	// A call of key from now on brings the layers again.
+	delete(s.images, key)
+	s.wg.Add(len(ps))
 	s.mu.Unlock()
-	if ok {
+	for _, p := range ps {
 		go func() {
 			defer s.wg.Done()
 			p.close()
@@ -307,11 +424,28 @@ func (s *Service) Forget(key string) {
 func (s *Service) Pooled(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.pools[key]
+	_, ok := s.images[key]
 	return ok
 }
 
-func (s *Service) pool(img Image) (*pool, error) {
+// unref drops a closed pool's hold on its image's layers, releasing them
+// after the last pool of the image.
+func (s *Service) unref(r *imageRef) {
+	s.mu.Lock()
+	r.pools--
+	last := r.pools == 0
+	if last && s.images[r.key] == r {
+		delete(s.images, r.key)
+	}
+	s.mu.Unlock()
+	if last && r.release != nil {
+		r.release()
+	}
+}
+
+// pool returns the pool of img's environments with a disk of disk bytes
+// (0: on the node's disk), making it on the image's first call.
+func (s *Service) pool(img Image, disk int64) (*pool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -320,16 +454,34 @@ func (s *Service) pool(img Image) (*pool, error) {
 		}
 		return nil, errdefs.Unavailablef("fncall: shutting down")
 	}
-	if p, ok := s.pools[img.Key]; ok {
+	key := img.Key
+	if disk > 0 {
+		key += "\x00disk=" + strconv.FormatInt(disk, 10)
+	}
+	if p, ok := s.pools[key]; ok {
 		if img.Release != nil {
 			img.Release()
 		}
 		return p, nil
 	}
-	sum := sha256.Sum256([]byte(img.Key))
-	p := &pool{s: s, img: img, tag: hex.EncodeToString(sum[:4]), target: 1 + s.spare(), lastUse: time.Now()}
+	ref, ok := s.images[img.Key]
+	if ok {
+		// Another pool of the image holds its layers already (a caller
+		// that knows, Pooled, brings none).
+		if img.Release != nil {
+			img.Release()
+		}
+		img.Layers = ref.layers
+	} else {
+		ref = &imageRef{key: img.Key, layers: img.Layers, release: img.Release}
+		s.images[img.Key] = ref
+	}
+	ref.pools++
+	img.Release = nil
+	sum := sha256.Sum256([]byte(key))
+	p := &pool{s: s, img: img, ref: ref, disk: disk, tag: hex.EncodeToString(sum[:4]), target: 1 + s.spare(), lastUse: time.Now()}
 	p.cond = sync.NewCond(&p.mu)
-	s.pools[img.Key] = p
+	s.pools[key] = p
 	return p, nil
 }
 

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/container"
+	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -184,6 +187,186 @@ func TestIsolationBetweenJobs(t *testing.T) {
 	}
 	if st := s.Stats(); st.Created != 1 || st.ResetFailures != 0 {
 		t.Fatalf("stats %+v: want one environment, reused", st)
+	}
+}
+
+// buildMQ builds testdata/mq, a static program that creates or opens a
+// POSIX message queue (busybox has no tool for it).
+func buildMQ(t *testing.T) []byte {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "mq")
+	cmd := exec.Command("go", "build", "-o", bin, "./testdata/mq")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build mq: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// TestMessageQueuesWipedBetweenJobs: a POSIX message queue a job creates
+// (in its environment's IPC namespace, where no process of the next job
+// can list it but any can open it by name) is gone for the next job in
+// the same environment.
+// It runs with and without a user namespace: with one, root in the
+// environment could not mount the queues' filesystem to list them.
+func TestMessageQueuesWipedBetweenJobs(t *testing.T) {
+	bin := buildMQ(t)
+	for _, userns := range []bool{false, true} {
+		t.Run(fmt.Sprintf("userns=%v", userns), func(t *testing.T) {
+			if err := container.UserNSSupported(); userns && err != nil {
+				t.Skipf("user namespaces for sandboxes: %v", err)
+			}
+			testMessageQueuesWiped(t, bin, userns)
+		})
+	}
+}
+
+func testMessageQueuesWiped(t *testing.T, bin []byte, userns bool) {
+	s, img := newService(t, Options{NoSpare: true, MaxIdle: 1})
+	img.UserNS = userns
+	mq := []backend.FileIn{{Name: "mq", Data: bin, Mode: 0o755, FromStep: -1}}
+	first := run1(t, s, img, backend.Step{Argv: []string{"sh", "-c", initStart + "; ./mq create warren-q && ./mq open warren-q"}, Files: mq}).Steps[0]
+	if first.Status != backend.StatusAccepted || !strings.HasSuffix(string(first.Stdout), "\nok\nok\n") {
+		t.Fatalf("first job: %v %q %q", first.Status, first.Stdout, first.Stderr)
+	}
+	start, _, _ := strings.Cut(string(first.Stdout), "\n")
+	second := run1(t, s, img, backend.Step{Argv: []string{"sh", "-c", initStart + "; ./mq open warren-q"}, Files: mq}).Steps[0]
+	if got, want := string(second.Stdout), start+"\nENOENT\n"; got != want {
+		t.Fatalf("second job saw %q (%v, stderr %q), want %q: the queue outlived its job", got, second.Status, second.Stderr, want)
+	}
+	if st := s.Stats(); st.Created != 1 || st.ResetFailures != 0 {
+		t.Fatalf("stats %+v: want one environment, reused", st)
+	}
+}
+
+// TestDiskQuota: what a job writes is bounded in total, across /w and
+// /tmp, by its disk quota, though each file is under the file size
+// limit; the step that fills it ends in the output limit, and the next
+// job in the same environment finds it empty and whole again. A job
+// without a quota runs in another pool, on the node's disk.
+func TestDiskQuota(t *testing.T) {
+	for _, userns := range []bool{false, true} {
+		t.Run(fmt.Sprintf("userns=%v", userns), func(t *testing.T) {
+			if err := container.UserNSSupported(); userns && err != nil {
+				t.Skipf("user namespaces for sandboxes: %v", err)
+			}
+			testDiskQuota(t, userns)
+		})
+	}
+}
+
+func testDiskQuota(t *testing.T, userns bool) {
+	s, img := newService(t, Options{NoSpare: true, MaxIdle: 1})
+	img.UserNS = userns
+	quota := func(st backend.Step) backend.Step { st.Limits.DiskBytes = 16 << 20; return st }
+	fill := "head -c 10000000 /dev/zero > /w/a; head -c 10000000 /dev/zero > /tmp/b"
+	r := run1(t, s, img, quota(sh(initStart+"; "+fill))).Steps[0]
+	if r.Status != backend.StatusOutputLimit || r.Errno != syscall.ENOSPC || r.What != "disk" {
+		t.Fatalf("filling the quota: %v %v %q (stderr %q), want output limit, ENOSPC, \"disk\"", r.Status, r.Errno, r.What, r.Stderr)
+	}
+	start, _, _ := strings.Cut(string(r.Stdout), "\n")
+	r = run1(t, s, img, quota(sh(initStart+"; ls -A /w /tmp; head -c 10000000 /dev/zero > /w/a && echo wrote"))).Steps[0]
+	if want := start + "\n/tmp:\n\n/w:\nwrote\n"; r.Status != backend.StatusAccepted || string(r.Stdout) != want {
+		t.Fatalf("next job in the environment: %v %q (stderr %q), want %q", r.Status, r.Stdout, r.Stderr, want)
+	}
+	// The image's second pool: the caller, which knows the image is
+	// pooled (Pooled), brings no layers, as the daemon does.
+	r = run1(t, s, Image{Key: img.Key, UserNS: userns}, sh(fill+" && echo wrote")).Steps[0]
+	if r.Status != backend.StatusAccepted || string(r.Stdout) != "wrote\n" {
+		t.Fatalf("without a quota: %v %q %q", r.Status, r.Stdout, r.Stderr)
+	}
+	if st := s.Stats(); st.Created != 2 || st.ResetFailures != 0 {
+		t.Fatalf("stats %+v: want one environment per quota, reused", st)
+	}
+	for _, n := range []int64{1 << 20, -1} {
+		if _, err := s.Run(context.Background(), img, []backend.Step{{Argv: []string{"true"}, Limits: backend.StepLimits{DiskBytes: n}}}); errdefs.CategoryOf(err) != errdefs.Invalid {
+			t.Errorf("quota %d: %v, want invalid", n, err)
+		}
+	}
+}
+
+// agentPid is the host pid of the agent (PID 1) of the pool's one idle
+// environment.
+func agentPid(t *testing.T, s *Service) int {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.pools {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if len(p.idle) == 1 {
+			root := p.idle[0].sb.Root() // /proc/PID/root
+			pid, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(root, "/proc/"), "/root"))
+			if err != nil {
+				t.Fatalf("root %q: %v", root, err)
+			}
+			return pid
+		}
+	}
+	t.Fatal("no pool with one idle environment")
+	return 0
+}
+
+// TestInternalErrorWhenEnvironmentDies: an environment whose agent dies
+// while a step runs makes that step an internal error, with the results
+// of the steps before it and without an API error (the request was
+// served; the environment failed); the environment is replaced. One that
+// dies while idle costs nothing but a second draw: the job runs, in a new
+// environment.
+func TestInternalErrorWhenEnvironmentDies(t *testing.T) {
+	s, img := newService(t, Options{NoSpare: true, MaxIdle: 1})
+	first := run1(t, s, img, sh(initStart)).Steps[0]
+	pid := agentPid(t, s)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		started := fmt.Sprintf("/proc/%d/root/w/started", pid)
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if _, err := os.Stat(started); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				return
+			}
+		}
+		t.Error("the second step never started")
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := s.Run(ctx, img, []backend.Step{sh(initStart + "; echo first"), sh("touch started; sleep 30"), sh("echo never")})
+	<-done
+	if err != nil {
+		t.Fatalf("an API error for an environment that died mid-job: %v", err)
+	}
+	if len(res.Steps) != 2 {
+		t.Fatalf("%d step results, want the first's and the cut one's: %+v", len(res.Steps), res.Steps)
+	}
+	if a := res.Steps[0]; a.Status != backend.StatusAccepted || string(a.Stdout) != string(first.Stdout)+"first\n" {
+		t.Fatalf("step 0: %v %q, want accepted in the first job's environment (%q)", a.Status, a.Stdout, first.Stdout)
+	}
+	if b := res.Steps[1]; b.Status != backend.StatusInternalError || b.What != "environment" || b.Errno == 0 {
+		t.Fatalf("step 1: %v %q %v, want internal error, environment", b.Status, b.What, b.Errno)
+	}
+	next := run1(t, s, img, sh(initStart)).Steps[0]
+	if next.Status != backend.StatusAccepted || string(next.Stdout) == string(first.Stdout) {
+		t.Fatalf("next job: %v %q (the dead environment's %q)", next.Status, next.Stdout, first.Stdout)
+	}
+	if st := s.Stats(); st.Failed != 1 || st.Created != 2 {
+		t.Fatalf("stats %+v: want one failed environment, replaced", st)
+	}
+
+	// An idle environment killed: the next job runs in a new one.
+	pid = agentPid(t, s)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if r := run1(t, s, img, sh("echo ok")).Steps[0]; r.Status != backend.StatusAccepted || string(r.Stdout) != "ok\n" {
+		t.Fatalf("after an idle environment died: %v %q %q", r.Status, r.Stdout, r.Stderr)
+	}
+	if st := s.Stats(); st.Failed != 2 || st.Created != 3 {
+		t.Fatalf("stats %+v: want the dead idle environment replaced", st)
 	}
 }
 

@@ -22,6 +22,8 @@ type env struct {
 type pool struct {
 	s    *Service
 	img  Image
+	ref  *imageRef // the image's layers, which close lets go of
+	disk int64     // each environment's disk quota (0: the node's disk)
 	tag  string
 	mu   sync.Mutex
 	cond *sync.Cond // signalled when an environment becomes idle or a make fails
@@ -127,6 +129,7 @@ func (p *pool) discard(e *env) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.inUse--
+	p.s.failed.Add(1)
 	p.destroyLater(e)
 	p.refillLocked()
 }
@@ -158,6 +161,7 @@ func (p *pool) make(ctx context.Context) (*env, error) {
 		MemoryBytes: o.MemoryBytes,
 		PidsMax:     o.PidsMax,
 		UserNS:      p.img.UserNS,
+		DiskBytes:   p.disk,
 	})
 	if err != nil {
 		return nil, err
@@ -194,7 +198,8 @@ func (p *pool) tick(idleTimeout time.Duration) {
 }
 
 // close destroys every idle environment, waits for those in the
-// background, and releases the image. Environments in use are destroyed
+// background, and lets go of the image's layers (released after the
+// image's last pool). Environments in use are destroyed
 // when they come back (put sees closed).
 func (p *pool) close() {
 	p.mu.Lock()
@@ -207,7 +212,5 @@ func (p *pool) close() {
 		p.destroy(e)
 	}
 	p.wg.Wait()
-	if p.img.Release != nil {
-		p.img.Release()
-	}
+	p.s.unref(p.ref)
 }

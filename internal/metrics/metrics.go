@@ -84,6 +84,10 @@ type Metrics struct {
 	// ReclaimedBytes is warren_sandbox_reclaimed_bytes_total: memory
 	// paused sandboxes gave back.
 	ReclaimedBytes prometheus.Counter
+
+	// The fncall backend's jobs (fncall.go), registered by RegisterFnCall.
+	fnJobs       *prometheus.CounterVec
+	fnJobSeconds prometheus.Histogram
 }
 
 // CreateBuckets are the classic buckets of warren_sandbox_create_seconds:
@@ -189,6 +193,7 @@ func New(ops ...string) *Metrics {
 		Buckets:                     prometheus.ExponentialBucketsRange(0.00001, 10, 40),
 		NativeHistogramBucketFactor: 1.1,
 	})
+	m.fnJobs, m.fnJobSeconds = newFnJobMetrics()
 	for _, s := range States {
 		m.Sandboxes.WithLabelValues(s)
 	}

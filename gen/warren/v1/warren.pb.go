@@ -104,15 +104,20 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 type RunStatus int32
 
 const (
-	RunStatus_RUN_STATUS_UNSPECIFIED    RunStatus = 0
-	RunStatus_RUN_STATUS_ACCEPTED       RunStatus = 1 // exited 0
-	RunStatus_RUN_STATUS_NON_ZERO_EXIT  RunStatus = 2
-	RunStatus_RUN_STATUS_SIGNALLED      RunStatus = 3
-	RunStatus_RUN_STATUS_TIME_LIMIT     RunStatus = 4 // CPU or wall time
-	RunStatus_RUN_STATUS_MEMORY_LIMIT   RunStatus = 5
-	RunStatus_RUN_STATUS_OUTPUT_LIMIT   RunStatus = 6 // a stream past output_bytes, or a file past file_size_bytes
-	RunStatus_RUN_STATUS_FILE_ERROR     RunStatus = 7 // an input file not written, an output file missing or too large, a program not found
-	RunStatus_RUN_STATUS_INTERNAL_ERROR RunStatus = 8 // the environment failed to run the step
+	RunStatus_RUN_STATUS_UNSPECIFIED   RunStatus = 0
+	RunStatus_RUN_STATUS_ACCEPTED      RunStatus = 1 // exited 0
+	RunStatus_RUN_STATUS_NON_ZERO_EXIT RunStatus = 2
+	RunStatus_RUN_STATUS_SIGNALLED     RunStatus = 3
+	RunStatus_RUN_STATUS_TIME_LIMIT    RunStatus = 4 // CPU or wall time
+	RunStatus_RUN_STATUS_MEMORY_LIMIT  RunStatus = 5
+	RunStatus_RUN_STATUS_OUTPUT_LIMIT  RunStatus = 6 // a stream past output_bytes, a file past file_size_bytes, or the job's files past disk_bytes
+	RunStatus_RUN_STATUS_FILE_ERROR    RunStatus = 7 // an input file not written, an output file missing or too large, a program not found
+	// The environment failed to run the step: its agent could not start it,
+	// or the environment died while it ran (the steps after it did not run;
+	// the environment is replaced). Warren served the call: an API error
+	// means a job did not run at all (invalid, unknown image, no environment
+	// could be made, shutting down, cancelled).
+	RunStatus_RUN_STATUS_INTERNAL_ERROR RunStatus = 8
 )
 
 // Enum value maps for RunStatus.
@@ -6767,6 +6772,14 @@ type RunLimits struct {
 	FileSizeBytes int64                  `protobuf:"varint,6,opt,name=file_size_bytes,json=fileSizeBytes,proto3" json:"file_size_bytes,omitempty"` // largest file written; default 64 MiB
 	OpenFiles     int32                  `protobuf:"varint,7,opt,name=open_files,json=openFiles,proto3" json:"open_files,omitempty"`               // default 256
 	FileOutBytes  int64                  `protobuf:"varint,8,opt,name=file_out_bytes,json=fileOutBytes,proto3" json:"file_out_bytes,omitempty"`    // each output file read back; default 64 KiB
+	// Everything the job writes (in /w, /tmp, /var/tmp; /dev/shm counts as
+	// memory) in all: the job's environment gets a filesystem of this size
+	// (at least 16 MiB, rounded up to a MiB; filesystem metadata takes a few
+	// percent of it). A job's quota is its largest step's; 0 takes the
+	// node's default (warren serve --fn-disk-bytes). A step that fills it
+	// ends in RUN_STATUS_OUTPUT_LIMIT with error "disk: no space left on
+	// device".
+	DiskBytes     int64 `protobuf:"varint,9,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6853,6 +6866,13 @@ func (x *RunLimits) GetOpenFiles() int32 {
 func (x *RunLimits) GetFileOutBytes() int64 {
 	if x != nil {
 		return x.FileOutBytes
+	}
+	return 0
+}
+
+func (x *RunLimits) GetDiskBytes() int64 {
+	if x != nil {
+		return x.DiskBytes
 	}
 	return 0
 }
@@ -7882,7 +7902,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
 	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x12\n" +
 	"\x04from\x18\x04 \x01(\tR\x04from\x12\x1b\n" +
-	"\tfrom_step\x18\x05 \x01(\x05R\bfromStep\"\x8c\x02\n" +
+	"\tfrom_step\x18\x05 \x01(\x05R\bfromStep\"\xab\x02\n" +
 	"\tRunLimits\x12\x15\n" +
 	"\x06cpu_ms\x18\x01 \x01(\x03R\x05cpuMs\x12\x17\n" +
 	"\awall_ms\x18\x02 \x01(\x03R\x06wallMs\x12!\n" +
@@ -7892,7 +7912,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0ffile_size_bytes\x18\x06 \x01(\x03R\rfileSizeBytes\x12\x1d\n" +
 	"\n" +
 	"open_files\x18\a \x01(\x05R\topenFiles\x12$\n" +
-	"\x0efile_out_bytes\x18\b \x01(\x03R\ffileOutBytes\"\x9a\x03\n" +
+	"\x0efile_out_bytes\x18\b \x01(\x03R\ffileOutBytes\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\t \x01(\x03R\tdiskBytes\"\x9a\x03\n" +
 	"\rRunStepResult\x12,\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x14.warren.v1.RunStatusR\x06status\x12\x1b\n" +
 	"\texit_code\x18\x02 \x01(\x05R\bexitCode\x12\x16\n" +

@@ -29,6 +29,14 @@ def test_run_statuses_and_files(sw: warren.Warren) -> None:
     assert r.steps[1].stdout == b"ABC\n" and r.steps[1].wall_us > 0
 
 
+def test_run_disk_quota(sw: warren.Warren) -> None:
+    # Two files under the file size limit, together past the job's quota.
+    r = sw.run(IMAGE, "head -c 10000000 /dev/zero > a; head -c 10000000 /dev/zero > /tmp/b", disk_bytes=16 << 20)
+    assert r.last.status == "output_limit" and r.last.error.startswith("disk:"), r
+    r = sw.run(IMAGE, "ls -A . /tmp; head -c 10000000 /dev/zero > a && echo ok", disk_bytes=16 << 20)
+    assert r.ok and r.last.stdout.endswith(b"ok\n"), r
+
+
 def test_run_invalid(sw: warren.Warren) -> None:
     with pytest.raises(warren.InvalidError):
         sw.run(IMAGE, "true", backend="container")

@@ -1058,6 +1058,8 @@ class Step:
     file_size: int = 0
     open_files: int = 0
     file_out_bytes: int = 0
+    #: bytes the whole job may write (its largest step's); 0: the node's default
+    disk_bytes: int = 0
     continue_on_failure: bool = False
 
     def _to_json(self) -> Dict[str, Any]:
@@ -1090,6 +1092,7 @@ class Step:
             "fileSizeBytes": str(self.file_size) if self.file_size else None,
             "openFiles": self.open_files or None,
             "fileOutBytes": str(self.file_out_bytes) if self.file_out_bytes else None,
+            "diskBytes": str(self.disk_bytes) if self.disk_bytes else None,
         }
         lim = {k: v for k, v in lim.items() if v is not None}
         if lim:
