@@ -5,7 +5,6 @@ import (
 	"context"
 	"maps"
 	"net/netip"
-	"os"
 	"path"
 	"slices"
 	"strings"
@@ -513,9 +512,7 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	// A hibernated sandbox's checkpoint (or one a hibernation racing
 	// this delete made): the next daemon removes one left here, since no
 	// record names it.
-	if cerr := os.RemoveAll(m.checkpointDir(s.id)); cerr != nil {
-		m.log.Warn("remove checkpoint", "sandbox", s.id, "err", cerr)
-	}
+	m.discardCheckpoint(s.id)
 	s.releaseLayers()
 	m.idem.dropSandbox(s.id)
 	m.forget(s)

@@ -90,9 +90,19 @@ func TestHibernateAcrossKill9AndFork(t *testing.T) {
 		}
 		e.expectNoResources(id, "delete")
 	}
+	// Checkpoints are removed in the background.
 	for _, d := range []string{"checkpoints", "bases"} {
-		if ents, _ := os.ReadDir(filepath.Join(e.stateDir, d)); len(ents) != 0 {
-			t.Errorf("%s left: %v", d, ents)
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			ents, _ := os.ReadDir(filepath.Join(e.stateDir, d))
+			if len(ents) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("%s left: %v", d, ents)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	e.expectBaseline("hibernated and forked sandboxes deleted")
