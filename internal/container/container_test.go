@@ -284,12 +284,28 @@ func TestSharedSysfs(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if n := countMounts(); n != 0 {
-		t.Errorf("after Close: %d mounts at %s, want 0", n, sysfs)
+	// A sandbox is left: the mount stays for the next daemon (CRIU
+	// finds the sandbox's bind by the node's mount of that superblock).
+	if n := countMounts(); n != 1 {
+		t.Errorf("after Close with a sandbox left: %d mounts at %s, want 1", n, sysfs)
 	}
 	// The sandbox keeps its own bind.
 	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"cat", "/sys/devices/system/cpu/online"}}, ""); r.Stdout == "" {
 		t.Errorf("sandbox lost /sys after Close: %+v", r)
+	}
+	// Once no sandbox is left, a daemon's Close unmounts it.
+	if err := sb.Destroy(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	b2, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := countMounts(); n != 0 {
+		t.Errorf("after the last sandbox and Close: %d mounts at %s, want 0", n, sysfs)
 	}
 }
 

@@ -120,6 +120,14 @@ func (b *Backend) Close() error {
 		_ = b.net.RemoveUnused()
 		_ = b.net.Close()
 	}
+	// With sandboxes left (a daemon restart, not a drain), the shared
+	// filesystems they bind stay mounted for the next daemon: a new
+	// mount would be another superblock, and CRIU finds a sandbox's
+	// external binds by the superblock of the node's mount (a sandbox of
+	// an earlier daemon could not be checkpointed).
+	if ents, err := os.ReadDir(b.devfsDir()); err == nil && len(ents) > 0 {
+		return nil
+	}
 	if err := unix.Unmount(b.sysfsDir(), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 		return fmt.Errorf("unmount shared sysfs: %w", err)
 	}

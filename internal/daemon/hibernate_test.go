@@ -400,3 +400,24 @@ func TestForkOfHarnessChildren(t *testing.T) {
 		}
 	}
 }
+
+// TestHibernateAfterDaemonRestart: a sandbox created by an earlier daemon
+// (whose shared filesystems the next one mounted again) hibernates and
+// restores.
+func TestHibernateAfterDaemonRestart(t *testing.T) {
+	requireCRIU(t)
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "old", UserNamespace: proto.Bool(false)})
+	e.stop()
+	e.start()
+	if _, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "old"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "old"}); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.sh("old", "echo up").GetStdout(); string(out) != "up\n" {
+		t.Fatalf("after restore: %q", out)
+	}
+}
