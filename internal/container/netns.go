@@ -2,18 +2,20 @@ package container
 
 import (
 	"runtime"
-	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/errdefs"
 )
 
-// hostNetns is the daemon's network namespace, open once: threads that
-// made a sandbox's namespace go back to it.
-var hostNetns = sync.OnceValues(func() (int, error) {
-	return unix.Open("/proc/self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-})
+// hostNetns is the daemon's network namespace, opened once, when the
+// package is initialised: threads that made a sandbox's namespace go back
+// to it. Not /proc/self/ns/net, which is the main thread's: the namespace
+// pool's thread, locked for life in namespaces it makes, may be that one.
+var hostNetns = func() func() (int, error) {
+	fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	return func() (int, error) { return fd, err }
+}()
 
 // inNewNetns runs f on a thread of its own in a new network namespace:
 // what f creates (sockets, children) belongs to it. The thread returns to
