@@ -436,7 +436,10 @@ func ctxError(ctx context.Context, what string) error {
 }
 
 // persist writes the sandbox's record; s.mu held.
-func (m *Manager) persist(s *sandbox) error {
+func (m *Manager) persist(s *sandbox) error { return m.store.Put(m.recordOf(s)) }
+
+// recordOf is s's record as the store keeps it; s.mu held.
+func (m *Manager) recordOf(s *sandbox) store.Record {
 	info := s.info
 	if s.st == stateLost {
 		// LOST is what this daemon sees, not what the sandbox is: the
@@ -447,7 +450,7 @@ func (m *Manager) persist(s *sandbox) error {
 			info.State = statePaused
 		}
 	}
-	return m.store.Put(store.Record{
+	return store.Record{
 		ID:            s.id,
 		Backend:       s.backendName,
 		BackendState:  s.backendState,
@@ -455,7 +458,7 @@ func (m *Manager) persist(s *sandbox) error {
 		Sandbox:       info,
 		EtcNameserver: formatNameserver(s.etcNS),
 		Bases:         s.bases,
-	})
+	}
 }
 
 // releaseLayers drops the sandbox's hold on its image layers, once.

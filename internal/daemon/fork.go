@@ -18,7 +18,6 @@ import (
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/image"
-	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/store"
 )
 
@@ -100,8 +99,8 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 	if err != nil {
 		return nil, err
 	}
-	if s.isHarness() {
-		return nil, errdefs.Unsupportedf("sandbox %s is a harness: its API route's connections cannot be checkpointed, so it cannot be hibernated or forked", s.id)
+	if err := refuseHarness(s); err != nil {
+		return nil, err
 	}
 	s.mu.Lock()
 	prev := s.st
@@ -136,11 +135,7 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 	}
 
 	s.mu.Lock()
-	if err := s.allowLocked(opFork); err != nil {
-		s.mu.Unlock()
-		return nil, err
-	}
-	if err := s.busyLocked(); err != nil {
+	if err := s.mayStartLocked(opFork); err != nil {
 		s.mu.Unlock()
 		return nil, err
 	}
@@ -287,32 +282,12 @@ func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sand
 		return nil, 0, withCategory(err, errdefs.Internal, "resolve the layers of sandbox "+src.id)
 	}
 	cl.Add(func() error { release(); return nil })
-	rl, err := rlimitsOf(fi.GetRlimits())
+	spec, err := m.restoreSpec(id, fi, layers, bases, src.id)
 	if err != nil {
-		return nil, 0, withCategory(err, errdefs.Internal, "the record of sandbox "+src.id)
+		return nil, 0, err
 	}
-	var pol netpolicy.Policy
-	if pol, err = networkPolicy("network", fi.GetNetwork()); err != nil {
-		return nil, 0, withCategory(err, errdefs.Internal, "the record of sandbox "+src.id)
-	}
-	res := fi.GetResources()
 	t0 := time.Now()
-	sb, err := s.b.Create(ctx, backend.Spec{
-		ID:          id,
-		Hostname:    fi.GetHostname(),
-		Layers:      append(baseLayers(bases), specLayers(layers)...),
-		CPUMillis:   res.GetCpuMillis(),
-		MemoryBytes: res.GetMemoryBytes(),
-		PidsMax:     res.GetPidsMax(),
-		DiskBytes:   res.GetDiskBytes(),
-		Env:         envList(fi.GetEnv()),
-		Workdir:     fi.GetWorkdir(),
-		Rlimits:     rl,
-		Network:     pol,
-		AllowSetuid: fi.GetAllowSetuid(),
-		UserNS:      fi.GetUserNamespace(),
-		Restore:     m.checkpointDir(src.id),
-	})
+	sb, err := s.b.Create(ctx, spec)
 	took := time.Since(t0)
 	if err != nil {
 		return nil, 0, withCategory(err, errdefs.Internal, "restore a fork of sandbox "+src.id)

@@ -16,7 +16,6 @@ import (
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/image"
-	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/store"
 )
 
@@ -63,17 +62,11 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 	if !ok {
 		return nil, errdefs.Unsupportedf("backend %s cannot hibernate sandboxes", v.backend)
 	}
-	if s.isHarness() {
-		// Its processes hold connections to its route, the daemon's end
-		// of which no checkpoint can hold.
-		return nil, errdefs.Unsupportedf("sandbox %s is a harness: its API route's connections cannot be checkpointed, so it cannot be hibernated or forked", s.id)
-	}
-	s.mu.Lock()
-	if err := s.allowLocked(opHibernate); err != nil {
-		s.mu.Unlock()
+	if err := refuseHarness(s); err != nil {
 		return nil, err
 	}
-	if err := s.busyLocked(); err != nil {
+	s.mu.Lock()
+	if err := s.mayStartLocked(opHibernate); err != nil {
 		s.mu.Unlock()
 		return nil, err
 	}
@@ -215,16 +208,26 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 	return out, nil
 }
 
+// refuseHarness refuses to checkpoint a harness: its processes hold
+// connections to its route, the daemon's end of which no checkpoint can
+// hold.
+func refuseHarness(s *sandbox) error {
+	if s.isHarness() {
+		return errdefs.Unsupportedf("sandbox %s is a harness: its API route's connections cannot be checkpointed, so it cannot be hibernated or forked", s.id)
+	}
+	return nil
+}
+
 // persistDurable writes the record, syncs the store, and keeps a synced
 // copy in the checkpoint directory; s.mu held.
 func (m *Manager) persistDurable(s *sandbox) error {
-	if err := m.persist(s); err != nil {
+	rec := m.recordOf(s)
+	if err := m.store.Put(rec); err != nil {
 		return err
 	}
 	if err := m.store.Sync(); err != nil {
 		return err
 	}
-	rec := store.Record{ID: s.id, Backend: s.backendName, ImageLayers: s.imageLayers, Sandbox: s.info, Bases: s.bases}
 	enc, err := store.Encode(rec)
 	if err != nil {
 		return err
@@ -303,11 +306,7 @@ func (m *Manager) recoverHibernated(recs []store.Record) []store.Record {
 // restores it from its checkpoint with the spec it was created with.
 func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.Time) (*warrenv1.ResumeResponse, error) {
 	s.mu.Lock()
-	if err := s.allowLocked(opResume); err != nil {
-		s.mu.Unlock()
-		return nil, err
-	}
-	if err := s.busyLocked(); err != nil {
+	if err := s.mayStartLocked(opResume); err != nil {
 		s.mu.Unlock()
 		return nil, err
 	}
@@ -333,35 +332,11 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 		end()
 		return nil, withCategory(err, errdefs.Internal, "resolve the layers of hibernated sandbox "+s.id)
 	}
-	res := info.GetResources()
-	var spec backend.Spec
-	rl, err := rlimitsOf(info.GetRlimits())
-	if err == nil {
-		var pol netpolicy.Policy
-		if pol, err = networkPolicy("network", info.GetNetwork()); err == nil {
-			spec.Network = pol
-		}
-	}
+	spec, err := m.restoreSpec(s.id, info, layers, bases, s.id)
 	if err != nil {
 		release()
 		end()
-		return nil, withCategory(err, errdefs.Internal, "the record of hibernated sandbox "+s.id)
-	}
-	spec = backend.Spec{
-		ID:          s.id,
-		Hostname:    info.GetHostname(),
-		Layers:      append(baseLayers(bases), specLayers(layers)...),
-		CPUMillis:   res.GetCpuMillis(),
-		MemoryBytes: res.GetMemoryBytes(),
-		PidsMax:     res.GetPidsMax(),
-		DiskBytes:   res.GetDiskBytes(),
-		Env:         envList(info.GetEnv()),
-		Workdir:     info.GetWorkdir(),
-		Rlimits:     rl,
-		Network:     spec.Network,
-		AllowSetuid: info.GetAllowSetuid(),
-		UserNS:      info.GetUserNamespace(),
-		Restore:     m.checkpointDir(s.id),
+		return nil, err
 	}
 	if err := m.settleBase(s.id, bases); err != nil {
 		release()
@@ -411,6 +386,38 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 	m.metrics.ObserveRestore(time.Since(start))
 	m.log.Debug("sandbox restored", "sandbox", s.id, "restore", took, "hibernated", hibernated)
 	return out, nil
+}
+
+// restoreSpec is the backend spec that restores sandbox id, whose record
+// is info, from the checkpoint of sandbox from (id itself, or a fork's
+// source): the layers, limits and settings it was created with, its
+// bases above the image's layers.
+func (m *Manager) restoreSpec(id string, info *warrenv1.Sandbox, layers []image.LayerRef, bases []string, from string) (backend.Spec, error) {
+	rl, err := rlimitsOf(info.GetRlimits())
+	if err != nil {
+		return backend.Spec{}, withCategory(err, errdefs.Internal, "the record of sandbox "+from)
+	}
+	pol, err := networkPolicy("network", info.GetNetwork())
+	if err != nil {
+		return backend.Spec{}, withCategory(err, errdefs.Internal, "the record of sandbox "+from)
+	}
+	res := info.GetResources()
+	return backend.Spec{
+		ID:          id,
+		Hostname:    info.GetHostname(),
+		Layers:      append(baseLayers(bases), specLayers(layers)...),
+		CPUMillis:   res.GetCpuMillis(),
+		MemoryBytes: res.GetMemoryBytes(),
+		PidsMax:     res.GetPidsMax(),
+		DiskBytes:   res.GetDiskBytes(),
+		Env:         envList(info.GetEnv()),
+		Workdir:     info.GetWorkdir(),
+		Rlimits:     rl,
+		Network:     pol,
+		AllowSetuid: info.GetAllowSetuid(),
+		UserNS:      info.GetUserNamespace(),
+		Restore:     m.checkpointDir(from),
+	}, nil
 }
 
 // followRestoredNetwork points the resolv.conf of a restored sandbox

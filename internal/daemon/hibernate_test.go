@@ -309,6 +309,15 @@ func TestHibernateWithNetwork(t *testing.T) {
 	if left := sweepLeftovers(e, "net"); left != "" {
 		t.Fatalf("resources of a hibernated sandbox: %s", left)
 	}
+	// The copy of its record in the checkpoint is the store's whole
+	// record: a recovered one still knows what its resolv.conf names.
+	b, err := os.ReadFile(filepath.Join(e.m.checkpointDir("net"), hibernatedRecord))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := store.Decode(b); err != nil || rec.EtcNameserver == "" || rec.State() != stateHibernated {
+		t.Fatalf("record in the checkpoint: %+v %v", rec, err)
+	}
 	rr, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "net"})
 	if err != nil {
 		t.Fatal(err)

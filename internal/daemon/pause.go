@@ -57,11 +57,7 @@ func (m *Manager) Pause(ctx context.Context, req *warrenv1.PauseRequest) (_ *war
 		return nil, errdefs.Unsupportedf("backend %s cannot pause sandboxes", v.backend)
 	}
 	s.mu.Lock()
-	if err := s.allowLocked(opPause); err != nil {
-		s.mu.Unlock()
-		return nil, err
-	}
-	if err := s.busyLocked(); err != nil {
+	if err := s.mayStartLocked(opPause); err != nil {
 		s.mu.Unlock()
 		return nil, err
 	}
@@ -135,11 +131,7 @@ func (m *Manager) Resume(ctx context.Context, req *warrenv1.ResumeRequest) (_ *w
 		return nil, errdefs.Unsupportedf("backend %s cannot resume sandboxes", v.backend)
 	}
 	s.mu.Lock()
-	if err := s.allowLocked(opResume); err != nil {
-		s.mu.Unlock()
-		return nil, err
-	}
-	if err := s.busyLocked(); err != nil {
+	if err := s.mayStartLocked(opResume); err != nil {
 		s.mu.Unlock()
 		return nil, err
 	}
@@ -183,6 +175,16 @@ func (m *Manager) Resume(ctx context.Context, req *warrenv1.ResumeRequest) (_ *w
 	m.metrics.ObserveResume(time.Since(start))
 	m.log.Debug("sandbox resumed", "sandbox", s.id, "paused", paused, "thaw", thaw)
 	return out, nil
+}
+
+// mayStartLocked is what a pause, resume, hibernation or fork checks before
+// it starts: the lifecycle table permits o, and no other such call,
+// commit or update holds the sandbox; s.mu held.
+func (s *sandbox) mayStartLocked(o op) error {
+	if err := s.allowLocked(o); err != nil {
+		return err
+	}
+	return s.busyLocked()
 }
 
 // busyLocked refuses a pause or resume while another call holds the
