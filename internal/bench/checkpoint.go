@@ -141,7 +141,8 @@ func bareCRIU(ctx context.Context, cfg HibernateConfig) (dump, restore []time.Du
 			return nil, nil, nil, fmt.Errorf("criu dump: %v: %s", err, lastLine(out))
 		}
 		dump = append(dump, time.Since(t0))
-		size = append(size, mibF(uint64(dirSize(dir))))
+		bytes, _ := treeSize(dir)
+		size = append(size, mibF(uint64(bytes)))
 		// The restore needs the pid back: wait until the dumped (and
 		// killed) process is reaped, not timed.
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
@@ -176,15 +177,4 @@ func firstError(b []byte) string {
 func lastLine(b []byte) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return lines[len(lines)-1]
-}
-
-func dirSize(dir string) int64 {
-	var n int64
-	_ = filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
-		if err == nil && fi.Mode().IsRegular() {
-			n += fi.Size()
-		}
-		return nil
-	})
-	return n
 }

@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/warrenrl/warren/internal/agentbin"
 	"github.com/warrenrl/warren/internal/errdefs"
 )
 
@@ -98,6 +97,3 @@ func (b *Backend) closeAgentfs() error {
 	}
 	return nil
 }
-
-// agentBinary is the bytes of the agent this daemon runs.
-func agentBinary() []byte { return agentbin.Binary() }

@@ -154,7 +154,7 @@ func New(opts Options) (*Backend, error) {
 		return nil, err
 	}
 	b.agent = ag
-	if b.agentExe, err = b.ensureAgentExe(agentBinary()); err != nil {
+	if b.agentExe, err = b.ensureAgentExe(agentbin.Binary()); err != nil {
 		return nil, err
 	}
 	// Sandboxes hide host directories of /proc and /sys under read-only
