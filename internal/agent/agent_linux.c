@@ -729,8 +729,9 @@ static int on_own_stack(void)
 	return kernel_sp && (uintptr_t)&here - (uintptr_t)own_stack < sizeof own_stack;
 }
 
-/* Reads the given fields (1-based, ascending, all > 2) of /proc/self/stat. */
-static int stat_fields(unsigned long *out, const int *which, int count)
+/* Reads the given fields (1-based, ascending, all > 2) of /proc/self/stat.
+ * The init stage uses it too (init_linux.c, set_exe). */
+int warren_stat_fields(unsigned long *out, const int *which, int count)
 {
 	char buf[1024];
 	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
@@ -764,7 +765,7 @@ static void move_mm(void)
 {
 	static const int which[] = {26, 27, 45, 46};
 	unsigned long v[4];
-	if (stat_fields(v, which, 4) < 0)
+	if (warren_stat_fields(v, which, 4) < 0)
 		return;
 	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
 	uintptr_t heap = ((uintptr_t)_end + pg - 1) & ~(pg - 1);

@@ -84,6 +84,8 @@
 void warren_agent_start(int fd) __attribute__((noreturn));
 /* The limits the agent sets in each process it starts (agent_linux.c). */
 void warren_agent_child_rlimits(const char *spec);
+/* Fields of /proc/self/stat (agent_linux.c). */
+int warren_stat_fields(unsigned long *out, const int *which, int count);
 
 /* Capability numbers (kernel ABI; musl ships no linux/capability.h). */
 enum {
@@ -400,35 +402,20 @@ static void setup_dev(void)
 /* Makes fd the exe link. PR_SET_MM_EXE_FILE alone needs CAP_SYS_RESOURCE,
  * which these nodes' bounding set lacks; PR_SET_MM_MAP needs
  * CAP_CHECKPOINT_RESTORE (or CAP_SYS_ADMIN) instead, and takes the
- * memory map's current values, read from /proc/self/stat, unchanged. */
+ * memory map's current values, read from /proc/self/stat, unchanged.
+ * (/proc here is still the node's, where /proc/self is this process.) */
 static void set_exe(int fd)
 {
-	static char st[2048];
-	int sfd = open("proc/self/stat", O_RDONLY | O_CLOEXEC);
-	ssize_t n = sfd < 0 ? -1 : read(sfd, st, sizeof st - 1);
-	if (n <= 0)
-		die("read", "proc/self/stat");
-	close(sfd);
-	st[n] = 0;
-	char *p = strrchr(st, ')');
-	if (!p)
-		die("parse", "proc/self/stat");
-	/* Fields from 3 (state) on; the ones wanted are 26-28 and 45-51. */
-	unsigned long f[53] = {0};
-	p += 2;
-	for (int i = 3; i <= 52 && *p; i++) {
-		char *end;
-		f[i] = i == 3 ? 0 : strtoul(p, &end, 10);
-		p = strchr(p, ' ');
-		if (!p)
-			break;
-		p++;
-	}
+	/* start_code, end_code, start_stack; start_data .. env_end */
+	static const int which[] = {26, 27, 28, 45, 46, 47, 48, 49, 50, 51};
+	unsigned long f[10];
+	if (warren_stat_fields(f, which, 10) < 0)
+		die("read", "/proc/self/stat");
 	struct prctl_mm_map m = {
-		.start_code = f[26], .end_code = f[27], .start_stack = f[28],
-		.start_data = f[45], .end_data = f[46], .start_brk = f[47],
+		.start_code = f[0], .end_code = f[1], .start_stack = f[2],
+		.start_data = f[3], .end_data = f[4], .start_brk = f[5],
 		.brk = (unsigned long)syscall(SYS_brk, 0),
-		.arg_start = f[48], .arg_end = f[49], .env_start = f[50], .env_end = f[51],
+		.arg_start = f[6], .arg_end = f[7], .env_start = f[8], .env_end = f[9],
 		.auxv = NULL, .auxv_size = 0, .exe_fd = (unsigned)fd,
 	};
 	if (prctl(PR_SET_MM, PR_SET_MM_MAP, (unsigned long)&m, sizeof m, 0) < 0)
