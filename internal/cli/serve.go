@@ -62,6 +62,8 @@ type serveOptions struct {
 	cpuAffinity              bool
 	networkSubnet            string
 	dnsUpstreams             []string
+	checkpointDir            string
+	nodeName                 string
 }
 
 func newServeCommand() *cobra.Command {
@@ -80,6 +82,8 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.socket, "socket", server.DefaultSocket, "unix socket to serve the API on")
 	f.StringVar(&o.runDir, "run-dir", "/run/warren", "runtime directory (mount points, agent sockets, layer mounts; tmpfs)")
 	f.StringVar(&o.imageStore, "image-store", "", "image store directory: EROFS layer blobs and image records; may be on a filesystem shared by several nodes (default <state-dir>/images)")
+	f.StringVar(&o.checkpointDir, "checkpoint-dir", "", "directory of hibernated sandboxes' checkpoints; on a filesystem several nodes share (with the image store), a sandbox hibernated on one node is restored on any of them (`warren sandbox restore`); it must keep owners, device nodes and trusted.* extended attributes (default <state-dir>/checkpoints, this node's own)")
+	f.StringVar(&o.nodeName, "node-name", "", "this node's name in a shared image store's leases and a shared checkpoint directory; unique among the nodes sharing them (default the hostname)")
 	f.StringVar(&o.listen, "listen", "", "also serve on this TCP address, e.g. 127.0.0.1:7070 (needs a token)")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token for --listen (default $"+client.EnvToken+")")
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
@@ -243,6 +247,12 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			return err
 		}
 	}
+	checkpointDir := ""
+	if o.checkpointDir != "" {
+		if checkpointDir, err = filepath.Abs(o.checkpointDir); err != nil {
+			return err
+		}
+	}
 	images, err := image.OpenStore(image.Options{
 		Root:             imageStore,
 		MountDir:         filepath.Join(runDir, "layers"),
@@ -250,6 +260,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		BufferedIO:       !o.layerDirectIO,
 		LayerReadAheadKB: o.layerReadAheadKB,
 		Mkfs:             mkfs,
+		NodeID:           o.nodeName,
 		Log:              log,
 	})
 	if err != nil {
@@ -346,6 +357,8 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		UserNSDefault:      o.userns,
 		FnCall:             fn,
 		Router:             srv,
+		CheckpointDir:      checkpointDir,
+		NodeName:           o.nodeName,
 		Logger:             log,
 	})
 	if err != nil {

@@ -30,6 +30,7 @@ import (
 	"github.com/warrenrl/warren/internal/kfile"
 	"github.com/warrenrl/warren/internal/mountinfo"
 	"github.com/warrenrl/warren/internal/netpolicy"
+	"github.com/warrenrl/warren/internal/treecopy"
 )
 
 // CRIUPrefix is where scripts/criu.sh installs CRIU >= 4 (Debian trixie's,
@@ -211,7 +212,9 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 		return errdefs.Internalf("sandbox %s: init still alive after its checkpoint", s.id)
 	}
 	reapTraced(pidfd)
-	if err := os.Rename(s.UpperDir(), filepath.Join(dir, ckptUpper)); err != nil {
+	// A rename, or a copy where the checkpoint directory is on another
+	// filesystem (a store shared by several nodes).
+	if err := treecopy.Move(s.UpperDir(), filepath.Join(dir, ckptUpper)); err != nil {
 		return fsErr(err, "move the writable layer into the checkpoint")
 	}
 	// /dev/shm is a directory of the sandbox's /dev, on the node's devfs
@@ -412,9 +415,9 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		return nil, fsErr(err, "create sandbox directories")
 	}
 	upper, work := filepath.Join(st, "upper"), filepath.Join(st, "work")
-	if err := os.Rename(filepath.Join(dir, ckptUpper), upper); err == nil {
+	if err := treecopy.Move(filepath.Join(dir, ckptUpper), upper); err == nil {
 		// A failed restore leaves the checkpoint as it found it.
-		cu.Add(func() error { return os.Rename(upper, filepath.Join(dir, ckptUpper)) })
+		cu.Add(func() error { return treecopy.Move(upper, filepath.Join(dir, ckptUpper)) })
 	} else if errors.Is(err, os.ErrNotExist) {
 		// Its writable layer became a lower layer the caller passes in
 		// Layers (a fork's, or a forked checkpoint's own restore): this

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -99,7 +100,16 @@ type Config struct {
 	// FnCall runs the jobs of Run (nil: Run is Unsupported). The Manager
 	// closes it.
 	FnCall *fncall.Service
-	Logger *slog.Logger
+	// CheckpointDir holds the checkpoints of hibernated sandboxes; ""
+	// means <state>/checkpoints, this node's own. Set, it may be on a
+	// filesystem several nodes share: a sandbox hibernated on one is
+	// restored on another (Restore; restore.go), and every node leaves
+	// the checkpoints of the others alone.
+	CheckpointDir string
+	// NodeName names this node in a shared checkpoint directory (and in
+	// the image store's leases); default the hostname.
+	NodeName string
+	Logger   *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -130,6 +140,9 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.NodeName == "" {
+		c.NodeName, _ = os.Hostname()
+	}
 }
 
 // ops are the operation names of warren_errors_total.
@@ -140,6 +153,7 @@ var ops = []string{
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
 	"CommitSandbox", "ListSandboxEvents", "Pause", "Resume", "PauseByLabel", "ResumeByLabel", "ReadTrajectory", "Run", "RunBatch",
+	"Hibernate", "HibernateByLabel", "Fork", "Restore",
 }
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.
@@ -500,7 +514,7 @@ func (m *Manager) live(o op, id string) (*sandbox, view, error) {
 	if id == "" {
 		return nil, view{}, errdefs.Invalidf("sandbox id is required")
 	}
-	s, err := m.lookup(id)
+	s, err := m.find(id)
 	if err != nil {
 		return nil, view{}, err
 	}

@@ -6023,6 +6023,50 @@ func (x *HibernateRequest) GetId() string {
 	return ""
 }
 
+type RestoreRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreRequest) Reset() {
+	*x = RestoreRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreRequest) ProtoMessage() {}
+
+func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
+func (*RestoreRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *RestoreRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
 type HibernateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -6036,7 +6080,7 @@ type HibernateResponse struct {
 
 func (x *HibernateResponse) Reset() {
 	*x = HibernateResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6048,7 +6092,7 @@ func (x *HibernateResponse) String() string {
 func (*HibernateResponse) ProtoMessage() {}
 
 func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6061,7 +6105,7 @@ func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
 func (*HibernateResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *HibernateResponse) GetSandbox() *Sandbox {
@@ -6111,7 +6155,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6123,7 +6167,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6136,7 +6180,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -6180,7 +6224,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6192,7 +6236,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6205,7 +6249,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ForkResponse) GetSandboxes() []*Sandbox {
@@ -6253,7 +6297,7 @@ type HibernateByLabelRequest struct {
 
 func (x *HibernateByLabelRequest) Reset() {
 	*x = HibernateByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6265,7 +6309,7 @@ func (x *HibernateByLabelRequest) String() string {
 func (*HibernateByLabelRequest) ProtoMessage() {}
 
 func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6278,7 +6322,7 @@ func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateByLabelRequest.ProtoReflect.Descriptor instead.
 func (*HibernateByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *HibernateByLabelRequest) GetLabels() map[string]string {
@@ -6306,7 +6350,7 @@ type PauseByLabelRequest struct {
 
 func (x *PauseByLabelRequest) Reset() {
 	*x = PauseByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6318,7 +6362,7 @@ func (x *PauseByLabelRequest) String() string {
 func (*PauseByLabelRequest) ProtoMessage() {}
 
 func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6331,7 +6375,7 @@ func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
 func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *PauseByLabelRequest) GetLabels() map[string]string {
@@ -6365,7 +6409,7 @@ type ResumeByLabelRequest struct {
 
 func (x *ResumeByLabelRequest) Reset() {
 	*x = ResumeByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6377,7 +6421,7 @@ func (x *ResumeByLabelRequest) String() string {
 func (*ResumeByLabelRequest) ProtoMessage() {}
 
 func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6390,7 +6434,7 @@ func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
 func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ResumeByLabelRequest) GetLabels() map[string]string {
@@ -6428,7 +6472,7 @@ type ByLabelEvent struct {
 
 func (x *ByLabelEvent) Reset() {
 	*x = ByLabelEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6440,7 +6484,7 @@ func (x *ByLabelEvent) String() string {
 func (*ByLabelEvent) ProtoMessage() {}
 
 func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6453,7 +6497,7 @@ func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
 func (*ByLabelEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ByLabelEvent) GetSandboxId() string {
@@ -6537,7 +6581,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6549,7 +6593,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6562,7 +6606,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RunRequest) GetImage() string {
@@ -6606,7 +6650,7 @@ type RunStep struct {
 
 func (x *RunStep) Reset() {
 	*x = RunStep{}
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6618,7 +6662,7 @@ func (x *RunStep) String() string {
 func (*RunStep) ProtoMessage() {}
 
 func (x *RunStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6631,7 +6675,7 @@ func (x *RunStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
 func (*RunStep) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *RunStep) GetArgv() []string {
@@ -6698,7 +6742,7 @@ type RunFile struct {
 
 func (x *RunFile) Reset() {
 	*x = RunFile{}
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6710,7 +6754,7 @@ func (x *RunFile) String() string {
 func (*RunFile) ProtoMessage() {}
 
 func (x *RunFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6723,7 +6767,7 @@ func (x *RunFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
 func (*RunFile) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RunFile) GetName() string {
@@ -6786,7 +6830,7 @@ type RunLimits struct {
 
 func (x *RunLimits) Reset() {
 	*x = RunLimits{}
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6798,7 +6842,7 @@ func (x *RunLimits) String() string {
 func (*RunLimits) ProtoMessage() {}
 
 func (x *RunLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6811,7 +6855,7 @@ func (x *RunLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
 func (*RunLimits) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RunLimits) GetCpuMs() int64 {
@@ -6897,7 +6941,7 @@ type RunStepResult struct {
 
 func (x *RunStepResult) Reset() {
 	*x = RunStepResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6909,7 +6953,7 @@ func (x *RunStepResult) String() string {
 func (*RunStepResult) ProtoMessage() {}
 
 func (x *RunStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6922,7 +6966,7 @@ func (x *RunStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
 func (*RunStepResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RunStepResult) GetStatus() RunStatus {
@@ -7020,7 +7064,7 @@ type RunFileResult struct {
 
 func (x *RunFileResult) Reset() {
 	*x = RunFileResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7032,7 +7076,7 @@ func (x *RunFileResult) String() string {
 func (*RunFileResult) ProtoMessage() {}
 
 func (x *RunFileResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7045,7 +7089,7 @@ func (x *RunFileResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
 func (*RunFileResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RunFileResult) GetName() string {
@@ -7081,7 +7125,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7093,7 +7137,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7106,7 +7150,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RunResult) GetSteps() []*RunStepResult {
@@ -7135,7 +7179,7 @@ type RunBatchRequest struct {
 
 func (x *RunBatchRequest) Reset() {
 	*x = RunBatchRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7147,7 +7191,7 @@ func (x *RunBatchRequest) String() string {
 func (*RunBatchRequest) ProtoMessage() {}
 
 func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7160,7 +7204,7 @@ func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RunBatchRequest) GetImage() string {
@@ -7200,7 +7244,7 @@ type RunJob struct {
 
 func (x *RunJob) Reset() {
 	*x = RunJob{}
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7212,7 +7256,7 @@ func (x *RunJob) String() string {
 func (*RunJob) ProtoMessage() {}
 
 func (x *RunJob) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7225,7 +7269,7 @@ func (x *RunJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
 func (*RunJob) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RunJob) GetSteps() []*RunStep {
@@ -7247,7 +7291,7 @@ type RunBatchItem struct {
 
 func (x *RunBatchItem) Reset() {
 	*x = RunBatchItem{}
-	mi := &file_warren_v1_warren_proto_msgTypes[96]
+	mi := &file_warren_v1_warren_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7259,7 +7303,7 @@ func (x *RunBatchItem) String() string {
 func (*RunBatchItem) ProtoMessage() {}
 
 func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[96]
+	mi := &file_warren_v1_warren_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7272,7 +7316,7 @@ func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
 func (*RunBatchItem) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RunBatchItem) GetIndex() int32 {
@@ -7824,6 +7868,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"restore_us\x18\x04 \x01(\x03R\trestoreUs\x12\x1a\n" +
 	"\brestored\x18\x05 \x01(\bR\brestored\"\"\n" +
 	"\x10HibernateRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\" \n" +
+	"\x0eRestoreRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\xc2\x01\n" +
 	"\x11HibernateResponse\x12,\n" +
 	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12#\n" +
@@ -7966,7 +8012,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
 	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
 	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
-	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\x84\x12\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xc5\x12\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -8003,7 +8049,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x10HibernateByLabel\x12\".warren.v1.HibernateByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x127\n" +
 	"\x04Fork\x12\x16.warren.v1.ForkRequest\x1a\x17.warren.v1.ForkResponse\x122\n" +
 	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult\x12A\n" +
-	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x012\xd8\x05\n" +
+	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x01\x12?\n" +
+	"\aRestore\x12\x19.warren.v1.RestoreRequest\x1a\x19.warren.v1.ResumeResponse2\xd8\x05\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.warren.v1.ListImagesRequest\x1a\x1d.warren.v1.ListImagesResponse\x128\n" +
@@ -8035,7 +8082,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 110)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(RunStatus)(0),                    // 1: warren.v1.RunStatus
@@ -8119,56 +8166,57 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*ResumeRequest)(nil),             // 79: warren.v1.ResumeRequest
 	(*ResumeResponse)(nil),            // 80: warren.v1.ResumeResponse
 	(*HibernateRequest)(nil),          // 81: warren.v1.HibernateRequest
-	(*HibernateResponse)(nil),         // 82: warren.v1.HibernateResponse
-	(*ForkRequest)(nil),               // 83: warren.v1.ForkRequest
-	(*ForkResponse)(nil),              // 84: warren.v1.ForkResponse
-	(*HibernateByLabelRequest)(nil),   // 85: warren.v1.HibernateByLabelRequest
-	(*PauseByLabelRequest)(nil),       // 86: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 87: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 88: warren.v1.ByLabelEvent
-	(*RunRequest)(nil),                // 89: warren.v1.RunRequest
-	(*RunStep)(nil),                   // 90: warren.v1.RunStep
-	(*RunFile)(nil),                   // 91: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 92: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 93: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 94: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 95: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 96: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 97: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 98: warren.v1.RunBatchItem
-	nil,                               // 99: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 100: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 101: warren.v1.Sandbox.EnvEntry
-	nil,                               // 102: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 103: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 104: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 105: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 106: warren.v1.ForkRequest.LabelsEntry
-	nil,                               // 107: warren.v1.HibernateByLabelRequest.LabelsEntry
-	nil,                               // 108: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 109: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 110: warren.v1.RunStep.EnvEntry
+	(*RestoreRequest)(nil),            // 82: warren.v1.RestoreRequest
+	(*HibernateResponse)(nil),         // 83: warren.v1.HibernateResponse
+	(*ForkRequest)(nil),               // 84: warren.v1.ForkRequest
+	(*ForkResponse)(nil),              // 85: warren.v1.ForkResponse
+	(*HibernateByLabelRequest)(nil),   // 86: warren.v1.HibernateByLabelRequest
+	(*PauseByLabelRequest)(nil),       // 87: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 88: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 89: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 90: warren.v1.RunRequest
+	(*RunStep)(nil),                   // 91: warren.v1.RunStep
+	(*RunFile)(nil),                   // 92: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 93: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 94: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 95: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 96: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 97: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 98: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 99: warren.v1.RunBatchItem
+	nil,                               // 100: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 101: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 102: warren.v1.Sandbox.EnvEntry
+	nil,                               // 103: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 104: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 105: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 106: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 107: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 108: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 109: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 110: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 111: warren.v1.RunStep.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	99,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	100, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	100, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	101, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	7,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	5,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	4,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
 	6,   // 6: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,   // 7: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	2,   // 8: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	101, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	102, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	102, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	103, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	7,   // 11: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	5,   // 12: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
 	4,   // 13: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
-	103, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	104, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	8,   // 15: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	104, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	105, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	5,   // 17: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	105, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	106, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	17,  // 19: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	19,  // 20: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	17,  // 21: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -8196,25 +8244,25 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	8,   // 43: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
 	8,   // 44: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
 	77,  // 45: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
-	106, // 46: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	107, // 46: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
 	8,   // 47: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
 	8,   // 48: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
-	107, // 49: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
-	108, // 50: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	109, // 51: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	108, // 49: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	109, // 50: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	110, // 51: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
 	78,  // 52: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
 	80,  // 53: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	82,  // 54: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
-	90,  // 55: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	110, // 56: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	91,  // 57: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	92,  // 58: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	83,  // 54: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
+	91,  // 55: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	111, // 56: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	92,  // 57: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	93,  // 58: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
 	1,   // 59: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	94,  // 60: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	93,  // 61: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	97,  // 62: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	90,  // 63: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	95,  // 64: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	95,  // 60: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	94,  // 61: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	98,  // 62: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	91,  // 63: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	96,  // 64: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
 	3,   // 65: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
 	9,   // 66: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
 	10,  // 67: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
@@ -8241,70 +8289,72 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	72,  // 88: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
 	76,  // 89: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
 	79,  // 90: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	86,  // 91: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	87,  // 92: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	87,  // 91: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	88,  // 92: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
 	81,  // 93: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
-	85,  // 94: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
-	83,  // 95: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
-	89,  // 96: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	96,  // 97: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	46,  // 98: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	48,  // 99: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	49,  // 100: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	50,  // 101: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	52,  // 102: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	55,  // 103: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	56,  // 104: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	58,  // 105: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	61,  // 106: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	64,  // 107: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	67,  // 108: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	8,   // 109: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	8,   // 110: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	11,  // 111: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	13,  // 112: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	8,   // 113: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	8,   // 114: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	17,  // 115: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	18,  // 116: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	20,  // 117: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	22,  // 118: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	17,  // 119: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	25,  // 120: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	27,  // 121: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	30,  // 122: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	32,  // 123: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	34,  // 124: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	36,  // 125: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	39,  // 126: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	37,  // 127: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	42,  // 128: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	44,  // 129: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	54,  // 130: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	70,  // 131: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	73,  // 132: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	78,  // 133: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	80,  // 134: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	88,  // 135: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	88,  // 136: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	82,  // 137: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
-	88,  // 138: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
-	84,  // 139: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
-	95,  // 140: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	98,  // 141: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	47,  // 142: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	45,  // 143: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	45,  // 144: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	51,  // 145: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	53,  // 146: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	54,  // 147: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	57,  // 148: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	59,  // 149: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	63,  // 150: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	66,  // 151: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	68,  // 152: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	109, // [109:153] is the sub-list for method output_type
-	65,  // [65:109] is the sub-list for method input_type
+	86,  // 94: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	84,  // 95: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	90,  // 96: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	97,  // 97: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	82,  // 98: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
+	46,  // 99: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	48,  // 100: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	49,  // 101: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	50,  // 102: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	52,  // 103: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	55,  // 104: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	56,  // 105: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	58,  // 106: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	61,  // 107: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	64,  // 108: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	67,  // 109: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	8,   // 110: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	8,   // 111: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	11,  // 112: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	13,  // 113: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	8,   // 114: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	8,   // 115: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	17,  // 116: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	18,  // 117: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	20,  // 118: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	22,  // 119: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	17,  // 120: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	25,  // 121: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	27,  // 122: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	30,  // 123: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	32,  // 124: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	34,  // 125: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	36,  // 126: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	39,  // 127: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	37,  // 128: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	42,  // 129: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	44,  // 130: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	54,  // 131: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	70,  // 132: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	73,  // 133: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	78,  // 134: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	80,  // 135: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	89,  // 136: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	89,  // 137: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	83,  // 138: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	89,  // 139: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	85,  // 140: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	96,  // 141: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	99,  // 142: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	80,  // 143: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
+	47,  // 144: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	45,  // 145: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	45,  // 146: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	51,  // 147: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	53,  // 148: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	54,  // 149: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	57,  // 150: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	59,  // 151: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	63,  // 152: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	66,  // 153: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	68,  // 154: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	110, // [110:155] is the sub-list for method output_type
+	65,  // [65:110] is the sub-list for method input_type
 	65,  // [65:65] is the sub-list for extension type_name
 	65,  // [65:65] is the sub-list for extension extendee
 	0,   // [0:65] is the sub-list for field type_name
@@ -8342,7 +8392,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   109,
+			NumMessages:   110,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
