@@ -37,6 +37,7 @@ const (
 	ownerFile = "node"           // the node that holds the checkpoint's sandbox
 	claimFile = "claim"          // held while a node takes or restores it
 	trajFile  = "trajectory.log" // the sandbox's trajectory log, for the node that takes it
+	movedDir  = ".moved"         // tombstones: <id>.<old node> holds the new node's name
 	// staleClaim is how old a claim must be to be broken: its node
 	// died in a restore (a restore takes well under a second).
 	staleClaim = 10 * time.Minute
@@ -120,6 +121,12 @@ func readClaim(p string) (string, time.Time) {
 	return f[0], time.Unix(sec, 0)
 }
 
+// tombstone is where the node that takes sandbox id from node from
+// tells it so, once the checkpoint (and its owner file) is gone.
+func (m *Manager) tombstone(id, from string) string {
+	return filepath.Join(m.checkpointRoot(), movedDir, id+"."+from)
+}
+
 // movedAway forgets sandbox s if it is HIBERNATED and its checkpoint now
 // names another node (restored there), and says which node.
 func (m *Manager) movedAway(s *sandbox) (string, bool) {
@@ -133,9 +140,20 @@ func (m *Manager) movedAway(s *sandbox) (string, bool) {
 		return "", false
 	}
 	o := m.checkpointOwner(s.id)
+	tomb := m.tombstone(s.id, m.cfg.NodeName)
+	if o == "" {
+		// Restored on another node, which removed the checkpoint: its
+		// tombstone for this node says where it went.
+		b, err := os.ReadFile(tomb)
+		if err != nil {
+			return "", false
+		}
+		o = strings.TrimSpace(string(b))
+	}
 	if o == "" || o == m.cfg.NodeName {
 		return "", false
 	}
+	defer os.Remove(tomb)
 	m.log.Info("hibernated sandbox was restored on another node: forgotten here", "sandbox", s.id, "node", o)
 	if err := m.remove(context.Background(), s, metrics.ReasonMoved); err != nil {
 		m.log.Warn("forget moved sandbox", "sandbox", s.id, "err", err)
@@ -231,7 +249,20 @@ func (m *Manager) take(ctx context.Context, id string) error {
 		m.log.Warn("sync store", "err", err)
 	}
 	// From here the sandbox is this node's: the old node forgets it at
-	// its next look.
+	// its next look, by the owner file or, once the checkpoint is gone,
+	// by its tombstone.
+	if from := m.checkpointOwner(id); from != "" && from != m.cfg.NodeName {
+		tomb := m.tombstone(id, from)
+		err := os.MkdirAll(filepath.Dir(tomb), 0o700)
+		if err == nil {
+			err = atomicfile.Write(tomb, ".tomb-", []byte(m.cfg.NodeName+"\n"), 0o600)
+		}
+		if err != nil {
+			_ = m.store.Delete(id)
+			_ = m.traj.remove(id)
+			return errdefs.Wrap(errdefs.Internal, err, "leave a tombstone for the node sandbox "+id+" leaves")
+		}
+	}
 	if err := m.writeOwner(id); err != nil {
 		_ = m.store.Delete(id)
 		_ = m.traj.remove(id)
