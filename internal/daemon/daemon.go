@@ -510,11 +510,11 @@ type view struct {
 
 // live finds a sandbox whose state permits o (a RUNNING one, for every
 // op that uses live) and returns it with a view of it.
-func (m *Manager) live(o op, id string) (*sandbox, view, error) {
+func (m *Manager) live(ctx context.Context, o op, id string) (*sandbox, view, error) {
 	if id == "" {
 		return nil, view{}, errdefs.Invalidf("sandbox id is required")
 	}
-	s, err := m.find(id)
+	s, err := m.find(ctx, id)
 	if err != nil {
 		return nil, view{}, err
 	}

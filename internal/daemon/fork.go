@@ -116,7 +116,7 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 	if req.GetId() == "" {
 		return nil, errdefs.Invalidf("sandbox id is required")
 	}
-	s, err := m.find(req.GetId())
+	s, err := m.find(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}

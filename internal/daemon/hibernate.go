@@ -53,7 +53,7 @@ const hibernatedRecord = "record.pb"
 func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest) (_ *warrenv1.HibernateResponse, err error) {
 	defer m.observe("Hibernate", &err)
 	start := time.Now()
-	s, v, err := m.live(opHibernate, req.GetId())
+	s, v, err := m.live(ctx, opHibernate, req.GetId())
 	if err != nil {
 		return nil, err
 	}

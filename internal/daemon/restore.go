@@ -13,6 +13,7 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/atomicfile"
+	"github.com/warrenrl/warren/internal/caller"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/store"
@@ -161,12 +162,20 @@ func (m *Manager) movedAway(s *sandbox) (string, bool) {
 	return o, true
 }
 
-// find is lookup for the calls that name a sandbox: one that moved to
-// another node is forgotten, and NotFound says where it went.
-func (m *Manager) find(id string) (*sandbox, error) {
+// find is lookup for the calls that name a sandbox: a harness finds its
+// own children only, and one that moved to another node is forgotten
+// (NotFound says where it went).
+func (m *Manager) find(ctx context.Context, id string) (*sandbox, error) {
 	s, err := m.lookup(id)
 	if err != nil {
 		return nil, err
+	}
+	// A harness's call was checked against its children before it got
+	// here (server/scope.go); the id may since have been deleted and
+	// taken by a sandbox of the node's: checked again on the sandbox
+	// found.
+	if h, scoped := caller.Harness(ctx); scoped && s.parent != h {
+		return nil, errdefs.New(errdefs.PermissionDenied, "sandbox %s is not harness %s's", id, h)
 	}
 	if to, moved := m.movedAway(s); moved {
 		return nil, errdefs.NotFoundf("sandbox %s was restored on node %s", id, to)
@@ -182,7 +191,7 @@ func (m *Manager) Restore(ctx context.Context, req *warrenv1.RestoreRequest) (_ 
 	if !ValidID(id) {
 		return nil, errdefs.Invalidf("bad sandbox id %q", id)
 	}
-	if _, err := m.find(id); err == nil {
+	if _, err := m.find(ctx, id); err == nil {
 		return m.Resume(ctx, &warrenv1.ResumeRequest{Id: id})
 	}
 	if !m.sharedCheckpoints() {

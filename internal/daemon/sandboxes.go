@@ -362,7 +362,7 @@ func (m *Manager) forget(s *sandbox) {
 // Get returns one sandbox.
 func (m *Manager) Get(ctx context.Context, req *warrenv1.GetRequest) (_ *warrenv1.Sandbox, err error) {
 	defer m.observe("Get", &err)
-	s, err := m.find(req.GetId())
+	s, err := m.find(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -425,7 +425,7 @@ func labelsMatch(have, want map[string]string) bool {
 // its creation finished.
 func (m *Manager) Delete(ctx context.Context, req *warrenv1.DeleteRequest) (_ *warrenv1.DeleteResponse, err error) {
 	defer m.observe("Delete", &err)
-	s, err := m.find(req.GetId())
+	s, err := m.find(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -620,7 +620,7 @@ func (m *Manager) failedRemove(s *sandbox, sb backend.Sandbox, prev state, err e
 // node default).
 func (m *Manager) ExtendTimeout(ctx context.Context, req *warrenv1.ExtendTimeoutRequest) (_ *warrenv1.Sandbox, err error) {
 	defer m.observe("ExtendTimeout", &err)
-	s, err := m.find(req.GetId())
+	s, err := m.find(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
