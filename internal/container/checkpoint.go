@@ -97,14 +97,12 @@ func criuAvailable() error {
 
 // checkpointable refuses, before anything is stopped, what the backend
 // cannot checkpoint yet (docs/HIBERNATE.md says why).
-func checkpointable(userns bool, disk bool) error {
+func checkpointable(userns bool) error {
 	switch {
 	case userns:
 		// CRIU dumps a user namespace only with every other namespace of
 		// the tree owned by it; a sandbox's are owned by the node's.
 		return errdefs.New(errdefs.Unsupported, "a sandbox in a user namespace cannot be checkpointed yet (CRIU needs its other namespaces owned by that user namespace; docs/HIBERNATE.md): create it with user_namespace false to hibernate or fork it")
-	case disk:
-		return errdefs.New(errdefs.Unsupported, "a sandbox with a disk limit cannot be checkpointed yet (its writable layer is on a disk image; docs/HIBERNATE.md): create it without disk_bytes to hibernate or fork it")
 	}
 	return nil
 }
@@ -121,7 +119,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	if err := criuAvailable(); err != nil {
 		return err
 	}
-	if err := checkpointable(s.st.UserNS != nil, s.disk); err != nil {
+	if err := checkpointable(s.st.UserNS != nil); err != nil {
 		return err
 	}
 	pid := s.st.Pid
@@ -382,7 +380,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := criuAvailable(); err != nil {
 		return nil, err
 	}
-	if err := checkpointable(spec.UserNS, spec.DiskBytes > 0); err != nil {
+	if err := checkpointable(spec.UserNS); err != nil {
 		return nil, err
 	}
 	dir := spec.Restore
@@ -413,6 +411,14 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	cu.Add(func() error { return b.removeDirs(spec.ID, -1) })
 	if err := mkdir(st); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fsErr(err, "create sandbox directories")
+	}
+	if spec.DiskBytes > 0 {
+		// A disk limit: the writable layer comes back onto a new disk of
+		// its own, as at create (copied in below, as it was copied out).
+		if err := mountDisk(b.diskImage(spec.ID), st, spec.DiskBytes); err != nil {
+			return nil, err
+		}
+		cu.Add(func() error { return unmountDisk(b.diskImage(spec.ID), st) })
 	}
 	upper, work := filepath.Join(st, "upper"), filepath.Join(st, "work")
 	if err := treecopy.Move(filepath.Join(dir, ckptUpper), upper); err == nil {
