@@ -1,16 +1,19 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/atomicfile"
@@ -48,6 +51,27 @@ func (m *Manager) checkpointDir(id string) string {
 
 // hibernatedRecord is the copy of the record in the checkpoint directory.
 const hibernatedRecord = "record.pb"
+
+// processesFile is the background processes' records as they were at the
+// hibernation (a ListProcessesResponse), which ListProcesses returns
+// while the sandbox is HIBERNATED.
+const processesFile = "processes.pb"
+
+// hibernatedProcesses is ListProcesses of a HIBERNATED sandbox.
+func (m *Manager) hibernatedProcesses(id string) (*warrenv1.ListProcessesResponse, error) {
+	out := &warrenv1.ListProcessesResponse{}
+	b, err := os.ReadFile(filepath.Join(m.checkpointDir(id), processesFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return out, nil // a checkpoint of an older daemon
+	}
+	if err == nil {
+		err = proto.Unmarshal(b, out)
+	}
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "read the process list of hibernated sandbox "+id)
+	}
+	return out, nil
+}
 
 // Hibernate checkpoints a RUNNING or PAUSED sandbox to disk.
 func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest) (_ *warrenv1.HibernateResponse, err error) {
@@ -91,11 +115,16 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 	// records are rebuilt from the agent once it runs again (restored,
 	// or left running by a failure).
 	procs := len(s.procs)
+	// What ListProcesses shows while it is hibernated (the agent that
+	// knows them is in the checkpoint): kept with the checkpoint.
+	listed := &warrenv1.ListProcessesResponse{}
 	for id, pr := range s.procs {
+		listed.Processes = append(listed.Processes, pr.info(nil))
 		pr.detach()
 		delete(s.procs, id)
 	}
 	s.mu.Unlock()
+	slices.SortFunc(listed.Processes, func(a, b *warrenv1.ProcessInfo) int { return cmp.Compare(a.GetStartedAtUnixMs(), b.GetStartedAtUnixMs()) })
 
 	fail := func(err error) (*warrenv1.HibernateResponse, error) {
 		_ = os.RemoveAll(m.checkpointDir(s.id))
@@ -156,6 +185,11 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 			}
 		}
 		return fail(withCategory(cerr, errdefs.Internal, "hibernate sandbox "+s.id))
+	}
+	if b, err := proto.Marshal(listed); err == nil {
+		if err := os.WriteFile(filepath.Join(dir, processesFile), b, 0o600); err != nil {
+			m.log.Warn("keep the process list in the checkpoint", "sandbox", s.id, "err", err)
+		}
 	}
 	if m.sharedCheckpoints() {
 		// For the node that may restore it: the log is synced above.

@@ -75,6 +75,12 @@ func TestHibernateRestoreAcrossRestart(t *testing.T) {
 	if err != nil || sb.GetState() != stateHibernated {
 		t.Fatalf("after restart: %v %v", sb, err)
 	}
+	// Its background process is listed as it was at the hibernation,
+	// across the restart too.
+	hl, err := e.m.ListProcesses(ctx, &warrenv1.ListProcessesRequest{SandboxId: "hib"})
+	if err != nil || len(hl.GetProcesses()) != 1 || !hl.GetProcesses()[0].GetRunning() || hl.GetProcesses()[0].GetPid() == 0 {
+		t.Fatalf("processes of the hibernated sandbox: %v %v", hl, err)
+	}
 	// The counter's value as saved (its reader needs a running sandbox).
 	saved := readFileInt(t, filepath.Join(ckpt, "upper", "count"))
 	rr, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "hib"})
@@ -95,6 +101,9 @@ func TestHibernateRestoreAcrossRestart(t *testing.T) {
 	list, err := e.m.ListProcesses(ctx, &warrenv1.ListProcessesRequest{SandboxId: "hib"})
 	if err != nil || len(list.GetProcesses()) != 1 || !list.GetProcesses()[0].GetRunning() {
 		t.Fatalf("processes after restore: %v %v", list, err)
+	}
+	if a, b := hl.GetProcesses()[0], list.GetProcesses()[0]; a.GetProcessId() != b.GetProcessId() || a.GetPid() != b.GetPid() {
+		t.Errorf("process while hibernated %v, after the restore %v", a, b)
 	}
 	if _, err := os.Stat(ckpt); !os.IsNotExist(err) {
 		t.Errorf("checkpoint left after restore: %v", err)

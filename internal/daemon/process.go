@@ -550,6 +550,10 @@ func (m *Manager) ListProcesses(ctx context.Context, req *warrenv1.ListProcesses
 		return nil, err
 	}
 	s.mu.Lock()
+	if s.st == stateHibernated {
+		s.mu.Unlock()
+		return m.hibernatedProcesses(s.id)
+	}
 	procs := make([]*process, 0, len(s.procs))
 	for _, p := range s.procs {
 		procs = append(procs, p)
