@@ -182,7 +182,7 @@ func (n *Node) Len() int {
 // Stats are the node's counters since New.
 type Stats struct {
 	Created, Refused, LayerHits, Live int
-	AllocCPUMillis                   int64
+	AllocCPUMillis                    int64
 }
 
 // Stats returns the counters.
