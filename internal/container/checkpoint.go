@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,6 +79,11 @@ type checkpointMeta struct {
 	// NullKey is the external file key of the init's stdio
 	// ("file[mnt_id:ino]", hex), "" where it was no external file.
 	NullKey string `json:"null_key,omitempty"`
+	// UserNS is the sandbox's id mapping, which CRIU recorded and
+	// restores (a fork runs with its source's ids); nil: none. Its
+	// network namespace is then not in the images: CRIU ran in it
+	// (criuNetns), and a restore runs CRIU in the one it made.
+	UserNS *UserNS `json:"userns,omitempty"`
 }
 
 var _ backend.Checkpointer = (*sandbox)(nil)
@@ -94,15 +100,20 @@ func criuAvailable() error {
 	return nil
 }
 
+// userNSCheckpoints lets sandboxes in a user namespace be checkpointed:
+// CRIU dumps them (the init stage makes their namespaces for it), but its
+// restore cannot bind the node's paths from inside the user namespace it
+// makes yet (docs/HIBERNATE.md), so the daemon refuses them. A variable
+// for the test that proves the dump.
+var userNSCheckpoints = false
+
 // checkpointable refuses, before anything is stopped, what the backend
 // cannot checkpoint yet (docs/HIBERNATE.md says why).
-func checkpointable(userns bool, disk bool) error {
-	switch {
-	case userns:
-		// CRIU dumps a user namespace only with every other namespace of
-		// the tree owned by it; a sandbox's are owned by the node's.
-		return errdefs.New(errdefs.Unsupported, "a sandbox in a user namespace cannot be checkpointed yet (CRIU needs its other namespaces owned by that user namespace; docs/HIBERNATE.md): create it with user_namespace false to hibernate or fork it")
-	case disk:
+func checkpointable(userns, disk bool) error {
+	if userns && !userNSCheckpoints {
+		return errdefs.New(errdefs.Unsupported, "a sandbox in a user namespace cannot be checkpointed yet (CRIU dumps it, but cannot restore it yet; docs/HIBERNATE.md): create it with user_namespace false to hibernate or fork it")
+	}
+	if disk {
 		return errdefs.New(errdefs.Unsupported, "a sandbox with a disk limit cannot be checkpointed yet (its writable layer is on a disk image; docs/HIBERNATE.md): create it without disk_bytes to hibernate or fork it")
 	}
 	return nil
@@ -168,12 +179,20 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	// The network namespace is the node's to make (a restore makes a new
 	// one and hands it in): CRIU records it as external instead of
 	// dumping its links, routes and sysctls, which cost more than the
-	// rest of the dump of an idle sandbox.
-	var nst unix.Stat_t
-	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &nst); err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "stat the sandbox's network namespace")
+	// rest of the dump of an idle sandbox. In a user namespace it is not
+	// in the images at all: CRIU runs in it (criuNetns).
+	netns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "open the sandbox's network namespace")
 	}
-	external = append(external, fmt.Sprintf("net[%d]:%s", nst.Ino, netnsKey))
+	defer netns.Close()
+	if s.st.UserNS == nil {
+		var nst unix.Stat_t
+		if err := unix.Fstat(int(netns.Fd()), &nst); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "stat the sandbox's network namespace")
+		}
+		external = append(external, fmt.Sprintf("net[%d]:%s", nst.Ino, netnsKey))
+	}
 	opts := &rpc.CriuOpts{
 		ImagesDirFd: proto.Int32(int32(imgDir.Fd())),
 		Pid:         proto.Int32(int32(pid)),
@@ -199,6 +218,12 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	defer unix.Close(pidfd)
 	c := criu.MakeCriu()
 	c.SetCriuPath(CRIUPath)
+	if s.st.UserNS != nil {
+		if err := criuNetns(int(netns.Fd()), c.Prepare); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "start criu")
+		}
+		defer c.Cleanup()
+	}
 	if err := c.Dump(opts, nil); err != nil {
 		// CRIU resumes the tree when a dump fails: the sandbox runs on.
 		return errdefs.Wrap(errdefs.Unsupported, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(images, "dump.log"))), "checkpoint sandbox "+s.id)
@@ -211,6 +236,15 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 		return errdefs.Internalf("sandbox %s: init still alive after its checkpoint", s.id)
 	}
 	reapTraced(pidfd)
+	if u := s.st.UserNS; u != nil {
+		// CRIU's restore reads images from the tasks it made, as root of
+		// the user namespace it made (host id Base), which holds no
+		// capability over the node's files: the images are its. Only
+		// the node reaches them (the checkpoint directory is 0700).
+		if err := chownTree(images, int(u.Base)); err != nil {
+			return fsErr(err, "give the checkpoint's images to the sandbox's root")
+		}
+	}
 	if err := os.Rename(s.UpperDir(), filepath.Join(dir, ckptUpper)); err != nil {
 		return fsErr(err, "move the writable layer into the checkpoint")
 	}
@@ -223,6 +257,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	}
 	meta.ID = s.id
 	meta.Net = s.network()
+	meta.UserNS = s.st.UserNS
 	b, _ := json.Marshal(meta)
 	if err := os.WriteFile(filepath.Join(dir, ckptMeta), b, 0o600); err != nil {
 		return fsErr(err, "write checkpoint metadata")
@@ -391,6 +426,9 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := json.Unmarshal(mb, &meta); err != nil {
 		return nil, errdefs.Wrap(errdefs.Invalid, err, "checkpoint metadata")
 	}
+	if (meta.UserNS != nil) != spec.UserNS {
+		return nil, errdefs.Invalidf("sandbox %s: the checkpoint's user-namespace mode (%v) is not the spec's (%v)", spec.ID, meta.UserNS != nil, spec.UserNS)
+	}
 	if err := b.ensureShared(); err != nil {
 		return nil, err
 	}
@@ -400,6 +438,8 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 			_ = cu.Clean()
 		}
 	}()
+	// TODO(userns): CRIU restores the recorded id map: the range must
+	// stay taken while the checkpoint exists, and forks share it.
 	run, st := b.runDir(spec.ID), b.stateDir(spec.ID)
 	if err := mkdir(run); err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -500,6 +540,14 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		if nsFile, err = os.Open("/proc/thread-self/ns/net"); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "open the restored sandbox's network namespace")
 		}
+		if meta.UserNS != nil {
+			// As the init stage sets it (init_linux.c): root in the
+			// user namespace holds no CAP_NET_BIND_SERVICE over this
+			// namespace, which the node's user namespace owns.
+			if err := os.WriteFile("/proc/sys/net/ipv4/ip_unprivileged_port_start", []byte("0"), 0); err != nil {
+				return errdefs.Wrap(errdefs.Internal, err, "allow low ports in the restored sandbox's network namespace")
+			}
+		}
 		return nil
 	})
 	if ln != nil {
@@ -532,8 +580,12 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		return nil, fsErr(err, "open checkpoint images")
 	}
 	defer imgDir.Close()
-	inherit := []*rpc.InheritFd{{Key: proto.String(meta.SocketKey), Fd: proto.Int32(int32(ln.Fd()))},
-		{Key: proto.String(netnsKey), Fd: proto.Int32(int32(nsFile.Fd()))}}
+	inherit := []*rpc.InheritFd{{Key: proto.String(meta.SocketKey), Fd: proto.Int32(int32(ln.Fd()))}}
+	criuNS := int(nsFile.Fd())
+	if meta.UserNS == nil {
+		inherit = append(inherit, &rpc.InheritFd{Key: proto.String(netnsKey), Fd: proto.Int32(int32(nsFile.Fd()))})
+		criuNS = -1
+	}
 	if meta.NullKey != "" {
 		inherit = append(inherit, &rpc.InheritFd{Key: proto.String(meta.NullKey), Fd: proto.Int32(int32(null.Fd()))})
 	}
@@ -567,7 +619,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		// restored closed, as after a network outage.
 		opts.TcpClose = proto.Bool(true)
 	}
-	pid, err := criuRestore(opts, []*os.File{ln, null, nsFile, workDir})
+	pid, err := criuRestore(opts, []*os.File{ln, null, nsFile, workDir}, criuNS)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(run, "restore.log"))), "restore sandbox "+spec.ID)
 	}
@@ -577,6 +629,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err != nil {
 		return nil, err
 	}
+	s.st.UserNS = meta.UserNS
 	b.cpus.adopt(spec.ID, pid)
 	cu.Release()
 	return s, nil
@@ -656,8 +709,9 @@ var criuStartMu sync.Mutex
 // under their own numbers (inherit-fd, join-ns name them): go-criu starts
 // it with os/exec, which keeps only descriptors without close-on-exec, so
 // theirs is cleared around the start. Another child the daemon starts in
-// that moment inherits them too, and closes them when it exits.
-func criuRestore(opts *rpc.CriuOpts, pass []*os.File) (int, error) {
+// that moment inherits them too, and closes them when it exits. netns >= 0
+// starts CRIU in that network namespace (criuNetns).
+func criuRestore(opts *rpc.CriuOpts, pass []*os.File, netns int) (int, error) {
 	c := criu.MakeCriu()
 	c.SetCriuPath(CRIUPath)
 	// One start at a time: restores share descriptors (the node's
@@ -670,7 +724,12 @@ func criuRestore(opts *rpc.CriuOpts, pass []*os.File) (int, error) {
 			return 0, err
 		}
 	}
-	err := c.Prepare()
+	var err error
+	if netns >= 0 {
+		err = criuNetns(netns, c.Prepare)
+	} else {
+		err = c.Prepare()
+	}
 	for _, f := range pass {
 		syscall.CloseOnExec(int(f.Fd()))
 	}
@@ -821,4 +880,47 @@ func reapTraced(pidfd int) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// criuNetns runs start (CRIU's start: go-criu's Prepare) on a thread in
+// network namespace ns, so that CRIU runs there, for a sandbox in a user
+// namespace. CRIU dumps a user namespace only when every namespace of the
+// tree it can enter from there is owned by it (the mount, UTS and IPC
+// ones are: init_linux.c, userns_namespaces), and a restore makes the
+// tree's namespaces inside the user namespace it makes, into which it
+// could not bring a network namespace the daemon made. The sandbox's
+// network namespace stays the node's (its root holds no capability over
+// it, as at create): with CRIU in it, it is CRIU's own, neither checked
+// nor dumped, and the restored tree inherits it from CRIU. The agent's
+// listener, made in it, is dumped as before.
+func criuNetns(ns int, start func() error) error {
+	if hostNetnsErr != nil {
+		return hostNetnsErr
+	}
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Setns(ns, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("enter the sandbox's network namespace: %w", err)
+			return
+		}
+		// os/exec forks from this thread: the child starts here.
+		err := start()
+		if unix.Setns(hostNetnsFD, unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		done <- err
+	}()
+	return <-done
+}
+
+// chownTree gives every file under dir to host id id (uid and gid).
+func chownTree(dir string, id int) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, id, id)
+	})
 }
