@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -100,19 +101,9 @@ func criuAvailable() error {
 	return nil
 }
 
-// userNSCheckpoints lets sandboxes in a user namespace be checkpointed:
-// CRIU dumps them (the init stage makes their namespaces for it), but its
-// restore cannot bind the node's paths from inside the user namespace it
-// makes yet (docs/HIBERNATE.md), so the daemon refuses them. A variable
-// for the test that proves the dump.
-var userNSCheckpoints = false
-
 // checkpointable refuses, before anything is stopped, what the backend
 // cannot checkpoint yet (docs/HIBERNATE.md says why).
-func checkpointable(userns, disk bool) error {
-	if userns && !userNSCheckpoints {
-		return errdefs.New(errdefs.Unsupported, "a sandbox in a user namespace cannot be checkpointed yet (CRIU dumps it, but cannot restore it yet; docs/HIBERNATE.md): create it with user_namespace false to hibernate or fork it")
-	}
+func checkpointable(disk bool) error {
 	if disk {
 		return errdefs.New(errdefs.Unsupported, "a sandbox with a disk limit cannot be checkpointed yet (its writable layer is on a disk image; docs/HIBERNATE.md): create it without disk_bytes to hibernate or fork it")
 	}
@@ -131,7 +122,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	if err := criuAvailable(); err != nil {
 		return err
 	}
-	if err := checkpointable(s.st.UserNS != nil, s.disk); err != nil {
+	if err := checkpointable(s.disk); err != nil {
 		return err
 	}
 	pid := s.st.Pid
@@ -239,9 +230,15 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	if u := s.st.UserNS; u != nil {
 		// CRIU's restore reads images from the tasks it made, as root of
 		// the user namespace it made (host id Base), which holds no
-		// capability over the node's files: the images are its. Only
-		// the node reaches them (the checkpoint directory is 0700).
+		// capability over the node's files: the images are its. The
+		// root task opens some (timens) before CRIU has written its id
+		// map, when it is nobody's: the directory is searchable by all,
+		// and the files (0644, as CRIU writes them) readable. Only the
+		// node reaches them (the checkpoint directory is 0700).
 		if err := chownTree(images, int(u.Base)); err != nil {
+			return fsErr(err, "give the checkpoint's images to the sandbox's root")
+		}
+		if err := os.Chmod(images, 0o711); err != nil {
 			return fsErr(err, "give the checkpoint's images to the sandbox's root")
 		}
 	}
@@ -414,7 +411,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := criuAvailable(); err != nil {
 		return nil, err
 	}
-	if err := checkpointable(spec.UserNS, spec.DiskBytes > 0); err != nil {
+	if err := checkpointable(spec.DiskBytes > 0); err != nil {
 		return nil, err
 	}
 	dir := spec.Restore
@@ -438,8 +435,12 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 			_ = cu.Clean()
 		}
 	}()
-	// TODO(userns): CRIU restores the recorded id map: the range must
-	// stay taken while the checkpoint exists, and forks share it.
+	if meta.UserNS != nil {
+		// CRIU restores the id map it recorded: this sandbox holds its
+		// source's range (idPool).
+		_ = b.ids.claim(spec.ID, *meta.UserNS)
+		cu.Add(func() error { b.ids.release(spec.ID, *meta.UserNS); return nil })
+	}
 	run, st := b.runDir(spec.ID), b.stateDir(spec.ID)
 	if err := mkdir(run); err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -461,6 +462,10 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		// sandbox writes on a fresh one.
 		if err := os.Mkdir(upper, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fsErr(err, "create sandbox directories")
+		}
+		// Its root directory is the sandbox's root's, as at create.
+		if err := shiftOwner(upper, meta.UserNS, 0, 0); err != nil {
+			return nil, err
 		}
 	} else {
 		return nil, fsErr(err, "move the checkpoint's writable layer back")
@@ -494,7 +499,22 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return nil, fsErr(err, "create restore root")
 	}
-	data := "lowerdir=" + overlay["lower"] + ",upperdir=" + upper + ",workdir=" + work + "," + overlay["overlay_options"]
+	lower := overlay["lower"]
+	if meta.UserNS != nil {
+		// As the init stage stacks them (init_linux.c, mount_overlay):
+		// the image's layers idmapped through the sandbox's ids.
+		l, fds, err := idmappedLowers(spec.Layers, *meta.UserNS)
+		defer func() {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+		}()
+		if err != nil {
+			return nil, err
+		}
+		lower = l
+	}
+	data := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work + "," + overlay["overlay_options"]
 	if err := unix.Mount("overlay", root, "overlay", unix.MS_NODEV, data); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "mount the restored root")
 	}
@@ -584,7 +604,6 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	criuNS := int(nsFile.Fd())
 	if meta.UserNS == nil {
 		inherit = append(inherit, &rpc.InheritFd{Key: proto.String(netnsKey), Fd: proto.Int32(int32(nsFile.Fd()))})
-		criuNS = -1
 	}
 	if meta.NullKey != "" {
 		inherit = append(inherit, &rpc.InheritFd{Key: proto.String(meta.NullKey), Fd: proto.Int32(int32(null.Fd()))})
@@ -619,7 +638,31 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		// restored closed, as after a network outage.
 		opts.TcpClose = proto.Bool(true)
 	}
-	pid, err := criuRestore(opts, []*os.File{ln, null, nsFile, workDir}, criuNS)
+	start := func(c *criu.Criu) error { return c.Prepare() }
+	var criuWD *os.File
+	defer func() {
+		if criuWD != nil {
+			criuWD.Close()
+		}
+	}()
+	if meta.UserNS != nil {
+		// Every path CRIU binds or roots the tree at, under the run
+		// directory: this sandbox's own and the node's shared ones.
+		keep := []string{"sb/" + spec.ID, "devfs/" + spec.ID, "empty", "sysfs", "views", "agentfs"}
+		start = func(c *criu.Criu) error {
+			// CRIU mounts its cgroup yard in its working directory,
+			// which must then be a mount of its own namespace (CRIU
+			// opens it through this process's descriptor, kept open
+			// until the restore is over).
+			wd, err := criuUserNSView(criuNS, b.opts.RunDir, keep, run, c.Prepare)
+			if wd != nil {
+				criuWD = wd
+				opts.WorkDirFd = proto.Int32(int32(wd.Fd()))
+			}
+			return err
+		}
+	}
+	pid, err := criuRestore(opts, []*os.File{ln, null, nsFile, workDir}, start)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(run, "restore.log"))), "restore sandbox "+spec.ID)
 	}
@@ -709,9 +752,9 @@ var criuStartMu sync.Mutex
 // under their own numbers (inherit-fd, join-ns name them): go-criu starts
 // it with os/exec, which keeps only descriptors without close-on-exec, so
 // theirs is cleared around the start. Another child the daemon starts in
-// that moment inherits them too, and closes them when it exits. netns >= 0
-// starts CRIU in that network namespace (criuNetns).
-func criuRestore(opts *rpc.CriuOpts, pass []*os.File, netns int) (int, error) {
+// that moment inherits them too, and closes them when it exits. start
+// starts CRIU (go-criu's Prepare, or criuUserNSView around it).
+func criuRestore(opts *rpc.CriuOpts, pass []*os.File, start func(*criu.Criu) error) (int, error) {
 	c := criu.MakeCriu()
 	c.SetCriuPath(CRIUPath)
 	// One start at a time: restores share descriptors (the node's
@@ -724,12 +767,7 @@ func criuRestore(opts *rpc.CriuOpts, pass []*os.File, netns int) (int, error) {
 			return 0, err
 		}
 	}
-	var err error
-	if netns >= 0 {
-		err = criuNetns(netns, c.Prepare)
-	} else {
-		err = c.Prepare()
-	}
+	err := start(c)
 	for _, f := range pass {
 		syscall.CloseOnExec(int(f.Fd()))
 	}
@@ -923,4 +961,164 @@ func chownTree(dir string, id int) error {
 		}
 		return os.Lchown(p, id, id)
 	})
+}
+
+// criuUserNSView starts CRIU (start: go-criu's Prepare) for the restore of
+// a sandbox in a user namespace: in the sandbox's network namespace
+// (netns, as criuNetns), and in a mount namespace of its own where the run
+// directory's paths it needs (keep, relative to runDir) can be reached by
+// the sandbox's root. CRIU builds the restored mount tree from a task
+// inside the user namespace it makes, as host id Base, which binds the
+// node's sources (its /dev directory, the shared sysfs, empty and views
+// filesystems, the agent's file) and the root by their paths: the run
+// directory, 0700, keeps it out. Here the highest directory on the way to
+// it that others may not search is covered by a tmpfs (0711: searched,
+// not listed) holding the way down and binds of the kept paths alone;
+// nothing changes on the node, and the restored tree leaves this
+// namespace behind when CRIU moves it onto its root. The thread ends with
+// the goroutine: the runtime never reuses it.
+// It returns workDir opened in that namespace, for CRIU's working directory.
+func criuUserNSView(netns int, runDir string, keep []string, workDir string, start func() error) (*os.File, error) {
+	var wd *os.File
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		done <- func() (err error) {
+			if err := unix.Setns(netns, unix.CLONE_NEWNET); err != nil {
+				return fmt.Errorf("enter the sandbox's network namespace: %w", err)
+			}
+			if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
+				return fmt.Errorf("unshare a mount namespace for criu: %w", err)
+			}
+			if err := searchableView(runDir, keep); err != nil {
+				return err
+			}
+			if wd, err = os.Open(workDir); err != nil {
+				return err
+			}
+			return start()
+		}()
+	}()
+	err := <-done
+	if err != nil && wd != nil {
+		wd.Close()
+		wd = nil
+	}
+	return wd, err
+}
+
+// searchableView makes keep (paths under runDir) reachable by any id in
+// this thread's mount namespace (criuUserNSView).
+func searchableView(runDir string, keep []string) error {
+	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make criu's mounts private: %w", err)
+	}
+	top := ""
+	for p := runDir; ; p = filepath.Dir(p) {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			return fmt.Errorf("stat %s: %w", p, err)
+		}
+		if st.Mode&0o001 == 0 {
+			top = p
+		}
+		if p == "/" {
+			break
+		}
+	}
+	if top == "" {
+		return nil
+	}
+	run, err := unix.Open(runDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", runDir, err)
+	}
+	defer unix.Close(run)
+	if err := unix.Mount("tmpfs", top, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0711,size=64k"); err != nil {
+		return fmt.Errorf("cover %s for criu: %w", top, err)
+	}
+	for _, k := range keep {
+		src := fmt.Sprintf("/proc/self/fd/%d/%s", run, k)
+		fi, err := os.Stat(src)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		dst := filepath.Join(runDir, k)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o711); err != nil {
+			return err
+		}
+		if fi.IsDir() {
+			err = os.Mkdir(dst, 0o711)
+		} else {
+			err = os.WriteFile(dst, nil, 0)
+		}
+		if err != nil {
+			return err
+		}
+		if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s for criu: %w", dst, err)
+		}
+	}
+	return nil
+}
+
+// idmappedLowers are layers as overlayfs lower directories for a restore
+// in user namespace u: the image's layers as detached clones idmapped
+// through it (named /proc/self/fd/N; fds, which the caller closes once the
+// overlay holds them), a fork's bases (HostIDs) as they are.
+func idmappedLowers(layers []backend.Layer, u UserNS) (lower string, fds []int, err error) {
+	ns, err := userNSOf(u)
+	if err != nil {
+		return "", nil, err
+	}
+	defer ns.Close()
+	parts := make([]string, len(layers))
+	for i, l := range layers {
+		if l.HostIDs {
+			parts[i] = l.Dir
+			continue
+		}
+		fd, err := unix.OpenTree(unix.AT_FDCWD, l.Dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return "", fds, errdefs.Wrap(errdefs.Internal, err, "clone image layer "+l.Dir)
+		}
+		fds = append(fds, fd)
+		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns.Fd())}
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+			return "", fds, errdefs.Wrap(errdefs.Internal, err, "idmap image layer "+l.Dir)
+		}
+		parts[i] = fmt.Sprintf("/proc/self/fd/%d", fd)
+	}
+	return strings.Join(parts, ":"), fds, nil
+}
+
+// userNSOf opens a user namespace mapping ids 0.. to u's host ids, for
+// idmapped mounts. A multithreaded process cannot unshare one: a child is
+// started in it, stopped by ptrace at its exec before it runs anything
+// (the executable, CRIU's, never runs), and killed once it is open.
+func userNSOf(u UserNS) (*os.File, error) {
+	// Pdeathsig follows the thread that started the child.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(u.Base), Size: int(u.Size)}}
+	cmd := exec.Command(CRIUPath)
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWUSER, UidMappings: ids, GidMappings: ids,
+		Ptrace: true, Pdeathsig: syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "make the sandbox's user namespace for its layers")
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid))
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "open the sandbox's user namespace for its layers")
+	}
+	return f, nil
 }
