@@ -118,6 +118,11 @@ type Layer struct {
 	// or the directory layer itself. "" for an EROFS layer when the
 	// backend does not want mounts (LayerMounts).
 	Dir string
+	// HostIDs: the layer's files carry host ids already (a sandbox's
+	// writable layer turned into a fork's base): a sandbox in a user
+	// namespace stacks it as it is instead of idmapped through its
+	// namespace, as it does the image's layers.
+	HostIDs bool
 }
 
 // LayerMounts is implemented by backends that say whether they want

@@ -53,20 +53,25 @@ type UserNS struct {
 }
 
 // idPool hands out sandboxes' id ranges: slot i is Start + i*IDsPerSandbox.
+// A range has holders: the sandbox it was taken for, and the sandboxes
+// restored from its checkpoints (CRIU restores the id map it recorded, so
+// a hibernated sandbox comes back, and its forks run, with the same ids);
+// it is free again once none holds it.
 type idPool struct {
 	r    IDRange
 	mu   sync.Mutex
-	used map[uint32]string // base -> sandbox
-	next uint32            // the slot to try first: round robin, so a
+	used map[uint32]map[string]bool // base -> holders
+	next uint32                     // the slot to try first: round robin, so a
 	// freed range is the last taken again (a deleted sandbox's files may
-	// still be on their way out through the reaper).
+	// still be on their way out through the reaper, and a hibernated
+	// one's checkpoint holds it: docs/HIBERNATE.md).
 }
 
 func newIDPool(r IDRange) *idPool {
 	if r.Count == 0 {
 		r = DefaultUserNSIDs
 	}
-	return &idPool{r: r, used: make(map[uint32]string)}
+	return &idPool{r: r, used: make(map[uint32]map[string]bool)}
 }
 
 func (p *idPool) slots() uint32 { return p.r.Count / IDsPerSandbox }
@@ -79,8 +84,8 @@ func (p *idPool) take(id string) (UserNS, error) {
 	for i := uint32(0); i < n; i++ {
 		slot := (p.next + i) % n
 		base := p.r.Start + slot*IDsPerSandbox
-		if _, busy := p.used[base]; !busy {
-			p.used[base] = id
+		if len(p.used[base]) == 0 {
+			p.used[base] = map[string]bool{id: true}
 			p.next = slot + 1
 			return UserNS{Base: base, Size: IDsPerSandbox}, nil
 		}
@@ -88,21 +93,24 @@ func (p *idPool) take(id string) (UserNS, error) {
 	return UserNS{}, errdefs.Exhaustedf("no free user-namespace id range: all %d of %s are in use (warren serve --userns-ids)", n, p.r)
 }
 
-// claim marks an adopted sandbox's range as used.
+// claim makes sandbox id a holder of u: an adopted sandbox, or one
+// restored from a checkpoint (which may share it with its source and
+// the source's other forks).
 func (p *idPool) claim(id string, u UserNS) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if other, busy := p.used[u.Base]; busy && other != id {
-		return errdefs.Conflictf("sandbox %s: user-namespace ids %d.. are sandbox %s's", id, u.Base, other)
+	if p.used[u.Base] == nil {
+		p.used[u.Base] = map[string]bool{}
 	}
-	p.used[u.Base] = id
+	p.used[u.Base][id] = true
 	return nil
 }
 
 func (p *idPool) release(id string, u UserNS) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.used[u.Base] == id {
+	delete(p.used[u.Base], id)
+	if len(p.used[u.Base]) == 0 {
 		delete(p.used, u.Base)
 	}
 }

@@ -51,7 +51,7 @@ func (m *Manager) basesDir() string { return filepath.Join(m.cfg.StateDir, "base
 func baseLayers(bases []string) []backend.Layer {
 	out := make([]backend.Layer, len(bases))
 	for i, b := range bases {
-		out[i] = backend.Layer{Digest: "base:" + filepath.Base(b), Dir: b}
+		out[i] = backend.Layer{Digest: "base:" + filepath.Base(b), Dir: b, HostIDs: true}
 	}
 	return out
 }

@@ -29,11 +29,21 @@ func requireCRIU(t *testing.T) {
 // continues from where it stopped, files written before are there, the
 // background process is listed again. Calls are refused while it is
 // HIBERNATED; delete of a hibernated sandbox leaves nothing.
-func TestHibernateRestoreAcrossRestart(t *testing.T) {
+func TestHibernateRestoreAcrossRestart(t *testing.T) { testHibernateRestoreAcrossRestart(t, false) }
+
+// TestHibernateRestoreAcrossRestartUserNS: the same in a user namespace (the default).
+func TestHibernateRestoreAcrossRestartUserNS(t *testing.T) {
+	if container.UserNSSupported() != nil {
+		t.Skip(container.UserNSSupported())
+	}
+	testHibernateRestoreAcrossRestart(t, true)
+}
+
+func testHibernateRestoreAcrossRestart(t *testing.T, userns bool) {
 	requireCRIU(t)
 	e := newEnv(t)
 	ctx := ctxT(t)
-	e.create(&warrenv1.CreateRequest{Id: "hib", UserNamespace: proto.Bool(false)})
+	e.create(&warrenv1.CreateRequest{Id: "hib", UserNamespace: proto.Bool(userns)})
 	if res := e.sh("hib", "echo before > /f"); res.GetExitCode() != 0 {
 		t.Fatalf("write: %v", res)
 	}
@@ -178,15 +188,6 @@ func TestHibernatePausedAndByLabel(t *testing.T) {
 		}
 	}
 
-	if container.UserNSSupported() != nil {
-		return
-	}
-	e.create(&warrenv1.CreateRequest{Id: "uns", UserNamespace: proto.Bool(true)})
-	_, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "uns"})
-	wantCat(t, err, errdefs.Unsupported, "user namespace")
-	if out := e.sh("uns", "echo up").GetStdout(); string(out) != "up\n" {
-		t.Fatalf("refused sandbox after the refusal: %q", out)
-	}
 }
 
 func readFileInt(t *testing.T, path string) int {
@@ -207,11 +208,21 @@ func readFileInt(t *testing.T, path string) int {
 // the source runs on; the shared base outlives the source's delete and
 // goes with the last fork. A HIBERNATED source stays so; bad counts are
 // refused.
-func TestFork(t *testing.T) {
+func TestFork(t *testing.T) { testFork(t, false) }
+
+// TestForkUserNS: the same in a user namespace (the default).
+func TestForkUserNS(t *testing.T) {
+	if container.UserNSSupported() != nil {
+		t.Skip(container.UserNSSupported())
+	}
+	testFork(t, true)
+}
+
+func testFork(t *testing.T, userns bool) {
 	requireCRIU(t)
 	e := newEnv(t)
 	ctx := ctxT(t)
-	e.create(&warrenv1.CreateRequest{Id: "src", UserNamespace: proto.Bool(false), Labels: map[string]string{"run": "1"}})
+	e.create(&warrenv1.CreateRequest{Id: "src", UserNamespace: proto.Bool(userns), Labels: map[string]string{"run": "1"}})
 	if res := e.sh("src", "echo shared > /root/f"); res.GetExitCode() != 0 {
 		t.Fatalf("write: %v", res)
 	}
@@ -302,11 +313,21 @@ func TestFork(t *testing.T) {
 // back with its interface, its address and its resolver; a fork of it
 // gets an address of its own and a resolv.conf naming its own gateway;
 // nothing of either is left after delete.
-func TestHibernateWithNetwork(t *testing.T) {
+func TestHibernateWithNetwork(t *testing.T) { testHibernateWithNetwork(t, false) }
+
+// TestHibernateWithNetworkUserNS: the same in a user namespace (the default).
+func TestHibernateWithNetworkUserNS(t *testing.T) {
+	if container.UserNSSupported() != nil {
+		t.Skip(container.UserNSSupported())
+	}
+	testHibernateWithNetwork(t, true)
+}
+
+func testHibernateWithNetwork(t *testing.T, userns bool) {
 	requireCRIU(t)
 	e := newEnv(t)
 	ctx := ctxT(t)
-	sb := e.create(&warrenv1.CreateRequest{Id: "net", UserNamespace: proto.Bool(false), Network: &warrenv1.NetworkPolicy{Mode: "open"}})
+	sb := e.create(&warrenv1.CreateRequest{Id: "net", UserNamespace: proto.Bool(userns), Network: &warrenv1.NetworkPolicy{Mode: "open"}})
 	addr := sb.GetNetworkAddress()
 	if addr == "" {
 		t.Fatalf("no address: %v", sb)

@@ -42,15 +42,6 @@ async def test_hibernate_restore(w: warren.AsyncWarren) -> None:
         assert len(procs) == 1 and procs[0].info.running, procs
 
 
-async def test_hibernate_refused_in_user_namespace(w: warren.AsyncWarren) -> None:
-    async with w.create(IMAGE, user_namespace=True) as sb:
-        if not sb.info.user_namespace:
-            pytest.skip("this node's kernel runs no sandbox in a user namespace")
-        with pytest.raises(warren.UnsupportedError, match="user namespace"):
-            await sb.hibernate()
-        assert (await sb.exec("echo up")).stdout == b"up\n"
-
-
 async def test_hibernate_by_label(w: warren.AsyncWarren, labels: dict) -> None:
     batch = dict(labels, batch="hibernate-by-label")
     sbs = [await w.create(IMAGE, labels=batch, user_namespace=False) for _ in range(2)]
