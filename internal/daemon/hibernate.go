@@ -124,7 +124,9 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 		delete(s.procs, id)
 	}
 	s.mu.Unlock()
-	slices.SortFunc(listed.Processes, func(a, b *warrenv1.ProcessInfo) int { return cmp.Compare(a.GetStartedAtUnixMs(), b.GetStartedAtUnixMs()) })
+	slices.SortFunc(listed.Processes, func(a, b *warrenv1.ProcessInfo) int {
+		return cmp.Compare(a.GetStartedAtUnixMs(), b.GetStartedAtUnixMs())
+	})
 
 	fail := func(err error) (*warrenv1.HibernateResponse, error) {
 		_ = os.RemoveAll(m.checkpointDir(s.id))
