@@ -250,8 +250,47 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	if err := os.WriteFile(filepath.Join(dir, ckptMeta), b, 0o600); err != nil {
 		return fsErr(err, "write checkpoint metadata")
 	}
+	if u := s.st.UserNS; u != nil {
+		// The sandbox comes back with these ids: they stay taken while
+		// the checkpoint exists (ReleaseCheckpoint).
+		_ = s.b.ids.claim(checkpointHolder(dir), *u)
+	}
 	return syncDir(dir)
 }
+
+// HoldCheckpoint keeps the id range of the checkpoint in dir taken, as
+// its Checkpoint did, for a daemon that finds it at start
+// (backend.CheckpointHolder).
+func (b *Backend) HoldCheckpoint(dir string) error { return b.holdCheckpoint(dir, false) }
+
+// AdmitCheckpoint holds the checkpoint in dir, made on another node, if
+// this node can restore it: Conflict when its id range is another
+// sandbox's here.
+func (b *Backend) AdmitCheckpoint(dir string) error { return b.holdCheckpoint(dir, true) }
+
+func (b *Backend) holdCheckpoint(dir string, exclusive bool) error {
+	mb, err := os.ReadFile(filepath.Join(dir, ckptMeta))
+	if err != nil {
+		return fsErr(err, "read checkpoint metadata")
+	}
+	var meta checkpointMeta
+	if err := json.Unmarshal(mb, &meta); err != nil {
+		return errdefs.Wrap(errdefs.Invalid, err, "checkpoint metadata")
+	}
+	if meta.UserNS == nil {
+		return nil
+	}
+	if exclusive {
+		return b.ids.claimFrom(meta.ID, dir, *meta.UserNS, checkpointHolder(dir))
+	}
+	return b.ids.claim(checkpointHolder(dir), *meta.UserNS)
+}
+
+// ReleaseCheckpoint lets go of what the checkpoint in dir holds on the
+// node (its id range), once it is discarded or another node took it.
+func (b *Backend) ReleaseCheckpoint(dir string) { b.ids.releaseHolder(checkpointHolder(dir)) }
+
+var _ backend.CheckpointHolder = (*Backend)(nil)
 
 // devMountsOf are a sandbox's binds of its own /dev directory: mount
 // point -> key, and key -> path in the directory.
@@ -426,7 +465,9 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if meta.UserNS != nil {
 		// CRIU restores the id map it recorded: this sandbox holds its
 		// source's range (idPool).
-		_ = b.ids.claim(spec.ID, *meta.UserNS)
+		if err := b.ids.claimFrom(spec.ID, dir, *meta.UserNS, spec.ID); err != nil {
+			return nil, err
+		}
 		cu.Add(func() error { b.ids.release(spec.ID, *meta.UserNS); return nil })
 	}
 	run, st := b.runDir(spec.ID), b.stateDir(spec.ID)

@@ -383,3 +383,75 @@ func ownedBy(t *testing.T, pid int, ns string) bool {
 	unix.Stat(fmt.Sprintf("/proc/%d/ns/user", pid), &b)
 	return a.Ino == b.Ino
 }
+
+// TestCheckpointHoldsItsIDRange: a hibernated sandbox comes back with its
+// user-namespace ids, so its checkpoint keeps its range taken: with a
+// pool of two ranges, the checkpoint and one more sandbox exhaust it,
+// until the checkpoint is released. A node whose pool gave that range to
+// a sandbox of its own refuses (conflict) to admit the checkpoint from
+// another node; a node where it is free admits it.
+func TestCheckpointHoldsItsIDRange(t *testing.T) {
+	requireCRIU(t)
+	if err := UserNSSupported(); err != nil {
+		t.Skipf("this kernel runs no sandbox in a user namespace: %v", err)
+	}
+	ids := IDRange{Start: 3_900_000_000, Count: 2 * IDsPerSandbox}
+	opts := testOptions(t, "ckids-")
+	opts.UserNSIDs = ids
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	layers := backend.DirLayers(testutil.BusyboxRoot(t))
+	sb, err := b.Create(t.Context(), backend.Spec{ID: "src", Layers: layers, UserNS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(opts.StateDir, "checkpoints", "src")
+	if err := sb.(backend.Checkpointer).Checkpoint(t.Context(), dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	other, err := b.Create(t.Context(), backend.Spec{ID: "other", Layers: layers, UserNS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Destroy(context.Background())
+	if _, err := b.Create(t.Context(), backend.Spec{ID: "third", Layers: layers, UserNS: true}); errdefs.CategoryOf(err) != errdefs.Exhausted {
+		t.Fatalf("a create while the checkpoint holds the other range: %v, want exhausted", err)
+	}
+
+	// Another node with the same pool, whose first sandbox took the
+	// checkpoint's range (the first slot).
+	opts2 := testOptions(t, "ckids2-")
+	opts2.UserNSIDs = ids
+	b2, err := New(opts2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	mine, err := b2.Create(t.Context(), backend.Spec{ID: "mine", Layers: layers, UserNS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.AdmitCheckpoint(dir); errdefs.CategoryOf(err) != errdefs.Conflict {
+		t.Fatalf("admit a checkpoint whose range a sandbox here holds: %v, want conflict", err)
+	}
+	if err := mine.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.AdmitCheckpoint(dir); err != nil {
+		t.Fatalf("admit the checkpoint once its range is free: %v", err)
+	}
+	b2.ReleaseCheckpoint(dir)
+
+	b.ReleaseCheckpoint(dir)
+	third, err := b.Create(t.Context(), backend.Spec{ID: "third", Layers: layers, UserNS: true})
+	if err != nil {
+		t.Fatalf("a create once the checkpoint is released: %v", err)
+	}
+	_ = third.Destroy(context.Background())
+}

@@ -295,6 +295,16 @@ func (m *Manager) persistDurable(s *sandbox) error {
 // (the hibernation's sync), are unlinked off the caller's path: that
 // waited for the writeback, ~150 ms of a restore of 256 MiB here. What a
 // crash leaves aside, recoverHibernated removes (no record names it).
+// dropCheckpoint lets go of sandbox s's checkpoint: what it holds in the
+// backend (always: another node may have taken it, the backend's hold
+// is this node's), and its files (if this node owns them).
+func (m *Manager) dropCheckpoint(s *sandbox) {
+	if h, ok := s.b.(backend.CheckpointHolder); ok {
+		h.ReleaseCheckpoint(m.checkpointDir(s.id))
+	}
+	m.discardCheckpoint(s.id)
+}
+
 func (m *Manager) discardCheckpoint(id string) {
 	if !m.ownsCheckpoint(id) {
 		return // restored on another node, which removes it
@@ -459,7 +469,7 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 	if old != nil {
 		old()
 	}
-	m.discardCheckpoint(s.id)
+	m.dropCheckpoint(s)
 	m.watch(s, sb)
 	m.adoptProcesses(s, sb)
 	m.metrics.ObserveRestore(time.Since(start))

@@ -13,7 +13,9 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/atomicfile"
+	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/caller"
+	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/store"
@@ -245,15 +247,27 @@ func (m *Manager) take(ctx context.Context, id string) error {
 	if _, err := m.lookup(id); err == nil {
 		return errdefs.AlreadyExistsf("sandbox %s already exists on this node", id)
 	}
+	// One rollback stack: a take cut short leaves this node as it was
+	// and the checkpoint its old node's.
+	var cu cleanup.Cleanup
+	defer func() { _ = cu.Clean() }()
+	// What the checkpoint needs of this node (its id range) must be free.
+	if h, ok := m.cfg.Backends[rec.Backend].(backend.CheckpointHolder); ok {
+		if err := h.AdmitCheckpoint(dir); err != nil {
+			return err
+		}
+		cu.Add(func() error { h.ReleaseCheckpoint(dir); return nil })
+	}
 	if tb, err := os.ReadFile(filepath.Join(dir, trajFile)); err == nil {
 		if err := atomicfile.Write(m.traj.path(id), ".take-", tb, 0o600); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "take the trajectory log of sandbox "+id)
 		}
+		cu.Add(func() error { return m.traj.remove(id) })
 	}
 	if err := m.store.Put(rec); err != nil {
-		_ = m.traj.remove(id)
 		return errdefs.Wrap(errdefs.Internal, err, "record sandbox "+id)
 	}
+	cu.Add(func() error { return m.store.Delete(id) })
 	if err := m.store.Sync(); err != nil {
 		m.log.Warn("sync store", "err", err)
 	}
@@ -267,16 +281,14 @@ func (m *Manager) take(ctx context.Context, id string) error {
 			err = atomicfile.Write(tomb, ".tomb-", []byte(m.cfg.NodeName+"\n"), 0o600)
 		}
 		if err != nil {
-			_ = m.store.Delete(id)
-			_ = m.traj.remove(id)
 			return errdefs.Wrap(errdefs.Internal, err, "leave a tombstone for the node sandbox "+id+" leaves")
 		}
+		cu.Add(func() error { return os.Remove(tomb) })
 	}
 	if err := m.writeOwner(id); err != nil {
-		_ = m.store.Delete(id)
-		_ = m.traj.remove(id)
 		return errdefs.Wrap(errdefs.Internal, err, "take the checkpoint of sandbox "+id)
 	}
+	cu.Release()
 	m.adopt(ctx, rec)
 	m.log.Info("hibernated sandbox taken from another node", "sandbox", id)
 	return nil

@@ -515,7 +515,7 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	// A hibernated sandbox's checkpoint (or one a hibernation racing
 	// this delete made): the next daemon removes one left here, since no
 	// record names it.
-	m.discardCheckpoint(s.id)
+	m.dropCheckpoint(s)
 	s.releaseLayers()
 	m.idem.dropSandbox(s.id)
 	m.forget(s)
@@ -919,7 +919,13 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		return false
 	case st == stateHibernated:
 		// Nothing of it runs; its layers are held for the restore, and
-		// its processes' records come back from the agent then.
+		// its processes' records come back from the agent then. What its
+		// checkpoint holds in the backend (its id range) is held again.
+		if h, ok := s.b.(backend.CheckpointHolder); ok && m.ownsCheckpoint(s.id) {
+			if err := h.HoldCheckpoint(m.checkpointDir(s.id)); err != nil {
+				log.Warn("hold the checkpoint's resources", "err", err)
+			}
+		}
 		s.release = m.holdLayers(ctx, s)
 		s.procsOnResume = true
 		add()
