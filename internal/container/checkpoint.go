@@ -73,6 +73,9 @@ type checkpointMeta struct {
 	// DevMounts are the keys of the binds of the sandbox's /dev
 	// directory -> their path in it ("" for the directory itself).
 	DevMounts map[string]string `json:"dev_mounts,omitempty"`
+	// NodeMounts are the keys of the binds of the node's shared
+	// filesystems: key -> <name>/<path in it> (nodeBinds).
+	NodeMounts map[string]string `json:"node_mounts,omitempty"`
 	// Net is the sandbox's network when it was dumped: its restore asks
 	// for the same address.
 	Net *netpolicy.Attachment `json:"net,omitempty"`
@@ -137,11 +140,22 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	}
 	defer imgDir.Close()
 	external := []string{
-		// Every bind of a host directory (sysfs, the empty, views and
-		// agent filesystems) is recorded by its host path and bound
-		// again from there on restore.
+		// Binds of other host directories (none today) are recorded by
+		// their host paths and bound again from there on restore.
 		"mnt[]",
 	}
+	// Binds of the node's shared filesystems (sysfs, the empty, views
+	// and agent filesystems) are named by keys, and bound on restore
+	// from that node's own (under its run directory, which another node
+	// sharing the checkpoint directory has elsewhere).
+	nodes, err := nodeBinds(pid, s.b.sharedFS())
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "read the sandbox's mounts")
+	}
+	for point, key := range nodes.points {
+		external = append(external, "mnt["+point+"]:"+key)
+	}
+	meta.NodeMounts = nodes.keys
 	// Binds of the sandbox's own /dev directory (/dev, and the masked
 	// files bound from its null) are named by keys instead: a restore
 	// under another id (a fork) binds them from its own directory.
@@ -658,7 +672,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		LogLevel:          proto.Int32(4),
 		LogFile:           proto.String("restore.log"),
 		Root:              proto.String(root),
-		External:          restoreExternal(meta.DevMounts, b.devDir(spec.ID)),
+		External:          restoreExternal(meta.DevMounts, b.devDir(spec.ID), meta.NodeMounts, b.sharedFS()),
 		InheritFd:         inherit,
 		NetworkLock:       rpc.CriuNetworkLockMethod_NFTABLES.Enum(),
 		ManageCgroups:     proto.Bool(true),
@@ -717,12 +731,52 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 
 // restoreExternal are the restore's external mounts: the host binds by
 // their recorded paths, and the /dev binds by key from dev.
-func restoreExternal(devMounts map[string]string, dev string) []string {
+func restoreExternal(devMounts map[string]string, dev string, nodeMounts map[string]string, shared map[string]string) []string {
 	out := []string{"mnt[]"}
 	for key, rel := range devMounts {
 		out = append(out, "mnt["+key+"]:"+filepath.Join(dev, rel))
 	}
+	for key, rel := range nodeMounts {
+		name, in, _ := strings.Cut(rel, "/")
+		if dir, ok := shared[name]; ok {
+			out = append(out, "mnt["+key+"]:"+filepath.Join(dir, in))
+		}
+	}
 	return out
+}
+
+// sharedFS are the node's filesystems that sandboxes bind from, by name.
+func (b *Backend) sharedFS() map[string]string {
+	return map[string]string{"sysfs": b.sysfsDir(), "empty": b.emptyDir(), "views": b.viewsDir(), "agentfs": b.agentfsDir()}
+}
+
+// nodeBinds finds the mounts of init pid's namespace that bind one of
+// the node's shared filesystems (by device) and names each by a key:
+// mount point -> key, and key -> <name>/<path in that filesystem>.
+func nodeBinds(pid int, shared map[string]string) (devMountsOf, error) {
+	devs := map[string]string{} // "major:minor" -> name
+	for name, dir := range shared {
+		var st unix.Stat_t
+		if err := unix.Stat(dir, &st); err != nil {
+			continue // not made on this node (yet): nothing binds it
+		}
+		devs[fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))] = name
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return devMountsOf{}, err
+	}
+	out := devMountsOf{points: map[string]string{}, keys: map[string]string{}}
+	for _, m := range mountinfo.Parse(string(b)) {
+		name, ok := devs[m.Dev]
+		if !ok {
+			continue
+		}
+		key := "warren-node-" + name + strings.ReplaceAll(m.Root, "/", "-")
+		out.points[m.Point] = key
+		out.keys[key] = name + m.Root
+	}
+	return out, nil
 }
 
 // cgroupsOf reads pid's cgroup of every hierarchy: controllers ("" for

@@ -347,13 +347,14 @@ func checkpointForks(t *testing.T, userns bool) {
 		t.Errorf("a copy wrote into the shared layer")
 	}
 	if userns {
-		// The restored copies hold the source's range (its sandbox is
-		// gone): no new sandbox gets it until the last is deleted.
+		// The restored copies and the checkpoint hold the source's range
+		// (its sandbox is gone): no new sandbox gets it until the last
+		// is deleted and the checkpoint discarded.
 		b.ids.mu.Lock()
 		n := len(b.ids.used[srcIDs.Base])
 		b.ids.mu.Unlock()
-		if n != len(sbs) {
-			t.Errorf("the source's id range has %d holders, want the %d copies", n, len(sbs))
+		if n != len(sbs)+1 {
+			t.Errorf("the source's id range has %d holders, want the %d copies and the checkpoint", n, len(sbs))
 		}
 	}
 	for _, rs := range sbs {
@@ -361,6 +362,7 @@ func checkpointForks(t *testing.T, userns bool) {
 			t.Fatal(err)
 		}
 	}
+	b.ReleaseCheckpoint(dir)
 	waitNoLeaks(t, opts, baseline)
 	if _, held := b.ids.used[srcIDs.Base]; userns && held {
 		t.Errorf("the source's id range is still taken after its copies were deleted")

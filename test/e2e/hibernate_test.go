@@ -28,7 +28,7 @@ func TestHibernateAcrossKill9AndFork(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOptions{})
 	ctx := ctxFor(t, 3*time.Minute)
-	e.create(&warrenv1.CreateRequest{Id: "hb", UserNamespace: proto.Bool(false)})
+	e.create(&warrenv1.CreateRequest{Id: "hb"}) // in a user namespace, the default
 	e.shOK("hb", "echo kept > /root/f")
 	if _, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "hb",
 		Shell: "i=0; while :; do i=$((i+1)); echo $i > /count.tmp; mv /count.tmp /count; sleep 0.01; done"}); err != nil {
@@ -139,7 +139,7 @@ func TestRestoreOnAnotherNode(t *testing.T) {
 	b := newEnv(t, envOptions{serveArgs: args("b")})
 	ctx := ctxFor(t, 3*time.Minute)
 
-	a.create(&warrenv1.CreateRequest{Id: "mv", UserNamespace: proto.Bool(false), Labels: map[string]string{"run": "x"}})
+	a.create(&warrenv1.CreateRequest{Id: "mv", Labels: map[string]string{"run": "x"}}) // in a user namespace, the default
 	if _, err := a.c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "mv", SessionId: "agent", Seq: 1, Shell: "echo step >> /root/log"}); err != nil {
 		t.Fatal(err)
 	}

@@ -21,8 +21,7 @@ pytestmark = pytest.mark.skipif(
 
 
 async def test_hibernate_restore(w: warren.AsyncWarren) -> None:
-    # CRIU cannot take a sandbox in a user namespace yet (docs/HIBERNATE.md).
-    async with w.create(IMAGE, user_namespace=False) as sb:
+    async with w.create(IMAGE) as sb:  # in a user namespace, the default
         await sb.exec("echo before > /root/f")
         await sb.start(COUNTER)
         await sb.exec("sleep 0.2")
@@ -60,7 +59,7 @@ async def test_hibernate_by_label(w: warren.AsyncWarren, labels: dict) -> None:
 
 
 async def test_fork(w: warren.AsyncWarren, labels: dict) -> None:
-    async with w.create(IMAGE, user_namespace=False, labels=labels) as sb:
+    async with w.create(IMAGE, labels=labels) as sb:  # forks share its id range
         await sb.exec("echo shared > /root/f")
         await sb.start(COUNTER)
         await sb.exec("sleep 0.2")
