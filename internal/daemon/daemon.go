@@ -51,6 +51,14 @@ const (
 // Config configures a Manager.
 type Config struct {
 	StateDir string                     // default /var/lib/warren
+	// NodeName names the node in a cluster (Sandbox.node); NodeTag
+	// starts the ids it generates, so that a gateway routes a call by
+	// its id alone (docs/ARCHITECTURE.md, "The cluster"). Both empty
+	// outside a cluster.
+	NodeName, NodeTag string
+	// MaxSandboxes is the most live sandboxes the node reports it takes
+	// (NodeStatus); 0: no cap of its own.
+	MaxSandboxes int
 	Backends map[string]backend.Backend // by name; "container" is the default backend
 	Images   *image.Store
 	Metrics  *metrics.Metrics // nil: no metrics
