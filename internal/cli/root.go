@@ -113,6 +113,7 @@ func NewRootCommand() *cobra.Command {
 
 	root.AddCommand(
 		newServeCommand(),
+		newGatewayCommand(),
 		newVersionCommand(),
 		newSandboxCommand(),
 		newImageCommand(),

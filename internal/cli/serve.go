@@ -22,8 +22,10 @@ import (
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/events"
 	"github.com/warrenrl/warren/internal/fncall"
+	"github.com/warrenrl/warren/internal/gateway"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/kaudit"
+	"github.com/warrenrl/warren/internal/membership"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/resolver"
@@ -62,6 +64,10 @@ type serveOptions struct {
 	cpuAffinity              bool
 	networkSubnet            string
 	dnsUpstreams             []string
+	cluster                  clusterOptions
+	nodeName, nodeTag        string
+	clusterAPI               string
+	maxSandboxes             int
 }
 
 func newServeCommand() *cobra.Command {
@@ -110,6 +116,12 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive download whose client takes no data, or an upload whose client sends none, for this long (the walk it holds is released)")
 	f.StringVar(&o.pprofAddr, "pprof", "", "serve Go's profiling endpoints (/debug/pprof/) on this TCP address, without authentication: use a loopback address such as 127.0.0.1:6060")
+	o.cluster.flags(f)
+	host, _ := os.Hostname()
+	f.StringVar(&o.nodeName, "node-name", host, "the node's name in a cluster (Sandbox.node)")
+	f.StringVar(&o.nodeTag, "node-tag", "", fmt.Sprintf("in a cluster, the %d characters of [a-z2-7] every id of this node's sandboxes starts with, by which gateways route (default: derived from --node-name)", gateway.TagLen))
+	f.StringVar(&o.clusterAPI, "cluster-api", "", "in a cluster, the address gateways reach this node's API at (default: http://<--listen>)")
+	f.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "most live sandboxes gateways place on this node (0: no cap)")
 	return c
 }
 
@@ -329,8 +341,19 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("fncall backend: %w", err)
 	}
+	clustered := o.cluster.enabled()
+	nodeTag := ""
+	if clustered {
+		if nodeTag, err = o.clusterNode(); err != nil {
+			_ = fn.Close()
+			return err
+		}
+	}
 	mgr, err := daemon.New(ctx, daemon.Config{
 		StateDir:           stateDir,
+		NodeName:           map[bool]string{true: o.nodeName}[clustered],
+		NodeTag:            nodeTag,
+		MaxSandboxes:       o.maxSandboxes,
 		Backends:           map[string]backend.Backend{ctr.Name(): ctr},
 		Images:             images,
 		Metrics:            met,
@@ -359,6 +382,19 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		}
 	}()
 	log.Info("warren daemon started", "version", daemon.Version, "state_dir", stateDir, "image_store", imageStore, "socket", o.socket)
+	if clustered {
+		// Joined once the API serves: a gateway that sees the node
+		// pulls its report at once.
+		pool, err := o.cluster.join(o.nodeName, membership.Meta{Role: membership.RoleNode, API: o.apiAddr(), Tag: nodeTag}, nil, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if cerr := pool.Close(); cerr != nil {
+				log.Warn("leaving the cluster", "err", cerr)
+			}
+		}()
+	}
 	err = srv.Serve(ctx, mgr)
 	log.Info("warren daemon stopped")
 	return err

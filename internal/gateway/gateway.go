@@ -1,0 +1,234 @@
+// Package gateway is the cluster's API endpoint (`warren gateway`): it
+// serves the node's API (internal/server over a Manager that forwards),
+// places creates on nodes (internal/placement) and routes every call on a
+// sandbox to the node its id names. It keeps no per-sandbox state a call
+// depends on: an id starts with its node's tag (membership's metadata
+// maps the tag to the node's address), so several gateways run side by
+// side, and a restarted one serves at once. docs/ARCHITECTURE.md, "The
+// cluster".
+package gateway
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/membership"
+	"github.com/warrenrl/warren/internal/placement"
+)
+
+// Members is where a gateway learns the cluster's members: a
+// membership.Pool.
+type Members interface {
+	Members() []membership.Member
+}
+
+// Options configure New.
+type Options struct {
+	Name    string // the gateway's name (VersionResponse.node)
+	Members Members
+	// NodeToken is the bearer token of the nodes' APIs.
+	NodeToken string
+	// PullInterval is how often each node's report is pulled (default
+	// 1s); a node that has not answered for DownAfter (default 3s) is
+	// down. ListInterval (default 5s) is how often each node's sandbox
+	// list is pulled, which is what is reported lost when it goes down.
+	PullInterval, DownAfter, ListInterval time.Duration
+	// Overcommit is placement's CPU and memory over-commit ratio.
+	Overcommit float64
+	Logger     *slog.Logger
+}
+
+// Gateway forwards the API to the cluster's nodes. It implements
+// server.Manager.
+type Gateway struct {
+	o      Options
+	log    *slog.Logger
+	placer *placement.Placer
+	nodes  nodeSet
+	images imageCache
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// New starts a gateway's background pulls; Close stops them.
+func New(o Options) *Gateway {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.PullInterval <= 0 {
+		o.PullInterval = time.Second
+	}
+	if o.DownAfter <= 0 {
+		o.DownAfter = 3 * o.PullInterval
+	}
+	if o.ListInterval <= 0 {
+		o.ListInterval = 5 * time.Second
+	}
+	g := &Gateway{
+		o: o, log: o.Logger,
+		placer: placement.New(placement.Options{Overcommit: o.Overcommit}),
+		nodes:  nodeSet{byNm: map[string]*node{}, byTag: map[string]*node{}},
+		images: imageCache{m: map[string]imageEntry{}},
+		stop:   make(chan struct{}),
+	}
+	g.wg.Add(1)
+	go g.loop()
+	return g
+}
+
+// Refresh re-reads the members and pulls every node's report now; the
+// membership pool calls it on a change.
+func (g *Gateway) Refresh() {
+	g.syncMembers()
+	ctx, cancel := context.WithTimeout(context.Background(), g.o.DownAfter)
+	defer cancel()
+	g.pull(ctx)
+}
+
+func (g *Gateway) loop() {
+	defer g.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-g.stop; cancel() }()
+	t := time.NewTicker(g.o.PullInterval)
+	defer t.Stop()
+	for {
+		g.syncMembers()
+		g.pull(ctx)
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Close stops the pulls.
+func (g *Gateway) Close() error {
+	close(g.stop)
+	g.wg.Wait()
+	for _, n := range g.nodes.all() {
+		_ = n.c.Close()
+	}
+	return nil
+}
+
+// owner finds the node of sandbox id: by its tag, or, for an id without
+// one (chosen by a client, or made by a node outside the cluster), by
+// asking every up node. It fails Unavailable, naming the node, when the
+// node is down.
+func (g *Gateway) owner(ctx context.Context, id string) (*node, error) {
+	if id == "" {
+		return nil, errdefs.Invalidf("sandbox id is required")
+	}
+	if len(id) == idLen {
+		if n := g.nodes.tagged(id[:TagLen]); n != nil {
+			if !n.isUp() {
+				return nil, n.downErr("sandbox " + id)
+			}
+			return n, nil
+		}
+	}
+	type found struct{ n *node }
+	ch := make(chan *node, 1)
+	var wg sync.WaitGroup
+	for _, n := range g.nodes.up() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := n.sb.Get(ctx, connect.NewRequest(&warrenv1.GetRequest{Id: id})); err == nil {
+				select {
+				case ch <- n:
+				default:
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case n := <-ch:
+		return n, nil
+	default:
+	}
+	// Down nodes last: one that ran it makes the error say so.
+	for _, n := range g.nodes.all() {
+		if !n.isUp() && n.knows(id) != nil {
+			return nil, n.downErr("sandbox " + id)
+		}
+	}
+	return nil, errdefs.NotFoundf("sandbox %s not found", id)
+}
+
+// knows returns the sandbox id as n last listed it, or nil.
+func (n *node) knows(id string) *warrenv1.Sandbox {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, s := range n.known {
+		if s.GetId() == id {
+			return s
+		}
+	}
+	return nil
+}
+
+// anyNode picks an up node for a call any node answers alike (the image
+// store is shared): the least loaded by its last report.
+func (g *Gateway) anyNode() (*node, error) {
+	var best *node
+	bestLoad := 0.0
+	for _, n := range g.nodes.up() {
+		n.mu.Lock()
+		l := n.status.GetLoad() + float64(n.status.GetSandboxes())/1e6
+		n.mu.Unlock()
+		if best == nil || l < bestLoad || l == bestLoad && n.name < best.name {
+			best, bestLoad = n, l
+		}
+	}
+	if best == nil {
+		return nil, errdefs.Unavailablef("no node is up")
+	}
+	return best, nil
+}
+
+// imageCache holds the layer digests of images for placement's locality,
+// briefly: an image's layers change only when it is imported again.
+type imageCache struct {
+	mu sync.Mutex
+	m  map[string]imageEntry
+}
+
+type imageEntry struct {
+	layers []string
+	at     time.Time
+}
+
+const imageCacheTTL = 30 * time.Second
+
+// layersOf returns the layer digests of image (nil if unknown: placement
+// then goes without locality, and the node reports the error).
+func (g *Gateway) layersOf(ctx context.Context, image string) []string {
+	g.images.mu.Lock()
+	e, ok := g.images.m[image]
+	g.images.mu.Unlock()
+	if ok && time.Since(e.at) < imageCacheTTL {
+		return e.layers
+	}
+	n, err := g.anyNode()
+	if err != nil {
+		return nil
+	}
+	res, err := n.img.GetImage(ctx, connect.NewRequest(&warrenv1.GetImageRequest{Name: image}))
+	if err != nil {
+		return nil
+	}
+	g.images.mu.Lock()
+	g.images.m[image] = imageEntry{layers: res.Msg.GetLayers(), at: time.Now()}
+	g.images.mu.Unlock()
+	return res.Msg.GetLayers()
+}
