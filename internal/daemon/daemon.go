@@ -50,7 +50,7 @@ const (
 
 // Config configures a Manager.
 type Config struct {
-	StateDir string                     // default /var/lib/warren
+	StateDir string // default /var/lib/warren
 	// NodeName names the node in a cluster (Sandbox.node); NodeTag
 	// starts the ids it generates, so that a gateway routes a call by
 	// its id alone (docs/ARCHITECTURE.md, "The cluster"). Both empty
@@ -59,9 +59,9 @@ type Config struct {
 	// MaxSandboxes is the most live sandboxes the node reports it takes
 	// (NodeStatus); 0: no cap of its own.
 	MaxSandboxes int
-	Backends map[string]backend.Backend // by name; "container" is the default backend
-	Images   *image.Store
-	Metrics  *metrics.Metrics // nil: no metrics
+	Backends     map[string]backend.Backend // by name; "container" is the default backend
+	Images       *image.Store
+	Metrics      *metrics.Metrics // nil: no metrics
 	// DefaultTimeout is the sandbox lifetime when a request asks for none
 	// (default 1h); MaxTimeout caps requested lifetimes (default 24h).
 	DefaultTimeout     time.Duration

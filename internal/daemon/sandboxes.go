@@ -14,9 +14,9 @@ import (
 	"github.com/warrenrl/warren/internal/caller"
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
-	"github.com/warrenrl/warren/internal/listpage"
 	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/listpage"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/store"
 )

@@ -1,0 +1,234 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/gen/warren/v1/warrenv1connect"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/listpage"
+	"github.com/warrenrl/warren/internal/membership"
+	"github.com/warrenrl/warren/internal/server"
+)
+
+// peer is the node side of the protocol, in process: sandboxes in a map,
+// ids with the node's tag, served by the connect handlers over HTTP.
+type peer struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+	warrenv1connect.UnimplementedSystemServiceHandler
+	name, tag string
+	mu        sync.Mutex
+	sbs       map[string]*warrenv1.Sandbox
+	seq       int
+	url       string
+	srv       *http.Server
+}
+
+func newPeer(t *testing.T, name string) *peer {
+	p := &peer{name: name, tag: TagOf(name), sbs: map[string]*warrenv1.Sandbox{}}
+	// The node's own HTTP server: h2c, as the gateway's client speaks.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.url = "http://" + ln.Addr().String()
+	p.srv = server.NewHTTPServer(httpMux(p))
+	go func() { _ = p.srv.Serve(ln) }()
+	t.Cleanup(func() { _ = p.srv.Close() })
+	return p
+}
+
+func (p *peer) Create(_ context.Context, r *connect.Request[warrenv1.CreateRequest]) (*connect.Response[warrenv1.Sandbox], error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seq++
+	id := p.tag + fmt.Sprintf("%012d", p.seq)
+	sb := &warrenv1.Sandbox{Id: id, Node: p.name, Labels: r.Msg.GetLabels(), CreatedAtUnixMs: int64(p.seq), State: warrenv1.SandboxState_SANDBOX_STATE_RUNNING}
+	p.sbs[id] = sb
+	return connect.NewResponse(sb), nil
+}
+
+func (p *peer) Get(_ context.Context, r *connect.Request[warrenv1.GetRequest]) (*connect.Response[warrenv1.Sandbox], error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if sb := p.sbs[r.Msg.GetId()]; sb != nil {
+		return connect.NewResponse(sb), nil
+	}
+	return nil, server.ToConnectError(errdefs.NotFoundf("sandbox %s not found", r.Msg.GetId()))
+}
+
+func (p *peer) Exec(_ context.Context, r *connect.Request[warrenv1.ExecRequest]) (*connect.Response[warrenv1.ExecResult], error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sbs[r.Msg.GetSandboxId()] == nil {
+		return nil, server.ToConnectError(errdefs.NotFoundf("sandbox %s not found", r.Msg.GetSandboxId()))
+	}
+	return connect.NewResponse(&warrenv1.ExecResult{Stdout: []byte(p.name)}), nil
+}
+
+func (p *peer) List(_ context.Context, r *connect.Request[warrenv1.ListRequest]) (*connect.Response[warrenv1.ListResponse], error) {
+	p.mu.Lock()
+	var all []*warrenv1.Sandbox
+	for _, sb := range p.sbs {
+		if labelsMatch(sb.GetLabels(), r.Msg.GetLabels()) {
+			all = append(all, sb)
+		}
+	}
+	p.mu.Unlock()
+	listpage.Sort(all)
+	res, err := listpage.Cut(all, r.Msg)
+	if err != nil {
+		return nil, server.ToConnectError(err)
+	}
+	return connect.NewResponse(res), nil
+}
+
+func (p *peer) NodeStatus(context.Context, *connect.Request[warrenv1.NodeStatusRequest]) (*connect.Response[warrenv1.NodeStatusResponse], error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return connect.NewResponse(&warrenv1.NodeStatusResponse{Nodes: []*warrenv1.NodeStatus{{
+		Name: p.name, Tag: p.tag, CpuMillis: 4000, MemoryBytes: 8 << 30, Sandboxes: int32(len(p.sbs)), Up: true,
+	}}}), nil
+}
+
+type staticMembers struct {
+	mu sync.Mutex
+	m  []membership.Member
+}
+
+func (s *staticMembers) Members() []membership.Member {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]membership.Member(nil), s.m...)
+}
+
+func (s *staticMembers) drop(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, m := range s.m {
+		if m.Name == name {
+			s.m = append(s.m[:i], s.m[i+1:]...)
+			return
+		}
+	}
+}
+
+// The gateway routes by the id's tag, merges the nodes' pages into its
+// own, and reports a gone node's sandboxes LOST and calls on them
+// Unavailable naming the node, while the others' keep working.
+func TestRoutingListAndLostNode(t *testing.T) {
+	peers := []*peer{newPeer(t, "n0"), newPeer(t, "n1"), newPeer(t, "n2")}
+	ms := &staticMembers{}
+	for _, p := range peers {
+		ms.m = append(ms.m, membership.Member{Name: p.name, Meta: membership.Meta{Role: membership.RoleNode, API: p.url, Tag: p.tag}})
+	}
+	g := New(Options{Name: "gw", Members: ms, PullInterval: 50 * time.Millisecond, DownAfter: 200 * time.Millisecond, ListInterval: 50 * time.Millisecond})
+	defer g.Close()
+	ctx := context.Background()
+	waitUp(t, g, 3)
+
+	var ids []string
+	for i := range 12 {
+		sb, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img", Labels: map[string]string{"k": "v", "i": fmt.Sprint(i)}, AntiAffinity: []string{"k"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.GetId())
+	}
+	for _, id := range ids {
+		res, err := g.Exec(ctx, &warrenv1.ExecRequest{SandboxId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := g.nodes.tagged(id[:TagLen]); n == nil || string(res.GetStdout()) != n.name {
+			t.Fatalf("exec on %s answered by %s", id, res.GetStdout())
+		}
+	}
+	seen := map[string]bool{}
+	tok := ""
+	for {
+		res, err := g.List(ctx, &warrenv1.ListRequest{Labels: map[string]string{"k": "v"}, PageSize: 5, PageToken: tok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range res.GetSandboxes() {
+			if seen[sb.GetId()] {
+				t.Fatalf("%s listed twice", sb.GetId())
+			}
+			seen[sb.GetId()] = true
+		}
+		if tok = res.GetNextPageToken(); tok == "" {
+			break
+		}
+	}
+	if len(seen) != 12 {
+		t.Fatalf("paged list: %d sandboxes, want 12", len(seen))
+	}
+	if _, err := g.Exec(ctx, &warrenv1.ExecRequest{SandboxId: peers[0].tag + "zzzzzzzzzzzz"}); errdefs.CategoryOf(err) != errdefs.Unknown && !isCode(err, connect.CodeNotFound) {
+		t.Fatalf("exec on an unknown id of a known node: %v, want NotFound", err)
+	}
+
+	// n2 goes: it leaves the pool and its API stops answering.
+	time.Sleep(100 * time.Millisecond) // a list pull of n2 with its sandboxes
+	ms.drop("n2")
+	peers[2].srv.Close()
+	g.Refresh()
+	var lostID string
+	res, err := g.List(ctx, &warrenv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range res.GetSandboxes() {
+		if sb.GetNode() == "n2" {
+			if sb.GetState() != warrenv1.SandboxState_SANDBOX_STATE_LOST {
+				t.Fatalf("%s of the gone n2 is %v", sb.GetId(), sb.GetState())
+			}
+			lostID = sb.GetId()
+		}
+	}
+	if lostID == "" {
+		t.Fatal("no sandbox of n2 listed (anti-affinity spread 12 over 3 nodes)")
+	}
+	_, err = g.Exec(ctx, &warrenv1.ExecRequest{SandboxId: lostID})
+	if errdefs.CategoryOf(err) != errdefs.Unavailable || !strings.Contains(err.Error(), "n2") {
+		t.Fatalf("exec on a sandbox of a gone node: %v, want Unavailable naming n2", err)
+	}
+	for range 10 {
+		sb, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.GetNode() == "n2" {
+			t.Fatal("create placed on the gone n2")
+		}
+	}
+}
+
+func isCode(err error, c connect.Code) bool { return connect.CodeOf(err) == c }
+
+func waitUp(t *testing.T, g *Gateway, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(g.nodes.up()) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d nodes up, want %d", len(g.nodes.up()), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func httpMux(p *peer) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(p))
+	mux.Handle(warrenv1connect.NewSystemServiceHandler(p))
+	return mux
+}
