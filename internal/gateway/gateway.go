@@ -52,6 +52,7 @@ type Gateway struct {
 	placer *placement.Placer
 	nodes  nodeSet
 	images imageCache
+	recent recentCreates
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -76,6 +77,7 @@ func New(o Options) *Gateway {
 		placer: placement.New(placement.Options{Overcommit: o.Overcommit}),
 		nodes:  nodeSet{byNm: map[string]*node{}, byTag: map[string]*node{}},
 		images: imageCache{m: map[string]imageEntry{}},
+		recent: recentCreates{m: map[string]recentCreate{}},
 		stop:   make(chan struct{}),
 	}
 	g.wg.Add(1)
@@ -101,6 +103,7 @@ func (g *Gateway) loop() {
 	for {
 		g.syncMembers()
 		g.pull(ctx)
+		g.recent.prune(3 * g.o.PullInterval)
 		select {
 		case <-g.stop:
 			return
@@ -231,4 +234,48 @@ func (g *Gateway) layersOf(ctx context.Context, image string) []string {
 	g.images.m[image] = imageEntry{layers: res.Msg.GetLayers(), at: time.Now()}
 	g.images.mu.Unlock()
 	return res.Msg.GetLayers()
+}
+
+// recentCreates remembers, briefly and only in this gateway, what each
+// sandbox it placed reserved: placement counts a reservation until the
+// node's second report after it, so under churn (create, exec, delete at
+// hundreds a second) reservations of sandboxes already gone would fill
+// the node on paper. A delete through this gateway gives its sandbox's
+// reservation back. Losing this map (a restart, a delete through another
+// gateway) only over-counts for two report intervals; no call depends on
+// it.
+type recentCreates struct {
+	mu sync.Mutex
+	m  map[string]recentCreate
+}
+
+type recentCreate struct {
+	node string
+	req  placement.Request
+	at   time.Time
+}
+
+func (r *recentCreates) add(id, node string, req placement.Request) {
+	r.mu.Lock()
+	r.m[id] = recentCreate{node, req, time.Now()}
+	r.mu.Unlock()
+}
+
+func (r *recentCreates) take(id string) (recentCreate, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, ok := r.m[id]
+	delete(r.m, id)
+	return c, ok
+}
+
+// prune forgets entries older than d: their reservations have retired.
+func (r *recentCreates) prune(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, c := range r.m {
+		if time.Since(c.at) > d {
+			delete(r.m, id)
+		}
+	}
 }

@@ -134,6 +134,7 @@ func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*war
 		g.placer.Release(name, r)
 		return nil, err
 	}
+	g.recent.add(sb.GetId(), name, r)
 	return sb, nil
 }
 
@@ -192,6 +193,11 @@ func (g *Gateway) BatchCreate(ctx context.Context, req *warrenv1.BatchCreateRequ
 				return
 			}
 			resp.Sandboxes = append(resp.Sandboxes, res.GetSandboxes()...)
+			if t.GetNode() == "" {
+				for _, sb := range res.GetSandboxes() {
+					g.recent.add(sb.GetId(), name, r)
+				}
+			}
 			for _, e := range res.GetErrors() {
 				resp.Errors = append(resp.Errors, fmt.Sprintf("node %s: %s", name, e))
 				if t.GetNode() == "" {
@@ -292,10 +298,18 @@ func labelsMatch(have, want map[string]string) bool {
 	return true
 }
 
+// Delete gives back the placement reservation of a sandbox this gateway
+// placed recently (recentCreates).
 func (g *Gateway) Delete(ctx context.Context, req *warrenv1.DeleteRequest) (*warrenv1.DeleteResponse, error) {
-	return bySandbox(g, ctx, req.GetId(), req, func(c warrenv1connect.SandboxServiceClient) unaryFn[warrenv1.DeleteRequest, warrenv1.DeleteResponse] {
+	res, err := bySandbox(g, ctx, req.GetId(), req, func(c warrenv1connect.SandboxServiceClient) unaryFn[warrenv1.DeleteRequest, warrenv1.DeleteResponse] {
 		return c.Delete
 	})
+	if err == nil {
+		if c, ok := g.recent.take(req.GetId()); ok {
+			g.placer.Release(c.node, c.req)
+		}
+	}
+	return res, err
 }
 
 func (g *Gateway) ExtendTimeout(ctx context.Context, req *warrenv1.ExtendTimeoutRequest) (*warrenv1.Sandbox, error) {

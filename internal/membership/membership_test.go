@@ -1,0 +1,55 @@
+package membership
+
+import (
+	"fmt"
+	"net"
+	"testing"
+	"time"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// A member that joins late is found, with its metadata, by the pool it
+// joins; one that leaves is gone from it.
+func TestJoinSeeLeave(t *testing.T) {
+	a, err := Join(Options{Name: "a", Meta: Meta{Role: RoleGateway}, Bind: freeAddr(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Join(Options{Name: "b", Meta: Meta{Role: RoleNode, API: "http://x:1", Tag: "abcde"}, Bind: freeAddr(t), Peers: []string{a.Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		for _, m := range a.Members() {
+			if m.Name == "b" && m.Meta.Tag == "abcde" && m.Meta.API == "http://x:1" {
+				return true
+			}
+		}
+		return false
+	}, "a sees b with its metadata")
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(a.Members()) == 1 }, "b gone from a's members")
+}
+
+func waitFor(t *testing.T, f func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatal(fmt.Sprintf("not within 10s: %s", what))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
