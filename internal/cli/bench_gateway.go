@@ -2,9 +2,11 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"time"
 
@@ -48,13 +50,25 @@ func runCreateGateway(cmd *cobra.Command, bf *benchFlags, cfg bench.CreateConfig
 		}
 		ports[i] = p
 	}
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	kf, err := os.CreateTemp("", "warren-bench-gossip-key-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(kf.Name())
+	if _, err := kf.Write(key); err != nil {
+		kf.Close()
+		return err
+	}
+	kf.Close()
 	nodeAPI := "127.0.0.1:" + strconv.Itoa(ports[0])
 	nodeGossip := "127.0.0.1:" + strconv.Itoa(ports[1])
 	opts := func(o *bench.Options) {
 		if o.Addr != "" {
 			return
 		}
-		o.DaemonArgs = append(o.DaemonArgs, "--listen", nodeAPI, "--insecure-no-auth", "--node-name", "bench-node", "--gossip", nodeGossip)
+		o.DaemonArgs = append(o.DaemonArgs, "--listen", nodeAPI, "--insecure-no-auth", "--node-name", "bench-node", "--gossip", nodeGossip, "--gossip-key-file", kf.Name())
 	}
 	return runBenchOpts(cmd, bf, opts, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
 		if !env.Private {
@@ -62,7 +76,7 @@ func runCreateGateway(cmd *cobra.Command, bf *benchFlags, cfg bench.CreateConfig
 		}
 		log := slog.New(slog.DiscardHandler)
 		pool, err := membership.Join(membership.Options{Name: "bench-gateway", Meta: membership.Meta{Role: membership.RoleGateway},
-			Bind: "127.0.0.1:" + strconv.Itoa(ports[2]), Peers: []string{nodeGossip}, Logger: log})
+			Bind: "127.0.0.1:" + strconv.Itoa(ports[2]), Peers: []string{nodeGossip}, Key: key, Logger: log})
 		if err != nil {
 			return nil, err
 		}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"fmt"
 	"log/slog"
 	"net"
@@ -21,19 +22,33 @@ import (
 // gateway`.
 type clusterOptions struct {
 	gossip, advertise string
+	keyFile           string
 	peers             []string
 }
 
 func (c *clusterOptions) flags(f *pflag.FlagSet) {
 	f.StringVar(&c.gossip, "gossip", "", fmt.Sprintf("gossip address (UDP and TCP) of the cluster's membership, host:port (default 0.0.0.0:%d when --join is given)", membership.DefaultPort))
 	f.StringVar(&c.advertise, "gossip-advertise", "", "the gossip address other members reach this one at (default: --gossip's, or the first private address)")
+	f.StringVar(&c.keyFile, "gossip-key-file", "", "file whose content every member of the cluster shares: gossip is encrypted and authenticated with it (without it anyone reaching the gossip port can join the pool as a node)")
 	f.StringSliceVar(&c.peers, "join", nil, "gossip addresses (host:port; repeatable or comma-separated) of cluster members to join; retried until one answers")
 }
 
 func (c *clusterOptions) enabled() bool { return c.gossip != "" || len(c.peers) > 0 }
 
 func (c *clusterOptions) join(name string, meta membership.Meta, onChange func(), log *slog.Logger) (*membership.Pool, error) {
-	return membership.Join(membership.Options{Name: name, Meta: meta, Bind: c.gossip, Advertise: c.advertise, Peers: c.peers, OnChange: onChange, Logger: log})
+	var key []byte
+	if c.keyFile != "" {
+		var err error
+		if key, err = os.ReadFile(c.keyFile); err != nil {
+			return nil, fmt.Errorf("--gossip-key-file: %w", err)
+		}
+		if len(bytes.TrimSpace(key)) == 0 {
+			return nil, usagef("--gossip-key-file %s is empty", c.keyFile)
+		}
+	} else {
+		log.Warn("cluster gossip is neither encrypted nor authenticated: pass --gossip-key-file")
+	}
+	return membership.Join(membership.Options{Name: name, Meta: meta, Bind: c.gossip, Advertise: c.advertise, Peers: c.peers, OnChange: onChange, Key: key, Logger: log})
 }
 
 var tagRE = regexp.MustCompile(`^[a-z2-7]+$`)

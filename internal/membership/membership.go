@@ -8,6 +8,7 @@
 package membership
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -60,7 +61,13 @@ type Options struct {
 	// OnChange is called (without locks held) after a member joins,
 	// leaves, fails or changes its metadata.
 	OnChange func()
-	Logger   *slog.Logger
+	// Key, when set, encrypts and authenticates every gossip message
+	// (memberlist's AES-GCM keyring; its SHA-256 is the 32-byte key): a
+	// member without it can neither join nor read the pool. Without it
+	// anyone who reaches the gossip port can join as a node and receive
+	// the gateways' calls (and their node token).
+	Key    []byte
+	Logger *slog.Logger
 }
 
 // Pool is this process's membership in the pool.
@@ -114,6 +121,11 @@ func Join(o Options) (*Pool, error) {
 		if c.AdvertiseAddr, c.AdvertisePort, err = splitHostPort(o.Advertise); err != nil {
 			return nil, errdefs.Invalidf("gossip advertise address %q: %v", o.Advertise, err)
 		}
+	}
+	if len(o.Key) > 0 {
+		k := sha256.Sum256(o.Key)
+		c.SecretKey = k[:]
+		c.GossipVerifyIncoming, c.GossipVerifyOutgoing = true, true
 	}
 	c.Delegate = delegate{meta}
 	c.Events = events{o.OnChange}

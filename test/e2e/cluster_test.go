@@ -45,6 +45,7 @@ type gwProc struct {
 	api, gossip string // host:port
 	join        []string
 	tokF, log   string
+	keyF        string
 	cmd         *exec.Cmd
 	exited      chan struct{}
 	c           *client.Client
@@ -79,7 +80,7 @@ func (g *gwProc) start() {
 	_, gport, _ := net.SplitHostPort(g.gossip)
 	g.cmd = exec.Command(g.bin, "gateway", "--name", g.name, "--listen", g.api, "--token-file", g.tokF,
 		"--gossip", "0.0.0.0:"+gport, "--gossip-advertise", g.gossip, "--join", strings.Join(g.join, ","),
-		"--pull-interval", "300ms", "--down-after", "1500ms", "--log-level", "debug")
+		"--gossip-key-file", g.keyF, "--pull-interval", "300ms", "--down-after", "1500ms", "--log-level", "debug")
 	g.cmd.Stdout, g.cmd.Stderr = logf, logf
 	g.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := g.cmd.Start(); err != nil {
@@ -173,6 +174,10 @@ func newCluster(t *testing.T) *cluster {
 	if err := os.WriteFile(cl.tokF, []byte(cl.token), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	keyF := filepath.Join(dir, "gossip-key")
+	if err := os.WriteFile(keyF, []byte("gossip-key-"+fmt.Sprint(os.Getpid())), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	store := filepath.Join(dir, "images")
 	gossip := []string{}
 	for range 3 {
@@ -197,7 +202,7 @@ func newCluster(t *testing.T) *cluster {
 			"--image-store", store,
 			"--listen", net.JoinHostPort(h.Addr.String(), "7070"), "--token-file", cl.tokF,
 			"--node-name", fmt.Sprintf("node%d", i),
-			"--gossip", gossip[i], "--join", strings.Join(gwGossip, ","),
+			"--gossip", gossip[i], "--join", strings.Join(gwGossip, ","), "--gossip-key-file", keyF,
 			"--userns-ids", usernsIDs(),
 		}
 		if i == 1 {
@@ -208,7 +213,7 @@ func newCluster(t *testing.T) *cluster {
 	for i := range 2 {
 		g := &gwProc{t: t, bin: bin, name: fmt.Sprintf("gw%d", i), api: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
 			gossip: gwGossip[i], join: append([]string{gwGossip[1-i]}, gossip...), tokF: cl.tokF,
-			log: filepath.Join(dir, fmt.Sprintf("gw%d.log", i))}
+			log: filepath.Join(dir, fmt.Sprintf("gw%d.log", i)), keyF: keyF}
 		g.start()
 		c, err := client.New("http://"+g.api, client.WithToken(cl.token))
 		if err != nil {
