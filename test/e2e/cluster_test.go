@@ -525,8 +525,9 @@ with warren.Warren() as w:
         assert r.exit_code == 0 and r.text.strip() == "from-python", r
         sb.write_file("/tmp/p", "pydata")
         assert sb.read_file("/tmp/p") == b"pydata"
-        ids = [s.id for s in w.list({"job": "py"})]
-        assert ids == [sb.id], ids
+        got = w.list({"job": "py"})
+        assert [s.id for s in got] == [sb.id], got
+        assert got[0].info.node.startswith("node"), got[0].info
 print("ok")
 `
 	cmd := exec.Command(filepath.Join(venv, "bin/python"), "-c", script)
