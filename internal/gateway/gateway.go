@@ -53,6 +53,10 @@ type Gateway struct {
 	nodes  nodeSet
 	images imageCache
 	recent recentCreates
+	// syncMu makes one syncMembers at a time: the loop and the pool's
+	// change notifications both call it, and two at once could each add
+	// a node object for one new member.
+	syncMu sync.Mutex
 
 	stop chan struct{}
 	wg   sync.WaitGroup

@@ -106,9 +106,7 @@ func (g *Gateway) placeRequest(ctx context.Context, req *warrenv1.CreateRequest)
 // Create places the sandbox (or takes the node the request names) and
 // creates it there.
 func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*warrenv1.Sandbox, error) {
-	if req.GetImage() == "" && req.GetHarness() == nil {
-		return nil, errdefs.Invalidf("image is required")
-	}
+	// The node validates the request: one place decides what is valid.
 	if name := req.GetNode(); name != "" {
 		n := g.nodes.get(name)
 		if n == nil {

@@ -151,6 +151,8 @@ func (s *nodeSet) up() []*node {
 // added, members that left are marked out of the pool (kept, with the
 // sandboxes last seen there, which are reported lost until it is back).
 func (g *Gateway) syncMembers() {
+	g.syncMu.Lock()
+	defer g.syncMu.Unlock()
 	members := g.o.Members.Members()
 	seen := map[string]bool{}
 	for _, m := range members {
