@@ -427,6 +427,20 @@ func TestClusterGatewayRoutesAndSurvivesNodeLoss(t *testing.T) {
 		t.Fatalf("exec through the gateway after node2's return: %v", err)
 	}
 
+	// By label: one stream over the three nodes.
+	pr, err := b.PauseByLabel(ctx, &warrenv1.PauseByLabelRequest{Labels: map[string]string{"job": "c"}}, nil)
+	if err != nil || pr.Total != 6 || pr.Failed != 0 || len(pr.Events) != 6 {
+		t.Fatalf("pause by label through the gateway: %+v %v", pr, err)
+	}
+	for _, sb := range sbs {
+		if got, err := a.Get(ctx, sb.GetId()); err != nil || got.GetState() != warrenv1.SandboxState_SANDBOX_STATE_PAUSED {
+			t.Fatalf("%s on %s after pause by label: %v %v", sb.GetId(), sb.GetNode(), got.GetState(), err)
+		}
+	}
+	if rr, err := a.ResumeByLabel(ctx, &warrenv1.ResumeByLabelRequest{Labels: map[string]string{"job": "c"}}, nil); err != nil || rr.Total != 6 || rr.Failed != 0 {
+		t.Fatalf("resume by label through the gateway: %+v %v", rr, err)
+	}
+
 	// Restart gateway 0 under load: execs on every sandbox retried on
 	// retriable errors only; none is lost.
 	var (
