@@ -1,8 +1,11 @@
 package cli
 
 import (
+	"text/tabwriter"
+
 	"bytes"
 	"fmt"
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"log/slog"
 	"net"
 	"os"
@@ -173,4 +176,34 @@ func runGateway(cmd *cobra.Command, o gatewayOptions) error {
 	srv.SetMetrics(gw.MetricsHandler())
 	log.Info("warren gateway started", "name", o.name, "gossip", pool.Addr(), "join", strings.Join(o.cluster.peers, ","))
 	return srv.Serve(cmd.Context(), gw)
+}
+
+func newNodesCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "nodes",
+		Short: "List the cluster's nodes as the gateway sees them (or the node's own report)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			nodes, err := cl.NodeStatus(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if JSONOutput(cmd) {
+				return printJSON(cmd.OutOrStdout(), &warrenv1.NodeStatusResponse{Nodes: nodes})
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tTAG\tUP\tSANDBOXES\tCPU ALLOC/CAP\tMEMORY ALLOC/CAP\tLOAD\tLAYERS\tADDRESS")
+			for _, n := range nodes {
+				fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%s/%s\t%s/%s\t%.2f\t%d\t%s\n", n.GetName(), n.GetTag(), n.GetUp(), n.GetSandboxes(),
+					formatCPU(n.GetAllocCpuMillis()), formatCPU(n.GetCpuMillis()), formatBytes(n.GetAllocMemoryBytes()), formatBytes(n.GetMemoryBytes()),
+					n.GetLoad(), len(n.GetLayers()), n.GetAddress())
+			}
+			return tw.Flush()
+		},
+	}
 }

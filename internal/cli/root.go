@@ -114,6 +114,7 @@ func NewRootCommand() *cobra.Command {
 	root.AddCommand(
 		newServeCommand(),
 		newGatewayCommand(),
+		newNodesCommand(),
 		newVersionCommand(),
 		newSandboxCommand(),
 		newImageCommand(),

@@ -342,6 +342,10 @@ func TestClusterGatewayRoutesAndSurvivesNodeLoss(t *testing.T) {
 		t.Fatalf("warren exec through the gateway: %d %q %q", code, stdout, stderr)
 	}
 	pythonSDK(t, "http://"+cl.gws[0].api, cl.token)
+	stdout, stderr, code = runCLI(t, cl.nodes[0].bin, cliEnv, nil, "--addr", "http://"+cl.gws[0].api, "nodes")
+	if code != 0 || strings.Count(stdout, "true") != 3 {
+		t.Fatalf("warren nodes through the gateway: %d %q %q", code, stdout, stderr)
+	}
 
 	// Kill node2: its sandboxes become lost, calls on them Unavailable
 	// naming it, creates avoid it.
