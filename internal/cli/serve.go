@@ -65,9 +65,11 @@ type serveOptions struct {
 	networkSubnet            string
 	dnsUpstreams             []string
 	cluster                  clusterOptions
-	nodeName, nodeTag        string
+	nodeTag                  string
 	clusterAPI               string
 	maxSandboxes             int
+	checkpointDir            string
+	nodeName                 string
 }
 
 func newServeCommand() *cobra.Command {
@@ -86,6 +88,8 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.socket, "socket", server.DefaultSocket, "unix socket to serve the API on")
 	f.StringVar(&o.runDir, "run-dir", "/run/warren", "runtime directory (mount points, agent sockets, layer mounts; tmpfs)")
 	f.StringVar(&o.imageStore, "image-store", "", "image store directory: EROFS layer blobs and image records; may be on a filesystem shared by several nodes (default <state-dir>/images)")
+	f.StringVar(&o.checkpointDir, "checkpoint-dir", "", "directory of hibernated sandboxes' checkpoints; on a filesystem several nodes share (with the image store), a sandbox hibernated on one node is restored on any of them (`warren sandbox restore`); it must keep owners, device nodes and trusted.* extended attributes (default <state-dir>/checkpoints, this node's own)")
+	f.StringVar(&o.nodeName, "node-name", "", "this node's name: Sandbox.node, its name in a cluster (warren gateway), in a shared image store's leases and a shared checkpoint directory; unique among the nodes sharing them (default the hostname)")
 	f.StringVar(&o.listen, "listen", "", "also serve on this TCP address, e.g. 127.0.0.1:7070 (needs a token)")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token for --listen (default $"+client.EnvToken+")")
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
@@ -117,8 +121,6 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive download whose client takes no data, or an upload whose client sends none, for this long (the walk it holds is released)")
 	f.StringVar(&o.pprofAddr, "pprof", "", "serve Go's profiling endpoints (/debug/pprof/) on this TCP address, without authentication: use a loopback address such as 127.0.0.1:6060")
 	o.cluster.flags(f)
-	host, _ := os.Hostname()
-	f.StringVar(&o.nodeName, "node-name", host, "the node's name in a cluster (Sandbox.node)")
 	f.StringVar(&o.nodeTag, "node-tag", "", fmt.Sprintf("in a cluster, the %d characters of [a-z2-7] every id of this node's sandboxes starts with, by which gateways route (default: derived from --node-name)", gateway.TagLen))
 	f.StringVar(&o.clusterAPI, "cluster-api", "", "in a cluster, the address gateways reach this node's API at (default: http://<--listen>)")
 	f.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "most live sandboxes gateways place on this node (0: no cap)")
@@ -166,6 +168,16 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		return err
 	}
 	slog.SetDefault(log)
+	clustered := o.cluster.enabled()
+	nodeTag := ""
+	if clustered {
+		if o.nodeName == "" {
+			o.nodeName, _ = os.Hostname() // the daemon's default too
+		}
+		if nodeTag, err = o.clusterNode(); err != nil {
+			return err
+		}
+	}
 	if o.layerReadAheadKB < 0 {
 		return usagef("--layer-read-ahead-kb must not be negative")
 	}
@@ -255,6 +267,12 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			return err
 		}
 	}
+	checkpointDir := ""
+	if o.checkpointDir != "" {
+		if checkpointDir, err = filepath.Abs(o.checkpointDir); err != nil {
+			return err
+		}
+	}
 	images, err := image.OpenStore(image.Options{
 		Root:             imageStore,
 		MountDir:         filepath.Join(runDir, "layers"),
@@ -262,6 +280,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		BufferedIO:       !o.layerDirectIO,
 		LayerReadAheadKB: o.layerReadAheadKB,
 		Mkfs:             mkfs,
+		NodeID:           o.nodeName,
 		Log:              log,
 	})
 	if err != nil {
@@ -341,17 +360,8 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("fncall backend: %w", err)
 	}
-	clustered := o.cluster.enabled()
-	nodeTag := ""
-	if clustered {
-		if nodeTag, err = o.clusterNode(); err != nil {
-			_ = fn.Close()
-			return err
-		}
-	}
 	mgr, err := daemon.New(ctx, daemon.Config{
 		StateDir:           stateDir,
-		NodeName:           map[bool]string{true: o.nodeName}[clustered],
 		NodeTag:            nodeTag,
 		MaxSandboxes:       o.maxSandboxes,
 		Backends:           map[string]backend.Backend{ctr.Name(): ctr},
@@ -369,6 +379,8 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		UserNSDefault:      o.userns,
 		FnCall:             fn,
 		Router:             srv,
+		CheckpointDir:      checkpointDir,
+		NodeName:           o.nodeName,
 		Logger:             log,
 	})
 	if err != nil {

@@ -30,6 +30,7 @@ import (
 	"github.com/warrenrl/warren/internal/kfile"
 	"github.com/warrenrl/warren/internal/mountinfo"
 	"github.com/warrenrl/warren/internal/netpolicy"
+	"github.com/warrenrl/warren/internal/treecopy"
 )
 
 // CRIUPrefix is where scripts/criu.sh installs CRIU >= 4 (Debian trixie's,
@@ -96,14 +97,12 @@ func criuAvailable() error {
 
 // checkpointable refuses, before anything is stopped, what the backend
 // cannot checkpoint yet (docs/HIBERNATE.md says why).
-func checkpointable(userns bool, disk bool) error {
+func checkpointable(userns bool) error {
 	switch {
 	case userns:
 		// CRIU dumps a user namespace only with every other namespace of
 		// the tree owned by it; a sandbox's are owned by the node's.
 		return errdefs.New(errdefs.Unsupported, "a sandbox in a user namespace cannot be checkpointed yet (CRIU needs its other namespaces owned by that user namespace; docs/HIBERNATE.md): create it with user_namespace false to hibernate or fork it")
-	case disk:
-		return errdefs.New(errdefs.Unsupported, "a sandbox with a disk limit cannot be checkpointed yet (its writable layer is on a disk image; docs/HIBERNATE.md): create it without disk_bytes to hibernate or fork it")
 	}
 	return nil
 }
@@ -120,7 +119,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	if err := criuAvailable(); err != nil {
 		return err
 	}
-	if err := checkpointable(s.st.UserNS != nil, s.disk); err != nil {
+	if err := checkpointable(s.st.UserNS != nil); err != nil {
 		return err
 	}
 	pid := s.st.Pid
@@ -211,7 +210,9 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 		return errdefs.Internalf("sandbox %s: init still alive after its checkpoint", s.id)
 	}
 	reapTraced(pidfd)
-	if err := os.Rename(s.UpperDir(), filepath.Join(dir, ckptUpper)); err != nil {
+	// A rename, or a copy where the checkpoint directory is on another
+	// filesystem (a store shared by several nodes).
+	if err := treecopy.Move(s.UpperDir(), filepath.Join(dir, ckptUpper)); err != nil {
 		return fsErr(err, "move the writable layer into the checkpoint")
 	}
 	// /dev/shm is a directory of the sandbox's /dev, on the node's devfs
@@ -379,7 +380,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := criuAvailable(); err != nil {
 		return nil, err
 	}
-	if err := checkpointable(spec.UserNS, spec.DiskBytes > 0); err != nil {
+	if err := checkpointable(spec.UserNS); err != nil {
 		return nil, err
 	}
 	dir := spec.Restore
@@ -411,10 +412,18 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := mkdir(st); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fsErr(err, "create sandbox directories")
 	}
+	if spec.DiskBytes > 0 {
+		// A disk limit: the writable layer comes back onto a new disk of
+		// its own, as at create (copied in below, as it was copied out).
+		if err := mountDisk(b.diskImage(spec.ID), st, spec.DiskBytes); err != nil {
+			return nil, err
+		}
+		cu.Add(func() error { return unmountDisk(b.diskImage(spec.ID), st) })
+	}
 	upper, work := filepath.Join(st, "upper"), filepath.Join(st, "work")
-	if err := os.Rename(filepath.Join(dir, ckptUpper), upper); err == nil {
+	if err := treecopy.Move(filepath.Join(dir, ckptUpper), upper); err == nil {
 		// A failed restore leaves the checkpoint as it found it.
-		cu.Add(func() error { return os.Rename(upper, filepath.Join(dir, ckptUpper)) })
+		cu.Add(func() error { return treecopy.Move(upper, filepath.Join(dir, ckptUpper)) })
 	} else if errors.Is(err, os.ErrNotExist) {
 		// Its writable layer became a lower layer the caller passes in
 		// Layers (a fork's, or a forked checkpoint's own restore): this

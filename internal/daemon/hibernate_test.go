@@ -75,6 +75,12 @@ func TestHibernateRestoreAcrossRestart(t *testing.T) {
 	if err != nil || sb.GetState() != stateHibernated {
 		t.Fatalf("after restart: %v %v", sb, err)
 	}
+	// Its background process is listed as it was at the hibernation,
+	// across the restart too.
+	hl, err := e.m.ListProcesses(ctx, &warrenv1.ListProcessesRequest{SandboxId: "hib"})
+	if err != nil || len(hl.GetProcesses()) != 1 || !hl.GetProcesses()[0].GetRunning() || hl.GetProcesses()[0].GetPid() == 0 {
+		t.Fatalf("processes of the hibernated sandbox: %v %v", hl, err)
+	}
 	// The counter's value as saved (its reader needs a running sandbox).
 	saved := readFileInt(t, filepath.Join(ckpt, "upper", "count"))
 	rr, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "hib"})
@@ -95,6 +101,9 @@ func TestHibernateRestoreAcrossRestart(t *testing.T) {
 	list, err := e.m.ListProcesses(ctx, &warrenv1.ListProcessesRequest{SandboxId: "hib"})
 	if err != nil || len(list.GetProcesses()) != 1 || !list.GetProcesses()[0].GetRunning() {
 		t.Fatalf("processes after restore: %v %v", list, err)
+	}
+	if a, b := hl.GetProcesses()[0], list.GetProcesses()[0]; a.GetProcessId() != b.GetProcessId() || a.GetPid() != b.GetPid() {
+		t.Errorf("process while hibernated %v, after the restore %v", a, b)
 	}
 	if _, err := os.Stat(ckpt); !os.IsNotExist(err) {
 		t.Errorf("checkpoint left after restore: %v", err)
@@ -428,5 +437,70 @@ func TestHibernateAfterDaemonRestart(t *testing.T) {
 	}
 	if out := e.sh("old", "echo up").GetStdout(); string(out) != "up\n" {
 		t.Fatalf("after restore: %q", out)
+	}
+}
+
+// TestHibernateWithDiskLimit: a sandbox whose writable layer is on a disk
+// of its own (disk_bytes) hibernates, its layer copied off the disk into
+// the checkpoint, and restores onto a new disk of that size: its counter
+// goes on, its files are there, and the limit holds (a write past it
+// fails inside, nothing else). A fork of it gets a disk of its own too.
+// Delete leaves no disk, mount or loop device.
+func TestHibernateWithDiskLimit(t *testing.T) {
+	requireCRIU(t)
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "dk", UserNamespace: proto.Bool(false), Resources: &warrenv1.Resources{DiskBytes: 64 << 20}})
+	if res := e.sh("dk", "head -c 4194304 /dev/zero > /data && echo kept > /f"); res.GetExitCode() != 0 {
+		t.Fatalf("write: %v", res)
+	}
+	count := counter(t, e, "dk")
+	if _, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "dk"}); err != nil {
+		t.Fatal(err)
+	}
+	if left := sweepLeftovers(e, "dk"); left != "" {
+		t.Fatalf("resources of a hibernated sandbox: %s", left)
+	}
+	saved := readFileInt(t, filepath.Join(e.m.checkpointDir("dk"), "upper", "count"))
+	if _, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "dk"}); err != nil {
+		t.Fatal(err)
+	}
+	if c := count(); c < saved {
+		t.Fatalf("counter %d after the restore, %d saved", c, saved)
+	}
+	if out := e.sh("dk", "cat /f; wc -c < /data").GetStdout(); string(out) != "kept\n4194304\n" {
+		t.Fatalf("files after the restore: %q", out)
+	}
+	// The restored layer is on a 64 MiB disk again: 80 MiB do not fit.
+	res := e.sh("dk", "head -c 83886080 /dev/zero > /big; echo $?; df -k / | tail -1")
+	if out := string(res.GetStdout()); !strings.HasPrefix(out, "1\n") {
+		t.Fatalf("a write past the disk limit after the restore: %q %q", out, res.GetStderr())
+	}
+	e.sh("dk", "rm -f /big")
+
+	fr, err := e.m.Fork(ctx, &warrenv1.ForkRequest{Id: "dk", Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fr.GetSandboxes()[0].GetId()
+	res = e.sh(f, "cat /f; head -c 83886080 /dev/zero > /big; echo $?")
+	if out := string(res.GetStdout()); out != "kept\n1\n" {
+		t.Fatalf("fork of a disk-limited sandbox: %q %q", out, res.GetStderr())
+	}
+	for _, id := range []string{f, "dk"} {
+		if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: id}); err != nil {
+			t.Fatal(err)
+		}
+		if left := sweepLeftovers(e, id); left != "" {
+			t.Fatalf("left after delete of %s: %s", id, left)
+		}
+	}
+	// The disks' mounts hold their loop devices (AUTOCLEAR): none left.
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(mi), filepath.Join(e.opts.StateDir, "sandboxes")) {
+		t.Fatalf("disk mounts left:\n%s", mi)
 	}
 }

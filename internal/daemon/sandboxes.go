@@ -362,7 +362,7 @@ func (m *Manager) forget(s *sandbox) {
 // Get returns one sandbox.
 func (m *Manager) Get(ctx context.Context, req *warrenv1.GetRequest) (_ *warrenv1.Sandbox, err error) {
 	defer m.observe("Get", &err)
-	s, err := m.lookup(req.GetId())
+	s, err := m.find(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -385,6 +385,9 @@ func (m *Manager) List(ctx context.Context, req *warrenv1.ListRequest) (_ *warre
 	for _, s := range all {
 		if scoped && s.parent != parent {
 			continue // a harness sees its own sandboxes only
+		}
+		if _, moved := m.movedAway(s); moved {
+			continue
 		}
 		s.mu.Lock()
 		if permits(s.st, opInspect) && labelsMatch(s.info.GetLabels(), want) {
@@ -422,7 +425,7 @@ func labelsMatch(have, want map[string]string) bool {
 // its creation finished.
 func (m *Manager) Delete(ctx context.Context, req *warrenv1.DeleteRequest) (_ *warrenv1.DeleteResponse, err error) {
 	defer m.observe("Delete", &err)
-	s, err := m.lookup(req.GetId())
+	s, err := m.find(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -617,7 +620,7 @@ func (m *Manager) failedRemove(s *sandbox, sb backend.Sandbox, prev state, err e
 // node default).
 func (m *Manager) ExtendTimeout(ctx context.Context, req *warrenv1.ExtendTimeoutRequest) (_ *warrenv1.Sandbox, err error) {
 	defer m.observe("ExtendTimeout", &err)
-	s, err := m.lookup(req.GetId())
+	s, err := m.find(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}

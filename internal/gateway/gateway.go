@@ -127,25 +127,44 @@ func (g *Gateway) Close() error {
 }
 
 // owner finds the node of sandbox id: by its tag, or, for an id without
-// one (chosen by a client, or made by a node outside the cluster), by
-// asking every up node. It fails Unavailable, naming the node, when the
-// node is down.
+// one (chosen by a client, or made by a node before it joined) or whose
+// tagged node is down (the sandbox may have been restored on another
+// node since, `warren sandbox restore`), by asking every up node. It
+// fails Unavailable, naming the node, when the sandbox's node is down.
 func (g *Gateway) owner(ctx context.Context, id string) (*node, error) {
 	if id == "" {
 		return nil, errdefs.Invalidf("sandbox id is required")
 	}
+	var tagged *node
 	if len(id) == idLen {
-		if n := g.nodes.tagged(id[:TagLen]); n != nil {
-			if !n.isUp() {
-				return nil, n.downErr("sandbox " + id)
-			}
-			return n, nil
+		if tagged = g.nodes.tagged(id[:TagLen]); tagged != nil && tagged.isUp() {
+			return tagged, nil
 		}
 	}
-	type found struct{ n *node }
+	if n := g.lookup(ctx, id, nil); n != nil {
+		return n, nil
+	}
+	if tagged != nil {
+		return nil, tagged.downErr("sandbox " + id)
+	}
+	// Down nodes last: one that ran it makes the error say so.
+	for _, n := range g.nodes.all() {
+		if !n.isUp() && n.knows(id) != nil {
+			return nil, n.downErr("sandbox " + id)
+		}
+	}
+	return nil, errdefs.NotFoundf("sandbox %s not found", id)
+}
+
+// lookup asks every up node but skip for sandbox id (one Get each, at
+// once) and returns the one that has it, or nil.
+func (g *Gateway) lookup(ctx context.Context, id string, skip *node) *node {
 	ch := make(chan *node, 1)
 	var wg sync.WaitGroup
 	for _, n := range g.nodes.up() {
+		if n == skip {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -160,16 +179,20 @@ func (g *Gateway) owner(ctx context.Context, id string) (*node, error) {
 	wg.Wait()
 	select {
 	case n := <-ch:
-		return n, nil
+		return n
 	default:
+		return nil
 	}
-	// Down nodes last: one that ran it makes the error say so.
-	for _, n := range g.nodes.all() {
-		if !n.isUp() && n.knows(id) != nil {
-			return nil, n.downErr("sandbox " + id)
-		}
+}
+
+// moved reports whether a call on id that n answered with err should be
+// tried again elsewhere: n is the id's tagged node and does not have it,
+// so it may have been restored on another node. It returns that node.
+func (g *Gateway) moved(ctx context.Context, id string, n *node, err error) *node {
+	if connect.CodeOf(err) != connect.CodeNotFound || len(id) != idLen || id[:TagLen] != n.tag {
+		return nil
 	}
-	return nil, errdefs.NotFoundf("sandbox %s not found", id)
+	return g.lookup(ctx, id, n)
 }
 
 // knows returns the sandbox id as n last listed it, or nil.

@@ -62,7 +62,11 @@ func bySandbox[Req, Res any](g *Gateway, ctx context.Context, id string, req *Re
 	if err != nil {
 		return nil, err
 	}
-	return call(ctx, n, pick(n.sb), req)
+	res, err := call(ctx, n, pick(n.sb), req)
+	if m := g.moved(ctx, id, n, err); m != nil {
+		return call(ctx, m, pick(m.sb), req)
+	}
+	return res, err
 }
 
 func streamBySandbox[Req, Res any](g *Gateway, ctx context.Context, id string, req *Req, send func(*Res) error, pick func(warrenv1connect.SandboxServiceClient) streamFn[Req, Res]) error {
@@ -70,7 +74,14 @@ func streamBySandbox[Req, Res any](g *Gateway, ctx context.Context, id string, r
 	if err != nil {
 		return err
 	}
-	return stream(ctx, n, pick(n.sb), req, send)
+	sent := false
+	err = stream(ctx, n, pick(n.sb), req, func(m *Res) error { sent = true; return send(m) })
+	if !sent {
+		if m := g.moved(ctx, id, n, err); m != nil {
+			return stream(ctx, m, pick(m.sb), req, send)
+		}
+	}
+	return err
 }
 
 // onAny forwards an image call to any up node: the image store is shared.
@@ -222,7 +233,11 @@ func (g *Gateway) Get(ctx context.Context, req *warrenv1.GetRequest) (*warrenv1.
 		}
 		return nil, err
 	}
-	return call(ctx, n, n.sb.Get, req)
+	sb, err := call(ctx, n, n.sb.Get, req)
+	if m := g.moved(ctx, req.GetId(), n, err); m != nil {
+		return call(ctx, m, m.sb.Get, req)
+	}
+	return sb, err
 }
 
 func lost(sb *warrenv1.Sandbox, n *node) *warrenv1.Sandbox {
@@ -446,6 +461,34 @@ func (g *Gateway) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 	return bySandbox(g, ctx, req.GetId(), req, func(c warrenv1connect.SandboxServiceClient) unaryFn[warrenv1.HibernateRequest, warrenv1.HibernateResponse] {
 		return c.Hibernate
 	})
+}
+
+// Restore resumes the sandbox on its node when that is up (Restore is
+// Resume there); when it is down, the sandbox's checkpoint (in a
+// checkpoint directory the nodes share) is restored on a node placement
+// picks. Calls on it then find it by asking the nodes (owner).
+func (g *Gateway) Restore(ctx context.Context, req *warrenv1.RestoreRequest) (*warrenv1.ResumeResponse, error) {
+	id := req.GetId()
+	if n, err := g.owner(ctx, id); err == nil {
+		return call(ctx, n, n.sb.Restore, req)
+	} else if errdefs.CategoryOf(err) != errdefs.Unavailable && errdefs.CategoryOf(err) != errdefs.NotFound {
+		return nil, err
+	}
+	r := placement.Request{MemoryBytes: defaultMemoryBytes}
+	name, err := g.placer.Place(r)
+	if err != nil {
+		return nil, err
+	}
+	n := g.nodes.get(name)
+	if n == nil {
+		g.placer.Release(name, r)
+		return nil, errdefs.Unavailablef("node %s left the cluster", name)
+	}
+	res, err := call(ctx, n, n.sb.Restore, req)
+	if err != nil {
+		g.placer.Release(name, r)
+	}
+	return res, err
 }
 
 // Fork runs on the source's node: the fork shares its memory image.

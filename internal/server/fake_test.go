@@ -346,6 +346,10 @@ func (f *fakeManager) Hibernate(_ context.Context, r *warrenv1.HibernateRequest)
 	return nil, errdefs.Unsupportedf("fake")
 }
 
+func (f *fakeManager) Restore(_ context.Context, r *warrenv1.RestoreRequest) (*warrenv1.ResumeResponse, error) {
+	return nil, errdefs.Unsupportedf("fake")
+}
+
 func (f *fakeManager) HibernateByLabel(_ context.Context, r *warrenv1.HibernateByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error {
 	return send(&warrenv1.ByLabelEvent{Done: true})
 }

@@ -44,6 +44,7 @@ type Manager interface {
 	PauseByLabel(ctx context.Context, req *warrenv1.PauseByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	Hibernate(context.Context, *warrenv1.HibernateRequest) (*warrenv1.HibernateResponse, error)
 	Fork(context.Context, *warrenv1.ForkRequest) (*warrenv1.ForkResponse, error)
+	Restore(context.Context, *warrenv1.RestoreRequest) (*warrenv1.ResumeResponse, error)
 	HibernateByLabel(ctx context.Context, req *warrenv1.HibernateByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	ResumeByLabel(ctx context.Context, req *warrenv1.ResumeByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	Run(context.Context, *warrenv1.RunRequest) (*warrenv1.RunResult, error)
@@ -214,6 +215,10 @@ func (s sandboxService) Hibernate(ctx context.Context, r *connect.Request[warren
 
 func (s sandboxService) Fork(ctx context.Context, r *connect.Request[warrenv1.ForkRequest]) (*connect.Response[warrenv1.ForkResponse], error) {
 	return unary(ctx, r, s.m.Fork)
+}
+
+func (s sandboxService) Restore(ctx context.Context, r *connect.Request[warrenv1.RestoreRequest]) (*connect.Response[warrenv1.ResumeResponse], error) {
+	return unary(ctx, r, s.m.Restore)
 }
 
 func (s sandboxService) HibernateByLabel(ctx context.Context, r *connect.Request[warrenv1.HibernateByLabelRequest], st *connect.ServerStream[warrenv1.ByLabelEvent]) error {

@@ -64,7 +64,10 @@ var (
 		warrenv1connect.SandboxServiceHibernateProcedure:     byID,
 		// Forks of a child are the harness's children too, within its
 		// cap (daemon/fork.go).
-		warrenv1connect.SandboxServiceForkProcedure:              byID,
+		warrenv1connect.SandboxServiceForkProcedure: byID,
+		// Of its own children only: one of another node is no child of
+		// this harness.
+		warrenv1connect.SandboxServiceRestoreProcedure:           byID,
 		warrenv1connect.SandboxServiceExecProcedure:              bySandbox,
 		warrenv1connect.SandboxServiceExecStreamProcedure:        bySandbox,
 		warrenv1connect.SandboxServiceStartProcessProcedure:      bySandbox,

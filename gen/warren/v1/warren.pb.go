@@ -803,8 +803,8 @@ type Sandbox struct {
 	// The harness that created this sandbox through its route ("" for a
 	// sandbox the node's API created). Fixed at create.
 	Parent string `protobuf:"bytes,38,opt,name=parent,proto3" json:"parent,omitempty"`
-	// The node that runs it (`warren serve --node-name`); "" on a node
-	// outside a cluster.
+	// The node that runs it (`warren serve --node-name`, by default the
+	// node's hostname).
 	Node          string `protobuf:"bytes,46,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -6099,6 +6099,50 @@ func (x *HibernateRequest) GetId() string {
 	return ""
 }
 
+type RestoreRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreRequest) Reset() {
+	*x = RestoreRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreRequest) ProtoMessage() {}
+
+func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
+func (*RestoreRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *RestoreRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
 type HibernateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -6112,7 +6156,7 @@ type HibernateResponse struct {
 
 func (x *HibernateResponse) Reset() {
 	*x = HibernateResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6124,7 +6168,7 @@ func (x *HibernateResponse) String() string {
 func (*HibernateResponse) ProtoMessage() {}
 
 func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6137,7 +6181,7 @@ func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
 func (*HibernateResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *HibernateResponse) GetSandbox() *Sandbox {
@@ -6187,7 +6231,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6199,7 +6243,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6212,7 +6256,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -6256,7 +6300,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6268,7 +6312,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6281,7 +6325,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ForkResponse) GetSandboxes() []*Sandbox {
@@ -6329,7 +6373,7 @@ type HibernateByLabelRequest struct {
 
 func (x *HibernateByLabelRequest) Reset() {
 	*x = HibernateByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6341,7 +6385,7 @@ func (x *HibernateByLabelRequest) String() string {
 func (*HibernateByLabelRequest) ProtoMessage() {}
 
 func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6354,7 +6398,7 @@ func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateByLabelRequest.ProtoReflect.Descriptor instead.
 func (*HibernateByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *HibernateByLabelRequest) GetLabels() map[string]string {
@@ -6382,7 +6426,7 @@ type PauseByLabelRequest struct {
 
 func (x *PauseByLabelRequest) Reset() {
 	*x = PauseByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6394,7 +6438,7 @@ func (x *PauseByLabelRequest) String() string {
 func (*PauseByLabelRequest) ProtoMessage() {}
 
 func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6407,7 +6451,7 @@ func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
 func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *PauseByLabelRequest) GetLabels() map[string]string {
@@ -6441,7 +6485,7 @@ type ResumeByLabelRequest struct {
 
 func (x *ResumeByLabelRequest) Reset() {
 	*x = ResumeByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6453,7 +6497,7 @@ func (x *ResumeByLabelRequest) String() string {
 func (*ResumeByLabelRequest) ProtoMessage() {}
 
 func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6466,7 +6510,7 @@ func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
 func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ResumeByLabelRequest) GetLabels() map[string]string {
@@ -6504,7 +6548,7 @@ type ByLabelEvent struct {
 
 func (x *ByLabelEvent) Reset() {
 	*x = ByLabelEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6516,7 +6560,7 @@ func (x *ByLabelEvent) String() string {
 func (*ByLabelEvent) ProtoMessage() {}
 
 func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6529,7 +6573,7 @@ func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
 func (*ByLabelEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ByLabelEvent) GetSandboxId() string {
@@ -6613,7 +6657,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6625,7 +6669,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6638,7 +6682,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RunRequest) GetImage() string {
@@ -6682,7 +6726,7 @@ type RunStep struct {
 
 func (x *RunStep) Reset() {
 	*x = RunStep{}
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6694,7 +6738,7 @@ func (x *RunStep) String() string {
 func (*RunStep) ProtoMessage() {}
 
 func (x *RunStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6707,7 +6751,7 @@ func (x *RunStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
 func (*RunStep) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *RunStep) GetArgv() []string {
@@ -6774,7 +6818,7 @@ type RunFile struct {
 
 func (x *RunFile) Reset() {
 	*x = RunFile{}
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6786,7 +6830,7 @@ func (x *RunFile) String() string {
 func (*RunFile) ProtoMessage() {}
 
 func (x *RunFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6799,7 +6843,7 @@ func (x *RunFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
 func (*RunFile) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RunFile) GetName() string {
@@ -6862,7 +6906,7 @@ type RunLimits struct {
 
 func (x *RunLimits) Reset() {
 	*x = RunLimits{}
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6874,7 +6918,7 @@ func (x *RunLimits) String() string {
 func (*RunLimits) ProtoMessage() {}
 
 func (x *RunLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6887,7 +6931,7 @@ func (x *RunLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
 func (*RunLimits) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RunLimits) GetCpuMs() int64 {
@@ -6973,7 +7017,7 @@ type RunStepResult struct {
 
 func (x *RunStepResult) Reset() {
 	*x = RunStepResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6985,7 +7029,7 @@ func (x *RunStepResult) String() string {
 func (*RunStepResult) ProtoMessage() {}
 
 func (x *RunStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6998,7 +7042,7 @@ func (x *RunStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
 func (*RunStepResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RunStepResult) GetStatus() RunStatus {
@@ -7096,7 +7140,7 @@ type RunFileResult struct {
 
 func (x *RunFileResult) Reset() {
 	*x = RunFileResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7108,7 +7152,7 @@ func (x *RunFileResult) String() string {
 func (*RunFileResult) ProtoMessage() {}
 
 func (x *RunFileResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7121,7 +7165,7 @@ func (x *RunFileResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
 func (*RunFileResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RunFileResult) GetName() string {
@@ -7157,7 +7201,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7169,7 +7213,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7182,7 +7226,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RunResult) GetSteps() []*RunStepResult {
@@ -7211,7 +7255,7 @@ type RunBatchRequest struct {
 
 func (x *RunBatchRequest) Reset() {
 	*x = RunBatchRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7223,7 +7267,7 @@ func (x *RunBatchRequest) String() string {
 func (*RunBatchRequest) ProtoMessage() {}
 
 func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7236,7 +7280,7 @@ func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RunBatchRequest) GetImage() string {
@@ -7276,7 +7320,7 @@ type RunJob struct {
 
 func (x *RunJob) Reset() {
 	*x = RunJob{}
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7288,7 +7332,7 @@ func (x *RunJob) String() string {
 func (*RunJob) ProtoMessage() {}
 
 func (x *RunJob) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7301,7 +7345,7 @@ func (x *RunJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
 func (*RunJob) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RunJob) GetSteps() []*RunStep {
@@ -7323,7 +7367,7 @@ type RunBatchItem struct {
 
 func (x *RunBatchItem) Reset() {
 	*x = RunBatchItem{}
-	mi := &file_warren_v1_warren_proto_msgTypes[96]
+	mi := &file_warren_v1_warren_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7335,7 +7379,7 @@ func (x *RunBatchItem) String() string {
 func (*RunBatchItem) ProtoMessage() {}
 
 func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[96]
+	mi := &file_warren_v1_warren_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7348,7 +7392,7 @@ func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
 func (*RunBatchItem) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RunBatchItem) GetIndex() int32 {
@@ -7389,7 +7433,7 @@ type BatchCreateRequest struct {
 
 func (x *BatchCreateRequest) Reset() {
 	*x = BatchCreateRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[97]
+	mi := &file_warren_v1_warren_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7401,7 +7445,7 @@ func (x *BatchCreateRequest) String() string {
 func (*BatchCreateRequest) ProtoMessage() {}
 
 func (x *BatchCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[97]
+	mi := &file_warren_v1_warren_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7414,7 +7458,7 @@ func (x *BatchCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCreateRequest.ProtoReflect.Descriptor instead.
 func (*BatchCreateRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{97}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *BatchCreateRequest) GetTemplate() *CreateRequest {
@@ -7441,7 +7485,7 @@ type BatchCreateResponse struct {
 
 func (x *BatchCreateResponse) Reset() {
 	*x = BatchCreateResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[98]
+	mi := &file_warren_v1_warren_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7453,7 +7497,7 @@ func (x *BatchCreateResponse) String() string {
 func (*BatchCreateResponse) ProtoMessage() {}
 
 func (x *BatchCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[98]
+	mi := &file_warren_v1_warren_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7466,7 +7510,7 @@ func (x *BatchCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCreateResponse.ProtoReflect.Descriptor instead.
 func (*BatchCreateResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{98}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *BatchCreateResponse) GetSandboxes() []*Sandbox {
@@ -7491,7 +7535,7 @@ type NodeStatusRequest struct {
 
 func (x *NodeStatusRequest) Reset() {
 	*x = NodeStatusRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[99]
+	mi := &file_warren_v1_warren_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7503,7 +7547,7 @@ func (x *NodeStatusRequest) String() string {
 func (*NodeStatusRequest) ProtoMessage() {}
 
 func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[99]
+	mi := &file_warren_v1_warren_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7516,7 +7560,7 @@ func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*NodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{99}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{100}
 }
 
 type NodeStatus struct {
@@ -7541,7 +7585,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_warren_v1_warren_proto_msgTypes[100]
+	mi := &file_warren_v1_warren_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7553,7 +7597,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[100]
+	mi := &file_warren_v1_warren_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7566,7 +7610,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{100}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *NodeStatus) GetName() string {
@@ -7676,7 +7720,7 @@ type NodeStatusResponse struct {
 
 func (x *NodeStatusResponse) Reset() {
 	*x = NodeStatusResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[101]
+	mi := &file_warren_v1_warren_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7688,7 +7732,7 @@ func (x *NodeStatusResponse) String() string {
 func (*NodeStatusResponse) ProtoMessage() {}
 
 func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[101]
+	mi := &file_warren_v1_warren_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7701,7 +7745,7 @@ func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*NodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{101}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *NodeStatusResponse) GetNodes() []*NodeStatus {
@@ -8241,6 +8285,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"restore_us\x18\x04 \x01(\x03R\trestoreUs\x12\x1a\n" +
 	"\brestored\x18\x05 \x01(\bR\brestored\"\"\n" +
 	"\x10HibernateRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\" \n" +
+	"\x0eRestoreRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\xc2\x01\n" +
 	"\x11HibernateResponse\x12,\n" +
 	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12#\n" +
@@ -8416,7 +8462,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
 	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
 	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
-	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xd2\x12\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\x93\x13\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -8453,7 +8499,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x10HibernateByLabel\x12\".warren.v1.HibernateByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x127\n" +
 	"\x04Fork\x12\x16.warren.v1.ForkRequest\x1a\x17.warren.v1.ForkResponse\x122\n" +
 	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult\x12A\n" +
-	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x01\x12L\n" +
+	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x01\x12?\n" +
+	"\aRestore\x12\x19.warren.v1.RestoreRequest\x1a\x19.warren.v1.ResumeResponse\x12L\n" +
 	"\vBatchCreate\x12\x1d.warren.v1.BatchCreateRequest\x1a\x1e.warren.v1.BatchCreateResponse2\xd8\x05\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
@@ -8488,7 +8535,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 116)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 117)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(RunStatus)(0),                    // 1: warren.v1.RunStatus
@@ -8572,63 +8619,64 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*ResumeRequest)(nil),             // 79: warren.v1.ResumeRequest
 	(*ResumeResponse)(nil),            // 80: warren.v1.ResumeResponse
 	(*HibernateRequest)(nil),          // 81: warren.v1.HibernateRequest
-	(*HibernateResponse)(nil),         // 82: warren.v1.HibernateResponse
-	(*ForkRequest)(nil),               // 83: warren.v1.ForkRequest
-	(*ForkResponse)(nil),              // 84: warren.v1.ForkResponse
-	(*HibernateByLabelRequest)(nil),   // 85: warren.v1.HibernateByLabelRequest
-	(*PauseByLabelRequest)(nil),       // 86: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 87: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 88: warren.v1.ByLabelEvent
-	(*RunRequest)(nil),                // 89: warren.v1.RunRequest
-	(*RunStep)(nil),                   // 90: warren.v1.RunStep
-	(*RunFile)(nil),                   // 91: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 92: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 93: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 94: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 95: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 96: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 97: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 98: warren.v1.RunBatchItem
-	(*BatchCreateRequest)(nil),        // 99: warren.v1.BatchCreateRequest
-	(*BatchCreateResponse)(nil),       // 100: warren.v1.BatchCreateResponse
-	(*NodeStatusRequest)(nil),         // 101: warren.v1.NodeStatusRequest
-	(*NodeStatus)(nil),                // 102: warren.v1.NodeStatus
-	(*NodeStatusResponse)(nil),        // 103: warren.v1.NodeStatusResponse
-	nil,                               // 104: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 105: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 106: warren.v1.Sandbox.EnvEntry
-	nil,                               // 107: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 108: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 109: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 110: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 111: warren.v1.ForkRequest.LabelsEntry
-	nil,                               // 112: warren.v1.HibernateByLabelRequest.LabelsEntry
-	nil,                               // 113: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 114: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 115: warren.v1.RunStep.EnvEntry
-	nil,                               // 116: warren.v1.NodeStatus.QosEntry
-	nil,                               // 117: warren.v1.NodeStatus.LabelCountsEntry
+	(*RestoreRequest)(nil),            // 82: warren.v1.RestoreRequest
+	(*HibernateResponse)(nil),         // 83: warren.v1.HibernateResponse
+	(*ForkRequest)(nil),               // 84: warren.v1.ForkRequest
+	(*ForkResponse)(nil),              // 85: warren.v1.ForkResponse
+	(*HibernateByLabelRequest)(nil),   // 86: warren.v1.HibernateByLabelRequest
+	(*PauseByLabelRequest)(nil),       // 87: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 88: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 89: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 90: warren.v1.RunRequest
+	(*RunStep)(nil),                   // 91: warren.v1.RunStep
+	(*RunFile)(nil),                   // 92: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 93: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 94: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 95: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 96: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 97: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 98: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 99: warren.v1.RunBatchItem
+	(*BatchCreateRequest)(nil),        // 100: warren.v1.BatchCreateRequest
+	(*BatchCreateResponse)(nil),       // 101: warren.v1.BatchCreateResponse
+	(*NodeStatusRequest)(nil),         // 102: warren.v1.NodeStatusRequest
+	(*NodeStatus)(nil),                // 103: warren.v1.NodeStatus
+	(*NodeStatusResponse)(nil),        // 104: warren.v1.NodeStatusResponse
+	nil,                               // 105: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 106: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 107: warren.v1.Sandbox.EnvEntry
+	nil,                               // 108: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 109: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 110: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 111: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 112: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 113: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 114: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 115: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 116: warren.v1.RunStep.EnvEntry
+	nil,                               // 117: warren.v1.NodeStatus.QosEntry
+	nil,                               // 118: warren.v1.NodeStatus.LabelCountsEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	104, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	105, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	105, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	106, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	7,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	5,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	4,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
 	6,   // 6: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,   // 7: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	2,   // 8: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	106, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	107, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	107, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	108, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	7,   // 11: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	5,   // 12: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
 	4,   // 13: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
-	108, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	109, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	8,   // 15: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	109, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	110, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	5,   // 17: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	110, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	111, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	17,  // 19: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	19,  // 20: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	17,  // 21: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -8656,30 +8704,30 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	8,   // 43: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
 	8,   // 44: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
 	77,  // 45: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
-	111, // 46: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	112, // 46: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
 	8,   // 47: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
 	8,   // 48: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
-	112, // 49: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
-	113, // 50: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	114, // 51: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	113, // 49: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	114, // 50: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	115, // 51: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
 	78,  // 52: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
 	80,  // 53: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	82,  // 54: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
-	90,  // 55: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	115, // 56: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	91,  // 57: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	92,  // 58: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	83,  // 54: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
+	91,  // 55: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	116, // 56: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	92,  // 57: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	93,  // 58: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
 	1,   // 59: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	94,  // 60: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	93,  // 61: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	97,  // 62: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	90,  // 63: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	95,  // 64: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	95,  // 60: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	94,  // 61: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	98,  // 62: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	91,  // 63: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	96,  // 64: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
 	3,   // 65: warren.v1.BatchCreateRequest.template:type_name -> warren.v1.CreateRequest
 	8,   // 66: warren.v1.BatchCreateResponse.sandboxes:type_name -> warren.v1.Sandbox
-	116, // 67: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
-	117, // 68: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
-	102, // 69: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
+	117, // 67: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
+	118, // 68: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
+	103, // 69: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
 	3,   // 70: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
 	9,   // 71: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
 	10,  // 72: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
@@ -8706,74 +8754,76 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	72,  // 93: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
 	76,  // 94: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
 	79,  // 95: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	86,  // 96: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	87,  // 97: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	87,  // 96: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	88,  // 97: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
 	81,  // 98: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
-	85,  // 99: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
-	83,  // 100: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
-	89,  // 101: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	96,  // 102: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	99,  // 103: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
-	46,  // 104: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	48,  // 105: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	49,  // 106: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	50,  // 107: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	52,  // 108: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	55,  // 109: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	56,  // 110: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	58,  // 111: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	61,  // 112: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	64,  // 113: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	67,  // 114: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	101, // 115: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
-	8,   // 116: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	8,   // 117: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	11,  // 118: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	13,  // 119: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	8,   // 120: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	8,   // 121: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	17,  // 122: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	18,  // 123: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	20,  // 124: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	22,  // 125: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	17,  // 126: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	25,  // 127: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	27,  // 128: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	30,  // 129: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	32,  // 130: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	34,  // 131: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	36,  // 132: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	39,  // 133: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	37,  // 134: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	42,  // 135: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	44,  // 136: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	54,  // 137: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	70,  // 138: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	73,  // 139: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	78,  // 140: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	80,  // 141: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	88,  // 142: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	88,  // 143: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	82,  // 144: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
-	88,  // 145: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
-	84,  // 146: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
-	95,  // 147: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	98,  // 148: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	100, // 149: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
-	47,  // 150: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	45,  // 151: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	45,  // 152: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	51,  // 153: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	53,  // 154: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	54,  // 155: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	57,  // 156: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	59,  // 157: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	63,  // 158: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	66,  // 159: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	68,  // 160: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	103, // 161: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
-	116, // [116:162] is the sub-list for method output_type
-	70,  // [70:116] is the sub-list for method input_type
+	86,  // 99: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	84,  // 100: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	90,  // 101: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	97,  // 102: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	82,  // 103: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
+	100, // 104: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
+	46,  // 105: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	48,  // 106: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	49,  // 107: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	50,  // 108: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	52,  // 109: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	55,  // 110: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	56,  // 111: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	58,  // 112: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	61,  // 113: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	64,  // 114: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	67,  // 115: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	102, // 116: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
+	8,   // 117: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	8,   // 118: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	11,  // 119: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	13,  // 120: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	8,   // 121: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	8,   // 122: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	17,  // 123: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	18,  // 124: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	20,  // 125: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	22,  // 126: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	17,  // 127: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	25,  // 128: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	27,  // 129: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	30,  // 130: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	32,  // 131: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	34,  // 132: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	36,  // 133: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	39,  // 134: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	37,  // 135: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	42,  // 136: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	44,  // 137: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	54,  // 138: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	70,  // 139: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	73,  // 140: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	78,  // 141: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	80,  // 142: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	89,  // 143: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	89,  // 144: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	83,  // 145: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	89,  // 146: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	85,  // 147: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	96,  // 148: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	99,  // 149: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	80,  // 150: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
+	101, // 151: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
+	47,  // 152: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	45,  // 153: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	45,  // 154: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	51,  // 155: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	53,  // 156: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	54,  // 157: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	57,  // 158: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	59,  // 159: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	63,  // 160: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	66,  // 161: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	68,  // 162: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	104, // 163: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
+	117, // [117:164] is the sub-list for method output_type
+	70,  // [70:117] is the sub-list for method input_type
 	70,  // [70:70] is the sub-list for extension type_name
 	70,  // [70:70] is the sub-list for extension extendee
 	0,   // [0:70] is the sub-list for field type_name
@@ -8811,7 +8861,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   116,
+			NumMessages:   117,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -89,3 +89,17 @@ async def test_fork(w: warren.AsyncWarren, labels: dict) -> None:
         finally:
             for f in forks:
                 await f.delete(missing_ok=True)
+
+
+async def test_restore(w: warren.AsyncWarren) -> None:
+    # On the node that hibernated it, restore is resume; a checkpoint that
+    # is not there is NotFound (the move between nodes: e2e
+    # TestRestoreOnAnotherNode).
+    async with w.create(IMAGE, user_namespace=False) as sb:
+        await sb.exec("echo kept > /root/f")
+        await sb.hibernate()
+        back = await w.restore(sb.id)
+        assert back.restored and back.sandbox.state == warren.SandboxState.RUNNING
+        assert (await sb.exec("cat /root/f")).stdout == b"kept\n"
+    with pytest.raises(warren.NotFoundError, match="nohere"):
+        await w.restore("nohere")

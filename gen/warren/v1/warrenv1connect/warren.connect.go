@@ -135,6 +135,8 @@ const (
 	SandboxServiceRunProcedure = "/warren.v1.SandboxService/Run"
 	// SandboxServiceRunBatchProcedure is the fully-qualified name of the SandboxService's RunBatch RPC.
 	SandboxServiceRunBatchProcedure = "/warren.v1.SandboxService/RunBatch"
+	// SandboxServiceRestoreProcedure is the fully-qualified name of the SandboxService's Restore RPC.
+	SandboxServiceRestoreProcedure = "/warren.v1.SandboxService/Restore"
 	// SandboxServiceBatchCreateProcedure is the fully-qualified name of the SandboxService's
 	// BatchCreate RPC.
 	SandboxServiceBatchCreateProcedure = "/warren.v1.SandboxService/BatchCreate"
@@ -294,6 +296,16 @@ type SandboxServiceClient interface {
 	// to run carries its error in its item; the stream itself fails only
 	// for an invalid request.
 	RunBatch(context.Context, *connect.Request[v1.RunBatchRequest]) (*connect.ServerStreamForClient[v1.RunBatchItem], error)
+	// Restore brings a HIBERNATED sandbox back to life on this node from
+	// the checkpoint directory, which several nodes may share (`warren
+	// serve --checkpoint-dir`): a sandbox hibernated on another node moves
+	// here, keeping its id, files, processes and trajectory log (its
+	// network address is this node's). The node that hibernated it forgets
+	// it (NotFound there, naming this node). On the node that holds it,
+	// Restore is Resume. NotFound when no checkpoint of the id is there;
+	// Conflict while another node is restoring it; Unsupported for a fork
+	// that stands on a base only its own node has.
+	Restore(context.Context, *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.ResumeResponse], error)
 	// BatchCreate makes `count` sandboxes from one template in one call,
 	// for rollout batches: a gateway places them all at once (spreading
 	// them over its nodes), a node makes them concurrently. The response
@@ -512,6 +524,12 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("RunBatch")),
 			connect.WithClientOptions(opts...),
 		),
+		restore: connect.NewClient[v1.RestoreRequest, v1.ResumeResponse](
+			httpClient,
+			baseURL+SandboxServiceRestoreProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Restore")),
+			connect.WithClientOptions(opts...),
+		),
 		batchCreate: connect.NewClient[v1.BatchCreateRequest, v1.BatchCreateResponse](
 			httpClient,
 			baseURL+SandboxServiceBatchCreateProcedure,
@@ -556,6 +574,7 @@ type sandboxServiceClient struct {
 	fork              *connect.Client[v1.ForkRequest, v1.ForkResponse]
 	run               *connect.Client[v1.RunRequest, v1.RunResult]
 	runBatch          *connect.Client[v1.RunBatchRequest, v1.RunBatchItem]
+	restore           *connect.Client[v1.RestoreRequest, v1.ResumeResponse]
 	batchCreate       *connect.Client[v1.BatchCreateRequest, v1.BatchCreateResponse]
 }
 
@@ -724,6 +743,11 @@ func (c *sandboxServiceClient) RunBatch(ctx context.Context, req *connect.Reques
 	return c.runBatch.CallServerStream(ctx, req)
 }
 
+// Restore calls warren.v1.SandboxService.Restore.
+func (c *sandboxServiceClient) Restore(ctx context.Context, req *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return c.restore.CallUnary(ctx, req)
+}
+
 // BatchCreate calls warren.v1.SandboxService.BatchCreate.
 func (c *sandboxServiceClient) BatchCreate(ctx context.Context, req *connect.Request[v1.BatchCreateRequest]) (*connect.Response[v1.BatchCreateResponse], error) {
 	return c.batchCreate.CallUnary(ctx, req)
@@ -854,6 +878,16 @@ type SandboxServiceHandler interface {
 	// to run carries its error in its item; the stream itself fails only
 	// for an invalid request.
 	RunBatch(context.Context, *connect.Request[v1.RunBatchRequest], *connect.ServerStream[v1.RunBatchItem]) error
+	// Restore brings a HIBERNATED sandbox back to life on this node from
+	// the checkpoint directory, which several nodes may share (`warren
+	// serve --checkpoint-dir`): a sandbox hibernated on another node moves
+	// here, keeping its id, files, processes and trajectory log (its
+	// network address is this node's). The node that hibernated it forgets
+	// it (NotFound there, naming this node). On the node that holds it,
+	// Restore is Resume. NotFound when no checkpoint of the id is there;
+	// Conflict while another node is restoring it; Unsupported for a fork
+	// that stands on a base only its own node has.
+	Restore(context.Context, *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.ResumeResponse], error)
 	// BatchCreate makes `count` sandboxes from one template in one call,
 	// for rollout batches: a gateway places them all at once (spreading
 	// them over its nodes), a node makes them concurrently. The response
@@ -1068,6 +1102,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("RunBatch")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceRestoreHandler := connect.NewUnaryHandler(
+		SandboxServiceRestoreProcedure,
+		svc.Restore,
+		connect.WithSchema(sandboxServiceMethods.ByName("Restore")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceBatchCreateHandler := connect.NewUnaryHandler(
 		SandboxServiceBatchCreateProcedure,
 		svc.BatchCreate,
@@ -1142,6 +1182,8 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceRunHandler.ServeHTTP(w, r)
 		case SandboxServiceRunBatchProcedure:
 			sandboxServiceRunBatchHandler.ServeHTTP(w, r)
+		case SandboxServiceRestoreProcedure:
+			sandboxServiceRestoreHandler.ServeHTTP(w, r)
 		case SandboxServiceBatchCreateProcedure:
 			sandboxServiceBatchCreateHandler.ServeHTTP(w, r)
 		default:
@@ -1283,6 +1325,10 @@ func (UnimplementedSandboxServiceHandler) Run(context.Context, *connect.Request[
 
 func (UnimplementedSandboxServiceHandler) RunBatch(context.Context, *connect.Request[v1.RunBatchRequest], *connect.ServerStream[v1.RunBatchItem]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.RunBatch is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Restore(context.Context, *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.Restore is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) BatchCreate(context.Context, *connect.Request[v1.BatchCreateRequest]) (*connect.Response[v1.BatchCreateResponse], error) {
