@@ -232,3 +232,56 @@ func httpMux(p *peer) *http.ServeMux {
 	mux.Handle(warrenv1connect.NewSystemServiceHandler(p))
 	return mux
 }
+
+func (p *peer) BatchCreate(ctx context.Context, r *connect.Request[warrenv1.BatchCreateRequest]) (*connect.Response[warrenv1.BatchCreateResponse], error) {
+	res := &warrenv1.BatchCreateResponse{}
+	for range r.Msg.GetCount() {
+		sb, err := p.Create(ctx, connect.NewRequest(r.Msg.GetTemplate()))
+		if err != nil {
+			return nil, err
+		}
+		res.Sandboxes = append(res.Sandboxes, sb.Msg)
+	}
+	return connect.NewResponse(res), nil
+}
+
+// A batch is placed at once over the nodes and made by each in one call;
+// a node that died since its last report (its port refuses) costs a
+// create nothing: it is placed again elsewhere and the node marked down.
+func TestBatchCreateAndRefusingNode(t *testing.T) {
+	peers := []*peer{newPeer(t, "n0"), newPeer(t, "n1"), newPeer(t, "n2")}
+	ms := &staticMembers{}
+	for _, p := range peers {
+		ms.m = append(ms.m, membership.Member{Name: p.name, Meta: membership.Meta{Role: membership.RoleNode, API: p.url, Tag: p.tag}})
+	}
+	// Reports every minute: only a refused connection can mark a node
+	// down within this test.
+	g := New(Options{Name: "gw", Members: ms, PullInterval: time.Minute, DownAfter: time.Hour, Overcommit: 4})
+	defer g.Close()
+	ctx := context.Background()
+	waitUp(t, g, 3)
+	res, err := g.BatchCreate(ctx, &warrenv1.BatchCreateRequest{Template: &warrenv1.CreateRequest{Image: "img"}, Count: 30})
+	if err != nil || len(res.GetSandboxes()) != 30 || len(res.GetErrors()) != 0 {
+		t.Fatalf("batch of 30: %d made, errors %v, %v", len(res.GetSandboxes()), res.GetErrors(), err)
+	}
+	per := map[string]int{}
+	for _, sb := range res.GetSandboxes() {
+		per[sb.GetNode()]++
+	}
+	if len(per) != 3 {
+		t.Fatalf("batch of 30 on %v, want all three nodes", per)
+	}
+	_ = peers[1].srv.Close()
+	for i := range 20 {
+		sb, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img"})
+		if err != nil {
+			t.Fatalf("create %d with n1 refusing: %v", i, err)
+		}
+		if sb.GetNode() == "n1" {
+			t.Fatal("created on the refusing n1")
+		}
+	}
+	if n := g.nodes.get("n1"); n.isUp() {
+		t.Fatal("n1 refused a create and is still up")
+	}
+}

@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"errors"
+	"syscall"
 	"fmt"
 	"io"
 	"maps"
@@ -129,22 +131,40 @@ func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*war
 		return call(ctx, n, n.sb.Create, req)
 	}
 	r := g.placeRequest(ctx, req)
-	name, err := g.placer.Place(r)
-	if err != nil {
-		return nil, err
+	// A node that died since its last report refuses the connection: the
+	// create never reached it, so it is placed again elsewhere (the node
+	// is marked down at once instead of after --down-after).
+	for try := 0; ; try++ {
+		name, err := g.placer.Place(r)
+		if err != nil {
+			return nil, err
+		}
+		n := g.nodes.get(name)
+		if n == nil {
+			g.placer.Release(name, r)
+			return nil, errdefs.Unavailablef("node %s left the cluster", name)
+		}
+		res, err := n.sb.Create(ctx, connect.NewRequest(req))
+		if err != nil {
+			g.placer.Release(name, r)
+			if refused(err) && try < createRetries {
+				g.markDown(n, "refused a connection")
+				continue
+			}
+			return nil, n.err(err)
+		}
+		g.recent.add(res.Msg.GetId(), name, r)
+		return res.Msg, nil
 	}
-	n := g.nodes.get(name)
-	if n == nil {
-		g.placer.Release(name, r)
-		return nil, errdefs.Unavailablef("node %s left the cluster", name)
-	}
-	sb, err := call(ctx, n, n.sb.Create, req)
-	if err != nil {
-		g.placer.Release(name, r)
-		return nil, err
-	}
-	g.recent.add(sb.GetId(), name, r)
-	return sb, nil
+}
+
+// createRetries bounds the placements of one create on nodes that
+// refuse connections.
+const createRetries = 2
+
+// refused reports an error of a call that never reached the node.
+func refused(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
 }
 
 // BatchCreate places all count sandboxes at once, then asks each node
