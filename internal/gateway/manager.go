@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"syscall"
 	"fmt"
 	"io"
 	"maps"
@@ -11,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
