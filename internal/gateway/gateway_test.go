@@ -285,3 +285,23 @@ func TestBatchCreateAndRefusingNode(t *testing.T) {
 		t.Fatal("n1 refused a create and is still up")
 	}
 }
+
+// A node's answer keeps its code, category and message through the
+// gateway; a node that cannot be reached is Unavailable, naming it.
+func TestNodeErrors(t *testing.T) {
+	p := newPeer(t, "n0")
+	n, err := newNode("n0", p.tag, p.url, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = call(context.Background(), n, n.sb.Get, &warrenv1.GetRequest{Id: "nope"})
+	ce := server.ToConnectError(err).(*connect.Error)
+	if ce.Code() != connect.CodeNotFound || ce.Meta().Get(server.CategoryHeader) != "not_found" || !strings.Contains(ce.Message(), "nope") {
+		t.Fatalf("a node's NotFound through the gateway: %v %v", ce.Code(), ce)
+	}
+	_ = p.srv.Close()
+	_, err = call(context.Background(), n, n.sb.Get, &warrenv1.GetRequest{Id: "nope"})
+	if errdefs.CategoryOf(err) != errdefs.Unavailable || !strings.Contains(err.Error(), "n0") {
+		t.Fatalf("an unreachable node: %v, want Unavailable naming n0", err)
+	}
+}
