@@ -174,6 +174,16 @@ func runGateway(cmd *cobra.Command, o gatewayOptions) error {
 	close(ready)
 	defer gw.Close()
 	srv.SetMetrics(gw.MetricsHandler())
+	// Serve once a node has reported (calls before it would be refused
+	// as Unavailable anyway); a cluster with no node up yet is served
+	// after a while, answering Unavailable until one reports.
+	select {
+	case <-gw.Ready():
+	case <-time.After(10 * time.Second):
+		log.Warn("no node has reported yet; serving anyway")
+	case <-cmd.Context().Done():
+		return cmd.Context().Err()
+	}
 	log.Info("warren gateway started", "name", o.name, "gossip", pool.Addr(), "join", strings.Join(o.cluster.peers, ","))
 	return srv.Serve(cmd.Context(), gw)
 }

@@ -57,6 +57,11 @@ type Gateway struct {
 	// change notifications both call it, and two at once could each add
 	// a node object for one new member.
 	syncMu sync.Mutex
+	// ready is closed at the first node report: before it the gateway
+	// knows no node, and would answer NotFound for every sandbox and
+	// empty lists (warming).
+	ready     chan struct{}
+	readyOnce sync.Once
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -83,6 +88,7 @@ func New(o Options) *Gateway {
 		images: imageCache{m: map[string]imageEntry{}},
 		recent: recentCreates{m: map[string]recentCreate{}},
 		stop:   make(chan struct{}),
+		ready:  make(chan struct{}),
 	}
 	g.wg.Add(1)
 	go g.loop()
@@ -116,6 +122,21 @@ func (g *Gateway) loop() {
 	}
 }
 
+// Ready is closed once the gateway has a report from a node.
+func (g *Gateway) Ready() <-chan struct{} { return g.ready }
+
+// warming fails calls that need the cluster's nodes until the first
+// report: Unavailable, which clients retry, rather than the NotFound or
+// the empty list a gateway that knows no node yet would answer.
+func (g *Gateway) warming() error {
+	select {
+	case <-g.ready:
+		return nil
+	default:
+		return errdefs.Unavailablef("gateway %s is starting: no node has reported to it yet", g.o.Name)
+	}
+}
+
 // Close stops the pulls.
 func (g *Gateway) Close() error {
 	close(g.stop)
@@ -134,6 +155,9 @@ func (g *Gateway) Close() error {
 func (g *Gateway) owner(ctx context.Context, id string) (*node, error) {
 	if id == "" {
 		return nil, errdefs.Invalidf("sandbox id is required")
+	}
+	if err := g.warming(); err != nil {
+		return nil, err
 	}
 	var tagged *node
 	if len(id) == idLen {

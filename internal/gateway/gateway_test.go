@@ -305,3 +305,21 @@ func TestNodeErrors(t *testing.T) {
 		t.Fatalf("an unreachable node: %v, want Unavailable naming n0", err)
 	}
 }
+
+// A gateway that no node has reported to yet answers Unavailable, which
+// clients retry, not NotFound or an empty list.
+func TestWarmingIsUnavailable(t *testing.T) {
+	g := New(Options{Name: "gw", Members: &staticMembers{}, PullInterval: time.Hour})
+	defer g.Close()
+	ctx := context.Background()
+	_, err := g.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "abcdeabcdeabcdeab"})
+	if errdefs.CategoryOf(err) != errdefs.Unavailable {
+		t.Fatalf("exec on a warming gateway: %v", err)
+	}
+	if _, err := g.List(ctx, &warrenv1.ListRequest{}); errdefs.CategoryOf(err) != errdefs.Unavailable {
+		t.Fatalf("list on a warming gateway: %v", err)
+	}
+	if _, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img"}); errdefs.CategoryOf(err) != errdefs.Unavailable {
+		t.Fatalf("create on a warming gateway: %v", err)
+	}
+}

@@ -119,6 +119,9 @@ func (g *Gateway) placeRequest(ctx context.Context, req *warrenv1.CreateRequest)
 // Create places the sandbox (or takes the node the request names) and
 // creates it there.
 func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*warrenv1.Sandbox, error) {
+	if err := g.warming(); err != nil {
+		return nil, err
+	}
 	// The node validates the request: one place decides what is valid.
 	if name := req.GetNode(); name != "" {
 		n := g.nodes.get(name)
@@ -170,6 +173,9 @@ func refused(err error) bool {
 // BatchCreate places all count sandboxes at once, then asks each node
 // for its share in one call.
 func (g *Gateway) BatchCreate(ctx context.Context, req *warrenv1.BatchCreateRequest) (*warrenv1.BatchCreateResponse, error) {
+	if err := g.warming(); err != nil {
+		return nil, err
+	}
 	if err := daemon.ValidBatch(req); err != nil {
 		return nil, err
 	}
@@ -274,6 +280,9 @@ func lost(sb *warrenv1.Sandbox, n *node) *warrenv1.Sandbox {
 // cuts the merged list to the page: the page token works the same on a
 // node and here, so no state is kept between pages.
 func (g *Gateway) List(ctx context.Context, req *warrenv1.ListRequest) (*warrenv1.ListResponse, error) {
+	if err := g.warming(); err != nil {
+		return nil, err
+	}
 	var (
 		mu   sync.Mutex
 		all  []*warrenv1.Sandbox
@@ -545,6 +554,9 @@ func (g *Gateway) byLabel(ctx context.Context, labels map[string]string, send fu
 	if len(labels) == 0 {
 		return errdefs.Invalidf("labels are required")
 	}
+	if err := g.warming(); err != nil {
+		return err
+	}
 	var (
 		mu                       sync.Mutex
 		total, completed, failed int32
@@ -632,6 +644,9 @@ func (g *Gateway) RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, s
 }
 
 func (g *Gateway) placeJob(ctx context.Context, image string) (*node, func(), error) {
+	if err := g.warming(); err != nil {
+		return nil, nil, err
+	}
 	r := placement.Request{Layers: g.layersOf(ctx, image)}
 	name, err := g.placer.Place(r)
 	if err != nil {

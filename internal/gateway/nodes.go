@@ -266,6 +266,7 @@ func (g *Gateway) pullNode(ctx context.Context, n *node) {
 	listDue := back || now.Sub(n.listedAt) >= g.o.ListInterval
 	n.mu.Unlock()
 	g.placer.Update(stateOf(n.name, st))
+	g.readyOnce.Do(func() { close(g.ready) })
 	if back {
 		g.log.Info("node up", "node", n.name)
 	}
