@@ -53,6 +53,7 @@ type Gateway struct {
 	nodes  nodeSet
 	images imageCache
 	recent recentCreates
+	routes routeCache
 	// syncMu makes one syncMembers at a time: the loop and the pool's
 	// change notifications both call it, and two at once could each add
 	// a node object for one new member.
@@ -87,6 +88,7 @@ func New(o Options) *Gateway {
 		nodes:  nodeSet{byNm: map[string]*node{}, byTag: map[string]*node{}},
 		images: imageCache{m: map[string]imageEntry{}},
 		recent: recentCreates{m: map[string]recentCreate{}},
+		routes: routeCache{m: map[string]string{}, max: routeCacheMax},
 		stop:   make(chan struct{}),
 		ready:  make(chan struct{}),
 	}
@@ -165,7 +167,17 @@ func (g *Gateway) owner(ctx context.Context, id string) (*node, error) {
 			return tagged, nil
 		}
 	}
+	if tagged == nil {
+		if name, ok := g.routes.get(id); ok {
+			if n := g.nodes.get(name); n != nil && n.isUp() {
+				return n, nil
+			}
+		}
+	}
 	if n := g.lookup(ctx, id, nil); n != nil {
+		if tagged == nil {
+			g.routes.put(id, n.name)
+		}
 		return n, nil
 	}
 	if tagged != nil {
@@ -213,10 +225,22 @@ func (g *Gateway) lookup(ctx context.Context, id string, skip *node) *node {
 // tried again elsewhere: n is the id's tagged node and does not have it,
 // so it may have been restored on another node. It returns that node.
 func (g *Gateway) moved(ctx context.Context, id string, n *node, err error) *node {
-	if connect.CodeOf(err) != connect.CodeNotFound || len(id) != idLen || id[:TagLen] != n.tag {
+	if connect.CodeOf(err) != connect.CodeNotFound {
 		return nil
 	}
-	return g.lookup(ctx, id, n)
+	byTag := len(id) == idLen && id[:TagLen] == n.tag
+	if !byTag {
+		name, cached := g.routes.get(id)
+		if !cached || name != n.name {
+			return nil // found by asking every node: it is not elsewhere
+		}
+		g.routes.del(id)
+	}
+	m := g.lookup(ctx, id, n)
+	if m != nil && !byTag {
+		g.routes.put(id, m.name)
+	}
+	return m
 }
 
 // knows returns the sandbox id as n last listed it, or nil.
@@ -329,4 +353,44 @@ func (r *recentCreates) prune(d time.Duration) {
 			delete(r.m, id)
 		}
 	}
+}
+
+// routeCacheMax bounds the route cache: ~100 bytes an entry.
+const routeCacheMax = 1 << 20
+
+// routeCache remembers, in this gateway only, the node of sandboxes whose
+// id has no node tag (an id the client chose: the Python SDK chooses
+// every id, so that a create is safe to retry), learned at create and
+// at the first lookup, so that each call on one does not ask every node.
+// A miss or a stale entry costs one lookup (owner, moved); nothing
+// depends on it being complete, so gateways need not share it.
+type routeCache struct {
+	mu  sync.Mutex
+	m   map[string]string
+	max int
+}
+
+func (r *routeCache) get(id string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.m[id]
+	return n, ok
+}
+
+func (r *routeCache) put(id, node string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.m) >= r.max {
+		for k := range r.m { // an arbitrary victim: a miss costs one lookup
+			delete(r.m, k)
+			break
+		}
+	}
+	r.m[id] = node
+}
+
+func (r *routeCache) del(id string) {
+	r.mu.Lock()
+	delete(r.m, id)
+	r.mu.Unlock()
 }

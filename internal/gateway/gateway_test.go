@@ -28,6 +28,7 @@ type peer struct {
 	name, tag string
 	mu        sync.Mutex
 	sbs       map[string]*warrenv1.Sandbox
+	gets      int
 	seq       int
 	url       string
 	srv       *http.Server
@@ -52,6 +53,9 @@ func (p *peer) Create(_ context.Context, r *connect.Request[warrenv1.CreateReque
 	defer p.mu.Unlock()
 	p.seq++
 	id := p.tag + fmt.Sprintf("%012d", p.seq)
+	if r.Msg.GetId() != "" {
+		id = r.Msg.GetId()
+	}
 	sb := &warrenv1.Sandbox{Id: id, Node: p.name, Labels: r.Msg.GetLabels(), CreatedAtUnixMs: int64(p.seq), State: warrenv1.SandboxState_SANDBOX_STATE_RUNNING}
 	p.sbs[id] = sb
 	return connect.NewResponse(sb), nil
@@ -60,6 +64,7 @@ func (p *peer) Create(_ context.Context, r *connect.Request[warrenv1.CreateReque
 func (p *peer) Get(_ context.Context, r *connect.Request[warrenv1.GetRequest]) (*connect.Response[warrenv1.Sandbox], error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.gets++
 	if sb := p.sbs[r.Msg.GetId()]; sb != nil {
 		return connect.NewResponse(sb), nil
 	}
@@ -321,5 +326,52 @@ func TestWarmingIsUnavailable(t *testing.T) {
 	}
 	if _, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img"}); errdefs.CategoryOf(err) != errdefs.Unavailable {
 		t.Fatalf("create on a warming gateway: %v", err)
+	}
+}
+
+// A sandbox whose id the client chose (no node tag) is found by asking
+// the nodes once at most: the gateway that created it, or found it, goes
+// straight to its node after that.
+func TestClientChosenIDsRouteWithoutFanOut(t *testing.T) {
+	peers := []*peer{newPeer(t, "n0"), newPeer(t, "n1"), newPeer(t, "n2")}
+	ms := &staticMembers{}
+	for _, p := range peers {
+		ms.m = append(ms.m, membership.Member{Name: p.name, Meta: membership.Meta{Role: membership.RoleNode, API: p.url, Tag: p.tag}})
+	}
+	gets := func() int {
+		n := 0
+		for _, p := range peers {
+			p.mu.Lock()
+			n += p.gets
+			p.mu.Unlock()
+		}
+		return n
+	}
+	opts := Options{Members: ms, PullInterval: time.Minute, DownAfter: time.Hour, Overcommit: 4}
+	a, b := New(opts), New(opts)
+	defer a.Close()
+	defer b.Close()
+	waitUp(t, a, 3)
+	waitUp(t, b, 3)
+	ctx := context.Background()
+	if _, err := a.Create(ctx, &warrenv1.CreateRequest{Id: "clientchosenid23", Image: "img"}); err != nil {
+		t.Fatal(err)
+	}
+	before := gets()
+	for range 5 {
+		if _, err := a.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "clientchosenid23"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := gets() - before; got != 0 {
+		t.Fatalf("the creating gateway asked the nodes %d times", got)
+	}
+	for range 5 {
+		if _, err := b.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "clientchosenid23"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := gets() - before; got != 3 {
+		t.Fatalf("another gateway asked the nodes %d times for 5 calls, want one lookup (3 Gets)", got)
 	}
 }

@@ -157,6 +157,9 @@ func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*war
 			return nil, n.err(err)
 		}
 		g.recent.add(res.Msg.GetId(), name, r)
+		if len(res.Msg.GetId()) != idLen || res.Msg.GetId()[:TagLen] != n.tag {
+			g.routes.put(res.Msg.GetId(), name)
+		}
 		return res.Msg, nil
 	}
 }
@@ -350,6 +353,7 @@ func (g *Gateway) Delete(ctx context.Context, req *warrenv1.DeleteRequest) (*war
 		if c, ok := g.recent.take(req.GetId()); ok {
 			g.placer.Release(c.node, c.req)
 		}
+		g.routes.del(req.GetId())
 	}
 	return res, err
 }
