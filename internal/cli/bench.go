@@ -157,6 +157,7 @@ func checkCounts(n, warmup int, conc []int) error {
 
 func newBenchCreateCommand(bf *benchFlags) *cobra.Command {
 	cfg := bench.CreateConfig{}
+	var viaGateway bool
 	c := &cobra.Command{
 		Use:   "create [--n 200] [--concurrency 1,8]",
 		Short: "Create -> exec `true` -> delete cycles, against crun run, runc run and unshare+chroot",
@@ -166,11 +167,15 @@ func newBenchCreateCommand(bf *benchFlags) *cobra.Command {
 				return err
 			}
 			cfg.Peers = bf.peers
+			if viaGateway {
+				return runCreateGateway(cmd, bf, cfg)
+			}
 			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
 				return bench.RunCreate(ctx, env, cfg)
 			})
 		},
 	}
+	c.Flags().BoolVar(&viaGateway, "gateway", false, "measure through a gateway (started in this process, joined to the private daemon's gossip) against the same node over TCP, as a ratio (no peers)")
 	c.Flags().IntVar(&cfg.N, "n", 200, "measured cycles per system and concurrency")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 10, "unmeasured cycles before each measured run")
 	c.Flags().DurationVar(&cfg.Pause, "pause", 0, "sleep before every cycle of each client (latency on an idle host; lowers per_s)")

@@ -51,10 +51,17 @@ const (
 
 // Config configures a Manager.
 type Config struct {
-	StateDir string                     // default /var/lib/warren
-	Backends map[string]backend.Backend // by name; "container" is the default backend
-	Images   *image.Store
-	Metrics  *metrics.Metrics // nil: no metrics
+	StateDir string // default /var/lib/warren
+	// NodeTag starts the ids the node generates, so that a gateway
+	// routes a call by its id alone (docs/ARCHITECTURE.md, "The
+	// cluster"); empty outside a cluster.
+	NodeTag string
+	// MaxSandboxes is the most live sandboxes the node reports it takes
+	// (NodeStatus); 0: no cap of its own.
+	MaxSandboxes int
+	Backends     map[string]backend.Backend // by name; "container" is the default backend
+	Images       *image.Store
+	Metrics      *metrics.Metrics // nil: no metrics
 	// DefaultTimeout is the sandbox lifetime when a request asks for none
 	// (default 1h); MaxTimeout caps requested lifetimes (default 24h).
 	DefaultTimeout     time.Duration

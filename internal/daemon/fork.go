@@ -274,9 +274,9 @@ func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sand
 			return nil, 0, err
 		}
 	}
-	id := newID()
+	id := m.newID()
 	for m.sandboxes[id] != nil {
-		id = newID()
+		id = m.newID()
 	}
 	s.id, fi.Id = id, id
 	m.sandboxes[id] = s

@@ -1,13 +1,11 @@
 package daemon
 
 import (
-	"cmp"
 	"context"
 	"maps"
 	"net/netip"
 	"path"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/listpage"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/store"
 )
@@ -124,6 +123,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Rlimits:         rlimitProtos(p.rlimits),
 		Network:         networkProto(p.network),
 		Parent:          parent,
+		Node:            m.cfg.NodeName,
 	}
 	if hp != nil {
 		info.Harness = &warrenv1.HarnessOptions{MaxChildren: hp.maxChildren}
@@ -151,7 +151,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		return nil, errdefs.Unavailablef("daemon is shutting down")
 	}
 	if p.id == "" {
-		for p.id = newID(); m.sandboxes[p.id] != nil; p.id = newID() {
+		for p.id = m.newID(); m.sandboxes[p.id] != nil; p.id = m.newID() {
 		}
 	} else if m.sandboxes[p.id] != nil {
 		m.mu.Unlock()
@@ -395,8 +395,8 @@ func (m *Manager) List(ctx context.Context, req *warrenv1.ListRequest) (_ *warre
 		}
 		s.mu.Unlock()
 	}
-	sortSandboxes(resp.Sandboxes)
-	return resp, nil
+	listpage.Sort(resp.Sandboxes)
+	return listpage.Cut(resp.Sandboxes, req)
 }
 
 // snapshot returns the sandboxes of the manager at this moment, in no
@@ -853,6 +853,9 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		st = stateRunning // LOST is never persisted; were it, adopt it again
 	}
 	info.Id, info.State = rec.ID, st
+	if info.Node == "" {
+		info.Node = m.cfg.NodeName // made before the node had a name
+	}
 	s := &sandbox{
 		id:           rec.ID,
 		backendName:  rec.Backend,
@@ -1124,16 +1127,6 @@ func (m *Manager) count(st warrenv1.SandboxState) int {
 		s.mu.Unlock()
 	}
 	return n
-}
-
-// sortSandboxes orders sandboxes by creation time, then id.
-func sortSandboxes(sbs []*warrenv1.Sandbox) {
-	slices.SortFunc(sbs, func(a, b *warrenv1.Sandbox) int {
-		if c := cmp.Compare(a.GetCreatedAtUnixMs(), b.GetCreatedAtUnixMs()); c != 0 {
-			return c
-		}
-		return strings.Compare(a.GetId(), b.GetId())
-	})
 }
 
 // etcFilesOf is the /etc files a sandbox gets over its image's, none with

@@ -49,6 +49,7 @@ type Manager interface {
 	ResumeByLabel(ctx context.Context, req *warrenv1.ResumeByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	Run(context.Context, *warrenv1.RunRequest) (*warrenv1.RunResult, error)
 	RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, send func(*warrenv1.RunBatchItem) error) error
+	BatchCreate(context.Context, *warrenv1.BatchCreateRequest) (*warrenv1.BatchCreateResponse, error)
 	TarOut(ctx context.Context, id, path string, w io.Writer) error
 	TarIn(ctx context.Context, id, path string, r io.Reader) error
 
@@ -66,6 +67,7 @@ type Manager interface {
 	VerifyImage(context.Context, *warrenv1.VerifyImageRequest) (*warrenv1.VerifyImageResponse, error)
 
 	Version(context.Context, *warrenv1.VersionRequest) (*warrenv1.VersionResponse, error)
+	NodeStatus(context.Context, *warrenv1.NodeStatusRequest) (*warrenv1.NodeStatusResponse, error)
 }
 
 // unary adapts a Manager method to a connect unary handler body.
@@ -276,6 +278,14 @@ func (s imageService) VerifyImage(ctx context.Context, r *connect.Request[warren
 
 // systemService implements warrenv1connect.SystemServiceHandler.
 type systemService struct{ m Manager }
+
+func (s sandboxService) BatchCreate(ctx context.Context, r *connect.Request[warrenv1.BatchCreateRequest]) (*connect.Response[warrenv1.BatchCreateResponse], error) {
+	return unary(ctx, r, s.m.BatchCreate)
+}
+
+func (s systemService) NodeStatus(ctx context.Context, r *connect.Request[warrenv1.NodeStatusRequest]) (*connect.Response[warrenv1.NodeStatusResponse], error) {
+	return unary(ctx, r, s.m.NodeStatus)
+}
 
 func (s systemService) Version(ctx context.Context, r *connect.Request[warrenv1.VersionRequest]) (*connect.Response[warrenv1.VersionResponse], error) {
 	return unary(ctx, r, s.m.Version)

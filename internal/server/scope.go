@@ -96,6 +96,10 @@ var (
 		// Node-wide pools outside any sandbox of the harness.
 		warrenv1connect.SandboxServiceRunProcedure:      {access: deny},
 		warrenv1connect.SandboxServiceRunBatchProcedure: {access: deny},
+		// Its sandboxes would be the harness's children, each checked
+		// as a create is: not worth a second path; a harness creates
+		// one at a time.
+		warrenv1connect.SandboxServiceBatchCreateProcedure: {access: deny},
 
 		// The image store is the node's.
 		warrenv1connect.ImageServiceListImagesProcedure:  {access: deny},
@@ -110,6 +114,8 @@ var (
 		warrenv1connect.ImageServiceVerifyImageProcedure: {access: deny},
 
 		warrenv1connect.SystemServiceVersionProcedure: {access: anyone},
+		// The node's capacity and its sandboxes' labels: node-level.
+		warrenv1connect.SystemServiceNodeStatusProcedure: {access: deny},
 	}
 )
 
