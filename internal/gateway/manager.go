@@ -168,9 +168,12 @@ func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*war
 // refuse connections.
 const createRetries = 2
 
-// refused reports an error of a call that never reached the node.
+// refused reports an error of a call that never reached the node: no
+// connection, or (EPIPE) a kept-alive one the node closed before the
+// request was written, as a node killed since the last call does.
 func refused(err error) bool {
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH)
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) ||
+		errors.Is(err, syscall.EPIPE)
 }
 
 // BatchCreate places all count sandboxes at once, then asks each node

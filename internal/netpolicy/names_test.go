@@ -88,7 +88,7 @@ func TestNameRuleFollowsResolution(t *testing.T) {
 	if got, _ := n.ResolvedAddrs("nm", "svc.test"); len(got) != 1 || got[0] != th.addr {
 		t.Errorf("resolved addresses %v, want [%v]", got, th.addr)
 	}
-	c, err := dial(ns, th.addr, port)
+	c, err := connect(ns, th.addr, port)
 	if err != nil {
 		t.Fatalf("answered address unreachable: %v", err)
 	}

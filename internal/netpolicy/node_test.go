@@ -98,12 +98,24 @@ func listen(t *testing.T, ns netns.NsHandle, addr string) int {
 	return testutil.EchoServer(t, ns, addr)
 }
 
-// dial connects from namespace ns to addr:port within a second.
+// dial connects from namespace ns to addr:port within a second: for
+// reaches, whose refused dials should not take long.
 func dial(ns netns.NsHandle, addr netip.Addr, port int) (net.Conn, error) {
+	return dialWithin(ns, addr, port, time.Second)
+}
+
+// connect is dial for a connection that must succeed: within 5 s, so
+// that a first SYN lost on a loaded machine (retransmitted after 1 s)
+// does not fail the test.
+func connect(ns netns.NsHandle, addr netip.Addr, port int) (net.Conn, error) {
+	return dialWithin(ns, addr, port, 5*time.Second)
+}
+
+func dialWithin(ns netns.NsHandle, addr netip.Addr, port int, d time.Duration) (net.Conn, error) {
 	var c net.Conn
 	err := inNSErr(ns, func() error {
 		var err error
-		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(addr, uint16(port)).String(), time.Second)
+		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(addr, uint16(port)).String(), d)
 		return err
 	})
 	return c, err
@@ -245,7 +257,7 @@ func TestPolicyChangeCutsEstablished(t *testing.T) {
 	pid := sandboxProc(t)
 	a := mustAttach(t, n, "ph", pid, Policy{Mode: Open})
 	ns := nsOf(t, pid)
-	c, err := dial(ns, th.addr, port)
+	c, err := connect(ns, th.addr, port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,7 +519,7 @@ func TestGroupMembersReachOnlyEachOther(t *testing.T) {
 		}
 	}
 	// A policy change keeps the group: no abort of a member's connection.
-	c, err := dial(nsB, ipA, pA)
+	c, err := connect(nsB, ipA, pA)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -551,7 +563,7 @@ func TestDetachForgetsFlows(t *testing.T) {
 	pid := sandboxProc(t)
 	a := mustAttach(t, n, "flows", pid, Policy{Mode: Open})
 	_, addr := n.Addrs(a.Index)
-	c, err := dial(nsOf(t, pid), th.addr, port)
+	c, err := connect(nsOf(t, pid), th.addr, port)
 	if err != nil {
 		t.Fatal(err)
 	}
