@@ -19,6 +19,7 @@ import (
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/container"
 	"github.com/warrenrl/warren/internal/daemon"
+	"github.com/warrenrl/warren/internal/e2b"
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/events"
 	"github.com/warrenrl/warren/internal/fncall"
@@ -64,6 +65,7 @@ type serveOptions struct {
 	dnsUpstreams             []string
 	checkpointDir            string
 	nodeName                 string
+	e2bAddr, e2bKeyFile      string
 }
 
 func newServeCommand() *cobra.Command {
@@ -114,6 +116,8 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive download whose client takes no data, or an upload whose client sends none, for this long (the walk it holds is released)")
 	f.StringVar(&o.pprofAddr, "pprof", "", "serve Go's profiling endpoints (/debug/pprof/) on this TCP address, without authentication: use a loopback address such as 127.0.0.1:6060")
+	f.StringVar(&o.e2bAddr, "e2b-addr", "", "also serve the E2B-compatible API (lifecycle REST and envd, docs/E2B.md) on this TCP address, e.g. 127.0.0.1:3000; needs --e2b-api-key-file")
+	f.StringVar(&o.e2bKeyFile, "e2b-api-key-file", "", "file of the API keys the E2B API accepts (X-API-Key), one e2b_<hex> per line")
 	return c
 }
 
@@ -158,6 +162,9 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		return err
 	}
 	slog.SetDefault(log)
+	if (o.e2bAddr == "") != (o.e2bKeyFile == "") {
+		return usagef("--e2b-addr and --e2b-api-key-file go together")
+	}
 	if o.layerReadAheadKB < 0 {
 		return usagef("--layer-read-ahead-kb must not be negative")
 	}
@@ -371,6 +378,15 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			err = errors.Join(err, cerr)
 		}
 	}()
+	if o.e2bAddr != "" {
+		stop, err := serveE2B(o, mgr, log)
+		if err != nil {
+			return err
+		}
+		// Deferred after the daemon's Close, so it runs first: no E2B
+		// call reaches a closing daemon.
+		defer stop()
+	}
 	log.Info("warren daemon started", "version", daemon.Version, "state_dir", stateDir, "image_store", imageStore, "socket", o.socket)
 	err = srv.Serve(ctx, mgr)
 	log.Info("warren daemon stopped")
@@ -397,4 +413,34 @@ func parseReserve(s, dir string) (int64, error) {
 		return 0, fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	return min(int64(float64(st.Blocks)*float64(st.Bsize)*p/100), maxPercentReserve), nil
+}
+
+// serveE2B starts the E2B-compatible front door (internal/e2b) over mgr
+// and returns its stop.
+func serveE2B(o serveOptions, mgr *daemon.Manager, log *slog.Logger) (func(), error) {
+	keys, err := e2b.ReadKeys(o.e2bKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--e2b-api-key-file: %w", err)
+	}
+	es, err := e2b.New(e2b.Config{Addr: o.e2bAddr, Keys: keys, Manager: mgr, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	if err := es.Listen(); err != nil {
+		return nil, fmt.Errorf("--e2b-addr: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := es.Serve(); err != nil {
+			log.Error("E2B API stopped", "err", err)
+		}
+	}()
+	log.Info("E2B API listening", "addr", es.Addr().String(), "keys", len(keys))
+	return func() {
+		if err := es.Close(); err != nil {
+			log.Warn("closing the E2B API", "err", err)
+		}
+		<-done
+	}, nil
 }
