@@ -1,0 +1,213 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/warrenrl/warren/internal/testutil"
+)
+
+// e2bSDKVersion is the official E2B Python SDK the suite runs: the newest
+// release that passes (docs/E2B.md).
+const e2bSDKVersion = "2.63.0"
+
+// e2bVenv makes a venv with the E2B SDK and pytest from PyPI, or uses
+// $WARREN_E2B_VENV (one made before, for quick reruns).
+func e2bVenv(t *testing.T, dir string) string {
+	t.Helper()
+	if v := os.Getenv("WARREN_E2B_VENV"); v != "" {
+		return filepath.Join(v, "bin", "python")
+	}
+	venv := filepath.Join(dir, "venv")
+	if out, err := exec.Command("python3", "-m", "venv", venv).CombinedOutput(); err != nil {
+		t.Fatalf("python3 -m venv: %v\n%s", err, out)
+	}
+	py := filepath.Join(venv, "bin", "python")
+	cmd := exec.Command(py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "e2b=="+e2bSDKVersion, "pytest")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("pip install e2b==%s (PyPI must be reachable): %v\n%s", e2bSDKVersion, err, out)
+	}
+	return py
+}
+
+// startE2B starts a daemon serving the E2B door and returns it with its
+// URL and key.
+func startE2B(t *testing.T) (*env, string, string) {
+	t.Helper()
+	key := make([]byte, 20)
+	_, _ = rand.Read(key)
+	keyText := "e2b_" + hex.EncodeToString(key)
+	keyFile := filepath.Join(t.TempDir(), "e2b-keys")
+	if err := os.WriteFile(keyFile, []byte("# test key\n"+keyText+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeLoopbackAddr(t)
+	e := newEnv(t, envOptions{serveArgs: []string{"--e2b-addr", addr, "--e2b-api-key-file", keyFile}})
+	return e, "http://" + addr, keyText
+}
+
+// TestE2BSDK: the official E2B Python SDK, unchanged, drives Warren
+// through --e2b-addr: create, commands (output, exit codes, env, cwd,
+// timeout, background, kill, stdin), files (text, binary, multipart,
+// octet-stream, list, mkdir, rename, remove, exists), list with metadata
+// and paging, set_timeout expiry, pause and connect, kill. Nothing is left
+// on the node after (newEnv's baseline check).
+func TestE2BSDK(t *testing.T) {
+	t.Parallel()
+	testutil.RequireRoot(t)
+	e, url, key := startE2B(t)
+	py := e2bVenv(t, e.root)
+	suite, err := filepath.Abs("../../sdk/python/tests_e2b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", "-v", suite)
+	cmd.Dir = t.TempDir()
+	cmd.Env = append(os.Environ(),
+		"E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+key,
+		"WARREN_E2B_TEMPLATE="+imageName)
+	out, err := cmd.CombinedOutput()
+	t.Logf("pytest:\n%s", out)
+	if err != nil {
+		t.Fatalf("the E2B SDK suite failed: %v (daemon log: %s)", err, e.logPath)
+	}
+	if !bytes.Contains(out, []byte(" passed")) || bytes.Contains(out, []byte(" skipped")) {
+		t.Fatalf("the E2B SDK suite did not run every test")
+	}
+}
+
+// TestE2BRESTContract: what the SDKs rely on beyond the happy path: every
+// REST call needs a configured X-API-Key; errors are {"code","message"}
+// with the status the SDKs map; envd traffic needs the sandbox's own
+// access token (a token of another sandbox is refused); ids are
+// [a-z0-9]+ and also reach envd through a PORT-ID.DOMAIN host.
+func TestE2BRESTContract(t *testing.T) {
+	t.Parallel()
+	testutil.RequireRoot(t)
+	_, url, key := startE2B(t)
+	do := func(method, path, body string, h map[string]string) (int, http.Header, []byte) {
+		t.Helper()
+		req, err := http.NewRequest(method, url+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range h {
+			if k == "Host" {
+				req.Host = v
+				continue
+			}
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(resp.Body)
+		return resp.StatusCode, resp.Header, b.Bytes()
+	}
+	auth := map[string]string{"X-API-Key": key}
+
+	// No key, a wrong key.
+	for _, h := range []map[string]string{nil, {"X-API-Key": "e2b_" + strings.Repeat("ab", 20)}} {
+		code, _, body := do("GET", "/v2/sandboxes", "", h)
+		var e struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		}
+		if code != 401 || json.Unmarshal(body, &e) != nil || e.Code != 401 || e.Message == "" {
+			t.Errorf("list with key %v: %d %s, want 401 {code,message}", h, code, body)
+		}
+	}
+	// Unknown sandbox: 404 on get, kill, timeout.
+	for _, c := range [][2]string{{"GET", "/sandboxes/nosuch"}, {"DELETE", "/sandboxes/nosuch"}, {"POST", "/sandboxes/nosuch/timeout"}} {
+		if code, _, body := do(c[0], c[1], `{"timeout": 10}`, auth); code != 404 {
+			t.Errorf("%s %s: %d %s, want 404", c[0], c[1], code, body)
+		}
+	}
+	// Create through the older route, as 2.x SDKs before v2 did.
+	code, _, body := do("POST", "/sandboxes", fmt.Sprintf(`{"templateID": %q, "timeout": 60, "metadata": {"x": "1"}}`, imageName), auth)
+	var sb struct {
+		SandboxID, EnvdVersion, EnvdAccessToken string
+	}
+	if code != 201 || json.Unmarshal(body, &sb) != nil || sb.SandboxID == "" || sb.EnvdAccessToken == "" {
+		t.Fatalf("POST /sandboxes: %d %s", code, body)
+	}
+	for _, r := range sb.SandboxID {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') {
+			t.Errorf("sandbox id %q is not [a-z0-9]+", sb.SandboxID)
+		}
+	}
+	code, _, body = do("POST", "/sandboxes", fmt.Sprintf(`{"templateID": %q}`, imageName), auth)
+	var other struct{ SandboxID, EnvdAccessToken string }
+	if code != 201 || json.Unmarshal(body, &other) != nil {
+		t.Fatalf("second create: %d %s", code, body)
+	}
+
+	health := func(h map[string]string) int {
+		c, _, _ := do("GET", "/health", "", h)
+		return c
+	}
+	if c := health(map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "X-Access-Token": sb.EnvdAccessToken}); c != 204 {
+		t.Errorf("health with the sandbox's token: %d, want 204", c)
+	}
+	if c := health(map[string]string{"E2b-Sandbox-Id": sb.SandboxID}); c != 401 {
+		t.Errorf("health without a token: %d, want 401", c)
+	}
+	if c := health(map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "X-Access-Token": other.EnvdAccessToken}); c != 401 {
+		t.Errorf("health with another sandbox's token: %d, want 401", c)
+	}
+	// The host form: PORT-ID.DOMAIN, as wildcard-DNS deployments route.
+	if c := health(map[string]string{"Host": "49983-" + sb.SandboxID + ".warren.test", "X-Access-Token": sb.EnvdAccessToken}); c != 204 {
+		t.Errorf("health through a PORT-ID.DOMAIN host: %d, want 204", c)
+	}
+	// A file written and read back over plain /files.
+	envd := map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "X-Access-Token": sb.EnvdAccessToken, "Content-Type": "application/octet-stream"}
+	if c, _, b := do("POST", "/files?path=/tmp/x", "raw bytes", envd); c != 200 {
+		t.Errorf("POST /files: %d %s", c, b)
+	}
+	if c, _, b := do("GET", "/files?path=/tmp/x", "", envd); c != 200 || string(b) != "raw bytes" {
+		t.Errorf("GET /files: %d %q", c, b)
+	}
+	if c, _, b := do("GET", "/files?path=/tmp/none", "", envd); c != 404 {
+		t.Errorf("GET /files of a missing file: %d %s, want 404", c, b)
+	}
+
+	// Listing pages through X-Next-Token.
+	_, h, body := do("GET", "/v2/sandboxes?limit=1", "", auth)
+	var page []struct{ SandboxID string }
+	if json.Unmarshal(body, &page) != nil || len(page) != 1 || h.Get("X-Next-Token") == "" {
+		t.Fatalf("first page: %s, next %q", body, h.Get("X-Next-Token"))
+	}
+	_, h2, body := do("GET", "/v2/sandboxes?limit=1&nextToken="+h.Get("X-Next-Token"), "", auth)
+	var page2 []struct{ SandboxID string }
+	if json.Unmarshal(body, &page2) != nil || len(page2) != 1 || page2[0].SandboxID == page[0].SandboxID || h2.Get("X-Next-Token") != "" {
+		t.Errorf("second page: %s, next %q", body, h2.Get("X-Next-Token"))
+	}
+
+	for _, id := range []string{sb.SandboxID, other.SandboxID} {
+		if c, _, b := do("DELETE", "/sandboxes/"+id, "", auth); c != 204 {
+			t.Errorf("kill %s: %d %s", id, c, b)
+		}
+	}
+	// Gone: /health says "was not found" with 502 (the SDKs' "killed or
+	// timed out"), file calls are not found.
+	code, _, body = do("GET", "/health", "", map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "X-Access-Token": sb.EnvdAccessToken})
+	if code != 502 || !strings.Contains(string(body), "was not found") {
+		t.Errorf("health of a killed sandbox: %d %s, want 502 ... was not found", code, body)
+	}
+	if c, _, _ := do("GET", "/files?path=/tmp/x", "", envd); c != 404 {
+		t.Errorf("GET /files of a killed sandbox: %d, want 404", c)
+	}
+}
