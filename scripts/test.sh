@@ -22,6 +22,16 @@ for arch in amd64 arm64; do
 done
 rm -rf "$agent_tmp"
 export CGO_ENABLED=1
+# The official E2B Python SDKs from PyPI (the newest that passes and an
+# older 2.x), for test/e2e's TestE2BSDK (docs/E2B.md).
+e2b_venvs=$(mktemp -d /tmp/warren-e2b-venv.XXXXXX)
+trap 'rm -rf "$e2b_venvs"' EXIT
+for v in "WARREN_E2B_VENV requirements.txt" "WARREN_E2B_VENV_OLD requirements-old.txt"; do
+  set -- $v
+  python3 -m venv "$e2b_venvs/$1"
+  "$e2b_venvs/$1/bin/python" -m pip install -q --disable-pip-version-check -r "sdk/python/tests_e2b/$2"
+  export "$1=$e2b_venvs/$1"
+done
 # The fidelity suite (test/fidelity: CPython's regression tests in a
 # sandbox and in a chroot, ~5 minutes, both cores) runs on its own after
 # the rest: beside the e2e suites each would slow the other into

@@ -11,9 +11,10 @@
 // the Manager's file calls, pause is Hibernate (Pause where the node cannot
 // hibernate) and connect is Resume.
 //
-// Routing: a request carrying E2b-Sandbox-Id (what the SDKs send when
-// E2B_SANDBOX_URL is set), or whose Host is PORT-ID.DOMAIN, is envd
-// traffic for that sandbox; everything else is the REST API. REST calls
+// Routing: a request whose Host is PORT-ID.DOMAIN, or one to an envd
+// path (/process.Process/*, /filesystem.Filesystem/*, /files, /health)
+// carrying E2b-Sandbox-Id (what the SDKs send when E2B_SANDBOX_URL is
+// set), is envd traffic for that sandbox; everything else is the REST API. REST calls
 // need an X-API-Key from the configured key file; envd calls need the
 // X-Access-Token the REST API issued for that sandbox (an HMAC of its id
 // under the keys, so it survives a daemon restart and no table is kept).

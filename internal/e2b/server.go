@@ -181,12 +181,12 @@ func sandboxOf(ctx context.Context) string {
 	return id
 }
 
-// ServeHTTP routes a request to envd (a sandbox named by E2b-Sandbox-Id
-// or a PORT-ID.DOMAIN host) or to the REST API.
+// ServeHTTP routes a request to envd (a PORT-ID.DOMAIN host, or one of
+// envd's paths for the sandbox E2b-Sandbox-Id names) or to the REST API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	id, port := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
-	if id == "" {
-		id, port = hostSandbox(r.Host)
+	id, port := hostSandbox(r.Host)
+	if id == "" && envdPath(r.URL.Path) {
+		id, port = r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
 	}
 	if id == "" {
 		s.rest.ServeHTTP(w, r)
@@ -202,6 +202,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.envd.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, id)))
+}
+
+// envdPath tells envd's routes from the REST API's: the two sets are
+// disjoint, and the header alone cannot decide, since SDKs send
+// E2b-Sandbox-Id on some REST calls too (connect, in 2.x before v2).
+func envdPath(p string) bool {
+	return p == "/files" || p == "/health" || strings.HasPrefix(p, "/process.Process/") || strings.HasPrefix(p, "/filesystem.Filesystem/")
 }
 
 // hostSandbox reads PORT-ID.DOMAIN; a host of any other form names none.

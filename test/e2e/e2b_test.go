@@ -16,25 +16,26 @@ import (
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
-// e2bSDKVersion is the official E2B Python SDK the suite runs: the newest
-// release that passes (docs/E2B.md).
-const e2bSDKVersion = "2.63.0"
+// e2bSuite is the pytest suite of the official E2B Python SDK, and its
+// requirements files: the newest SDK release that passes, and an older
+// 2.x one (docs/E2B.md).
+const e2bSuite = "../../sdk/python/tests_e2b"
 
-// e2bVenv makes a venv with the E2B SDK and pytest from PyPI, or uses
-// $WARREN_E2B_VENV (one made before, for quick reruns).
-func e2bVenv(t *testing.T, dir string) string {
+// e2bVenv makes a venv with the requirements file req installed from
+// PyPI, or takes the one $envVar names (scripts/test.sh makes them once).
+func e2bVenv(t *testing.T, dir, req, envVar string) string {
 	t.Helper()
-	if v := os.Getenv("WARREN_E2B_VENV"); v != "" {
+	if v := os.Getenv(envVar); v != "" {
 		return filepath.Join(v, "bin", "python")
 	}
-	venv := filepath.Join(dir, "venv")
+	venv := filepath.Join(dir, "venv-"+strings.TrimSuffix(req, ".txt"))
 	if out, err := exec.Command("python3", "-m", "venv", venv).CombinedOutput(); err != nil {
 		t.Fatalf("python3 -m venv: %v\n%s", err, out)
 	}
 	py := filepath.Join(venv, "bin", "python")
-	cmd := exec.Command(py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "e2b=="+e2bSDKVersion, "pytest")
+	cmd := exec.Command(py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", filepath.Join(e2bSuite, req))
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("pip install e2b==%s (PyPI must be reachable): %v\n%s", e2bSDKVersion, err, out)
+		t.Fatalf("pip install -r %s (PyPI must be reachable): %v\n%s", req, err, out)
 	}
 	return py
 }
@@ -59,29 +60,39 @@ func startE2B(t *testing.T) (*env, string, string) {
 // through --e2b-addr: create, commands (output, exit codes, env, cwd,
 // timeout, background, kill, stdin), files (text, binary, multipart,
 // octet-stream, list, mkdir, rename, remove, exists), list with metadata
-// and paging, set_timeout expiry, pause and connect, kill. Nothing is left
-// on the node after (newEnv's baseline check).
+// and paging, set_timeout expiry, pause and connect, kill, and 100
+// sandboxes driven at once through the async API; with the newest SDK and
+// an older 2.x. Nothing is left on the node after (newEnv's baseline
+// check).
 func TestE2BSDK(t *testing.T) {
 	t.Parallel()
 	testutil.RequireRoot(t)
 	e, url, key := startE2B(t)
-	py := e2bVenv(t, e.root)
-	suite, err := filepath.Abs("../../sdk/python/tests_e2b")
+	suite, err := filepath.Abs(e2bSuite)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(py, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", "-v", suite)
-	cmd.Dir = t.TempDir()
-	cmd.Env = append(os.Environ(),
-		"E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+key,
-		"WARREN_E2B_TEMPLATE="+imageName)
-	out, err := cmd.CombinedOutput()
-	t.Logf("pytest:\n%s", out)
-	if err != nil {
-		t.Fatalf("the E2B SDK suite failed: %v (daemon log: %s)", err, e.logPath)
-	}
-	if !bytes.Contains(out, []byte(" passed")) || bytes.Contains(out, []byte(" skipped")) {
-		t.Fatalf("the E2B SDK suite did not run every test")
+	for _, v := range []struct{ name, req, env string }{
+		{"newest", "requirements.txt", "WARREN_E2B_VENV"},
+		{"older", "requirements-old.txt", "WARREN_E2B_VENV_OLD"},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			py := e2bVenv(t, e.root, v.req, v.env)
+			ver, _ := exec.Command(py, "-c", "import importlib.metadata as m; print(m.version('e2b'))").Output()
+			cmd := exec.Command(py, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", "-v", suite)
+			cmd.Dir = t.TempDir()
+			cmd.Env = append(os.Environ(),
+				"E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+key,
+				"WARREN_E2B_TEMPLATE="+imageName)
+			out, err := cmd.CombinedOutput()
+			t.Logf("e2b %s, pytest:\n%s", strings.TrimSpace(string(ver)), out)
+			if err != nil {
+				t.Fatalf("the E2B SDK suite failed: %v (daemon log: %s)", err, e.logPath)
+			}
+			if !bytes.Contains(out, []byte(" passed")) || bytes.Contains(out, []byte(" skipped")) {
+				t.Fatalf("the E2B SDK suite did not run every test")
+			}
+		})
 	}
 }
 
