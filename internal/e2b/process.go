@@ -62,6 +62,10 @@ func keepaliveEvery(h http.Header) time.Duration {
 	return 50 * time.Second
 }
 
+// maxCommandTimeout caps a command's timeout at the daemon's default
+// cap of lifetimes (daemon.MaxTimeout): a longer one would be refused.
+const maxCommandTimeout = 24 * time.Hour
+
 func (p processService) Start(ctx context.Context, req *connect.Request[processpb.StartRequest], st *connect.ServerStream[processpb.StartResponse]) error {
 	id := sandboxOf(ctx)
 	cfg := req.Msg.GetProcess()
@@ -83,6 +87,12 @@ func (p processService) Start(ctx context.Context, req *connect.Request[processp
 		Env:       cfg.GetEnvs(),
 		Cwd:       cfg.GetCwd(),
 		User:      execUser(req.Header()),
+	}
+	// As envd does, the call's deadline (the SDK's command timeout) is the
+	// command's: Warren kills its process group when it passes. A client
+	// that goes away earlier leaves it running.
+	if ms, err := strconv.ParseInt(req.Header().Get("Connect-Timeout-Ms"), 10, 64); err == nil && ms > 0 {
+		er.TimeoutMs = min(ms, maxCommandTimeout.Milliseconds())
 	}
 	if pty := req.Msg.GetPty(); pty != nil {
 		er.Pty, er.Rows, er.Cols = true, pty.GetSize().GetRows(), pty.GetSize().GetCols()

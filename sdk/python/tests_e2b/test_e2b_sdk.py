@@ -67,9 +67,15 @@ def test_commands_nonzero_exit_raises(sbx):
 def test_commands_timeout(sbx):
     start = time.monotonic()
     with pytest.raises(Exception) as ei:
-        sbx.commands.run("sleep 30", timeout=2)
+        sbx.commands.run("sleep 30 & wait", timeout=2)
     assert time.monotonic() - start < 15
     assert "timeout" in type(ei.value).__name__.lower() or "timed out" in str(ei.value).lower() or "deadline" in str(ei.value).lower()
+    # As with envd, the command's timeout kills it (and its children).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sbx.commands.list():
+        time.sleep(0.2)
+    assert sbx.commands.list() == []
+    assert sbx.commands.run("ps | grep -c '[s]leep 30' || true").stdout.strip() == "0"
 
 
 def test_background_kill_and_stdin(sbx):
@@ -85,20 +91,16 @@ def test_background_kill_and_stdin(sbx):
     # A killed process is gone: killing it again says so.
     assert sbx.commands.kill(999999) is False
 
-    # stdin: what is sent reaches the process, closing it ends cat.
-    h = sbx.commands.run("cat", background=True, stdin=True)
+    # stdin: what is sent reaches the process.
+    h = sbx.commands.run("head -n1", background=True, stdin=True)
     sbx.commands.send_stdin(h.pid, "hello\n")
+    assert h.wait().stdout == "hello\n"
+    # Closing it ends cat (SDKs with close_stdin).
     if hasattr(sbx.commands, "close_stdin"):
+        h = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(h.pid, "a\n")
         sbx.commands.close_stdin(h.pid)
-    else:  # SDKs before close_stdin: the same through the shell
-        sbx.commands.send_stdin(h.pid, "")
-        sbx.commands.kill(h.pid)
-        with pytest.raises(CommandExitException) as ei:
-            h.wait()
-        assert ei.value.stdout == "hello\n"
-        return
-    r = h.wait()
-    assert r.stdout == "hello\n"
+        assert h.wait().stdout == "a\n"
 
 
 def test_files(sbx):
