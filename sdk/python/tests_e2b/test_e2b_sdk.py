@@ -248,3 +248,17 @@ def test_async_load_100(template):
     errors = [r for r in results if isinstance(r, BaseException)]
     print(f"\nload: {n} sandboxes created, driven and killed concurrently in {took:.1f}s")
     assert not errors, errors[:3]
+
+
+def test_pty(sbx):
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    h = sbx.pty.create(PtySize(rows=24, cols=80), timeout=30)
+    sbx.pty.resize(h.pid, PtySize(rows=40, cols=100))
+    sbx.pty.send_stdin(h.pid, b"echo hi-$((6*7)); stty size; exit 3\n")
+    out = []
+    with pytest.raises(CommandExitException) as ei:
+        h.wait(on_pty=out.append)
+    assert ei.value.exit_code == 3
+    text = b"".join(out)
+    assert b"hi-42\r\n" in text and b"40 100\r\n" in text
