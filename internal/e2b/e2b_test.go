@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
@@ -130,6 +131,56 @@ func TestExecUser(t *testing.T) {
 		}
 		if got := execUser(hd); got != want {
 			t.Errorf("execUser(%q) = %q, want %q", h, got, want)
+		}
+	}
+}
+
+// TestNetworkPolicy: E2B's egress settings map onto Warren's policies
+// where they can, and are refused (not dropped) where they cannot.
+func TestNetworkPolicy(t *testing.T) {
+	yes, no := true, false
+	for _, c := range []struct {
+		name    string
+		allow   *bool
+		n       *netConfig
+		mode    string // "" = nil policy (the node's default)
+		rules   []string
+		refused bool
+	}{
+		{name: "unset", mode: ""},
+		{name: "internet", allow: &yes, mode: "open"},
+		{name: "no internet", allow: &no, mode: "none"},
+		{name: "deny all", n: &netConfig{DenyOut: []string{"0.0.0.0/0"}}, mode: "none"},
+		{name: "allowlist", n: &netConfig{DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{"1.2.3.4", "10.0.0.0/8", "pypi.org", "::1"}},
+			mode: "allowlist", rules: []string{"1.2.3.4/32", "10.0.0.0/8", "host:pypi.org", "::1/128"}},
+		{name: "no internet but", allow: &no, n: &netConfig{AllowOut: []string{"pypi.org"}}, mode: "allowlist", rules: []string{"host:pypi.org"}},
+		{name: "allow only", n: &netConfig{AllowOut: []string{"pypi.org"}}, mode: "open"},
+		{name: "body says", allow: &no, n: &netConfig{AllowInternetAccess: &yes}, mode: "open"},
+		{name: "partial deny", n: &netConfig{DenyOut: []string{"10.0.0.0/8"}}, refused: true},
+		{name: "rules", n: &netConfig{Rules: []byte(`{"a.com":[]}`)}, refused: true},
+		{name: "dns", n: &netConfig{DNSServers: []string{"8.8.8.8"}}, refused: true},
+	} {
+		p, err := networkPolicy(c.allow, c.n)
+		if c.refused {
+			if errdefs.CategoryOf(err) != errdefs.Unsupported {
+				t.Errorf("%s: %v, %v; want unsupported", c.name, p, err)
+			}
+			continue
+		}
+		if err != nil || p.GetMode() != c.mode {
+			t.Errorf("%s: %v, %v; want mode %q", c.name, p, err, c.mode)
+			continue
+		}
+		var rules []string
+		for _, r := range p.GetAllow() {
+			if r.GetHost() != "" {
+				rules = append(rules, "host:"+r.GetHost())
+			} else {
+				rules = append(rules, r.GetCidr())
+			}
+		}
+		if strings.Join(rules, ",") != strings.Join(c.rules, ",") {
+			t.Errorf("%s: rules %v, want %v", c.name, rules, c.rules)
 		}
 	}
 }

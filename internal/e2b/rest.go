@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"runtime"
@@ -31,6 +32,7 @@ func (s *Server) restHandler() http.Handler {
 	mux.HandleFunc("GET /sandboxes/{id}", s.get)
 	mux.HandleFunc("DELETE /sandboxes/{id}", s.kill)
 	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout)
+	mux.HandleFunc("PUT /sandboxes/{id}/network", s.setNetwork)
 	mux.HandleFunc("POST /sandboxes/{id}/pause", s.pause)
 	mux.HandleFunc("POST /sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
@@ -123,6 +125,7 @@ type newSandbox struct {
 	Metadata            map[string]string `json:"metadata"`
 	EnvVars             map[string]string `json:"envVars"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *netConfig        `json:"network"`
 	AutoPause           *bool             `json:"autoPause"`
 	VolumeMounts        []json.RawMessage `json:"volumeMounts"`
 	MCP                 json.RawMessage   `json:"mcp"`
@@ -155,8 +158,35 @@ type listed struct {
 
 type detail struct {
 	listed
-	EnvdAccessToken string  `json:"envdAccessToken"`
-	Domain          *string `json:"domain"`
+	EnvdAccessToken     string       `json:"envdAccessToken"`
+	Domain              *string      `json:"domain"`
+	AllowInternetAccess bool         `json:"allowInternetAccess"`
+	Network             *networkInfo `json:"network,omitempty"`
+}
+
+// networkInfo is a Warren allowlist policy in E2B's words.
+type networkInfo struct {
+	AllowOut []string `json:"allowOut"`
+	DenyOut  []string `json:"denyOut"`
+}
+
+// describeNetwork is the inverse of networkPolicy, for GET.
+func describeNetwork(p *warrenv1.NetworkPolicy) (bool, *networkInfo) {
+	switch p.GetMode() {
+	case "open":
+		return true, nil
+	case "allowlist":
+		ni := &networkInfo{DenyOut: []string{"0.0.0.0/0"}, AllowOut: []string{}}
+		for _, r := range p.GetAllow() {
+			a := r.GetCidr()
+			if r.GetHost() != "" {
+				a = r.GetHost()
+			}
+			ni.AllowOut = append(ni.AllowOut, a)
+		}
+		return false, ni
+	}
+	return false, nil
 }
 
 // clientID is reported where E2B names the client a sandbox runs on.
@@ -233,12 +263,12 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		}
 		req.TimeoutSeconds = *body.Timeout
 	}
-	// E2B's sandboxes reach the internet unless told otherwise; Warren's
-	// have no network unless asked. An explicit true opens it; left unset
-	// the node's default (none) holds (docs/E2B.md).
-	if body.AllowInternetAccess != nil && *body.AllowInternetAccess {
-		req.Network = &warrenv1.NetworkPolicy{Mode: "open"}
+	pol, err := networkPolicy(body.AllowInternetAccess, body.Network)
+	if err != nil {
+		s.fail(w, err)
+		return
 	}
+	req.Network = pol
 	sb, err := s.m.Create(r.Context(), req)
 	if err != nil {
 		s.fail(w, err)
@@ -266,7 +296,9 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, detail{listed: toListed(sb), EnvdAccessToken: s.token(sb.GetId())})
+	d := detail{listed: toListed(sb), EnvdAccessToken: s.token(sb.GetId())}
+	d.AllowInternetAccess, d.Network = describeNetwork(sb.GetNetwork())
+	writeJSON(w, http.StatusOK, d)
 }
 
 // listQuery is what both list routes filter by.
@@ -510,4 +542,101 @@ func (s *Server) resumeAndAnswer(w http.ResponseWriter, r *http.Request, timeout
 		}
 	}
 	writeJSON(w, code, s.created(sb))
+}
+
+// netConfig is E2B's egress configuration (create's "network", and the
+// body of PUT /sandboxes/{id}/network with allow_internet_access).
+type netConfig struct {
+	AllowOut            []string        `json:"allowOut"`
+	DenyOut             []string        `json:"denyOut"`
+	AllowInternetAccess *bool           `json:"allow_internet_access"`
+	DNSServers          []string        `json:"dnsServers"`
+	Rules               json.RawMessage `json:"rules"`
+	EgressProxy         json.RawMessage `json:"egressProxy"`
+	MaskRequestHost     string          `json:"maskRequestHost"`
+	HTTPSPorts          []int           `json:"httpsPorts"`
+}
+
+func rawSet(m json.RawMessage) bool { return len(m) > 0 && string(m) != "null" && string(m) != "{}" }
+
+// networkPolicy maps E2B's egress settings onto a Warren policy, nil for
+// the node's default (no network). E2B denies by CIDR and allows by CIDR
+// or name, allowing over denying; Warren's policies are allow lists, so
+// only "deny everything but allowOut" (denyOut 0.0.0.0/0, or
+// allow_internet_access false) and "allow everything" map: the first to
+// mode allowlist (none without allowOut), the second to mode open.
+// E2B opens the internet when nothing is said; Warren does not (docs/E2B.md).
+func networkPolicy(allowInternet *bool, n *netConfig) (*warrenv1.NetworkPolicy, error) {
+	if n == nil {
+		n = &netConfig{}
+	}
+	if n.AllowInternetAccess != nil {
+		allowInternet = n.AllowInternetAccess
+	}
+	if rawSet(n.Rules) || rawSet(n.EgressProxy) || n.MaskRequestHost != "" || len(n.HTTPSPorts) > 0 || len(n.DNSServers) > 0 {
+		return nil, errdefs.Unsupportedf("network rules, egress proxies, masked hosts, https ports and DNS servers are not supported: sandboxes resolve through the node's resolver")
+	}
+	denyAll := allowInternet != nil && !*allowInternet
+	for _, d := range n.DenyOut {
+		if d != "0.0.0.0/0" {
+			return nil, errdefs.Unsupportedf("denyOut %q: Warren's network policies are allow lists; deny 0.0.0.0/0 and list what is allowed in allowOut", d)
+		}
+		denyAll = true
+	}
+	if !denyAll {
+		if allowInternet == nil && len(n.AllowOut) == 0 {
+			return nil, nil
+		}
+		return &warrenv1.NetworkPolicy{Mode: "open"}, nil
+	}
+	if len(n.AllowOut) == 0 {
+		return &warrenv1.NetworkPolicy{Mode: "none"}, nil
+	}
+	pol := &warrenv1.NetworkPolicy{Mode: "allowlist"}
+	for _, a := range n.AllowOut {
+		r := &warrenv1.NetworkRule{}
+		switch {
+		case strings.Contains(a, "/"):
+			r.Cidr = a
+		case net.ParseIP(a) != nil:
+			r.Cidr = a + "/32"
+			if strings.Contains(a, ":") {
+				r.Cidr = a + "/128"
+			}
+		default:
+			r.Host = a
+		}
+		pol.Allow = append(pol.Allow, r)
+	}
+	return pol, nil
+}
+
+// setNetwork replaces the sandbox's egress policy (UpdateSandbox): new
+// connections follow it at once and established ones it forbids are cut.
+func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
+	var body netConfig
+	if err := decode(r, &body); err != nil {
+		s.fail(w, err)
+		return
+	}
+	pol, err := networkPolicy(nil, &body)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if pol == nil {
+		// An empty body clears the egress configuration: E2B's default,
+		// the internet.
+		pol = &warrenv1.NetworkPolicy{Mode: "open"}
+	}
+	id := r.PathValue("id")
+	if _, err := s.visible(r, id); err != nil {
+		s.fail(w, err)
+		return
+	}
+	if _, err := s.m.UpdateSandbox(r.Context(), &warrenv1.UpdateSandboxRequest{Id: id, Network: pol}); err != nil {
+		s.fail(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }

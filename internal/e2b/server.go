@@ -42,6 +42,7 @@ type Manager interface {
 	List(context.Context, *warrenv1.ListRequest) (*warrenv1.ListResponse, error)
 	Delete(context.Context, *warrenv1.DeleteRequest) (*warrenv1.DeleteResponse, error)
 	ExtendTimeout(context.Context, *warrenv1.ExtendTimeoutRequest) (*warrenv1.Sandbox, error)
+	UpdateSandbox(context.Context, *warrenv1.UpdateSandboxRequest) (*warrenv1.Sandbox, error)
 	Pause(context.Context, *warrenv1.PauseRequest) (*warrenv1.PauseResponse, error)
 	Resume(context.Context, *warrenv1.ResumeRequest) (*warrenv1.ResumeResponse, error)
 	Hibernate(context.Context, *warrenv1.HibernateRequest) (*warrenv1.HibernateResponse, error)

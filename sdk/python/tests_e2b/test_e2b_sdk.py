@@ -262,3 +262,31 @@ def test_pty(sbx):
     assert ei.value.exit_code == 3
     text = b"".join(out)
     assert b"hi-42\r\n" in text and b"40 100\r\n" in text
+
+
+def test_network(template):
+    """allow_internet_access and allow_out/deny_out map onto Warren's
+    network policies (open, none, allowlist), at create and through
+    update_network."""
+    closed = Sandbox.create(template, timeout=120, allow_internet_access=False)
+    opened = Sandbox.create(template, timeout=120, allow_internet_access=True)
+    try:
+        # No network: loopback only. Open: a default route.
+        assert "default" not in closed.commands.run("ip route || true").stdout
+        assert "default" in opened.commands.run("ip route").stdout
+        ci, oi = closed.get_info(), opened.get_info()
+        if hasattr(ci, "allow_internet_access"):
+            assert ci.allow_internet_access is False
+            assert oi.allow_internet_access is True
+        if not hasattr(opened, "update_network"):
+            return  # older SDKs
+        opened.update_network({"allow_out": ["10.9.9.9", "pypi.org"], "deny_out": ["0.0.0.0/0"]})
+        net = opened.get_info().network
+        assert sorted(net["allow_out"]) == ["10.9.9.9/32", "pypi.org"]
+        assert net["deny_out"] == ["0.0.0.0/0"]
+        # A deny list Warren cannot express is refused, not dropped.
+        with pytest.raises(SandboxException):
+            opened.update_network({"deny_out": ["10.0.0.0/8"]})
+    finally:
+        closed.kill()
+        opened.kill()
