@@ -33,6 +33,7 @@ func (s *Server) restHandler() http.Handler {
 	mux.HandleFunc("DELETE /sandboxes/{id}", s.kill)
 	mux.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout)
 	mux.HandleFunc("PUT /sandboxes/{id}/network", s.setNetwork)
+	mux.HandleFunc("POST /sandboxes/{id}/fork", s.fork)
 	mux.HandleFunc("POST /sandboxes/{id}/pause", s.pause)
 	mux.HandleFunc("POST /sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
@@ -639,4 +640,44 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// fork is Warren's Fork: count copies of the sandbox (processes and
+// files), each answered as a created sandbox. Warren forks through a
+// checkpoint, so a sandbox that cannot be checkpointed (one in a user
+// namespace, a node without CRIU) is refused as a whole (501).
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Timeout int64 `json:"timeout"`
+		Count   int32 `json:"count"`
+	}
+	if err := decode(r, &body); err != nil {
+		s.fail(w, err)
+		return
+	}
+	if body.Count == 0 {
+		body.Count = 1
+	}
+	if body.Timeout < 0 {
+		s.fail(w, errdefs.Invalidf("timeout %d: want seconds >= 0", body.Timeout))
+		return
+	}
+	id := r.PathValue("id")
+	if _, err := s.visible(r, id); err != nil {
+		s.fail(w, err)
+		return
+	}
+	res, err := s.m.Fork(r.Context(), &warrenv1.ForkRequest{Id: id, Count: body.Count, TimeoutSeconds: body.Timeout})
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	type result struct {
+		Sandbox created `json:"sandbox"`
+	}
+	out := make([]result, 0, len(res.GetSandboxes()))
+	for _, sb := range res.GetSandboxes() {
+		out = append(out, result{Sandbox: s.created(sb)})
+	}
+	writeJSON(w, http.StatusCreated, out)
 }

@@ -46,6 +46,7 @@ type Manager interface {
 	Pause(context.Context, *warrenv1.PauseRequest) (*warrenv1.PauseResponse, error)
 	Resume(context.Context, *warrenv1.ResumeRequest) (*warrenv1.ResumeResponse, error)
 	Hibernate(context.Context, *warrenv1.HibernateRequest) (*warrenv1.HibernateResponse, error)
+	Fork(context.Context, *warrenv1.ForkRequest) (*warrenv1.ForkResponse, error)
 
 	Exec(context.Context, *warrenv1.ExecRequest) (*warrenv1.ExecResult, error)
 	StartProcess(context.Context, *warrenv1.ExecRequest) (*warrenv1.ProcessInfo, error)

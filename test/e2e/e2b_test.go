@@ -195,6 +195,26 @@ func TestE2BRESTContract(t *testing.T) {
 		t.Errorf("GET /files of a missing file: %d %s, want 404", c, b)
 	}
 
+	// Fork goes through a checkpoint: a sandbox in a user namespace (the
+	// default) cannot be forked yet, which is 501 {code, message}, not a
+	// fork that silently lacks its state.
+	if c, _, b := do("POST", "/sandboxes/"+sb.SandboxID+"/fork", `{"count": 1}`, auth); c != 201 {
+		var e struct {
+			Code    int
+			Message string
+		}
+		if c != 501 || json.Unmarshal(b, &e) != nil || e.Code != 501 || !strings.Contains(e.Message, "checkpoint") {
+			t.Errorf("fork: %d %s, want 201 or 501 naming the checkpoint", c, b)
+		}
+	} else {
+		var forks []struct{ Sandbox struct{ SandboxID string } }
+		if json.Unmarshal(b, &forks) != nil || len(forks) != 1 || forks[0].Sandbox.SandboxID == "" {
+			t.Errorf("fork: %s", b)
+		} else if c, _, b := do("DELETE", "/sandboxes/"+forks[0].Sandbox.SandboxID, "", auth); c != 204 {
+			t.Errorf("kill the fork: %d %s", c, b)
+		}
+	}
+
 	// Listing pages through X-Next-Token.
 	_, h, body := do("GET", "/v2/sandboxes?limit=1", "", auth)
 	var page []struct{ SandboxID string }
