@@ -3,9 +3,11 @@ package e2e
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -100,11 +102,13 @@ func TestE2BSDK(t *testing.T) {
 // REST call needs a configured X-API-Key; errors are {"code","message"}
 // with the status the SDKs map; envd traffic needs the sandbox's own
 // access token (a token of another sandbox is refused); ids are
-// [a-z0-9]+ and also reach envd through a PORT-ID.DOMAIN host.
+// [a-z0-9]+ and also reach envd through a PORT-ID.DOMAIN host; a command
+// started over envd's Connect stream and the token survive a daemon
+// restart.
 func TestE2BRESTContract(t *testing.T) {
 	t.Parallel()
 	testutil.RequireRoot(t)
-	_, url, key := startE2B(t)
+	e, url, key := startE2B(t)
 	do := func(method, path, body string, h map[string]string) (int, http.Header, []byte) {
 		t.Helper()
 		req, err := http.NewRequest(method, url+path, strings.NewReader(body))
@@ -213,6 +217,64 @@ func TestE2BRESTContract(t *testing.T) {
 		} else if c, _, b := do("DELETE", "/sandboxes/"+forks[0].Sandbox.SandboxID, "", auth); c != 204 {
 			t.Errorf("kill the fork: %d %s", c, b)
 		}
+	}
+
+	// A command started over envd's Connect stream (JSON codec, HTTP/1.1)
+	// runs on across a daemon restart, and the same token reaches it
+	// after: tokens are derived from the keys, not kept.
+	startBody, _ := json.Marshal(map[string]any{"process": map[string]any{"cmd": "/bin/sh", "args": []string{"-c", "echo started; sleep 600"}}, "stdin": false})
+	frame := make([]byte, 5, 5+len(startBody)) // flags, then the big-endian length
+	binary.BigEndian.PutUint32(frame[1:], uint32(len(startBody)))
+	frame = append(frame, startBody...)
+	req, _ := http.NewRequest("POST", url+"/process.Process/Start", bytes.NewReader(frame))
+	req.Header.Set("Content-Type", "application/connect+json")
+	req.Header.Set("E2b-Sandbox-Id", sb.SandboxID)
+	req.Header.Set("X-Access-Token", sb.EnvdAccessToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two frames: start (pid), then data. The stream is left open.
+	var pid float64
+	for i := 0; i < 2; i++ {
+		var hdr [5]byte
+		if _, err := io.ReadFull(resp.Body, hdr[:]); err != nil {
+			t.Fatalf("read frame: %v", err)
+		}
+		msg := make([]byte, binary.BigEndian.Uint32(hdr[1:]))
+		if _, err := io.ReadFull(resp.Body, msg); err != nil {
+			t.Fatal(err)
+		}
+		var ev struct {
+			Event struct {
+				Start *struct{ Pid float64 }
+				Data  *struct{ Stdout []byte }
+			}
+		}
+		if err := json.Unmarshal(msg, &ev); err != nil {
+			t.Fatalf("frame %s: %v", msg, err)
+		}
+		switch {
+		case i == 0 && ev.Event.Start != nil:
+			pid = ev.Event.Start.Pid
+		case i == 1 && ev.Event.Data != nil && string(ev.Event.Data.Stdout) == "started\n":
+		default:
+			t.Fatalf("frame %d: %s", i, msg)
+		}
+	}
+	resp.Body.Close()
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	envdJSON := map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "X-Access-Token": sb.EnvdAccessToken}
+	code, _, body = do("POST", "/process.Process/List", "{}", envdJSON)
+	var list struct{ Processes []struct{ Pid float64 } }
+	if code != 200 || json.Unmarshal(body, &list) != nil || len(list.Processes) != 1 || list.Processes[0].Pid != pid {
+		t.Errorf("after a restart, List: %d %s; want the one process %v", code, body, pid)
+	}
+	if c, _, b := do("GET", "/files?path=/tmp/x", "", envd); c != 200 || string(b) != "raw bytes" {
+		t.Errorf("after a restart, GET /files: %d %q", c, b)
 	}
 
 	// Listing pages through X-Next-Token.
