@@ -95,7 +95,7 @@ func httpStatus(err error) int {
 
 func (s *Server) fail(w http.ResponseWriter, err error) {
 	code := httpStatus(err)
-	if code >= 500 {
+	if code == http.StatusInternalServerError {
 		s.log.Warn("e2b call failed", "err", err)
 	}
 	writeError(w, code, err.Error())

@@ -138,6 +138,9 @@ func New(cfg Config) (*Server, error) {
 		Handler:           s,
 		Protocols:         protocols,
 		ReadHeaderTimeout: 30 * time.Second,
+		// Idle keep-alive connections of clients that went away are
+		// closed; streams in flight are not idle.
+		IdleTimeout: 5 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
 	}
 	return s, nil
