@@ -304,3 +304,54 @@ func TestE2BRESTContract(t *testing.T) {
 		t.Errorf("GET /files of a killed sandbox: %d, want 404", c)
 	}
 }
+
+// TestE2BJSSDK: the official E2B JavaScript SDK (sdk/js_e2b, on Node)
+// runs the same core flow unchanged: create, commands (output, exit code
+// raising, env, cwd, background, list, kill), files (text, binary,
+// exists, mkdir, list, rename, remove), list by metadata, set_timeout,
+// pause and connect, kill.
+func TestE2BJSSDK(t *testing.T) {
+	t.Parallel()
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Fatal("node is not installed (scripts/deps.sh)")
+	}
+	e, url, key := startE2B(t)
+	src, err := filepath.Abs("../../sdk/js_e2b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The script runs next to its node_modules (ES modules ignore
+	// NODE_PATH): a directory with them, made by scripts/test.sh, or one
+	// made here.
+	copyIn := func(dir string, files ...string) {
+		for _, f := range files {
+			b, err := os.ReadFile(filepath.Join(src, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	dir := os.Getenv("WARREN_E2B_JS")
+	if dir == "" {
+		dir = t.TempDir()
+		copyIn(dir, "package.json")
+		cmd := exec.Command("npm", "install", "--silent", "--no-audit", "--no-fund")
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("npm install (the npm registry must be reachable): %v\n%s", err, out)
+		}
+	}
+	copyIn(dir, "core_flow.mjs")
+	cmd := exec.Command("node", "core_flow.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(),
+		"E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+key, "WARREN_E2B_TEMPLATE="+imageName)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("JS SDK OK")) {
+		t.Fatalf("the E2B JS SDK flow failed: %v\n%s\n(daemon log: %s)", err, out, e.logPath)
+	}
+}
