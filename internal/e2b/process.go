@@ -3,6 +3,7 @@ package e2b
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -137,6 +138,8 @@ func (p processService) stream(ctx context.Context, h http.Header, info *warrenv
 	if err := locked(&processpb.ProcessEvent{Event: &processpb.ProcessEvent_Start{Start: &processpb.ProcessEvent_StartEvent{Pid: uint32(info.GetPid())}}}); err != nil {
 		return err
 	}
+	ctx, closeStream := p.s.open.open(ctx, info.GetSandboxId())
+	defer closeStream()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -177,6 +180,9 @@ func (p processService) stream(ctx context.Context, h http.Header, info *warrenv
 		return nil
 	})
 	if err != nil {
+		if errors.Is(context.Cause(ctx), errPaused) {
+			return connect.NewError(connect.CodeUnavailable, errPaused)
+		}
 		return rpcErr(err)
 	}
 	if !ended {

@@ -462,7 +462,8 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 
 // pause hibernates the sandbox (its memory and files go to disk and it
 // holds nothing on the node), or, where this node or sandbox cannot be
-// checkpointed, freezes it in memory (Pause). Either way connect resumes
+// checkpointed now (no CRIU, a user namespace, a connection to its agent
+// still open), freezes it in memory (Pause). Either way connect resumes
 // it where it stopped.
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
@@ -475,8 +476,11 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, "sandbox "+id+" is already paused")
 		return
 	}
+	// Its open process streams end first, as E2B's pause drops every
+	// connection into the sandbox: a checkpoint needs the agent idle.
+	s.open.end(id, 5*time.Second)
 	_, err = s.m.Hibernate(r.Context(), &warrenv1.HibernateRequest{Id: id})
-	if c := errdefs.CategoryOf(err); c == errdefs.Unsupported || c == errdefs.Unavailable {
+	if c := errdefs.CategoryOf(err); c == errdefs.Unsupported || c == errdefs.Unavailable || c == errdefs.Conflict {
 		s.log.Debug("e2b pause: hibernate refused, freezing instead", "id", id, "err", err)
 		_, err = s.m.Pause(r.Context(), &warrenv1.PauseRequest{Id: id})
 	}
@@ -667,6 +671,9 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
+	// The checkpoint needs the source's agent idle: its open process
+	// streams end (the commands run on; commands.connect follows them).
+	s.open.end(id, 5*time.Second)
 	res, err := s.m.Fork(r.Context(), &warrenv1.ForkRequest{Id: id, Count: body.Count, TimeoutSeconds: body.Timeout})
 	if err != nil {
 		s.fail(w, err)

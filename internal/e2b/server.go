@@ -81,6 +81,7 @@ type Server struct {
 	http *http.Server
 	rest http.Handler
 	envd http.Handler
+	open streams // process streams, by sandbox (pause ends them)
 }
 
 var keyRE = regexp.MustCompile(`^e2b_[0-9a-f]{16,}$`)

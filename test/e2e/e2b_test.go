@@ -14,7 +14,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -353,5 +355,80 @@ func TestE2BJSSDK(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("JS SDK OK")) {
 		t.Fatalf("the E2B JS SDK flow failed: %v\n%s\n(daemon log: %s)", err, out, e.logPath)
+	}
+}
+
+// TestE2BHibernate: on a node that can checkpoint its sandboxes (CRIU 4.1,
+// sandboxes without user namespaces), E2B's pause is a hibernation (the
+// sandbox holds nothing on the node: HIBERNATED), connect restores it
+// (201) with its files and processes, and fork copies a running sandbox;
+// through the REST API and through the E2B Python SDK.
+func TestE2BHibernate(t *testing.T) {
+	t.Parallel()
+	testutil.RequireRoot(t)
+	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
+		t.Skipf("no CRIU >= 4 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+	}
+	key := make([]byte, 20)
+	_, _ = rand.Read(key)
+	keyText := "e2b_" + hex.EncodeToString(key)
+	keyFile := filepath.Join(t.TempDir(), "e2b-keys")
+	if err := os.WriteFile(keyFile, []byte(keyText+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeLoopbackAddr(t)
+	url := "http://" + addr
+	e := newEnv(t, envOptions{serveArgs: []string{"--userns=false", "--e2b-addr", addr, "--e2b-api-key-file", keyFile}})
+	ctx := ctxFor(t, 3*time.Minute)
+
+	rest := func(method, path, body string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url+path, strings.NewReader(body))
+		req.Header.Set("X-API-Key", keyText)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	code, body := rest("POST", "/v2/sandboxes", fmt.Sprintf(`{"templateID": %q}`, imageName))
+	var sb struct{ SandboxID string }
+	if code != 201 || json.Unmarshal(body, &sb) != nil {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	if code, body := rest("POST", "/sandboxes/"+sb.SandboxID+"/pause", ""); code != 204 {
+		t.Fatalf("pause: %d %s", code, body)
+	}
+	if got, err := e.c.Get(ctx, sb.SandboxID); err != nil || got.State != warrenv1.SandboxState_SANDBOX_STATE_HIBERNATED {
+		t.Fatalf("after pause: %v, %v; want HIBERNATED", got.GetState(), err)
+	}
+	if code, body := rest("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", `{"timeout": 60}`); code != 201 {
+		t.Fatalf("connect: %d %s, want 201 (resumed)", code, body)
+	}
+	if got, err := e.c.Get(ctx, sb.SandboxID); err != nil || got.State != warrenv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("after connect: %v, %v; want RUNNING", got.GetState(), err)
+	}
+	if code, body := rest("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", ""); code != 200 {
+		t.Errorf("connect to a running sandbox: %d %s, want 200", code, body)
+	}
+	if code, body := rest("DELETE", "/sandboxes/"+sb.SandboxID, ""); code != 204 {
+		t.Errorf("kill: %d %s", code, body)
+	}
+
+	py := e2bVenv(t, e.root, "requirements.txt", "WARREN_E2B_VENV")
+	suite, err := filepath.Abs(filepath.Join(e2bSuite, "hibernate"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(py, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", "-v", suite)
+	cmd.Dir = t.TempDir()
+	cmd.Env = append(os.Environ(), "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+keyText, "WARREN_E2B_TEMPLATE="+imageName)
+	out, err := cmd.CombinedOutput()
+	t.Logf("pytest:\n%s", out)
+	if err != nil || !bytes.Contains(out, []byte("2 passed")) {
+		t.Fatalf("the E2B SDK hibernate suite failed: %v (daemon log: %s)", err, e.logPath)
 	}
 }
