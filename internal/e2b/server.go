@@ -142,7 +142,7 @@ func New(cfg Config) (*Server, error) {
 		// Idle keep-alive connections of clients that went away are
 		// closed; streams in flight are not idle.
 		IdleTimeout: 5 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
+		ErrorLog:    slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
 	}
 	return s, nil
 }
