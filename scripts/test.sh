@@ -22,21 +22,6 @@ for arch in amd64 arm64; do
 done
 rm -rf "$agent_tmp"
 export CGO_ENABLED=1
-# The official E2B Python SDKs from PyPI (the newest that passes and an
-# older 2.x), for test/e2e's TestE2BSDK (docs/E2B.md).
-e2b_venvs=$(mktemp -d /tmp/warren-e2b-venv.XXXXXX)
-trap 'rm -rf "$e2b_venvs"' EXIT
-for v in "WARREN_E2B_VENV requirements.txt" "WARREN_E2B_VENV_OLD requirements-old.txt"; do
-  set -- $v
-  python3 -m venv "$e2b_venvs/$1"
-  "$e2b_venvs/$1/bin/python" -m pip install -q --disable-pip-version-check -r "sdk/python/tests_e2b/$2"
-  export "$1=$e2b_venvs/$1"
-done
-# And the E2B JavaScript SDK from npm, for TestE2BJSSDK.
-mkdir "$e2b_venvs/js"
-cp sdk/js_e2b/package.json "$e2b_venvs/js/"
-(cd "$e2b_venvs/js" && npm install --silent --no-audit --no-fund)
-export WARREN_E2B_JS="$e2b_venvs/js"
 # The fidelity suite (test/fidelity: CPython's regression tests in a
 # sandbox and in a chroot, ~5 minutes, both cores) runs on its own after
 # the rest: beside the e2e suites each would slow the other into

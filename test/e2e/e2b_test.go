@@ -20,28 +20,24 @@ import (
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
-// e2bSuite is the pytest suite of the official E2B Python SDK, and its
-// requirements files: the newest SDK release that passes, and an older
-// 2.x one (docs/E2B.md).
+// e2bSuite is the pytest suite of the official E2B Python SDK.
 const e2bSuite = "../../sdk/python/tests_e2b"
 
-// e2bVenv makes a venv with the requirements file req installed from
-// PyPI, or takes the one $envVar names (scripts/test.sh makes them once).
-func e2bVenv(t *testing.T, dir, req, envVar string) string {
+// e2bSDK is where scripts/e2b-sdks.sh installed the official E2B SDKs
+// (deps.sh runs it): py-newest and py-older (virtualenvs with the newest
+// Python SDK that passes and an older 2.x, and pytest) and js (the
+// JavaScript SDK's node_modules).
+func e2bSDK(t *testing.T, name string) string {
 	t.Helper()
-	if v := os.Getenv(envVar); v != "" {
-		return filepath.Join(v, "bin", "python")
+	prefix := os.Getenv("WARREN_E2B_SDK_PREFIX")
+	if prefix == "" {
+		prefix = "/opt/warren/e2b-sdk"
 	}
-	venv := filepath.Join(dir, "venv-"+strings.TrimSuffix(req, ".txt"))
-	if out, err := exec.Command("python3", "-m", "venv", venv).CombinedOutput(); err != nil {
-		t.Fatalf("python3 -m venv: %v\n%s", err, out)
+	dir := filepath.Join(prefix, name)
+	if _, err := os.Stat(filepath.Join(dir, "installed-from")); err != nil {
+		t.Fatalf("the E2B SDK %s is not installed: run scripts/e2b-sdks.sh (%v)", name, err)
 	}
-	py := filepath.Join(venv, "bin", "python")
-	cmd := exec.Command(py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r", filepath.Join(e2bSuite, req))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("pip install -r %s (PyPI must be reachable): %v\n%s", req, err, out)
-	}
-	return py
+	return dir
 }
 
 // startE2B starts a daemon serving the E2B door and returns it with its
@@ -76,12 +72,9 @@ func TestE2BSDK(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range []struct{ name, req, env string }{
-		{"newest", "requirements.txt", "WARREN_E2B_VENV"},
-		{"older", "requirements-old.txt", "WARREN_E2B_VENV_OLD"},
-	} {
-		t.Run(v.name, func(t *testing.T) {
-			py := e2bVenv(t, e.root, v.req, v.env)
+	for _, v := range []string{"newest", "older"} {
+		t.Run(v, func(t *testing.T) {
+			py := filepath.Join(e2bSDK(t, "py-"+v), "bin", "python")
 			ver, _ := exec.Command(py, "-c", "import importlib.metadata as m; print(m.version('e2b'))").Output()
 			cmd := exec.Command(py, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", "-v", suite)
 			cmd.Dir = t.TempDir()
@@ -324,30 +317,18 @@ func TestE2BJSSDK(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The script runs next to its node_modules (ES modules ignore
-	// NODE_PATH): a directory with them, made by scripts/test.sh, or one
-	// made here.
-	copyIn := func(dir string, files ...string) {
-		for _, f := range files {
-			b, err := os.ReadFile(filepath.Join(src, f))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
+	// NODE_PATH).
+	dir := t.TempDir()
+	if err := os.Symlink(filepath.Join(e2bSDK(t, "js"), "node_modules"), filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
 	}
-	dir := os.Getenv("WARREN_E2B_JS")
-	if dir == "" {
-		dir = t.TempDir()
-		copyIn(dir, "package.json")
-		cmd := exec.Command("npm", "install", "--silent", "--no-audit", "--no-fund")
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("npm install (the npm registry must be reachable): %v\n%s", err, out)
-		}
+	b, err := os.ReadFile(filepath.Join(src, "core_flow.mjs"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	copyIn(dir, "core_flow.mjs")
+	if err := os.WriteFile(filepath.Join(dir, "core_flow.mjs"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command("node", "core_flow.mjs")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
@@ -418,7 +399,7 @@ func TestE2BHibernate(t *testing.T) {
 		t.Errorf("kill: %d %s", code, body)
 	}
 
-	py := e2bVenv(t, e.root, "requirements.txt", "WARREN_E2B_VENV")
+	py := filepath.Join(e2bSDK(t, "py-newest"), "bin", "python")
 	suite, err := filepath.Abs(filepath.Join(e2bSuite, "hibernate"))
 	if err != nil {
 		t.Fatal(err)
