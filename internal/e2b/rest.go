@@ -462,8 +462,8 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 
 // pause hibernates the sandbox (its memory and files go to disk and it
 // holds nothing on the node), or, where this node or sandbox cannot be
-// checkpointed now (no CRIU, a user namespace, a connection to its agent
-// still open), freezes it in memory (Pause). Either way connect resumes
+// checkpointed now (no CRIU on the node, a connection to its agent still
+// open), freezes it in memory (Pause). Either way connect resumes
 // it where it stopped.
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
@@ -648,8 +648,8 @@ func (s *Server) setNetwork(w http.ResponseWriter, r *http.Request) {
 
 // fork is Warren's Fork: count copies of the sandbox (processes and
 // files), each answered as a created sandbox. Warren forks through a
-// checkpoint, so a sandbox that cannot be checkpointed (one in a user
-// namespace, a node without CRIU) is refused as a whole (501).
+// checkpoint, so where the sandbox cannot be checkpointed (a node
+// without CRIU) the call is refused as a whole (501).
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Timeout int64 `json:"timeout"`

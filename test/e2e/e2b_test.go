@@ -194,9 +194,9 @@ func TestE2BRESTContract(t *testing.T) {
 		t.Errorf("GET /files of a missing file: %d %s, want 404", c, b)
 	}
 
-	// Fork goes through a checkpoint: a sandbox in a user namespace (the
-	// default) cannot be forked yet, which is 501 {code, message}, not a
-	// fork that silently lacks its state.
+	// Fork goes through a checkpoint: 201 where the node can make one,
+	// else 501 {code, message} naming it, not a fork that silently lacks
+	// its state.
 	if c, _, b := do("POST", "/sandboxes/"+sb.SandboxID+"/fork", `{"count": 1}`, auth); c != 201 {
 		var e struct {
 			Code    int
@@ -339,8 +339,8 @@ func TestE2BJSSDK(t *testing.T) {
 	}
 }
 
-// TestE2BHibernate: on a node that can checkpoint its sandboxes (CRIU 4.1,
-// sandboxes without user namespaces), E2B's pause is a hibernation (the
+// TestE2BHibernate: on a node that can checkpoint its sandboxes (CRIU
+// 4.1), E2B's pause is a hibernation (the
 // sandbox holds nothing on the node: HIBERNATED), connect restores it
 // (201) with its files and processes, and fork copies a running sandbox;
 // through the REST API and through the E2B Python SDK.
@@ -359,7 +359,7 @@ func TestE2BHibernate(t *testing.T) {
 	}
 	addr := freeLoopbackAddr(t)
 	url := "http://" + addr
-	e := newEnv(t, envOptions{serveArgs: []string{"--userns=false", "--e2b-addr", addr, "--e2b-api-key-file", keyFile}})
+	e := newEnv(t, envOptions{serveArgs: []string{"--e2b-addr", addr, "--e2b-api-key-file", keyFile}})
 	ctx := ctxFor(t, 3*time.Minute)
 
 	rest := func(method, path, body string) (int, []byte) {

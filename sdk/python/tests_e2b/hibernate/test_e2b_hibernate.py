@@ -1,7 +1,7 @@
 """Pause, connect and fork through the E2B SDK on a daemon that can
-checkpoint its sandboxes (test/e2e TestE2BHibernate: --userns=false, CRIU
-4.1): pause is a hibernation, connect a restore, fork a copy of the
-running sandbox, processes included."""
+checkpoint its sandboxes (test/e2e TestE2BHibernate: CRIU 4.1): pause is
+a hibernation, connect a restore, fork a copy of the running sandbox,
+processes included."""
 
 import os
 
