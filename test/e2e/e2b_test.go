@@ -68,7 +68,7 @@ func TestE2BSDK(t *testing.T) {
 	t.Parallel()
 	testutil.RequireRoot(t)
 	e, url, key := startE2B(t)
-	suite, err := filepath.Abs(e2bSuite)
+	suite, err := filepath.Abs(filepath.Join(e2bSuite, "test_e2b_sdk.py"))
 	if err != nil {
 		t.Fatal(err)
 	}
