@@ -95,6 +95,11 @@ def test_background_kill_and_stdin(sbx):
     h = sbx.commands.run("head -n1", background=True, stdin=True)
     sbx.commands.send_stdin(h.pid, "hello\n")
     assert h.wait().stdout == "hello\n"
+    # A stream of input, in order (StreamInput, a client stream).
+    if hasattr(sbx.commands, "stream_input"):
+        h = sbx.commands.run("head -n2", background=True, stdin=True)
+        sbx.commands.stream_input(h.pid, [b"one\n", b"two\n"])
+        assert h.wait().stdout == "one\ntwo\n"
     # Closing it ends cat (SDKs with close_stdin).
     if hasattr(sbx.commands, "close_stdin"):
         h = sbx.commands.run("cat", background=True, stdin=True)
