@@ -132,8 +132,9 @@ func New(cfg Config) (*Server, error) {
 	s.envd = mux
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
-	// The SDKs default to HTTP/2; over plain http they speak it with
-	// prior knowledge (h2c).
+	// The Python SDK (2.63) speaks HTTP/1.1 to a plain-http URL, streams
+	// included; clients that speak HTTP/2 without TLS (prior knowledge)
+	// are served too.
 	protocols.SetUnencryptedHTTP2(true)
 	s.http = &http.Server{
 		Handler:           s,
