@@ -39,7 +39,16 @@ func (s *Server) restHandler() http.Handler {
 	mux.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.connect)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, r.Method+" "+r.URL.Path+" is not part of Warren's E2B API (docs/E2B.md)")
+		// E2B's other routes (metrics, logs, snapshots, templates,
+		// volumes...) are 501: a 404 would tell the SDKs the sandbox is
+		// gone.
+		code := http.StatusNotFound
+		for _, p := range []string{"/sandboxes/", "/v2/sandboxes/", "/templates", "/v2/templates", "/v3/templates", "/volumes", "/snapshots", "/teams", "/secrets"} {
+			if strings.HasPrefix(r.URL.Path, p) {
+				code = http.StatusNotImplemented
+			}
+		}
+		writeError(w, code, r.Method+" "+r.URL.Path+" is not part of Warren's E2B API (docs/E2B.md)")
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !s.keyOK(r.Header.Get("X-API-Key")) {

@@ -146,6 +146,14 @@ func TestE2BRESTContract(t *testing.T) {
 			t.Errorf("%s %s: %d %s, want 404", c[0], c[1], code, body)
 		}
 	}
+	// E2B routes Warren does not serve are 501, not 404 (which the SDKs
+	// read as "sandbox not found").
+	if code, _, body := do("GET", "/sandboxes/nosuch/metrics", "", auth); code != 501 {
+		t.Errorf("metrics: %d %s, want 501", code, body)
+	}
+	if code, _, _ := do("GET", "/no/such/route", "", auth); code != 404 {
+		t.Errorf("an unknown route: %d, want 404", code)
+	}
 	// Create through the older route, as 2.x SDKs before v2 did.
 	code, _, body := do("POST", "/sandboxes", fmt.Sprintf(`{"templateID": %q, "timeout": 60, "metadata": {"x": "1"}}`, imageName), auth)
 	var sb struct {

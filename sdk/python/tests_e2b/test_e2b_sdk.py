@@ -209,6 +209,11 @@ def test_pause_connect(template):
         # older ones return the id or nothing either way.
         assert s.pause() in (True, None, s.sandbox_id)
         assert s.get_info().state == "paused"
+        from e2b import SandboxQuery, SandboxState
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        assert s.sandbox_id in [x.sandbox_id for x in paused]
+        running = Sandbox.list(query=SandboxQuery(state=[SandboxState.RUNNING])).next_items()
+        assert s.sandbox_id not in [x.sandbox_id for x in running]
         assert s.pause() in (False, None, s.sandbox_id)
         s2 = Sandbox.connect(s.sandbox_id)
         assert s2.get_info().state == "running"
