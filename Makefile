@@ -18,6 +18,9 @@ gen:
 	protoc -I api --go_out=gen --go_opt=paths=source_relative \
 	  --connect-go_out=gen --connect-go_opt=paths=source_relative \
 	  api/warren/v1/warren.proto
+	protoc -I api --go_out=gen --go_opt=paths=source_relative \
+	  --connect-go_out=gen --connect-go_opt=paths=source_relative \
+	  api/e2b/process/process.proto api/e2b/filesystem/filesystem.proto
 
 test:
 	./scripts/test.sh

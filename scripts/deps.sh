@@ -58,6 +58,9 @@ fi
 # kubernetes-validate (PyPI, in a private virtualenv) checks the manifests
 # under deploy/kubernetes against the Kubernetes schemas.
 "$(dirname "$0")/kubernetes-validate.sh"
+# The official E2B SDKs (Python from PyPI, JavaScript from npm, in private
+# prefixes) that test/e2e's E2B tests drive Warren's E2B API with.
+"$(dirname "$0")/e2b-sdks.sh"
 command -v go >/dev/null || { echo "deps: Go 1.26+ is required (https://go.dev/dl)" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 go mod download

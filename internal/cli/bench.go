@@ -2,9 +2,12 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"time"
@@ -55,7 +58,7 @@ result to stdout, as a table or (--json) one JSON object.`,
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
 		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchHardeningCommand(&bf),
 		newBenchNetworkCommand(&bf), newBenchNetClientCommand(), newBenchHibernateCommand(&bf), newBenchTrajectoryCommand(&bf), newBenchFnCallCommand(&bf),
-		newBenchSchedCommand(&bf))
+		newBenchSchedCommand(&bf), newBenchE2BCommand(&bf))
 	return c
 }
 
@@ -639,4 +642,65 @@ that scores every node runs on an identical cluster, for the ratio.`,
 	f.DurationVar(&cfg.ReportInterval, "report-interval", time.Second, "each node reports once per interval")
 	f.Int64Var(&cfg.Seed, "seed", 1, "seed of the simulated cluster and workload")
 	return c
+}
+func newBenchE2BCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.E2BConfig{}
+	c := &cobra.Command{
+		Use:   "e2b [--n 200] [--python PY]",
+		Short: "Create -> run `true` -> kill through the official E2B Python SDK (--e2b-addr) against Warren's own Python SDK, interleaved",
+		Long: `Create -> run "true" -> kill cycles through the official E2B Python SDK
+against Warren's E2B door, and the same through Warren's own Python SDK,
+interleaved in the same run; prints both and their ratio. The private
+daemon serves --e2b-addr on a free loopback port with a fresh key. Without
+--python a venv is made with --e2b-requirement and the Warren SDK from
+--warren-sdk (pip, from PyPI).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkCounts(cfg.N, cfg.Warmup, []int{1}); err != nil {
+				return err
+			}
+			if f := cmd.Flag("addr"); f != nil && f.Changed {
+				return usagef("bench e2b starts its own daemon with --e2b-addr: it runs without --addr")
+			}
+			addr, keyFile, key, err := e2bBenchDoor()
+			if err != nil {
+				return err
+			}
+			defer os.Remove(keyFile)
+			cfg.URL, cfg.Key = "http://"+addr, key
+			return runBenchOpts(cmd, bf, func(o *bench.Options) {
+				o.DaemonArgs = append(o.DaemonArgs, "--e2b-addr", addr, "--e2b-api-key-file", keyFile)
+			}, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
+				return bench.RunE2B(ctx, env, cfg)
+			})
+		},
+	}
+	c.Flags().IntVar(&cfg.N, "n", 200, "measured cycles per SDK")
+	c.Flags().IntVar(&cfg.Warmup, "warmup", 10, "unmeasured cycles per SDK first")
+	c.Flags().StringVar(&cfg.Python, "python", "", "a python with the e2b and warren packages installed (default: a venv made for the run)")
+	c.Flags().StringVar(&cfg.E2BRequirement, "e2b-requirement", "e2b==2.63.0", "the E2B SDK the venv gets")
+	c.Flags().StringVar(&cfg.WarrenSDK, "warren-sdk", "./sdk/python", "the Warren Python SDK the venv gets (a directory or a pip requirement)")
+	return c
+}
+
+// e2bBenchDoor picks a free loopback port and writes a fresh API key.
+func e2bBenchDoor() (addr, keyFile, key string, err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", "", "", err
+	}
+	addr = ln.Addr().String()
+	ln.Close()
+	b := make([]byte, 20)
+	_, _ = rand.Read(b)
+	key = "e2b_" + hex.EncodeToString(b)
+	f, err := os.CreateTemp("", "warren-bench-e2b-key-")
+	if err != nil {
+		return "", "", "", err
+	}
+	_, err = f.WriteString(key + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return addr, f.Name(), key, err
 }

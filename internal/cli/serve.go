@@ -19,6 +19,7 @@ import (
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/container"
 	"github.com/warrenrl/warren/internal/daemon"
+	"github.com/warrenrl/warren/internal/e2b"
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/events"
 	"github.com/warrenrl/warren/internal/fncall"
@@ -70,6 +71,7 @@ type serveOptions struct {
 	maxSandboxes             int
 	checkpointDir            string
 	nodeName                 string
+	e2bAddr, e2bKeyFile      string
 }
 
 func newServeCommand() *cobra.Command {
@@ -124,6 +126,8 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.nodeTag, "node-tag", "", fmt.Sprintf("in a cluster, the %d characters of [a-z2-7] every id of this node's sandboxes starts with, by which gateways route (default: derived from --node-name)", gateway.TagLen))
 	f.StringVar(&o.clusterAPI, "cluster-api", "", "in a cluster, the address gateways reach this node's API at (default: http://<--listen>)")
 	f.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "most live sandboxes gateways place on this node (0: no cap)")
+	f.StringVar(&o.e2bAddr, "e2b-addr", "", "also serve the E2B-compatible API (lifecycle REST and envd, docs/E2B.md) on this TCP address, e.g. 127.0.0.1:3000; needs --e2b-api-key-file")
+	f.StringVar(&o.e2bKeyFile, "e2b-api-key-file", "", "file of the API keys the E2B API accepts (X-API-Key), one e2b_<hex> per line")
 	return c
 }
 
@@ -177,6 +181,9 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		if nodeTag, err = o.clusterNode(); err != nil {
 			return err
 		}
+	}
+	if (o.e2bAddr == "") != (o.e2bKeyFile == "") {
+		return usagef("--e2b-addr and --e2b-api-key-file go together")
 	}
 	if o.layerReadAheadKB < 0 {
 		return usagef("--layer-read-ahead-kb must not be negative")
@@ -393,6 +400,15 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			err = errors.Join(err, cerr)
 		}
 	}()
+	if o.e2bAddr != "" {
+		stop, err := serveE2B(o, mgr, log)
+		if err != nil {
+			return err
+		}
+		// Deferred after the daemon's Close, so it runs first: no E2B
+		// call reaches a closing daemon.
+		defer stop()
+	}
 	log.Info("warren daemon started", "version", daemon.Version, "state_dir", stateDir, "image_store", imageStore, "socket", o.socket)
 	if clustered {
 		// Joined once the API serves: a gateway that sees the node
@@ -432,4 +448,34 @@ func parseReserve(s, dir string) (int64, error) {
 		return 0, fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	return min(int64(float64(st.Blocks)*float64(st.Bsize)*p/100), maxPercentReserve), nil
+}
+
+// serveE2B starts the E2B-compatible front door (internal/e2b) over mgr
+// and returns its stop.
+func serveE2B(o serveOptions, mgr *daemon.Manager, log *slog.Logger) (func(), error) {
+	keys, err := e2b.ReadKeys(o.e2bKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--e2b-api-key-file: %w", err)
+	}
+	es, err := e2b.New(e2b.Config{Addr: o.e2bAddr, Keys: keys, Manager: mgr, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	if err := es.Listen(); err != nil {
+		return nil, fmt.Errorf("--e2b-addr: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := es.Serve(); err != nil {
+			log.Error("E2B API stopped", "err", err)
+		}
+	}()
+	log.Info("E2B API listening", "addr", es.Addr().String(), "keys", len(keys))
+	return func() {
+		if err := es.Close(); err != nil {
+			log.Warn("closing the E2B API", "err", err)
+		}
+		<-done
+	}, nil
 }
