@@ -123,6 +123,10 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	if err := checkpointable(s.st.UserNS != nil, s.disk); err != nil {
 		return err
 	}
+	// A dump reads every page: a lazy restore must have put them back.
+	if err := s.lazyFilled(ctx, 30*time.Second); err != nil {
+		return err
+	}
 	pid := s.st.Pid
 	// CRIU cannot dump a connection whose other end is the daemon's: the
 	// agent must have let go of every connection but its listener.
@@ -428,6 +432,14 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := os.Mkdir(work, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fsErr(err, "create sandbox directories")
 	}
+	var lazy *lazyServer
+	if spec.LazyPages {
+		// Started first: it probes the kernel while the rest is made.
+		if lazy, err = startLazyPages(filepath.Join(dir, ckptImages), st, run); err != nil {
+			return nil, err
+		}
+		cu.Add(lazy.discard)
+	}
 	// The dumped /dev and the masked files are binds of the sandbox's
 	// /dev directory, named by keys (devBinds): they are bound from this
 	// sandbox's own, made again here (delete removed the checkpointed
@@ -561,6 +573,12 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		TcpEstablished: proto.Bool(true),
 		FileLocks:      proto.Bool(true),
 	}
+	if lazy != nil {
+		if err := lazy.listening(); err != nil {
+			return nil, err
+		}
+		opts.LazyPages = proto.Bool(true)
+	}
 	if net != nil {
 		// Connections to the outside cannot come back (the peer moved
 		// on; a fork has another address): every TCP connection is
@@ -578,6 +596,17 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		return nil, err
 	}
 	b.cpus.adopt(spec.ID, pid)
+	if lazy != nil {
+		// Should it fail, the server still fills the memory; only a
+		// daemon restart or a delete finds it outside the group.
+		if err := lazy.adopt(grp); err != nil && b.opts.Warn != nil {
+			b.opts.Warn("move the lazy-pages server into the sandbox's cgroup", "sandbox", spec.ID, "err", err)
+		}
+		s.lazyMu.Lock()
+		s.lazy = lazy
+		s.lazyMu.Unlock()
+		go s.watchLazy(lazy)
+	}
 	cu.Release()
 	return s, nil
 }
