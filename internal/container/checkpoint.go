@@ -597,11 +597,6 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	}
 	b.cpus.adopt(spec.ID, pid)
 	if lazy != nil {
-		// Should it fail, the server still fills the memory; only a
-		// daemon restart or a delete finds it outside the group.
-		if err := lazy.adopt(grp); err != nil && b.opts.Warn != nil {
-			b.opts.Warn("move the lazy-pages server into the sandbox's cgroup", "sandbox", spec.ID, "err", err)
-		}
 		s.lazyMu.Lock()
 		s.lazy = lazy
 		s.lazyMu.Unlock()

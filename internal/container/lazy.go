@@ -205,6 +205,13 @@ func (l *lazyServer) wait(ctx context.Context) error {
 // its images go; should it die before it is done, the sandbox is killed
 // whole (its missing pages can never come back).
 func (s *sandbox) watchLazy(l *lazyServer) {
+	// Moving a process between cgroups waits for RCU (10-17 ms here):
+	// done here, off the restore's path. Should it fail, the server
+	// still fills the memory; only a daemon restart or a delete finds
+	// it outside the group.
+	if err := l.adopt(s.grp); err != nil && s.b.opts.Warn != nil {
+		s.b.opts.Warn("move the lazy-pages server into the sandbox's cgroup", "sandbox", s.id, "err", err)
+	}
 	select {
 	case <-l.done:
 	case <-s.exited.Done():

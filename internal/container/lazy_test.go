@@ -16,10 +16,10 @@ import (
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
-// holderScript keeps ~64 MiB of random text in a shell variable, writes
+// holderScript keeps ~130 MiB of random text in a shell variable, writes
 // its checksum to /tmp/s1, and writes it again to /tmp/s2 whenever
 // /tmp/go appears: the memory a restore must bring back byte for byte.
-const holderScript = `x=$(head -c 48000000 /dev/urandom | base64 -w0); echo "$x" | md5sum > /tmp/s1.t && mv /tmp/s1.t /tmp/s1
+const holderScript = `x=$(head -c 100000000 /dev/urandom | base64 -w0); echo "$x" | md5sum > /tmp/s1.t && mv /tmp/s1.t /tmp/s1
 while :; do if [ -e /tmp/go ]; then rm /tmp/go; echo "$x" | md5sum > /tmp/s2.t; mv /tmp/s2.t /tmp/s2; fi; sleep 0.05; done`
 
 func requireUffd(t *testing.T) {
@@ -72,7 +72,7 @@ func checkpointHolder(t *testing.T, b *Backend, opts Options, id string) (dir st
 // TestLazyRestoreMemoryIntact: sandboxes restored with lazy pages from
 // one checkpoint (two forks and the source itself), whose checkpoint is
 // deleted as soon as they are restored, read back every byte of their
-// memory (the checksum of a 64 MiB buffer taken before the checkpoint
+// memory (the checksum of a 130 MiB buffer taken before the checkpoint
 // matches); their lazy-pages servers finish on their own, and deleting
 // them leaves no process, socket or directory behind.
 func TestLazyRestoreMemoryIntact(t *testing.T) {
@@ -117,6 +117,9 @@ func TestLazyRestoreMemoryIntact(t *testing.T) {
 	for _, s := range sbs {
 		if got := waitFile(t, filepath.Join(s.Root(), "tmp/s2"), time.Minute); got != sum {
 			t.Errorf("%s: memory after lazy restore: checksum %q, before the checkpoint %q", s.id, got, sum)
+			lg, _ := os.ReadFile(filepath.Join(s.b.runDir(s.id), "lazy-pages.log"))
+			oom, _ := s.grp.OOMKills()
+			t.Logf("%s: OOM kills %d; lazy-pages.log: %s", s.id, oom, lg)
 		}
 		if r := conformance.Exec(t, s, backend.ProcSpec{Argv: []string{"echo", "ok"}}, ""); r.Stdout != "ok\n" {
 			t.Errorf("%s: exec after lazy restore: %+v", s.id, r)
