@@ -203,6 +203,11 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	defer unix.Close(pidfd)
 	c := criu.MakeCriu()
 	c.SetCriuPath(CRIUPath)
+	// Started with the kernel data cache (kdat.go); Dump uses it.
+	if err := startCRIU(c.Prepare); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "start criu")
+	}
+	defer c.Cleanup()
 	if err := c.Dump(opts, nil); err != nil {
 		// CRIU resumes the tree when a dump fails: the sandbox runs on.
 		return errdefs.Wrap(errdefs.Unsupported, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(images, "dump.log"))), "checkpoint sandbox "+s.id)
@@ -585,7 +590,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		// restored closed, as after a network outage.
 		opts.TcpClose = proto.Bool(true)
 	}
-	pid, err := criuRestore(opts, []*os.File{ln, null, nsFile, workDir})
+	pid, err := criuRestore(opts, []*os.File{ln, null, nsFile, workDir}, workDir, run)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(run, "restore.log"))), "restore sandbox "+spec.ID)
 	}
@@ -681,7 +686,11 @@ var criuStartMu sync.Mutex
 // it with os/exec, which keeps only descriptors without close-on-exec, so
 // theirs is cleared around the start. Another child the daemon starts in
 // that moment inherits them too, and closes them when it exits.
-func criuRestore(opts *rpc.CriuOpts, pass []*os.File) (int, error) {
+//
+// CRIU mounts its cgroup yard in its work directory, which must then be
+// a mount of its own namespace (kdat.go): workDir is opened again there
+// from workPath, under the same number.
+func criuRestore(opts *rpc.CriuOpts, pass []*os.File, workDir *os.File, workPath string) (int, error) {
 	c := criu.MakeCriu()
 	c.SetCriuPath(CRIUPath)
 	// One start at a time: restores share descriptors (the node's
@@ -694,7 +703,12 @@ func criuRestore(opts *rpc.CriuOpts, pass []*os.File) (int, error) {
 			return 0, err
 		}
 	}
-	err := c.Prepare()
+	err := startCRIU(func() error {
+		if err := reopenDir(workDir, workPath); err != nil {
+			return err
+		}
+		return c.Prepare()
+	})
 	for _, f := range pass {
 		syscall.CloseOnExec(int(f.Fd()))
 	}

@@ -83,7 +83,7 @@ func startLazyPages(images, stateDir, workDir string) (_ *lazyServer, retErr err
 	// Its own session: no signal meant for the daemon's process group
 	// reaches it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
+	err = startCRIU(cmd.Start)
 	wr.Close()
 	if err != nil {
 		rd.Close()
