@@ -65,7 +65,8 @@ type Spec struct {
 	Restore string
 	// LazyPages restores the memory of Restore's processes lazily, as
 	// they touch it, and the rest in the background, instead of before
-	// the restore returns. A backend without it restores eagerly.
+	// the restore returns. A backend or node without it restores
+	// eagerly.
 	LazyPages bool
 }
 

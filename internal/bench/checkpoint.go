@@ -13,7 +13,6 @@ import (
 	"time"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
-	"github.com/warrenrl/warren/internal/cgroups"
 )
 
 // checkpointRows times, on the sandbox of RunHibernate (its anonymous
@@ -101,7 +100,7 @@ func checkpointRows(ctx context.Context, env *Env, cfg HibernateConfig, id strin
 			}
 		}
 		notes = append(notes, fmt.Sprintf("fork of %d: one Fork call on the hibernated sandbox, request to reply; each fork restores the checkpoint onto a fresh copy-on-write layer over the shared one", cfg.Forks),
-			"lazy: the restore (ResumeRequest/ForkRequest lazy_pages) maps the memory and a CRIU lazy-pages server per sandbox copies the pages in as they are touched and the rest in the background; 'until all memory is back' waits, from the call's start, until every server exited (polled every 10 ms in the sandboxes' cgroups)")
+			"lazy: the restore (ResumeRequest/ForkRequest lazy_pages) maps the memory and a CRIU lazy-pages server per sandbox copies the pages in as they are touched and the rest in the background; 'until all memory is back' waits, from the call's start, until every server exited (its process polled every 5 ms)")
 	}
 	return rows, notes, nil
 }
@@ -227,24 +226,20 @@ func forkRound(ctx context.Context, env *Env, cfg HibernateConfig, id string, la
 	return row, each, filled, nil
 }
 
-// waitLazyFilled polls until no CRIU lazy-pages server is
-// left in the cgroups of the sandboxes ids; it needs the private daemon,
-// whose cgroup parent it knows.
+// waitLazyFilled polls until no CRIU lazy-pages server reads the images
+// of the sandboxes ids (found by its command line, which names them: it
+// joins the sandbox's cgroup only after the restore returned).
 func (e *Env) waitLazyFilled(ctx context.Context, ids []string) error {
-	if e.cgroupParent == "" {
-		return fmt.Errorf("the lazy fill time needs the benchmark's private daemon")
-	}
 	for deadline := time.Now().Add(2 * time.Minute); ; {
 		busy := false
-		for _, id := range ids {
-			g, err := cgroups.Load(e.cgroupParent, id)
-			if err != nil {
+		ents, _ := os.ReadDir("/proc")
+		for _, p := range ents {
+			b, err := os.ReadFile("/proc/" + p.Name() + "/cmdline")
+			if err != nil || !strings.Contains(string(b), "\x00lazy-pages\x00") {
 				continue
 			}
-			pids, _ := g.Procs()
-			for _, pid := range pids {
-				// CRIU runs through its own loader: its comm is the loader's.
-				if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); err == nil && strings.Contains(string(b), "lazy-pages") {
+			for _, id := range ids {
+				if strings.Contains(string(b), "/sandboxes/"+id+"/lazy-images") {
 					busy = true
 				}
 			}
@@ -258,7 +253,7 @@ func (e *Env) waitLazyFilled(ctx context.Context, ids []string) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }

@@ -438,7 +438,8 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		return nil, fsErr(err, "create sandbox directories")
 	}
 	var lazy *lazyServer
-	if spec.LazyPages {
+	// Where the kernel has no userfaultfd the memory comes back eagerly.
+	if spec.LazyPages && uffdAvailable() == nil {
 		// Started first: it probes the kernel while the rest is made.
 		if lazy, err = startLazyPages(filepath.Join(dir, ckptImages), st, run); err != nil {
 			return nil, err
