@@ -6,7 +6,7 @@ and restore a whole batch."""
 from __future__ import annotations
 
 import os
-from typing import List
+from typing import List, Optional
 
 import pytest
 
@@ -20,7 +20,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-async def test_hibernate_restore(w: warren.AsyncWarren) -> None:
+@pytest.mark.parametrize("lazy", [None, False, True])
+async def test_hibernate_restore(w: warren.AsyncWarren, lazy: Optional[bool]) -> None:
+    # lazy: the memory restored as the node's default says, eagerly, lazily.
     # CRIU cannot take a sandbox in a user namespace yet (docs/HIBERNATE.md).
     async with w.create(IMAGE, user_namespace=False) as sb:
         await sb.exec("echo before > /root/f")
@@ -32,7 +34,7 @@ async def test_hibernate_restore(w: warren.AsyncWarren) -> None:
         assert res.before.bytes > 0
         with pytest.raises(warren.ConflictError, match="HIBERNATED"):
             await sb.exec("true")
-        back = await sb.resume()
+        back = await sb.resume(lazy_pages=lazy)
         assert back.restored and back.restore_us > 0 and back.sandbox.state == warren.SandboxState.RUNNING
         assert (await sb.exec("cat /root/f")).stdout == b"before\n"
         r1 = int((await sb.exec("cat /tmp/count")).stdout)
