@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -164,6 +165,9 @@ func uffdAvailable() error { return uffdOnce() }
 // adopt moves the server into the sandbox's cgroup, so that it outlives
 // the daemon with the sandbox and dies with it.
 func (l *lazyServer) adopt(grp cgroups.Group) error {
+	// The group's OOM killer takes the sandbox's processes, not the
+	// server (whose death would kill the whole sandbox).
+	_ = os.WriteFile("/proc/"+strconv.Itoa(l.cmd.Process.Pid)+"/oom_score_adj", []byte("-1000"), 0)
 	if err := grp.AddProc(l.cmd.Process.Pid); err != nil {
 		select {
 		case <-l.done:
