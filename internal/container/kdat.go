@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -111,22 +110,18 @@ func startCRIU(start func() error) error {
 
 var errNoCRIUMounts = errors.New("no private mount namespace for CRIU")
 
-// withCRIUMounts runs fn on a thread of its own in a new mount namespace
-// whose /run is a tmpfs with kdat (if any) as criu.kdat and the node's
-// /run entries bound back; the thread ends with fn (it is never
-// unlocked, so the runtime ends it rather than reuse it). A failure to
+// withCRIUMounts runs fn on a thread of its own (throwawayThread: never
+// the main thread, whose namespaces /proc/self shows) in a new mount
+// namespace whose /run is a tmpfs with kdat (if any) as criu.kdat and the
+// node's /run entries bound back; the thread ends with fn. A failure to
 // make the namespace is errNoCRIUMounts, and fn did not run.
 func withCRIUMounts(kdat []byte, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
+	return throwawayThread(func() error {
 		if err := privateRun(kdat); err != nil {
-			errc <- fmt.Errorf("%w: %v", errNoCRIUMounts, err)
-			return
+			return fmt.Errorf("%w: %v", errNoCRIUMounts, err)
 		}
-		errc <- fn()
-	}()
-	return <-errc
+		return fn()
+	})
 }
 
 // privateRun unshares this thread's mount namespace and mounts the tmpfs

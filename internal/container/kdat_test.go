@@ -66,4 +66,15 @@ func TestCRIUKdatCache(t *testing.T) {
 	if !hostHad && fileExists("/run/criu.kdat") {
 		t.Errorf("the node's /run got a criu.kdat")
 	}
+	// Many starts, and the process's own view (/proc/self, the main
+	// thread's) never becomes a private one: no start ran on the main
+	// thread, which outlives it.
+	for range 100 {
+		if err := startCRIU(exec.Command("true").Start); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), "warren-criu-run") {
+		t.Errorf("the process's main thread is in a CRIU mount namespace")
+	}
 }
