@@ -70,9 +70,11 @@ func TestCRIUKdatCache(t *testing.T) {
 	// thread's) never becomes a private one: no start ran on the main
 	// thread, which outlives it.
 	for range 100 {
-		if err := startCRIU(exec.Command("true").Start); err != nil {
+		c := exec.Command("true")
+		if err := startCRIU(c.Start); err != nil {
 			t.Fatal(err)
 		}
+		_ = c.Wait()
 	}
 	if mi, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mi), "warren-criu-run") {
 		t.Errorf("the process's main thread is in a CRIU mount namespace")
