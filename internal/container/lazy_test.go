@@ -41,10 +41,10 @@ func waitFile(t *testing.T, path string, wait time.Duration) string {
 	return ""
 }
 
-// checkpointHolder makes a sandbox holding the random buffer, checkpoints
+// checkpointLazyHolder makes a sandbox holding the random buffer, checkpoints
 // it into dir (its upper becomes the returned layers' top, as a fork's
 // base) and returns the checksum taken before.
-func checkpointHolder(t *testing.T, b *Backend, opts Options, id string) (dir string, layers []backend.Layer, sum string) {
+func checkpointLazyHolder(t *testing.T, b *Backend, opts Options, id string) (dir string, layers []backend.Layer, sum string) {
 	t.Helper()
 	layers = backend.DirLayers(testutil.BusyboxRoot(t))
 	sb, err := b.Create(t.Context(), backend.Spec{ID: id, Layers: layers, MemoryBytes: 1 << 30})
@@ -85,7 +85,7 @@ func TestLazyRestoreMemoryIntact(t *testing.T) {
 	}
 	defer b.Close()
 	baseline := resources(t, opts)
-	dir, layers, sum := checkpointHolder(t, b, opts, "lsrc")
+	dir, layers, sum := checkpointLazyHolder(t, b, opts, "lsrc")
 
 	var sbs []*sandbox
 	var servers []int
@@ -175,7 +175,7 @@ func TestLazyServerDeathKillsSandbox(t *testing.T) {
 	}
 	defer b.Close()
 	baseline := resources(t, opts)
-	dir, layers, _ := checkpointHolder(t, b, opts, "lksrc")
+	dir, layers, _ := checkpointLazyHolder(t, b, opts, "lksrc")
 	rs, err := b.Create(t.Context(), backend.Spec{ID: "lk", Layers: layers, MemoryBytes: 1 << 30, Restore: dir, LazyPages: true})
 	if err != nil {
 		t.Fatal(err)

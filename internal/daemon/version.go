@@ -26,6 +26,8 @@ func (m *Manager) Version(ctx context.Context, req *warrenv1.VersionRequest) (_ 
 		Commit:     Commit,
 		Backends:   m.backendNames(),
 		CgroupMode: CgroupMode(),
+		Node:       m.cfg.NodeName,
+		NodeTag:    m.cfg.NodeTag,
 	}, nil
 }
 
