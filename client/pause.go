@@ -24,6 +24,14 @@ func (c *Client) Resume(ctx context.Context, sandboxID string) (*warrenv1.Resume
 	return call(ctx, c.sandboxes.Resume, &warrenv1.ResumeRequest{Id: sandboxID})
 }
 
+// ResumeLazy is Resume of a HIBERNATED sandbox with its memory restored
+// lazily (lazy true: as its processes touch it, the rest in the
+// background) or before the call returns (false), whatever the daemon's
+// default.
+func (c *Client) ResumeLazy(ctx context.Context, sandboxID string, lazy bool) (*warrenv1.ResumeResponse, error) {
+	return call(ctx, c.sandboxes.Resume, &warrenv1.ResumeRequest{Id: sandboxID, LazyPages: &lazy})
+}
+
 // Restore restores a HIBERNATED sandbox on the node the client talks
 // to. Through a checkpoint directory several nodes share (`warren serve
 // --checkpoint-dir`), the sandbox may have been hibernated on another

@@ -63,6 +63,11 @@ type Spec struct {
 	// the checkpointed sandbox. A backend without checkpoints refuses it
 	// (Unsupported). A restore that fails leaves the directory as it was.
 	Restore string
+	// LazyPages restores the memory of Restore's processes lazily, as
+	// they touch it, and the rest in the background, instead of before
+	// the restore returns. A backend or node without it restores
+	// eagerly.
+	LazyPages bool
 }
 
 // Checkpointer is implemented by sandboxes whose whole process tree can

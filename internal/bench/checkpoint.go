@@ -26,10 +26,12 @@ func checkpointRows(ctx context.Context, env *Env, cfg HibernateConfig, id strin
 	var rows []HibernateRow
 	var notes []string
 	if cfg.CheckpointRounds > 0 {
-		env.logf("hibernate: checkpoint and restore, %d rounds", cfg.CheckpointRounds)
-		var hib, ckpt, restore, firstExec []time.Duration
+		env.logf("hibernate: checkpoint and restore, %d rounds (eager and lazy memory alternating)", cfg.CheckpointRounds)
+		var hib, ckpt []time.Duration
+		restore, firstExec, filled := map[bool][]time.Duration{}, map[bool][]time.Duration{}, []time.Duration{}
 		var art []float64
-		for range cfg.CheckpointRounds {
+		for r := range cfg.CheckpointRounds {
+			lazy := r%2 == 1
 			t0 := time.Now()
 			h, err := env.Client.Hibernate(ctx, id)
 			if err != nil {
@@ -39,22 +41,37 @@ func checkpointRows(ctx context.Context, env *Env, cfg HibernateConfig, id strin
 			ckpt = append(ckpt, time.Duration(h.GetCheckpointUs())*time.Microsecond)
 			art = append(art, mibF(h.GetBytes()))
 			t1 := time.Now()
-			if _, err := env.Client.Resume(ctx, id); err != nil {
-				return nil, nil, fmt.Errorf("restore: %w", err)
+			if _, err := env.Client.ResumeLazy(ctx, id, lazy); err != nil {
+				return nil, nil, fmt.Errorf("restore (lazy %v): %w", lazy, err)
 			}
-			restore = append(restore, time.Since(t1))
+			restore[lazy] = append(restore[lazy], time.Since(t1))
 			if err := sh("true"); err != nil {
 				return nil, nil, fmt.Errorf("exec after restore: %w", err)
 			}
-			firstExec = append(firstExec, time.Since(t1))
+			firstExec[lazy] = append(firstExec[lazy], time.Since(t1))
+			if lazy {
+				// The next hibernation would wait for the fill anyway.
+				if err := env.waitLazyFilled(ctx, []string{id}); err != nil {
+					return nil, nil, err
+				}
+				filled = append(filled, time.Since(t1))
+			}
 		}
 		slices.Sort(art)
 		a := round(Percentile(art, 50), 1)
 		rows = append(rows,
 			HibernateRow{Case: "hibernate (checkpoint to disk)", System: "warren", Summary: Summarize(hib), TargetMs: 500, ArtifactMiB: &a},
 			HibernateRow{Case: "  of which CRIU dump", System: "warren", Summary: Summarize(ckpt)},
-			HibernateRow{Case: "restore", System: "warren", Summary: Summarize(restore)},
-			HibernateRow{Case: "restore to first exec", System: "warren", Summary: Summarize(firstExec), TargetMs: 250})
+			HibernateRow{Case: "restore", System: "warren", Summary: Summarize(restore[false])},
+			HibernateRow{Case: "restore to first exec", System: "warren", Summary: Summarize(firstExec[false]), TargetMs: 250})
+		if len(restore[true]) > 0 {
+			rows = append(rows,
+				HibernateRow{Case: "restore (lazy)", System: "warren", Summary: Summarize(restore[true])},
+				HibernateRow{Case: "restore to first exec (lazy)", System: "warren", Summary: Summarize(firstExec[true]), TargetMs: 250})
+			if len(filled) > 0 {
+				rows = append(rows, HibernateRow{Case: "  lazy: until all memory is back", System: "warren", Summary: Summarize(filled)})
+			}
+		}
 		if cfg.Peers {
 			dump, rest, size, err := bareCRIU(ctx, cfg)
 			if err != nil {
@@ -72,30 +89,18 @@ func checkpointRows(ctx context.Context, env *Env, cfg HibernateConfig, id strin
 			"bare criu: `criu dump -t PID -D DIR` and `criu restore -d -D DIR` of a (stopped) shell holding the same anonymous memory, run outside any sandbox, by command line: the floor")
 	}
 	if cfg.Forks > 0 {
-		env.logf("hibernate: fork of %d", cfg.Forks)
-		if _, err := env.Client.Hibernate(ctx, id); err != nil {
-			return nil, nil, fmt.Errorf("hibernate before the fork: %w", err)
+		for _, lazy := range []bool{false, true} {
+			row, each, filled, err := forkRound(ctx, env, cfg, id, lazy)
+			if err != nil {
+				return nil, nil, err
+			}
+			rows = append(rows, row, each)
+			if filled != nil {
+				rows = append(rows, *filled)
+			}
 		}
-		t0 := time.Now()
-		f, err := env.Client.Fork(ctx, &warrenv1.ForkRequest{Id: id, Count: int32(cfg.Forks), Labels: env.Labels})
-		if err != nil {
-			return nil, nil, fmt.Errorf("fork: %w", err)
-		}
-		total := time.Since(t0)
-		var each []time.Duration
-		for _, us := range f.GetRestoreUs() {
-			each = append(each, time.Duration(us)*time.Microsecond)
-		}
-		for _, sb := range f.GetSandboxes() {
-			_ = env.Client.Delete(context.WithoutCancel(ctx), sb.GetId())
-		}
-		if _, err := env.Client.Resume(ctx, id); err != nil {
-			return nil, nil, fmt.Errorf("restore after the fork: %w", err)
-		}
-		rows = append(rows,
-			HibernateRow{Case: fmt.Sprintf("fork of %d", cfg.Forks), System: "warren", Summary: Summarize([]time.Duration{total}), TargetMs: 2000},
-			HibernateRow{Case: "  each fork's restore", System: "warren", Summary: Summarize(each)})
-		notes = append(notes, fmt.Sprintf("fork of %d: one Fork call on the hibernated sandbox, request to reply; each fork restores the checkpoint onto a fresh copy-on-write layer over the shared one", cfg.Forks))
+		notes = append(notes, fmt.Sprintf("fork of %d: one Fork call on the hibernated sandbox, request to reply; each fork restores the checkpoint onto a fresh copy-on-write layer over the shared one", cfg.Forks),
+			"lazy: the restore (ResumeRequest/ForkRequest lazy_pages) maps the memory and a CRIU lazy-pages server per sandbox copies the pages in as they are touched and the rest in the background; 'until all memory is back' waits, from the call's start, until every server exited (its process polled every 5 ms)")
 	}
 	return rows, notes, nil
 }
@@ -177,4 +182,78 @@ func firstError(b []byte) string {
 func lastLine(b []byte) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return lines[len(lines)-1]
+}
+
+// forkRound hibernates the sandbox and forks it cfg.Forks times, eagerly
+// or lazily, then deletes the forks and resumes it.
+func forkRound(ctx context.Context, env *Env, cfg HibernateConfig, id string, lazy bool) (row, each HibernateRow, filled *HibernateRow, err error) {
+	name := fmt.Sprintf("fork of %d", cfg.Forks)
+	if lazy {
+		name += " (lazy)"
+	}
+	env.logf("hibernate: %s", name)
+	if _, err := env.Client.Hibernate(ctx, id); err != nil {
+		return row, each, nil, fmt.Errorf("hibernate before the fork: %w", err)
+	}
+	t0 := time.Now()
+	f, err := env.Client.Fork(ctx, &warrenv1.ForkRequest{Id: id, Count: int32(cfg.Forks), Labels: env.Labels, LazyPages: &lazy})
+	if err != nil {
+		return row, each, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	total := time.Since(t0)
+	var ids []string
+	for _, sb := range f.GetSandboxes() {
+		ids = append(ids, sb.GetId())
+	}
+	if lazy {
+		if err := env.waitLazyFilled(ctx, ids); err != nil {
+			return row, each, nil, err
+		}
+		filled = &HibernateRow{Case: "  lazy: until all forks' memory is back", System: "warren", Summary: Summarize([]time.Duration{time.Since(t0)})}
+	}
+	var per []time.Duration
+	for _, us := range f.GetRestoreUs() {
+		per = append(per, time.Duration(us)*time.Microsecond)
+	}
+	for _, sid := range ids {
+		_ = env.Client.Delete(context.WithoutCancel(ctx), sid)
+	}
+	if _, err := env.Client.ResumeLazy(ctx, id, false); err != nil {
+		return row, each, nil, fmt.Errorf("restore after the fork: %w", err)
+	}
+	row = HibernateRow{Case: name, System: "warren", Summary: Summarize([]time.Duration{total}), TargetMs: 2000}
+	each = HibernateRow{Case: "  each fork's restore", System: "warren", Summary: Summarize(per)}
+	return row, each, filled, nil
+}
+
+// waitLazyFilled polls until no CRIU lazy-pages server reads the images
+// of the sandboxes ids (found by its command line, which names them: it
+// joins the sandbox's cgroup only after the restore returned).
+func (e *Env) waitLazyFilled(ctx context.Context, ids []string) error {
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		busy := false
+		ents, _ := os.ReadDir("/proc")
+		for _, p := range ents {
+			b, err := os.ReadFile("/proc/" + p.Name() + "/cmdline")
+			if err != nil || !strings.Contains(string(b), "\x00lazy-pages\x00") {
+				continue
+			}
+			for _, id := range ids {
+				if strings.Contains(string(b), "/sandboxes/"+id+"/lazy-images") {
+					busy = true
+				}
+			}
+		}
+		if !busy {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("lazy-pages servers still running after 2 minutes")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }

@@ -156,7 +156,7 @@ is resumed, --parallel at a time, and each is reported as it finishes.`,
 		labelHelp: "resume the paused and hibernated sandboxes with label KEY=VALUE (repeatable; all must match)",
 		parHelp:   "with --label: sandboxes resumed at a time (default 8, at most 64)",
 		one: func(cmd *cobra.Command, cl *client.Client, id string) (proto.Message, string, error) {
-			res, err := cl.Resume(cmd.Context(), id)
+			res, err := resumeOne(cmd, cl, id)
 			if err != nil {
 				return nil, "", err
 			}
@@ -166,7 +166,18 @@ is resumed, --parallel at a time, and each is reported as it finishes.`,
 			return cl.ResumeByLabel(cmd.Context(), &warrenv1.ResumeByLabelRequest{Labels: sel, Parallelism: par}, each)
 		},
 	}.command()
+	c.Flags().Bool("lazy-pages", true, "true: a hibernated sandbox's memory comes back lazily, as it is touched; false: all of it before the call returns; not given: as the node's warren serve --lazy-pages says")
 	return c
+}
+
+// resumeOne is Resume, with the memory restored as --lazy-pages says
+// where it was given.
+func resumeOne(cmd *cobra.Command, cl *client.Client, id string) (*warrenv1.ResumeResponse, error) {
+	if f := cmd.Flags().Lookup("lazy-pages"); f != nil && f.Changed {
+		lazy, _ := cmd.Flags().GetBool("lazy-pages")
+		return cl.ResumeLazy(cmd.Context(), id, lazy)
+	}
+	return cl.Resume(cmd.Context(), id)
 }
 
 func newHibernateCommand() *cobra.Command {
@@ -205,6 +216,7 @@ hibernated, --parallel at a time, and each is reported as it finishes.`,
 func newForkCommand() *cobra.Command {
 	var (
 		count   int32
+		lazy    bool
 		labels  []string
 		timeout time.Duration
 	)
@@ -229,7 +241,11 @@ line (the whole response with --json).`,
 				return err
 			}
 			defer cl.Close()
-			res, err := cl.Fork(cmd.Context(), &warrenv1.ForkRequest{Id: args[0], Count: count, Labels: sel, TimeoutSeconds: int64(timeout / time.Second)})
+			req := &warrenv1.ForkRequest{Id: args[0], Count: count, Labels: sel, TimeoutSeconds: int64(timeout / time.Second)}
+			if cmd.Flags().Changed("lazy-pages") {
+				req.LazyPages = &lazy
+			}
+			res, err := cl.Fork(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
@@ -246,6 +262,7 @@ line (the whole response with --json).`,
 	c.Flags().Int32VarP(&count, "count", "n", 1, "how many copies (at most 64)")
 	c.Flags().StringArrayVar(&labels, "label", nil, "a label KEY=VALUE the forks carry besides the source's (repeatable)")
 	c.Flags().DurationVar(&timeout, "timeout", 0, "the forks' lifetime (default: the node's)")
+	c.Flags().BoolVar(&lazy, "lazy-pages", true, "true: the forks' memory comes back lazily, as it is touched; false: all of it before the call returns; not given: as the node's warren serve --lazy-pages says")
 	return c
 }
 

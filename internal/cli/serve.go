@@ -61,6 +61,7 @@ type serveOptions struct {
 	stallTimeout             time.Duration
 	seccomp                  bool
 	userns                   bool
+	lazyPages                bool
 	usernsIDs                string
 	cpuAffinity              bool
 	networkSubnet            string
@@ -117,6 +118,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.cpuAffinity, "cpu-affinity", true, "run a sandbox with a CPU quota on as many of the node's CPUs as its quota (rounded up), the least used ones, and show it that many (nproc, os.cpu_count, /proc/cpuinfo); false leaves every sandbox on all CPUs, seeing all")
 	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
 	f.BoolVar(&o.userns, "userns", true, "create sandboxes in a user namespace (root inside is an unprivileged host id) unless the request says otherwise (create --userns=false) or the image has files owned by ids above 65535; false makes sandboxes without one the default")
+	f.BoolVar(&o.lazyPages, "lazy-pages", true, "restore the memory of resumed and forked sandboxes lazily (userfaultfd, where the kernel has it) unless the request says otherwise; false restores it before Resume and Fork return; docs/HIBERNATE.md")
 	f.StringVar(&o.usernsIDs, "userns-ids", container.DefaultUserNSIDs.String(), "host ids START:COUNT that user-namespace sandboxes take 65,536 each of; give each daemon on a host its own")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -384,6 +386,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		EventSources:       sources,
 		GuardInterval:      o.guardInterval,
 		UserNSDefault:      o.userns,
+		LazyPages:          o.lazyPages,
 		FnCall:             fn,
 		Router:             srv,
 		CheckpointDir:      checkpointDir,

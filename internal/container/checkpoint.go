@@ -117,6 +117,10 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	if err := criuAvailable(); err != nil {
 		return err
 	}
+	// A dump reads every page: a lazy restore must have put them back.
+	if err := s.lazyFilled(ctx, 30*time.Second); err != nil {
+		return err
+	}
 	pid := s.st.Pid
 	// CRIU cannot dump a connection whose other end is the daemon's: the
 	// agent must have let go of every connection but its listener.
@@ -214,6 +218,12 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	c.SetCriuPath(CRIUPath)
 	if s.st.UserNS != nil {
 		if err := criuNetns(int(netns.Fd()), c.Prepare); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "start criu")
+		}
+		defer c.Cleanup()
+	} else {
+		// Started with the kernel data cache (kdat.go); Dump uses it.
+		if err := startCRIU(c.Prepare); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "start criu")
 		}
 		defer c.Cleanup()
@@ -524,6 +534,18 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := os.Mkdir(work, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fsErr(err, "create sandbox directories")
 	}
+	var lazy *lazyServer
+	// Where the kernel has no userfaultfd the memory comes back eagerly.
+	// Nor, not yet, for a sandbox in a user namespace: its CRIU runs in
+	// views of its own (criuUserNSView), which the lazy socket's path has
+	// not been checked through.
+	if spec.LazyPages && uffdAvailable() == nil && meta.UserNS == nil {
+		// Started first: it probes the kernel while the rest is made.
+		if lazy, err = startLazyPages(filepath.Join(dir, ckptImages), st, run); err != nil {
+			return nil, err
+		}
+		cu.Add(lazy.discard)
+	}
 	// The dumped /dev and the masked files are binds of the sandbox's
 	// /dev directory, named by keys (devBinds): they are bound from this
 	// sandbox's own, made again here (delete removed the checkpointed
@@ -683,13 +705,29 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		TcpEstablished: proto.Bool(true),
 		FileLocks:      proto.Bool(true),
 	}
+	if lazy != nil {
+		if err := lazy.listening(); err != nil {
+			return nil, err
+		}
+		opts.LazyPages = proto.Bool(true)
+	}
 	if net != nil {
 		// Connections to the outside cannot come back (the peer moved
 		// on; a fork has another address): every TCP connection is
 		// restored closed, as after a network outage.
 		opts.TcpClose = proto.Bool(true)
 	}
-	start := func(c *criu.Criu) error { return c.Prepare() }
+	// Started with the kernel data cache (kdat.go), in a mount namespace
+	// of its own: CRIU mounts its cgroup yard in its working directory,
+	// which is opened again there.
+	start := func(c *criu.Criu) error {
+		return startCRIU(func() error {
+			if err := reopenDir(workDir, run); err != nil {
+				return err
+			}
+			return c.Prepare()
+		})
+	}
 	var criuWD *os.File
 	defer func() {
 		if criuWD != nil {
@@ -725,6 +763,12 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	}
 	s.st.UserNS = meta.UserNS
 	b.cpus.adopt(spec.ID, pid)
+	if lazy != nil {
+		s.lazyMu.Lock()
+		s.lazy = lazy
+		s.lazyMu.Unlock()
+		go s.watchLazy(lazy)
+	}
 	cu.Release()
 	return s, nil
 }
@@ -844,7 +888,8 @@ var criuStartMu sync.Mutex
 // it with os/exec, which keeps only descriptors without close-on-exec, so
 // theirs is cleared around the start. Another child the daemon starts in
 // that moment inherits them too, and closes them when it exits. start
-// starts CRIU (go-criu's Prepare, or criuUserNSView around it).
+// starts CRIU (go-criu's Prepare through startCRIU, or criuUserNSView
+// around it).
 func criuRestore(opts *rpc.CriuOpts, pass []*os.File, start func(*criu.Criu) error) (int, error) {
 	c := criu.MakeCriu()
 	c.SetCriuPath(CRIUPath)

@@ -860,6 +860,11 @@ type sandbox struct {
 	exited context.Context
 	exit   context.CancelFunc // cancels exited: the init died
 
+	// lazy is the lazy-pages server of a lazy restore, nil otherwise
+	// (lazy.go).
+	lazyMu sync.Mutex
+	lazy   *lazyServer
+
 	destroyMu sync.Mutex
 	destroyed bool
 
@@ -999,6 +1004,12 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 			return errdefs.Internalf("sandbox %s: init did not exit after SIGKILL", s.id)
 		}
 	}
+	// A lazy-pages server outside the group (its move failed) goes too.
+	s.lazyMu.Lock()
+	if s.lazy != nil {
+		s.lazy.stop()
+	}
+	s.lazyMu.Unlock()
 	root := s.root
 	s.root = -1
 	s.jobMu.Lock()

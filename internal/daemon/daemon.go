@@ -101,6 +101,10 @@ type Config struct {
 	// UserNSDefault creates sandboxes in a user namespace unless the
 	// request says otherwise (CreateRequest.user_namespace).
 	UserNSDefault bool
+	// LazyPages restores the memory of resumed and forked sandboxes
+	// lazily unless the request says otherwise (ResumeRequest.lazy_pages;
+	// `warren serve --lazy-pages`, on by default).
+	LazyPages bool
 	// Router opens the API routes of harness sandboxes (harness.go); nil:
 	// creating a harness is Unsupported.
 	Router Router

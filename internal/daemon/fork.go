@@ -195,6 +195,7 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 		err  error
 	}
 	results := make([]result, n)
+	lazy := m.lazyPages(req.LazyPages)
 	sem := make(chan struct{}, forkParallelism)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -203,7 +204,7 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			f, took, ferr := m.forkOne(ctx, s, info, digests, bases, etcNS, req.GetLabels(), life)
+			f, took, ferr := m.forkOne(ctx, s, info, digests, bases, etcNS, req.GetLabels(), life, lazy)
 			results[i] = result{f, took, ferr}
 		}()
 	}
@@ -238,7 +239,7 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 }
 
 // forkOne restores one fork of src from its checkpoint.
-func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sandbox, digests, bases []string, etcNS netip.Addr, labels map[string]string, life time.Duration) (_ *sandbox, _ time.Duration, err error) {
+func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sandbox, digests, bases []string, etcNS netip.Addr, labels map[string]string, life time.Duration, lazy bool) (_ *sandbox, _ time.Duration, err error) {
 	now := time.Now()
 	fi := cloneSandbox(info)
 	fi.State = stateCreating
@@ -307,6 +308,7 @@ func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sand
 	if err != nil {
 		return nil, 0, err
 	}
+	spec.LazyPages = lazy
 	t0 := time.Now()
 	sb, err := s.b.Create(ctx, spec)
 	took := time.Since(t0)
@@ -352,6 +354,15 @@ func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sand
 	}
 	m.metrics.ObserveRestore(took)
 	return s, took, nil
+}
+
+// lazyPages is whether a restore restores memory lazily: what the
+// request asks, else the daemon's default (Config.LazyPages).
+func (m *Manager) lazyPages(asked *bool) bool {
+	if asked != nil {
+		return *asked
+	}
+	return m.cfg.LazyPages
 }
 
 // dropBases removes the bases of a deleted sandbox that no other sandbox

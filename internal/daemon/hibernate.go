@@ -379,7 +379,7 @@ func (m *Manager) recoverHibernated(recs []store.Record) []store.Record {
 
 // restoreHibernated is Resume of a HIBERNATED sandbox: the backend
 // restores it from its checkpoint with the spec it was created with.
-func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.Time) (*warrenv1.ResumeResponse, error) {
+func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.Time, lazy bool) (*warrenv1.ResumeResponse, error) {
 	s.mu.Lock()
 	if err := s.mayStartLocked(opResume); err != nil {
 		s.mu.Unlock()
@@ -427,6 +427,7 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 		end()
 		return nil, err
 	}
+	spec.LazyPages = lazy
 	if err := m.settleBase(s.id, bases); err != nil {
 		release()
 		end()

@@ -119,7 +119,7 @@ func (m *Manager) Resume(ctx context.Context, req *warrenv1.ResumeRequest) (_ *w
 	hibernated := s.st == stateHibernated
 	s.mu.Unlock()
 	if hibernated {
-		return m.restoreHibernated(ctx, s, start)
+		return m.restoreHibernated(ctx, s, start, m.lazyPages(req.LazyPages))
 	}
 	p, ok := v.sb.(backend.Pauser)
 	if !ok {

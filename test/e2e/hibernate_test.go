@@ -52,9 +52,13 @@ func TestHibernateAcrossKill9AndFork(t *testing.T) {
 	if err != nil || sb.GetState() != stateHibernated {
 		t.Fatalf("after kill -9 and restart: %v %v", sb.GetState(), err)
 	}
-	out, errOut, code = e.cli(nil, "sandbox", "resume", "hb")
+	// Eagerly (the daemon's default is lazy: TestLazyForkSurvives...).
+	out, errOut, code = e.cli(nil, "sandbox", "resume", "--lazy-pages=false", "hb")
 	if code != 0 || !strings.Contains(out, "hb restored") {
 		t.Fatalf("cli resume: %d %q %q", code, out, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(e.runDir, "sb", "hb", "lazy-pages.log")); err == nil {
+		t.Errorf("resume --lazy-pages=false started a lazy-pages server")
 	}
 	if c := e.counterOf("hb"); c < saved || c > saved+100 {
 		t.Fatalf("counter %d after the restore, %d saved: restarted or lost", c, saved)

@@ -5934,8 +5934,12 @@ func (x *PauseResponse) GetTotalUs() int64 {
 }
 
 type ResumeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// A HIBERNATED sandbox's memory comes back lazily (through
+	// userfaultfd, as its processes touch it, the rest in the background
+	// once the call returned); unset: the daemon's default.
+	LazyPages     *bool `protobuf:"varint,2,opt,name=lazy_pages,json=lazyPages,proto3,oneof" json:"lazy_pages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5975,6 +5979,13 @@ func (x *ResumeRequest) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+func (x *ResumeRequest) GetLazyPages() bool {
+	if x != nil && x.LazyPages != nil {
+		return *x.LazyPages
+	}
+	return false
 }
 
 type ResumeResponse struct {
@@ -6225,6 +6236,7 @@ type ForkRequest struct {
 	Count          int32                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`                                                                            // 1 to 64
 	Labels         map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // added to the source's on every fork
 	TimeoutSeconds int64                  `protobuf:"varint,4,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`                                    // the forks' lifetime; 0 = the node default
+	LazyPages      *bool                  `protobuf:"varint,5,opt,name=lazy_pages,json=lazyPages,proto3,oneof" json:"lazy_pages,omitempty"`                                             // as ResumeRequest.lazy_pages, for every fork
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -6285,6 +6297,13 @@ func (x *ForkRequest) GetTimeoutSeconds() int64 {
 		return x.TimeoutSeconds
 	}
 	return 0
+}
+
+func (x *ForkRequest) GetLazyPages() bool {
+	if x != nil && x.LazyPages != nil {
+		return *x.LazyPages
+	}
+	return false
 }
 
 type ForkResponse struct {
@@ -8274,9 +8293,12 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\tfreeze_us\x18\x04 \x01(\x03R\bfreezeUs\x12\x1d\n" +
 	"\n" +
 	"reclaim_us\x18\x05 \x01(\x03R\treclaimUs\x12\x19\n" +
-	"\btotal_us\x18\x06 \x01(\x03R\atotalUs\"\x1f\n" +
+	"\btotal_us\x18\x06 \x01(\x03R\atotalUs\"R\n" +
 	"\rResumeRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xaf\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
+	"\n" +
+	"lazy_pages\x18\x02 \x01(\bH\x00R\tlazyPages\x88\x01\x01B\r\n" +
+	"\v_lazy_pages\"\xaf\x01\n" +
 	"\x0eResumeResponse\x12,\n" +
 	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12\x17\n" +
 	"\athaw_us\x18\x02 \x01(\x03R\x06thawUs\x12\x1b\n" +
@@ -8293,15 +8315,18 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\rcheckpoint_us\x18\x02 \x01(\x03R\fcheckpointUs\x12\x19\n" +
 	"\btotal_us\x18\x03 \x01(\x03R\atotalUs\x12\x14\n" +
 	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12)\n" +
-	"\x06before\x18\x05 \x01(\v2\x11.warren.v1.MemoryR\x06before\"\xd3\x01\n" +
+	"\x06before\x18\x05 \x01(\v2\x11.warren.v1.MemoryR\x06before\"\x86\x02\n" +
 	"\vForkRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\x12:\n" +
 	"\x06labels\x18\x03 \x03(\v2\".warren.v1.ForkRequest.LabelsEntryR\x06labels\x12'\n" +
-	"\x0ftimeout_seconds\x18\x04 \x01(\x03R\x0etimeoutSeconds\x1a9\n" +
+	"\x0ftimeout_seconds\x18\x04 \x01(\x03R\x0etimeoutSeconds\x12\"\n" +
+	"\n" +
+	"lazy_pages\x18\x05 \x01(\bH\x00R\tlazyPages\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcb\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
+	"\v_lazy_pages\"\xcb\x01\n" +
 	"\fForkResponse\x120\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x12.warren.v1.SandboxR\tsandboxes\x12*\n" +
 	"\x06source\x18\x02 \x01(\v2\x12.warren.v1.SandboxR\x06source\x12#\n" +
@@ -8855,6 +8880,8 @@ func file_warren_v1_warren_proto_init() {
 		(*TrajectoryEntry_RemoveFile)(nil),
 		(*TrajectoryEntry_Upload)(nil),
 	}
+	file_warren_v1_warren_proto_msgTypes[77].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[81].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -806,14 +806,20 @@ class AsyncWarren:
         d = await self._rpc(_SBX + "Pause", body, timeout=timeout, idempotent=False)
         return PauseResult._from_json(d)
 
-    async def resume(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
+    async def resume(self, id: str, *, lazy_pages: Optional[bool] = None, timeout: Optional[float] = None) -> ResumeResult:
         """Thaw paused sandbox ``id``, or restore hibernated sandbox ``id``
         from its checkpoint (``result.restored``): its processes continue
         where they stopped. :class:`ConflictError` unless PAUSED or
         HIBERNATED. ``timeout`` defaults to ``transfer_timeout`` (a restore
         reads the checkpoint back)."""
         t = timeout if timeout is not None else self.transfer_timeout
-        d = await self._rpc(_SBX + "Resume", {"id": id}, timeout=t, idempotent=False)
+        body: Dict[str, Any] = {"id": id}
+        if lazy_pages is not None:
+            # True: a hibernated sandbox's memory comes back as it is
+            # touched (the rest in the background); None: the node's
+            # default (warren serve --lazy-pages).
+            body["lazyPages"] = bool(lazy_pages)
+        d = await self._rpc(_SBX + "Resume", body, timeout=t, idempotent=False)
         return ResumeResult._from_json(d)
 
     async def restore(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
@@ -847,6 +853,7 @@ class AsyncWarren:
         *,
         labels: Optional[Mapping[str, str]] = None,
         lifetime: Optional[float] = None,
+        lazy_pages: Optional[bool] = None,
         timeout: Optional[float] = None,
     ) -> List["AsyncSandbox"]:
         """Make ``n`` copies (at most 64) of sandbox ``id`` from a checkpoint
@@ -863,6 +870,8 @@ class AsyncWarren:
             body["labels"] = dict(labels)
         if lifetime is not None:
             body["timeoutSeconds"] = int(lifetime)
+        if lazy_pages is not None:
+            body["lazyPages"] = bool(lazy_pages)
         t = timeout if timeout is not None else self.transfer_timeout
         d = await self._rpc(_SBX + "Fork", body, timeout=t, idempotent=False)
         return [AsyncSandbox(self, SandboxInfo._from_json(x)) for x in d.get("sandboxes") or []]
@@ -1488,10 +1497,10 @@ class AsyncSandbox:
         self.info = res.sandbox
         return res
 
-    async def resume(self, *, timeout: Optional[float] = None) -> ResumeResult:
+    async def resume(self, *, lazy_pages: Optional[bool] = None, timeout: Optional[float] = None) -> ResumeResult:
         """Thaw the paused sandbox, or restore the hibernated one: its
         processes continue where they stopped."""
-        res = await self.client.resume(self.id, timeout=timeout)
+        res = await self.client.resume(self.id, lazy_pages=lazy_pages, timeout=timeout)
         self.info = res.sandbox
         return res
 
@@ -1503,11 +1512,17 @@ class AsyncSandbox:
         return res
 
     async def fork(
-        self, n: int = 1, *, labels: Optional[Mapping[str, str]] = None, lifetime: Optional[float] = None, timeout: Optional[float] = None
+        self,
+        n: int = 1,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        lifetime: Optional[float] = None,
+        lazy_pages: Optional[bool] = None,
+        timeout: Optional[float] = None,
     ) -> List["AsyncSandbox"]:
         """``n`` copies of the sandbox from a checkpoint of it (see
         :meth:`AsyncWarren.fork`)."""
-        forks = await self.client.fork(self.id, n, labels=labels, lifetime=lifetime, timeout=timeout)
+        forks = await self.client.fork(self.id, n, labels=labels, lifetime=lifetime, lazy_pages=lazy_pages, timeout=timeout)
         await self.refresh()
         return forks
 

@@ -357,9 +357,9 @@ class Warren:
         """Freeze sandbox ``id`` in place (see :meth:`AsyncWarren.pause`)."""
         return self._run(self.aio.pause(id, reclaim=reclaim, timeout=timeout))
 
-    def resume(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
+    def resume(self, id: str, *, lazy_pages: Optional[bool] = None, timeout: Optional[float] = None) -> ResumeResult:
         """Thaw paused sandbox ``id``, or restore hibernated sandbox ``id``."""
-        return self._run(self.aio.resume(id, timeout=timeout))
+        return self._run(self.aio.resume(id, lazy_pages=lazy_pages, timeout=timeout))
 
     def restore(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
         """Restore hibernated sandbox ``id`` here, from another node if need be (see :meth:`AsyncWarren.restore`)."""
@@ -376,10 +376,11 @@ class Warren:
         *,
         labels: Optional[Mapping[str, str]] = None,
         lifetime: Optional[float] = None,
+        lazy_pages: Optional[bool] = None,
         timeout: Optional[float] = None,
     ) -> List["Sandbox"]:
         """``n`` copies of sandbox ``id`` (see :meth:`AsyncWarren.fork`)."""
-        forks = self._run(self.aio.fork(id, n, labels=labels, lifetime=lifetime, timeout=timeout))
+        forks = self._run(self.aio.fork(id, n, labels=labels, lifetime=lifetime, lazy_pages=lazy_pages, timeout=timeout))
         return [Sandbox(self, f) for f in forks]
 
     def hibernate_by_label(
@@ -662,19 +663,25 @@ class Sandbox:
         """Freeze the sandbox in place (see :meth:`AsyncWarren.pause`)."""
         return self._run(self.aio.pause(reclaim=reclaim, timeout=timeout))
 
-    def resume(self, *, timeout: Optional[float] = None) -> ResumeResult:
+    def resume(self, *, lazy_pages: Optional[bool] = None, timeout: Optional[float] = None) -> ResumeResult:
         """Thaw the paused sandbox, or restore the hibernated one."""
-        return self._run(self.aio.resume(timeout=timeout))
+        return self._run(self.aio.resume(lazy_pages=lazy_pages, timeout=timeout))
 
     def hibernate(self, *, timeout: Optional[float] = None) -> HibernateResult:
         """Checkpoint the sandbox to disk (see :meth:`AsyncWarren.hibernate`)."""
         return self._run(self.aio.hibernate(timeout=timeout))
 
     def fork(
-        self, n: int = 1, *, labels: Optional[Mapping[str, str]] = None, lifetime: Optional[float] = None, timeout: Optional[float] = None
+        self,
+        n: int = 1,
+        *,
+        labels: Optional[Mapping[str, str]] = None,
+        lifetime: Optional[float] = None,
+        lazy_pages: Optional[bool] = None,
+        timeout: Optional[float] = None,
     ) -> List["Sandbox"]:
         """``n`` copies of the sandbox (see :meth:`AsyncWarren.fork`)."""
-        forks = self._run(self.aio.fork(n, labels=labels, lifetime=lifetime, timeout=timeout))
+        forks = self._run(self.aio.fork(n, labels=labels, lifetime=lifetime, lazy_pages=lazy_pages, timeout=timeout))
         return [Sandbox(self.client, f) for f in forks]
 
     def commit(self, name: str, *, keep_setuid: bool = False, timeout: Optional[float] = None) -> Layer:
