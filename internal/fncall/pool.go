@@ -11,8 +11,26 @@ import (
 
 // env is one pooled environment.
 type env struct {
-	sb  backend.Sandbox
-	run backend.JobRunner
+	sb   backend.Sandbox
+	run  backend.JobRunner
+	devs bool // it has a job's GPU nodes
+}
+
+// setDevices gives the environment a job's GPU device nodes, or takes
+// them back (nil).
+func (e *env) setDevices(devs []backend.Device) error {
+	if len(devs) == 0 && !e.devs {
+		return nil
+	}
+	ds, ok := e.sb.(backend.DeviceSetter)
+	if !ok {
+		return errdefs.Unsupportedf("fncall: the environments' backend cannot give a job device nodes")
+	}
+	if err := ds.SetDevices(devs); err != nil {
+		return err
+	}
+	e.devs = len(devs) > 0
+	return nil
 }
 
 // pool is the environments of one image. Its states: an environment is
@@ -24,6 +42,7 @@ type pool struct {
 	img  Image
 	ref  *imageRef // the image's layers, which close lets go of
 	disk int64     // each environment's disk quota (0: the node's disk)
+	gpu  bool      // environments for GPU jobs (gpu.go)
 	tag  string
 	mu   sync.Mutex
 	cond *sync.Cond // signalled when an environment becomes idle or a make fails
@@ -154,6 +173,11 @@ func (p *pool) destroy(e *env) {
 // make creates one environment of the pool's image.
 func (p *pool) make(ctx context.Context) (*env, error) {
 	o := p.s.opts
+	var devs []backend.Device
+	var mounts []backend.Mount
+	if p.gpu {
+		devs, mounts = o.GPUs.Control, o.GPUs.Mounts
+	}
 	sb, err := o.Backend.Create(ctx, backend.Spec{
 		ID:          p.s.newID(p.tag),
 		Hostname:    "fncall",
@@ -162,6 +186,8 @@ func (p *pool) make(ctx context.Context) (*env, error) {
 		PidsMax:     o.PidsMax,
 		UserNS:      p.img.UserNS,
 		DiskBytes:   p.disk,
+		Devices:     devs,
+		Mounts:      mounts,
 	})
 	if err != nil {
 		return nil, err
