@@ -62,6 +62,8 @@ type serveOptions struct {
 	cpuAffinity              bool
 	networkSubnet            string
 	dnsUpstreams             []string
+	gpuDevices, gpuLibs      []string
+	noGPUs                   bool
 }
 
 func newServeCommand() *cobra.Command {
@@ -106,11 +108,34 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
 	f.BoolVar(&o.userns, "userns", true, "create sandboxes in a user namespace (root inside is an unprivileged host id) unless the request says otherwise (create --userns=false) or the image has files owned by ids above 65535; false makes sandboxes without one the default")
 	f.StringVar(&o.usernsIDs, "userns-ids", container.DefaultUserNSIDs.String(), "host ids START:COUNT that user-namespace sandboxes take 65,536 each of; give each daemon on a host its own")
+	f.StringArrayVar(&o.gpuDevices, "gpu-device", nil, "a GPU device node fncall jobs can be given (repeatable): /dev/nvidia<N> is a GPU, any other (nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset) every GPU job gets (default: the node's /dev/nvidia*)")
+	f.StringArrayVar(&o.gpuLibs, "gpu-lib", nil, "a file of the GPU driver bound read-only into GPU jobs (repeatable): libraries at /usr/local/nvidia/lib64, tools at /usr/local/nvidia/bin (default: "+strings.Join(fncall.DefaultGPULibs, ", ")+", found through ldconfig's cache and the usual directories)")
+	f.BoolVar(&o.noGPUs, "no-gpus", false, "give jobs no GPU, whatever the node has")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive download whose client takes no data, or an upload whose client sends none, for this long (the walk it holds is released)")
 	f.StringVar(&o.pprofAddr, "pprof", "", "serve Go's profiling endpoints (/debug/pprof/) on this TCP address, without authentication: use a loopback address such as 127.0.0.1:6060")
 	return c
+}
+
+// nodeGPUs are the GPUs the flags name, or the node's own.
+func nodeGPUs(o serveOptions) (*fncall.NodeGPUs, error) {
+	if o.noGPUs {
+		return &fncall.NodeGPUs{}, nil
+	}
+	c := fncall.GPUConfig{Devices: o.gpuDevices, Libs: o.gpuLibs}
+	if len(c.Devices) == 0 {
+		found := fncall.DiscoverGPUs()
+		c.Devices = found.Devices
+		if len(c.Libs) == 0 {
+			c.Libs = found.Libs
+		}
+	}
+	n, err := c.Resolve()
+	if err != nil {
+		return nil, fmt.Errorf("--gpu-device, --gpu-lib: %w", err)
+	}
+	return n, nil
 }
 
 func newLogger(o serveOptions, cmd *cobra.Command) (*slog.Logger, error) {
@@ -285,8 +310,15 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("--userns-ids: %w", err)
 	}
+	gpus, err := nodeGPUs(o)
+	if err != nil {
+		return err
+	}
+	if n := len(gpus.GPUs); n > 0 {
+		log.Info("GPUs for fncall jobs", "gpus", n, "control_nodes", len(gpus.Control), "driver_files", len(gpus.Mounts))
+	}
 	ctr, err := container.New(container.Options{UserNSIDs: idRange, StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity, NoSeccomp: !o.seccomp, ObservePhase: met.ObserveCreatePhase,
-		NetworkSubnet: subnet})
+		NetworkSubnet: subnet, Devices: gpus.All()})
 	if err != nil {
 		return fmt.Errorf("container backend: %w", err)
 	}
@@ -325,7 +357,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	}
 	// Run's jobs: pools of container sandboxes per image, made on the
 	// first call of each image (internal/fncall).
-	fn, err := fncall.New(fncall.Options{Backend: ctr, DiskBytes: fnDisk, Logger: log})
+	fn, err := fncall.New(fncall.Options{Backend: ctr, DiskBytes: fnDisk, GPUs: gpus, Logger: log})
 	if err != nil {
 		return fmt.Errorf("fncall backend: %w", err)
 	}

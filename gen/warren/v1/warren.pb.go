@@ -4899,11 +4899,14 @@ func (*VersionRequest) Descriptor() ([]byte, []int) {
 }
 
 type VersionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
-	Commit        string                 `protobuf:"bytes,2,opt,name=commit,proto3" json:"commit,omitempty"`
-	Backends      []string               `protobuf:"bytes,3,rep,name=backends,proto3" json:"backends,omitempty"`
-	CgroupMode    string                 `protobuf:"bytes,4,opt,name=cgroup_mode,json=cgroupMode,proto3" json:"cgroup_mode,omitempty"` // "v1", "v2" or "hybrid"
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Version    string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	Commit     string                 `protobuf:"bytes,2,opt,name=commit,proto3" json:"commit,omitempty"`
+	Backends   []string               `protobuf:"bytes,3,rep,name=backends,proto3" json:"backends,omitempty"`
+	CgroupMode string                 `protobuf:"bytes,4,opt,name=cgroup_mode,json=cgroupMode,proto3" json:"cgroup_mode,omitempty"` // "v1", "v2" or "hybrid"
+	// The node's GPUs, which jobs of the fncall backend can ask for
+	// (RunGpus), and the jobs on each now. Empty: none.
+	Gpus          []*NodeGpu `protobuf:"bytes,5,rep,name=gpus,proto3" json:"gpus,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4966,6 +4969,81 @@ func (x *VersionResponse) GetCgroupMode() string {
 	return ""
 }
 
+func (x *VersionResponse) GetGpus() []*NodeGpu {
+	if x != nil {
+		return x.Gpus
+	}
+	return nil
+}
+
+type NodeGpu struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`                             // N of /dev/nvidia<N>
+	Device        string                 `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`                            // the device node on the node
+	Exclusive     bool                   `protobuf:"varint,3,opt,name=exclusive,proto3" json:"exclusive,omitempty"`                     // an exclusive job holds it
+	SharedJobs    int32                  `protobuf:"varint,4,opt,name=shared_jobs,json=sharedJobs,proto3" json:"shared_jobs,omitempty"` // shared jobs on it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeGpu) Reset() {
+	*x = NodeGpu{}
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeGpu) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeGpu) ProtoMessage() {}
+
+func (x *NodeGpu) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeGpu.ProtoReflect.Descriptor instead.
+func (*NodeGpu) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *NodeGpu) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *NodeGpu) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *NodeGpu) GetExclusive() bool {
+	if x != nil {
+		return x.Exclusive
+	}
+	return false
+}
+
+func (x *NodeGpu) GetSharedJobs() int32 {
+	if x != nil {
+		return x.SharedJobs
+	}
+	return 0
+}
+
 type ListSandboxEventsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -4977,7 +5055,7 @@ type ListSandboxEventsRequest struct {
 
 func (x *ListSandboxEventsRequest) Reset() {
 	*x = ListSandboxEventsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4989,7 +5067,7 @@ func (x *ListSandboxEventsRequest) String() string {
 func (*ListSandboxEventsRequest) ProtoMessage() {}
 
 func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5002,7 +5080,7 @@ func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListSandboxEventsRequest) GetSandboxId() string {
@@ -5039,7 +5117,7 @@ type ListSandboxEventsResponse struct {
 
 func (x *ListSandboxEventsResponse) Reset() {
 	*x = ListSandboxEventsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5051,7 +5129,7 @@ func (x *ListSandboxEventsResponse) String() string {
 func (*ListSandboxEventsResponse) ProtoMessage() {}
 
 func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5064,7 +5142,7 @@ func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListSandboxEventsResponse) GetEvents() []*SecurityEvent {
@@ -5110,7 +5188,7 @@ type SecurityEvent struct {
 
 func (x *SecurityEvent) Reset() {
 	*x = SecurityEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5122,7 +5200,7 @@ func (x *SecurityEvent) String() string {
 func (*SecurityEvent) ProtoMessage() {}
 
 func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5135,7 +5213,7 @@ func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityEvent.ProtoReflect.Descriptor instead.
 func (*SecurityEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *SecurityEvent) GetSeq() uint64 {
@@ -5199,7 +5277,7 @@ type ReadTrajectoryRequest struct {
 
 func (x *ReadTrajectoryRequest) Reset() {
 	*x = ReadTrajectoryRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5211,7 +5289,7 @@ func (x *ReadTrajectoryRequest) String() string {
 func (*ReadTrajectoryRequest) ProtoMessage() {}
 
 func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5224,7 +5302,7 @@ func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*ReadTrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ReadTrajectoryRequest) GetSandboxId() string {
@@ -5269,7 +5347,7 @@ type ReadTrajectoryResponse struct {
 
 func (x *ReadTrajectoryResponse) Reset() {
 	*x = ReadTrajectoryResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5281,7 +5359,7 @@ func (x *ReadTrajectoryResponse) String() string {
 func (*ReadTrajectoryResponse) ProtoMessage() {}
 
 func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5294,7 +5372,7 @@ func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTrajectoryResponse.ProtoReflect.Descriptor instead.
 func (*ReadTrajectoryResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ReadTrajectoryResponse) GetEntries() []*TrajectoryEntry {
@@ -5344,7 +5422,7 @@ type TrajectoryUpload struct {
 
 func (x *TrajectoryUpload) Reset() {
 	*x = TrajectoryUpload{}
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5356,7 +5434,7 @@ func (x *TrajectoryUpload) String() string {
 func (*TrajectoryUpload) ProtoMessage() {}
 
 func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5369,7 +5447,7 @@ func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryUpload.ProtoReflect.Descriptor instead.
 func (*TrajectoryUpload) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *TrajectoryUpload) GetSandboxId() string {
@@ -5437,7 +5515,7 @@ type TrajectoryEntry struct {
 
 func (x *TrajectoryEntry) Reset() {
 	*x = TrajectoryEntry{}
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5449,7 +5527,7 @@ func (x *TrajectoryEntry) String() string {
 func (*TrajectoryEntry) ProtoMessage() {}
 
 func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5462,7 +5540,7 @@ func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryEntry.ProtoReflect.Descriptor instead.
 func (*TrajectoryEntry) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *TrajectoryEntry) GetIndex() uint64 {
@@ -5662,7 +5740,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5674,7 +5752,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5687,7 +5765,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -5717,7 +5795,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5729,7 +5807,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5742,7 +5820,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *Memory) GetBytes() uint64 {
@@ -5787,7 +5865,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5799,7 +5877,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5812,7 +5890,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -5866,7 +5944,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5878,7 +5956,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5891,7 +5969,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -5916,7 +5994,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5928,7 +6006,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5941,7 +6019,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -5988,7 +6066,7 @@ type HibernateRequest struct {
 
 func (x *HibernateRequest) Reset() {
 	*x = HibernateRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6000,7 +6078,7 @@ func (x *HibernateRequest) String() string {
 func (*HibernateRequest) ProtoMessage() {}
 
 func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6013,7 +6091,7 @@ func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateRequest.ProtoReflect.Descriptor instead.
 func (*HibernateRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *HibernateRequest) GetId() string {
@@ -6036,7 +6114,7 @@ type HibernateResponse struct {
 
 func (x *HibernateResponse) Reset() {
 	*x = HibernateResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6048,7 +6126,7 @@ func (x *HibernateResponse) String() string {
 func (*HibernateResponse) ProtoMessage() {}
 
 func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6061,7 +6139,7 @@ func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
 func (*HibernateResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *HibernateResponse) GetSandbox() *Sandbox {
@@ -6111,7 +6189,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6123,7 +6201,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6136,7 +6214,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -6180,7 +6258,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6192,7 +6270,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6205,7 +6283,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ForkResponse) GetSandboxes() []*Sandbox {
@@ -6253,7 +6331,7 @@ type HibernateByLabelRequest struct {
 
 func (x *HibernateByLabelRequest) Reset() {
 	*x = HibernateByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6265,7 +6343,7 @@ func (x *HibernateByLabelRequest) String() string {
 func (*HibernateByLabelRequest) ProtoMessage() {}
 
 func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6278,7 +6356,7 @@ func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateByLabelRequest.ProtoReflect.Descriptor instead.
 func (*HibernateByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *HibernateByLabelRequest) GetLabels() map[string]string {
@@ -6306,7 +6384,7 @@ type PauseByLabelRequest struct {
 
 func (x *PauseByLabelRequest) Reset() {
 	*x = PauseByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6318,7 +6396,7 @@ func (x *PauseByLabelRequest) String() string {
 func (*PauseByLabelRequest) ProtoMessage() {}
 
 func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6331,7 +6409,7 @@ func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
 func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *PauseByLabelRequest) GetLabels() map[string]string {
@@ -6365,7 +6443,7 @@ type ResumeByLabelRequest struct {
 
 func (x *ResumeByLabelRequest) Reset() {
 	*x = ResumeByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6377,7 +6455,7 @@ func (x *ResumeByLabelRequest) String() string {
 func (*ResumeByLabelRequest) ProtoMessage() {}
 
 func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6390,7 +6468,7 @@ func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
 func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ResumeByLabelRequest) GetLabels() map[string]string {
@@ -6428,7 +6506,7 @@ type ByLabelEvent struct {
 
 func (x *ByLabelEvent) Reset() {
 	*x = ByLabelEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6440,7 +6518,7 @@ func (x *ByLabelEvent) String() string {
 func (*ByLabelEvent) ProtoMessage() {}
 
 func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6453,7 +6531,7 @@ func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
 func (*ByLabelEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ByLabelEvent) GetSandboxId() string {
@@ -6531,13 +6609,14 @@ type RunRequest struct {
 	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
 	Backend       string                 `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"` // "fncall" (default; the only one so far)
 	Steps         []*RunStep             `protobuf:"bytes,3,rep,name=steps,proto3" json:"steps,omitempty"`     // 1 to 64, run in order
+	Gpus          *RunGpus               `protobuf:"bytes,4,opt,name=gpus,proto3" json:"gpus,omitempty"`       // unset: no GPU
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6549,7 +6628,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6562,7 +6641,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RunRequest) GetImage() string {
@@ -6586,6 +6665,71 @@ func (x *RunRequest) GetSteps() []*RunStep {
 	return nil
 }
 
+func (x *RunRequest) GetGpus() *RunGpus {
+	if x != nil {
+		return x.Gpus
+	}
+	return nil
+}
+
+// RunGpus is what GPUs a job gets: count of the node's GPUs (their device
+// nodes /dev/nvidia<N>, the driver's control nodes, and its libraries and
+// tools read-only at /usr/local/nvidia/lib64 and /usr/local/nvidia/bin,
+// which LD_LIBRARY_PATH and PATH lead with). A GPU runs one job at a time;
+// a job waits for its GPUs, all at once. Shared jobs run together on a GPU
+// (never with an exclusive one). More than the node has is invalid.
+type RunGpus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Count         int32                  `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	Shared        bool                   `protobuf:"varint,2,opt,name=shared,proto3" json:"shared,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunGpus) Reset() {
+	*x = RunGpus{}
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunGpus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunGpus) ProtoMessage() {}
+
+func (x *RunGpus) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunGpus.ProtoReflect.Descriptor instead.
+func (*RunGpus) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *RunGpus) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *RunGpus) GetShared() bool {
+	if x != nil {
+		return x.Shared
+	}
+	return false
+}
+
 // RunStep is one program of a job. Every step runs in the job's work
 // directory (/w, empty at the job's start, HOME) as uid and gid 1000,
 // without network (loopback only).
@@ -6606,7 +6750,7 @@ type RunStep struct {
 
 func (x *RunStep) Reset() {
 	*x = RunStep{}
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6618,7 +6762,7 @@ func (x *RunStep) String() string {
 func (*RunStep) ProtoMessage() {}
 
 func (x *RunStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6631,7 +6775,7 @@ func (x *RunStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
 func (*RunStep) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RunStep) GetArgv() []string {
@@ -6698,7 +6842,7 @@ type RunFile struct {
 
 func (x *RunFile) Reset() {
 	*x = RunFile{}
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6710,7 +6854,7 @@ func (x *RunFile) String() string {
 func (*RunFile) ProtoMessage() {}
 
 func (x *RunFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6723,7 +6867,7 @@ func (x *RunFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
 func (*RunFile) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RunFile) GetName() string {
@@ -6786,7 +6930,7 @@ type RunLimits struct {
 
 func (x *RunLimits) Reset() {
 	*x = RunLimits{}
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6798,7 +6942,7 @@ func (x *RunLimits) String() string {
 func (*RunLimits) ProtoMessage() {}
 
 func (x *RunLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6811,7 +6955,7 @@ func (x *RunLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
 func (*RunLimits) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RunLimits) GetCpuMs() int64 {
@@ -6897,7 +7041,7 @@ type RunStepResult struct {
 
 func (x *RunStepResult) Reset() {
 	*x = RunStepResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6909,7 +7053,7 @@ func (x *RunStepResult) String() string {
 func (*RunStepResult) ProtoMessage() {}
 
 func (x *RunStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6922,7 +7066,7 @@ func (x *RunStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
 func (*RunStepResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RunStepResult) GetStatus() RunStatus {
@@ -7020,7 +7164,7 @@ type RunFileResult struct {
 
 func (x *RunFileResult) Reset() {
 	*x = RunFileResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7032,7 +7176,7 @@ func (x *RunFileResult) String() string {
 func (*RunFileResult) ProtoMessage() {}
 
 func (x *RunFileResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7045,7 +7189,7 @@ func (x *RunFileResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
 func (*RunFileResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RunFileResult) GetName() string {
@@ -7081,7 +7225,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7093,7 +7237,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7106,7 +7250,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RunResult) GetSteps() []*RunStepResult {
@@ -7135,7 +7279,7 @@ type RunBatchRequest struct {
 
 func (x *RunBatchRequest) Reset() {
 	*x = RunBatchRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7147,7 +7291,7 @@ func (x *RunBatchRequest) String() string {
 func (*RunBatchRequest) ProtoMessage() {}
 
 func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7160,7 +7304,7 @@ func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RunBatchRequest) GetImage() string {
@@ -7194,13 +7338,14 @@ func (x *RunBatchRequest) GetParallelism() int32 {
 type RunJob struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Steps         []*RunStep             `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	Gpus          *RunGpus               `protobuf:"bytes,2,opt,name=gpus,proto3" json:"gpus,omitempty"` // unset: no GPU
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunJob) Reset() {
 	*x = RunJob{}
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7212,7 +7357,7 @@ func (x *RunJob) String() string {
 func (*RunJob) ProtoMessage() {}
 
 func (x *RunJob) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7225,12 +7370,19 @@ func (x *RunJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
 func (*RunJob) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RunJob) GetSteps() []*RunStep {
 	if x != nil {
 		return x.Steps
+	}
+	return nil
+}
+
+func (x *RunJob) GetGpus() *RunGpus {
+	if x != nil {
+		return x.Gpus
 	}
 	return nil
 }
@@ -7247,7 +7399,7 @@ type RunBatchItem struct {
 
 func (x *RunBatchItem) Reset() {
 	*x = RunBatchItem{}
-	mi := &file_warren_v1_warren_proto_msgTypes[96]
+	mi := &file_warren_v1_warren_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7259,7 +7411,7 @@ func (x *RunBatchItem) String() string {
 func (*RunBatchItem) ProtoMessage() {}
 
 func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[96]
+	mi := &file_warren_v1_warren_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7272,7 +7424,7 @@ func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
 func (*RunBatchItem) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RunBatchItem) GetIndex() int32 {
@@ -7721,13 +7873,20 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05error\x18\x04 \x01(\tR\x05error\"K\n" +
 	"\x13VerifyImageResponse\x124\n" +
 	"\x06layers\x18\x01 \x03(\v2\x1c.warren.v1.LayerVerificationR\x06layers\"\x10\n" +
-	"\x0eVersionRequest\"\x80\x01\n" +
+	"\x0eVersionRequest\"\xa8\x01\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1a\n" +
 	"\bbackends\x18\x03 \x03(\tR\bbackends\x12\x1f\n" +
 	"\vcgroup_mode\x18\x04 \x01(\tR\n" +
-	"cgroupMode\"u\n" +
+	"cgroupMode\x12&\n" +
+	"\x04gpus\x18\x05 \x03(\v2\x12.warren.v1.NodeGpuR\x04gpus\"v\n" +
+	"\aNodeGpu\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x16\n" +
+	"\x06device\x18\x02 \x01(\tR\x06device\x12\x1c\n" +
+	"\texclusive\x18\x03 \x01(\bR\texclusive\x12\x1f\n" +
+	"\vshared_jobs\x18\x04 \x01(\x05R\n" +
+	"sharedJobs\"u\n" +
 	"\x18ListSandboxEventsRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
@@ -7880,12 +8039,16 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\n" +
 	"hibernated\x18\n" +
 	" \x01(\v2\x1c.warren.v1.HibernateResponseR\n" +
-	"hibernated\"f\n" +
+	"hibernated\"\x8e\x01\n" +
 	"\n" +
 	"RunRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12(\n" +
-	"\x05steps\x18\x03 \x03(\v2\x12.warren.v1.RunStepR\x05steps\"\xbc\x02\n" +
+	"\x05steps\x18\x03 \x03(\v2\x12.warren.v1.RunStepR\x05steps\x12&\n" +
+	"\x04gpus\x18\x04 \x01(\v2\x12.warren.v1.RunGpusR\x04gpus\"7\n" +
+	"\aRunGpus\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x05R\x05count\x12\x16\n" +
+	"\x06shared\x18\x02 \x01(\bR\x06shared\"\xbc\x02\n" +
 	"\aRunStep\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12-\n" +
 	"\x03env\x18\x02 \x03(\v2\x1b.warren.v1.RunStep.EnvEntryR\x03env\x12\x14\n" +
@@ -7940,9 +8103,10 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12%\n" +
 	"\x04jobs\x18\x03 \x03(\v2\x11.warren.v1.RunJobR\x04jobs\x12 \n" +
-	"\vparallelism\x18\x04 \x01(\x05R\vparallelism\"2\n" +
+	"\vparallelism\x18\x04 \x01(\x05R\vparallelism\"Z\n" +
 	"\x06RunJob\x12(\n" +
-	"\x05steps\x18\x01 \x03(\v2\x12.warren.v1.RunStepR\x05steps\"\x8f\x01\n" +
+	"\x05steps\x18\x01 \x03(\v2\x12.warren.v1.RunStepR\x05steps\x12&\n" +
+	"\x04gpus\x18\x02 \x01(\v2\x12.warren.v1.RunGpusR\x04gpus\"\x8f\x01\n" +
 	"\fRunBatchItem\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12,\n" +
 	"\x06result\x18\x02 \x01(\v2\x14.warren.v1.RunResultR\x06result\x12\x14\n" +
@@ -8035,7 +8199,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 111)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(RunStatus)(0),                    // 1: warren.v1.RunStatus
@@ -8106,69 +8270,71 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*VerifyImageResponse)(nil),       // 66: warren.v1.VerifyImageResponse
 	(*VersionRequest)(nil),            // 67: warren.v1.VersionRequest
 	(*VersionResponse)(nil),           // 68: warren.v1.VersionResponse
-	(*ListSandboxEventsRequest)(nil),  // 69: warren.v1.ListSandboxEventsRequest
-	(*ListSandboxEventsResponse)(nil), // 70: warren.v1.ListSandboxEventsResponse
-	(*SecurityEvent)(nil),             // 71: warren.v1.SecurityEvent
-	(*ReadTrajectoryRequest)(nil),     // 72: warren.v1.ReadTrajectoryRequest
-	(*ReadTrajectoryResponse)(nil),    // 73: warren.v1.ReadTrajectoryResponse
-	(*TrajectoryUpload)(nil),          // 74: warren.v1.TrajectoryUpload
-	(*TrajectoryEntry)(nil),           // 75: warren.v1.TrajectoryEntry
-	(*PauseRequest)(nil),              // 76: warren.v1.PauseRequest
-	(*Memory)(nil),                    // 77: warren.v1.Memory
-	(*PauseResponse)(nil),             // 78: warren.v1.PauseResponse
-	(*ResumeRequest)(nil),             // 79: warren.v1.ResumeRequest
-	(*ResumeResponse)(nil),            // 80: warren.v1.ResumeResponse
-	(*HibernateRequest)(nil),          // 81: warren.v1.HibernateRequest
-	(*HibernateResponse)(nil),         // 82: warren.v1.HibernateResponse
-	(*ForkRequest)(nil),               // 83: warren.v1.ForkRequest
-	(*ForkResponse)(nil),              // 84: warren.v1.ForkResponse
-	(*HibernateByLabelRequest)(nil),   // 85: warren.v1.HibernateByLabelRequest
-	(*PauseByLabelRequest)(nil),       // 86: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 87: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 88: warren.v1.ByLabelEvent
-	(*RunRequest)(nil),                // 89: warren.v1.RunRequest
-	(*RunStep)(nil),                   // 90: warren.v1.RunStep
-	(*RunFile)(nil),                   // 91: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 92: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 93: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 94: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 95: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 96: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 97: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 98: warren.v1.RunBatchItem
-	nil,                               // 99: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 100: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 101: warren.v1.Sandbox.EnvEntry
-	nil,                               // 102: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 103: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 104: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 105: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 106: warren.v1.ForkRequest.LabelsEntry
-	nil,                               // 107: warren.v1.HibernateByLabelRequest.LabelsEntry
-	nil,                               // 108: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 109: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 110: warren.v1.RunStep.EnvEntry
+	(*NodeGpu)(nil),                   // 69: warren.v1.NodeGpu
+	(*ListSandboxEventsRequest)(nil),  // 70: warren.v1.ListSandboxEventsRequest
+	(*ListSandboxEventsResponse)(nil), // 71: warren.v1.ListSandboxEventsResponse
+	(*SecurityEvent)(nil),             // 72: warren.v1.SecurityEvent
+	(*ReadTrajectoryRequest)(nil),     // 73: warren.v1.ReadTrajectoryRequest
+	(*ReadTrajectoryResponse)(nil),    // 74: warren.v1.ReadTrajectoryResponse
+	(*TrajectoryUpload)(nil),          // 75: warren.v1.TrajectoryUpload
+	(*TrajectoryEntry)(nil),           // 76: warren.v1.TrajectoryEntry
+	(*PauseRequest)(nil),              // 77: warren.v1.PauseRequest
+	(*Memory)(nil),                    // 78: warren.v1.Memory
+	(*PauseResponse)(nil),             // 79: warren.v1.PauseResponse
+	(*ResumeRequest)(nil),             // 80: warren.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 81: warren.v1.ResumeResponse
+	(*HibernateRequest)(nil),          // 82: warren.v1.HibernateRequest
+	(*HibernateResponse)(nil),         // 83: warren.v1.HibernateResponse
+	(*ForkRequest)(nil),               // 84: warren.v1.ForkRequest
+	(*ForkResponse)(nil),              // 85: warren.v1.ForkResponse
+	(*HibernateByLabelRequest)(nil),   // 86: warren.v1.HibernateByLabelRequest
+	(*PauseByLabelRequest)(nil),       // 87: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 88: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 89: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 90: warren.v1.RunRequest
+	(*RunGpus)(nil),                   // 91: warren.v1.RunGpus
+	(*RunStep)(nil),                   // 92: warren.v1.RunStep
+	(*RunFile)(nil),                   // 93: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 94: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 95: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 96: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 97: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 98: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 99: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 100: warren.v1.RunBatchItem
+	nil,                               // 101: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 102: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 103: warren.v1.Sandbox.EnvEntry
+	nil,                               // 104: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 105: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 106: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 107: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 108: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 109: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 110: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 111: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 112: warren.v1.RunStep.EnvEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	99,  // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	100, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	101, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	102, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	7,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	5,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	4,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
 	6,   // 6: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,   // 7: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	2,   // 8: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	101, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	102, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	103, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	104, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	7,   // 11: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	5,   // 12: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
 	4,   // 13: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
-	103, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	105, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	8,   // 15: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	104, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	106, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	5,   // 17: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	105, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	107, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	17,  // 19: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	19,  // 20: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	17,  // 21: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -8182,132 +8348,135 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	54,  // 29: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
 	62,  // 30: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
 	65,  // 31: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	71,  // 32: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
-	75,  // 33: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
-	16,  // 34: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
-	33,  // 35: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
-	41,  // 36: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
-	43,  // 37: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
-	74,  // 38: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
-	17,  // 39: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
-	8,   // 40: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
-	77,  // 41: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
-	77,  // 42: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
-	8,   // 43: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
-	8,   // 44: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
-	77,  // 45: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
-	106, // 46: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
-	8,   // 47: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
-	8,   // 48: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
-	107, // 49: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
-	108, // 50: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	109, // 51: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
-	78,  // 52: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
-	80,  // 53: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	82,  // 54: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
-	90,  // 55: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	110, // 56: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	91,  // 57: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	92,  // 58: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
-	1,   // 59: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	94,  // 60: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	93,  // 61: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	97,  // 62: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	90,  // 63: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	95,  // 64: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
-	3,   // 65: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	9,   // 66: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	10,  // 67: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	12,  // 68: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	14,  // 69: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	15,  // 70: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	16,  // 71: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	16,  // 72: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	16,  // 73: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	21,  // 74: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	23,  // 75: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	24,  // 76: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	26,  // 77: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	28,  // 78: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	31,  // 79: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	33,  // 80: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	35,  // 81: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	38,  // 82: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	40,  // 83: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	41,  // 84: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	43,  // 85: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	60,  // 86: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	69,  // 87: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	72,  // 88: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	76,  // 89: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	79,  // 90: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	86,  // 91: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	87,  // 92: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	81,  // 93: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
-	85,  // 94: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
-	83,  // 95: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
-	89,  // 96: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	96,  // 97: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	46,  // 98: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	48,  // 99: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	49,  // 100: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	50,  // 101: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	52,  // 102: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	55,  // 103: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	56,  // 104: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	58,  // 105: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	61,  // 106: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	64,  // 107: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	67,  // 108: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	8,   // 109: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	8,   // 110: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	11,  // 111: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	13,  // 112: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	8,   // 113: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	8,   // 114: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	17,  // 115: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	18,  // 116: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	20,  // 117: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	22,  // 118: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	17,  // 119: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	25,  // 120: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	27,  // 121: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	30,  // 122: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	32,  // 123: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	34,  // 124: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	36,  // 125: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	39,  // 126: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	37,  // 127: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	42,  // 128: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	44,  // 129: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	54,  // 130: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	70,  // 131: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	73,  // 132: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	78,  // 133: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	80,  // 134: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	88,  // 135: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	88,  // 136: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	82,  // 137: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
-	88,  // 138: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
-	84,  // 139: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
-	95,  // 140: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	98,  // 141: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	47,  // 142: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	45,  // 143: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	45,  // 144: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	51,  // 145: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	53,  // 146: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	54,  // 147: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	57,  // 148: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	59,  // 149: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	63,  // 150: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	66,  // 151: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	68,  // 152: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	109, // [109:153] is the sub-list for method output_type
-	65,  // [65:109] is the sub-list for method input_type
-	65,  // [65:65] is the sub-list for extension type_name
-	65,  // [65:65] is the sub-list for extension extendee
-	0,   // [0:65] is the sub-list for field type_name
+	69,  // 32: warren.v1.VersionResponse.gpus:type_name -> warren.v1.NodeGpu
+	72,  // 33: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	76,  // 34: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
+	16,  // 35: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
+	33,  // 36: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
+	41,  // 37: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
+	43,  // 38: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
+	75,  // 39: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
+	17,  // 40: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
+	8,   // 41: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
+	78,  // 42: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
+	78,  // 43: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
+	8,   // 44: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
+	8,   // 45: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
+	78,  // 46: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
+	108, // 47: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	8,   // 48: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
+	8,   // 49: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
+	109, // 50: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	110, // 51: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	111, // 52: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	79,  // 53: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
+	81,  // 54: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
+	83,  // 55: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
+	92,  // 56: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	91,  // 57: warren.v1.RunRequest.gpus:type_name -> warren.v1.RunGpus
+	112, // 58: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	93,  // 59: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	94,  // 60: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	1,   // 61: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
+	96,  // 62: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	95,  // 63: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	99,  // 64: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	92,  // 65: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	91,  // 66: warren.v1.RunJob.gpus:type_name -> warren.v1.RunGpus
+	97,  // 67: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	3,   // 68: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	9,   // 69: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	10,  // 70: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	12,  // 71: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	14,  // 72: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	15,  // 73: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	16,  // 74: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	16,  // 75: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	16,  // 76: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	21,  // 77: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	23,  // 78: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	24,  // 79: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	26,  // 80: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	28,  // 81: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	31,  // 82: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	33,  // 83: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	35,  // 84: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	38,  // 85: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	40,  // 86: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	41,  // 87: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	43,  // 88: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	60,  // 89: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	70,  // 90: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	73,  // 91: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	77,  // 92: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	80,  // 93: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	87,  // 94: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	88,  // 95: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	82,  // 96: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	86,  // 97: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	84,  // 98: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	90,  // 99: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	98,  // 100: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	46,  // 101: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	48,  // 102: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	49,  // 103: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	50,  // 104: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	52,  // 105: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	55,  // 106: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	56,  // 107: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	58,  // 108: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	61,  // 109: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	64,  // 110: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	67,  // 111: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	8,   // 112: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	8,   // 113: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	11,  // 114: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	13,  // 115: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	8,   // 116: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	8,   // 117: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	17,  // 118: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	18,  // 119: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	20,  // 120: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	22,  // 121: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	17,  // 122: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	25,  // 123: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	27,  // 124: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	30,  // 125: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	32,  // 126: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	34,  // 127: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	36,  // 128: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	39,  // 129: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	37,  // 130: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	42,  // 131: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	44,  // 132: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	54,  // 133: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	71,  // 134: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	74,  // 135: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	79,  // 136: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	81,  // 137: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	89,  // 138: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	89,  // 139: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	83,  // 140: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	89,  // 141: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	85,  // 142: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	97,  // 143: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	100, // 144: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	47,  // 145: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	45,  // 146: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	45,  // 147: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	51,  // 148: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	53,  // 149: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	54,  // 150: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	57,  // 151: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	59,  // 152: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	63,  // 153: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	66,  // 154: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	68,  // 155: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	112, // [112:156] is the sub-list for method output_type
+	68,  // [68:112] is the sub-list for method input_type
+	68,  // [68:68] is the sub-list for extension type_name
+	68,  // [68:68] is the sub-list for extension extendee
+	0,   // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -8329,7 +8498,7 @@ func file_warren_v1_warren_proto_init() {
 		(*ProcessEvent_Stderr)(nil),
 		(*ProcessEvent_Exit)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[73].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[74].OneofWrappers = []any{
 		(*TrajectoryEntry_Exec)(nil),
 		(*TrajectoryEntry_WriteFile)(nil),
 		(*TrajectoryEntry_MakeDir)(nil),
@@ -8342,7 +8511,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   109,
+			NumMessages:   111,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
