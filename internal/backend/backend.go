@@ -96,6 +96,22 @@ type DeviceSetter interface {
 	SetDevices(devs []Device) error
 }
 
+// HostnameSetter is implemented by sandboxes whose hostname can change
+// while they run (fncall names a pooled environment after the sandbox
+// it becomes).
+type HostnameSetter interface {
+	SetHostname(name string) error
+}
+
+// Nested is implemented by backends whose sandboxes are sandboxes of
+// another backend (fncall's are pooled container sandboxes). When the
+// daemon sweeps that backend after adopting, it keeps the inner sandboxes
+// of the nested ones it adopted.
+type Nested interface {
+	// Inner names the backend and id of the sandbox whose State is state.
+	Inner(state []byte) (backendName, id string, ok bool)
+}
+
 // Checkpointer is implemented by sandboxes whose whole process tree can
 // be saved to disk and restored later (Spec.Restore), on this node or on
 // another that has the same layers.

@@ -361,9 +361,15 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("fncall backend: %w", err)
 	}
+	// The same pools serve Create with backend "fncall": sandboxes taken
+	// ready-made from a pool.
+	fnb, err := fn.NewBackend(filepath.Join(stateDir, "fncall"))
+	if err != nil {
+		return fmt.Errorf("fncall backend: %w", err)
+	}
 	mgr, err := daemon.New(ctx, daemon.Config{
 		StateDir:           stateDir,
-		Backends:           map[string]backend.Backend{ctr.Name(): ctr},
+		Backends:           map[string]backend.Backend{ctr.Name(): ctr, fnb.Name(): fnb},
 		Images:             images,
 		Metrics:            met,
 		DefaultTimeout:     o.defaultTimeout,

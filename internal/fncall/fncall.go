@@ -17,6 +17,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/rlimit"
 )
 
 // Name is the backend's name in the API.
@@ -98,6 +99,11 @@ type Image struct {
 	// UserNS puts the image's environments in user namespaces of their
 	// own (the node's default, for images whose ids fit).
 	UserNS bool
+	// Rlimits and AllowSetuid are the environments' (backend.Spec): the
+	// sandboxes of the backend on Create (sandbox.go) differ in them; a
+	// Key names them too.
+	Rlimits     []rlimit.Limit
+	AllowSetuid bool
 	// Release is called once the pool no longer needs Layers (nil: none).
 	Release func()
 }
@@ -613,4 +619,19 @@ func (s *Service) spare() int {
 		return 0
 	}
 	return 1
+}
+
+// Drain destroys every idle environment and waits for those being made
+// or destroyed: for tests that count the node's resources, in which a
+// pool's spare environments (a cache) are not a leak.
+func (s *Service) Drain() {
+	s.mu.Lock()
+	ps := make([]*pool, 0, len(s.pools))
+	for _, p := range s.pools {
+		ps = append(ps, p)
+	}
+	s.mu.Unlock()
+	for _, p := range ps {
+		p.drain()
+	}
 }

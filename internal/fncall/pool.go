@@ -95,11 +95,54 @@ func (p *pool) draw(ctx context.Context) (*env, error) {
 	}
 	e := p.idle[len(p.idle)-1]
 	p.idle = p.idle[:len(p.idle)-1]
+	if e.sb.Exited().Err() != nil {
+		// It died while idle (a sweep, the OOM killer): another.
+		p.s.failed.Add(1)
+		p.destroyLater(e)
+		p.mu.Unlock()
+		return p.draw(ctx)
+	}
 	p.inUse++
 	p.peak = max(p.peak, p.inUse)
 	p.refillLocked()
 	p.mu.Unlock()
 	return e, nil
+}
+
+// take draws an environment that leaves the pool for good (a sandbox of
+// the backend on Create): the pool refills as for a draw, and counts it
+// no longer.
+func (p *pool) take(ctx context.Context) (*env, error) {
+	e, err := p.draw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inUse--
+	p.refillLocked()
+	return e, nil
+}
+
+// drain destroys the idle environments and waits for those being made or
+// destroyed in the background, until none is left idle.
+func (p *pool) drain() {
+	for {
+		p.mu.Lock()
+		idle := p.idle
+		p.idle = nil
+		p.mu.Unlock()
+		for _, e := range idle {
+			p.destroy(e)
+		}
+		p.wg.Wait()
+		p.mu.Lock()
+		n := len(p.idle)
+		p.mu.Unlock()
+		if n == 0 {
+			return
+		}
+	}
 }
 
 // refillLocked starts making environments in the background until those
@@ -127,7 +170,10 @@ func (p *pool) refillLocked() {
 // idleLocked adds e to the idle environments, or destroys it when the
 // pool has enough or is closed.
 func (p *pool) idleLocked(e *env) {
-	if p.closed || len(p.idle)+p.inUse >= p.target || len(p.idle) >= p.s.opts.MaxIdle {
+	// A caller waiting for one being made takes it whatever the target
+	// (a tick or drain may have lowered it meanwhile): it would otherwise
+	// wait for a signal that never comes.
+	if p.closed || (p.waiting == 0 && (len(p.idle)+p.inUse >= p.target || len(p.idle) >= p.s.opts.MaxIdle)) {
 		p.destroyLater(e)
 		return
 	}
@@ -185,6 +231,8 @@ func (p *pool) make(ctx context.Context) (*env, error) {
 		MemoryBytes: o.MemoryBytes,
 		PidsMax:     o.PidsMax,
 		UserNS:      p.img.UserNS,
+		Rlimits:     p.img.Rlimits,
+		AllowSetuid: p.img.AllowSetuid,
 		DiskBytes:   p.disk,
 		Devices:     devs,
 		Mounts:      mounts,
