@@ -363,7 +363,17 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	}
 	// The same pools serve Create with backend "fncall": sandboxes taken
 	// ready-made from a pool.
-	fnb, err := fn.NewBackend(filepath.Join(stateDir, "fncall"))
+	fnb, err := fn.NewBackend(filepath.Join(stateDir, "fncall"), func(ctx context.Context, ls []backend.Layer) (func(), error) {
+		digests := make([]string, 0, len(ls))
+		for i := len(ls) - 1; i >= 0; i-- { // bottom first
+			if ls[i].Digest == "" {
+				return func() {}, nil // a directory layer: nothing to hold
+			}
+			digests = append(digests, ls[i].Digest)
+		}
+		_, release, err := images.LayerRefs(ctx, image.Image{Name: "fncall pool", Layers: digests}, true)
+		return release, err
+	})
 	if err != nil {
 		return fmt.Errorf("fncall backend: %w", err)
 	}

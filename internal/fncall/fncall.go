@@ -565,7 +565,7 @@ func (s *Service) pool(img Image, disk int64, gpu bool) (*pool, error) {
 	ref.pools++
 	img.Release = nil
 	sum := sha256.Sum256([]byte(key))
-	p := &pool{s: s, img: img, ref: ref, disk: disk, gpu: gpu, tag: hex.EncodeToString(sum[:4]), target: 1 + s.spare(), lastUse: time.Now()}
+	p := &pool{s: s, img: img, ref: ref, disk: disk, gpu: gpu, transient: strings.HasPrefix(img.Key, sandboxKeyPrefix), tag: hex.EncodeToString(sum[:4]), target: 1 + s.spare(), lastUse: time.Now()}
 	p.cond = sync.NewCond(&p.mu)
 	s.pools[key] = p
 	return p, nil
@@ -584,10 +584,19 @@ func (s *Service) janitor() {
 		case <-t.C:
 		}
 		s.mu.Lock()
+		var gone []string
 		for _, p := range s.pools {
-			p.tick(s.opts.IdleTimeout)
+			if p.tick(s.opts.IdleTimeout) && p.transient {
+				gone = append(gone, p.img.Key)
+			}
 		}
 		s.mu.Unlock()
+		// A pool of the sandbox backend's is closed once empty and
+		// unused for IdleTimeout: nothing else lets go of its layers
+		// (Run's pools are closed when their image changes, fnRemoved).
+		for _, k := range gone {
+			s.Forget(k)
+		}
 	}
 }
 

@@ -43,6 +43,9 @@ type pool struct {
 	ref  *imageRef // the image's layers, which close lets go of
 	disk int64     // each environment's disk quota (0: the node's disk)
 	gpu  bool      // environments for GPU jobs (gpu.go)
+	// transient: a pool of the sandbox backend's (sandbox.go), closed
+	// once empty and unused for the idle timeout.
+	transient bool
 	tag  string
 	mu   sync.Mutex
 	cond *sync.Cond // signalled when an environment becomes idle or a make fails
@@ -255,7 +258,7 @@ func (p *pool) make(ctx context.Context) (*env, error) {
 // for idleTimeout. The pool itself stays, holding its image's layers,
 // until the service closes: a call racing its removal would need the
 // layers again.
-func (p *pool) tick(idleTimeout time.Duration) {
+func (p *pool) tick(idleTimeout time.Duration) (unused bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.target = p.peak + p.s.spare()
@@ -269,6 +272,7 @@ func (p *pool) tick(idleTimeout time.Duration) {
 		p.idle = p.idle[1:]
 		p.destroyLater(e)
 	}
+	return keep == 0 && p.inUse == 0 && p.making == 0 && time.Since(p.lastUse) > idleTimeout
 }
 
 // close destroys every idle environment, waits for those in the

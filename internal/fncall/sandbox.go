@@ -42,7 +42,16 @@ type Backend struct {
 	s     *Service
 	dir   string
 	inner backend.Backend
+	hold  HoldLayers
 }
+
+// HoldLayers keeps a spec's layers (their mounts, their blobs) until
+// release: a pool's environments outlive the sandbox whose create made
+// the pool, and refills after it was deleted need the layers still.
+type HoldLayers func(ctx context.Context, layers []backend.Layer) (release func(), err error)
+
+// sandboxKeyPrefix starts the pool keys of the sandbox backend's pools.
+const sandboxKeyPrefix = "sandbox:"
 
 var (
 	_ backend.Backend = (*Backend)(nil)
@@ -50,12 +59,13 @@ var (
 )
 
 // NewBackend returns the service's environments as a sandbox backend,
-// keeping its records in dir.
-func (s *Service) NewBackend(dir string) (*Backend, error) {
+// keeping its records in dir; hold (nil: none, for layers that are plain
+// directories) keeps each pool's layers for its life.
+func (s *Service) NewBackend(dir string, hold HoldLayers) (*Backend, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "fncall records")
 	}
-	return &Backend{s: s, dir: dir, inner: s.opts.Backend}, nil
+	return &Backend{s: s, dir: dir, inner: s.opts.Backend, hold: hold}, nil
 }
 
 // Name is "fncall".
@@ -88,7 +98,7 @@ func shape(spec backend.Spec) string {
 	for _, l := range spec.Rlimits {
 		fmt.Fprintf(h, "rlimit %s %d %d\n", l.Name, l.Soft, l.Hard)
 	}
-	return "sandbox:" + hex.EncodeToString(h.Sum(nil)[:16])
+	return sandboxKeyPrefix + hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // Create takes an environment of spec's shape and makes it the sandbox.
@@ -128,7 +138,13 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		}
 	}()
 	cu.Add(func() error { return os.Remove(rec) })
-	p, err := b.s.pool(Image{Key: shape(spec), Layers: spec.Layers, UserNS: spec.UserNS, Rlimits: spec.Rlimits, AllowSetuid: spec.AllowSetuid}, disk, false)
+	img := Image{Key: shape(spec), Layers: spec.Layers, UserNS: spec.UserNS, Rlimits: spec.Rlimits, AllowSetuid: spec.AllowSetuid}
+	if b.hold != nil && !b.s.Pooled(img.Key) {
+		if img.Release, err = b.hold(ctx, spec.Layers); err != nil {
+			return nil, err
+		}
+	}
+	p, err := b.s.pool(img, disk, false)
 	if err != nil {
 		return nil, err
 	}

@@ -67,7 +67,7 @@ func TestConformance(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := s.NewBackend(records)
+		b, err := s.NewBackend(records, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
