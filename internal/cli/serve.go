@@ -363,7 +363,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	}
 	// The same pools serve Create with backend "fncall": sandboxes taken
 	// ready-made from a pool.
-	fnb, err := fn.NewBackend(filepath.Join(stateDir, "fncall"), func(ctx context.Context, ls []backend.Layer) (func(), error) {
+	fnb, err := fn.NewBackend(filepath.Join(runDir, "fncall"), func(ctx context.Context, ls []backend.Layer) (func(), error) {
 		digests := make([]string, 0, len(ls))
 		for i := len(ls) - 1; i >= 0; i-- { // bottom first
 			if ls[i].Digest == "" {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/rlimit"
 )
 
@@ -104,6 +105,10 @@ type Image struct {
 	// Key names them too.
 	Rlimits     []rlimit.Limit
 	AllowSetuid bool
+	// Etc are /etc files the environments are made with (backend.Spec):
+	// the sandbox backend's, which become overwrites (cheaper than
+	// making them: no copy-up, no new inode).
+	Etc []etcfiles.File
 	// Release is called once the pool no longer needs Layers (nil: none).
 	Release func()
 }

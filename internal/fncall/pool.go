@@ -236,6 +236,7 @@ func (p *pool) make(ctx context.Context) (*env, error) {
 		UserNS:      p.img.UserNS,
 		Rlimits:     p.img.Rlimits,
 		AllowSetuid: p.img.AllowSetuid,
+		Etc:         p.img.Etc,
 		DiskBytes:   p.disk,
 		Devices:     devs,
 		Mounts:      mounts,

@@ -1,7 +1,6 @@
 package fncall
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,11 +13,13 @@ import (
 	"regexp"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/etcfiles"
-	"github.com/warrenrl/warren/internal/sandboxfs"
+	"github.com/warrenrl/warren/internal/tarx/inroot"
 )
 
 // Backend is fncall as a sandbox backend (CreateRequest.backend
@@ -34,7 +35,8 @@ import (
 // What it cannot do is Unsupported: checkpoints (hibernate, fork) and
 // restores, extra devices or mounts, a harness's socket.
 //
-// Each sandbox has a record, <dir>/<id>: its environment's id and state,
+// Each sandbox has a record, <dir>/<id> (on the run directory's tmpfs:
+// a sandbox does not outlive the boot): its environment's id and state,
 // so that Sweep finds the environments of sandboxes no daemon knows
 // (container sandboxes named fn-*, which the container backend's own
 // sweep keeps while the daemon adopted them: backend.Nested).
@@ -95,6 +97,9 @@ func shape(spec backend.Spec) string {
 		fmt.Fprintf(h, "layer %s %s %s\n", l.Digest, l.Blob, l.Dir)
 	}
 	fmt.Fprintf(h, "userns %v setuid %v\n", spec.UserNS, spec.AllowSetuid)
+	for _, f := range spec.Etc {
+		fmt.Fprintf(h, "etc %s\n", f.Name)
+	}
 	for _, l := range spec.Rlimits {
 		fmt.Fprintf(h, "rlimit %s %d %d\n", l.Name, l.Soft, l.Hard)
 	}
@@ -138,7 +143,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		}
 	}()
 	cu.Add(func() error { return os.Remove(rec) })
-	img := Image{Key: shape(spec), Layers: spec.Layers, UserNS: spec.UserNS, Rlimits: spec.Rlimits, AllowSetuid: spec.AllowSetuid}
+	img := Image{Key: shape(spec), Layers: spec.Layers, UserNS: spec.UserNS, Rlimits: spec.Rlimits, AllowSetuid: spec.AllowSetuid, Etc: placeholders(spec.Etc)}
 	if b.hold != nil && !b.s.Pooled(img.Key) {
 		if img.Release, err = b.hold(ctx, spec.Layers); err != nil {
 			return nil, err
@@ -164,6 +169,17 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	return sb, nil
 }
 
+// placeholders are /etc files of the names of etc, empty: an environment
+// has them from its making (an image without /etc, or with one that is
+// not a directory, keeps its own, as the container backend does).
+func placeholders(etc []etcfiles.File) []etcfiles.File {
+	out := make([]etcfiles.File, len(etc))
+	for i, f := range etc {
+		out[i] = etcfiles.File{Name: f.Name}
+	}
+	return out
+}
+
 // become gives an environment the spec's limits, network, hostname and
 // /etc files.
 func (s *sandbox) become(ctx context.Context, spec backend.Spec) error {
@@ -171,12 +187,25 @@ func (s *sandbox) become(ctx context.Context, spec backend.Spec) error {
 	if !ok {
 		return errdefs.Unsupportedf("fncall: the environments' backend cannot change limits")
 	}
-	u := backend.Update{CPUMillis: &spec.CPUMillis, MemoryBytes: &spec.MemoryBytes, PidsMax: &spec.PidsMax}
+	// Only what differs from how the pool made it (pool.make): each
+	// field costs cgroup writes, and a CPU quota a change of views.
+	var u backend.Update
+	if spec.CPUMillis != 0 {
+		u.CPUMillis = &spec.CPUMillis
+	}
+	if o := s.b.s.opts; spec.MemoryBytes != o.MemoryBytes {
+		u.MemoryBytes = &spec.MemoryBytes
+	}
+	if o := s.b.s.opts; spec.PidsMax != o.PidsMax {
+		u.PidsMax = &spec.PidsMax
+	}
 	if !spec.Network.IsNone() {
 		u.Network = &spec.Network
 	}
-	if err := up.Update(ctx, u); err != nil {
-		return err
+	if u != (backend.Update{}) {
+		if err := up.Update(ctx, u); err != nil {
+			return err
+		}
 	}
 	host := spec.Hostname
 	if host == "" {
@@ -196,15 +225,32 @@ func (s *sandbox) become(ctx context.Context, spec backend.Spec) error {
 	if r, ok := s.inner.(backend.Resolved); ok && r.Nameserver().IsValid() {
 		etc = etcfiles.WithNameserver(etc, r.Nameserver())
 	}
-	fs := sandboxfs.New(s.inner.Root())
-	if m, ok := s.inner.(backend.IDMapped); ok {
-		if base, size, mapped := m.IDMap(); mapped {
-			fs = sandboxfs.NewMapped(s.inner.Root(), sandboxfs.IDMap{Base: base, Size: size})
-		}
+	return writeEtc(s.inner.Root(), etc)
+}
+
+// writeEtc overwrites the environment's /etc files, which it was made
+// with (placeholders): each opened inside its root (symlinks resolved
+// there), without following a final symlink, so only the files the
+// container backend made are written, with their owner. Where the image's
+// /etc is not a directory there are none, and it keeps its own.
+func writeEtc(root string, etc []etcfiles.File) error {
+	rootfd, err := inroot.OpenRoot(root)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "sandbox root")
 	}
+	defer unix.Close(rootfd)
 	for _, f := range etc {
-		if err := fs.WriteFile(ctx, "/etc/"+f.Name, bytes.NewReader(f.Data), 0o644, false, true); err != nil {
-			return err
+		fd, err := inroot.Open(rootfd, "/etc/"+f.Name, unix.O_WRONLY|unix.O_TRUNC|unix.O_NOFOLLOW, 0)
+		if inroot.Errno(err) == unix.ENOENT || inroot.Errno(err) == unix.ENOTDIR {
+			continue
+		}
+		if err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "sandbox /etc")
+		}
+		_, err = unix.Write(fd, f.Data)
+		unix.Close(fd)
+		if err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "write sandbox /etc/"+f.Name)
 		}
 	}
 	return nil
