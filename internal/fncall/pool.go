@@ -46,9 +46,9 @@ type pool struct {
 	// transient: a pool of the sandbox backend's (sandbox.go), closed
 	// once empty and unused for the idle timeout.
 	transient bool
-	tag  string
-	mu   sync.Mutex
-	cond *sync.Cond // signalled when an environment becomes idle or a make fails
+	tag       string
+	mu        sync.Mutex
+	cond      *sync.Cond // signalled when an environment becomes idle or a make fails
 
 	idle    []*env
 	inUse   int
