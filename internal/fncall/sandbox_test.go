@@ -7,16 +7,19 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/backend/conformance"
 	"github.com/warrenrl/warren/internal/container"
+	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/mountinfo"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/testutil"
@@ -137,4 +140,71 @@ func nodeResources(t *testing.T, o container.Options, records string) []string {
 		_ = n.Close()
 	}
 	return out
+}
+
+// TestSandboxTakenFromPool: a create of backend "fncall" takes an
+// environment the pool made ahead of time (none is made during it), the
+// pool makes the next in the background, and delete destroys the
+// environment rather than returning it.
+func TestSandboxTakenFromPool(t *testing.T) {
+	s, img := newService(t, Options{})
+	b, err := s.NewBackend(filepath.Join(t.TempDir(), "records"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	spec := func(id string) backend.Spec {
+		return backend.Spec{ID: id, Layers: img.Layers, Hostname: id, MemoryBytes: 64 << 20, Etc: etcfiles.Files(id, etcfiles.None)}
+	}
+	first, err := b.Create(ctx, spec("first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Destroy(ctx)
+	waitIdle := func() {
+		for deadline := time.Now().Add(30 * time.Second); s.Stats().Idle == 0; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the pool made no spare environment")
+			}
+		}
+	}
+	waitIdle()
+	made := s.Stats().Created
+	second, err := b.Create(ctx, spec("second"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Stats().Created; got != made {
+		t.Errorf("a create with an idle environment made %d more", got-made)
+	}
+	r := conformance.Exec(t, second, backend.ProcSpec{Argv: []string{"sh", "-c", "hostname; cat /etc/hostname"}}, "")
+	if r.Stdout != "second\nsecond\n" {
+		t.Errorf("hostname: %q", r.Stdout)
+	}
+	env := second.(*sandbox).inner.ID()
+	if err := second.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	for _, p := range s.pools {
+		p.mu.Lock()
+		for _, e := range p.idle {
+			if e.sb.ID() == env {
+				t.Errorf("a deleted sandbox's environment %s went back to the pool", env)
+			}
+		}
+		p.mu.Unlock()
+	}
+	s.mu.Unlock()
+	if _, err := os.Stat("/proc/" + strconv.Itoa(pidOf(t, second)) + "/root/bin"); err == nil {
+		t.Errorf("the deleted sandbox's init still runs")
+	}
+}
+
+func pidOf(t *testing.T, sb backend.Sandbox) int {
+	var st struct{ Pid int }
+	if err := json.Unmarshal(sb.(*sandbox).inner.State(), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Pid
 }

@@ -69,7 +69,7 @@ def test_fncall_sandbox(sw: warren.Warren) -> None:
     assert "fncall" in sw.version().backends
     sb = sw.create(IMAGE, backend="fncall", hostname="judge")
     try:
-        assert sb.info().backend == "fncall"
+        assert sb.info.backend == "fncall"
         r = sb.exec("hostname; echo hi > /tmp/f")
         assert r.exit_code == 0 and r.stdout == b"judge\n", r
         assert sb.read_file("/tmp/f") == b"hi\n"
