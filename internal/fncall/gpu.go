@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -218,7 +219,11 @@ func (s *gpuSet) acquire(ctx context.Context, n int, shared bool) ([]int, error)
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return nil, errdefs.Wrap(errdefs.DeadlineExceeded, ctx.Err(), "waiting for a GPU")
+			cat := errdefs.Unknown // cancelled: the caller went away
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				cat = errdefs.DeadlineExceeded
+			}
+			return nil, errdefs.Wrap(cat, ctx.Err(), "waiting for a GPU")
 		}
 	}
 }
