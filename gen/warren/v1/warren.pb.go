@@ -245,11 +245,15 @@ func (x *Resources) GetDiskBytes() int64 {
 }
 
 type CreateRequest struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // optional; generated when empty; [a-z0-9][a-z0-9_.-]{0,62}
-	Image     string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
-	Backend   string                 `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"` // "container" (default)
-	Resources *Resources             `protobuf:"bytes,4,opt,name=resources,proto3" json:"resources,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // optional; generated when empty; [a-z0-9][a-z0-9_.-]{0,62}
+	Image string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
+	// "container" (default), or "fncall": the sandbox is taken ready-made
+	// from a pool of the image's environments (faster to create where the
+	// node has idle CPU; cannot hibernate or fork). Another name is invalid;
+	// the error lists the node's (VersionResponse.backends).
+	Backend   string     `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
+	Resources *Resources `protobuf:"bytes,4,opt,name=resources,proto3" json:"resources,omitempty"`
 	// The env of the image's OCI config is the base of the sandbox's env;
 	// these values win over it.
 	Env            map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`

@@ -431,7 +431,9 @@ class AsyncWarren:
             id: sandbox id (``[a-z0-9][a-z0-9_.-]{0,62}``). When None the client
                 generates a random one, so the create is always safe to
                 retry and a cancelled create never leaks a sandbox.
-            backend: ``"container"`` (the default).
+            backend: ``"container"`` (the default), or ``"fncall"``: taken
+                ready-made from a pool of the image's environments (faster
+                where the node has idle CPU; cannot hibernate or fork).
             resources: limits; or give ``cpu_millis`` (1000 = one core),
                 ``memory_bytes``, ``pids_max`` and ``disk_bytes`` (the writable
                 layer's size, at least 16 MiB) directly. 0 = node default.
