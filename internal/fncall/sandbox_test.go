@@ -169,13 +169,16 @@ func TestSandboxTakenFromPool(t *testing.T) {
 		}
 	}
 	waitIdle()
-	made := s.Stats().Created
+	ready := map[string]bool{}
+	for _, id := range idleEnvs(s) {
+		ready[id] = true
+	}
 	second, err := b.Create(ctx, spec("second"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := s.Stats().Created; got != made {
-		t.Errorf("a create with an idle environment made %d more", got-made)
+	if env := second.(*sandbox).inner.ID(); !ready[env] {
+		t.Errorf("the create made environment %s instead of taking an idle one of %v", env, ready)
 	}
 	r := conformance.Exec(t, second, backend.ProcSpec{Argv: []string{"sh", "-c", "hostname; cat /etc/hostname"}}, "")
 	if r.Stdout != "second\nsecond\n" {
@@ -185,20 +188,29 @@ func TestSandboxTakenFromPool(t *testing.T) {
 	if err := second.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	s.mu.Lock()
-	for _, p := range s.pools {
-		p.mu.Lock()
-		for _, e := range p.idle {
-			if e.sb.ID() == env {
-				t.Errorf("a deleted sandbox's environment %s went back to the pool", env)
-			}
+	for _, id := range idleEnvs(s) {
+		if id == env {
+			t.Errorf("a deleted sandbox's environment %s went back to the pool", env)
 		}
-		p.mu.Unlock()
 	}
-	s.mu.Unlock()
 	if _, err := os.Stat("/proc/" + strconv.Itoa(pidOf(t, second)) + "/root/bin"); err == nil {
 		t.Errorf("the deleted sandbox's init still runs")
 	}
+}
+
+// idleEnvs are the ids of the service's idle environments.
+func idleEnvs(s *Service) []string {
+	var out []string
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.pools {
+		p.mu.Lock()
+		for _, e := range p.idle {
+			out = append(out, e.sb.ID())
+		}
+		p.mu.Unlock()
+	}
+	return out
 }
 
 func pidOf(t *testing.T, sb backend.Sandbox) int {
