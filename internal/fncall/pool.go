@@ -54,7 +54,11 @@ type pool struct {
 	idle    []*env
 	inUse   int
 	making  int
-	waiting int // callers waiting for one being made
+	// refilling are those of making made in the background for the idle
+	// list (refillLocked), which a waiting caller can take; the others
+	// are callers' own.
+	refilling int
+	waiting   int // callers waiting for a refill
 	peak    int // most in use at once since the last tick
 	target  int // environments to keep, idle or in use: last second's peak in use, plus one spare
 	lastUse time.Time
@@ -71,7 +75,14 @@ func (p *pool) draw(ctx context.Context) (*env, error) {
 		// Wait for an environment already being made (a refill) when
 		// there is one for every caller waiting; otherwise make one: a
 		// burst makes environments in parallel, a trickle takes refills.
-		if p.making > p.waiting {
+		// Run's callers wait for the other callers' makes too, whose
+		// environments come back after their jobs; a sandbox pool's
+		// never come back, and only refills reach its idle list.
+		coming := p.making
+		if p.transient {
+			coming = p.refilling
+		}
+		if coming > p.waiting {
 			p.waiting++
 			p.cond.Wait()
 			p.waiting--
@@ -154,11 +165,11 @@ func (p *pool) drain() {
 //
 // At most one refill per CPU runs at a time: a create is CPU work, and at
 // saturation more of them at once (a refill for every caller, beside the
-// callers' own) only made each slower; backend "fncall" creates at eight
-// clients ran at 57-127/s without the bound.
+// callers' own) only made each slower.
 func (p *pool) refillLocked() {
-	for !p.closed && len(p.idle)+p.making+p.inUse < p.target && len(p.idle)+p.making < p.s.opts.MaxIdle && p.making < runtime.NumCPU() {
+	for !p.closed && len(p.idle)+p.making+p.inUse < p.target && len(p.idle)+p.making < p.s.opts.MaxIdle && p.refilling < runtime.NumCPU() {
 		p.making++
+		p.refilling++
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
@@ -166,6 +177,7 @@ func (p *pool) refillLocked() {
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			p.making--
+			p.refilling--
 			if err != nil {
 				p.s.log.Warn("fncall: make environment", "err", err)
 				p.cond.Broadcast()
