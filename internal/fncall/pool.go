@@ -51,19 +51,19 @@ type pool struct {
 	mu        sync.Mutex
 	cond      *sync.Cond // signalled when an environment becomes idle or a make fails
 
-	idle    []*env
-	inUse   int
-	making  int
+	idle   []*env
+	inUse  int
+	making int
 	// refilling are those of making made in the background for the idle
 	// list (refillLocked), which a waiting caller can take; the others
 	// are callers' own.
 	refilling int
 	waiting   int // callers waiting for a refill
-	peak    int // most in use at once since the last tick
-	target  int // environments to keep, idle or in use: last second's peak in use, plus one spare
-	lastUse time.Time
-	closed  bool
-	wg      sync.WaitGroup // makes and destroys in the background
+	peak      int // most in use at once since the last tick
+	target    int // environments to keep, idle or in use: last second's peak in use, plus one spare
+	lastUse   time.Time
+	closed    bool
+	wg        sync.WaitGroup // makes and destroys in the background
 }
 
 // draw takes an idle environment, or makes one when none is idle and
