@@ -268,3 +268,11 @@ func (t *headerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return t.next.RoundTrip(r)
 }
+
+// SandboxService, ImageService and SystemService return the generated
+// connect clients underneath, for callers that pass messages through as
+// they are (the cluster gateway, internal/gateway). Their errors are
+// *connect.Error, not *Error.
+func (c *Client) SandboxService() warrenv1connect.SandboxServiceClient { return c.sandboxes }
+func (c *Client) ImageService() warrenv1connect.ImageServiceClient     { return c.images }
+func (c *Client) SystemService() warrenv1connect.SystemServiceClient   { return c.system }

@@ -24,6 +24,15 @@ func (c *Client) Resume(ctx context.Context, sandboxID string) (*warrenv1.Resume
 	return call(ctx, c.sandboxes.Resume, &warrenv1.ResumeRequest{Id: sandboxID})
 }
 
+// Restore restores a HIBERNATED sandbox on the node the client talks
+// to. Through a checkpoint directory several nodes share (`warren serve
+// --checkpoint-dir`), the sandbox may have been hibernated on another
+// node: it moves here, and that node forgets it. On its own node it is
+// Resume.
+func (c *Client) Restore(ctx context.Context, sandboxID string) (*warrenv1.ResumeResponse, error) {
+	return call(ctx, c.sandboxes.Restore, &warrenv1.RestoreRequest{Id: sandboxID})
+}
+
 // Hibernate checkpoints a RUNNING or PAUSED sandbox to disk and releases
 // everything it holds on the node; it is HIBERNATED until Resume restores
 // it, across daemon restarts and reboots. A sandbox CRIU cannot

@@ -13,6 +13,7 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v make >/dev/null || need+=(make)
 command -v musl-gcc >/dev/null || need+=(musl-tools)
 command -v curl >/dev/null || need+=(curl)
+"${PYTHON:-python3}" -c "import venv, ensurepip" 2>/dev/null || need+=(python3-venv)
 command -v gpgv >/dev/null || need+=(gpgv)
 [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
 # The sandbox agent is committed built for amd64 and arm64
@@ -54,6 +55,9 @@ fi
 # reason kept in <prefix>.error.
 "$(dirname "$0")/criu.sh" ||
   echo "deps: CRIU >= 4 not installed or criu check failed (see above); sandboxes cannot be checkpointed" >&2
+# kubernetes-validate (PyPI, in a private virtualenv) checks the manifests
+# under deploy/kubernetes against the Kubernetes schemas.
+"$(dirname "$0")/kubernetes-validate.sh"
 command -v go >/dev/null || { echo "deps: Go 1.26+ is required (https://go.dev/dl)" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 go mod download

@@ -2568,13 +2568,19 @@ static void load_child_rlimits(void)
 	}
 }
 
+/* Set by the container init stage of a sandbox in a user namespace
+ * (init_linux.c, userns_namespaces), whose PID 1 stays dumpable. */
+int warren_agent_dumpable;
+
 /* Also entered in place by the container init stage (internal/container/init_linux.c). */
 void __attribute__((noreturn)) warren_agent_main(int fd)
 {
 	prctl(PR_SET_NAME, "warren-init", 0, 0, 0);
 	/* Sandbox processes may share our uid: keep them from ptracing us
-	 * or opening our fds through /proc/1/fd. */
-	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	 * or opening our fds through /proc/1/fd. (In a user namespace the
+	 * capability check keeps them out: see warren_agent_dumpable.) */
+	if (!warren_agent_dumpable)
+		prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 	/* Reap orphans even when we are not PID 1 (tests, nested setups). */
 	prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 	unsetenv(AGENT_ENV);

@@ -124,6 +124,19 @@ type Checkpointer interface {
 	Checkpoint(ctx context.Context, dir string) error
 }
 
+// CheckpointHolder is a Backend whose checkpoints hold node resources
+// while they exist (the container backend: the user-namespace id range a
+// restored sandbox comes back with). The daemon releases a checkpoint
+// when it discards it or another node takes it, and holds the ones it
+// finds at start again.
+type CheckpointHolder interface {
+	HoldCheckpoint(dir string) error
+	// AdmitCheckpoint is HoldCheckpoint for a checkpoint made on another
+	// node: Conflict when what it needs is another sandbox's here.
+	AdmitCheckpoint(dir string) error
+	ReleaseCheckpoint(dir string)
+}
+
 // MemoryReporter is implemented by sandboxes that can say how much
 // memory they are charged now (what a hibernation gives back).
 type MemoryReporter interface {
@@ -165,6 +178,11 @@ type Layer struct {
 	// or the directory layer itself. "" for an EROFS layer when the
 	// backend does not want mounts (LayerMounts).
 	Dir string
+	// HostIDs: the layer's files carry host ids already (a sandbox's
+	// writable layer turned into a fork's base): a sandbox in a user
+	// namespace stacks it as it is instead of idmapped through its
+	// namespace, as it does the image's layers.
+	HostIDs bool
 }
 
 // LayerMounts is implemented by backends that say whether they want

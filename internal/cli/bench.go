@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"time"
@@ -53,7 +54,8 @@ result to stdout, as a table or (--json) one JSON object.`,
 	_ = pf.MarkHidden("daemon-arg")
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
 		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchHardeningCommand(&bf),
-		newBenchNetworkCommand(&bf), newBenchNetClientCommand(), newBenchHibernateCommand(&bf), newBenchTrajectoryCommand(&bf), newBenchFnCallCommand(&bf))
+		newBenchNetworkCommand(&bf), newBenchNetClientCommand(), newBenchHibernateCommand(&bf), newBenchTrajectoryCommand(&bf), newBenchFnCallCommand(&bf),
+		newBenchSchedCommand(&bf))
 	return c
 }
 
@@ -155,6 +157,7 @@ func checkCounts(n, warmup int, conc []int) error {
 
 func newBenchCreateCommand(bf *benchFlags) *cobra.Command {
 	cfg := bench.CreateConfig{}
+	var viaGateway bool
 	c := &cobra.Command{
 		Use:   "create [--n 200] [--concurrency 1,8]",
 		Short: "Create -> exec `true` -> delete cycles, against crun run, runc run and unshare+chroot",
@@ -164,11 +167,15 @@ func newBenchCreateCommand(bf *benchFlags) *cobra.Command {
 				return err
 			}
 			cfg.Peers = bf.peers
+			if viaGateway {
+				return runCreateGateway(cmd, bf, cfg)
+			}
 			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
 				return bench.RunCreate(ctx, env, cfg)
 			})
 		},
 	}
+	c.Flags().BoolVar(&viaGateway, "gateway", false, "measure through a gateway (started in this process, joined to the private daemon's gossip) against the same node over TCP, as a ratio (no peers)")
 	c.Flags().IntVar(&cfg.N, "n", 200, "measured cycles per system and concurrency")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 10, "unmeasured cycles before each measured run")
 	c.Flags().DurationVar(&cfg.Pause, "pause", 0, "sleep before every cycle of each client (latency on an idle host; lowers per_s)")
@@ -588,5 +595,49 @@ func newBenchTrajectoryCommand(bf *benchFlags) *cobra.Command {
 	c.Flags().IntVar(&cfg.Replays, "replays", 5, "replays of the whole log")
 	c.Flags().IntVar(&cfg.N, "n", 1000, "measured exec rounds, logged and unlogged")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 50, "unmeasured exec rounds first")
+	return c
+}
+
+// newBenchSched measures the placement engine alone: it needs no daemon,
+// no root and no image, so it does not go through benchEnv.
+func newBenchSchedCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.SchedConfig{}
+	c := &cobra.Command{
+		Use:   "sched [--nodes 160] [--live 380000] [--duration 5s] [--concurrency 16]",
+		Short: "Placement on a simulated cluster: placements per second and latency, best-of-K against scoring every node",
+		Long: `Simulate a cluster in-process (nodes that accept creates, delete and report
+capacity, load, QoS classes, labels and layers, without running anything),
+fill it with live sandboxes of Zipf-popular images, and place sandboxes from
+many goroutines while the nodes report. With --peers (the default) a placer
+that scores every node runs on an identical cluster, for the ratio.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.Peers = bf.peers
+			var progress io.Writer
+			if !bf.quiet {
+				progress = cmd.ErrOrStderr()
+			}
+			rep, err := bench.RunSched(cfg, progress)
+			if err != nil {
+				return err
+			}
+			if bf.jsonFile != "" {
+				if err := writeJSONFile(bf.jsonFile, rep); err != nil {
+					return err
+				}
+			}
+			return writeReport(cmd, rep)
+		},
+	}
+	f := c.Flags()
+	f.IntVar(&cfg.Nodes, "nodes", 160, "simulated nodes")
+	f.IntVar(&cfg.Live, "live", 380000, "live sandboxes spread over the nodes before the run")
+	f.IntVar(&cfg.Images, "images", 2000, "distinct images (Zipf popularity)")
+	f.DurationVar(&cfg.Duration, "duration", 5*time.Second, "measured run per placer")
+	f.IntVar(&cfg.Concurrency, "concurrency", 16, "placing goroutines")
+	f.IntVar(&cfg.K, "k", 0, "best-of-K (0: the placer's default)")
+	f.Float64Var(&cfg.Overcommit, "overcommit", 4, "CPU and memory over-commit ratio")
+	f.DurationVar(&cfg.ReportInterval, "report-interval", time.Second, "each node reports once per interval")
+	f.Int64Var(&cfg.Seed, "seed", 1, "seed of the simulated cluster and workload")
 	return c
 }

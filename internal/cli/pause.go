@@ -106,6 +106,42 @@ With --label, every running sandbox carrying all the labels is paused,
 	return c
 }
 
+func newRestoreCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "restore ID...",
+		Short: "Restore hibernated sandboxes on this node, from a checkpoint directory nodes share",
+		Long: `Restore a hibernated sandbox on the node this command talks to. Where the
+nodes share a checkpoint directory ("warren serve --checkpoint-dir" on a
+shared filesystem, with the image store), the sandbox may have been
+hibernated on another node: it moves here with its id, files, processes
+and trajectory log, and gets an address of this node's. The node it left
+forgets it. On the node that hibernated it, restore is "resume".`,
+		Args: minArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cl, err := NewClient(cmd)
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			out := cmd.OutOrStdout()
+			for _, id := range args {
+				res, err := cl.Restore(cmd.Context(), id)
+				if err != nil {
+					return err
+				}
+				if JSONOutput(cmd) {
+					if err := printJSON(out, res); err != nil {
+						return err
+					}
+					continue
+				}
+				fmt.Fprintln(out, resumeLine(id, res))
+			}
+			return nil
+		},
+	}
+}
+
 func newResumeCommand() *cobra.Command {
 	c := lifecycleCommand{
 		use:   "resume ID... | resume --label KEY=VALUE...",

@@ -113,6 +113,8 @@ func NewRootCommand() *cobra.Command {
 
 	root.AddCommand(
 		newServeCommand(),
+		newGatewayCommand(),
+		newNodesCommand(),
 		newVersionCommand(),
 		newSandboxCommand(),
 		newImageCommand(),

@@ -44,6 +44,7 @@ func newSandboxCommand() *cobra.Command {
 		newLogCommand(),
 		newPauseCommand(),
 		newHibernateCommand(),
+		newRestoreCommand(),
 		newForkCommand(),
 		newResumeCommand(),
 	)

@@ -22,8 +22,10 @@ import (
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/events"
 	"github.com/warrenrl/warren/internal/fncall"
+	"github.com/warrenrl/warren/internal/gateway"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/kaudit"
+	"github.com/warrenrl/warren/internal/membership"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/resolver"
@@ -64,6 +66,12 @@ type serveOptions struct {
 	dnsUpstreams             []string
 	gpuDevices, gpuLibs      []string
 	noGPUs                   bool
+	cluster                  clusterOptions
+	nodeTag                  string
+	clusterAPI               string
+	maxSandboxes             int
+	checkpointDir            string
+	nodeName                 string
 }
 
 func newServeCommand() *cobra.Command {
@@ -82,6 +90,8 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.socket, "socket", server.DefaultSocket, "unix socket to serve the API on")
 	f.StringVar(&o.runDir, "run-dir", "/run/warren", "runtime directory (mount points, agent sockets, layer mounts; tmpfs)")
 	f.StringVar(&o.imageStore, "image-store", "", "image store directory: EROFS layer blobs and image records; may be on a filesystem shared by several nodes (default <state-dir>/images)")
+	f.StringVar(&o.checkpointDir, "checkpoint-dir", "", "directory of hibernated sandboxes' checkpoints; on a filesystem several nodes share (with the image store), a sandbox hibernated on one node is restored on any of them (`warren sandbox restore`); it must keep owners, device nodes and trusted.* extended attributes (default <state-dir>/checkpoints, this node's own)")
+	f.StringVar(&o.nodeName, "node-name", "", "this node's name: Sandbox.node, its name in a cluster (warren gateway), in a shared image store's leases and a shared checkpoint directory; unique among the nodes sharing them (default the hostname)")
 	f.StringVar(&o.listen, "listen", "", "also serve on this TCP address, e.g. 127.0.0.1:7070 (needs a token)")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token for --listen (default $"+client.EnvToken+")")
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
@@ -115,6 +125,10 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive download whose client takes no data, or an upload whose client sends none, for this long (the walk it holds is released)")
 	f.StringVar(&o.pprofAddr, "pprof", "", "serve Go's profiling endpoints (/debug/pprof/) on this TCP address, without authentication: use a loopback address such as 127.0.0.1:6060")
+	o.cluster.flags(f)
+	f.StringVar(&o.nodeTag, "node-tag", "", fmt.Sprintf("in a cluster, the %d characters of [a-z2-7] every id of this node's sandboxes starts with, by which gateways route (default: derived from --node-name)", gateway.TagLen))
+	f.StringVar(&o.clusterAPI, "cluster-api", "", "in a cluster, the address gateways reach this node's API at (default: http://<--listen>)")
+	f.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "most live sandboxes gateways place on this node (0: no cap)")
 	return c
 }
 
@@ -179,6 +193,16 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		return err
 	}
 	slog.SetDefault(log)
+	clustered := o.cluster.enabled()
+	nodeTag := ""
+	if clustered {
+		if o.nodeName == "" {
+			o.nodeName, _ = os.Hostname() // the daemon's default too
+		}
+		if nodeTag, err = o.clusterNode(); err != nil {
+			return err
+		}
+	}
 	if o.layerReadAheadKB < 0 {
 		return usagef("--layer-read-ahead-kb must not be negative")
 	}
@@ -268,6 +292,12 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			return err
 		}
 	}
+	checkpointDir := ""
+	if o.checkpointDir != "" {
+		if checkpointDir, err = filepath.Abs(o.checkpointDir); err != nil {
+			return err
+		}
+	}
 	images, err := image.OpenStore(image.Options{
 		Root:             imageStore,
 		MountDir:         filepath.Join(runDir, "layers"),
@@ -275,6 +305,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		BufferedIO:       !o.layerDirectIO,
 		LayerReadAheadKB: o.layerReadAheadKB,
 		Mkfs:             mkfs,
+		NodeID:           o.nodeName,
 		Log:              log,
 	})
 	if err != nil {
@@ -379,6 +410,8 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	}
 	mgr, err := daemon.New(ctx, daemon.Config{
 		StateDir:           stateDir,
+		NodeTag:            nodeTag,
+		MaxSandboxes:       o.maxSandboxes,
 		Backends:           map[string]backend.Backend{ctr.Name(): ctr, fnb.Name(): fnb},
 		Images:             images,
 		Metrics:            met,
@@ -394,6 +427,8 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		UserNSDefault:      o.userns,
 		FnCall:             fn,
 		Router:             srv,
+		CheckpointDir:      checkpointDir,
+		NodeName:           o.nodeName,
 		Logger:             log,
 	})
 	if err != nil {
@@ -407,6 +442,19 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		}
 	}()
 	log.Info("warren daemon started", "version", daemon.Version, "state_dir", stateDir, "image_store", imageStore, "socket", o.socket)
+	if clustered {
+		// Joined once the API serves: a gateway that sees the node
+		// pulls its report at once.
+		pool, err := o.cluster.join(o.nodeName, membership.Meta{Role: membership.RoleNode, API: o.apiAddr(), Tag: nodeTag}, nil, log)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if cerr := pool.Close(); cerr != nil {
+				log.Warn("leaving the cluster", "err", cerr)
+			}
+		}()
+	}
 	err = srv.Serve(ctx, mgr)
 	log.Info("warren daemon stopped")
 	return err

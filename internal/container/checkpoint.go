@@ -9,7 +9,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +32,7 @@ import (
 	"github.com/warrenrl/warren/internal/kfile"
 	"github.com/warrenrl/warren/internal/mountinfo"
 	"github.com/warrenrl/warren/internal/netpolicy"
+	"github.com/warrenrl/warren/internal/treecopy"
 )
 
 // CRIUPrefix is where scripts/criu.sh installs CRIU >= 4 (Debian trixie's,
@@ -70,6 +73,9 @@ type checkpointMeta struct {
 	// DevMounts are the keys of the binds of the sandbox's /dev
 	// directory -> their path in it ("" for the directory itself).
 	DevMounts map[string]string `json:"dev_mounts,omitempty"`
+	// NodeMounts are the keys of the binds of the node's shared
+	// filesystems: key -> <name>/<path in it> (nodeBinds).
+	NodeMounts map[string]string `json:"node_mounts,omitempty"`
 	// Net is the sandbox's network when it was dumped: its restore asks
 	// for the same address.
 	Net *netpolicy.Attachment `json:"net,omitempty"`
@@ -78,6 +84,11 @@ type checkpointMeta struct {
 	// NullKey is the external file key of the init's stdio
 	// ("file[mnt_id:ino]", hex), "" where it was no external file.
 	NullKey string `json:"null_key,omitempty"`
+	// UserNS is the sandbox's id mapping, which CRIU recorded and
+	// restores (a fork runs with its source's ids); nil: none. Its
+	// network namespace is then not in the images: CRIU ran in it
+	// (criuNetns), and a restore runs CRIU in the one it made.
+	UserNS *UserNS `json:"userns,omitempty"`
 }
 
 var _ backend.Checkpointer = (*sandbox)(nil)
@@ -94,20 +105,6 @@ func criuAvailable() error {
 	return nil
 }
 
-// checkpointable refuses, before anything is stopped, what the backend
-// cannot checkpoint yet (docs/HIBERNATE.md says why).
-func checkpointable(userns bool, disk bool) error {
-	switch {
-	case userns:
-		// CRIU dumps a user namespace only with every other namespace of
-		// the tree owned by it; a sandbox's are owned by the node's.
-		return errdefs.New(errdefs.Unsupported, "a sandbox in a user namespace cannot be checkpointed yet (CRIU needs its other namespaces owned by that user namespace; docs/HIBERNATE.md): create it with user_namespace false to hibernate or fork it")
-	case disk:
-		return errdefs.New(errdefs.Unsupported, "a sandbox with a disk limit cannot be checkpointed yet (its writable layer is on a disk image; docs/HIBERNATE.md): create it without disk_bytes to hibernate or fork it")
-	}
-	return nil
-}
-
 // Checkpoint dumps the sandbox's process tree with CRIU into dir/images,
 // which kills it, and moves its writable layer to dir/upper
 // (backend.Checkpointer).
@@ -118,9 +115,6 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	default:
 	}
 	if err := criuAvailable(); err != nil {
-		return err
-	}
-	if err := checkpointable(s.st.UserNS != nil, s.disk); err != nil {
 		return err
 	}
 	pid := s.st.Pid
@@ -146,11 +140,22 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	}
 	defer imgDir.Close()
 	external := []string{
-		// Every bind of a host directory (sysfs, the empty, views and
-		// agent filesystems) is recorded by its host path and bound
-		// again from there on restore.
+		// Binds of other host directories (none today) are recorded by
+		// their host paths and bound again from there on restore.
 		"mnt[]",
 	}
+	// Binds of the node's shared filesystems (sysfs, the empty, views
+	// and agent filesystems) are named by keys, and bound on restore
+	// from that node's own (under its run directory, which another node
+	// sharing the checkpoint directory has elsewhere).
+	nodes, err := nodeBinds(pid, s.b.sharedFS())
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "read the sandbox's mounts")
+	}
+	for point, key := range nodes.points {
+		external = append(external, "mnt["+point+"]:"+key)
+	}
+	meta.NodeMounts = nodes.keys
 	// Binds of the sandbox's own /dev directory (/dev, and the masked
 	// files bound from its null) are named by keys instead: a restore
 	// under another id (a fork) binds them from its own directory.
@@ -168,12 +173,20 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	// The network namespace is the node's to make (a restore makes a new
 	// one and hands it in): CRIU records it as external instead of
 	// dumping its links, routes and sysctls, which cost more than the
-	// rest of the dump of an idle sandbox.
-	var nst unix.Stat_t
-	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &nst); err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "stat the sandbox's network namespace")
+	// rest of the dump of an idle sandbox. In a user namespace it is not
+	// in the images at all: CRIU runs in it (criuNetns).
+	netns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "open the sandbox's network namespace")
 	}
-	external = append(external, fmt.Sprintf("net[%d]:%s", nst.Ino, netnsKey))
+	defer netns.Close()
+	if s.st.UserNS == nil {
+		var nst unix.Stat_t
+		if err := unix.Fstat(int(netns.Fd()), &nst); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "stat the sandbox's network namespace")
+		}
+		external = append(external, fmt.Sprintf("net[%d]:%s", nst.Ino, netnsKey))
+	}
 	opts := &rpc.CriuOpts{
 		ImagesDirFd: proto.Int32(int32(imgDir.Fd())),
 		Pid:         proto.Int32(int32(pid)),
@@ -199,6 +212,12 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	defer unix.Close(pidfd)
 	c := criu.MakeCriu()
 	c.SetCriuPath(CRIUPath)
+	if s.st.UserNS != nil {
+		if err := criuNetns(int(netns.Fd()), c.Prepare); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "start criu")
+		}
+		defer c.Cleanup()
+	}
 	if err := c.Dump(opts, nil); err != nil {
 		// CRIU resumes the tree when a dump fails: the sandbox runs on.
 		return errdefs.Wrap(errdefs.Unsupported, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(images, "dump.log"))), "checkpoint sandbox "+s.id)
@@ -211,7 +230,24 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 		return errdefs.Internalf("sandbox %s: init still alive after its checkpoint", s.id)
 	}
 	reapTraced(pidfd)
-	if err := os.Rename(s.UpperDir(), filepath.Join(dir, ckptUpper)); err != nil {
+	if u := s.st.UserNS; u != nil {
+		// CRIU's restore reads images from the tasks it made, as root of
+		// the user namespace it made (host id Base), which holds no
+		// capability over the node's files: the images are its. The
+		// root task opens some (timens) before CRIU has written its id
+		// map, when it is nobody's: the directory is searchable by all,
+		// and the files (0644, as CRIU writes them) readable. Only the
+		// node reaches them (the checkpoint directory is 0700).
+		if err := chownTree(images, int(u.Base)); err != nil {
+			return fsErr(err, "give the checkpoint's images to the sandbox's root")
+		}
+		if err := os.Chmod(images, 0o711); err != nil {
+			return fsErr(err, "give the checkpoint's images to the sandbox's root")
+		}
+	}
+	// A rename, or a copy where the checkpoint directory is on another
+	// filesystem (a store shared by several nodes).
+	if err := treecopy.Move(s.UpperDir(), filepath.Join(dir, ckptUpper)); err != nil {
 		return fsErr(err, "move the writable layer into the checkpoint")
 	}
 	// /dev/shm is a directory of the sandbox's /dev, on the node's devfs
@@ -223,12 +259,52 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (retErr error) {
 	}
 	meta.ID = s.id
 	meta.Net = s.network()
+	meta.UserNS = s.st.UserNS
 	b, _ := json.Marshal(meta)
 	if err := os.WriteFile(filepath.Join(dir, ckptMeta), b, 0o600); err != nil {
 		return fsErr(err, "write checkpoint metadata")
 	}
+	if u := s.st.UserNS; u != nil {
+		// The sandbox comes back with these ids: they stay taken while
+		// the checkpoint exists (ReleaseCheckpoint).
+		_ = s.b.ids.claim(checkpointHolder(dir), *u)
+	}
 	return syncDir(dir)
 }
+
+// HoldCheckpoint keeps the id range of the checkpoint in dir taken, as
+// its Checkpoint did, for a daemon that finds it at start
+// (backend.CheckpointHolder).
+func (b *Backend) HoldCheckpoint(dir string) error { return b.holdCheckpoint(dir, false) }
+
+// AdmitCheckpoint holds the checkpoint in dir, made on another node, if
+// this node can restore it: Conflict when its id range is another
+// sandbox's here.
+func (b *Backend) AdmitCheckpoint(dir string) error { return b.holdCheckpoint(dir, true) }
+
+func (b *Backend) holdCheckpoint(dir string, exclusive bool) error {
+	mb, err := os.ReadFile(filepath.Join(dir, ckptMeta))
+	if err != nil {
+		return fsErr(err, "read checkpoint metadata")
+	}
+	var meta checkpointMeta
+	if err := json.Unmarshal(mb, &meta); err != nil {
+		return errdefs.Wrap(errdefs.Invalid, err, "checkpoint metadata")
+	}
+	if meta.UserNS == nil {
+		return nil
+	}
+	if exclusive {
+		return b.ids.claimFrom(meta.ID, dir, *meta.UserNS, checkpointHolder(dir))
+	}
+	return b.ids.claim(checkpointHolder(dir), *meta.UserNS)
+}
+
+// ReleaseCheckpoint lets go of what the checkpoint in dir holds on the
+// node (its id range), once it is discarded or another node took it.
+func (b *Backend) ReleaseCheckpoint(dir string) { b.ids.releaseHolder(checkpointHolder(dir)) }
+
+var _ backend.CheckpointHolder = (*Backend)(nil)
 
 // devMountsOf are a sandbox's binds of its own /dev directory: mount
 // point -> key, and key -> path in the directory.
@@ -379,9 +455,6 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := criuAvailable(); err != nil {
 		return nil, err
 	}
-	if err := checkpointable(spec.UserNS, spec.DiskBytes > 0); err != nil {
-		return nil, err
-	}
 	dir := spec.Restore
 	var meta checkpointMeta
 	mb, err := os.ReadFile(filepath.Join(dir, ckptMeta))
@@ -390,6 +463,9 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	}
 	if err := json.Unmarshal(mb, &meta); err != nil {
 		return nil, errdefs.Wrap(errdefs.Invalid, err, "checkpoint metadata")
+	}
+	if (meta.UserNS != nil) != spec.UserNS {
+		return nil, errdefs.Invalidf("sandbox %s: the checkpoint's user-namespace mode (%v) is not the spec's (%v)", spec.ID, meta.UserNS != nil, spec.UserNS)
 	}
 	if err := b.ensureShared(); err != nil {
 		return nil, err
@@ -400,6 +476,14 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 			_ = cu.Clean()
 		}
 	}()
+	if meta.UserNS != nil {
+		// CRIU restores the id map it recorded: this sandbox holds its
+		// source's range (idPool).
+		if err := b.ids.claimFrom(spec.ID, dir, *meta.UserNS, spec.ID); err != nil {
+			return nil, err
+		}
+		cu.Add(func() error { b.ids.release(spec.ID, *meta.UserNS); return nil })
+	}
 	run, st := b.runDir(spec.ID), b.stateDir(spec.ID)
 	if err := mkdir(run); err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -411,16 +495,28 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := mkdir(st); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fsErr(err, "create sandbox directories")
 	}
+	if spec.DiskBytes > 0 {
+		// A disk limit: the writable layer comes back onto a new disk of
+		// its own, as at create (copied in below, as it was copied out).
+		if err := mountDisk(b.diskImage(spec.ID), st, spec.DiskBytes); err != nil {
+			return nil, err
+		}
+		cu.Add(func() error { return unmountDisk(b.diskImage(spec.ID), st) })
+	}
 	upper, work := filepath.Join(st, "upper"), filepath.Join(st, "work")
-	if err := os.Rename(filepath.Join(dir, ckptUpper), upper); err == nil {
+	if err := treecopy.Move(filepath.Join(dir, ckptUpper), upper); err == nil {
 		// A failed restore leaves the checkpoint as it found it.
-		cu.Add(func() error { return os.Rename(upper, filepath.Join(dir, ckptUpper)) })
+		cu.Add(func() error { return treecopy.Move(upper, filepath.Join(dir, ckptUpper)) })
 	} else if errors.Is(err, os.ErrNotExist) {
 		// Its writable layer became a lower layer the caller passes in
 		// Layers (a fork's, or a forked checkpoint's own restore): this
 		// sandbox writes on a fresh one.
 		if err := os.Mkdir(upper, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fsErr(err, "create sandbox directories")
+		}
+		// Its root directory is the sandbox's root's, as at create.
+		if err := shiftOwner(upper, meta.UserNS, 0, 0); err != nil {
+			return nil, err
 		}
 	} else {
 		return nil, fsErr(err, "move the checkpoint's writable layer back")
@@ -454,7 +550,22 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return nil, fsErr(err, "create restore root")
 	}
-	data := "lowerdir=" + overlay["lower"] + ",upperdir=" + upper + ",workdir=" + work + "," + overlay["overlay_options"]
+	lower := overlay["lower"]
+	if meta.UserNS != nil {
+		// As the init stage stacks them (init_linux.c, mount_overlay):
+		// the image's layers idmapped through the sandbox's ids.
+		l, fds, err := idmappedLowers(spec.Layers, *meta.UserNS)
+		defer func() {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+		}()
+		if err != nil {
+			return nil, err
+		}
+		lower = l
+	}
+	data := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work + "," + overlay["overlay_options"]
 	if err := unix.Mount("overlay", root, "overlay", unix.MS_NODEV, data); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "mount the restored root")
 	}
@@ -500,6 +611,14 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		if nsFile, err = os.Open("/proc/thread-self/ns/net"); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "open the restored sandbox's network namespace")
 		}
+		if meta.UserNS != nil {
+			// As the init stage sets it (init_linux.c): root in the
+			// user namespace holds no CAP_NET_BIND_SERVICE over this
+			// namespace, which the node's user namespace owns.
+			if err := os.WriteFile("/proc/sys/net/ipv4/ip_unprivileged_port_start", []byte("0"), 0); err != nil {
+				return errdefs.Wrap(errdefs.Internal, err, "allow low ports in the restored sandbox's network namespace")
+			}
+		}
 		return nil
 	})
 	if ln != nil {
@@ -532,8 +651,11 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		return nil, fsErr(err, "open checkpoint images")
 	}
 	defer imgDir.Close()
-	inherit := []*rpc.InheritFd{{Key: proto.String(meta.SocketKey), Fd: proto.Int32(int32(ln.Fd()))},
-		{Key: proto.String(netnsKey), Fd: proto.Int32(int32(nsFile.Fd()))}}
+	inherit := []*rpc.InheritFd{{Key: proto.String(meta.SocketKey), Fd: proto.Int32(int32(ln.Fd()))}}
+	criuNS := int(nsFile.Fd())
+	if meta.UserNS == nil {
+		inherit = append(inherit, &rpc.InheritFd{Key: proto.String(netnsKey), Fd: proto.Int32(int32(nsFile.Fd()))})
+	}
 	if meta.NullKey != "" {
 		inherit = append(inherit, &rpc.InheritFd{Key: proto.String(meta.NullKey), Fd: proto.Int32(int32(null.Fd()))})
 	}
@@ -550,7 +672,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		LogLevel:          proto.Int32(4),
 		LogFile:           proto.String("restore.log"),
 		Root:              proto.String(root),
-		External:          restoreExternal(meta.DevMounts, b.devDir(spec.ID)),
+		External:          restoreExternal(meta.DevMounts, b.devDir(spec.ID), meta.NodeMounts, b.sharedFS()),
 		InheritFd:         inherit,
 		NetworkLock:       rpc.CriuNetworkLockMethod_NFTABLES.Enum(),
 		ManageCgroups:     proto.Bool(true),
@@ -567,7 +689,31 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		// restored closed, as after a network outage.
 		opts.TcpClose = proto.Bool(true)
 	}
-	pid, err := criuRestore(opts, []*os.File{ln, null, nsFile, workDir})
+	start := func(c *criu.Criu) error { return c.Prepare() }
+	var criuWD *os.File
+	defer func() {
+		if criuWD != nil {
+			criuWD.Close()
+		}
+	}()
+	if meta.UserNS != nil {
+		// Every path CRIU binds or roots the tree at, under the run
+		// directory: this sandbox's own and the node's shared ones.
+		keep := []string{"sb/" + spec.ID, "devfs/" + spec.ID, "empty", "sysfs", "views", "agentfs"}
+		start = func(c *criu.Criu) error {
+			// CRIU mounts its cgroup yard in its working directory,
+			// which must then be a mount of its own namespace (CRIU
+			// opens it through this process's descriptor, kept open
+			// until the restore is over).
+			wd, err := criuUserNSView(criuNS, b.opts.RunDir, keep, run, c.Prepare)
+			if wd != nil {
+				criuWD = wd
+				opts.WorkDirFd = proto.Int32(int32(wd.Fd()))
+			}
+			return err
+		}
+	}
+	pid, err := criuRestore(opts, []*os.File{ln, null, nsFile, workDir}, start)
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, fmt.Errorf("%w: %s", err, criuLogErrors(filepath.Join(run, "restore.log"))), "restore sandbox "+spec.ID)
 	}
@@ -577,6 +723,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	if err != nil {
 		return nil, err
 	}
+	s.st.UserNS = meta.UserNS
 	b.cpus.adopt(spec.ID, pid)
 	cu.Release()
 	return s, nil
@@ -584,12 +731,52 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 
 // restoreExternal are the restore's external mounts: the host binds by
 // their recorded paths, and the /dev binds by key from dev.
-func restoreExternal(devMounts map[string]string, dev string) []string {
+func restoreExternal(devMounts map[string]string, dev string, nodeMounts map[string]string, shared map[string]string) []string {
 	out := []string{"mnt[]"}
 	for key, rel := range devMounts {
 		out = append(out, "mnt["+key+"]:"+filepath.Join(dev, rel))
 	}
+	for key, rel := range nodeMounts {
+		name, in, _ := strings.Cut(rel, "/")
+		if dir, ok := shared[name]; ok {
+			out = append(out, "mnt["+key+"]:"+filepath.Join(dir, in))
+		}
+	}
 	return out
+}
+
+// sharedFS are the node's filesystems that sandboxes bind from, by name.
+func (b *Backend) sharedFS() map[string]string {
+	return map[string]string{"sysfs": b.sysfsDir(), "empty": b.emptyDir(), "views": b.viewsDir(), "agentfs": b.agentfsDir()}
+}
+
+// nodeBinds finds the mounts of init pid's namespace that bind one of
+// the node's shared filesystems (by device) and names each by a key:
+// mount point -> key, and key -> <name>/<path in that filesystem>.
+func nodeBinds(pid int, shared map[string]string) (devMountsOf, error) {
+	devs := map[string]string{} // "major:minor" -> name
+	for name, dir := range shared {
+		var st unix.Stat_t
+		if err := unix.Stat(dir, &st); err != nil {
+			continue // not made on this node (yet): nothing binds it
+		}
+		devs[fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))] = name
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		return devMountsOf{}, err
+	}
+	out := devMountsOf{points: map[string]string{}, keys: map[string]string{}}
+	for _, m := range mountinfo.Parse(string(b)) {
+		name, ok := devs[m.Dev]
+		if !ok {
+			continue
+		}
+		key := "warren-node-" + name + strings.ReplaceAll(m.Root, "/", "-")
+		out.points[m.Point] = key
+		out.keys[key] = name + m.Root
+	}
+	return out, nil
 }
 
 // cgroupsOf reads pid's cgroup of every hierarchy: controllers ("" for
@@ -656,8 +843,9 @@ var criuStartMu sync.Mutex
 // under their own numbers (inherit-fd, join-ns name them): go-criu starts
 // it with os/exec, which keeps only descriptors without close-on-exec, so
 // theirs is cleared around the start. Another child the daemon starts in
-// that moment inherits them too, and closes them when it exits.
-func criuRestore(opts *rpc.CriuOpts, pass []*os.File) (int, error) {
+// that moment inherits them too, and closes them when it exits. start
+// starts CRIU (go-criu's Prepare, or criuUserNSView around it).
+func criuRestore(opts *rpc.CriuOpts, pass []*os.File, start func(*criu.Criu) error) (int, error) {
 	c := criu.MakeCriu()
 	c.SetCriuPath(CRIUPath)
 	// One start at a time: restores share descriptors (the node's
@@ -670,7 +858,7 @@ func criuRestore(opts *rpc.CriuOpts, pass []*os.File) (int, error) {
 			return 0, err
 		}
 	}
-	err := c.Prepare()
+	err := start(c)
 	for _, f := range pass {
 		syscall.CloseOnExec(int(f.Fd()))
 	}
@@ -821,4 +1009,207 @@ func reapTraced(pidfd int) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// criuNetns runs start (CRIU's start: go-criu's Prepare) on a thread in
+// network namespace ns, so that CRIU runs there, for a sandbox in a user
+// namespace. CRIU dumps a user namespace only when every namespace of the
+// tree it can enter from there is owned by it (the mount, UTS and IPC
+// ones are: init_linux.c, userns_namespaces), and a restore makes the
+// tree's namespaces inside the user namespace it makes, into which it
+// could not bring a network namespace the daemon made. The sandbox's
+// network namespace stays the node's (its root holds no capability over
+// it, as at create): with CRIU in it, it is CRIU's own, neither checked
+// nor dumped, and the restored tree inherits it from CRIU. The agent's
+// listener, made in it, is dumped as before.
+func criuNetns(ns int, start func() error) error {
+	if hostNetnsErr != nil {
+		return hostNetnsErr
+	}
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Setns(ns, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			done <- fmt.Errorf("enter the sandbox's network namespace: %w", err)
+			return
+		}
+		// os/exec forks from this thread: the child starts here.
+		err := start()
+		if unix.Setns(hostNetnsFD, unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		done <- err
+	}()
+	return <-done
+}
+
+// chownTree gives every file under dir to host id id (uid and gid).
+func chownTree(dir string, id int) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, id, id)
+	})
+}
+
+// criuUserNSView starts CRIU (start: go-criu's Prepare) for the restore of
+// a sandbox in a user namespace: in the sandbox's network namespace
+// (netns, as criuNetns), and in a mount namespace of its own where the run
+// directory's paths it needs (keep, relative to runDir) can be reached by
+// the sandbox's root. CRIU builds the restored mount tree from a task
+// inside the user namespace it makes, as host id Base, which binds the
+// node's sources (its /dev directory, the shared sysfs, empty and views
+// filesystems, the agent's file) and the root by their paths: the run
+// directory, 0700, keeps it out. Here the highest directory on the way to
+// it that others may not search is covered by a tmpfs (0711: searched,
+// not listed) holding the way down and binds of the kept paths alone;
+// nothing changes on the node, and the restored tree leaves this
+// namespace behind when CRIU moves it onto its root. The thread ends with
+// the goroutine: the runtime never reuses it.
+// It returns workDir opened in that namespace, for CRIU's working directory.
+func criuUserNSView(netns int, runDir string, keep []string, workDir string, start func() error) (*os.File, error) {
+	var wd *os.File
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		done <- func() (err error) {
+			if err := unix.Setns(netns, unix.CLONE_NEWNET); err != nil {
+				return fmt.Errorf("enter the sandbox's network namespace: %w", err)
+			}
+			if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
+				return fmt.Errorf("unshare a mount namespace for criu: %w", err)
+			}
+			if err := searchableView(runDir, keep); err != nil {
+				return err
+			}
+			if wd, err = os.Open(workDir); err != nil {
+				return err
+			}
+			return start()
+		}()
+	}()
+	err := <-done
+	if err != nil && wd != nil {
+		wd.Close()
+		wd = nil
+	}
+	return wd, err
+}
+
+// searchableView makes keep (paths under runDir) reachable by any id in
+// this thread's mount namespace (criuUserNSView).
+func searchableView(runDir string, keep []string) error {
+	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make criu's mounts private: %w", err)
+	}
+	top := ""
+	for p := runDir; ; p = filepath.Dir(p) {
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			return fmt.Errorf("stat %s: %w", p, err)
+		}
+		if st.Mode&0o001 == 0 {
+			top = p
+		}
+		if p == "/" {
+			break
+		}
+	}
+	if top == "" {
+		return nil
+	}
+	run, err := unix.Open(runDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", runDir, err)
+	}
+	defer unix.Close(run)
+	if err := unix.Mount("tmpfs", top, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0711,size=64k"); err != nil {
+		return fmt.Errorf("cover %s for criu: %w", top, err)
+	}
+	for _, k := range keep {
+		src := fmt.Sprintf("/proc/self/fd/%d/%s", run, k)
+		fi, err := os.Stat(src)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		dst := filepath.Join(runDir, k)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o711); err != nil {
+			return err
+		}
+		if fi.IsDir() {
+			err = os.Mkdir(dst, 0o711)
+		} else {
+			err = os.WriteFile(dst, nil, 0)
+		}
+		if err != nil {
+			return err
+		}
+		if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s for criu: %w", dst, err)
+		}
+	}
+	return nil
+}
+
+// idmappedLowers are layers as overlayfs lower directories for a restore
+// in user namespace u: the image's layers as detached clones idmapped
+// through it (named /proc/self/fd/N; fds, which the caller closes once the
+// overlay holds them), a fork's bases (HostIDs) as they are.
+func idmappedLowers(layers []backend.Layer, u UserNS) (lower string, fds []int, err error) {
+	ns, err := userNSOf(u)
+	if err != nil {
+		return "", nil, err
+	}
+	defer ns.Close()
+	parts := make([]string, len(layers))
+	for i, l := range layers {
+		if l.HostIDs {
+			parts[i] = l.Dir
+			continue
+		}
+		fd, err := unix.OpenTree(unix.AT_FDCWD, l.Dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return "", fds, errdefs.Wrap(errdefs.Internal, err, "clone image layer "+l.Dir)
+		}
+		fds = append(fds, fd)
+		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns.Fd())}
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+			return "", fds, errdefs.Wrap(errdefs.Internal, err, "idmap image layer "+l.Dir)
+		}
+		parts[i] = fmt.Sprintf("/proc/self/fd/%d", fd)
+	}
+	return strings.Join(parts, ":"), fds, nil
+}
+
+// userNSOf opens a user namespace mapping ids 0.. to u's host ids, for
+// idmapped mounts. A multithreaded process cannot unshare one: a child is
+// started in it, stopped by ptrace at its exec before it runs anything
+// (the executable, CRIU's, never runs), and killed once it is open.
+func userNSOf(u UserNS) (*os.File, error) {
+	// Pdeathsig follows the thread that started the child.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	ids := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(u.Base), Size: int(u.Size)}}
+	cmd := exec.Command(CRIUPath)
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWUSER, UidMappings: ids, GidMappings: ids,
+		Ptrace: true, Pdeathsig: syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "make the sandbox's user namespace for its layers")
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid))
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "open the sandbox's user namespace for its layers")
+	}
+	return f, nil
 }

@@ -3,6 +3,7 @@ package container
 import (
 	"context"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"slices"
@@ -57,6 +58,12 @@ func waitCounter(t *testing.T, sb backend.Sandbox, min int) int {
 // from 1), the files written before are there, the agent serves execs and
 // background processes, and delete leaves nothing behind.
 func TestCheckpointRestoreKeepsCounting(t *testing.T) { checkpointRoundTrip(t, false) }
+
+// TestCheckpointRestoreKeepsCountingUserNS: the same in a user namespace
+// (the default): CRIU runs in the sandbox's network namespace and restores
+// the tree from inside the user namespace it makes, binding the node's
+// paths through a view of the run directory that id can search.
+func TestCheckpointRestoreKeepsCountingUserNS(t *testing.T) { checkpointRoundTrip(t, true) }
 
 func checkpointRoundTrip(t *testing.T, userns bool) {
 	requireCRIU(t)
@@ -139,6 +146,44 @@ func checkpointRoundTrip(t *testing.T, userns bool) {
 	if r.Stdout != "before\nshm\n" {
 		t.Errorf("files written before the checkpoint: %+v", r)
 	}
+	if userns {
+		// Ids and owners as before: root is 0 over the image's files
+		// (idmapped again) and its own, the map is the one it had.
+		r := conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"sh", "-c", "id -u; stat -c %u:%g /bin/busybox /root/f; awk '{print $1, $2, $3}' /proc/self/uid_map"}}, "")
+		if want := fmt.Sprintf("0\n0:0\n0:0\n0 %d 65536\n", sb.(*sandbox).st.UserNS.Base); r.Stdout != want {
+			t.Errorf("ids in the restored sandbox: %+v, want %q", r, want)
+		}
+		// A user other than root writes where it may, and its file is its.
+		r = conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"sh", "-c", "echo u > /tmp/u && stat -c %u /tmp/u && ! echo x 2>/dev/null >> /root/f"}, UID: 1000, GID: 1000}, "")
+		if r.Stdout != "1000\n" || r.Status.Code != 0 {
+			t.Errorf("a non-root user in the restored sandbox: %+v", r)
+		}
+		// Root inside cannot take a mask off: it holds no CAP_SYS_ADMIN
+		// (the restored mounts are not locked as at create:
+		// docs/SECURITY.md).
+		r = conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"sh", "-c", "umount /proc/timer_list; umount -l /dev; wc -c < /proc/timer_list"}}, "")
+		if r.Stdout != "0\n" {
+			t.Errorf("root in the restored sandbox took its mounts off: %+v", r)
+		}
+		for _, ns := range []string{"mnt", "uts", "ipc"} {
+			// As at create (CRIU checks it at the next dump).
+			if !ownedBy(t, rs.(*sandbox).st.Pid, ns) {
+				t.Errorf("the restored sandbox's %s namespace is not its user namespace's", ns)
+			}
+		}
+		// It hibernates again (CRIU checks its namespaces again).
+		dir2 := filepath.Join(opts.StateDir, "checkpoints", "ck1b")
+		if err := rs.(backend.Checkpointer).Checkpoint(t.Context(), dir2); err != nil {
+			t.Fatalf("second checkpoint: %v", err)
+		}
+		rs.Destroy(t.Context())
+		spec.Restore = dir2
+		if rs, err = b.Create(t.Context(), spec); err != nil {
+			t.Fatalf("second restore: %v", err)
+		}
+		defer rs.Destroy(context.Background())
+		waitCounter(t, rs, at)
+	}
 	list, err := rs.(backend.Background).ListBackground(t.Context())
 	if err != nil || len(list) != 2 || list[0].Exited || list[1].Exited {
 		t.Errorf("background processes after restore: %+v, %v", list, err)
@@ -173,14 +218,25 @@ func TestCheckpointRefusedKeepsRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	sb, err := b.Create(t.Context(), backend.Spec{ID: "ckref", Layers: backend.DirLayers(testutil.BusyboxRoot(t)), UserNS: true})
+	sb, err := b.Create(t.Context(), backend.Spec{ID: "ckref", Layers: backend.DirLayers(testutil.BusyboxRoot(t))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sb.Destroy(context.Background())
+	// A call in flight holds a connection to the agent, which no
+	// checkpoint can take: refused (conflict) after a short wait.
+	done := make(chan error, 1)
+	go func() {
+		_, err := conformance.TryExec(sb, backend.ProcSpec{Argv: []string{"sleep", "4"}}, "")
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
 	err = sb.(backend.Checkpointer).Checkpoint(t.Context(), filepath.Join(t.TempDir(), "ck"))
-	if errdefs.CategoryOf(err) != errdefs.Unsupported {
-		t.Fatalf("checkpoint of a user-namespace sandbox: %v", err)
+	if errdefs.CategoryOf(err) != errdefs.Conflict {
+		t.Fatalf("checkpoint with a call in flight: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the call in flight: %v", err)
 	}
 	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"echo", "ok"}}, ""); r.Stdout != "ok\n" {
 		t.Fatalf("sandbox after a refused checkpoint: %+v", r)
@@ -192,7 +248,15 @@ func TestCheckpointRefusedKeepsRunning(t *testing.T) {
 // copy's counter goes on from the saved value, each writes on its own
 // upper (they diverge; the shared layer does not change), and deleting
 // them all leaves nothing.
-func TestCheckpointForks(t *testing.T) {
+func TestCheckpointForks(t *testing.T) { checkpointForks(t, false) }
+
+// TestCheckpointForksUserNS: the same in a user namespace: the forks run
+// with their source's ids (CRIU restores its map; the range stays taken
+// while any holds it), over the source's writable layer as it is (host
+// ids) and the image's layers idmapped.
+func TestCheckpointForksUserNS(t *testing.T) { checkpointForks(t, true) }
+
+func checkpointForks(t *testing.T, userns bool) {
 	requireCRIU(t)
 	opts := testOptions(t, "fork-")
 	b, err := New(opts)
@@ -202,7 +266,7 @@ func TestCheckpointForks(t *testing.T) {
 	defer b.Close()
 	baseline := resources(t, opts)
 	layers := backend.DirLayers(testutil.BusyboxRoot(t))
-	sb, err := b.Create(t.Context(), backend.Spec{ID: "src", Layers: layers})
+	sb, err := b.Create(t.Context(), backend.Spec{ID: "src", Layers: layers, UserNS: userns})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,11 +293,15 @@ func TestCheckpointForks(t *testing.T) {
 		t.Fatal(err)
 	}
 	at, _ := strconv.Atoi(strings.TrimSpace(string(cb)))
-	withBase := append([]backend.Layer{{Digest: "base-src", Dir: base}}, layers...)
+	var srcIDs UserNS
+	if userns {
+		srcIDs = *sb.(*sandbox).st.UserNS
+	}
+	withBase := append([]backend.Layer{{Digest: "base-src", Dir: base, HostIDs: true}}, layers...)
 	var sbs []backend.Sandbox
 	for _, id := range []string{"fork1", "fork2", "src"} {
 		start := time.Now()
-		rs, err := b.Create(t.Context(), backend.Spec{ID: id, Layers: withBase, Restore: dir})
+		rs, err := b.Create(t.Context(), backend.Spec{ID: id, Layers: withBase, Restore: dir, UserNS: userns})
 		if err != nil {
 			t.Fatalf("restore %s: %v", id, err)
 		}
@@ -253,6 +321,16 @@ func TestCheckpointForks(t *testing.T) {
 		if r := conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"sh", "-c", fmt.Sprintf("cat /root/f; echo %d > /root/mine; hostname", i)}}, ""); !strings.HasPrefix(r.Stdout, "shared\n") {
 			t.Errorf("copy %d: %+v", i, r)
 		}
+		if userns {
+			if u := rs.(*sandbox).st.UserNS; u == nil || *u != srcIDs {
+				t.Errorf("copy %d runs with ids %+v, not its source's %+v", i, u, srcIDs)
+			}
+			// Owners as in the source: the base's files (host ids) and
+			// the image's (idmapped) are root's.
+			if r := conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"stat", "-c", "%u", "/root/f", "/bin/busybox", "/root/mine"}}, ""); r.Stdout != "0\n0\n0\n" {
+				t.Errorf("copy %d's owners: %+v", i, r)
+			}
+		}
 		// Its /dev and masked files are bound from its own /dev
 		// directory, not its source's.
 		if r := conformance.Exec(t, rs, backend.ProcSpec{Argv: []string{"sh", "-c", "wc -c < /proc/timer_list; echo x > /dev/null && echo null-ok"}}, ""); r.Stdout != "0\nnull-ok\n" {
@@ -268,10 +346,114 @@ func TestCheckpointForks(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(base, "root/mine")); err == nil {
 		t.Errorf("a copy wrote into the shared layer")
 	}
+	if userns {
+		// The restored copies and the checkpoint hold the source's range
+		// (its sandbox is gone): no new sandbox gets it until the last
+		// is deleted and the checkpoint discarded.
+		b.ids.mu.Lock()
+		n := len(b.ids.used[srcIDs.Base])
+		b.ids.mu.Unlock()
+		if n != len(sbs)+1 {
+			t.Errorf("the source's id range has %d holders, want the %d copies and the checkpoint", n, len(sbs))
+		}
+	}
 	for _, rs := range sbs {
 		if err := rs.Destroy(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 	}
+	b.ReleaseCheckpoint(dir)
 	waitNoLeaks(t, opts, baseline)
+	if _, held := b.ids.used[srcIDs.Base]; userns && held {
+		t.Errorf("the source's id range is still taken after its copies were deleted")
+	}
+}
+
+func ownedBy(t *testing.T, pid int, ns string) bool {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	owner, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_USERNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(owner)
+	var a, b unix.Stat_t
+	unix.Fstat(owner, &a)
+	unix.Stat(fmt.Sprintf("/proc/%d/ns/user", pid), &b)
+	return a.Ino == b.Ino
+}
+
+// TestCheckpointHoldsItsIDRange: a hibernated sandbox comes back with its
+// user-namespace ids, so its checkpoint keeps its range taken: with a
+// pool of two ranges, the checkpoint and one more sandbox exhaust it,
+// until the checkpoint is released. A node whose pool gave that range to
+// a sandbox of its own refuses (conflict) to admit the checkpoint from
+// another node; a node where it is free admits it.
+func TestCheckpointHoldsItsIDRange(t *testing.T) {
+	requireCRIU(t)
+	if err := UserNSSupported(); err != nil {
+		t.Skipf("this kernel runs no sandbox in a user namespace: %v", err)
+	}
+	ids := IDRange{Start: 3_900_000_000, Count: 2 * IDsPerSandbox}
+	opts := testOptions(t, "ckids-")
+	opts.UserNSIDs = ids
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	layers := backend.DirLayers(testutil.BusyboxRoot(t))
+	sb, err := b.Create(t.Context(), backend.Spec{ID: "src", Layers: layers, UserNS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(opts.StateDir, "checkpoints", "src")
+	if err := sb.(backend.Checkpointer).Checkpoint(t.Context(), dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	other, err := b.Create(t.Context(), backend.Spec{ID: "other", Layers: layers, UserNS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Destroy(context.Background())
+	if _, err := b.Create(t.Context(), backend.Spec{ID: "third", Layers: layers, UserNS: true}); errdefs.CategoryOf(err) != errdefs.Exhausted {
+		t.Fatalf("a create while the checkpoint holds the other range: %v, want exhausted", err)
+	}
+
+	// Another node with the same pool, whose first sandbox took the
+	// checkpoint's range (the first slot).
+	opts2 := testOptions(t, "ckids2-")
+	opts2.UserNSIDs = ids
+	b2, err := New(opts2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	mine, err := b2.Create(t.Context(), backend.Spec{ID: "mine", Layers: layers, UserNS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.AdmitCheckpoint(dir); errdefs.CategoryOf(err) != errdefs.Conflict {
+		t.Fatalf("admit a checkpoint whose range a sandbox here holds: %v, want conflict", err)
+	}
+	if err := mine.Destroy(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b2.AdmitCheckpoint(dir); err != nil {
+		t.Fatalf("admit the checkpoint once its range is free: %v", err)
+	}
+	b2.ReleaseCheckpoint(dir)
+
+	b.ReleaseCheckpoint(dir)
+	third, err := b.Create(t.Context(), backend.Spec{ID: "third", Layers: layers, UserNS: true})
+	if err != nil {
+		t.Fatalf("a create once the checkpoint is released: %v", err)
+	}
+	_ = third.Destroy(context.Background())
 }

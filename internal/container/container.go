@@ -482,6 +482,12 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		path, files = b.opts.InitBinary, files[:6]
 	}
 	cloneflags := uintptr(syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC)
+	if userns != nil {
+		// The init makes its UTS and IPC namespaces (and a second mount
+		// namespace) inside the user namespace, for CRIU
+		// (init_linux.c, userns_namespaces).
+		cloneflags &^= syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC
+	}
 	// A sandbox without a network joins a namespace of the pool (its fd
 	// 7) first thing; the others, and an init that is not ours, get a
 	// new one from the clone.

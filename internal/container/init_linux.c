@@ -84,6 +84,8 @@
 void warren_agent_start(int fd) __attribute__((noreturn));
 /* The limits the agent sets in each process it starts (agent_linux.c). */
 void warren_agent_child_rlimits(const char *spec);
+/* Whether the agent leaves PID 1 dumpable (agent_linux.c). */
+extern int warren_agent_dumpable;
 /* Fields of /proc/self/stat (agent_linux.c). */
 int warren_stat_fields(unsigned long *out, const int *which, int count);
 
@@ -430,15 +432,26 @@ static void set_exe(int fd)
  * this process wrote are copied (the rest stay shared page cache), moved
  * over the old one by mremap. Then it becomes the exe link. Text is
  * replaced by the same bytes at the same address, so the code running
- * here, and the userns holder sharing our memory, notice nothing. */
-static void adopt_exe(const char *src)
+ * here, and the userns holder sharing our memory, notice nothing.
+ * bind_agent binds it (as the host's root); adopt_exe moves onto it, in
+ * the mount namespace the sandbox keeps (the mappings and exe link name
+ * the mount they were opened on, which CRIU must find in the sandbox's
+ * table): after userns_namespaces in the user-namespace mode. Both run
+ * with the working directory at the sandbox's root. */
+static const char agent_dst[] = "dev/.warren-agent";
+
+static void bind_agent(const char *src)
 {
-	static const char dst[] = "dev/.warren-agent";
-	int fd = open(dst, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0);
+	int fd = open(agent_dst, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0);
 	if (fd < 0)
-		die("create", dst);
+		die("create", agent_dst);
 	close(fd);
-	do_mount(src, dst, NULL, MS_BIND, NULL);
+	do_mount(src, agent_dst, NULL, MS_BIND, NULL);
+}
+
+static void adopt_exe(void)
+{
+	const char *src = agent_dst, *dst = agent_dst;
 	int exe = open(dst, O_RDONLY | O_CLOEXEC);
 	struct stat old, new;
 	if (exe < 0 || fstat(exe, &new) < 0)
@@ -696,6 +709,41 @@ static void join_userns(void)
 	close(userns_fd);
 	if (setgroups(0, NULL) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
 		die("become root", "in the user namespace");
+}
+
+/* After join_userns: the sandbox's mount, UTS and IPC namespaces, made
+ * now, are owned by its user namespace, as CRIU requires of the tree it
+ * checkpoints (every namespace of the tree but the network's, which
+ * checkpoint.go keeps out of the dump, must belong to the dumped user
+ * namespace; it checks by entering them from that namespace, through
+ * /proc/1/ns).
+ * The mount namespace is a copy of the one built above by the host's
+ * root, and a copy into a less privileged namespace locks every mount in
+ * it: none can be unmounted alone (to reveal what a mask covers) or have
+ * its read-only, nosuid, nodev or noexec flag cleared, even by a process
+ * holding CAP_SYS_ADMIN here. The clone made us no UTS or IPC namespace
+ * in this mode: until now we ran in the daemon's, and changed nothing
+ * there. PID 1 stays dumpable (the join's change of credentials cleared
+ * it, and the agent would clear it again): the kernel lets a process in
+ * the user namespace open /proc/1/ns/ (as CRIU's check does) only when
+ * PID 1 is dumpable, since its memory was made in the node's user
+ * namespace, which the process holds no capability in. Sandbox processes
+ * still cannot ptrace PID 1, open /proc/1/fd/ or read /proc/1/mem or
+ * environ: the kernel also requires their permitted capabilities to
+ * include all of PID 1's (every one, in the user namespace), and the
+ * bounding set (drop_caps) keeps theirs to a few. CRIU restores the flag
+ * with the tree. */
+static void userns_namespaces(const char *hostname, int agent_exe)
+{
+	if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC) < 0)
+		die("unshare", "mount, UTS and IPC namespaces in the user namespace");
+	if (agent_exe)
+		adopt_exe();
+	if (hostname && sethostname(hostname, strlen(hostname)) < 0)
+		die("sethostname", hostname);
+	if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0)
+		die("prctl", "PR_SET_DUMPABLE");
+	warren_agent_dumpable = 1;
 }
 
 /* Resource limits the agent's own work counts against: its descriptors
@@ -958,8 +1006,11 @@ static void __attribute__((noreturn)) init_main(void)
 	}
 	setup_dev();
 	const char *agent_exe = conf("agent_exe", len);
-	if (agent_exe)
-		adopt_exe(agent_exe);
+	if (agent_exe) {
+		bind_agent(agent_exe);
+		if (userns_fd < 0)
+			adopt_exe();
+	}
 	/* The node's shared sysfs (internal/container/sysfs.go): one
 	 * superblock for all sandboxes instead of one each. */
 	if (sysfs)
@@ -994,7 +1045,9 @@ static void __attribute__((noreturn)) init_main(void)
 		die("detach old root", NULL);
 	if (chdir("/") < 0)
 		die("chdir", "/");
-	if (hostname && sethostname(hostname, strlen(hostname)) < 0)
+	/* In the user-namespace mode the UTS namespace is made after the
+	 * join (userns_namespaces), and named there. */
+	if (hostname && userns_fd < 0 && sethostname(hostname, strlen(hostname)) < 0)
 		die("sethostname", hostname);
 	if (!netns)
 		loopback_up();
@@ -1010,8 +1063,10 @@ static void __attribute__((noreturn)) init_main(void)
 			die("set loginuid", auid);
 		close(fd);
 	}
-	if (userns_fd >= 0)
+	if (userns_fd >= 0) {
 		join_userns();
+		userns_namespaces(hostname, agent_exe != NULL);
+	}
 	drop_caps();
 	/* no_new_privs=0: the sandbox asked for setuid binaries to work. The
 	 * filters then install on CAP_SYS_ADMIN, which we still hold. */

@@ -8,10 +8,19 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 )
 
+// The main goroutine keeps the main thread (a LockOSThread in an init
+// function lasts into main): goroutines of this package lock threads and
+// move them into sandboxes' namespaces (network, mount, ...), and one that
+// ends locked leaves its thread behind, which for the main thread means
+// wedged in that namespace for good. /proc/self is the main thread's: the
+// daemon's mountinfo read through it showed a restore's private mounts
+// (criuUserNSView) once such a goroutine had run there.
+func init() { runtime.LockOSThread() }
+
 // hostNetnsFD is the daemon's network namespace, opened once, when the
 // package is initialised: threads that made a sandbox's namespace go back
-// to it. Not /proc/self/ns/net, which is the main thread's: the namespace
-// pool's thread, locked for life in namespaces it makes, may be that one.
+// to it. Read from this thread's own (the main thread, kept by the main
+// goroutine: init above).
 var hostNetnsFD, hostNetnsErr = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 
 // inNewNetns runs f on a thread of its own in a new network namespace:

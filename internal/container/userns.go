@@ -3,6 +3,7 @@ package container
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -53,20 +54,25 @@ type UserNS struct {
 }
 
 // idPool hands out sandboxes' id ranges: slot i is Start + i*IDsPerSandbox.
+// A range has holders: the sandbox it was taken for, and the sandboxes
+// restored from its checkpoints (CRIU restores the id map it recorded, so
+// a hibernated sandbox comes back, and its forks run, with the same ids);
+// it is free again once none holds it.
 type idPool struct {
 	r    IDRange
 	mu   sync.Mutex
-	used map[uint32]string // base -> sandbox
-	next uint32            // the slot to try first: round robin, so a
+	used map[uint32]map[string]bool // base -> holders
+	next uint32                     // the slot to try first: round robin, so a
 	// freed range is the last taken again (a deleted sandbox's files may
-	// still be on their way out through the reaper).
+	// still be on their way out through the reaper, and a hibernated
+	// one's checkpoint holds it: docs/HIBERNATE.md).
 }
 
 func newIDPool(r IDRange) *idPool {
 	if r.Count == 0 {
 		r = DefaultUserNSIDs
 	}
-	return &idPool{r: r, used: make(map[uint32]string)}
+	return &idPool{r: r, used: make(map[uint32]map[string]bool)}
 }
 
 func (p *idPool) slots() uint32 { return p.r.Count / IDsPerSandbox }
@@ -79,8 +85,8 @@ func (p *idPool) take(id string) (UserNS, error) {
 	for i := uint32(0); i < n; i++ {
 		slot := (p.next + i) % n
 		base := p.r.Start + slot*IDsPerSandbox
-		if _, busy := p.used[base]; !busy {
-			p.used[base] = id
+		if len(p.used[base]) == 0 {
+			p.used[base] = map[string]bool{id: true}
 			p.next = slot + 1
 			return UserNS{Base: base, Size: IDsPerSandbox}, nil
 		}
@@ -88,24 +94,69 @@ func (p *idPool) take(id string) (UserNS, error) {
 	return UserNS{}, errdefs.Exhaustedf("no free user-namespace id range: all %d of %s are in use (warren serve --userns-ids)", n, p.r)
 }
 
-// claim marks an adopted sandbox's range as used.
-func (p *idPool) claim(id string, u UserNS) error {
+// claim makes holder (a sandbox id, or checkpointHolder(dir)) a holder
+// of u: an adopted sandbox, a checkpoint, or one restored from a
+// checkpoint (which may share it with its source and the source's other
+// forks).
+func (p *idPool) claim(holder string, u UserNS) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if other, busy := p.used[u.Base]; busy && other != id {
-		return errdefs.Conflictf("sandbox %s: user-namespace ids %d.. are sandbox %s's", id, u.Base, other)
-	}
-	p.used[u.Base] = id
+	p.claimLocked(holder, u)
 	return nil
 }
 
-func (p *idPool) release(id string, u UserNS) {
+func (p *idPool) claimLocked(holder string, u UserNS) {
+	if p.used[u.Base] == nil {
+		p.used[u.Base] = map[string]bool{}
+	}
+	p.used[u.Base][holder] = true
+}
+
+// claimFrom makes holder (sandbox id, restored from checkpoint dir, or
+// the checkpoint itself, admitted from another node) a holder of the
+// range the checkpoint recorded. Conflict when others hold the range
+// and the checkpoint does not: it came from another node (a shared
+// checkpoint directory), where this node gave the range to a sandbox of
+// its own, which must not share ids with it.
+func (p *idPool) claimFrom(id, dir string, u UserNS, holder string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.used[u.Base] == id {
-		delete(p.used, u.Base)
+	if h := p.used[u.Base]; len(h) > 0 && !h[checkpointHolder(dir)] {
+		return errdefs.Conflictf("sandbox %s: its user-namespace id range %d-%d is in use by another sandbox on this node (a sandbox took it here, or the nodes' --userns-ids overlap)", id, u.Base, u.Base+u.Size-1)
+	}
+	p.claimLocked(holder, u)
+	return nil
+}
+
+func (p *idPool) release(holder string, u UserNS) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.releaseLocked(holder, u.Base)
+}
+
+func (p *idPool) releaseLocked(holder string, base uint32) {
+	delete(p.used[base], holder)
+	if len(p.used[base]) == 0 {
+		delete(p.used, base)
 	}
 }
+
+// releaseHolder releases whatever range holder holds (a checkpoint's,
+// whose metadata may be gone already).
+func (p *idPool) releaseHolder(holder string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for base, h := range p.used {
+		if h[holder] {
+			p.releaseLocked(holder, base)
+		}
+	}
+}
+
+// checkpointHolder is the holder name of the checkpoint in dir: a
+// hibernated sandbox's range stays taken while its checkpoint exists, so
+// that no new sandbox gets the ids it comes back with.
+func checkpointHolder(dir string) string { return "checkpoint:" + filepath.Clean(dir) }
 
 // shiftOwner gives a file the daemon made in a sandbox's upper directory
 // to the sandbox's ids: host uid/gid N becomes base+N.

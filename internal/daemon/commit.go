@@ -34,7 +34,7 @@ func (m *Manager) CommitSandbox(ctx context.Context, req *warrenv1.CommitSandbox
 	if !m.images.IsEROFS() {
 		return nil, errdefs.Unsupportedf("committing sandboxes needs the EROFS image store (image.OpenStore); this node keeps layer directories")
 	}
-	s, v, err := m.live(opCommit, req.GetSandboxId())
+	s, v, err := m.live(ctx, opCommit, req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -50,10 +51,17 @@ const (
 
 // Config configures a Manager.
 type Config struct {
-	StateDir string                     // default /var/lib/warren
-	Backends map[string]backend.Backend // by name; "container" is the default backend
-	Images   *image.Store
-	Metrics  *metrics.Metrics // nil: no metrics
+	StateDir string // default /var/lib/warren
+	// NodeTag starts the ids the node generates, so that a gateway
+	// routes a call by its id alone (docs/ARCHITECTURE.md, "The
+	// cluster"); empty outside a cluster.
+	NodeTag string
+	// MaxSandboxes is the most live sandboxes the node reports it takes
+	// (NodeStatus); 0: no cap of its own.
+	MaxSandboxes int
+	Backends     map[string]backend.Backend // by name; "container" is the default backend
+	Images       *image.Store
+	Metrics      *metrics.Metrics // nil: no metrics
 	// DefaultTimeout is the sandbox lifetime when a request asks for none
 	// (default 1h); MaxTimeout caps requested lifetimes (default 24h).
 	DefaultTimeout     time.Duration
@@ -99,7 +107,16 @@ type Config struct {
 	// FnCall runs the jobs of Run (nil: Run is Unsupported). The Manager
 	// closes it.
 	FnCall *fncall.Service
-	Logger *slog.Logger
+	// CheckpointDir holds the checkpoints of hibernated sandboxes; ""
+	// means <state>/checkpoints, this node's own. Set, it may be on a
+	// filesystem several nodes share: a sandbox hibernated on one is
+	// restored on another (Restore; restore.go), and every node leaves
+	// the checkpoints of the others alone.
+	CheckpointDir string
+	// NodeName names this node in a shared checkpoint directory (and in
+	// the image store's leases); default the hostname.
+	NodeName string
+	Logger   *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -130,6 +147,9 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.NodeName == "" {
+		c.NodeName, _ = os.Hostname()
+	}
 }
 
 // ops are the operation names of warren_errors_total.
@@ -140,6 +160,7 @@ var ops = []string{
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
 	"CommitSandbox", "ListSandboxEvents", "Pause", "Resume", "PauseByLabel", "ResumeByLabel", "ReadTrajectory", "Run", "RunBatch",
+	"Hibernate", "HibernateByLabel", "Fork", "Restore",
 }
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.
@@ -496,11 +517,11 @@ type view struct {
 
 // live finds a sandbox whose state permits o (a RUNNING one, for every
 // op that uses live) and returns it with a view of it.
-func (m *Manager) live(o op, id string) (*sandbox, view, error) {
+func (m *Manager) live(ctx context.Context, o op, id string) (*sandbox, view, error) {
 	if id == "" {
 		return nil, view{}, errdefs.Invalidf("sandbox id is required")
 	}
-	s, err := m.lookup(id)
+	s, err := m.find(ctx, id)
 	if err != nil {
 		return nil, view{}, err
 	}

@@ -79,7 +79,7 @@ func (m *Manager) ListSandboxEvents(ctx context.Context, req *warrenv1.ListSandb
 	if req.GetSandboxId() == "" {
 		return nil, errdefs.Invalidf("sandbox_id is required")
 	}
-	if _, err := m.lookup(req.GetSandboxId()); err != nil {
+	if _, err := m.find(ctx, req.GetSandboxId()); err != nil {
 		return nil, err
 	}
 	size := int(req.GetPageSize())

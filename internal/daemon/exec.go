@@ -115,7 +115,7 @@ func (m *Manager) exec(ctx context.Context, req *warrenv1.ExecRequest, send func
 	if len(key) > maxIdempotencyKey {
 		return nil, false, errdefs.Invalidf("idempotency_key longer than %d bytes", maxIdempotencyKey)
 	}
-	if _, err := m.lookup(req.GetSandboxId()); err != nil {
+	if _, err := m.find(ctx, req.GetSandboxId()); err != nil {
 		return nil, false, err
 	}
 	e, first := m.idem.begin(req.GetSandboxId(), key)
@@ -168,7 +168,7 @@ func replay(res *warrenv1.ExecResult, send func(*warrenv1.ExecEvent) error) erro
 // execOnce validates and runs one exec. started reports whether the
 // command was started (its outcome is then final for idempotency).
 func (m *Manager) execOnce(ctx context.Context, req *warrenv1.ExecRequest, send func(*warrenv1.ExecEvent) error, keep bool) (*warrenv1.ExecResult, bool, error) {
-	s, v, err := m.live(opExec, req.GetSandboxId())
+	s, v, err := m.live(ctx, opExec, req.GetSandboxId())
 	if err != nil {
 		return nil, false, err
 	}

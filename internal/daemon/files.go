@@ -41,8 +41,8 @@ func fsFor(sb backend.Sandbox) backend.FileSystem {
 }
 
 // fsOf returns the file system of a running sandbox.
-func (m *Manager) fsOf(id string) (backend.FileSystem, error) {
-	_, v, err := m.live(opFiles, id)
+func (m *Manager) fsOf(ctx context.Context, id string) (backend.FileSystem, error) {
+	_, v, err := m.live(ctx, opFiles, id)
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +84,7 @@ func (m *Manager) fileStep(ctx context.Context, method, session string, seq uint
 func (m *Manager) WriteFile(ctx context.Context, req *warrenv1.WriteFileRequest) (_ *warrenv1.WriteFileResponse, err error) {
 	defer m.observe("WriteFile", &err)
 	out, err := m.fileStep(ctx, trajectory.MethodWriteFile, req.GetSessionId(), req.GetSeq(), req, func() (bool, error) {
-		fs, err := m.fsOf(req.GetSandboxId())
+		fs, err := m.fsOf(ctx, req.GetSandboxId())
 		if err != nil {
 			return true, err
 		}
@@ -111,7 +111,7 @@ func (m *Manager) ReadFile(ctx context.Context, req *warrenv1.ReadFileRequest) (
 	if req.GetOffset() < 0 || req.GetLength() < 0 {
 		return nil, errdefs.Invalidf("offset and length must not be negative")
 	}
-	fs, err := m.fsOf(req.GetSandboxId())
+	fs, err := m.fsOf(ctx, req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +131,7 @@ func (m *Manager) ReadFile(ctx context.Context, req *warrenv1.ReadFileRequest) (
 // token of the next page; see sandboxfs.FS.List.
 func (m *Manager) ListFiles(ctx context.Context, req *warrenv1.ListFilesRequest) (_ *warrenv1.ListFilesResponse, err error) {
 	defer m.observe("ListFiles", &err)
-	fs, err := m.fsOf(req.GetSandboxId())
+	fs, err := m.fsOf(ctx, req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +150,7 @@ func (m *Manager) ListFiles(ctx context.Context, req *warrenv1.ListFilesRequest)
 // target).
 func (m *Manager) StatFile(ctx context.Context, req *warrenv1.StatFileRequest) (_ *warrenv1.FileInfo, err error) {
 	defer m.observe("StatFile", &err)
-	fs, err := m.fsOf(req.GetSandboxId())
+	fs, err := m.fsOf(ctx, req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +165,7 @@ func (m *Manager) StatFile(ctx context.Context, req *warrenv1.StatFileRequest) (
 func (m *Manager) MakeDir(ctx context.Context, req *warrenv1.MakeDirRequest) (_ *warrenv1.MakeDirResponse, err error) {
 	defer m.observe("MakeDir", &err)
 	out, err := m.fileStep(ctx, trajectory.MethodMakeDir, req.GetSessionId(), req.GetSeq(), req, func() (bool, error) {
-		fs, err := m.fsOf(req.GetSandboxId())
+		fs, err := m.fsOf(ctx, req.GetSandboxId())
 		if err != nil {
 			return true, err
 		}
@@ -188,7 +188,7 @@ func (m *Manager) MakeDir(ctx context.Context, req *warrenv1.MakeDirRequest) (_ 
 func (m *Manager) RemoveFile(ctx context.Context, req *warrenv1.RemoveFileRequest) (_ *warrenv1.RemoveFileResponse, err error) {
 	defer m.observe("RemoveFile", &err)
 	out, err := m.fileStep(ctx, trajectory.MethodRemoveFile, req.GetSessionId(), req.GetSeq(), req, func() (bool, error) {
-		fs, err := m.fsOf(req.GetSandboxId())
+		fs, err := m.fsOf(ctx, req.GetSandboxId())
 		if err != nil {
 			return true, err
 		}
@@ -203,7 +203,7 @@ func (m *Manager) RemoveFile(ctx context.Context, req *warrenv1.RemoveFileReques
 // TarOut writes the tree at path of the sandbox to w as a tar stream.
 func (m *Manager) TarOut(ctx context.Context, id, path string, w io.Writer) (err error) {
 	defer m.observe("TarOut", &err)
-	fs, err := m.fsOf(id)
+	fs, err := m.fsOf(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -233,7 +233,7 @@ func (m *Manager) TarInStep(ctx context.Context, id, path, session string, seq u
 			return trajectory.UploadLate(path, n, h.Sum(nil)), nil
 		}}
 	out, err := m.recorded(ctx, st, func(uint64) (*warrenv1.ExecResult, bool, *trajectory.Late, error) {
-		fs, err := m.fsOf(id)
+		fs, err := m.fsOf(ctx, id)
 		if err != nil {
 			return nil, true, nil, err
 		}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/store"
+	"github.com/warrenrl/warren/internal/treecopy"
 )
 
 // Forking (Fork).
@@ -49,7 +51,7 @@ func (m *Manager) basesDir() string { return filepath.Join(m.cfg.StateDir, "base
 func baseLayers(bases []string) []backend.Layer {
 	out := make([]backend.Layer, len(bases))
 	for i, b := range bases {
-		out[i] = backend.Layer{Digest: "base:" + filepath.Base(b), Dir: b}
+		out[i] = backend.Layer{Digest: "base:" + filepath.Base(b), Dir: b, HostIDs: true}
 	}
 	return out
 }
@@ -65,13 +67,32 @@ func (m *Manager) settleBase(id string, bases []string) error {
 		return nil
 	}
 	up := filepath.Join(m.checkpointDir(id), "upper")
+	// A checkpoint directory on another filesystem (shared by nodes)
+	// makes this a copy: into a name of its own first, so that a base
+	// is never half there.
+	moving := top + movingSuffix
 	if _, err := os.Stat(up); err != nil {
+		if _, merr := os.Stat(moving); merr == nil {
+			// The copy was done and the upper removed: finish it.
+			return wrapBase(os.Rename(moving, top))
+		}
 		return errdefs.Internalf("sandbox %s: its base layer %s is missing", id, top)
 	}
 	if err := os.MkdirAll(filepath.Dir(top), 0o700); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "create bases directory")
 	}
-	if err := os.Rename(up, top); err != nil {
+	_ = os.RemoveAll(moving) // a copy cut short
+	if err := treecopy.Move(up, moving); err != nil {
+		return wrapBase(err)
+	}
+	return wrapBase(os.Rename(moving, top))
+}
+
+// movingSuffix marks a base on its way from a checkpoint (settleBase).
+const movingSuffix = ".moving"
+
+func wrapBase(err error) error {
+	if err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "make the checkpoint's writable layer a base")
 	}
 	return nil
@@ -95,7 +116,7 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 	if req.GetId() == "" {
 		return nil, errdefs.Invalidf("sandbox id is required")
 	}
-	s, err := m.lookup(req.GetId())
+	s, err := m.find(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -253,9 +274,9 @@ func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sand
 			return nil, 0, err
 		}
 	}
-	id := newID()
+	id := m.newID()
 	for m.sandboxes[id] != nil {
-		id = newID()
+		id = m.newID()
 	}
 	s.id, fi.Id = id, id
 	m.sandboxes[id] = s
@@ -374,7 +395,7 @@ func (m *Manager) sweepBases(recs []store.Record) {
 	}
 	for _, e := range ents {
 		p := filepath.Join(m.basesDir(), e.Name())
-		if !used[p] {
+		if !used[p] && !used[strings.TrimSuffix(p, movingSuffix)] {
 			if err := os.RemoveAll(p); err != nil {
 				m.log.Warn("remove a base no record names", "base", p, "err", err)
 			}

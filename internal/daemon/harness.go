@@ -80,7 +80,7 @@ func (m *Manager) validateHarness(ctx context.Context, req *warrenv1.CreateReque
 	}
 	// The id is generated later when empty; the socket path needs it now.
 	if p.id == "" {
-		p.id = newID()
+		p.id = m.newID()
 	}
 	host, inside := sd.SocketDir(p.id)
 	env := maps.Clone(p.env)

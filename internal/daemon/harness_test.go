@@ -144,3 +144,50 @@ func TestHarnessChildrenRaceItsDeletion(t *testing.T) {
 		t.Error("the harness's route is still open")
 	}
 }
+
+// TestHarnessCallsFindOnlyItsChildren: the server checks a harness's call
+// against its children before the daemon runs it; a child deleted and its
+// id taken by a sandbox of the node's in between (the trainer chooses ids
+// too) must not be reached: the daemon checks the sandbox it finds again.
+func TestHarnessCallsFindOnlyItsChildren(t *testing.T) {
+	rt := &routes{open: map[string]string{}}
+	e := newEnv(t, func(c *Config) { c.Router = rt })
+	ctx := ctxT(t)
+	if _, err := e.m.Create(ctx, &warrenv1.CreateRequest{Id: "h", Image: "busybox", Harness: &warrenv1.HarnessOptions{MaxChildren: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	hctx := caller.WithHarness(ctx, "h")
+	if _, err := e.m.Create(hctx, &warrenv1.CreateRequest{Id: "c", Image: "busybox"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Exec(hctx, &warrenv1.ExecRequest{SandboxId: "c", Shell: "true"}); err != nil {
+		t.Fatalf("the harness's exec on its child: %v", err)
+	}
+	if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Create(ctx, &warrenv1.CreateRequest{Id: "c", Image: "busybox"}); err != nil {
+		t.Fatal(err)
+	}
+	denied := func(what string, err error) {
+		t.Helper()
+		if errdefs.CategoryOf(err) != errdefs.PermissionDenied {
+			t.Errorf("%s on the node's sandbox that took its child's id: %v, want permission_denied", what, err)
+		}
+	}
+	_, err := e.m.Exec(hctx, &warrenv1.ExecRequest{SandboxId: "c", Shell: "true"})
+	denied("exec", err)
+	_, err = e.m.Get(hctx, &warrenv1.GetRequest{Id: "c"})
+	denied("get", err)
+	_, err = e.m.ListProcesses(hctx, &warrenv1.ListProcessesRequest{SandboxId: "c"})
+	denied("list processes", err)
+	_, err = e.m.WriteFile(hctx, &warrenv1.WriteFileRequest{SandboxId: "c", Path: "/x", Content: []byte("x")})
+	denied("write file", err)
+	_, err = e.m.Pause(hctx, &warrenv1.PauseRequest{Id: "c"})
+	denied("pause", err)
+	_, err = e.m.Delete(hctx, &warrenv1.DeleteRequest{Id: "c"})
+	denied("delete", err)
+	if sb, err := e.m.Get(ctx, &warrenv1.GetRequest{Id: "c"}); err != nil || sb.GetState() != warrenv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("the node's sandbox: %v %v", sb, err)
+	}
+}

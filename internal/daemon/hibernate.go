@@ -1,15 +1,19 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/atomicfile"
@@ -39,19 +43,41 @@ import (
 // time (paused_total_ms), as a pause does. Delete removes the checkpoint.
 
 // checkpointDir is where the sandbox's checkpoint lives while it is
-// HIBERNATED; on the state directory's filesystem, as the backend needs.
+// HIBERNATED: <state>/checkpoints, or Config.CheckpointDir, which other
+// nodes may share (restore.go).
 func (m *Manager) checkpointDir(id string) string {
-	return filepath.Join(m.cfg.StateDir, "checkpoints", id)
+	return filepath.Join(m.checkpointRoot(), id)
 }
 
 // hibernatedRecord is the copy of the record in the checkpoint directory.
 const hibernatedRecord = "record.pb"
 
+// processesFile is the background processes' records as they were at the
+// hibernation (a ListProcessesResponse), which ListProcesses returns
+// while the sandbox is HIBERNATED.
+const processesFile = "processes.pb"
+
+// hibernatedProcesses is ListProcesses of a HIBERNATED sandbox.
+func (m *Manager) hibernatedProcesses(id string) (*warrenv1.ListProcessesResponse, error) {
+	out := &warrenv1.ListProcessesResponse{}
+	b, err := os.ReadFile(filepath.Join(m.checkpointDir(id), processesFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return out, nil // a checkpoint of an older daemon
+	}
+	if err == nil {
+		err = proto.Unmarshal(b, out)
+	}
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "read the process list of hibernated sandbox "+id)
+	}
+	return out, nil
+}
+
 // Hibernate checkpoints a RUNNING or PAUSED sandbox to disk.
 func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest) (_ *warrenv1.HibernateResponse, err error) {
 	defer m.observe("Hibernate", &err)
 	start := time.Now()
-	s, v, err := m.live(opHibernate, req.GetId())
+	s, v, err := m.live(ctx, opHibernate, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -64,6 +90,11 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 	}
 	if err := refuseHarness(s); err != nil {
 		return nil, err
+	}
+	if !m.ownsCheckpoint(s.id) {
+		// Sandbox ids are the caller's to choose: one of another node
+		// may have its checkpoint in a shared directory.
+		return nil, errdefs.Conflictf("the shared checkpoint directory holds a checkpoint of another sandbox %s, of node %s", s.id, m.checkpointOwner(s.id))
 	}
 	s.mu.Lock()
 	if err := s.mayStartLocked(opHibernate); err != nil {
@@ -84,11 +115,18 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 	// records are rebuilt from the agent once it runs again (restored,
 	// or left running by a failure).
 	procs := len(s.procs)
+	// What ListProcesses shows while it is hibernated (the agent that
+	// knows them is in the checkpoint): kept with the checkpoint.
+	listed := &warrenv1.ListProcessesResponse{}
 	for id, pr := range s.procs {
+		listed.Processes = append(listed.Processes, pr.info(nil))
 		pr.detach()
 		delete(s.procs, id)
 	}
 	s.mu.Unlock()
+	slices.SortFunc(listed.Processes, func(a, b *warrenv1.ProcessInfo) int {
+		return cmp.Compare(a.GetStartedAtUnixMs(), b.GetStartedAtUnixMs())
+	})
 
 	fail := func(err error) (*warrenv1.HibernateResponse, error) {
 		_ = os.RemoveAll(m.checkpointDir(s.id))
@@ -131,8 +169,13 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 	}
 	dir := m.checkpointDir(s.id)
 	_ = os.RemoveAll(dir) // what a crashed attempt left
-	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+	// The owner goes first: a node that shares the directory never takes
+	// a checkpoint in progress for an orphan of its own.
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fail(errdefs.Wrap(errdefs.Internal, err, "create checkpoints directory"))
+	}
+	if err := m.writeOwner(s.id); err != nil {
+		return fail(errdefs.Wrap(errdefs.Internal, err, "write the checkpoint's owner"))
 	}
 	t0 := time.Now()
 	cerr := cp.Checkpoint(ctx, dir)
@@ -144,6 +187,17 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 			}
 		}
 		return fail(withCategory(cerr, errdefs.Internal, "hibernate sandbox "+s.id))
+	}
+	if b, err := proto.Marshal(listed); err == nil {
+		if err := os.WriteFile(filepath.Join(dir, processesFile), b, 0o600); err != nil {
+			m.log.Warn("keep the process list in the checkpoint", "sandbox", s.id, "err", err)
+		}
+	}
+	if m.sharedCheckpoints() {
+		// For the node that may restore it: the log is synced above.
+		if err := copyFile(m.traj.path(s.id), filepath.Join(dir, trajFile)); err != nil {
+			m.log.Warn("keep the trajectory log in the checkpoint", "sandbox", s.id, "err", err)
+		}
 	}
 	size := dirBytes(dir)
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
@@ -241,7 +295,20 @@ func (m *Manager) persistDurable(s *sandbox) error {
 // (the hibernation's sync), are unlinked off the caller's path: that
 // waited for the writeback, ~150 ms of a restore of 256 MiB here. What a
 // crash leaves aside, recoverHibernated removes (no record names it).
+// dropCheckpoint lets go of sandbox s's checkpoint: what it holds in the
+// backend (always: another node may have taken it, the backend's hold
+// is this node's), and its files (if this node owns them).
+func (m *Manager) dropCheckpoint(s *sandbox) {
+	if h, ok := s.b.(backend.CheckpointHolder); ok {
+		h.ReleaseCheckpoint(m.checkpointDir(s.id))
+	}
+	m.discardCheckpoint(s.id)
+}
+
 func (m *Manager) discardCheckpoint(id string) {
+	if !m.ownsCheckpoint(id) {
+		return // restored on another node, which removes it
+	}
 	dir := m.checkpointDir(id)
 	aside := filepath.Join(filepath.Dir(dir), ".gone-"+id+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
 	if err := os.Rename(dir, aside); err != nil {
@@ -266,7 +333,7 @@ func (m *Manager) discardCheckpoint(id string) {
 // directories no record names (a crash between the checkpoint and its
 // record, or a delete whose removal failed).
 func (m *Manager) recoverHibernated(recs []store.Record) []store.Record {
-	root := filepath.Join(m.cfg.StateDir, "checkpoints")
+	root := m.checkpointRoot()
 	ents, err := os.ReadDir(root)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
@@ -284,6 +351,14 @@ func (m *Manager) recoverHibernated(recs []store.Record) []store.Record {
 			continue
 		}
 		dir := filepath.Join(root, id)
+		if m.sharedCheckpoints() {
+			// Only this node's: another's, in progress, hibernated or
+			// being removed, is that node's to keep or remove.
+			b, err := os.ReadFile(filepath.Join(dir, ownerFile))
+			if err != nil || strings.TrimSpace(string(b)) != m.cfg.NodeName {
+				continue
+			}
+		}
 		b, err := os.ReadFile(filepath.Join(dir, hibernatedRecord))
 		if _, known := have[id]; err == nil && !known {
 			if rec, derr := store.Decode(b); derr == nil && rec.ID == id {
@@ -322,6 +397,20 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 		s.mu.Lock()
 		s.endPausingLocked(done)
 		s.mu.Unlock()
+	}
+	if m.sharedCheckpoints() {
+		// One node restores a checkpoint, and only its owner.
+		unclaim, err := m.claimCheckpoint(s.id)
+		if err != nil {
+			end()
+			return nil, err
+		}
+		defer unclaim()
+		if !m.ownsCheckpoint(s.id) {
+			end()
+			to, _ := m.movedAway(s)
+			return nil, errdefs.NotFoundf("sandbox %s was restored on node %s", s.id, to)
+		}
 	}
 
 	m.imgMu.RLock()
@@ -380,7 +469,7 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 	if old != nil {
 		old()
 	}
-	m.discardCheckpoint(s.id)
+	m.dropCheckpoint(s)
 	m.watch(s, sb)
 	m.adoptProcesses(s, sb)
 	m.metrics.ObserveRestore(time.Since(start))

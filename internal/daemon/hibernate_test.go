@@ -29,11 +29,21 @@ func requireCRIU(t *testing.T) {
 // continues from where it stopped, files written before are there, the
 // background process is listed again. Calls are refused while it is
 // HIBERNATED; delete of a hibernated sandbox leaves nothing.
-func TestHibernateRestoreAcrossRestart(t *testing.T) {
+func TestHibernateRestoreAcrossRestart(t *testing.T) { testHibernateRestoreAcrossRestart(t, false) }
+
+// TestHibernateRestoreAcrossRestartUserNS: the same in a user namespace (the default).
+func TestHibernateRestoreAcrossRestartUserNS(t *testing.T) {
+	if container.UserNSSupported() != nil {
+		t.Skip(container.UserNSSupported())
+	}
+	testHibernateRestoreAcrossRestart(t, true)
+}
+
+func testHibernateRestoreAcrossRestart(t *testing.T, userns bool) {
 	requireCRIU(t)
 	e := newEnv(t)
 	ctx := ctxT(t)
-	e.create(&warrenv1.CreateRequest{Id: "hib", UserNamespace: proto.Bool(false)})
+	e.create(&warrenv1.CreateRequest{Id: "hib", UserNamespace: proto.Bool(userns)})
 	if res := e.sh("hib", "echo before > /f"); res.GetExitCode() != 0 {
 		t.Fatalf("write: %v", res)
 	}
@@ -75,6 +85,12 @@ func TestHibernateRestoreAcrossRestart(t *testing.T) {
 	if err != nil || sb.GetState() != stateHibernated {
 		t.Fatalf("after restart: %v %v", sb, err)
 	}
+	// Its background process is listed as it was at the hibernation,
+	// across the restart too.
+	hl, err := e.m.ListProcesses(ctx, &warrenv1.ListProcessesRequest{SandboxId: "hib"})
+	if err != nil || len(hl.GetProcesses()) != 1 || !hl.GetProcesses()[0].GetRunning() || hl.GetProcesses()[0].GetPid() == 0 {
+		t.Fatalf("processes of the hibernated sandbox: %v %v", hl, err)
+	}
 	// The counter's value as saved (its reader needs a running sandbox).
 	saved := readFileInt(t, filepath.Join(ckpt, "upper", "count"))
 	rr, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "hib"})
@@ -95,6 +111,9 @@ func TestHibernateRestoreAcrossRestart(t *testing.T) {
 	list, err := e.m.ListProcesses(ctx, &warrenv1.ListProcessesRequest{SandboxId: "hib"})
 	if err != nil || len(list.GetProcesses()) != 1 || !list.GetProcesses()[0].GetRunning() {
 		t.Fatalf("processes after restore: %v %v", list, err)
+	}
+	if a, b := hl.GetProcesses()[0], list.GetProcesses()[0]; a.GetProcessId() != b.GetProcessId() || a.GetPid() != b.GetPid() {
+		t.Errorf("process while hibernated %v, after the restore %v", a, b)
 	}
 	if _, err := os.Stat(ckpt); !os.IsNotExist(err) {
 		t.Errorf("checkpoint left after restore: %v", err)
@@ -169,15 +188,6 @@ func TestHibernatePausedAndByLabel(t *testing.T) {
 		}
 	}
 
-	if container.UserNSSupported() != nil {
-		return
-	}
-	e.create(&warrenv1.CreateRequest{Id: "uns", UserNamespace: proto.Bool(true)})
-	_, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "uns"})
-	wantCat(t, err, errdefs.Unsupported, "user namespace")
-	if out := e.sh("uns", "echo up").GetStdout(); string(out) != "up\n" {
-		t.Fatalf("refused sandbox after the refusal: %q", out)
-	}
 }
 
 func readFileInt(t *testing.T, path string) int {
@@ -198,11 +208,21 @@ func readFileInt(t *testing.T, path string) int {
 // the source runs on; the shared base outlives the source's delete and
 // goes with the last fork. A HIBERNATED source stays so; bad counts are
 // refused.
-func TestFork(t *testing.T) {
+func TestFork(t *testing.T) { testFork(t, false) }
+
+// TestForkUserNS: the same in a user namespace (the default).
+func TestForkUserNS(t *testing.T) {
+	if container.UserNSSupported() != nil {
+		t.Skip(container.UserNSSupported())
+	}
+	testFork(t, true)
+}
+
+func testFork(t *testing.T, userns bool) {
 	requireCRIU(t)
 	e := newEnv(t)
 	ctx := ctxT(t)
-	e.create(&warrenv1.CreateRequest{Id: "src", UserNamespace: proto.Bool(false), Labels: map[string]string{"run": "1"}})
+	e.create(&warrenv1.CreateRequest{Id: "src", UserNamespace: proto.Bool(userns), Labels: map[string]string{"run": "1"}})
 	if res := e.sh("src", "echo shared > /root/f"); res.GetExitCode() != 0 {
 		t.Fatalf("write: %v", res)
 	}
@@ -293,11 +313,21 @@ func TestFork(t *testing.T) {
 // back with its interface, its address and its resolver; a fork of it
 // gets an address of its own and a resolv.conf naming its own gateway;
 // nothing of either is left after delete.
-func TestHibernateWithNetwork(t *testing.T) {
+func TestHibernateWithNetwork(t *testing.T) { testHibernateWithNetwork(t, false) }
+
+// TestHibernateWithNetworkUserNS: the same in a user namespace (the default).
+func TestHibernateWithNetworkUserNS(t *testing.T) {
+	if container.UserNSSupported() != nil {
+		t.Skip(container.UserNSSupported())
+	}
+	testHibernateWithNetwork(t, true)
+}
+
+func testHibernateWithNetwork(t *testing.T, userns bool) {
 	requireCRIU(t)
 	e := newEnv(t)
 	ctx := ctxT(t)
-	sb := e.create(&warrenv1.CreateRequest{Id: "net", UserNamespace: proto.Bool(false), Network: &warrenv1.NetworkPolicy{Mode: "open"}})
+	sb := e.create(&warrenv1.CreateRequest{Id: "net", UserNamespace: proto.Bool(userns), Network: &warrenv1.NetworkPolicy{Mode: "open"}})
 	addr := sb.GetNetworkAddress()
 	if addr == "" {
 		t.Fatalf("no address: %v", sb)
@@ -428,5 +458,70 @@ func TestHibernateAfterDaemonRestart(t *testing.T) {
 	}
 	if out := e.sh("old", "echo up").GetStdout(); string(out) != "up\n" {
 		t.Fatalf("after restore: %q", out)
+	}
+}
+
+// TestHibernateWithDiskLimit: a sandbox whose writable layer is on a disk
+// of its own (disk_bytes) hibernates, its layer copied off the disk into
+// the checkpoint, and restores onto a new disk of that size: its counter
+// goes on, its files are there, and the limit holds (a write past it
+// fails inside, nothing else). A fork of it gets a disk of its own too.
+// Delete leaves no disk, mount or loop device.
+func TestHibernateWithDiskLimit(t *testing.T) {
+	requireCRIU(t)
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "dk", UserNamespace: proto.Bool(false), Resources: &warrenv1.Resources{DiskBytes: 64 << 20}})
+	if res := e.sh("dk", "head -c 4194304 /dev/zero > /data && echo kept > /f"); res.GetExitCode() != 0 {
+		t.Fatalf("write: %v", res)
+	}
+	count := counter(t, e, "dk")
+	if _, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "dk"}); err != nil {
+		t.Fatal(err)
+	}
+	if left := sweepLeftovers(e, "dk"); left != "" {
+		t.Fatalf("resources of a hibernated sandbox: %s", left)
+	}
+	saved := readFileInt(t, filepath.Join(e.m.checkpointDir("dk"), "upper", "count"))
+	if _, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "dk"}); err != nil {
+		t.Fatal(err)
+	}
+	if c := count(); c < saved {
+		t.Fatalf("counter %d after the restore, %d saved", c, saved)
+	}
+	if out := e.sh("dk", "cat /f; wc -c < /data").GetStdout(); string(out) != "kept\n4194304\n" {
+		t.Fatalf("files after the restore: %q", out)
+	}
+	// The restored layer is on a 64 MiB disk again: 80 MiB do not fit.
+	res := e.sh("dk", "head -c 83886080 /dev/zero > /big; echo $?; df -k / | tail -1")
+	if out := string(res.GetStdout()); !strings.HasPrefix(out, "1\n") {
+		t.Fatalf("a write past the disk limit after the restore: %q %q", out, res.GetStderr())
+	}
+	e.sh("dk", "rm -f /big")
+
+	fr, err := e.m.Fork(ctx, &warrenv1.ForkRequest{Id: "dk", Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fr.GetSandboxes()[0].GetId()
+	res = e.sh(f, "cat /f; head -c 83886080 /dev/zero > /big; echo $?")
+	if out := string(res.GetStdout()); out != "kept\n1\n" {
+		t.Fatalf("fork of a disk-limited sandbox: %q %q", out, res.GetStderr())
+	}
+	for _, id := range []string{f, "dk"} {
+		if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: id}); err != nil {
+			t.Fatal(err)
+		}
+		if left := sweepLeftovers(e, id); left != "" {
+			t.Fatalf("left after delete of %s: %s", id, left)
+		}
+	}
+	// The disks' mounts hold their loop devices (AUTOCLEAR): none left.
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(mi), filepath.Join(e.opts.StateDir, "sandboxes")) {
+		t.Fatalf("disk mounts left:\n%s", mi)
 	}
 }

@@ -48,7 +48,7 @@ const (
 func (m *Manager) Pause(ctx context.Context, req *warrenv1.PauseRequest) (_ *warrenv1.PauseResponse, err error) {
 	defer m.observe("Pause", &err)
 	start := time.Now()
-	s, v, err := m.live(opPause, req.GetId())
+	s, v, err := m.live(ctx, opPause, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +111,7 @@ func (m *Manager) Pause(ctx context.Context, req *warrenv1.PauseRequest) (_ *war
 func (m *Manager) Resume(ctx context.Context, req *warrenv1.ResumeRequest) (_ *warrenv1.ResumeResponse, err error) {
 	defer m.observe("Resume", &err)
 	start := time.Now()
-	s, v, err := m.live(opResume, req.GetId())
+	s, v, err := m.live(ctx, opResume, req.GetId())
 	if err != nil {
 		return nil, err
 	}

@@ -224,7 +224,7 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 	if req.GetIdempotencyKey() != "" {
 		return nil, errdefs.Invalidf("idempotency_key is not supported by StartProcess")
 	}
-	s, v, err := m.live(opExec, req.GetSandboxId())
+	s, v, err := m.live(ctx, opExec, req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
@@ -520,7 +520,7 @@ func (p *process) awaitExit(rt *runTimer) (*backend.ExitStatus, error) {
 // process finds a background process of a sandbox in a state that permits
 // o (opInspect: any).
 func (m *Manager) process(ctx context.Context, o op, sandboxID, processID string) (*process, error) {
-	s, err := m.lookup(sandboxID)
+	s, err := m.find(ctx, sandboxID)
 	if err != nil {
 		return nil, err
 	}
@@ -542,7 +542,7 @@ func (m *Manager) process(ctx context.Context, o op, sandboxID, processID string
 // ListProcesses lists a sandbox's background processes in start order.
 func (m *Manager) ListProcesses(ctx context.Context, req *warrenv1.ListProcessesRequest) (_ *warrenv1.ListProcessesResponse, err error) {
 	defer m.observe("ListProcesses", &err)
-	s, err := m.lookup(req.GetSandboxId())
+	s, err := m.find(ctx, req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}
@@ -550,6 +550,10 @@ func (m *Manager) ListProcesses(ctx context.Context, req *warrenv1.ListProcesses
 		return nil, err
 	}
 	s.mu.Lock()
+	if s.st == stateHibernated {
+		s.mu.Unlock()
+		return m.hibernatedProcesses(s.id)
+	}
 	procs := make([]*process, 0, len(s.procs))
 	for _, p := range s.procs {
 		procs = append(procs, p)
@@ -758,7 +762,7 @@ func (m *Manager) ResizeProcess(ctx context.Context, req *warrenv1.ResizeProcess
 	if r == 0 || c == 0 || r > maxTermSize || c > maxTermSize {
 		return nil, errdefs.Invalidf("terminal size %dx%d: rows and cols must be 1..%d", r, c, maxTermSize)
 	}
-	if ok, err := m.resizePTYExec(req.GetSandboxId(), req.GetProcessId(), uint16(r), uint16(c)); ok {
+	if ok, err := m.resizePTYExec(ctx, req.GetSandboxId(), req.GetProcessId(), uint16(r), uint16(c)); ok {
 		if err != nil {
 			return nil, err
 		}

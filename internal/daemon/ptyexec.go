@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/warrenrl/warren/internal/backend"
@@ -39,8 +40,8 @@ func (s *sandbox) ptyExec(id string) backend.Resizer {
 
 // resizePTYExec resizes a running PTY exec; ok is false when the sandbox
 // has no running PTY exec of that id (it may be a background process).
-func (m *Manager) resizePTYExec(sandboxID, id string, rows, cols uint16) (ok bool, err error) {
-	s, err := m.lookup(sandboxID)
+func (m *Manager) resizePTYExec(ctx context.Context, sandboxID, id string, rows, cols uint16) (ok bool, err error) {
+	s, err := m.find(ctx, sandboxID)
 	if err != nil {
 		return true, err
 	}

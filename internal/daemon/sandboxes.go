@@ -1,13 +1,11 @@
 package daemon
 
 import (
-	"cmp"
 	"context"
 	"maps"
 	"net/netip"
 	"path"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/listpage"
 	"github.com/warrenrl/warren/internal/metrics"
 	"github.com/warrenrl/warren/internal/store"
 )
@@ -124,6 +123,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Rlimits:         rlimitProtos(p.rlimits),
 		Network:         networkProto(p.network),
 		Parent:          parent,
+		Node:            m.cfg.NodeName,
 	}
 	if hp != nil {
 		info.Harness = &warrenv1.HarnessOptions{MaxChildren: hp.maxChildren}
@@ -151,7 +151,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		return nil, errdefs.Unavailablef("daemon is shutting down")
 	}
 	if p.id == "" {
-		for p.id = newID(); m.sandboxes[p.id] != nil; p.id = newID() {
+		for p.id = m.newID(); m.sandboxes[p.id] != nil; p.id = m.newID() {
 		}
 	} else if m.sandboxes[p.id] != nil {
 		m.mu.Unlock()
@@ -362,7 +362,7 @@ func (m *Manager) forget(s *sandbox) {
 // Get returns one sandbox.
 func (m *Manager) Get(ctx context.Context, req *warrenv1.GetRequest) (_ *warrenv1.Sandbox, err error) {
 	defer m.observe("Get", &err)
-	s, err := m.lookup(req.GetId())
+	s, err := m.find(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -386,14 +386,17 @@ func (m *Manager) List(ctx context.Context, req *warrenv1.ListRequest) (_ *warre
 		if scoped && s.parent != parent {
 			continue // a harness sees its own sandboxes only
 		}
+		if _, moved := m.movedAway(s); moved {
+			continue
+		}
 		s.mu.Lock()
 		if permits(s.st, opInspect) && labelsMatch(s.info.GetLabels(), want) {
 			resp.Sandboxes = append(resp.Sandboxes, cloneSandbox(s.info))
 		}
 		s.mu.Unlock()
 	}
-	sortSandboxes(resp.Sandboxes)
-	return resp, nil
+	listpage.Sort(resp.Sandboxes)
+	return listpage.Cut(resp.Sandboxes, req)
 }
 
 // snapshot returns the sandboxes of the manager at this moment, in no
@@ -422,7 +425,7 @@ func labelsMatch(have, want map[string]string) bool {
 // its creation finished.
 func (m *Manager) Delete(ctx context.Context, req *warrenv1.DeleteRequest) (_ *warrenv1.DeleteResponse, err error) {
 	defer m.observe("Delete", &err)
-	s, err := m.lookup(req.GetId())
+	s, err := m.find(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -512,7 +515,7 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	// A hibernated sandbox's checkpoint (or one a hibernation racing
 	// this delete made): the next daemon removes one left here, since no
 	// record names it.
-	m.discardCheckpoint(s.id)
+	m.dropCheckpoint(s)
 	s.releaseLayers()
 	m.idem.dropSandbox(s.id)
 	m.forget(s)
@@ -617,7 +620,7 @@ func (m *Manager) failedRemove(s *sandbox, sb backend.Sandbox, prev state, err e
 // node default).
 func (m *Manager) ExtendTimeout(ctx context.Context, req *warrenv1.ExtendTimeoutRequest) (_ *warrenv1.Sandbox, err error) {
 	defer m.observe("ExtendTimeout", &err)
-	s, err := m.lookup(req.GetId())
+	s, err := m.find(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -857,6 +860,9 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		st = stateRunning // LOST is never persisted; were it, adopt it again
 	}
 	info.Id, info.State = rec.ID, st
+	if info.Node == "" {
+		info.Node = m.cfg.NodeName // made before the node had a name
+	}
 	s := &sandbox{
 		id:           rec.ID,
 		backendName:  rec.Backend,
@@ -923,7 +929,13 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		return false
 	case st == stateHibernated:
 		// Nothing of it runs; its layers are held for the restore, and
-		// its processes' records come back from the agent then.
+		// its processes' records come back from the agent then. What its
+		// checkpoint holds in the backend (its id range) is held again.
+		if h, ok := s.b.(backend.CheckpointHolder); ok && m.ownsCheckpoint(s.id) {
+			if err := h.HoldCheckpoint(m.checkpointDir(s.id)); err != nil {
+				log.Warn("hold the checkpoint's resources", "err", err)
+			}
+		}
 		s.release = m.holdLayers(ctx, s)
 		s.procsOnResume = true
 		add()
@@ -1122,16 +1134,6 @@ func (m *Manager) count(st warrenv1.SandboxState) int {
 		s.mu.Unlock()
 	}
 	return n
-}
-
-// sortSandboxes orders sandboxes by creation time, then id.
-func sortSandboxes(sbs []*warrenv1.Sandbox) {
-	slices.SortFunc(sbs, func(a, b *warrenv1.Sandbox) int {
-		if c := cmp.Compare(a.GetCreatedAtUnixMs(), b.GetCreatedAtUnixMs()); c != 0 {
-			return c
-		}
-		return strings.Compare(a.GetId(), b.GetId())
-	})
 }
 
 // etcFilesOf is the /etc files a sandbox gets over its image's, none with

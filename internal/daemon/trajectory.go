@@ -320,7 +320,7 @@ func (m *Manager) ReadTrajectory(ctx context.Context, req *warrenv1.ReadTrajecto
 			return nil, errdefs.Invalidf("bad page_token %q", tok)
 		}
 	}
-	s, err := m.lookup(req.GetSandboxId())
+	s, err := m.find(ctx, req.GetSandboxId())
 	if err != nil {
 		return nil, err
 	}

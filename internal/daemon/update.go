@@ -101,7 +101,7 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 			return nil, err
 		}
 	}
-	s, err := m.lookup(req.GetId())
+	s, err := m.find(ctx, req.GetId())
 	if err != nil {
 		return nil, err
 	}

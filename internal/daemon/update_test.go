@@ -218,7 +218,7 @@ func TestUpdateConflictUnlessRunning(t *testing.T) {
 
 // sandboxStats reads a running sandbox's counters from its backend.
 func (m *Manager) sandboxStats(id string) (backend.Stats, error) {
-	_, v, err := m.live(opExec, id)
+	_, v, err := m.live(context.Background(), opExec, id)
 	if err != nil {
 		return backend.Stats{}, err
 	}

@@ -49,6 +49,10 @@ func ValidID(id string) bool { return idRE.MatchString(id) }
 
 var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
+// newID returns a random sandbox id: the node's tag (in a cluster)
+// followed by 12 characters from [a-z2-7] (60 bits).
+func (m *Manager) newID() string { return m.cfg.NodeTag + newID() }
+
 // newID returns a random sandbox id of 12 characters from [a-z2-7]
 // (60 bits).
 func newID() string {
@@ -87,6 +91,9 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 		user:     req.GetUser(),
 		labels:   req.GetLabels(),
 		layers:   req.GetLayers(),
+	}
+	if n := req.GetNode(); n != "" && n != m.cfg.NodeName {
+		return p, errdefs.Invalidf("create asks for node %q: this is node %q", n, m.cfg.NodeName)
 	}
 	if p.id != "" && !ValidID(p.id) {
 		return p, errdefs.Invalidf("invalid sandbox id %q: want [a-z0-9][a-z0-9_.-]{0,62}", p.id)

@@ -27,6 +27,8 @@ func (m *Manager) Version(ctx context.Context, req *warrenv1.VersionRequest) (_ 
 		Backends:   m.backendNames(),
 		CgroupMode: CgroupMode(),
 		Gpus:       m.nodeGPUs(),
+		Node:       m.cfg.NodeName,
+		NodeTag:    m.cfg.NodeTag,
 	}, nil
 }
 

@@ -36,6 +36,7 @@ const (
 	ReasonUser    = "user"    // deleted by a Delete call while alive
 	ReasonTimeout = "timeout" // its lifetime passed
 	ReasonDead    = "dead"    // its init exited on its own
+	ReasonMoved   = "moved"   // hibernated here and restored on another node
 )
 
 // Metrics are the daemon's collectors. Every method is safe on a nil
@@ -197,7 +198,7 @@ func New(ops ...string) *Metrics {
 	for _, s := range States {
 		m.Sandboxes.WithLabelValues(s)
 	}
-	for _, r := range []string{ReasonUser, ReasonTimeout, ReasonDead} {
+	for _, r := range []string{ReasonUser, ReasonTimeout, ReasonDead, ReasonMoved} {
 		m.Deleted.WithLabelValues(r)
 	}
 	m.InitOps(ops...)

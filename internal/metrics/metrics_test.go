@@ -29,7 +29,7 @@ func TestPreinitialised(t *testing.T) {
 	if n := count(m.Sandboxes); n != len(States) {
 		t.Fatalf("%d state series", n)
 	}
-	if n := count(m.Deleted); n != 3 {
+	if n := count(m.Deleted); n != 4 { // user, timeout, dead, moved
 		t.Fatalf("%d reason series", n)
 	}
 }

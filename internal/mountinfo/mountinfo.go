@@ -19,6 +19,9 @@ type Mount struct {
 	// MountOptions are the mount's own flags (ro, nosuid, nodev, ...).
 	Root         string
 	MountOptions []string
+	// Dev is the filesystem's device, "major:minor" as the table
+	// writes it (what stat's st_dev of a path on it says).
+	Dev string
 }
 
 // Read parses /proc/self/mountinfo.
@@ -83,7 +86,7 @@ func Parse(text string) []Mount {
 		if len(f) < 5 || len(p) < 1 {
 			continue
 		}
-		m := Mount{Point: Unescape(f[4]), FSType: p[0], Root: Unescape(f[3])}
+		m := Mount{Point: Unescape(f[4]), FSType: p[0], Root: Unescape(f[3]), Dev: f[2]}
 		if len(f) > 5 {
 			m.MountOptions = strings.Split(f[5], ",")
 		}

@@ -287,6 +287,14 @@ func (f *fakeManager) VerifyImage(context.Context, *warrenv1.VerifyImageRequest)
 	return &warrenv1.VerifyImageResponse{Layers: []*warrenv1.LayerVerification{{Digest: "sha256:a", Ok: true}, {Digest: "sha256:b", Error: "corrupt"}}}, nil
 }
 
+func (f *fakeManager) BatchCreate(context.Context, *warrenv1.BatchCreateRequest) (*warrenv1.BatchCreateResponse, error) {
+	return nil, errdefs.New(errdefs.Unsupported, "not in the fake")
+}
+
+func (f *fakeManager) NodeStatus(context.Context, *warrenv1.NodeStatusRequest) (*warrenv1.NodeStatusResponse, error) {
+	return &warrenv1.NodeStatusResponse{}, nil
+}
+
 func (f *fakeManager) Version(context.Context, *warrenv1.VersionRequest) (*warrenv1.VersionResponse, error) {
 	return &warrenv1.VersionResponse{Version: "test", Backends: []string{"container"}}, nil
 }
@@ -335,6 +343,10 @@ func (f *fakeManager) ResumeByLabel(_ context.Context, r *warrenv1.ResumeByLabel
 }
 
 func (f *fakeManager) Hibernate(_ context.Context, r *warrenv1.HibernateRequest) (*warrenv1.HibernateResponse, error) {
+	return nil, errdefs.Unsupportedf("fake")
+}
+
+func (f *fakeManager) Restore(_ context.Context, r *warrenv1.RestoreRequest) (*warrenv1.ResumeResponse, error) {
 	return nil, errdefs.Unsupportedf("fake")
 }
 

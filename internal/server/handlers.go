@@ -44,10 +44,12 @@ type Manager interface {
 	PauseByLabel(ctx context.Context, req *warrenv1.PauseByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	Hibernate(context.Context, *warrenv1.HibernateRequest) (*warrenv1.HibernateResponse, error)
 	Fork(context.Context, *warrenv1.ForkRequest) (*warrenv1.ForkResponse, error)
+	Restore(context.Context, *warrenv1.RestoreRequest) (*warrenv1.ResumeResponse, error)
 	HibernateByLabel(ctx context.Context, req *warrenv1.HibernateByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	ResumeByLabel(ctx context.Context, req *warrenv1.ResumeByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	Run(context.Context, *warrenv1.RunRequest) (*warrenv1.RunResult, error)
 	RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, send func(*warrenv1.RunBatchItem) error) error
+	BatchCreate(context.Context, *warrenv1.BatchCreateRequest) (*warrenv1.BatchCreateResponse, error)
 	TarOut(ctx context.Context, id, path string, w io.Writer) error
 	TarIn(ctx context.Context, id, path string, r io.Reader) error
 
@@ -65,6 +67,7 @@ type Manager interface {
 	VerifyImage(context.Context, *warrenv1.VerifyImageRequest) (*warrenv1.VerifyImageResponse, error)
 
 	Version(context.Context, *warrenv1.VersionRequest) (*warrenv1.VersionResponse, error)
+	NodeStatus(context.Context, *warrenv1.NodeStatusRequest) (*warrenv1.NodeStatusResponse, error)
 }
 
 // unary adapts a Manager method to a connect unary handler body.
@@ -214,6 +217,10 @@ func (s sandboxService) Fork(ctx context.Context, r *connect.Request[warrenv1.Fo
 	return unary(ctx, r, s.m.Fork)
 }
 
+func (s sandboxService) Restore(ctx context.Context, r *connect.Request[warrenv1.RestoreRequest]) (*connect.Response[warrenv1.ResumeResponse], error) {
+	return unary(ctx, r, s.m.Restore)
+}
+
 func (s sandboxService) HibernateByLabel(ctx context.Context, r *connect.Request[warrenv1.HibernateByLabelRequest], st *connect.ServerStream[warrenv1.ByLabelEvent]) error {
 	return ToConnectError(s.m.HibernateByLabel(ctx, r.Msg, st.Send))
 }
@@ -271,6 +278,14 @@ func (s imageService) VerifyImage(ctx context.Context, r *connect.Request[warren
 
 // systemService implements warrenv1connect.SystemServiceHandler.
 type systemService struct{ m Manager }
+
+func (s sandboxService) BatchCreate(ctx context.Context, r *connect.Request[warrenv1.BatchCreateRequest]) (*connect.Response[warrenv1.BatchCreateResponse], error) {
+	return unary(ctx, r, s.m.BatchCreate)
+}
+
+func (s systemService) NodeStatus(ctx context.Context, r *connect.Request[warrenv1.NodeStatusRequest]) (*connect.Response[warrenv1.NodeStatusResponse], error) {
+	return unary(ctx, r, s.m.NodeStatus)
+}
 
 func (s systemService) Version(ctx context.Context, r *connect.Request[warrenv1.VersionRequest]) (*connect.Response[warrenv1.VersionResponse], error) {
 	return unary(ctx, r, s.m.Version)

@@ -64,7 +64,10 @@ var (
 		warrenv1connect.SandboxServiceHibernateProcedure:     byID,
 		// Forks of a child are the harness's children too, within its
 		// cap (daemon/fork.go).
-		warrenv1connect.SandboxServiceForkProcedure:              byID,
+		warrenv1connect.SandboxServiceForkProcedure: byID,
+		// Of its own children only: one of another node is no child of
+		// this harness.
+		warrenv1connect.SandboxServiceRestoreProcedure:           byID,
 		warrenv1connect.SandboxServiceExecProcedure:              bySandbox,
 		warrenv1connect.SandboxServiceExecStreamProcedure:        bySandbox,
 		warrenv1connect.SandboxServiceStartProcessProcedure:      bySandbox,
@@ -93,6 +96,10 @@ var (
 		// Node-wide pools outside any sandbox of the harness.
 		warrenv1connect.SandboxServiceRunProcedure:      {access: deny},
 		warrenv1connect.SandboxServiceRunBatchProcedure: {access: deny},
+		// Its sandboxes would be the harness's children, each checked
+		// as a create is: not worth a second path; a harness creates
+		// one at a time.
+		warrenv1connect.SandboxServiceBatchCreateProcedure: {access: deny},
 
 		// The image store is the node's.
 		warrenv1connect.ImageServiceListImagesProcedure:  {access: deny},
@@ -107,6 +114,8 @@ var (
 		warrenv1connect.ImageServiceVerifyImageProcedure: {access: deny},
 
 		warrenv1connect.SystemServiceVersionProcedure: {access: anyone},
+		// The node's capacity and its sandboxes' labels: node-level.
+		warrenv1connect.SystemServiceNodeStatusProcedure: {access: deny},
 	}
 )
 

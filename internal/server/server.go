@@ -103,6 +103,10 @@ func (s *Server) Listen() error {
 	return nil
 }
 
+// SetMetrics sets the /metrics handler after New (before Serve): a
+// gateway's metrics read the gateway, made after the listeners.
+func (s *Server) SetMetrics(h http.Handler) { s.cfg.Metrics = h }
+
 // Addrs returns the addresses being listened on (after Listen).
 func (s *Server) Addrs() []net.Addr {
 	var out []net.Addr

@@ -51,6 +51,7 @@ type env struct {
 	extra    []string   // extra flags of `warren serve`
 	files    []*os.File // fds the daemon inherits from 3 on
 	environ  []string   // added to the daemon's environment
+	netns    *os.File   // the daemon's network namespace (nil: the test's)
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -81,6 +82,12 @@ type envOptions struct {
 	// environ is added to the daemon's environment ("K=V"), which is
 	// otherwise the test's.
 	environ []string
+	// netns, when set, is the network namespace the daemon runs in (a
+	// test host's, entered with nsenter).
+	netns *os.File
+	// noImport skips importing the busybox image (a node of a shared
+	// image store another node imported it into).
+	noImport bool
 }
 
 // newEnv starts a daemon with private directories and a unique cgroup
@@ -115,6 +122,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		extra:    o.serveArgs,
 		files:    o.inherit,
 		environ:  o.environ,
+		netns:    o.netns,
 	}
 	e.subnet = netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 150+os.Getpid()%50, envSeq.Load()%256))
 	if e.net, err = netpolicy.New(netpolicy.Options{Name: e.parent, Subnet: e.subnet}); err != nil {
@@ -126,9 +134,11 @@ func newEnv(t *testing.T, o envOptions) *env {
 	}
 	e.start()
 	t.Cleanup(e.cleanup)
-	ctx := ctxFor(t, 60*time.Second)
-	if _, err := e.c.ImportImage(ctx, imageName, testutil.BusyboxRoot(t)); err != nil {
-		t.Fatalf("import busybox image: %v", err)
+	if !o.noImport {
+		ctx := ctxFor(t, 60*time.Second)
+		if _, err := e.c.ImportImage(ctx, imageName, testutil.BusyboxRoot(t)); err != nil {
+			t.Fatalf("import busybox image: %v", err)
+		}
 	}
 	e.baseline = e.resources()
 	return e
@@ -164,8 +174,15 @@ func (e *env) start() {
 	}
 	fmt.Fprintf(logf, "=== e2e: starting daemon at %s\n", time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(e.bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.ExtraFiles = e.files
+	if e.netns != nil {
+		// nsenter enters the namespace (its fd follows the daemon's
+		// inherited ones) and execs the daemon there.
+		fd := 3 + len(e.files)
+		cmd = exec.Command("nsenter", append([]string{fmt.Sprintf("--net=/proc/self/fd/%d", fd), "--", e.bin}, args...)...)
+		cmd.ExtraFiles = append(slices.Clone(e.files), e.netns)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
 	if len(e.environ) > 0 {
 		cmd.Env = append(os.Environ(), e.environ...)
 	}

@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 )
 
@@ -26,7 +28,7 @@ func TestHibernateAcrossKill9AndFork(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOptions{})
 	ctx := ctxFor(t, 3*time.Minute)
-	e.create(&warrenv1.CreateRequest{Id: "hb", UserNamespace: proto.Bool(false)})
+	e.create(&warrenv1.CreateRequest{Id: "hb"}) // in a user namespace, the default
 	e.shOK("hb", "echo kept > /root/f")
 	if _, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "hb",
 		Shell: "i=0; while :; do i=$((i+1)); echo $i > /count.tmp; mv /count.tmp /count; sleep 0.01; done"}); err != nil {
@@ -106,4 +108,132 @@ func TestHibernateAcrossKill9AndFork(t *testing.T) {
 		}
 	}
 	e.expectBaseline("hibernated and forked sandboxes deleted")
+}
+
+// TestRestoreOnAnotherNode: two nodes share an image store and a
+// checkpoint directory (a filesystem of its own, so that writable layers
+// are copied to it and back, not renamed). A sandbox hibernated on node a
+// is restored on node b through the CLI: its counter goes on from the
+// saved value, its files and trajectory log come with it, and node a
+// forgets it (NotFound naming b, also after a restart). A checkpoint of
+// one node's sandbox is not another's to overwrite. Deleting leaves
+// nothing on either node or in the shared directory.
+func TestRestoreOnAnotherNode(t *testing.T) {
+	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
+		t.Skipf("no CRIU >= 4 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+	}
+	t.Parallel()
+	shared := t.TempDir()
+	ck := filepath.Join(shared, "checkpoints")
+	if err := os.Mkdir(ck, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", ck, "tmpfs", 0, "size=1g,mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(ck, unix.MNT_DETACH) })
+	args := func(node string) []string {
+		return []string{"--image-store", filepath.Join(shared, "images"), "--checkpoint-dir", ck, "--node-name", node}
+	}
+	a := newEnv(t, envOptions{serveArgs: args("a")})
+	b := newEnv(t, envOptions{serveArgs: args("b")})
+	ctx := ctxFor(t, 3*time.Minute)
+
+	a.create(&warrenv1.CreateRequest{Id: "mv", Labels: map[string]string{"run": "x"}}) // in a user namespace, the default
+	if _, err := a.c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "mv", SessionId: "agent", Seq: 1, Shell: "echo step >> /root/log"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "mv",
+		Shell: "i=0; while :; do i=$((i+1)); echo $i > /count.tmp; mv /count.tmp /count; sleep 0.01; done"}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitCount("mv", 5)
+	if _, err := a.c.Hibernate(ctx, "mv"); err != nil {
+		t.Fatal(err)
+	}
+	a.expectNoResources("mv", "hibernated")
+	saved, _ := strconv.Atoi(strings.TrimSpace(readFile(t, filepath.Join(ck, "mv", "upper", "count"))))
+
+	out, errOut, code := b.cli(nil, "sandbox", "restore", "mv")
+	if code != 0 || !strings.Contains(out, "mv restored") {
+		t.Fatalf("cli restore on node b: %d %q %q", code, out, errOut)
+	}
+	if c := b.counterOf("mv"); c < saved || c > saved+100 {
+		t.Fatalf("counter %d on node b, %d saved: restarted or lost", c, saved)
+	}
+	b.waitCount("mv", saved+5)
+	if got := b.shOK("mv", "cat /root/log"); got != "step\n" {
+		t.Fatalf("file on node b: %q", got)
+	}
+	// The recorded step replays on b from the log that came along: its
+	// command is not run again.
+	res, err := b.c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "mv", SessionId: "agent", Seq: 1, Shell: "echo step >> /root/log"})
+	if err != nil || !res.GetReplayed() {
+		t.Fatalf("replay of seq 1 on node b: replayed=%v err=%v", res.GetReplayed(), err)
+	}
+	if got := b.shOK("mv", "cat /root/log"); got != "step\n" {
+		t.Fatalf("the replayed step ran again: %q", got)
+	}
+	if sb, err := b.c.Get(ctx, "mv"); err != nil || sb.GetLabels()["run"] != "x" || sb.GetState() != stateRunning {
+		t.Fatalf("on node b: %v %v", sb, err)
+	}
+
+	// Node a forgot it, and does not bring it back at a restart.
+	if _, err := a.c.Get(ctx, "mv"); !client.IsNotFound(err) || !strings.Contains(err.Error(), "node b") {
+		t.Fatalf("node a after the move: %v", err)
+	}
+	if err := a.stop(); err != nil {
+		t.Fatal(err)
+	}
+	a.start()
+	if sbs, err := a.c.List(ctx, nil); err != nil || len(sbs) != 0 {
+		t.Fatalf("node a lists %d sandboxes after a restart: %v", len(sbs), err)
+	}
+
+	// One node's checkpoint is not another's to overwrite (ids are the
+	// caller's to choose), and a restore of what is not there is
+	// NotFound.
+	a.create(&warrenv1.CreateRequest{Id: "dup", UserNamespace: proto.Bool(false)})
+	b.create(&warrenv1.CreateRequest{Id: "dup", UserNamespace: proto.Bool(false)})
+	if _, err := b.c.Hibernate(ctx, "dup"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.c.Hibernate(ctx, "dup"); !client.IsConflict(err) {
+		t.Fatalf("hibernate over another node's checkpoint: %v", err)
+	}
+	a.shOK("dup", "true") // still running
+	if _, err := a.c.Restore(ctx, "none"); !client.IsNotFound(err) {
+		t.Fatalf("restore of no checkpoint: %v", err)
+	}
+
+	for _, e := range []*env{a, b} {
+		for _, id := range []string{"mv", "dup"} {
+			if err := e.c.Delete(ctx, id); err != nil && !client.IsNotFound(err) {
+				t.Fatal(err)
+			}
+		}
+	}
+	a.expectNoResources("dup", "deleted")
+	b.expectNoResources("mv", "deleted")
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ents, _ := os.ReadDir(ck)
+		tombs, _ := os.ReadDir(filepath.Join(ck, ".moved"))
+		if len(ents) == 0 || len(ents) == 1 && ents[0].Name() == ".moved" && len(tombs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("left in the shared checkpoint directory: %v", ents)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -314,7 +314,13 @@ type CreateRequest struct {
 	// else of the node is refused (PermissionDenied). Deleting the harness,
 	// or its death, deletes its children. docs/SECURITY.md, "Harness
 	// sandboxes". A harness cannot create another harness.
-	Harness       *HarnessOptions `protobuf:"bytes,26,opt,name=harness,proto3" json:"harness,omitempty"`
+	Harness *HarnessOptions `protobuf:"bytes,26,opt,name=harness,proto3" json:"harness,omitempty"`
+	// Through a gateway: run it on this node (by name), or fail; "" lets
+	// the gateway place it. A node refuses a name other than its own.
+	Node string `protobuf:"bytes,29,opt,name=node,proto3" json:"node,omitempty"`
+	// Through a gateway: label keys whose values this sandbox should not
+	// share a node with (spread a rollout's replicas). Nodes ignore it.
+	AntiAffinity  []string `protobuf:"bytes,30,rep,name=anti_affinity,json=antiAffinity,proto3" json:"anti_affinity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -471,6 +477,20 @@ func (x *CreateRequest) GetUserNamespace() bool {
 func (x *CreateRequest) GetHarness() *HarnessOptions {
 	if x != nil {
 		return x.Harness
+	}
+	return nil
+}
+
+func (x *CreateRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *CreateRequest) GetAntiAffinity() []string {
+	if x != nil {
+		return x.AntiAffinity
 	}
 	return nil
 }
@@ -786,7 +806,10 @@ type Sandbox struct {
 	Harness *HarnessOptions `protobuf:"bytes,37,opt,name=harness,proto3" json:"harness,omitempty"`
 	// The harness that created this sandbox through its route ("" for a
 	// sandbox the node's API created). Fixed at create.
-	Parent        string `protobuf:"bytes,38,opt,name=parent,proto3" json:"parent,omitempty"`
+	Parent string `protobuf:"bytes,38,opt,name=parent,proto3" json:"parent,omitempty"`
+	// The node that runs it (`warren serve --node-name`, by default the
+	// node's hostname).
+	Node          string `protobuf:"bytes,46,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1024,6 +1047,13 @@ func (x *Sandbox) GetParent() string {
 	return ""
 }
 
+func (x *Sandbox) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 type GetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1069,8 +1099,13 @@ func (x *GetRequest) GetId() string {
 }
 
 type ListRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Labels        map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Labels map[string]string      `protobuf:"bytes,1,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // all labels must match
+	// At most this many sandboxes per response (0: all). The order is by
+	// creation time, then id, on a node and through a gateway alike.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous response; "" for the first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1112,9 +1147,25 @@ func (x *ListRequest) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *ListRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	// Set when page_size cut the list: pass it as page_token for the rest.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1154,6 +1205,13 @@ func (x *ListResponse) GetSandboxes() []*Sandbox {
 		return x.Sandboxes
 	}
 	return nil
+}
+
+func (x *ListResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type DeleteRequest struct {
@@ -4910,7 +4968,11 @@ type VersionResponse struct {
 	CgroupMode string                 `protobuf:"bytes,4,opt,name=cgroup_mode,json=cgroupMode,proto3" json:"cgroup_mode,omitempty"` // "v1", "v2" or "hybrid"
 	// The node's GPUs, which jobs of the fncall backend can ask for
 	// (RunGpus), and the jobs on each now. Empty: none.
-	Gpus          []*NodeGpu `protobuf:"bytes,5,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	Gpus []*NodeGpu `protobuf:"bytes,5,rep,name=gpus,proto3" json:"gpus,omitempty"`
+	// The node's name and the tag that starts the ids of its sandboxes
+	// ("" outside a cluster); "gateway" for a gateway.
+	Node          string `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
+	NodeTag       string `protobuf:"bytes,8,opt,name=node_tag,json=nodeTag,proto3" json:"node_tag,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4978,6 +5040,20 @@ func (x *VersionResponse) GetGpus() []*NodeGpu {
 		return x.Gpus
 	}
 	return nil
+}
+
+func (x *VersionResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *VersionResponse) GetNodeTag() string {
+	if x != nil {
+		return x.NodeTag
+	}
+	return ""
 }
 
 type NodeGpu struct {
@@ -6105,6 +6181,50 @@ func (x *HibernateRequest) GetId() string {
 	return ""
 }
 
+type RestoreRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreRequest) Reset() {
+	*x = RestoreRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreRequest) ProtoMessage() {}
+
+func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
+func (*RestoreRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *RestoreRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
 type HibernateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
@@ -6118,7 +6238,7 @@ type HibernateResponse struct {
 
 func (x *HibernateResponse) Reset() {
 	*x = HibernateResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6130,7 +6250,7 @@ func (x *HibernateResponse) String() string {
 func (*HibernateResponse) ProtoMessage() {}
 
 func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6143,7 +6263,7 @@ func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
 func (*HibernateResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *HibernateResponse) GetSandbox() *Sandbox {
@@ -6193,7 +6313,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6205,7 +6325,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6218,7 +6338,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -6262,7 +6382,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6274,7 +6394,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6287,7 +6407,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ForkResponse) GetSandboxes() []*Sandbox {
@@ -6335,7 +6455,7 @@ type HibernateByLabelRequest struct {
 
 func (x *HibernateByLabelRequest) Reset() {
 	*x = HibernateByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6347,7 +6467,7 @@ func (x *HibernateByLabelRequest) String() string {
 func (*HibernateByLabelRequest) ProtoMessage() {}
 
 func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6360,7 +6480,7 @@ func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateByLabelRequest.ProtoReflect.Descriptor instead.
 func (*HibernateByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *HibernateByLabelRequest) GetLabels() map[string]string {
@@ -6388,7 +6508,7 @@ type PauseByLabelRequest struct {
 
 func (x *PauseByLabelRequest) Reset() {
 	*x = PauseByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6400,7 +6520,7 @@ func (x *PauseByLabelRequest) String() string {
 func (*PauseByLabelRequest) ProtoMessage() {}
 
 func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6413,7 +6533,7 @@ func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
 func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *PauseByLabelRequest) GetLabels() map[string]string {
@@ -6447,7 +6567,7 @@ type ResumeByLabelRequest struct {
 
 func (x *ResumeByLabelRequest) Reset() {
 	*x = ResumeByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6459,7 +6579,7 @@ func (x *ResumeByLabelRequest) String() string {
 func (*ResumeByLabelRequest) ProtoMessage() {}
 
 func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6472,7 +6592,7 @@ func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
 func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ResumeByLabelRequest) GetLabels() map[string]string {
@@ -6510,7 +6630,7 @@ type ByLabelEvent struct {
 
 func (x *ByLabelEvent) Reset() {
 	*x = ByLabelEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6522,7 +6642,7 @@ func (x *ByLabelEvent) String() string {
 func (*ByLabelEvent) ProtoMessage() {}
 
 func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6535,7 +6655,7 @@ func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
 func (*ByLabelEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ByLabelEvent) GetSandboxId() string {
@@ -6620,7 +6740,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6632,7 +6752,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6645,7 +6765,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *RunRequest) GetImage() string {
@@ -6692,7 +6812,7 @@ type RunGpus struct {
 
 func (x *RunGpus) Reset() {
 	*x = RunGpus{}
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6704,7 +6824,7 @@ func (x *RunGpus) String() string {
 func (*RunGpus) ProtoMessage() {}
 
 func (x *RunGpus) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6717,7 +6837,7 @@ func (x *RunGpus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunGpus.ProtoReflect.Descriptor instead.
 func (*RunGpus) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RunGpus) GetCount() int32 {
@@ -6754,7 +6874,7 @@ type RunStep struct {
 
 func (x *RunStep) Reset() {
 	*x = RunStep{}
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6766,7 +6886,7 @@ func (x *RunStep) String() string {
 func (*RunStep) ProtoMessage() {}
 
 func (x *RunStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6779,7 +6899,7 @@ func (x *RunStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
 func (*RunStep) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RunStep) GetArgv() []string {
@@ -6846,7 +6966,7 @@ type RunFile struct {
 
 func (x *RunFile) Reset() {
 	*x = RunFile{}
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6858,7 +6978,7 @@ func (x *RunFile) String() string {
 func (*RunFile) ProtoMessage() {}
 
 func (x *RunFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6871,7 +6991,7 @@ func (x *RunFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
 func (*RunFile) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RunFile) GetName() string {
@@ -6934,7 +7054,7 @@ type RunLimits struct {
 
 func (x *RunLimits) Reset() {
 	*x = RunLimits{}
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6946,7 +7066,7 @@ func (x *RunLimits) String() string {
 func (*RunLimits) ProtoMessage() {}
 
 func (x *RunLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6959,7 +7079,7 @@ func (x *RunLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
 func (*RunLimits) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RunLimits) GetCpuMs() int64 {
@@ -7045,7 +7165,7 @@ type RunStepResult struct {
 
 func (x *RunStepResult) Reset() {
 	*x = RunStepResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7057,7 +7177,7 @@ func (x *RunStepResult) String() string {
 func (*RunStepResult) ProtoMessage() {}
 
 func (x *RunStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7070,7 +7190,7 @@ func (x *RunStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
 func (*RunStepResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RunStepResult) GetStatus() RunStatus {
@@ -7168,7 +7288,7 @@ type RunFileResult struct {
 
 func (x *RunFileResult) Reset() {
 	*x = RunFileResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7180,7 +7300,7 @@ func (x *RunFileResult) String() string {
 func (*RunFileResult) ProtoMessage() {}
 
 func (x *RunFileResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7193,7 +7313,7 @@ func (x *RunFileResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
 func (*RunFileResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RunFileResult) GetName() string {
@@ -7229,7 +7349,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7241,7 +7361,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7254,7 +7374,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RunResult) GetSteps() []*RunStepResult {
@@ -7283,7 +7403,7 @@ type RunBatchRequest struct {
 
 func (x *RunBatchRequest) Reset() {
 	*x = RunBatchRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[96]
+	mi := &file_warren_v1_warren_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7295,7 +7415,7 @@ func (x *RunBatchRequest) String() string {
 func (*RunBatchRequest) ProtoMessage() {}
 
 func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[96]
+	mi := &file_warren_v1_warren_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7308,7 +7428,7 @@ func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RunBatchRequest) GetImage() string {
@@ -7349,7 +7469,7 @@ type RunJob struct {
 
 func (x *RunJob) Reset() {
 	*x = RunJob{}
-	mi := &file_warren_v1_warren_proto_msgTypes[97]
+	mi := &file_warren_v1_warren_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7361,7 +7481,7 @@ func (x *RunJob) String() string {
 func (*RunJob) ProtoMessage() {}
 
 func (x *RunJob) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[97]
+	mi := &file_warren_v1_warren_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7374,7 +7494,7 @@ func (x *RunJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
 func (*RunJob) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{97}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RunJob) GetSteps() []*RunStep {
@@ -7403,7 +7523,7 @@ type RunBatchItem struct {
 
 func (x *RunBatchItem) Reset() {
 	*x = RunBatchItem{}
-	mi := &file_warren_v1_warren_proto_msgTypes[98]
+	mi := &file_warren_v1_warren_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7415,7 +7535,7 @@ func (x *RunBatchItem) String() string {
 func (*RunBatchItem) ProtoMessage() {}
 
 func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[98]
+	mi := &file_warren_v1_warren_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7428,7 +7548,7 @@ func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
 func (*RunBatchItem) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{98}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *RunBatchItem) GetIndex() int32 {
@@ -7459,6 +7579,338 @@ func (x *RunBatchItem) GetErrorCategory() string {
 	return ""
 }
 
+type BatchCreateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Template      *CreateRequest         `protobuf:"bytes,1,opt,name=template,proto3" json:"template,omitempty"` // its id must be empty: each gets its own
+	Count         int32                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`      // 1..1000
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCreateRequest) Reset() {
+	*x = BatchCreateRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[100]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCreateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCreateRequest) ProtoMessage() {}
+
+func (x *BatchCreateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[100]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCreateRequest.ProtoReflect.Descriptor instead.
+func (*BatchCreateRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{100}
+}
+
+func (x *BatchCreateRequest) GetTemplate() *CreateRequest {
+	if x != nil {
+		return x.Template
+	}
+	return nil
+}
+
+func (x *BatchCreateRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type BatchCreateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	Errors        []string               `protobuf:"bytes,2,rep,name=errors,proto3" json:"errors,omitempty"` // one per sandbox that was not made
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCreateResponse) Reset() {
+	*x = BatchCreateResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[101]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCreateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCreateResponse) ProtoMessage() {}
+
+func (x *BatchCreateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[101]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCreateResponse.ProtoReflect.Descriptor instead.
+func (*BatchCreateResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{101}
+}
+
+func (x *BatchCreateResponse) GetSandboxes() []*Sandbox {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
+func (x *BatchCreateResponse) GetErrors() []string {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
+}
+
+type NodeStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeStatusRequest) Reset() {
+	*x = NodeStatusRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[102]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeStatusRequest) ProtoMessage() {}
+
+func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[102]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeStatusRequest.ProtoReflect.Descriptor instead.
+func (*NodeStatusRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{102}
+}
+
+type NodeStatus struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Name             string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Tag              string                 `protobuf:"bytes,2,opt,name=tag,proto3" json:"tag,omitempty"`                               // the prefix of its sandboxes' ids
+	Address          string                 `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`                       // its API address, as the gateway reaches it
+	Up               bool                   `protobuf:"varint,4,opt,name=up,proto3" json:"up,omitempty"`                                // as a gateway sees it
+	CpuMillis        int64                  `protobuf:"varint,5,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"` // capacity
+	MemoryBytes      int64                  `protobuf:"varint,6,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	MaxSandboxes     int32                  `protobuf:"varint,7,opt,name=max_sandboxes,json=maxSandboxes,proto3" json:"max_sandboxes,omitempty"`         // 0: no cap
+	AllocCpuMillis   int64                  `protobuf:"varint,8,opt,name=alloc_cpu_millis,json=allocCpuMillis,proto3" json:"alloc_cpu_millis,omitempty"` // what its live sandboxes asked for
+	AllocMemoryBytes int64                  `protobuf:"varint,9,opt,name=alloc_memory_bytes,json=allocMemoryBytes,proto3" json:"alloc_memory_bytes,omitempty"`
+	Sandboxes        int32                  `protobuf:"varint,10,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`                                                                                                  // live (not stopped) sandboxes
+	Load             float64                `protobuf:"fixed64,11,opt,name=load,proto3" json:"load,omitempty"`                                                                                                           // 1-minute load average per CPU
+	Layers           []string               `protobuf:"bytes,12,rep,name=layers,proto3" json:"layers,omitempty"`                                                                                                         // digests of the layers mounted now
+	Qos              map[string]int32       `protobuf:"bytes,13,rep,name=qos,proto3" json:"qos,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`                                    // live sandboxes per QoS class
+	LabelCounts      map[string]int32       `protobuf:"bytes,14,rep,name=label_counts,json=labelCounts,proto3" json:"label_counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"` // live sandboxes per "key=value"
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *NodeStatus) Reset() {
+	*x = NodeStatus{}
+	mi := &file_warren_v1_warren_proto_msgTypes[103]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeStatus) ProtoMessage() {}
+
+func (x *NodeStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[103]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
+func (*NodeStatus) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{103}
+}
+
+func (x *NodeStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetTag() string {
+	if x != nil {
+		return x.Tag
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetUp() bool {
+	if x != nil {
+		return x.Up
+	}
+	return false
+}
+
+func (x *NodeStatus) GetCpuMillis() int64 {
+	if x != nil {
+		return x.CpuMillis
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetMaxSandboxes() int32 {
+	if x != nil {
+		return x.MaxSandboxes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetAllocCpuMillis() int64 {
+	if x != nil {
+		return x.AllocCpuMillis
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetAllocMemoryBytes() int64 {
+	if x != nil {
+		return x.AllocMemoryBytes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetSandboxes() int32 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetLoad() float64 {
+	if x != nil {
+		return x.Load
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetLayers() []string {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetQos() map[string]int32 {
+	if x != nil {
+		return x.Qos
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetLabelCounts() map[string]int32 {
+	if x != nil {
+		return x.LabelCounts
+	}
+	return nil
+}
+
+type NodeStatusResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*NodeStatus          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeStatusResponse) Reset() {
+	*x = NodeStatusResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[104]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeStatusResponse) ProtoMessage() {}
+
+func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[104]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeStatusResponse.ProtoReflect.Descriptor instead.
+func (*NodeStatusResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{104}
+}
+
+func (x *NodeStatusResponse) GetNodes() []*NodeStatus {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 var File_warren_v1_warren_proto protoreflect.FileDescriptor
 
 const file_warren_v1_warren_proto_rawDesc = "" +
@@ -7470,7 +7922,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xac\x06\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xe5\x06\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -7490,7 +7942,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fallow_setuid\x18\x0f \x01(\bR\vallowSetuid\x12#\n" +
 	"\rno_trajectory\x18\x19 \x01(\bR\fnoTrajectory\x12*\n" +
 	"\x0euser_namespace\x18\x10 \x01(\bH\x00R\ruserNamespace\x88\x01\x01\x123\n" +
-	"\aharness\x18\x1a \x01(\v2\x19.warren.v1.HarnessOptionsR\aharness\x1a6\n" +
+	"\aharness\x18\x1a \x01(\v2\x19.warren.v1.HarnessOptionsR\aharness\x12\x12\n" +
+	"\x04node\x18\x1d \x01(\tR\x04node\x12#\n" +
+	"\ranti_affinity\x18\x1e \x03(\tR\fantiAffinity\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -7513,7 +7967,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xb8\t\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xcc\t\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -7547,7 +8001,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\vforked_from\x18+ \x01(\tR\n" +
 	"forkedFrom\x123\n" +
 	"\aharness\x18% \x01(\v2\x19.warren.v1.HarnessOptionsR\aharness\x12\x16\n" +
-	"\x06parent\x18& \x01(\tR\x06parent\x1a6\n" +
+	"\x06parent\x18& \x01(\tR\x06parent\x12\x12\n" +
+	"\x04node\x18. \x01(\tR\x04node\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -7556,14 +8011,18 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1c\n" +
 	"\n" +
 	"GetRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\x84\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xc0\x01\n" +
 	"\vListRequest\x12:\n" +
-	"\x06labels\x18\x01 \x03(\v2\".warren.v1.ListRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x01 \x03(\v2\".warren.v1.ListRequest.LabelsEntryR\x06labels\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"@\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"h\n" +
 	"\fListResponse\x120\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x12.warren.v1.SandboxR\tsandboxes\"\x1f\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x12.warren.v1.SandboxR\tsandboxes\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x1f\n" +
 	"\rDeleteRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x10\n" +
 	"\x0eDeleteResponse\"O\n" +
@@ -7877,14 +8336,16 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05error\x18\x04 \x01(\tR\x05error\"K\n" +
 	"\x13VerifyImageResponse\x124\n" +
 	"\x06layers\x18\x01 \x03(\v2\x1c.warren.v1.LayerVerificationR\x06layers\"\x10\n" +
-	"\x0eVersionRequest\"\xa8\x01\n" +
+	"\x0eVersionRequest\"\xd7\x01\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1a\n" +
 	"\bbackends\x18\x03 \x03(\tR\bbackends\x12\x1f\n" +
 	"\vcgroup_mode\x18\x04 \x01(\tR\n" +
 	"cgroupMode\x12&\n" +
-	"\x04gpus\x18\x05 \x03(\v2\x12.warren.v1.NodeGpuR\x04gpus\"v\n" +
+	"\x04gpus\x18\x05 \x03(\v2\x12.warren.v1.NodeGpuR\x04gpus\x12\x12\n" +
+	"\x04node\x18\a \x01(\tR\x04node\x12\x19\n" +
+	"\bnode_tag\x18\b \x01(\tR\anodeTag\"v\n" +
 	"\aNodeGpu\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x1c\n" +
@@ -7987,6 +8448,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"restore_us\x18\x04 \x01(\x03R\trestoreUs\x12\x1a\n" +
 	"\brestored\x18\x05 \x01(\bR\brestored\"\"\n" +
 	"\x10HibernateRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\" \n" +
+	"\x0eRestoreRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\xc2\x01\n" +
 	"\x11HibernateResponse\x12,\n" +
 	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12#\n" +
@@ -8115,7 +8578,40 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12,\n" +
 	"\x06result\x18\x02 \x01(\v2\x14.warren.v1.RunResultR\x06result\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12%\n" +
-	"\x0eerror_category\x18\x04 \x01(\tR\rerrorCategory*\xeb\x01\n" +
+	"\x0eerror_category\x18\x04 \x01(\tR\rerrorCategory\"`\n" +
+	"\x12BatchCreateRequest\x124\n" +
+	"\btemplate\x18\x01 \x01(\v2\x18.warren.v1.CreateRequestR\btemplate\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\"_\n" +
+	"\x13BatchCreateResponse\x120\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x12.warren.v1.SandboxR\tsandboxes\x12\x16\n" +
+	"\x06errors\x18\x02 \x03(\tR\x06errors\"\x13\n" +
+	"\x11NodeStatusRequest\"\xda\x04\n" +
+	"\n" +
+	"NodeStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03tag\x18\x02 \x01(\tR\x03tag\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x0e\n" +
+	"\x02up\x18\x04 \x01(\bR\x02up\x12\x1d\n" +
+	"\n" +
+	"cpu_millis\x18\x05 \x01(\x03R\tcpuMillis\x12!\n" +
+	"\fmemory_bytes\x18\x06 \x01(\x03R\vmemoryBytes\x12#\n" +
+	"\rmax_sandboxes\x18\a \x01(\x05R\fmaxSandboxes\x12(\n" +
+	"\x10alloc_cpu_millis\x18\b \x01(\x03R\x0eallocCpuMillis\x12,\n" +
+	"\x12alloc_memory_bytes\x18\t \x01(\x03R\x10allocMemoryBytes\x12\x1c\n" +
+	"\tsandboxes\x18\n" +
+	" \x01(\x05R\tsandboxes\x12\x12\n" +
+	"\x04load\x18\v \x01(\x01R\x04load\x12\x16\n" +
+	"\x06layers\x18\f \x03(\tR\x06layers\x120\n" +
+	"\x03qos\x18\r \x03(\v2\x1e.warren.v1.NodeStatus.QosEntryR\x03qos\x12I\n" +
+	"\flabel_counts\x18\x0e \x03(\v2&.warren.v1.NodeStatus.LabelCountsEntryR\vlabelCounts\x1a6\n" +
+	"\bQosEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1a>\n" +
+	"\x10LabelCountsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"A\n" +
+	"\x12NodeStatusResponse\x12+\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x15.warren.v1.NodeStatusR\x05nodes*\xeb\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -8134,7 +8630,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
 	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
 	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
-	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\x84\x12\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\x93\x13\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -8171,7 +8667,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x10HibernateByLabel\x12\".warren.v1.HibernateByLabelRequest\x1a\x17.warren.v1.ByLabelEvent0\x01\x127\n" +
 	"\x04Fork\x12\x16.warren.v1.ForkRequest\x1a\x17.warren.v1.ForkResponse\x122\n" +
 	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult\x12A\n" +
-	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x012\xd8\x05\n" +
+	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x01\x12?\n" +
+	"\aRestore\x12\x19.warren.v1.RestoreRequest\x1a\x19.warren.v1.ResumeResponse\x12L\n" +
+	"\vBatchCreate\x12\x1d.warren.v1.BatchCreateRequest\x1a\x1e.warren.v1.BatchCreateResponse2\xd8\x05\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.warren.v1.ListImagesRequest\x1a\x1d.warren.v1.ListImagesResponse\x128\n" +
@@ -8186,9 +8684,11 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\vRemoveLayer\x12\x1d.warren.v1.RemoveLayerRequest\x1a\x1e.warren.v1.RemoveLayerResponse\x12I\n" +
 	"\n" +
 	"ImageStats\x12\x1c.warren.v1.ImageStatsRequest\x1a\x1d.warren.v1.ImageStatsResponse\x12L\n" +
-	"\vVerifyImage\x12\x1d.warren.v1.VerifyImageRequest\x1a\x1e.warren.v1.VerifyImageResponse2Q\n" +
+	"\vVerifyImage\x12\x1d.warren.v1.VerifyImageRequest\x1a\x1e.warren.v1.VerifyImageResponse2\x9c\x01\n" +
 	"\rSystemService\x12@\n" +
-	"\aVersion\x12\x19.warren.v1.VersionRequest\x1a\x1a.warren.v1.VersionResponseB3Z1github.com/warrenrl/warren/gen/warren/v1;warrenv1b\x06proto3"
+	"\aVersion\x12\x19.warren.v1.VersionRequest\x1a\x1a.warren.v1.VersionResponse\x12I\n" +
+	"\n" +
+	"NodeStatus\x12\x1c.warren.v1.NodeStatusRequest\x1a\x1d.warren.v1.NodeStatusResponseB3Z1github.com/warrenrl/warren/gen/warren/v1;warrenv1b\x06proto3"
 
 var (
 	file_warren_v1_warren_proto_rawDescOnce sync.Once
@@ -8203,7 +8703,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 111)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 119)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(RunStatus)(0),                    // 1: warren.v1.RunStatus
@@ -8288,57 +8788,65 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*ResumeRequest)(nil),             // 80: warren.v1.ResumeRequest
 	(*ResumeResponse)(nil),            // 81: warren.v1.ResumeResponse
 	(*HibernateRequest)(nil),          // 82: warren.v1.HibernateRequest
-	(*HibernateResponse)(nil),         // 83: warren.v1.HibernateResponse
-	(*ForkRequest)(nil),               // 84: warren.v1.ForkRequest
-	(*ForkResponse)(nil),              // 85: warren.v1.ForkResponse
-	(*HibernateByLabelRequest)(nil),   // 86: warren.v1.HibernateByLabelRequest
-	(*PauseByLabelRequest)(nil),       // 87: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 88: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 89: warren.v1.ByLabelEvent
-	(*RunRequest)(nil),                // 90: warren.v1.RunRequest
-	(*RunGpus)(nil),                   // 91: warren.v1.RunGpus
-	(*RunStep)(nil),                   // 92: warren.v1.RunStep
-	(*RunFile)(nil),                   // 93: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 94: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 95: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 96: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 97: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 98: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 99: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 100: warren.v1.RunBatchItem
-	nil,                               // 101: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 102: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 103: warren.v1.Sandbox.EnvEntry
-	nil,                               // 104: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 105: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 106: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 107: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 108: warren.v1.ForkRequest.LabelsEntry
-	nil,                               // 109: warren.v1.HibernateByLabelRequest.LabelsEntry
-	nil,                               // 110: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 111: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 112: warren.v1.RunStep.EnvEntry
+	(*RestoreRequest)(nil),            // 83: warren.v1.RestoreRequest
+	(*HibernateResponse)(nil),         // 84: warren.v1.HibernateResponse
+	(*ForkRequest)(nil),               // 85: warren.v1.ForkRequest
+	(*ForkResponse)(nil),              // 86: warren.v1.ForkResponse
+	(*HibernateByLabelRequest)(nil),   // 87: warren.v1.HibernateByLabelRequest
+	(*PauseByLabelRequest)(nil),       // 88: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 89: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 90: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 91: warren.v1.RunRequest
+	(*RunGpus)(nil),                   // 92: warren.v1.RunGpus
+	(*RunStep)(nil),                   // 93: warren.v1.RunStep
+	(*RunFile)(nil),                   // 94: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 95: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 96: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 97: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 98: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 99: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 100: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 101: warren.v1.RunBatchItem
+	(*BatchCreateRequest)(nil),        // 102: warren.v1.BatchCreateRequest
+	(*BatchCreateResponse)(nil),       // 103: warren.v1.BatchCreateResponse
+	(*NodeStatusRequest)(nil),         // 104: warren.v1.NodeStatusRequest
+	(*NodeStatus)(nil),                // 105: warren.v1.NodeStatus
+	(*NodeStatusResponse)(nil),        // 106: warren.v1.NodeStatusResponse
+	nil,                               // 107: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 108: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 109: warren.v1.Sandbox.EnvEntry
+	nil,                               // 110: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 111: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 112: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 113: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 114: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 115: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 116: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 117: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 118: warren.v1.RunStep.EnvEntry
+	nil,                               // 119: warren.v1.NodeStatus.QosEntry
+	nil,                               // 120: warren.v1.NodeStatus.LabelCountsEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	101, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	102, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	107, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	108, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	7,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	5,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	4,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
 	6,   // 6: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,   // 7: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	2,   // 8: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	103, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	104, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	109, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	110, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	7,   // 11: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	5,   // 12: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
 	4,   // 13: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
-	105, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	111, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	8,   // 15: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	106, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	112, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	5,   // 17: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	107, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	113, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	17,  // 19: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	19,  // 20: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	17,  // 21: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -8367,120 +8875,131 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	8,   // 44: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
 	8,   // 45: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
 	78,  // 46: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
-	108, // 47: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	114, // 47: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
 	8,   // 48: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
 	8,   // 49: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
-	109, // 50: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
-	110, // 51: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	111, // 52: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	115, // 50: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	116, // 51: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	117, // 52: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
 	79,  // 53: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
 	81,  // 54: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	83,  // 55: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
-	92,  // 56: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	91,  // 57: warren.v1.RunRequest.gpus:type_name -> warren.v1.RunGpus
-	112, // 58: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	93,  // 59: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	94,  // 60: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	84,  // 55: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
+	93,  // 56: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	92,  // 57: warren.v1.RunRequest.gpus:type_name -> warren.v1.RunGpus
+	118, // 58: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	94,  // 59: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	95,  // 60: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
 	1,   // 61: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	96,  // 62: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	95,  // 63: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	99,  // 64: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	92,  // 65: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	91,  // 66: warren.v1.RunJob.gpus:type_name -> warren.v1.RunGpus
-	97,  // 67: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
-	3,   // 68: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	9,   // 69: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	10,  // 70: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	12,  // 71: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	14,  // 72: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	15,  // 73: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	16,  // 74: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	16,  // 75: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	16,  // 76: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	21,  // 77: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	23,  // 78: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	24,  // 79: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	26,  // 80: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	28,  // 81: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	31,  // 82: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	33,  // 83: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	35,  // 84: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	38,  // 85: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	40,  // 86: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	41,  // 87: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	43,  // 88: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	60,  // 89: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	70,  // 90: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	73,  // 91: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	77,  // 92: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	80,  // 93: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	87,  // 94: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	88,  // 95: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	82,  // 96: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
-	86,  // 97: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
-	84,  // 98: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
-	90,  // 99: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	98,  // 100: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	46,  // 101: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	48,  // 102: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	49,  // 103: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	50,  // 104: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	52,  // 105: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	55,  // 106: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	56,  // 107: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	58,  // 108: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	61,  // 109: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	64,  // 110: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	67,  // 111: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	8,   // 112: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	8,   // 113: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	11,  // 114: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	13,  // 115: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	8,   // 116: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	8,   // 117: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	17,  // 118: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	18,  // 119: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	20,  // 120: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	22,  // 121: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	17,  // 122: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	25,  // 123: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	27,  // 124: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	30,  // 125: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	32,  // 126: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	34,  // 127: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	36,  // 128: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	39,  // 129: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	37,  // 130: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	42,  // 131: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	44,  // 132: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	54,  // 133: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	71,  // 134: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	74,  // 135: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	79,  // 136: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	81,  // 137: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	89,  // 138: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	89,  // 139: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	83,  // 140: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
-	89,  // 141: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
-	85,  // 142: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
-	97,  // 143: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	100, // 144: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	47,  // 145: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	45,  // 146: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	45,  // 147: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	51,  // 148: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	53,  // 149: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	54,  // 150: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	57,  // 151: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	59,  // 152: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	63,  // 153: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	66,  // 154: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	68,  // 155: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	112, // [112:156] is the sub-list for method output_type
-	68,  // [68:112] is the sub-list for method input_type
-	68,  // [68:68] is the sub-list for extension type_name
-	68,  // [68:68] is the sub-list for extension extendee
-	0,   // [0:68] is the sub-list for field type_name
+	97,  // 62: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	96,  // 63: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	100, // 64: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	93,  // 65: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	92,  // 66: warren.v1.RunJob.gpus:type_name -> warren.v1.RunGpus
+	98,  // 67: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	3,   // 68: warren.v1.BatchCreateRequest.template:type_name -> warren.v1.CreateRequest
+	8,   // 69: warren.v1.BatchCreateResponse.sandboxes:type_name -> warren.v1.Sandbox
+	119, // 70: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
+	120, // 71: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
+	105, // 72: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
+	3,   // 73: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	9,   // 74: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	10,  // 75: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	12,  // 76: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	14,  // 77: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	15,  // 78: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	16,  // 79: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	16,  // 80: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	16,  // 81: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	21,  // 82: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	23,  // 83: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	24,  // 84: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	26,  // 85: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	28,  // 86: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	31,  // 87: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	33,  // 88: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	35,  // 89: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	38,  // 90: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	40,  // 91: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	41,  // 92: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	43,  // 93: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	60,  // 94: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	70,  // 95: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	73,  // 96: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	77,  // 97: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	80,  // 98: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	88,  // 99: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	89,  // 100: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	82,  // 101: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	87,  // 102: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	85,  // 103: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	91,  // 104: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	99,  // 105: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	83,  // 106: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
+	102, // 107: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
+	46,  // 108: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	48,  // 109: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	49,  // 110: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	50,  // 111: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	52,  // 112: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	55,  // 113: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	56,  // 114: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	58,  // 115: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	61,  // 116: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	64,  // 117: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	67,  // 118: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	104, // 119: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
+	8,   // 120: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	8,   // 121: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	11,  // 122: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	13,  // 123: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	8,   // 124: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	8,   // 125: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	17,  // 126: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	18,  // 127: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	20,  // 128: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	22,  // 129: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	17,  // 130: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	25,  // 131: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	27,  // 132: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	30,  // 133: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	32,  // 134: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	34,  // 135: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	36,  // 136: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	39,  // 137: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	37,  // 138: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	42,  // 139: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	44,  // 140: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	54,  // 141: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	71,  // 142: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	74,  // 143: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	79,  // 144: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	81,  // 145: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	90,  // 146: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	90,  // 147: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	84,  // 148: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	90,  // 149: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	86,  // 150: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	98,  // 151: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	101, // 152: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	81,  // 153: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
+	103, // 154: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
+	47,  // 155: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	45,  // 156: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	45,  // 157: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	51,  // 158: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	53,  // 159: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	54,  // 160: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	57,  // 161: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	59,  // 162: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	63,  // 163: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	66,  // 164: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	68,  // 165: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	106, // 166: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
+	120, // [120:167] is the sub-list for method output_type
+	73,  // [73:120] is the sub-list for method input_type
+	73,  // [73:73] is the sub-list for extension type_name
+	73,  // [73:73] is the sub-list for extension extendee
+	0,   // [0:73] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -8515,7 +9034,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   111,
+			NumMessages:   119,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

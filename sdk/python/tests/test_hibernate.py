@@ -21,8 +21,7 @@ pytestmark = pytest.mark.skipif(
 
 
 async def test_hibernate_restore(w: warren.AsyncWarren) -> None:
-    # CRIU cannot take a sandbox in a user namespace yet (docs/HIBERNATE.md).
-    async with w.create(IMAGE, user_namespace=False) as sb:
+    async with w.create(IMAGE) as sb:  # in a user namespace, the default
         await sb.exec("echo before > /root/f")
         await sb.start(COUNTER)
         await sb.exec("sleep 0.2")
@@ -40,15 +39,6 @@ async def test_hibernate_restore(w: warren.AsyncWarren) -> None:
         assert r2 > r1, (r1, r2)
         procs = await sb.processes()
         assert len(procs) == 1 and procs[0].info.running, procs
-
-
-async def test_hibernate_refused_in_user_namespace(w: warren.AsyncWarren) -> None:
-    async with w.create(IMAGE, user_namespace=True) as sb:
-        if not sb.info.user_namespace:
-            pytest.skip("this node's kernel runs no sandbox in a user namespace")
-        with pytest.raises(warren.UnsupportedError, match="user namespace"):
-            await sb.hibernate()
-        assert (await sb.exec("echo up")).stdout == b"up\n"
 
 
 async def test_hibernate_by_label(w: warren.AsyncWarren, labels: dict) -> None:
@@ -69,7 +59,7 @@ async def test_hibernate_by_label(w: warren.AsyncWarren, labels: dict) -> None:
 
 
 async def test_fork(w: warren.AsyncWarren, labels: dict) -> None:
-    async with w.create(IMAGE, user_namespace=False, labels=labels) as sb:
+    async with w.create(IMAGE, labels=labels) as sb:  # forks share its id range
         await sb.exec("echo shared > /root/f")
         await sb.start(COUNTER)
         await sb.exec("sleep 0.2")
@@ -89,3 +79,17 @@ async def test_fork(w: warren.AsyncWarren, labels: dict) -> None:
         finally:
             for f in forks:
                 await f.delete(missing_ok=True)
+
+
+async def test_restore(w: warren.AsyncWarren) -> None:
+    # On the node that hibernated it, restore is resume; a checkpoint that
+    # is not there is NotFound (the move between nodes: e2e
+    # TestRestoreOnAnotherNode).
+    async with w.create(IMAGE, user_namespace=False) as sb:
+        await sb.exec("echo kept > /root/f")
+        await sb.hibernate()
+        back = await w.restore(sb.id)
+        assert back.restored and back.sandbox.state == warren.SandboxState.RUNNING
+        assert (await sb.exec("cat /root/f")).stdout == b"kept\n"
+    with pytest.raises(warren.NotFoundError, match="nohere"):
+        await w.restore("nohere")

@@ -818,6 +818,18 @@ class AsyncWarren:
         d = await self._rpc(_SBX + "Resume", {"id": id}, timeout=t, idempotent=False)
         return ResumeResult._from_json(d)
 
+    async def restore(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
+        """Restore hibernated sandbox ``id`` on the node this client talks
+        to. Where nodes share a checkpoint directory (``warren serve
+        --checkpoint-dir``), it may have been hibernated on another node:
+        it moves here with its id, files, processes and trajectory log, and
+        that node forgets it. On its own node this is :meth:`resume`.
+        :class:`NotFoundError` when no checkpoint of ``id`` is there;
+        :class:`ConflictError` while another node restores it."""
+        t = timeout if timeout is not None else self.transfer_timeout
+        d = await self._rpc(_SBX + "Restore", {"id": id}, timeout=t, idempotent=False)
+        return ResumeResult._from_json(d)
+
     async def hibernate(self, id: str, *, timeout: Optional[float] = None) -> HibernateResult:
         """Checkpoint running or paused sandbox ``id`` to disk with CRIU and
         release everything it holds on the node: memory, processes,

@@ -361,6 +361,10 @@ class Warren:
         """Thaw paused sandbox ``id``, or restore hibernated sandbox ``id``."""
         return self._run(self.aio.resume(id, timeout=timeout))
 
+    def restore(self, id: str, *, timeout: Optional[float] = None) -> ResumeResult:
+        """Restore hibernated sandbox ``id`` here, from another node if need be (see :meth:`AsyncWarren.restore`)."""
+        return self._run(self.aio.restore(id, timeout=timeout))
+
     def hibernate(self, id: str, *, timeout: Optional[float] = None) -> HibernateResult:
         """Checkpoint sandbox ``id`` to disk (see :meth:`AsyncWarren.hibernate`)."""
         return self._run(self.aio.hibernate(id, timeout=timeout))

@@ -334,6 +334,8 @@ class SandboxInfo:
     max_children: int = 0
     #: the harness that created it ("" for one the node's API created)
     parent: str = ""
+    #: the node that runs it, in a cluster (``warren gateway``); "" otherwise
+    node: str = ""
 
     @property
     def harness(self) -> bool:
@@ -392,6 +394,7 @@ class SandboxInfo:
             forked_from=d.get("forkedFrom", ""),
             max_children=_int((d.get("harness") or {}).get("maxChildren")),
             parent=d.get("parent", ""),
+            node=d.get("node", ""),
         )
 
 

@@ -135,6 +135,11 @@ const (
 	SandboxServiceRunProcedure = "/warren.v1.SandboxService/Run"
 	// SandboxServiceRunBatchProcedure is the fully-qualified name of the SandboxService's RunBatch RPC.
 	SandboxServiceRunBatchProcedure = "/warren.v1.SandboxService/RunBatch"
+	// SandboxServiceRestoreProcedure is the fully-qualified name of the SandboxService's Restore RPC.
+	SandboxServiceRestoreProcedure = "/warren.v1.SandboxService/Restore"
+	// SandboxServiceBatchCreateProcedure is the fully-qualified name of the SandboxService's
+	// BatchCreate RPC.
+	SandboxServiceBatchCreateProcedure = "/warren.v1.SandboxService/BatchCreate"
 	// ImageServiceListImagesProcedure is the fully-qualified name of the ImageService's ListImages RPC.
 	ImageServiceListImagesProcedure = "/warren.v1.ImageService/ListImages"
 	// ImageServiceGetImageProcedure is the fully-qualified name of the ImageService's GetImage RPC.
@@ -161,6 +166,9 @@ const (
 	ImageServiceVerifyImageProcedure = "/warren.v1.ImageService/VerifyImage"
 	// SystemServiceVersionProcedure is the fully-qualified name of the SystemService's Version RPC.
 	SystemServiceVersionProcedure = "/warren.v1.SystemService/Version"
+	// SystemServiceNodeStatusProcedure is the fully-qualified name of the SystemService's NodeStatus
+	// RPC.
+	SystemServiceNodeStatusProcedure = "/warren.v1.SystemService/NodeStatus"
 )
 
 // SandboxServiceClient is a client for the warren.v1.SandboxService service.
@@ -288,6 +296,23 @@ type SandboxServiceClient interface {
 	// to run carries its error in its item; the stream itself fails only
 	// for an invalid request.
 	RunBatch(context.Context, *connect.Request[v1.RunBatchRequest]) (*connect.ServerStreamForClient[v1.RunBatchItem], error)
+	// Restore brings a HIBERNATED sandbox back to life on this node from
+	// the checkpoint directory, which several nodes may share (`warren
+	// serve --checkpoint-dir`): a sandbox hibernated on another node moves
+	// here, keeping its id, files, processes and trajectory log (its
+	// network address is this node's). The node that hibernated it forgets
+	// it (NotFound there, naming this node). On the node that holds it,
+	// Restore is Resume. NotFound when no checkpoint of the id is there;
+	// Conflict while another node is restoring it; Unsupported for a fork
+	// that stands on a base only its own node has.
+	Restore(context.Context, *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// BatchCreate makes `count` sandboxes from one template in one call,
+	// for rollout batches: a gateway places them all at once (spreading
+	// them over its nodes), a node makes them concurrently. The response
+	// lists the sandboxes made, in no particular order, and an error for
+	// each one that was not; the call fails as a whole only for an invalid
+	// request or when none could be placed.
+	BatchCreate(context.Context, *connect.Request[v1.BatchCreateRequest]) (*connect.Response[v1.BatchCreateResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the warren.v1.SandboxService service. By default,
@@ -499,6 +524,18 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("RunBatch")),
 			connect.WithClientOptions(opts...),
 		),
+		restore: connect.NewClient[v1.RestoreRequest, v1.ResumeResponse](
+			httpClient,
+			baseURL+SandboxServiceRestoreProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Restore")),
+			connect.WithClientOptions(opts...),
+		),
+		batchCreate: connect.NewClient[v1.BatchCreateRequest, v1.BatchCreateResponse](
+			httpClient,
+			baseURL+SandboxServiceBatchCreateProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("BatchCreate")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -537,6 +574,8 @@ type sandboxServiceClient struct {
 	fork              *connect.Client[v1.ForkRequest, v1.ForkResponse]
 	run               *connect.Client[v1.RunRequest, v1.RunResult]
 	runBatch          *connect.Client[v1.RunBatchRequest, v1.RunBatchItem]
+	restore           *connect.Client[v1.RestoreRequest, v1.ResumeResponse]
+	batchCreate       *connect.Client[v1.BatchCreateRequest, v1.BatchCreateResponse]
 }
 
 // Create calls warren.v1.SandboxService.Create.
@@ -704,6 +743,16 @@ func (c *sandboxServiceClient) RunBatch(ctx context.Context, req *connect.Reques
 	return c.runBatch.CallServerStream(ctx, req)
 }
 
+// Restore calls warren.v1.SandboxService.Restore.
+func (c *sandboxServiceClient) Restore(ctx context.Context, req *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return c.restore.CallUnary(ctx, req)
+}
+
+// BatchCreate calls warren.v1.SandboxService.BatchCreate.
+func (c *sandboxServiceClient) BatchCreate(ctx context.Context, req *connect.Request[v1.BatchCreateRequest]) (*connect.Response[v1.BatchCreateResponse], error) {
+	return c.batchCreate.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the warren.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v1.Sandbox], error)
@@ -829,6 +878,23 @@ type SandboxServiceHandler interface {
 	// to run carries its error in its item; the stream itself fails only
 	// for an invalid request.
 	RunBatch(context.Context, *connect.Request[v1.RunBatchRequest], *connect.ServerStream[v1.RunBatchItem]) error
+	// Restore brings a HIBERNATED sandbox back to life on this node from
+	// the checkpoint directory, which several nodes may share (`warren
+	// serve --checkpoint-dir`): a sandbox hibernated on another node moves
+	// here, keeping its id, files, processes and trajectory log (its
+	// network address is this node's). The node that hibernated it forgets
+	// it (NotFound there, naming this node). On the node that holds it,
+	// Restore is Resume. NotFound when no checkpoint of the id is there;
+	// Conflict while another node is restoring it; Unsupported for a fork
+	// that stands on a base only its own node has.
+	Restore(context.Context, *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.ResumeResponse], error)
+	// BatchCreate makes `count` sandboxes from one template in one call,
+	// for rollout batches: a gateway places them all at once (spreading
+	// them over its nodes), a node makes them concurrently. The response
+	// lists the sandboxes made, in no particular order, and an error for
+	// each one that was not; the call fails as a whole only for an invalid
+	// request or when none could be placed.
+	BatchCreate(context.Context, *connect.Request[v1.BatchCreateRequest]) (*connect.Response[v1.BatchCreateResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1036,6 +1102,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("RunBatch")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceRestoreHandler := connect.NewUnaryHandler(
+		SandboxServiceRestoreProcedure,
+		svc.Restore,
+		connect.WithSchema(sandboxServiceMethods.ByName("Restore")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceBatchCreateHandler := connect.NewUnaryHandler(
+		SandboxServiceBatchCreateProcedure,
+		svc.BatchCreate,
+		connect.WithSchema(sandboxServiceMethods.ByName("BatchCreate")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warren.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -1104,6 +1182,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceRunHandler.ServeHTTP(w, r)
 		case SandboxServiceRunBatchProcedure:
 			sandboxServiceRunBatchHandler.ServeHTTP(w, r)
+		case SandboxServiceRestoreProcedure:
+			sandboxServiceRestoreHandler.ServeHTTP(w, r)
+		case SandboxServiceBatchCreateProcedure:
+			sandboxServiceBatchCreateHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1243,6 +1325,14 @@ func (UnimplementedSandboxServiceHandler) Run(context.Context, *connect.Request[
 
 func (UnimplementedSandboxServiceHandler) RunBatch(context.Context, *connect.Request[v1.RunBatchRequest], *connect.ServerStream[v1.RunBatchItem]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.RunBatch is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Restore(context.Context, *connect.Request[v1.RestoreRequest]) (*connect.Response[v1.ResumeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.Restore is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) BatchCreate(context.Context, *connect.Request[v1.BatchCreateRequest]) (*connect.Response[v1.BatchCreateResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.BatchCreate is not implemented"))
 }
 
 // ImageServiceClient is a client for the warren.v1.ImageService service.
@@ -1620,6 +1710,11 @@ func (UnimplementedImageServiceHandler) VerifyImage(context.Context, *connect.Re
 // SystemServiceClient is a client for the warren.v1.SystemService service.
 type SystemServiceClient interface {
 	Version(context.Context, *connect.Request[v1.VersionRequest]) (*connect.Response[v1.VersionResponse], error)
+	// NodeStatus reports what a gateway places by: the node's capacity,
+	// what its sandboxes take of it, its load, the layers it has mounted
+	// and the labels and QoS classes of its sandboxes (docs/ARCHITECTURE.md,
+	// "The cluster"). A gateway answers with the cluster's nodes.
+	NodeStatus(context.Context, *connect.Request[v1.NodeStatusRequest]) (*connect.Response[v1.NodeStatusResponse], error)
 }
 
 // NewSystemServiceClient constructs a client for the warren.v1.SystemService service. By default,
@@ -1639,12 +1734,19 @@ func NewSystemServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(systemServiceMethods.ByName("Version")),
 			connect.WithClientOptions(opts...),
 		),
+		nodeStatus: connect.NewClient[v1.NodeStatusRequest, v1.NodeStatusResponse](
+			httpClient,
+			baseURL+SystemServiceNodeStatusProcedure,
+			connect.WithSchema(systemServiceMethods.ByName("NodeStatus")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // systemServiceClient implements SystemServiceClient.
 type systemServiceClient struct {
-	version *connect.Client[v1.VersionRequest, v1.VersionResponse]
+	version    *connect.Client[v1.VersionRequest, v1.VersionResponse]
+	nodeStatus *connect.Client[v1.NodeStatusRequest, v1.NodeStatusResponse]
 }
 
 // Version calls warren.v1.SystemService.Version.
@@ -1652,9 +1754,19 @@ func (c *systemServiceClient) Version(ctx context.Context, req *connect.Request[
 	return c.version.CallUnary(ctx, req)
 }
 
+// NodeStatus calls warren.v1.SystemService.NodeStatus.
+func (c *systemServiceClient) NodeStatus(ctx context.Context, req *connect.Request[v1.NodeStatusRequest]) (*connect.Response[v1.NodeStatusResponse], error) {
+	return c.nodeStatus.CallUnary(ctx, req)
+}
+
 // SystemServiceHandler is an implementation of the warren.v1.SystemService service.
 type SystemServiceHandler interface {
 	Version(context.Context, *connect.Request[v1.VersionRequest]) (*connect.Response[v1.VersionResponse], error)
+	// NodeStatus reports what a gateway places by: the node's capacity,
+	// what its sandboxes take of it, its load, the layers it has mounted
+	// and the labels and QoS classes of its sandboxes (docs/ARCHITECTURE.md,
+	// "The cluster"). A gateway answers with the cluster's nodes.
+	NodeStatus(context.Context, *connect.Request[v1.NodeStatusRequest]) (*connect.Response[v1.NodeStatusResponse], error)
 }
 
 // NewSystemServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1670,10 +1782,18 @@ func NewSystemServiceHandler(svc SystemServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(systemServiceMethods.ByName("Version")),
 		connect.WithHandlerOptions(opts...),
 	)
+	systemServiceNodeStatusHandler := connect.NewUnaryHandler(
+		SystemServiceNodeStatusProcedure,
+		svc.NodeStatus,
+		connect.WithSchema(systemServiceMethods.ByName("NodeStatus")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warren.v1.SystemService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SystemServiceVersionProcedure:
 			systemServiceVersionHandler.ServeHTTP(w, r)
+		case SystemServiceNodeStatusProcedure:
+			systemServiceNodeStatusHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1685,4 +1805,8 @@ type UnimplementedSystemServiceHandler struct{}
 
 func (UnimplementedSystemServiceHandler) Version(context.Context, *connect.Request[v1.VersionRequest]) (*connect.Response[v1.VersionResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SystemService.Version is not implemented"))
+}
+
+func (UnimplementedSystemServiceHandler) NodeStatus(context.Context, *connect.Request[v1.NodeStatusRequest]) (*connect.Response[v1.NodeStatusResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SystemService.NodeStatus is not implemented"))
 }
