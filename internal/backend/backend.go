@@ -57,6 +57,14 @@ type Spec struct {
 	// UserNS runs the sandbox in a user namespace of its own: root inside
 	// is an unprivileged host id (IDMapped reports which).
 	UserNS bool
+	// Devices are character device nodes the sandbox's /dev gets beyond
+	// the standard ones (a GPU environment's control nodes: fncall). The
+	// node's device filter must allow them (container: Options.Devices).
+	Devices []Device
+	// Mounts are host files bound read-only into the sandbox, executable
+	// (driver libraries and tools: fncall's GPU environments), their
+	// targets made where the image lacks them.
+	Mounts []Mount
 	// Restore, if set, is a checkpoint directory (Checkpointer) to
 	// restore the sandbox's processes and writable layer from instead of
 	// starting a new init: Layers and the other fields must be those of
@@ -68,6 +76,45 @@ type Spec struct {
 	// the restore returns. A backend or node without it restores
 	// eagerly.
 	LazyPages bool
+}
+
+// Device is a character device node of a sandbox's /dev.
+type Device struct {
+	Name         string // in /dev: "nvidia0"
+	Major, Minor uint32
+}
+
+// Mount is a read-only bind of a host file or directory into a sandbox.
+type Mount struct {
+	Source string // host path
+	Target string // absolute path inside
+}
+
+// DeviceSetter is implemented by sandboxes whose /dev can gain and lose
+// device nodes while they run: fncall gives a job the nodes of the GPUs
+// it holds, and takes them back before the environment's next job.
+type DeviceSetter interface {
+	// SetDevices makes devs the sandbox's extra device nodes (beyond
+	// Spec.Devices and the standard ones), removing those of the last
+	// call. Processes that opened a removed node keep their descriptor:
+	// the caller kills them first (fncall's reset does).
+	SetDevices(devs []Device) error
+}
+
+// HostnameSetter is implemented by sandboxes whose hostname can change
+// while they run (fncall names a pooled environment after the sandbox
+// it becomes).
+type HostnameSetter interface {
+	SetHostname(name string) error
+}
+
+// Nested is implemented by backends whose sandboxes are sandboxes of
+// another backend (fncall's are pooled container sandboxes). When the
+// daemon sweeps that backend after adopting, it keeps the inner sandboxes
+// of the nested ones it adopted.
+type Nested interface {
+	// Inner names the backend and id of the sandbox whose State is state.
+	Inner(state []byte) (backendName, id string, ok bool)
 }
 
 // Checkpointer is implemented by sandboxes whose whole process tree can

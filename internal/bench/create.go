@@ -24,6 +24,10 @@ type CreateConfig struct {
 	// Pause is slept by each worker before every cycle (not measured; it
 	// does count in per_s): creation on an otherwise idle host.
 	Pause time.Duration
+	// Backends are the backends Warren's sandboxes are created with, each
+	// a row ("warren" for the default, "warren <name>" for another); nil
+	// or empty: the default only.
+	Backends []string
 }
 
 // paced sleeps pause before each iteration.
@@ -160,20 +164,26 @@ func RunCreate(ctx context.Context, env *Env, cfg CreateConfig) (*CreateReport, 
 		"warren: p50/p99/mean are create-to-first-exec-result (Create + Exec `true`); cycle adds Delete; per_s = completed cycles / wall time",
 		"peers: p50/p99/mean are the run of /bin/true in a fresh container (start, wait for exit); cycle adds the cleanup command")
 	var rows []Row
+	backends := cfg.Backends
+	if len(backends) == 0 {
+		backends = []string{""}
+	}
 	for _, c := range cfg.Concurrency {
-		env.logf("create: warren, concurrency %d, %d cycles (+%d warm-up)", c, cfg.N, cfg.Warmup)
-		r := Loop(ctx, cfg.N, cfg.Warmup, c, 5, paced(cfg.Pause, warrenCycle(env)))
-		row := rowFrom("warren", c, r)
-		if len(r.Samples[0]) > 0 {
-			cy, cr, ex, de := Summarize(r.Samples[1]), Summarize(r.Samples[2]), Summarize(r.Samples[3]), Summarize(r.Samples[4])
-			row.CycleP50, row.CycleP99, row.CycleMean = ptr(cy.P50), ptr(cy.P99), ptr(cy.Mean)
-			row.CreateP50, row.CreateP99 = ptr(cr.P50), ptr(cr.P99)
-			row.ExecP50, row.ExecP99 = ptr(ex.P50), ptr(ex.P99)
-			row.DeleteP50, row.DeleteP99 = ptr(de.P50), ptr(de.P99)
-		}
-		rows = append(rows, row)
-		if err := ctx.Err(); err != nil {
-			return nil, err
+		for _, be := range backends {
+			system := "warren"
+			if be != "" && be != "container" {
+				system += " " + be
+			}
+			req := func() *warrenv1.CreateRequest {
+				r := env.CreateRequest()
+				r.Backend = be
+				return r
+			}
+			env.logf("create: %s, concurrency %d, %d cycles (+%d warm-up)", system, c, cfg.N, cfg.Warmup)
+			rows = append(rows, warrenCreateRow(system, c, Loop(ctx, cfg.N, cfg.Warmup, c, 5, paced(cfg.Pause, WarrenCycle(env.Client, req)))))
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if cfg.Peers {
@@ -193,6 +203,20 @@ func RunCreate(ctx context.Context, env *Env, cfg CreateConfig) (*CreateReport, 
 	rep.Results = orderRows(rows, cfg.Concurrency)
 	addRatios(rep.Results)
 	return rep, nil
+}
+
+// warrenCreateRow is a row of Warren's create cycles, with their calls'
+// latencies.
+func warrenCreateRow(system string, c int, r LoopResult) Row {
+	row := rowFrom(system, c, r)
+	if len(r.Samples[0]) > 0 {
+		cy, cr, ex, de := Summarize(r.Samples[1]), Summarize(r.Samples[2]), Summarize(r.Samples[3]), Summarize(r.Samples[4])
+		row.CycleP50, row.CycleP99, row.CycleMean = ptr(cy.P50), ptr(cy.P99), ptr(cy.Mean)
+		row.CreateP50, row.CreateP99 = ptr(cr.P50), ptr(cr.P99)
+		row.ExecP50, row.ExecP99 = ptr(ex.P50), ptr(ex.P99)
+		row.DeleteP50, row.DeleteP99 = ptr(de.P50), ptr(de.P99)
+	}
+	return row
 }
 
 // runPeer sets a peer up, runs it at every concurrency and tears it down.
@@ -299,8 +323,8 @@ func (r *CreateReport) Table(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	for _, row := range r.Results {
-		if row.System == "warren" && row.CreateP50 != nil {
-			fmt.Fprintf(w, "warren at concurrency %d, p50/p99 ms: create %s/%s, exec %s/%s, delete %s/%s\n", row.Concurrency,
+		if strings.HasPrefix(row.System, "warren") && row.CreateP50 != nil {
+			fmt.Fprintf(w, "%s at concurrency %d, p50/p99 ms: create %s/%s, exec %s/%s, delete %s/%s\n", row.System, row.Concurrency,
 				msPtr(row.CreateP50), msPtr(row.CreateP99), msPtr(row.ExecP50), msPtr(row.ExecP99), msPtr(row.DeleteP50), msPtr(row.DeleteP99))
 		}
 	}

@@ -164,8 +164,39 @@ var allowedDevices = []specs.LinuxDeviceCgroup{
 
 func i64(v int64) *int64 { return &v }
 
+var (
+	extraMu      sync.Mutex
+	extraDevices []specs.LinuxDeviceCgroup
+)
+
+// AllowDevices adds character devices (major, minor) to what every
+// sandbox's devices cgroup allows from then on: the node's GPUs, whose
+// nodes only the sandboxes given them have in their /dev (the sandboxes
+// cannot make device nodes). Sandboxes of a devices cgroup set up before
+// keep its rules.
+func AllowDevices(devs [][2]uint32) {
+	extraMu.Lock()
+	defer extraMu.Unlock()
+	for _, d := range devs {
+		// rwm, as the standard ones: the kernel merges a rule into an
+		// equal device's, and devices.list must read as the rules do.
+		r := specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: i64(int64(d[0])), Minor: i64(int64(d[1])), Access: "rwm"}
+		same := func(e specs.LinuxDeviceCgroup) bool { return deviceRule(e) == deviceRule(r) }
+		if !slices.ContainsFunc(allowedDevices, same) && !slices.ContainsFunc(extraDevices, same) {
+			extraDevices = append(extraDevices, r)
+		}
+	}
+}
+
+// deviceRules are allowedDevices and those AllowDevices added.
+func deviceRules() []specs.LinuxDeviceCgroup {
+	extraMu.Lock()
+	defer extraMu.Unlock()
+	return append(slices.Clip(allowedDevices), extraDevices...)
+}
+
 func spec(r Resources) *specs.LinuxResources {
-	out := &specs.LinuxResources{Devices: allowedDevices}
+	out := &specs.LinuxResources{Devices: deviceRules()}
 	if r.MemoryBytes > 0 {
 		out.Memory = &specs.LinuxMemory{Limit: i64(r.MemoryBytes)}
 	}
@@ -314,7 +345,7 @@ func sharedDevices(parent string) (string, error) {
 			return "", errNoHybrid
 		}
 	}
-	for _, d := range allowedDevices {
+	for _, d := range deviceRules() {
 		file := "devices.deny"
 		if d.Allow {
 			file = "devices.allow"
@@ -361,7 +392,7 @@ func whitelisted(dir string) (bool, error) {
 		return false, err
 	}
 	var want []string
-	for _, d := range allowedDevices {
+	for _, d := range deviceRules() {
 		if d.Allow {
 			want = append(want, deviceRule(d))
 		}

@@ -182,6 +182,7 @@ func newBenchCreateCommand(bf *benchFlags) *cobra.Command {
 	c.Flags().IntVar(&cfg.N, "n", 200, "measured cycles per system and concurrency")
 	c.Flags().IntVar(&cfg.Warmup, "warmup", 10, "unmeasured cycles before each measured run")
 	c.Flags().DurationVar(&cfg.Pause, "pause", 0, "sleep before every cycle of each client (latency on an idle host; lowers per_s)")
+	c.Flags().StringSliceVar(&cfg.Backends, "backend", []string{"container"}, "backends to create Warren's sandboxes with, each measured in the same run (e.g. container,fncall)")
 	concurrencyFlag(c, &cfg.Concurrency)
 	return c
 }

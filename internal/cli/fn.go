@@ -32,6 +32,8 @@ func newFnRunCommand() *cobra.Command {
 		procs, openFiles                                            int32
 		env, files, outputs                                         []string
 		stdin                                                       bool
+		gpus                                                        int32
+		sharedGPU                                                   bool
 	)
 	c := &cobra.Command{
 		Use:   "run --image IMAGE [flags] -- ARGV...",
@@ -94,7 +96,11 @@ file of /w after the step.`,
 				return err
 			}
 			defer cl.Close()
-			res, err := cl.Run(cmd.Context(), &warrenv1.RunRequest{Image: image, Backend: backendName, Steps: []*warrenv1.RunStep{step}})
+			req := &warrenv1.RunRequest{Image: image, Backend: backendName, Steps: []*warrenv1.RunStep{step}}
+			if gpus != 0 || sharedGPU {
+				req.Gpus = &warrenv1.RunGpus{Count: gpus, Shared: sharedGPU}
+			}
+			res, err := cl.Run(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
@@ -144,6 +150,8 @@ file of /w after the step.`,
 	f.StringArrayVar(&files, "file", nil, "NAME=PATH: copy a local file into /w (repeatable)")
 	f.StringArrayVar(&outputs, "output", nil, "a file of /w to print after the step (repeatable)")
 	f.BoolVarP(&stdin, "stdin", "i", false, "send this process's stdin to the command")
+	f.Int32Var(&gpus, "gpus", 0, "GPUs the job gets (waits until they are free; warren version lists the node's)")
+	f.BoolVar(&sharedGPU, "shared-gpu", false, "share the GPUs with other shared jobs instead of holding them alone")
 	return c
 }
 

@@ -66,6 +66,8 @@ type serveOptions struct {
 	cpuAffinity              bool
 	networkSubnet            string
 	dnsUpstreams             []string
+	gpuDevices, gpuLibs      []string
+	noGPUs                   bool
 	cluster                  clusterOptions
 	nodeTag                  string
 	clusterAPI               string
@@ -120,6 +122,9 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.userns, "userns", true, "create sandboxes in a user namespace (root inside is an unprivileged host id) unless the request says otherwise (create --userns=false) or the image has files owned by ids above 65535; false makes sandboxes without one the default")
 	f.BoolVar(&o.lazyPages, "lazy-pages", true, "restore the memory of resumed and forked sandboxes lazily (userfaultfd, where the kernel has it) unless the request says otherwise; false restores it before Resume and Fork return; docs/HIBERNATE.md")
 	f.StringVar(&o.usernsIDs, "userns-ids", container.DefaultUserNSIDs.String(), "host ids START:COUNT that user-namespace sandboxes take 65,536 each of; give each daemon on a host its own")
+	f.StringArrayVar(&o.gpuDevices, "gpu-device", nil, "a GPU device node fncall jobs can be given (repeatable): /dev/nvidia<N> is a GPU, any other (nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset) every GPU job gets (default: the node's /dev/nvidia*)")
+	f.StringArrayVar(&o.gpuLibs, "gpu-lib", nil, "a file of the GPU driver bound read-only into GPU jobs (repeatable): libraries at /usr/local/nvidia/lib64, tools at /usr/local/nvidia/bin (default: "+strings.Join(fncall.DefaultGPULibs, ", ")+", found through ldconfig's cache and the usual directories)")
+	f.BoolVar(&o.noGPUs, "no-gpus", false, "give jobs no GPU, whatever the node has")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive download whose client takes no data, or an upload whose client sends none, for this long (the walk it holds is released)")
@@ -131,6 +136,26 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.e2bAddr, "e2b-addr", "", "also serve the E2B-compatible API (lifecycle REST and envd, docs/E2B.md) on this TCP address, e.g. 127.0.0.1:3000; needs --e2b-api-key-file")
 	f.StringVar(&o.e2bKeyFile, "e2b-api-key-file", "", "file of the API keys the E2B API accepts (X-API-Key), one e2b_<hex> per line")
 	return c
+}
+
+// nodeGPUs are the GPUs the flags name, or the node's own.
+func nodeGPUs(o serveOptions) (*fncall.NodeGPUs, error) {
+	if o.noGPUs {
+		return &fncall.NodeGPUs{}, nil
+	}
+	c := fncall.GPUConfig{Devices: o.gpuDevices, Libs: o.gpuLibs}
+	if len(c.Devices) == 0 {
+		found := fncall.DiscoverGPUs()
+		c.Devices = found.Devices
+		if len(c.Libs) == 0 {
+			c.Libs = found.Libs
+		}
+	}
+	n, err := c.Resolve()
+	if err != nil {
+		return nil, fmt.Errorf("--gpu-device, --gpu-lib: %w", err)
+	}
+	return n, nil
 }
 
 func newLogger(o serveOptions, cmd *cobra.Command) (*slog.Logger, error) {
@@ -325,8 +350,15 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("--userns-ids: %w", err)
 	}
+	gpus, err := nodeGPUs(o)
+	if err != nil {
+		return err
+	}
+	if n := len(gpus.GPUs); n > 0 {
+		log.Info("GPUs for fncall jobs", "gpus", n, "control_nodes", len(gpus.Control), "driver_files", len(gpus.Mounts))
+	}
 	ctr, err := container.New(container.Options{UserNSIDs: idRange, StateDir: stateDir, RunDir: runDir, CgroupParent: o.cgroupParent, Warn: log.Warn, NoCPUAffinity: !o.cpuAffinity, NoSeccomp: !o.seccomp, ObservePhase: met.ObserveCreatePhase,
-		NetworkSubnet: subnet})
+		NetworkSubnet: subnet, Devices: gpus.All()})
 	if err != nil {
 		return fmt.Errorf("container backend: %w", err)
 	}
@@ -365,7 +397,23 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	}
 	// Run's jobs: pools of container sandboxes per image, made on the
 	// first call of each image (internal/fncall).
-	fn, err := fncall.New(fncall.Options{Backend: ctr, DiskBytes: fnDisk, Logger: log})
+	fn, err := fncall.New(fncall.Options{Backend: ctr, DiskBytes: fnDisk, GPUs: gpus, Logger: log})
+	if err != nil {
+		return fmt.Errorf("fncall backend: %w", err)
+	}
+	// The same pools serve Create with backend "fncall": sandboxes taken
+	// ready-made from a pool.
+	fnb, err := fn.NewBackend(filepath.Join(runDir, "fncall"), func(ctx context.Context, ls []backend.Layer) (func(), error) {
+		digests := make([]string, 0, len(ls))
+		for i := len(ls) - 1; i >= 0; i-- { // bottom first
+			if ls[i].Digest == "" {
+				return func() {}, nil // a directory layer: nothing to hold
+			}
+			digests = append(digests, ls[i].Digest)
+		}
+		_, release, err := images.LayerRefs(ctx, image.Image{Name: "fncall pool", Layers: digests}, true)
+		return release, err
+	})
 	if err != nil {
 		return fmt.Errorf("fncall backend: %w", err)
 	}
@@ -373,7 +421,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		StateDir:           stateDir,
 		NodeTag:            nodeTag,
 		MaxSandboxes:       o.maxSandboxes,
-		Backends:           map[string]backend.Backend{ctr.Name(): ctr},
+		Backends:           map[string]backend.Backend{ctr.Name(): ctr, fnb.Name(): fnb},
 		Images:             images,
 		Metrics:            met,
 		DefaultTimeout:     o.defaultTimeout,

@@ -52,9 +52,29 @@ func newVersionCommand() *cobra.Command {
 				return nil
 			}
 			fmt.Fprintf(out, "Server: %s%s (backends: %s; cgroup %s)\n", srv.Version, commitSuffix(srv.Commit), strings.Join(srv.Backends, ", "), srv.CgroupMode)
+			fmt.Fprintf(out, "GPUs:   %s\n", gpuSummary(srv.Gpus))
 			return nil
 		},
 	}
+}
+
+// gpuSummary is one line: each GPU with its device and the jobs on it.
+func gpuSummary(gpus []*warrenv1.NodeGpu) string {
+	if len(gpus) == 0 {
+		return "none"
+	}
+	parts := make([]string, len(gpus))
+	for i, g := range gpus {
+		use := "free"
+		switch {
+		case g.Exclusive:
+			use = "exclusive job"
+		case g.SharedJobs > 0:
+			use = fmt.Sprintf("%d shared jobs", g.SharedJobs)
+		}
+		parts[i] = fmt.Sprintf("%d (%s, %s)", g.Index, g.Device, use)
+	}
+	return fmt.Sprintf("%d: %s", len(gpus), strings.Join(parts, "; "))
 }
 
 func commitSuffix(c string) string {

@@ -80,6 +80,10 @@ type Options struct {
 	// theirs from (IDsPerSandbox each); zero for DefaultUserNSIDs. Each
 	// daemon on a node needs its own.
 	UserNSIDs IDRange
+	// Devices are character devices the node gives some sandboxes
+	// (Spec.Devices, SetDevices: the GPUs), which the devices cgroup then
+	// allows (devices.go).
+	Devices []backend.Device
 }
 
 // Backend is the container backend.
@@ -121,6 +125,13 @@ func New(opts Options) (*Backend, error) {
 		opts.CgroupParent = "warren"
 	}
 	b := &Backend{opts: opts, cpus: newCPUPool(), ids: newIDPool(opts.UserNSIDs)}
+	if len(opts.Devices) > 0 {
+		devs := make([][2]uint32, len(opts.Devices))
+		for i, d := range opts.Devices {
+			devs[i] = [2]uint32{d.Major, d.Minor}
+		}
+		cgroups.AllowDevices(devs)
+	}
 	// The cgroup parent is the daemon's own name on the node; it names
 	// its nftables table and interfaces too. Nothing is made before a
 	// sandbox asks for a network.
@@ -237,7 +248,16 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if len(spec.Layers) == 0 {
 		return nil, errdefs.Invalidf("sandbox %s: no image layers", spec.ID)
 	}
+	if err := checkDevices(spec.Devices); err != nil {
+		return nil, err
+	}
+	if err := checkMounts(spec.Mounts); err != nil {
+		return nil, err
+	}
 	if spec.Restore != "" {
+		if len(spec.Devices)+len(spec.Mounts) > 0 {
+			return nil, errdefs.Unsupportedf("sandbox %s: a restore with extra devices or mounts", spec.ID)
+		}
 		return b.restore(ctx, spec)
 	}
 	if err := b.ensureShared(); err != nil {
@@ -342,6 +362,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	ph.mark("attach")
 	ph.flush()
 	cu.Release()
+	// From here the sandbox is whole: Destroy undoes it all.
+	if err := s.extras(spec); err != nil {
+		return nil, errors.Join(err, s.Destroy(context.Background()))
+	}
 	return s, nil
 }
 
@@ -876,6 +900,9 @@ type sandbox struct {
 	jobOOM      uint64
 	jobOOMKnown bool
 	jobMq       *os.File // the mqueue filesystem's root (mqueue.go), from the first job on
+
+	devMu sync.Mutex
+	devs  []string // names of the device nodes SetDevices made (devices.go)
 }
 
 func (s *sandbox) ID() string { return s.id }

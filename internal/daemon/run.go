@@ -29,7 +29,12 @@ func (m *Manager) Run(ctx context.Context, req *warrenv1.RunRequest) (_ *warrenv
 	if err != nil {
 		return nil, err
 	}
-	return m.runJob(ctx, req.GetImage(), steps, start)
+	return m.runJob(ctx, req.GetImage(), steps, jobOptions(req.GetGpus()), start)
+}
+
+// jobOptions are a job's GPUs as fncall takes them.
+func jobOptions(g *warrenv1.RunGpus) fncall.JobOptions {
+	return fncall.JobOptions{GPUs: int(g.GetCount()), SharedGPUs: g.GetShared()}
 }
 
 // fnCheck validates what Run and RunBatch share.
@@ -47,13 +52,13 @@ func (m *Manager) fnCheck(backendName, image string) error {
 }
 
 // runJob runs one validated job.
-func (m *Manager) runJob(ctx context.Context, image string, steps []backend.Step, start time.Time) (*warrenv1.RunResult, error) {
+func (m *Manager) runJob(ctx context.Context, image string, steps []backend.Step, o fncall.JobOptions, start time.Time) (*warrenv1.RunResult, error) {
 	img, err := m.fnImage(ctx, image)
 	if err != nil {
 		m.metrics.ObserveFnJob("error", time.Since(start))
 		return nil, err
 	}
-	res, err := m.cfg.FnCall.Run(ctx, img, steps)
+	res, err := m.cfg.FnCall.RunWith(ctx, img, steps, o)
 	if err != nil {
 		m.metrics.ObserveFnJob("error", time.Since(start))
 		return nil, err
@@ -89,6 +94,9 @@ func (m *Manager) RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, s
 		if jobs[i], err = runSteps(j.GetSteps()); err != nil {
 			return errdefs.New(errdefs.Invalid, "job %d: %w", i, err)
 		}
+		if n, have := j.GetGpus().GetCount(), len(m.cfg.FnCall.GPUs()); n < 0 || int(n) > have {
+			return errdefs.Invalidf("job %d asks for %d GPUs; this node has %d", i, n, have)
+		}
 	}
 	par := int(req.GetParallelism())
 	if par < 0 {
@@ -117,7 +125,7 @@ func (m *Manager) RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, s
 				}
 				start := time.Now()
 				item := &warrenv1.RunBatchItem{Index: int32(i)}
-				res, err := m.runJob(ctx, req.GetImage(), jobs[i], start)
+				res, err := m.runJob(ctx, req.GetImage(), jobs[i], jobOptions(req.GetJobs()[i].GetGpus()), start)
 				if err != nil {
 					item.Error, item.ErrorCategory = err.Error(), errdefs.CategoryOf(err).String()
 				} else {

@@ -760,6 +760,13 @@ func (m *Manager) adoptAll(ctx context.Context) error {
 				if m.adopt(ctx, rec) {
 					mu.Lock()
 					keep[rec.Backend][rec.ID] = true
+					// A nested backend's sandbox keeps its inner one
+					// (fncall's: a container sandbox).
+					if n, ok := m.cfg.Backends[rec.Backend].(backend.Nested); ok {
+						if name, id, ok := n.Inner(rec.BackendState); ok && keep[name] != nil {
+							keep[name][id] = true
+						}
+					}
 					mu.Unlock()
 				}
 			}

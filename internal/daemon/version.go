@@ -26,9 +26,22 @@ func (m *Manager) Version(ctx context.Context, req *warrenv1.VersionRequest) (_ 
 		Commit:     Commit,
 		Backends:   m.backendNames(),
 		CgroupMode: CgroupMode(),
+		Gpus:       m.nodeGPUs(),
 		Node:       m.cfg.NodeName,
 		NodeTag:    m.cfg.NodeTag,
 	}, nil
+}
+
+// nodeGPUs are the GPUs the fncall backend hands out, and their jobs now.
+func (m *Manager) nodeGPUs() []*warrenv1.NodeGpu {
+	if m.cfg.FnCall == nil {
+		return nil
+	}
+	var out []*warrenv1.NodeGpu
+	for _, g := range m.cfg.FnCall.GPUs() {
+		out = append(out, &warrenv1.NodeGpu{Index: int32(g.Index), Device: g.Path, Exclusive: g.Exclusive, SharedJobs: int32(g.Shared)})
+	}
+	return out
 }
 
 // CgroupMode detects the host's cgroup layout: "v2" (unified), "hybrid"

@@ -30,6 +30,18 @@
 // is a pool per image and quota; a step that fills it ends in the output
 // limit.
 //
+// GPU jobs (gpu.go): a job may ask for GPUs (JobOptions). Their device
+// nodes are made in its environment's /dev for the job and removed after
+// the reset; the environment (of a pool of GPU environments) has the
+// driver's control nodes and its files bound read-only. A GPU runs one
+// exclusive job, or any number of shared ones, at a time; a job takes all
+// of its GPUs at once, and one that asks for more than the node has is
+// invalid.
+//
+// The same pools are a sandbox backend (sandbox.go, Backend: Create with
+// backend "fncall"): an environment taken ready-made becomes a sandbox,
+// and is destroyed with it, never reset into a pool.
+//
 // Pools adapt to load: each keeps as many environments, idle or in use,
 // as were in use at once in the last second plus one spare, refills in
 // the background as calls draw them, and an image's pool that sees no call

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -15,6 +17,8 @@ import (
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/etcfiles"
+	"github.com/warrenrl/warren/internal/rlimit"
 )
 
 // Name is the backend's name in the API.
@@ -66,7 +70,21 @@ type Options struct {
 	// NoSpare keeps no spare environment beyond the last second's peak
 	// (tests that need consecutive jobs in one environment).
 	NoSpare bool
-	Logger  *slog.Logger
+	// GPUs are the node's GPUs (nil or none: jobs cannot ask for one).
+	// The backend must allow their device nodes (container:
+	// Options.Devices = GPUs.All()).
+	GPUs   *NodeGPUs
+	Logger *slog.Logger
+}
+
+// JobOptions are what a job asks of its environment beyond its steps.
+type JobOptions struct {
+	// GPUs is how many of the node's GPUs the job gets: their device
+	// nodes in its /dev, with the driver's control nodes and files
+	// (GPULibDir, GPUBinDir). Each runs one job at a time, unless every
+	// job on it asks for SharedGPUs.
+	GPUs       int
+	SharedGPUs bool
 }
 
 // Image is what an environment is made from.
@@ -82,6 +100,15 @@ type Image struct {
 	// UserNS puts the image's environments in user namespaces of their
 	// own (the node's default, for images whose ids fit).
 	UserNS bool
+	// Rlimits and AllowSetuid are the environments' (backend.Spec): the
+	// sandboxes of the backend on Create (sandbox.go) differ in them; a
+	// Key names them too.
+	Rlimits     []rlimit.Limit
+	AllowSetuid bool
+	// Etc are /etc files the environments are made with (backend.Spec):
+	// the sandbox backend's, which become overwrites (cheaper than
+	// making them: no copy-up, no new inode).
+	Etc []etcfiles.File
 	// Release is called once the pool no longer needs Layers (nil: none).
 	Release func()
 }
@@ -96,6 +123,8 @@ type Service struct {
 	closed bool
 	stop   chan struct{}
 	wg     sync.WaitGroup
+
+	gpus *gpuSet // nil without GPUs
 
 	// images holds each image's layers for all its pools (one per disk
 	// quota), until the last of them closes.
@@ -143,6 +172,9 @@ func New(opts Options) (*Service, error) {
 		}
 	}
 	s := &Service{opts: opts, log: opts.Logger, pools: map[string]*pool{}, images: map[string]*imageRef{}, stop: make(chan struct{})}
+	if opts.GPUs != nil && len(opts.GPUs.GPUs) > 0 {
+		s.gpus = newGPUSet(opts.GPUs.GPUs)
+	}
 	s.wg.Add(1)
 	go s.janitor()
 	return s, nil
@@ -199,16 +231,33 @@ func (s *Service) Pools() []PoolStat {
 // Warren failed. img.Release is the pool's from the first call of its
 // key on; a later call's is called at once.
 func (s *Service) Run(ctx context.Context, img Image, job []backend.Step) (backend.JobResult, error) {
-	j, disk, err := s.job(img, job)
+	return s.RunWith(ctx, img, job, JobOptions{})
+}
+
+// RunWith is Run with a job's options: a job that asks for GPUs waits
+// until it can have them.
+func (s *Service) RunWith(ctx context.Context, img Image, job []backend.Step, o JobOptions) (backend.JobResult, error) {
+	j, disk, err := s.job(img, job, o)
 	if err != nil {
 		if img.Release != nil {
 			img.Release()
 		}
 		return backend.JobResult{}, err
 	}
-	p, err := s.pool(img, disk)
+	p, err := s.pool(img, disk, o.GPUs > 0)
 	if err != nil {
 		return backend.JobResult{}, err
+	}
+	var devs []backend.Device
+	if o.GPUs > 0 {
+		got, err := s.gpus.acquire(ctx, o.GPUs, o.SharedGPUs)
+		if err != nil {
+			return backend.JobResult{}, err
+		}
+		defer s.gpus.release(got, o.SharedGPUs)
+		for _, i := range got {
+			devs = append(devs, s.gpus.gpus[i].Device)
+		}
 	}
 	// An environment that fails before it sent a step's result (it died
 	// while idle, or during the first step) costs a second draw: a job
@@ -220,8 +269,19 @@ func (s *Service) Run(ctx context.Context, img Image, job []backend.Step) (backe
 		if err != nil {
 			return backend.JobResult{}, err
 		}
+		if err := e.setDevices(devs); err != nil {
+			p.discard(e)
+			return backend.JobResult{}, err
+		}
 		res, err := e.run.RunJob(ctx, j)
 		if err == nil && res.ResetErr == 0 {
+			// The reset killed every process of the job: none holds the
+			// GPUs' nodes open as they go.
+			if err := e.setDevices(nil); err != nil {
+				s.log.Warn("fncall: remove a job's GPU device nodes; replacing the environment", "env", e.sb.ID(), "err", err)
+				p.discard(e)
+				return res, nil
+			}
 			p.put(e)
 			return res, nil
 		}
@@ -277,9 +337,15 @@ func diskQuota(n int64) (int64, error) {
 }
 
 // job validates steps and fills in defaults; disk is the job's quota.
-func (s *Service) job(img Image, steps []backend.Step) (_ backend.Job, disk int64, _ error) {
+func (s *Service) job(img Image, steps []backend.Step, o JobOptions) (_ backend.Job, disk int64, _ error) {
 	if len(steps) == 0 {
 		return backend.Job{}, 0, errdefs.Invalidf("a job needs at least one step")
+	}
+	if o.GPUs < 0 {
+		return backend.Job{}, 0, errdefs.Invalidf("a negative GPU count")
+	}
+	if have := len(s.GPUs()); o.GPUs > have {
+		return backend.Job{}, 0, errdefs.Invalidf("the job asks for %d GPUs; this node has %d", o.GPUs, have)
 	}
 	for i, st := range steps {
 		if st.Limits.DiskBytes < 0 {
@@ -343,11 +409,32 @@ func (s *Service) job(img Image, steps []backend.Step) (_ backend.Job, disk int6
 				return backend.Job{}, 0, errdefs.Invalidf("step %d: output file name %q: a relative path without . or .. components", i, o)
 			}
 		}
-		st.Env = append(append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + Workdir, "TMPDIR=/tmp"}, img.Env...), st.Env...)
-		st.Env = dedupEnv(st.Env)
+		env := dedupEnv(append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + Workdir, "TMPDIR=/tmp"}, img.Env...))
+		if o.GPUs > 0 {
+			env = gpuEnv(env)
+		}
+		st.Env = dedupEnv(append(env, st.Env...))
 		j.Steps[i] = st
 	}
 	return j, disk, nil
+}
+
+// gpuEnv leads PATH and LD_LIBRARY_PATH with the GPU driver's directories.
+func gpuEnv(env []string) []string {
+	env = slices.Clone(env)
+	lib := false
+	for i, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			env[i] = "PATH=" + GPUBinDir + ":" + v
+		}
+		if v, ok := strings.CutPrefix(kv, "LD_LIBRARY_PATH="); ok {
+			env[i], lib = "LD_LIBRARY_PATH="+GPULibDir+":"+v, true
+		}
+	}
+	if !lib {
+		env = append(env, "LD_LIBRARY_PATH="+GPULibDir)
+	}
+	return env
 }
 
 // dedupEnv keeps the last value of each name, in first-seen order.
@@ -445,7 +532,7 @@ func (s *Service) unref(r *imageRef) {
 
 // pool returns the pool of img's environments with a disk of disk bytes
 // (0: on the node's disk), making it on the image's first call.
-func (s *Service) pool(img Image, disk int64) (*pool, error) {
+func (s *Service) pool(img Image, disk int64, gpu bool) (*pool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -457,6 +544,10 @@ func (s *Service) pool(img Image, disk int64) (*pool, error) {
 	key := img.Key
 	if disk > 0 {
 		key += "\x00disk=" + strconv.FormatInt(disk, 10)
+	}
+	if gpu {
+		// GPU environments have the driver's files and control nodes.
+		key += "\x00gpu"
 	}
 	if p, ok := s.pools[key]; ok {
 		if img.Release != nil {
@@ -479,7 +570,7 @@ func (s *Service) pool(img Image, disk int64) (*pool, error) {
 	ref.pools++
 	img.Release = nil
 	sum := sha256.Sum256([]byte(key))
-	p := &pool{s: s, img: img, ref: ref, disk: disk, tag: hex.EncodeToString(sum[:4]), target: 1 + s.spare(), lastUse: time.Now()}
+	p := &pool{s: s, img: img, ref: ref, disk: disk, gpu: gpu, transient: strings.HasPrefix(img.Key, sandboxKeyPrefix), tag: hex.EncodeToString(sum[:4]), target: 1 + s.spare(), lastUse: time.Now()}
 	p.cond = sync.NewCond(&p.mu)
 	s.pools[key] = p
 	return p, nil
@@ -498,10 +589,19 @@ func (s *Service) janitor() {
 		case <-t.C:
 		}
 		s.mu.Lock()
+		var gone []string
 		for _, p := range s.pools {
-			p.tick(s.opts.IdleTimeout)
+			if p.tick(s.opts.IdleTimeout) && p.transient {
+				gone = append(gone, p.img.Key)
+			}
 		}
 		s.mu.Unlock()
+		// A pool of the sandbox backend's is closed once empty and
+		// unused for IdleTimeout: nothing else lets go of its layers
+		// (Run's pools are closed when their image changes, fnRemoved).
+		for _, k := range gone {
+			s.Forget(k)
+		}
 	}
 }
 
@@ -533,4 +633,19 @@ func (s *Service) spare() int {
 		return 0
 	}
 	return 1
+}
+
+// Drain destroys every idle environment and waits for those being made
+// or destroyed: for tests that count the node's resources, in which a
+// pool's spare environments (a cache) are not a leak.
+func (s *Service) Drain() {
+	s.mu.Lock()
+	ps := make([]*pool, 0, len(s.pools))
+	for _, p := range s.pools {
+		ps = append(ps, p)
+	}
+	s.mu.Unlock()
+	for _, p := range ps {
+		p.drain()
+	}
 }

@@ -34,6 +34,7 @@ func newServiceTB(t testing.TB, o Options) (*Service, Image) {
 		StateDir:     filepath.Join(dir, "state"),
 		RunDir:       filepath.Join(dir, "run"),
 		CgroupParent: fmt.Sprintf("warren-test-fn%d", os.Getpid()),
+		Devices:      o.GPUs.All(),
 	}
 	b, err := container.New(copts)
 	if err != nil {

@@ -2,6 +2,7 @@ package fncall
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"time"
 
@@ -11,8 +12,26 @@ import (
 
 // env is one pooled environment.
 type env struct {
-	sb  backend.Sandbox
-	run backend.JobRunner
+	sb   backend.Sandbox
+	run  backend.JobRunner
+	devs bool // it has a job's GPU nodes
+}
+
+// setDevices gives the environment a job's GPU device nodes, or takes
+// them back (nil).
+func (e *env) setDevices(devs []backend.Device) error {
+	if len(devs) == 0 && !e.devs {
+		return nil
+	}
+	ds, ok := e.sb.(backend.DeviceSetter)
+	if !ok {
+		return errdefs.Unsupportedf("fncall: the environments' backend cannot give a job device nodes")
+	}
+	if err := ds.SetDevices(devs); err != nil {
+		return err
+	}
+	e.devs = len(devs) > 0
+	return nil
 }
 
 // pool is the environments of one image. Its states: an environment is
@@ -24,19 +43,27 @@ type pool struct {
 	img  Image
 	ref  *imageRef // the image's layers, which close lets go of
 	disk int64     // each environment's disk quota (0: the node's disk)
-	tag  string
-	mu   sync.Mutex
-	cond *sync.Cond // signalled when an environment becomes idle or a make fails
+	gpu  bool      // environments for GPU jobs (gpu.go)
+	// transient: a pool of the sandbox backend's (sandbox.go), closed
+	// once empty and unused for the idle timeout.
+	transient bool
+	tag       string
+	mu        sync.Mutex
+	cond      *sync.Cond // signalled when an environment becomes idle or a make fails
 
-	idle    []*env
-	inUse   int
-	making  int
-	waiting int // callers waiting for one being made
-	peak    int // most in use at once since the last tick
-	target  int // environments to keep, idle or in use: last second's peak in use, plus one spare
-	lastUse time.Time
-	closed  bool
-	wg      sync.WaitGroup // makes and destroys in the background
+	idle   []*env
+	inUse  int
+	making int
+	// refilling are those of making made in the background for the idle
+	// list (refillLocked), which a waiting caller can take; the others
+	// are callers' own.
+	refilling int
+	waiting   int // callers waiting for a refill
+	peak      int // most in use at once since the last tick
+	target    int // environments to keep, idle or in use: last second's peak in use, plus one spare
+	lastUse   time.Time
+	closed    bool
+	wg        sync.WaitGroup // makes and destroys in the background
 }
 
 // draw takes an idle environment, or makes one when none is idle and
@@ -48,7 +75,14 @@ func (p *pool) draw(ctx context.Context) (*env, error) {
 		// Wait for an environment already being made (a refill) when
 		// there is one for every caller waiting; otherwise make one: a
 		// burst makes environments in parallel, a trickle takes refills.
-		if p.making > p.waiting {
+		// Run's callers wait for the other callers' makes too, whose
+		// environments come back after their jobs; a sandbox pool's
+		// never come back, and only refills reach its idle list.
+		coming := p.making
+		if p.transient {
+			coming = p.refilling
+		}
+		if coming > p.waiting {
 			p.waiting++
 			p.cond.Wait()
 			p.waiting--
@@ -76,6 +110,13 @@ func (p *pool) draw(ctx context.Context) (*env, error) {
 	}
 	e := p.idle[len(p.idle)-1]
 	p.idle = p.idle[:len(p.idle)-1]
+	if e.sb.Exited().Err() != nil {
+		// It died while idle (a sweep, the OOM killer): another.
+		p.s.failed.Add(1)
+		p.destroyLater(e)
+		p.mu.Unlock()
+		return p.draw(ctx)
+	}
 	p.inUse++
 	p.peak = max(p.peak, p.inUse)
 	p.refillLocked()
@@ -83,11 +124,52 @@ func (p *pool) draw(ctx context.Context) (*env, error) {
 	return e, nil
 }
 
+// take draws an environment that leaves the pool for good (a sandbox of
+// the backend on Create): the pool refills as for a draw, and counts it
+// no longer.
+func (p *pool) take(ctx context.Context) (*env, error) {
+	e, err := p.draw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inUse--
+	p.refillLocked()
+	return e, nil
+}
+
+// drain destroys the idle environments and waits for those being made or
+// destroyed in the background, until none is left idle.
+func (p *pool) drain() {
+	for {
+		p.mu.Lock()
+		idle := p.idle
+		p.idle = nil
+		p.mu.Unlock()
+		for _, e := range idle {
+			p.destroy(e)
+		}
+		p.wg.Wait()
+		p.mu.Lock()
+		n := len(p.idle)
+		p.mu.Unlock()
+		if n == 0 {
+			return
+		}
+	}
+}
+
 // refillLocked starts making environments in the background until those
 // idle, in use and being made reach the target.
+//
+// At most one refill per CPU runs at a time: a create is CPU work, and at
+// saturation more of them at once (a refill for every caller, beside the
+// callers' own) only made each slower.
 func (p *pool) refillLocked() {
-	for !p.closed && len(p.idle)+p.making+p.inUse < p.target && len(p.idle)+p.making < p.s.opts.MaxIdle {
+	for !p.closed && len(p.idle)+p.making+p.inUse < p.target && len(p.idle)+p.making < p.s.opts.MaxIdle && p.refilling < runtime.NumCPU() {
 		p.making++
+		p.refilling++
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
@@ -95,6 +177,7 @@ func (p *pool) refillLocked() {
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			p.making--
+			p.refilling--
 			if err != nil {
 				p.s.log.Warn("fncall: make environment", "err", err)
 				p.cond.Broadcast()
@@ -108,7 +191,10 @@ func (p *pool) refillLocked() {
 // idleLocked adds e to the idle environments, or destroys it when the
 // pool has enough or is closed.
 func (p *pool) idleLocked(e *env) {
-	if p.closed || len(p.idle)+p.inUse >= p.target || len(p.idle) >= p.s.opts.MaxIdle {
+	// A caller waiting for one being made takes it whatever the target
+	// (a tick or drain may have lowered it meanwhile): it would otherwise
+	// wait for a signal that never comes.
+	if p.closed || (p.waiting == 0 && (len(p.idle)+p.inUse >= p.target || len(p.idle) >= p.s.opts.MaxIdle)) {
 		p.destroyLater(e)
 		return
 	}
@@ -154,6 +240,11 @@ func (p *pool) destroy(e *env) {
 // make creates one environment of the pool's image.
 func (p *pool) make(ctx context.Context) (*env, error) {
 	o := p.s.opts
+	var devs []backend.Device
+	var mounts []backend.Mount
+	if p.gpu {
+		devs, mounts = o.GPUs.Control, o.GPUs.Mounts
+	}
 	sb, err := o.Backend.Create(ctx, backend.Spec{
 		ID:          p.s.newID(p.tag),
 		Hostname:    "fncall",
@@ -161,7 +252,12 @@ func (p *pool) make(ctx context.Context) (*env, error) {
 		MemoryBytes: o.MemoryBytes,
 		PidsMax:     o.PidsMax,
 		UserNS:      p.img.UserNS,
+		Rlimits:     p.img.Rlimits,
+		AllowSetuid: p.img.AllowSetuid,
+		Etc:         p.img.Etc,
 		DiskBytes:   p.disk,
+		Devices:     devs,
+		Mounts:      mounts,
 	})
 	if err != nil {
 		return nil, err
@@ -181,7 +277,7 @@ func (p *pool) make(ctx context.Context) (*env, error) {
 // for idleTimeout. The pool itself stays, holding its image's layers,
 // until the service closes: a call racing its removal would need the
 // layers again.
-func (p *pool) tick(idleTimeout time.Duration) {
+func (p *pool) tick(idleTimeout time.Duration) (unused bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.target = p.peak + p.s.spare()
@@ -195,6 +291,7 @@ func (p *pool) tick(idleTimeout time.Duration) {
 		p.idle = p.idle[1:]
 		p.destroyLater(e)
 	}
+	return keep == 0 && p.inUse == 0 && p.making == 0 && time.Since(p.lastUse) > idleTimeout
 }
 
 // close destroys every idle environment, waits for those in the

@@ -245,11 +245,15 @@ func (x *Resources) GetDiskBytes() int64 {
 }
 
 type CreateRequest struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // optional; generated when empty; [a-z0-9][a-z0-9_.-]{0,62}
-	Image     string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
-	Backend   string                 `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"` // "container" (default)
-	Resources *Resources             `protobuf:"bytes,4,opt,name=resources,proto3" json:"resources,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // optional; generated when empty; [a-z0-9][a-z0-9_.-]{0,62}
+	Image string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
+	// "container" (default), or "fncall": the sandbox is taken ready-made
+	// from a pool of the image's environments (faster to create where the
+	// node has idle CPU; cannot hibernate or fork). Another name is invalid;
+	// the error lists the node's (VersionResponse.backends).
+	Backend   string     `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
+	Resources *Resources `protobuf:"bytes,4,opt,name=resources,proto3" json:"resources,omitempty"`
 	// The env of the image's OCI config is the base of the sandbox's env;
 	// these values win over it.
 	Env            map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
@@ -4962,6 +4966,9 @@ type VersionResponse struct {
 	Commit     string                 `protobuf:"bytes,2,opt,name=commit,proto3" json:"commit,omitempty"`
 	Backends   []string               `protobuf:"bytes,3,rep,name=backends,proto3" json:"backends,omitempty"`
 	CgroupMode string                 `protobuf:"bytes,4,opt,name=cgroup_mode,json=cgroupMode,proto3" json:"cgroup_mode,omitempty"` // "v1", "v2" or "hybrid"
+	// The node's GPUs, which jobs of the fncall backend can ask for
+	// (RunGpus), and the jobs on each now. Empty: none.
+	Gpus []*NodeGpu `protobuf:"bytes,5,rep,name=gpus,proto3" json:"gpus,omitempty"`
 	// The node's name and the tag that starts the ids of its sandboxes
 	// ("" outside a cluster); "gateway" for a gateway.
 	Node          string `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
@@ -5028,6 +5035,13 @@ func (x *VersionResponse) GetCgroupMode() string {
 	return ""
 }
 
+func (x *VersionResponse) GetGpus() []*NodeGpu {
+	if x != nil {
+		return x.Gpus
+	}
+	return nil
+}
+
 func (x *VersionResponse) GetNode() string {
 	if x != nil {
 		return x.Node
@@ -5042,6 +5056,74 @@ func (x *VersionResponse) GetNodeTag() string {
 	return ""
 }
 
+type NodeGpu struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`                             // N of /dev/nvidia<N>
+	Device        string                 `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`                            // the device node on the node
+	Exclusive     bool                   `protobuf:"varint,3,opt,name=exclusive,proto3" json:"exclusive,omitempty"`                     // an exclusive job holds it
+	SharedJobs    int32                  `protobuf:"varint,4,opt,name=shared_jobs,json=sharedJobs,proto3" json:"shared_jobs,omitempty"` // shared jobs on it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeGpu) Reset() {
+	*x = NodeGpu{}
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeGpu) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeGpu) ProtoMessage() {}
+
+func (x *NodeGpu) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeGpu.ProtoReflect.Descriptor instead.
+func (*NodeGpu) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *NodeGpu) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *NodeGpu) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *NodeGpu) GetExclusive() bool {
+	if x != nil {
+		return x.Exclusive
+	}
+	return false
+}
+
+func (x *NodeGpu) GetSharedJobs() int32 {
+	if x != nil {
+		return x.SharedJobs
+	}
+	return 0
+}
+
 type ListSandboxEventsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -5053,7 +5135,7 @@ type ListSandboxEventsRequest struct {
 
 func (x *ListSandboxEventsRequest) Reset() {
 	*x = ListSandboxEventsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5065,7 +5147,7 @@ func (x *ListSandboxEventsRequest) String() string {
 func (*ListSandboxEventsRequest) ProtoMessage() {}
 
 func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5078,7 +5160,7 @@ func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListSandboxEventsRequest) GetSandboxId() string {
@@ -5115,7 +5197,7 @@ type ListSandboxEventsResponse struct {
 
 func (x *ListSandboxEventsResponse) Reset() {
 	*x = ListSandboxEventsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5127,7 +5209,7 @@ func (x *ListSandboxEventsResponse) String() string {
 func (*ListSandboxEventsResponse) ProtoMessage() {}
 
 func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5140,7 +5222,7 @@ func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListSandboxEventsResponse) GetEvents() []*SecurityEvent {
@@ -5186,7 +5268,7 @@ type SecurityEvent struct {
 
 func (x *SecurityEvent) Reset() {
 	*x = SecurityEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5198,7 +5280,7 @@ func (x *SecurityEvent) String() string {
 func (*SecurityEvent) ProtoMessage() {}
 
 func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5211,7 +5293,7 @@ func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityEvent.ProtoReflect.Descriptor instead.
 func (*SecurityEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *SecurityEvent) GetSeq() uint64 {
@@ -5275,7 +5357,7 @@ type ReadTrajectoryRequest struct {
 
 func (x *ReadTrajectoryRequest) Reset() {
 	*x = ReadTrajectoryRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5287,7 +5369,7 @@ func (x *ReadTrajectoryRequest) String() string {
 func (*ReadTrajectoryRequest) ProtoMessage() {}
 
 func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5300,7 +5382,7 @@ func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*ReadTrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ReadTrajectoryRequest) GetSandboxId() string {
@@ -5345,7 +5427,7 @@ type ReadTrajectoryResponse struct {
 
 func (x *ReadTrajectoryResponse) Reset() {
 	*x = ReadTrajectoryResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5357,7 +5439,7 @@ func (x *ReadTrajectoryResponse) String() string {
 func (*ReadTrajectoryResponse) ProtoMessage() {}
 
 func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5370,7 +5452,7 @@ func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTrajectoryResponse.ProtoReflect.Descriptor instead.
 func (*ReadTrajectoryResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ReadTrajectoryResponse) GetEntries() []*TrajectoryEntry {
@@ -5420,7 +5502,7 @@ type TrajectoryUpload struct {
 
 func (x *TrajectoryUpload) Reset() {
 	*x = TrajectoryUpload{}
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5432,7 +5514,7 @@ func (x *TrajectoryUpload) String() string {
 func (*TrajectoryUpload) ProtoMessage() {}
 
 func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5445,7 +5527,7 @@ func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryUpload.ProtoReflect.Descriptor instead.
 func (*TrajectoryUpload) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *TrajectoryUpload) GetSandboxId() string {
@@ -5513,7 +5595,7 @@ type TrajectoryEntry struct {
 
 func (x *TrajectoryEntry) Reset() {
 	*x = TrajectoryEntry{}
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5525,7 +5607,7 @@ func (x *TrajectoryEntry) String() string {
 func (*TrajectoryEntry) ProtoMessage() {}
 
 func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5538,7 +5620,7 @@ func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryEntry.ProtoReflect.Descriptor instead.
 func (*TrajectoryEntry) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *TrajectoryEntry) GetIndex() uint64 {
@@ -5738,7 +5820,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5750,7 +5832,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5763,7 +5845,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -5793,7 +5875,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5805,7 +5887,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5818,7 +5900,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *Memory) GetBytes() uint64 {
@@ -5863,7 +5945,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5875,7 +5957,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5888,7 +5970,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -5946,7 +6028,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5958,7 +6040,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5971,7 +6053,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -6003,7 +6085,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6015,7 +6097,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6028,7 +6110,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -6075,7 +6157,7 @@ type HibernateRequest struct {
 
 func (x *HibernateRequest) Reset() {
 	*x = HibernateRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6087,7 +6169,7 @@ func (x *HibernateRequest) String() string {
 func (*HibernateRequest) ProtoMessage() {}
 
 func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6100,7 +6182,7 @@ func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateRequest.ProtoReflect.Descriptor instead.
 func (*HibernateRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *HibernateRequest) GetId() string {
@@ -6119,7 +6201,7 @@ type RestoreRequest struct {
 
 func (x *RestoreRequest) Reset() {
 	*x = RestoreRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6131,7 +6213,7 @@ func (x *RestoreRequest) String() string {
 func (*RestoreRequest) ProtoMessage() {}
 
 func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6144,7 +6226,7 @@ func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
 func (*RestoreRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RestoreRequest) GetId() string {
@@ -6167,7 +6249,7 @@ type HibernateResponse struct {
 
 func (x *HibernateResponse) Reset() {
 	*x = HibernateResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6179,7 +6261,7 @@ func (x *HibernateResponse) String() string {
 func (*HibernateResponse) ProtoMessage() {}
 
 func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6192,7 +6274,7 @@ func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
 func (*HibernateResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *HibernateResponse) GetSandbox() *Sandbox {
@@ -6243,7 +6325,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6255,7 +6337,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6268,7 +6350,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -6319,7 +6401,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6331,7 +6413,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6344,7 +6426,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ForkResponse) GetSandboxes() []*Sandbox {
@@ -6392,7 +6474,7 @@ type HibernateByLabelRequest struct {
 
 func (x *HibernateByLabelRequest) Reset() {
 	*x = HibernateByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6404,7 +6486,7 @@ func (x *HibernateByLabelRequest) String() string {
 func (*HibernateByLabelRequest) ProtoMessage() {}
 
 func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6417,7 +6499,7 @@ func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateByLabelRequest.ProtoReflect.Descriptor instead.
 func (*HibernateByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *HibernateByLabelRequest) GetLabels() map[string]string {
@@ -6445,7 +6527,7 @@ type PauseByLabelRequest struct {
 
 func (x *PauseByLabelRequest) Reset() {
 	*x = PauseByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6457,7 +6539,7 @@ func (x *PauseByLabelRequest) String() string {
 func (*PauseByLabelRequest) ProtoMessage() {}
 
 func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6470,7 +6552,7 @@ func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
 func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *PauseByLabelRequest) GetLabels() map[string]string {
@@ -6504,7 +6586,7 @@ type ResumeByLabelRequest struct {
 
 func (x *ResumeByLabelRequest) Reset() {
 	*x = ResumeByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6516,7 +6598,7 @@ func (x *ResumeByLabelRequest) String() string {
 func (*ResumeByLabelRequest) ProtoMessage() {}
 
 func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6529,7 +6611,7 @@ func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
 func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ResumeByLabelRequest) GetLabels() map[string]string {
@@ -6567,7 +6649,7 @@ type ByLabelEvent struct {
 
 func (x *ByLabelEvent) Reset() {
 	*x = ByLabelEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6579,7 +6661,7 @@ func (x *ByLabelEvent) String() string {
 func (*ByLabelEvent) ProtoMessage() {}
 
 func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6592,7 +6674,7 @@ func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
 func (*ByLabelEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ByLabelEvent) GetSandboxId() string {
@@ -6670,13 +6752,14 @@ type RunRequest struct {
 	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
 	Backend       string                 `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"` // "fncall" (default; the only one so far)
 	Steps         []*RunStep             `protobuf:"bytes,3,rep,name=steps,proto3" json:"steps,omitempty"`     // 1 to 64, run in order
+	Gpus          *RunGpus               `protobuf:"bytes,4,opt,name=gpus,proto3" json:"gpus,omitempty"`       // unset: no GPU
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6688,7 +6771,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6701,7 +6784,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *RunRequest) GetImage() string {
@@ -6725,6 +6808,71 @@ func (x *RunRequest) GetSteps() []*RunStep {
 	return nil
 }
 
+func (x *RunRequest) GetGpus() *RunGpus {
+	if x != nil {
+		return x.Gpus
+	}
+	return nil
+}
+
+// RunGpus is what GPUs a job gets: count of the node's GPUs (their device
+// nodes /dev/nvidia<N>, the driver's control nodes, and its libraries and
+// tools read-only at /usr/local/nvidia/lib64 and /usr/local/nvidia/bin,
+// which LD_LIBRARY_PATH and PATH lead with). A GPU runs one job at a time;
+// a job waits for its GPUs, all at once. Shared jobs run together on a GPU
+// (never with an exclusive one). More than the node has is invalid.
+type RunGpus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Count         int32                  `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	Shared        bool                   `protobuf:"varint,2,opt,name=shared,proto3" json:"shared,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunGpus) Reset() {
+	*x = RunGpus{}
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunGpus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunGpus) ProtoMessage() {}
+
+func (x *RunGpus) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunGpus.ProtoReflect.Descriptor instead.
+func (*RunGpus) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+}
+
+func (x *RunGpus) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *RunGpus) GetShared() bool {
+	if x != nil {
+		return x.Shared
+	}
+	return false
+}
+
 // RunStep is one program of a job. Every step runs in the job's work
 // directory (/w, empty at the job's start, HOME) as uid and gid 1000,
 // without network (loopback only).
@@ -6745,7 +6893,7 @@ type RunStep struct {
 
 func (x *RunStep) Reset() {
 	*x = RunStep{}
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6757,7 +6905,7 @@ func (x *RunStep) String() string {
 func (*RunStep) ProtoMessage() {}
 
 func (x *RunStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6770,7 +6918,7 @@ func (x *RunStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
 func (*RunStep) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RunStep) GetArgv() []string {
@@ -6837,7 +6985,7 @@ type RunFile struct {
 
 func (x *RunFile) Reset() {
 	*x = RunFile{}
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6849,7 +6997,7 @@ func (x *RunFile) String() string {
 func (*RunFile) ProtoMessage() {}
 
 func (x *RunFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6862,7 +7010,7 @@ func (x *RunFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
 func (*RunFile) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RunFile) GetName() string {
@@ -6925,7 +7073,7 @@ type RunLimits struct {
 
 func (x *RunLimits) Reset() {
 	*x = RunLimits{}
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6937,7 +7085,7 @@ func (x *RunLimits) String() string {
 func (*RunLimits) ProtoMessage() {}
 
 func (x *RunLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6950,7 +7098,7 @@ func (x *RunLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
 func (*RunLimits) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RunLimits) GetCpuMs() int64 {
@@ -7036,7 +7184,7 @@ type RunStepResult struct {
 
 func (x *RunStepResult) Reset() {
 	*x = RunStepResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7048,7 +7196,7 @@ func (x *RunStepResult) String() string {
 func (*RunStepResult) ProtoMessage() {}
 
 func (x *RunStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7061,7 +7209,7 @@ func (x *RunStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
 func (*RunStepResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RunStepResult) GetStatus() RunStatus {
@@ -7159,7 +7307,7 @@ type RunFileResult struct {
 
 func (x *RunFileResult) Reset() {
 	*x = RunFileResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7171,7 +7319,7 @@ func (x *RunFileResult) String() string {
 func (*RunFileResult) ProtoMessage() {}
 
 func (x *RunFileResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7184,7 +7332,7 @@ func (x *RunFileResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
 func (*RunFileResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RunFileResult) GetName() string {
@@ -7220,7 +7368,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7232,7 +7380,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7245,7 +7393,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RunResult) GetSteps() []*RunStepResult {
@@ -7274,7 +7422,7 @@ type RunBatchRequest struct {
 
 func (x *RunBatchRequest) Reset() {
 	*x = RunBatchRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7286,7 +7434,7 @@ func (x *RunBatchRequest) String() string {
 func (*RunBatchRequest) ProtoMessage() {}
 
 func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7299,7 +7447,7 @@ func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RunBatchRequest) GetImage() string {
@@ -7333,13 +7481,14 @@ func (x *RunBatchRequest) GetParallelism() int32 {
 type RunJob struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Steps         []*RunStep             `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	Gpus          *RunGpus               `protobuf:"bytes,2,opt,name=gpus,proto3" json:"gpus,omitempty"` // unset: no GPU
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunJob) Reset() {
 	*x = RunJob{}
-	mi := &file_warren_v1_warren_proto_msgTypes[96]
+	mi := &file_warren_v1_warren_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7351,7 +7500,7 @@ func (x *RunJob) String() string {
 func (*RunJob) ProtoMessage() {}
 
 func (x *RunJob) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[96]
+	mi := &file_warren_v1_warren_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7364,12 +7513,19 @@ func (x *RunJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
 func (*RunJob) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RunJob) GetSteps() []*RunStep {
 	if x != nil {
 		return x.Steps
+	}
+	return nil
+}
+
+func (x *RunJob) GetGpus() *RunGpus {
+	if x != nil {
+		return x.Gpus
 	}
 	return nil
 }
@@ -7386,7 +7542,7 @@ type RunBatchItem struct {
 
 func (x *RunBatchItem) Reset() {
 	*x = RunBatchItem{}
-	mi := &file_warren_v1_warren_proto_msgTypes[97]
+	mi := &file_warren_v1_warren_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7398,7 +7554,7 @@ func (x *RunBatchItem) String() string {
 func (*RunBatchItem) ProtoMessage() {}
 
 func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[97]
+	mi := &file_warren_v1_warren_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7411,7 +7567,7 @@ func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
 func (*RunBatchItem) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{97}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *RunBatchItem) GetIndex() int32 {
@@ -7452,7 +7608,7 @@ type BatchCreateRequest struct {
 
 func (x *BatchCreateRequest) Reset() {
 	*x = BatchCreateRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[98]
+	mi := &file_warren_v1_warren_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7464,7 +7620,7 @@ func (x *BatchCreateRequest) String() string {
 func (*BatchCreateRequest) ProtoMessage() {}
 
 func (x *BatchCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[98]
+	mi := &file_warren_v1_warren_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7477,7 +7633,7 @@ func (x *BatchCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCreateRequest.ProtoReflect.Descriptor instead.
 func (*BatchCreateRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{98}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *BatchCreateRequest) GetTemplate() *CreateRequest {
@@ -7504,7 +7660,7 @@ type BatchCreateResponse struct {
 
 func (x *BatchCreateResponse) Reset() {
 	*x = BatchCreateResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[99]
+	mi := &file_warren_v1_warren_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7516,7 +7672,7 @@ func (x *BatchCreateResponse) String() string {
 func (*BatchCreateResponse) ProtoMessage() {}
 
 func (x *BatchCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[99]
+	mi := &file_warren_v1_warren_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7529,7 +7685,7 @@ func (x *BatchCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCreateResponse.ProtoReflect.Descriptor instead.
 func (*BatchCreateResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{99}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *BatchCreateResponse) GetSandboxes() []*Sandbox {
@@ -7554,7 +7710,7 @@ type NodeStatusRequest struct {
 
 func (x *NodeStatusRequest) Reset() {
 	*x = NodeStatusRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[100]
+	mi := &file_warren_v1_warren_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7566,7 +7722,7 @@ func (x *NodeStatusRequest) String() string {
 func (*NodeStatusRequest) ProtoMessage() {}
 
 func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[100]
+	mi := &file_warren_v1_warren_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7579,7 +7735,7 @@ func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*NodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{100}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{102}
 }
 
 type NodeStatus struct {
@@ -7604,7 +7760,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_warren_v1_warren_proto_msgTypes[101]
+	mi := &file_warren_v1_warren_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7616,7 +7772,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[101]
+	mi := &file_warren_v1_warren_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7629,7 +7785,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{101}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *NodeStatus) GetName() string {
@@ -7739,7 +7895,7 @@ type NodeStatusResponse struct {
 
 func (x *NodeStatusResponse) Reset() {
 	*x = NodeStatusResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[102]
+	mi := &file_warren_v1_warren_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7751,7 +7907,7 @@ func (x *NodeStatusResponse) String() string {
 func (*NodeStatusResponse) ProtoMessage() {}
 
 func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[102]
+	mi := &file_warren_v1_warren_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7764,7 +7920,7 @@ func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*NodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{102}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *NodeStatusResponse) GetNodes() []*NodeStatus {
@@ -8199,15 +8355,22 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05error\x18\x04 \x01(\tR\x05error\"K\n" +
 	"\x13VerifyImageResponse\x124\n" +
 	"\x06layers\x18\x01 \x03(\v2\x1c.warren.v1.LayerVerificationR\x06layers\"\x10\n" +
-	"\x0eVersionRequest\"\xaf\x01\n" +
+	"\x0eVersionRequest\"\xd7\x01\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1a\n" +
 	"\bbackends\x18\x03 \x03(\tR\bbackends\x12\x1f\n" +
 	"\vcgroup_mode\x18\x04 \x01(\tR\n" +
-	"cgroupMode\x12\x12\n" +
+	"cgroupMode\x12&\n" +
+	"\x04gpus\x18\x05 \x03(\v2\x12.warren.v1.NodeGpuR\x04gpus\x12\x12\n" +
 	"\x04node\x18\a \x01(\tR\x04node\x12\x19\n" +
-	"\bnode_tag\x18\b \x01(\tR\anodeTag\"u\n" +
+	"\bnode_tag\x18\b \x01(\tR\anodeTag\"v\n" +
+	"\aNodeGpu\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x16\n" +
+	"\x06device\x18\x02 \x01(\tR\x06device\x12\x1c\n" +
+	"\texclusive\x18\x03 \x01(\bR\texclusive\x12\x1f\n" +
+	"\vshared_jobs\x18\x04 \x01(\x05R\n" +
+	"sharedJobs\"u\n" +
 	"\x18ListSandboxEventsRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1b\n" +
@@ -8368,12 +8531,16 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\n" +
 	"hibernated\x18\n" +
 	" \x01(\v2\x1c.warren.v1.HibernateResponseR\n" +
-	"hibernated\"f\n" +
+	"hibernated\"\x8e\x01\n" +
 	"\n" +
 	"RunRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12(\n" +
-	"\x05steps\x18\x03 \x03(\v2\x12.warren.v1.RunStepR\x05steps\"\xbc\x02\n" +
+	"\x05steps\x18\x03 \x03(\v2\x12.warren.v1.RunStepR\x05steps\x12&\n" +
+	"\x04gpus\x18\x04 \x01(\v2\x12.warren.v1.RunGpusR\x04gpus\"7\n" +
+	"\aRunGpus\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x05R\x05count\x12\x16\n" +
+	"\x06shared\x18\x02 \x01(\bR\x06shared\"\xbc\x02\n" +
 	"\aRunStep\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12-\n" +
 	"\x03env\x18\x02 \x03(\v2\x1b.warren.v1.RunStep.EnvEntryR\x03env\x12\x14\n" +
@@ -8428,9 +8595,10 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12%\n" +
 	"\x04jobs\x18\x03 \x03(\v2\x11.warren.v1.RunJobR\x04jobs\x12 \n" +
-	"\vparallelism\x18\x04 \x01(\x05R\vparallelism\"2\n" +
+	"\vparallelism\x18\x04 \x01(\x05R\vparallelism\"Z\n" +
 	"\x06RunJob\x12(\n" +
-	"\x05steps\x18\x01 \x03(\v2\x12.warren.v1.RunStepR\x05steps\"\x8f\x01\n" +
+	"\x05steps\x18\x01 \x03(\v2\x12.warren.v1.RunStepR\x05steps\x12&\n" +
+	"\x04gpus\x18\x02 \x01(\v2\x12.warren.v1.RunGpusR\x04gpus\"\x8f\x01\n" +
 	"\fRunBatchItem\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12,\n" +
 	"\x06result\x18\x02 \x01(\v2\x14.warren.v1.RunResultR\x06result\x12\x14\n" +
@@ -8560,7 +8728,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 117)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 119)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(RunStatus)(0),                    // 1: warren.v1.RunStatus
@@ -8631,77 +8799,79 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*VerifyImageResponse)(nil),       // 66: warren.v1.VerifyImageResponse
 	(*VersionRequest)(nil),            // 67: warren.v1.VersionRequest
 	(*VersionResponse)(nil),           // 68: warren.v1.VersionResponse
-	(*ListSandboxEventsRequest)(nil),  // 69: warren.v1.ListSandboxEventsRequest
-	(*ListSandboxEventsResponse)(nil), // 70: warren.v1.ListSandboxEventsResponse
-	(*SecurityEvent)(nil),             // 71: warren.v1.SecurityEvent
-	(*ReadTrajectoryRequest)(nil),     // 72: warren.v1.ReadTrajectoryRequest
-	(*ReadTrajectoryResponse)(nil),    // 73: warren.v1.ReadTrajectoryResponse
-	(*TrajectoryUpload)(nil),          // 74: warren.v1.TrajectoryUpload
-	(*TrajectoryEntry)(nil),           // 75: warren.v1.TrajectoryEntry
-	(*PauseRequest)(nil),              // 76: warren.v1.PauseRequest
-	(*Memory)(nil),                    // 77: warren.v1.Memory
-	(*PauseResponse)(nil),             // 78: warren.v1.PauseResponse
-	(*ResumeRequest)(nil),             // 79: warren.v1.ResumeRequest
-	(*ResumeResponse)(nil),            // 80: warren.v1.ResumeResponse
-	(*HibernateRequest)(nil),          // 81: warren.v1.HibernateRequest
-	(*RestoreRequest)(nil),            // 82: warren.v1.RestoreRequest
-	(*HibernateResponse)(nil),         // 83: warren.v1.HibernateResponse
-	(*ForkRequest)(nil),               // 84: warren.v1.ForkRequest
-	(*ForkResponse)(nil),              // 85: warren.v1.ForkResponse
-	(*HibernateByLabelRequest)(nil),   // 86: warren.v1.HibernateByLabelRequest
-	(*PauseByLabelRequest)(nil),       // 87: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 88: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 89: warren.v1.ByLabelEvent
-	(*RunRequest)(nil),                // 90: warren.v1.RunRequest
-	(*RunStep)(nil),                   // 91: warren.v1.RunStep
-	(*RunFile)(nil),                   // 92: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 93: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 94: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 95: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 96: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 97: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 98: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 99: warren.v1.RunBatchItem
-	(*BatchCreateRequest)(nil),        // 100: warren.v1.BatchCreateRequest
-	(*BatchCreateResponse)(nil),       // 101: warren.v1.BatchCreateResponse
-	(*NodeStatusRequest)(nil),         // 102: warren.v1.NodeStatusRequest
-	(*NodeStatus)(nil),                // 103: warren.v1.NodeStatus
-	(*NodeStatusResponse)(nil),        // 104: warren.v1.NodeStatusResponse
-	nil,                               // 105: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 106: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 107: warren.v1.Sandbox.EnvEntry
-	nil,                               // 108: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 109: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 110: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 111: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 112: warren.v1.ForkRequest.LabelsEntry
-	nil,                               // 113: warren.v1.HibernateByLabelRequest.LabelsEntry
-	nil,                               // 114: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 115: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 116: warren.v1.RunStep.EnvEntry
-	nil,                               // 117: warren.v1.NodeStatus.QosEntry
-	nil,                               // 118: warren.v1.NodeStatus.LabelCountsEntry
+	(*NodeGpu)(nil),                   // 69: warren.v1.NodeGpu
+	(*ListSandboxEventsRequest)(nil),  // 70: warren.v1.ListSandboxEventsRequest
+	(*ListSandboxEventsResponse)(nil), // 71: warren.v1.ListSandboxEventsResponse
+	(*SecurityEvent)(nil),             // 72: warren.v1.SecurityEvent
+	(*ReadTrajectoryRequest)(nil),     // 73: warren.v1.ReadTrajectoryRequest
+	(*ReadTrajectoryResponse)(nil),    // 74: warren.v1.ReadTrajectoryResponse
+	(*TrajectoryUpload)(nil),          // 75: warren.v1.TrajectoryUpload
+	(*TrajectoryEntry)(nil),           // 76: warren.v1.TrajectoryEntry
+	(*PauseRequest)(nil),              // 77: warren.v1.PauseRequest
+	(*Memory)(nil),                    // 78: warren.v1.Memory
+	(*PauseResponse)(nil),             // 79: warren.v1.PauseResponse
+	(*ResumeRequest)(nil),             // 80: warren.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 81: warren.v1.ResumeResponse
+	(*HibernateRequest)(nil),          // 82: warren.v1.HibernateRequest
+	(*RestoreRequest)(nil),            // 83: warren.v1.RestoreRequest
+	(*HibernateResponse)(nil),         // 84: warren.v1.HibernateResponse
+	(*ForkRequest)(nil),               // 85: warren.v1.ForkRequest
+	(*ForkResponse)(nil),              // 86: warren.v1.ForkResponse
+	(*HibernateByLabelRequest)(nil),   // 87: warren.v1.HibernateByLabelRequest
+	(*PauseByLabelRequest)(nil),       // 88: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 89: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 90: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 91: warren.v1.RunRequest
+	(*RunGpus)(nil),                   // 92: warren.v1.RunGpus
+	(*RunStep)(nil),                   // 93: warren.v1.RunStep
+	(*RunFile)(nil),                   // 94: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 95: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 96: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 97: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 98: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 99: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 100: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 101: warren.v1.RunBatchItem
+	(*BatchCreateRequest)(nil),        // 102: warren.v1.BatchCreateRequest
+	(*BatchCreateResponse)(nil),       // 103: warren.v1.BatchCreateResponse
+	(*NodeStatusRequest)(nil),         // 104: warren.v1.NodeStatusRequest
+	(*NodeStatus)(nil),                // 105: warren.v1.NodeStatus
+	(*NodeStatusResponse)(nil),        // 106: warren.v1.NodeStatusResponse
+	nil,                               // 107: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 108: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 109: warren.v1.Sandbox.EnvEntry
+	nil,                               // 110: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 111: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 112: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 113: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 114: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 115: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 116: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 117: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 118: warren.v1.RunStep.EnvEntry
+	nil,                               // 119: warren.v1.NodeStatus.QosEntry
+	nil,                               // 120: warren.v1.NodeStatus.LabelCountsEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	105, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	106, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	107, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	108, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	7,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	5,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	4,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
 	6,   // 6: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,   // 7: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	2,   // 8: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	107, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	108, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	109, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	110, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	7,   // 11: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	5,   // 12: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
 	4,   // 13: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
-	109, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	111, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	8,   // 15: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	110, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	112, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	5,   // 17: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	111, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	113, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	17,  // 19: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	19,  // 20: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	17,  // 21: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -8715,143 +8885,146 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	54,  // 29: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
 	62,  // 30: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
 	65,  // 31: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	71,  // 32: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
-	75,  // 33: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
-	16,  // 34: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
-	33,  // 35: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
-	41,  // 36: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
-	43,  // 37: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
-	74,  // 38: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
-	17,  // 39: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
-	8,   // 40: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
-	77,  // 41: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
-	77,  // 42: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
-	8,   // 43: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
-	8,   // 44: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
-	77,  // 45: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
-	112, // 46: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
-	8,   // 47: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
-	8,   // 48: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
-	113, // 49: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
-	114, // 50: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	115, // 51: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
-	78,  // 52: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
-	80,  // 53: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	83,  // 54: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
-	91,  // 55: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	116, // 56: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	92,  // 57: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	93,  // 58: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
-	1,   // 59: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	95,  // 60: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	94,  // 61: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	98,  // 62: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	91,  // 63: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	96,  // 64: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
-	3,   // 65: warren.v1.BatchCreateRequest.template:type_name -> warren.v1.CreateRequest
-	8,   // 66: warren.v1.BatchCreateResponse.sandboxes:type_name -> warren.v1.Sandbox
-	117, // 67: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
-	118, // 68: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
-	103, // 69: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
-	3,   // 70: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	9,   // 71: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	10,  // 72: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	12,  // 73: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	14,  // 74: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	15,  // 75: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	16,  // 76: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	16,  // 77: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	16,  // 78: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	21,  // 79: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	23,  // 80: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	24,  // 81: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	26,  // 82: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	28,  // 83: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	31,  // 84: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	33,  // 85: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	35,  // 86: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	38,  // 87: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	40,  // 88: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	41,  // 89: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	43,  // 90: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	60,  // 91: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	69,  // 92: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	72,  // 93: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	76,  // 94: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	79,  // 95: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	87,  // 96: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	88,  // 97: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	81,  // 98: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
-	86,  // 99: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
-	84,  // 100: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
-	90,  // 101: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	97,  // 102: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	82,  // 103: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
-	100, // 104: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
-	46,  // 105: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	48,  // 106: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	49,  // 107: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	50,  // 108: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	52,  // 109: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	55,  // 110: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	56,  // 111: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	58,  // 112: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	61,  // 113: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	64,  // 114: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	67,  // 115: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	102, // 116: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
-	8,   // 117: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	8,   // 118: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	11,  // 119: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	13,  // 120: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	8,   // 121: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	8,   // 122: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	17,  // 123: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	18,  // 124: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	20,  // 125: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	22,  // 126: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	17,  // 127: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	25,  // 128: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	27,  // 129: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	30,  // 130: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	32,  // 131: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	34,  // 132: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	36,  // 133: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	39,  // 134: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	37,  // 135: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	42,  // 136: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	44,  // 137: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	54,  // 138: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	70,  // 139: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	73,  // 140: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	78,  // 141: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	80,  // 142: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	89,  // 143: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	89,  // 144: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	83,  // 145: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
-	89,  // 146: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
-	85,  // 147: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
-	96,  // 148: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	99,  // 149: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	80,  // 150: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
-	101, // 151: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
-	47,  // 152: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	45,  // 153: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	45,  // 154: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	51,  // 155: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	53,  // 156: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	54,  // 157: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	57,  // 158: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	59,  // 159: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	63,  // 160: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	66,  // 161: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	68,  // 162: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	104, // 163: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
-	117, // [117:164] is the sub-list for method output_type
-	70,  // [70:117] is the sub-list for method input_type
-	70,  // [70:70] is the sub-list for extension type_name
-	70,  // [70:70] is the sub-list for extension extendee
-	0,   // [0:70] is the sub-list for field type_name
+	69,  // 32: warren.v1.VersionResponse.gpus:type_name -> warren.v1.NodeGpu
+	72,  // 33: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	76,  // 34: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
+	16,  // 35: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
+	33,  // 36: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
+	41,  // 37: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
+	43,  // 38: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
+	75,  // 39: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
+	17,  // 40: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
+	8,   // 41: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
+	78,  // 42: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
+	78,  // 43: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
+	8,   // 44: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
+	8,   // 45: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
+	78,  // 46: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
+	114, // 47: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	8,   // 48: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
+	8,   // 49: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
+	115, // 50: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	116, // 51: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	117, // 52: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	79,  // 53: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
+	81,  // 54: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
+	84,  // 55: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
+	93,  // 56: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	92,  // 57: warren.v1.RunRequest.gpus:type_name -> warren.v1.RunGpus
+	118, // 58: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	94,  // 59: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	95,  // 60: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	1,   // 61: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
+	97,  // 62: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	96,  // 63: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	100, // 64: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	93,  // 65: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	92,  // 66: warren.v1.RunJob.gpus:type_name -> warren.v1.RunGpus
+	98,  // 67: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	3,   // 68: warren.v1.BatchCreateRequest.template:type_name -> warren.v1.CreateRequest
+	8,   // 69: warren.v1.BatchCreateResponse.sandboxes:type_name -> warren.v1.Sandbox
+	119, // 70: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
+	120, // 71: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
+	105, // 72: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
+	3,   // 73: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	9,   // 74: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	10,  // 75: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	12,  // 76: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	14,  // 77: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	15,  // 78: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	16,  // 79: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	16,  // 80: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	16,  // 81: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	21,  // 82: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	23,  // 83: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	24,  // 84: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	26,  // 85: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	28,  // 86: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	31,  // 87: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	33,  // 88: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	35,  // 89: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	38,  // 90: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	40,  // 91: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	41,  // 92: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	43,  // 93: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	60,  // 94: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	70,  // 95: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	73,  // 96: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	77,  // 97: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	80,  // 98: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	88,  // 99: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	89,  // 100: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	82,  // 101: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	87,  // 102: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	85,  // 103: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	91,  // 104: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	99,  // 105: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	83,  // 106: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
+	102, // 107: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
+	46,  // 108: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	48,  // 109: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	49,  // 110: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	50,  // 111: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	52,  // 112: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	55,  // 113: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	56,  // 114: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	58,  // 115: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	61,  // 116: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	64,  // 117: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	67,  // 118: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	104, // 119: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
+	8,   // 120: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	8,   // 121: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	11,  // 122: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	13,  // 123: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	8,   // 124: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	8,   // 125: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	17,  // 126: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	18,  // 127: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	20,  // 128: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	22,  // 129: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	17,  // 130: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	25,  // 131: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	27,  // 132: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	30,  // 133: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	32,  // 134: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	34,  // 135: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	36,  // 136: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	39,  // 137: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	37,  // 138: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	42,  // 139: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	44,  // 140: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	54,  // 141: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	71,  // 142: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	74,  // 143: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	79,  // 144: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	81,  // 145: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	90,  // 146: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	90,  // 147: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	84,  // 148: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	90,  // 149: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	86,  // 150: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	98,  // 151: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	101, // 152: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	81,  // 153: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
+	103, // 154: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
+	47,  // 155: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	45,  // 156: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	45,  // 157: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	51,  // 158: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	53,  // 159: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	54,  // 160: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	57,  // 161: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	59,  // 162: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	63,  // 163: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	66,  // 164: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	68,  // 165: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	106, // 166: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
+	120, // [120:167] is the sub-list for method output_type
+	73,  // [73:120] is the sub-list for method input_type
+	73,  // [73:73] is the sub-list for extension type_name
+	73,  // [73:73] is the sub-list for extension extendee
+	0,   // [0:73] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -8873,7 +9046,7 @@ func file_warren_v1_warren_proto_init() {
 		(*ProcessEvent_Stderr)(nil),
 		(*ProcessEvent_Exit)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[73].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[74].OneofWrappers = []any{
 		(*TrajectoryEntry_Exec)(nil),
 		(*TrajectoryEntry_WriteFile)(nil),
 		(*TrajectoryEntry_MakeDir)(nil),
@@ -8888,7 +9061,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   117,
+			NumMessages:   119,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

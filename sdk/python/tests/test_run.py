@@ -52,3 +52,30 @@ def test_run_batch(sw: warren.Warren) -> None:
         assert isinstance(r, warren.RunResult), r
         assert r.last.stdout == f"{i}\n".encode()
         assert r.last.status == ("accepted" if i % 2 == 0 else "non_zero_exit")
+
+
+def test_gpus_none_here(sw: warren.Warren) -> None:
+    # The test daemon is given no GPU: it lists none, and a job that asks
+    # for one is refused at once, saying how many the node has.
+    assert sw.version().gpus == ()
+    with pytest.raises(warren.InvalidError, match="this node has 0"):
+        sw.run(IMAGE, "true", gpus=1)
+    with pytest.raises(warren.InvalidError, match="this node has 0"):
+        sw.run_batch(IMAGE, ["true"], gpus=1, shared_gpu=True)
+
+
+def test_fncall_sandbox(sw: warren.Warren) -> None:
+    # backend="fncall": a sandbox from the pool, used as any other.
+    assert "fncall" in sw.version().backends
+    sb = sw.create(IMAGE, backend="fncall", hostname="judge")
+    try:
+        assert sb.info.backend == "fncall"
+        r = sb.exec("hostname; echo hi > /tmp/f")
+        assert r.exit_code == 0 and r.stdout == b"judge\n", r
+        assert sb.read_file("/tmp/f") == b"hi\n"
+        with pytest.raises(warren.UnsupportedError):
+            sb.hibernate()
+    finally:
+        sb.delete()
+    with pytest.raises(warren.InvalidError, match="container, fncall"):
+        sw.create(IMAGE, backend="nosuch")

@@ -60,6 +60,7 @@ from ._types import (
     SandboxState,
     Step,
     StepResult,
+    NodeGPU,
     VersionInfo,
 )
 from .batch import BatchResult, Outcome, gather_bounded, map_bounded
@@ -148,6 +149,7 @@ __all__ = [
     "RunResult",
     "RunFileResult",
     "SandboxState",
+    "NodeGPU",
     "VersionInfo",
     "BatchResult",
     "Outcome",

@@ -431,7 +431,9 @@ class AsyncWarren:
             id: sandbox id (``[a-z0-9][a-z0-9_.-]{0,62}``). When None the client
                 generates a random one, so the create is always safe to
                 retry and a cancelled create never leaks a sandbox.
-            backend: ``"container"`` (the default).
+            backend: ``"container"`` (the default), or ``"fncall"``: taken
+                ready-made from a pool of the image's environments (faster
+                where the node has idle CPU; cannot hibernate or fork).
             resources: limits; or give ``cpu_millis`` (1000 = one core),
                 ``memory_bytes``, ``pids_max`` and ``disk_bytes`` (the writable
                 layer's size, at least 16 MiB) directly. 0 = node default.
@@ -1209,6 +1211,8 @@ class AsyncWarren:
         *,
         steps: Optional[Sequence[Step]] = None,
         backend: str = "fncall",
+        gpus: int = 0,
+        shared_gpu: bool = False,
         timeout: Optional[float] = None,
         **step_options: Any,
     ) -> RunResult:
@@ -1217,8 +1221,15 @@ class AsyncWarren:
         return every step's :class:`StepResult`. Give ``command`` (an argv
         list, or a string for ``sh -c``) with :class:`Step` options as
         keywords, or ``steps``. A program's failure is a step's status;
-        exceptions mean the request was invalid or Warren failed."""
-        body = {"image": image, "backend": backend, "steps": [s._to_json() for s in _job_steps(command, steps, step_options)]}
+        exceptions mean the request was invalid or Warren failed.
+
+        ``gpus`` of the node's GPUs (``version().gpus``) are the job's:
+        their ``/dev/nvidia<N>``, the driver's libraries and tools under
+        ``/usr/local/nvidia``. The job waits until they are free; with
+        ``shared_gpu`` it runs beside other shared jobs on them."""
+        body: Dict[str, Any] = {"image": image, "backend": backend, "steps": [s._to_json() for s in _job_steps(command, steps, step_options)]}
+        if gpus or shared_gpu:
+            body["gpus"] = {"count": gpus, "shared": shared_gpu}
         d = await self._rpc(_SBX + "Run", body, timeout=timeout, idempotent=False)
         return RunResult._from_json(d)
 
@@ -1229,18 +1240,22 @@ class AsyncWarren:
         *,
         parallelism: int = 0,
         backend: str = "fncall",
+        gpus: int = 0,
+        shared_gpu: bool = False,
         timeout: Optional[float] = None,
     ) -> AsyncIterator[Tuple[int, Union[RunResult, WarrenError]]]:
         """Run many jobs of ``image`` at once (``parallelism`` at a time;
         0: the node's choice) and yield ``(index, result)`` as each job
         finishes; ``result`` is a :class:`WarrenError` for a job Warren
         failed to run. A job is a :class:`Step`, a list of them, or a
-        command."""
+        command. ``gpus`` and ``shared_gpu`` are every job's (see
+        :meth:`run`)."""
+        job_gpus = {"gpus": {"count": gpus, "shared": shared_gpu}} if gpus or shared_gpu else {}
         body = {
             "image": image,
             "backend": backend,
             "parallelism": parallelism,
-            "jobs": [{"steps": [s._to_json() for s in _job_steps(j, None, {})]} for j in jobs],
+            "jobs": [{"steps": [s._to_json() for s in _job_steps(j, None, {})], **job_gpus} for j in jobs],
         }
         gen = self._t.server_stream(_SBX + "RunBatch", body, timeout=timeout or self.timeout, idempotent=False)
         try:

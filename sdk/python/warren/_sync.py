@@ -507,11 +507,17 @@ class Warren:
         *,
         steps: Optional[Sequence[Step]] = None,
         backend: str = "fncall",
+        gpus: int = 0,
+        shared_gpu: bool = False,
         timeout: Optional[float] = None,
         **step_options: Any,
     ) -> RunResult:
         """See :meth:`AsyncWarren.run`."""
-        return self._run(self.aio.run(image, command, steps=steps, backend=backend, timeout=timeout, **step_options))
+        return self._run(
+            self.aio.run(
+                image, command, steps=steps, backend=backend, gpus=gpus, shared_gpu=shared_gpu, timeout=timeout, **step_options
+            )
+        )
 
     def run_batch(
         self,
@@ -520,6 +526,8 @@ class Warren:
         *,
         parallelism: int = 0,
         backend: str = "fncall",
+        gpus: int = 0,
+        shared_gpu: bool = False,
         timeout: Optional[float] = None,
     ) -> List[Tuple[int, Union[RunResult, WarrenError]]]:
         """See :meth:`AsyncWarren.run_batch`: the items in completion order."""
@@ -528,7 +536,7 @@ class Warren:
             return [
                 item
                 async for item in self.aio.run_batch(
-                    image, jobs, parallelism=parallelism, backend=backend, timeout=timeout
+                    image, jobs, parallelism=parallelism, backend=backend, gpus=gpus, shared_gpu=shared_gpu, timeout=timeout
                 )
             ]
 

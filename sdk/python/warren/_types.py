@@ -872,6 +872,25 @@ class LayerVerification:
 
 
 @dataclass(frozen=True)
+class NodeGPU:
+    """One of the node's GPUs that ``run(gpus=...)`` hands out."""
+
+    index: int = 0  #: N of /dev/nvidia<N>
+    device: str = ""  #: the device node on the node
+    exclusive: bool = False  #: an exclusive job holds it now
+    shared_jobs: int = 0  #: shared jobs on it now
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "NodeGPU":
+        return cls(
+            index=int(d.get("index", 0)),
+            device=d.get("device", ""),
+            exclusive=bool(d.get("exclusive", False)),
+            shared_jobs=int(d.get("sharedJobs", 0)),
+        )
+
+
+@dataclass(frozen=True)
 class VersionInfo:
     """The daemon's version and capabilities."""
 
@@ -879,6 +898,7 @@ class VersionInfo:
     commit: str = ""
     backends: Tuple[str, ...] = ()
     cgroup_mode: str = ""  #: "v1", "v2" or "hybrid"
+    gpus: Tuple[NodeGPU, ...] = ()  #: the node's GPUs for fncall jobs
 
     @classmethod
     def _from_json(cls, d: Mapping[str, Any]) -> "VersionInfo":
@@ -887,6 +907,7 @@ class VersionInfo:
             commit=d.get("commit", ""),
             backends=tuple(d.get("backends") or ()),
             cgroup_mode=d.get("cgroupMode", ""),
+            gpus=tuple(NodeGPU._from_json(g) for g in d.get("gpus") or ()),
         )
 
 
