@@ -9053,8 +9053,8 @@ func file_warren_v1_warren_proto_init() {
 		(*TrajectoryEntry_RemoveFile)(nil),
 		(*TrajectoryEntry_Upload)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[77].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[81].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[78].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[83].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
