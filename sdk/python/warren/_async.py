@@ -1391,7 +1391,8 @@ class AsyncWarren:
         except ``id``: the daemon names every sandbox.
 
         Partial failure: the call fails as a whole (raises) only for an
-        invalid request or when no sandbox could be placed; otherwise the
+        invalid request or, through a gateway, when it cannot place them
+        all (placement is all or nothing: nothing is made); otherwise the
         group holds the sandboxes made, in no particular order, and
         ``group.errors`` one ``(k, WarrenError)`` per sandbox that was not
         made (``k`` counts the failures; the daemon reports them as
