@@ -557,6 +557,17 @@ with warren.Warren() as w:
         got = w.list({"job": "py"})
         assert [s.id for s in got] == [sb.id], got
         assert got[0].info.node.startswith("node"), got[0].info
+    # The cluster RPCs: the gateway's nodes, a batch spread over them and
+    # a list paged through the gateway.
+    nodes = w.nodes()
+    assert len(nodes) == 3 and all(n.up and n.address for n in nodes), nodes
+    with w.batch_create(6, "` + imageName + `", labels={"job": "pybatch"}) as group:
+        assert len(group) == 6 and not group.errors, group.errors
+        assert len({sb.info.node for sb in group}) > 1, [sb.info.node for sb in group]
+        paged = [s.id for s in w.list({"job": "pybatch"}, page_size=2)]
+        assert sorted(paged) == sorted(sb.id for sb in group), paged
+        assert paged == [s.id for s in w.list({"job": "pybatch"})], paged
+    assert w.list({"job": "pybatch"}) == []
 print("ok")
 `
 	cmd := exec.Command(filepath.Join(venv, "bin/python"), "-c", script)

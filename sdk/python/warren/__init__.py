@@ -61,6 +61,7 @@ from ._types import (
     Step,
     StepResult,
     NodeGPU,
+    NodeStatus,
     VersionInfo,
 )
 from .batch import BatchResult, Outcome, gather_bounded, map_bounded
@@ -150,6 +151,7 @@ __all__ = [
     "RunFileResult",
     "SandboxState",
     "NodeGPU",
+    "NodeStatus",
     "VersionInfo",
     "BatchResult",
     "Outcome",

@@ -75,6 +75,7 @@ from ._types import (
     SecurityEvent,
     SandboxState,
     Step,
+    NodeStatus,
     VersionInfo,
     _int,
     _network_json,
@@ -553,38 +554,25 @@ class AsyncWarren:
             nonce = uuid.uuid4().hex
             labels = dict(labels)
             labels[CREATE_NONCE_LABEL] = nonce
-        body: Dict[str, Any] = {"id": sid, "image": image}
-        if backend:
-            body["backend"] = backend
-        r = resources._to_json()
-        if r:
-            body["resources"] = r
-        if env:
-            body["env"] = dict(env)
-        if workdir:
-            body["workdir"] = workdir
-        if labels:
-            body["labels"] = labels
-        if timeout_seconds:
-            body["timeoutSeconds"] = str(int(math.ceil(timeout_seconds)))
-        if hostname:
-            body["hostname"] = hostname
-        if layers:
-            body["layers"] = list(layers)
-        if user:
-            body["user"] = user
-        if keep_etc:
-            body["keepEtc"] = True
-        if allow_setuid:
-            body["allowSetuid"] = True
-        if user_namespace is not None:
-            body["userNamespace"] = user_namespace
-        if rlimits:
-            body["rlimits"] = [r._to_json() for r in rlimits]
-        if network is not None:
-            body["network"] = network
-        if harness is not None:
-            body["harness"] = harness
+        body = _template_json(
+            image=image,
+            backend=backend,
+            resources=resources,
+            env=env,
+            workdir=workdir,
+            labels=labels,
+            timeout_seconds=timeout_seconds,
+            hostname=hostname,
+            layers=layers,
+            user=user,
+            keep_etc=keep_etc,
+            allow_setuid=allow_setuid,
+            user_namespace=user_namespace,
+            rlimits=rlimits,
+            network=network,
+            harness=harness,
+        )
+        body["id"] = sid
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + call_timeout
@@ -682,15 +670,38 @@ class AsyncWarren:
         return AsyncSandbox(self, SandboxInfo(id=id))
 
     async def list(
-        self, labels: Optional[Mapping[str, str]] = None, *, timeout: Optional[float] = None
+        self,
+        labels: Optional[Mapping[str, str]] = None,
+        *,
+        page_size: Optional[int] = None,
+        timeout: Optional[float] = None,
     ) -> List["AsyncSandbox"]:
         """The sandboxes carrying all of ``labels`` (all sandboxes when None),
-        oldest first."""
+        oldest first (by creation time, then id; through a gateway too).
+
+        With ``page_size`` the daemon answers at most that many per call and
+        this method follows ``next_page_token`` until the last page, so the
+        result is the same whole list; each page is one call with its own
+        ``timeout``. A page starts after the last sandbox of the previous
+        one, so a sandbox created while paging may be listed (if it sorts
+        later) and one deleted may be missing. None or 0: one call for all."""
+        if page_size is not None and page_size < 0:
+            raise ValueError("page_size must not be negative")
         body: Dict[str, Any] = {}
         if labels:
             body["labels"] = dict(labels)
-        d = await self._rpc(_SBX + "List", body, timeout=timeout)
-        return [AsyncSandbox(self, SandboxInfo._from_json(s)) for s in d.get("sandboxes") or []]
+        if page_size:
+            body["pageSize"] = int(page_size)
+        out: List[AsyncSandbox] = []
+        while True:
+            d = await self._rpc(_SBX + "List", body, timeout=timeout)
+            out.extend(AsyncSandbox(self, SandboxInfo._from_json(s)) for s in d.get("sandboxes") or [])
+            token = d.get("nextPageToken") or ""
+            if not token:
+                return out
+            if token == body.get("pageToken"):
+                raise InternalError(f"list: the daemon answered the same page token {token!r} twice")
+            body["pageToken"] = token
 
     async def delete(self, id: str, *, missing_ok: bool = False, timeout: Optional[float] = None) -> None:
         """Delete sandbox ``id``: its processes are killed and its files are
@@ -1272,6 +1283,16 @@ class AsyncWarren:
         d = await self._rpc(_SYS + "Version", {}, timeout=timeout)
         return VersionInfo._from_json(d)
 
+    async def nodes(self, *, timeout: Optional[float] = None) -> List[NodeStatus]:
+        """The cluster's nodes as the gateway at ``addr`` sees them (``warren
+        gateway``; a node that is down is listed with ``up=False`` and what
+        the gateway last heard from it), or, from a node, the node itself:
+        its capacity, what its live sandboxes take, its load, its mounted
+        layers and its sandboxes' labels and QoS classes. Like ``warren
+        nodes``. Read-only, so retried like any idempotent call."""
+        d = await self._rpc(_SYS + "NodeStatus", {}, timeout=timeout)
+        return [NodeStatus._from_json(n) for n in d.get("nodes") or []]
+
     async def health(self, *, timeout: Optional[float] = None) -> bool:
         """True when the daemon answers its health check (raises otherwise)."""
         raw = await self._t.http("GET", "/healthz", timeout=timeout or self.timeout, idempotent=True)
@@ -1333,6 +1354,137 @@ class AsyncWarren:
             return group
 
         return _StartContext(run)
+
+    def batch_create(
+        self,
+        n: int,
+        image: str,
+        *,
+        backend: Optional[str] = None,
+        resources: Optional[Resources] = None,
+        cpu_millis: int = 0,
+        memory_bytes: int = 0,
+        pids_max: int = 0,
+        disk_bytes: int = 0,
+        env: Optional[Mapping[str, str]] = None,
+        workdir: Optional[str] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        timeout_seconds: Optional[float] = None,
+        hostname: Optional[str] = None,
+        layers: Optional[Sequence[str]] = None,
+        user: Optional[str] = None,
+        keep_etc: bool = False,
+        allow_setuid: bool = False,
+        user_namespace: Optional[bool] = None,
+        rlimits: Optional[RlimitsArg] = None,
+        network: Optional[NetworkArg] = None,
+        harness: bool = False,
+        max_children: int = 0,
+        strict: bool = False,
+        call_timeout: Optional[float] = None,
+    ) -> "_StartContext[AsyncSandboxGroup]":
+        """Create ``n`` sandboxes (1..1000) from one template in a single
+        ``BatchCreate`` call: a gateway places them all at once, spreading
+        them over its nodes; a node makes them a few at a time. Await it for
+        an :class:`AsyncSandboxGroup` or use it as an async context manager
+        (which deletes them all on exit). The options are :meth:`create`'s,
+        except ``id``: the daemon names every sandbox.
+
+        Partial failure: the call fails as a whole (raises) only for an
+        invalid request or, through a gateway, when it cannot place them
+        all (placement is all or nothing: nothing is made); otherwise the
+        group holds the sandboxes made, in no particular order, and
+        ``group.errors`` one ``(k, WarrenError)`` per sandbox that was not
+        made (``k`` counts the failures; the daemon reports them as
+        messages only, so they are plain :class:`WarrenError`, category
+        ``"unknown"``). With ``strict`` any failure deletes the sandboxes
+        made and raises :class:`BatchError`.
+
+        Retries: a batch create is not idempotent (the daemon picks the
+        ids), so it is retried only when the request cannot have reached the
+        daemon (the connection failed). When it fails after the request was
+        sent without an answer (timed out, cancelled, connection lost), the
+        client deletes every sandbox the call may have made: they carry a
+        label :data:`CREATE_NONCE_LABEL` unique to the call. For creates
+        that may be retried safely, use :meth:`create_many` with ``ids``.
+
+        Args:
+            call_timeout: client deadline of the call (default ``create_timeout``).
+        """
+        if not 1 <= n <= 1000:
+            raise ValueError("n must be 1..1000")
+        if not image:
+            raise ValueError("image is required")
+        if resources is not None and (cpu_millis or memory_bytes or pids_max or disk_bytes):
+            raise ValueError("give either resources or cpu_millis/memory_bytes/pids_max/disk_bytes, not both")
+        nonce = uuid.uuid4().hex
+        all_labels = dict(self.labels)
+        all_labels.update(labels or {})
+        all_labels[CREATE_NONCE_LABEL] = nonce
+        template = _template_json(
+            image=image,
+            backend=backend,
+            resources=resources
+            or Resources(cpu_millis=cpu_millis, memory_bytes=memory_bytes, pids_max=pids_max, disk_bytes=disk_bytes),
+            env=env,
+            workdir=workdir,
+            labels=all_labels,
+            timeout_seconds=timeout_seconds,
+            hostname=hostname,
+            layers=_layer_list(layers),
+            user=user,
+            keep_etc=keep_etc,
+            allow_setuid=allow_setuid,
+            user_namespace=user_namespace,
+            rlimits=_rlimit_list(rlimits),
+            network=_network_json(network),
+            harness={"maxChildren": max_children} if max_children else {} if harness else None,
+        )
+        t = call_timeout if call_timeout is not None else self.create_timeout
+
+        async def run() -> AsyncSandboxGroup:
+            sent = SimpleNamespace(sent=False)
+            try:
+                d = await self._t.unary(
+                    _SBX + "BatchCreate", {"template": template, "count": n}, timeout=t, idempotent=False, sent=sent
+                )
+            except BaseException as e:
+                maybe_made = not isinstance(e, WarrenError) or isinstance(e, (UnavailableError, TimeoutError))
+                if maybe_made and sent.sent:
+                    try:
+                        await _finish_despite_cancel(self._reap_labeled({CREATE_NONCE_LABEL: nonce}), 120.0)
+                    except asyncio.CancelledError:
+                        raise e from None
+                    except Exception as ce:  # noqa: BLE001
+                        log.warning("could not delete the sandboxes of a failed batch create: %s", ce)
+                raise
+            made = [AsyncSandbox(self, SandboxInfo._from_json(s)) for s in d.get("sandboxes") or []]
+            errors: List[Tuple[int, BaseException]] = [
+                (k, WarrenError(msg, procedure=_SBX + "BatchCreate")) for k, msg in enumerate(d.get("errors") or [])
+            ]
+            group = AsyncSandboxGroup(self, made, errors)
+            if strict and errors:
+                await _finish_despite_cancel(group.delete(), 120.0)
+                err = BatchError(f"batch create: {len(errors)} of {n} sandboxes failed: {errors[0][1]}", errors)
+                raise err from errors[0][1]
+            return group
+
+        return _StartContext(run)
+
+    async def _reap_labeled(self, labels: Mapping[str, str]) -> None:
+        """Delete the sandboxes carrying ``labels``, looking again for
+        ``create_reap_grace`` seconds for ones still being made."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.create_reap_grace
+        delay = 0.05
+        while True:
+            left = await self.list(labels)
+            for sb in left:
+                await self.delete(sb.id, missing_ok=True)
+            if not left and loop.time() >= end:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
     async def exec_many(
         self,
@@ -1426,6 +1578,62 @@ class _StartContext(Generic[C]):
     async def __aexit__(self, et: Any, e: Any, tb: Any) -> None:
         if self._handle is not None:
             await self._handle.__aexit__(et, e, tb)
+
+
+def _template_json(
+    *,
+    image: str,
+    backend: Optional[str],
+    resources: Resources,
+    env: Optional[Mapping[str, str]],
+    workdir: Optional[str],
+    labels: Mapping[str, str],
+    timeout_seconds: Optional[float],
+    hostname: Optional[str],
+    layers: Sequence[str],
+    user: Optional[str],
+    keep_etc: bool,
+    allow_setuid: bool,
+    user_namespace: Optional[bool],
+    rlimits: Sequence[Rlimit],
+    network: Optional[Dict[str, Any]],
+    harness: Optional[Dict[str, Any]],
+) -> Dict[str, Any]:
+    """The JSON of a CreateRequest without its id (create's and
+    batch_create's template)."""
+    body: Dict[str, Any] = {"image": image}
+    if backend:
+        body["backend"] = backend
+    r = resources._to_json()
+    if r:
+        body["resources"] = r
+    if env:
+        body["env"] = dict(env)
+    if workdir:
+        body["workdir"] = workdir
+    if labels:
+        body["labels"] = dict(labels)
+    if timeout_seconds:
+        body["timeoutSeconds"] = str(int(math.ceil(timeout_seconds)))
+    if hostname:
+        body["hostname"] = hostname
+    if layers:
+        body["layers"] = list(layers)
+    if user:
+        body["user"] = user
+    if keep_etc:
+        body["keepEtc"] = True
+    if allow_setuid:
+        body["allowSetuid"] = True
+    if user_namespace is not None:
+        body["userNamespace"] = user_namespace
+    if rlimits:
+        body["rlimits"] = [r._to_json() for r in rlimits]
+    if network is not None:
+        body["network"] = network
+    if harness is not None:
+        body["harness"] = harness
+    return body
 
 
 # ---------------------------------------------------------------------------

@@ -75,6 +75,7 @@ from ._types import (
     SandboxInfo,
     SecurityEvent,
     Step,
+    NodeStatus,
     VersionInfo,
 )
 from .batch import BatchResult
@@ -303,8 +304,16 @@ class Warren:
     def sandbox(self, id: str) -> "Sandbox":
         return Sandbox(self, self.aio.sandbox(id))
 
-    def list(self, labels: Optional[Mapping[str, str]] = None, *, timeout: Optional[float] = None) -> List["Sandbox"]:
-        return [Sandbox(self, a) for a in self._run(self.aio.list(labels, timeout=timeout))]
+    def list(
+        self,
+        labels: Optional[Mapping[str, str]] = None,
+        *,
+        page_size: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> List["Sandbox"]:
+        """The sandboxes carrying all of ``labels``, oldest first, paging
+        through ``page_size`` at a time (see :meth:`AsyncWarren.list`)."""
+        return [Sandbox(self, a) for a in self._run(self.aio.list(labels, page_size=page_size, timeout=timeout))]
 
     def delete(self, id: str, *, missing_ok: bool = False, timeout: Optional[float] = None) -> None:
         self._run(self.aio.delete(id, missing_ok=missing_ok, timeout=timeout))
@@ -545,6 +554,10 @@ class Warren:
     def version(self, *, timeout: Optional[float] = None) -> VersionInfo:
         return self._run(self.aio.version(timeout=timeout))
 
+    def nodes(self, *, timeout: Optional[float] = None) -> List[NodeStatus]:
+        """The cluster's nodes through a gateway, or the one node (see :meth:`AsyncWarren.nodes`)."""
+        return self._run(self.aio.nodes(timeout=timeout))
+
     def health(self, *, timeout: Optional[float] = None) -> bool:
         return self._run(self.aio.health(timeout=timeout))
 
@@ -565,6 +578,14 @@ class Warren:
     ) -> "SandboxGroup":
         """Create ``n`` sandboxes concurrently (see :meth:`AsyncWarren.create_many`)."""
         ctx = self.aio.create_many(n, image, concurrency=concurrency, strict=strict, ids=ids, **create_kwargs)
+        return SandboxGroup(self, self._run(_await(ctx)))
+
+    def batch_create(self, n: int, image: str, *, strict: bool = False, **create_kwargs: Any) -> "SandboxGroup":
+        """Create ``n`` sandboxes from one template in one ``BatchCreate``
+        call (see :meth:`AsyncWarren.batch_create`: partial failures are in
+        ``group.errors``; not retried once sent, and a call that fails
+        without an answer deletes what it may have made)."""
+        ctx = self.aio.batch_create(n, image, strict=strict, **create_kwargs)
         return SandboxGroup(self, self._run(_await(ctx)))
 
     def exec_many(

@@ -911,6 +911,46 @@ class VersionInfo:
         )
 
 
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node as :meth:`AsyncWarren.nodes` reports it: what a gateway
+    places sandboxes by (docs/ARCHITECTURE.md, "The cluster")."""
+
+    name: str = ""
+    tag: str = ""  #: the prefix of its sandboxes' ids
+    address: str = ""  #: its API address as the gateway reaches it ("" from a node)
+    up: bool = False  #: as the gateway sees it (a node reports itself up)
+    cpu_millis: int = 0  #: capacity
+    memory_bytes: int = 0
+    max_sandboxes: int = 0  #: 0: no cap
+    alloc_cpu_millis: int = 0  #: what its live sandboxes asked for
+    alloc_memory_bytes: int = 0
+    sandboxes: int = 0  #: live (not stopped) sandboxes
+    load: float = 0.0  #: 1-minute load average per CPU
+    layers: Tuple[str, ...] = ()  #: digests of the layers mounted now
+    qos: Dict[str, int] = field(default_factory=dict)  #: live sandboxes per QoS class
+    label_counts: Dict[str, int] = field(default_factory=dict)  #: live sandboxes per "key=value"
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "NodeStatus":
+        return cls(
+            name=d.get("name", ""),
+            tag=d.get("tag", ""),
+            address=d.get("address", ""),
+            up=bool(d.get("up", False)),
+            cpu_millis=_int(d.get("cpuMillis")),
+            memory_bytes=_int(d.get("memoryBytes")),
+            max_sandboxes=_int(d.get("maxSandboxes")),
+            alloc_cpu_millis=_int(d.get("allocCpuMillis")),
+            alloc_memory_bytes=_int(d.get("allocMemoryBytes")),
+            sandboxes=_int(d.get("sandboxes")),
+            load=float(d.get("load") or 0.0),
+            layers=tuple(d.get("layers") or ()),
+            qos={k: _int(v) for k, v in (d.get("qos") or {}).items()},
+            label_counts={k: _int(v) for k, v in (d.get("labelCounts") or {}).items()},
+        )
+
+
 def _list(d: Mapping[str, Any], key: str) -> List[Any]:
     v = d.get(key)
     return list(v) if v else []
