@@ -39,13 +39,13 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultStateDir        = "/var/lib/warren"
-	DefaultBackend         = "container"
-	DefaultTimeout         = time.Hour
-	MaxTimeout             = 24 * time.Hour
-	DefaultMemoryBytes     = 512 << 20
-	DefaultPids            = 1024
-	DefaultExecTimeout     = 10 * time.Minute
+	DefaultStateDir    = "/var/lib/warren"
+	DefaultBackend     = "container"
+	DefaultTimeout     = time.Hour
+	MaxTimeout         = 24 * time.Hour
+	DefaultMemoryBytes = 512 << 20
+	DefaultPids        = 1024
+	DefaultExecTimeout = 10 * time.Minute
 	// MaxProcessesPerSandbox bounds the background processes running in
 	// a sandbox at once (a fork bomb through the API meets it); over its
 	// life a sandbox runs any number.
