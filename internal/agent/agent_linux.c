@@ -43,7 +43,7 @@
 #include <time.h>
 
 #define AGENT_ENV "_WARREN_AGENT_FD"
-#define PROTO_VERSION 2
+#define PROTO_VERSION 3
 #define MAX_PAYLOAD (4u << 20)
 #define HDR_LEN 5
 #define INLINE_PAYLOAD 64 /* PING and SIGNAL frames never touch malloc */
@@ -55,7 +55,10 @@
 #define DETACH_HDR 16 /* u32 cap, u32 rows, u32 cols, u32 taglen */
 #define MAX_TAG 3072
 #define MAX_CAP (64u << 20)
-#define MAX_BPROCS 1024 /* the daemon's MaxProcessesPerSandbox */
+/* Records held at once, running or exited: a backstop against a runaway
+ * client, above what the daemon keeps (MaxProcessesPerSandbox running plus
+ * MaxExitedProcesses exited, 1,280) with room for FORGETs in flight. */
+#define MAX_BPROCS 2048
 #define CHUNK (32u << 10)
 #define OUT_HDR (HDR_LEN + 9) /* 'O' frame: u8 stream, u64 offset */
 #define FROM_END UINT64_MAX
@@ -98,6 +101,8 @@ struct bproc {
 	struct ring out, err;
 	struct conn *att;   /* attached clients, linked through anext */
 	struct bproc *next; /* in start order */
+	int forgotten;      /* FORGET unlisted it; freed once att is empty */
+	struct bproc *dnext; /* on dead_bprocs */
 	uint32_t taglen;
 	uint8_t tag[MAX_TAG];
 };
@@ -140,6 +145,7 @@ static int epfd = -1, lfd = -1, sfd = -1;
 static struct watch wlisten = {W_LISTEN, NULL, NULL}, wsignal = {W_SIGNAL, NULL, NULL};
 static struct conn *conns, *dead_conns;
 static struct bproc *bprocs, *bprocs_tail;
+static struct bproc *dead_bprocs; /* forgotten, freed at the end of an epoll batch */
 static uint32_t nbprocs;
 static uint32_t nrunning;
 static int listen_paused;
@@ -360,6 +366,11 @@ static void drop(struct conn *c, int kill_it)
 		if (c->anext)
 			c->anext->aprev = c->aprev;
 		c->linked = 0;
+		/* The last reader of a forgotten record lets it go. */
+		if (c->bp->forgotten && !c->bp->att) {
+			c->bp->dnext = dead_bprocs;
+			dead_bprocs = c->bp;
+		}
 	}
 	if (c->state == C_ATTACHED || c->state == C_LISTING || c->state == C_IDLE)
 		c->bp = NULL;
@@ -1189,6 +1200,42 @@ static int send_fd(struct conn *c, int fd, pid_t pid)
 	return sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof(buf) ? 0 : -1;
 }
 
+/* FORGET: drops the oldest exited record of pid, its output with it, so
+ * that a sandbox can run any number of processes over its life. The
+ * record leaves the list at once; clients still attached finish reading
+ * it, and it is freed after the last of them (and after the epoll batch,
+ * whose later events may point at it). Returns an errno. */
+static int bproc_forget(pid_t pid)
+{
+	struct bproc *prev = NULL, *bp = bprocs, *live = NULL;
+	for (; bp && !(bp->pid == pid && bp->reaped); prev = bp, bp = bp->next)
+		if (bp->pid == pid)
+			live = bp;
+	if (!bp)
+		return live ? EBUSY : ESRCH;
+	if (prev)
+		prev->next = bp->next;
+	else
+		bprocs = bp->next;
+	if (bprocs_tail == bp)
+		bprocs_tail = prev;
+	nbprocs--;
+	/* A listing that sent bp goes on from its predecessor (NULL: from
+	 * the head, which is bp's successor now). */
+	for (struct conn *c = conns; c; c = c->next)
+		if (c->state == C_LISTING && c->bp == bp)
+			c->bp = prev;
+	/* Children that inherited the streams lose their reader (EPIPE). */
+	ring_close(&bp->out);
+	ring_close(&bp->err);
+	bp->forgotten = 1;
+	if (!bp->att) {
+		bp->dnext = dead_bprocs;
+		dead_bprocs = bp;
+	}
+	return 0;
+}
+
 /* Requests about a background process by pid, on an idle connection.
  * Returns 0 when the frame was handled and the connection stays. */
 static int bproc_request(struct conn *c, uint8_t type)
@@ -1204,6 +1251,20 @@ static int bproc_request(struct conn *c, uint8_t type)
 	}
 	if (n < 4)
 		return -1;
+	if (type == 'D') {
+		if (n != 4)
+			return -1;
+		int e = bproc_forget((pid_t)get32(p));
+		if (e) {
+			fail(c, e, "forget");
+			return 1;
+		}
+		if (send_frame(c, 'k', NULL, 0) < 0) {
+			drop(c, 0);
+			return 1;
+		}
+		return 0;
+	}
 	struct bproc *bp = bproc_find((pid_t)get32(p));
 	static const char *const steps[] = {['A'] = "attach", ['I'] = "stdin", ['C'] = "stdin",
 					    ['K'] = "signal", ['W'] = "resize"};
@@ -2394,7 +2455,7 @@ static void handle_frame(struct conn *c)
 		run_job(c); /* replies and drops the connection */
 		return;
 	}
-	if (c->state == C_IDLE && type && strchr("LAICKW", type)) {
+	if (c->state == C_IDLE && type && strchr("LAICKWD", type)) {
 		int r = bproc_request(c, type);
 		if (r < 0)
 			fail(c, EINVAL, "proto");
@@ -2677,6 +2738,11 @@ void __attribute__((noreturn)) warren_agent_main(int fd)
 			struct conn *c = dead_conns;
 			dead_conns = c->dead;
 			conn_free(c);
+		}
+		while (dead_bprocs) {
+			struct bproc *bp = dead_bprocs;
+			dead_bprocs = bp->dnext;
+			bproc_discard(bp);
 		}
 #ifdef WARREN_AGENT_MAIN
 		if (freed && !conns)

@@ -26,6 +26,7 @@ const (
 	frameCloseIn = 'C'
 	frameKill    = 'K'
 	frameResize  = 'W'
+	frameForget  = 'D' // protocol version 3
 	frameOutput  = 'O'
 	frameRecord  = 'l'
 	frameEnd     = 'e'
@@ -35,9 +36,15 @@ const (
 	MaxOutputCap = 64 << 20
 	maxChunk     = 32 << 10
 	fromEnd      = ^uint64(0)
+	// maxRecords is the agent's MAX_BPROCS (records held at once; 1,024
+	// over the sandbox's life before protocol version 3).
+	maxRecords = 2048
 )
 
-var _ backend.Background = (*Client)(nil)
+var (
+	_ backend.Background = (*Client)(nil)
+	_ backend.Forgetter  = (*Client)(nil)
+)
 
 // StartBackground starts a process the agent owns (backend.Background).
 func (c *Client) StartBackground(ctx context.Context, p backend.ProcSpec, o backend.BackgroundOpts) (int, error) {
@@ -81,7 +88,7 @@ func (c *Client) StartBackground(ctx context.Context, p backend.ProcSpec, o back
 		return int(int32(le.Uint32(body))), nil
 	case typ == frameFailed:
 		if len(body) > 4 && string(body[4:]) == "limit\x00" {
-			return 0, errdefs.Exhaustedf("sandbox agent holds %d background processes, the maximum", 1024)
+			return 0, errdefs.Exhaustedf("sandbox agent holds %d background process records, the maximum", maxRecords)
 		}
 		if len(body) > 4 && string(body[4:]) == "pty\x00" {
 			return 0, errdefs.Wrap(errdefs.Unavailable, syscall.Errno(le.Uint32(body)), "allocate a pty in the sandbox")
@@ -192,6 +199,37 @@ func (c *Client) SignalBackground(ctx context.Context, pid int, sig syscall.Sign
 // ResizeBackground sets a PTY process's window size.
 func (c *Client) ResizeBackground(ctx context.Context, pid int, rows, cols uint16) error {
 	return c.pidRequest(ctx, frameResize, pid, binary.LittleEndian.AppendUint32(nil, uint32(rows)|uint32(cols)<<16), "resize terminal")
+}
+
+// ForgetBackground drops the record and kept output of an exited
+// background process (backend.Forgetter). An agent older than protocol
+// version 3 does not know the request (it fails it as "proto", EINVAL):
+// Unsupported, and it keeps every record until the sandbox goes.
+func (c *Client) ForgetBackground(ctx context.Context, pid int) error {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stop := interruptOn(ctx, conn)
+	defer stop()
+	if _, err := conn.Write(frame(frameForget, binary.LittleEndian.AppendUint32(nil, uint32(int32(pid))))); err != nil {
+		return ioErr(ctx, err, "forget process")
+	}
+	rt, body, err := readFrame(conn)
+	switch {
+	case err != nil:
+		return ioErr(ctx, err, "forget process")
+	case rt == frameOK:
+		return nil
+	case rt == frameFailed && len(body) >= 5 && string(body[4:]) == "proto\x00":
+		return errdefs.Unsupportedf("sandbox agent predates forgetting processes (protocol version 3)")
+	case rt == frameFailed && len(body) >= 5 && syscall.Errno(binary.LittleEndian.Uint32(body)) == syscall.EBUSY:
+		return errdefs.Conflictf("forget process: process %d is still running", pid)
+	case rt == frameFailed && len(body) >= 5:
+		return pidFailure(body, pid, "forget process")
+	}
+	return errdefs.Internalf("sandbox agent: unexpected reply %q to forget", rt)
 }
 
 // CloseStdin ends a background process's input (EOF for a pipe, the

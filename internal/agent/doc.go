@@ -11,7 +11,7 @@
 // process, reaps every child (it is PID 1 or a child subreaper) and uses a
 // few hundred KB of memory.
 //
-// # Protocol (version 2)
+// # Protocol (version 3)
 //
 // One connection per process or request. Every frame is a little-endian u32 payload
 // length, a u8 type, and the payload; payloads are at most 4 MiB.
@@ -44,6 +44,13 @@
 //	'K' KILL    i32 pid, i32 signo, u8 group. Reply 'k', or FAILED step
 //	            "exited" once the process exited (its pid may be reused).
 //	'W' WINSIZE i32 pid, u32 rows | cols << 16 (PTY only). Reply 'k'.
+//	'D' FORGET  i32 pid (version 3): drop the oldest exited record with
+//	            that pid, and its output. Reply 'k'; FAILED ESRCH
+//	            "forget" if there is none, EBUSY "forget" if the pid's
+//	            process still runs. Clients attached to the record finish
+//	            reading it; it is no longer listed or found. An agent of
+//	            version 2 fails the frame with step "proto" (EINVAL): its
+//	            records stay until the sandbox goes, as they always did.
 //
 // An unknown pid fails with ESRCH; the step names the request ("attach",
 // "stdin", "signal", "resize").
@@ -163,8 +170,14 @@
 // the exit. Any number of clients attach at once; a client attached with
 // both offsets all-ones is a waiter, told only the exit. The record (pid,
 // status, buffers, tag: at most 3 KiB the daemon uses to rebuild its view
-// after a restart) stays until the sandbox goes; at most 1,024 per
-// sandbox, the daemon's MaxProcessesPerSandbox. The agent closes a
+// after a restart) stays until the client forgets it (FORGET) or the
+// sandbox goes. The daemon forgets the exited processes it no longer keeps
+// (internal/daemon: MaxExitedProcesses), so a sandbox runs any number of
+// processes over its life; the agent refuses a start (FAILED EAGAIN
+// "limit") while it holds 2,048 records, a backstop above the daemon's
+// 1,024 running plus 256 exited. FORGET closes the read ends of the
+// streams, so a child that inherited them and writes on gets EPIPE.
+// The agent closes a
 // process's stdin end when it exits; an exited process's pid is never
 // signalled again.
 package agent
@@ -174,4 +187,4 @@ package agent
 const EnvFD = "_WARREN_AGENT_FD"
 
 // ProtocolVersion is the version the agent reports in PONG.
-const ProtocolVersion = 2
+const ProtocolVersion = 3

@@ -518,6 +518,15 @@ type Background interface {
 	ResizeBackground(ctx context.Context, pid int, rows, cols uint16) error
 }
 
+// Forgetter is a Background that drops an exited process's record and kept
+// output when asked; one without it keeps them until the sandbox goes.
+// ForgetBackground fails with Unsupported where the sandbox's agent is too
+// old to forget (a sandbox created before an upgrade), NotFound for no
+// exited process of that pid, Conflict for one still running.
+type Forgetter interface {
+	ForgetBackground(ctx context.Context, pid int) error
+}
+
 // FromEnd as an attach offset skips that stream.
 const FromEnd int64 = -1
 

@@ -1181,7 +1181,14 @@ func initConfig(kv map[string]string) []byte {
 }
 
 // Background processes are the agent's (backend.Background).
-var _ backend.Background = (*sandbox)(nil)
+var (
+	_ backend.Background = (*sandbox)(nil)
+	_ backend.Forgetter  = (*sandbox)(nil)
+)
+
+func (s *sandbox) ForgetBackground(ctx context.Context, pid int) error {
+	return s.agent.ForgetBackground(ctx, pid)
+}
 
 func (s *sandbox) StartBackground(ctx context.Context, p backend.ProcSpec, o backend.BackgroundOpts) (int, error) {
 	select {

@@ -39,14 +39,26 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultStateDir        = "/var/lib/warren"
-	DefaultBackend         = "container"
-	DefaultTimeout         = time.Hour
-	MaxTimeout             = 24 * time.Hour
-	DefaultMemoryBytes     = 512 << 20
-	DefaultPids            = 1024
-	DefaultExecTimeout     = 10 * time.Minute
+	DefaultStateDir    = "/var/lib/warren"
+	DefaultBackend     = "container"
+	DefaultTimeout     = time.Hour
+	MaxTimeout         = 24 * time.Hour
+	DefaultMemoryBytes = 512 << 20
+	DefaultPids        = 1024
+	DefaultExecTimeout = 10 * time.Minute
+	// MaxProcessesPerSandbox bounds the background processes running in
+	// a sandbox at once (a fork bomb through the API meets it); over its
+	// life a sandbox runs any number.
 	MaxProcessesPerSandbox = 1024
+	// MaxExitedProcesses is how many exited background processes a
+	// sandbox keeps (records in the daemon, records and output in the
+	// agent) for WaitProcess, AttachProcess and ListProcesses after
+	// their exit; older ones are forgotten. 256 lets a client start a
+	// few hundred commands before it collects the first one's result,
+	// and bounds what exited processes hold in the agent to 256 output
+	// buffers (256 MiB at the default output limit, charged to the
+	// sandbox) and about 1 MiB of records.
+	MaxExitedProcesses = 256
 )
 
 // Config configures a Manager.
@@ -238,6 +250,12 @@ type sandbox struct {
 	reach   sync.Mutex
 	procs   map[string]*process
 	procSeq int
+	// exited are the exited processes of procs in the order their exits
+	// were seen, at most MaxExitedProcesses (retire).
+	exited []*process
+	// keepExited: the agent cannot forget (it predates protocol version
+	// 3), so the daemon keeps every record, as the agent does.
+	keepExited bool
 	// ptyExecs are the running ExecStreams on a pty, by id (ptyexec.go).
 	ptyExecs map[string]backend.Resizer
 	ptySeq   int

@@ -271,7 +271,7 @@ func (m *Manager) execEvents(s *sandbox, sb backend.Sandbox, argv []string, res 
 // and leaves its output to the guard's next round: whether output was
 // dropped is in the agent's record, and one listing per sandbox and round
 // (outputCaps) costs the agent far less than one per exit (a listing is
-// up to 1,024 records of up to 3 KiB).
+// up to 1,280 records of up to 3 KiB).
 func (m *Manager) processExited(p *process) {
 	p.mu.Lock()
 	timedOut := p.timedOut

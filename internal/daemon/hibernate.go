@@ -123,6 +123,7 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 		pr.detach()
 		delete(s.procs, id)
 	}
+	s.exited = nil
 	s.mu.Unlock()
 	slices.SortFunc(listed.Processes, func(a, b *warrenv1.ProcessInfo) int {
 		return cmp.Compare(a.GetStartedAtUnixMs(), b.GetStartedAtUnixMs())

@@ -25,10 +25,10 @@ const (
 // process is a background process. The sandbox's agent owns it
 // (backend.Background): its stdio, its output buffers (the latest
 // output_limit_bytes of each stream) and its record, which the agent keeps
-// until the sandbox goes. This record is the daemon's view, rebuilt from
-// the agent's list after a restart (adoptProcesses): nothing of it lives
-// only here except the watcher that notices the exit and enforces the
-// timeout.
+// until the daemon forgets it (retire) or the sandbox goes. This record is
+// the daemon's view, rebuilt from the agent's list after a restart
+// (adoptProcesses): nothing of it lives only here except the watcher that
+// notices the exit and enforces the timeout.
 type process struct {
 	id      string
 	seq     int
@@ -217,8 +217,9 @@ func termSize(req *warrenv1.ExecRequest) (rows, cols uint16, err error) {
 // output_limit_bytes of each stream for WaitProcess and AttachProcess.
 // timeout_ms, when set, kills its process group when it passes; 0 lets it
 // run until the sandbox goes. With pty it runs on a terminal. At most
-// 1,024 processes (running or exited) per sandbox. Processes survive a
-// daemon restart.
+// MaxProcessesPerSandbox run at once per sandbox; of the exited ones the
+// latest MaxExitedProcesses are kept (retire). Processes survive a daemon
+// restart.
 func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (_ *warrenv1.ProcessInfo, err error) {
 	defer m.observe("StartProcess", &err)
 	if req.GetIdempotencyKey() != "" {
@@ -255,9 +256,9 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 	}
 
 	s.mu.Lock()
-	if len(s.procs)+s.procPending >= MaxProcessesPerSandbox {
+	if s.runningProcsLocked()+s.procPending >= MaxProcessesPerSandbox {
 		s.mu.Unlock()
-		return nil, errdefs.Exhaustedf("sandbox %s has %d processes, the maximum", s.id, MaxProcessesPerSandbox)
+		return nil, errdefs.Exhaustedf("sandbox %s has %d running processes, the maximum", s.id, MaxProcessesPerSandbox)
 	}
 	s.procPending++
 	s.procSeq++
@@ -302,6 +303,73 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 		return nil, errdefs.Unavailablef("daemon is shutting down")
 	}
 	return p.info(nil), nil
+}
+
+// runningProcsLocked counts the processes whose exit the daemon has not
+// seen: the ones MaxProcessesPerSandbox bounds.
+func (s *sandbox) runningProcsLocked() int {
+	n := 0
+	for _, p := range s.procs {
+		if !p.exited() {
+			n++
+		}
+	}
+	return n
+}
+
+// retire keeps p, which exited, among the sandbox's latest
+// MaxExitedProcesses exits and lets go of the oldest beyond them: the
+// daemon drops its record and the agent its record and output
+// (backend.Forgetter). Without that, the agent's records would fill up
+// after its limit of processes started over the sandbox's life, which an
+// agent loop (every E2B command is a background process) reaches within
+// the hour. A forget that fails leaves the record in the agent (it holds
+// far more than the daemon keeps); a restarted daemon adopts it as exited
+// and retires it again. An agent too old to forget makes the daemon keep
+// every record, as before.
+func (m *Manager) retire(s *sandbox, p *process) {
+	s.mu.Lock()
+	if s.procs[p.id] != p { // let go of meanwhile (hibernated)
+		s.mu.Unlock()
+		return
+	}
+	s.exited = append(s.exited, p)
+	var old []*process
+	for !s.keepExited && len(s.exited) > MaxExitedProcesses {
+		old = append(old, s.exited[0])
+		s.exited[0] = nil
+		s.exited = s.exited[1:]
+	}
+	s.mu.Unlock()
+	for _, q := range old {
+		// The agent first: until it answers, the record is still good.
+		err := forget(q)
+		unsupported := errdefs.CategoryOf(err) == errdefs.Unsupported
+		if err != nil && !unsupported && errdefs.CategoryOf(err) != errdefs.NotFound {
+			m.log.Debug("forget exited process", "sandbox", s.id, "process", q.id, "err", err)
+		}
+		s.mu.Lock()
+		if unsupported {
+			s.keepExited = true
+		} else if s.procs[q.id] == q {
+			delete(s.procs, q.id)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// forget asks the agent to drop an exited process's record.
+func forget(p *process) error {
+	f, ok := p.host.(backend.Forgetter)
+	if !ok {
+		return errdefs.Unsupportedf("this sandbox's backend keeps every background process")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.ForgetBackground(ctx, p.pid); err != nil {
+		return fmt.Errorf("forget process %s: %w", p.id, err)
+	}
+	return nil
 }
 
 func newProcess(sandbox string, host backend.Background, t procTag, pid int, pty bool) *process {
@@ -384,7 +452,7 @@ func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
 		m.log.Warn("list background processes of adopted sandbox", "sandbox", s.id, "err", err)
 		return
 	}
-	var watch []*process
+	var watch, exited []*process
 	s.mu.Lock()
 	if s.sb != sb || s.st != stateRunning {
 		s.mu.Unlock()
@@ -408,6 +476,7 @@ func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
 			// Looked at before the restart, or while no daemon ran:
 			// either way not an event of this daemon's.
 			p.capChecked = true
+			exited = append(exited, p)
 		} else {
 			watch = append(watch, p)
 		}
@@ -415,6 +484,9 @@ func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
 		s.procSeq = max(s.procSeq, t.Seq)
 	}
 	s.mu.Unlock()
+	for _, p := range exited { // in start order: the oldest go first
+		m.retire(s, p)
+	}
 	for _, p := range watch {
 		m.spawn(func() { m.watchProcess(p) })
 	}
@@ -434,6 +506,9 @@ func (m *Manager) watchProcess(p *process) {
 		if st != nil {
 			p.finish(*st, false, time.Since(p.started))
 			m.processExited(p)
+			if s, err := m.lookup(p.sandbox); err == nil {
+				m.retire(s, p)
+			}
 			return
 		}
 		if p.isDetached() {

@@ -551,3 +551,10 @@ func (s *sandbox) Freeze(ctx context.Context) (func() error, error) {
 	}
 	return nil, lacks("commit")
 }
+
+func (s *sandbox) ForgetBackground(ctx context.Context, pid int) error {
+	if f, ok := s.inner.(backend.Forgetter); ok {
+		return f.ForgetBackground(ctx, pid)
+	}
+	return lacks("forgetting background processes")
+}
