@@ -93,7 +93,16 @@ int warren_stat_fields(unsigned long *out, const int *which, int count);
 enum {
 	CAP_CHOWN = 0, CAP_DAC_OVERRIDE = 1, CAP_FOWNER = 3, CAP_FSETID = 4, CAP_KILL = 5,
 	CAP_SETGID = 6, CAP_SETUID = 7, CAP_SETPCAP = 8, CAP_NET_BIND_SERVICE = 10,
-	CAP_SYS_CHROOT = 18, CAP_AUDIT_WRITE = 29, CAP_SETFCAP = 31,
+	CAP_SYS_CHROOT = 18, CAP_SYS_ADMIN = 21, CAP_AUDIT_WRITE = 29, CAP_SETFCAP = 31,
+};
+/* capget/capset's arguments, version 3 (64 capabilities in two words). */
+#define WARREN_CAP_V3 0x20080522
+struct warren_cap_header {
+	uint32_t version;
+	int pid;
+};
+struct warren_cap_data {
+	uint32_t effective, permitted, inheritable;
 };
 
 static void __attribute__((noreturn)) die(const char *step, const char *arg)
@@ -690,6 +699,30 @@ static void make_userns(const char *spec)
 	close(p[1]);
 }
 
+/* PID 1 (the agent) lets go of CAP_SYS_ADMIN in the user namespace, once
+ * the filters are in (installing them without no_new_privs needed it): it
+ * mounts nothing and sets no hostname, and it was the one process there
+ * holding it (the bounding set keeps it from the others). That is what
+ * stands between a sandbox restored by CRIU and its masks, whose mounts
+ * CRIU makes from inside the user namespace, so they are not locked as at
+ * create (docs/SECURITY.md); CRIU restores the sets as dumped. The others
+ * it keeps: PID 1 must still hold capabilities no sandbox process can
+ * (CAP_SYS_PTRACE, CAP_NET_ADMIN, ...), or the kernel would let root there
+ * ptrace it and open /proc/1/fd (userns_namespaces). */
+static void drop_sys_admin(void)
+{
+	struct warren_cap_header h = {.version = WARREN_CAP_V3};
+	struct warren_cap_data d[2];
+	if (syscall(SYS_capget, &h, d) < 0)
+		die("capget", NULL);
+	uint32_t bit = 1u << (CAP_SYS_ADMIN % 32);
+	d[CAP_SYS_ADMIN / 32].effective &= ~bit;
+	d[CAP_SYS_ADMIN / 32].permitted &= ~bit;
+	d[CAP_SYS_ADMIN / 32].inheritable &= ~bit;
+	if (syscall(SYS_capset, &h, d) < 0)
+		die("capset", "drop CAP_SYS_ADMIN");
+}
+
 /* Lets the holder close what make_userns and mount_overlay left open,
  * once the sandbox is up. */
 static void finish_userns(void)
@@ -730,9 +763,9 @@ static void join_userns(void)
  * namespace, which the process holds no capability in. Sandbox processes
  * still cannot ptrace PID 1, open /proc/1/fd/ or read /proc/1/mem or
  * environ: the kernel also requires their permitted capabilities to
- * include all of PID 1's (every one, in the user namespace), and the
- * bounding set (drop_caps) keeps theirs to a few. CRIU restores the flag
- * with the tree. */
+ * include all of PID 1's (every one in the user namespace but
+ * CAP_SYS_ADMIN, drop_sys_admin), and the bounding set (drop_caps) keeps
+ * theirs to a few. CRIU restores the flag with the tree. */
 static void userns_namespaces(const char *hostname, int agent_exe)
 {
 	if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC) < 0)
@@ -1081,6 +1114,8 @@ static void __attribute__((noreturn)) init_main(void)
 		install_seccomp(seccomp, 0);
 	if (audit)
 		install_seccomp(audit, SECCOMP_FILTER_FLAG_LOG);
+	if (userns_base)
+		drop_sys_admin();
 	unsetenv(INIT_ENV);
 	/* Closing the status pipe tells the daemon the sandbox is up. */
 	close(FD_STATUS);
