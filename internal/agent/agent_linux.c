@@ -913,12 +913,18 @@ static void put64(uint8_t *p, uint64_t v)
 
 static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
 
+/* The newest record of pid: a pid is reused once its process has been
+ * reaped (at once after a CRIU restore, whose pid namespace hands out
+ * pids from the bottom again; after a wrap otherwise), and requests by pid
+ * mean the process that has it now. Older records of it keep their output
+ * until FORGET, which drops the oldest. */
 static struct bproc *bproc_find(pid_t pid)
 {
-	struct bproc *bp = bprocs;
-	while (bp && bp->pid != pid)
-		bp = bp->next;
-	return bp;
+	struct bproc *found = NULL;
+	for (struct bproc *bp = bprocs; bp; bp = bp->next)
+		if (bp->pid == pid)
+			found = bp;
+	return found;
 }
 
 static void ring_close(struct ring *r)

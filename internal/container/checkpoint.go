@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -763,6 +764,21 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	}
 	s.st.UserNS = meta.UserNS
 	b.cpus.adopt(spec.ID, pid)
+	// New processes get pids past every one the agent has a record of
+	// (SetLastPID), as they would have had the sandbox run on. Without
+	// it the daemon still tells them apart (it lets go of a record whose
+	// pid was reused); this keeps the pids clients hold unique.
+	if recs, err := s.agent.ListBackground(ctx); err == nil {
+		last := 0
+		for _, r := range recs {
+			last = max(last, r.Pid)
+		}
+		if last > 0 {
+			if err := SetLastPID(pid, last, true); err != nil {
+				slog.Warn("restored sandbox: new processes may reuse the pids of exited ones", "sandbox", spec.ID, "err", err)
+			}
+		}
+	}
 	if lazy != nil {
 		s.lazyMu.Lock()
 		s.lazy = lazy

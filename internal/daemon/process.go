@@ -62,6 +62,9 @@ type process struct {
 	// (events.go; the guard's alone).
 	capChecked bool
 	runtime    time.Duration
+	// shadowed: its pid was given to a younger process before the daemon
+	// saw its exit (shadowedLocked); its sandbox's mu guards it.
+	shadowed bool
 }
 
 // procTag is what the daemon keeps about a process in the agent's record
@@ -288,7 +291,11 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 		s.procs = map[string]*process{}
 	}
 	s.procs[p.id] = p
+	shadowed := s.shadowedLocked(p)
 	s.mu.Unlock()
+	for _, q := range shadowed {
+		m.forgetShadowed(s, q)
+	}
 
 	if data := req.GetStdin(); len(data) > 0 {
 		p.stdinLock <- struct{}{}
@@ -329,8 +336,12 @@ func (s *sandbox) runningProcsLocked() int {
 // every record, as before.
 func (m *Manager) retire(s *sandbox, p *process) {
 	s.mu.Lock()
-	if s.procs[p.id] != p { // let go of meanwhile (hibernated)
+	if s.procs[p.id] != p { // let go of meanwhile (hibernated), or shadowed
+		shadowed := p.shadowed
 		s.mu.Unlock()
+		if shadowed {
+			m.forgetShadowed(s, p)
+		}
 		return
 	}
 	s.exited = append(s.exited, p)
@@ -355,6 +366,46 @@ func (m *Manager) retire(s *sandbox, p *process) {
 			delete(s.procs, q.id)
 		}
 		s.mu.Unlock()
+	}
+}
+
+// shadowedLocked lets go of the records whose pid p now has: the agent
+// reaped them and the pid namespace gave the pid out again (at once after
+// a CRIU restore, which hands out pids from the bottom; after a wrap
+// otherwise). Requests by pid now reach p, so an older record could only
+// show p's output and exit as its own. The ones whose exit the daemon has
+// seen are returned, for the agent to forget; one whose exit is still on
+// its way is forgotten when its watcher retires it.
+func (s *sandbox) shadowedLocked(p *process) []*process {
+	var out []*process
+	for id, q := range s.procs {
+		if q == p || q.pid != p.pid {
+			continue
+		}
+		delete(s.procs, id)
+		if i := slices.Index(s.exited, q); i >= 0 {
+			s.exited = slices.Delete(s.exited, i, i+1)
+		}
+		if q.exited() {
+			out = append(out, q)
+		} else {
+			q.shadowed = true
+		}
+	}
+	return out
+}
+
+// forgetShadowed drops the agent's oldest exited record of q's pid, which
+// is q's: the process that has the pid now is younger.
+func (m *Manager) forgetShadowed(s *sandbox, q *process) {
+	s.mu.Lock()
+	keep := s.keepExited
+	s.mu.Unlock()
+	if keep {
+		return
+	}
+	if err := forget(q); err != nil && errdefs.CategoryOf(err) != errdefs.NotFound {
+		m.log.Debug("forget a process whose pid was reused", "sandbox", s.id, "process", q.id, "pid", q.pid, "err", err)
 	}
 }
 
@@ -452,13 +503,25 @@ func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
 		m.log.Warn("list background processes of adopted sandbox", "sandbox", s.id, "err", err)
 		return
 	}
-	var watch, exited []*process
+	// A pid listed twice was reused (shadowedLocked): its newest record
+	// is the process that has it; the older ones are forgotten.
+	newest := map[int]int{}
+	for i, r := range recs {
+		newest[r.Pid] = i
+	}
+	var watch, exited, shadowed []*process
 	s.mu.Lock()
 	if s.sb != sb || s.st != stateRunning {
 		s.mu.Unlock()
 		return
 	}
-	for _, r := range recs {
+	for i, r := range recs {
+		if newest[r.Pid] != i {
+			if r.Exited {
+				shadowed = append(shadowed, &process{id: "(reused pid)", pid: r.Pid, host: host})
+			}
+			continue
+		}
 		var t procTag
 		if json.Unmarshal(r.Tag, &t) != nil || t.ID == "" || t.Seq <= 0 {
 			continue
@@ -484,6 +547,9 @@ func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
 		s.procSeq = max(s.procSeq, t.Seq)
 	}
 	s.mu.Unlock()
+	for _, q := range shadowed { // in start order, as the agent forgets
+		m.forgetShadowed(s, q)
+	}
 	for _, p := range exited { // in start order: the oldest go first
 		m.retire(s, p)
 	}
