@@ -520,7 +520,9 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	m.idem.dropSandbox(s.id)
 	m.forget(s)
 	m.events.Forget(s.id)
-	m.dropBases(s.bases)
+	if reason != metrics.ReasonMoved { // it stands on them on its new node
+		m.dropBases(s.id, s.bases)
+	}
 	close(done)
 	if prev == stateRunning || prev == statePaused || prev == stateHibernated {
 		m.metrics.SandboxEnded(reason)
