@@ -536,11 +536,10 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		return nil, fsErr(err, "create sandbox directories")
 	}
 	var lazy *lazyServer
-	// Where the kernel has no userfaultfd the memory comes back eagerly.
-	// Nor, not yet, for a sandbox in a user namespace: its CRIU runs in
-	// views of its own (criuUserNSView), which the lazy socket's path has
-	// not been checked through.
-	if spec.LazyPages && uffdAvailable() == nil && meta.UserNS == nil {
+	// Where the kernel has no userfaultfd the memory comes back eagerly;
+	// for a sandbox in a user namespace also where its tasks may not
+	// open one (uffdForUserNS).
+	if spec.LazyPages && uffdAvailable() == nil && (meta.UserNS == nil || uffdForUserNS() == nil) {
 		// Started first: it probes the kernel while the rest is made.
 		if lazy, err = startLazyPages(filepath.Join(dir, ckptImages), st, run); err != nil {
 			return nil, err
