@@ -295,10 +295,24 @@ func (s *Server) visible(r *http.Request, id string) (*warrenv1.Sandbox, error) 
 	if err != nil {
 		return nil, err
 	}
+	if sb.GetState() == warrenv1.SandboxState_SANDBOX_STATE_LOST {
+		return nil, lostErr(sb)
+	}
 	if e2bState(sb.GetState()) == "" {
 		return nil, errdefs.NotFoundf("sandbox %s is %s", id, strings.ToLower(strings.TrimPrefix(sb.GetState().String(), "SANDBOX_STATE_")))
 	}
 	return sb, nil
+}
+
+// lostErr is the error of a call on a LOST sandbox: its node (or, on a
+// node, its agent) cannot be reached now. It is Unavailable (503), not
+// the 404 of a gone sandbox, which the SDKs would take for killed.
+func lostErr(sb *warrenv1.Sandbox) error {
+	where := "its node"
+	if sb.GetNode() != "" {
+		where = "node " + sb.GetNode()
+	}
+	return errdefs.Unavailablef("sandbox %s is lost for now: %s cannot reach it; retry when it is back", sb.GetId(), where)
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {

@@ -298,6 +298,8 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	id := sandboxOf(r.Context())
 	sb, err := s.m.Get(r.Context(), &warrenv1.GetRequest{Id: id})
 	switch {
+	case err == nil && sb.GetState() == warrenv1.SandboxState_SANDBOX_STATE_LOST:
+		s.fail(w, lostErr(sb))
 	case server.CategoryOf(err) == errdefs.NotFound || (err == nil && e2bState(sb.GetState()) == ""):
 		writeError(w, http.StatusBadGateway, "sandbox "+id+" was not found")
 	case err != nil:
