@@ -367,7 +367,8 @@ def test_get_host_ports(sbx):
     host get_host(port) names and by E2b-Sandbox-Id with E2b-Sandbox-Port;
     streamed answers arrive as they are written and an upgraded connection
     (what a WebSocket is) carries bytes both ways; a port nothing listens
-    on is 502 saying so, an unknown sandbox 404."""
+    on is 502 saying so, an unknown sandbox 404; the server answers again
+    after a pause and connect."""
     import socket
 
     sbx.files.write("/tmp/www/index.html", "hello-port\n")
@@ -423,3 +424,12 @@ def test_get_host_ports(sbx):
         _read_until(s, b"second\n", got)
     finally:
         s.close()
+
+    # Pause ends the proxy's connections into the sandbox (kept for the
+    # next request), and after connect its server answers again.
+    sbx.pause()
+    Sandbox.connect(sbx.sandbox_id)
+    deadline = time.monotonic() + 30
+    while _get(host) != (200, b"hello-port\n"):
+        assert time.monotonic() < deadline, _get(host)
+        time.sleep(0.2)
