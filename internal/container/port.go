@@ -60,9 +60,16 @@ func (s *sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 			return
 		}
 		// Every step of the dial (socket, connect, the wait for it) runs
-		// on this locked thread: one address, no resolver.
+		// on this locked thread: one address at a time, no resolver.
+		// IPv4's loopback first (servers on 0.0.0.0, 127.0.0.1 or a
+		// dual-stack ::), then IPv6's, for a server bound to ::1 only.
 		d := net.Dialer{Timeout: portDialTimeout}
-		c, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		c, err := d.DialContext(ctx, "tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			if c6, err6 := d.DialContext(ctx, "tcp6", net.JoinHostPort("::1", strconv.Itoa(port))); err6 == nil {
+				c, err = c6, nil
+			}
+		}
 		if unix.Setns(hostNetnsFD, unix.CLONE_NEWNET) == nil {
 			runtime.UnlockOSThread()
 		}

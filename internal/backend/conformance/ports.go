@@ -13,7 +13,7 @@ import (
 )
 
 // ports: a backend.PortDialer reaches a server listening in a sandbox
-// without a network, both ways; a port nothing listens on is
+// without a network, both ways, on IPv4's loopback or IPv6's; a port nothing listens on is
 // Unavailable, a bad port Invalid, and a destroyed sandbox an error.
 func ports(t *testing.T, b backend.Backend, h Harness) {
 	sb := create(t, b, h, nil)
@@ -40,6 +40,17 @@ func ports(t *testing.T, b backend.Backend, h Harness) {
 		t.Fatalf("echo from the sandbox's server: %q %v", line, err)
 	}
 	c.Close()
+	// A server on IPv6's loopback only is reached too.
+	proc6, err := sb.Start(ctx, backend.ProcSpec{Argv: []string{"/bin/sh", "-c", "exec httpd -f -p '[::1]:8081' -h /"}, Cwd: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proc6.Close()
+	waitFor(t, func() bool {
+		c, err = d.DialPort(ctx, 8081)
+		return err == nil
+	})
+	c.Close()
 	if _, err := d.DialPort(ctx, 8099); errdefs.CategoryOf(err) != errdefs.Unavailable {
 		t.Errorf("dial a port nothing listens on: %v, want unavailable", err)
 	}
@@ -47,6 +58,7 @@ func ports(t *testing.T, b backend.Backend, h Harness) {
 		t.Errorf("dial port 0: %v, want invalid", err)
 	}
 	_ = proc.Close()
+	_ = proc6.Close()
 	if err := sb.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
