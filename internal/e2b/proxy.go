@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/warrenrl/warren/internal/errdefs"
@@ -42,10 +41,10 @@ func (s *Server) newProxy() *httputil.ReverseProxy {
 			if err != nil {
 				return nil, err
 			}
-			return s.ports.track(t.id, c), nil
+			return s.ports.Track(t.id, c), nil
 		},
 		// Connections are kept per sandbox and port (the URL's host
-		// below), briefly: pause and fork close them (ports.closeAll).
+		// below), briefly: pause and fork close them (ports.CloseAll).
 		MaxIdleConnsPerHost: 8,
 		IdleConnTimeout:     30 * time.Second,
 		// Servers in sandboxes speak HTTP/1.1 (or upgrade from it).
@@ -99,68 +98,4 @@ func (s *Server) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	s.log.Debug("e2b port proxy", "sandbox", t.id, "port", t.port, "err", err)
 	writeError(w, http.StatusBadGateway, fmt.Sprintf("port %d of sandbox %s is not reachable: %v", t.port, t.id, err))
-}
-
-// ports are the proxy's open connections into sandboxes, by sandbox, so
-// that pause and fork can close them: E2B's pause drops every connection
-// into the sandbox, and a checkpoint cannot take a socket whose other end
-// is outside the sandbox.
-type ports struct {
-	mu sync.Mutex
-	by map[string]map[*trackedConn]struct{}
-}
-
-type trackedConn struct {
-	net.Conn
-	p    *ports
-	id   string
-	once sync.Once
-}
-
-func (c *trackedConn) Close() error {
-	c.once.Do(func() {
-		c.p.mu.Lock()
-		delete(c.p.by[c.id], c)
-		if len(c.p.by[c.id]) == 0 {
-			delete(c.p.by, c.id)
-		}
-		c.p.mu.Unlock()
-	})
-	return c.Conn.Close()
-}
-
-// CloseWrite passes a half-close on (an upgraded connection's client
-// finished sending).
-func (c *trackedConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return c.Close()
-}
-
-func (p *ports) track(id string, c net.Conn) net.Conn {
-	tc := &trackedConn{Conn: c, p: p, id: id}
-	p.mu.Lock()
-	if p.by == nil {
-		p.by = map[string]map[*trackedConn]struct{}{}
-	}
-	if p.by[id] == nil {
-		p.by[id] = map[*trackedConn]struct{}{}
-	}
-	p.by[id][tc] = struct{}{}
-	p.mu.Unlock()
-	return tc
-}
-
-// closeAll closes every proxied connection into sandbox id.
-func (p *ports) closeAll(id string) {
-	p.mu.Lock()
-	var open []*trackedConn
-	for c := range p.by[id] {
-		open = append(open, c)
-	}
-	p.mu.Unlock()
-	for _, c := range open {
-		_ = c.Close()
-	}
 }

@@ -503,7 +503,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	// Its open process streams end first, as E2B's pause drops every
 	// connection into the sandbox: a checkpoint needs the agent idle.
 	s.open.end(id, 5*time.Second)
-	s.ports.closeAll(id)
+	s.ports.CloseAll(id)
 	_, err = s.m.Hibernate(r.Context(), &warrenv1.HibernateRequest{Id: id})
 	if c := server.CategoryOf(err); c == errdefs.Unsupported || c == errdefs.Unavailable || c == errdefs.Conflict {
 		s.log.Debug("e2b pause: hibernate refused, freezing instead", "id", id, "err", err)
@@ -703,7 +703,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	// The checkpoint needs the source's agent idle: its open process
 	// streams end (the commands run on; commands.connect follows them).
 	s.open.end(id, 5*time.Second)
-	s.ports.closeAll(id)
+	s.ports.CloseAll(id)
 	res, err := s.m.Fork(r.Context(), &warrenv1.ForkRequest{Id: id, Count: body.Count, TimeoutSeconds: body.Timeout})
 	if err != nil {
 		s.fail(w, err)

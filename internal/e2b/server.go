@@ -21,6 +21,7 @@ import (
 	"github.com/warrenrl/warren/gen/e2b/filesystem/filesystempbconnect"
 	"github.com/warrenrl/warren/gen/e2b/process/processpbconnect"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/connset"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/server"
 )
@@ -93,7 +94,7 @@ type Server struct {
 	// proxy passes requests to the sandboxes' own servers (proxy.go);
 	// ports are its connections, by sandbox (pause closes them).
 	proxy *httputil.ReverseProxy
-	ports ports
+	ports connset.Set
 }
 
 var keyRE = regexp.MustCompile(`^e2b_[0-9a-f]{16,}$`)
@@ -293,7 +294,8 @@ func (s *Server) keyOK(key string) bool {
 // health answers envd's GET /health the way E2B's proxy and envd do
 // together: 204 for a running sandbox, 502 saying it "was not found" for
 // one that is gone (the SDKs read that as killed or timed out), 502 for
-// one that is paused.
+// one that is paused; 503 for a LOST one (its node is down, say), which
+// may come back.
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	id := sandboxOf(r.Context())
 	sb, err := s.m.Get(r.Context(), &warrenv1.GetRequest{Id: id})
