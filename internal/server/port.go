@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/warrenrl/warren/internal/errdefs"
 )
@@ -60,6 +61,9 @@ func (h *httpAPI) portTunnel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer conn.Close()
+	// The tunnel lives as long as its two ends do: no deadline of the
+	// server's (header reading) carries over.
+	_ = conn.SetDeadline(time.Time{})
 	if _, err := io.WriteString(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+PortUpgrade+"\r\n\r\n"); err != nil {
 		return
 	}

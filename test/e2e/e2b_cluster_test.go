@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -61,7 +62,8 @@ func e2bCall(t *testing.T, base, method, path, body string, h map[string]string)
 // are placed on both nodes, every call of the official Python SDK's suite
 // (lifecycle, commands, files, pause and connect, ports through
 // get_host, a concurrent load) works through a gateway, a sandbox's
-// envd token and its ports work through either gateway, and a node that
+// envd token and its ports work through either gateway (and Warren's own
+// port tunnel through a gateway), and a node that
 // goes down fails the calls on its own sandboxes only, naming it, until
 // it is back.
 func TestE2BGatewayRoutesEveryCall(t *testing.T) {
@@ -122,6 +124,18 @@ func TestE2BGatewayRoutesEveryCall(t *testing.T) {
 			t.Fatalf("start httpd in %s: %v %v", c.SandboxID, res, err)
 		}
 		waitPort(t, gw1, c.SandboxID, "served-by-"+node)
+		// Warren's own port tunnel through a gateway reaches it too.
+		conn, err := cl.gws[0].c.DialPort(ctx, c.SandboxID, 8080)
+		if err != nil {
+			t.Fatalf("port tunnel through gateway 0 to %s: %v", c.SandboxID, err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+		_, _ = io.WriteString(conn, "GET / HTTP/1.0\r\n\r\n")
+		got, _ := io.ReadAll(conn)
+		conn.Close()
+		if !bytes.HasSuffix(got, []byte("\r\n\r\nserved-by-"+node)) {
+			t.Fatalf("port tunnel through gateway 0 to %s on %s: %q", c.SandboxID, node, got)
+		}
 	}
 
 	// The official Python SDK's suite through gateway 0: a load of 20 at
