@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
+
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/server"
@@ -108,7 +110,12 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 	if code == http.StatusInternalServerError {
 		s.log.Warn("e2b call failed", "err", err)
 	}
-	writeError(w, code, err.Error())
+	msg := err.Error()
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		msg = ce.Message() // a node's answer through a gateway, without connect's code prefix
+	}
+	writeError(w, code, msg)
 }
 
 // decode reads an optional JSON body into v (an empty body leaves it).
@@ -308,11 +315,11 @@ func (s *Server) visible(r *http.Request, id string) (*warrenv1.Sandbox, error) 
 // node, its agent) cannot be reached now. It is Unavailable (503), not
 // the 404 of a gone sandbox, which the SDKs would take for killed.
 func lostErr(sb *warrenv1.Sandbox) error {
-	where := "its node"
-	if sb.GetNode() != "" {
-		where = "node " + sb.GetNode()
+	why := sb.GetDeadReason() // a gateway's: "node N is down: ..."
+	if why == "" {
+		why = "its node cannot reach it now"
 	}
-	return errdefs.Unavailablef("sandbox %s is lost for now: %s cannot reach it; retry when it is back", sb.GetId(), where)
+	return errdefs.Unavailablef("sandbox %s is lost for now (%s); retry when it is back", sb.GetId(), why)
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
