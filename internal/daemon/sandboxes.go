@@ -470,6 +470,7 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	commit := s.commit
 	pausing := s.pausing
 	s.mu.Unlock()
+	m.ports.CloseAll(s.id)
 
 	if s.isHarness() {
 		// First the route, so that the harness makes no more calls, then
