@@ -57,6 +57,10 @@ fi
 # reason kept in <prefix>.error.
 "$(dirname "$0")/criu.sh" ||
   echo "deps: CRIU >= 4 not installed or criu check failed (see above); sandboxes cannot be checkpointed" >&2
+# QEMU and a guest kernel for the microvm backend (scripts/vm.sh). Optional:
+# without them its tests skip, naming what is missing.
+"$(dirname "$0")/vm.sh" ||
+  echo "deps: QEMU or the guest kernel not installed (see above); microVMs cannot boot" >&2
 # kubernetes-validate (PyPI, in a private virtualenv) checks the manifests
 # under deploy/kubernetes against the Kubernetes schemas.
 "$(dirname "$0")/kubernetes-validate.sh"

@@ -1,0 +1,20 @@
+// Command warren-guest is Warren's agent inside a microVM, run as its
+// init (internal/guest). Built static: CGO_ENABLED=0 go build.
+package main
+
+import (
+	"log"
+	"time"
+
+	"github.com/warrenrl/warren/internal/guest"
+)
+
+func main() {
+	err := guest.Main()
+	log.Printf("warren-guest: %v", err)
+	// PID 1 must not exit (the kernel would panic before the message is
+	// out); the host sees the VM fail to answer and stops it.
+	for {
+		time.Sleep(time.Hour)
+	}
+}

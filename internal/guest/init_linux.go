@@ -1,0 +1,411 @@
+package guest
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
+)
+
+// Main runs the agent as the VM's PID 1. It returns only on a failure to
+// come up, which the caller reports before the kernel panics.
+func Main() error {
+	log.SetFlags(0)
+	log.SetPrefix("warren-guest: ")
+	if err := mountBase(); err != nil {
+		return err
+	}
+	if err := loadModules("/lib/modules/order"); err != nil {
+		return err
+	}
+	hasRoot := cmdlineInt("layers") > 0
+	if err := mountRoot(cmdlineInt("layers")); err != nil {
+		return err
+	}
+	port, err := findPort(PortName, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(port, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", port, err)
+	}
+	r := newReaper()
+	cfg := yamux.DefaultConfig()
+	cfg.LogOutput = io.Discard
+	cfg.EnableKeepAlive = false // the host sees the VM go by its process
+	sess, err := yamux.Server(f, cfg)
+	if err != nil {
+		return err
+	}
+	for {
+		st, err := sess.Accept()
+		if err != nil {
+			return fmt.Errorf("serve the host: %w", err)
+		}
+		go serve(st, r, hasRoot)
+	}
+}
+
+func mountBase() error {
+	for _, m := range []struct{ src, dst, fs string }{
+		{"proc", "/proc", "proc"},
+		{"sysfs", "/sys", "sysfs"},
+		{"devtmpfs", "/dev", "devtmpfs"},
+		{"tmpfs", "/tmp", "tmpfs"},
+		{"tmpfs", "/run", "tmpfs"},
+	} {
+		if err := os.MkdirAll(m.dst, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.src, m.dst, m.fs, unix.MS_NOSUID, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("mount %s: %w", m.dst, err)
+		}
+	}
+	return nil
+}
+
+// loadModules loads the modules listed in order (one path per line,
+// dependencies first), as the host resolved them.
+func loadModules(order string) error {
+	b, err := os.ReadFile(order)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, p := range strings.Fields(string(b)) {
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		err = unix.FinitModule(int(f.Fd()), "", 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("load module %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// findPort waits for the virtio-serial port named name to appear.
+func findPort(name string, wait time.Duration) (string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		names, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+		for _, n := range names {
+			if b, err := os.ReadFile(n); err == nil && strings.TrimSpace(string(b)) == name {
+				dev := "/dev/" + filepath.Base(filepath.Dir(n))
+				if _, err := os.Stat(dev); err == nil {
+					return dev, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no virtio-serial port %q after %v", name, wait)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// reaper is PID 1's wait loop: it collects every child, the ones it
+// started (whose status goes to their caller) and orphans.
+type reaper struct {
+	mu      sync.Mutex
+	waiting map[int]chan syscall.WaitStatus
+	early   map[int]syscall.WaitStatus
+}
+
+func newReaper() *reaper {
+	r := &reaper{waiting: map[int]chan syscall.WaitStatus{}, early: map[int]syscall.WaitStatus{}}
+	ch := make(chan os.Signal, 16)
+	signal.Notify(ch, syscall.SIGCHLD)
+	go func() {
+		for range ch {
+			r.reap()
+		}
+	}()
+	return r
+}
+
+func (r *reaper) reap() {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if pid <= 0 || err != nil {
+			return
+		}
+		r.mu.Lock()
+		if c, ok := r.waiting[pid]; ok {
+			delete(r.waiting, pid)
+			c <- ws
+		} else {
+			r.early[pid] = ws
+		}
+		r.mu.Unlock()
+	}
+}
+
+// start starts cmd and returns where its status will come. The lock is
+// held across the start, so the reaper cannot see the exit first.
+func (r *reaper) start(cmd *exec.Cmd) (<-chan syscall.WaitStatus, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := make(chan syscall.WaitStatus, 1)
+	if ws, ok := r.early[cmd.Process.Pid]; ok {
+		delete(r.early, cmd.Process.Pid)
+		c <- ws
+	} else {
+		r.waiting[cmd.Process.Pid] = c
+	}
+	return c, nil
+}
+
+func serve(st net.Conn, r *reaper, hasRoot bool) {
+	defer st.Close()
+	br := bufio.NewReader(st)
+	line, err := br.ReadBytes('\n')
+	if err != nil {
+		return
+	}
+	var req Request
+	if err := json.Unmarshal(line, &req); err != nil {
+		_ = WriteFrame(st, KindFail, []byte("bad request: "+err.Error()))
+		return
+	}
+	switch req.Op {
+	case "ping":
+		var uts unix.Utsname
+		_ = unix.Uname(&uts)
+		var info unix.Sysinfo_t
+		_ = unix.Sysinfo(&info)
+		b, _ := os.ReadFile("/proc/uptime")
+		var up float64
+		fmt.Sscan(string(b), &up)
+		out, _ := json.Marshal(Ping{Kernel: unix.ByteSliceToString(uts.Release[:]), UptimeMs: up * 1000})
+		_ = WriteFrame(st, KindExit, out)
+	case "exec":
+		execOne(st, r, req, hasRoot)
+	default:
+		_ = WriteFrame(st, KindFail, []byte("unknown op "+req.Op))
+	}
+}
+
+// execOne runs req.Argv and streams its output, then its exit.
+func execOne(st net.Conn, r *reaper, req Request, hasRoot bool) {
+	if len(req.Argv) == 0 {
+		_ = WriteFrame(st, KindFail, []byte("empty argv"))
+		return
+	}
+	root := "/"
+	if hasRoot {
+		root = RootDir
+	}
+	path, err := lookPath(root, req.Argv[0])
+	if err != nil {
+		_ = WriteFrame(st, KindFail, []byte(err.Error()))
+		return
+	}
+	cmd := &exec.Cmd{Path: path, Args: req.Argv}
+	cmd.Env = req.Env
+	if cmd.Env == nil {
+		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+	}
+	cmd.Dir = req.Dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if hasRoot {
+		cmd.SysProcAttr.Chroot = RootDir
+		if cmd.Dir == "" {
+			cmd.Dir = "/"
+		}
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		_ = WriteFrame(st, KindFail, []byte(err.Error()))
+		return
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		_ = WriteFrame(st, KindFail, []byte(err.Error()))
+		return
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	done, err := r.start(cmd)
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		_ = WriteFrame(st, KindFail, []byte(err.Error()))
+		return
+	}
+	var wmu sync.Mutex
+	var wg sync.WaitGroup
+	pump := func(f *os.File, kind byte) {
+		defer wg.Done()
+		defer f.Close()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := f.Read(buf)
+			if n > 0 {
+				wmu.Lock()
+				_ = WriteFrame(st, kind, buf[:n])
+				wmu.Unlock()
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go pump(outR, KindStdout)
+	go pump(errR, KindStderr)
+	ws := <-done
+	// Output a child that outlives it still holds open ends here.
+	drained := make(chan struct{})
+	go func() { wg.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(100 * time.Millisecond):
+		_ = outR.SetReadDeadline(time.Now())
+		_ = errR.SetReadDeadline(time.Now())
+		<-drained
+	}
+	ex := Exit{Code: ws.ExitStatus()}
+	if ws.Signaled() {
+		ex = Exit{Code: -1, Signal: int(ws.Signal())}
+	}
+	b, _ := json.Marshal(ex)
+	wmu.Lock()
+	_ = WriteFrame(st, KindExit, b)
+	wmu.Unlock()
+}
+
+// RootDir is where the guest composes the sandbox's root from its layers
+// (read-only virtio block devices holding EROFS images, named by their
+// serial "layerN", layer0 the bottom) and a writable tmpfs upper;
+// commands run chrooted there.
+const RootDir = "/sandbox"
+
+// LayerSerial is the serial the host gives layer i's device.
+func LayerSerial(i int) string { return fmt.Sprintf("layer%d", i) }
+
+// mountRoot mounts n EROFS layers and an overlay over them at RootDir.
+func mountRoot(n int) error {
+	if n == 0 {
+		return nil
+	}
+	var lowers []string
+	for i := 0; i < n; i++ {
+		dev, err := findBlock(LayerSerial(i), 10*time.Second)
+		if err != nil {
+			return err
+		}
+		dst := fmt.Sprintf("/layers/%d", i)
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(dev, dst, "erofs", unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("mount layer %d (%s): %w", i, dev, err)
+		}
+		lowers = append([]string{dst}, lowers...) // overlayfs wants the top first
+	}
+	for _, d := range []string{"/rw", RootDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("tmpfs", "/rw", "tmpfs", 0, "mode=0755"); err != nil {
+		return err
+	}
+	for _, d := range []string{"/rw/upper", "/rw/work"} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return err
+		}
+	}
+	opts := "lowerdir=" + strings.Join(lowers, ":") + ",upperdir=/rw/upper,workdir=/rw/work"
+	if err := unix.Mount("overlay", RootDir, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount the sandbox root: %w", err)
+	}
+	for _, m := range []struct{ src, dst, fs string }{
+		{"proc", RootDir + "/proc", "proc"},
+		{"devtmpfs", RootDir + "/dev", "devtmpfs"},
+		{"tmpfs", RootDir + "/tmp", "tmpfs"},
+	} {
+		if err := os.MkdirAll(m.dst, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.src, m.dst, m.fs, unix.MS_NOSUID, ""); err != nil {
+			return fmt.Errorf("mount %s: %w", m.dst, err)
+		}
+	}
+	return nil
+}
+
+// findBlock waits for the virtio block device whose serial is serial.
+func findBlock(serial string, wait time.Duration) (string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		ss, _ := filepath.Glob("/sys/block/vd*/serial")
+		for _, p := range ss {
+			if b, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(b)) == serial {
+				dev := "/dev/" + filepath.Base(filepath.Dir(p))
+				if _, err := os.Stat(dev); err == nil {
+					return dev, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no block device with serial %s after %v", serial, wait)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// cmdlineInt reads warren.KEY=N from the kernel command line.
+func cmdlineInt(key string) int {
+	b, _ := os.ReadFile("/proc/cmdline")
+	for _, f := range strings.Fields(string(b)) {
+		if v, ok := strings.CutPrefix(f, "warren."+key+"="); ok {
+			var n int
+			fmt.Sscan(v, &n)
+			return n
+		}
+	}
+	return 0
+}
+
+// lookPath finds name as the command would in root (where it runs
+// chrooted): a name with a slash as it is, else in the usual PATH.
+func lookPath(root, name string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	for _, d := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
+		p := filepath.Join(d, name)
+		if fi, err := os.Stat(filepath.Join(root, p)); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: not found in PATH", name)
+}

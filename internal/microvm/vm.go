@@ -1,0 +1,372 @@
+// Package microvm runs sandboxes as QEMU microVMs (`-M microvm`): a
+// Debian kernel booted through its PVH entry point, an initramfs whose
+// PID 1 is Warren's guest agent (internal/guest), the image's EROFS
+// layers as read-only virtio-pmem devices the guest mounts with DAX
+// (so every VM on the node reads a layer from the host's one page cache
+// of its file), and one virtio-serial port to the agent carrying yamux
+// streams. KVM where the node has it, TCG where it does not (here).
+//
+// (Layers are virtio block devices for now: see qemuArgs.)
+//
+// This is the first part of the backend: a VM boots, answers and runs
+// commands in its root; backend.Backend, limits, networking, files,
+// snapshots and the conformance suite come next.
+package microvm
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/guest"
+	"github.com/warrenrl/warren/internal/guestkernel"
+	"github.com/warrenrl/warren/internal/initramfs"
+)
+
+// guestModules are the drivers the guest loads (Debian builds them as
+// modules): the virtio transport of -M microvm, the agent's port, the
+// layers' block devices and filesystems (crc32c_generic: the algorithm
+// libcrc32c asks the crypto API for, a soft dependency .modinfo does not
+// make a load-order one).
+var guestModules = []string{"virtio_mmio", "virtio_console", "virtio_blk", "crc32c_generic", "erofs", "overlay"}
+
+// Config is one VM.
+type Config struct {
+	QEMU       string // qemu-system-x86_64
+	Kernel     guestkernel.Kernel
+	GuestAgent string   // the static warren-guest binary
+	Dir        string   // the VM's own directory: sockets, console log, initramfs
+	Layers     []string // EROFS layer files, bottom first
+	MemoryMB   int
+	CPUs       int
+	// KVM asks for hardware virtualization; TCG otherwise.
+	KVM bool
+}
+
+// VM is a running microVM.
+type VM struct {
+	cfg  Config
+	cmd  *exec.Cmd
+	sess *yamux.Session
+	conn net.Conn
+	done chan struct{} // closed when QEMU exited
+	err  error         // its exit, once done
+	once sync.Once
+	// Ready is how long the boot took, to the agent's first answer.
+	Ready time.Duration
+	// GuestUptime is the guest kernel's uptime at its first answer.
+	GuestUptime time.Duration
+}
+
+// Boot starts a VM and waits until its agent answers.
+func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
+	t0 := time.Now()
+	if cfg.QEMU == "" {
+		cfg.QEMU = "qemu-system-x86_64"
+	}
+	if cfg.MemoryMB == 0 {
+		cfg.MemoryMB = 256
+	}
+	if cfg.CPUs == 0 {
+		cfg.CPUs = 1
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "create VM directory")
+	}
+	initrd, err := buildInitramfs(cfg)
+	if err != nil {
+		return nil, err
+	}
+	port := filepath.Join(cfg.Dir, "agent.sock")
+	_ = os.Remove(port)
+	args, err := qemuArgs(cfg, initrd, port)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(cfg.QEMU, args...)
+	console, err := os.Create(filepath.Join(cfg.Dir, "console.log"))
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "create console log")
+	}
+	defer console.Close()
+	cmd.Stdout, cmd.Stderr = console, console
+	// Its own session: a VM outlives neither its sandbox nor, through
+	// Close, the daemon's wish, but not a signal to the daemon's group.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, errdefs.Wrap(errdefs.Unavailable, err, "start qemu")
+	}
+	v := &VM{cfg: cfg, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		v.err = cmd.Wait()
+		close(v.done)
+	}()
+	defer func() {
+		if err != nil {
+			v.Close()
+		}
+	}()
+	conn, err := v.dial(ctx, port)
+	if err != nil {
+		return nil, err
+	}
+	v.conn = conn
+	ycfg := yamux.DefaultConfig()
+	ycfg.LogOutput = io.Discard
+	ycfg.EnableKeepAlive = false
+	// A boot under TCG takes seconds before the guest reads its port.
+	ycfg.StreamOpenTimeout = 0
+	if v.sess, err = yamux.Client(conn, ycfg); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "agent session")
+	}
+	var ping guest.Ping
+	if err := v.call(ctx, guest.Request{Op: "ping"}, nil, &ping); err != nil {
+		return nil, fmt.Errorf("wait for the guest agent: %w (console: %s)", err, v.consoleTail())
+	}
+	v.Ready = time.Since(t0)
+	v.GuestUptime = time.Duration(ping.UptimeMs * float64(time.Millisecond))
+	return v, nil
+}
+
+func qemuArgs(cfg Config, initrd, port string) ([]string, error) {
+	accel := "tcg,thread=multi"
+	if cfg.KVM {
+		accel = "kvm"
+	}
+	// -M microvm has no HPET, and under TCG on a loaded node the guest
+	// fails to calibrate its TSC against the PIT, then hangs calibrating
+	// its timer: it is told the TSC's rate, which TCG takes from the
+	// host's (hostTSCkHz).
+	cmdline := "console=ttyS0 quiet panic=-1 tsc_early_khz=" + strconv.Itoa(hostTSCkHz()) + " warren.layers=" + strconv.Itoa(len(cfg.Layers))
+	args := []string{
+		"-M", "microvm", "-accel", accel, "-cpu", "max",
+		"-smp", strconv.Itoa(cfg.CPUs),
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-kernel", cfg.Kernel.Vmlinux, "-initrd", initrd, "-append", cmdline,
+		"-serial", "stdio",
+		"-device", "virtio-serial-device",
+		"-chardev", "socket,id=agent,path=" + port + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name=" + guest.PortName,
+	}
+	for i, l := range cfg.Layers {
+		if _, err := os.Stat(l); err != nil {
+			return nil, errdefs.Wrap(errdefs.NotFound, err, "layer")
+		}
+		if strings.ContainsAny(l, ",=") {
+			return nil, errdefs.Invalidf("layer path %q has a character QEMU's option syntax takes (, or =)", l)
+		}
+		// Read-only virtio block devices: the guest finds each by its
+		// serial. QEMU reads the file through the host's page cache,
+		// one copy for every VM of the node; the guest keeps its own
+		// copy of what it read. virtio-pmem with DAX would spare that
+		// copy, but -M microvm in QEMU 7.2 gives memory devices no
+		// address (nd_pmem: "could not reserve region [mem
+		// 0x00000000-...]"); it works on q35 (docs/MICROVM.md).
+		id := guest.LayerSerial(i)
+		args = append(args,
+			"-drive", fmt.Sprintf("file=%s,if=none,id=%s,format=raw,readonly=on,cache=writeback", l, id),
+			"-device", fmt.Sprintf("virtio-blk-device,drive=%s,serial=%s", id, id))
+	}
+	args = append(args, "-m", strconv.Itoa(cfg.MemoryMB)+"M")
+	return args, nil
+}
+
+// dial connects to the agent's port socket, which QEMU makes as it
+// starts.
+func (v *VM) dial(ctx context.Context, port string) (net.Conn, error) {
+	for {
+		c, err := net.Dial("unix", port)
+		if err == nil {
+			return c, nil
+		}
+		select {
+		case <-v.done:
+			return nil, errdefs.Unavailablef("qemu exited before it listened: %v (console: %s)", v.err, v.consoleTail())
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// call sends req on a new stream and reads its frames: output to out (if
+// any), the final 'x' frame into res.
+func (v *VM) call(ctx context.Context, req guest.Request, out func(kind byte, b []byte), res any) error {
+	st, err := v.sess.OpenStream()
+	if err != nil {
+		return errdefs.Wrap(errdefs.Unavailable, err, "open a stream to the guest agent")
+	}
+	defer st.Close()
+	// A yamux Close ends only the writing half: a deadline is what
+	// wakes a read when the call is cancelled or QEMU dies.
+	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Now()) })
+	defer stop()
+	ended := make(chan struct{})
+	defer close(ended)
+	go func() {
+		select {
+		case <-v.done:
+			_ = st.SetDeadline(time.Now())
+		case <-ended:
+		}
+	}()
+	b, _ := json.Marshal(req)
+	if _, err := st.Write(append(b, '\n')); err != nil {
+		return errdefs.Wrap(errdefs.Unavailable, err, "send to the guest agent")
+	}
+	br := bufio.NewReader(st)
+	for {
+		kind, data, err := guest.ReadFrame(br)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			select {
+			case <-v.done:
+				return errdefs.Unavailablef("the VM ended: %v (console: %s)", v.err, v.consoleTail())
+			default:
+			}
+			return errdefs.Wrap(errdefs.Unavailable, err, "read from the guest agent")
+		}
+		switch kind {
+		case guest.KindStdout, guest.KindStderr:
+			if out != nil {
+				out(kind, data)
+			}
+		case guest.KindExit:
+			return json.Unmarshal(data, res)
+		case guest.KindFail:
+			return errdefs.Invalidf("guest agent: %s", data)
+		}
+	}
+}
+
+// Result is a finished command.
+type Result struct {
+	Stdout, Stderr []byte
+	Exit           guest.Exit
+}
+
+// Exec runs argv in the VM's root and returns its output and exit.
+func (v *VM) Exec(ctx context.Context, argv []string, env []string) (Result, error) {
+	var r Result
+	err := v.call(ctx, guest.Request{Op: "exec", Argv: argv, Env: env}, func(kind byte, b []byte) {
+		if kind == guest.KindStdout {
+			r.Stdout = append(r.Stdout, b...)
+		} else {
+			r.Stderr = append(r.Stderr, b...)
+		}
+	}, &r.Exit)
+	return r, err
+}
+
+// Pid is QEMU's.
+func (v *VM) Pid() int { return v.cmd.Process.Pid }
+
+// Close stops the VM (QEMU killed: the guest holds nothing worth a clean
+// shutdown yet) and removes its directory.
+func (v *VM) Close() error {
+	v.once.Do(func() {
+		if v.sess != nil {
+			v.sess.Close()
+		}
+		_ = v.cmd.Process.Kill()
+		<-v.done
+		_ = os.RemoveAll(v.cfg.Dir)
+	})
+	return nil
+}
+
+func (v *VM) consoleTail() string {
+	b, _ := os.ReadFile(filepath.Join(v.cfg.Dir, "console.log"))
+	s := strings.TrimSpace(string(b))
+	if len(s) > 2000 {
+		s = "…" + s[len(s)-2000:]
+	}
+	return s
+}
+
+// buildInitramfs writes the VM's initramfs: the agent as /init and the
+// modules it loads, with their order. Written once per content into the
+// VM directory's parent (every VM of a node boots the same one).
+func buildInitramfs(cfg Config) (string, error) {
+	mods, err := cfg.Kernel.LoadOrder(guestModules...)
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	fmt.Fprintln(h, cfg.Kernel.Release)
+	for _, p := range append([]string{cfg.GuestAgent}, mods...) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return "", errdefs.Wrap(errdefs.NotFound, err, "guest initramfs")
+		}
+		fmt.Fprintln(h, p, fi.Size(), fi.ModTime().UnixNano())
+	}
+	out := filepath.Join(filepath.Dir(cfg.Dir), "initramfs-"+hex.EncodeToString(h.Sum(nil))[:16]+".cpio")
+	if _, err := os.Stat(out); err == nil {
+		return out, nil
+	}
+	w := initramfs.New()
+	if err := w.AddFile("init", cfg.GuestAgent, 0o755); err != nil {
+		return "", err
+	}
+	var order []string
+	for _, m := range mods {
+		name := "lib/modules/" + filepath.Base(m)
+		if err := w.AddFile(name, m, 0o644); err != nil {
+			return "", err
+		}
+		order = append(order, "/"+name)
+	}
+	if err := w.Add(initramfs.Entry{Name: "lib/modules/order", Data: []byte(strings.Join(order, "\n") + "\n"), Mode: 0o644}); err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(out), ".initramfs-*")
+	if err != nil {
+		return "", errdefs.Wrap(errdefs.Internal, err, "write initramfs")
+	}
+	defer os.Remove(tmp.Name())
+	if err := w.Write(tmp); err != nil {
+		tmp.Close()
+		return "", errdefs.Wrap(errdefs.Internal, err, "write initramfs")
+	}
+	if err := tmp.Close(); err != nil {
+		return "", errdefs.Wrap(errdefs.Internal, err, "write initramfs")
+	}
+	if err := os.Rename(tmp.Name(), out); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", errdefs.Wrap(errdefs.Internal, err, "write initramfs")
+	}
+	return out, nil
+}
+
+// hostTSCkHz is the node's TSC rate as /proc/cpuinfo gives it ("cpu
+// MHz"; constant-rate TSCs tick at it), or 2 GHz where it says nothing.
+func hostTSCkHz() int {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "cpu MHz" {
+			if mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil && mhz > 0 {
+				return int(mhz * 1000)
+			}
+		}
+	}
+	return 2000000
+}
