@@ -79,7 +79,3 @@ func TestBootRunsCommandsInTheLayers(t *testing.T) {
 		t.Errorf("qemu %d still runs after Close", pid)
 	}
 }
-
-
-
-
