@@ -9,6 +9,7 @@ BIN ?= bin/warren
 .PHONY: build agent gen test
 build:
 	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/warren
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags=-s\ -w -o $(dir $(BIN))warren-guest ./cmd/warren-guest
 
 # Rebuild the committed sandbox agents (musl and a cross compiler: scripts/deps.sh).
 agent:

@@ -28,6 +28,7 @@ import (
 	"github.com/warrenrl/warren/internal/kaudit"
 	"github.com/warrenrl/warren/internal/membership"
 	"github.com/warrenrl/warren/internal/metrics"
+	"github.com/warrenrl/warren/internal/microvm"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/resolver"
 	"github.com/warrenrl/warren/internal/server"
@@ -62,6 +63,8 @@ type serveOptions struct {
 	seccomp                  bool
 	userns                   bool
 	lazyPages                bool
+	microVM                  bool
+	guestAgent               string
 	usernsIDs                string
 	cpuAffinity              bool
 	networkSubnet            string
@@ -120,6 +123,8 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.cpuAffinity, "cpu-affinity", true, "run a sandbox with a CPU quota on as many of the node's CPUs as its quota (rounded up), the least used ones, and show it that many (nproc, os.cpu_count, /proc/cpuinfo); false leaves every sandbox on all CPUs, seeing all")
 	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
 	f.BoolVar(&o.userns, "userns", true, "create sandboxes in a user namespace (root inside is an unprivileged host id) unless the request says otherwise (create --userns=false) or the image has files owned by ids above 65535; false makes sandboxes without one the default")
+	f.BoolVar(&o.microVM, "microvm", true, "offer the microvm backend (QEMU microVMs; docs/MICROVM.md) where the node has QEMU, a guest kernel (scripts/vm.sh) and the guest agent")
+	f.StringVar(&o.guestAgent, "guest-agent", "", "the microVMs' guest agent (cmd/warren-guest, built static); default: warren-guest beside this binary")
 	f.BoolVar(&o.lazyPages, "lazy-pages", true, "restore the memory of resumed and forked sandboxes lazily (userfaultfd, where the kernel has it) unless the request says otherwise; false restores it before Resume and Fork return; docs/HIBERNATE.md")
 	f.StringVar(&o.usernsIDs, "userns-ids", container.DefaultUserNSIDs.String(), "host ids START:COUNT that user-namespace sandboxes take 65,536 each of; give each daemon on a host its own")
 	f.StringArrayVar(&o.gpuDevices, "gpu-device", nil, "a GPU device node fncall jobs can be given (repeatable): /dev/nvidia<N> is a GPU, any other (nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset) every GPU job gets (default: the node's /dev/nvidia*)")
@@ -417,11 +422,26 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("fncall backend: %w", err)
 	}
+	backends := map[string]backend.Backend{ctr.Name(): ctr, fnb.Name(): fnb}
+	if o.microVM {
+		agent := o.guestAgent
+		if agent == "" {
+			if exe, err := os.Executable(); err == nil {
+				agent = filepath.Join(filepath.Dir(exe), "warren-guest")
+			}
+		}
+		vb, err := microvm.New(microvm.Options{StateDir: filepath.Join(stateDir, "microvm"), GuestAgent: agent})
+		if err != nil {
+			log.Info("no microvm backend", "err", err)
+		} else {
+			backends[vb.Name()] = vb
+		}
+	}
 	mgr, err := daemon.New(ctx, daemon.Config{
 		StateDir:           stateDir,
 		NodeTag:            nodeTag,
 		MaxSandboxes:       o.maxSandboxes,
-		Backends:           map[string]backend.Backend{ctr.Name(): ctr, fnb.Name(): fnb},
+		Backends:           backends,
 		Images:             images,
 		Metrics:            met,
 		DefaultTimeout:     o.defaultTimeout,

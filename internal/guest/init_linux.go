@@ -203,16 +203,24 @@ func serve(st net.Conn, r *reaper, hasRoot bool) {
 		out, _ := json.Marshal(Ping{Kernel: unix.ByteSliceToString(uts.Release[:]), UptimeMs: up * 1000})
 		_ = WriteFrame(st, KindExit, out)
 	case "exec":
-		execOne(st, r, req, hasRoot)
+		execOne(st, br, r, req, hasRoot)
 	default:
 		_ = WriteFrame(st, KindFail, []byte("unknown op "+req.Op))
 	}
 }
 
-// execOne runs req.Argv and streams its output, then its exit.
-func execOne(st net.Conn, r *reaper, req Request, hasRoot bool) {
+// execOne starts req.Argv, streams its output, takes its stdin and
+// signals from the host, then sends its exit.
+func execOne(st net.Conn, br *bufio.Reader, r *reaper, req Request, hasRoot bool) {
+	var wmu sync.Mutex
+	send := func(kind byte, b []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return WriteFrame(st, kind, b)
+	}
+	fail := func(err error) { _ = send(KindFail, []byte(err.Error())) }
 	if len(req.Argv) == 0 {
-		_ = WriteFrame(st, KindFail, []byte("empty argv"))
+		fail(errors.New("empty argv"))
 		return
 	}
 	root := "/"
@@ -221,45 +229,124 @@ func execOne(st net.Conn, r *reaper, req Request, hasRoot bool) {
 	}
 	path, err := lookPath(root, req.Argv[0])
 	if err != nil {
-		_ = WriteFrame(st, KindFail, []byte(err.Error()))
+		fail(err)
 		return
 	}
-	cmd := &exec.Cmd{Path: path, Args: req.Argv}
-	cmd.Env = req.Env
+	cmd := &exec.Cmd{Path: path, Args: req.Argv, Env: req.Env, Dir: req.Dir}
 	if cmd.Env == nil {
 		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
 	}
-	cmd.Dir = req.Dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if req.UID != 0 || req.GID != 0 {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: req.UID, Gid: req.GID}
+	}
 	if hasRoot {
 		cmd.SysProcAttr.Chroot = RootDir
 		if cmd.Dir == "" {
 			cmd.Dir = "/"
 		}
 	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		_ = WriteFrame(st, KindFail, []byte(err.Error()))
+	var closeAfter []*os.File
+	var readers []*os.File
+	var inW *os.File
+	pipe := func(want bool, out bool) (*os.File, error) {
+		if !want {
+			return nil, nil
+		}
+		rd, wr, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		if out {
+			closeAfter = append(closeAfter, wr)
+			readers = append(readers, rd)
+			return wr, nil
+		}
+		closeAfter = append(closeAfter, rd)
+		inW = wr
+		return rd, nil
+	}
+	in, err := pipe(req.Stdin, false)
+	if err == nil && in != nil {
+		cmd.Stdin = in
+	}
+	outW, err2 := pipe(req.Stdout, true)
+	errW, err3 := pipe(req.Stderr, true)
+	if err = errors.Join(err, err2, err3); err != nil {
+		fail(err)
 		return
 	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		_ = WriteFrame(st, KindFail, []byte(err.Error()))
-		return
+	if outW != nil {
+		cmd.Stdout = outW
 	}
-	cmd.Stdout, cmd.Stderr = outW, errW
+	if errW != nil {
+		cmd.Stderr = errW
+	}
 	done, err := r.start(cmd)
-	outW.Close()
-	errW.Close()
+	for _, f := range closeAfter {
+		f.Close()
+	}
 	if err != nil {
-		outR.Close()
-		errR.Close()
-		_ = WriteFrame(st, KindFail, []byte(err.Error()))
+		for _, f := range readers {
+			f.Close()
+		}
+		if inW != nil {
+			inW.Close()
+		}
+		fail(err)
 		return
 	}
-	var wmu sync.Mutex
+	pid := cmd.Process.Pid
+	// Set (under the reaper's lock order: after the status came) before
+	// its pid may be another's: signals stop then.
+	var exited sync.Mutex
+	ended := false
+	kill := func(sig syscall.Signal, group bool) {
+		exited.Lock()
+		defer exited.Unlock()
+		if ended {
+			return
+		}
+		if group {
+			_ = syscall.Kill(-pid, sig)
+		} else {
+			_ = syscall.Kill(pid, sig)
+		}
+	}
+	b, _ := json.Marshal(Started{Pid: pid})
+	_ = send(KindStarted, b)
+	// The host's frames: stdin, its end, signals. A stream the host
+	// closes kills the process group.
+	go func() {
+		defer func() {
+			if inW != nil {
+				inW.Close()
+			}
+		}()
+		for {
+			kind, data, err := ReadFrame(br)
+			if err != nil {
+				kill(syscall.SIGKILL, true)
+				return
+			}
+			switch kind {
+			case KindStdin:
+				if inW != nil {
+					_, _ = inW.Write(data)
+				}
+			case KindCloseIn:
+				if inW != nil {
+					inW.Close()
+					inW = nil
+				}
+			case KindSignal:
+				var sg Signal
+				if json.Unmarshal(data, &sg) == nil {
+					kill(syscall.Signal(sg.Signal), sg.Group)
+				}
+			}
+		}
+	}()
 	var wg sync.WaitGroup
 	pump := func(f *os.File, kind byte) {
 		defer wg.Done()
@@ -268,37 +355,42 @@ func execOne(st net.Conn, r *reaper, req Request, hasRoot bool) {
 		for {
 			n, err := f.Read(buf)
 			if n > 0 {
-				wmu.Lock()
-				_ = WriteFrame(st, kind, buf[:n])
-				wmu.Unlock()
+				_ = send(kind, buf[:n])
 			}
 			if err != nil {
 				return
 			}
 		}
 	}
-	wg.Add(2)
-	go pump(outR, KindStdout)
-	go pump(errR, KindStderr)
+	if req.Stdout {
+		wg.Add(1)
+		go pump(readers[0], KindStdout)
+	}
+	if req.Stderr {
+		wg.Add(1)
+		go pump(readers[len(readers)-1], KindStderr)
+	}
 	ws := <-done
+	exited.Lock()
+	ended = true
+	exited.Unlock()
 	// Output a child that outlives it still holds open ends here.
 	drained := make(chan struct{})
 	go func() { wg.Wait(); close(drained) }()
 	select {
 	case <-drained:
 	case <-time.After(100 * time.Millisecond):
-		_ = outR.SetReadDeadline(time.Now())
-		_ = errR.SetReadDeadline(time.Now())
+		for _, f := range readers {
+			_ = f.SetReadDeadline(time.Now())
+		}
 		<-drained
 	}
 	ex := Exit{Code: ws.ExitStatus()}
 	if ws.Signaled() {
 		ex = Exit{Code: -1, Signal: int(ws.Signal())}
 	}
-	b, _ := json.Marshal(ex)
-	wmu.Lock()
-	_ = WriteFrame(st, KindExit, b)
-	wmu.Unlock()
+	b, _ = json.Marshal(ex)
+	_ = send(KindExit, b)
 }
 
 // RootDir is where the guest composes the sandbox's root from its layers

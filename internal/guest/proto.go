@@ -4,10 +4,14 @@
 // yamux carries one stream per call. It is built as a small static
 // binary of its own (cmd/warren-guest), without the daemon's code.
 //
-// The protocol on a stream: the host writes one JSON Request line; the
-// guest answers with frames: a kind byte, a 4-byte little-endian length,
-// and that many bytes. Kinds: 'o' stdout, 'e' stderr, 'x' the exit (a
-// JSON Exit, last), 'f' a failure to run (its message, last).
+// The protocol on a stream: the host writes one JSON Request line, then
+// both sides write frames: a kind byte, a 4-byte little-endian length,
+// and that many bytes. From the guest: 's' started (a JSON Started), 'o'
+// stdout, 'e' stderr, 'x' the end (a JSON Exit for a process, the answer
+// for other calls; last), 'f' a failure (its message; last). From the
+// host, to a started process: 'i' stdin bytes, 'c' close stdin, 'k' a
+// JSON Signal. A process whose stream the host closes is killed with its
+// process group.
 package guest
 
 // PortName is the virtio-serial port the host and the agent talk over.
@@ -19,6 +23,23 @@ type Request struct {
 	Argv []string `json:"argv,omitempty"`
 	Env  []string `json:"env,omitempty"`
 	Dir  string   `json:"dir,omitempty"`
+	UID  uint32   `json:"uid,omitempty"`
+	GID  uint32   `json:"gid,omitempty"`
+	// Which streams the process gets (the others are /dev/null).
+	Stdin  bool `json:"stdin,omitempty"`
+	Stdout bool `json:"stdout,omitempty"`
+	Stderr bool `json:"stderr,omitempty"`
+}
+
+// Started is a process's start: its pid in the guest.
+type Started struct {
+	Pid int `json:"pid"`
+}
+
+// Signal asks for a signal to a started process, or its group.
+type Signal struct {
+	Signal int  `json:"signal"`
+	Group  bool `json:"group,omitempty"`
 }
 
 // Exit is how a process ended.
@@ -36,8 +57,12 @@ type Ping struct {
 
 // Frame kinds.
 const (
-	KindStdout = 'o'
-	KindStderr = 'e'
-	KindExit   = 'x'
-	KindFail   = 'f'
+	KindStarted = 's'
+	KindStdout  = 'o'
+	KindStderr  = 'e'
+	KindExit    = 'x'
+	KindFail    = 'f'
+	KindStdin   = 'i'
+	KindCloseIn = 'c'
+	KindSignal  = 'k'
 )

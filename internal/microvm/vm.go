@@ -34,6 +34,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/guestkernel"
@@ -107,9 +108,11 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	}
 	defer console.Close()
 	cmd.Stdout, cmd.Stderr = console, console
-	// Its own session: a VM outlives neither its sandbox nor, through
-	// Close, the daemon's wish, but not a signal to the daemon's group.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	// Its own session: a signal to the daemon's group is not the VM's.
+	// No parent-death signal (it follows the thread that forked, which
+	// the Go runtime may end): a daemon that dies leaves the VM, and the
+	// next one stops it (Backend.Adopt, Sweep).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, errdefs.Wrap(errdefs.Unavailable, err, "start qemu")
 	}
@@ -261,19 +264,23 @@ func (v *VM) call(ctx context.Context, req guest.Request, out func(kind byte, b 
 // Result is a finished command.
 type Result struct {
 	Stdout, Stderr []byte
-	Exit           guest.Exit
+	Exit           backend.ExitStatus
 }
 
-// Exec runs argv in the VM's root and returns its output and exit.
+// Exec runs argv in the VM's root to its end.
 func (v *VM) Exec(ctx context.Context, argv []string, env []string) (Result, error) {
 	var r Result
-	err := v.call(ctx, guest.Request{Op: "exec", Argv: argv, Env: env}, func(kind byte, b []byte) {
-		if kind == guest.KindStdout {
-			r.Stdout = append(r.Stdout, b...)
-		} else {
-			r.Stderr = append(r.Stderr, b...)
-		}
-	}, &r.Exit)
+	p, err := v.Start(ctx, backend.ProcSpec{Argv: argv, Env: env, Stdout: true, Stderr: true})
+	if err != nil {
+		return r, err
+	}
+	defer p.Close()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); r.Stdout, _ = io.ReadAll(p.Stdout()) }()
+	go func() { defer wg.Done(); r.Stderr, _ = io.ReadAll(p.Stderr()) }()
+	wg.Wait()
+	r.Exit, err = p.Wait()
 	return r, err
 }
 

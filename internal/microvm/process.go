@@ -1,0 +1,223 @@
+package microvm
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/guest"
+)
+
+// process is a process in the VM: one yamux stream, whose frames the
+// demultiplexer turns into the streams backend.Process promises.
+type process struct {
+	st      net.Conn
+	pid     int
+	wmu     sync.Mutex // frames to the guest
+	stdout  *io.PipeReader
+	stderr  *io.PipeReader
+	stdin   *stdinWriter
+	done    chan struct{}
+	status  backend.ExitStatus
+	err     error
+	closeMu sync.Once
+}
+
+// Start starts p in the VM's root.
+func (v *VM) Start(ctx context.Context, p backend.ProcSpec) (backend.Process, error) {
+	if p.PTY {
+		return nil, errdefs.Unsupportedf("microvm: terminals are not served yet")
+	}
+	st, err := v.sess.OpenStream()
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Unavailable, err, "open a stream to the guest agent")
+	}
+	req := guest.Request{Op: "exec", Argv: p.Argv, Env: p.Env, Dir: p.Cwd, UID: p.UID, GID: p.GID,
+		Stdin: p.Stdin, Stdout: p.Stdout, Stderr: p.Stderr}
+	b, _ := json.Marshal(req)
+	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Now()) })
+	defer stop()
+	if _, err := st.Write(append(b, '\n')); err != nil {
+		st.Close()
+		return nil, errdefs.Wrap(errdefs.Unavailable, err, "send to the guest agent")
+	}
+	br := bufio.NewReader(st)
+	kind, data, err := guest.ReadFrame(br)
+	if err != nil {
+		st.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, errdefs.Wrap(errdefs.Unavailable, err, "start a process in the VM")
+	}
+	switch kind {
+	case guest.KindStarted:
+	case guest.KindFail:
+		st.Close()
+		return nil, errdefs.Invalidf("start %q in the VM: %s", p.Argv[0], data)
+	default:
+		st.Close()
+		return nil, errdefs.Internalf("guest agent: unexpected frame %q at start", kind)
+	}
+	var s guest.Started
+	if err := json.Unmarshal(data, &s); err != nil {
+		st.Close()
+		return nil, errdefs.Internalf("guest agent: bad start frame: %v", err)
+	}
+	if !stop() {
+		st.Close()
+		return nil, ctx.Err()
+	}
+	_ = st.SetDeadline(time.Time{})
+	pr := &process{st: st, pid: s.Pid, done: make(chan struct{})}
+	var outW, errW *io.PipeWriter
+	if p.Stdout {
+		pr.stdout, outW = io.Pipe()
+	}
+	if p.Stderr {
+		pr.stderr, errW = io.Pipe()
+	}
+	if p.Stdin {
+		pr.stdin = &stdinWriter{p: pr}
+	}
+	go pr.demux(br, outW, errW, v.done)
+	return pr, nil
+}
+
+// demux reads the guest's frames until the exit.
+func (p *process) demux(br *bufio.Reader, outW, errW *io.PipeWriter, vmDone <-chan struct{}) {
+	end := func(err error) {
+		if outW != nil {
+			outW.CloseWithError(err)
+		}
+		if errW != nil {
+			errW.CloseWithError(err)
+		}
+	}
+	for {
+		kind, data, err := guest.ReadFrame(br)
+		if err != nil {
+			select {
+			case <-vmDone:
+				err = errdefs.Unavailablef("the VM stopped")
+			default:
+				err = errdefs.Wrap(errdefs.Unavailable, err, "follow a process in the VM")
+			}
+			p.err = err
+			end(nil)
+			close(p.done)
+			return
+		}
+		switch kind {
+		case guest.KindStdout:
+			if outW != nil {
+				_, _ = outW.Write(data)
+			}
+		case guest.KindStderr:
+			if errW != nil {
+				_, _ = errW.Write(data)
+			}
+		case guest.KindExit:
+			var ex guest.Exit
+			if err := json.Unmarshal(data, &ex); err != nil {
+				p.err = errdefs.Internalf("guest agent: bad exit frame: %v", err)
+			}
+			p.status = backend.ExitStatus{Code: ex.Code, Signal: syscall.Signal(ex.Signal)}
+			end(nil)
+			close(p.done)
+			return
+		case guest.KindFail:
+			p.err = errdefs.Internalf("guest agent: %s", data)
+			end(nil)
+			close(p.done)
+			return
+		}
+	}
+}
+
+func (p *process) send(kind byte, b []byte) error {
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	return guest.WriteFrame(p.st, kind, b)
+}
+
+func (p *process) Pid() int { return p.pid }
+
+func (p *process) Stdin() io.WriteCloser {
+	if p.stdin == nil {
+		return nil
+	}
+	return p.stdin
+}
+
+func (p *process) Stdout() io.ReadCloser {
+	if p.stdout == nil {
+		return nil
+	}
+	return p.stdout
+}
+
+func (p *process) Stderr() io.ReadCloser {
+	if p.stderr == nil {
+		return nil
+	}
+	return p.stderr
+}
+
+func (p *process) Signal(sig syscall.Signal, group bool) error {
+	select {
+	case <-p.done:
+		return errdefs.Conflictf("process %d has exited", p.pid)
+	default:
+	}
+	b, _ := json.Marshal(guest.Signal{Signal: int(sig), Group: group})
+	if err := p.send(guest.KindSignal, b); err != nil {
+		return errdefs.Wrap(errdefs.Unavailable, err, "signal a process in the VM")
+	}
+	return nil
+}
+
+func (p *process) Wait() (backend.ExitStatus, error) {
+	<-p.done
+	return p.status, p.err
+}
+
+// Close ends the stream: the guest kills a process still running, with
+// its group.
+func (p *process) Close() error {
+	p.closeMu.Do(func() { _ = p.st.Close() })
+	return nil
+}
+
+// stdinWriter sends stdin frames; Close sends its end.
+type stdinWriter struct {
+	p      *process
+	closed sync.Once
+}
+
+func (w *stdinWriter) Write(b []byte) (int, error) {
+	const chunk = 32 << 10
+	n := 0
+	for len(b) > 0 {
+		c := min(len(b), chunk)
+		if err := w.p.send(guest.KindStdin, b[:c]); err != nil {
+			return n, err
+		}
+		n += c
+		b = b[c:]
+	}
+	return n, nil
+}
+
+func (w *stdinWriter) Close() error {
+	var err error
+	w.closed.Do(func() { err = w.p.send(guest.KindCloseIn, nil) })
+	return err
+}
