@@ -130,6 +130,12 @@ func (m *Manager) WatchDir(ctx context.Context, req *warrenv1.WatchDirRequest, s
 			}
 			return ctxError(ctx, "watch "+p)
 		case errors.Is(err, io.EOF):
+			// The directory is gone: removed (the watch's normal end), or
+			// the sandbox's filesystem is being taken down, which may be
+			// seen before the sandbox leaves RUNNING.
+			if _, serr := v.fs.Stat(context.WithoutCancel(ctx), "/"); serr != nil {
+				return errdefs.Unavailablef("sandbox %s stopped running: its directory watches ended", req.GetSandboxId())
+			}
 			return nil
 		case errors.Is(err, os.ErrClosed):
 			return errdefs.Unavailablef("watch %s closed", p)

@@ -133,6 +133,18 @@ func TestWatchDirSeesSandboxChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A watch of a directory that is removed ends, without error.
+	_, subDone := openWatch(t, e.m, &warrenv1.WatchDirRequest{SandboxId: "watch", Path: "/work/sub"})
+	e.sh("watch", "rm -rf /work/sub")
+	select {
+	case err := <-subDone:
+		if err != nil {
+			t.Fatalf("watch of a removed directory ended with %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the watch of a removed directory did not end")
+	}
+
 	// A second sandbox's watch ends when it is paused.
 	e.create(&warrenv1.CreateRequest{Id: "watch2"})
 	_, done2 := openWatch(t, e.m, &warrenv1.WatchDirRequest{SandboxId: "watch2", Path: "/tmp"})
@@ -234,4 +246,33 @@ func TestSandboxStats(t *testing.T) {
 	}
 	_, err = e.m.SandboxStats(ctx, &warrenv1.SandboxStatsRequest{SandboxId: "stats"})
 	wantCat(t, err, errdefs.Conflict, "PAUSED")
+}
+
+// TestWatchDirEndsOnHibernate: an open watch does not keep a sandbox
+// from hibernating; it ends (Unavailable), and once the sandbox is
+// resumed a new watch sees its changes again.
+func TestWatchDirEndsOnHibernate(t *testing.T) {
+	requireCRIU(t)
+	e := newEnv(t)
+	ctx := ctxT(t)
+	before := inotifyFDs(t)
+	e.create(&warrenv1.CreateRequest{Id: "hibwatch"})
+	_, done := openWatch(t, e.m, &warrenv1.WatchDirRequest{SandboxId: "hibwatch", Path: "/tmp", Recursive: true})
+	if _, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "hibwatch"}); err != nil {
+		t.Fatal(err)
+	}
+	wantEnd(t, done, errdefs.Unavailable, "a hibernation")
+	if _, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "hibwatch"}); err != nil {
+		t.Fatal(err)
+	}
+	evs, done := openWatch(t, e.m, &warrenv1.WatchDirRequest{SandboxId: "hibwatch", Path: "/tmp"})
+	e.sh("hibwatch", "echo x > /tmp/after")
+	wantEvent(t, evs, "after", warrenv1.FileEventType_FILE_EVENT_TYPE_CREATE)
+	if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: "hibwatch"}); err != nil {
+		t.Fatal(err)
+	}
+	wantEnd(t, done, errdefs.Unavailable, "a delete")
+	if got := inotifyFDs(t); got != before {
+		t.Fatalf("inotify instances: %d before, %d after", before, got)
+	}
 }
