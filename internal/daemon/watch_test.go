@@ -133,6 +133,12 @@ func TestWatchDirSeesSandboxChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A file of the image's layer, copied up to the writable layer by
+	// the write: the write is seen on the overlay's inode.
+	etc, _ := openWatch(t, e.m, &warrenv1.WatchDirRequest{SandboxId: "watch", Path: "/etc"})
+	e.sh("watch", "echo x >> /etc/group")
+	wantEvent(t, etc, "group", write)
+
 	// A watch of a directory that is removed ends, without error.
 	_, subDone := openWatch(t, e.m, &warrenv1.WatchDirRequest{SandboxId: "watch", Path: "/work/sub"})
 	e.sh("watch", "rm -rf /work/sub")
