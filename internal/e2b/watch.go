@@ -165,10 +165,16 @@ func (f filesystemService) CreateWatcher(ctx context.Context, req *connect.Reque
 			}
 			ws.mu.Lock()
 			defer ws.mu.Unlock()
+			e := fsEvent(ev.GetFile())
+			// A run of writes to one file is one event to the poller, as
+			// the kernel merges them while they are unread.
+			if n := len(w.events); n > 0 && w.events[n-1].GetName() == e.GetName() && w.events[n-1].GetType() == e.GetType() {
+				return nil
+			}
 			if len(w.events) >= maxWatcherEvents {
 				return errdefs.Exhaustedf("watcher %s: more than %d events were not fetched", wid, maxWatcherEvents)
 			}
-			w.events = append(w.events, fsEvent(ev.GetFile()))
+			w.events = append(w.events, e)
 			return nil
 		})
 		ws.mu.Lock()

@@ -2,6 +2,8 @@ package e2b
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -38,7 +40,7 @@ func (m *watchManager) WatchDir(ctx context.Context, _ *warrenv1.WatchDirRequest
 }
 
 // TestWatchersBounded: a watcher is its sandbox's only (another's id is
-// not found); its unfetched events are bounded (more ends it, and the
+// not found); consecutive events of one kind on one file are merged; its unfetched events are bounded (more ends it, and the
 // fetch after the buffered ones says so, then it is gone); one left
 // unfetched past watcherIdle is dropped, its watch ended, when the next is
 // created; RemoveWatcher ends the watch before it answers.
@@ -71,15 +73,40 @@ func TestWatchersBounded(t *testing.T) {
 	if _, code := fetch(other, a); code != connect.CodeNotFound {
 		t.Fatalf("another sandbox's fetch: %v, want not_found", code)
 	}
-	for range maxWatcherEvents + 1 {
+	// A run of one file's writes is one event.
+	for range 3 {
 		m.events <- &warrenv1.FileEvent{Path: "f", Type: warrenv1.FileEventType_FILE_EVENT_TYPE_WRITE}
 	}
-	<-m.ended
-	if n, code := fetch(ctx, a); code != 0 || n != maxWatcherEvents {
-		t.Fatalf("first fetch after too many events: %d events, %v", n, code)
+	m.events <- &warrenv1.FileEvent{Path: "g", Type: warrenv1.FileEventType_FILE_EVENT_TYPE_WRITE}
+	m.events <- &warrenv1.FileEvent{Path: "end", Type: warrenv1.FileEventType_FILE_EVENT_TYPE_CREATE}
+	var names []string
+	for deadline := time.Now().Add(time.Minute); !slices.Contains(names, "end"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("events %v: no end within a minute", names)
+		}
+		res, err := f.GetWatcherEvents(ctx, connect.NewRequest(&filesystempb.GetWatcherEventsRequest{WatcherId: a}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range res.Msg.GetEvents() {
+			names = append(names, e.GetName())
+		}
 	}
-	if _, code := fetch(ctx, a); code != connect.CodeResourceExhausted {
-		t.Fatalf("fetch of a watcher that overflowed: %v, want resource_exhausted", code)
+	if !slices.Equal(names, []string{"f", "g", "end"}) {
+		t.Fatalf("events %v, want [f g end]", names)
+	}
+	for i := range maxWatcherEvents + 1 {
+		m.events <- &warrenv1.FileEvent{Path: strconv.Itoa(i), Type: warrenv1.FileEventType_FILE_EVENT_TYPE_CREATE}
+	}
+	<-m.ended
+	total, code := 0, connect.Code(0)
+	for deadline := time.Now().Add(time.Minute); code == 0 && time.Now().Before(deadline); {
+		var n int
+		n, code = fetch(ctx, a)
+		total += n
+	}
+	if total != maxWatcherEvents || code != connect.CodeResourceExhausted {
+		t.Fatalf("a watcher that overflowed: %d events then %v, want %d then resource_exhausted", total, code, maxWatcherEvents)
 	}
 	if _, code := fetch(ctx, a); code != connect.CodeNotFound {
 		t.Fatalf("fetch of an ended watcher once told: %v, want not_found", code)

@@ -110,18 +110,18 @@ type watch struct {
 	recursive bool
 	maxDirs   int
 	file      *os.File // the inotify instance
+	closeOnce sync.Once
 
 	// Touched by Next only (one goroutine).
 	wds     map[int32]string // watch descriptor -> directory relative to dir ("" for dir)
 	byPath  map[string]int32
 	buf     []byte
 	pending []Event // found by a scan, sent with the batch
-	closeMu sync.Once
 }
 
 func (w *watch) Close() error {
 	var err error
-	w.closeMu.Do(func() { err = w.file.Close() })
+	w.closeOnce.Do(func() { err = w.file.Close() })
 	return err
 }
 
