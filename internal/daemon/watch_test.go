@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -174,7 +175,8 @@ func TestWatchDirSeesSandboxChanges(t *testing.T) {
 }
 
 // TestWatchDirBounded: a sandbox holds at most MaxWatchesPerSandbox open
-// watches (Exhausted beyond), and a closed one frees its place.
+// watches and the node MaxWatchesPerNode (Exhausted beyond); a closed one
+// frees its place, and deleted sandboxes leave none counted.
 func TestWatchDirBounded(t *testing.T) {
 	e := newEnv(t)
 	e.create(&warrenv1.CreateRequest{Id: "many"})
@@ -213,6 +215,27 @@ func TestWatchDirBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantEnd(t, done, errdefs.Unavailable, "a delete")
+
+	// The node's bound holds across sandboxes.
+	full := MaxWatchesPerNode / MaxWatchesPerSandbox // sandboxes with every watch they may hold
+	for i := range full + 1 {
+		id := "node" + strconv.Itoa(i)
+		e.create(&warrenv1.CreateRequest{Id: id})
+		for j := 0; i < full && j < MaxWatchesPerSandbox; j++ {
+			openWatch(t, e.m, &warrenv1.WatchDirRequest{SandboxId: id, Path: "/tmp"})
+		}
+	}
+	last := "node" + strconv.Itoa(full)
+	err = e.m.WatchDir(ctxT(t), &warrenv1.WatchDirRequest{SandboxId: last, Path: "/tmp"}, func(*warrenv1.WatchDirEvent) error { return nil })
+	wantCat(t, err, errdefs.Exhausted, "the node has")
+	for i := range full + 1 {
+		if _, err := e.m.Delete(ctxT(t), &warrenv1.DeleteRequest{Id: "node" + strconv.Itoa(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(time.Minute); e.m.watchN.Load() != 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if n := e.m.watchN.Load(); n != 0 {
 		t.Fatalf("%d watches still counted on the node", n)
 	}
