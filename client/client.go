@@ -52,6 +52,11 @@ type Client struct {
 	addr    string
 	unix    bool
 	close   func()
+
+	// For DialPort, which dials its own connection (an HTTP/1.1 upgrade).
+	network, target string
+	token, ua       string
+	tlsConfig       *tls.Config
 }
 
 type options struct {
@@ -124,7 +129,8 @@ func New(addr string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{addr: addr, baseURL: baseURL, unix: network == "unix", close: func() {}}
+	c := &Client{addr: addr, baseURL: baseURL, unix: network == "unix", close: func() {},
+		network: network, target: target, token: o.token, ua: o.userAgent, tlsConfig: o.tlsConfig}
 
 	hc := o.httpClient
 	useGRPC := false

@@ -7,6 +7,7 @@ package backend
 import (
 	"context"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"syscall"
@@ -598,4 +599,14 @@ type Output struct {
 type StdinWriter interface {
 	io.WriteCloser
 	SetWriteDeadline(time.Time) error
+}
+
+// PortDialer is implemented by sandboxes whose TCP ports the node can
+// connect to (the E2B door's proxy to a server in the sandbox). The
+// connection is made inside the sandbox's own network, to its loopback,
+// so it reaches servers whether or not the sandbox has a network and
+// whatever its egress policy: it is ingress only, and the sandbox gets
+// no path out of it.
+type PortDialer interface {
+	DialPort(ctx context.Context, port int) (net.Conn, error)
 }

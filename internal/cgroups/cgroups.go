@@ -200,6 +200,9 @@ func spec(r Resources) *specs.LinuxResources {
 	out := &specs.LinuxResources{Devices: deviceRules()}
 	if r.MemoryBytes > 0 {
 		out.Memory = &specs.LinuxMemory{Limit: i64(r.MemoryBytes)}
+		if v1SwapAccounting() {
+			out.Memory.Swap = i64(r.MemoryBytes)
+		}
 	}
 	if r.PidsMax > 0 {
 		out.Pids = &specs.LinuxPids{Limit: i64(r.PidsMax)}

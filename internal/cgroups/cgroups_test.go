@@ -774,7 +774,89 @@ func TestFreezeReclaimThaw(t *testing.T) {
 // the limit it found, exactly. Without swap on the node the kernel cannot
 // take anonymous pages: the steps end at the first refusal, which is what
 // this node checks; with swap the anonymous memory must also go.
-func TestReclaimAnonV1RestoresLimit(t *testing.T) {
+func TestReclaimAnonV1RestoresLimit(t *testing.T) { testReclaimAnonV1(t) }
+
+// TestReclaimAnonV1PushesToSwap: the same on a node with swap (a swap file
+// the test turns on for its run where the node has none): the step-down
+// moves at least half of the anonymous memory out, within the group's
+// memory+swap limit, and the process finds its memory intact after.
+func TestReclaimAnonV1PushesToSwap(t *testing.T) {
+	withSwap(t)
+	testReclaimAnonV1(t)
+}
+
+// TestMemoryLimitBoundsSwap: on a node with swap, a group's memory limit
+// bounds its memory and swap together: a process that outgrows it meets
+// the OOM killer instead of going on in swap (and filling the node's).
+func TestMemoryLimitBoundsSwap(t *testing.T) {
+	parent := testParent(t)
+	if Mode() == "v2" {
+		t.Skip("v2 leaves memory.swap.max as the kernel has it")
+	}
+	withSwap(t)
+	g, err := New(parent, "sb1", Resources{MemoryBytes: 64 << 20, PidsMax: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer deleteGroup(t, g, parent, "sb1")
+	sw := mustRead(t, filepath.Join(v1Dir("memory", g.Name()), "memory.memsw.limit_in_bytes"))
+	if sw != strconv.Itoa(64<<20) {
+		t.Fatalf("memory+swap limit %s, want the memory limit %d", sw, 64<<20)
+	}
+	var out strings.Builder
+	cmd, start, done := gated(t, g, "exec python3 -c \"b=bytearray(160<<20); [b.__setitem__(i,1) for i in range(0,len(b),4096)]; print('held',flush=True)\"", &out)
+	start()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		m, _ := g.Memory()
+		t.Fatalf("a process past a 64 MiB limit still runs after 60 s: memory %+v", m)
+	}
+	if strings.Contains(out.String(), "held") || cmd.ProcessState.Success() {
+		t.Fatalf("a process held 160 MiB under a 64 MiB limit (in memory and swap): %v %q", cmd.ProcessState, out.String())
+	}
+	if oom, _ := g.OOMKills(); oom == 0 {
+		t.Errorf("the process ended (%v) without an OOM kill", cmd.ProcessState)
+	}
+	// Raised and cut again, memory+swap follows.
+	for _, n := range []int64{128 << 20, 32 << 20} {
+		if err := g.SetLimits(Limits{MemoryBytes: &n}); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustRead(t, filepath.Join(v1Dir("memory", g.Name()), "memory.memsw.limit_in_bytes")); got != strconv.FormatInt(n, 10) {
+			t.Errorf("memory+swap limit %s after setting %d", got, n)
+		}
+	}
+}
+
+// withSwap gives the node swap for the test's run: a swap file on the
+// disk, turned off and removed after, unless the node has swap already.
+func withSwap(t *testing.T) {
+	t.Helper()
+	if swap, _ := SwapTotal(); swap > 0 {
+		return
+	}
+	if _, err := exec.LookPath("mkswap"); err != nil {
+		t.Skipf("no mkswap (util-linux) to make a swap file: %v", err)
+	}
+	f := filepath.Join(t.TempDir(), "swap")
+	if out, err := exec.Command("sh", "-c", "dd if=/dev/zero of="+f+" bs=1M count=512 status=none && chmod 600 "+f+" && mkswap "+f).CombinedOutput(); err != nil {
+		t.Fatalf("make a swap file: %v: %s", err, out)
+	}
+	if out, err := exec.Command("swapon", f).CombinedOutput(); err != nil {
+		t.Fatalf("swapon: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("swapoff", f).CombinedOutput(); err != nil {
+			t.Errorf("swapoff: %v: %s", err, out)
+		}
+	})
+	if swap, _ := SwapTotal(); swap == 0 {
+		t.Fatal("swapon succeeded and the node still has no swap")
+	}
+}
+
+func testReclaimAnonV1(t *testing.T) {
 	parent := testParent(t)
 	if Mode() == "v2" {
 		t.Skip("v2 reclaims through memory.reclaim, not v1 limit steps")
@@ -809,6 +891,8 @@ func TestReclaimAnonV1RestoresLimit(t *testing.T) {
 	}
 	if swap, _ := SwapTotal(); swap > 0 && after.Anon > before.Anon/2 {
 		t.Errorf("with %d bytes of swap, %d of %d bytes of anonymous memory stayed", swap, after.Anon, before.Anon)
+	} else if swap > 0 && after.Swap < before.Anon/2 {
+		t.Errorf("with %d bytes of swap, the group has %d bytes out on swap of %d bytes of anonymous memory", swap, after.Swap, before.Anon)
 	}
 	if err := g.Thaw(); err != nil {
 		t.Fatal(err)

@@ -85,7 +85,22 @@ func v1Writes(name string, l Limits) []limitWrite {
 		if *l.MemoryBytes > 0 {
 			v = strconv.FormatInt(*l.MemoryBytes, 10)
 		}
-		ws = append(ws, limitWrite{path: filepath.Join(v1Dir(cgroup1.Memory, name), "memory.limit_in_bytes"), value: v, memory: true})
+		dir := v1Dir(cgroup1.Memory, name)
+		mem := limitWrite{path: filepath.Join(dir, "memory.limit_in_bytes"), value: v, memory: true}
+		if !v1SwapAccounting() {
+			ws = append(ws, mem)
+		} else {
+			// memory+swap follows memory (v1SwapAccounting); the kernel
+			// keeps memory's limit at or below it, so a raise writes it
+			// first and a cut last.
+			sw := limitWrite{path: filepath.Join(dir, "memory.memsw.limit_in_bytes"), value: v, memory: true}
+			cur, err := readUint(mem.path)
+			if *l.MemoryBytes <= 0 || err == nil && cur < uint64(*l.MemoryBytes) {
+				ws = append(ws, sw, mem)
+			} else {
+				ws = append(ws, mem, sw)
+			}
+		}
 	}
 	if l.PidsMax != nil {
 		ws = append(ws, limitWrite{path: filepath.Join(v1Dir(cgroup1.Pids, name), "pids.max"), value: maxOr(*l.PidsMax)})

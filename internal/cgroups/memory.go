@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 
 	"github.com/containerd/cgroups/v3/cgroup1"
@@ -22,6 +23,24 @@ import (
 type Memory struct {
 	Usage, File, Anon, Swap uint64
 }
+
+// v1SwapAccounting: the v1 memory controller accounts swap
+// (memory.memsw.*, swapaccount=1, the default on these kernels). A
+// sandbox's memory+swap limit is then its memory limit: on a node with
+// swap it may not use more than its limit in memory and swap together
+// (without it, a process past the limit would swap instead of meeting
+// the OOM killer, and a sandbox could fill the node's swap), while the
+// kernel may still move its pages between them: a pause's step-down
+// (reclaimAnonV1) pushes anonymous memory out without raising it. On v2
+// memory.swap.max is left as the kernel has it (docs/ARCHITECTURE.md,
+// "Node swap and zswap").
+var v1SwapAccounting = sync.OnceValue(func() bool {
+	if unified() {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(Root, "memory", "memory.memsw.limit_in_bytes"))
+	return err == nil
+})
 
 // SwapTotal is the node's swap (swap files and partitions, which zswap
 // fronts), from /proc/meminfo: 0 means anonymous memory cannot be given

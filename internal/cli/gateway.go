@@ -91,6 +91,7 @@ type gatewayOptions struct {
 	overcommit               float64
 	logLevel, logFormat      string
 	stallTimeout             time.Duration
+	e2bAddr, e2bKeyFile      string
 }
 
 func newGatewayCommand() *cobra.Command {
@@ -120,6 +121,8 @@ state a call depends on. docs/ARCHITECTURE.md, "The cluster".`,
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive transfer whose client moves no data for this long")
+	f.StringVar(&o.e2bAddr, "e2b-addr", "", "also serve the E2B-compatible API (docs/E2B.md) on this TCP address, e.g. 0.0.0.0:3000, routing each call to the sandbox's node; needs --e2b-api-key-file")
+	f.StringVar(&o.e2bKeyFile, "e2b-api-key-file", "", "file of the API keys the E2B API accepts (X-API-Key), one e2b_<hex> per line; every gateway of the cluster needs the same file (sandboxes' envd tokens derive from it)")
 	o.cluster.flags(f)
 	return c
 }
@@ -132,6 +135,9 @@ func runGateway(cmd *cobra.Command, o gatewayOptions) error {
 	slog.SetDefault(log)
 	if o.listen == "" && o.socket == "" {
 		return usagef("a gateway needs --listen or --socket")
+	}
+	if (o.e2bAddr == "") != (o.e2bKeyFile == "") {
+		return usagef("--e2b-addr and --e2b-api-key-file go together")
 	}
 	token, err := readToken(o.tokenFile)
 	if err != nil {
@@ -183,6 +189,14 @@ func runGateway(cmd *cobra.Command, o gatewayOptions) error {
 		log.Warn("no node has reported yet; serving anyway")
 	case <-cmd.Context().Done():
 		return cmd.Context().Err()
+	}
+	if o.e2bAddr != "" {
+		stop, err := serveE2B(o.e2bAddr, o.e2bKeyFile, gw, log)
+		if err != nil {
+			return err
+		}
+		// Deferred after the gateway's Close, so it runs first.
+		defer stop()
 	}
 	log.Info("warren gateway started", "name", o.name, "gossip", pool.Addr(), "join", strings.Join(o.cluster.peers, ","))
 	return srv.Serve(cmd.Context(), gw)

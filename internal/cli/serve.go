@@ -452,7 +452,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		}
 	}()
 	if o.e2bAddr != "" {
-		stop, err := serveE2B(o, mgr, log)
+		stop, err := serveE2B(o.e2bAddr, o.e2bKeyFile, mgr, log)
 		if err != nil {
 			return err
 		}
@@ -502,13 +502,13 @@ func parseReserve(s, dir string) (int64, error) {
 }
 
 // serveE2B starts the E2B-compatible front door (internal/e2b) over mgr
-// and returns its stop.
-func serveE2B(o serveOptions, mgr *daemon.Manager, log *slog.Logger) (func(), error) {
-	keys, err := e2b.ReadKeys(o.e2bKeyFile)
+// (a node's daemon, or a gateway) and returns its stop.
+func serveE2B(addr, keyFile string, mgr e2b.Manager, log *slog.Logger) (func(), error) {
+	keys, err := e2b.ReadKeys(keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("--e2b-api-key-file: %w", err)
 	}
-	es, err := e2b.New(e2b.Config{Addr: o.e2bAddr, Keys: keys, Manager: mgr, Logger: log})
+	es, err := e2b.New(e2b.Config{Addr: addr, Keys: keys, Manager: mgr, Logger: log})
 	if err != nil {
 		return nil, err
 	}

@@ -536,11 +536,10 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		return nil, fsErr(err, "create sandbox directories")
 	}
 	var lazy *lazyServer
-	// Where the kernel has no userfaultfd the memory comes back eagerly.
-	// Nor, not yet, for a sandbox in a user namespace: its CRIU runs in
-	// views of its own (criuUserNSView), which the lazy socket's path has
-	// not been checked through.
-	if spec.LazyPages && uffdAvailable() == nil && meta.UserNS == nil {
+	// Where the kernel has no userfaultfd the memory comes back eagerly;
+	// for a sandbox in a user namespace also where its tasks may not
+	// open one (uffdForUserNS).
+	if spec.LazyPages && uffdAvailable() == nil && (meta.UserNS == nil || uffdForUserNS() == nil) {
 		// Started first: it probes the kernel while the rest is made.
 		if lazy, err = startLazyPages(filepath.Join(dir, ckptImages), st, run); err != nil {
 			return nil, err
@@ -1087,22 +1086,42 @@ func criuNetns(ns int, start func() error) error {
 	if hostNetnsErr != nil {
 		return hostNetnsErr
 	}
+	warmKdat()
 	done := make(chan error, 1)
 	go func() {
+		// Never unlocked: the thread may end in a mount namespace of
+		// its own (kdatView), and the runtime then ends it with the
+		// goroutine.
 		runtime.LockOSThread()
 		if err := unix.Setns(ns, unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
 			done <- fmt.Errorf("enter the sandbox's network namespace: %w", err)
 			return
 		}
-		// os/exec forks from this thread: the child starts here.
-		err := start()
-		if unix.Setns(hostNetnsFD, unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
+		if err := kdatView(); err != nil {
+			done <- err
+			return
 		}
-		done <- err
+		// os/exec forks from this thread: the child starts here.
+		done <- start()
 	}()
 	return <-done
+}
+
+// kdatView gives this thread (locked, never reused) the private /run with
+// CRIU's kernel data cache (kdat.go), where the cache is made: a CRIU of
+// a sandbox in a user namespace, started from a thread in its network
+// namespace and views of its own, skips its kernel probe too. A failure
+// after the new /run is mounted leaves the thread's view of it half
+// made: an error, and no CRIU starts from it.
+func kdatView() error {
+	data := currentKdat()
+	if data == nil {
+		return nil
+	}
+	if err := privateRun(data); err != nil {
+		return fmt.Errorf("criu's kernel data cache: %w", err)
+	}
+	return nil
 }
 
 // chownTree gives every file under dir to host id id (uid and gid).
@@ -1131,6 +1150,7 @@ func chownTree(dir string, id int) error {
 // the goroutine: the runtime never reuses it.
 // It returns workDir opened in that namespace, for CRIU's working directory.
 func criuUserNSView(netns int, runDir string, keep []string, workDir string, start func() error) (*os.File, error) {
+	warmKdat()
 	var wd *os.File
 	done := make(chan error, 1)
 	go func() {
@@ -1143,6 +1163,9 @@ func criuUserNSView(netns int, runDir string, keep []string, workDir string, sta
 				return fmt.Errorf("unshare a mount namespace for criu: %w", err)
 			}
 			if err := searchableView(runDir, keep); err != nil {
+				return err
+			}
+			if err := kdatView(); err != nil {
 				return err
 			}
 			if wd, err = os.Open(workDir); err != nil {

@@ -74,6 +74,24 @@ func checkpointRoundTrip(t *testing.T, userns bool) {
 	}
 	defer b.Close()
 	baseline := resources(t, opts)
+	// CRIU's kernel data cache, made once per daemon: both the dump and
+	// the restore load it, in either mode.
+	warmKdat()
+	for deadline := time.Now().Add(20 * time.Second); currentKdat() == nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no kernel data cache 20 s after warming it")
+		}
+	}
+	loadedKdat := func(log string) {
+		t.Helper()
+		b, err := os.ReadFile(log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), "Loaded kdat cache from /run/criu.kdat") {
+			t.Errorf("%s: CRIU probed the kernel instead of loading the cache", log)
+		}
+	}
 	spec := backend.Spec{ID: "ck1", Layers: backend.DirLayers(testutil.BusyboxRoot(t)), MemoryBytes: 256 << 20, UserNS: userns}
 	sb, err := b.Create(t.Context(), spec)
 	if err != nil {
@@ -97,6 +115,7 @@ func checkpointRoundTrip(t *testing.T, userns bool) {
 		t.Fatal(err)
 	}
 	t.Logf("checkpoint of an idle sandbox: %v", time.Since(start))
+	loadedKdat(filepath.Join(dir, ckptImages, "dump.log"))
 	select {
 	case <-sb.Exited().Done():
 	default:
@@ -139,6 +158,7 @@ func checkpointRoundTrip(t *testing.T, userns bool) {
 		t.Fatal(err)
 	}
 	defer rs.Destroy(context.Background())
+	loadedKdat(filepath.Join(opts.RunDir, "sb", "ck1", "restore.log"))
 	if n := waitCounter(t, rs, at); n > at+20 {
 		t.Errorf("counter restarted or jumped: %d after %d", n, at)
 	}

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -161,6 +162,25 @@ var uffdOnce = sync.OnceValue(func() error {
 })
 
 func uffdAvailable() error { return uffdOnce() }
+
+// uffdForUserNS: the tasks of a sandbox in a user namespace may open a
+// userfaultfd for their lazy restore. CRIU opens it from the restored
+// tasks themselves, whose credentials are the sandbox's, and the kernel
+// lets an unprivileged task have one that takes kernel faults only with
+// vm.unprivileged_userfaultfd=1 (CRIU 4.1 does not use /dev/userfaultfd).
+// The node's operator opts in (docs/HIBERNATE.md); sandboxes themselves
+// still cannot call userfaultfd (seccomp). Read at each restore: the
+// setting may change while the daemon runs.
+func uffdForUserNS() error {
+	b, err := os.ReadFile("/proc/sys/vm/unprivileged_userfaultfd")
+	if err != nil {
+		return errdefs.Wrap(errdefs.Unsupported, err, "read vm.unprivileged_userfaultfd")
+	}
+	if strings.TrimSpace(string(b)) != "1" {
+		return errdefs.Unsupportedf("vm.unprivileged_userfaultfd is %s: a sandbox in a user namespace restores eagerly", strings.TrimSpace(string(b)))
+	}
+	return nil
+}
 
 // adopt moves the server into the sandbox's cgroup, so that it outlives
 // the daemon with the sandbox and dies with it.

@@ -29,6 +29,7 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/connset"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/events"
 	"github.com/warrenrl/warren/internal/fncall"
@@ -181,8 +182,11 @@ var ops = []string{
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.
 type Manager struct {
-	cfg     Config
-	log     *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// ports are the connections DialPort made into sandboxes, by
+	// sandbox: hibernation and delete close them (port.go).
+	ports   connset.Set
 	store   *store.Store
 	metrics *metrics.Metrics
 	images  *image.Store

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/atomicfile"
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
@@ -45,7 +46,56 @@ const (
 	forkParallelism = 4
 )
 
-func (m *Manager) basesDir() string { return filepath.Join(m.cfg.StateDir, "bases") }
+// basesDir holds the bases. On a checkpoint directory other nodes share
+// (Config.CheckpointDir) they sit beside the checkpoints, so that a fork
+// hibernated on one node restores on another; no one node's records then
+// know every sandbox that stands on a base, so each base keeps its own
+// list (refBases).
+func (m *Manager) basesDir() string {
+	if m.sharedCheckpoints() {
+		return filepath.Join(m.checkpointRoot(), sharedBasesDir)
+	}
+	return filepath.Join(m.cfg.StateDir, "bases")
+}
+
+const (
+	sharedBasesDir = ".bases"
+	// refsSuffix names a shared base's list: <base>.refs/<sandbox id>,
+	// one empty file per sandbox that stands on it, wherever it runs.
+	refsSuffix = ".refs"
+)
+
+// sharedBase: b is a base on the shared checkpoint directory.
+func (m *Manager) sharedBase(b string) bool {
+	return m.sharedCheckpoints() && filepath.Dir(b) == m.basesDir()
+}
+
+// refBases enters sandbox id in the lists of the shared bases it stands
+// on, durably, before its record names them: a base goes when its list
+// is empty, and a sandbox moves between nodes with its entries (its id
+// stays). Entries are made only for a sandbox that already stands on the
+// base (a fork's source is listed before its forks), so a list that went
+// empty stays empty.
+func (m *Manager) refBases(id string, bases []string) error {
+	for _, b := range bases {
+		if !m.sharedBase(b) {
+			continue
+		}
+		refs := b + refsSuffix
+		if err := os.MkdirAll(refs, 0o700); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "list a sandbox on its base")
+		}
+		f, err := os.OpenFile(filepath.Join(refs, id), os.O_CREATE|os.O_WRONLY, 0o600)
+		if err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "list a sandbox on its base")
+		}
+		f.Close()
+		if err := atomicfile.SyncDir(refs); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "list a sandbox on its base")
+		}
+	}
+	return nil
+}
 
 // baseLayers are bases as the backend's lower layers.
 func baseLayers(bases []string) []backend.Layer {
@@ -180,6 +230,9 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 	info := cloneSandbox(s.info)
 	digests, bases, etcNS := s.imageLayers, s.bases, s.etcNS
 	s.mu.Unlock()
+	if err := m.refBases(s.id, bases); err != nil {
+		return nil, err
+	}
 	if err := m.settleBase(s.id, bases); err != nil {
 		return nil, err
 	}
@@ -296,6 +349,10 @@ func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sand
 		m.events.Forget(id)
 		return nil
 	})
+	if err := m.refBases(id, bases); err != nil {
+		return nil, 0, err
+	}
+	cl.Add(func() error { m.dropBases(id, bases); return nil })
 
 	m.imgMu.RLock()
 	layers, release, err := m.images.LayerRefs(ctx, image.Image{Name: fi.GetImage(), Layers: digests}, mountsLayers(s.b))
@@ -366,11 +423,31 @@ func (m *Manager) lazyPages(asked *bool) bool {
 }
 
 // dropBases removes the bases of a deleted sandbox that no other sandbox
-// names.
-func (m *Manager) dropBases(bases []string) {
+// names: for a shared base, its list (refBases) is the judge, since the
+// other sandboxes may run on other nodes.
+func (m *Manager) dropBases(id string, bases []string) {
 	if len(bases) == 0 {
 		return
 	}
+	var local []string
+	for _, b := range bases {
+		if !m.sharedBase(b) {
+			local = append(local, b)
+			continue
+		}
+		refs := b + refsSuffix
+		if err := os.Remove(filepath.Join(refs, id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			m.log.Warn("take a deleted sandbox off its base's list", "sandbox", id, "base", b, "err", err)
+			continue
+		}
+		if ents, err := os.ReadDir(refs); err == nil && len(ents) == 0 || errors.Is(err, fs.ErrNotExist) {
+			m.removeSharedBase(b)
+		}
+	}
+	if len(local) == 0 {
+		return
+	}
+	bases = local
 	used := map[string]bool{}
 	for _, o := range m.snapshot() {
 		o.mu.Lock()
@@ -388,10 +465,58 @@ func (m *Manager) dropBases(bases []string) {
 	}
 }
 
+// removeSharedBase removes a shared base whose list is empty: the base
+// first, then the list, so that a removal cut short is found again by
+// sweepSharedBases.
+func (m *Manager) removeSharedBase(b string) {
+	for _, p := range []string{b + movingSuffix, b, b + refsSuffix} {
+		if err := os.RemoveAll(p); err != nil {
+			m.log.Warn("remove a base no sandbox stands on", "base", p, "err", err)
+			return
+		}
+	}
+}
+
+// sweepSharedBases removes the shared bases whose list is empty (a
+// removal cut short) or missing and older than a fork takes (a crash
+// before the first entry). Entries of sandboxes a crash kept from taking
+// off their list keep their base: no one node can tell them from the
+// entries of sandboxes other nodes run.
+func (m *Manager) sweepSharedBases() {
+	dir := m.basesDir()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			m.log.Warn("read shared bases directory", "err", err)
+		}
+		return
+	}
+	for _, e := range ents {
+		name := e.Name()
+		if strings.HasSuffix(name, refsSuffix) || strings.HasSuffix(name, movingSuffix) {
+			continue
+		}
+		b := filepath.Join(dir, name)
+		refs, err := os.ReadDir(b + refsSuffix)
+		switch {
+		case err == nil && len(refs) == 0:
+			m.removeSharedBase(b)
+		case errors.Is(err, fs.ErrNotExist):
+			if fi, serr := os.Stat(b); serr == nil && time.Since(fi.ModTime()) > staleClaim {
+				m.removeSharedBase(b)
+			}
+		}
+	}
+}
+
 // sweepBases removes the bases no record names (a crash between a fork's
 // record and its rename, or a delete whose removal failed).
 func (m *Manager) sweepBases(recs []store.Record) {
-	ents, err := os.ReadDir(m.basesDir())
+	if m.sharedCheckpoints() {
+		m.sweepSharedBases()
+	}
+	dir := filepath.Join(m.cfg.StateDir, "bases")
+	ents, err := os.ReadDir(dir)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			m.log.Warn("read bases directory", "err", err)
@@ -405,7 +530,7 @@ func (m *Manager) sweepBases(recs []store.Record) {
 		}
 	}
 	for _, e := range ents {
-		p := filepath.Join(m.basesDir(), e.Name())
+		p := filepath.Join(dir, e.Name())
 		if !used[p] && !used[strings.TrimSuffix(p, movingSuffix)] {
 			if err := os.RemoveAll(p); err != nil {
 				m.log.Warn("remove a base no record names", "base", p, "err", err)

@@ -125,6 +125,8 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 	}
 	s.exited = nil
 	s.mu.Unlock()
+	// Port connections into it are the daemon's sockets: cut.
+	m.ports.CloseAll(s.id)
 	slices.SortFunc(listed.Processes, func(a, b *warrenv1.ProcessInfo) int {
 		return cmp.Compare(a.GetStartedAtUnixMs(), b.GetStartedAtUnixMs())
 	})

@@ -74,13 +74,14 @@ const (
 	// the sandbox's agent: refused while it is frozen (they would block
 	// until it is resumed), as in states this daemon does not know.
 	opProcess
+	opPort // DialPort: a connection to a server in the sandbox
 )
 
 var opNames = [...]string{
 	opInspect: "inspect", opExec: "exec", opFiles: "file access", opCommit: "commit",
 	opUpdate: "update", opExtend: "extend timeout", opDelete: "delete",
 	opPause: "pause", opResume: "resume", opProcess: "signal, stdin or resize of a process",
-	opHibernate: "hibernate", opFork: "fork",
+	opHibernate: "hibernate", opFork: "fork", opPort: "a connection to a port",
 }
 
 func (o op) String() string { return opNames[o] }
@@ -92,7 +93,7 @@ var known = []state{stateCreating, stateRunning, statePaused, stateHibernated, s
 // allowed are the calls each known state permits besides opInspect.
 var allowed = map[state][]op{
 	stateCreating:   {opProcess}, // Delete waits for the creation to finish
-	stateRunning:    {opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess, opHibernate},
+	stateRunning:    {opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess, opHibernate, opPort},
 	statePaused:     {opExtend, opDelete, opResume, opHibernate},
 	stateHibernated: {opExtend, opDelete, opResume, opFork},
 	stateStopped:    {opExtend, opDelete, opProcess},

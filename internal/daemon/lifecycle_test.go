@@ -22,7 +22,7 @@ import (
 	"github.com/warrenrl/warren/internal/store"
 )
 
-var allOps = []op{opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opResume, opProcess, opHibernate, opFork}
+var allOps = []op{opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opResume, opProcess, opHibernate, opFork, opPort}
 
 // unknownState is a state number no daemon of this version knows.
 const unknownState = state(42)
@@ -35,7 +35,7 @@ func TestLifecycleTableRefusesWithConflictNamingTheState(t *testing.T) {
 	states := append(slices.Clone(known), unknownState, stateGone)
 	want := map[state][]op{
 		stateCreating: {opInspect, opProcess},
-		stateRunning:  {opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess, opHibernate},
+		stateRunning:  {opInspect, opExec, opFiles, opCommit, opUpdate, opExtend, opDelete, opPause, opProcess, opHibernate, opPort},
 		statePaused:   {opInspect, opExtend, opDelete, opResume, opHibernate},
 		// Nothing runs: calls that reach the agent are refused, as
 		// while paused; Fork takes its checkpoint.

@@ -229,7 +229,7 @@ func (m *Manager) take(ctx context.Context, id string) error {
 	}
 	for _, base := range rec.Bases {
 		if _, err := os.Stat(base); err != nil {
-			return errdefs.Unsupportedf("sandbox %s is a fork standing on base %s, which only the node that forked it has: restore it there", id, base)
+			return errdefs.Unsupportedf("sandbox %s is a fork standing on base %s, which only the node that forked it has (it was forked before the checkpoint directory was shared): restore it there", id, base)
 		}
 	}
 	unclaim, err := m.claimCheckpoint(id)

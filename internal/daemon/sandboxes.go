@@ -470,6 +470,7 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	commit := s.commit
 	pausing := s.pausing
 	s.mu.Unlock()
+	m.ports.CloseAll(s.id)
 
 	if s.isHarness() {
 		// First the route, so that the harness makes no more calls, then
@@ -520,7 +521,9 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	m.idem.dropSandbox(s.id)
 	m.forget(s)
 	m.events.Forget(s.id)
-	m.dropBases(s.bases)
+	if reason != metrics.ReasonMoved { // it stands on them on its new node
+		m.dropBases(s.id, s.bases)
+	}
 	close(done)
 	if prev == stateRunning || prev == statePaused || prev == stateHibernated {
 		m.metrics.SandboxEnded(reason)

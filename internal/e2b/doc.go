@@ -5,16 +5,20 @@
 // against a Warren node unchanged.
 //
 // It holds no sandbox behaviour of its own: every call becomes one or a
-// few calls of the daemon's Manager, the same ones the Connect API
-// (internal/server) makes. Commands are Warren background processes
+// few calls of a Manager, the same ones the Connect API (internal/server)
+// makes: the daemon's on a node, the gateway's in a cluster (which places
+// creates and routes every call to the sandbox's node). Commands are Warren background processes
 // (StartProcess, then AttachProcess for their output), files go through
 // the Manager's file calls, pause is Hibernate (Pause where the node cannot
 // hibernate) and connect is Resume.
 //
-// Routing: a request whose Host is PORT-ID.DOMAIN, or one to an envd
+// Routing: a request whose Host is 49983-ID.DOMAIN, or one to an envd
 // path (/process.Process/*, /filesystem.Filesystem/*, /files, /health)
 // carrying E2b-Sandbox-Id (what the SDKs send when E2B_SANDBOX_URL is
-// set), is envd traffic for that sandbox; everything else is the REST API. REST calls
+// set), is envd traffic for that sandbox; one whose Host is PORT-ID.DOMAIN
+// with another port, or with E2b-Sandbox-Id and E2b-Sandbox-Port naming
+// another port, goes through a reverse proxy to that port in the sandbox
+// (proxy.go: Manager.DialPort); everything else is the REST API. REST calls
 // need an X-API-Key from the configured key file; envd calls need the
 // X-Access-Token the REST API issued for that sandbox (an HMAC of its id
 // under the keys, so it survives a daemon restart and no table is kept).

@@ -18,6 +18,7 @@ import (
 	filesystempb "github.com/warrenrl/warren/gen/e2b/filesystem"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/server"
 )
 
 // filesystemService serves envd's filesystem.Filesystem over the
@@ -115,7 +116,7 @@ func (f filesystemService) MakeDir(ctx context.Context, req *connect.Request[fil
 	}
 	if _, err := f.s.m.StatFile(ctx, &warrenv1.StatFileRequest{SandboxId: id, Path: p}); err == nil {
 		return nil, rpcErr(errdefs.AlreadyExistsf("%s exists", p))
-	} else if errdefs.CategoryOf(err) != errdefs.NotFound {
+	} else if server.CategoryOf(err) != errdefs.NotFound {
 		return nil, rpcErr(err)
 	}
 	if _, err := f.s.m.MakeDir(ctx, &warrenv1.MakeDirRequest{SandboxId: id, Path: p, Mode: 0o755, Parents: true}); err != nil {

@@ -78,7 +78,7 @@ func (p processService) Start(ctx context.Context, req *connect.Request[processp
 	// bash (busybox, alpine) runs it with its /bin/sh, which takes the same
 	// flags.
 	if cmd == "/bin/bash" {
-		if _, err := p.s.m.StatFile(ctx, &warrenv1.StatFileRequest{SandboxId: id, Path: "/bin/bash"}); errdefs.CategoryOf(err) == errdefs.NotFound {
+		if _, err := p.s.m.StatFile(ctx, &warrenv1.StatFileRequest{SandboxId: id, Path: "/bin/bash"}); server.CategoryOf(err) == errdefs.NotFound {
 			cmd = "/bin/sh"
 		}
 	}
@@ -105,7 +105,7 @@ func (p processService) Start(ctx context.Context, req *connect.Request[processp
 	// Without stdin (the SDKs' default) the process reads EOF, as under
 	// envd; absent means kept open (older SDKs).
 	if req.Msg.Stdin != nil && !req.Msg.GetStdin() && !er.Pty {
-		if _, err := p.s.m.WriteStdin(ctx, &warrenv1.WriteStdinRequest{SandboxId: id, ProcessId: info.GetProcessId(), Close: true}); err != nil && errdefs.CategoryOf(err) != errdefs.Conflict {
+		if _, err := p.s.m.WriteStdin(ctx, &warrenv1.WriteStdinRequest{SandboxId: id, ProcessId: info.GetProcessId(), Close: true}); err != nil && server.CategoryOf(err) != errdefs.Conflict {
 			return rpcErr(err)
 		}
 	}

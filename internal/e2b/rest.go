@@ -15,8 +15,11 @@ import (
 	"strings"
 	"time"
 
+	"connectrpc.com/connect"
+
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/server"
 )
 
 // maxBody bounds a REST request body: they are small JSON objects.
@@ -80,7 +83,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // httpStatus maps an error's category to the status E2B's SDKs read:
 // they turn 400, 401, 404, 409, 429, 5xx into their own exceptions.
 func httpStatus(err error) int {
-	switch errdefs.CategoryOf(err) {
+	switch server.CategoryOf(err) {
 	case errdefs.NotFound:
 		return http.StatusNotFound
 	case errdefs.Invalid:
@@ -108,7 +111,12 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 	if code == http.StatusInternalServerError {
 		s.log.Warn("e2b call failed", "err", err)
 	}
-	writeError(w, code, err.Error())
+	msg := err.Error()
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		msg = ce.Message() // a node's answer through a gateway, without connect's code prefix
+	}
+	writeError(w, code, msg)
 }
 
 // decode reads an optional JSON body into v (an empty body leaves it).
@@ -295,10 +303,24 @@ func (s *Server) visible(r *http.Request, id string) (*warrenv1.Sandbox, error) 
 	if err != nil {
 		return nil, err
 	}
+	if sb.GetState() == warrenv1.SandboxState_SANDBOX_STATE_LOST {
+		return nil, lostErr(sb)
+	}
 	if e2bState(sb.GetState()) == "" {
 		return nil, errdefs.NotFoundf("sandbox %s is %s", id, strings.ToLower(strings.TrimPrefix(sb.GetState().String(), "SANDBOX_STATE_")))
 	}
 	return sb, nil
+}
+
+// lostErr is the error of a call on a LOST sandbox: its node (or, on a
+// node, its agent) cannot be reached now. It is Unavailable (503), not
+// the 404 of a gone sandbox, which the SDKs would take for killed.
+func lostErr(sb *warrenv1.Sandbox) error {
+	why := sb.GetDeadReason() // a gateway's: "node N is down: ..."
+	if why == "" {
+		why = "its node cannot reach it now"
+	}
+	return errdefs.Unavailablef("sandbox %s is lost for now (%s); retry when it is back", sb.GetId(), why)
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
@@ -489,8 +511,9 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	// Its open process streams end first, as E2B's pause drops every
 	// connection into the sandbox: a checkpoint needs the agent idle.
 	s.open.end(id, 5*time.Second)
+	s.ports.CloseAll(id)
 	_, err = s.m.Hibernate(r.Context(), &warrenv1.HibernateRequest{Id: id})
-	if c := errdefs.CategoryOf(err); c == errdefs.Unsupported || c == errdefs.Unavailable || c == errdefs.Conflict {
+	if c := server.CategoryOf(err); c == errdefs.Unsupported || c == errdefs.Unavailable || c == errdefs.Conflict {
 		s.log.Debug("e2b pause: hibernate refused, freezing instead", "id", id, "err", err)
 		_, err = s.m.Pause(r.Context(), &warrenv1.PauseRequest{Id: id})
 	}
@@ -569,6 +592,7 @@ type netConfig struct {
 	Rules               json.RawMessage `json:"rules"`
 	EgressProxy         json.RawMessage `json:"egressProxy"`
 	MaskRequestHost     string          `json:"maskRequestHost"`
+	AllowPublicTraffic  *bool           `json:"allowPublicTraffic"`
 	HTTPSPorts          []int           `json:"httpsPorts"`
 }
 
@@ -590,6 +614,9 @@ func networkPolicy(allowInternet *bool, n *netConfig) (*warrenv1.NetworkPolicy, 
 	}
 	if rawSet(n.Rules) || rawSet(n.EgressProxy) || n.MaskRequestHost != "" || len(n.HTTPSPorts) > 0 || len(n.DNSServers) > 0 {
 		return nil, errdefs.Unsupportedf("network rules, egress proxies, masked hosts, https ports and DNS servers are not supported: sandboxes resolve through the node's resolver")
+	}
+	if n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic {
+		return nil, errdefs.Unsupportedf("allowPublicTraffic false is not supported: a sandbox's ports are reached through the E2B door without a token (docs/E2B.md)")
 	}
 	denyAll := allowInternet != nil && !*allowInternet
 	for _, d := range n.DenyOut {
@@ -684,6 +711,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	// The checkpoint needs the source's agent idle: its open process
 	// streams end (the commands run on; commands.connect follows them).
 	s.open.end(id, 5*time.Second)
+	s.ports.CloseAll(id)
 	res, err := s.m.Fork(r.Context(), &warrenv1.ForkRequest{Id: id, Count: body.Count, TimeoutSeconds: body.Timeout})
 	if err != nil {
 		s.fail(w, err)

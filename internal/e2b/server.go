@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"os"
 	"regexp"
 	"strings"
@@ -20,7 +21,9 @@ import (
 	"github.com/warrenrl/warren/gen/e2b/filesystem/filesystempbconnect"
 	"github.com/warrenrl/warren/gen/e2b/process/processpbconnect"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/connset"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/server"
 )
 
 // EnvdVersion is the envd version Warren reports. The SDKs gate features
@@ -34,8 +37,10 @@ const EnvdVersion = "0.5.7"
 // the PORT in a PORT-ID.DOMAIN host).
 const EnvdPort = "49983"
 
-// Manager is the part of the daemon's Manager this front door calls: a
-// subset of server.Manager, so *daemon.Manager satisfies it.
+// Manager is what this front door calls: a subset of server.Manager plus
+// server.PortDialer. *daemon.Manager satisfies it on a node, and
+// *gateway.Gateway in a cluster, routing each call to the sandbox's node
+// and placing creates; nothing here knows which it has.
 type Manager interface {
 	Create(context.Context, *warrenv1.CreateRequest) (*warrenv1.Sandbox, error)
 	Get(context.Context, *warrenv1.GetRequest) (*warrenv1.Sandbox, error)
@@ -64,6 +69,10 @@ type Manager interface {
 	RemoveFile(context.Context, *warrenv1.RemoveFileRequest) (*warrenv1.RemoveFileResponse, error)
 	WatchDir(ctx context.Context, req *warrenv1.WatchDirRequest, send func(*warrenv1.WatchDirEvent) error) error
 	SandboxStats(context.Context, *warrenv1.SandboxStatsRequest) (*warrenv1.SandboxStatsResponse, error)
+
+	// DialPort connects to a TCP port inside the sandbox, for the proxy
+	// to its servers (proxy.go).
+	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
 }
 
 // Config configures a Server.
@@ -85,6 +94,10 @@ type Server struct {
 	envd     http.Handler
 	open     streams  // process streams, by sandbox (pause ends them)
 	watchers watchers // the watcher calls' watches (watch.go)
+	// proxy passes requests to the sandboxes' own servers (proxy.go);
+	// ports are its connections, by sandbox (pause closes them).
+	proxy *httputil.ReverseProxy
+	ports connset.Set
 }
 
 var keyRE = regexp.MustCompile(`^e2b_[0-9a-f]{16,}$`)
@@ -126,6 +139,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, m: cfg.Manager, log: cfg.Logger}
 	s.rest = s.restHandler()
+	s.proxy = s.newProxy()
 	mux := http.NewServeMux()
 	mux.Handle(processpbconnect.NewProcessHandler(processService{s}))
 	mux.Handle(filesystempbconnect.NewFilesystemHandler(filesystemService{s}))
@@ -192,20 +206,27 @@ func sandboxOf(ctx context.Context) string {
 	return id
 }
 
-// ServeHTTP routes a request to envd (a PORT-ID.DOMAIN host, or one of
-// envd's paths for the sandbox E2b-Sandbox-Id names) or to the REST API.
+// ServeHTTP routes a request to envd (a PORT-ID.DOMAIN host with envd's
+// port, or one of envd's paths for the sandbox E2b-Sandbox-Id names), to
+// a server in the sandbox (a PORT-ID.DOMAIN host, or E2b-Sandbox-Id with
+// E2b-Sandbox-Port, naming another port) or to the REST API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, port := hostSandbox(r.Host)
-	if id == "" && envdPath(r.URL.Path) {
-		id, port = r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
+	if id == "" {
+		hid, hport := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
+		switch {
+		case hid != "" && hport != "" && hport != EnvdPort:
+			id, port = hid, hport
+		case envdPath(r.URL.Path):
+			id, port = hid, hport
+		}
 	}
 	if id == "" {
 		s.rest.ServeHTTP(w, r)
 		return
 	}
 	if port != "" && port != EnvdPort {
-		// Ports of the sandbox's own servers are not proxied (yet).
-		writeError(w, http.StatusBadGateway, "port "+port+" of sandbox "+id+" is not reachable through Warren's E2B door; only envd's port "+EnvdPort)
+		s.proxyPort(w, r, id, port)
 		return
 	}
 	if !s.tokenOK(id, r.Header.Get("X-Access-Token")) {
@@ -277,12 +298,15 @@ func (s *Server) keyOK(key string) bool {
 // health answers envd's GET /health the way E2B's proxy and envd do
 // together: 204 for a running sandbox, 502 saying it "was not found" for
 // one that is gone (the SDKs read that as killed or timed out), 502 for
-// one that is paused.
+// one that is paused; 503 for a LOST one (its node is down, say), which
+// may come back.
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	id := sandboxOf(r.Context())
 	sb, err := s.m.Get(r.Context(), &warrenv1.GetRequest{Id: id})
 	switch {
-	case errdefs.CategoryOf(err) == errdefs.NotFound || (err == nil && e2bState(sb.GetState()) == ""):
+	case err == nil && sb.GetState() == warrenv1.SandboxState_SANDBOX_STATE_LOST:
+		s.fail(w, lostErr(sb))
+	case server.CategoryOf(err) == errdefs.NotFound || (err == nil && e2bState(sb.GetState()) == ""):
 		writeError(w, http.StatusBadGateway, "sandbox "+id+" was not found")
 	case err != nil:
 		s.fail(w, err)

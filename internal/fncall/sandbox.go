@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -382,6 +383,7 @@ var (
 	_ backend.Resolved       = (*sandbox)(nil)
 	_ backend.DiskUser       = (*sandbox)(nil)
 	_ backend.Committer      = (*sandbox)(nil)
+	_ backend.PortDialer     = (*sandbox)(nil)
 )
 
 func lacks(what string) error {
@@ -522,6 +524,13 @@ func (s *sandbox) NetworkAddress() string {
 		return n.NetworkAddress()
 	}
 	return ""
+}
+
+func (s *sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
+	if d, ok := s.inner.(backend.PortDialer); ok {
+		return d.DialPort(ctx, port)
+	}
+	return nil, lacks("port connections")
 }
 
 func (s *sandbox) Nameserver() netip.Addr {

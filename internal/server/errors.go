@@ -176,3 +176,28 @@ func writeJSONError(w http.ResponseWriter, status int, e JSONError) {
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(e)
 }
+
+// CategoryOf is err's category for a caller of a Manager that may be a
+// cluster gateway, whose errors are the nodes' answers (*connect.Error
+// with the category in CategoryHeader): errdefs' category where err has
+// one, else the category the connect error carries (or its code's).
+func CategoryOf(err error) errdefs.Category {
+	if c := errdefs.CategoryOf(err); c != errdefs.Unknown {
+		return c
+	}
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return errdefs.Unknown
+	}
+	if name := ce.Meta().Get(CategoryHeader); name != "" {
+		for _, c := range errdefs.Categories() {
+			if c.String() == name {
+				return c
+			}
+		}
+	}
+	if ce.Code() == connect.CodeCanceled {
+		return errdefs.Unknown
+	}
+	return codeCategory(ce.Code())
+}

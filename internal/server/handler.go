@@ -100,6 +100,7 @@ func NewHandler(m Manager, o HandlerOptions) http.Handler {
 	}{
 		{"GET /v1/sandboxes/{id}/archive", h.getArchive, child},
 		{"PUT /v1/sandboxes/{id}/archive", h.putArchive, child},
+		{"GET /v1/sandboxes/{id}/ports/{port}", h.portTunnel, child},
 		{"PUT /v1/images/{name...}", h.putImage, deny},
 		{"PUT /v1/layers/{name...}", h.putLayer, deny},
 		{"GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -46,6 +46,7 @@ type gwProc struct {
 	join        []string
 	tokF, log   string
 	keyF        string
+	extra       []string // more flags of `warren gateway`
 	cmd         *exec.Cmd
 	exited      chan struct{}
 	c           *client.Client
@@ -81,6 +82,7 @@ func (g *gwProc) start() {
 	g.cmd = exec.Command(g.bin, "gateway", "--name", g.name, "--listen", g.api, "--token-file", g.tokF,
 		"--gossip", "0.0.0.0:"+gport, "--gossip-advertise", g.gossip, "--join", strings.Join(g.join, ","),
 		"--gossip-key-file", g.keyF, "--pull-interval", "300ms", "--down-after", "1500ms", "--log-level", "debug")
+	g.cmd.Args = append(g.cmd.Args, g.extra...)
 	g.cmd.Stdout, g.cmd.Stderr = logf, logf
 	g.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := g.cmd.Start(); err != nil {
@@ -165,7 +167,26 @@ func (cl *cluster) gwLogs() string {
 	return b.String()
 }
 
+// clusterConfig shapes a test cluster.
+type clusterConfig struct {
+	nodes    int
+	nodeArgs func(i int) []string // more flags of node i's `warren serve`
+	gwArgs   func(i int) []string // more flags of gateway i's `warren gateway`
+}
+
+// newCluster is three nodes (node1 capped at 3 sandboxes) and two
+// gateways.
 func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	return newClusterOf(t, clusterConfig{nodes: 3, nodeArgs: func(i int) []string {
+		if i == 1 {
+			return []string{"--max-sandboxes", "3"} // placement must honour it
+		}
+		return nil
+	}})
+}
+
+func newClusterOf(t *testing.T, cc clusterConfig) *cluster {
 	t.Helper()
 	testutil.RequireRoot(t)
 	bin := testutil.StaticBinary(t, "./cmd/warren")
@@ -180,7 +201,7 @@ func newCluster(t *testing.T) *cluster {
 	}
 	store := filepath.Join(dir, "images")
 	gossip := []string{}
-	for range 3 {
+	for range cc.nodes {
 		h := testutil.NewTestHost(t)
 		cl.hosts = append(cl.hosts, h)
 		gossip = append(gossip, net.JoinHostPort(h.Addr.String(), "7946"))
@@ -205,8 +226,8 @@ func newCluster(t *testing.T) *cluster {
 			"--gossip", gossip[i], "--join", strings.Join(gwGossip, ","), "--gossip-key-file", keyF,
 			"--userns-ids", usernsIDs(),
 		}
-		if i == 1 {
-			args = append(args, "--max-sandboxes", "3") // placement must honour it
+		if cc.nodeArgs != nil {
+			args = append(args, cc.nodeArgs(i)...)
 		}
 		cl.nodes = append(cl.nodes, newEnv(t, envOptions{bin: bin, serveArgs: args, netns: nsf, noImport: i > 0}))
 	}
@@ -214,6 +235,9 @@ func newCluster(t *testing.T) *cluster {
 		g := &gwProc{t: t, bin: bin, name: fmt.Sprintf("gw%d", i), api: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
 			gossip: gwGossip[i], join: append([]string{gwGossip[1-i]}, gossip...), tokF: cl.tokF,
 			log: filepath.Join(dir, fmt.Sprintf("gw%d.log", i)), keyF: keyF}
+		if cc.gwArgs != nil {
+			g.extra = cc.gwArgs(i)
+		}
 		g.start()
 		c, err := client.New("http://"+g.api, client.WithToken(cl.token))
 		if err != nil {
@@ -229,7 +253,11 @@ func newCluster(t *testing.T) *cluster {
 			}
 		})
 	}
-	cl.waitNodes(30*time.Second, "node0", "node1", "node2")
+	var names []string
+	for i := range cc.nodes {
+		names = append(names, fmt.Sprintf("node%d", i))
+	}
+	cl.waitNodes(30*time.Second, names...)
 	return cl
 }
 

@@ -233,6 +233,68 @@ func TestRestoreOnAnotherNode(t *testing.T) {
 	}
 }
 
+// TestRestoreForkOnAnotherNode: with a shared checkpoint directory, a
+// fork's base sits beside the checkpoints, so a fork hibernated on node a
+// restores on node b and sees the source's files through its base. The
+// base stays while any sandbox on any node stands on it (the source and
+// the other fork deleted on a, the moved fork still running on b) and
+// goes with the last of them.
+func TestRestoreForkOnAnotherNode(t *testing.T) {
+	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
+		t.Skipf("no CRIU >= 4 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+	}
+	t.Parallel()
+	shared := t.TempDir()
+	ck := filepath.Join(shared, "checkpoints")
+	args := func(node string) []string {
+		return []string{"--image-store", filepath.Join(shared, "images"), "--checkpoint-dir", ck, "--node-name", node}
+	}
+	a := newEnv(t, envOptions{serveArgs: args("a")})
+	b := newEnv(t, envOptions{serveArgs: args("b")})
+	ctx := ctxFor(t, 3*time.Minute)
+
+	a.create(&warrenv1.CreateRequest{Id: "src"})
+	a.shOK("src", "echo from-source > /root/f")
+	fr, err := a.c.Fork(ctx, &warrenv1.ForkRequest{Id: "src", Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f1, f2 := fr.GetSandboxes()[0].GetId(), fr.GetSandboxes()[1].GetId()
+	a.shOK(f1, "echo own > /root/g")
+	bases, _ := filepath.Glob(filepath.Join(ck, ".bases", "src-*"))
+	if len(bases) != 2 { // the base and its list
+		t.Fatalf("shared bases after the fork: %v", bases)
+	}
+	if _, err := a.c.Hibernate(ctx, f1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.Restore(ctx, f1); err != nil {
+		t.Fatalf("restore of a fork on another node: %v", err)
+	}
+	if got := b.shOK(f1, "cat /root/f /root/g"); got != "from-source\nown\n" {
+		t.Fatalf("the fork's files on node b: %q", got)
+	}
+	for _, id := range []string{"src", f2} {
+		if err := a.c.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.expectNoResources("src", "deleted")
+	if got := b.shOK(f1, "cat /root/f"); got != "from-source\n" {
+		t.Fatalf("the moved fork after its source and sibling were deleted on node a: %q", got)
+	}
+	if left, _ := filepath.Glob(filepath.Join(ck, ".bases", "src-*")); len(left) != 2 {
+		t.Fatalf("the base went while the moved fork stands on it: %v", left)
+	}
+	if err := b.c.Delete(ctx, f1); err != nil {
+		t.Fatal(err)
+	}
+	b.expectNoResources(f1, "deleted")
+	if left, _ := filepath.Glob(filepath.Join(ck, ".bases", "*")); len(left) != 0 {
+		t.Fatalf("shared bases left after every sandbox on them was deleted: %v", left)
+	}
+}
+
 func readFile(t *testing.T, p string) string {
 	t.Helper()
 	b, err := os.ReadFile(p)

@@ -26,13 +26,35 @@ while :; do if [ -e /tmp/go ]; then rm /tmp/go; echo "$x" | md5sum > /tmp/s2.t; 
 // daemon, and leave nothing (no lazy-pages process, socket or
 // directory) once deleted.
 func TestLazyForkSurvivesSourceDeleteAndDaemonKill(t *testing.T) {
+	t.Parallel()
+	testLazyFork(t, false)
+}
+
+// TestLazyForkSurvivesSourceDeleteAndDaemonKillUserNS: the same for
+// sandboxes in a user namespace (the default), on a node whose operator
+// allowed their tasks a userfaultfd (vm.unprivileged_userfaultfd=1,
+// which the test sets for its run and puts back).
+func TestLazyForkSurvivesSourceDeleteAndDaemonKillUserNS(t *testing.T) {
+	t.Parallel()
+	const knob = "/proc/sys/vm/unprivileged_userfaultfd"
+	old, err := os.ReadFile(knob)
+	if err != nil {
+		t.Skipf("the kernel has no %s: %v", knob, err)
+	}
+	if err := os.WriteFile(knob, []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.WriteFile(knob, old, 0) })
+	testLazyFork(t, true)
+}
+
+func testLazyFork(t *testing.T, userns bool) {
 	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
 		t.Skipf("no CRIU >= 4 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
 	}
-	t.Parallel()
 	e := newEnv(t, envOptions{serveArgs: []string{"--lazy-pages"}})
 	ctx := ctxFor(t, 4*time.Minute)
-	e.create(&warrenv1.CreateRequest{Id: "lz", UserNamespace: proto.Bool(false), Resources: &warrenv1.Resources{MemoryBytes: 1 << 30}})
+	e.create(&warrenv1.CreateRequest{Id: "lz", UserNamespace: proto.Bool(userns), Resources: &warrenv1.Resources{MemoryBytes: 1 << 30}})
 	if _, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "lz", Shell: lazyHolder}); err != nil {
 		t.Fatal(err)
 	}

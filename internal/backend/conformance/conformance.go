@@ -440,6 +440,7 @@ func Run(t *testing.T, h Harness) {
 	})
 
 	t.Run("Pause", func(t *testing.T) { pause(t, b, h) })
+	t.Run("Ports", func(t *testing.T) { ports(t, b, h) })
 
 	t.Run("InitDies", func(t *testing.T) {
 		base := h.Resources(t)

@@ -302,6 +302,139 @@ def test_network(template):
         opened.kill()
 
 
+# --- Ports other than envd's: get_host(port) ---------------------------------
+
+def _door():
+    """The address of Warren's E2B door (the test points the SDK at it)."""
+    import urllib.parse
+
+    u = urllib.parse.urlparse(os.environ["E2B_SANDBOX_URL"])
+    return u.hostname, u.port
+
+
+def _get(host, headers=None, path="/"):
+    """GET path from the door with the given Host: (status, body)."""
+    import http.client
+
+    conn = http.client.HTTPConnection(*_door(), timeout=30)
+    try:
+        h = {"Host": host}
+        h.update(headers or {})
+        conn.request("GET", path, headers=h)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def _read_until(s, want, have=b""):
+    """Reads from socket s until want is in what was read (the socket's
+    timeout bounds each read)."""
+    buf = have
+    while want not in buf:
+        chunk = s.recv(4096)
+        if not chunk:
+            raise AssertionError(f"connection closed before {want!r}; read {buf!r}")
+        buf += chunk
+    return buf
+
+
+# One HTTP exchange per connection (busybox nc -ll -e): an upgrade
+# ("Upgrade: echo") switches protocols and echoes what it reads; any other
+# request gets a streamed answer, "first", then "second" once /tmp/go
+# exists.
+_HANDLER = r"""#!/bin/sh
+up=""
+while read -r line; do
+  line=$(printf %s "$line" | tr -d '\r')
+  [ -z "$line" ] && break
+  case "$line" in [Uu]pgrade:*) up=1;; esac
+done
+if [ -n "$up" ]; then
+  printf 'HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n'
+  exec cat
+fi
+printf 'HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n'
+echo first
+i=0
+while [ ! -e /tmp/go ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done
+echo second
+"""
+
+
+def test_get_host_ports(sbx):
+    """A server in the sandbox is reached through Warren's E2B door by the
+    host get_host(port) names and by E2b-Sandbox-Id with E2b-Sandbox-Port;
+    streamed answers arrive as they are written and an upgraded connection
+    (what a WebSocket is) carries bytes both ways; a port nothing listens
+    on is 502 saying so, an unknown sandbox 404; the server answers again
+    after a pause and connect."""
+    import socket
+
+    sbx.files.write("/tmp/www/index.html", "hello-port\n")
+    sbx.commands.run("busybox httpd -f -p 8080 -h /tmp/www", background=True)
+    host = sbx.get_host(8080)
+    assert host.startswith(f"8080-{sbx.sandbox_id}.")
+    deadline = time.monotonic() + 30
+    while True:
+        status, body = _get(host)
+        if status == 200:
+            break
+        # 502 until httpd listens.
+        assert status == 502 and time.monotonic() < deadline, (status, body)
+        time.sleep(0.2)
+    assert body == b"hello-port\n"
+    status, body = _get("door", {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8080"}, "/index.html")
+    assert (status, body) == (200, b"hello-port\n")
+
+    status, body = _get(sbx.get_host(8099))
+    assert status == 502 and b"nothing listens on port 8099" in body, (status, body)
+    status, body = _get(f"8080-nosuch{uuid.uuid4().hex[:12]}.e2b.app")
+    assert status == 404 and b"not found" in body, (status, body)
+
+    sbx.files.write("/tmp/h.sh", _HANDLER)
+    sbx.commands.run("chmod +x /tmp/h.sh")
+    sbx.commands.run("busybox nc -ll -p 8081 -e /tmp/h.sh", background=True)
+    up = f"GET /ws HTTP/1.1\r\nHost: {sbx.get_host(8081)}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n".encode()
+    deadline = time.monotonic() + 30
+    while True:
+        s = socket.create_connection(_door(), timeout=30)
+        s.sendall(up)
+        head = _read_until(s, b"\r\n\r\n")
+        if head.startswith(b"HTTP/1.1 101"):
+            break
+        s.close()
+        assert head.startswith(b"HTTP/1.1 502") and time.monotonic() < deadline, head
+        time.sleep(0.2)
+    try:
+        rest = head.split(b"\r\n\r\n", 1)[1]
+        s.sendall(b"ping\n")
+        assert _read_until(s, b"ping\n", rest).endswith(b"ping\n")
+        s.sendall(b"pong\n")
+        assert b"pong\n" in _read_until(s, b"pong\n")
+    finally:
+        s.close()
+
+    s = socket.create_connection(_door(), timeout=30)
+    try:
+        s.sendall(f"GET / HTTP/1.1\r\nHost: {sbx.get_host(8081)}\r\n\r\n".encode())
+        got = _read_until(s, b"first\n")
+        assert got.startswith(b"HTTP/1.1 200") and b"second" not in got
+        sbx.files.write("/tmp/go", "")
+        _read_until(s, b"second\n", got)
+    finally:
+        s.close()
+
+    # Pause ends the proxy's connections into the sandbox (kept for the
+    # next request), and after connect its server answers again.
+    sbx.pause()
+    Sandbox.connect(sbx.sandbox_id)
+    deadline = time.monotonic() + 30
+    while _get(host) != (200, b"hello-port\n"):
+        assert time.monotonic() < deadline, _get(host)
+        time.sleep(0.2)
+
+
 # The events a command's changes make in a watched directory, by name
 # relative to it (a recursive watch follows the directory made inside).
 WATCH_SCRIPT = ("echo a > {d}/f && chmod 600 {d}/f && mv {d}/f {d}/g && rm {d}/g"
