@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/container"
 	"github.com/warrenrl/warren/internal/errdefs"
 )
 
@@ -304,4 +307,21 @@ func TestWatchDirEndsOnHibernate(t *testing.T) {
 	if got := inotifyFDs(t); got != before {
 		t.Fatalf("inotify instances: %d before, %d after", before, got)
 	}
+}
+
+// TestWatchDirUserNS: a sandbox in a user namespace (its files idmapped)
+// is watched the same way.
+func TestWatchDirUserNS(t *testing.T) {
+	if container.UserNSSupported() != nil {
+		t.Skip(container.UserNSSupported())
+	}
+	e := newEnv(t)
+	e.create(&warrenv1.CreateRequest{Id: "watchns", UserNamespace: proto.Bool(true)})
+	evs, done := openWatch(t, e.m, &warrenv1.WatchDirRequest{SandboxId: "watchns", Path: "/tmp", Recursive: true})
+	e.sh("watchns", "mkdir /tmp/d && echo x > /tmp/d/f")
+	wantEvent(t, evs, "d/f", warrenv1.FileEventType_FILE_EVENT_TYPE_CREATE)
+	if _, err := e.m.Delete(ctxT(t), &warrenv1.DeleteRequest{Id: "watchns"}); err != nil {
+		t.Fatal(err)
+	}
+	wantEnd(t, done, errdefs.Unavailable, "a delete")
 }
