@@ -299,6 +299,32 @@ func (c *Client) RemoveFile(ctx context.Context, req *warrenv1.RemoveFileRequest
 	return err
 }
 
+// WatchDir follows the changes of a directory of a running sandbox (and
+// of every directory below it with req.Recursive), calling fn with each
+// event: first one with Started once the watch is set, then one File
+// event per change. It returns nil when the directory is removed, and
+// an error when ctx ends, fn fails, or the sandbox leaves RUNNING
+// (CategoryUnavailable).
+func (c *Client) WatchDir(ctx context.Context, req *warrenv1.WatchDirRequest, fn func(*warrenv1.WatchDirEvent) error) error {
+	st, err := c.sandboxes.WatchDir(ctx, connect.NewRequest(req))
+	if err != nil {
+		return wrapErr(err)
+	}
+	defer st.Close()
+	for st.Receive() {
+		if err := fn(st.Msg()); err != nil {
+			return err
+		}
+	}
+	return wrapErr(st.Err())
+}
+
+// SandboxStats reads a running sandbox's resource use now (cumulative CPU
+// time, memory, disk); two reads give a rate.
+func (c *Client) SandboxStats(ctx context.Context, sandboxID string) (*warrenv1.SandboxStatsResponse, error) {
+	return call(ctx, c.sandboxes.SandboxStats, &warrenv1.SandboxStatsRequest{SandboxId: sandboxID})
+}
+
 // CommitSandbox turns the writable layer of a running sandbox into the
 // named layer name (replacing one of that name); a sandbox created from
 // the same image and layers with name on top sees the same files. The

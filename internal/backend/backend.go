@@ -232,6 +232,17 @@ type FileReplacer interface {
 	ReplaceIf(ctx context.Context, p string, old, data []byte) (replaced bool, err error)
 }
 
+// DirWatcher is implemented by a FileSystem that can follow the changes
+// of a directory (sandboxfs.FS: inotify on the host-visible root). Without
+// it WatchDir is Unsupported.
+type DirWatcher interface {
+	// WatchDir watches directory p (and those below it with recursive,
+	// at most maxDirs in all) until the watch is closed.
+	WatchDir(ctx context.Context, p string, recursive bool, maxDirs int) (sandboxfs.DirWatch, error)
+}
+
+var _ DirWatcher = (*sandboxfs.FS)(nil)
+
 // Files is implemented by sandboxes that serve file calls themselves,
 // typically because their root is not reachable from the host (Root
 // returns ""; VM backends, through their agent). The daemon reads user
@@ -486,6 +497,7 @@ type ExitStatus struct {
 // Stats are resource counters of a sandbox.
 type Stats struct {
 	MemoryBytes uint64 // current usage
+	MemoryCache uint64 // of MemoryBytes, page cache
 	OOMKills    uint64 // cumulative count of OOM kills in the sandbox
 	CPUUsage    time.Duration
 	Pids        uint64

@@ -85,6 +85,7 @@ type Group interface {
 // Stats are the counters the daemon reads.
 type Stats struct {
 	MemoryBytes uint64
+	MemoryCache uint64 // of MemoryBytes, page cache (0 when unread)
 	OOMKills    uint64
 	CPUUsage    time.Duration
 	Pids        uint64
@@ -669,6 +670,7 @@ func v1Stats(name string, cpu time.Duration) (Stats, error) {
 		return s, classify(err, "read cgroup stats")
 	}
 	s.OOMKills, _ = readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill")
+	s.MemoryCache, _ = readKey(filepath.Join(mem, "memory.stat"), "total_cache")
 	s.Pids, _ = readUint(filepath.Join(v1Dir(cgroup1.Pids, name), "pids.current"))
 	return s, nil
 }
@@ -833,6 +835,7 @@ func (g *v2Group) Stats() (Stats, error) {
 		return s, classify(err, "read cgroup stats")
 	}
 	s.OOMKills, _ = readKey(filepath.Join(g.dir(), "memory.events"), "oom_kill")
+	s.MemoryCache, _ = readKey(filepath.Join(g.dir(), "memory.stat"), "file")
 	s.CPUUsage = cpuUsage2(g.dir())
 	s.Pids, _ = readUint(filepath.Join(g.dir(), "pids.current"))
 	return s, nil

@@ -38,6 +38,8 @@ func newSandboxCommand() *cobra.Command {
 		newPsCommand(),
 		newAttachCommand(),
 		newKillCommand(),
+		newWatchCommand(),
+		newStatsCommand(),
 		newCopyCommand(),
 		newCommitCommand(),
 		newEventsCommand(),

@@ -979,7 +979,7 @@ func (s *sandbox) Start(ctx context.Context, p backend.ProcSpec) (backend.Proces
 
 func (s *sandbox) Stats() (backend.Stats, error) {
 	st, err := s.grp.Stats()
-	return backend.Stats{MemoryBytes: st.MemoryBytes, OOMKills: st.OOMKills, CPUUsage: st.CPUUsage, Pids: st.Pids}, err
+	return backend.Stats{MemoryBytes: st.MemoryBytes, MemoryCache: st.MemoryCache, OOMKills: st.OOMKills, CPUUsage: st.CPUUsage, Pids: st.Pids}, err
 }
 
 func (s *sandbox) OOMKills() (uint64, error) { return s.grp.OOMKills() }

@@ -173,7 +173,7 @@ func (c *Config) setDefaults() {
 var ops = []string{
 	"Create", "Get", "List", "Delete", "ExtendTimeout", "UpdateSandbox",
 	"Exec", "ExecStream", "StartProcess", "ListProcesses", "WaitProcess", "SignalProcess", "WriteStdin", "AttachProcess", "ResizeProcess",
-	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn",
+	"WriteFile", "ReadFile", "ListFiles", "StatFile", "MakeDir", "RemoveFile", "TarOut", "TarIn", "WatchDir", "SandboxStats",
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
 	"CommitSandbox", "ListSandboxEvents", "Pause", "Resume", "PauseByLabel", "ResumeByLabel", "ReadTrajectory", "Run", "RunBatch",
@@ -193,8 +193,9 @@ type Manager struct {
 	idem    *idemCache
 	traj    *trajLogs
 	events  *events.Log
-	disk    diskGuard   // the guard goroutine's
-	diskLow atomic.Bool // the node's disk is below its reserve
+	disk    diskGuard    // the guard goroutine's
+	diskLow atomic.Bool  // the node's disk is below its reserve
+	watchN  atomic.Int64 // open WatchDir calls of the node (watch.go)
 
 	// imgMu orders image resolution in Create (read) against RemoveImage
 	// and RemoveLayer (write), so an image or layer cannot vanish between
@@ -281,6 +282,9 @@ type sandbox struct {
 	// exitsUnchecked: a background process exited since the guard last
 	// looked at the processes' output (events.go).
 	exitsUnchecked atomic.Bool
+	// watches are the open WatchDir calls, ended when the sandbox leaves
+	// RUNNING (watch.go).
+	watches map[*dirWatch]struct{}
 }
 
 // New opens the store under cfg.StateDir and re-adopts the sandboxes an

@@ -212,6 +212,9 @@ func (m *Manager) setState(s *sandbox, st state) error {
 		return err
 	}
 	m.metrics.SandboxState(stateLabel(s.st), stateLabel(st))
+	if s.st == stateRunning && st != stateRunning {
+		s.endWatchesLocked(st)
+	}
 	s.st = st
 	if st != stateGone {
 		s.info.State = st

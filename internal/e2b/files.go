@@ -220,24 +220,6 @@ func (f filesystemService) Remove(ctx context.Context, req *connect.Request[file
 	return connect.NewResponse(&filesystempb.RemoveResponse{}), nil
 }
 
-var errNoWatch = errdefs.Unsupportedf("watching directories is not supported by Warren's E2B door yet")
-
-func (f filesystemService) WatchDir(context.Context, *connect.Request[filesystempb.WatchDirRequest], *connect.ServerStream[filesystempb.WatchDirResponse]) error {
-	return rpcErr(errNoWatch)
-}
-
-func (f filesystemService) CreateWatcher(context.Context, *connect.Request[filesystempb.CreateWatcherRequest]) (*connect.Response[filesystempb.CreateWatcherResponse], error) {
-	return nil, rpcErr(errNoWatch)
-}
-
-func (f filesystemService) GetWatcherEvents(context.Context, *connect.Request[filesystempb.GetWatcherEventsRequest]) (*connect.Response[filesystempb.GetWatcherEventsResponse], error) {
-	return nil, rpcErr(errNoWatch)
-}
-
-func (f filesystemService) RemoveWatcher(context.Context, *connect.Request[filesystempb.RemoveWatcherRequest]) (*connect.Response[filesystempb.RemoveWatcherResponse], error) {
-	return nil, rpcErr(errNoWatch)
-}
-
 // readChunk is how much of a file one ReadFile call fetches for GET /files.
 const readChunk = 4 << 20
 

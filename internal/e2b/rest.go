@@ -40,9 +40,10 @@ func (s *Server) restHandler() http.Handler {
 	mux.HandleFunc("POST /sandboxes/{id}/pause", s.pause)
 	mux.HandleFunc("POST /sandboxes/{id}/resume", s.resume)
 	mux.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
+	mux.HandleFunc("GET /sandboxes/{id}/metrics", s.metrics)
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.connect)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		// E2B's other routes (metrics, logs, snapshots, templates,
+		// E2B's other routes (logs, snapshots, templates,
 		// volumes...) are 501: a 404 would tell the SDKs the sandbox is
 		// gone.
 		code := http.StatusNotFound

@@ -67,6 +67,8 @@ type Manager interface {
 	StatFile(context.Context, *warrenv1.StatFileRequest) (*warrenv1.FileInfo, error)
 	MakeDir(context.Context, *warrenv1.MakeDirRequest) (*warrenv1.MakeDirResponse, error)
 	RemoveFile(context.Context, *warrenv1.RemoveFileRequest) (*warrenv1.RemoveFileResponse, error)
+	WatchDir(ctx context.Context, req *warrenv1.WatchDirRequest, send func(*warrenv1.WatchDirEvent) error) error
+	SandboxStats(context.Context, *warrenv1.SandboxStatsRequest) (*warrenv1.SandboxStatsResponse, error)
 
 	// DialPort connects to a TCP port inside the sandbox, for the proxy
 	// to its servers (proxy.go).
@@ -83,14 +85,15 @@ type Config struct {
 
 // Server is the E2B front door.
 type Server struct {
-	cfg  Config
-	m    Manager
-	log  *slog.Logger
-	ln   net.Listener
-	http *http.Server
-	rest http.Handler
-	envd http.Handler
-	open streams // process streams, by sandbox (pause ends them)
+	cfg      Config
+	m        Manager
+	log      *slog.Logger
+	ln       net.Listener
+	http     *http.Server
+	rest     http.Handler
+	envd     http.Handler
+	open     streams  // process streams, by sandbox (pause ends them)
+	watchers watchers // the watcher calls' watches (watch.go)
 	// proxy passes requests to the sandboxes' own servers (proxy.go);
 	// ports are its connections, by sandbox (pause closes them).
 	proxy *httputil.ReverseProxy
@@ -186,6 +189,7 @@ func (s *Server) Serve() error {
 // Close stops the server: open streams are cut, within a few seconds for
 // calls in flight to finish.
 func (s *Server) Close() error {
+	s.watchers.closeAll()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := s.http.Shutdown(ctx); err != nil {

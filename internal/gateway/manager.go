@@ -451,6 +451,18 @@ func (g *Gateway) StatFile(ctx context.Context, req *warrenv1.StatFileRequest) (
 	})
 }
 
+func (g *Gateway) WatchDir(ctx context.Context, req *warrenv1.WatchDirRequest, send func(*warrenv1.WatchDirEvent) error) error {
+	return streamBySandbox(g, ctx, req.GetSandboxId(), req, send, func(c warrenv1connect.SandboxServiceClient) streamFn[warrenv1.WatchDirRequest, warrenv1.WatchDirEvent] {
+		return c.WatchDir
+	})
+}
+
+func (g *Gateway) SandboxStats(ctx context.Context, req *warrenv1.SandboxStatsRequest) (*warrenv1.SandboxStatsResponse, error) {
+	return bySandbox(g, ctx, req.GetSandboxId(), req, func(c warrenv1connect.SandboxServiceClient) unaryFn[warrenv1.SandboxStatsRequest, warrenv1.SandboxStatsResponse] {
+		return c.SandboxStats
+	})
+}
+
 func (g *Gateway) MakeDir(ctx context.Context, req *warrenv1.MakeDirRequest) (*warrenv1.MakeDirResponse, error) {
 	return bySandbox(g, ctx, req.GetSandboxId(), req, func(c warrenv1connect.SandboxServiceClient) unaryFn[warrenv1.MakeDirRequest, warrenv1.MakeDirResponse] {
 		return c.MakeDir

@@ -165,6 +165,14 @@ func (f *fakeManager) RemoveFile(context.Context, *warrenv1.RemoveFileRequest) (
 	return &warrenv1.RemoveFileResponse{}, nil
 }
 
+func (f *fakeManager) WatchDir(context.Context, *warrenv1.WatchDirRequest, func(*warrenv1.WatchDirEvent) error) error {
+	return nil
+}
+
+func (f *fakeManager) SandboxStats(context.Context, *warrenv1.SandboxStatsRequest) (*warrenv1.SandboxStatsResponse, error) {
+	return &warrenv1.SandboxStatsResponse{}, nil
+}
+
 // TarOut writes one-entry tar of the stored file; path "/fail-mid" fails
 // after writing some bytes.
 func (f *fakeManager) TarOut(_ context.Context, id, path string, w io.Writer) error {

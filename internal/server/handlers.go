@@ -36,6 +36,8 @@ type Manager interface {
 	StatFile(context.Context, *warrenv1.StatFileRequest) (*warrenv1.FileInfo, error)
 	MakeDir(context.Context, *warrenv1.MakeDirRequest) (*warrenv1.MakeDirResponse, error)
 	RemoveFile(context.Context, *warrenv1.RemoveFileRequest) (*warrenv1.RemoveFileResponse, error)
+	WatchDir(ctx context.Context, req *warrenv1.WatchDirRequest, send func(*warrenv1.WatchDirEvent) error) error
+	SandboxStats(context.Context, *warrenv1.SandboxStatsRequest) (*warrenv1.SandboxStatsResponse, error)
 	CommitSandbox(context.Context, *warrenv1.CommitSandboxRequest) (*warrenv1.Layer, error)
 	ListSandboxEvents(context.Context, *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error)
 	ReadTrajectory(context.Context, *warrenv1.ReadTrajectoryRequest) (*warrenv1.ReadTrajectoryResponse, error)
@@ -164,6 +166,14 @@ func (s sandboxService) MakeDir(ctx context.Context, r *connect.Request[warrenv1
 
 func (s sandboxService) RemoveFile(ctx context.Context, r *connect.Request[warrenv1.RemoveFileRequest]) (*connect.Response[warrenv1.RemoveFileResponse], error) {
 	return unary(ctx, r, s.m.RemoveFile)
+}
+
+func (s sandboxService) WatchDir(ctx context.Context, r *connect.Request[warrenv1.WatchDirRequest], st *connect.ServerStream[warrenv1.WatchDirEvent]) error {
+	return ToConnectError(s.m.WatchDir(ctx, r.Msg, st.Send))
+}
+
+func (s sandboxService) SandboxStats(ctx context.Context, r *connect.Request[warrenv1.SandboxStatsRequest]) (*connect.Response[warrenv1.SandboxStatsResponse], error) {
+	return unary(ctx, r, s.m.SandboxStats)
 }
 
 func (s sandboxService) CommitSandbox(ctx context.Context, r *connect.Request[warrenv1.CommitSandboxRequest]) (*connect.Response[warrenv1.Layer], error) {

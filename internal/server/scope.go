@@ -83,6 +83,8 @@ var (
 		warrenv1connect.SandboxServiceStatFileProcedure:          bySandbox,
 		warrenv1connect.SandboxServiceMakeDirProcedure:           bySandbox,
 		warrenv1connect.SandboxServiceRemoveFileProcedure:        bySandbox,
+		warrenv1connect.SandboxServiceWatchDirProcedure:          bySandbox,
+		warrenv1connect.SandboxServiceSandboxStatsProcedure:      bySandbox,
 		warrenv1connect.SandboxServiceListSandboxEventsProcedure: bySandbox,
 		warrenv1connect.SandboxServiceReadTrajectoryProcedure:    bySandbox,
 		// A commit makes a named layer of the node's store, which every

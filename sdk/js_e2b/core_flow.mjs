@@ -1,6 +1,7 @@
 // The official E2B JavaScript SDK's core flow, unchanged, against Warren's
 // E2B door: test/e2e's TestE2BJSSDK runs it with E2B_API_URL,
-// E2B_SANDBOX_URL, E2B_API_KEY and WARREN_E2B_TEMPLATE set. Prints
+// E2B_SANDBOX_URL, E2B_API_KEY and WARREN_E2B_TEMPLATE set (watchDir and
+// getMetrics included). Prints
 // "JS SDK OK" at the end; any failed check throws.
 import { Sandbox, CommandExitError } from 'e2b'
 const t = process.env.WARREN_E2B_TEMPLATE || 'bb'
@@ -24,6 +25,18 @@ try {
   if (names.join(',') !== 'sub,x.txt') throw new Error('list ' + names)
   await sbx.files.rename('/tmp/d/x.txt', '/tmp/d/y.txt')
   await sbx.files.remove('/tmp/d/sub')
+  // watchDir (envd's WatchDir stream) sees a command's changes, recursive
+  // into a directory made after the watch started.
+  const seen = new Set()
+  const watch = await sbx.files.watchDir('/tmp/d', ev => { seen.add(ev.name + ':' + ev.type) }, { recursive: true })
+  await sbx.commands.run('mkdir -p /tmp/d/w && echo 1 > /tmp/d/w/f && rm /tmp/d/w/f')
+  for (const deadline = Date.now() + 60_000; !['w:create', 'w/f:create', 'w/f:write', 'w/f:remove'].every(k => seen.has(k));) {
+    if (Date.now() > deadline) throw new Error('watchDir saw ' + [...seen])
+    await new Promise(r => setTimeout(r, 100))
+  }
+  await watch.stop()
+  const [m] = await sbx.getMetrics()
+  if (!m || !(m.cpuCount >= 1) || !(m.memUsed > 0 && m.memUsed <= m.memTotal) || !(m.diskUsed > 0)) throw new Error('getMetrics ' + JSON.stringify(m))
   const found = await Sandbox.list({ query: { metadata: { js: '1' } } }).nextItems()
   if (!found.some(s => s.sandboxId === sbx.sandboxId)) throw new Error('Sandbox.list')
   await sbx.setTimeout(60_000)

@@ -148,8 +148,11 @@ func TestE2BRESTContract(t *testing.T) {
 	}
 	// E2B routes Warren does not serve are 501, not 404 (which the SDKs
 	// read as "sandbox not found").
-	if code, _, body := do("GET", "/sandboxes/nosuch/metrics", "", auth); code != 501 {
-		t.Errorf("metrics: %d %s, want 501", code, body)
+	if code, _, body := do("GET", "/sandboxes/nosuch/logs", "", auth); code != 501 {
+		t.Errorf("logs: %d %s, want 501", code, body)
+	}
+	if code, _, body := do("GET", "/sandboxes/nosuch/metrics", "", auth); code != 404 {
+		t.Errorf("metrics of an unknown sandbox: %d %s, want 404", code, body)
 	}
 	if code, _, _ := do("GET", "/no/such/route", "", auth); code != 404 {
 		t.Errorf("an unknown route: %d, want 404", code)

@@ -101,6 +101,64 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_warren_v1_warren_proto_rawDescGZIP(), []int{0}
 }
 
+type FileEventType int32
+
+const (
+	FileEventType_FILE_EVENT_TYPE_UNSPECIFIED FileEventType = 0
+	FileEventType_FILE_EVENT_TYPE_CREATE      FileEventType = 1 // created, or moved in
+	FileEventType_FILE_EVENT_TYPE_WRITE       FileEventType = 2 // its content changed
+	FileEventType_FILE_EVENT_TYPE_REMOVE      FileEventType = 3 // removed
+	FileEventType_FILE_EVENT_TYPE_RENAME      FileEventType = 4 // moved away (its new name, if watched, gets CREATE)
+	FileEventType_FILE_EVENT_TYPE_CHMOD       FileEventType = 5 // metadata changed (mode, owner, times)
+)
+
+// Enum value maps for FileEventType.
+var (
+	FileEventType_name = map[int32]string{
+		0: "FILE_EVENT_TYPE_UNSPECIFIED",
+		1: "FILE_EVENT_TYPE_CREATE",
+		2: "FILE_EVENT_TYPE_WRITE",
+		3: "FILE_EVENT_TYPE_REMOVE",
+		4: "FILE_EVENT_TYPE_RENAME",
+		5: "FILE_EVENT_TYPE_CHMOD",
+	}
+	FileEventType_value = map[string]int32{
+		"FILE_EVENT_TYPE_UNSPECIFIED": 0,
+		"FILE_EVENT_TYPE_CREATE":      1,
+		"FILE_EVENT_TYPE_WRITE":       2,
+		"FILE_EVENT_TYPE_REMOVE":      3,
+		"FILE_EVENT_TYPE_RENAME":      4,
+		"FILE_EVENT_TYPE_CHMOD":       5,
+	}
+)
+
+func (x FileEventType) Enum() *FileEventType {
+	p := new(FileEventType)
+	*p = x
+	return p
+}
+
+func (x FileEventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FileEventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_warren_v1_warren_proto_enumTypes[1].Descriptor()
+}
+
+func (FileEventType) Type() protoreflect.EnumType {
+	return &file_warren_v1_warren_proto_enumTypes[1]
+}
+
+func (x FileEventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FileEventType.Descriptor instead.
+func (FileEventType) EnumDescriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{1}
+}
+
 type RunStatus int32
 
 const (
@@ -157,11 +215,11 @@ func (x RunStatus) String() string {
 }
 
 func (RunStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_warren_v1_warren_proto_enumTypes[1].Descriptor()
+	return file_warren_v1_warren_proto_enumTypes[2].Descriptor()
 }
 
 func (RunStatus) Type() protoreflect.EnumType {
-	return &file_warren_v1_warren_proto_enumTypes[1]
+	return &file_warren_v1_warren_proto_enumTypes[2]
 }
 
 func (x RunStatus) Number() protoreflect.EnumNumber {
@@ -170,7 +228,7 @@ func (x RunStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunStatus.Descriptor instead.
 func (RunStatus) EnumDescriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{1}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
 }
 
 type Resources struct {
@@ -3312,6 +3370,416 @@ func (x *StatFileRequest) GetPath() string {
 	return ""
 }
 
+type WatchDirRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`            // a directory, resolved inside the sandbox root
+	Recursive     bool                   `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"` // also every directory below it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDirRequest) Reset() {
+	*x = WatchDirRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDirRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDirRequest) ProtoMessage() {}
+
+func (x *WatchDirRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDirRequest.ProtoReflect.Descriptor instead.
+func (*WatchDirRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *WatchDirRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *WatchDirRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WatchDirRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+type FileEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"` // relative to the watched directory
+	Type          FileEventType          `protobuf:"varint,2,opt,name=type,proto3,enum=warren.v1.FileEventType" json:"type,omitempty"`
+	IsDir         bool                   `protobuf:"varint,3,opt,name=is_dir,json=isDir,proto3" json:"is_dir,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FileEvent) Reset() {
+	*x = FileEvent{}
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FileEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FileEvent) ProtoMessage() {}
+
+func (x *FileEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FileEvent.ProtoReflect.Descriptor instead.
+func (*FileEvent) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *FileEvent) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *FileEvent) GetType() FileEventType {
+	if x != nil {
+		return x.Type
+	}
+	return FileEventType_FILE_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *FileEvent) GetIsDir() bool {
+	if x != nil {
+		return x.IsDir
+	}
+	return false
+}
+
+type WatchDirStarted struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"` // the watched directory, cleaned
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDirStarted) Reset() {
+	*x = WatchDirStarted{}
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDirStarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDirStarted) ProtoMessage() {}
+
+func (x *WatchDirStarted) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDirStarted.ProtoReflect.Descriptor instead.
+func (*WatchDirStarted) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *WatchDirStarted) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+type WatchDirEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*WatchDirEvent_Started
+	//	*WatchDirEvent_File
+	Event         isWatchDirEvent_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchDirEvent) Reset() {
+	*x = WatchDirEvent{}
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchDirEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchDirEvent) ProtoMessage() {}
+
+func (x *WatchDirEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchDirEvent.ProtoReflect.Descriptor instead.
+func (*WatchDirEvent) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *WatchDirEvent) GetEvent() isWatchDirEvent_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchDirEvent) GetStarted() *WatchDirStarted {
+	if x != nil {
+		if x, ok := x.Event.(*WatchDirEvent_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
+func (x *WatchDirEvent) GetFile() *FileEvent {
+	if x != nil {
+		if x, ok := x.Event.(*WatchDirEvent_File); ok {
+			return x.File
+		}
+	}
+	return nil
+}
+
+type isWatchDirEvent_Event interface {
+	isWatchDirEvent_Event()
+}
+
+type WatchDirEvent_Started struct {
+	Started *WatchDirStarted `protobuf:"bytes,1,opt,name=started,proto3,oneof"` // the first event: changes from here on are seen
+}
+
+type WatchDirEvent_File struct {
+	File *FileEvent `protobuf:"bytes,2,opt,name=file,proto3,oneof"`
+}
+
+func (*WatchDirEvent_Started) isWatchDirEvent_Event() {}
+
+func (*WatchDirEvent_File) isWatchDirEvent_Event() {}
+
+type SandboxStatsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxStatsRequest) Reset() {
+	*x = SandboxStatsRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxStatsRequest) ProtoMessage() {}
+
+func (x *SandboxStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxStatsRequest.ProtoReflect.Descriptor instead.
+func (*SandboxStatsRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *SandboxStatsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+type SandboxStatsResponse struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	SampledAtUnixMs int64                  `protobuf:"varint,1,opt,name=sampled_at_unix_ms,json=sampledAtUnixMs,proto3" json:"sampled_at_unix_ms,omitempty"`
+	CpuUsageNs      uint64                 `protobuf:"varint,2,opt,name=cpu_usage_ns,json=cpuUsageNs,proto3" json:"cpu_usage_ns,omitempty"` // cumulative CPU time of all its processes
+	// CPUs it may use: its quota rounded up (Resources.cpu_millis), or the
+	// node's CPUs without one.
+	CpuCount         uint32 `protobuf:"varint,3,opt,name=cpu_count,json=cpuCount,proto3" json:"cpu_count,omitempty"`
+	MemoryBytes      uint64 `protobuf:"varint,4,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`                  // charged to it now, page cache included
+	MemoryCacheBytes uint64 `protobuf:"varint,5,opt,name=memory_cache_bytes,json=memoryCacheBytes,proto3" json:"memory_cache_bytes,omitempty"` // of which page cache
+	MemoryLimitBytes uint64 `protobuf:"varint,6,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"`
+	// The filesystem of its writable layer: its own disk with a disk
+	// limit, else the node's filesystem that holds the layer (shared).
+	DiskBytes     uint64 `protobuf:"varint,7,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	DiskUsedBytes uint64 `protobuf:"varint,8,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
+	Pids          uint64 `protobuf:"varint,9,opt,name=pids,proto3" json:"pids,omitempty"`
+	OomKills      uint64 `protobuf:"varint,10,opt,name=oom_kills,json=oomKills,proto3" json:"oom_kills,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxStatsResponse) Reset() {
+	*x = SandboxStatsResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxStatsResponse) ProtoMessage() {}
+
+func (x *SandboxStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxStatsResponse.ProtoReflect.Descriptor instead.
+func (*SandboxStatsResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *SandboxStatsResponse) GetSampledAtUnixMs() int64 {
+	if x != nil {
+		return x.SampledAtUnixMs
+	}
+	return 0
+}
+
+func (x *SandboxStatsResponse) GetCpuUsageNs() uint64 {
+	if x != nil {
+		return x.CpuUsageNs
+	}
+	return 0
+}
+
+func (x *SandboxStatsResponse) GetCpuCount() uint32 {
+	if x != nil {
+		return x.CpuCount
+	}
+	return 0
+}
+
+func (x *SandboxStatsResponse) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *SandboxStatsResponse) GetMemoryCacheBytes() uint64 {
+	if x != nil {
+		return x.MemoryCacheBytes
+	}
+	return 0
+}
+
+func (x *SandboxStatsResponse) GetMemoryLimitBytes() uint64 {
+	if x != nil {
+		return x.MemoryLimitBytes
+	}
+	return 0
+}
+
+func (x *SandboxStatsResponse) GetDiskBytes() uint64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
+}
+
+func (x *SandboxStatsResponse) GetDiskUsedBytes() uint64 {
+	if x != nil {
+		return x.DiskUsedBytes
+	}
+	return 0
+}
+
+func (x *SandboxStatsResponse) GetPids() uint64 {
+	if x != nil {
+		return x.Pids
+	}
+	return 0
+}
+
+func (x *SandboxStatsResponse) GetOomKills() uint64 {
+	if x != nil {
+		return x.OomKills
+	}
+	return 0
+}
+
 type MakeDirRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
@@ -3326,7 +3794,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3338,7 +3806,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[39]
+	mi := &file_warren_v1_warren_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3351,7 +3819,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{39}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -3406,7 +3874,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3418,7 +3886,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[40]
+	mi := &file_warren_v1_warren_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3431,7 +3899,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{40}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MakeDirResponse) GetSeq() uint64 {
@@ -3461,7 +3929,7 @@ type RemoveFileRequest struct {
 
 func (x *RemoveFileRequest) Reset() {
 	*x = RemoveFileRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3473,7 +3941,7 @@ func (x *RemoveFileRequest) String() string {
 func (*RemoveFileRequest) ProtoMessage() {}
 
 func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[41]
+	mi := &file_warren_v1_warren_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3486,7 +3954,7 @@ func (x *RemoveFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileRequest.ProtoReflect.Descriptor instead.
 func (*RemoveFileRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{41}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RemoveFileRequest) GetSandboxId() string {
@@ -3534,7 +4002,7 @@ type RemoveFileResponse struct {
 
 func (x *RemoveFileResponse) Reset() {
 	*x = RemoveFileResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3546,7 +4014,7 @@ func (x *RemoveFileResponse) String() string {
 func (*RemoveFileResponse) ProtoMessage() {}
 
 func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[42]
+	mi := &file_warren_v1_warren_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3559,7 +4027,7 @@ func (x *RemoveFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveFileResponse.ProtoReflect.Descriptor instead.
 func (*RemoveFileResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{42}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveFileResponse) GetSeq() uint64 {
@@ -3600,7 +4068,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3612,7 +4080,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[43]
+	mi := &file_warren_v1_warren_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3625,7 +4093,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{43}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Image) GetName() string {
@@ -3727,7 +4195,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3739,7 +4207,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[44]
+	mi := &file_warren_v1_warren_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3752,7 +4220,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{44}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
 }
 
 type ListImagesResponse struct {
@@ -3764,7 +4232,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3776,7 +4244,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[45]
+	mi := &file_warren_v1_warren_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3789,7 +4257,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{45}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -3808,7 +4276,7 @@ type GetImageRequest struct {
 
 func (x *GetImageRequest) Reset() {
 	*x = GetImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3820,7 +4288,7 @@ func (x *GetImageRequest) String() string {
 func (*GetImageRequest) ProtoMessage() {}
 
 func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[46]
+	mi := &file_warren_v1_warren_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3833,7 +4301,7 @@ func (x *GetImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetImageRequest.ProtoReflect.Descriptor instead.
 func (*GetImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{46}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GetImageRequest) GetName() string {
@@ -3853,7 +4321,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3865,7 +4333,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[47]
+	mi := &file_warren_v1_warren_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3878,7 +4346,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{47}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ImportImageRequest) GetName() string {
@@ -3904,7 +4372,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3916,7 +4384,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[48]
+	mi := &file_warren_v1_warren_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3929,7 +4397,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{48}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RemoveImageRequest) GetName() string {
@@ -3947,7 +4415,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3959,7 +4427,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[49]
+	mi := &file_warren_v1_warren_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3972,7 +4440,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{49}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
 }
 
 type PullImageRequest struct {
@@ -3986,7 +4454,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3998,7 +4466,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[50]
+	mi := &file_warren_v1_warren_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4011,7 +4479,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{50}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *PullImageRequest) GetRef() string {
@@ -4058,7 +4526,7 @@ type PullImageEvent struct {
 
 func (x *PullImageEvent) Reset() {
 	*x = PullImageEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4070,7 +4538,7 @@ func (x *PullImageEvent) String() string {
 func (*PullImageEvent) ProtoMessage() {}
 
 func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[51]
+	mi := &file_warren_v1_warren_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4083,7 +4551,7 @@ func (x *PullImageEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageEvent.ProtoReflect.Descriptor instead.
 func (*PullImageEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{51}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *PullImageEvent) GetPhase() string {
@@ -4170,7 +4638,7 @@ type Layer struct {
 
 func (x *Layer) Reset() {
 	*x = Layer{}
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4182,7 +4650,7 @@ func (x *Layer) String() string {
 func (*Layer) ProtoMessage() {}
 
 func (x *Layer) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[52]
+	mi := &file_warren_v1_warren_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4195,7 +4663,7 @@ func (x *Layer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layer.ProtoReflect.Descriptor instead.
 func (*Layer) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{52}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Layer) GetName() string {
@@ -4271,7 +4739,7 @@ type BuildLayerRequest struct {
 
 func (x *BuildLayerRequest) Reset() {
 	*x = BuildLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4283,7 +4751,7 @@ func (x *BuildLayerRequest) String() string {
 func (*BuildLayerRequest) ProtoMessage() {}
 
 func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[53]
+	mi := &file_warren_v1_warren_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4296,7 +4764,7 @@ func (x *BuildLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildLayerRequest.ProtoReflect.Descriptor instead.
 func (*BuildLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{53}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *BuildLayerRequest) GetName() string {
@@ -4321,7 +4789,7 @@ type ListLayersRequest struct {
 
 func (x *ListLayersRequest) Reset() {
 	*x = ListLayersRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4333,7 +4801,7 @@ func (x *ListLayersRequest) String() string {
 func (*ListLayersRequest) ProtoMessage() {}
 
 func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[54]
+	mi := &file_warren_v1_warren_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4346,7 +4814,7 @@ func (x *ListLayersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersRequest.ProtoReflect.Descriptor instead.
 func (*ListLayersRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{54}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
 }
 
 type ListLayersResponse struct {
@@ -4358,7 +4826,7 @@ type ListLayersResponse struct {
 
 func (x *ListLayersResponse) Reset() {
 	*x = ListLayersResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4370,7 +4838,7 @@ func (x *ListLayersResponse) String() string {
 func (*ListLayersResponse) ProtoMessage() {}
 
 func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[55]
+	mi := &file_warren_v1_warren_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4383,7 +4851,7 @@ func (x *ListLayersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayersResponse.ProtoReflect.Descriptor instead.
 func (*ListLayersResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{55}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListLayersResponse) GetLayers() []*Layer {
@@ -4402,7 +4870,7 @@ type RemoveLayerRequest struct {
 
 func (x *RemoveLayerRequest) Reset() {
 	*x = RemoveLayerRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4414,7 +4882,7 @@ func (x *RemoveLayerRequest) String() string {
 func (*RemoveLayerRequest) ProtoMessage() {}
 
 func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[56]
+	mi := &file_warren_v1_warren_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4427,7 +4895,7 @@ func (x *RemoveLayerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveLayerRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{56}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RemoveLayerRequest) GetName() string {
@@ -4445,7 +4913,7 @@ type RemoveLayerResponse struct {
 
 func (x *RemoveLayerResponse) Reset() {
 	*x = RemoveLayerResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4457,7 +4925,7 @@ func (x *RemoveLayerResponse) String() string {
 func (*RemoveLayerResponse) ProtoMessage() {}
 
 func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[57]
+	mi := &file_warren_v1_warren_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4470,7 +4938,7 @@ func (x *RemoveLayerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveLayerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveLayerResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{57}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
 }
 
 // CommitSandbox treats what the sandbox wrote as untrusted: setuid and
@@ -4487,7 +4955,7 @@ type CommitSandboxRequest struct {
 
 func (x *CommitSandboxRequest) Reset() {
 	*x = CommitSandboxRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4499,7 +4967,7 @@ func (x *CommitSandboxRequest) String() string {
 func (*CommitSandboxRequest) ProtoMessage() {}
 
 func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[58]
+	mi := &file_warren_v1_warren_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4512,7 +4980,7 @@ func (x *CommitSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CommitSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{58}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CommitSandboxRequest) GetSandboxId() string {
@@ -4545,7 +5013,7 @@ type ImageStatsRequest struct {
 
 func (x *ImageStatsRequest) Reset() {
 	*x = ImageStatsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4557,7 +5025,7 @@ func (x *ImageStatsRequest) String() string {
 func (*ImageStatsRequest) ProtoMessage() {}
 
 func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[59]
+	mi := &file_warren_v1_warren_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4570,7 +5038,7 @@ func (x *ImageStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsRequest.ProtoReflect.Descriptor instead.
 func (*ImageStatsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{59}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ImageStatsRequest) GetNames() []string {
@@ -4605,7 +5073,7 @@ type LayerStat struct {
 
 func (x *LayerStat) Reset() {
 	*x = LayerStat{}
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4617,7 +5085,7 @@ func (x *LayerStat) String() string {
 func (*LayerStat) ProtoMessage() {}
 
 func (x *LayerStat) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[60]
+	mi := &file_warren_v1_warren_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4630,7 +5098,7 @@ func (x *LayerStat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerStat.ProtoReflect.Descriptor instead.
 func (*LayerStat) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{60}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *LayerStat) GetDigest() string {
@@ -4733,7 +5201,7 @@ type ImageStatsResponse struct {
 
 func (x *ImageStatsResponse) Reset() {
 	*x = ImageStatsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4745,7 +5213,7 @@ func (x *ImageStatsResponse) String() string {
 func (*ImageStatsResponse) ProtoMessage() {}
 
 func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[61]
+	mi := &file_warren_v1_warren_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4758,7 +5226,7 @@ func (x *ImageStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatsResponse.ProtoReflect.Descriptor instead.
 func (*ImageStatsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{61}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ImageStatsResponse) GetLayers() []*LayerStat {
@@ -4777,7 +5245,7 @@ type VerifyImageRequest struct {
 
 func (x *VerifyImageRequest) Reset() {
 	*x = VerifyImageRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4789,7 +5257,7 @@ func (x *VerifyImageRequest) String() string {
 func (*VerifyImageRequest) ProtoMessage() {}
 
 func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[62]
+	mi := &file_warren_v1_warren_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4802,7 +5270,7 @@ func (x *VerifyImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageRequest.ProtoReflect.Descriptor instead.
 func (*VerifyImageRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{62}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *VerifyImageRequest) GetNames() []string {
@@ -4824,7 +5292,7 @@ type LayerVerification struct {
 
 func (x *LayerVerification) Reset() {
 	*x = LayerVerification{}
-	mi := &file_warren_v1_warren_proto_msgTypes[63]
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4836,7 +5304,7 @@ func (x *LayerVerification) String() string {
 func (*LayerVerification) ProtoMessage() {}
 
 func (x *LayerVerification) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[63]
+	mi := &file_warren_v1_warren_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4849,7 +5317,7 @@ func (x *LayerVerification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayerVerification.ProtoReflect.Descriptor instead.
 func (*LayerVerification) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{63}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *LayerVerification) GetDigest() string {
@@ -4889,7 +5357,7 @@ type VerifyImageResponse struct {
 
 func (x *VerifyImageResponse) Reset() {
 	*x = VerifyImageResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[64]
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4901,7 +5369,7 @@ func (x *VerifyImageResponse) String() string {
 func (*VerifyImageResponse) ProtoMessage() {}
 
 func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[64]
+	mi := &file_warren_v1_warren_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4914,7 +5382,7 @@ func (x *VerifyImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyImageResponse.ProtoReflect.Descriptor instead.
 func (*VerifyImageResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{64}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *VerifyImageResponse) GetLayers() []*LayerVerification {
@@ -4932,7 +5400,7 @@ type VersionRequest struct {
 
 func (x *VersionRequest) Reset() {
 	*x = VersionRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[65]
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4944,7 +5412,7 @@ func (x *VersionRequest) String() string {
 func (*VersionRequest) ProtoMessage() {}
 
 func (x *VersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[65]
+	mi := &file_warren_v1_warren_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4957,7 +5425,7 @@ func (x *VersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionRequest.ProtoReflect.Descriptor instead.
 func (*VersionRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{65}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
 }
 
 type VersionResponse struct {
@@ -4979,7 +5447,7 @@ type VersionResponse struct {
 
 func (x *VersionResponse) Reset() {
 	*x = VersionResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4991,7 +5459,7 @@ func (x *VersionResponse) String() string {
 func (*VersionResponse) ProtoMessage() {}
 
 func (x *VersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[66]
+	mi := &file_warren_v1_warren_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5004,7 +5472,7 @@ func (x *VersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionResponse.ProtoReflect.Descriptor instead.
 func (*VersionResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{66}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *VersionResponse) GetVersion() string {
@@ -5068,7 +5536,7 @@ type NodeGpu struct {
 
 func (x *NodeGpu) Reset() {
 	*x = NodeGpu{}
-	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5080,7 +5548,7 @@ func (x *NodeGpu) String() string {
 func (*NodeGpu) ProtoMessage() {}
 
 func (x *NodeGpu) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[67]
+	mi := &file_warren_v1_warren_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5093,7 +5561,7 @@ func (x *NodeGpu) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeGpu.ProtoReflect.Descriptor instead.
 func (*NodeGpu) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{67}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *NodeGpu) GetIndex() int32 {
@@ -5135,7 +5603,7 @@ type ListSandboxEventsRequest struct {
 
 func (x *ListSandboxEventsRequest) Reset() {
 	*x = ListSandboxEventsRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5147,7 +5615,7 @@ func (x *ListSandboxEventsRequest) String() string {
 func (*ListSandboxEventsRequest) ProtoMessage() {}
 
 func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[68]
+	mi := &file_warren_v1_warren_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5160,7 +5628,7 @@ func (x *ListSandboxEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{68}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListSandboxEventsRequest) GetSandboxId() string {
@@ -5197,7 +5665,7 @@ type ListSandboxEventsResponse struct {
 
 func (x *ListSandboxEventsResponse) Reset() {
 	*x = ListSandboxEventsResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5209,7 +5677,7 @@ func (x *ListSandboxEventsResponse) String() string {
 func (*ListSandboxEventsResponse) ProtoMessage() {}
 
 func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[69]
+	mi := &file_warren_v1_warren_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5222,7 +5690,7 @@ func (x *ListSandboxEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxEventsResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{69}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListSandboxEventsResponse) GetEvents() []*SecurityEvent {
@@ -5268,7 +5736,7 @@ type SecurityEvent struct {
 
 func (x *SecurityEvent) Reset() {
 	*x = SecurityEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5280,7 +5748,7 @@ func (x *SecurityEvent) String() string {
 func (*SecurityEvent) ProtoMessage() {}
 
 func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[70]
+	mi := &file_warren_v1_warren_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5293,7 +5761,7 @@ func (x *SecurityEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityEvent.ProtoReflect.Descriptor instead.
 func (*SecurityEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{70}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *SecurityEvent) GetSeq() uint64 {
@@ -5357,7 +5825,7 @@ type ReadTrajectoryRequest struct {
 
 func (x *ReadTrajectoryRequest) Reset() {
 	*x = ReadTrajectoryRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5369,7 +5837,7 @@ func (x *ReadTrajectoryRequest) String() string {
 func (*ReadTrajectoryRequest) ProtoMessage() {}
 
 func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[71]
+	mi := &file_warren_v1_warren_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5382,7 +5850,7 @@ func (x *ReadTrajectoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTrajectoryRequest.ProtoReflect.Descriptor instead.
 func (*ReadTrajectoryRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{71}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ReadTrajectoryRequest) GetSandboxId() string {
@@ -5427,7 +5895,7 @@ type ReadTrajectoryResponse struct {
 
 func (x *ReadTrajectoryResponse) Reset() {
 	*x = ReadTrajectoryResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5439,7 +5907,7 @@ func (x *ReadTrajectoryResponse) String() string {
 func (*ReadTrajectoryResponse) ProtoMessage() {}
 
 func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[72]
+	mi := &file_warren_v1_warren_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5452,7 +5920,7 @@ func (x *ReadTrajectoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadTrajectoryResponse.ProtoReflect.Descriptor instead.
 func (*ReadTrajectoryResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{72}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ReadTrajectoryResponse) GetEntries() []*TrajectoryEntry {
@@ -5502,7 +5970,7 @@ type TrajectoryUpload struct {
 
 func (x *TrajectoryUpload) Reset() {
 	*x = TrajectoryUpload{}
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5514,7 +5982,7 @@ func (x *TrajectoryUpload) String() string {
 func (*TrajectoryUpload) ProtoMessage() {}
 
 func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[73]
+	mi := &file_warren_v1_warren_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5527,7 +5995,7 @@ func (x *TrajectoryUpload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryUpload.ProtoReflect.Descriptor instead.
 func (*TrajectoryUpload) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{73}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *TrajectoryUpload) GetSandboxId() string {
@@ -5595,7 +6063,7 @@ type TrajectoryEntry struct {
 
 func (x *TrajectoryEntry) Reset() {
 	*x = TrajectoryEntry{}
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5607,7 +6075,7 @@ func (x *TrajectoryEntry) String() string {
 func (*TrajectoryEntry) ProtoMessage() {}
 
 func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[74]
+	mi := &file_warren_v1_warren_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5620,7 +6088,7 @@ func (x *TrajectoryEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrajectoryEntry.ProtoReflect.Descriptor instead.
 func (*TrajectoryEntry) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{74}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *TrajectoryEntry) GetIndex() uint64 {
@@ -5820,7 +6288,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5832,7 +6300,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[75]
+	mi := &file_warren_v1_warren_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5845,7 +6313,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{75}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *PauseRequest) GetId() string {
@@ -5875,7 +6343,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5887,7 +6355,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[76]
+	mi := &file_warren_v1_warren_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5900,7 +6368,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{76}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *Memory) GetBytes() uint64 {
@@ -5945,7 +6413,7 @@ type PauseResponse struct {
 
 func (x *PauseResponse) Reset() {
 	*x = PauseResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5957,7 +6425,7 @@ func (x *PauseResponse) String() string {
 func (*PauseResponse) ProtoMessage() {}
 
 func (x *PauseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[77]
+	mi := &file_warren_v1_warren_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5970,7 +6438,7 @@ func (x *PauseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseResponse.ProtoReflect.Descriptor instead.
 func (*PauseResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{77}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *PauseResponse) GetSandbox() *Sandbox {
@@ -6028,7 +6496,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6040,7 +6508,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[78]
+	mi := &file_warren_v1_warren_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6053,7 +6521,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{78}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ResumeRequest) GetId() string {
@@ -6085,7 +6553,7 @@ type ResumeResponse struct {
 
 func (x *ResumeResponse) Reset() {
 	*x = ResumeResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6097,7 +6565,7 @@ func (x *ResumeResponse) String() string {
 func (*ResumeResponse) ProtoMessage() {}
 
 func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[79]
+	mi := &file_warren_v1_warren_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6110,7 +6578,7 @@ func (x *ResumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeResponse.ProtoReflect.Descriptor instead.
 func (*ResumeResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{79}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ResumeResponse) GetSandbox() *Sandbox {
@@ -6157,7 +6625,7 @@ type HibernateRequest struct {
 
 func (x *HibernateRequest) Reset() {
 	*x = HibernateRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6169,7 +6637,7 @@ func (x *HibernateRequest) String() string {
 func (*HibernateRequest) ProtoMessage() {}
 
 func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[80]
+	mi := &file_warren_v1_warren_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6182,7 +6650,7 @@ func (x *HibernateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateRequest.ProtoReflect.Descriptor instead.
 func (*HibernateRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{80}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *HibernateRequest) GetId() string {
@@ -6201,7 +6669,7 @@ type RestoreRequest struct {
 
 func (x *RestoreRequest) Reset() {
 	*x = RestoreRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6213,7 +6681,7 @@ func (x *RestoreRequest) String() string {
 func (*RestoreRequest) ProtoMessage() {}
 
 func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[81]
+	mi := &file_warren_v1_warren_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6226,7 +6694,7 @@ func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
 func (*RestoreRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{81}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RestoreRequest) GetId() string {
@@ -6249,7 +6717,7 @@ type HibernateResponse struct {
 
 func (x *HibernateResponse) Reset() {
 	*x = HibernateResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6261,7 +6729,7 @@ func (x *HibernateResponse) String() string {
 func (*HibernateResponse) ProtoMessage() {}
 
 func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[82]
+	mi := &file_warren_v1_warren_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6274,7 +6742,7 @@ func (x *HibernateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateResponse.ProtoReflect.Descriptor instead.
 func (*HibernateResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{82}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *HibernateResponse) GetSandbox() *Sandbox {
@@ -6325,7 +6793,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6337,7 +6805,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[83]
+	mi := &file_warren_v1_warren_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6350,7 +6818,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{83}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ForkRequest) GetId() string {
@@ -6401,7 +6869,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6413,7 +6881,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[84]
+	mi := &file_warren_v1_warren_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6426,7 +6894,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{84}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ForkResponse) GetSandboxes() []*Sandbox {
@@ -6474,7 +6942,7 @@ type HibernateByLabelRequest struct {
 
 func (x *HibernateByLabelRequest) Reset() {
 	*x = HibernateByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6486,7 +6954,7 @@ func (x *HibernateByLabelRequest) String() string {
 func (*HibernateByLabelRequest) ProtoMessage() {}
 
 func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[85]
+	mi := &file_warren_v1_warren_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6499,7 +6967,7 @@ func (x *HibernateByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HibernateByLabelRequest.ProtoReflect.Descriptor instead.
 func (*HibernateByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{85}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *HibernateByLabelRequest) GetLabels() map[string]string {
@@ -6527,7 +6995,7 @@ type PauseByLabelRequest struct {
 
 func (x *PauseByLabelRequest) Reset() {
 	*x = PauseByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6539,7 +7007,7 @@ func (x *PauseByLabelRequest) String() string {
 func (*PauseByLabelRequest) ProtoMessage() {}
 
 func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[86]
+	mi := &file_warren_v1_warren_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6552,7 +7020,7 @@ func (x *PauseByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseByLabelRequest.ProtoReflect.Descriptor instead.
 func (*PauseByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{86}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *PauseByLabelRequest) GetLabels() map[string]string {
@@ -6586,7 +7054,7 @@ type ResumeByLabelRequest struct {
 
 func (x *ResumeByLabelRequest) Reset() {
 	*x = ResumeByLabelRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6598,7 +7066,7 @@ func (x *ResumeByLabelRequest) String() string {
 func (*ResumeByLabelRequest) ProtoMessage() {}
 
 func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[87]
+	mi := &file_warren_v1_warren_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6611,7 +7079,7 @@ func (x *ResumeByLabelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeByLabelRequest.ProtoReflect.Descriptor instead.
 func (*ResumeByLabelRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{87}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ResumeByLabelRequest) GetLabels() map[string]string {
@@ -6649,7 +7117,7 @@ type ByLabelEvent struct {
 
 func (x *ByLabelEvent) Reset() {
 	*x = ByLabelEvent{}
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6661,7 +7129,7 @@ func (x *ByLabelEvent) String() string {
 func (*ByLabelEvent) ProtoMessage() {}
 
 func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[88]
+	mi := &file_warren_v1_warren_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6674,7 +7142,7 @@ func (x *ByLabelEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ByLabelEvent.ProtoReflect.Descriptor instead.
 func (*ByLabelEvent) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{88}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ByLabelEvent) GetSandboxId() string {
@@ -6759,7 +7227,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6771,7 +7239,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[89]
+	mi := &file_warren_v1_warren_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6784,7 +7252,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{89}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *RunRequest) GetImage() string {
@@ -6831,7 +7299,7 @@ type RunGpus struct {
 
 func (x *RunGpus) Reset() {
 	*x = RunGpus{}
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6843,7 +7311,7 @@ func (x *RunGpus) String() string {
 func (*RunGpus) ProtoMessage() {}
 
 func (x *RunGpus) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[90]
+	mi := &file_warren_v1_warren_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6856,7 +7324,7 @@ func (x *RunGpus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunGpus.ProtoReflect.Descriptor instead.
 func (*RunGpus) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{90}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RunGpus) GetCount() int32 {
@@ -6893,7 +7361,7 @@ type RunStep struct {
 
 func (x *RunStep) Reset() {
 	*x = RunStep{}
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6905,7 +7373,7 @@ func (x *RunStep) String() string {
 func (*RunStep) ProtoMessage() {}
 
 func (x *RunStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[91]
+	mi := &file_warren_v1_warren_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6918,7 +7386,7 @@ func (x *RunStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStep.ProtoReflect.Descriptor instead.
 func (*RunStep) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{91}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RunStep) GetArgv() []string {
@@ -6985,7 +7453,7 @@ type RunFile struct {
 
 func (x *RunFile) Reset() {
 	*x = RunFile{}
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6997,7 +7465,7 @@ func (x *RunFile) String() string {
 func (*RunFile) ProtoMessage() {}
 
 func (x *RunFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[92]
+	mi := &file_warren_v1_warren_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7010,7 +7478,7 @@ func (x *RunFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFile.ProtoReflect.Descriptor instead.
 func (*RunFile) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{92}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RunFile) GetName() string {
@@ -7073,7 +7541,7 @@ type RunLimits struct {
 
 func (x *RunLimits) Reset() {
 	*x = RunLimits{}
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7085,7 +7553,7 @@ func (x *RunLimits) String() string {
 func (*RunLimits) ProtoMessage() {}
 
 func (x *RunLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[93]
+	mi := &file_warren_v1_warren_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7098,7 +7566,7 @@ func (x *RunLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLimits.ProtoReflect.Descriptor instead.
 func (*RunLimits) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{93}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *RunLimits) GetCpuMs() int64 {
@@ -7184,7 +7652,7 @@ type RunStepResult struct {
 
 func (x *RunStepResult) Reset() {
 	*x = RunStepResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7196,7 +7664,7 @@ func (x *RunStepResult) String() string {
 func (*RunStepResult) ProtoMessage() {}
 
 func (x *RunStepResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[94]
+	mi := &file_warren_v1_warren_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7209,7 +7677,7 @@ func (x *RunStepResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunStepResult.ProtoReflect.Descriptor instead.
 func (*RunStepResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{94}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *RunStepResult) GetStatus() RunStatus {
@@ -7307,7 +7775,7 @@ type RunFileResult struct {
 
 func (x *RunFileResult) Reset() {
 	*x = RunFileResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7319,7 +7787,7 @@ func (x *RunFileResult) String() string {
 func (*RunFileResult) ProtoMessage() {}
 
 func (x *RunFileResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[95]
+	mi := &file_warren_v1_warren_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7332,7 +7800,7 @@ func (x *RunFileResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunFileResult.ProtoReflect.Descriptor instead.
 func (*RunFileResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{95}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *RunFileResult) GetName() string {
@@ -7368,7 +7836,7 @@ type RunResult struct {
 
 func (x *RunResult) Reset() {
 	*x = RunResult{}
-	mi := &file_warren_v1_warren_proto_msgTypes[96]
+	mi := &file_warren_v1_warren_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7380,7 +7848,7 @@ func (x *RunResult) String() string {
 func (*RunResult) ProtoMessage() {}
 
 func (x *RunResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[96]
+	mi := &file_warren_v1_warren_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7393,7 +7861,7 @@ func (x *RunResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResult.ProtoReflect.Descriptor instead.
 func (*RunResult) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{96}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *RunResult) GetSteps() []*RunStepResult {
@@ -7422,7 +7890,7 @@ type RunBatchRequest struct {
 
 func (x *RunBatchRequest) Reset() {
 	*x = RunBatchRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[97]
+	mi := &file_warren_v1_warren_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7434,7 +7902,7 @@ func (x *RunBatchRequest) String() string {
 func (*RunBatchRequest) ProtoMessage() {}
 
 func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[97]
+	mi := &file_warren_v1_warren_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7447,7 +7915,7 @@ func (x *RunBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchRequest.ProtoReflect.Descriptor instead.
 func (*RunBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{97}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *RunBatchRequest) GetImage() string {
@@ -7488,7 +7956,7 @@ type RunJob struct {
 
 func (x *RunJob) Reset() {
 	*x = RunJob{}
-	mi := &file_warren_v1_warren_proto_msgTypes[98]
+	mi := &file_warren_v1_warren_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7500,7 +7968,7 @@ func (x *RunJob) String() string {
 func (*RunJob) ProtoMessage() {}
 
 func (x *RunJob) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[98]
+	mi := &file_warren_v1_warren_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7513,7 +7981,7 @@ func (x *RunJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunJob.ProtoReflect.Descriptor instead.
 func (*RunJob) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{98}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *RunJob) GetSteps() []*RunStep {
@@ -7542,7 +8010,7 @@ type RunBatchItem struct {
 
 func (x *RunBatchItem) Reset() {
 	*x = RunBatchItem{}
-	mi := &file_warren_v1_warren_proto_msgTypes[99]
+	mi := &file_warren_v1_warren_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7554,7 +8022,7 @@ func (x *RunBatchItem) String() string {
 func (*RunBatchItem) ProtoMessage() {}
 
 func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[99]
+	mi := &file_warren_v1_warren_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7567,7 +8035,7 @@ func (x *RunBatchItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunBatchItem.ProtoReflect.Descriptor instead.
 func (*RunBatchItem) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{99}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *RunBatchItem) GetIndex() int32 {
@@ -7608,7 +8076,7 @@ type BatchCreateRequest struct {
 
 func (x *BatchCreateRequest) Reset() {
 	*x = BatchCreateRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[100]
+	mi := &file_warren_v1_warren_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7620,7 +8088,7 @@ func (x *BatchCreateRequest) String() string {
 func (*BatchCreateRequest) ProtoMessage() {}
 
 func (x *BatchCreateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[100]
+	mi := &file_warren_v1_warren_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7633,7 +8101,7 @@ func (x *BatchCreateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCreateRequest.ProtoReflect.Descriptor instead.
 func (*BatchCreateRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{100}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *BatchCreateRequest) GetTemplate() *CreateRequest {
@@ -7660,7 +8128,7 @@ type BatchCreateResponse struct {
 
 func (x *BatchCreateResponse) Reset() {
 	*x = BatchCreateResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[101]
+	mi := &file_warren_v1_warren_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7672,7 +8140,7 @@ func (x *BatchCreateResponse) String() string {
 func (*BatchCreateResponse) ProtoMessage() {}
 
 func (x *BatchCreateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[101]
+	mi := &file_warren_v1_warren_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7685,7 +8153,7 @@ func (x *BatchCreateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchCreateResponse.ProtoReflect.Descriptor instead.
 func (*BatchCreateResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{101}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *BatchCreateResponse) GetSandboxes() []*Sandbox {
@@ -7710,7 +8178,7 @@ type NodeStatusRequest struct {
 
 func (x *NodeStatusRequest) Reset() {
 	*x = NodeStatusRequest{}
-	mi := &file_warren_v1_warren_proto_msgTypes[102]
+	mi := &file_warren_v1_warren_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7722,7 +8190,7 @@ func (x *NodeStatusRequest) String() string {
 func (*NodeStatusRequest) ProtoMessage() {}
 
 func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[102]
+	mi := &file_warren_v1_warren_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7735,7 +8203,7 @@ func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*NodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{102}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{108}
 }
 
 type NodeStatus struct {
@@ -7760,7 +8228,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_warren_v1_warren_proto_msgTypes[103]
+	mi := &file_warren_v1_warren_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7772,7 +8240,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[103]
+	mi := &file_warren_v1_warren_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7785,7 +8253,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{103}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *NodeStatus) GetName() string {
@@ -7895,7 +8363,7 @@ type NodeStatusResponse struct {
 
 func (x *NodeStatusResponse) Reset() {
 	*x = NodeStatusResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[104]
+	mi := &file_warren_v1_warren_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7907,7 +8375,7 @@ func (x *NodeStatusResponse) String() string {
 func (*NodeStatusResponse) ProtoMessage() {}
 
 func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[104]
+	mi := &file_warren_v1_warren_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7920,7 +8388,7 @@ func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*NodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{104}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *NodeStatusResponse) GetNodes() []*NodeStatus {
@@ -8232,7 +8700,39 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0fStatFileRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
-	"\x04path\x18\x02 \x01(\tR\x04path\"\xa2\x01\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"b\n" +
+	"\x0fWatchDirRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x03 \x01(\bR\trecursive\"d\n" +
+	"\tFileEvent\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12,\n" +
+	"\x04type\x18\x02 \x01(\x0e2\x18.warren.v1.FileEventTypeR\x04type\x12\x15\n" +
+	"\x06is_dir\x18\x03 \x01(\bR\x05isDir\"%\n" +
+	"\x0fWatchDirStarted\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\"|\n" +
+	"\rWatchDirEvent\x126\n" +
+	"\astarted\x18\x01 \x01(\v2\x1a.warren.v1.WatchDirStartedH\x00R\astarted\x12*\n" +
+	"\x04file\x18\x02 \x01(\v2\x14.warren.v1.FileEventH\x00R\x04fileB\a\n" +
+	"\x05event\"4\n" +
+	"\x13SandboxStatsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\xf9\x02\n" +
+	"\x14SandboxStatsResponse\x12+\n" +
+	"\x12sampled_at_unix_ms\x18\x01 \x01(\x03R\x0fsampledAtUnixMs\x12 \n" +
+	"\fcpu_usage_ns\x18\x02 \x01(\x04R\n" +
+	"cpuUsageNs\x12\x1b\n" +
+	"\tcpu_count\x18\x03 \x01(\rR\bcpuCount\x12!\n" +
+	"\fmemory_bytes\x18\x04 \x01(\x04R\vmemoryBytes\x12,\n" +
+	"\x12memory_cache_bytes\x18\x05 \x01(\x04R\x10memoryCacheBytes\x12,\n" +
+	"\x12memory_limit_bytes\x18\x06 \x01(\x04R\x10memoryLimitBytes\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\a \x01(\x04R\tdiskBytes\x12&\n" +
+	"\x0fdisk_used_bytes\x18\b \x01(\x04R\rdiskUsedBytes\x12\x12\n" +
+	"\x04pids\x18\t \x01(\x04R\x04pids\x12\x1b\n" +
+	"\toom_kills\x18\n" +
+	" \x01(\x04R\boomKills\"\xa2\x01\n" +
 	"\x0eMakeDirRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -8645,7 +9145,14 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x16SANDBOX_STATE_DELETING\x10\x04\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x05\x12\x1c\n" +
 	"\x18SANDBOX_STATE_HIBERNATED\x10\x06\x12\x16\n" +
-	"\x12SANDBOX_STATE_LOST\x10\a*\x87\x02\n" +
+	"\x12SANDBOX_STATE_LOST\x10\a*\xba\x01\n" +
+	"\rFileEventType\x12\x1f\n" +
+	"\x1bFILE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16FILE_EVENT_TYPE_CREATE\x10\x01\x12\x19\n" +
+	"\x15FILE_EVENT_TYPE_WRITE\x10\x02\x12\x1a\n" +
+	"\x16FILE_EVENT_TYPE_REMOVE\x10\x03\x12\x1a\n" +
+	"\x16FILE_EVENT_TYPE_RENAME\x10\x04\x12\x19\n" +
+	"\x15FILE_EVENT_TYPE_CHMOD\x10\x05*\x87\x02\n" +
 	"\tRunStatus\x12\x1a\n" +
 	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13RUN_STATUS_ACCEPTED\x10\x01\x12\x1c\n" +
@@ -8655,7 +9162,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
 	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
 	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
-	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\x93\x13\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xa8\x14\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -8681,6 +9188,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\aMakeDir\x12\x19.warren.v1.MakeDirRequest\x1a\x1a.warren.v1.MakeDirResponse\x12I\n" +
 	"\n" +
 	"RemoveFile\x12\x1c.warren.v1.RemoveFileRequest\x1a\x1d.warren.v1.RemoveFileResponse\x12B\n" +
+	"\bWatchDir\x12\x1a.warren.v1.WatchDirRequest\x1a\x18.warren.v1.WatchDirEvent0\x01\x12O\n" +
+	"\fSandboxStats\x12\x1e.warren.v1.SandboxStatsRequest\x1a\x1f.warren.v1.SandboxStatsResponse\x12B\n" +
 	"\rCommitSandbox\x12\x1f.warren.v1.CommitSandboxRequest\x1a\x10.warren.v1.Layer\x12^\n" +
 	"\x11ListSandboxEvents\x12#.warren.v1.ListSandboxEventsRequest\x1a$.warren.v1.ListSandboxEventsResponse\x12U\n" +
 	"\x0eReadTrajectory\x12 .warren.v1.ReadTrajectoryRequest\x1a!.warren.v1.ReadTrajectoryResponse\x12:\n" +
@@ -8727,304 +9236,318 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 	return file_warren_v1_warren_proto_rawDescData
 }
 
-var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 119)
+var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 125)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
-	(RunStatus)(0),                    // 1: warren.v1.RunStatus
-	(*Resources)(nil),                 // 2: warren.v1.Resources
-	(*CreateRequest)(nil),             // 3: warren.v1.CreateRequest
-	(*HarnessOptions)(nil),            // 4: warren.v1.HarnessOptions
-	(*NetworkPolicy)(nil),             // 5: warren.v1.NetworkPolicy
-	(*NetworkRule)(nil),               // 6: warren.v1.NetworkRule
-	(*Rlimit)(nil),                    // 7: warren.v1.Rlimit
-	(*Sandbox)(nil),                   // 8: warren.v1.Sandbox
-	(*GetRequest)(nil),                // 9: warren.v1.GetRequest
-	(*ListRequest)(nil),               // 10: warren.v1.ListRequest
-	(*ListResponse)(nil),              // 11: warren.v1.ListResponse
-	(*DeleteRequest)(nil),             // 12: warren.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 13: warren.v1.DeleteResponse
-	(*ExtendTimeoutRequest)(nil),      // 14: warren.v1.ExtendTimeoutRequest
-	(*UpdateSandboxRequest)(nil),      // 15: warren.v1.UpdateSandboxRequest
-	(*ExecRequest)(nil),               // 16: warren.v1.ExecRequest
-	(*ExecResult)(nil),                // 17: warren.v1.ExecResult
-	(*ExecEvent)(nil),                 // 18: warren.v1.ExecEvent
-	(*ExecStarted)(nil),               // 19: warren.v1.ExecStarted
-	(*ProcessInfo)(nil),               // 20: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),      // 21: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),     // 22: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),        // 23: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),      // 24: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),     // 25: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),         // 26: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),        // 27: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),      // 28: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),               // 29: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),              // 30: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),      // 31: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil),     // 32: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),          // 33: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 34: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),           // 35: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 36: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),                  // 37: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),          // 38: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),         // 39: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),           // 40: warren.v1.StatFileRequest
-	(*MakeDirRequest)(nil),            // 41: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 42: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),         // 43: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),        // 44: warren.v1.RemoveFileResponse
-	(*Image)(nil),                     // 45: warren.v1.Image
-	(*ListImagesRequest)(nil),         // 46: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),        // 47: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),           // 48: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),        // 49: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),        // 50: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),       // 51: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),          // 52: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),            // 53: warren.v1.PullImageEvent
-	(*Layer)(nil),                     // 54: warren.v1.Layer
-	(*BuildLayerRequest)(nil),         // 55: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),         // 56: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),        // 57: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),        // 58: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),       // 59: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),      // 60: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),         // 61: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),                 // 62: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),        // 63: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),        // 64: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),         // 65: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),       // 66: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),            // 67: warren.v1.VersionRequest
-	(*VersionResponse)(nil),           // 68: warren.v1.VersionResponse
-	(*NodeGpu)(nil),                   // 69: warren.v1.NodeGpu
-	(*ListSandboxEventsRequest)(nil),  // 70: warren.v1.ListSandboxEventsRequest
-	(*ListSandboxEventsResponse)(nil), // 71: warren.v1.ListSandboxEventsResponse
-	(*SecurityEvent)(nil),             // 72: warren.v1.SecurityEvent
-	(*ReadTrajectoryRequest)(nil),     // 73: warren.v1.ReadTrajectoryRequest
-	(*ReadTrajectoryResponse)(nil),    // 74: warren.v1.ReadTrajectoryResponse
-	(*TrajectoryUpload)(nil),          // 75: warren.v1.TrajectoryUpload
-	(*TrajectoryEntry)(nil),           // 76: warren.v1.TrajectoryEntry
-	(*PauseRequest)(nil),              // 77: warren.v1.PauseRequest
-	(*Memory)(nil),                    // 78: warren.v1.Memory
-	(*PauseResponse)(nil),             // 79: warren.v1.PauseResponse
-	(*ResumeRequest)(nil),             // 80: warren.v1.ResumeRequest
-	(*ResumeResponse)(nil),            // 81: warren.v1.ResumeResponse
-	(*HibernateRequest)(nil),          // 82: warren.v1.HibernateRequest
-	(*RestoreRequest)(nil),            // 83: warren.v1.RestoreRequest
-	(*HibernateResponse)(nil),         // 84: warren.v1.HibernateResponse
-	(*ForkRequest)(nil),               // 85: warren.v1.ForkRequest
-	(*ForkResponse)(nil),              // 86: warren.v1.ForkResponse
-	(*HibernateByLabelRequest)(nil),   // 87: warren.v1.HibernateByLabelRequest
-	(*PauseByLabelRequest)(nil),       // 88: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 89: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 90: warren.v1.ByLabelEvent
-	(*RunRequest)(nil),                // 91: warren.v1.RunRequest
-	(*RunGpus)(nil),                   // 92: warren.v1.RunGpus
-	(*RunStep)(nil),                   // 93: warren.v1.RunStep
-	(*RunFile)(nil),                   // 94: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 95: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 96: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 97: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 98: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 99: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 100: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 101: warren.v1.RunBatchItem
-	(*BatchCreateRequest)(nil),        // 102: warren.v1.BatchCreateRequest
-	(*BatchCreateResponse)(nil),       // 103: warren.v1.BatchCreateResponse
-	(*NodeStatusRequest)(nil),         // 104: warren.v1.NodeStatusRequest
-	(*NodeStatus)(nil),                // 105: warren.v1.NodeStatus
-	(*NodeStatusResponse)(nil),        // 106: warren.v1.NodeStatusResponse
-	nil,                               // 107: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 108: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 109: warren.v1.Sandbox.EnvEntry
-	nil,                               // 110: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 111: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 112: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 113: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 114: warren.v1.ForkRequest.LabelsEntry
-	nil,                               // 115: warren.v1.HibernateByLabelRequest.LabelsEntry
-	nil,                               // 116: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 117: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 118: warren.v1.RunStep.EnvEntry
-	nil,                               // 119: warren.v1.NodeStatus.QosEntry
-	nil,                               // 120: warren.v1.NodeStatus.LabelCountsEntry
+	(FileEventType)(0),                // 1: warren.v1.FileEventType
+	(RunStatus)(0),                    // 2: warren.v1.RunStatus
+	(*Resources)(nil),                 // 3: warren.v1.Resources
+	(*CreateRequest)(nil),             // 4: warren.v1.CreateRequest
+	(*HarnessOptions)(nil),            // 5: warren.v1.HarnessOptions
+	(*NetworkPolicy)(nil),             // 6: warren.v1.NetworkPolicy
+	(*NetworkRule)(nil),               // 7: warren.v1.NetworkRule
+	(*Rlimit)(nil),                    // 8: warren.v1.Rlimit
+	(*Sandbox)(nil),                   // 9: warren.v1.Sandbox
+	(*GetRequest)(nil),                // 10: warren.v1.GetRequest
+	(*ListRequest)(nil),               // 11: warren.v1.ListRequest
+	(*ListResponse)(nil),              // 12: warren.v1.ListResponse
+	(*DeleteRequest)(nil),             // 13: warren.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 14: warren.v1.DeleteResponse
+	(*ExtendTimeoutRequest)(nil),      // 15: warren.v1.ExtendTimeoutRequest
+	(*UpdateSandboxRequest)(nil),      // 16: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),               // 17: warren.v1.ExecRequest
+	(*ExecResult)(nil),                // 18: warren.v1.ExecResult
+	(*ExecEvent)(nil),                 // 19: warren.v1.ExecEvent
+	(*ExecStarted)(nil),               // 20: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),               // 21: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),      // 22: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),     // 23: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),        // 24: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),      // 25: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),     // 26: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),         // 27: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 28: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),      // 29: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),               // 30: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),              // 31: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),      // 32: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil),     // 33: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),          // 34: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 35: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),           // 36: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 37: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),                  // 38: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),          // 39: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 40: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),           // 41: warren.v1.StatFileRequest
+	(*WatchDirRequest)(nil),           // 42: warren.v1.WatchDirRequest
+	(*FileEvent)(nil),                 // 43: warren.v1.FileEvent
+	(*WatchDirStarted)(nil),           // 44: warren.v1.WatchDirStarted
+	(*WatchDirEvent)(nil),             // 45: warren.v1.WatchDirEvent
+	(*SandboxStatsRequest)(nil),       // 46: warren.v1.SandboxStatsRequest
+	(*SandboxStatsResponse)(nil),      // 47: warren.v1.SandboxStatsResponse
+	(*MakeDirRequest)(nil),            // 48: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 49: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),         // 50: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),        // 51: warren.v1.RemoveFileResponse
+	(*Image)(nil),                     // 52: warren.v1.Image
+	(*ListImagesRequest)(nil),         // 53: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),        // 54: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),           // 55: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),        // 56: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),        // 57: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),       // 58: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),          // 59: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),            // 60: warren.v1.PullImageEvent
+	(*Layer)(nil),                     // 61: warren.v1.Layer
+	(*BuildLayerRequest)(nil),         // 62: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),         // 63: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),        // 64: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),        // 65: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),       // 66: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),      // 67: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),         // 68: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),                 // 69: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),        // 70: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),        // 71: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),         // 72: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),       // 73: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),            // 74: warren.v1.VersionRequest
+	(*VersionResponse)(nil),           // 75: warren.v1.VersionResponse
+	(*NodeGpu)(nil),                   // 76: warren.v1.NodeGpu
+	(*ListSandboxEventsRequest)(nil),  // 77: warren.v1.ListSandboxEventsRequest
+	(*ListSandboxEventsResponse)(nil), // 78: warren.v1.ListSandboxEventsResponse
+	(*SecurityEvent)(nil),             // 79: warren.v1.SecurityEvent
+	(*ReadTrajectoryRequest)(nil),     // 80: warren.v1.ReadTrajectoryRequest
+	(*ReadTrajectoryResponse)(nil),    // 81: warren.v1.ReadTrajectoryResponse
+	(*TrajectoryUpload)(nil),          // 82: warren.v1.TrajectoryUpload
+	(*TrajectoryEntry)(nil),           // 83: warren.v1.TrajectoryEntry
+	(*PauseRequest)(nil),              // 84: warren.v1.PauseRequest
+	(*Memory)(nil),                    // 85: warren.v1.Memory
+	(*PauseResponse)(nil),             // 86: warren.v1.PauseResponse
+	(*ResumeRequest)(nil),             // 87: warren.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 88: warren.v1.ResumeResponse
+	(*HibernateRequest)(nil),          // 89: warren.v1.HibernateRequest
+	(*RestoreRequest)(nil),            // 90: warren.v1.RestoreRequest
+	(*HibernateResponse)(nil),         // 91: warren.v1.HibernateResponse
+	(*ForkRequest)(nil),               // 92: warren.v1.ForkRequest
+	(*ForkResponse)(nil),              // 93: warren.v1.ForkResponse
+	(*HibernateByLabelRequest)(nil),   // 94: warren.v1.HibernateByLabelRequest
+	(*PauseByLabelRequest)(nil),       // 95: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 96: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 97: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 98: warren.v1.RunRequest
+	(*RunGpus)(nil),                   // 99: warren.v1.RunGpus
+	(*RunStep)(nil),                   // 100: warren.v1.RunStep
+	(*RunFile)(nil),                   // 101: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 102: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 103: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 104: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 105: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 106: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 107: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 108: warren.v1.RunBatchItem
+	(*BatchCreateRequest)(nil),        // 109: warren.v1.BatchCreateRequest
+	(*BatchCreateResponse)(nil),       // 110: warren.v1.BatchCreateResponse
+	(*NodeStatusRequest)(nil),         // 111: warren.v1.NodeStatusRequest
+	(*NodeStatus)(nil),                // 112: warren.v1.NodeStatus
+	(*NodeStatusResponse)(nil),        // 113: warren.v1.NodeStatusResponse
+	nil,                               // 114: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 115: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 116: warren.v1.Sandbox.EnvEntry
+	nil,                               // 117: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 118: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 119: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 120: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 121: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 122: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 123: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 124: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 125: warren.v1.RunStep.EnvEntry
+	nil,                               // 126: warren.v1.NodeStatus.QosEntry
+	nil,                               // 127: warren.v1.NodeStatus.LabelCountsEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
-	2,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	107, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	108, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
-	7,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
-	5,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
-	4,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
-	6,   // 6: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
+	3,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
+	114, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	115, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	8,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
+	6,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
+	5,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
+	7,   // 6: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,   // 7: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
-	2,   // 8: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	109, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	110, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	7,   // 11: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
-	5,   // 12: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	4,   // 13: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
-	111, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
-	8,   // 15: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	112, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	5,   // 17: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	113, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	17,  // 19: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	19,  // 20: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
-	17,  // 21: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	20,  // 22: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	29,  // 23: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
-	29,  // 24: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
-	17,  // 25: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
-	37,  // 26: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	45,  // 27: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	45,  // 28: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	54,  // 29: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	62,  // 30: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	65,  // 31: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	69,  // 32: warren.v1.VersionResponse.gpus:type_name -> warren.v1.NodeGpu
-	72,  // 33: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
-	76,  // 34: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
-	16,  // 35: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
-	33,  // 36: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
-	41,  // 37: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
-	43,  // 38: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
-	75,  // 39: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
-	17,  // 40: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
-	8,   // 41: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
-	78,  // 42: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
-	78,  // 43: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
-	8,   // 44: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
-	8,   // 45: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
-	78,  // 46: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
-	114, // 47: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
-	8,   // 48: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
-	8,   // 49: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
-	115, // 50: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
-	116, // 51: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	117, // 52: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
-	79,  // 53: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
-	81,  // 54: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	84,  // 55: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
-	93,  // 56: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	92,  // 57: warren.v1.RunRequest.gpus:type_name -> warren.v1.RunGpus
-	118, // 58: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	94,  // 59: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	95,  // 60: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
-	1,   // 61: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	97,  // 62: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	96,  // 63: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	100, // 64: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	93,  // 65: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	92,  // 66: warren.v1.RunJob.gpus:type_name -> warren.v1.RunGpus
-	98,  // 67: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
-	3,   // 68: warren.v1.BatchCreateRequest.template:type_name -> warren.v1.CreateRequest
-	8,   // 69: warren.v1.BatchCreateResponse.sandboxes:type_name -> warren.v1.Sandbox
-	119, // 70: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
-	120, // 71: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
-	105, // 72: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
-	3,   // 73: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	9,   // 74: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	10,  // 75: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	12,  // 76: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	14,  // 77: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	15,  // 78: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	16,  // 79: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	16,  // 80: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	16,  // 81: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	21,  // 82: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	23,  // 83: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	24,  // 84: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	26,  // 85: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	28,  // 86: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	31,  // 87: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	33,  // 88: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	35,  // 89: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	38,  // 90: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	40,  // 91: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	41,  // 92: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	43,  // 93: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	60,  // 94: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	70,  // 95: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	73,  // 96: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	77,  // 97: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	80,  // 98: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	88,  // 99: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	89,  // 100: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	82,  // 101: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
-	87,  // 102: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
-	85,  // 103: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
-	91,  // 104: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	99,  // 105: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	83,  // 106: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
-	102, // 107: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
-	46,  // 108: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	48,  // 109: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	49,  // 110: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	50,  // 111: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	52,  // 112: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	55,  // 113: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	56,  // 114: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	58,  // 115: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	61,  // 116: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	64,  // 117: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	67,  // 118: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	104, // 119: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
-	8,   // 120: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	8,   // 121: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	11,  // 122: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	13,  // 123: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	8,   // 124: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	8,   // 125: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	17,  // 126: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	18,  // 127: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	20,  // 128: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	22,  // 129: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	17,  // 130: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	25,  // 131: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	27,  // 132: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	30,  // 133: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	32,  // 134: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	34,  // 135: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	36,  // 136: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	39,  // 137: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	37,  // 138: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	42,  // 139: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	44,  // 140: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	54,  // 141: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	71,  // 142: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	74,  // 143: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	79,  // 144: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	81,  // 145: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	90,  // 146: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	90,  // 147: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	84,  // 148: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
-	90,  // 149: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
-	86,  // 150: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
-	98,  // 151: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	101, // 152: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	81,  // 153: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
-	103, // 154: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
-	47,  // 155: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	45,  // 156: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	45,  // 157: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	51,  // 158: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	53,  // 159: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	54,  // 160: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	57,  // 161: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	59,  // 162: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	63,  // 163: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	66,  // 164: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	68,  // 165: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	106, // 166: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
-	120, // [120:167] is the sub-list for method output_type
-	73,  // [73:120] is the sub-list for method input_type
-	73,  // [73:73] is the sub-list for extension type_name
-	73,  // [73:73] is the sub-list for extension extendee
-	0,   // [0:73] is the sub-list for field type_name
+	3,   // 8: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
+	116, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	117, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	8,   // 11: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
+	6,   // 12: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
+	5,   // 13: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
+	118, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	9,   // 15: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
+	119, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	6,   // 17: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
+	120, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	18,  // 19: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
+	20,  // 20: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
+	18,  // 21: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	21,  // 22: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	30,  // 23: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
+	30,  // 24: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
+	18,  // 25: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
+	38,  // 26: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	1,   // 27: warren.v1.FileEvent.type:type_name -> warren.v1.FileEventType
+	44,  // 28: warren.v1.WatchDirEvent.started:type_name -> warren.v1.WatchDirStarted
+	43,  // 29: warren.v1.WatchDirEvent.file:type_name -> warren.v1.FileEvent
+	52,  // 30: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	52,  // 31: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	61,  // 32: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	69,  // 33: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	72,  // 34: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	76,  // 35: warren.v1.VersionResponse.gpus:type_name -> warren.v1.NodeGpu
+	79,  // 36: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	83,  // 37: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
+	17,  // 38: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
+	34,  // 39: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
+	48,  // 40: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
+	50,  // 41: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
+	82,  // 42: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
+	18,  // 43: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
+	9,   // 44: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
+	85,  // 45: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
+	85,  // 46: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
+	9,   // 47: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
+	9,   // 48: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
+	85,  // 49: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
+	121, // 50: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	9,   // 51: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
+	9,   // 52: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
+	122, // 53: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	123, // 54: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	124, // 55: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	86,  // 56: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
+	88,  // 57: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
+	91,  // 58: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
+	100, // 59: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	99,  // 60: warren.v1.RunRequest.gpus:type_name -> warren.v1.RunGpus
+	125, // 61: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	101, // 62: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	102, // 63: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	2,   // 64: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
+	104, // 65: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	103, // 66: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	107, // 67: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	100, // 68: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	99,  // 69: warren.v1.RunJob.gpus:type_name -> warren.v1.RunGpus
+	105, // 70: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	4,   // 71: warren.v1.BatchCreateRequest.template:type_name -> warren.v1.CreateRequest
+	9,   // 72: warren.v1.BatchCreateResponse.sandboxes:type_name -> warren.v1.Sandbox
+	126, // 73: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
+	127, // 74: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
+	112, // 75: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
+	4,   // 76: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	10,  // 77: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	11,  // 78: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	13,  // 79: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	15,  // 80: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	16,  // 81: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	17,  // 82: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	17,  // 83: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	17,  // 84: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	22,  // 85: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	24,  // 86: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	25,  // 87: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	27,  // 88: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	29,  // 89: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	32,  // 90: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	34,  // 91: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	36,  // 92: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	39,  // 93: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	41,  // 94: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	48,  // 95: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	50,  // 96: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	42,  // 97: warren.v1.SandboxService.WatchDir:input_type -> warren.v1.WatchDirRequest
+	46,  // 98: warren.v1.SandboxService.SandboxStats:input_type -> warren.v1.SandboxStatsRequest
+	67,  // 99: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	77,  // 100: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	80,  // 101: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	84,  // 102: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	87,  // 103: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	95,  // 104: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	96,  // 105: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	89,  // 106: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	94,  // 107: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	92,  // 108: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	98,  // 109: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	106, // 110: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	90,  // 111: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
+	109, // 112: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
+	53,  // 113: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	55,  // 114: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	56,  // 115: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	57,  // 116: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	59,  // 117: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	62,  // 118: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	63,  // 119: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	65,  // 120: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	68,  // 121: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	71,  // 122: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	74,  // 123: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	111, // 124: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
+	9,   // 125: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	9,   // 126: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	12,  // 127: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	14,  // 128: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	9,   // 129: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	9,   // 130: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	18,  // 131: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	19,  // 132: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	21,  // 133: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	23,  // 134: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	18,  // 135: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	26,  // 136: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	28,  // 137: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	31,  // 138: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	33,  // 139: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	35,  // 140: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	37,  // 141: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	40,  // 142: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	38,  // 143: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	49,  // 144: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	51,  // 145: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	45,  // 146: warren.v1.SandboxService.WatchDir:output_type -> warren.v1.WatchDirEvent
+	47,  // 147: warren.v1.SandboxService.SandboxStats:output_type -> warren.v1.SandboxStatsResponse
+	61,  // 148: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	78,  // 149: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	81,  // 150: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	86,  // 151: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	88,  // 152: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	97,  // 153: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	97,  // 154: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	91,  // 155: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	97,  // 156: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	93,  // 157: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	105, // 158: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	108, // 159: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	88,  // 160: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
+	110, // 161: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
+	54,  // 162: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	52,  // 163: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	52,  // 164: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	58,  // 165: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	60,  // 166: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	61,  // 167: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	64,  // 168: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	66,  // 169: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	70,  // 170: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	73,  // 171: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	75,  // 172: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	113, // 173: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
+	125, // [125:174] is the sub-list for method output_type
+	76,  // [76:125] is the sub-list for method input_type
+	76,  // [76:76] is the sub-list for extension type_name
+	76,  // [76:76] is the sub-list for extension extendee
+	0,   // [0:76] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -9046,22 +9569,26 @@ func file_warren_v1_warren_proto_init() {
 		(*ProcessEvent_Stderr)(nil),
 		(*ProcessEvent_Exit)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[74].OneofWrappers = []any{
+	file_warren_v1_warren_proto_msgTypes[42].OneofWrappers = []any{
+		(*WatchDirEvent_Started)(nil),
+		(*WatchDirEvent_File)(nil),
+	}
+	file_warren_v1_warren_proto_msgTypes[80].OneofWrappers = []any{
 		(*TrajectoryEntry_Exec)(nil),
 		(*TrajectoryEntry_WriteFile)(nil),
 		(*TrajectoryEntry_MakeDir)(nil),
 		(*TrajectoryEntry_RemoveFile)(nil),
 		(*TrajectoryEntry_Upload)(nil),
 	}
-	file_warren_v1_warren_proto_msgTypes[78].OneofWrappers = []any{}
-	file_warren_v1_warren_proto_msgTypes[83].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[84].OneofWrappers = []any{}
+	file_warren_v1_warren_proto_msgTypes[89].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   119,
+			NumEnums:      3,
+			NumMessages:   125,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

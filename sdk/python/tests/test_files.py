@@ -126,3 +126,41 @@ async def test_upload_download_directories(w: warren.AsyncWarren, tmp_path: "os.
 
         with pytest.raises(warren.NotFoundError):
             await sb.download_tar("/no/such/path")
+
+
+async def test_watch_dir(w: warren.AsyncWarren) -> None:
+    """watch_dir follows what the sandbox does in a directory (recursive
+    into one made later) and ends when the directory is removed."""
+    import asyncio
+
+    async with w.create(IMAGE) as sb:
+        await sb.mkdir("/tmp/w")
+        async with sb.watch_dir("/tmp/w", recursive=True) as watch:
+            assert watch.path == "/tmp/w"
+            await sb.exec("echo a > /tmp/w/f && mkdir -p /tmp/w/d/e && echo b > /tmp/w/d/e/g && rm /tmp/w/f")
+            want = {("f", "create"), ("f", "write"), ("f", "remove"), ("d", "create"), ("d/e/g", "create")}
+            seen = set()
+
+            async def until_seen() -> None:
+                async for ev in watch:
+                    seen.add((ev.path, ev.type))
+                    if want <= seen:
+                        return
+
+            await asyncio.wait_for(until_seen(), 60)
+            await sb.exec("rm -rf /tmp/w")
+            await asyncio.wait_for(watch.wait(), 60)  # the directory went: the watch ends
+
+
+def test_watch_dir_sync_and_stats(sw: warren.Warren) -> None:
+    """The synchronous watch_dir, and stats of a running sandbox."""
+    with sw.create(IMAGE) as sb:
+        with sb.watch_dir("/tmp") as watch:
+            sb.exec("touch /tmp/sync")
+            for ev in watch:
+                if ev.path == "sync" and ev.type == "create":
+                    break
+        st = sb.stats()
+        assert st.cpu_count >= 1 and st.cpu_usage_ns > 0
+        assert 0 < st.memory_bytes <= st.memory_limit_bytes
+        assert 0 < st.disk_used_bytes <= st.disk_bytes

@@ -433,3 +433,74 @@ def test_get_host_ports(sbx):
     while _get(host) != (200, b"hello-port\n"):
         assert time.monotonic() < deadline, _get(host)
         time.sleep(0.2)
+
+
+# The events a command's changes make in a watched directory, by name
+# relative to it (a recursive watch follows the directory made inside).
+WATCH_SCRIPT = ("echo a > {d}/f && chmod 600 {d}/f && mv {d}/f {d}/g && rm {d}/g"
+                " && mkdir -p {d}/sub/deep && echo x > {d}/sub/deep/h")
+WATCH_WANT = {("f", "create"), ("f", "write"), ("f", "chmod"), ("f", "rename"),
+              ("g", "create"), ("g", "remove"), ("sub", "create"),
+              ("sub/deep/h", "create")}
+
+
+def test_watch_dir(sbx):
+    """files.watch_dir (envd's watcher calls, which the sync SDK polls)
+    reports what a command does in the directory; a stopped watcher is
+    gone."""
+    sbx.files.make_dir("/tmp/w")
+    h = sbx.files.watch_dir("/tmp/w", recursive=True)
+    try:
+        sbx.commands.run(WATCH_SCRIPT.format(d="/tmp/w"))
+        seen = set()
+        deadline = time.monotonic() + 60
+        while not WATCH_WANT <= seen and time.monotonic() < deadline:
+            seen |= {(e.name, e.type.value) for e in h.get_new_events()}
+            time.sleep(0.2)
+        assert WATCH_WANT <= seen, WATCH_WANT - seen
+    finally:
+        h.stop()
+    with pytest.raises(SandboxException):
+        h.get_new_events()
+
+
+def test_watch_dir_stream(template):
+    """AsyncSandbox.files.watch_dir (envd's WatchDir stream): a start
+    event, then the events, to on_event."""
+    import asyncio
+    from e2b import AsyncSandbox
+
+    async def main():
+        s = await AsyncSandbox.create(template, timeout=120)
+        try:
+            await s.files.make_dir("/tmp/ws")
+            got = asyncio.Queue()
+            h = await s.files.watch_dir("/tmp/ws", on_event=got.put_nowait, recursive=True)
+            await s.commands.run(WATCH_SCRIPT.format(d="/tmp/ws"))
+            seen = set()
+            deadline = time.monotonic() + 60
+            while not WATCH_WANT <= seen:
+                e = await asyncio.wait_for(got.get(), timeout=max(0.1, deadline - time.monotonic()))
+                seen.add((e.name, e.type.value))
+            await h.stop()
+        finally:
+            await s.kill()
+
+    asyncio.run(main())
+
+
+def test_metrics(sbx):
+    """get_metrics: one point, now, of the sandbox's CPU, memory and disk;
+    none for a range that ended earlier."""
+    import datetime
+
+    sbx.commands.run("dd if=/dev/zero of=/tmp/m bs=1M count=4 2>/dev/null")
+    ms = sbx.get_metrics()
+    assert len(ms) == 1, ms
+    m = ms[0]
+    assert m.cpu_count >= 1 and 0 <= m.cpu_used_pct <= 100
+    assert 0 < m.mem_used <= m.mem_total
+    assert 0 < m.disk_used <= m.disk_total
+    assert abs(m.timestamp.timestamp() - time.time()) < 120
+    hour_ago = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+    assert sbx.get_metrics(end=hour_ago) == []

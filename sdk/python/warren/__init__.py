@@ -25,16 +25,18 @@ from ._async import (
     ExecJob,
     ExecStream,
     ImagePull,
+    DirWatch,
     ProcessAttach,
 )
 from ._retry import NO_RETRY, RetryPolicy
-from ._sync import Process, Sandbox, SandboxGroup, SyncExecStream, SyncImagePull, SyncProcessAttach, Warren
+from ._sync import Process, Sandbox, SandboxGroup, SyncExecStream, SyncImagePull, SyncDirWatch, SyncProcessAttach, Warren
 from ._types import (
     ByLabelEvent,
     ByLabelResult,
     ExecEvent,
     DownloadStats,
     ExecResult,
+    FileEvent,
     FileInfo,
     Image,
     Layer,
@@ -56,6 +58,7 @@ from ._types import (
     RunFileResult,
     RunResult,
     SandboxInfo,
+    SandboxStats,
     SecurityEvent,
     SandboxState,
     Step,
@@ -113,6 +116,7 @@ __all__ = [
     "AsyncSandboxGroup",
     "ExecStream",
     "ProcessAttach",
+    "DirWatch",
     "ImagePull",
     "ExecJob",
     "Command",
@@ -123,6 +127,7 @@ __all__ = [
     "SandboxGroup",
     "SyncExecStream",
     "SyncProcessAttach",
+    "SyncDirWatch",
     "SyncImagePull",
     "RetryPolicy",
     "NO_RETRY",
@@ -136,6 +141,8 @@ __all__ = [
     "LayerVerification",
     "PullEvent",
     "ProcessEvent",
+    "FileEvent",
+    "SandboxStats",
     "ProcessInfo",
     "Resources",
     "NetworkArg",

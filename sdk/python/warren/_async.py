@@ -55,6 +55,7 @@ from ._types import (
     DownloadStats,
     ExecEvent,
     ExecResult,
+    FileEvent,
     FileInfo,
     Image,
     Layer,
@@ -72,6 +73,7 @@ from ._types import (
     RlimitsArg,
     RunResult,
     SandboxInfo,
+    SandboxStats,
     SecurityEvent,
     SandboxState,
     Step,
@@ -2201,6 +2203,26 @@ class AsyncSandbox:
         d = await self.client._rpc(_SBX + "StatFile", {"sandboxId": self.id, "path": path}, timeout=timeout)
         return FileInfo._from_json(d)
 
+    def watch_dir(self, path: str, *, recursive: bool = False, timeout: float = 86400.0) -> "DirWatch":
+        """Follow the changes of a directory (and, with ``recursive``, of
+        every directory below it, those made later included): an async
+        iterator of :class:`FileEvent`, live. The watch is set once the
+        first event is awaited (or on ``async with``); it ends when the
+        directory is removed (the iteration stops), at ``timeout`` (seconds,
+        default a day), or when the sandbox stops running (pause,
+        hibernate, delete: :class:`UnavailableError`)::
+
+            async with sbx.watch_dir("/work", recursive=True) as w:
+                async for ev in w:
+                    print(ev.type, ev.path)
+        """
+        return DirWatch(self, {"sandboxId": self.id, "path": path, "recursive": bool(recursive)}, _positive("timeout", timeout))
+
+    async def stats(self, *, timeout: Optional[float] = None) -> SandboxStats:
+        """Read the sandbox's resource use now (it must be running)."""
+        d = await self.client._rpc(_SBX + "SandboxStats", {"sandboxId": self.id}, timeout=timeout)
+        return SandboxStats._from_json(d)
+
     async def exists(self, path: str, *, timeout: Optional[float] = None) -> bool:
         try:
             await self.stat(path, timeout=timeout)
@@ -2860,6 +2882,76 @@ class ProcessAttach(_EventStream):
             if c is not None:
                 return ProcessEvent(stream=name, data=base64.b64decode(c.get("data") or ""), offset=_int_of(c.get("offset")))
         return await self.__anext__()
+
+
+class DirWatch:
+    """A watch of a sandbox directory: an async iterator of
+    :class:`FileEvent` (see :meth:`AsyncSandbox.watch_dir`). Closing it (or
+    leaving ``async with``) ends the watch."""
+
+    def __init__(self, sandbox: AsyncSandbox, body: Dict[str, Any], timeout: float) -> None:
+        self.sandbox = sandbox
+        self._body = body
+        self._timeout = timeout
+        self._gen: Optional[AsyncIterator[Dict[str, Any]]] = None
+        self._done = False
+        #: The watched directory as the daemon resolved it, once started.
+        self.path: Optional[str] = None
+
+    async def start(self) -> None:
+        """Set the watch (wait for the daemon's started event): changes
+        made after this are seen."""
+        if self._gen is not None or self._done:
+            return
+        self._gen = self.sandbox.client._t.server_stream(_SBX + "WatchDir", self._body, timeout=self._timeout, idempotent=True)
+        msg = await self._next()
+        if msg is None or "started" not in msg:
+            await self.aclose()
+            raise UnavailableError("watch stream ended before it started", code="unavailable")
+        self.path = (msg.get("started") or {}).get("path", "")
+
+    async def _next(self) -> Optional[Dict[str, Any]]:
+        assert self._gen is not None
+        try:
+            return await self._gen.__anext__()  # type: ignore[no-any-return]
+        except StopAsyncIteration:
+            self._done = True
+            return None
+        except BaseException:
+            self._done = True
+            raise
+
+    def __aiter__(self) -> "DirWatch":
+        return self
+
+    async def __anext__(self) -> FileEvent:
+        await self.start()
+        while not self._done:
+            msg = await self._next()
+            if msg is None:
+                break
+            if "file" in msg:
+                return FileEvent._from_json(msg["file"])
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        """End the watch."""
+        self._done = True
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            await gen.aclose()  # type: ignore[attr-defined]
+
+    async def wait(self) -> None:
+        """Consume events until the watch ends."""
+        async for _ in self:
+            pass
+
+    async def __aenter__(self) -> "DirWatch":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
 
 
 def _set_pty(body: Dict[str, Any], pty: bool, rows: Optional[int], cols: Optional[int]) -> None:

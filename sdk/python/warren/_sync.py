@@ -41,6 +41,7 @@ from ._async import (
     Data,
     ExecJob,
     ExecStream,
+    DirWatch,
     ImagePull,
     ProcessAttach,
     Names,
@@ -57,6 +58,7 @@ from ._types import (
     DownloadStats,
     ExecEvent,
     ExecResult,
+    FileEvent,
     FileInfo,
     Image,
     Layer,
@@ -73,6 +75,7 @@ from ._types import (
     RlimitsArg,
     RunResult,
     SandboxInfo,
+    SandboxStats,
     SecurityEvent,
     Step,
     NodeStatus,
@@ -81,7 +84,7 @@ from ._types import (
 from .batch import BatchResult
 from .errors import WarrenError
 
-__all__ = ["Warren", "Sandbox", "Process", "SyncExecStream", "SyncImagePull", "SyncProcessAttach", "SandboxGroup"]
+__all__ = ["Warren", "Sandbox", "Process", "SyncExecStream", "SyncImagePull", "SyncProcessAttach", "SyncDirWatch", "SandboxGroup"]
 
 T = TypeVar("T")
 
@@ -912,6 +915,17 @@ class Sandbox:
     def exists(self, path: str, *, timeout: Optional[float] = None) -> bool:
         return self._run(self.aio.exists(path, timeout=timeout))
 
+    def watch_dir(self, path: str, *, recursive: bool = False, timeout: float = 86400.0) -> "SyncDirWatch":
+        """Follow a directory's changes (see :meth:`AsyncSandbox.watch_dir`):
+        an iterator of :class:`FileEvent`, set when returned; use it in a
+        ``with`` block."""
+        w = SyncDirWatch(self.client, self.aio.watch_dir(path, recursive=recursive, timeout=timeout))
+        self._run(w.aio.start())
+        return w
+
+    def stats(self, *, timeout: Optional[float] = None) -> SandboxStats:
+        return self._run(self.aio.stats(timeout=timeout))
+
     def mkdir(self, path: str, *, mode: Optional[int] = None, parents: bool = False, timeout: Optional[float] = None) -> None:
         self._run(self.aio.mkdir(path, mode=mode, parents=parents, timeout=timeout))
 
@@ -1122,6 +1136,15 @@ class SyncProcessAttach(_SyncEvents[ProcessEvent, ExecResult]):
     @property
     def result(self) -> Optional[ExecResult]:
         return self.aio.result
+
+
+class SyncDirWatch(_SyncEvents[FileEvent, None]):
+    """The synchronous directory watch: an iterator of :class:`FileEvent`
+    (see :class:`DirWatch`); closing it ends the watch."""
+
+    def __init__(self, client: Warren, aio: DirWatch) -> None:
+        super().__init__(client, aio)
+        self.aio = aio
 
 
 class SandboxGroup(Sequence[Sandbox]):

@@ -611,6 +611,56 @@ class ProcessEvent:
 
 
 @dataclass(frozen=True)
+class FileEvent:
+    """One change below a directory :meth:`AsyncSandbox.watch_dir` follows."""
+
+    path: str  #: relative to the watched directory
+    type: str  #: ``"create"``, ``"write"``, ``"remove"``, ``"rename"`` or ``"chmod"``
+    is_dir: bool = False
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "FileEvent":
+        t = str(d.get("type") or "")
+        return cls(
+            path=d.get("path", ""),
+            type=t.removeprefix("FILE_EVENT_TYPE_").lower(),
+            is_dir=bool(d.get("isDir", False)),
+        )
+
+
+@dataclass(frozen=True)
+class SandboxStats:
+    """A running sandbox's resource use when it was read
+    (:meth:`AsyncSandbox.stats`); read twice for a CPU rate."""
+
+    sampled_at_unix_ms: int = 0
+    cpu_usage_ns: int = 0  #: cumulative CPU time of its processes
+    cpu_count: int = 0  #: CPUs it may use (its quota rounded up, or the node's)
+    memory_bytes: int = 0  #: charged to it, page cache included
+    memory_cache_bytes: int = 0
+    memory_limit_bytes: int = 0
+    disk_bytes: int = 0  #: size of its writable layer's filesystem
+    disk_used_bytes: int = 0
+    pids: int = 0
+    oom_kills: int = 0
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "SandboxStats":
+        return cls(
+            sampled_at_unix_ms=_int(d.get("sampledAtUnixMs")),
+            cpu_usage_ns=_int(d.get("cpuUsageNs")),
+            cpu_count=_int(d.get("cpuCount")),
+            memory_bytes=_int(d.get("memoryBytes")),
+            memory_cache_bytes=_int(d.get("memoryCacheBytes")),
+            memory_limit_bytes=_int(d.get("memoryLimitBytes")),
+            disk_bytes=_int(d.get("diskBytes")),
+            disk_used_bytes=_int(d.get("diskUsedBytes")),
+            pids=_int(d.get("pids")),
+            oom_kills=_int(d.get("oomKills")),
+        )
+
+
+@dataclass(frozen=True)
 class DownloadStats:
     """What :meth:`AsyncSandbox.download` wrote into the local directory."""
 

@@ -104,6 +104,11 @@ const (
 	// SandboxServiceRemoveFileProcedure is the fully-qualified name of the SandboxService's RemoveFile
 	// RPC.
 	SandboxServiceRemoveFileProcedure = "/warren.v1.SandboxService/RemoveFile"
+	// SandboxServiceWatchDirProcedure is the fully-qualified name of the SandboxService's WatchDir RPC.
+	SandboxServiceWatchDirProcedure = "/warren.v1.SandboxService/WatchDir"
+	// SandboxServiceSandboxStatsProcedure is the fully-qualified name of the SandboxService's
+	// SandboxStats RPC.
+	SandboxServiceSandboxStatsProcedure = "/warren.v1.SandboxService/SandboxStats"
 	// SandboxServiceCommitSandboxProcedure is the fully-qualified name of the SandboxService's
 	// CommitSandbox RPC.
 	SandboxServiceCommitSandboxProcedure = "/warren.v1.SandboxService/CommitSandbox"
@@ -216,6 +221,17 @@ type SandboxServiceClient interface {
 	StatFile(context.Context, *connect.Request[v1.StatFileRequest]) (*connect.Response[v1.FileInfo], error)
 	MakeDir(context.Context, *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error)
 	RemoveFile(context.Context, *connect.Request[v1.RemoveFileRequest]) (*connect.Response[v1.RemoveFileResponse], error)
+	// WatchDir streams the filesystem events of a directory of the sandbox
+	// (and of every directory below it with recursive, watches added as
+	// they appear): first `started` once the watch is set, then one event
+	// per change. It ends when the call is cancelled, the directory is
+	// removed, or the sandbox leaves RUNNING (pause, hibernate, stop,
+	// delete: Unavailable). Open watches are bounded per sandbox and per
+	// node, and so are the directories one watch follows (Exhausted).
+	WatchDir(context.Context, *connect.Request[v1.WatchDirRequest]) (*connect.ServerStreamForClient[v1.WatchDirEvent], error)
+	// SandboxStats reads a running sandbox's resource use now: cumulative
+	// CPU time, memory, disk. Sampling twice gives a rate.
+	SandboxStats(context.Context, *connect.Request[v1.SandboxStatsRequest]) (*connect.Response[v1.SandboxStatsResponse], error)
 	// CommitSandbox turns the sandbox's writable layer (everything it
 	// created, changed or deleted on top of its image and layers) into the
 	// named layer `name`, replacing a layer of that name. Deletions are kept
@@ -452,6 +468,18 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("RemoveFile")),
 			connect.WithClientOptions(opts...),
 		),
+		watchDir: connect.NewClient[v1.WatchDirRequest, v1.WatchDirEvent](
+			httpClient,
+			baseURL+SandboxServiceWatchDirProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("WatchDir")),
+			connect.WithClientOptions(opts...),
+		),
+		sandboxStats: connect.NewClient[v1.SandboxStatsRequest, v1.SandboxStatsResponse](
+			httpClient,
+			baseURL+SandboxServiceSandboxStatsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SandboxStats")),
+			connect.WithClientOptions(opts...),
+		),
 		commitSandbox: connect.NewClient[v1.CommitSandboxRequest, v1.Layer](
 			httpClient,
 			baseURL+SandboxServiceCommitSandboxProcedure,
@@ -562,6 +590,8 @@ type sandboxServiceClient struct {
 	statFile          *connect.Client[v1.StatFileRequest, v1.FileInfo]
 	makeDir           *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
 	removeFile        *connect.Client[v1.RemoveFileRequest, v1.RemoveFileResponse]
+	watchDir          *connect.Client[v1.WatchDirRequest, v1.WatchDirEvent]
+	sandboxStats      *connect.Client[v1.SandboxStatsRequest, v1.SandboxStatsResponse]
 	commitSandbox     *connect.Client[v1.CommitSandboxRequest, v1.Layer]
 	listSandboxEvents *connect.Client[v1.ListSandboxEventsRequest, v1.ListSandboxEventsResponse]
 	readTrajectory    *connect.Client[v1.ReadTrajectoryRequest, v1.ReadTrajectoryResponse]
@@ -683,6 +713,16 @@ func (c *sandboxServiceClient) RemoveFile(ctx context.Context, req *connect.Requ
 	return c.removeFile.CallUnary(ctx, req)
 }
 
+// WatchDir calls warren.v1.SandboxService.WatchDir.
+func (c *sandboxServiceClient) WatchDir(ctx context.Context, req *connect.Request[v1.WatchDirRequest]) (*connect.ServerStreamForClient[v1.WatchDirEvent], error) {
+	return c.watchDir.CallServerStream(ctx, req)
+}
+
+// SandboxStats calls warren.v1.SandboxService.SandboxStats.
+func (c *sandboxServiceClient) SandboxStats(ctx context.Context, req *connect.Request[v1.SandboxStatsRequest]) (*connect.Response[v1.SandboxStatsResponse], error) {
+	return c.sandboxStats.CallUnary(ctx, req)
+}
+
 // CommitSandbox calls warren.v1.SandboxService.CommitSandbox.
 func (c *sandboxServiceClient) CommitSandbox(ctx context.Context, req *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.Layer], error) {
 	return c.commitSandbox.CallUnary(ctx, req)
@@ -798,6 +838,17 @@ type SandboxServiceHandler interface {
 	StatFile(context.Context, *connect.Request[v1.StatFileRequest]) (*connect.Response[v1.FileInfo], error)
 	MakeDir(context.Context, *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error)
 	RemoveFile(context.Context, *connect.Request[v1.RemoveFileRequest]) (*connect.Response[v1.RemoveFileResponse], error)
+	// WatchDir streams the filesystem events of a directory of the sandbox
+	// (and of every directory below it with recursive, watches added as
+	// they appear): first `started` once the watch is set, then one event
+	// per change. It ends when the call is cancelled, the directory is
+	// removed, or the sandbox leaves RUNNING (pause, hibernate, stop,
+	// delete: Unavailable). Open watches are bounded per sandbox and per
+	// node, and so are the directories one watch follows (Exhausted).
+	WatchDir(context.Context, *connect.Request[v1.WatchDirRequest], *connect.ServerStream[v1.WatchDirEvent]) error
+	// SandboxStats reads a running sandbox's resource use now: cumulative
+	// CPU time, memory, disk. Sampling twice gives a rate.
+	SandboxStats(context.Context, *connect.Request[v1.SandboxStatsRequest]) (*connect.Response[v1.SandboxStatsResponse], error)
 	// CommitSandbox turns the sandbox's writable layer (everything it
 	// created, changed or deleted on top of its image and layers) into the
 	// named layer `name`, replacing a layer of that name. Deletions are kept
@@ -1030,6 +1081,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("RemoveFile")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceWatchDirHandler := connect.NewServerStreamHandler(
+		SandboxServiceWatchDirProcedure,
+		svc.WatchDir,
+		connect.WithSchema(sandboxServiceMethods.ByName("WatchDir")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSandboxStatsHandler := connect.NewUnaryHandler(
+		SandboxServiceSandboxStatsProcedure,
+		svc.SandboxStats,
+		connect.WithSchema(sandboxServiceMethods.ByName("SandboxStats")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceCommitSandboxHandler := connect.NewUnaryHandler(
 		SandboxServiceCommitSandboxProcedure,
 		svc.CommitSandbox,
@@ -1158,6 +1221,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceMakeDirHandler.ServeHTTP(w, r)
 		case SandboxServiceRemoveFileProcedure:
 			sandboxServiceRemoveFileHandler.ServeHTTP(w, r)
+		case SandboxServiceWatchDirProcedure:
+			sandboxServiceWatchDirHandler.ServeHTTP(w, r)
+		case SandboxServiceSandboxStatsProcedure:
+			sandboxServiceSandboxStatsHandler.ServeHTTP(w, r)
 		case SandboxServiceCommitSandboxProcedure:
 			sandboxServiceCommitSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceListSandboxEventsProcedure:
@@ -1277,6 +1344,14 @@ func (UnimplementedSandboxServiceHandler) MakeDir(context.Context, *connect.Requ
 
 func (UnimplementedSandboxServiceHandler) RemoveFile(context.Context, *connect.Request[v1.RemoveFileRequest]) (*connect.Response[v1.RemoveFileResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.RemoveFile is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) WatchDir(context.Context, *connect.Request[v1.WatchDirRequest], *connect.ServerStream[v1.WatchDirEvent]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.WatchDir is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SandboxStats(context.Context, *connect.Request[v1.SandboxStatsRequest]) (*connect.Response[v1.SandboxStatsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.SandboxStats is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) CommitSandbox(context.Context, *connect.Request[v1.CommitSandboxRequest]) (*connect.Response[v1.Layer], error) {
