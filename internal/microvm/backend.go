@@ -84,6 +84,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		return nil, errdefs.Unsupportedf("microvm: a disk limit is not implemented yet (the writable layer is guest memory)")
 	case len(spec.Devices) > 0 || len(spec.Mounts) > 0:
 		return nil, errdefs.Unsupportedf("microvm: devices and host mounts are not passed into VMs")
+	case !spec.Network.IsNone():
+		// The VM has no network device: a policy that allows anything
+		// is refused, not dropped.
+		return nil, errdefs.Unsupportedf("microvm: network policy %s: VMs have no network yet (mode none only)", spec.Network)
 	case len(spec.Layers) == 0:
 		return nil, errdefs.Invalidf("microvm: no layers")
 	}

@@ -33,12 +33,7 @@ func testConfig(t *testing.T) Config {
 		t.Skipf("no mkfs.erofs: %v", err)
 	}
 	dir := t.TempDir()
-	agent := filepath.Join(dir, "warren-guest")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", agent, "github.com/warrenrl/warren/cmd/warren-guest")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the guest agent: %v: %s", err, out)
-	}
+	agent := testutil.StaticBinary(t, "./cmd/warren-guest")
 	layer := filepath.Join(dir, "busybox.erofs")
 	if out, err := exec.Command(mk.Path, layer, testutil.BusyboxRoot(t)).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.erofs: %v: %s", err, out)

@@ -1,0 +1,79 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenrl/warren/client"
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/guestkernel"
+	"github.com/warrenrl/warren/internal/testutil"
+)
+
+// TestMicroVMSandboxThroughTheAPI: with the one parameter backend
+// "microvm", a sandbox of the usual image is a QEMU microVM: exec runs in
+// its root (the image's layers) with a kernel of its own, and delete
+// leaves no QEMU and no VM directory.
+func TestMicroVMSandboxThroughTheAPI(t *testing.T) {
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skipf("no qemu-system-x86_64 (scripts/vm.sh installs it): %v", err)
+	}
+	if _, err := guestkernel.Find(guestkernel.Dir); err != nil {
+		t.Skipf("%v", err)
+	}
+	t.Parallel()
+	agent := testutil.StaticBinary(t, "./cmd/warren-guest")
+	e := newEnv(t, envOptions{serveArgs: []string{"--guest-agent", agent}})
+	ctx := ctxFor(t, 3*time.Minute)
+	sb := e.create(&warrenv1.CreateRequest{Id: "vm1", Backend: "microvm"})
+	if sb.GetBackend() != "microvm" {
+		t.Fatalf("backend %q", sb.GetBackend())
+	}
+	res, err := e.c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "vm1", Shell: "uname -r; echo out; echo err >&2; exit 7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	lines := strings.Split(string(res.GetStdout()), "\n")
+	if len(lines) < 2 || lines[0] == strings.TrimSpace(string(host)) || lines[1] != "out" || string(res.GetStderr()) != "err\n" || res.GetExitCode() != 7 {
+		t.Fatalf("exec in the VM: stdout %q stderr %q exit %d (host kernel %s)", res.GetStdout(), res.GetStderr(), res.GetExitCode(), host)
+	}
+	// What VMs cannot do yet is refused with the reason, not dropped.
+	_, err = e.c.Create(ctx, &warrenv1.CreateRequest{Id: "vm2", Image: imageName, Backend: "microvm", Network: &warrenv1.NetworkPolicy{Mode: "open"}})
+	if !client.IsUnsupported(err) || !strings.Contains(err.Error(), "no network") {
+		t.Fatalf("a microvm with an open network: %v, want unsupported", err)
+	}
+	_, err = e.c.ReadFile(ctx, &warrenv1.ReadFileRequest{SandboxId: "vm1", Path: "/etc/passwd"})
+	if !client.IsUnsupported(err) {
+		t.Fatalf("a file call on a microvm: %v, want unsupported", err)
+	}
+	if err := e.c.Delete(ctx, "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(e.stateDir, "microvm", "vms", "vm1")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, err := os.Stat(dir)
+		if os.IsNotExist(err) && !qemuRunsFor(dir) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after delete: VM directory %v, QEMU running %v", err, qemuRunsFor(dir))
+		}
+	}
+}
+
+// qemuRunsFor: a process's command line names dir.
+func qemuRunsFor(dir string) bool {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(b), dir) {
+			return true
+		}
+	}
+	return false
+}
