@@ -204,6 +204,16 @@ func serve(st net.Conn, r *reaper, hasRoot bool) {
 		_ = WriteFrame(st, KindExit, out)
 	case "exec":
 		execOne(st, br, r, req, hasRoot)
+	case "fs":
+		if req.FS == nil {
+			_ = WriteFrame(st, KindFail, []byte("fs: no call"))
+			return
+		}
+		root := "/"
+		if hasRoot {
+			root = RootDir
+		}
+		serveFS(st, br, req.FS, root)
 	default:
 		_ = WriteFrame(st, KindFail, []byte("unknown op "+req.Op))
 	}

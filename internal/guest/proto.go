@@ -14,12 +14,14 @@
 // process group.
 package guest
 
+import "github.com/warrenrl/warren/internal/sandboxfs"
+
 // PortName is the virtio-serial port the host and the agent talk over.
 const PortName = "warren"
 
 // Request is a call from the host.
 type Request struct {
-	Op   string   `json:"op"` // "ping", "exec"
+	Op   string   `json:"op"` // "ping", "exec", "fs"
 	Argv []string `json:"argv,omitempty"`
 	Env  []string `json:"env,omitempty"`
 	Dir  string   `json:"dir,omitempty"`
@@ -29,6 +31,38 @@ type Request struct {
 	Stdin  bool `json:"stdin,omitempty"`
 	Stdout bool `json:"stdout,omitempty"`
 	Stderr bool `json:"stderr,omitempty"`
+	// FS is a file call ("fs"): a method of internal/sandboxfs's FS on
+	// the sandbox's root, the same code the container backend runs on the
+	// node. WriteFile and TarIn take their data in 'i' frames up to a
+	// 'c'; ReadFile and TarOut send theirs in 'o' frames; the 'x' frame
+	// is an FSResult.
+	FS *FSCall `json:"fs,omitempty"`
+}
+
+// FSCall names a file method and its arguments.
+type FSCall struct {
+	Method    string `json:"method"` // WriteFile, ReadFile, List, Stat, Mkdir, Remove, TarOut, TarIn
+	Path      string `json:"path"`
+	Off       int64  `json:"off,omitempty"`
+	Length    int64  `json:"length,omitempty"`
+	Mode      uint32 `json:"mode,omitempty"` // a Go os.FileMode
+	Append    bool   `json:"append,omitempty"`
+	Parents   bool   `json:"parents,omitempty"`
+	Recursive bool   `json:"recursive,omitempty"`
+	PageSize  int    `json:"page_size,omitempty"`
+	Token     string `json:"token,omitempty"`
+}
+
+// FSResult is a file call's answer; Category and Error are set when it
+// failed (Category an errdefs category's name).
+type FSResult struct {
+	Size     int64                `json:"size,omitempty"`
+	EOF      bool                 `json:"eof,omitempty"`
+	Info     *sandboxfs.FileInfo  `json:"info,omitempty"`
+	Infos    []sandboxfs.FileInfo `json:"infos,omitempty"`
+	Token    string               `json:"token,omitempty"`
+	Category string               `json:"category,omitempty"`
+	Error    string               `json:"error,omitempty"`
 }
 
 // Started is a process's start: its pid in the guest.

@@ -47,9 +47,19 @@ func TestMicroVMSandboxThroughTheAPI(t *testing.T) {
 	if !client.IsUnsupported(err) || !strings.Contains(err.Error(), "no network") {
 		t.Fatalf("a microvm with an open network: %v, want unsupported", err)
 	}
-	_, err = e.c.ReadFile(ctx, &warrenv1.ReadFileRequest{SandboxId: "vm1", Path: "/etc/passwd"})
-	if !client.IsUnsupported(err) {
-		t.Fatalf("a file call on a microvm: %v, want unsupported", err)
+	// Files go through the guest agent, with the container's path rules.
+	if err := e.c.WriteFile(ctx, &warrenv1.WriteFileRequest{SandboxId: "vm1", Path: "/root/dir/f", Content: []byte("from the host"), MakeParents: true}); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.sh("vm1", "cat /root/dir/f; echo -n ' and back' >> /root/dir/f"); string(r.GetStdout()) != "from the host" {
+		t.Fatalf("the file written through the API, in the VM: %q", r.GetStdout())
+	}
+	rf, err := e.c.ReadFile(ctx, &warrenv1.ReadFileRequest{SandboxId: "vm1", Path: "/root/dir/f"})
+	if err != nil || string(rf.GetContent()) != "from the host and back" {
+		t.Fatalf("read back: %q %v", rf.GetContent(), err)
+	}
+	if _, err := e.c.ReadFile(ctx, &warrenv1.ReadFileRequest{SandboxId: "vm1", Path: "/root/none"}); !client.IsNotFound(err) {
+		t.Fatalf("read of a missing file: %v, want not found", err)
 	}
 	if err := e.c.Delete(ctx, "vm1"); err != nil {
 		t.Fatal(err)
