@@ -10,6 +10,10 @@ import (
 )
 
 func main() {
+	if guest.IsSandboxInit() {
+		guest.SandboxInitMain()
+		return
+	}
 	err := guest.Main()
 	log.Printf("warren-guest: %v", err)
 	// PID 1 must not exit (the kernel would panic before the message is

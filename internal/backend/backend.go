@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"syscall"
 	"time"
 
@@ -610,3 +611,10 @@ type StdinWriter interface {
 type PortDialer interface {
 	DialPort(ctx context.Context, port int) (net.Conn, error)
 }
+
+// idRE is what a sandbox id may be: it names directories, cgroups and
+// network devices' peers on the node.
+var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+// ValidID reports whether id may name a sandbox.
+func ValidID(id string) bool { return idRE.MatchString(id) }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/events"
 )
 
@@ -38,7 +39,7 @@ func (b *Backend) SandboxOfPid(hostPid int) (string, int, bool) {
 			break
 		}
 	}
-	if !idRE.MatchString(id) {
+	if !backend.ValidID(id) {
 		return "", 0, false
 	}
 	status, err := os.ReadFile(proc + "/status")

@@ -16,7 +16,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,8 +112,6 @@ var (
 	_ backend.OOMCounter = (*sandbox)(nil)
 	_ backend.Backlogged = (*Backend)(nil)
 )
-
-var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
 // New checks the host and returns the backend.
 func New(opts Options) (*Backend, error) {
@@ -242,7 +239,7 @@ func (b *Backend) socket(id string) string { return filepath.Join(b.runDir(id), 
 // Create builds the sandbox's root, cgroup and namespaces and starts its
 // init. Every step pushes its undo onto one cleanup stack.
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sandbox, retErr error) {
-	if !idRE.MatchString(spec.ID) {
+	if !backend.ValidID(spec.ID) {
 		return nil, errdefs.Invalidf("bad sandbox id %q", spec.ID)
 	}
 	if len(spec.Layers) == 0 {
@@ -727,7 +724,7 @@ func pinRoot(pid int) int {
 
 // Adopt reattaches to a sandbox of an earlier daemon.
 func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sandbox, error) {
-	if !idRE.MatchString(id) {
+	if !backend.ValidID(id) {
 		return nil, errdefs.Invalidf("bad sandbox id %q", id)
 	}
 	var st state

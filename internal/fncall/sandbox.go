@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -89,8 +88,6 @@ func (b *Backend) Inner(state []byte) (string, string, bool) {
 	return b.inner.Name(), r.Env, true
 }
 
-var idRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
-
 // shape is the pool key of a spec: what an environment is made with.
 func shape(spec backend.Spec) string {
 	h := sha256.New()
@@ -109,7 +106,7 @@ func shape(spec backend.Spec) string {
 
 // Create takes an environment of spec's shape and makes it the sandbox.
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sandbox, retErr error) {
-	if !idRE.MatchString(spec.ID) {
+	if !backend.ValidID(spec.ID) {
 		return nil, errdefs.Invalidf("bad sandbox id %q", spec.ID)
 	}
 	if len(spec.Layers) == 0 {
@@ -302,7 +299,7 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 	}
 	var errs []error
 	for _, e := range ents {
-		if keep[e.Name()] || !idRE.MatchString(e.Name()) {
+		if keep[e.Name()] || !backend.ValidID(e.Name()) {
 			continue
 		}
 		p := filepath.Join(b.dir, e.Name())

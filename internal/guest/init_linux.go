@@ -19,6 +19,8 @@ import (
 
 	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/errdefs"
 )
 
 // Main runs the agent as the VM's PID 1. It returns only on a failure to
@@ -32,8 +34,26 @@ func Main() error {
 	if err := loadModules("/lib/modules/order"); err != nil {
 		return err
 	}
+	if h := cmdlineString("hostname"); h != "" {
+		if err := unix.Sethostname([]byte(h)); err != nil {
+			return fmt.Errorf("set hostname: %w", err)
+		}
+	}
+	if err := loopbackUp(); err != nil {
+		return err
+	}
 	hasRoot := cmdlineInt("layers") > 0
 	if err := mountRoot(cmdlineInt("layers")); err != nil {
+		return err
+	}
+	var ns *sandboxNS
+	if hasRoot {
+		var err error
+		if ns, err = startSandboxInit(); err != nil {
+			return err
+		}
+	}
+	if err := dropBoundingCaps(); err != nil {
 		return err
 	}
 	port, err := findPort(PortName, 10*time.Second)
@@ -57,7 +77,7 @@ func Main() error {
 		if err != nil {
 			return fmt.Errorf("serve the host: %w", err)
 		}
-		go serve(st, r, hasRoot)
+		go serve(st, r, ns)
 	}
 }
 
@@ -179,7 +199,8 @@ func (r *reaper) start(cmd *exec.Cmd) (<-chan syscall.WaitStatus, error) {
 	return c, nil
 }
 
-func serve(st net.Conn, r *reaper, hasRoot bool) {
+func serve(st net.Conn, r *reaper, ns *sandboxNS) {
+	hasRoot := ns != nil
 	defer st.Close()
 	br := bufio.NewReader(st)
 	line, err := br.ReadBytes('\n')
@@ -188,7 +209,7 @@ func serve(st net.Conn, r *reaper, hasRoot bool) {
 	}
 	var req Request
 	if err := json.Unmarshal(line, &req); err != nil {
-		_ = WriteFrame(st, KindFail, []byte("bad request: "+err.Error()))
+		fail(st, errdefs.Invalid, fmt.Errorf("bad request: %w", err))
 		return
 	}
 	switch req.Op {
@@ -203,10 +224,10 @@ func serve(st net.Conn, r *reaper, hasRoot bool) {
 		out, _ := json.Marshal(Ping{Kernel: unix.ByteSliceToString(uts.Release[:]), UptimeMs: up * 1000})
 		_ = WriteFrame(st, KindExit, out)
 	case "exec":
-		execOne(st, br, r, req, hasRoot)
+		execOne(st, br, r, req, ns)
 	case "fs":
 		if req.FS == nil {
-			_ = WriteFrame(st, KindFail, []byte("fs: no call"))
+			fail(st, errdefs.Invalid, errors.New("fs: no call"))
 			return
 		}
 		root := "/"
@@ -215,22 +236,27 @@ func serve(st net.Conn, r *reaper, hasRoot bool) {
 		}
 		serveFS(st, br, req.FS, root)
 	default:
-		_ = WriteFrame(st, KindFail, []byte("unknown op "+req.Op))
+		fail(st, errdefs.Unsupported, fmt.Errorf("unknown op %q", req.Op))
 	}
 }
 
 // execOne starts req.Argv, streams its output, takes its stdin and
 // signals from the host, then sends its exit.
-func execOne(st net.Conn, br *bufio.Reader, r *reaper, req Request, hasRoot bool) {
+func execOne(st net.Conn, br *bufio.Reader, r *reaper, req Request, ns *sandboxNS) {
+	hasRoot := ns != nil
 	var wmu sync.Mutex
 	send := func(kind byte, b []byte) error {
 		wmu.Lock()
 		defer wmu.Unlock()
 		return WriteFrame(st, kind, b)
 	}
-	fail := func(err error) { _ = send(KindFail, []byte(err.Error())) }
+	failed := func(cat errdefs.Category, err error) {
+		wmu.Lock()
+		defer wmu.Unlock()
+		fail(st, cat, err)
+	}
 	if len(req.Argv) == 0 {
-		fail(errors.New("empty argv"))
+		failed(errdefs.Invalid, errors.New("empty argv"))
 		return
 	}
 	root := "/"
@@ -239,8 +265,14 @@ func execOne(st net.Conn, br *bufio.Reader, r *reaper, req Request, hasRoot bool
 	}
 	path, err := lookPath(root, req.Argv[0])
 	if err != nil {
-		fail(err)
+		failed(errdefs.NotFound, err)
 		return
+	}
+	if req.Dir != "" {
+		if fi, err := os.Stat(filepath.Join(root, req.Dir)); err != nil || !fi.IsDir() {
+			failed(errdefs.Invalid, fmt.Errorf("working directory %s: not a directory in the sandbox", req.Dir))
+			return
+		}
 	}
 	cmd := &exec.Cmd{Path: path, Args: req.Argv, Env: req.Env, Dir: req.Dir}
 	if cmd.Env == nil {
@@ -250,11 +282,8 @@ func execOne(st net.Conn, br *bufio.Reader, r *reaper, req Request, hasRoot bool
 	if req.UID != 0 || req.GID != 0 {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: req.UID, Gid: req.GID}
 	}
-	if hasRoot {
-		cmd.SysProcAttr.Chroot = RootDir
-		if cmd.Dir == "" {
-			cmd.Dir = "/"
-		}
+	if hasRoot && cmd.Dir == "" {
+		cmd.Dir = "/"
 	}
 	var closeAfter []*os.File
 	var readers []*os.File
@@ -283,7 +312,7 @@ func execOne(st net.Conn, br *bufio.Reader, r *reaper, req Request, hasRoot bool
 	outW, err2 := pipe(req.Stdout, true)
 	errW, err3 := pipe(req.Stderr, true)
 	if err = errors.Join(err, err2, err3); err != nil {
-		fail(err)
+		failed(errdefs.Exhausted, err)
 		return
 	}
 	if outW != nil {
@@ -292,7 +321,12 @@ func execOne(st net.Conn, br *bufio.Reader, r *reaper, req Request, hasRoot bool
 	if errW != nil {
 		cmd.Stderr = errW
 	}
-	done, err := r.start(cmd)
+	var done <-chan syscall.WaitStatus
+	if ns != nil {
+		err = ns.startIn(func() (err error) { done, err = r.start(cmd); return err })
+	} else {
+		done, err = r.start(cmd)
+	}
 	for _, f := range closeAfter {
 		f.Close()
 	}
@@ -303,7 +337,14 @@ func execOne(st net.Conn, br *bufio.Reader, r *reaper, req Request, hasRoot bool
 		if inW != nil {
 			inW.Close()
 		}
-		fail(err)
+		cat := errdefs.Internal
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			cat = errdefs.NotFound
+		case errors.Is(err, os.ErrPermission):
+			cat = errdefs.PermissionDenied
+		}
+		failed(cat, err)
 		return
 	}
 	pid := cmd.Process.Pid
@@ -323,7 +364,7 @@ func execOne(st net.Conn, br *bufio.Reader, r *reaper, req Request, hasRoot bool
 			_ = syscall.Kill(pid, sig)
 		}
 	}
-	b, _ := json.Marshal(Started{Pid: pid})
+	b, _ := json.Marshal(Started{Pid: nsPid(pid)})
 	_ = send(KindStarted, b)
 	// The host's frames: stdin, its end, signals. A stream the host
 	// closes kills the process group.
@@ -449,17 +490,47 @@ func mountRoot(n int) error {
 	if err := unix.Mount("overlay", RootDir, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mount the sandbox root: %w", err)
 	}
-	for _, m := range []struct{ src, dst, fs string }{
-		{"proc", RootDir + "/proc", "proc"},
-		{"devtmpfs", RootDir + "/dev", "devtmpfs"},
-		{"tmpfs", RootDir + "/tmp", "tmpfs"},
+	for _, m := range []struct {
+		src, dst, fs string
+		flags        uintptr
+	}{
+		{"proc", RootDir + "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
+		{"tmpfs", RootDir + "/dev", "tmpfs", unix.MS_NOSUID | unix.MS_NOEXEC},
+		{"tmpfs", RootDir + "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV},
+		{"sysfs", RootDir + "/sys", "sysfs", unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
 	} {
 		if err := os.MkdirAll(m.dst, 0o755); err != nil {
 			return err
 		}
-		if err := unix.Mount(m.src, m.dst, m.fs, unix.MS_NOSUID, ""); err != nil {
+		if err := unix.Mount(m.src, m.dst, m.fs, m.flags, ""); err != nil {
 			return fmt.Errorf("mount %s: %w", m.dst, err)
 		}
+	}
+	if err := makeDev(RootDir + "/dev"); err != nil {
+		return err
+	}
+	return maskProc(RootDir + "/proc")
+}
+
+// maskProc empties what tells of the kernel's memory and timers, as in a
+// container (kcore alone would feed a reader the guest's whole memory),
+// and makes proc's sys read-only.
+func maskProc(proc string) error {
+	for _, f := range []string{"kcore", "timer_list", "sched_debug", "keys"} {
+		p := proc + "/" + f
+		if _, err := os.Stat(p); err != nil {
+			continue
+		}
+		if err := unix.Mount("/dev/null", p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("mask /proc/%s: %w", f, err)
+		}
+	}
+	sys := proc + "/sys"
+	if err := unix.Mount(sys, sys, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind /proc/sys: %w", err)
+	}
+	if err := unix.Mount("", sys, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("make /proc/sys read-only: %w", err)
 	}
 	return nil
 }
@@ -484,17 +555,49 @@ func findBlock(serial string, wait time.Duration) (string, error) {
 	}
 }
 
-// cmdlineInt reads warren.KEY=N from the kernel command line.
-func cmdlineInt(key string) int {
+// cmdlineString reads warren.KEY=VALUE from the kernel command line.
+func cmdlineString(key string) string {
 	b, _ := os.ReadFile("/proc/cmdline")
 	for _, f := range strings.Fields(string(b)) {
 		if v, ok := strings.CutPrefix(f, "warren."+key+"="); ok {
-			var n int
-			fmt.Sscan(v, &n)
-			return n
+			return v
 		}
 	}
-	return 0
+	return ""
+}
+
+// cmdlineInt reads warren.KEY=N from the kernel command line.
+func cmdlineInt(key string) int {
+	var n int
+	fmt.Sscan(cmdlineString(key), &n)
+	return n
+}
+
+// loopbackUp brings lo up, as a container's network namespace has it.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("loopback: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring lo up: %w", err)
+	}
+	return nil
+}
+
+// fail sends an 'f' frame for err, with its category.
+func fail(w io.Writer, cat errdefs.Category, err error) {
+	b, _ := json.Marshal(Failure{Category: cat.String(), Error: err.Error()})
+	_ = WriteFrame(w, KindFail, b)
 }
 
 // lookPath finds name as the command would in root (where it runs
@@ -510,4 +613,70 @@ func lookPath(root, name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s: not found in PATH", name)
+}
+
+// makeDev fills the sandbox's /dev (a tmpfs) with the standard nodes, a
+// terminal filesystem and a /dev/shm, as a container's has: no disks, no
+// memory devices.
+func makeDev(dev string) error {
+	for _, n := range []struct {
+		name         string
+		major, minor uint32
+	}{{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}} {
+		if err := unix.Mknod(dev+"/"+n.name, unix.S_IFCHR|0o666, int(unix.Mkdev(n.major, n.minor))); err != nil {
+			return fmt.Errorf("make /dev/%s: %w", n.name, err)
+		}
+		_ = os.Chmod(dev+"/"+n.name, 0o666)
+	}
+	for _, d := range []string{"pts", "shm"} {
+		if err := os.Mkdir(dev+"/"+d, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("devpts", dev+"/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return fmt.Errorf("mount /dev/pts: %w", err)
+	}
+	if err := os.Symlink("pts/ptmx", dev+"/ptmx"); err != nil {
+		return err
+	}
+	if err := unix.Mount("shm", dev+"/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+		return fmt.Errorf("mount /dev/shm: %w", err)
+	}
+	for _, l := range [][2]string{{"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"}, {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}} {
+		if err := os.Symlink(l[0], dev+"/"+l[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// keptCaps bound what root in the sandbox may do, as in a container
+// (internal/container's init): files and users, nothing that reaches the
+// kernel or devices (no SYS_ADMIN, NET_ADMIN, MKNOD, NET_RAW, SYS_PTRACE).
+// The VM is the boundary; this keeps the sandbox's processes from
+// undoing what the agent set up (its mounts, its /dev).
+var keptCaps = []int{unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FSETID, unix.CAP_FOWNER, unix.CAP_SETGID, unix.CAP_SETUID,
+	unix.CAP_SETPCAP, unix.CAP_SETFCAP, unix.CAP_NET_BIND_SERVICE, unix.CAP_SYS_CHROOT, unix.CAP_KILL, unix.CAP_AUDIT_WRITE}
+
+// dropBoundingCaps drops the others from the bounding set: the agent keeps
+// its own, and every process it starts gets at most these.
+func dropBoundingCaps() error {
+	for c := 0; c <= 63; c++ {
+		keep := false
+		for _, k := range keptCaps {
+			keep = keep || k == c
+		}
+		if keep {
+			continue
+		}
+		// Capabilities are a thread's: every thread of the agent (any
+		// may fork a command) drops it.
+		if _, _, e := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); e != 0 {
+			if e == unix.EINVAL { // past the kernel's last capability
+				return nil
+			}
+			return fmt.Errorf("drop capability %d: %w", c, e)
+		}
+	}
+	return nil
 }

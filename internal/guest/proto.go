@@ -100,3 +100,10 @@ const (
 	KindCloseIn = 'c'
 	KindSignal  = 'k'
 )
+
+// Failure is an 'f' frame: why a call failed, with the errdefs category's
+// name the host gives its error.
+type Failure struct {
+	Category string `json:"category"`
+	Error    string `json:"error"`
+}

@@ -78,6 +78,8 @@ func (b *Backend) vmDir(id string) string { return filepath.Join(b.opts.StateDir
 // Create boots a VM for spec.
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbox, error) {
 	switch {
+	case !backend.ValidID(spec.ID):
+		return nil, errdefs.Invalidf("bad sandbox id %q", spec.ID)
 	case spec.Restore != "":
 		return nil, errdefs.Unsupportedf("microvm: restoring a checkpoint is not implemented yet")
 	case spec.DiskBytes > 0:
@@ -107,11 +109,19 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	if spec.CPUMillis > 1000 {
 		cpus = int((spec.CPUMillis + 999) / 1000)
 	}
-	if _, err := os.Stat(b.vmDir(spec.ID)); err == nil {
-		return nil, errdefs.Conflictf("microvm: sandbox %s exists", spec.ID)
+	// The directory is the claim on the id.
+	if err := os.Mkdir(b.vmDir(spec.ID), 0o700); err != nil {
+		if os.IsExist(err) {
+			return nil, errdefs.AlreadyExistsf("microvm: sandbox %s exists", spec.ID)
+		}
+		return nil, errdefs.Wrap(errdefs.Internal, err, "microvm: VM directory")
 	}
 	v, err := Boot(ctx, Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent,
-		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: mem, CPUs: cpus, KVM: b.opts.KVM})
+		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: mem, CPUs: cpus, KVM: b.opts.KVM,
+		Hostname: spec.Hostname, CacheDir: b.opts.StateDir})
+	if err != nil {
+		_ = os.RemoveAll(b.vmDir(spec.ID))
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -104,7 +104,7 @@ func (f vmFiles) fs(ctx context.Context, c guest.FSCall, in io.Reader, out io.Wr
 			}
 			return res, nil
 		case guest.KindFail:
-			return res, errdefs.Internalf("guest agent: %s", data)
+			return res, failure(data, "file call in the VM")
 		}
 	}
 }

@@ -61,7 +61,7 @@ func (v *VM) Start(ctx context.Context, p backend.ProcSpec) (backend.Process, er
 	case guest.KindStarted:
 	case guest.KindFail:
 		st.Close()
-		return nil, errdefs.Invalidf("start %q in the VM: %s", p.Argv[0], data)
+		return nil, failure(data, "start "+p.Argv[0]+" in the VM")
 	default:
 		st.Close()
 		return nil, errdefs.Internalf("guest agent: unexpected frame %q at start", kind)
@@ -134,7 +134,7 @@ func (p *process) demux(br *bufio.Reader, outW, errW *io.PipeWriter, vmDone <-ch
 			close(p.done)
 			return
 		case guest.KindFail:
-			p.err = errdefs.Internalf("guest agent: %s", data)
+			p.err = failure(data, "process in the VM")
 			end(nil)
 			close(p.done)
 			return
@@ -220,4 +220,13 @@ func (w *stdinWriter) Close() error {
 	var err error
 	w.closed.Do(func() { err = w.p.send(guest.KindCloseIn, nil) })
 	return err
+}
+
+// failure is the error of an 'f' frame, in its category.
+func failure(data []byte, what string) error {
+	var f guest.Failure
+	if err := json.Unmarshal(data, &f); err != nil {
+		return errdefs.Internalf("guest agent: %s: %s", what, data)
+	}
+	return errdefs.New(categoryNamed(f.Category), "%s: %s", what, f.Error)
 }

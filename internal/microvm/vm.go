@@ -59,6 +59,11 @@ type Config struct {
 	CPUs       int
 	// KVM asks for hardware virtualization; TCG otherwise.
 	KVM bool
+	// Hostname is the guest's ([a-zA-Z0-9.-], the daemon checks it).
+	Hostname string
+	// CacheDir holds the initramfs images VMs share; default: Dir's
+	// parent's parent.
+	CacheDir string
 }
 
 // VM is a running microVM.
@@ -158,6 +163,14 @@ func qemuArgs(cfg Config, initrd, port string) ([]string, error) {
 	// its timer: it is told the TSC's rate, which TCG takes from the
 	// host's (hostTSCkHz).
 	cmdline := "console=ttyS0 quiet panic=-1 tsc_early_khz=" + strconv.Itoa(hostTSCkHz()) + " warren.layers=" + strconv.Itoa(len(cfg.Layers))
+	if cfg.Hostname != "" {
+		if strings.ContainsFunc(cfg.Hostname, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-')
+		}) {
+			return nil, errdefs.Invalidf("hostname %q: letters, digits, '.' and '-' only", cfg.Hostname)
+		}
+		cmdline += " warren.hostname=" + cfg.Hostname
+	}
 	args := []string{
 		"-M", "microvm", "-accel", accel, "-cpu", "max",
 		"-smp", strconv.Itoa(cfg.CPUs),
@@ -256,7 +269,7 @@ func (v *VM) call(ctx context.Context, req guest.Request, out func(kind byte, b 
 		case guest.KindExit:
 			return json.Unmarshal(data, res)
 		case guest.KindFail:
-			return errdefs.Invalidf("guest agent: %s", data)
+			return failure(data, "guest agent")
 		}
 	}
 }
@@ -312,7 +325,7 @@ func (v *VM) consoleTail() string {
 
 // buildInitramfs writes the VM's initramfs: the agent as /init and the
 // modules it loads, with their order. Written once per content into the
-// VM directory's parent (every VM of a node boots the same one).
+// cache directory (every VM of a node boots the same one).
 func buildInitramfs(cfg Config) (string, error) {
 	mods, err := cfg.Kernel.LoadOrder(guestModules...)
 	if err != nil {
@@ -327,7 +340,11 @@ func buildInitramfs(cfg Config) (string, error) {
 		}
 		fmt.Fprintln(h, p, fi.Size(), fi.ModTime().UnixNano())
 	}
-	out := filepath.Join(filepath.Dir(cfg.Dir), "initramfs-"+hex.EncodeToString(h.Sum(nil))[:16]+".cpio")
+	cache := cfg.CacheDir
+	if cache == "" {
+		cache = filepath.Dir(filepath.Dir(cfg.Dir))
+	}
+	out := filepath.Join(cache, "initramfs-"+hex.EncodeToString(h.Sum(nil))[:16]+".cpio")
 	if _, err := os.Stat(out); err == nil {
 		return out, nil
 	}
