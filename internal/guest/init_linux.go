@@ -52,6 +52,9 @@ func Main() error {
 		if ns, err = startSandboxInit(); err != nil {
 			return err
 		}
+		if ns.cgroup, err = sandboxCgroup(int64(cmdlineInt("memory")), int64(cmdlineInt("pids"))); err != nil {
+			return err
+		}
 	}
 	if err := dropBoundingCaps(); err != nil {
 		return err
@@ -323,6 +326,10 @@ func execOne(st net.Conn, br *bufio.Reader, r *reaper, req Request, ns *sandboxN
 	}
 	var done <-chan syscall.WaitStatus
 	if ns != nil {
+		// Straight into the sandbox's cgroup (clone3 CLONE_INTO_CGROUP):
+		// its limits hold from the first instruction.
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(ns.cgroup.Fd())
 		err = ns.startIn(func() (err error) { done, err = r.start(cmd); return err })
 	} else {
 		done, err = r.start(cmd)

@@ -38,6 +38,7 @@ func IsSandboxInit() bool {
 // sandboxNS is warren-init's namespaces, opened once.
 type sandboxNS struct {
 	pid, mnt *os.File
+	cgroup   *os.File // the sandbox's cgroup directory (sandboxCgroup)
 }
 
 // startSandboxInit starts warren-init in new pid and mount namespaces
@@ -96,7 +97,9 @@ func SandboxInitMain() {
 		fmt.Fprint(ready, err.Error())
 		os.Exit(1)
 	}
+	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 	if name, err := unix.BytePtrFromString("warren-init"); err == nil {
+		_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 		_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(name)), 0, 0, 0)
 	}
 	ready.Close()
@@ -184,4 +187,37 @@ func nsPid(pid int) int {
 		}
 	}
 	return pid
+}
+
+// sandboxCgroup makes the sandbox's cgroup (v2, in the guest) with its
+// memory and pids limits (0: none) and returns its directory. The agent
+// and warren-init stay out of it, so the OOM killer the limit wakes
+// takes the sandbox's processes, never what serves the host; warren-init
+// is also exempt from the guest's own OOM killer.
+func sandboxCgroup(memory, pids int64) (*os.File, error) {
+	const root = "/sys/fs/cgroup"
+	if err := unix.Mount("cgroup2", root, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil && err != unix.EBUSY {
+		return nil, fmt.Errorf("mount cgroup2: %w", err)
+	}
+	if err := os.WriteFile(root+"/cgroup.subtree_control", []byte("+memory +pids +cpu"), 0); err != nil {
+		return nil, fmt.Errorf("enable cgroup controllers: %w", err)
+	}
+	dir := root + "/sandbox"
+	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+		return nil, err
+	}
+	if memory > 0 {
+		if err := os.WriteFile(dir+"/memory.max", []byte(strconv.FormatInt(memory, 10)), 0); err != nil {
+			return nil, fmt.Errorf("memory limit: %w", err)
+		}
+		// No swap in the guest, but say it.
+		_ = os.WriteFile(dir+"/memory.swap.max", []byte("0"), 0)
+	}
+	if pids > 0 {
+		if err := os.WriteFile(dir+"/pids.max", []byte(strconv.FormatInt(pids, 10)), 0); err != nil {
+			return nil, fmt.Errorf("pids limit: %w", err)
+		}
+	}
+	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
+	return os.Open(dir)
 }

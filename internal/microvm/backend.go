@@ -20,6 +20,10 @@ import (
 // Name is the backend's name in CreateRequest.backend.
 const Name = "microvm"
 
+// guestOverheadMB is the memory a VM has beyond its sandbox's limit: the
+// guest kernel and its page cache, the agent, warren-init.
+const guestOverheadMB = 96
+
 // Options configure the backend.
 type Options struct {
 	StateDir   string // the backend's directory: vms/<id>/ and initramfs images
@@ -101,9 +105,12 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		}
 		layers = append(layers, l.Blob)
 	}
-	mem := 256
+	// The VM holds the sandbox's memory limit and what the guest needs
+	// of its own (kernel, agent: guestOverheadMB); the limit itself is the
+	// sandbox's cgroup's in the guest.
+	mem := 256 + guestOverheadMB
 	if spec.MemoryBytes > 0 {
-		mem = int(max(spec.MemoryBytes>>20, 64))
+		mem = int(spec.MemoryBytes>>20) + guestOverheadMB
 	}
 	cpus := 1
 	if spec.CPUMillis > 1000 {
@@ -118,7 +125,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	}
 	v, err := Boot(ctx, Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent,
 		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: mem, CPUs: cpus, KVM: b.opts.KVM,
-		Hostname: spec.Hostname, CacheDir: b.opts.StateDir})
+		Hostname: spec.Hostname, CacheDir: b.opts.StateDir, SandboxMemory: spec.MemoryBytes, SandboxPids: spec.PidsMax})
 	if err != nil {
 		_ = os.RemoveAll(b.vmDir(spec.ID))
 	}

@@ -64,6 +64,10 @@ type Config struct {
 	// CacheDir holds the initramfs images VMs share; default: Dir's
 	// parent's parent.
 	CacheDir string
+	// SandboxMemory and SandboxPids limit the sandbox's processes in the
+	// guest (its cgroup), 0 for none; the VM's memory must hold them and
+	// the guest's kernel and agent.
+	SandboxMemory, SandboxPids int64
 }
 
 // VM is a running microVM.
@@ -163,6 +167,12 @@ func qemuArgs(cfg Config, initrd, port string) ([]string, error) {
 	// its timer: it is told the TSC's rate, which TCG takes from the
 	// host's (hostTSCkHz).
 	cmdline := "console=ttyS0 quiet panic=-1 tsc_early_khz=" + strconv.Itoa(hostTSCkHz()) + " warren.layers=" + strconv.Itoa(len(cfg.Layers))
+	if cfg.SandboxMemory > 0 {
+		cmdline += " warren.memory=" + strconv.FormatInt(cfg.SandboxMemory, 10)
+	}
+	if cfg.SandboxPids > 0 {
+		cmdline += " warren.pids=" + strconv.FormatInt(cfg.SandboxPids, 10)
+	}
 	if cfg.Hostname != "" {
 		if strings.ContainsFunc(cfg.Hostname, func(r rune) bool {
 			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-')
