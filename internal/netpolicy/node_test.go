@@ -132,6 +132,24 @@ func echo(c net.Conn) error {
 	return err
 }
 
+// reachesWithin is reaches for a path that must be open: the dial and
+// the echo get 5 s, so that a SYN or segment lost on a loaded machine
+// (retransmitted after 1 s) does not read as a closed path.
+func reachesWithin(ns netns.NsHandle, addr netip.Addr, port int) error {
+	c, err := connect(ns, addr, port)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("ping\n")); err != nil {
+		return err
+	}
+	buf := make([]byte, 5)
+	_, err = io.ReadFull(c, buf)
+	return err
+}
+
 func reaches(ns netns.NsHandle, addr netip.Addr, port int) error {
 	c, err := dial(ns, addr, port)
 	if err != nil {
@@ -170,10 +188,10 @@ func TestOpenReachesTestHostThroughNAT(t *testing.T) {
 
 	seenc := make(chan netip.Addr, 1)
 	srcPort := listenRecordingSource(t, th, seenc)
-	if err := reaches(nsA, th.addr, port); err != nil {
+	if err := reachesWithin(nsA, th.addr, port); err != nil {
 		t.Fatalf("open sandbox does not reach the test host: %v", err)
 	}
-	if err := reaches(nsA, th.addr, srcPort); err != nil {
+	if err := reachesWithin(nsA, th.addr, srcPort); err != nil {
 		t.Fatal(err)
 	}
 	if seen := <-seenc; seen != th.gw {
@@ -234,7 +252,7 @@ func TestAllowlistOnlyAllowedHostPort(t *testing.T) {
 	pid := sandboxProc(t)
 	mustAttach(t, n, "al", pid, Policy{Mode: Allowlist, Allow: []Rule{allow(th.addr.String()+"/32", uint16(p1), "tcp")}})
 	ns := nsOf(t, pid)
-	if err := reaches(ns, th.addr, p1); err != nil {
+	if err := reachesWithin(ns, th.addr, p1); err != nil {
 		t.Errorf("allowed host:port unreachable: %v", err)
 	}
 	if err := reaches(ns, th.addr, p2); err == nil {
@@ -277,7 +295,7 @@ func TestPolicyChangeCutsEstablished(t *testing.T) {
 	if !errors.Is(err, syscall.ECONNRESET) {
 		t.Logf("cut with %v (want a reset)", err)
 	}
-	if err := reaches(ns, other.addr, port2); err != nil {
+	if err := reachesWithin(ns, other.addr, port2); err != nil {
 		t.Errorf("new connection the new policy allows fails: %v", err)
 	}
 	if err := reaches(ns, th.addr, port); err == nil {
@@ -287,7 +305,7 @@ func TestPolicyChangeCutsEstablished(t *testing.T) {
 	if err := n.SetPolicy("ph", pid, a, Policy{Mode: Open}); err != nil {
 		t.Fatal(err)
 	}
-	if err := reaches(ns, th.addr, port); err != nil {
+	if err := reachesWithin(ns, th.addr, port); err != nil {
 		t.Errorf("after reopening: %v", err)
 	}
 }
@@ -498,13 +516,13 @@ func TestGroupMembersReachOnlyEachOther(t *testing.T) {
 	_, ipB := n.Addrs(aB.Index)
 	_, ipC := n.Addrs(aC.Index)
 	pA, pB, pC := listen(t, nsA, "0.0.0.0:0"), listen(t, nsB, "0.0.0.0:0"), listen(t, nsC, "0.0.0.0:0")
-	if err := reaches(nsA, ipB, pB); err != nil {
+	if err := reachesWithin(nsA, ipB, pB); err != nil {
 		t.Errorf("member a does not reach member b: %v", err)
 	}
-	if err := reaches(nsB, ipA, pA); err != nil {
+	if err := reachesWithin(nsB, ipA, pA); err != nil {
 		t.Errorf("member b does not reach member a: %v", err)
 	}
-	if err := reaches(nsB, th.addr, thPort); err != nil {
+	if err := reachesWithin(nsB, th.addr, thPort); err != nil {
 		t.Errorf("member b in mode open does not reach the test host: %v", err)
 	}
 	for what, err := range map[string]error{
