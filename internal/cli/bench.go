@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -58,7 +59,7 @@ result to stdout, as a table or (--json) one JSON object.`,
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
 		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchHardeningCommand(&bf),
 		newBenchNetworkCommand(&bf), newBenchNetClientCommand(), newBenchHibernateCommand(&bf), newBenchTrajectoryCommand(&bf), newBenchFnCallCommand(&bf),
-		newBenchSchedCommand(&bf), newBenchE2BCommand(&bf))
+		newBenchSchedCommand(&bf), newBenchE2BCommand(&bf), newBenchVMCommand(&bf))
 	return c
 }
 
@@ -704,4 +705,51 @@ func e2bBenchDoor() (addr, keyFile, key string, err error) {
 		err = cerr
 	}
 	return addr, f.Name(), key, err
+}
+
+// newBenchVMCommand boots microVMs directly (internal/microvm): no daemon.
+func newBenchVMCommand(bf *benchFlags) *cobra.Command {
+	cfg := bench.VMConfig{}
+	c := &cobra.Command{
+		Use:   "vm [--n 10] [--idle 4] [--guest-agent PATH]",
+		Short: "MicroVM boot to agent ready against the bare kernel boot, and idle host memory per VM",
+		Long: `Boot microVMs (QEMU -M microvm, the guest kernel scripts/vm.sh installs,
+Warren's guest agent, a busybox EROFS layer) one after another and time
+each to its agent's first answer; then hold --idle of them at once and read
+QEMU's Pss of each. With --peers (the default) the same QEMU and kernel boot
+an init that powers off at once: the floor.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cfg.N < 1 || cfg.Idle < 0 {
+				return errors.New("--n must be positive and --idle not negative")
+			}
+			if cfg.GuestAgent == "" {
+				exe, err := os.Executable()
+				if err != nil {
+					return err
+				}
+				cfg.GuestAgent = filepath.Join(filepath.Dir(exe), "warren-guest")
+			}
+			cfg.Peers = bf.peers
+			var progress io.Writer
+			if !bf.quiet {
+				progress = cmd.ErrOrStderr()
+			}
+			rep, err := bench.RunVM(cmd.Context(), cfg, progress)
+			if err != nil {
+				return err
+			}
+			if bf.jsonFile != "" {
+				if err := writeJSONFile(bf.jsonFile, rep); err != nil {
+					return err
+				}
+			}
+			return writeReport(cmd, rep)
+		},
+	}
+	f := c.Flags()
+	f.IntVar(&cfg.N, "n", 10, "measured boots (and floor boots)")
+	f.IntVar(&cfg.Idle, "idle", 4, "VMs held idle at once for the memory reading")
+	f.StringVar(&cfg.GuestAgent, "guest-agent", "", "the guest agent (default: warren-guest beside this binary)")
+	return c
 }

@@ -165,8 +165,8 @@ func qemuArgs(cfg Config, initrd, port string) ([]string, error) {
 	// -M microvm has no HPET, and under TCG on a loaded node the guest
 	// fails to calibrate its TSC against the PIT, then hangs calibrating
 	// its timer: it is told the TSC's rate, which TCG takes from the
-	// host's (hostTSCkHz).
-	cmdline := "console=ttyS0 quiet panic=-1 tsc_early_khz=" + strconv.Itoa(hostTSCkHz()) + " warren.layers=" + strconv.Itoa(len(cfg.Layers))
+	// host's (HostTSCkHz).
+	cmdline := "console=ttyS0 quiet panic=-1 tsc_early_khz=" + strconv.Itoa(HostTSCkHz()) + " warren.layers=" + strconv.Itoa(len(cfg.Layers))
 	if cfg.SandboxMemory > 0 {
 		cmdline += " warren.memory=" + strconv.FormatInt(cfg.SandboxMemory, 10)
 	}
@@ -391,9 +391,9 @@ func buildInitramfs(cfg Config) (string, error) {
 	return out, nil
 }
 
-// hostTSCkHz is the node's TSC rate as /proc/cpuinfo gives it ("cpu
+// HostTSCkHz is the node's TSC rate as /proc/cpuinfo gives it ("cpu
 // MHz"; constant-rate TSCs tick at it), or 2 GHz where it says nothing.
-func hostTSCkHz() int {
+func HostTSCkHz() int {
 	b, _ := os.ReadFile("/proc/cpuinfo")
 	for _, line := range strings.Split(string(b), "\n") {
 		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "cpu MHz" {
