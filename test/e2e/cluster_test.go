@@ -165,7 +165,18 @@ func (cl *cluster) gwLogs() string {
 	return b.String()
 }
 
-func newCluster(t *testing.T) *cluster {
+// clusterOptions vary newCluster's cluster.
+type clusterOptions struct {
+	// noCap leaves node1 without its --max-sandboxes of 3, so that the
+	// three nodes are alike.
+	noCap bool
+}
+
+func newCluster(t *testing.T, opts ...clusterOptions) *cluster {
+	var o clusterOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
 	t.Helper()
 	testutil.RequireRoot(t)
 	bin := testutil.StaticBinary(t, "./cmd/warren")
@@ -205,7 +216,7 @@ func newCluster(t *testing.T) *cluster {
 			"--gossip", gossip[i], "--join", strings.Join(gwGossip, ","), "--gossip-key-file", keyF,
 			"--userns-ids", usernsIDs(),
 		}
-		if i == 1 {
+		if i == 1 && !o.noCap {
 			args = append(args, "--max-sandboxes", "3") // placement must honour it
 		}
 		cl.nodes = append(cl.nodes, newEnv(t, envOptions{bin: bin, serveArgs: args, netns: nsf, noImport: i > 0}))
