@@ -126,4 +126,3 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 		time.Sleep(100 * time.Millisecond)
 	}
 }
-
