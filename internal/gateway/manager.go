@@ -133,6 +133,17 @@ func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*war
 		}
 		return call(ctx, n, n.sb.Create, req)
 	}
+	if req.GetRetry() {
+		n, err := g.madeBefore(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		if n != nil {
+			// The node answers with the sandbox the first attempt made
+			// (or makes it, if that one failed).
+			return call(ctx, n, n.sb.Create, req)
+		}
+	}
 	r := g.placeRequest(ctx, req)
 	// A node that died since its last report refuses the connection: the
 	// create never reached it, so it is placed again elsewhere (the node
@@ -162,6 +173,70 @@ func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*war
 		}
 		return res.Msg, nil
 	}
+}
+
+// madeBefore finds the node of the sandbox an earlier attempt of a
+// create sent again may have made: by the request's id, or by the id its
+// idempotency key gives on each node (daemon.IDForKey), asking every up
+// node at once. Placement is not deterministic and the attempt may have
+// gone through another gateway, so only the nodes know. A down node that
+// last listed that sandbox makes the create fail Unavailable rather than
+// make a second one elsewhere.
+func (g *Gateway) madeBefore(ctx context.Context, req *warrenv1.CreateRequest) (*node, error) {
+	idOn := func(n *node) string {
+		if req.GetId() != "" {
+			return req.GetId()
+		}
+		if req.GetIdempotencyKey() == "" || n.tag == "" {
+			return ""
+		}
+		return daemon.IDForKey(n.tag, req.GetIdempotencyKey())
+	}
+	ch := make(chan *node, 1)
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		unsure error
+	)
+	for _, n := range g.nodes.all() {
+		id := idOn(n)
+		if id == "" {
+			continue
+		}
+		if !n.isUp() {
+			if n.knows(id) != nil {
+				return nil, n.downErr("sandbox " + id + " of this create")
+			}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := n.sb.Get(ctx, connect.NewRequest(&warrenv1.GetRequest{Id: id}))
+			switch {
+			case err == nil:
+				select {
+				case ch <- n:
+				default:
+				}
+			case connect.CodeOf(err) != connect.CodeNotFound:
+				mu.Lock()
+				unsure = n.err(err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case n := <-ch:
+		return n, nil
+	default:
+	}
+	if unsure != nil {
+		// That node may have it: placing it elsewhere could make two.
+		return nil, errdefs.Wrap(errdefs.Unavailable, unsure, "look for the sandbox of an earlier attempt of this create")
+	}
+	return nil, nil
 }
 
 // createRetries bounds the placements of one create on nodes that
