@@ -743,7 +743,8 @@ func (g *Gateway) placeJob(ctx context.Context, image string) (*node, func(), er
 }
 
 // TarOut and the other plain-HTTP calls go through the node's own
-// endpoints with the Go client.
+// endpoints with the Go client. A download the owner answers NotFound
+// before any data follows the sandbox where it moved, as bySandbox does.
 func (g *Gateway) TarOut(ctx context.Context, id, path string, w io.Writer) error {
 	n, err := g.owner(ctx, id)
 	if err != nil {
@@ -751,7 +752,15 @@ func (g *Gateway) TarOut(ctx context.Context, id, path string, w io.Writer) erro
 	}
 	rc, err := n.c.Download(ctx, id, path)
 	if err != nil {
-		return clientErr(n, err)
+		err = clientErr(n, err)
+		m := g.moved(ctx, id, n, err)
+		if m == nil {
+			return err
+		}
+		n = m
+		if rc, err = n.c.Download(ctx, id, path); err != nil {
+			return clientErr(n, err)
+		}
 	}
 	defer rc.Close()
 	if _, err := io.Copy(w, rc); err != nil {
@@ -760,8 +769,24 @@ func (g *Gateway) TarOut(ctx context.Context, id, path string, w io.Writer) erro
 	return nil
 }
 
-func (g *Gateway) TarIn(ctx context.Context, id, path string, r io.Reader) error {
+// uploadNode is the node an upload to sandbox id goes to: its owner, or
+// the node it moved to. An upload's body is a stream the gateway cannot
+// send twice, so the owner is asked first (a Get) rather than after a
+// NotFound that may have taken part of the body.
+func (g *Gateway) uploadNode(ctx context.Context, id string) (*node, error) {
 	n, err := g.owner(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	_, err = call(ctx, n, n.sb.Get, &warrenv1.GetRequest{Id: id})
+	if m := g.moved(ctx, id, n, err); m != nil {
+		return m, nil
+	}
+	return n, nil // the upload reports any error of the owner's
+}
+
+func (g *Gateway) TarIn(ctx context.Context, id, path string, r io.Reader) error {
+	n, err := g.uploadNode(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -769,7 +794,7 @@ func (g *Gateway) TarIn(ctx context.Context, id, path string, r io.Reader) error
 }
 
 func (g *Gateway) TarInStep(ctx context.Context, id, path, session string, seq uint64, r io.Reader) (uint64, bool, error) {
-	n, err := g.owner(ctx, id)
+	n, err := g.uploadNode(ctx, id)
 	if err != nil {
 		return 0, false, err
 	}

@@ -170,6 +170,10 @@ type clusterOptions struct {
 	// noCap leaves node1 without its --max-sandboxes of 3, so that the
 	// three nodes are alike.
 	noCap bool
+	// checkpoints gives the nodes a shared checkpoint directory (a tmpfs
+	// the test mounts), so that a sandbox hibernated on one is restored
+	// on another.
+	checkpoints bool
 }
 
 func newCluster(t *testing.T, opts ...clusterOptions) *cluster {
@@ -190,6 +194,17 @@ func newCluster(t *testing.T, opts ...clusterOptions) *cluster {
 		t.Fatal(err)
 	}
 	store := filepath.Join(dir, "images")
+	var ck string
+	if o.checkpoints {
+		ck = filepath.Join(dir, "checkpoints")
+		if err := os.Mkdir(ck, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("tmpfs", ck, "tmpfs", 0, "size=1g,mode=0700"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(ck, unix.MNT_DETACH) })
+	}
 	gossip := []string{}
 	for range 3 {
 		h := testutil.NewTestHost(t)
@@ -215,6 +230,9 @@ func newCluster(t *testing.T, opts ...clusterOptions) *cluster {
 			"--node-name", fmt.Sprintf("node%d", i),
 			"--gossip", gossip[i], "--join", strings.Join(gwGossip, ","), "--gossip-key-file", keyF,
 			"--userns-ids", usernsIDs(),
+		}
+		if ck != "" {
+			args = append(args, "--checkpoint-dir", ck)
 		}
 		if i == 1 && !o.noCap {
 			args = append(args, "--max-sandboxes", "3") // placement must honour it
