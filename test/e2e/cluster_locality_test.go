@@ -18,8 +18,8 @@ import (
 // TestClusterPlacementFollowsImageLayers checks image locality end to
 // end: a node reports the layers it has mounted, both gateways read the
 // reports, and creates of an image only one node has go to that node
-// through either gateway; a burst of an image no node has is spread over
-// the nodes instead of following its first placement.
+// through either gateway while it has room; a burst of an image no node
+// has is spread over the nodes instead of following its first placement.
 func TestClusterPlacementFollowsImageLayers(t *testing.T) {
 	cl := newCluster(t, clusterOptions{noCap: true})
 	ctx := ctxFor(t, 5*time.Minute)
@@ -51,7 +51,7 @@ func TestClusterPlacementFollowsImageLayers(t *testing.T) {
 		t.Fatal(err)
 	}
 	mem := st.Msg.GetNodes()[0].GetMemoryBytes() * 4 / 24
-	create := func(c *client.Client, image, node string) *warrenv1.Sandbox {
+	create := func(c *client.Client, image, node string, mem int64) *warrenv1.Sandbox {
 		t.Helper()
 		sb, err := c.Create(ctx, &warrenv1.CreateRequest{Image: image, Node: node, Labels: map[string]string{"job": "loc"},
 			Resources: &warrenv1.Resources{MemoryBytes: mem}})
@@ -63,7 +63,7 @@ func TestClusterPlacementFollowsImageLayers(t *testing.T) {
 
 	// node1 gets loca's layers mounted by a sandbox of it, and reports
 	// them to both gateways.
-	create(gws[0], "loca", "node1")
+	create(gws[0], "loca", "node1", mem)
 	for _, g := range cl.gws {
 		waitFor(t, 30*time.Second, "gateway "+g.name+" to see loca's layers on node1 alone", func() bool {
 			up, err := g.nodesUp(ctx)
@@ -83,7 +83,7 @@ func TestClusterPlacementFollowsImageLayers(t *testing.T) {
 	// Creates of loca through either gateway go to node1, though the
 	// other nodes are emptier.
 	for i := range 4 {
-		if sb := create(gws[i%2], "loca", ""); sb.GetNode() != "node1" {
+		if sb := create(gws[i%2], "loca", "", mem); sb.GetNode() != "node1" {
 			t.Fatalf("create %d of loca, which only node1 has, went to %s", i, sb.GetNode())
 		}
 	}
@@ -102,6 +102,14 @@ func TestClusterPlacementFollowsImageLayers(t *testing.T) {
 	t.Logf("locb placed as %v", per)
 	if len(per) < 2 {
 		t.Errorf("6 sandboxes of a new image all on one node: %v", per)
+	}
+
+	// Locality yields to capacity: a sandbox of loca asking for more
+	// memory than node1 has left under over-commit (it holds 5/24 of it)
+	// goes to a node without the image (the other two hold 6/24 between
+	// them, so one has room).
+	if sb := create(gws[0], "loca", "", mem*20); sb.GetNode() == "node1" {
+		t.Fatalf("a sandbox of loca too large for node1 went there")
 	}
 
 	all, err := gws[0].List(ctx, map[string]string{"job": "loc"})
