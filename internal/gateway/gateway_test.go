@@ -34,6 +34,8 @@ type peer struct {
 	srv       *http.Server
 	images    map[string][]string
 	imageGets int
+	refuse    bool // Create answers Exhausted
+	creates   int
 	imageGate chan struct{}
 }
 
@@ -54,6 +56,10 @@ func newPeer(t *testing.T, name string) *peer {
 func (p *peer) Create(_ context.Context, r *connect.Request[warrenv1.CreateRequest]) (*connect.Response[warrenv1.Sandbox], error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.creates++
+	if p.refuse {
+		return nil, server.ToConnectError(errdefs.Exhaustedf("the node's disk is below its reserve"))
+	}
 	p.seq++
 	id := p.tag + fmt.Sprintf("%012d", p.seq)
 	if r.Msg.GetId() != "" {
@@ -457,5 +463,51 @@ func TestImageLayersRefreshedInBackground(t *testing.T) {
 			t.Fatalf("layers not refreshed: %+v", e)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A node that refuses creates (Exhausted: its disk below the reserve,
+// which its report does not say) costs a create one more placement, not
+// the create: the gateway places it elsewhere and skips that node until
+// its next report.
+func TestCreateRefusedByAFullNodeIsPlacedElsewhere(t *testing.T) {
+	full, ok := newPeer(t, "n0"), newPeer(t, "n1")
+	full.refuse = true
+	ms := &staticMembers{}
+	for _, p := range []*peer{full, ok} {
+		ms.m = append(ms.m, membership.Member{Name: p.name, Meta: membership.Meta{Role: membership.RoleNode, API: p.url, Tag: p.tag}})
+	}
+	// Reports far apart: the skip lasts until the next one.
+	g := New(Options{Name: "gw", Members: ms, PullInterval: time.Hour})
+	defer g.Close()
+	waitUp(t, g, 2)
+	ctx := context.Background()
+	for i := range 10 {
+		sb, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img"})
+		if err != nil || sb.GetNode() != "n1" {
+			t.Fatalf("create %d with n0 refusing: %v %v", i, sb, err)
+		}
+	}
+	full.mu.Lock()
+	tried := full.creates
+	full.mu.Unlock()
+	if tried > 1 {
+		t.Fatalf("the refusing node was sent %d creates, want at most 1", tried)
+	}
+	// Back at its next report.
+	full.mu.Lock()
+	full.refuse = false
+	full.mu.Unlock()
+	g.Refresh()
+	seen := map[string]bool{}
+	for range 20 {
+		sb, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[sb.GetNode()] = true
+	}
+	if !seen["n0"] {
+		t.Fatalf("n0 got no create after its report: %v", seen)
 	}
 }

@@ -165,6 +165,15 @@ func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*war
 				g.markDown(n, "refused a connection")
 				continue
 			}
+			if full(err) && try < createRetries {
+				// The node takes no sandbox now for a reason its report
+				// does not carry (its disk below the reserve): placement
+				// skips it until its next report, and this create goes
+				// elsewhere.
+				g.placer.Down(name)
+				g.log.Warn("node refused a create: skipped until its next report", "node", name, "err", err)
+				continue
+			}
 			return nil, n.err(err)
 		}
 		g.recent.add(res.Msg.GetId(), name, r)
@@ -240,8 +249,14 @@ func (g *Gateway) madeBefore(ctx context.Context, req *warrenv1.CreateRequest) (
 }
 
 // createRetries bounds the placements of one create on nodes that
-// refuse connections.
+// refuse connections or creates.
 const createRetries = 2
+
+// full reports a node's answer that it takes no sandbox now (Exhausted).
+func full(err error) bool {
+	var ce *connect.Error
+	return errors.As(err, &ce) && ce.Meta().Get(server.CategoryHeader) == errdefs.Exhausted.String()
+}
 
 // refused reports an error of a call that never reached the node: no
 // connection, or (EPIPE) a kept-alive one the node closed before the
