@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -107,9 +108,19 @@ func TestClusterPlacementFollowsImageLayers(t *testing.T) {
 	// Locality yields to capacity: a sandbox of loca asking for more
 	// memory than node1 has left under over-commit (it holds 5/24 of it)
 	// goes to a node without the image (the other two hold 6/24 between
-	// them, so one has room).
+	// them, so one has room). gw0 counts the creates gw1 made once node1
+	// reports them.
+	waitFor(t, 30*time.Second, "gateway gw0 to see node1's 5 sandboxes", func() bool {
+		up, err := cl.gws[0].nodesUp(ctx)
+		return err == nil && up["node1"].GetSandboxes() == 5
+	})
 	if sb := create(gws[0], "loca", "", mem*20); sb.GetNode() == "node1" {
-		t.Fatalf("a sandbox of loca too large for node1 went there")
+		up, err := cl.gws[0].nodesUp(ctx)
+		var seen []string
+		for name, n := range up {
+			seen = append(seen, fmt.Sprintf("%s: %d sandboxes, %d/%d bytes", name, n.GetSandboxes(), n.GetAllocMemoryBytes(), n.GetMemoryBytes()*4))
+		}
+		t.Fatalf("a sandbox of loca too large for node1 (%d bytes) went there; gateway gw0 sees %v (%v)", mem*20, seen, err)
 	}
 
 	all, err := gws[0].List(ctx, map[string]string{"job": "loc"})
