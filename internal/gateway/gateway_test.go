@@ -240,6 +240,28 @@ func waitUp(t *testing.T, g *Gateway, n int) {
 	}
 }
 
+// waitPlaceable waits until placement knows n nodes up: a node is marked
+// up just before its report reaches the placer.
+func waitPlaceable(t *testing.T, g *Gateway, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		up := 0
+		for _, s := range g.placer.Nodes() {
+			if !s.Down {
+				up++
+			}
+		}
+		if up == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d nodes up in placement, want %d", up, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func httpMux(p *peer) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle(warrenv1connect.NewSandboxServiceHandler(p))
@@ -422,7 +444,7 @@ func TestImageLayersRefreshedInBackground(t *testing.T) {
 	ms := &staticMembers{m: []membership.Member{{Name: p.name, Meta: membership.Meta{Role: membership.RoleNode, API: p.url, Tag: p.tag}}}}
 	g := New(Options{Name: "gw", Members: ms, PullInterval: 50 * time.Millisecond})
 	defer g.Close()
-	waitUp(t, g, 1)
+	waitPlaceable(t, g, 1)
 	ctx := context.Background()
 	gets := func() int { p.mu.Lock(); defer p.mu.Unlock(); return p.imageGets }
 	if _, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img"}); err != nil || gets() != 1 {
@@ -480,7 +502,7 @@ func TestCreateRefusedByAFullNodeIsPlacedElsewhere(t *testing.T) {
 	// Reports far apart: the skip lasts until the next one.
 	g := New(Options{Name: "gw", Members: ms, PullInterval: time.Hour})
 	defer g.Close()
-	waitUp(t, g, 2)
+	waitPlaceable(t, g, 2)
 	ctx := context.Background()
 	for i := range 10 {
 		sb, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img"})
