@@ -47,11 +47,14 @@ type Client struct {
 	images    warrenv1connect.ImageServiceClient
 	system    warrenv1connect.SystemServiceClient
 
-	http    *http.Client // plain HTTP endpoints (archives, image and layer uploads)
-	baseURL string
-	addr    string
-	unix    bool
-	close   func()
+	http *http.Client // plain HTTP endpoints (archives, image and layer uploads)
+	// createRetry is how long Create keeps sending a create again after
+	// Unavailable answers (WithCreateRetry).
+	createRetry time.Duration
+	baseURL     string
+	addr        string
+	unix        bool
+	close       func()
 
 	// For DialPort, which dials its own connection (an HTTP/1.1 upgrade).
 	network, target string
@@ -67,6 +70,21 @@ type options struct {
 	tlsConfig  *tls.Config
 	httpClient *http.Client
 	connectOps []connect.ClientOption
+	// createRetry: WithCreateRetry; nil means DefaultCreateRetry.
+	createRetry *time.Duration
+}
+
+// DefaultCreateRetry is how long Create sends a create again after
+// Unavailable answers (a gateway restarting, a connection lost) unless
+// WithCreateRetry says otherwise.
+const DefaultCreateRetry = 30 * time.Second
+
+// WithCreateRetry sets how long Create keeps sending a create again after
+// an Unavailable answer (0: never). Every attempt carries the same
+// idempotency key, so a retry whose earlier attempt was made after all
+// answers that sandbox instead of making a second.
+func WithCreateRetry(d time.Duration) Option {
+	return func(o *options) { o.createRetry = &d }
 }
 
 // Option configures New.
@@ -129,8 +147,11 @@ func New(addr string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{addr: addr, baseURL: baseURL, unix: network == "unix", close: func() {},
+	c := &Client{addr: addr, baseURL: baseURL, unix: network == "unix", close: func() {}, createRetry: DefaultCreateRetry,
 		network: network, target: target, token: o.token, ua: o.userAgent, tlsConfig: o.tlsConfig}
+	if o.createRetry != nil {
+		c.createRetry = max(*o.createRetry, 0)
+	}
 
 	hc := o.httpClient
 	useGRPC := false

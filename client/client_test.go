@@ -7,12 +7,17 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
 	"connectrpc.com/connect"
+
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/gen/warren/v1/warrenv1connect"
 )
 
 func TestParseAddr(t *testing.T) {
@@ -129,5 +134,68 @@ func TestHTTPError(t *testing.T) {
 	err = httpError(mk(409, `{"code":"already_exists","message":"dup"}`, nil))
 	if !IsAlreadyExists(err) || !IsConflict(err) {
 		t.Fatal(err)
+	}
+}
+
+// createServer answers Create Unavailable until its fails run out, and
+// records each request it got.
+type createServer struct {
+	warrenv1connect.UnimplementedSandboxServiceHandler
+	mu    sync.Mutex
+	fails int
+	got   []*warrenv1.CreateRequest
+}
+
+func (s *createServer) Create(_ context.Context, req *connect.Request[warrenv1.CreateRequest]) (*connect.Response[warrenv1.Sandbox], error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got = append(s.got, req.Msg)
+	if len(s.got) <= s.fails {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("restarting"))
+	}
+	return connect.NewResponse(&warrenv1.Sandbox{Id: "sb", IdempotencyKey: req.Msg.GetIdempotencyKey()}), nil
+}
+
+// Create sends an idempotency key, and after Unavailable answers sends the
+// same request again with the same key, marked a retry, within the retry
+// window; the caller's request is left as it was.
+func TestCreateRetriesWithOneKey(t *testing.T) {
+	srv := &createServer{fails: 2}
+	mux := http.NewServeMux()
+	mux.Handle(warrenv1connect.NewSandboxServiceHandler(srv))
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	c, err := New(hs.URL, WithHTTP1())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := &warrenv1.CreateRequest{Image: "img"}
+	sb, err := c.Create(context.Background(), req)
+	if err != nil || sb.GetId() != "sb" {
+		t.Fatalf("create: %v %v", sb, err)
+	}
+	if req.GetIdempotencyKey() != "" || req.GetRetry() {
+		t.Fatalf("Create changed the caller's request: %v", req)
+	}
+	if len(srv.got) != 3 {
+		t.Fatalf("%d attempts, want 3", len(srv.got))
+	}
+	key := srv.got[0].GetIdempotencyKey()
+	for i, r := range srv.got {
+		if r.GetIdempotencyKey() != key || key == "" || r.GetRetry() != (i > 0) || r.GetImage() != "img" {
+			t.Fatalf("attempt %d: %v (first key %q)", i, r, key)
+		}
+	}
+
+	// No retry window: the first Unavailable is the answer.
+	srv.got, srv.fails = nil, 1
+	c2, err := New(hs.URL, WithHTTP1(), WithCreateRetry(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if _, err := c2.Create(context.Background(), req); !IsUnavailable(err) || len(srv.got) != 1 {
+		t.Fatalf("create without retries: %v after %d attempts", err, len(srv.got))
 	}
 }

@@ -2,9 +2,12 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 )
@@ -17,9 +20,39 @@ func call[Req, Res any](ctx context.Context, fn func(context.Context, *connect.R
 	return res.Msg, nil
 }
 
-// Create creates a sandbox and returns it once it runs.
+// Create creates a sandbox and returns it once it runs. It is safe to
+// retry, and retries itself: the request carries an idempotency key (a
+// random one unless req sets its own), and after an Unavailable answer
+// (a node or gateway restarting, a connection lost with the answer) the
+// same request is sent again, marked a retry, for up to the client's
+// create retry window (WithCreateRetry), so a create made by an attempt
+// whose answer was lost is answered rather than made twice, whichever
+// gateway the retry reaches. req itself is not changed.
 func (c *Client) Create(ctx context.Context, req *warrenv1.CreateRequest) (*warrenv1.Sandbox, error) {
-	return call(ctx, c.sandboxes.Create, req)
+	if req.GetIdempotencyKey() == "" {
+		req = proto.Clone(req).(*warrenv1.CreateRequest)
+		var k [16]byte
+		_, _ = rand.Read(k[:])
+		req.IdempotencyKey = hex.EncodeToString(k[:])
+	}
+	deadline := time.Now().Add(c.createRetry)
+	wait := 50 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 && !req.GetRetry() {
+			req = proto.Clone(req).(*warrenv1.CreateRequest)
+			req.Retry = true
+		}
+		sb, err := call(ctx, c.sandboxes.Create, req)
+		if err == nil || !IsUnavailable(err) || time.Now().Add(wait).After(deadline) {
+			return sb, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // Get returns one sandbox.

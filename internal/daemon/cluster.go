@@ -68,6 +68,9 @@ func ValidBatch(req *warrenv1.BatchCreateRequest) error {
 	if req.GetTemplate().GetId() != "" {
 		return errdefs.Invalidf("a batch create's template must not name an id: each sandbox gets its own")
 	}
+	if req.GetTemplate().GetIdempotencyKey() != "" {
+		return errdefs.Invalidf("a batch create's template must not carry an idempotency key: a key names one sandbox")
+	}
 	if n := req.GetCount(); n < 1 || n > MaxBatchCreate {
 		return errdefs.Invalidf("batch create count %d: want 1..%d", n, MaxBatchCreate)
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/metrics"
@@ -933,5 +935,50 @@ func TestRestartProcessCallsWaitForProcessAdoption(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// A create sent again with its idempotency key answers the sandbox the
+// first made (even while that one is still being made) instead of making
+// a second; the id derives from the key, the key is kept on the sandbox,
+// and the key with another image is a Conflict.
+func TestCreateWithIdempotencyKeyMakesOneSandbox(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	req := &warrenv1.CreateRequest{Image: "busybox", IdempotencyKey: "key-1", Labels: map[string]string{"k": "1"}}
+	var (
+		wg   sync.WaitGroup
+		got  [4]*warrenv1.Sandbox
+		errs [4]error
+	)
+	for i := range got {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = e.m.Create(ctx, proto.Clone(req).(*warrenv1.CreateRequest))
+		}()
+	}
+	wg.Wait()
+	for i := range got {
+		if errs[i] != nil || got[i].GetId() != IDForKey("", "key-1") || got[i].GetState() != stateRunning || got[i].GetIdempotencyKey() != "key-1" {
+			t.Fatalf("create %d with the key: %v %v", i, got[i], errs[i])
+		}
+	}
+	list, err := e.m.List(ctx, &warrenv1.ListRequest{Labels: map[string]string{"k": "1"}})
+	if err != nil || len(list.GetSandboxes()) != 1 {
+		t.Fatalf("4 creates with one key made %d sandboxes (%v)", len(list.GetSandboxes()), err)
+	}
+	again, err := e.m.Create(ctx, proto.Clone(req).(*warrenv1.CreateRequest))
+	if err != nil || again.GetId() != got[0].GetId() || again.GetCreatedAtUnixMs() != got[0].GetCreatedAtUnixMs() {
+		t.Fatalf("create again with the key: %v %v", again, err)
+	}
+	if _, err := e.m.Create(ctx, &warrenv1.CreateRequest{IdempotencyKey: "key-1", Image: "other"}); errdefs.CategoryOf(err) != errdefs.Conflict || errdefs.IsAlreadyExists(err) {
+		t.Fatalf("the key with another image: %v, want Conflict", err)
+	}
+	if _, err := e.m.Create(ctx, &warrenv1.CreateRequest{Image: "busybox", Id: got[0].GetId()}); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("the id without the key: %v, want AlreadyExists", err)
+	}
+	if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: got[0].GetId()}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -264,6 +264,9 @@ func (m *Manager) take(ctx context.Context, id string) error {
 		}
 		cu.Add(func() error { return m.traj.remove(id) })
 	}
+	if rec.Sandbox != nil {
+		rec.Sandbox.Node = m.cfg.NodeName // Sandbox.node says where it runs now
+	}
 	if err := m.store.Put(rec); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "record sandbox "+id)
 	}

@@ -124,6 +124,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Network:         networkProto(p.network),
 		Parent:          parent,
 		Node:            m.cfg.NodeName,
+		IdempotencyKey:  req.GetIdempotencyKey(),
 	}
 	if hp != nil {
 		info.Harness = &warrenv1.HarnessOptions{MaxChildren: hp.maxChildren}
@@ -146,16 +147,30 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 
 	// Reserve the id.
 	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		return nil, errdefs.Unavailablef("daemon is shutting down")
-	}
-	if p.id == "" {
-		for p.id = m.newID(); m.sandboxes[p.id] != nil; p.id = m.newID() {
+	for {
+		if m.closed {
+			m.mu.Unlock()
+			return nil, errdefs.Unavailablef("daemon is shutting down")
 		}
-	} else if m.sandboxes[p.id] != nil {
+		if p.id == "" {
+			for p.id = m.newID(); m.sandboxes[p.id] != nil; p.id = m.newID() {
+			}
+			break
+		}
+		old := m.sandboxes[p.id]
+		if old == nil {
+			break
+		}
 		m.mu.Unlock()
-		return nil, errdefs.AlreadyExistsf("sandbox %s already exists", p.id)
+		if key := req.GetIdempotencyKey(); key == "" || old.createKey() != key {
+			return nil, errdefs.AlreadyExistsf("sandbox %s already exists", p.id)
+		}
+		// A create sent again: the answer is the sandbox the first made,
+		// once made; if the first failed, this one tries afresh.
+		if sb, err := m.awaitCreated(ctx, old, p.image); sb != nil || err != nil {
+			return sb, err
+		}
+		m.mu.Lock()
 	}
 	if isChild {
 		if err := m.reserveChildLocked(parent); err != nil {
@@ -357,6 +372,38 @@ func (m *Manager) forget(s *sandbox) {
 		}
 	}
 	s.mu.Unlock()
+}
+
+// createKey is the idempotency key s was created with.
+func (s *sandbox) createKey() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.info.GetIdempotencyKey()
+}
+
+// awaitCreated waits until the create of s, found by a create with the
+// same idempotency key, has ended, and returns s as it is then; nil when
+// that create failed (s is gone). A key sent with another image is a
+// mistake of the client's: Conflict.
+func (m *Manager) awaitCreated(ctx context.Context, s *sandbox, image string) (*warrenv1.Sandbox, error) {
+	s.mu.Lock()
+	if got := s.info.GetImage(); got != image {
+		s.mu.Unlock()
+		return nil, errdefs.Conflictf("idempotency key %q already made sandbox %s of image %s, not %s", s.info.GetIdempotencyKey(), s.id, got, image)
+	}
+	ready := s.ready
+	s.mu.Unlock()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return nil, ctxError(ctx, "wait for the creation of sandbox "+s.id)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st == stateGone {
+		return nil, nil
+	}
+	return cloneSandbox(s.info), nil
 }
 
 // Get returns one sandbox.

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base32"
 	"math"
 	"path"
@@ -53,6 +54,14 @@ var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadd
 // followed by 12 characters from [a-z2-7] (60 bits).
 func (m *Manager) newID() string { return m.cfg.NodeTag + newID() }
 
+// IDForKey is the id of the sandbox a create with idempotency key makes
+// on the node of tag when it names no id: the tag and 12 characters of the
+// key's SHA-256, so that any gateway finds it again from the key alone.
+func IDForKey(tag, key string) string {
+	h := sha256.Sum256([]byte(key))
+	return tag + idEncoding.EncodeToString(h[:])[:generatedIDLen]
+}
+
 // newID returns a random sandbox id of 12 characters from [a-z2-7]
 // (60 bits).
 func newID() string {
@@ -97,6 +106,11 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 	}
 	if p.id != "" && !ValidID(p.id) {
 		return p, errdefs.Invalidf("invalid sandbox id %q: want [a-z0-9][a-z0-9_.-]{0,62}", p.id)
+	}
+	if k := req.GetIdempotencyKey(); len(k) > maxIdempotencyKey {
+		return p, errdefs.Invalidf("idempotency_key longer than %d bytes", maxIdempotencyKey)
+	} else if k != "" && p.id == "" {
+		p.id = IDForKey(m.cfg.NodeTag, k)
 	}
 	if p.image == "" {
 		return p, errdefs.Invalidf("image is required")

@@ -282,33 +282,61 @@ type imageCache struct {
 }
 
 type imageEntry struct {
-	layers []string
-	at     time.Time
+	layers     []string
+	at         time.Time
+	refreshing bool
 }
 
 const imageCacheTTL = 30 * time.Second
 
 // layersOf returns the layer digests of image (nil if unknown: placement
-// then goes without locality, and the node reports the error).
+// then goes without locality, and the node reports the error). Only an
+// image's first create waits for them: an entry past its TTL is used
+// while one refresh runs in the background, so a create does not pay a
+// GetImage round trip every TTL per image.
 func (g *Gateway) layersOf(ctx context.Context, image string) []string {
 	g.images.mu.Lock()
 	e, ok := g.images.m[image]
+	stale := ok && time.Since(e.at) >= imageCacheTTL
+	if stale && !e.refreshing {
+		e.refreshing = true
+		g.images.m[image] = e
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			cctx, cancel := context.WithTimeout(context.Background(), g.o.DownAfter)
+			defer cancel()
+			if _, ok := g.fetchLayers(cctx, image); !ok {
+				// Removed, or no node answered: the next create asks.
+				g.images.mu.Lock()
+				delete(g.images.m, image)
+				g.images.mu.Unlock()
+			}
+		}()
+	}
 	g.images.mu.Unlock()
-	if ok && time.Since(e.at) < imageCacheTTL {
+	if ok {
 		return e.layers
 	}
+	layers, _ := g.fetchLayers(ctx, image)
+	return layers
+}
+
+// fetchLayers asks a node for image's layers and caches them; ok is
+// false, and nothing cached, when no node answers it.
+func (g *Gateway) fetchLayers(ctx context.Context, image string) (_ []string, ok bool) {
 	n, err := g.anyNode()
 	if err != nil {
-		return nil
+		return nil, false
 	}
 	res, err := n.img.GetImage(ctx, connect.NewRequest(&warrenv1.GetImageRequest{Name: image}))
 	if err != nil {
-		return nil
+		return nil, false
 	}
 	g.images.mu.Lock()
 	g.images.m[image] = imageEntry{layers: res.Msg.GetLayers(), at: time.Now()}
 	g.images.mu.Unlock()
-	return res.Msg.GetLayers()
+	return res.Msg.GetLayers(), true
 }
 
 // recentCreates remembers, briefly and only in this gateway, what each

@@ -32,6 +32,11 @@ type peer struct {
 	seq       int
 	url       string
 	srv       *http.Server
+	images    map[string][]string
+	imageGets int
+	refuse    bool // Create answers Exhausted
+	creates   int
+	imageGate chan struct{}
 }
 
 func newPeer(t *testing.T, name string) *peer {
@@ -51,6 +56,10 @@ func newPeer(t *testing.T, name string) *peer {
 func (p *peer) Create(_ context.Context, r *connect.Request[warrenv1.CreateRequest]) (*connect.Response[warrenv1.Sandbox], error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.creates++
+	if p.refuse {
+		return nil, server.ToConnectError(errdefs.Exhaustedf("the node's disk is below its reserve"))
+	}
 	p.seq++
 	id := p.tag + fmt.Sprintf("%012d", p.seq)
 	if r.Msg.GetId() != "" {
@@ -231,11 +240,61 @@ func waitUp(t *testing.T, g *Gateway, n int) {
 	}
 }
 
+// waitPlaceable waits until placement knows n nodes up: a node is marked
+// up just before its report reaches the placer.
+func waitPlaceable(t *testing.T, g *Gateway, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		up := 0
+		for _, s := range g.placer.Nodes() {
+			if !s.Down {
+				up++
+			}
+		}
+		if up == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d nodes up in placement, want %d", up, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func httpMux(p *peer) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle(warrenv1connect.NewSandboxServiceHandler(p))
 	mux.Handle(warrenv1connect.NewSystemServiceHandler(p))
+	mux.Handle(warrenv1connect.NewImageServiceHandler(peerImages{p: p}))
 	return mux
+}
+
+// peerImages is a peer's image service: GetImage of the images set in
+// p.images, counted, each waiting for p.imageGate when it is set.
+type peerImages struct {
+	warrenv1connect.UnimplementedImageServiceHandler
+	p *peer
+}
+
+func (pi peerImages) GetImage(ctx context.Context, r *connect.Request[warrenv1.GetImageRequest]) (*connect.Response[warrenv1.Image], error) {
+	p := pi.p
+	p.mu.Lock()
+	p.imageGets++
+	layers, ok := p.images[r.Msg.GetName()]
+	gate := p.imageGate
+	p.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if !ok {
+		return nil, server.ToConnectError(errdefs.NotFoundf("image %s not found", r.Msg.GetName()))
+	}
+	return connect.NewResponse(&warrenv1.Image{Name: r.Msg.GetName(), Layers: layers}), nil
 }
 
 func (p *peer) BatchCreate(ctx context.Context, r *connect.Request[warrenv1.BatchCreateRequest]) (*connect.Response[warrenv1.BatchCreateResponse], error) {
@@ -373,5 +432,104 @@ func TestClientChosenIDsRouteWithoutFanOut(t *testing.T) {
 	}
 	if got := gets() - before; got != 3 {
 		t.Fatalf("another gateway asked the nodes %d times for 5 calls, want one lookup (3 Gets)", got)
+	}
+}
+
+// Only an image's first create waits for its layers (GetImage): past the
+// cache's TTL a create places with the layers it has while one refresh
+// runs in the background.
+func TestImageLayersRefreshedInBackground(t *testing.T) {
+	p := newPeer(t, "n0")
+	p.images = map[string][]string{"img": {"sha256:a"}}
+	ms := &staticMembers{m: []membership.Member{{Name: p.name, Meta: membership.Meta{Role: membership.RoleNode, API: p.url, Tag: p.tag}}}}
+	g := New(Options{Name: "gw", Members: ms, PullInterval: 50 * time.Millisecond})
+	defer g.Close()
+	waitPlaceable(t, g, 1)
+	ctx := context.Background()
+	gets := func() int { p.mu.Lock(); defer p.mu.Unlock(); return p.imageGets }
+	if _, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img"}); err != nil || gets() != 1 {
+		t.Fatalf("first create: %v, %d GetImage calls", err, gets())
+	}
+	g.images.mu.Lock()
+	e := g.images.m["img"]
+	e.at = time.Now().Add(-2 * imageCacheTTL)
+	g.images.m["img"] = e
+	g.images.mu.Unlock()
+	gate := make(chan struct{})
+	p.mu.Lock()
+	p.images["img"] = []string{"sha256:a", "sha256:b"}
+	p.imageGate = gate
+	p.mu.Unlock()
+	// The refresh is held at the node: creates go on meanwhile.
+	for range 3 {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := g.Create(cctx, &warrenv1.CreateRequest{Image: "img"})
+		cancel()
+		if err != nil {
+			t.Fatalf("create past the TTL while the refresh waits: %v", err)
+		}
+	}
+	if gets() != 2 {
+		t.Fatalf("%d GetImage calls, want 2 (one refresh)", gets())
+	}
+	close(gate)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		g.images.mu.Lock()
+		e := g.images.m["img"]
+		g.images.mu.Unlock()
+		if len(e.layers) == 2 && !e.refreshing {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("layers not refreshed: %+v", e)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A node that refuses creates (Exhausted: its disk below the reserve,
+// which its report does not say) costs a create one more placement, not
+// the create: the gateway places it elsewhere and skips that node until
+// its next report.
+func TestCreateRefusedByAFullNodeIsPlacedElsewhere(t *testing.T) {
+	full, ok := newPeer(t, "n0"), newPeer(t, "n1")
+	full.refuse = true
+	ms := &staticMembers{}
+	for _, p := range []*peer{full, ok} {
+		ms.m = append(ms.m, membership.Member{Name: p.name, Meta: membership.Meta{Role: membership.RoleNode, API: p.url, Tag: p.tag}})
+	}
+	// Reports far apart: the skip lasts until the next one.
+	g := New(Options{Name: "gw", Members: ms, PullInterval: time.Hour})
+	defer g.Close()
+	waitPlaceable(t, g, 2)
+	ctx := context.Background()
+	for i := range 10 {
+		sb, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img"})
+		if err != nil || sb.GetNode() != "n1" {
+			t.Fatalf("create %d with n0 refusing: %v %v", i, sb, err)
+		}
+	}
+	full.mu.Lock()
+	tried := full.creates
+	full.mu.Unlock()
+	if tried > 1 {
+		t.Fatalf("the refusing node was sent %d creates, want at most 1", tried)
+	}
+	// Back at its next report.
+	full.mu.Lock()
+	full.refuse = false
+	full.mu.Unlock()
+	g.Refresh()
+	seen := map[string]bool{}
+	for range 20 {
+		sb, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[sb.GetNode()] = true
+	}
+	if !seen["n0"] {
+		t.Fatalf("n0 got no create after its report: %v", seen)
 	}
 }

@@ -133,6 +133,17 @@ func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*war
 		}
 		return call(ctx, n, n.sb.Create, req)
 	}
+	if req.GetRetry() {
+		n, err := g.madeBefore(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		if n != nil {
+			// The node answers with the sandbox the first attempt made
+			// (or makes it, if that one failed).
+			return call(ctx, n, n.sb.Create, req)
+		}
+	}
 	r := g.placeRequest(ctx, req)
 	// A node that died since its last report refuses the connection: the
 	// create never reached it, so it is placed again elsewhere (the node
@@ -154,6 +165,15 @@ func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*war
 				g.markDown(n, "refused a connection")
 				continue
 			}
+			if full(err) && try < createRetries {
+				// The node takes no sandbox now for a reason its report
+				// does not carry (its disk below the reserve): placement
+				// skips it until its next report, and this create goes
+				// elsewhere.
+				g.placer.Down(name)
+				g.log.Warn("node refused a create: skipped until its next report", "node", name, "err", err)
+				continue
+			}
 			return nil, n.err(err)
 		}
 		g.recent.add(res.Msg.GetId(), name, r)
@@ -164,9 +184,79 @@ func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*war
 	}
 }
 
+// madeBefore finds the node of the sandbox an earlier attempt of a
+// create sent again may have made: by the request's id, or by the id its
+// idempotency key gives on each node (daemon.IDForKey), asking every up
+// node at once. Placement is not deterministic and the attempt may have
+// gone through another gateway, so only the nodes know. A down node that
+// last listed that sandbox makes the create fail Unavailable rather than
+// make a second one elsewhere.
+func (g *Gateway) madeBefore(ctx context.Context, req *warrenv1.CreateRequest) (*node, error) {
+	idOn := func(n *node) string {
+		if req.GetId() != "" {
+			return req.GetId()
+		}
+		if req.GetIdempotencyKey() == "" || n.tag == "" {
+			return ""
+		}
+		return daemon.IDForKey(n.tag, req.GetIdempotencyKey())
+	}
+	ch := make(chan *node, 1)
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		unsure error
+	)
+	for _, n := range g.nodes.all() {
+		id := idOn(n)
+		if id == "" {
+			continue
+		}
+		if !n.isUp() {
+			if n.knows(id) != nil {
+				return nil, n.downErr("sandbox " + id + " of this create")
+			}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := n.sb.Get(ctx, connect.NewRequest(&warrenv1.GetRequest{Id: id}))
+			switch {
+			case err == nil:
+				select {
+				case ch <- n:
+				default:
+				}
+			case connect.CodeOf(err) != connect.CodeNotFound:
+				mu.Lock()
+				unsure = n.err(err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case n := <-ch:
+		return n, nil
+	default:
+	}
+	if unsure != nil {
+		// That node may have it: placing it elsewhere could make two.
+		return nil, errdefs.Wrap(errdefs.Unavailable, unsure, "look for the sandbox of an earlier attempt of this create")
+	}
+	return nil, nil
+}
+
 // createRetries bounds the placements of one create on nodes that
-// refuse connections.
+// refuse connections or creates.
 const createRetries = 2
+
+// full reports a node's answer that it takes no sandbox now (Exhausted).
+func full(err error) bool {
+	var ce *connect.Error
+	return errors.As(err, &ce) && ce.Meta().Get(server.CategoryHeader) == errdefs.Exhausted.String()
+}
 
 // refused reports an error of a call that never reached the node: no
 // connection, or (EPIPE) a kept-alive one the node closed before the
@@ -680,7 +770,8 @@ func (g *Gateway) placeJob(ctx context.Context, image string) (*node, func(), er
 }
 
 // TarOut and the other plain-HTTP calls go through the node's own
-// endpoints with the Go client.
+// endpoints with the Go client. A download the owner answers NotFound
+// before any data follows the sandbox where it moved, as bySandbox does.
 func (g *Gateway) TarOut(ctx context.Context, id, path string, w io.Writer) error {
 	n, err := g.owner(ctx, id)
 	if err != nil {
@@ -688,7 +779,15 @@ func (g *Gateway) TarOut(ctx context.Context, id, path string, w io.Writer) erro
 	}
 	rc, err := n.c.Download(ctx, id, path)
 	if err != nil {
-		return clientErr(n, err)
+		err = clientErr(n, err)
+		m := g.moved(ctx, id, n, err)
+		if m == nil {
+			return err
+		}
+		n = m
+		if rc, err = n.c.Download(ctx, id, path); err != nil {
+			return clientErr(n, err)
+		}
 	}
 	defer rc.Close()
 	if _, err := io.Copy(w, rc); err != nil {
@@ -697,8 +796,24 @@ func (g *Gateway) TarOut(ctx context.Context, id, path string, w io.Writer) erro
 	return nil
 }
 
-func (g *Gateway) TarIn(ctx context.Context, id, path string, r io.Reader) error {
+// uploadNode is the node an upload to sandbox id goes to: its owner, or
+// the node it moved to. An upload's body is a stream the gateway cannot
+// send twice, so the owner is asked first (a Get) rather than after a
+// NotFound that may have taken part of the body.
+func (g *Gateway) uploadNode(ctx context.Context, id string) (*node, error) {
 	n, err := g.owner(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	_, err = call(ctx, n, n.sb.Get, &warrenv1.GetRequest{Id: id})
+	if m := g.moved(ctx, id, n, err); m != nil {
+		return m, nil
+	}
+	return n, nil // the upload reports any error of the owner's
+}
+
+func (g *Gateway) TarIn(ctx context.Context, id, path string, r io.Reader) error {
+	n, err := g.uploadNode(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -706,7 +821,7 @@ func (g *Gateway) TarIn(ctx context.Context, id, path string, r io.Reader) error
 }
 
 func (g *Gateway) TarInStep(ctx context.Context, id, path, session string, seq uint64, r io.Reader) (uint64, bool, error) {
-	n, err := g.owner(ctx, id)
+	n, err := g.uploadNode(ctx, id)
 	if err != nil {
 		return 0, false, err
 	}

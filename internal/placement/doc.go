@@ -28,12 +28,15 @@
 // free is 1 minus the larger of the CPU and memory utilisation after the
 // request (against over-committed capacity, and the sandbox cap); load is
 // the run queue per core, saturating at 2; locality is the fraction of the
-// image's layers (by bytes when sizes are given) the node has or is pulling.
-// The locality weight is zero until the image is on spreadTarget (3) nodes,
-// so a new image lands on three different nodes before placements start
-// preferring its holders; after that its holders win until they are
-// wLoc/wFree (60 points) fuller than a node without it, which is how a
-// popular image spreads to more nodes. qos keeps latency-sensitive ("ls")
+// image's layers (by bytes when sizes are given) the node has. Layers a
+// node reports (mounted there) always count, however few nodes have the
+// image: a placement there saves the mount and finds the page cache warm.
+// Layers only arriving (sent there by a placement, not yet reported) count
+// once the image is on spreadTarget (3) nodes, so a burst of creates of an
+// image no node has lands on three different nodes before placements
+// start following it. Holders win until they are wLoc/wFree (60 points)
+// fuller than a node without the image, which is how a popular image
+// spreads to more nodes. qos keeps latency-sensitive ("ls")
 // sandboxes off nodes busy with best-effort ("be") load, and packs "be" with
 // "be", so the nodes LS sandboxes run on keep short run queues. anti counts
 // the sandboxes on the node carrying any of the request's anti-affinity

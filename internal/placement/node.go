@@ -183,9 +183,7 @@ func (n *node) score(p *Placer, r Request, holderCount int) (s float64, anti int
 	}
 	s = wFree * (1 - util)
 	s -= wLoad * min(n.rep.Load, 2) / 2
-	if holderCount >= spreadTarget {
-		s += wLoc * n.locality(r)
-	}
+	s += wLoc * n.locality(r, holderCount >= spreadTarget)
 	s -= wQoS * n.qosPenalty(r.QoS)
 	for _, l := range r.AntiAffinity {
 		anti += n.label(l)
@@ -194,9 +192,13 @@ func (n *node) score(p *Placer, r Request, holderCount int) (s float64, anti int
 	return s, anti, true
 }
 
-// locality is the fraction of r's image present or arriving on n, by bytes
-// when sizes are given.
-func (n *node) locality(r Request) float64 {
+// locality is the fraction of r's image on n, by bytes when sizes are
+// given. Layers n reports (mounted there) always count: that is the mount
+// and page cache a placement there saves. Layers only arriving (sent by a
+// placement, not yet in a report) count only when arriving too: once the
+// image is on spreadTarget nodes, so that a burst of a new image spreads
+// instead of following its first placement.
+func (n *node) locality(r Request, arriving bool) float64 {
 	if len(r.Layers) == 0 {
 		return 0
 	}
@@ -208,7 +210,9 @@ func (n *node) locality(r Request) float64 {
 			w = float64(max(r.LayerSizes[i], 1))
 		}
 		total += w
-		if n.has(l) {
+		if _, ok := n.layers[l]; ok {
+			have += w
+		} else if _, ok := n.pend[l]; ok && arriving {
 			have += w
 		}
 	}

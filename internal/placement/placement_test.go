@@ -179,6 +179,23 @@ func TestLocalityPrefersHolders(t *testing.T) {
 	}
 }
 
+// An image one node has mounted (its report lists the layers) goes to that
+// node, though it is on fewer than spreadTarget nodes: spreading holds back
+// only layers still arriving, never layers a node reports.
+func TestLocalityPrefersOneReportedHolder(t *testing.T) {
+	img := []string{"sha256:base", "sha256:only-on-n05"}
+	p := cluster(t, Options{}, 20, func(i int, s *NodeState) {
+		if i == 5 {
+			s.Layers = img
+		}
+	})
+	for i := range 20 {
+		if n := mustPlace(t, p, Request{CPUMillis: 100, Layers: img}); n != "n05" {
+			t.Fatalf("placement %d of an image only n05 has went to %s", i, n)
+		}
+	}
+}
+
 // Holders that are full lose to a node without the image.
 func TestLocalityYieldsToFullHolders(t *testing.T) {
 	img := []string{"sha256:x"}

@@ -172,14 +172,30 @@ type clusterConfig struct {
 	nodes    int
 	nodeArgs func(i int) []string // more flags of node i's `warren serve`
 	gwArgs   func(i int) []string // more flags of gateway i's `warren gateway`
+	// checkpoints gives the nodes a shared checkpoint directory (a tmpfs
+	// the test mounts), so that a sandbox hibernated on one is restored
+	// on another.
+	checkpoints bool
 }
 
-// newCluster is three nodes (node1 capped at 3 sandboxes) and two
-// gateways.
-func newCluster(t *testing.T) *cluster {
+// clusterOptions vary newCluster's cluster.
+type clusterOptions struct {
+	// noCap leaves node1 without its --max-sandboxes of 3, so that the
+	// three nodes are alike.
+	noCap       bool
+	checkpoints bool
+}
+
+// newCluster is three nodes (node1 capped at 3 sandboxes unless noCap)
+// and two gateways.
+func newCluster(t *testing.T, opts ...clusterOptions) *cluster {
+	var o clusterOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
 	t.Helper()
-	return newClusterOf(t, clusterConfig{nodes: 3, nodeArgs: func(i int) []string {
-		if i == 1 {
+	return newClusterOf(t, clusterConfig{nodes: 3, checkpoints: o.checkpoints, nodeArgs: func(i int) []string {
+		if i == 1 && !o.noCap {
 			return []string{"--max-sandboxes", "3"} // placement must honour it
 		}
 		return nil
@@ -200,6 +216,17 @@ func newClusterOf(t *testing.T, cc clusterConfig) *cluster {
 		t.Fatal(err)
 	}
 	store := filepath.Join(dir, "images")
+	var ck string
+	if cc.checkpoints {
+		ck = filepath.Join(dir, "checkpoints")
+		if err := os.Mkdir(ck, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("tmpfs", ck, "tmpfs", 0, "size=1g,mode=0700"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(ck, unix.MNT_DETACH) })
+	}
 	gossip := []string{}
 	for range cc.nodes {
 		h := testutil.NewTestHost(t)
@@ -225,6 +252,9 @@ func newClusterOf(t *testing.T, cc clusterConfig) *cluster {
 			"--node-name", fmt.Sprintf("node%d", i),
 			"--gossip", gossip[i], "--join", strings.Join(gwGossip, ","), "--gossip-key-file", keyF,
 			"--userns-ids", usernsIDs(),
+		}
+		if ck != "" {
+			args = append(args, "--checkpoint-dir", ck)
 		}
 		if cc.nodeArgs != nil {
 			args = append(args, cc.nodeArgs(i)...)

@@ -378,7 +378,21 @@ type CreateRequest struct {
 	Node string `protobuf:"bytes,29,opt,name=node,proto3" json:"node,omitempty"`
 	// Through a gateway: label keys whose values this sandbox should not
 	// share a node with (spread a rollout's replicas). Nodes ignore it.
-	AntiAffinity  []string `protobuf:"bytes,30,rep,name=anti_affinity,json=antiAffinity,proto3" json:"anti_affinity,omitempty"`
+	AntiAffinity []string `protobuf:"bytes,30,rep,name=anti_affinity,json=antiAffinity,proto3" json:"anti_affinity,omitempty"`
+	// Makes the create safe to send again (at most 256 bytes): a node makes
+	// one sandbox per key and answers a create with the key of one it has
+	// (made or being made) with that sandbox. Without an id, the id is the
+	// node's tag followed by 12 characters derived from the key, so that a
+	// gateway finds it on any node (retry). The Go client sets a random
+	// key on every Create. Not allowed in a BatchCreate template.
+	IdempotencyKey string `protobuf:"bytes,31,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// Set on a create sent again after a failure that left the earlier
+	// attempt's outcome unknown (a lost connection, a gateway restart): a
+	// gateway then looks on every node for the sandbox of the id or the
+	// idempotency key before placing it anew, so that the retry reaches
+	// the node of the first attempt whichever gateway it goes through.
+	// Nodes ignore it.
+	Retry         bool `protobuf:"varint,32,opt,name=retry,proto3" json:"retry,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -551,6 +565,20 @@ func (x *CreateRequest) GetAntiAffinity() []string {
 		return x.AntiAffinity
 	}
 	return nil
+}
+
+func (x *CreateRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *CreateRequest) GetRetry() bool {
+	if x != nil {
+		return x.Retry
+	}
+	return false
 }
 
 // HarnessOptions are the limits of a harness sandbox.
@@ -867,9 +895,11 @@ type Sandbox struct {
 	Parent string `protobuf:"bytes,38,opt,name=parent,proto3" json:"parent,omitempty"`
 	// The node that runs it (`warren serve --node-name`, by default the
 	// node's hostname).
-	Node          string `protobuf:"bytes,46,opt,name=node,proto3" json:"node,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Node string `protobuf:"bytes,46,opt,name=node,proto3" json:"node,omitempty"`
+	// The idempotency key it was created with (CreateRequest.idempotency_key).
+	IdempotencyKey string `protobuf:"bytes,47,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -1108,6 +1138,13 @@ func (x *Sandbox) GetParent() string {
 func (x *Sandbox) GetNode() string {
 	if x != nil {
 		return x.Node
+	}
+	return ""
+}
+
+func (x *Sandbox) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
 	}
 	return ""
 }
@@ -8409,7 +8446,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xe5\x06\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xa4\a\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -8431,7 +8468,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0euser_namespace\x18\x10 \x01(\bH\x00R\ruserNamespace\x88\x01\x01\x123\n" +
 	"\aharness\x18\x1a \x01(\v2\x19.warren.v1.HarnessOptionsR\aharness\x12\x12\n" +
 	"\x04node\x18\x1d \x01(\tR\x04node\x12#\n" +
-	"\ranti_affinity\x18\x1e \x03(\tR\fantiAffinity\x1a6\n" +
+	"\ranti_affinity\x18\x1e \x03(\tR\fantiAffinity\x12'\n" +
+	"\x0fidempotency_key\x18\x1f \x01(\tR\x0eidempotencyKey\x12\x14\n" +
+	"\x05retry\x18  \x01(\bR\x05retry\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -8454,7 +8493,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xcc\t\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xf5\t\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -8489,7 +8528,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"forkedFrom\x123\n" +
 	"\aharness\x18% \x01(\v2\x19.warren.v1.HarnessOptionsR\aharness\x12\x16\n" +
 	"\x06parent\x18& \x01(\tR\x06parent\x12\x12\n" +
-	"\x04node\x18. \x01(\tR\x04node\x1a6\n" +
+	"\x04node\x18. \x01(\tR\x04node\x12'\n" +
+	"\x0fidempotency_key\x18/ \x01(\tR\x0eidempotencyKey\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

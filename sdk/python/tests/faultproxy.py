@@ -46,6 +46,8 @@ class FaultProxy:
     rules: List[Rule] = field(default_factory=list)
     #: (method, path) of every request seen, in order.
     seen: List[Tuple[str, str]] = field(default_factory=list)
+    #: (path, raw request: headers and body) of every request seen, in order.
+    raw: List[Tuple[str, bytes]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._server: Optional[asyncio.AbstractServer] = None
@@ -101,6 +103,7 @@ class FaultProxy:
                     return
                 method, path, raw = req
                 self.seen.append((method, path))
+                self.raw.append((path, raw))
                 rule = next((r for r in self.rules if r.take(path)), None)
                 kind = rule.kind if rule else "forward"
                 if kind == "reset":

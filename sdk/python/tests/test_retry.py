@@ -134,6 +134,10 @@ async def test_create_with_a_lost_answer_adopts_its_sandbox(daemon: object, w: w
         sb = await c.create(IMAGE, labels={"which": "generated"})
         try:
             assert px.count(S + "Create") == 2
+            # The second is marked a retry (a gateway looks for the id on
+            # every node before placing it again).
+            sends = [raw for p, raw in px.raw if p == S + "Create"]
+            assert b'"retry":true' not in sends[0] and b'"retry":true' in sends[1], sends
             assert [x.id for x in await w.list(dict(labels, which="generated"))] == [sb.id]
             assert sb.info.running
         finally:

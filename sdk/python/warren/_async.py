@@ -585,7 +585,14 @@ class AsyncWarren:
                 if left <= 0:
                     raise TimeoutError(f"create: client deadline of {call_timeout:g}s passed", timeout=call_timeout)
                 try:
-                    d = await self._t.unary(_SBX + "Create", body, timeout=left, idempotent=True, sent=sent)
+                    # A create sent again is marked a retry: a gateway then
+                    # looks for the id on every node before placing it, so
+                    # the retry meets the sandbox an earlier attempt made
+                    # (AlreadyExists, adopted below) instead of making a
+                    # second one with the same id on another node.
+                    d = await self._t.unary(
+                        _SBX + "Create", body, timeout=left, idempotent=True, sent=sent, again=dict(body, retry=True)
+                    )
                     return AsyncSandbox(self, SandboxInfo._from_json(d))
                 except AlreadyExistsError as e:
                     if not e.after_ambiguous_failure:
@@ -596,6 +603,7 @@ class AsyncWarren:
                     if info is not None:
                         return AsyncSandbox(self, info)
                     # It vanished (rolled back): create again.
+                    body["retry"] = True
         except BaseException as e:
             # The create may have happened with its answer lost (cancelled,
             # timed out, connection broken): delete it so it cannot leak.

@@ -299,22 +299,30 @@ class Transport:
         idempotent: bool,
         retry: Optional[RetryPolicy] = None,
         sent: Optional[SimpleNamespace] = None,
+        again: Optional[Mapping[str, Any]] = None,
     ) -> Dict[str, Any]:
         """Call ``procedure`` (e.g. ``"warren.v1.SandboxService/Get"``).
 
         ``sent``, when given, gets ``sent.sent = True`` as soon as a request
-        of the call may have left the client (its headers were written)."""
+        of the call may have left the client (its headers were written).
+        ``again``, when given, is the body of the attempts after the first
+        (a create marks itself a retry)."""
         data = json.dumps(body, separators=(",", ":")).encode()
+        data_again = data if again is None else json.dumps(again, separators=(",", ":")).encode()
         url = f"{self.base_url}/{procedure}"
         extra: Dict[str, Any] = {} if sent is None else {"trace_request_ctx": sent}
+        attempts = 0
 
         async def attempt(remaining: float) -> Dict[str, Any]:
+            nonlocal attempts
+            payload = data if attempts == 0 else data_again
+            attempts += 1
             session = self._session_for_loop(traced=sent is not None)
             headers = dict(self._unary_headers)
             headers["Connect-Timeout-Ms"] = _server_timeout_ms(remaining)
             try:
                 async with session.post(
-                    url, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=remaining), **extra
+                    url, data=payload, headers=headers, timeout=aiohttp.ClientTimeout(total=remaining), **extra
                 ) as resp:
                     raw = await resp.read()
                     status = resp.status
