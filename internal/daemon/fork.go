@@ -304,7 +304,7 @@ func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sand
 	fi.ForkedFrom = src.id
 	fi.CreatedAtUnixMs = now.UnixMilli()
 	fi.PausedAtUnixMs, fi.PausedTotalMs, fi.HibernatedAtUnixMs, fi.CheckpointBytes = 0, 0, 0, 0
-	fi.DeadReason, fi.ExpiresAtUnixMs = "", 0
+	fi.DeadReason, fi.ExpiresAtUnixMs, fi.LifetimeLeftMs = "", 0, 0
 	fi.IdempotencyKey = "" // the source's create's, not this fork's
 	s := &sandbox{
 		backendName: src.backendName,

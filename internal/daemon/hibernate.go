@@ -225,6 +225,7 @@ func (m *Manager) Hibernate(ctx context.Context, req *warrenv1.HibernateRequest)
 	}
 	s.info.PausedAtUnixMs = now.UnixMilli()
 	s.info.HibernatedAtUnixMs = now.UnixMilli()
+	m.stopLifetimeLocked(s) // nothing to undo: the sandbox is on disk either way
 	s.info.CheckpointBytes = uint64(size)
 	_ = m.setState(s, stateHibernated)
 	s.sb, s.fs, s.backendState = nil, nil, nil
@@ -459,6 +460,7 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 	hibernated := time.Since(time.UnixMilli(s.info.GetHibernatedAtUnixMs()))
 	s.info.PausedTotalMs = s.pausedTotalLocked().Milliseconds()
 	s.info.PausedAtUnixMs, s.info.HibernatedAtUnixMs, s.info.CheckpointBytes = 0, 0, 0
+	m.restartLifetimeLocked(s)
 	old := s.release
 	s.sb, s.fs, s.backendState, s.release = sb, fsFor(sb), sb.State(), release
 	s.info.NetworkAddress = networkAddress(sb)

@@ -24,7 +24,12 @@ import (
 //     Delete in PAUSED, and a paused sandbox still holds the node's disk,
 //     swap and the memory it could not give back, which is what the
 //     lifetime bounds. Expiry deletes it as it would a running one; a
-//     trainer that pauses for longer extends first.
+//     trainer that pauses for longer extends first. The exception is a
+//     sandbox created with keep_while_paused (E2B's pause, which keeps a
+//     paused sandbox until it is resumed): its lifetime stops when it
+//     pauses or hibernates (stopLifetimeLocked: no deadline, the time it
+//     had left kept) and counts again from Resume (restartLifetimeLocked).
+//     Whoever sets it accepts that a frozen one holds the node until then.
 //   - exec and process timeouts do not count: they bound how long a
 //     command may run, and a frozen command does not run, so each is
 //     pushed back by the time the sandbox spent paused (runTimer). A
@@ -67,9 +72,11 @@ func (m *Manager) Pause(ctx context.Context, req *warrenv1.PauseRequest) (_ *war
 		return nil, err
 	}
 	s.info.PausedAtUnixMs = now.UnixMilli()
+	restart := m.stopLifetimeLocked(s)
 	if err := m.persist(s); err != nil {
 		_ = m.setState(s, stateRunning)
 		s.info.PausedAtUnixMs = 0
+		restart()
 		s.mu.Unlock()
 		return nil, err
 	}
@@ -221,6 +228,49 @@ func (m *Manager) unpauseLocked(s *sandbox) {
 	s.info.PausedTotalMs = s.pausedTotalLocked().Milliseconds()
 	s.info.PausedAtUnixMs = 0
 	_ = m.setState(s, stateRunning)
+	m.restartLifetimeLocked(s)
+}
+
+// lifetimeStoppedLocked: s is a keep_while_paused sandbox whose lifetime
+// is stopped (it is PAUSED or HIBERNATED, or LOST while it was); s.mu
+// held.
+func (s *sandbox) lifetimeStoppedLocked() bool {
+	return s.info.GetKeepWhilePaused() && s.info.GetExpiresAtUnixMs() == 0 &&
+		(s.st == statePaused || s.st == stateHibernated || s.st == stateLost)
+}
+
+// stopLifetimeLocked stops the lifetime of a keep_while_paused sandbox
+// that is pausing or hibernating: no deadline (expires_at 0, no timer),
+// the time it had left kept in lifetime_left_ms. It returns what undoes
+// it. s.mu held.
+func (m *Manager) stopLifetimeLocked(s *sandbox) (undo func()) {
+	exp := s.info.GetExpiresAtUnixMs()
+	if !s.info.GetKeepWhilePaused() || exp == 0 {
+		return func() {}
+	}
+	// At least a second back: a sandbox paused as its deadline came
+	// must still answer the call that resumes it.
+	left := max(time.Until(time.UnixMilli(exp)), time.Second)
+	s.info.LifetimeLeftMs, s.info.ExpiresAtUnixMs = left.Milliseconds(), 0
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	return func() {
+		s.info.LifetimeLeftMs, s.info.ExpiresAtUnixMs = 0, exp
+		m.armTimerLocked(s, time.UnixMilli(exp))
+	}
+}
+
+// restartLifetimeLocked lets the lifetime of a keep_while_paused sandbox
+// count again as it runs again: the deadline is now plus the time it had
+// left (or what ExtendTimeout set meanwhile). s.mu held.
+func (m *Manager) restartLifetimeLocked(s *sandbox) {
+	if !s.info.GetKeepWhilePaused() || s.info.GetExpiresAtUnixMs() != 0 {
+		return
+	}
+	expires := time.Now().Add(time.Duration(s.info.GetLifetimeLeftMs()) * time.Millisecond)
+	s.info.ExpiresAtUnixMs, s.info.LifetimeLeftMs = expires.UnixMilli(), 0
+	m.armTimerLocked(s, expires)
 }
 
 // pausedTotalLocked is how long the sandbox has been paused in all, the

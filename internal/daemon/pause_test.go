@@ -277,3 +277,52 @@ func TestExecTimeoutDoesNotCountPause(t *testing.T) {
 		t.Fatalf("the exec timed out after %v, want about 3.5 s (1.5 s of running time plus the 2 s pause)", r.at)
 	}
 }
+
+// TestKeepWhilePausedStopsTheLifetime: a sandbox created with
+// keep_while_paused does not expire while PAUSED, not even across a
+// daemon restart, when a plain paused sandbox of the same timeout does;
+// ExtendTimeout while it is paused sets what it gets back; Resume lets
+// the lifetime count again from then.
+func TestKeepWhilePausedStopsTheLifetime(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "keep", TimeoutSeconds: 2, KeepWhilePaused: true})
+	e.create(&warrenv1.CreateRequest{Id: "plain", TimeoutSeconds: 2})
+	deadline := time.Now().Add(2 * time.Second)
+	for _, id := range []string{"keep", "plain"} {
+		if _, err := e.m.Pause(ctx, &warrenv1.PauseRequest{Id: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb, err := e.m.Get(ctx, &warrenv1.GetRequest{Id: "keep"})
+	if err != nil || sb.GetExpiresAtUnixMs() != 0 || sb.GetLifetimeLeftMs() <= 0 || sb.GetLifetimeLeftMs() > 2000 {
+		t.Fatalf("paused keep_while_paused sandbox: %v %v", sb, err)
+	}
+	eventually(t, 20*time.Second, "the plain paused sandbox to expire", func() bool {
+		_, err := e.m.Get(ctx, &warrenv1.GetRequest{Id: "plain"})
+		return errdefs.CategoryOf(err) == errdefs.NotFound
+	})
+	e.stop()
+	e.start()
+	waitUntil(t, "the kept sandbox's deadline to pass", func() bool { return time.Now().After(deadline.Add(time.Second)) })
+	sb, err = e.m.Get(ctx, &warrenv1.GetRequest{Id: "keep"})
+	if err != nil || sb.GetState() != statePaused {
+		t.Fatalf("keep_while_paused sandbox past its deadline: %v %v", sb, err)
+	}
+	sb, err = e.m.ExtendTimeout(ctx, &warrenv1.ExtendTimeoutRequest{Id: "keep", TimeoutSeconds: 60})
+	if err != nil || sb.GetExpiresAtUnixMs() != 0 || sb.GetLifetimeLeftMs() != 60000 {
+		t.Fatalf("extend while paused: %v %v", sb, err)
+	}
+	before := time.Now()
+	res, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "keep"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := time.UnixMilli(res.GetSandbox().GetExpiresAtUnixMs())
+	if exp.Before(before.Add(59*time.Second)) || exp.After(time.Now().Add(61*time.Second)) || res.GetSandbox().GetLifetimeLeftMs() != 0 {
+		t.Fatalf("deadline after resume %v (resumed at %v): %v", exp, before, res.GetSandbox())
+	}
+	if _, err := e.m.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "keep", Argv: []string{"true"}}); err != nil {
+		t.Fatalf("exec after resume: %v", err)
+	}
+}

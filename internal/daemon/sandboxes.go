@@ -125,6 +125,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Parent:          parent,
 		Node:            m.cfg.NodeName,
 		IdempotencyKey:  req.GetIdempotencyKey(),
+		KeepWhilePaused: req.GetKeepWhilePaused(),
 	}
 	if hp != nil {
 		info.Harness = &warrenv1.HarnessOptions{MaxChildren: hp.maxChildren}
@@ -683,6 +684,16 @@ func (m *Manager) ExtendTimeout(ctx context.Context, req *warrenv1.ExtendTimeout
 	if err := s.allowLocked(opExtend); err != nil {
 		return nil, err
 	}
+	if s.lifetimeStoppedLocked() {
+		// Its lifetime is stopped: d is what it gets once it runs again.
+		old := s.info.GetLifetimeLeftMs()
+		s.info.LifetimeLeftMs = d.Milliseconds()
+		if err := m.persist(s); err != nil {
+			s.info.LifetimeLeftMs = old
+			return nil, err
+		}
+		return cloneSandbox(s.info), nil
+	}
 	expires := time.Now().Add(d)
 	old := s.info.GetExpiresAtUnixMs()
 	s.info.ExpiresAtUnixMs = expires.UnixMilli()
@@ -700,7 +711,7 @@ func (m *Manager) armTimerLocked(s *sandbox, expires time.Time) {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
-	if m.isClosed() {
+	if m.isClosed() || s.lifetimeStoppedLocked() {
 		return
 	}
 	s.timer = time.AfterFunc(time.Until(expires), func() {
@@ -722,7 +733,7 @@ func (m *Manager) expire(s *sandbox) {
 	}
 	s.mu.Lock()
 	exp := time.UnixMilli(s.info.GetExpiresAtUnixMs())
-	stale := s.allowLocked(opDelete) != nil || time.Now().Before(exp)
+	stale := s.allowLocked(opDelete) != nil || time.Now().Before(exp) || s.lifetimeStoppedLocked()
 	s.mu.Unlock()
 	if stale {
 		return // deleted, or extended after this timer fired
@@ -762,6 +773,7 @@ func (m *Manager) died(s *sandbox, sb backend.Sandbox, why string) {
 	}
 	_ = m.setState(s, stateStopped)
 	s.info.DeadReason = why
+	m.restartLifetimeLocked(s) // a paused one that died: its record goes in time
 	if err := m.persist(s); err != nil {
 		m.log.Warn("persist dead state", "sandbox", s.id, "err", err)
 	}
@@ -1033,7 +1045,7 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 	s.sb, s.backendState, s.release = sb, sb.State(), release
 	s.fs = fsFor(sb)
 	expires := time.UnixMilli(info.GetExpiresAtUnixMs())
-	if !time.Now().Before(expires) {
+	if !time.Now().Before(expires) && !(st == statePaused && info.GetKeepWhilePaused() && info.GetExpiresAtUnixMs() == 0) {
 		log.Info("sandbox expired while the daemon was down")
 		add()
 		if err := m.remove(ctx, s, metrics.ReasonTimeout); err != nil {

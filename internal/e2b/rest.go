@@ -42,9 +42,11 @@ func (s *Server) restHandler() http.Handler {
 	mux.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
 	mux.HandleFunc("GET /sandboxes/{id}/metrics", s.metrics)
 	mux.HandleFunc("POST /v2/sandboxes/{id}/connect", s.connect)
+	mux.HandleFunc("POST /sandboxes/{id}/snapshots", s.createSnapshot)
+	mux.HandleFunc("GET /snapshots", s.listSnapshots)
+	mux.HandleFunc("DELETE /templates/{id}", s.deleteTemplate)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		// E2B's other routes (logs, snapshots, templates,
-		// volumes...) are 501: a 404 would tell the SDKs the sandbox is
+		// E2B's other routes (logs, templates, volumes...) are 501: a 404 would tell the SDKs the sandbox is
 		// gone.
 		code := http.StatusNotFound
 		for _, p := range []string{"/sandboxes/", "/v2/sandboxes/", "/templates", "/v2/templates", "/v3/templates", "/volumes", "/snapshots", "/teams", "/secrets"} {
@@ -274,7 +276,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, errdefs.Unsupportedf("volumeMounts and mcp are not supported"))
 		return
 	}
-	req := &warrenv1.CreateRequest{Image: body.TemplateID, Env: body.EnvVars, Labels: body.Metadata}
+	// E2B keeps a paused sandbox until it is resumed: its lifetime stops
+	// while it is paused (docs/E2B.md).
+	req := &warrenv1.CreateRequest{Image: body.TemplateID, Env: body.EnvVars, Labels: body.Metadata, KeepWhilePaused: true}
 	if body.Timeout != nil {
 		if *body.Timeout <= 0 {
 			s.fail(w, errdefs.Invalidf("timeout %d: want seconds > 0", *body.Timeout))
@@ -285,6 +289,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	pol, err := networkPolicy(body.AllowInternetAccess, body.Network)
 	if err != nil {
 		s.fail(w, err)
+		return
+	}
+	if strings.HasPrefix(body.TemplateID, snapshotPrefix) {
+		s.createFromSnapshot(w, r, body, pol)
 		return
 	}
 	req.Network = pol
@@ -305,6 +313,9 @@ func (s *Server) visible(r *http.Request, id string) (*warrenv1.Sandbox, error) 
 	}
 	if sb.GetState() == warrenv1.SandboxState_SANDBOX_STATE_LOST {
 		return nil, lostErr(sb)
+	}
+	if isSnapshot(sb) {
+		return nil, errdefs.NotFoundf("%s is a snapshot, not a sandbox: create a sandbox from it with template %s%s", id, snapshotPrefix, id)
 	}
 	if e2bState(sb.GetState()) == "" {
 		return nil, errdefs.NotFoundf("sandbox %s is %s", id, strings.ToLower(strings.TrimPrefix(sb.GetState().String(), "SANDBOX_STATE_")))
@@ -379,7 +390,7 @@ func (s *Server) listMatching(r *http.Request, q listQuery) ([]listed, error) {
 	var out []listed
 	for _, sb := range res.GetSandboxes() {
 		l := toListed(sb)
-		if l.State != "" && slices.Contains(q.states, l.State) {
+		if l.State != "" && slices.Contains(q.states, l.State) && !isSnapshot(sb) {
 			out = append(out, l)
 		}
 	}
@@ -524,8 +535,11 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// connect answers 200 for a running sandbox and 201 for one it resumed;
-// a timeout in the body becomes the sandbox's new deadline.
+// connect answers 200 for a running sandbox and 201 for one it resumed.
+// A timeout in the body becomes the deadline of a resumed sandbox (E2B's
+// fresh timeout; without one it gets back the time it had left when it
+// paused: keep_while_paused), and of a running one if it is later than
+// the one it has (as the SDKs document).
 func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Timeout int64 `json:"timeout"`
@@ -562,6 +576,10 @@ func (s *Server) resumeAndAnswer(w http.ResponseWriter, r *http.Request, timeout
 		return
 	}
 	code := runningCode
+	if timeout > 0 && code == http.StatusOK && e2bState(sb.GetState()) == "running" &&
+		sb.GetExpiresAtUnixMs() >= time.Now().Add(time.Duration(timeout)*time.Second).UnixMilli() {
+		timeout = 0 // a running sandbox's deadline only moves later
+	}
 	if e2bState(sb.GetState()) == "paused" {
 		res, err := s.m.Resume(r.Context(), &warrenv1.ResumeRequest{Id: id})
 		if err != nil {

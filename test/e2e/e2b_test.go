@@ -225,6 +225,51 @@ func TestE2BRESTContract(t *testing.T) {
 		}
 	}
 
+	// A snapshot is a hibernated fork: 201 {snapshotID, names} where the
+	// node can checkpoint, else 501 naming the checkpoint, as fork. It is
+	// listed by GET /snapshots, not by the sandbox list, and goes with
+	// DELETE /templates/{snapshotID} (204, then 404). A filesystem-only
+	// snapshot, an unknown snapshot and deleting a template that is an
+	// image are refused as such.
+	if c, _, b := do("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", `{"memory": false}`, auth); c != 501 {
+		t.Errorf("filesystem-only snapshot: %d %s, want 501", c, b)
+	}
+	if c, _, b := do("POST", "/sandboxes", `{"templateID": "snapshot:nosuch"}`, auth); c != 404 {
+		t.Errorf("create from an unknown snapshot: %d %s, want 404", c, b)
+	}
+	if c, _, b := do("DELETE", "/templates/"+imageName, "", auth); c != 501 {
+		t.Errorf("delete a template that is an image: %d %s, want 501", c, b)
+	}
+	if c, _, b := do("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", `{}`, auth); c != 201 {
+		var e struct {
+			Code    int
+			Message string
+		}
+		if c != 501 || json.Unmarshal(b, &e) != nil || e.Code != 501 || !strings.Contains(e.Message, "checkpoint") {
+			t.Errorf("snapshot: %d %s, want 201 or 501 naming the checkpoint", c, b)
+		}
+	} else {
+		var snap struct {
+			SnapshotID string
+			Names      []string
+		}
+		if json.Unmarshal(b, &snap) != nil || !strings.HasPrefix(snap.SnapshotID, "snapshot:") || snap.Names == nil {
+			t.Fatalf("snapshot: %s", b)
+		}
+		if c, _, b := do("GET", "/snapshots?sandboxID="+sb.SandboxID, "", auth); c != 200 || !strings.Contains(string(b), snap.SnapshotID) {
+			t.Errorf("list snapshots: %d %s, want %s", c, b, snap.SnapshotID)
+		}
+		if c, _, b := do("GET", "/v2/sandboxes", "", auth); c != 200 || strings.Contains(string(b), strings.TrimPrefix(snap.SnapshotID, "snapshot:")) {
+			t.Errorf("the sandbox list shows the snapshot: %d %s", c, b)
+		}
+		if c, _, b := do("DELETE", "/templates/"+snap.SnapshotID, "", auth); c != 204 {
+			t.Errorf("delete snapshot: %d %s, want 204", c, b)
+		}
+		if c, _, b := do("DELETE", "/templates/"+snap.SnapshotID, "", auth); c != 404 {
+			t.Errorf("delete a deleted snapshot: %d %s, want 404", c, b)
+		}
+	}
+
 	// A command started over envd's Connect stream (JSON codec, HTTP/1.1)
 	// runs on across a daemon restart, and the same token reaches it
 	// after: tokens are derived from the keys, not kept.
@@ -420,7 +465,7 @@ func TestE2BHibernate(t *testing.T) {
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+keyText, "WARREN_E2B_TEMPLATE="+imageName)
 	out, err := cmd.CombinedOutput()
 	t.Logf("pytest:\n%s", out)
-	if err != nil || !bytes.Contains(out, []byte("2 passed")) {
+	if err != nil || !bytes.Contains(out, []byte("4 passed")) {
 		t.Fatalf("the E2B SDK hibernate suite failed: %v (daemon log: %s)", err, e.logPath)
 	}
 }

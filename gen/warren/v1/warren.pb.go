@@ -392,9 +392,14 @@ type CreateRequest struct {
 	// idempotency key before placing it anew, so that the retry reaches
 	// the node of the first attempt whichever gateway it goes through.
 	// Nodes ignore it.
-	Retry         bool `protobuf:"varint,32,opt,name=retry,proto3" json:"retry,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Retry bool `protobuf:"varint,32,opt,name=retry,proto3" json:"retry,omitempty"`
+	// The lifetime does not count while the sandbox is PAUSED or
+	// HIBERNATED: it cannot expire then, and Resume gives it back the time
+	// it had left when it stopped (E2B's pause; the E2B door sets it). Its
+	// forks inherit it.
+	KeepWhilePaused bool `protobuf:"varint,46,opt,name=keep_while_paused,json=keepWhilePaused,proto3" json:"keep_while_paused,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
@@ -577,6 +582,13 @@ func (x *CreateRequest) GetIdempotencyKey() string {
 func (x *CreateRequest) GetRetry() bool {
 	if x != nil {
 		return x.Retry
+	}
+	return false
+}
+
+func (x *CreateRequest) GetKeepWhilePaused() bool {
+	if x != nil {
+		return x.KeepWhilePaused
 	}
 	return false
 }
@@ -898,8 +910,13 @@ type Sandbox struct {
 	Node string `protobuf:"bytes,46,opt,name=node,proto3" json:"node,omitempty"`
 	// The idempotency key it was created with (CreateRequest.idempotency_key).
 	IdempotencyKey string `protobuf:"bytes,47,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// CreateRequest.keep_while_paused: while PAUSED or HIBERNATED
+	// expires_at_unix_ms is 0 (never) and lifetime_left_ms is what Resume
+	// gives back.
+	KeepWhilePaused bool  `protobuf:"varint,61,opt,name=keep_while_paused,json=keepWhilePaused,proto3" json:"keep_while_paused,omitempty"`
+	LifetimeLeftMs  int64 `protobuf:"varint,62,opt,name=lifetime_left_ms,json=lifetimeLeftMs,proto3" json:"lifetime_left_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -1147,6 +1164,20 @@ func (x *Sandbox) GetIdempotencyKey() string {
 		return x.IdempotencyKey
 	}
 	return ""
+}
+
+func (x *Sandbox) GetKeepWhilePaused() bool {
+	if x != nil {
+		return x.KeepWhilePaused
+	}
+	return false
+}
+
+func (x *Sandbox) GetLifetimeLeftMs() int64 {
+	if x != nil {
+		return x.LifetimeLeftMs
+	}
+	return 0
 }
 
 type GetRequest struct {
@@ -8446,7 +8477,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xa4\a\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xd0\a\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -8470,7 +8501,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x04node\x18\x1d \x01(\tR\x04node\x12#\n" +
 	"\ranti_affinity\x18\x1e \x03(\tR\fantiAffinity\x12'\n" +
 	"\x0fidempotency_key\x18\x1f \x01(\tR\x0eidempotencyKey\x12\x14\n" +
-	"\x05retry\x18  \x01(\bR\x05retry\x1a6\n" +
+	"\x05retry\x18  \x01(\bR\x05retry\x12*\n" +
+	"\x11keep_while_paused\x18. \x01(\bR\x0fkeepWhilePaused\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -8493,7 +8525,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xf5\t\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xcb\n" +
+	"\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -8529,7 +8562,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\aharness\x18% \x01(\v2\x19.warren.v1.HarnessOptionsR\aharness\x12\x16\n" +
 	"\x06parent\x18& \x01(\tR\x06parent\x12\x12\n" +
 	"\x04node\x18. \x01(\tR\x04node\x12'\n" +
-	"\x0fidempotency_key\x18/ \x01(\tR\x0eidempotencyKey\x1a6\n" +
+	"\x0fidempotency_key\x18/ \x01(\tR\x0eidempotencyKey\x12*\n" +
+	"\x11keep_while_paused\x18= \x01(\bR\x0fkeepWhilePaused\x12(\n" +
+	"\x10lifetime_left_ms\x18> \x01(\x03R\x0elifetimeLeftMs\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
