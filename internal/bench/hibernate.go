@@ -21,10 +21,13 @@ type HibernateConfig struct {
 	Peers         bool
 	// CheckpointRounds of hibernate and restore (0: none); Forks is how
 	// many copies the fork case makes (0: no fork case). Both need CRIU
-	// (CRIUPath) and a sandbox without a user namespace.
+	// (CRIUPath).
 	CheckpointRounds int
 	Forks            int
 	CRIUPath         string
+	// UserNS measures a sandbox in a user namespace (the daemon's
+	// default) instead of one without.
+	UserNS bool
 }
 
 // HibernateReport is the result of `warren bench hibernate`. Later parts
@@ -36,6 +39,7 @@ type HibernateReport struct {
 	SwapBytes uint64         `json:"swap_bytes"`
 	AnonMiB   int            `json:"anon_mib"`
 	CacheMiB  int            `json:"cache_mib"`
+	UserNS    bool           `json:"userns"`
 	Results   []HibernateRow `json:"results"`
 	Notes     []string       `json:"notes,omitempty"`
 }
@@ -64,15 +68,13 @@ type HibernateRow struct {
 func RunHibernate(ctx context.Context, env *Env, cfg HibernateConfig) (*HibernateReport, error) {
 	swap, _ := cgroups.SwapTotal()
 	rep := &HibernateReport{Benchmark: "hibernate", Daemon: env.describe(), Cgroups: cgroups.Mode(), SwapBytes: swap,
-		AnonMiB: cfg.AnonMiB, CacheMiB: cfg.CacheMiB}
+		AnonMiB: cfg.AnonMiB, CacheMiB: cfg.CacheMiB, UserNS: cfg.UserNS}
 	req := env.CreateRequest()
 	req.Resources = &warrenv1.Resources{MemoryBytes: int64(cfg.AnonMiB*2+cfg.CacheMiB+256) << 20}
-	if cfg.CheckpointRounds > 0 || cfg.Forks > 0 {
-		// CRIU cannot take a sandbox in a user namespace yet
-		// (docs/HIBERNATE.md).
-		no := false
-		req.UserNamespace = &no
-	}
+	// Explicit either way, so that runs compare: without a user
+	// namespace unless asked (the numbers in docs/BENCHMARKS.md before
+	// user-namespace sandboxes could hibernate).
+	req.UserNamespace = &cfg.UserNS
 	sb, err := env.Client.Create(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)

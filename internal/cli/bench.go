@@ -288,6 +288,7 @@ holding the same anonymous memory: the floors.`,
 	c.Flags().IntVar(&cfg.AnonMiB, "anon-mib", 256, "anonymous memory the sandbox holds, MiB")
 	c.Flags().IntVar(&cfg.CacheMiB, "cache-mib", 256, "page cache the sandbox reads before each reclaim, MiB")
 	c.Flags().IntVar(&cfg.CheckpointRounds, "checkpoint-rounds", 5, "hibernate and restore rounds (0: none; needs CRIU, scripts/criu.sh)")
+	c.Flags().BoolVar(&cfg.UserNS, "userns", false, "measure a sandbox in a user namespace (the daemon's default) instead of one without")
 	c.Flags().IntVar(&cfg.Forks, "forks", 16, "copies the fork case makes of the hibernated sandbox (0: no fork case)")
 	return c
 }
