@@ -139,13 +139,23 @@ func TestE2BGatewayRoutesEveryCall(t *testing.T) {
 	}
 
 	// The official Python SDK's suite through gateway 0: a load of 20 at
-	// once does not fit one node.
+	// once does not fit one node. With CRIU on the nodes, the hibernate
+	// suite too (pause as hibernation, connect, fork, snapshots, paused
+	// sandboxes outliving their timeout), routed to the owning node.
 	suite, err := filepath.Abs(filepath.Join(e2bSuite, "test_e2b_sdk.py"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	args := []string{"-m", "pytest", "-p", "no:cacheprovider", "-rfEs", "-v", suite}
+	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err == nil {
+		hib, err := filepath.Abs(filepath.Join(e2bSuite, "hibernate"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, hib)
+	}
 	py := filepath.Join(e2bSDK(t, "py-newest"), "bin", "python")
-	cmd := exec.CommandContext(ctx, py, "-m", "pytest", "-p", "no:cacheprovider", "-rfEs", "-v", suite)
+	cmd := exec.CommandContext(ctx, py, args...)
 	cmd.Dir = t.TempDir()
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+gw0, "E2B_SANDBOX_URL="+gw0, "E2B_API_KEY="+key,
 		"WARREN_E2B_TEMPLATE="+imageName, "WARREN_E2B_LOAD=20")
