@@ -29,11 +29,19 @@ try {
   // into a directory made after the watch started.
   const seen = new Set()
   const watch = await sbx.files.watchDir('/tmp/d', ev => { seen.add(ev.name + ':' + ev.type) }, { recursive: true })
-  await sbx.commands.run('mkdir -p /tmp/d/w && echo 1 > /tmp/d/w/f && rm /tmp/d/w/f')
-  for (const deadline = Date.now() + 60_000; !['w:create', 'w/f:create', 'w/f:write', 'w/f:remove'].every(k => seen.has(k));) {
-    if (Date.now() > deadline) throw new Error('watchDir saw ' + [...seen])
-    await new Promise(r => setTimeout(r, 100))
+  const waitSeen = async (want) => {
+    for (const deadline = Date.now() + 60_000; !want.every(k => seen.has(k));) {
+      if (Date.now() > deadline) throw new Error('watchDir saw ' + [...seen] + ', want ' + want)
+      await new Promise(r => setTimeout(r, 100))
+    }
   }
+  // The new directory first: its watch is in place once its create is
+  // reported (a file made and removed within microseconds of the mkdir,
+  // before inotify watches the directory, is not seen: as with envd).
+  await sbx.commands.run('mkdir -p /tmp/d/w')
+  await waitSeen(['w:create'])
+  await sbx.commands.run('echo 1 > /tmp/d/w/f && rm /tmp/d/w/f')
+  await waitSeen(['w/f:create', 'w/f:write', 'w/f:remove'])
   await watch.stop()
   const [m] = await sbx.getMetrics()
   if (!m || !(m.cpuCount >= 1) || !(m.memUsed > 0 && m.memUsed <= m.memTotal) || !(m.diskUsed > 0)) throw new Error('getMetrics ' + JSON.stringify(m))
