@@ -9,13 +9,13 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/warrenrl/warren/internal/bench"
+	"github.com/warrenrl/warren/internal/microvm"
 )
 
 func init() { AddCommand(newBenchCommand()) }
@@ -618,20 +618,9 @@ that scores every node runs on an identical cluster, for the ratio.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg.Peers = bf.peers
-			var progress io.Writer
-			if !bf.quiet {
-				progress = cmd.ErrOrStderr()
-			}
-			rep, err := bench.RunSched(cfg, progress)
-			if err != nil {
-				return err
-			}
-			if bf.jsonFile != "" {
-				if err := writeJSONFile(bf.jsonFile, rep); err != nil {
-					return err
-				}
-			}
-			return writeReport(cmd, rep)
+			return runStandalone(cmd, bf, func(progress io.Writer) (bench.Report, error) {
+				return bench.RunSched(cfg, progress)
+			})
 		},
 	}
 	f := c.Flags()
@@ -708,6 +697,26 @@ func e2bBenchDoor() (addr, keyFile, key string, err error) {
 	return addr, f.Name(), key, err
 }
 
+// runStandalone runs a benchmark that needs no daemon (benchEnv): its
+// progress on stderr unless --quiet, its report as --json-file asks and
+// on stdout.
+func runStandalone(cmd *cobra.Command, bf *benchFlags, run func(progress io.Writer) (bench.Report, error)) error {
+	var progress io.Writer
+	if !bf.quiet {
+		progress = cmd.ErrOrStderr()
+	}
+	rep, err := run(progress)
+	if err != nil {
+		return err
+	}
+	if bf.jsonFile != "" {
+		if err := writeJSONFile(bf.jsonFile, rep); err != nil {
+			return err
+		}
+	}
+	return writeReport(cmd, rep)
+}
+
 // newBenchVMCommand boots microVMs directly (internal/microvm): no daemon.
 func newBenchVMCommand(bf *benchFlags) *cobra.Command {
 	cfg := bench.VMConfig{}
@@ -725,27 +734,12 @@ an init that powers off at once: the floor.`,
 				return errors.New("--n must be positive and --idle not negative")
 			}
 			if cfg.GuestAgent == "" {
-				exe, err := os.Executable()
-				if err != nil {
-					return err
-				}
-				cfg.GuestAgent = filepath.Join(filepath.Dir(exe), "warren-guest")
+				cfg.GuestAgent = microvm.DefaultGuestAgent()
 			}
 			cfg.Peers = bf.peers
-			var progress io.Writer
-			if !bf.quiet {
-				progress = cmd.ErrOrStderr()
-			}
-			rep, err := bench.RunVM(cmd.Context(), cfg, progress)
-			if err != nil {
-				return err
-			}
-			if bf.jsonFile != "" {
-				if err := writeJSONFile(bf.jsonFile, rep); err != nil {
-					return err
-				}
-			}
-			return writeReport(cmd, rep)
+			return runStandalone(cmd, bf, func(progress io.Writer) (bench.Report, error) {
+				return bench.RunVM(cmd.Context(), cfg, progress)
+			})
 		},
 	}
 	f := c.Flags()

@@ -426,9 +426,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if o.microVM {
 		agent := o.guestAgent
 		if agent == "" {
-			if exe, err := os.Executable(); err == nil {
-				agent = filepath.Join(filepath.Dir(exe), "warren-guest")
-			}
+			agent = microvm.DefaultGuestAgent()
 		}
 		vb, err := microvm.New(microvm.Options{StateDir: filepath.Join(stateDir, "microvm"), GuestAgent: agent})
 		if err != nil {

@@ -294,7 +294,7 @@ func (m *Manager) StartProcess(ctx context.Context, req *warrenv1.ExecRequest) (
 	shadowed := s.shadowedLocked(p)
 	s.mu.Unlock()
 	for _, q := range shadowed {
-		m.forgetShadowed(s, q)
+		m.forgetShadowed(s, q.host, q.pid)
 	}
 
 	if data := req.GetStdin(); len(data) > 0 {
@@ -340,7 +340,7 @@ func (m *Manager) retire(s *sandbox, p *process) {
 		shadowed := p.shadowed
 		s.mu.Unlock()
 		if shadowed {
-			m.forgetShadowed(s, p)
+			m.forgetShadowed(s, p.host, p.pid)
 		}
 		return
 	}
@@ -395,32 +395,37 @@ func (s *sandbox) shadowedLocked(p *process) []*process {
 	return out
 }
 
-// forgetShadowed drops the agent's oldest exited record of q's pid, which
-// is q's: the process that has the pid now is younger.
-func (m *Manager) forgetShadowed(s *sandbox, q *process) {
+// forgetShadowed drops the agent's oldest exited record of pid, which is
+// the shadowed one's: the process that has the pid now is younger.
+func (m *Manager) forgetShadowed(s *sandbox, host backend.Background, pid int) {
 	s.mu.Lock()
 	keep := s.keepExited
 	s.mu.Unlock()
 	if keep {
 		return
 	}
-	if err := forget(q); err != nil && errdefs.CategoryOf(err) != errdefs.NotFound {
-		m.log.Debug("forget a process whose pid was reused", "sandbox", s.id, "process", q.id, "pid", q.pid, "err", err)
+	if err := forgetPid(host, pid); err != nil && errdefs.CategoryOf(err) != errdefs.NotFound {
+		m.log.Debug("forget a process whose pid was reused", "sandbox", s.id, "pid", pid, "err", err)
 	}
 }
 
 // forget asks the agent to drop an exited process's record.
 func forget(p *process) error {
-	f, ok := p.host.(backend.Forgetter)
+	if err := forgetPid(p.host, p.pid); err != nil {
+		return fmt.Errorf("forget process %s: %w", p.id, err)
+	}
+	return nil
+}
+
+// forgetPid asks the agent to drop its oldest exited record of pid.
+func forgetPid(host backend.Background, pid int) error {
+	f, ok := host.(backend.Forgetter)
 	if !ok {
 		return errdefs.Unsupportedf("this sandbox's backend keeps every background process")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := f.ForgetBackground(ctx, p.pid); err != nil {
-		return fmt.Errorf("forget process %s: %w", p.id, err)
-	}
-	return nil
+	return f.ForgetBackground(ctx, pid)
 }
 
 func newProcess(sandbox string, host backend.Background, t procTag, pid int, pty bool) *process {
@@ -509,7 +514,8 @@ func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
 	for i, r := range recs {
 		newest[r.Pid] = i
 	}
-	var watch, exited, shadowed []*process
+	var watch, exited []*process
+	var shadowed []int // pids of the older records
 	s.mu.Lock()
 	if s.sb != sb || s.st != stateRunning {
 		s.mu.Unlock()
@@ -518,7 +524,7 @@ func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
 	for i, r := range recs {
 		if newest[r.Pid] != i {
 			if r.Exited {
-				shadowed = append(shadowed, &process{id: "(reused pid)", pid: r.Pid, host: host})
+				shadowed = append(shadowed, r.Pid)
 			}
 			continue
 		}
@@ -547,8 +553,8 @@ func (m *Manager) adoptProcesses(s *sandbox, sb backend.Sandbox) {
 		s.procSeq = max(s.procSeq, t.Seq)
 	}
 	s.mu.Unlock()
-	for _, q := range shadowed { // in start order, as the agent forgets
-		m.forgetShadowed(s, q)
+	for _, pid := range shadowed { // in start order, as the agent forgets
+		m.forgetShadowed(s, host, pid)
 	}
 	for _, p := range exited { // in start order: the oldest go first
 		m.retire(s, p)

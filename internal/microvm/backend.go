@@ -33,6 +33,17 @@ type Options struct {
 	KVM        bool
 }
 
+// DefaultGuestAgent is where the guest agent is looked for when none is
+// named: warren-guest beside the running executable (make build puts it
+// there).
+func DefaultGuestAgent() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "warren-guest"
+	}
+	return filepath.Join(filepath.Dir(exe), "warren-guest")
+}
+
 // Backend runs sandboxes as microVMs (backend.Backend).
 type Backend struct {
 	opts   Options

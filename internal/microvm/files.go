@@ -128,12 +128,12 @@ func (f vmFiles) WriteFile(ctx context.Context, p string, r io.Reader, mode os.F
 }
 
 func (f vmFiles) ReadFile(ctx context.Context, p string, off, length int64) ([]byte, int64, bool, error) {
-	var buf bytesWriter
+	var buf bytes.Buffer
 	res, err := f.fs(ctx, guest.FSCall{Method: "ReadFile", Path: p, Off: off, Length: length}, nil, &buf)
 	if err != nil {
 		return nil, 0, false, err
 	}
-	return buf.b, res.Size, res.EOF, nil
+	return buf.Bytes(), res.Size, res.EOF, nil
 }
 
 func (f vmFiles) List(ctx context.Context, p string, pageSize int, token string) ([]sandboxfs.FileInfo, string, error) {
@@ -171,7 +171,3 @@ func (f vmFiles) TarIn(ctx context.Context, p string, r io.Reader) error {
 	_, err := f.fs(ctx, guest.FSCall{Method: "TarIn", Path: p}, r, nil)
 	return err
 }
-
-type bytesWriter struct{ b []byte }
-
-func (w *bytesWriter) Write(p []byte) (int, error) { w.b = append(w.b, p...); return len(p), nil }
