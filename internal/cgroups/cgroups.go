@@ -452,6 +452,22 @@ func v1Dirs(parent, name string) []string {
 	return out
 }
 
+// RemoveParent removes parent's own directories, in every hierarchy of the
+// host's layout (the shared devices directory too), once its groups are
+// gone. A backend keeps its parent for the next daemon; tests, which own a
+// parent per process, call this so that none is left behind (they used to
+// list hierarchy names by hand and missed the ones a host names apart,
+// such as a lone "cpu").
+func RemoveParent(parent string) error {
+	if parent == "" || filepath.IsAbs(parent) || slices.Contains(strings.Split(parent, "/"), "..") {
+		return errdefs.Invalidf("bad cgroup parent %q", parent)
+	}
+	if unified() {
+		return rmdirs([]string{filepath.Join(Root, parent)})
+	}
+	return rmdirs(append(v1Dirs(parent, ""), filepath.Join(Root, string(cgroup1.Devices), parent)))
+}
+
 // List returns the names of the groups below parent, in any hierarchy.
 func List(parent string) ([]string, error) {
 	dirs := []string{filepath.Join(Root, parent)}

@@ -54,9 +54,7 @@ func testOptions(t *testing.T, name string) Options {
 			_ = b.Sweep(t.Context(), nil)
 			_ = b.Close()
 		}
-		for _, g := range cgroupDirs(opts.CgroupParent) {
-			_ = os.Remove(g)
-		}
+		_ = cgroups.RemoveParent(opts.CgroupParent)
 	})
 	return opts
 }
@@ -81,23 +79,6 @@ func TestConformance(t *testing.T) {
 			}
 		},
 	})
-}
-
-func cgroupDirs(parent string) []string {
-	if cgroups.Mode() == "v2" {
-		return []string{filepath.Join(cgroups.Root, parent)}
-	}
-	var out []string
-	for n := range v1Names() {
-		out = append(out, filepath.Join(cgroups.Root, n, parent))
-	}
-	return out
-}
-
-func v1Names() map[string]bool {
-	// unified: the hybrid layout's cgroup2 directories (a glob finds
-	// nothing on pure v1 hosts).
-	return map[string]bool{"cpu": true, "cpuacct": true, "memory": true, "pids": true, "freezer": true, "devices": true, "unified": true}
 }
 
 // resources lists what sandboxes of this test can leave on the host:

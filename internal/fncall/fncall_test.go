@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/container"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/testutil"
@@ -49,9 +50,7 @@ func newServiceTB(t testing.TB, o Options) (*Service, Image) {
 		_ = s.Close()
 		_ = b.Sweep(context.Background(), nil)
 		_ = b.Close()
-		for _, sub := range []string{"memory", "pids", "cpu,cpuacct", "freezer", "cpuset", "devices", "blkio", "unified"} {
-			_ = os.Remove(filepath.Join("/sys/fs/cgroup", sub, copts.CgroupParent))
-		}
+		_ = cgroups.RemoveParent(copts.CgroupParent)
 	})
 	return s, Image{Key: "busybox", Layers: backend.DirLayers(testutil.BusyboxRoot(t))}
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/backend/conformance"
 	"github.com/warrenrl/warren/internal/container"
 	"github.com/warrenrl/warren/internal/etcfiles"
@@ -57,9 +58,7 @@ func TestConformance(t *testing.T) {
 		for _, c := range ctrs {
 			_ = c.Close()
 		}
-		for _, sub := range []string{"memory", "pids", "cpu,cpuacct", "freezer", "cpuset", "devices", "blkio", "unified"} {
-			_ = os.Remove(filepath.Join("/sys/fs/cgroup", sub, copts.CgroupParent))
-		}
+		_ = cgroups.RemoveParent(copts.CgroupParent)
 	})
 	newBackend := func(t *testing.T) backend.Backend {
 		c, err := container.New(copts)
