@@ -75,21 +75,34 @@ func (m *Manager) sharedBase(b string) bool {
 // is empty, and a sandbox moves between nodes with its entries (its id
 // stays). Entries are made only for a sandbox that already stands on the
 // base (a fork's source is listed before its forks), so a list that went
-// empty stays empty.
+// empty stays empty. Each entry holds the name of the node whose records
+// hold the sandbox (node; this node when ""), so that a node's sweep can
+// tell its own stale entries (a crash between a delete and its entry's
+// removal) from the live ones of other nodes.
 func (m *Manager) refBases(id string, bases []string) error {
+	return m.nameOnBases(id, bases, m.cfg.NodeName, true)
+}
+
+// nameOnBases writes node into sandbox id's entries on its shared bases;
+// only the entries already there unless create.
+func (m *Manager) nameOnBases(id string, bases []string, node string, create bool) error {
 	for _, b := range bases {
 		if !m.sharedBase(b) {
 			continue
 		}
 		refs := b + refsSuffix
+		entry := filepath.Join(refs, id)
+		if !create {
+			if _, err := os.Stat(entry); err != nil {
+				continue
+			}
+		}
 		if err := os.MkdirAll(refs, 0o700); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "list a sandbox on its base")
 		}
-		f, err := os.OpenFile(filepath.Join(refs, id), os.O_CREATE|os.O_WRONLY, 0o600)
-		if err != nil {
+		if err := atomicfile.Write(entry, ".ref-", []byte(node+"\n"), 0o600); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "list a sandbox on its base")
 		}
-		f.Close()
 		if err := atomicfile.SyncDir(refs); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "list a sandbox on its base")
 		}
@@ -478,12 +491,14 @@ func (m *Manager) removeSharedBase(b string) {
 	}
 }
 
-// sweepSharedBases removes the shared bases whose list is empty (a
-// removal cut short) or missing and older than a fork takes (a crash
-// before the first entry). Entries of sandboxes a crash kept from taking
-// off their list keep their base: no one node can tell them from the
-// entries of sandboxes other nodes run.
-func (m *Manager) sweepSharedBases() {
+// sweepSharedBases takes this node's stale entries off the shared bases'
+// lists (an entry naming this node for a sandbox none of its records
+// holds: a crash between a delete and the entry's removal, or between a
+// fork's entry and its record), then removes the bases whose list is
+// empty (a removal cut short) or missing and older than a fork takes (a
+// crash before the first entry). Entries naming other nodes are theirs
+// to judge; unnamed ones (of daemons from before names) are kept.
+func (m *Manager) sweepSharedBases(recs []store.Record) {
 	dir := m.basesDir()
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -492,6 +507,10 @@ func (m *Manager) sweepSharedBases() {
 		}
 		return
 	}
+	here := map[string]bool{}
+	for _, r := range recs {
+		here[r.ID] = true
+	}
 	for _, e := range ents {
 		name := e.Name()
 		if strings.HasSuffix(name, refsSuffix) || strings.HasSuffix(name, movingSuffix) {
@@ -499,6 +518,24 @@ func (m *Manager) sweepSharedBases() {
 		}
 		b := filepath.Join(dir, name)
 		refs, err := os.ReadDir(b + refsSuffix)
+		if err == nil {
+			live := refs[:0]
+			for _, r := range refs {
+				p := filepath.Join(b+refsSuffix, r.Name())
+				if strings.HasPrefix(r.Name(), ".ref-") {
+					_ = os.Remove(p) // a write cut short
+					continue
+				}
+				if !here[r.Name()] && m.refNames(p) == m.cfg.NodeName {
+					m.log.Info("take a stale entry off a shared base's list", "sandbox", r.Name(), "base", b)
+					if rerr := os.Remove(p); rerr == nil || errors.Is(rerr, fs.ErrNotExist) {
+						continue
+					}
+				}
+				live = append(live, r)
+			}
+			refs = live
+		}
 		switch {
 		case err == nil && len(refs) == 0:
 			m.removeSharedBase(b)
@@ -510,11 +547,20 @@ func (m *Manager) sweepSharedBases() {
 	}
 }
 
+// refNames is the node a base list's entry names ("" for none).
+func (m *Manager) refNames(entry string) string {
+	b, err := os.ReadFile(entry)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
 // sweepBases removes the bases no record names (a crash between a fork's
 // record and its rename, or a delete whose removal failed).
 func (m *Manager) sweepBases(recs []store.Record) {
 	if m.sharedCheckpoints() {
-		m.sweepSharedBases()
+		m.sweepSharedBases(recs)
 	}
 	dir := filepath.Join(m.cfg.StateDir, "bases")
 	ents, err := os.ReadDir(dir)

@@ -156,6 +156,17 @@ func (m *Manager) movedAway(s *sandbox) (string, bool) {
 	if o == "" || o == m.cfg.NodeName {
 		return "", false
 	}
+	// Its entries on shared bases name the node that has it now before
+	// this node's record goes, so that no sweep here takes them for
+	// stale ones (the taking node names itself too, but may not have got
+	// that far).
+	s.mu.Lock()
+	bases := s.bases
+	s.mu.Unlock()
+	if err := m.nameOnBases(s.id, bases, o, false); err != nil {
+		m.log.Warn("name the new node on a moved sandbox's bases", "sandbox", s.id, "node", o, "err", err)
+		return "", false
+	}
 	defer os.Remove(tomb)
 	m.log.Info("hibernated sandbox was restored on another node: forgotten here", "sandbox", s.id, "node", o)
 	if err := m.remove(context.Background(), s, metrics.ReasonMoved); err != nil {
@@ -292,6 +303,12 @@ func (m *Manager) take(ctx context.Context, id string) error {
 		return errdefs.Wrap(errdefs.Internal, err, "take the checkpoint of sandbox "+id)
 	}
 	cu.Release()
+	// Its entries on shared bases name this node from now (the old node
+	// does the same when it sees the move): this node's sweep then knows
+	// them for its own.
+	if err := m.nameOnBases(id, rec.Bases, m.cfg.NodeName, false); err != nil {
+		m.log.Warn("name this node on a taken sandbox's bases", "sandbox", id, "err", err)
+	}
 	m.adopt(ctx, rec)
 	m.log.Info("hibernated sandbox taken from another node", "sandbox", id)
 	return nil

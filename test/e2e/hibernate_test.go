@@ -13,6 +13,7 @@ import (
 
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/store"
 )
 
 const stateHibernated = warrenv1.SandboxState_SANDBOX_STATE_HIBERNATED
@@ -290,6 +291,94 @@ func TestRestoreForkOnAnotherNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.expectNoResources(f1, "deleted")
+	if left, _ := filepath.Glob(filepath.Join(ck, ".bases", "*")); len(left) != 0 {
+		t.Fatalf("shared bases left after every sandbox on them was deleted: %v", left)
+	}
+}
+
+// TestSharedBaseStaleEntrySwept: a node that crashed between a delete and
+// taking the sandbox off its shared base's list finds the stale entry
+// (it names this node, and no record here holds the sandbox) when it
+// starts again, and removes it, and the base with the last entry; the
+// entries of sandboxes it still holds, and those naming other nodes (a
+// fork moved to node b, which renamed its entry), stay.
+func TestSharedBaseStaleEntrySwept(t *testing.T) {
+	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
+		t.Skipf("no CRIU >= 4 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+	}
+	t.Parallel()
+	shared := t.TempDir()
+	ck := filepath.Join(shared, "checkpoints")
+	args := func(node string) []string {
+		return []string{"--image-store", filepath.Join(shared, "images"), "--checkpoint-dir", ck, "--node-name", node}
+	}
+	a := newEnv(t, envOptions{serveArgs: args("a")})
+	b := newEnv(t, envOptions{serveArgs: args("b")})
+	ctx := ctxFor(t, 3*time.Minute)
+
+	a.create(&warrenv1.CreateRequest{Id: "src"})
+	a.shOK("src", "echo from-source > /root/f")
+	fr, err := a.c.Fork(ctx, &warrenv1.ForkRequest{Id: "src", Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f1, f2 := fr.GetSandboxes()[0].GetId(), fr.GetSandboxes()[1].GetId()
+	bases, _ := filepath.Glob(filepath.Join(ck, ".bases", "src-*.refs"))
+	if len(bases) != 1 {
+		t.Fatalf("shared base lists after the fork: %v", bases)
+	}
+	refs := bases[0]
+	entry := func(id string) (string, bool) {
+		b, err := os.ReadFile(filepath.Join(refs, id))
+		return strings.TrimSpace(string(b)), err == nil
+	}
+	for _, id := range []string{"src", f1, f2} {
+		if n, ok := entry(id); !ok || n != "a" {
+			t.Fatalf("entry of %s: %q, %v (want one naming node a)", id, n, ok)
+		}
+	}
+	if _, err := a.c.Hibernate(ctx, f1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.Restore(ctx, f1); err != nil {
+		t.Fatalf("restore of a fork on another node: %v", err)
+	}
+	if n, _ := entry(f1); n != "b" {
+		t.Fatalf("the moved fork's entry names %q, want b", n)
+	}
+	// Node a crashes; its record of f2 is gone as a delete removes it,
+	// its entry not yet.
+	a.kill9()
+	st, err := store.Open(a.stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete(f2); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a.start()
+	if _, ok := entry(f2); ok {
+		t.Fatalf("the stale entry of %s (deleted on node a, which crashed) is still on the base's list", f2)
+	}
+	for _, id := range []string{"src", f1} {
+		if _, ok := entry(id); !ok {
+			t.Fatalf("the entry of %s went with the stale one", id)
+		}
+	}
+	if got := b.shOK(f1, "cat /root/f"); got != "from-source\n" {
+		t.Fatalf("the moved fork after node a's sweep: %q", got)
+	}
+	for _, env := range []struct {
+		e  *env
+		id string
+	}{{a, "src"}, {b, f1}} {
+		if err := env.e.c.Delete(ctx, env.id); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if left, _ := filepath.Glob(filepath.Join(ck, ".bases", "*")); len(left) != 0 {
 		t.Fatalf("shared bases left after every sandbox on them was deleted: %v", left)
 	}
