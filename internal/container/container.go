@@ -773,6 +773,7 @@ func (b *Backend) Adopt(ctx context.Context, id string, blob []byte) (backend.Sa
 	}
 	s.st.UserNS = st.UserNS
 	b.cpus.adopt(id, st.Pid)
+	s.adoptLazy()
 	return s, nil
 }
 

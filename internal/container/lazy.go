@@ -3,6 +3,7 @@ package container
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,8 +35,9 @@ import (
 // is discarded at once; a fork's source may be deleted) while it still
 // reads them. It runs in its own session and, once the tree is restored,
 // in the sandbox's cgroup: a daemon that stops or restarts leaves it
-// filling (as it leaves the sandbox running), and deleting the sandbox
-// kills it with the rest of the group.
+// filling (as it leaves the sandbox running), the next one adopts it
+// (adoptLazy), and deleting the sandbox kills it with the rest of the
+// group.
 //
 // A server that dies before it is done leaves pages that can never come
 // back: a process touching one gets SIGBUS (the kernel does not hand it
@@ -48,13 +50,22 @@ const lazyImagesDir = "lazy-images"
 
 // lazyServer is one sandbox's running lazy-pages server.
 type lazyServer struct {
-	cmd    *exec.Cmd
+	pid    int           // its supervising shell (lazyWrapper), leader of its process group
 	linked string        // the hard links of the images it reads
 	log    string        // its log
 	ready  chan error    // its first status, or why there is none
-	done   chan struct{} // closed once it exited and was reaped
+	done   chan struct{} // closed once it exited (and was reaped, if ours)
 	err    error         // its exit; set before done closes
 }
+
+// lazyWrapper runs the server under a shell that writes its exit status
+// to a file ($0) beside its log: a daemon that restarted while the server
+// filled (and cannot wait for a process it did not start) reads it there
+// (adoptLazy). The shell leads the server's process group.
+const lazyWrapper = `"$@"; s=$?; echo $s > "$0"; exit $s`
+
+// lazyStatusFile is the server's exit status, in the work directory.
+const lazyStatusFile = "lazy-pages.status"
 
 // startLazyPages links the images into the sandbox's state directory and
 // starts a lazy-pages server on them, listening in workDir (where the
@@ -79,7 +90,10 @@ func startLazyPages(images, stateDir, workDir string) (_ *lazyServer, retErr err
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "lazy-pages status pipe")
 	}
-	cmd := exec.Command(CRIUPath, "lazy-pages", "--images-dir", linked, "--work-dir", workDir,
+	status := filepath.Join(workDir, lazyStatusFile)
+	_ = os.Remove(status) // a crashed attempt's
+	cmd := exec.Command("/bin/sh", "-c", lazyWrapper, status,
+		CRIUPath, "lazy-pages", "--images-dir", linked, "--work-dir", workDir,
 		"--status-fd", "3", "-o", "lazy-pages.log", "-v2")
 	cmd.ExtraFiles = []*os.File{wr}
 	// Its own session: no signal meant for the daemon's process group
@@ -91,7 +105,7 @@ func startLazyPages(images, stateDir, workDir string) (_ *lazyServer, retErr err
 		rd.Close()
 		return nil, errdefs.Wrap(errdefs.Internal, err, "start criu lazy-pages")
 	}
-	l := &lazyServer{cmd: cmd, linked: linked, log: filepath.Join(workDir, "lazy-pages.log"),
+	l := &lazyServer{pid: cmd.Process.Pid, linked: linked, log: filepath.Join(workDir, "lazy-pages.log"),
 		ready: make(chan error, 1), done: make(chan struct{})}
 	go func() {
 		l.err = cmd.Wait()
@@ -182,27 +196,156 @@ func uffdForUserNS() error {
 	return nil
 }
 
-// adopt moves the server into the sandbox's cgroup, so that it outlives
-// the daemon with the sandbox and dies with it.
+// adopt moves the server (its shell and the server itself) into the
+// sandbox's cgroup, so that it outlives the daemon with the sandbox and
+// dies with it.
 func (l *lazyServer) adopt(grp cgroups.Group) error {
-	// The group's OOM killer takes the sandbox's processes, not the
-	// server (whose death would kill the whole sandbox).
-	_ = os.WriteFile("/proc/"+strconv.Itoa(l.cmd.Process.Pid)+"/oom_score_adj", []byte("-1000"), 0)
-	if err := grp.AddProc(l.cmd.Process.Pid); err != nil {
-		select {
-		case <-l.done:
-			return nil // finished already
-		default:
+	if l.pid <= 0 {
+		return nil // an adopted one that had ended
+	}
+	for _, pid := range append([]int{l.pid}, childrenOf(l.pid)...) {
+		// The group's OOM killer takes the sandbox's processes, not
+		// the server (whose death would kill the whole sandbox).
+		_ = os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte("-1000"), 0)
+		if err := grp.AddProc(pid); err != nil {
+			select {
+			case <-l.done:
+				return nil // finished already
+			default:
+			}
+			return err
 		}
-		return err
 	}
 	return nil
 }
 
-// stop kills the server (a failed restore) and waits for it.
+// childrenOf lists pid's children (none if it is gone).
+func childrenOf(pid int) []int {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if c, err := strconv.Atoi(f); err == nil {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// stop kills the server (a failed restore, an adopted one's sandbox
+// deleted) and waits for it: its whole process group, shell and server.
 func (l *lazyServer) stop() {
-	_ = l.cmd.Process.Signal(unix.SIGKILL)
+	if l.pid > 0 {
+		_ = unix.Kill(-l.pid, unix.SIGKILL)
+	}
 	<-l.done
+}
+
+// adoptLazy finds, for a sandbox a restarted daemon adopts, the lazy-pages
+// server that was filling its memory when the last daemon stopped, and
+// watches it as its own (watchLazy): its images go once it is done, and
+// the sandbox is killed should it die before. One that ended meanwhile is
+// judged by the status its shell wrote. Nothing to do for a sandbox that
+// was not restored lazily, or whose server was done before.
+func (s *sandbox) adoptLazy() {
+	linked := filepath.Join(s.b.stateDir(s.id), lazyImagesDir)
+	if _, err := os.Stat(linked); err != nil {
+		return
+	}
+	work := s.b.runDir(s.id)
+	status := filepath.Join(work, lazyStatusFile)
+	l := &lazyServer{linked: linked, log: filepath.Join(work, "lazy-pages.log"), done: make(chan struct{})}
+	// Looked for in all of /proc, not only the sandbox's group: its move
+	// there may have failed. Rare (a restart while a restore filled).
+	pid, pidfd := findLazyServer(linked)
+	l.pid = pid
+	go func() {
+		if pidfd >= 0 {
+			defer unix.Close(pidfd)
+			fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+			for {
+				if _, err := unix.Poll(fds, -1); err != unix.EINTR {
+					break
+				}
+			}
+		}
+		l.err = lazyOutcome(status, l.log)
+		close(l.done)
+	}()
+	s.lazyMu.Lock()
+	s.lazy = l
+	s.lazyMu.Unlock()
+	go s.watchLazy(l)
+}
+
+// findLazyServer finds the running lazy-pages server reading linked: its
+// shell (lazyWrapper), or the server itself as daemons before the shell
+// started it. It returns its pid and a pidfd (-1 when none runs).
+func findLazyServer(linked string) (int, int) {
+	ents, _ := os.ReadDir("/proc")
+	var bare int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		switch lazyKind(pid, linked) {
+		case 1:
+			if fd, ok := pidfdOf(pid, linked, 1); ok {
+				return pid, fd
+			}
+		case 2:
+			bare = pid
+		}
+	}
+	if bare != 0 {
+		if fd, ok := pidfdOf(bare, linked, 2); ok {
+			return bare, fd
+		}
+	}
+	return 0, -1
+}
+
+// pidfdOf opens a pidfd of pid and checks, now that its pid cannot be
+// reused, that it still is what it was.
+func pidfdOf(pid int, linked string, kind int) (int, bool) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1, false
+	}
+	if lazyKind(pid, linked) != kind {
+		unix.Close(fd)
+		return -1, false
+	}
+	return fd, true
+}
+
+// lazyKind: 1 if pid is the shell of a lazy-pages server reading linked,
+// 2 if it is such a server itself, 0 otherwise.
+func lazyKind(pid int, linked string) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil || !strings.Contains(string(b), "\x00lazy-pages\x00--images-dir\x00"+linked+"\x00") {
+		return 0
+	}
+	if strings.HasPrefix(string(b), "/bin/sh\x00-c\x00"+lazyWrapper+"\x00") {
+		return 1
+	}
+	return 2
+}
+
+// lazyOutcome is how a server that no daemon waited for ended: the status
+// its shell wrote, else (its shell was killed, or a daemon from before
+// the shell started it) the errors of its log, if any.
+func lazyOutcome(status, log string) error {
+	if b, err := os.ReadFile(status); err == nil {
+		if st := strings.TrimSpace(string(b)); st != "0" {
+			return fmt.Errorf("lazy-pages server exited with status %s: %s", st, criuLogErrors(log))
+		}
+		return nil
+	}
+	if errs := criuLogErrors(log); strings.Contains(errs, "Error (") {
+		return fmt.Errorf("lazy-pages server failed: %s", errs)
+	}
+	return nil
 }
 
 // finished says whether the server exited, and with what.
@@ -299,5 +442,9 @@ func (s *sandbox) lazyPid() int {
 	if done, _ := s.lazy.finished(); done {
 		return 0
 	}
-	return s.lazy.cmd.Process.Pid
+	// The server, not its shell (lazyWrapper).
+	if c := childrenOf(s.lazy.pid); len(c) > 0 {
+		return c[0]
+	}
+	return s.lazy.pid
 }

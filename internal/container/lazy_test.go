@@ -3,9 +3,11 @@ package container
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -200,4 +202,112 @@ func TestLazyServerDeathKillsSandbox(t *testing.T) {
 	_ = os.RemoveAll(dir)
 	_ = os.RemoveAll(filepath.Join(opts.StateDir, "base-lksrc"))
 	waitNoLeaks(t, opts, baseline)
+}
+
+// TestLazyServerAdoptedAfterRestart: a daemon that restarts while a
+// sandbox's lazy-pages server still fills its memory takes the server on
+// as its own: once it ends well its images go and the sandbox runs on;
+// should it die first (killed, or a failure) the sandbox is killed whole,
+// as with a server the daemon started itself; one that ended while no
+// daemon ran is judged by the status its shell left. The servers here
+// are stand-ins run by the same shell wrapper with the same arguments,
+// so that each outcome can be chosen (the real server's death is
+// TestLazyServerDeathKillsSandbox).
+func TestLazyServerAdoptedAfterRestart(t *testing.T) {
+	opts := testOptions(t, "lazya-")
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	type server struct {
+		stdin *os.File
+		cmd   *exec.Cmd
+	}
+	// serve starts a stand-in server for sandbox id that exits with
+	// the status written to its stdin; ended: the status its shell left
+	// instead, with no server running.
+	serve := func(id, ended string) *server {
+		linked := filepath.Join(b.stateDir(id), lazyImagesDir)
+		if err := os.Mkdir(linked, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		status := filepath.Join(b.runDir(id), lazyStatusFile)
+		if ended != "" {
+			if err := os.WriteFile(status, []byte(ended+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return nil
+		}
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("/bin/sh", "-c", lazyWrapper, status,
+			"/bin/sh", "-c", `read x; exit $x`, "lazy-pages", "--images-dir", linked, "--work-dir", b.runDir(id))
+		cmd.Stdin = r
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+		go cmd.Wait()
+		t.Cleanup(func() { _ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL); w.Close() })
+		return &server{stdin: w, cmd: cmd}
+	}
+	ids := []string{"ok", "killed", "failed", "endedok", "endedbad"}
+	olds := map[string]backend.Sandbox{}
+	servers := map[string]*server{}
+	for _, id := range ids {
+		olds[id], _ = runningSandbox(t, b, "la"+id)
+		servers[id] = serve("la"+id, map[string]string{"endedok": "0", "endedbad": "137"}[id])
+	}
+	// The next daemon.
+	b2, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbs := map[string]*sandbox{}
+	for _, id := range ids {
+		sb, err := b2.Adopt(t.Context(), "la"+id, olds[id].State())
+		if err != nil {
+			t.Fatal(err)
+		}
+		sbs[id] = sb.(*sandbox)
+	}
+	for _, id := range []string{"ok", "killed", "failed"} {
+		if sbs[id].lazyPid() == 0 {
+			t.Fatalf("sandbox la%s: the adopting daemon did not find its running lazy-pages server", id)
+		}
+	}
+	if _, err := servers["ok"].stdin.WriteString("0\n"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := servers["failed"].stdin.WriteString("1\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Kill(sbs["killed"].lazyPid(), unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"killed", "failed", "endedbad"} {
+		select {
+		case <-sbs[id].Exited().Done():
+		case <-time.After(15 * time.Second):
+			t.Errorf("sandbox la%s still running 15 s after its lazy-pages server ended badly", id)
+		}
+	}
+	for _, id := range []string{"ok", "endedok"} {
+		linked := filepath.Join(b.stateDir("la"+id), lazyImagesDir)
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if _, err := os.Stat(linked); os.IsNotExist(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sandbox la%s: its lazy-pages images are still there 15 s after its server ended well", id)
+			}
+		}
+		if r := conformance.Exec(t, sbs[id], backend.ProcSpec{Argv: []string{"echo", "alive"}}, ""); r.Stdout != "alive\n" {
+			t.Errorf("sandbox la%s after its server ended well: %+v", id, r)
+		}
+	}
 }
