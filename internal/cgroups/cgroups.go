@@ -229,7 +229,14 @@ func New(parent, name string, r Resources) (Group, error) {
 		if err != nil {
 			return nil, classify(err, "create cgroup "+path)
 		}
-		return &v2Group{name: parent + "/" + name, m: m}, nil
+		g := &v2Group{name: parent + "/" + name, m: m}
+		if r.MemoryBytes > 0 && v2SwapFile(g.dir()) {
+			if err := kfile.Write(filepath.Join(g.dir(), "memory.swap.max"), v2SwapMax(r.MemoryBytes)); err != nil {
+				_ = m.Delete()
+				return nil, classify(err, "bound the swap of cgroup "+path)
+			}
+		}
+		return g, nil
 	}
 	if hybrid() {
 		g, err := newHybrid(parent, name, r)

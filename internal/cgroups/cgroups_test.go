@@ -785,23 +785,72 @@ func TestReclaimAnonV1PushesToSwap(t *testing.T) {
 	testReclaimAnonV1(t)
 }
 
+// TestReclaimV2PushesToSwap: on a v2 node with swap, the reclaim of a
+// frozen group moves at least half of its anonymous memory out although
+// the running group may not swap (memory.swap.max 0), and puts that limit
+// back after. This machine's memory
+// controller is v1's (hybrid), so it runs on v2 nodes only.
+func TestReclaimV2PushesToSwap(t *testing.T) {
+	parent := testParent(t)
+	if Mode() != "v2" {
+		t.Skipf("the memory controller is on cgroup v1 here (%s layout): memory.swap.max and memory.reclaim are v2's", Mode())
+	}
+	withSwap(t)
+	g, err := New(parent, "sb1", Resources{MemoryBytes: 256 << 20, PidsMax: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer deleteGroup(t, g, parent, "sb1")
+	var out strings.Builder
+	_, start, _ := gated(t, g, "exec python3 -c \"import time; b=bytearray(48<<20); [b.__setitem__(i,1) for i in range(0,len(b),4096)]; print('held',flush=True); time.sleep(600)\"", &out)
+	start()
+	waitFor(t, "the memory to be held", 20*time.Second, func() bool { m, _ := g.Memory(); return m.Anon >= 48<<20 })
+	swapMax := filepath.Join(Root, g.Name(), "memory.swap.max")
+	if got := mustRead(t, swapMax); got != "0" {
+		t.Fatalf("memory.swap.max %s while running, want 0", got)
+	}
+	if err := g.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := g.Memory()
+	if err := g.Reclaim(); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := g.Memory()
+	t.Logf("before %+v after %+v", before, after)
+	if after.Swap < before.Anon/2 {
+		t.Errorf("%d bytes out on swap of %d bytes of anonymous memory", after.Swap, before.Anon)
+	}
+	if got := mustRead(t, swapMax); got != "0" {
+		t.Errorf("memory.swap.max %s after the reclaim, want 0 back", got)
+	}
+	if err := g.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	if oom, _ := g.OOMKills(); oom != 0 {
+		t.Errorf("%d OOM kills", oom)
+	}
+}
+
 // TestMemoryLimitBoundsSwap: on a node with swap, a group's memory limit
 // bounds its memory and swap together: a process that outgrows it meets
 // the OOM killer instead of going on in swap (and filling the node's).
 func TestMemoryLimitBoundsSwap(t *testing.T) {
 	parent := testParent(t)
-	if Mode() == "v2" {
-		t.Skip("v2 leaves memory.swap.max as the kernel has it")
-	}
 	withSwap(t)
 	g, err := New(parent, "sb1", Resources{MemoryBytes: 64 << 20, PidsMax: 50})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer deleteGroup(t, g, parent, "sb1")
-	sw := mustRead(t, filepath.Join(v1Dir("memory", g.Name()), "memory.memsw.limit_in_bytes"))
-	if sw != strconv.Itoa(64<<20) {
-		t.Fatalf("memory+swap limit %s, want the memory limit %d", sw, 64<<20)
+	// What bounds swap: v1's memory+swap limit at the memory limit, v2's
+	// swap limit at 0 while the sandbox runs.
+	swapFile, want := filepath.Join(v1Dir("memory", g.Name()), "memory.memsw.limit_in_bytes"), func(n int64) string { return strconv.FormatInt(n, 10) }
+	if Mode() == "v2" {
+		swapFile, want = filepath.Join(Root, g.Name(), "memory.swap.max"), func(int64) string { return "0" }
+	}
+	if sw := mustRead(t, swapFile); sw != want(64<<20) {
+		t.Fatalf("%s %s, want %s", filepath.Base(swapFile), sw, want(64<<20))
 	}
 	var out strings.Builder
 	cmd, start, done := gated(t, g, "exec python3 -c \"b=bytearray(160<<20); [b.__setitem__(i,1) for i in range(0,len(b),4096)]; print('held',flush=True)\"", &out)
@@ -823,8 +872,8 @@ func TestMemoryLimitBoundsSwap(t *testing.T) {
 		if err := g.SetLimits(Limits{MemoryBytes: &n}); err != nil {
 			t.Fatal(err)
 		}
-		if got := mustRead(t, filepath.Join(v1Dir("memory", g.Name()), "memory.memsw.limit_in_bytes")); got != strconv.FormatInt(n, 10) {
-			t.Errorf("memory+swap limit %s after setting %d", got, n)
+		if got := mustRead(t, swapFile); got != want(n) {
+			t.Errorf("%s %s after setting %d, want %s", filepath.Base(swapFile), got, n, want(n))
 		}
 	}
 }

@@ -2,6 +2,7 @@ package cgroups
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -120,11 +121,35 @@ func v2Writes(dir string, l Limits) []limitWrite {
 	}
 	if l.MemoryBytes != nil {
 		ws = append(ws, limitWrite{path: filepath.Join(dir, "memory.max"), value: maxOr(*l.MemoryBytes), memory: true})
+		if v2SwapFile(dir) {
+			// Swap follows the memory limit (v2SwapMax).
+			ws = append(ws, limitWrite{path: filepath.Join(dir, "memory.swap.max"), value: v2SwapMax(*l.MemoryBytes)})
+		}
 	}
 	if l.PidsMax != nil {
 		ws = append(ws, limitWrite{path: filepath.Join(dir, "pids.max"), value: maxOr(*l.PidsMax)})
 	}
 	return ws
+}
+
+// v2SwapMax is a v2 group's memory.swap.max for memory limit n: none
+// while it runs. v2 has no memory+swap limit (v1's memsw, which bounds a
+// v1 sandbox: v1SwapAccounting); without this a sandbox past its memory
+// limit would go on in the node's swap instead of meeting the OOM killer,
+// and could fill it. The pause's reclaim opens it for its run
+// (reclaimV2). Unlimited memory: unlimited swap.
+func v2SwapMax(n int64) string {
+	if n <= 0 {
+		return "max"
+	}
+	return "0"
+}
+
+// v2SwapFile: the v2 group directory has memory.swap.max (the kernel
+// accounts swap: CONFIG_MEMCG_SWAP, not swapaccount=0).
+func v2SwapFile(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "memory.swap.max"))
+	return err == nil
 }
 
 func maxOr(n int64) string {

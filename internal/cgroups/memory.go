@@ -160,10 +160,26 @@ func v2Memory(dir string) (Memory, error) {
 // swappiness says. It answers EAGAIN when it could not reclaim the whole
 // amount, which is the normal case (the frozen tasks' unreclaimable pages
 // stay). Lowering memory.max instead would OOM-kill on v2.
-func reclaimV2(name, dir string) error {
+func reclaimV2(name, dir string) (err error) {
 	use, err := readUint(filepath.Join(dir, "memory.current"))
 	if err != nil {
 		return classify(err, "read memory use of cgroup "+name)
+	}
+	// A running sandbox may not swap (v2SwapMax); for the reclaim its
+	// anonymous memory may go to swap up to what it uses, and the limit
+	// is put back after: what went stays out until touched.
+	swapMax := filepath.Join(dir, "memory.swap.max")
+	if swap, serr := SwapTotal(); serr == nil && swap > 0 && v2SwapFile(dir) {
+		if b, rerr := kfile.Read(swapMax); rerr == nil {
+			old := string(bytes.TrimSpace(b))
+			if werr := kfile.Write(swapMax, strconv.FormatUint(use, 10)); werr == nil {
+				defer func() {
+					if rerr := kfile.Write(swapMax, old); rerr != nil {
+						err = errors.Join(err, errdefs.Wrap(errdefs.Internal, rerr, "restore memory.swap.max "+old+" of cgroup "+name+" after reclaim"))
+					}
+				}()
+			}
+		}
 	}
 	err = kfile.Write(filepath.Join(dir, "memory.reclaim"), strconv.FormatUint(use, 10))
 	if err != nil && !errors.Is(err, syscall.EAGAIN) {
