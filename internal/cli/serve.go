@@ -60,6 +60,8 @@ type serveOptions struct {
 	mkfsErofs                string
 	pprofAddr                string
 	stallTimeout             time.Duration
+	harnessCallRate          float64
+	harnessCallBurst         int
 	seccomp                  bool
 	userns                   bool
 	lazyPages                bool
@@ -132,6 +134,8 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.noGPUs, "no-gpus", false, "give jobs no GPU, whatever the node has")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	f.Float64Var(&o.harnessCallRate, "harness-calls-per-second", server.DefaultHarnessCallsPerSecond, "each harness sandbox's call budget through its route (calls over it wait up to a second, then fail exhausted; negative: none)")
+	f.IntVar(&o.harnessCallBurst, "harness-call-burst", server.DefaultHarnessCallBurst, "how many calls a harness may make at once above its rate")
 	f.DurationVar(&o.stallTimeout, "stall-timeout", server.DefaultStallTimeout, "cut an archive download whose client takes no data, or an upload whose client sends none, for this long (the walk it holds is released)")
 	f.StringVar(&o.pprofAddr, "pprof", "", "serve Go's profiling endpoints (/debug/pprof/) on this TCP address, without authentication: use a loopback address such as 127.0.0.1:6060")
 	o.cluster.flags(f)
@@ -249,6 +253,9 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		Metrics:        met.Handler(),
 		Logger:         log,
 		StallTimeout:   o.stallTimeout,
+
+		HarnessCallsPerSecond: o.harnessCallRate,
+		HarnessCallBurst:      o.harnessCallBurst,
 	})
 	if err != nil {
 		return err

@@ -17,8 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/backend"
-	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/backend/conformance"
+	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/container"
 	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/mountinfo"

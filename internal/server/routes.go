@@ -42,10 +42,11 @@ const (
 
 // route is one harness's listener and server.
 type route struct {
-	id   string
-	ln   *net.UnixListener
-	srv  *http.Server  // nil until served
-	done chan struct{} // closed when srv.Serve returned; nil until served
+	id     string
+	budget *budget // its calls' bucket (budget.go); nil: none
+	ln     *net.UnixListener
+	srv    *http.Server  // nil until served
+	done   chan struct{} // closed when srv.Serve returned; nil until served
 }
 
 // OpenRoute listens on the unix socket path for calls of harness id,
@@ -57,7 +58,7 @@ func (s *Server) OpenRoute(id, path string) error {
 	if err != nil {
 		return err
 	}
-	r := &route{id: id, ln: ln}
+	r := &route{id: id, ln: ln, budget: newBudget(s.cfg.HarnessCallsPerSecond, s.cfg.HarnessCallBurst)}
 	s.routeMu.Lock()
 	if s.routesClosed {
 		s.routeMu.Unlock()
@@ -110,7 +111,9 @@ func (s *Server) startRoutes(reqCtx context.Context, h http.Handler, log *slog.L
 		r.srv.HTTP2.MaxConcurrentStreams = RouteMaxStreams
 		r.srv.HTTP2.MaxReceiveBufferPerConnection = routeRecvPerConn
 		r.srv.HTTP2.MaxReceiveBufferPerStream = routeRecvPerStream
-		r.srv.BaseContext = func(net.Listener) context.Context { return caller.WithHarness(reqCtx, r.id) }
+		r.srv.BaseContext = func(net.Listener) context.Context {
+			return withBudget(caller.WithHarness(reqCtx, r.id), r.budget)
+		}
 		r.srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelDebug)
 		r.done = make(chan struct{})
 		go func() {

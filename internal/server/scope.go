@@ -177,6 +177,9 @@ func (sc scope) owns(h, id string) error {
 func (sc scope) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if h, ok := caller.Harness(ctx); ok {
+			if err := spend(ctx, h); err != nil {
+				return nil, ToConnectError(err)
+			}
 			if err := sc.check(h, req.Spec().Procedure, req.Any()); err != nil {
 				return nil, ToConnectError(err)
 			}
@@ -197,6 +200,9 @@ func (sc scope) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.
 		h, ok := caller.Harness(ctx)
 		if !ok {
 			return next(ctx, conn)
+		}
+		if err := spend(ctx, h); err != nil {
+			return ToConnectError(err)
 		}
 		procedure := conn.Spec().Procedure
 		if r := harnessRPC[procedure]; r.access != child {
@@ -232,10 +238,11 @@ func (c *checkedConn) Receive(msg any) error {
 func (sc scope) scopeHTTP(a access, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if h, ok := caller.Harness(r.Context()); ok {
-			var err error
-			switch a {
-			case anyone:
-			case child:
+			err := spend(r.Context(), h)
+			switch {
+			case err != nil:
+			case a == anyone:
+			case a == child:
 				err = sc.owns(h, r.PathValue("id"))
 			default:
 				err = errdefs.New(errdefs.PermissionDenied, "harness %s may not call %s %s: it is node-level", h, r.Method, r.URL.Path)

@@ -212,3 +212,53 @@ func TestRouteConnectionLimit(t *testing.T) {
 	}
 	ts.srv.CloseRoute("h")
 }
+
+// TestHarnessCallBudget: a harness's calls spend its route's budget: past
+// its burst a call waits for the rate (here 2 s a call, beyond the wait a
+// call is allowed) and is refused Exhausted, naming the budget, for RPCs
+// and plain endpoints alike; another harness's route has a budget of its
+// own, and the node's socket none.
+func TestHarnessCallBudget(t *testing.T) {
+	ts := startServer(t, Config{HarnessCallsPerSecond: 0.5, HarnessCallBurst: 3})
+	ts.m.sandboxes["kid"] = &warrenv1.Sandbox{Id: "kid", Parent: "h", State: warrenv1.SandboxState_SANDBOX_STATE_RUNNING}
+	dir := shortTempDir(t)
+	routes := map[string]string{"h": filepath.Join(dir, "h.sock"), "h2": filepath.Join(dir, "h2.sock")}
+	for h, p := range routes {
+		if err := ts.srv.OpenRoute(h, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	hc := newClient(t, "unix://"+routes["h"])
+	for i := range 3 {
+		if _, err := hc.Get(ctx, "kid"); err != nil {
+			t.Fatalf("call %d within the burst: %v", i, err)
+		}
+	}
+	_, err := hc.Get(ctx, "kid")
+	if !client.IsExhausted(err) || !strings.Contains(err.Error(), "call budget") {
+		t.Fatalf("a call past the budget: %v, want exhausted naming the budget", err)
+	}
+	hcl := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", routes["h"])
+	}}}
+	defer hcl.CloseIdleConnections()
+	res, err := hcl.Get("http://h/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("a plain endpoint past the budget: HTTP %d, want 429", res.StatusCode)
+	}
+	if _, err := newClient(t, "unix://"+routes["h2"]).Version(ctx); err != nil {
+		t.Errorf("another harness's call: %v", err)
+	}
+	nc := newClient(t, "unix://"+ts.sock)
+	for i := range 10 {
+		if _, err := nc.Get(ctx, "kid"); err != nil {
+			t.Fatalf("node call %d: %v", i, err)
+		}
+	}
+}

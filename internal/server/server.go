@@ -49,6 +49,11 @@ type Config struct {
 	// no data for this long (HandlerOptions.StallTimeout); zero means
 	// DefaultStallTimeout.
 	StallTimeout time.Duration
+	// HarnessCallsPerSecond and HarnessCallBurst are each harness
+	// route's call budget (budget.go); zero selects the defaults, a
+	// negative rate none.
+	HarnessCallsPerSecond float64
+	HarnessCallBurst      int
 }
 
 // Server serves the API on its listeners.
