@@ -322,6 +322,9 @@ type Containment interface {
 type Contained struct {
 	OOMKills    uint64 // cumulative OOM kills in the sandbox
 	PidsRefused uint64 // cumulative forks refused at its pids limit
+	// CPUUsage is its processes' CPU time so far (0: unknown), for the
+	// node's utilisation statistics.
+	CPUUsage time.Duration
 	// Disk is set for a sandbox with a disk of its own (a disk limit):
 	// its size and what is left of it.
 	Disk *DiskUse
@@ -499,9 +502,12 @@ type ExitStatus struct {
 type Stats struct {
 	MemoryBytes uint64 // current usage
 	MemoryCache uint64 // of MemoryBytes, page cache
-	OOMKills    uint64 // cumulative count of OOM kills in the sandbox
-	CPUUsage    time.Duration
-	Pids        uint64
+	// Of MemoryBytes, anonymous and kernel memory; MemorySwap is out on
+	// swap, beside it (0 where the backend cannot tell).
+	MemoryAnon, MemoryKernel, MemorySwap uint64
+	OOMKills                             uint64 // cumulative count of OOM kills in the sandbox
+	CPUUsage                             time.Duration
+	Pids                                 uint64
 }
 
 // Background is implemented by sandboxes whose agent owns background

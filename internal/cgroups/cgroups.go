@@ -70,6 +70,8 @@ type Group interface {
 	// whose tasks do not fault it back in meanwhile (memory.go).
 	Reclaim() error
 	Stats() (Stats, error)
+	// CPUUsage reads only the group's CPU time so far (one file).
+	CPUUsage() (time.Duration, error)
 	// OOMKills reads only the OOM-kill counter: one file, for the exec
 	// path, which checks it before and after every process.
 	OOMKills() (uint64, error)
@@ -86,9 +88,14 @@ type Group interface {
 type Stats struct {
 	MemoryBytes uint64
 	MemoryCache uint64 // of MemoryBytes, page cache (0 when unread)
-	OOMKills    uint64
-	CPUUsage    time.Duration
-	Pids        uint64
+	// Of MemoryBytes, anonymous memory (heaps, stacks, tmpfs) and the
+	// kernel's (slab, kernel stacks, page tables, sockets) charged to
+	// the group (0 when the kernel does not say); MemorySwap is what it
+	// has out on swap, beside MemoryBytes.
+	MemoryAnon, MemoryKernel, MemorySwap uint64
+	OOMKills                             uint64
+	CPUUsage                             time.Duration
+	Pids                                 uint64
 }
 
 // Mode reports "v2", "hybrid" or "v1".
@@ -605,6 +612,28 @@ func readUint(path string) (uint64, error) {
 }
 
 // readKey reads "key value" lines (memory.events, memory.oom_control).
+// readKeys reads the values of keys from a flat-keyed file such as
+// memory.stat in one read; 0 for a key missing or the file unreadable.
+func readKeys(path string, keys ...string) []uint64 {
+	out := make([]uint64, len(keys))
+	b, err := kfile.Read(path)
+	if err != nil {
+		return out
+	}
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		k, v, ok := bytes.Cut(line, []byte{' '})
+		if !ok {
+			continue
+		}
+		if i := slices.Index(keys, string(k)); i >= 0 {
+			out[i], _ = strconv.ParseUint(string(bytes.TrimSpace(v)), 10, 64)
+		}
+	}
+	return out
+}
+
 func readKey(path, key string) (uint64, error) {
 	b, err := kfile.Read(path)
 	if err != nil {
@@ -668,8 +697,20 @@ func (g *v1Group) OOMKills() (uint64, error)    { return v1OOMKills(g.name) }
 func (g *v1Group) PidsRefused() (uint64, error) { return v1PidsRefused(g.name) }
 
 func (g *v1Group) Stats() (Stats, error) {
-	ns, _ := readUint(filepath.Join(g.dir(cgroup1.Cpuacct), "cpuacct.usage"))
-	return v1Stats(g.name, time.Duration(ns))
+	ns, _ := g.CPUUsage()
+	return v1Stats(g.name, ns)
+}
+
+func (g *v1Group) CPUUsage() (time.Duration, error) {
+	ns, err := readUint(filepath.Join(g.dir(cgroup1.Cpuacct), "cpuacct.usage"))
+	return time.Duration(ns), classify(err, "read CPU use of cgroup "+g.name)
+}
+func (g *hybridGroup) CPUUsage() (time.Duration, error) { return cpuUsageOf(g.name, g.udir()) }
+func (g *v2Group) CPUUsage() (time.Duration, error)     { return cpuUsageOf(g.name, g.dir()) }
+
+func cpuUsageOf(name, dir string) (time.Duration, error) {
+	usec, err := readKey(filepath.Join(dir, "cpu.stat"), "usage_usec")
+	return time.Duration(usec) * time.Microsecond, classify(err, "read CPU use of cgroup "+name)
 }
 
 // v1Dir is group name's directory in the v1 hierarchy sub.
@@ -693,7 +734,10 @@ func v1Stats(name string, cpu time.Duration) (Stats, error) {
 		return s, classify(err, "read cgroup stats")
 	}
 	s.OOMKills, _ = readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill")
-	s.MemoryCache, _ = readKey(filepath.Join(mem, "memory.stat"), "total_cache")
+	st := readKeys(filepath.Join(mem, "memory.stat"), "total_cache", "total_rss", "total_swap")
+	s.MemoryCache, s.MemoryAnon, s.MemorySwap = st[0], st[1], st[2]
+	// v1 charges kernel memory to the group as well (usage includes it).
+	s.MemoryKernel, _ = readUint(filepath.Join(mem, "memory.kmem.usage_in_bytes"))
 	s.Pids, _ = readUint(filepath.Join(v1Dir(cgroup1.Pids, name), "pids.current"))
 	return s, nil
 }
@@ -858,7 +902,13 @@ func (g *v2Group) Stats() (Stats, error) {
 		return s, classify(err, "read cgroup stats")
 	}
 	s.OOMKills, _ = readKey(filepath.Join(g.dir(), "memory.events"), "oom_kill")
-	s.MemoryCache, _ = readKey(filepath.Join(g.dir(), "memory.stat"), "file")
+	st := readKeys(filepath.Join(g.dir(), "memory.stat"), "file", "anon", "kernel",
+		"kernel_stack", "slab", "percpu", "sock", "pagetables")
+	s.MemoryCache, s.MemoryAnon, s.MemoryKernel = st[0], st[1], st[2]
+	if s.MemoryKernel == 0 { // "kernel" is Linux 5.18's; its parts before
+		s.MemoryKernel = st[3] + st[4] + st[5] + st[6] + st[7]
+	}
+	s.MemorySwap, _ = readUint(filepath.Join(g.dir(), "memory.swap.current"))
 	s.CPUUsage = cpuUsage2(g.dir())
 	s.Pids, _ = readUint(filepath.Join(g.dir(), "pids.current"))
 	return s, nil

@@ -93,9 +93,11 @@ daemon's counters as they are.`,
 			if wall := b.GetSampledAtUnixMs() - a.GetSampledAtUnixMs(); wall > 0 && b.GetCpuCount() > 0 {
 				pct = 100 * float64(b.GetCpuUsageNs()-a.GetCpuUsageNs()) / float64(wall*1e6) / float64(b.GetCpuCount())
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "cpu     %.1f%% of %d\nmemory  %s of %s (cache %s)\ndisk    %s of %s\npids    %d\n",
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "cpu     %.1f%% of %d\nmemory  %s of %s (anon %s, cache %s, kernel %s; swap %s)\ndisk    %s of %s\npids    %d\n",
 				pct, b.GetCpuCount(),
-				formatBytes(int64(b.GetMemoryBytes())), formatBytes(int64(b.GetMemoryLimitBytes())), formatBytes(int64(b.GetMemoryCacheBytes())),
+				formatBytes(int64(b.GetMemoryBytes())), formatBytes(int64(b.GetMemoryLimitBytes())),
+				formatBytes(int64(b.GetMemoryAnonBytes())), formatBytes(int64(b.GetMemoryCacheBytes())),
+				formatBytes(int64(b.GetMemoryKernelBytes())), formatBytes(int64(b.GetMemorySwapBytes())),
 				formatBytes(int64(b.GetDiskUsedBytes())), formatBytes(int64(b.GetDiskBytes())), b.GetPids())
 			return err
 		},

@@ -977,7 +977,8 @@ func (s *sandbox) Start(ctx context.Context, p backend.ProcSpec) (backend.Proces
 
 func (s *sandbox) Stats() (backend.Stats, error) {
 	st, err := s.grp.Stats()
-	return backend.Stats{MemoryBytes: st.MemoryBytes, MemoryCache: st.MemoryCache, OOMKills: st.OOMKills, CPUUsage: st.CPUUsage, Pids: st.Pids}, err
+	return backend.Stats{MemoryBytes: st.MemoryBytes, MemoryCache: st.MemoryCache, MemoryAnon: st.MemoryAnon,
+		MemoryKernel: st.MemoryKernel, MemorySwap: st.MemorySwap, OOMKills: st.OOMKills, CPUUsage: st.CPUUsage, Pids: st.Pids}, err
 }
 
 func (s *sandbox) OOMKills() (uint64, error) { return s.grp.OOMKills() }
@@ -996,6 +997,7 @@ func (s *sandbox) Contained() (backend.Contained, error) {
 	if c.PidsRefused, err = s.grp.PidsRefused(); err != nil {
 		return c, err
 	}
+	c.CPUUsage, _ = s.grp.CPUUsage()
 	if s.disk {
 		var fs unix.Statfs_t
 		if err := unix.Statfs(s.b.stateDir(s.id), &fs); err != nil {

@@ -362,6 +362,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		_ = evs.Close()
 		return nil, err
 	}
+	cfg.Metrics.MemoryFunc(m.memoryUse)
 	m.spawn(m.housekeeping)
 	m.spawn(m.guard)
 	for _, src := range cfg.EventSources {

@@ -49,6 +49,7 @@ type containSeen struct {
 	oom, pids  uint64
 	diskFull   bool
 	inodesFull bool
+	cpu        cpuSeen // for the node's utilisation statistics (workload.go)
 }
 
 func openEvents(cfg Config) (*events.Log, error) {
@@ -155,7 +156,7 @@ func (m *Manager) guard() {
 			if !running || sb == nil {
 				continue
 			}
-			m.checkContained(s, sb, "")
+			m.checkContained(s, sb, "", true)
 			if host, ok := sb.(backend.Background); ok && s.exitsUnchecked.Swap(false) {
 				m.outputCaps(s, host)
 			}
@@ -192,7 +193,7 @@ func (c *containSeen) update(now backend.Contained) containDelta {
 	return d
 }
 
-func (m *Manager) checkContained(s *sandbox, sb backend.Sandbox, oomVictim string) {
+func (m *Manager) checkContained(s *sandbox, sb backend.Sandbox, oomVictim string, periodic bool) {
 	c, ok := sb.(backend.Containment)
 	if !ok {
 		return
@@ -202,6 +203,9 @@ func (m *Manager) checkContained(s *sandbox, sb backend.Sandbox, oomVictim strin
 	now, err := c.Contained()
 	if err != nil {
 		return // going or gone: its end is a state, not an event
+	}
+	if periodic { // the guard's looks, at even intervals; not an exec's
+		m.observeCPU(&s.seen.cpu, now.CPUUsage, time.Now())
 	}
 	known := s.seen.known
 	d := s.seen.update(now)
@@ -263,7 +267,7 @@ func (m *Manager) execEvents(s *sandbox, sb backend.Sandbox, argv []string, res 
 		if res.GetOomKilled() {
 			victim = who
 		}
-		m.checkContained(s, sb, victim)
+		m.checkContained(s, sb, victim, false)
 	}
 }
 

@@ -574,7 +574,10 @@ func (m *Manager) remove(ctx context.Context, s *sandbox, reason string) error {
 	}
 	close(done)
 	if prev == stateRunning || prev == statePaused || prev == stateHibernated {
-		m.metrics.SandboxEnded(reason)
+		s.mu.Lock()
+		created := s.info.GetCreatedAtUnixMs()
+		s.mu.Unlock()
+		m.ended(reason, created)
 	}
 	// After forget: a recorded call racing the delete then finds the
 	// sandbox gone and cannot make the file again (trajLogs.get).
@@ -649,7 +652,7 @@ func (m *Manager) failedRemove(s *sandbox, sb backend.Sandbox, prev state, err e
 		s.info.DeadReason = "init exited in a delete that failed: " + err.Error()
 		s.fs = nil
 		if prev == stateRunning || prev == statePaused {
-			m.metrics.SandboxEnded(metrics.ReasonDead)
+			m.ended(metrics.ReasonDead, s.info.GetCreatedAtUnixMs())
 		}
 	}
 	_ = m.setState(s, back)
@@ -782,9 +785,10 @@ func (m *Manager) died(s *sandbox, sb backend.Sandbox, why string) {
 	for _, p := range s.procs {
 		procs = append(procs, p)
 	}
+	created := s.info.GetCreatedAtUnixMs()
 	s.mu.Unlock()
 	m.log.Warn("sandbox died", "sandbox", s.id, "reason", why)
-	m.metrics.SandboxEnded(metrics.ReasonDead)
+	m.ended(metrics.ReasonDead, created)
 	for _, p := range procs {
 		p.gone()
 	}
@@ -1026,7 +1030,7 @@ func (m *Manager) adopt(ctx context.Context, rec store.Record) bool {
 		if release != nil {
 			release()
 		}
-		m.metrics.SandboxEnded(metrics.ReasonDead)
+		m.ended(metrics.ReasonDead, rec.Sandbox.GetCreatedAtUnixMs())
 		log.Warn("sandbox died while the daemon was down")
 		markStopped("init exited while the daemon was down")
 		return false
@@ -1153,9 +1157,10 @@ func (m *Manager) found(s *sandbox, sb backend.Sandbox, err error) {
 		if perr := m.persist(s); perr != nil {
 			m.log.Warn("persist stopped state", "sandbox", s.id, "err", perr)
 		}
+		created := s.info.GetCreatedAtUnixMs()
 		s.mu.Unlock()
 		s.releaseLayers()
-		m.metrics.SandboxEnded(metrics.ReasonDead)
+		m.ended(metrics.ReasonDead, created)
 		m.log.Warn("LOST sandbox is gone", "sandbox", s.id)
 		m.spawn(func() { m.harnessEnded(s) })
 		return

@@ -26,14 +26,17 @@ func (m *Manager) SandboxStats(ctx context.Context, req *warrenv1.SandboxStatsRe
 	}
 	res := s.resources()
 	out := &warrenv1.SandboxStatsResponse{
-		SampledAtUnixMs:  unixMs(time.Now()),
-		CpuUsageNs:       uint64(st.CPUUsage),
-		CpuCount:         uint32(runtime.NumCPU()),
-		MemoryBytes:      st.MemoryBytes,
-		MemoryCacheBytes: st.MemoryCache,
-		MemoryLimitBytes: uint64(res.GetMemoryBytes()),
-		Pids:             st.Pids,
-		OomKills:         st.OOMKills,
+		SampledAtUnixMs:   unixMs(time.Now()),
+		CpuUsageNs:        uint64(st.CPUUsage),
+		CpuCount:          uint32(runtime.NumCPU()),
+		MemoryBytes:       st.MemoryBytes,
+		MemoryCacheBytes:  st.MemoryCache,
+		MemoryAnonBytes:   st.MemoryAnon,
+		MemoryKernelBytes: st.MemoryKernel,
+		MemorySwapBytes:   st.MemorySwap,
+		MemoryLimitBytes:  uint64(res.GetMemoryBytes()),
+		Pids:              st.Pids,
+		OomKills:          st.OOMKills,
 	}
 	if c := res.GetCpuMillis(); c > 0 {
 		out.CpuCount = uint32((c + 999) / 1000)

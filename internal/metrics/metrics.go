@@ -86,6 +86,9 @@ type Metrics struct {
 	// paused sandboxes gave back.
 	ReclaimedBytes prometheus.Counter
 
+	// The shape of the workload (workload.go).
+	work workload
+
 	// The fncall backend's jobs (fncall.go), registered by RegisterFnCall.
 	fnJobs       *prometheus.CounterVec
 	fnJobSeconds prometheus.Histogram
@@ -202,6 +205,11 @@ func New(ops ...string) *Metrics {
 		m.Deleted.WithLabelValues(r)
 	}
 	m.InitOps(ops...)
+	m.work = newWorkload()
+	for _, r := range []string{ReasonUser, ReasonTimeout, ReasonDead, ReasonMoved} {
+		m.work.lifetime.WithLabelValues(r)
+	}
+	m.Registry.MustRegister(m.work.collectors()...)
 	m.Registry.MustRegister(
 		m.Sandboxes, m.CreateSeconds, m.CreatePhaseSeconds, m.ExecSeconds, m.Errors, m.Deleted, m.SecurityEvents,
 		m.TrajectoryCalls, m.TrajectoryMismatches,

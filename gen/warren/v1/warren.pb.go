@@ -3744,8 +3744,15 @@ type SandboxStatsResponse struct {
 	DiskUsedBytes uint64 `protobuf:"varint,8,opt,name=disk_used_bytes,json=diskUsedBytes,proto3" json:"disk_used_bytes,omitempty"`
 	Pids          uint64 `protobuf:"varint,9,opt,name=pids,proto3" json:"pids,omitempty"`
 	OomKills      uint64 `protobuf:"varint,10,opt,name=oom_kills,json=oomKills,proto3" json:"oom_kills,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Of memory_bytes: anonymous memory (heaps, stacks, tmpfs such as
+	// /dev/shm) and the kernel's charged to it (slab, kernel stacks, page
+	// tables, socket buffers); swap_bytes is what it has out on swap,
+	// beside memory_bytes. 0 where the backend cannot tell.
+	MemoryAnonBytes   uint64 `protobuf:"varint,11,opt,name=memory_anon_bytes,json=memoryAnonBytes,proto3" json:"memory_anon_bytes,omitempty"`
+	MemoryKernelBytes uint64 `protobuf:"varint,12,opt,name=memory_kernel_bytes,json=memoryKernelBytes,proto3" json:"memory_kernel_bytes,omitempty"`
+	MemorySwapBytes   uint64 `protobuf:"varint,13,opt,name=memory_swap_bytes,json=memorySwapBytes,proto3" json:"memory_swap_bytes,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *SandboxStatsResponse) Reset() {
@@ -3844,6 +3851,27 @@ func (x *SandboxStatsResponse) GetPids() uint64 {
 func (x *SandboxStatsResponse) GetOomKills() uint64 {
 	if x != nil {
 		return x.OomKills
+	}
+	return 0
+}
+
+func (x *SandboxStatsResponse) GetMemoryAnonBytes() uint64 {
+	if x != nil {
+		return x.MemoryAnonBytes
+	}
+	return 0
+}
+
+func (x *SandboxStatsResponse) GetMemoryKernelBytes() uint64 {
+	if x != nil {
+		return x.MemoryKernelBytes
+	}
+	return 0
+}
+
+func (x *SandboxStatsResponse) GetMemorySwapBytes() uint64 {
+	if x != nil {
+		return x.MemorySwapBytes
 	}
 	return 0
 }
@@ -8793,7 +8821,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05event\"4\n" +
 	"\x13SandboxStatsRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\xf9\x02\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x81\x04\n" +
 	"\x14SandboxStatsResponse\x12+\n" +
 	"\x12sampled_at_unix_ms\x18\x01 \x01(\x03R\x0fsampledAtUnixMs\x12 \n" +
 	"\fcpu_usage_ns\x18\x02 \x01(\x04R\n" +
@@ -8807,7 +8835,10 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0fdisk_used_bytes\x18\b \x01(\x04R\rdiskUsedBytes\x12\x12\n" +
 	"\x04pids\x18\t \x01(\x04R\x04pids\x12\x1b\n" +
 	"\toom_kills\x18\n" +
-	" \x01(\x04R\boomKills\"\xa2\x01\n" +
+	" \x01(\x04R\boomKills\x12*\n" +
+	"\x11memory_anon_bytes\x18\v \x01(\x04R\x0fmemoryAnonBytes\x12.\n" +
+	"\x13memory_kernel_bytes\x18\f \x01(\x04R\x11memoryKernelBytes\x12*\n" +
+	"\x11memory_swap_bytes\x18\r \x01(\x04R\x0fmemorySwapBytes\"\xa2\x01\n" +
 	"\x0eMakeDirRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +

@@ -164,3 +164,7 @@ def test_watch_dir_sync_and_stats(sw: warren.Warren) -> None:
         assert st.cpu_count >= 1 and st.cpu_usage_ns > 0
         assert 0 < st.memory_bytes <= st.memory_limit_bytes
         assert 0 < st.disk_used_bytes <= st.disk_bytes
+        # The memory's kinds: the sandbox's processes hold some anonymous
+        # memory, and the kernel some of its own for them.
+        assert 0 < st.memory_anon_bytes <= st.memory_bytes
+        assert 0 < st.memory_kernel_bytes <= st.memory_bytes

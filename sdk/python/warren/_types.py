@@ -643,6 +643,10 @@ class SandboxStats:
     disk_used_bytes: int = 0
     pids: int = 0
     oom_kills: int = 0
+    #: of memory_bytes: anonymous (heaps, stacks, tmpfs) and kernel memory
+    memory_anon_bytes: int = 0
+    memory_kernel_bytes: int = 0
+    memory_swap_bytes: int = 0  #: out on swap, beside memory_bytes
 
     @classmethod
     def _from_json(cls, d: Mapping[str, Any]) -> "SandboxStats":
@@ -657,6 +661,9 @@ class SandboxStats:
             disk_used_bytes=_int(d.get("diskUsedBytes")),
             pids=_int(d.get("pids")),
             oom_kills=_int(d.get("oomKills")),
+            memory_anon_bytes=_int(d.get("memoryAnonBytes")),
+            memory_kernel_bytes=_int(d.get("memoryKernelBytes")),
+            memory_swap_bytes=_int(d.get("memorySwapBytes")),
         )
 
 
