@@ -396,6 +396,17 @@ type Pauser interface {
 	Resume(ctx context.Context, o ResumeOptions) error
 }
 
+// IdleReclaimer is implemented by sandboxes whose memory the node can
+// take back while they run idle (the daemon's idle reclaim, Config.
+// IdleReclaimAfter): page cache, and anonymous memory where the node has
+// swap, without stopping them or risking an OOM kill.
+type IdleReclaimer interface {
+	ReclaimIdle(ctx context.Context) (before, after MemoryUse, err error)
+	// MemoryPressure is the share of the last 10 s its tasks stalled on
+	// memory (PSI "some avg10", 0-100); -1 where unknown.
+	MemoryPressure() float64
+}
+
 // PauseStats are what a Pause did.
 type PauseStats struct {
 	// Before is the sandbox's memory once frozen, After once reclaimed

@@ -69,6 +69,12 @@ type Group interface {
 	// anonymous memory where the node has swap. Meant for a frozen group,
 	// whose tasks do not fault it back in meanwhile (memory.go).
 	Reclaim() error
+	// ReclaimIdle gives back what it can of a running group's memory,
+	// never risking an OOM kill (memory.go).
+	ReclaimIdle() error
+	// MemoryPressure is PSI's "some avg10" of the group's memory, -1
+	// unknown (memory.go).
+	MemoryPressure() float64
 	Stats() (Stats, error)
 	// CPUUsage reads only the group's CPU time so far (one file).
 	CPUUsage() (time.Duration, error)

@@ -215,3 +215,44 @@ func (g *v2Group) Memory() (Memory, error)     { return v2Memory(g.dir()) }
 func (g *v1Group) Reclaim() error     { return reclaimV1(g.name) }
 func (g *hybridGroup) Reclaim() error { return reclaimV1(g.name) }
 func (g *v2Group) Reclaim() error     { return reclaimV2(g.name, g.dir()) }
+
+// ReclaimIdle gives back what it can of a running group's memory without
+// ever risking an OOM kill (the daemon's idle reclaim): on v1 and hybrid,
+// memory.force_empty (page cache, and anonymous memory where the node
+// has swap: the kernel's reclaim may swap), never the limit step-down of
+// Reclaim, under which a task that woke up could meet the OOM killer; on
+// v2, memory.reclaim as Reclaim does (it never OOM-kills).
+func (g *v1Group) ReclaimIdle() error     { return forceEmpty(g.name, g.dir(cgroup1.Memory)) }
+func (g *hybridGroup) ReclaimIdle() error { return forceEmpty(g.name, g.dir(cgroup1.Memory)) }
+func (g *v2Group) ReclaimIdle() error     { return reclaimV2(g.name, g.dir()) }
+
+func forceEmpty(name, dir string) error {
+	if err := kfile.Write(filepath.Join(dir, "memory.force_empty"), "0"); err != nil {
+		return classify(err, "reclaim memory of cgroup "+name)
+	}
+	return nil
+}
+
+// MemoryPressure is the share of the last 10 s in which some of the
+// group's tasks stalled on memory (PSI "some avg10" of memory.pressure,
+// 0-100): a group reclaiming or faulting back in is not idle. -1 where
+// the kernel keeps no PSI for the group (pure v1, or PSI off).
+func (g *v1Group) MemoryPressure() float64     { return -1 }
+func (g *hybridGroup) MemoryPressure() float64 { return memoryPressure(g.udir()) }
+func (g *v2Group) MemoryPressure() float64     { return memoryPressure(g.dir()) }
+
+func memoryPressure(dir string) float64 {
+	b, err := kfile.Read(filepath.Join(dir, "memory.pressure"))
+	if err != nil {
+		return -1
+	}
+	line, _, _ := bytes.Cut(b, []byte{'\n'})
+	for _, f := range bytes.Fields(line) {
+		if v, ok := bytes.CutPrefix(f, []byte("avg10=")); ok {
+			if p, err := strconv.ParseFloat(string(v), 64); err == nil {
+				return p
+			}
+		}
+	}
+	return -1
+}

@@ -53,6 +53,7 @@ type serveOptions struct {
 	trajectoryFsync          bool
 	diskReserve              string
 	guardInterval            time.Duration
+	idleReclaimAfter         time.Duration
 	logLevel, logFormat      string
 	cgroupParent             string
 	layerDirectIO            bool
@@ -107,6 +108,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.fnDisk, "fn-disk-bytes", "1Gi", "disk quota of a Run job that asks none: everything it writes in /w, /tmp and /var/tmp (each fncall environment gets a filesystem of that size); 0: none, each file bounded by the file size limit only")
 	f.StringVar(&o.defaultDisk, "default-disk", "", "disk limit of each sandbox's writable layer when a create request gives none, e.g. 10Gi (default: unlimited, on the state dir's filesystem)")
 	f.StringVar(&o.diskReserve, "disk-reserve", "5%", "free space to keep on the state dir's filesystem, a size (2Gi) or a percentage of it (at most 10Gi then); below it (or below 5% of its inodes) creates are refused, below half of it the sandbox whose writable layer takes the most is stopped; 0 turns the guard off")
+	f.DurationVar(&o.idleReclaimAfter, "idle-reclaim-after", 5*time.Minute, "reclaim the memory of a running sandbox idle this long (under 1% of a CPU, not stalled on memory): its page cache, and anonymous memory where the node has swap; 0: never")
 	f.DurationVar(&o.guardInterval, "guard-interval", daemon.DefaultGuardInterval, "how often every sandbox's containment counters (OOM kills, refused forks, its disk) and the node's free disk are read")
 	f.StringVar(&o.trajectoryBytes, "trajectory-max-bytes", "64Mi", "cap of each sandbox's trajectory log (<state-dir>/trajectory/ID.log): past it, calls with a seq are refused (ResourceExhausted) and calls without one run unrecorded")
 	f.BoolVar(&o.trajectoryFsync, "trajectory-fsync", false, "fdatasync each recorded outcome before it is returned (~0.2-0.5 ms per exec and file write); by default outcomes are written to the page cache before they are returned, which a daemon crash or restart keeps and a machine crash does not, as it does not keep the running sandbox they describe (checkpoints sync the log)")
@@ -302,6 +304,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("--mkfs-erofs: %w", err)
 	}
+	log.Info("memory reclaim of idle sandboxes", "after", o.idleReclaimAfter, "damon", daemon.DAMONState())
 	if mkfs != nil {
 		log.Info("layers are converted with mkfs.erofs", "version", mkfs.Version, "path", mkfs.Path)
 	} else {
@@ -458,6 +461,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		DiskReserveBytes:   diskReserve,
 		EventSources:       sources,
 		GuardInterval:      o.guardInterval,
+		IdleReclaimAfter:   o.idleReclaimAfter,
 		UserNSDefault:      o.userns,
 		LazyPages:          o.lazyPages,
 		FnCall:             fn,

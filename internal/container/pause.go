@@ -61,6 +61,31 @@ func (s *sandbox) Pause(ctx context.Context, reclaim bool) (st backend.PauseStat
 	return st, nil
 }
 
+var _ backend.IdleReclaimer = (*sandbox)(nil)
+
+// ReclaimIdle has the running sandbox's cgroup give back what memory it
+// can without stopping it (backend.IdleReclaimer).
+func (s *sandbox) ReclaimIdle(ctx context.Context) (before, after backend.MemoryUse, err error) {
+	if err := ctx.Err(); err != nil {
+		return before, after, err
+	}
+	m, err := s.grp.Memory()
+	if err != nil {
+		return before, after, err
+	}
+	before = memoryUse(m)
+	if err := s.grp.ReclaimIdle(); err != nil {
+		return before, before, err
+	}
+	if m, err = s.grp.Memory(); err != nil {
+		return before, before, err
+	}
+	return before, memoryUse(m), nil
+}
+
+// MemoryPressure is the sandbox cgroup's PSI (backend.IdleReclaimer).
+func (s *sandbox) MemoryPressure() float64 { return s.grp.MemoryPressure() }
+
 func memoryUse(m cgroups.Memory) backend.MemoryUse {
 	return backend.MemoryUse{Bytes: m.Usage, File: m.File, Anon: m.Anon, Swap: m.Swap}
 }

@@ -86,6 +86,10 @@ type Config struct {
 	// GuardInterval is how often every running sandbox's containment
 	// counters are read for security events (default 2 s).
 	GuardInterval time.Duration
+	// IdleReclaimAfter: a running sandbox idle this long (under 1 % of a
+	// CPU at every guard look, and not stalled on memory) has its memory
+	// reclaimed, once per idle spell (workload.go); 0: never.
+	IdleReclaimAfter time.Duration
 	// EventFileBytes caps the security event audit file (<state>/events;
 	// default 16 MiB, and one rotated file as large).
 	EventFileBytes int64
@@ -184,6 +188,9 @@ var ops = []string{
 type Manager struct {
 	cfg Config
 	log *slog.Logger
+	// idleReclaiming holds a token while an idle sandbox's memory is
+	// reclaimed: one at a time on the node (workload.go).
+	idleReclaiming chan struct{}
 	// ports are the connections DialPort made into sandboxes, by
 	// sandbox: hibernation and delete close them (port.go).
 	ports   connset.Set
@@ -356,6 +363,8 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		traj:      traj,
 		sandboxes: map[string]*sandbox{},
 		closing:   make(chan struct{}),
+
+		idleReclaiming: make(chan struct{}, 1),
 	}
 	if err := m.adoptAll(ctx); err != nil {
 		_ = st.Close()

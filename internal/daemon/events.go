@@ -205,7 +205,10 @@ func (m *Manager) checkContained(s *sandbox, sb backend.Sandbox, oomVictim strin
 		return // going or gone: its end is a state, not an event
 	}
 	if periodic { // the guard's looks, at even intervals; not an exec's
-		m.observeCPU(&s.seen.cpu, now.CPUUsage, time.Now())
+		t := time.Now()
+		if cpus, ok := m.observeCPU(&s.seen.cpu, now.CPUUsage, t); ok {
+			m.idleCheck(s, sb, cpus, t)
+		}
 	}
 	known := s.seen.known
 	d := s.seen.update(now)

@@ -100,3 +100,53 @@ func TestWorkloadStatistics(t *testing.T) {
 		t.Errorf("lifetimes of deleted sandboxes: %d, want %d", got, n+1)
 	}
 }
+
+// TestIdleReclaim: a running sandbox idle for IdleReclaimAfter (no CPU at
+// the guard's looks) gives its page cache back without being stopped, once
+// per idle spell; a busy one beside it keeps its cache.
+func TestIdleReclaim(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.GuardInterval = 100 * time.Millisecond
+		c.IdleReclaimAfter = time.Second
+	})
+	ctx := ctxT(t)
+	for _, id := range []string{"idle", "busy"} {
+		e.create(&warrenv1.CreateRequest{Id: id, Resources: &warrenv1.Resources{MemoryBytes: 512 << 20}})
+		// 32 MiB of page cache; the busy one then spins.
+		loop := "sleep 1000; echo waited"
+		if id == "busy" {
+			loop = "while :; do :; done"
+		}
+		if _, err := e.m.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: id, Argv: []string{"sh", "-c",
+			"dd if=/dev/zero of=/tmp/f bs=1M count=32 2>/dev/null; cat /tmp/f > /dev/null; echo > /tmp/ready; " + loop}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cache := func(id string) uint64 {
+		st, err := e.m.SandboxStats(ctx, &warrenv1.SandboxStatsRequest{SandboxId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.GetMemoryCacheBytes()
+	}
+	eventually(t, time.Minute, "the page cache to be filled", func() bool {
+		return e.sh("idle", "cat /tmp/ready").GetExitCode() == 0 && e.sh("busy", "cat /tmp/ready").GetExitCode() == 0
+	})
+	if c := cache("busy"); c < 32<<20 {
+		t.Fatalf("busy sandbox's page cache %d, want >= 32 MiB", c)
+	}
+	eventually(t, time.Minute, "the idle sandbox's page cache to be reclaimed", func() bool { return cache("idle") < 8<<20 })
+	reclaims := e.gathered("warren_idle_reclaims_total").GetMetric()[0].GetCounter().GetValue()
+	if reclaims < 1 || e.gathered("warren_idle_reclaimed_bytes_total").GetMetric()[0].GetCounter().GetValue() < 24<<20 {
+		t.Errorf("idle reclaims %v", reclaims)
+	}
+	if r := e.sh("idle", "echo alive"); string(r.GetStdout()) != "alive\n" {
+		t.Errorf("the idle sandbox after its reclaim: %v", r)
+	}
+	// Idle again since that exec, the same spell or a new one: reclaimed
+	// at most once more meanwhile; the busy one never.
+	time.Sleep(1500 * time.Millisecond)
+	if c := cache("busy"); c < 32<<20 {
+		t.Errorf("busy sandbox's page cache went down to %d", c)
+	}
+}

@@ -21,6 +21,10 @@ type workload struct {
 	// once per look of the daemon's guard (every 2 s by default), the CPU
 	// it used over the interval, in CPUs (0.05 is 5 % of one CPU).
 	cpu prometheus.Histogram
+	// idleReclaims, idleReclaimed: the daemon's reclaims of idle running
+	// sandboxes' memory (warren_idle_reclaims_total,
+	// warren_idle_reclaimed_bytes_total).
+	idleReclaims, idleReclaimed prometheus.Counter
 }
 
 // LifetimeBuckets: 1 s to 1 week, 36 exponential steps (about 45 % apart).
@@ -44,11 +48,28 @@ func newWorkload() workload {
 			Help:    "CPU used by each running sandbox over each interval the daemon looked (every 2 s by default), in CPUs: one observation per sandbox and interval.",
 			Buckets: UtilisationBuckets(),
 		}),
+		idleReclaims: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warren_idle_reclaims_total",
+			Help: "Reclaims of the memory of running sandboxes that had been idle (serve --idle-reclaim-after).",
+		}),
+		idleReclaimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warren_idle_reclaimed_bytes_total",
+			Help: "Memory that idle running sandboxes gave back (page cache, and anonymous memory to swap where the node has it), in bytes.",
+		}),
 	}
 }
 
 func (w workload) collectors() []prometheus.Collector {
-	return []prometheus.Collector{w.lifetime, w.cpu}
+	return []prometheus.Collector{w.lifetime, w.cpu, w.idleReclaims, w.idleReclaimed}
+}
+
+// IdleReclaimed counts one reclaim of an idle sandbox that gave back n bytes.
+func (m *Metrics) IdleReclaimed(n uint64) {
+	if m == nil {
+		return
+	}
+	m.work.idleReclaims.Inc()
+	m.work.idleReclaimed.Add(float64(n))
 }
 
 // SandboxLived records the lifetime of a sandbox that ended for reason.
