@@ -52,11 +52,11 @@ fi
 # tests that need it skip, quoting the reason kept in <prefix>.error.
 "$(dirname "$0")/erofs-utils.sh" ||
   echo "deps: mkfs.erofs >= 1.8 not installed (see above); layers are converted with go-erofs (hardlinks stored as copies)" >&2
-# CRIU >= 4 (Debian trixie's, in a private prefix) hibernates sandboxes.
+# CRIU >= 4.2 (Debian forky's, in a private prefix) hibernates sandboxes.
 # Optional: without it checkpoint is refused and its tests skip, quoting the
 # reason kept in <prefix>.error.
 "$(dirname "$0")/criu.sh" ||
-  echo "deps: CRIU >= 4 not installed or criu check failed (see above); sandboxes cannot be checkpointed" >&2
+  echo "deps: CRIU >= 4.2 not installed or criu check failed (see above); sandboxes cannot be checkpointed" >&2
 # QEMU and a guest kernel for the microvm backend (scripts/vm.sh). Optional:
 # without them its tests skip, naming what is missing.
 "$(dirname "$0")/vm.sh" ||

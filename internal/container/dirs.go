@@ -29,7 +29,11 @@ func mkdir(dir string) error {
 // removeTree. os.RemoveAll instead probes each name with unlink and rmdir
 // and lists every directory, about three times the syscalls for a
 // sandbox's usual handful of entries.
-func removeKnown(dir string, entries ...string) error {
+func removeKnown(dir string, entries ...string) error { return removeKnownUntil(nil, dir, entries...) }
+
+// removeKnownUntil is removeKnown that stops once stop is closed
+// (inroot.ErrStopped), leaving the rest.
+func removeKnownUntil(stop <-chan struct{}, dir string, entries ...string) error {
 	for _, e := range entries {
 		if name, isDir := strings.CutSuffix(e, "/"); isDir {
 			_ = unix.Rmdir(filepath.Join(dir, name))
@@ -37,7 +41,10 @@ func removeKnown(dir string, entries ...string) error {
 			_ = unix.Unlink(filepath.Join(dir, name))
 		}
 	}
-	return removeTree(dir)
+	if err := unix.Rmdir(dir); err == nil || err == unix.ENOENT {
+		return nil
+	}
+	return inroot.RemoveTreeUntil(dir, stop)
 }
 
 // removeTree removes dir and everything below it, however deep (a

@@ -1,6 +1,7 @@
 package container
 
 import (
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/tarx/inroot"
 )
 
 // A deleted sandbox's state directory (its writable layer) is renamed into
@@ -103,7 +106,9 @@ func (r *reaper) do(j job) error {
 	if j.path == "" {
 		return nil
 	}
-	return removeKnown(j.path, stateEntries...)
+	// A daemon that stops does not wait for the rest of a huge tree:
+	// the next one empties the trash.
+	return removeKnownUntil(r.stop, j.path, stateEntries...)
 }
 
 func (r *reaper) enqueue(j job) bool {
@@ -137,7 +142,9 @@ func (r *reaper) run() {
 		case <-r.stop:
 			return
 		case j := <-r.work:
-			if err := r.do(j); err != nil {
+			if err := r.do(j); errors.Is(err, inroot.ErrStopped) {
+				// Stopping: the rest stays in the trash.
+			} else if err != nil {
 				// Left in the trash; the next daemon tries again.
 				r.failures.Add(1)
 				slog.Warn("reaper: cannot remove a deleted sandbox's files; left in the trash for the next start",

@@ -180,7 +180,9 @@ func TestAdversarialExecOutputFloodKeepsDaemonMemoryBounded(t *testing.T) {
 	}
 	grew := peak() - rss
 	t.Logf("exec flood: stdout dropped %d MB, stderr %d MB; daemon RSS %d MiB, peak +%d MiB", res.StdoutDroppedBytes>>20, res.StderrDroppedBytes>>20, rss>>10, grew>>10)
-	if !res.TimedOut || len(res.Stdout) != 1<<20 || len(res.Stderr) != 1<<20 || res.StdoutDroppedBytes < 50<<20 || res.StderrDroppedBytes < 50<<20 {
+	// A flood far past the 1 MiB kept of each stream (how far depends on
+	// the machine's load: 42 MB in 3 s at a load of 19).
+	if !res.TimedOut || len(res.Stdout) != 1<<20 || len(res.Stderr) != 1<<20 || res.StdoutDroppedBytes < 16<<20 || res.StderrDroppedBytes < 16<<20 {
 		t.Errorf("flood result: timed out %v, kept %d+%d, dropped %d+%d", res.TimedOut, len(res.Stdout), len(res.Stderr), res.StdoutDroppedBytes, res.StderrDroppedBytes)
 	}
 	if grew > 64<<10 {

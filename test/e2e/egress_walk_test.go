@@ -166,8 +166,11 @@ func TestDeepTreeStalledDownloadHoldsNoDescriptors(t *testing.T) {
 	if cut < stall {
 		t.Errorf("streams cut after %v, before the %v stall timeout", cut, stall)
 	}
-	if p99(lat) > 50*time.Millisecond {
-		t.Errorf("neighbour exec p99 %v during the stalled downloads, want under 50ms", p99(lat))
+	// Not a latency target (benchmarks measure those): a daemon that the
+	// stalled streams held up would keep the neighbour's execs waiting
+	// for the cut, seconds; a loaded CI machine makes p99s of 75 ms.
+	if p99(lat) > time.Second {
+		t.Errorf("neighbour exec p99 %v during the stalled downloads: the stalls hold the daemon up", p99(lat))
 	}
 	if most > base+64 {
 		t.Errorf("the daemon held %d descriptors during the stalled downloads, %d before", most, base)

@@ -276,7 +276,12 @@ func ReadDirNames(fd int) ([]string, error) {
 // names of the directories still to descend into, one directory's worth
 // per level. Entries it cannot remove are skipped and the walk goes on;
 // the first failure is returned as a *RemoveError naming where it was.
-func RemoveAll(dirfd int, base string) error {
+func RemoveAll(dirfd int, base string) error { return RemoveAllUntil(dirfd, base, nil) }
+
+// RemoveAllUntil is RemoveAll that gives up, with ErrStopped, once stop
+// is closed (checked between directories and batches of entries): a
+// daemon that stops does not wait for a tree of millions of entries.
+func RemoveAllUntil(dirfd int, base string, stop <-chan struct{}) error {
 	err := unix.Unlinkat(dirfd, base, 0)
 	if err == nil || err == unix.ENOENT {
 		return nil
@@ -291,7 +296,7 @@ func RemoveAll(dirfd int, base string) error {
 	if err != unix.ENOTEMPTY && err != unix.EEXIST {
 		return &RemoveError{Path: base, Err: err}
 	}
-	r := &remover{top: dirfd}
+	r := &remover{top: dirfd, stop: stop}
 	r.run(base)
 	if r.err != nil {
 		return r.err
@@ -299,11 +304,35 @@ func RemoveAll(dirfd int, base string) error {
 	return nil
 }
 
+// ErrStopped: RemoveAllUntil's stop closed before it was done; what it
+// had not removed yet is still there.
+var ErrStopped = errors.New("removal stopped")
+
+// stopped says whether the removal was asked to stop, and records it.
+func (r *remover) stopped() bool {
+	if r.stop == nil {
+		return false
+	}
+	select {
+	case <-r.stop:
+		if r.err == nil || r.err.Err != ErrStopped {
+			r.err = &RemoveError{Path: r.path(""), Err: ErrStopped, Failed: r.failed}
+		}
+		return true
+	default:
+		return false
+	}
+}
+
 // RemoveTree removes the host path p and everything below it with
 // RemoveAll (any depth, bounded descriptors, symlinks never followed); a
 // missing p is no error. The error names p's directory and the first
 // entry that could not be removed.
-func RemoveTree(p string) error {
+func RemoveTree(p string) error { return RemoveTreeUntil(p, nil) }
+
+// RemoveTreeUntil is RemoveTree that stops once stop is closed
+// (RemoveAllUntil).
+func RemoveTreeUntil(p string, stop <-chan struct{}) error {
 	dir, base := filepath.Split(filepath.Clean(p))
 	if base == "" || base == "." || base == ".." || base == "/" {
 		return &os.PathError{Op: "remove", Path: p, Err: unix.EINVAL}
@@ -319,7 +348,7 @@ func RemoveTree(p string) error {
 		return &os.PathError{Op: "open", Path: dir, Err: err}
 	}
 	defer unix.Close(fd)
-	if err := RemoveAll(fd, base); err != nil {
+	if err := RemoveAllUntil(fd, base, stop); err != nil {
 		return fmt.Errorf("in %s: %w", dir, err)
 	}
 	return nil
@@ -364,6 +393,7 @@ type removeLevel struct {
 
 type remover struct {
 	top    int
+	stop   <-chan struct{} // nil: never stop
 	stack  []removeLevel
 	err    *RemoveError
 	failed int
@@ -407,6 +437,9 @@ func (r *remover) run(base string) {
 		return
 	}
 	for len(r.stack) > 0 {
+		if r.stopped() {
+			break
+		}
 		lv := &r.stack[len(r.stack)-1]
 		if len(lv.subdirs) == 0 {
 			if lv.passes < maxPasses && !lv.failed && r.pass(cur, lv) {
@@ -522,7 +555,7 @@ func (r *remover) pass(cur int, lv *removeLevel) bool {
 			r.fail("", err)
 			return false
 		}
-		if n <= 0 {
+		if n <= 0 || r.stopped() {
 			return progress
 		}
 		for _, name := range direntNames(buf[:n]) {

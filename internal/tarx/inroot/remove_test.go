@@ -181,3 +181,50 @@ func TestRemoveAllStopsWhenMoved(t *testing.T) {
 		t.Fatalf("up from a moved directory: %v, want ErrMoved", r.err)
 	}
 }
+
+// RemoveAllUntil stops once its stop channel is closed, with ErrStopped,
+// leaving the rest of the tree and no descriptor behind; a later call
+// removes the rest. Stopped midway by a channel closed from another
+// goroutine, it returns promptly.
+func TestRemoveAllUntilStops(t *testing.T) {
+	dir := fastTempDir(t)
+	makeChain(t, dir, "deep", 5000)
+	fds := countFDs(t)
+	stop := make(chan struct{})
+	close(stop)
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	err = RemoveAllUntil(fd, "deep", stop)
+	if !errors.Is(err, ErrStopped) {
+		t.Fatalf("a removal told to stop: %v, want ErrStopped", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "deep")); err != nil {
+		t.Fatalf("the tree is gone although the removal stopped: %v", err)
+	}
+	if n := countFDs(t); n != fds+1 {
+		t.Errorf("%d descriptors after a stopped removal, want %d", n, fds+1)
+	}
+	// Stopped while it runs.
+	stop2 := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- RemoveAllUntil(fd, "deep", stop2) }()
+	time.Sleep(5 * time.Millisecond)
+	close(stop2)
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, ErrStopped) {
+			t.Fatalf("a removal stopped midway: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a removal told to stop still ran 10 s later")
+	}
+	if err := RemoveAll(fd, "deep"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "deep")); !os.IsNotExist(err) {
+		t.Fatalf("the tree after the last removal: %v", err)
+	}
+}
