@@ -36,7 +36,7 @@ import (
 	"github.com/warrenrl/warren/internal/treecopy"
 )
 
-// CRIUPrefix is where scripts/criu.sh installs CRIU >= 4 (Debian trixie's,
+// CRIUPrefix is where scripts/criu.sh installs CRIU >= 4.2 (Debian forky's,
 // run through its own loader); CRIUPath is the binary Warren runs. A
 // variable for tests.
 var (
@@ -101,7 +101,7 @@ func criuAvailable() error {
 		if b, err := os.ReadFile(CRIUPrefix + ".error"); err == nil {
 			why = strings.TrimSpace(string(b))
 		}
-		return errdefs.New(errdefs.Unsupported, "this node cannot checkpoint sandboxes: no CRIU >= 4 at %s (%s); scripts/criu.sh installs it", CRIUPath, why)
+		return errdefs.New(errdefs.Unsupported, "this node cannot checkpoint sandboxes: no CRIU >= 4.2 at %s (%s); scripts/criu.sh installs it", CRIUPath, why)
 	}
 	return nil
 }

@@ -19,7 +19,7 @@ import (
 func requireCRIU(t *testing.T) {
 	t.Helper()
 	if _, err := os.Stat(container.CRIUPath); err != nil {
-		t.Skipf("no CRIU >= 4 at %s (scripts/criu.sh installs it): %v", container.CRIUPath, err)
+		t.Skipf("no CRIU >= 4.2 at %s (scripts/criu.sh installs it): %v", container.CRIUPath, err)
 	}
 }
 

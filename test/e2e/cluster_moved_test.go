@@ -18,7 +18,7 @@ import (
 // the node it moved to.
 func TestClusterArchivesFollowRestoredSandbox(t *testing.T) {
 	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
-		t.Skipf("no CRIU >= 4 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
 	}
 	cl := newCluster(t, clusterOptions{checkpoints: true})
 	ctx := ctxFor(t, 5*time.Minute)

@@ -404,7 +404,7 @@ func TestE2BHibernate(t *testing.T) {
 	t.Parallel()
 	testutil.RequireRoot(t)
 	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
-		t.Skipf("no CRIU >= 4 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
 	}
 	key := make([]byte, 20)
 	_, _ = rand.Read(key)

@@ -24,7 +24,7 @@ const stateHibernated = warrenv1.SandboxState_SANDBOX_STATE_HIBERNATED
 // it makes copies that count on too; deleting everything leaves nothing.
 func TestHibernateAcrossKill9AndFork(t *testing.T) {
 	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
-		t.Skipf("no CRIU >= 4 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
 	}
 	t.Parallel()
 	e := newEnv(t, envOptions{})
@@ -125,7 +125,7 @@ func TestHibernateAcrossKill9AndFork(t *testing.T) {
 // nothing on either node or in the shared directory.
 func TestRestoreOnAnotherNode(t *testing.T) {
 	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
-		t.Skipf("no CRIU >= 4 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
 	}
 	t.Parallel()
 	shared := t.TempDir()
@@ -242,7 +242,7 @@ func TestRestoreOnAnotherNode(t *testing.T) {
 // goes with the last of them.
 func TestRestoreForkOnAnotherNode(t *testing.T) {
 	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
-		t.Skipf("no CRIU >= 4 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
 	}
 	t.Parallel()
 	shared := t.TempDir()
@@ -304,7 +304,7 @@ func TestRestoreForkOnAnotherNode(t *testing.T) {
 // fork moved to node b, which renamed its entry), stay.
 func TestSharedBaseStaleEntrySwept(t *testing.T) {
 	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
-		t.Skipf("no CRIU >= 4 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
 	}
 	t.Parallel()
 	shared := t.TempDir()

@@ -50,7 +50,7 @@ func TestLazyForkSurvivesSourceDeleteAndDaemonKillUserNS(t *testing.T) {
 
 func testLazyFork(t *testing.T, userns bool) {
 	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
-		t.Skipf("no CRIU >= 4 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
 	}
 	e := newEnv(t, envOptions{serveArgs: []string{"--lazy-pages"}})
 	ctx := ctxFor(t, 4*time.Minute)
