@@ -453,6 +453,9 @@ func (s *site) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 		s.apiError(w, r, "delete", err)
 		return
 	}
+	s.listMu.Lock()
+	s.listed = nil
+	s.listMu.Unlock()
 	http.Redirect(w, r, "/ui/sandboxes", http.StatusSeeOther)
 }
 

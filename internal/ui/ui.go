@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/warrenrl/warren/client"
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 )
 
 //go:embed templates/*.html static/*
@@ -144,6 +145,12 @@ type site struct {
 	c       *client.Client
 	token   string // "": the listener needs none
 	metrics bool
+
+	// The last list of every sandbox (listAll); the lock also makes
+	// concurrent pages share one call.
+	listMu   sync.Mutex
+	listed   []*warrenv1.Sandbox
+	listedAt time.Time
 }
 
 func (s *site) routes() http.Handler {
