@@ -487,3 +487,64 @@ func checkNotBlank(t *testing.T, name string, data []byte) {
 		t.Errorf("screenshot %s looks blank: %d colours, %d of %d sampled pixels not white", name, len(colours), nonWhite, all)
 	}
 }
+
+// TestUIGatewayShowsTheCluster: a gateway serves the same dashboard
+// over its cluster: behind its token, the nodes page lists every node
+// and the sandboxes page the sandboxes of every node, each with its
+// node, and one sandbox's page (on whichever node) opens.
+func TestUIGatewayShowsTheCluster(t *testing.T) {
+	cl := newClusterOf(t, clusterConfig{nodes: 2})
+	ctx := ctxFor(t, 3*time.Minute)
+	gw := cl.gws[0]
+	res, err := gw.c.BatchCreate(ctx, &warrenv1.CreateRequest{Image: imageName, Labels: map[string]string{"ui": "gw"}}, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onNode := map[string]string{}
+	for _, sb := range res.GetSandboxes() {
+		onNode[sb.GetId()] = sb.GetNode()
+	}
+	if len(onNode) != 6 {
+		t.Fatalf("batch made %d sandboxes: %v", len(onNode), res)
+	}
+	page := func(p string, cookie bool) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+gw.api+p, nil)
+		if cookie {
+			req.AddCookie(&http.Cookie{Name: "warren_ui_token", Value: cl.token})
+		}
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return r.StatusCode, string(b)
+	}
+	if code, body := page("/ui/nodes", false); code != http.StatusUnauthorized || strings.Contains(body, "node0") {
+		t.Errorf("the gateway's nodes page without a token: %d", code)
+	}
+	code, body := page("/ui/nodes", true)
+	if code != 200 || !strings.Contains(body, ">node0<") || !strings.Contains(body, ">node1<") || !strings.Contains(body, "Warren <small>gateway") {
+		t.Errorf("the gateway's nodes page: %d\n%s", code, body)
+	}
+	code, body = page("/ui/sandboxes?label=ui%3Dgw", true)
+	if code != 200 || !strings.Contains(body, "6 match") {
+		t.Errorf("the gateway's sandboxes page: %d\n%s", code, body)
+	}
+	nodes := map[string]bool{}
+	for id, node := range onNode {
+		if !strings.Contains(body, ">"+id+"<") {
+			t.Errorf("sandbox %s (on %s) not listed", id, node)
+		}
+		nodes[node] = true
+	}
+	for id, node := range onNode {
+		code, body = page("/ui/sandboxes/"+id, true)
+		if code != 200 || !strings.Contains(body, "<td>"+node+"</td>") {
+			t.Errorf("sandbox %s's page through the gateway: %d", id, code)
+		}
+		break
+	}
+	t.Logf("the 6 sandboxes are on %d nodes", len(nodes))
+}
