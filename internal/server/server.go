@@ -190,6 +190,7 @@ func (s *Server) Serve(ctx context.Context, m Manager) error {
 	}
 	var all []served
 	var uiAPI *http.Client
+	uiStopping := make(chan struct{})
 	if s.cfg.UI != nil {
 		// The dashboard's own way in: the API without a token, in
 		// process. Only the dashboard holds a client of it.
@@ -200,7 +201,7 @@ func (s *Server) Serve(ctx context.Context, m Manager) error {
 	}
 	withUI := func(o HandlerOptions) HandlerOptions {
 		if s.cfg.UI != nil {
-			o.UI = s.cfg.UI(uiAPI, s.cfg.Metrics, o.Token)
+			o.UI = s.cfg.UI(uiAPI, s.cfg.Metrics, o.Token, uiStopping)
 		}
 		return o
 	}
@@ -241,6 +242,7 @@ func (s *Server) Serve(ctx context.Context, m Manager) error {
 	case serveErr = <-errc:
 	}
 	s.log.Info("shutting down", "grace", s.cfg.ShutdownTimeout)
+	close(uiStopping)
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	var swg sync.WaitGroup

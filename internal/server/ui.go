@@ -16,10 +16,12 @@ import (
 // rights, so the dashboard is a client of the same API as every other
 // (a node's or a gateway's alike); metrics is the /metrics handler (nil
 // when disabled); token is the listener's bearer token, "" on the unix
-// socket, whose file mode is the access control. The dashboard does its
-// own authentication (a cookie set from a login form), so requireToken
-// lets /ui through.
-type UIFactory func(api *http.Client, metrics http.Handler, token string) http.Handler
+// socket, whose file mode is the access control; stopping closes when
+// the server begins to shut down, when long-lived responses (event
+// streams) must end, or the graceful shutdown would wait for them. The
+// dashboard does its own authentication (a cookie set from a login
+// form), so requireToken lets /ui through.
+type UIFactory func(api *http.Client, metrics http.Handler, token string, stopping <-chan struct{}) http.Handler
 
 // uiPrefix is where the dashboard is mounted.
 const uiPrefix = "/ui"

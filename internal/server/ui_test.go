@@ -22,7 +22,7 @@ import (
 func TestUIMountedWithItsOwnAuth(t *testing.T) {
 	const token = "ui-s3cret"
 	var apiOK = make(chan error, 4)
-	factory := func(api *http.Client, _ http.Handler, tok string) http.Handler {
+	factory := func(api *http.Client, _ http.Handler, tok string, _ <-chan struct{}) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			c, err := client.New("http://in-process", client.WithHTTPClient(api), client.WithToken(""))
 			if err == nil {
@@ -77,5 +77,43 @@ func TestUIMountedWithItsOwnAuth(t *testing.T) {
 		if !strings.Contains(status, " 401 ") && !strings.Contains(string(b), "ui token=") {
 			t.Errorf("GET %s without a token: %s, want 401 or the dashboard", p, status)
 		}
+	}
+}
+
+// TestUIStreamsEndAtShutdown: the dashboard is told when shutdown
+// begins, so its event streams end then instead of holding the graceful
+// shutdown for its whole grace and being cut.
+func TestUIStreamsEndAtShutdown(t *testing.T) {
+	started := make(chan struct{})
+	endedBy := make(chan string, 1)
+	factory := func(_ *http.Client, _ http.Handler, _ string, stopping <-chan struct{}) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(200)
+			w.(http.Flusher).Flush()
+			close(started)
+			select {
+			case <-stopping:
+				endedBy <- "stopping"
+			case <-r.Context().Done():
+				endedBy <- "request cancelled"
+			}
+		})
+	}
+	ts := startServer(t, Config{UI: factory})
+	unix := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", ts.sock)
+	}}}
+	go func() {
+		if res, err := unix.Get("http://x/ui/live"); err == nil {
+			io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+		}
+	}()
+	<-started
+	if err := ts.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-endedBy; got != "stopping" {
+		t.Errorf("the stream ended by %s, want by the shutdown's notice", got)
 	}
 }

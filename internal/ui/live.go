@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
@@ -51,17 +53,33 @@ func sse(w http.ResponseWriter) (send func(event string, v any) error, ok bool) 
 	}, true
 }
 
+// streamContext is the context of an event stream: it ends with the
+// request or when the server begins to shut down.
+func (s *site) streamContext(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(r.Context())
+	go func() {
+		select {
+		case <-s.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
 // overviewLive streams the fleet's counts and rates.
 func (s *site) overviewLive(w http.ResponseWriter, r *http.Request) {
 	send, ok := sse(w)
 	if !ok {
 		return
 	}
+	ctx, cancel := s.streamContext(r)
+	defer cancel()
 	t := time.NewTicker(liveEvery)
 	defer t.Stop()
 	for {
 		v := map[string]string{}
-		if sbs, err := s.listAll(r.Context(), nil); err == nil {
+		if sbs, err := s.listAll(ctx, nil); err == nil {
 			v["total"] = strconv.Itoa(len(sbs))
 			states, backends := tally(sbs)
 			for _, c := range states {
@@ -71,7 +89,7 @@ func (s *site) overviewLive(w http.ResponseWriter, r *http.Request) {
 				v["backend-"+c.Key] = strconv.Itoa(c.N)
 			}
 		}
-		if nodes, err := s.c.NodeStatus(r.Context()); err == nil {
+		if nodes, err := s.c.NodeStatus(ctx); err == nil {
 			for _, n := range nodes {
 				v["node-"+n.GetName()+"-sandboxes"] = strconv.Itoa(int(n.GetSandboxes()))
 				v["node-"+n.GetName()+"-load"] = strconv.FormatFloat(n.GetLoad(), 'f', 2, 64)
@@ -84,7 +102,7 @@ func (s *site) overviewLive(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		select {
-		case <-r.Context().Done():
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -99,17 +117,19 @@ func (s *site) sandboxLive(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	ctx, cancel := s.streamContext(r)
+	defer cancel()
 	t := time.NewTicker(liveEvery)
 	defer t.Stop()
 	var prev *warrenv1.SandboxStatsResponse
 	for {
 		v := map[string]string{}
-		if sb, err := s.c.Get(r.Context(), id); err == nil {
+		if sb, err := s.c.Get(ctx, id); err == nil {
 			v["state"] = stateName(sb.GetState())
 		} else {
 			v["state"] = "gone"
 		}
-		if st, err := s.c.SandboxStats(r.Context(), id); err == nil {
+		if st, err := s.c.SandboxStats(ctx, id); err == nil {
 			v["mem"] = formatBytes(st.GetMemoryBytes())
 			v["disk"] = formatBytes(st.GetDiskUsedBytes())
 			v["pids"] = strconv.FormatUint(st.GetPids(), 10)
@@ -126,7 +146,7 @@ func (s *site) sandboxLive(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		select {
-		case <-r.Context().Done():
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -165,7 +185,9 @@ func (s *site) terminalStream(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, err := s.c.AttachProcess(r.Context(), &warrenv1.AttachProcessRequest{SandboxId: id, ProcessId: pid, StderrOffset: -1},
+	ctx, cancel := s.streamContext(r)
+	defer cancel()
+	res, err := s.c.AttachProcess(ctx, &warrenv1.AttachProcessRequest{SandboxId: id, ProcessId: pid, StderrOffset: -1},
 		func(ev *warrenv1.ProcessEvent) error {
 			if out := ev.GetStdout(); out != nil && len(out.GetData()) > 0 {
 				return send("", map[string]string{"out": strings.ToValidUTF8(string(out.GetData()), "\uFFFD")})
@@ -173,6 +195,14 @@ func (s *site) terminalStream(w http.ResponseWriter, r *http.Request) {
 			return nil
 		})
 	if err != nil {
+		if r.Context().Err() != nil {
+			// The browser went away: hang up the shell, as closing a
+			// terminal window does (a reload starts another).
+			hctx, hcancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+			defer hcancel()
+			_ = s.c.SignalProcess(hctx, &warrenv1.SignalProcessRequest{SandboxId: id, ProcessId: pid, Signal: int32(syscall.SIGHUP), Group: true})
+			return
+		}
 		_ = send("", map[string]string{"error": err.Error()})
 		return
 	}

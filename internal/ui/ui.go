@@ -26,7 +26,9 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -113,7 +115,7 @@ func (u *UI) Close() {
 
 // Handler is a server.UIFactory: the dashboard for one listener whose
 // bearer token is token ("" on the unix socket: no login).
-func (u *UI) Handler(api *http.Client, metrics http.Handler, token string) http.Handler {
+func (u *UI) Handler(api *http.Client, metrics http.Handler, token string, stopping <-chan struct{}) http.Handler {
 	// The host is never dialled: api's transport goes to the API in
 	// process.
 	c, err := client.New("http://warren.internal", client.WithHTTPClient(api), client.WithToken(""),
@@ -125,7 +127,7 @@ func (u *UI) Handler(api *http.Client, metrics http.Handler, token string) http.
 	if metrics != nil {
 		u.startSampling(metrics)
 	}
-	s := &site{ui: u, c: c, token: token, metrics: metrics != nil}
+	s := &site{ui: u, c: c, token: token, metrics: metrics != nil, stopping: stopping}
 	return s.routes()
 }
 
@@ -145,6 +147,8 @@ type site struct {
 	c       *client.Client
 	token   string // "": the listener needs none
 	metrics bool
+	// stopping closes when the server shuts down: event streams end.
+	stopping <-chan struct{}
 
 	// The last list of every sandbox (listAll); the lock also makes
 	// concurrent pages share one call.
@@ -212,6 +216,20 @@ func (s *site) session(r *http.Request) (string, bool) {
 	return got, got != "" && equalTokens(got, s.token)
 }
 
+// localName reports whether host (of a Host header) cannot be a name a
+// DNS-rebinding attacker controls: an IP address, localhost, or a name
+// without dots.
+func localName(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	return strings.EqualFold(host, "localhost") || !strings.Contains(host, ".")
+}
+
 func equalTokens(a, b string) bool {
 	ha, hb := sha256.Sum256([]byte(a)), sha256.Sum256([]byte(b))
 	return subtle.ConstantTimeCompare(ha[:], hb[:]) == 1
@@ -221,6 +239,13 @@ func equalTokens(a, b string) bool {
 // 401), never with data.
 func (s *site) auth(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.token == "" && !localName(r.Host) {
+			// Without a token (the socket, forwarded to a browser) a
+			// page a DNS-rebinding site loads under its own name would
+			// read the fleet: only local names are served.
+			s.errorPage(w, r, http.StatusForbidden, "without a token the dashboard answers only to an IP address, localhost or a name without dots; log in through a listener with a token")
+			return
+		}
 		if _, ok := s.session(r); !ok {
 			s.renderLogin(w, r, http.StatusUnauthorized, "")
 			return

@@ -83,7 +83,7 @@ func newTestSite(t *testing.T, tok string, n int) (*httptest.Server, *fakeAPI) {
 	// The dashboard's client talks to the fake whatever host it names.
 	apiURL, _ := url.Parse(api.URL)
 	hc := &http.Client{Transport: rewriteHost{apiURL.Host}}
-	srv := httptest.NewServer(u.Handler(hc, nil, tok))
+	srv := httptest.NewServer(u.Handler(hc, nil, tok, nil))
 	t.Cleanup(srv.Close)
 	return srv, f
 }
@@ -100,6 +100,10 @@ func fetch(t *testing.T, method, u string, body io.Reader, hdr map[string]string
 	t.Helper()
 	req, _ := http.NewRequest(method, u, body)
 	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
 		req.Header.Set(k, v)
 	}
 	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
@@ -118,7 +122,7 @@ var cookie = map[string]string{"Cookie": CookieName + "=" + testToken}
 // a wrong one) gets the login page with 401 and no data; the cookie or
 // a bearer header opens the pages; logging in sets an HttpOnly,
 // SameSite=Strict cookie scoped to /ui; on the socket (no token) the
-// pages open without one.
+// pages open without one, to local host names only (DNS rebinding).
 func TestAuth(t *testing.T) {
 	srv, _ := newTestSite(t, testToken, 3)
 	for _, hdr := range []map[string]string{nil, {"Cookie": CookieName + "=wrong"}, {"Authorization": "Bearer wrong"}} {
@@ -150,8 +154,16 @@ func TestAuth(t *testing.T) {
 	}
 
 	sock, _ := newTestSite(t, "", 3)
-	if res, body := fetch(t, "GET", sock.URL+"/ui/sandboxes", nil, nil); res.StatusCode != 200 || !strings.Contains(body, "sb-00002") {
-		t.Errorf("socket without a token: %d", res.StatusCode)
+	for host, want := range map[string]int{"": 200, "localhost:7080": 200, "127.0.0.1": 200, "[::1]:80": 200, "x": 200,
+		"rebind.example.com": 403, "rebind.example.com:7080": 403, "127.0.0.1.nip.io": 403} {
+		h := map[string]string{}
+		if host != "" {
+			h["Host"] = host
+		}
+		res, body := fetch(t, "GET", sock.URL+"/ui/sandboxes", nil, h)
+		if res.StatusCode != want || (want == 200) != strings.Contains(body, "sb-00002") {
+			t.Errorf("socket without a token, Host %q: %d, want %d", host, res.StatusCode, want)
+		}
 	}
 }
 
