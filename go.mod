@@ -5,6 +5,8 @@ go 1.26.8
 require (
 	connectrpc.com/connect v1.21.1
 	github.com/checkpoint-restore/go-criu/v7 v7.2.0
+	github.com/chromedp/cdproto v0.160.1
+	github.com/chromedp/chromedp v0.23.1
 	github.com/cilium/ebpf v0.16.0
 	github.com/containerd/cgroups/v3 v3.1.3
 	github.com/erofs/go-erofs v0.3.1
@@ -31,8 +33,6 @@ require (
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/chromedp/cdproto v0.160.1 // indirect
-	github.com/chromedp/chromedp v0.23.1 // indirect
 	github.com/containerd/log v0.1.0 // indirect
 	github.com/coreos/go-systemd/v22 v22.5.0 // indirect
 	github.com/docker/cli v29.7.2+incompatible // indirect
