@@ -375,7 +375,7 @@ func TestUIBrowser(t *testing.T) {
 		t.Errorf("the list is wider than a phone's screen")
 	}
 	shot("phone")
-	run("desktop", chromedp.ResetViewport())
+	run("desktop", chromedp.EmulateViewport(1280, 900))
 
 	// The images and nodes pages render.
 	run("images", chromedp.Navigate(base+"/ui/images"), chromedp.WaitVisible(chromedp.CSS("section.image")))
@@ -545,6 +545,13 @@ func TestUIGatewayShowsTheCluster(t *testing.T) {
 			t.Errorf("sandbox %s's page through the gateway: %d", id, code)
 		}
 		break
+	}
+	// The overview and images pages work over a cluster too.
+	if code, body = page("/ui/", true); code != 200 || !strings.Contains(body, `data-live="total">6<`) || !strings.Contains(body, ">node1<") {
+		t.Errorf("the gateway's overview: %d\n%s", code, body)
+	}
+	if code, body = page("/ui/images", true); code != 200 || !strings.Contains(body, "<h2>"+imageName+" ") {
+		t.Errorf("the gateway's images page: %d\n%s", code, body)
 	}
 	t.Logf("the 6 sandboxes are on %d nodes", len(nodes))
 }
