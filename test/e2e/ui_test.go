@@ -43,11 +43,13 @@ const uiSandboxes = 1000
 // the login page and no data; logging in shows the overview; the list of
 // 1,000 sandboxes is paged and filtered on the server; one sandbox's live
 // CPU moves while it runs a loop; its terminal runs a command in a PTY;
-// delete deletes it. A label and file names made of HTML render as text
-// and no JavaScript dialog opens anywhere (the listener is proven live by
-// a probe dialog at the end). Screenshots are saved under
-// $WARREN_ARTIFACTS/ui (else the test's temporary directory) and checked
-// not blank. It skips only when Debian's chromium is not installed.
+// delete deletes it. A label, file names and a command (in the
+// trajectory, with its timeout among the security events) made of HTML
+// render as text; no JavaScript dialog opens anywhere (the listener is
+// proven live by a probe dialog at the end) and the CSP refuses nothing.
+// Screenshots are saved under $WARREN_ARTIFACTS/ui (else the test's
+// temporary directory) and checked not blank. It skips only when Debian's
+// chromium is not installed.
 func TestUIBrowser(t *testing.T) {
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {
@@ -81,6 +83,13 @@ func TestUIBrowser(t *testing.T) {
 			Content: []byte("<script>alert(3)</script>\n")}); err != nil {
 			t.Fatalf("write %q: %v", name, err)
 		}
+	}
+
+	// A command of HTML that times out: a trajectory entry and a
+	// security event (timeout) on the xss sandbox's page.
+	res, err := e.c.Exec(ctx, &warrenv1.ExecRequest{SandboxId: "xss", Shell: "echo '" + xssFile2 + "'; sleep 30", TimeoutMs: 300})
+	if err != nil || !res.GetTimedOut() {
+		t.Fatalf("exec to time out: %v %v", res, err)
 	}
 
 	// Without a token: the login page, never data.
@@ -354,6 +363,12 @@ func TestUIBrowser(t *testing.T) {
 	}
 	if s := text("#sb-labels"); !strings.Contains(s, xssLabel) {
 		t.Errorf("labels on the sandbox page: %q", s)
+	}
+	if s := text("#trajectory"); !strings.Contains(s, "echo '"+xssFile2+"'; sleep 30") {
+		t.Errorf("the command in the trajectory: %q", s)
+	}
+	if s := text("#events"); !strings.Contains(s, "timeout") {
+		t.Errorf("the timeout among the security events: %q", s)
 	}
 	injected = browserRun(t, bctx, "injected", chromedp.Evaluate[int](`document.querySelectorAll("main img, main script").length + document.scripts.length - 1`))
 	if injected != 0 {
