@@ -42,8 +42,8 @@ const uiSandboxes = 1000
 // real daemon serving it on TCP with a token: a token-less request gets
 // the login page and no data; logging in shows the overview; the list of
 // 1,000 sandboxes is paged and filtered on the server; one sandbox's live
-// CPU moves while it runs a loop; its terminal runs a command in a PTY;
-// delete deletes it. A label, file names and a command (in the
+// CPU moves while it runs a loop; its terminal runs a command in a PTY
+// and its shell is hung up when the page goes; delete deletes it. A label, file names and a command (in the
 // trajectory, with its timeout among the security events) made of HTML
 // render as text; no JavaScript dialog opens anywhere (the listener is
 // proven live by a probe dialog at the end) and the CSP refuses nothing.
@@ -339,6 +339,20 @@ func TestUIBrowser(t *testing.T) {
 		return strings.Contains(s, "ui-42") && strings.Contains(s, "/dev/pts/"), s
 	})
 	shot("terminal")
+	// Leaving the page hangs up the shell, as closing a terminal does.
+	run("reload", chromedp.Navigate(base+"/ui/sandboxes/loop"), chromedp.WaitVisible(chromedp.CSS("#term-open")))
+	waitFor("the shell to exit on hangup", 30*time.Second, func() (bool, string) {
+		ps, err := e.c.ListProcesses(ctx, "loop")
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range ps {
+			if p.GetPty() && p.GetRunning() {
+				return false, strings.Join(p.GetArgv(), " ") + " still running"
+			}
+		}
+		return true, ""
+	})
 
 	// Delete it, through the confirmation.
 	run("delete", chromedp.Click(chromedp.CSS("details.danger summary")), chromedp.WaitVisible(chromedp.CSS("#delete")),
