@@ -15,6 +15,9 @@ command -v musl-gcc >/dev/null || need+=(musl-tools)
 command -v curl >/dev/null || need+=(curl)
 # Node and npm: the official E2B JavaScript SDK's tests (scripts/e2b-sdks.sh).
 command -v npm >/dev/null || need+=(nodejs npm)
+# Headless Chromium: the web UI's browser tests (test/e2e/ui_test.go) drive it
+# with chromedp.
+command -v chromium >/dev/null || need+=(chromium)
 "${PYTHON:-python3}" -c "import venv, ensurepip" 2>/dev/null || need+=(python3-venv)
 command -v gpgv >/dev/null || need+=(gpgv)
 [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)

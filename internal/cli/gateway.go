@@ -19,6 +19,7 @@ import (
 	"github.com/warrenrl/warren/internal/gateway"
 	"github.com/warrenrl/warren/internal/membership"
 	"github.com/warrenrl/warren/internal/server"
+	"github.com/warrenrl/warren/internal/ui"
 )
 
 // clusterOptions are the gossip flags of `warren serve` and `warren
@@ -86,6 +87,7 @@ type gatewayOptions struct {
 	name, listen, socket     string
 	tokenFile, nodeTokenFile string
 	insecureNoAuth           bool
+	noUI                     bool
 	cluster                  clusterOptions
 	pullInterval, downAfter  time.Duration
 	overcommit               float64
@@ -115,6 +117,7 @@ state a call depends on. docs/ARCHITECTURE.md, "The cluster".`,
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token clients must send (default $WARREN_TOKEN)")
 	f.StringVar(&o.nodeTokenFile, "node-token-file", "", "file holding the bearer token of the nodes' APIs (default: --token-file's)")
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
+	f.BoolVar(&o.noUI, "no-ui", false, "do not serve the web dashboard at /ui (docs/UI.md)")
 	f.DurationVar(&o.pullInterval, "pull-interval", time.Second, "how often each node's report is pulled")
 	f.DurationVar(&o.downAfter, "down-after", 3*time.Second, "a node that has not reported for this long is down: its sandboxes are listed lost and creates avoid it")
 	f.Float64Var(&o.overcommit, "overcommit", 4, "CPU and memory over-commit ratio of placement")
@@ -152,8 +155,17 @@ func runGateway(cmd *cobra.Command, o gatewayOptions) error {
 	if o.cluster.gossip == "" {
 		o.cluster.gossip = net.JoinHostPort("0.0.0.0", fmt.Sprint(membership.DefaultPort))
 	}
+	var dash server.UIFactory
+	if !o.noUI {
+		d, err := ui.New(ui.Options{Logger: log, Role: "gateway"})
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		dash = d.Handler
+	}
 	srv, err := server.New(server.Config{SocketPath: o.socket, ListenAddr: o.listen, Token: token, InsecureNoAuth: o.insecureNoAuth,
-		Logger: log, StallTimeout: o.stallTimeout})
+		Logger: log, StallTimeout: o.stallTimeout, UI: dash})
 	if err != nil {
 		return err
 	}

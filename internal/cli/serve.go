@@ -32,6 +32,7 @@ import (
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/resolver"
 	"github.com/warrenrl/warren/internal/server"
+	"github.com/warrenrl/warren/internal/ui"
 )
 
 // version and commit identify this build; they are the daemon's, set with
@@ -44,6 +45,7 @@ type serveOptions struct {
 	imageStore               string
 	listen, tokenFile        string
 	insecureNoAuth           bool
+	noUI                     bool
 	defaultTimeout           time.Duration
 	defaultDisk              string
 	fnDisk                   string
@@ -104,6 +106,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.listen, "listen", "", "also serve on this TCP address, e.g. 127.0.0.1:7070 (needs a token)")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token for --listen (default $"+client.EnvToken+")")
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
+	f.BoolVar(&o.noUI, "no-ui", false, "do not serve the web dashboard at /ui (docs/UI.md)")
 	f.DurationVar(&o.defaultTimeout, "default-timeout", daemon.DefaultTimeout, "sandbox lifetime when a create request gives none")
 	f.StringVar(&o.fnDisk, "fn-disk-bytes", "1Gi", "disk quota of a Run job that asks none: everything it writes in /w, /tmp and /var/tmp (each fncall environment gets a filesystem of that size); 0: none, each file bounded by the file size limit only")
 	f.StringVar(&o.defaultDisk, "default-disk", "", "disk limit of each sandbox's writable layer when a create request gives none, e.g. 10Gi (default: unlimited, on the state dir's filesystem)")
@@ -247,7 +250,17 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	}
 
 	met := metrics.New()
+	var dash server.UIFactory
+	if !o.noUI {
+		d, err := ui.New(ui.Options{Logger: log, Role: "node"})
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		dash = d.Handler
+	}
 	srv, err := server.New(server.Config{
+		UI:             dash,
 		SocketPath:     o.socket,
 		ListenAddr:     o.listen,
 		Token:          token,

@@ -46,6 +46,9 @@ type HandlerOptions struct {
 	// or an upload whose client sends none, for this long; zero selects
 	// DefaultStallTimeout, a negative value disables the cutoff.
 	StallTimeout time.Duration
+	// UI, when set, serves /ui and everything below it, doing its own
+	// authentication (UIFactory).
+	UI http.Handler
 }
 
 func (o *HandlerOptions) setDefaults() {
@@ -117,20 +120,25 @@ func NewHandler(m Manager, o HandlerOptions) http.Handler {
 	} {
 		mux.HandleFunc(e.pattern, sc.scopeHTTP(e.harness, e.fn))
 	}
+	if o.UI != nil {
+		mux.Handle(uiPrefix, o.UI)
+		mux.Handle(uiPrefix+"/", o.UI)
+	}
 	if o.Token != "" {
-		return requireToken(o.Token, mux)
+		return requireToken(o.Token, o.UI != nil, mux)
 	}
 	return mux
 }
 
 // requireToken rejects requests without "Authorization: Bearer <token>",
-// except the health check. RPCs get a protocol-correct Unauthenticated
-// error, everything else a JSON 401.
-func requireToken(token string, next http.Handler) http.Handler {
+// except the health check and, when ui is set, the dashboard, which
+// checks the token itself (from a cookie). RPCs get a protocol-correct
+// Unauthenticated error, everything else a JSON 401.
+func requireToken(token string, ui bool, next http.Handler) http.Handler {
 	want := sha256.Sum256([]byte(token))
 	ew := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" {
+		if r.URL.Path == "/healthz" || ui && isUIPath(r.URL.Path) {
 			next.ServeHTTP(w, r)
 			return
 		}

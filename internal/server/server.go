@@ -54,6 +54,9 @@ type Config struct {
 	// negative rate none.
 	HarnessCallsPerSecond float64
 	HarnessCallBurst      int
+	// UI serves the web dashboard under /ui/ on the socket and the TCP
+	// listener (never on a harness's route); nil disables it.
+	UI UIFactory
 }
 
 // Server serves the API on its listeners.
@@ -191,14 +194,30 @@ func (s *Server) Serve(ctx context.Context, m Manager) error {
 		ln  net.Listener
 	}
 	var all []served
+	var uiAPI *http.Client
+	uiStopping := make(chan struct{})
+	if s.cfg.UI != nil {
+		// The dashboard's own way in: the API without a token, in
+		// process. Only the dashboard holds a client of it.
+		pl := newPipeListener()
+		all = append(all, served{NewHTTPServer(NewHandler(m, base)), pl})
+		uiAPI = pl.client()
+		defer uiAPI.CloseIdleConnections()
+	}
+	withUI := func(o HandlerOptions) HandlerOptions {
+		if s.cfg.UI != nil {
+			o.UI = s.cfg.UI(uiAPI, s.cfg.Metrics, o.Token, uiStopping)
+		}
+		return o
+	}
 	if s.unixLn != nil {
-		srv := NewHTTPServer(NewHandler(m, base))
+		srv := NewHTTPServer(NewHandler(m, withUI(base)))
 		all = append(all, served{srv, s.unixLn})
 	}
 	if s.tcpLn != nil {
 		o := base
 		o.Token = s.cfg.Token
-		srv := NewHTTPServer(NewHandler(m, o))
+		srv := NewHTTPServer(NewHandler(m, withUI(o)))
 		all = append(all, served{srv, s.tcpLn})
 	}
 	errc := make(chan error, len(all))
@@ -206,7 +225,9 @@ func (s *Server) Serve(ctx context.Context, m Manager) error {
 	for _, sv := range all {
 		sv.srv.BaseContext = func(net.Listener) context.Context { return reqCtx }
 		sv.srv.ErrorLog = slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
-		s.log.Info("listening", "addr", sv.ln.Addr().String(), "network", sv.ln.Addr().Network())
+		if _, ok := sv.ln.(*pipeListener); !ok {
+			s.log.Info("listening", "addr", sv.ln.Addr().String(), "network", sv.ln.Addr().Network())
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -226,6 +247,7 @@ func (s *Server) Serve(ctx context.Context, m Manager) error {
 	case serveErr = <-errc:
 	}
 	s.log.Info("shutting down", "grace", s.cfg.ShutdownTimeout)
+	close(uiStopping)
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	var swg sync.WaitGroup

@@ -8,4 +8,7 @@
 //
 // Each daemon logs at debug level to a file that is printed (its tail)
 // when a test fails, or always with WARREN_E2E_LOG=1.
+//
+// Files a test keeps for CI (the dashboard test's screenshots) go under
+// $WARREN_ARTIFACTS when it is set, else to the test's temporary directory.
 package e2e
