@@ -35,19 +35,13 @@ func (v *VM) Start(ctx context.Context, p backend.ProcSpec) (backend.Process, er
 	if p.PTY {
 		return nil, errdefs.Unsupportedf("microvm: terminals are not served yet")
 	}
-	st, err := v.sess.OpenStream()
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Unavailable, err, "open a stream to the guest agent")
-	}
 	req := guest.Request{Op: "exec", Argv: p.Argv, Env: p.Env, Dir: p.Cwd, UID: p.UID, GID: p.GID,
 		Stdin: p.Stdin, Stdout: p.Stdout, Stderr: p.Stderr}
-	b, _ := json.Marshal(req)
-	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Now()) })
-	defer stop()
-	if _, err := st.Write(append(b, '\n')); err != nil {
-		st.Close()
-		return nil, errdefs.Wrap(errdefs.Unavailable, err, "send to the guest agent")
+	st, stop, err := v.open(ctx, req)
+	if err != nil {
+		return nil, err
 	}
+	defer stop()
 	br := bufio.NewReader(st)
 	kind, data, err := guest.ReadFrame(br)
 	if err != nil {

@@ -232,18 +232,38 @@ func (v *VM) dial(ctx context.Context, port string) (net.Conn, error) {
 	}
 }
 
+// open opens a stream to the agent, arms ctx's end as a deadline on it
+// and sends req. stop disarms the deadline (false if ctx ended first);
+// the caller closes the stream.
+func (v *VM) open(ctx context.Context, req guest.Request) (st *yamux.Stream, stop func() bool, err error) {
+	if st, err = v.sess.OpenStream(); err != nil {
+		return nil, nil, errdefs.Wrap(errdefs.Unavailable, err, "open a stream to the guest agent")
+	}
+	// A yamux Close ends only the writing half: a deadline is what
+	// wakes a read when the call is cancelled.
+	stop = context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Now()) })
+	b, _ := json.Marshal(req)
+	if _, err := st.Write(append(b, '\n')); err != nil {
+		stop()
+		st.Close()
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+		return nil, nil, errdefs.Wrap(errdefs.Unavailable, err, "send to the guest agent")
+	}
+	return st, stop, nil
+}
+
 // call sends req on a new stream and reads its frames: output to out (if
 // any), the final 'x' frame into res.
 func (v *VM) call(ctx context.Context, req guest.Request, out func(kind byte, b []byte), res any) error {
-	st, err := v.sess.OpenStream()
+	st, stop, err := v.open(ctx, req)
 	if err != nil {
-		return errdefs.Wrap(errdefs.Unavailable, err, "open a stream to the guest agent")
+		return err
 	}
 	defer st.Close()
-	// A yamux Close ends only the writing half: a deadline is what
-	// wakes a read when the call is cancelled or QEMU dies.
-	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Now()) })
 	defer stop()
+	// QEMU's end wakes a read too.
 	ended := make(chan struct{})
 	defer close(ended)
 	go func() {
@@ -253,10 +273,6 @@ func (v *VM) call(ctx context.Context, req guest.Request, out func(kind byte, b 
 		case <-ended:
 		}
 	}()
-	b, _ := json.Marshal(req)
-	if _, err := st.Write(append(b, '\n')); err != nil {
-		return errdefs.Wrap(errdefs.Unavailable, err, "send to the guest agent")
-	}
 	br := bufio.NewReader(st)
 	for {
 		kind, data, err := guest.ReadFrame(br)

@@ -1,0 +1,273 @@
+package guest
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// pathDirs is the PATH a command is looked up in and gets by default.
+var pathDirs = []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"}
+
+// defaultEnv is a process's environment when the host sends none.
+var defaultEnv = []string{"PATH=" + strings.Join(pathDirs, ":"), "HOME=/root"}
+
+// lingerGrace is how long a process's exit waits for the end of its
+// output: children that outlive it may hold the pipes open.
+const lingerGrace = 100 * time.Millisecond
+
+// lookPath finds name as the command would in root (where it runs
+// chrooted): a name with a slash as it is, else in pathDirs.
+func lookPath(root, name string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	for _, d := range pathDirs {
+		p := filepath.Join(d, name)
+		if fi, err := os.Stat(filepath.Join(root, p)); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: not found in PATH", name)
+}
+
+// proc is a started process and the agent's ends of its streams (nil
+// where not connected).
+type proc struct {
+	pid   int // in the guest: what signals take
+	nsPid int // in the sandbox: what the host is told
+	done  <-chan syscall.WaitStatus
+	inW   *os.File
+	outR  *os.File
+	errR  *os.File
+}
+
+// startProc starts req's command in the sandbox with the streams asked
+// for. On error nothing is left open; the category is the error's.
+func (s *server) startProc(req Request, stdin, stdout, stderr bool) (*proc, errdefs.Category, error) {
+	if len(req.Argv) == 0 {
+		return nil, errdefs.Invalid, errors.New("empty argv")
+	}
+	root := "/"
+	if s.ns != nil {
+		root = RootDir
+	}
+	path, err := lookPath(root, req.Argv[0])
+	if err != nil {
+		return nil, errdefs.NotFound, err
+	}
+	if req.Dir != "" {
+		if fi, err := os.Stat(filepath.Join(root, req.Dir)); err != nil || !fi.IsDir() {
+			return nil, errdefs.Invalid, fmt.Errorf("working directory %s: not a directory in the sandbox", req.Dir)
+		}
+	}
+	cmd := &exec.Cmd{Path: path, Args: req.Argv, Env: req.Env, Dir: req.Dir}
+	if cmd.Env == nil {
+		cmd.Env = defaultEnv
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if req.UID != 0 || req.GID != 0 {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: req.UID, Gid: req.GID}
+	}
+	if s.ns != nil && cmd.Dir == "" {
+		cmd.Dir = "/"
+	}
+	p := &proc{}
+	// The child's ends, closed once it started.
+	var theirs []*os.File
+	closeAll := func(fs ...*os.File) {
+		for _, f := range fs {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}
+	pipe := func() (r, w *os.File) {
+		if err != nil {
+			return nil, nil
+		}
+		r, w, err = os.Pipe()
+		return r, w
+	}
+	if stdin {
+		var r *os.File
+		r, p.inW = pipe()
+		cmd.Stdin, theirs = r, append(theirs, r)
+	}
+	if stdout {
+		var w *os.File
+		p.outR, w = pipe()
+		cmd.Stdout, theirs = w, append(theirs, w)
+	}
+	if stderr {
+		var w *os.File
+		p.errR, w = pipe()
+		cmd.Stderr, theirs = w, append(theirs, w)
+	}
+	if err != nil {
+		closeAll(theirs...)
+		closeAll(p.inW, p.outR, p.errR)
+		return nil, errdefs.Exhausted, err
+	}
+	if s.ns != nil {
+		// Straight into the sandbox's cgroup (clone3 CLONE_INTO_CGROUP):
+		// its limits hold from the first instruction.
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(s.ns.cgroup.Fd())
+		err = s.ns.startIn(func() (err error) { p.done, err = s.r.start(cmd); return err })
+	} else {
+		p.done, err = s.r.start(cmd)
+	}
+	closeAll(theirs...)
+	if err != nil {
+		closeAll(p.inW, p.outR, p.errR)
+		cat := errdefs.Internal
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			cat = errdefs.NotFound
+		case errors.Is(err, os.ErrPermission):
+			cat = errdefs.PermissionDenied
+		}
+		return nil, cat, err
+	}
+	p.pid = cmd.Process.Pid
+	p.nsPid = nsPid(p.pid)
+	return p, 0, nil
+}
+
+// exitOf is how a wait status ended.
+func exitOf(ws syscall.WaitStatus) Exit {
+	if ws.Signaled() {
+		return Exit{Code: -1, Signal: int(ws.Signal())}
+	}
+	return Exit{Code: ws.ExitStatus()}
+}
+
+// execOne starts req.Argv, streams its output, takes its stdin and
+// signals from the host, then sends its exit.
+func (s *server) execOne(st net.Conn, br *bufio.Reader, req Request) {
+	var wmu sync.Mutex
+	send := func(kind byte, b []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return WriteFrame(st, kind, b)
+	}
+	p, cat, err := s.startProc(req, req.Stdin, req.Stdout, req.Stderr)
+	if err != nil {
+		wmu.Lock()
+		fail(st, cat, err)
+		wmu.Unlock()
+		return
+	}
+	// Set (under the reaper's lock order: after the status came) before
+	// its pid may be another's: signals stop then.
+	var exited sync.Mutex
+	ended := false
+	kill := func(sig syscall.Signal, group bool) {
+		exited.Lock()
+		defer exited.Unlock()
+		if ended {
+			return
+		}
+		if group {
+			_ = syscall.Kill(-p.pid, sig)
+		} else {
+			_ = syscall.Kill(p.pid, sig)
+		}
+	}
+	b, _ := json.Marshal(Started{Pid: p.nsPid})
+	_ = send(KindStarted, b)
+	// The host's frames: stdin, its end, signals. A stream the host
+	// closes kills the process group.
+	go func() {
+		inW := p.inW
+		defer func() {
+			if inW != nil {
+				inW.Close()
+			}
+		}()
+		for {
+			kind, data, err := ReadFrame(br)
+			if err != nil {
+				kill(syscall.SIGKILL, true)
+				return
+			}
+			switch kind {
+			case KindStdin:
+				if inW != nil {
+					_, _ = inW.Write(data)
+				}
+			case KindCloseIn:
+				if inW != nil {
+					inW.Close()
+					inW = nil
+				}
+			case KindSignal:
+				var sg Signal
+				if json.Unmarshal(data, &sg) == nil {
+					kill(syscall.Signal(sg.Signal), sg.Group)
+				}
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	pump := func(f *os.File, kind byte) {
+		defer wg.Done()
+		defer f.Close()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := f.Read(buf)
+			if n > 0 {
+				_ = send(kind, buf[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	var outs []*os.File
+	for _, o := range []struct {
+		f    *os.File
+		kind byte
+	}{{p.outR, KindStdout}, {p.errR, KindStderr}} {
+		if o.f != nil {
+			outs = append(outs, o.f)
+			wg.Add(1)
+			go pump(o.f, o.kind)
+		}
+	}
+	ws := <-p.done
+	exited.Lock()
+	ended = true
+	exited.Unlock()
+	waitDrained(&wg, outs)
+	b, _ = json.Marshal(exitOf(ws))
+	_ = send(KindExit, b)
+}
+
+// waitDrained waits until the readers of outs are done: at once when the
+// process's output ended with it, else after lingerGrace (a child that
+// outlives it holds the pipes) by ending their reads.
+func waitDrained(wg *sync.WaitGroup, outs []*os.File) {
+	drained := make(chan struct{})
+	go func() { wg.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(lingerGrace):
+		for _, f := range outs {
+			_ = f.SetReadDeadline(time.Now())
+		}
+		<-drained
+	}
+}
