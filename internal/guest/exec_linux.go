@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenrl/warren/internal/errdefs"
 )
 
@@ -51,11 +53,13 @@ type proc struct {
 	inW   *os.File
 	outR  *os.File
 	errR  *os.File
+	pty   *os.File // the terminal's master (both ways), with a pty
 }
 
 // startProc starts req's command in the sandbox with the streams asked
-// for. On error nothing is left open; the category is the error's.
-func (s *server) startProc(req Request, stdin, stdout, stderr bool) (*proc, errdefs.Category, error) {
+// for, or on a new terminal of size pty (then the only stream). On error
+// nothing is left open; the category is the error's.
+func (s *server) startProc(req Request, stdin, stdout, stderr bool, pty *Winsize) (*proc, errdefs.Category, error) {
 	if len(req.Argv) == 0 {
 		return nil, errdefs.Invalid, errors.New("empty argv")
 	}
@@ -100,6 +104,22 @@ func (s *server) startProc(req Request, stdin, stdout, stderr bool) (*proc, errd
 		r, w, err = os.Pipe()
 		return r, w
 	}
+	if pty != nil {
+		ptmx := "/dev/ptmx"
+		if s.ns != nil {
+			ptmx = RootDir + "/dev/pts/ptmx" // the sandbox's own devpts
+		}
+		master, slave, err := openPTY(ptmx, *pty)
+		if err != nil {
+			return nil, errdefs.Unavailable, err
+		}
+		p.pty = master
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+		theirs = append(theirs, slave)
+		// The terminal is the new session's (its fd 0).
+		cmd.SysProcAttr.Setctty = true
+		stdin, stdout, stderr = false, false, false
+	}
 	if stdin {
 		var r *os.File
 		r, p.inW = pipe()
@@ -117,7 +137,7 @@ func (s *server) startProc(req Request, stdin, stdout, stderr bool) (*proc, errd
 	}
 	if err != nil {
 		closeAll(theirs...)
-		closeAll(p.inW, p.outR, p.errR)
+		closeAll(p.inW, p.outR, p.errR, p.pty)
 		return nil, errdefs.Exhausted, err
 	}
 	if s.ns != nil {
@@ -131,7 +151,7 @@ func (s *server) startProc(req Request, stdin, stdout, stderr bool) (*proc, errd
 	}
 	closeAll(theirs...)
 	if err != nil {
-		closeAll(p.inW, p.outR, p.errR)
+		closeAll(p.inW, p.outR, p.errR, p.pty)
 		cat := errdefs.Internal
 		switch {
 		case errors.Is(err, os.ErrNotExist):
@@ -163,7 +183,11 @@ func (s *server) execOne(st net.Conn, br *bufio.Reader, req Request) {
 		defer wmu.Unlock()
 		return WriteFrame(st, kind, b)
 	}
-	p, cat, err := s.startProc(req, req.Stdin, req.Stdout, req.Stderr)
+	var pty *Winsize
+	if req.PTY {
+		pty = &Winsize{Rows: req.Rows, Cols: req.Cols}
+	}
+	p, cat, err := s.startProc(req, req.Stdin, req.Stdout, req.Stderr, pty)
 	if err != nil {
 		wmu.Lock()
 		fail(st, cat, err)
@@ -207,11 +231,20 @@ func (s *server) execOne(st net.Conn, br *bufio.Reader, req Request) {
 			case KindStdin:
 				if inW != nil {
 					_, _ = inW.Write(data)
+				} else if p.pty != nil {
+					_, _ = p.pty.Write(data)
 				}
 			case KindCloseIn:
 				if inW != nil {
 					inW.Close()
 					inW = nil
+				} else if p.pty != nil {
+					_, _ = p.pty.Write([]byte{eofChar})
+				}
+			case KindResize:
+				var ws Winsize
+				if p.pty != nil && json.Unmarshal(data, &ws) == nil {
+					_ = setWinsize(p.pty, ws)
 				}
 			case KindSignal:
 				var sg Signal
@@ -240,7 +273,7 @@ func (s *server) execOne(st net.Conn, br *bufio.Reader, req Request) {
 	for _, o := range []struct {
 		f    *os.File
 		kind byte
-	}{{p.outR, KindStdout}, {p.errR, KindStderr}} {
+	}{{p.outR, KindStdout}, {p.errR, KindStderr}, {p.pty, KindStdout}} {
 		if o.f != nil {
 			outs = append(outs, o.f)
 			wg.Add(1)
@@ -270,4 +303,48 @@ func waitDrained(wg *sync.WaitGroup, outs []*os.File) {
 		}
 		<-drained
 	}
+}
+
+// eofChar ends a terminal's input (^D), which stays open for output.
+const eofChar = 4
+
+// openPTY opens a new terminal of the devpts whose ptmx is given, of size
+// ws: its master (non-blocking, so that the runtime poller serves it and
+// deadlines work) and its slave.
+func openPTY(ptmx string, ws Winsize) (master, slave *os.File, err error) {
+	m, err := unix.Open(ptmx, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open %s: %w", ptmx, err)
+	}
+	if err := unix.IoctlSetPointerInt(m, unix.TIOCSPTLCK, 0); err != nil {
+		unix.Close(m)
+		return nil, nil, fmt.Errorf("unlock pty: %w", err)
+	}
+	if err := unix.IoctlSetWinsize(m, unix.TIOCSWINSZ, &unix.Winsize{Row: ws.Rows, Col: ws.Cols}); err != nil {
+		unix.Close(m)
+		return nil, nil, fmt.Errorf("pty size: %w", err)
+	}
+	// The slave by the master, not by a path in /dev/pts.
+	sfd, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(m), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+	if e != 0 {
+		unix.Close(m)
+		return nil, nil, fmt.Errorf("open pty slave: %w", e)
+	}
+	return os.NewFile(uintptr(m), "ptmx"), os.NewFile(sfd, "pts"), nil
+}
+
+// setWinsize sets a terminal's size through its master; the kernel sends
+// SIGWINCH to its foreground process group.
+func setWinsize(master *os.File, ws Winsize) error {
+	rc, err := master.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: ws.Rows, Col: ws.Cols})
+	}); err != nil {
+		return err
+	}
+	return ierr
 }

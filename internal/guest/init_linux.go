@@ -71,7 +71,7 @@ func Main() error {
 	if err != nil {
 		return fmt.Errorf("open %s: %w", port, err)
 	}
-	srv := &server{r: newReaper(), ns: ns}
+	srv := &server{r: newReaper(), ns: ns, bg: newBGTable()}
 	cfg := yamux.DefaultConfig()
 	cfg.LogOutput = io.Discard
 	cfg.EnableKeepAlive = false // the host sees the VM go by its process
@@ -210,6 +210,7 @@ func (r *reaper) start(cmd *exec.Cmd) (<-chan syscall.WaitStatus, error) {
 type server struct {
 	r  *reaper
 	ns *sandboxNS // nil in a VM without layers: commands run in the guest's root
+	bg *bgTable
 }
 
 func (s *server) serve(st net.Conn) {
@@ -237,6 +238,16 @@ func (s *server) serve(st net.Conn) {
 		_ = WriteFrame(st, KindExit, out)
 	case "exec":
 		s.execOne(st, br, req)
+	case "bg_start":
+		s.bgStart(st, req)
+	case "bg_list":
+		s.bgList(st)
+	case "bg_attach":
+		s.bgAttach(st, br, req)
+	case "bg_stdin":
+		s.bgStdin(st, br, req)
+	case "bg_closein", "bg_signal", "bg_resize", "bg_forget":
+		s.bgCall(st, req)
 	case "fs":
 		if req.FS == nil {
 			fail(st, errdefs.Invalid, errors.New("fs: no call"))

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -14,6 +15,8 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 )
+
+var _ backend.Resizer = (*process)(nil)
 
 // process is a process in the VM: one yamux stream, whose frames the
 // demultiplexer turns into the streams backend.Process promises.
@@ -24,6 +27,7 @@ type process struct {
 	stdout  *io.PipeReader
 	stderr  *io.PipeReader
 	stdin   *stdinWriter
+	pty     bool
 	done    chan struct{}
 	status  backend.ExitStatus
 	err     error
@@ -33,10 +37,11 @@ type process struct {
 // Start starts p in the VM's root.
 func (v *VM) Start(ctx context.Context, p backend.ProcSpec) (backend.Process, error) {
 	if p.PTY {
-		return nil, errdefs.Unsupportedf("microvm: terminals are not served yet")
+		// One terminal, both ways: stdout reads it, stdin writes to it.
+		p.Stdin, p.Stdout, p.Stderr = true, true, false
 	}
 	req := guest.Request{Op: "exec", Argv: p.Argv, Env: p.Env, Dir: p.Cwd, UID: p.UID, GID: p.GID,
-		Stdin: p.Stdin, Stdout: p.Stdout, Stderr: p.Stderr}
+		Stdin: p.Stdin, Stdout: p.Stdout, Stderr: p.Stderr, PTY: p.PTY, Rows: p.Rows, Cols: p.Cols}
 	st, stop, err := v.open(ctx, req)
 	if err != nil {
 		return nil, err
@@ -70,7 +75,7 @@ func (v *VM) Start(ctx context.Context, p backend.ProcSpec) (backend.Process, er
 		return nil, ctx.Err()
 	}
 	_ = st.SetDeadline(time.Time{})
-	pr := &process{st: st, pid: s.Pid, done: make(chan struct{})}
+	pr := &process{st: st, pid: s.Pid, pty: p.PTY, done: make(chan struct{})}
 	var outW, errW *io.PipeWriter
 	if p.Stdout {
 		pr.stdout, outW = io.Pipe()
@@ -178,6 +183,23 @@ func (p *process) Signal(sig syscall.Signal, group bool) error {
 	return nil
 }
 
+// Resize sets the size of a PTY process's terminal (backend.Resizer).
+func (p *process) Resize(rows, cols uint16) error {
+	if !p.pty {
+		return errdefs.Invalidf("resize terminal: process %d has no terminal (start it with a pty)", p.pid)
+	}
+	select {
+	case <-p.done:
+		return errdefs.Wrap(errdefs.Conflict, os.ErrProcessDone, "resize terminal")
+	default:
+	}
+	b, _ := json.Marshal(guest.Winsize{Rows: rows, Cols: cols})
+	if err := p.send(guest.KindResize, b); err != nil {
+		return errdefs.Wrap(errdefs.Unavailable, err, "resize a terminal in the VM")
+	}
+	return nil
+}
+
 func (p *process) Wait() (backend.ExitStatus, error) {
 	<-p.done
 	return p.status, p.err
@@ -221,6 +243,9 @@ func failure(data []byte, what string) error {
 	var f guest.Failure
 	if err := json.Unmarshal(data, &f); err != nil {
 		return errdefs.Internalf("guest agent: %s: %s", what, data)
+	}
+	if f.Exited {
+		return errdefs.Wrap(errdefs.Conflict, os.ErrProcessDone, what)
 	}
 	return errdefs.New(categoryNamed(f.Category), "%s: %s", what, f.Error)
 }
