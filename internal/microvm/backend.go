@@ -248,21 +248,16 @@ func (s *sandbox) Start(ctx context.Context, p backend.ProcSpec) (backend.Proces
 
 func (s *sandbox) Exited() context.Context { return s.exited }
 
-// Stats are the QEMU process's: its resident memory (guest memory it
-// touched, QEMU's own) and CPU time.
+// Stats are the QEMU process's: its memory on the node (MemoryUse: the
+// guest memory it touched and its own) and CPU time.
 func (s *sandbox) Stats() (backend.Stats, error) {
 	pid := s.vm.Pid()
 	var st backend.Stats
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	use, err := processMemory(pid)
 	if err != nil {
-		return st, errdefs.Wrap(errdefs.Unavailable, err, "microvm stats")
+		return st, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			st.MemoryBytes = kb << 10
-		}
-	}
+	st.MemoryBytes, st.MemoryCache = use.Bytes, use.File
 	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
 		if i := strings.LastIndexByte(string(b), ')'); i > 0 {
 			f := strings.Fields(string(b)[i+2:])

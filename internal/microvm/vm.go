@@ -106,7 +106,7 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	}
 	port := filepath.Join(cfg.Dir, "agent.sock")
 	_ = os.Remove(port)
-	args, err := qemuArgs(cfg, initrd, port)
+	args, err := qemuArgs(cfg, initrd, port, filepath.Join(cfg.Dir, qmpSocket))
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +157,10 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	return v, nil
 }
 
-func qemuArgs(cfg Config, initrd, port string) ([]string, error) {
+// qmpSocket is the VM's QMP socket in its directory (internal/qmp).
+const qmpSocket = "qmp.sock"
+
+func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 	accel := "tcg,thread=multi"
 	if cfg.KVM {
 		accel = "kvm"
@@ -190,6 +193,7 @@ func qemuArgs(cfg Config, initrd, port string) ([]string, error) {
 		"-device", "virtio-serial-device",
 		"-chardev", "socket,id=agent,path=" + port + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=" + guest.PortName,
+		"-qmp", "unix:" + qmpPath + ",server=on,wait=off",
 	}
 	for i, l := range cfg.Layers {
 		if _, err := os.Stat(l); err != nil {
