@@ -162,6 +162,11 @@ func (s *server) startProc(req Request, stdin, stdout, stderr bool, pty *Winsize
 		return nil, cat, err
 	}
 	p.pid = cmd.Process.Pid
+	// The agent is exempt from the OOM killer (-1000), which its children
+	// inherit: the sandbox's processes become its victims again (a raise
+	// needs no privilege). Until then an allocation past the limit waits
+	// in the kernel's retry loop, and the retry after this finds a victim.
+	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", p.pid), []byte("0"), 0)
 	p.nsPid = nsPid(p.pid)
 	return p, 0, nil
 }

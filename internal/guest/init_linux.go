@@ -17,7 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/errdefs"
@@ -67,25 +66,9 @@ func Main() error {
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(port, os.O_RDWR, 0)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", port, err)
-	}
 	srv := &server{r: newReaper(), ns: ns, bg: newBGTable()}
-	cfg := yamux.DefaultConfig()
-	cfg.LogOutput = io.Discard
-	cfg.EnableKeepAlive = false // the host sees the VM go by its process
-	sess, err := yamux.Server(f, cfg)
-	if err != nil {
-		return err
-	}
-	for {
-		st, err := sess.Accept()
-		if err != nil {
-			return fmt.Errorf("serve the host: %w", err)
-		}
-		go srv.serve(st)
-	}
+	go srv.watchPorts(port)
+	return srv.servePort(port)
 }
 
 func mountBase() error {
@@ -238,6 +221,10 @@ func (s *server) serve(st net.Conn) {
 		_ = WriteFrame(st, KindExit, out)
 	case "exec":
 		s.execOne(st, br, req)
+	case "dial":
+		dialPort(st, br, req.Port)
+	case "cgroup":
+		s.cgroupStats(st)
 	case "bg_start":
 		s.bgStart(st, req)
 	case "bg_list":

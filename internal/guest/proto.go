@@ -63,6 +63,10 @@ type Request struct {
 	Pid int `json:"pid,omitempty"`
 	// Off are the offsets "bg_attach" follows stdout and stderr from.
 	Off [2]int64 `json:"off,omitempty"`
+	// Port is a TCP port in the sandbox to connect to ("dial"): the
+	// answer is 's', and the stream then carries the connection's bytes
+	// both ways, unframed.
+	Port int `json:"port,omitempty"`
 	// Signal is "bg_signal"'s, Size "bg_resize"'s.
 	Signal *Signal  `json:"signal,omitempty"`
 	Size   *Winsize `json:"size,omitempty"`
@@ -172,4 +176,13 @@ type Failure struct {
 	Error    string `json:"error"`
 	// Exited: the call needs a running process, and it exited.
 	Exited bool `json:"exited,omitempty"`
+}
+
+// CgroupStats are the sandbox's counters from its cgroup in the guest
+// ("cgroup" op, in the 'x' frame).
+type CgroupStats struct {
+	OOMKills    uint64 `json:"oom_kills"` // memory.events oom_kill
+	Pids        uint64 `json:"pids"`      // pids.current
+	MemoryBytes uint64 `json:"memory"`    // memory.current
+	CPUUsec     uint64 `json:"cpu_usec"`  // cpu.stat usage_usec
 }

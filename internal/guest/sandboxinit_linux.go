@@ -202,7 +202,7 @@ func sandboxCgroup(memory, pids int64) (*os.File, error) {
 	if err := os.WriteFile(root+"/cgroup.subtree_control", []byte("+memory +pids +cpu"), 0); err != nil {
 		return nil, fmt.Errorf("enable cgroup controllers: %w", err)
 	}
-	dir := root + "/sandbox"
+	dir := sandboxCgroupDir
 	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
 		return nil, err
 	}

@@ -3,26 +3,34 @@ package microvm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/guestkernel"
+	"github.com/warrenrl/warren/internal/qmp"
 )
 
 // Name is the backend's name in CreateRequest.backend.
 const Name = "microvm"
 
 // guestOverheadMB is the memory a VM has beyond its sandbox's limit: the
-// guest kernel and its page cache, the agent, warren-init.
-const guestOverheadMB = 96
+// guest kernel and its page cache, the agent, warren-init. Debian's kernel
+// keeps ~46 MiB of a 128 MiB VM to itself, and the guest's own processes
+// take ~41 MiB more of what is left (measured: /proc/meminfo in the
+// guest), so 96 left a 32 MiB sandbox at its limit with ~9 MiB for the
+// guest's kernel allocations. The guest touches only what it uses.
+const guestOverheadMB = 128
 
 // Options configure the backend.
 type Options struct {
@@ -143,25 +151,56 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	if err != nil {
 		return nil, err
 	}
+	return newSandbox(spec.ID, v, spec.Env, spec.Workdir), nil
+}
+
+func newSandbox(id string, v *VM, env []string, cwd string) *sandbox {
 	exited, cancel := context.WithCancel(context.Background())
 	go func() { <-v.done; cancel() }()
-	return &sandbox{id: spec.ID, vm: v, exited: exited, env: spec.Env, cwd: spec.Workdir}, nil
+	return &sandbox{id: id, vm: v, exited: exited, env: env, cwd: cwd}
 }
 
 // vmState is what the daemon keeps of a VM for Adopt.
 type vmState struct {
-	Pid int    `json:"pid"`
-	Dir string `json:"dir"`
+	Pid int      `json:"pid"`
+	Dir string   `json:"dir"`
+	Env []string `json:"env,omitempty"`
+	Cwd string   `json:"cwd,omitempty"`
 }
 
-// Adopt: a VM's agent session does not survive its daemon yet (the guest
-// would have to take a new session on its port), so an adopted VM is
-// stopped and reported gone.
+// Adopt reaches a VM an earlier daemon (or handle) booted, through a port
+// of its own (Attach); the VM's processes, background ones included, run
+// on. A VM whose QEMU is gone is cleaned up and NotFound.
 func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.Sandbox, error) {
+	if !backend.ValidID(id) {
+		return nil, errdefs.Invalidf("bad sandbox id %q", id)
+	}
 	var st vmState
-	_ = json.Unmarshal(state, &st)
-	b.stopOrphan(id, st.Pid)
-	return nil, errdefs.NotFoundf("microvm: sandbox %s did not survive the daemon's restart (VMs are not adopted yet)", id)
+	if err := json.Unmarshal(state, &st); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "microvm: sandbox state")
+	}
+	dir := b.vmDir(id)
+	pids := qemuPids(dir, st.Pid)
+	if len(pids) == 0 {
+		_ = os.RemoveAll(dir)
+		return nil, errdefs.NotFoundf("microvm: sandbox %s: its VM is gone", id)
+	}
+	v, err := Attach(ctx, Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent, Dir: dir, KVM: b.opts.KVM}, pids[0])
+	if errors.Is(err, errdefs.ErrNotFound) {
+		b.stopOrphan(id, 0)
+		return nil, err
+	}
+	if err != nil {
+		return nil, err
+	}
+	sb := newSandbox(id, v, st.Env, st.Cwd)
+	var qs qmp.Status
+	if err := v.qmp(ctx, "query-status", &qs); err != nil {
+		v.Close()
+		return nil, err
+	}
+	sb.paused.Store(!qs.Running)
+	return sb, nil
 }
 
 // Sweep stops the VMs of ids not in keep and removes their directories.
@@ -197,24 +236,14 @@ func (b *Backend) stopOrphan(id string, pid int) {
 // qemuPids are the processes whose command line names dir's agent
 // socket: that VM's QEMU.
 func qemuPids(dir string, hint int) []int {
-	want := filepath.Join(dir, "agent.sock")
+	if hint > 0 && isQEMUOf(hint, dir) {
+		return []int{hint}
+	}
 	var out []int
-	check := func(pid int) {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err == nil && strings.Contains(string(b), want) {
-			out = append(out, pid)
-		}
-	}
-	if hint > 0 {
-		check(hint)
-		if len(out) > 0 {
-			return out
-		}
-	}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
-		if pid, err := strconv.Atoi(e.Name()); err == nil {
-			check(pid)
+		if pid, err := strconv.Atoi(e.Name()); err == nil && isQEMUOf(pid, dir) {
+			out = append(out, pid)
 		}
 	}
 	return out
@@ -227,12 +256,38 @@ type sandbox struct {
 	exited context.Context
 	env    []string
 	cwd    string
+	// paused is set while the VM is stopped (Pause): calls that would
+	// wait on the agent are not made.
+	paused atomic.Bool
+}
+
+var _ backend.OOMCounter = (*sandbox)(nil)
+
+// statsTimeout bounds a counters call to the agent.
+const statsTimeout = 10 * time.Second
+
+func (s *sandbox) cgroupStats() (guest.CgroupStats, error) {
+	var cs guest.CgroupStats
+	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
+	defer cancel()
+	err := s.vm.call(ctx, guest.Request{Op: "cgroup"}, nil, &cs)
+	return cs, err
+}
+
+// OOMKills is the sandbox cgroup's count in the guest: one call to the
+// agent.
+func (s *sandbox) OOMKills() (uint64, error) {
+	if s.paused.Load() {
+		return 0, errdefs.Unavailablef("microvm: sandbox %s is paused", s.id)
+	}
+	cs, err := s.cgroupStats()
+	return cs.OOMKills, err
 }
 
 func (s *sandbox) ID() string { return s.id }
 
 func (s *sandbox) State() []byte {
-	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir})
+	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd})
 	return b
 }
 
@@ -248,8 +303,10 @@ func (s *sandbox) Start(ctx context.Context, p backend.ProcSpec) (backend.Proces
 
 func (s *sandbox) Exited() context.Context { return s.exited }
 
-// Stats are the QEMU process's: its memory on the node (MemoryUse: the
-// guest memory it touched and its own) and CPU time.
+// Stats are the VM's on the node, from its QEMU process: its memory
+// (MemoryUse: the guest memory it touched and its own) and CPU time; and
+// the sandbox's cgroup's in the guest: OOM kills and processes (not while
+// paused: the agent answers nothing then).
 func (s *sandbox) Stats() (backend.Stats, error) {
 	pid := s.vm.Pid()
 	var st backend.Stats
@@ -258,6 +315,13 @@ func (s *sandbox) Stats() (backend.Stats, error) {
 		return st, err
 	}
 	st.MemoryBytes, st.MemoryCache = use.Bytes, use.File
+	if !s.paused.Load() {
+		cs, err := s.cgroupStats()
+		if err != nil {
+			return st, err
+		}
+		st.OOMKills, st.Pids = cs.OOMKills, cs.Pids
+	}
 	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
 		if i := strings.LastIndexByte(string(b), ')'); i > 0 {
 			f := strings.Fields(string(b)[i+2:])

@@ -48,13 +48,16 @@ func (s *sandbox) Pause(ctx context.Context, reclaim bool) (backend.PauseStats, 
 	if err := s.vm.qmp(ctx, "stop", nil); err != nil {
 		return backend.PauseStats{}, err
 	}
+	s.paused.Store(true)
 	st := backend.PauseStats{Freeze: time.Since(t0)}
 	use, err := s.MemoryUse()
 	if err != nil {
 		// All or nothing: it runs on.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		_ = s.vm.qmp(rctx, "cont", nil)
+		if s.vm.qmp(rctx, "cont", nil) == nil {
+			s.paused.Store(false)
+		}
 		return backend.PauseStats{}, err
 	}
 	st.Before, st.After = use, use
@@ -64,7 +67,11 @@ func (s *sandbox) Pause(ctx context.Context, reclaim bool) (backend.PauseStats, 
 // Resume runs the VM's vCPUs on; "cont" on a running VM does nothing.
 // The memory limit is the guest cgroup's, which a pause leaves alone.
 func (s *sandbox) Resume(ctx context.Context, o backend.ResumeOptions) error {
-	return s.vm.qmp(ctx, "cont", nil)
+	if err := s.vm.qmp(ctx, "cont", nil); err != nil {
+		return err
+	}
+	s.paused.Store(false)
+	return nil
 }
 
 // MemoryUse is what the VM takes of the node: the QEMU process's

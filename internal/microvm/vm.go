@@ -72,13 +72,17 @@ type Config struct {
 
 // VM is a running microVM.
 type VM struct {
-	cfg  Config
-	cmd  *exec.Cmd
-	sess *yamux.Session
-	conn net.Conn
-	done chan struct{} // closed when QEMU exited
-	err  error         // its exit, once done
-	once sync.Once
+	cfg Config
+	cmd *exec.Cmd // nil for a VM an earlier daemon booted (Attach)
+	pid int
+	// pidfd holds an attached VM's QEMU, which is not this process's
+	// child (-1 for one it booted).
+	pidfd int
+	sess  *yamux.Session
+	conn  net.Conn
+	done  chan struct{} // closed when QEMU exited
+	err   error         // its exit, once done
+	once  sync.Once
 	// Ready is how long the boot took, to the agent's first answer.
 	Ready time.Duration
 	// GuestUptime is the guest kernel's uptime at its first answer.
@@ -125,7 +129,7 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	if err := cmd.Start(); err != nil {
 		return nil, errdefs.Wrap(errdefs.Unavailable, err, "start qemu")
 	}
-	v := &VM{cfg: cfg, cmd: cmd, done: make(chan struct{})}
+	v := &VM{cfg: cfg, cmd: cmd, pid: cmd.Process.Pid, pidfd: -1, done: make(chan struct{})}
 	go func() {
 		v.err = cmd.Wait()
 		close(v.done)
@@ -140,13 +144,8 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 		return nil, err
 	}
 	v.conn = conn
-	ycfg := yamux.DefaultConfig()
-	ycfg.LogOutput = io.Discard
-	ycfg.EnableKeepAlive = false
-	// A boot under TCG takes seconds before the guest reads its port.
-	ycfg.StreamOpenTimeout = 0
-	if v.sess, err = yamux.Client(conn, ycfg); err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "agent session")
+	if v.sess, err = agentSession(conn); err != nil {
+		return nil, err
 	}
 	var ping guest.Ping
 	if err := v.call(ctx, guest.Request{Op: "ping"}, nil, &ping); err != nil {
@@ -155,6 +154,21 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	v.Ready = time.Since(t0)
 	v.GuestUptime = time.Duration(ping.UptimeMs * float64(time.Millisecond))
 	return v, nil
+}
+
+// agentSession is the host's end of a session with the agent.
+func agentSession(conn net.Conn) (*yamux.Session, error) {
+	ycfg := yamux.DefaultConfig()
+	ycfg.LogOutput = io.Discard
+	ycfg.EnableKeepAlive = false
+	// A boot under TCG takes seconds before the guest reads its port (and
+	// a paused VM's guest none until it is resumed).
+	ycfg.StreamOpenTimeout = 0
+	sess, err := yamux.Client(conn, ycfg)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "agent session")
+	}
+	return sess, nil
 }
 
 // qmpSocket is the VM's QMP socket in its directory (internal/qmp).
@@ -328,7 +342,7 @@ func (v *VM) Exec(ctx context.Context, argv []string, env []string) (Result, err
 }
 
 // Pid is QEMU's.
-func (v *VM) Pid() int { return v.cmd.Process.Pid }
+func (v *VM) Pid() int { return v.pid }
 
 // Close stops the VM (QEMU killed: the guest holds nothing worth a clean
 // shutdown yet) and removes its directory.
@@ -337,8 +351,12 @@ func (v *VM) Close() error {
 		if v.sess != nil {
 			v.sess.Close()
 		}
-		_ = v.cmd.Process.Kill()
-		<-v.done
+		if v.cmd != nil {
+			_ = v.cmd.Process.Kill()
+			<-v.done
+		} else {
+			killPidfd(v.pidfd)
+		}
 		_ = os.RemoveAll(v.cfg.Dir)
 	})
 	return nil
