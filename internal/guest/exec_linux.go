@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -140,6 +141,24 @@ func (s *server) startProc(req Request, stdin, stdout, stderr bool, pty *Winsize
 		closeAll(p.inW, p.outR, p.errR, p.pty)
 		return nil, errdefs.Exhausted, err
 	}
+	// A process with limits of its own starts through the trampoline,
+	// which reports a failed exec on execErr.
+	var execErr *os.File
+	if len(req.Rlimits) > 0 && err == nil {
+		var w *os.File
+		if execErr, w, err = os.Pipe(); err == nil {
+			b, _ := json.Marshal(trampolineArgs{Path: path, Rlimits: req.Rlimits})
+			cmd.Path = "/proc/self/exe"
+			cmd.Env = append([]string{trampolineRole, trampolineEnv + string(b)}, cmd.Env...)
+			cmd.ExtraFiles = []*os.File{w}
+			theirs = append(theirs, w)
+		}
+	}
+	if err != nil {
+		closeAll(theirs...)
+		closeAll(p.inW, p.outR, p.errR, p.pty, execErr)
+		return nil, errdefs.Exhausted, err
+	}
 	if s.ns != nil {
 		// Straight into the sandbox's cgroup (clone3 CLONE_INTO_CGROUP):
 		// its limits hold from the first instruction.
@@ -150,6 +169,12 @@ func (s *server) startProc(req Request, stdin, stdout, stderr bool, pty *Winsize
 		p.done, err = s.r.start(cmd)
 	}
 	closeAll(theirs...)
+	if execErr != nil {
+		if err == nil {
+			err = trampolineErr(execErr)
+		}
+		execErr.Close()
+	}
 	if err != nil {
 		closeAll(p.inW, p.outR, p.errR, p.pty)
 		cat := errdefs.Internal
@@ -162,6 +187,11 @@ func (s *server) startProc(req Request, stdin, stdout, stderr bool, pty *Winsize
 		return nil, cat, err
 	}
 	p.pid = cmd.Process.Pid
+	if execErr != nil {
+		// The trampoline set it.
+		p.nsPid = nsPid(p.pid)
+		return p, 0, nil
+	}
 	// The agent is exempt from the OOM killer (-1000), which its children
 	// inherit: the sandbox's processes become its victims again (a raise
 	// needs no privilege). Until then an allocation past the limit waits
@@ -352,4 +382,24 @@ func setWinsize(master *os.File, ws Winsize) error {
 		return err
 	}
 	return ierr
+}
+
+// trampolineErr reads the trampoline's report: nothing when the command
+// started ("errno:message" otherwise).
+func trampolineErr(r *os.File) error {
+	b, _ := io.ReadAll(r)
+	if len(b) == 0 {
+		return nil
+	}
+	var errno int
+	msg := string(b)
+	if n, rest, ok := strings.Cut(msg, ":"); ok {
+		if _, err := fmt.Sscan(n, &errno); err == nil {
+			msg = rest
+		}
+	}
+	if errno != 0 {
+		return fmt.Errorf("%s: %w", msg, syscall.Errno(errno))
+	}
+	return errors.New(msg)
 }

@@ -59,6 +59,7 @@ func Main() error {
 			return err
 		}
 	}
+	raiseLimits()
 	if err := dropBoundingCaps(); err != nil {
 		return err
 	}

@@ -57,6 +57,9 @@ type Request struct {
 	PTY  bool   `json:"pty,omitempty"`
 	Rows uint16 `json:"rows,omitempty"`
 	Cols uint16 `json:"cols,omitempty"`
+	// Rlimits are the process's resource limits ("exec", "bg_start");
+	// the others are the agent's (raised to the most at boot).
+	Rlimits []Rlimit `json:"rlimits,omitempty"`
 	// BG are a background process's settings ("bg_start").
 	BG *BGOpts `json:"bg,omitempty"`
 	// Pid names a background process (the other "bg_*" ops).
@@ -70,6 +73,13 @@ type Request struct {
 	// Signal is "bg_signal"'s, Size "bg_resize"'s.
 	Signal *Signal  `json:"signal,omitempty"`
 	Size   *Winsize `json:"size,omitempty"`
+}
+
+// Rlimit is one resource limit (Resource: RLIMIT_*).
+type Rlimit struct {
+	Resource int    `json:"r"`
+	Soft     uint64 `json:"s"`
+	Hard     uint64 `json:"h"`
 }
 
 // BGOpts are a background process's settings.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -19,6 +20,7 @@ import (
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/guestkernel"
 	"github.com/warrenrl/warren/internal/qmp"
+	"github.com/warrenrl/warren/internal/rlimit"
 )
 
 // Name is the backend's name in CreateRequest.backend.
@@ -116,6 +118,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	case len(spec.Layers) == 0:
 		return nil, errdefs.Invalidf("microvm: no layers")
 	}
+	rl, err := guestRlimits(spec.Rlimits)
+	if err != nil {
+		return nil, err
+	}
 	var layers []string
 	for i := len(spec.Layers) - 1; i >= 0; i-- { // bottom first
 		l := spec.Layers[i]
@@ -131,9 +137,15 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	if spec.MemoryBytes > 0 {
 		mem = int(spec.MemoryBytes>>20) + guestOverheadMB
 	}
-	cpus := 1
-	if spec.CPUMillis > 1000 {
+	// vCPUs: the quota rounded up to cores, as a container's CPU views
+	// count them; without a quota, every CPU of the node.
+	cpus := runtime.NumCPU()
+	if spec.CPUMillis > 0 {
 		cpus = int((spec.CPUMillis + 999) / 1000)
+	}
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = spec.ID // as a container's
 	}
 	// The directory is the claim on the id.
 	if err := os.Mkdir(b.vmDir(spec.ID), 0o700); err != nil {
@@ -144,28 +156,48 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	}
 	v, err := Boot(ctx, Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent,
 		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: mem, CPUs: cpus, KVM: b.opts.KVM,
-		Hostname: spec.Hostname, CacheDir: b.opts.StateDir, SandboxMemory: spec.MemoryBytes, SandboxPids: spec.PidsMax})
+		Hostname: hostname, CacheDir: b.opts.StateDir, SandboxMemory: spec.MemoryBytes, SandboxPids: spec.PidsMax})
 	if err != nil {
 		_ = os.RemoveAll(b.vmDir(spec.ID))
 	}
 	if err != nil {
 		return nil, err
 	}
-	return newSandbox(spec.ID, v, spec.Env, spec.Workdir), nil
+	return newSandbox(spec.ID, v, vmState{Env: spec.Env, Cwd: spec.Workdir, Rlimits: rl}), nil
 }
 
-func newSandbox(id string, v *VM, env []string, cwd string) *sandbox {
+func newSandbox(id string, v *VM, st vmState) *sandbox {
 	exited, cancel := context.WithCancel(context.Background())
 	go func() { <-v.done; cancel() }()
-	return &sandbox{id: id, vm: v, exited: exited, env: env, cwd: cwd}
+	return &sandbox{id: id, vm: v, exited: exited, env: st.Env, cwd: st.Cwd, rlimits: st.Rlimits}
+}
+
+// guestRlimits are the limits of a sandbox's processes as the agent sets
+// them. A hard limit above the daemon's own is refused, as the container
+// backend refuses it: the guest could grant it, but a sandbox's limits
+// must not depend on its backend.
+func guestRlimits(ls []rlimit.Limit) ([]guest.Rlimit, error) {
+	var out []guest.Rlimit
+	for _, l := range ls {
+		num, ok := rlimit.Number(l.Name)
+		if !ok {
+			return nil, errdefs.Invalidf("microvm: unknown resource limit %q", l.Name)
+		}
+		if ceil := rlimit.Ceiling(num); l.Hard > ceil {
+			return nil, errdefs.Invalidf("microvm: resource limit %s: hard limit %s above the node's %s", l.Name, rlimit.Format(l.Hard), rlimit.Format(ceil))
+		}
+		out = append(out, guest.Rlimit{Resource: num, Soft: l.Soft, Hard: l.Hard})
+	}
+	return out, nil
 }
 
 // vmState is what the daemon keeps of a VM for Adopt.
 type vmState struct {
-	Pid int      `json:"pid"`
-	Dir string   `json:"dir"`
-	Env []string `json:"env,omitempty"`
-	Cwd string   `json:"cwd,omitempty"`
+	Pid     int            `json:"pid"`
+	Dir     string         `json:"dir"`
+	Env     []string       `json:"env,omitempty"`
+	Cwd     string         `json:"cwd,omitempty"`
+	Rlimits []guest.Rlimit `json:"rlimits,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon (or handle) booted, through a port
@@ -193,7 +225,7 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 	if err != nil {
 		return nil, err
 	}
-	sb := newSandbox(id, v, st.Env, st.Cwd)
+	sb := newSandbox(id, v, st)
 	var qs qmp.Status
 	if err := v.qmp(ctx, "query-status", &qs); err != nil {
 		v.Close()
@@ -256,6 +288,8 @@ type sandbox struct {
 	exited context.Context
 	env    []string
 	cwd    string
+	// rlimits are every process's (the agent sets them: Request.Rlimits).
+	rlimits []guest.Rlimit
 	// paused is set while the VM is stopped (Pause): calls that would
 	// wait on the agent are not made.
 	paused atomic.Bool
@@ -287,7 +321,7 @@ func (s *sandbox) OOMKills() (uint64, error) {
 func (s *sandbox) ID() string { return s.id }
 
 func (s *sandbox) State() []byte {
-	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd})
+	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits})
 	return b
 }
 
@@ -298,7 +332,7 @@ func (s *sandbox) Start(ctx context.Context, p backend.ProcSpec) (backend.Proces
 	if p.Cwd == "" {
 		p.Cwd = s.cwd
 	}
-	return s.vm.Start(ctx, p)
+	return s.vm.start(ctx, p, s.rlimits)
 }
 
 func (s *sandbox) Exited() context.Context { return s.exited }

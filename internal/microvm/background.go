@@ -35,7 +35,7 @@ func (s *sandbox) StartBackground(ctx context.Context, p backend.ProcSpec, o bac
 		p.Cwd = s.cwd
 	}
 	req := guest.Request{Op: "bg_start", Argv: p.Argv, Env: p.Env, Dir: p.Cwd, UID: p.UID, GID: p.GID,
-		PTY: o.PTY, Rows: o.Rows, Cols: o.Cols, BG: &guest.BGOpts{Cap: o.OutputCap, Tag: o.Tag}}
+		PTY: o.PTY, Rows: o.Rows, Cols: o.Cols, Rlimits: s.rlimits, BG: &guest.BGOpts{Cap: o.OutputCap, Tag: o.Tag}}
 	st, stop, err := s.vm.open(ctx, req)
 	if err != nil {
 		return 0, err

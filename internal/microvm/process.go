@@ -36,12 +36,17 @@ type process struct {
 
 // Start starts p in the VM's root.
 func (v *VM) Start(ctx context.Context, p backend.ProcSpec) (backend.Process, error) {
+	return v.start(ctx, p, nil)
+}
+
+// start starts p with resource limits rl (none: the agent's).
+func (v *VM) start(ctx context.Context, p backend.ProcSpec, rl []guest.Rlimit) (backend.Process, error) {
 	if p.PTY {
 		// One terminal, both ways: stdout reads it, stdin writes to it.
 		p.Stdin, p.Stdout, p.Stderr = true, true, false
 	}
 	req := guest.Request{Op: "exec", Argv: p.Argv, Env: p.Env, Dir: p.Cwd, UID: p.UID, GID: p.GID,
-		Stdin: p.Stdin, Stdout: p.Stdout, Stderr: p.Stderr, PTY: p.PTY, Rows: p.Rows, Cols: p.Cols}
+		Stdin: p.Stdin, Stdout: p.Stdout, Stderr: p.Stderr, PTY: p.PTY, Rows: p.Rows, Cols: p.Cols, Rlimits: rl}
 	st, stop, err := v.open(ctx, req)
 	if err != nil {
 		return nil, err

@@ -192,9 +192,9 @@ func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 	}
 	if cfg.Hostname != "" {
 		if strings.ContainsFunc(cfg.Hostname, func(r rune) bool {
-			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-')
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_')
 		}) {
-			return nil, errdefs.Invalidf("hostname %q: letters, digits, '.' and '-' only", cfg.Hostname)
+			return nil, errdefs.Invalidf("hostname %q: letters, digits, '.', '-' and '_' only", cfg.Hostname)
 		}
 		cmdline += " warren.hostname=" + cfg.Hostname
 	}
