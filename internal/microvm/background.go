@@ -147,7 +147,21 @@ func (w *bgStdin) Write(b []byte) (int, error) {
 	return n, nil
 }
 
-func (w *bgStdin) Close() error                       { return w.st.Close() }
+// Close ends the stream and waits (bounded by stdinDrain) until the agent
+// has written what was sent to the process's stdin and closed its end:
+// the daemon's CloseStdin, on a stream of its own, must not overtake the
+// data (a container's stdin handle is the pipe itself, so it cannot).
+func (w *bgStdin) Close() error {
+	err := w.st.Close()
+	_ = w.st.SetReadDeadline(time.Now().Add(stdinDrain))
+	_, _ = io.Copy(io.Discard, w.st)
+	return err
+}
+
+// stdinDrain bounds how long closing a stdin handle waits for its data
+// to reach a process that does not read it.
+const stdinDrain = 5 * time.Second
+
 func (w *bgStdin) SetWriteDeadline(t time.Time) error { return w.st.SetWriteDeadline(t) }
 
 // AttachBackground follows a process's output through one stream.

@@ -70,7 +70,9 @@ func follow(t *testing.T, h backend.Background, pid int, outOff, errOff int64) (
 // TestBackgroundProcessesInTheGuest: a microVM sandbox's background
 // processes are the guest agent's: listed with their tag, fed through
 // stdin handles, followed from any offset (also after they exited, with
-// their exit), bounded to the latest OutputCap bytes of each stream,
+// their exit; data written to a stdin handle comes before a CloseStdin
+// that follows the handle's close), bounded to the latest OutputCap bytes
+// of each stream,
 // signalled by pid (an exited one's signal matches os.ErrProcessDone),
 // forgotten once exited; and they run on a terminal of the size asked,
 // which a resize changes.
@@ -131,6 +133,30 @@ func TestBackgroundProcessesInTheGuest(t *testing.T) {
 			t.Fatalf("attach to a forgotten process: %v", err)
 		}
 		a.Close()
+	})
+
+	t.Run("StdinDataBeforeClose", func(t *testing.T) {
+		// More than a pipe holds, to a process that reads it only later:
+		// the agent is still writing when the handle closes.
+		pid, err := h.StartBackground(ctx, backend.ProcSpec{Argv: []string{"sh", "-c", "sleep 1; wc -c"}, Env: env},
+			backend.BackgroundOpts{OutputCap: 4096})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := h.OpenStdin(ctx, pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Write(make([]byte, 200000)); err != nil {
+			t.Fatal(err)
+		}
+		w.Close()
+		if err := h.CloseStdin(ctx, pid); err != nil {
+			t.Fatal(err)
+		}
+		if out, _, _, ex := follow(t, h, pid, 0, 0); strings.TrimSpace(out) != "200000" || ex.Code != 0 {
+			t.Fatalf("the process read %q of 200000 bytes written before its stdin closed (exit %+v)", out, ex)
+		}
 	})
 
 	t.Run("OutputKeepsTheLatestCap", func(t *testing.T) {
