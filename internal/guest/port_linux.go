@@ -22,8 +22,7 @@ import (
 // port. A port whose host goes (its socket's client closed) is served
 // again when a host connects anew.
 
-// hostPoll is how often a port without a host is tried, and the ports
-// are looked for.
+// hostPoll is how often a port without a host is tried.
 const hostPoll = 50 * time.Millisecond
 
 // isAgentPort reports whether a virtio-serial port's name is one the
@@ -32,10 +31,13 @@ func isAgentPort(name string) bool {
 	return name == PortName || strings.HasPrefix(name, PortName+".")
 }
 
-// watchPorts serves the agent's ports that appear after the boot's.
+// watchPorts serves the agent's ports that appear after the boot's. It
+// looks again on each kernel uevent (a hot-plugged port's "add"), so an
+// idle guest is not woken; without a uevent socket, every 200 ms.
 func (s *server) watchPorts(boot string) {
 	served := map[string]bool{boot: true}
 	gone := make(chan string)
+	events := ueventsOrTicks()
 	for {
 		names, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
 		for _, n := range names {
@@ -57,9 +59,40 @@ func (s *server) watchPorts(boot string) {
 		select {
 		case dev := <-gone:
 			delete(served, dev)
-		case <-time.After(4 * hostPoll):
+		case <-events:
+			// The device node may come a moment after the event.
+			time.Sleep(hostPoll)
 		}
 	}
+}
+
+// ueventsOrTicks is a channel that gets a value on each kernel uevent,
+// or every 4 hostPolls where the guest has no uevent socket.
+func ueventsOrTicks() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_KOBJECT_UEVENT)
+	if err == nil {
+		if err = unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1}); err != nil {
+			unix.Close(fd)
+		}
+	}
+	go func() {
+		buf := make([]byte, 8192)
+		for {
+			if err != nil {
+				time.Sleep(4 * hostPoll)
+			} else if _, _, rerr := unix.Recvfrom(fd, buf, 0); rerr != nil && !errors.Is(rerr, unix.EINTR) && !errors.Is(rerr, unix.ENOBUFS) {
+				log.Printf("uevents: %v", rerr)
+				unix.Close(fd)
+				err = rerr
+			}
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return ch
 }
 
 // servePort serves the host's sessions on one port, one after another,
