@@ -144,7 +144,7 @@ func (s *server) startProc(req Request, stdin, stdout, stderr bool, pty *Winsize
 	// A process with limits of its own starts through the trampoline,
 	// which reports a failed exec on execErr.
 	var execErr *os.File
-	if len(req.Rlimits) > 0 && err == nil {
+	if needsTrampoline(req.Rlimits, s.held) && err == nil {
 		var w *os.File
 		if execErr, w, err = os.Pipe(); err == nil {
 			b, _ := json.Marshal(trampolineArgs{Path: path, Rlimits: req.Rlimits})

@@ -30,6 +30,10 @@ func Main() error {
 	if err := mountBase(); err != nil {
 		return err
 	}
+	held, err := takeLimits()
+	if err != nil {
+		return err
+	}
 	// bench vm's floor: the boot to /init alone.
 	if cmdlineInt("poweroff") == 1 {
 		return unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
@@ -59,7 +63,7 @@ func Main() error {
 			return err
 		}
 	}
-	raiseLimits()
+	raiseLimits(held)
 	if err := dropBoundingCaps(); err != nil {
 		return err
 	}
@@ -67,7 +71,7 @@ func Main() error {
 	if err != nil {
 		return err
 	}
-	srv := &server{r: newReaper(), ns: ns, bg: newBGTable()}
+	srv := &server{r: newReaper(), ns: ns, bg: newBGTable(), held: held}
 	go srv.watchPorts(port)
 	return srv.servePort(port)
 }
@@ -195,6 +199,9 @@ type server struct {
 	r  *reaper
 	ns *sandboxNS // nil in a VM without layers: commands run in the guest's root
 	bg *bgTable
+	// held are the sandbox's limits the agent holds, which its commands
+	// inherit (takeLimits).
+	held map[int]Rlimit
 }
 
 func (s *server) serve(st net.Conn) {

@@ -68,6 +68,9 @@ type Config struct {
 	// guest (its cgroup), 0 for none; the VM's memory must hold them and
 	// the guest's kernel and agent.
 	SandboxMemory, SandboxPids int64
+	// Rlimits are the sandbox's processes' (the agent holds those it can
+	// itself, for them to inherit: guest.FormatRlimits).
+	Rlimits []guest.Rlimit
 }
 
 // VM is a running microVM.
@@ -189,6 +192,9 @@ func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 	}
 	if cfg.SandboxPids > 0 {
 		cmdline += " warren.pids=" + strconv.FormatInt(cfg.SandboxPids, 10)
+	}
+	if len(cfg.Rlimits) > 0 {
+		cmdline += " warren.rlimits=" + guest.FormatRlimits(cfg.Rlimits)
 	}
 	if cfg.Hostname != "" {
 		if strings.ContainsFunc(cfg.Hostname, func(r rune) bool {
