@@ -84,12 +84,9 @@ func (c *Client) Run(ctx context.Context, cmd string, args, out any) error {
 // Close ends the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
-// arm makes ctx's deadline and cancellation the connection's; the func
-// it returns disarms them.
+// arm makes ctx's end the connection's (when ctx is done, so that the
+// error is ctx's); the func it returns disarms it.
 func (c *Client) arm(ctx context.Context) func() {
-	if d, ok := ctx.Deadline(); ok {
-		_ = c.conn.SetDeadline(d)
-	}
 	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Now()) })
 	return func() {
 		stop()
