@@ -79,6 +79,7 @@ func (v *VM) hotplugPort(ctx context.Context) (string, error) {
 		return "", errdefs.Wrap(errdefs.Unavailable, err, "connect to QEMU's QMP socket")
 	}
 	defer c.Close()
+	unplugStale(ctx, c, v.cfg.Dir)
 	for n := 1; n <= 64; n++ {
 		// Short: a unix socket's path is at most 107 bytes.
 		sock := filepath.Join(v.cfg.Dir, fmt.Sprintf("a%d.sock", n))
@@ -106,6 +107,50 @@ func (v *VM) hotplugPort(ctx context.Context) (string, error) {
 		return sock, nil
 	}
 	return "", errdefs.Exhaustedf("microvm: the VM has 64 agent ports: too many daemon restarts")
+}
+
+// staleAfter is how old a port without a host must be to be unplugged.
+const staleAfter = 10 * time.Second
+
+// unplugStale removes the ports of earlier adoptions whose host is gone:
+// QEMU names a socket chardev without a client "disconnected:...". (The
+// boot's port stays: QEMU's command line made it.) Best effort: a port
+// left costs one of virtio-serial's 31.
+func unplugStale(ctx context.Context, c *qmp.Client, dir string) {
+	var chardevs []struct {
+		Label    string `json:"label"`
+		Filename string `json:"filename"`
+	}
+	if c.Run(ctx, "query-chardev", nil, &chardevs) != nil {
+		return
+	}
+	for _, cd := range chardevs {
+		var n int
+		if _, err := fmt.Sscanf(cd.Label, "agent%d", &n); err != nil || !strings.HasPrefix(cd.Filename, "disconnected:") {
+			continue
+		}
+		// A port another adoption just added has no client for the
+		// moment it takes to connect.
+		sock := filepath.Join(dir, fmt.Sprintf("a%d.sock", n))
+		if fi, err := os.Stat(sock); err == nil && time.Since(fi.ModTime()) < staleAfter {
+			continue
+		}
+		// (Already gone: an earlier adoption's unplug that did not finish
+		// removing the chardev.)
+		var qerr *qmp.Error
+		if err := c.Run(ctx, "device_del", map[string]any{"id": fmt.Sprintf("port%d", n)}, nil); err != nil &&
+			!(errors.As(err, &qerr) && qerr.Class == "DeviceNotFound") {
+			continue
+		}
+		// The port goes once the guest let go of it: until then its
+		// chardev is busy.
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if c.Run(ctx, "chardev-remove", map[string]any{"id": cd.Label}, nil) == nil {
+				_ = os.Remove(sock)
+				break
+			}
+		}
+	}
 }
 
 // isQEMUOf reports whether process pid is the QEMU of the VM in dir (its

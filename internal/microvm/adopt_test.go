@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -18,7 +19,8 @@ import (
 // same state directory) adopts a VM whose first daemon is gone, its
 // background processes running on; a VM paused when its daemon went is
 // adopted paused and resumed through the new handle; a second adoption
-// beside a live one works too; Destroy through the adopted handle stops
+// beside a live one works too, and the next one unplugs the port of an
+// adopter that went; Destroy through the adopted handle stops
 // QEMU and removes the VM's directory, after which Adopt is NotFound.
 func TestAdoptReachesTheRunningVM(t *testing.T) {
 	cfg := testConfig(t)
@@ -83,6 +85,66 @@ func TestAdoptReachesTheRunningVM(t *testing.T) {
 	out, _, _, ex := follow(t, h2, pid, 0, 0)
 	if out != "bg\ngot y\n" || ex.Code != 0 {
 		t.Fatalf("the background process across adoptions: %q %+v", out, ex)
+	}
+
+	// The first adopter goes too: the next adoption unplugs its port
+	// (one without a host for longer than staleAfter) and the VM serves
+	// the others on.
+	v2 := sb2.(*sandbox).vm
+	v2.sess.Close()
+	v2.conn.Close()
+	stale := filepath.Join(state, "vms", "adopt1", "a1.sock")
+	old := time.Now().Add(-2 * staleAfter)
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
+	var chardevs []struct {
+		Label    string `json:"label"`
+		Filename string `json:"filename"`
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		// QEMU sees the client go asynchronously.
+		if err := sb3.(*sandbox).vm.qmpArgs(ctx, "query-chardev", nil, &chardevs); err != nil {
+			t.Fatal(err)
+		}
+		gone := false
+		for _, c := range chardevs {
+			gone = gone || c.Label == "agent1" && strings.HasPrefix(c.Filename, "disconnected:")
+		}
+		if gone {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first adopter's port still has its client: %+v", chardevs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sb4, err := newBackend().Adopt(ctx, "adopt1", sb.State())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stale port went, and its number was taken again: two adopted
+	// ports, both with their client.
+	if err := sb4.(*sandbox).vm.qmpArgs(ctx, "query-chardev", nil, &chardevs); err != nil {
+		t.Fatal(err)
+	}
+	ports := 0
+	for _, c := range chardevs {
+		if strings.HasPrefix(c.Label, "agent") && c.Label != "agent" {
+			ports++
+			if strings.HasPrefix(c.Filename, "disconnected:") {
+				t.Fatalf("a port without its client after the next adoption: %+v", chardevs)
+			}
+		}
+	}
+	if ports != 2 {
+		t.Fatalf("adopted ports: %+v, want the two live ones", chardevs)
+	}
+	for _, s := range []backend.Sandbox{sb3, sb4} {
+		if r := conformance.Exec(t, s, backend.ProcSpec{Argv: []string{"echo", "on"}}, ""); r.Stdout != "on\n" {
+			t.Fatalf("exec after an unplug: %+v", r)
+		}
 	}
 
 	qemu := sb3.(*sandbox).vm.Pid()

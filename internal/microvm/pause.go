@@ -25,12 +25,17 @@ var (
 // client at a time, and a connection per call leaves none held (a
 // restarted daemon finds the socket free).
 func (v *VM) qmp(ctx context.Context, cmd string, out any) error {
+	return v.qmpArgs(ctx, cmd, nil, out)
+}
+
+// qmpArgs is qmp with arguments.
+func (v *VM) qmpArgs(ctx context.Context, cmd string, args, out any) error {
 	c, err := qmp.Dial(ctx, filepath.Join(v.cfg.Dir, qmpSocket))
 	if err != nil {
 		return v.streamErr(ctx, err, "connect to QEMU's QMP socket")
 	}
 	defer c.Close()
-	if err := c.Run(ctx, cmd, nil, out); err != nil {
+	if err := c.Run(ctx, cmd, args, out); err != nil {
 		if _, ok := err.(*qmp.Error); ok {
 			return errdefs.Wrap(errdefs.Internal, err, "QMP "+cmd)
 		}
