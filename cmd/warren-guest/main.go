@@ -10,6 +10,10 @@ import (
 )
 
 func main() {
+	if guest.IsTrampoline() {
+		guest.TrampolineMain()
+		return
+	}
 	if guest.IsSandboxInit() {
 		guest.SandboxInitMain()
 		return

@@ -17,7 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/errdefs"
@@ -29,6 +28,10 @@ func Main() error {
 	log.SetFlags(0)
 	log.SetPrefix("warren-guest: ")
 	if err := mountBase(); err != nil {
+		return err
+	}
+	held, err := takeLimits()
+	if err != nil {
 		return err
 	}
 	// bench vm's floor: the boot to /init alone.
@@ -60,6 +63,7 @@ func Main() error {
 			return err
 		}
 	}
+	raiseLimits(held)
 	if err := dropBoundingCaps(); err != nil {
 		return err
 	}
@@ -67,25 +71,9 @@ func Main() error {
 	if err != nil {
 		return err
 	}
-	f, err := os.OpenFile(port, os.O_RDWR, 0)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", port, err)
-	}
-	r := newReaper()
-	cfg := yamux.DefaultConfig()
-	cfg.LogOutput = io.Discard
-	cfg.EnableKeepAlive = false // the host sees the VM go by its process
-	sess, err := yamux.Server(f, cfg)
-	if err != nil {
-		return err
-	}
-	for {
-		st, err := sess.Accept()
-		if err != nil {
-			return fmt.Errorf("serve the host: %w", err)
-		}
-		go serve(st, r, ns)
-	}
+	srv := &server{r: newReaper(), ns: ns, bg: newBGTable(), held: held}
+	go srv.watchPorts(port)
+	return srv.servePort(port)
 }
 
 func mountBase() error {
@@ -206,8 +194,17 @@ func (r *reaper) start(cmd *exec.Cmd) (<-chan syscall.WaitStatus, error) {
 	return c, nil
 }
 
-func serve(st net.Conn, r *reaper, ns *sandboxNS) {
-	hasRoot := ns != nil
+// server is the agent's state: what every call shares.
+type server struct {
+	r  *reaper
+	ns *sandboxNS // nil in a VM without layers: commands run in the guest's root
+	bg *bgTable
+	// held are the sandbox's limits the agent holds, which its commands
+	// inherit (takeLimits).
+	held map[int]Rlimit
+}
+
+func (s *server) serve(st net.Conn) {
 	defer st.Close()
 	br := bufio.NewReader(st)
 	line, err := br.ReadBytes('\n')
@@ -231,228 +228,34 @@ func serve(st net.Conn, r *reaper, ns *sandboxNS) {
 		out, _ := json.Marshal(Ping{Kernel: unix.ByteSliceToString(uts.Release[:]), UptimeMs: up * 1000})
 		_ = WriteFrame(st, KindExit, out)
 	case "exec":
-		execOne(st, br, r, req, ns)
+		s.execOne(st, br, req)
+	case "dial":
+		dialPort(st, br, req.Port)
+	case "cgroup":
+		s.cgroupStats(st)
+	case "bg_start":
+		s.bgStart(st, req)
+	case "bg_list":
+		s.bgList(st)
+	case "bg_attach":
+		s.bgAttach(st, br, req)
+	case "bg_stdin":
+		s.bgStdin(st, br, req)
+	case "bg_closein", "bg_signal", "bg_resize", "bg_forget":
+		s.bgCall(st, req)
 	case "fs":
 		if req.FS == nil {
 			fail(st, errdefs.Invalid, errors.New("fs: no call"))
 			return
 		}
 		root := "/"
-		if hasRoot {
+		if s.ns != nil {
 			root = RootDir
 		}
 		serveFS(st, br, req.FS, root)
 	default:
 		fail(st, errdefs.Unsupported, fmt.Errorf("unknown op %q", req.Op))
 	}
-}
-
-// execOne starts req.Argv, streams its output, takes its stdin and
-// signals from the host, then sends its exit.
-func execOne(st net.Conn, br *bufio.Reader, r *reaper, req Request, ns *sandboxNS) {
-	hasRoot := ns != nil
-	var wmu sync.Mutex
-	send := func(kind byte, b []byte) error {
-		wmu.Lock()
-		defer wmu.Unlock()
-		return WriteFrame(st, kind, b)
-	}
-	failed := func(cat errdefs.Category, err error) {
-		wmu.Lock()
-		defer wmu.Unlock()
-		fail(st, cat, err)
-	}
-	if len(req.Argv) == 0 {
-		failed(errdefs.Invalid, errors.New("empty argv"))
-		return
-	}
-	root := "/"
-	if hasRoot {
-		root = RootDir
-	}
-	path, err := lookPath(root, req.Argv[0])
-	if err != nil {
-		failed(errdefs.NotFound, err)
-		return
-	}
-	if req.Dir != "" {
-		if fi, err := os.Stat(filepath.Join(root, req.Dir)); err != nil || !fi.IsDir() {
-			failed(errdefs.Invalid, fmt.Errorf("working directory %s: not a directory in the sandbox", req.Dir))
-			return
-		}
-	}
-	cmd := &exec.Cmd{Path: path, Args: req.Argv, Env: req.Env, Dir: req.Dir}
-	if cmd.Env == nil {
-		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if req.UID != 0 || req.GID != 0 {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: req.UID, Gid: req.GID}
-	}
-	if hasRoot && cmd.Dir == "" {
-		cmd.Dir = "/"
-	}
-	var closeAfter []*os.File
-	var readers []*os.File
-	var inW *os.File
-	pipe := func(want bool, out bool) (*os.File, error) {
-		if !want {
-			return nil, nil
-		}
-		rd, wr, err := os.Pipe()
-		if err != nil {
-			return nil, err
-		}
-		if out {
-			closeAfter = append(closeAfter, wr)
-			readers = append(readers, rd)
-			return wr, nil
-		}
-		closeAfter = append(closeAfter, rd)
-		inW = wr
-		return rd, nil
-	}
-	in, err := pipe(req.Stdin, false)
-	if err == nil && in != nil {
-		cmd.Stdin = in
-	}
-	outW, err2 := pipe(req.Stdout, true)
-	errW, err3 := pipe(req.Stderr, true)
-	if err = errors.Join(err, err2, err3); err != nil {
-		failed(errdefs.Exhausted, err)
-		return
-	}
-	if outW != nil {
-		cmd.Stdout = outW
-	}
-	if errW != nil {
-		cmd.Stderr = errW
-	}
-	var done <-chan syscall.WaitStatus
-	if ns != nil {
-		// Straight into the sandbox's cgroup (clone3 CLONE_INTO_CGROUP):
-		// its limits hold from the first instruction.
-		cmd.SysProcAttr.UseCgroupFD = true
-		cmd.SysProcAttr.CgroupFD = int(ns.cgroup.Fd())
-		err = ns.startIn(func() (err error) { done, err = r.start(cmd); return err })
-	} else {
-		done, err = r.start(cmd)
-	}
-	for _, f := range closeAfter {
-		f.Close()
-	}
-	if err != nil {
-		for _, f := range readers {
-			f.Close()
-		}
-		if inW != nil {
-			inW.Close()
-		}
-		cat := errdefs.Internal
-		switch {
-		case errors.Is(err, os.ErrNotExist):
-			cat = errdefs.NotFound
-		case errors.Is(err, os.ErrPermission):
-			cat = errdefs.PermissionDenied
-		}
-		failed(cat, err)
-		return
-	}
-	pid := cmd.Process.Pid
-	// Set (under the reaper's lock order: after the status came) before
-	// its pid may be another's: signals stop then.
-	var exited sync.Mutex
-	ended := false
-	kill := func(sig syscall.Signal, group bool) {
-		exited.Lock()
-		defer exited.Unlock()
-		if ended {
-			return
-		}
-		if group {
-			_ = syscall.Kill(-pid, sig)
-		} else {
-			_ = syscall.Kill(pid, sig)
-		}
-	}
-	b, _ := json.Marshal(Started{Pid: nsPid(pid)})
-	_ = send(KindStarted, b)
-	// The host's frames: stdin, its end, signals. A stream the host
-	// closes kills the process group.
-	go func() {
-		defer func() {
-			if inW != nil {
-				inW.Close()
-			}
-		}()
-		for {
-			kind, data, err := ReadFrame(br)
-			if err != nil {
-				kill(syscall.SIGKILL, true)
-				return
-			}
-			switch kind {
-			case KindStdin:
-				if inW != nil {
-					_, _ = inW.Write(data)
-				}
-			case KindCloseIn:
-				if inW != nil {
-					inW.Close()
-					inW = nil
-				}
-			case KindSignal:
-				var sg Signal
-				if json.Unmarshal(data, &sg) == nil {
-					kill(syscall.Signal(sg.Signal), sg.Group)
-				}
-			}
-		}
-	}()
-	var wg sync.WaitGroup
-	pump := func(f *os.File, kind byte) {
-		defer wg.Done()
-		defer f.Close()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := f.Read(buf)
-			if n > 0 {
-				_ = send(kind, buf[:n])
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
-	if req.Stdout {
-		wg.Add(1)
-		go pump(readers[0], KindStdout)
-	}
-	if req.Stderr {
-		wg.Add(1)
-		go pump(readers[len(readers)-1], KindStderr)
-	}
-	ws := <-done
-	exited.Lock()
-	ended = true
-	exited.Unlock()
-	// Output a child that outlives it still holds open ends here.
-	drained := make(chan struct{})
-	go func() { wg.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(100 * time.Millisecond):
-		for _, f := range readers {
-			_ = f.SetReadDeadline(time.Now())
-		}
-		<-drained
-	}
-	ex := Exit{Code: ws.ExitStatus()}
-	if ws.Signaled() {
-		ex = Exit{Code: -1, Signal: int(ws.Signal())}
-	}
-	b, _ = json.Marshal(ex)
-	_ = send(KindExit, b)
 }
 
 // RootDir is where the guest composes the sandbox's root from its layers
@@ -609,21 +412,6 @@ func loopbackUp() error {
 func fail(w io.Writer, cat errdefs.Category, err error) {
 	b, _ := json.Marshal(Failure{Category: cat.String(), Error: err.Error()})
 	_ = WriteFrame(w, KindFail, b)
-}
-
-// lookPath finds name as the command would in root (where it runs
-// chrooted): a name with a slash as it is, else in the usual PATH.
-func lookPath(root, name string) (string, error) {
-	if strings.Contains(name, "/") {
-		return name, nil
-	}
-	for _, d := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
-		p := filepath.Join(d, name)
-		if fi, err := os.Stat(filepath.Join(root, p)); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%s: not found in PATH", name)
 }
 
 // makeDev fills the sandbox's /dev (a tmpfs) with the standard nodes, a

@@ -10,8 +10,23 @@
 // stdout, 'e' stderr, 'x' the end (a JSON Exit for a process, the answer
 // for other calls; last), 'f' a failure (its message; last). From the
 // host, to a started process: 'i' stdin bytes, 'c' close stdin, 'k' a
-// JSON Signal. A process whose stream the host closes is killed with its
-// process group.
+// JSON Signal, 'w' a JSON Winsize (a process on a pty). A process whose
+// stream the host closes is killed with its process group; closing the
+// stdin of a process on a pty sends the terminal's EOF character.
+//
+// Background processes ("bg_*" ops) are the agent's: it keeps their
+// records and the latest BG.Cap bytes of each output stream, whether or
+// not the host follows them, so they outlive the stream (and the daemon)
+// that started them. "bg_start" answers 's' once the process runs;
+// "bg_list" an 'x' with the []BGInfo in start order; "bg_attach" sends
+// 'o'/'e' frames whose data is the 8-byte little-endian offset of the
+// bytes after it in their stream, from Off (-1: none of that stream), then
+// the 'x' Exit once the process exited and what it wrote before was sent;
+// "bg_stdin" answers 's', then writes the host's 'i' frames to the
+// process's stdin (closing the stream leaves the stdin open);
+// "bg_closein", "bg_signal", "bg_resize" and "bg_forget" answer an empty
+// 'x'. A process is named by its pid in the sandbox; a pid that was
+// reused names its latest record.
 package guest
 
 import "github.com/warrenrl/warren/internal/sandboxfs"
@@ -37,6 +52,68 @@ type Request struct {
 	// 'c'; ReadFile and TarOut send theirs in 'o' frames; the 'x' frame
 	// is an FSResult.
 	FS *FSCall `json:"fs,omitempty"`
+	// PTY runs the process on a new terminal of Rows x Cols: its output
+	// comes in 'o' frames, its input goes in 'i' frames.
+	PTY  bool   `json:"pty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
+	// Rlimits are the process's resource limits ("exec", "bg_start");
+	// the others are the agent's (raised to the most at boot).
+	Rlimits []Rlimit `json:"rlimits,omitempty"`
+	// BG are a background process's settings ("bg_start").
+	BG *BGOpts `json:"bg,omitempty"`
+	// Pid names a background process (the other "bg_*" ops).
+	Pid int `json:"pid,omitempty"`
+	// Off are the offsets "bg_attach" follows stdout and stderr from.
+	Off [2]int64 `json:"off,omitempty"`
+	// Port is a TCP port in the sandbox to connect to ("dial"): the
+	// answer is 's', and the stream then carries the connection's bytes
+	// both ways, unframed.
+	Port int `json:"port,omitempty"`
+	// Signal is "bg_signal"'s, Size "bg_resize"'s.
+	Signal *Signal  `json:"signal,omitempty"`
+	Size   *Winsize `json:"size,omitempty"`
+}
+
+// Rlimit is one resource limit (Resource: RLIMIT_*).
+type Rlimit struct {
+	Resource int    `json:"r"`
+	Soft     uint64 `json:"s"`
+	Hard     uint64 `json:"h"`
+}
+
+// BGOpts are a background process's settings.
+type BGOpts struct {
+	Cap int64  `json:"cap"` // bytes kept of each stream
+	Tag []byte `json:"tag,omitempty"`
+}
+
+// MaxOutputCap bounds BGOpts.Cap, and MaxRecords the background process
+// records the agent keeps at once (as the container agent's do): the
+// buffers are guest memory.
+const (
+	MaxOutputCap = 64 << 20
+	MaxRecords   = 2048
+)
+
+// BGInfo is a background process's record ("bg_list").
+type BGInfo struct {
+	Pid       int      `json:"pid"`
+	Exited    bool     `json:"exited,omitempty"`
+	Exit      Exit     `json:"exit"`
+	PTY       bool     `json:"pty,omitempty"`
+	StdinOpen bool     `json:"stdin_open,omitempty"`
+	Stdout    [2]int64 `json:"stdout"` // [start, total) kept
+	Stderr    [2]int64 `json:"stderr"`
+	Cap       int64    `json:"cap"`
+	RuntimeMs int64    `json:"runtime_ms"`
+	Tag       []byte   `json:"tag,omitempty"`
+}
+
+// Winsize is a terminal's size.
+type Winsize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
 }
 
 // FSCall names a file method and its arguments.
@@ -99,6 +176,7 @@ const (
 	KindStdin   = 'i'
 	KindCloseIn = 'c'
 	KindSignal  = 'k'
+	KindResize  = 'w'
 )
 
 // Failure is an 'f' frame: why a call failed, with the errdefs category's
@@ -106,4 +184,15 @@ const (
 type Failure struct {
 	Category string `json:"category"`
 	Error    string `json:"error"`
+	// Exited: the call needs a running process, and it exited.
+	Exited bool `json:"exited,omitempty"`
+}
+
+// CgroupStats are the sandbox's counters from its cgroup in the guest
+// ("cgroup" op, in the 'x' frame).
+type CgroupStats struct {
+	OOMKills    uint64 `json:"oom_kills"` // memory.events oom_kill
+	Pids        uint64 `json:"pids"`      // pids.current
+	MemoryBytes uint64 `json:"memory"`    // memory.current
+	CPUUsec     uint64 `json:"cpu_usec"`  // cpu.stat usage_usec
 }

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -98,10 +97,10 @@ func SandboxInitMain() {
 		os.Exit(1)
 	}
 	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
-	if name, err := unix.BytePtrFromString("warren-init"); err == nil {
-		_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
-		_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(name)), 0, 0, 0)
-	}
+	// The name is a thread's: the leader's is what /proc/1/comm shows,
+	// and this goroutine may run on another thread (PR_SET_NAME here
+	// named one at random).
+	_ = os.WriteFile(fmt.Sprintf("/proc/self/task/%d/comm", os.Getpid()), []byte("warren-init"), 0)
 	ready.Close()
 	runtime.GOMAXPROCS(1)
 	for {
@@ -202,7 +201,7 @@ func sandboxCgroup(memory, pids int64) (*os.File, error) {
 	if err := os.WriteFile(root+"/cgroup.subtree_control", []byte("+memory +pids +cpu"), 0); err != nil {
 		return nil, fmt.Errorf("enable cgroup controllers: %w", err)
 	}
-	dir := root + "/sandbox"
+	dir := sandboxCgroupDir
 	if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
 		return nil, err
 	}

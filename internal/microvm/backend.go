@@ -3,26 +3,36 @@ package microvm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/guestkernel"
+	"github.com/warrenrl/warren/internal/qmp"
+	"github.com/warrenrl/warren/internal/rlimit"
 )
 
 // Name is the backend's name in CreateRequest.backend.
 const Name = "microvm"
 
 // guestOverheadMB is the memory a VM has beyond its sandbox's limit: the
-// guest kernel and its page cache, the agent, warren-init.
-const guestOverheadMB = 96
+// guest kernel and its page cache, the agent, warren-init. Debian's kernel
+// keeps ~46 MiB of a 128 MiB VM to itself, and the guest's own processes
+// take ~41 MiB more of what is left (measured: /proc/meminfo in the
+// guest), so 96 left a 32 MiB sandbox at its limit with ~9 MiB for the
+// guest's kernel allocations. The guest touches only what it uses.
+const guestOverheadMB = 128
 
 // Options configure the backend.
 type Options struct {
@@ -108,6 +118,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	case len(spec.Layers) == 0:
 		return nil, errdefs.Invalidf("microvm: no layers")
 	}
+	rl, err := guestRlimits(spec.Rlimits)
+	if err != nil {
+		return nil, err
+	}
 	var layers []string
 	for i := len(spec.Layers) - 1; i >= 0; i-- { // bottom first
 		l := spec.Layers[i]
@@ -123,9 +137,15 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	if spec.MemoryBytes > 0 {
 		mem = int(spec.MemoryBytes>>20) + guestOverheadMB
 	}
-	cpus := 1
-	if spec.CPUMillis > 1000 {
+	// vCPUs: the quota rounded up to cores, as a container's CPU views
+	// count them; without a quota, every CPU of the node.
+	cpus := runtime.NumCPU()
+	if spec.CPUMillis > 0 {
 		cpus = int((spec.CPUMillis + 999) / 1000)
+	}
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = spec.ID // as a container's
 	}
 	// The directory is the claim on the id.
 	if err := os.Mkdir(b.vmDir(spec.ID), 0o700); err != nil {
@@ -136,32 +156,83 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	}
 	v, err := Boot(ctx, Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent,
 		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: mem, CPUs: cpus, KVM: b.opts.KVM,
-		Hostname: spec.Hostname, CacheDir: b.opts.StateDir, SandboxMemory: spec.MemoryBytes, SandboxPids: spec.PidsMax})
+		Hostname: hostname, CacheDir: b.opts.StateDir, SandboxMemory: spec.MemoryBytes, SandboxPids: spec.PidsMax, Rlimits: rl})
 	if err != nil {
 		_ = os.RemoveAll(b.vmDir(spec.ID))
 	}
 	if err != nil {
 		return nil, err
 	}
+	return newSandbox(spec.ID, v, vmState{Env: spec.Env, Cwd: spec.Workdir, Rlimits: rl}), nil
+}
+
+func newSandbox(id string, v *VM, st vmState) *sandbox {
 	exited, cancel := context.WithCancel(context.Background())
 	go func() { <-v.done; cancel() }()
-	return &sandbox{id: spec.ID, vm: v, exited: exited, env: spec.Env, cwd: spec.Workdir}, nil
+	return &sandbox{id: id, vm: v, exited: exited, env: st.Env, cwd: st.Cwd, rlimits: st.Rlimits}
+}
+
+// guestRlimits are the limits of a sandbox's processes as the agent sets
+// them. A hard limit above the daemon's own is refused, as the container
+// backend refuses it: the guest could grant it, but a sandbox's limits
+// must not depend on its backend.
+func guestRlimits(ls []rlimit.Limit) ([]guest.Rlimit, error) {
+	var out []guest.Rlimit
+	for _, l := range ls {
+		num, ok := rlimit.Number(l.Name)
+		if !ok {
+			return nil, errdefs.Invalidf("microvm: unknown resource limit %q", l.Name)
+		}
+		if ceil := rlimit.Ceiling(num); l.Hard > ceil {
+			return nil, errdefs.Invalidf("microvm: resource limit %s: hard limit %s above the node's %s", l.Name, rlimit.Format(l.Hard), rlimit.Format(ceil))
+		}
+		out = append(out, guest.Rlimit{Resource: num, Soft: l.Soft, Hard: l.Hard})
+	}
+	return out, nil
 }
 
 // vmState is what the daemon keeps of a VM for Adopt.
 type vmState struct {
-	Pid int    `json:"pid"`
-	Dir string `json:"dir"`
+	Pid     int            `json:"pid"`
+	Dir     string         `json:"dir"`
+	Env     []string       `json:"env,omitempty"`
+	Cwd     string         `json:"cwd,omitempty"`
+	Rlimits []guest.Rlimit `json:"rlimits,omitempty"`
 }
 
-// Adopt: a VM's agent session does not survive its daemon yet (the guest
-// would have to take a new session on its port), so an adopted VM is
-// stopped and reported gone.
+// Adopt reaches a VM an earlier daemon (or handle) booted, through a port
+// of its own (Attach); the VM's processes, background ones included, run
+// on. A VM whose QEMU is gone is cleaned up and NotFound.
 func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.Sandbox, error) {
+	if !backend.ValidID(id) {
+		return nil, errdefs.Invalidf("bad sandbox id %q", id)
+	}
 	var st vmState
-	_ = json.Unmarshal(state, &st)
-	b.stopOrphan(id, st.Pid)
-	return nil, errdefs.NotFoundf("microvm: sandbox %s did not survive the daemon's restart (VMs are not adopted yet)", id)
+	if err := json.Unmarshal(state, &st); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "microvm: sandbox state")
+	}
+	dir := b.vmDir(id)
+	pids := qemuPids(dir, st.Pid)
+	if len(pids) == 0 {
+		_ = os.RemoveAll(dir)
+		return nil, errdefs.NotFoundf("microvm: sandbox %s: its VM is gone", id)
+	}
+	v, err := Attach(ctx, Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent, Dir: dir, KVM: b.opts.KVM}, pids[0])
+	if errors.Is(err, errdefs.ErrNotFound) {
+		b.stopOrphan(id, 0)
+		return nil, err
+	}
+	if err != nil {
+		return nil, err
+	}
+	sb := newSandbox(id, v, st)
+	var qs qmp.Status
+	if err := v.qmp(ctx, "query-status", &qs); err != nil {
+		v.Close()
+		return nil, err
+	}
+	sb.paused.Store(!qs.Running)
+	return sb, nil
 }
 
 // Sweep stops the VMs of ids not in keep and removes their directories.
@@ -197,24 +268,14 @@ func (b *Backend) stopOrphan(id string, pid int) {
 // qemuPids are the processes whose command line names dir's agent
 // socket: that VM's QEMU.
 func qemuPids(dir string, hint int) []int {
-	want := filepath.Join(dir, "agent.sock")
+	if hint > 0 && isQEMUOf(hint, dir) {
+		return []int{hint}
+	}
 	var out []int
-	check := func(pid int) {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err == nil && strings.Contains(string(b), want) {
-			out = append(out, pid)
-		}
-	}
-	if hint > 0 {
-		check(hint)
-		if len(out) > 0 {
-			return out
-		}
-	}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
-		if pid, err := strconv.Atoi(e.Name()); err == nil {
-			check(pid)
+		if pid, err := strconv.Atoi(e.Name()); err == nil && isQEMUOf(pid, dir) {
+			out = append(out, pid)
 		}
 	}
 	return out
@@ -227,12 +288,40 @@ type sandbox struct {
 	exited context.Context
 	env    []string
 	cwd    string
+	// rlimits are every process's (the agent sets them: Request.Rlimits).
+	rlimits []guest.Rlimit
+	// paused is set while the VM is stopped (Pause): calls that would
+	// wait on the agent are not made.
+	paused atomic.Bool
+}
+
+var _ backend.OOMCounter = (*sandbox)(nil)
+
+// statsTimeout bounds a counters call to the agent.
+const statsTimeout = 10 * time.Second
+
+func (s *sandbox) cgroupStats() (guest.CgroupStats, error) {
+	var cs guest.CgroupStats
+	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
+	defer cancel()
+	err := s.vm.call(ctx, guest.Request{Op: "cgroup"}, nil, &cs)
+	return cs, err
+}
+
+// OOMKills is the sandbox cgroup's count in the guest: one call to the
+// agent.
+func (s *sandbox) OOMKills() (uint64, error) {
+	if s.paused.Load() {
+		return 0, errdefs.Unavailablef("microvm: sandbox %s is paused", s.id)
+	}
+	cs, err := s.cgroupStats()
+	return cs.OOMKills, err
 }
 
 func (s *sandbox) ID() string { return s.id }
 
 func (s *sandbox) State() []byte {
-	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir})
+	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits})
 	return b
 }
 
@@ -243,25 +332,29 @@ func (s *sandbox) Start(ctx context.Context, p backend.ProcSpec) (backend.Proces
 	if p.Cwd == "" {
 		p.Cwd = s.cwd
 	}
-	return s.vm.Start(ctx, p)
+	return s.vm.start(ctx, p, s.rlimits)
 }
 
 func (s *sandbox) Exited() context.Context { return s.exited }
 
-// Stats are the QEMU process's: its resident memory (guest memory it
-// touched, QEMU's own) and CPU time.
+// Stats are the VM's on the node, from its QEMU process: its memory
+// (MemoryUse: the guest memory it touched and its own) and CPU time; and
+// the sandbox's cgroup's in the guest: OOM kills and processes (not while
+// paused: the agent answers nothing then).
 func (s *sandbox) Stats() (backend.Stats, error) {
 	pid := s.vm.Pid()
 	var st backend.Stats
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	use, err := processMemory(pid)
 	if err != nil {
-		return st, errdefs.Wrap(errdefs.Unavailable, err, "microvm stats")
+		return st, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			st.MemoryBytes = kb << 10
+	st.MemoryBytes, st.MemoryCache = use.Bytes, use.File
+	if !s.paused.Load() {
+		cs, err := s.cgroupStats()
+		if err != nil {
+			return st, err
 		}
+		st.OOMKills, st.Pids = cs.OOMKills, cs.Pids
 	}
 	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
 		if i := strings.LastIndexByte(string(b), ')'); i > 0 {

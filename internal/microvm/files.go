@@ -33,17 +33,12 @@ func (s *sandbox) Files() backend.FileSystem { return vmFiles{s.vm} }
 // receives the data it sends back.
 func (f vmFiles) fs(ctx context.Context, c guest.FSCall, in io.Reader, out io.Writer) (guest.FSResult, error) {
 	var res guest.FSResult
-	st, err := f.v.sess.OpenStream()
+	st, stop, err := f.v.open(ctx, guest.Request{Op: "fs", FS: &c})
 	if err != nil {
-		return res, errdefs.Wrap(errdefs.Unavailable, err, "open a stream to the guest agent")
+		return res, err
 	}
 	defer st.Close()
-	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Now()) })
 	defer stop()
-	b, _ := json.Marshal(guest.Request{Op: "fs", FS: &c})
-	if _, err := st.Write(append(b, '\n')); err != nil {
-		return res, errdefs.Wrap(errdefs.Unavailable, err, "send to the guest agent")
-	}
 	sendErr := make(chan error, 1)
 	if in != nil {
 		go func() {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -14,6 +15,8 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 )
+
+var _ backend.Resizer = (*process)(nil)
 
 // process is a process in the VM: one yamux stream, whose frames the
 // demultiplexer turns into the streams backend.Process promises.
@@ -24,6 +27,7 @@ type process struct {
 	stdout  *io.PipeReader
 	stderr  *io.PipeReader
 	stdin   *stdinWriter
+	pty     bool
 	done    chan struct{}
 	status  backend.ExitStatus
 	err     error
@@ -32,22 +36,22 @@ type process struct {
 
 // Start starts p in the VM's root.
 func (v *VM) Start(ctx context.Context, p backend.ProcSpec) (backend.Process, error) {
+	return v.start(ctx, p, nil)
+}
+
+// start starts p with resource limits rl (none: the agent's).
+func (v *VM) start(ctx context.Context, p backend.ProcSpec, rl []guest.Rlimit) (backend.Process, error) {
 	if p.PTY {
-		return nil, errdefs.Unsupportedf("microvm: terminals are not served yet")
-	}
-	st, err := v.sess.OpenStream()
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Unavailable, err, "open a stream to the guest agent")
+		// One terminal, both ways: stdout reads it, stdin writes to it.
+		p.Stdin, p.Stdout, p.Stderr = true, true, false
 	}
 	req := guest.Request{Op: "exec", Argv: p.Argv, Env: p.Env, Dir: p.Cwd, UID: p.UID, GID: p.GID,
-		Stdin: p.Stdin, Stdout: p.Stdout, Stderr: p.Stderr}
-	b, _ := json.Marshal(req)
-	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Now()) })
-	defer stop()
-	if _, err := st.Write(append(b, '\n')); err != nil {
-		st.Close()
-		return nil, errdefs.Wrap(errdefs.Unavailable, err, "send to the guest agent")
+		Stdin: p.Stdin, Stdout: p.Stdout, Stderr: p.Stderr, PTY: p.PTY, Rows: p.Rows, Cols: p.Cols, Rlimits: rl}
+	st, stop, err := v.open(ctx, req)
+	if err != nil {
+		return nil, err
 	}
+	defer stop()
 	br := bufio.NewReader(st)
 	kind, data, err := guest.ReadFrame(br)
 	if err != nil {
@@ -76,7 +80,7 @@ func (v *VM) Start(ctx context.Context, p backend.ProcSpec) (backend.Process, er
 		return nil, ctx.Err()
 	}
 	_ = st.SetDeadline(time.Time{})
-	pr := &process{st: st, pid: s.Pid, done: make(chan struct{})}
+	pr := &process{st: st, pid: s.Pid, pty: p.PTY, done: make(chan struct{})}
 	var outW, errW *io.PipeWriter
 	if p.Stdout {
 		pr.stdout, outW = io.Pipe()
@@ -184,6 +188,23 @@ func (p *process) Signal(sig syscall.Signal, group bool) error {
 	return nil
 }
 
+// Resize sets the size of a PTY process's terminal (backend.Resizer).
+func (p *process) Resize(rows, cols uint16) error {
+	if !p.pty {
+		return errdefs.Invalidf("resize terminal: process %d has no terminal (start it with a pty)", p.pid)
+	}
+	select {
+	case <-p.done:
+		return errdefs.Wrap(errdefs.Conflict, os.ErrProcessDone, "resize terminal")
+	default:
+	}
+	b, _ := json.Marshal(guest.Winsize{Rows: rows, Cols: cols})
+	if err := p.send(guest.KindResize, b); err != nil {
+		return errdefs.Wrap(errdefs.Unavailable, err, "resize a terminal in the VM")
+	}
+	return nil
+}
+
 func (p *process) Wait() (backend.ExitStatus, error) {
 	<-p.done
 	return p.status, p.err
@@ -227,6 +248,9 @@ func failure(data []byte, what string) error {
 	var f guest.Failure
 	if err := json.Unmarshal(data, &f); err != nil {
 		return errdefs.Internalf("guest agent: %s: %s", what, data)
+	}
+	if f.Exited {
+		return errdefs.Wrap(errdefs.Conflict, os.ErrProcessDone, what)
 	}
 	return errdefs.New(categoryNamed(f.Category), "%s: %s", what, f.Error)
 }

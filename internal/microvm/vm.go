@@ -68,17 +68,24 @@ type Config struct {
 	// guest (its cgroup), 0 for none; the VM's memory must hold them and
 	// the guest's kernel and agent.
 	SandboxMemory, SandboxPids int64
+	// Rlimits are the sandbox's processes' (the agent holds those it can
+	// itself, for them to inherit: guest.FormatRlimits).
+	Rlimits []guest.Rlimit
 }
 
 // VM is a running microVM.
 type VM struct {
-	cfg  Config
-	cmd  *exec.Cmd
-	sess *yamux.Session
-	conn net.Conn
-	done chan struct{} // closed when QEMU exited
-	err  error         // its exit, once done
-	once sync.Once
+	cfg Config
+	cmd *exec.Cmd // nil for a VM an earlier daemon booted (Attach)
+	pid int
+	// pidfd holds an attached VM's QEMU, which is not this process's
+	// child (-1 for one it booted).
+	pidfd int
+	sess  *yamux.Session
+	conn  net.Conn
+	done  chan struct{} // closed when QEMU exited
+	err   error         // its exit, once done
+	once  sync.Once
 	// Ready is how long the boot took, to the agent's first answer.
 	Ready time.Duration
 	// GuestUptime is the guest kernel's uptime at its first answer.
@@ -106,7 +113,7 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	}
 	port := filepath.Join(cfg.Dir, "agent.sock")
 	_ = os.Remove(port)
-	args, err := qemuArgs(cfg, initrd, port)
+	args, err := qemuArgs(cfg, initrd, port, filepath.Join(cfg.Dir, qmpSocket))
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +132,7 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	if err := cmd.Start(); err != nil {
 		return nil, errdefs.Wrap(errdefs.Unavailable, err, "start qemu")
 	}
-	v := &VM{cfg: cfg, cmd: cmd, done: make(chan struct{})}
+	v := &VM{cfg: cfg, cmd: cmd, pid: cmd.Process.Pid, pidfd: -1, done: make(chan struct{})}
 	go func() {
 		v.err = cmd.Wait()
 		close(v.done)
@@ -140,13 +147,8 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 		return nil, err
 	}
 	v.conn = conn
-	ycfg := yamux.DefaultConfig()
-	ycfg.LogOutput = io.Discard
-	ycfg.EnableKeepAlive = false
-	// A boot under TCG takes seconds before the guest reads its port.
-	ycfg.StreamOpenTimeout = 0
-	if v.sess, err = yamux.Client(conn, ycfg); err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "agent session")
+	if v.sess, err = agentSession(conn); err != nil {
+		return nil, err
 	}
 	var ping guest.Ping
 	if err := v.call(ctx, guest.Request{Op: "ping"}, nil, &ping); err != nil {
@@ -157,7 +159,25 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	return v, nil
 }
 
-func qemuArgs(cfg Config, initrd, port string) ([]string, error) {
+// agentSession is the host's end of a session with the agent.
+func agentSession(conn net.Conn) (*yamux.Session, error) {
+	ycfg := yamux.DefaultConfig()
+	ycfg.LogOutput = io.Discard
+	ycfg.EnableKeepAlive = false
+	// A boot under TCG takes seconds before the guest reads its port (and
+	// a paused VM's guest none until it is resumed).
+	ycfg.StreamOpenTimeout = 0
+	sess, err := yamux.Client(conn, ycfg)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "agent session")
+	}
+	return sess, nil
+}
+
+// qmpSocket is the VM's QMP socket in its directory (internal/qmp).
+const qmpSocket = "qmp.sock"
+
+func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 	accel := "tcg,thread=multi"
 	if cfg.KVM {
 		accel = "kvm"
@@ -173,11 +193,14 @@ func qemuArgs(cfg Config, initrd, port string) ([]string, error) {
 	if cfg.SandboxPids > 0 {
 		cmdline += " warren.pids=" + strconv.FormatInt(cfg.SandboxPids, 10)
 	}
+	if len(cfg.Rlimits) > 0 {
+		cmdline += " warren.rlimits=" + guest.FormatRlimits(cfg.Rlimits)
+	}
 	if cfg.Hostname != "" {
 		if strings.ContainsFunc(cfg.Hostname, func(r rune) bool {
-			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-')
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_')
 		}) {
-			return nil, errdefs.Invalidf("hostname %q: letters, digits, '.' and '-' only", cfg.Hostname)
+			return nil, errdefs.Invalidf("hostname %q: letters, digits, '.', '-' and '_' only", cfg.Hostname)
 		}
 		cmdline += " warren.hostname=" + cfg.Hostname
 	}
@@ -190,6 +213,7 @@ func qemuArgs(cfg Config, initrd, port string) ([]string, error) {
 		"-device", "virtio-serial-device",
 		"-chardev", "socket,id=agent,path=" + port + ",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name=" + guest.PortName,
+		"-qmp", "unix:" + qmpPath + ",server=on,wait=off",
 	}
 	for i, l := range cfg.Layers {
 		if _, err := os.Stat(l); err != nil {
@@ -232,18 +256,38 @@ func (v *VM) dial(ctx context.Context, port string) (net.Conn, error) {
 	}
 }
 
+// open opens a stream to the agent, arms ctx's end as a deadline on it
+// and sends req. stop disarms the deadline (false if ctx ended first);
+// the caller closes the stream.
+func (v *VM) open(ctx context.Context, req guest.Request) (st *yamux.Stream, stop func() bool, err error) {
+	if st, err = v.sess.OpenStream(); err != nil {
+		return nil, nil, errdefs.Wrap(errdefs.Unavailable, err, "open a stream to the guest agent")
+	}
+	// A yamux Close ends only the writing half: a deadline is what
+	// wakes a read when the call is cancelled.
+	stop = context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Now()) })
+	b, _ := json.Marshal(req)
+	if _, err := st.Write(append(b, '\n')); err != nil {
+		stop()
+		st.Close()
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+		return nil, nil, errdefs.Wrap(errdefs.Unavailable, err, "send to the guest agent")
+	}
+	return st, stop, nil
+}
+
 // call sends req on a new stream and reads its frames: output to out (if
 // any), the final 'x' frame into res.
 func (v *VM) call(ctx context.Context, req guest.Request, out func(kind byte, b []byte), res any) error {
-	st, err := v.sess.OpenStream()
+	st, stop, err := v.open(ctx, req)
 	if err != nil {
-		return errdefs.Wrap(errdefs.Unavailable, err, "open a stream to the guest agent")
+		return err
 	}
 	defer st.Close()
-	// A yamux Close ends only the writing half: a deadline is what
-	// wakes a read when the call is cancelled or QEMU dies.
-	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(time.Now()) })
 	defer stop()
+	// QEMU's end wakes a read too.
 	ended := make(chan struct{})
 	defer close(ended)
 	go func() {
@@ -253,10 +297,6 @@ func (v *VM) call(ctx context.Context, req guest.Request, out func(kind byte, b 
 		case <-ended:
 		}
 	}()
-	b, _ := json.Marshal(req)
-	if _, err := st.Write(append(b, '\n')); err != nil {
-		return errdefs.Wrap(errdefs.Unavailable, err, "send to the guest agent")
-	}
 	br := bufio.NewReader(st)
 	for {
 		kind, data, err := guest.ReadFrame(br)
@@ -308,7 +348,7 @@ func (v *VM) Exec(ctx context.Context, argv []string, env []string) (Result, err
 }
 
 // Pid is QEMU's.
-func (v *VM) Pid() int { return v.cmd.Process.Pid }
+func (v *VM) Pid() int { return v.pid }
 
 // Close stops the VM (QEMU killed: the guest holds nothing worth a clean
 // shutdown yet) and removes its directory.
@@ -317,8 +357,12 @@ func (v *VM) Close() error {
 		if v.sess != nil {
 			v.sess.Close()
 		}
-		_ = v.cmd.Process.Kill()
-		<-v.done
+		if v.cmd != nil {
+			_ = v.cmd.Process.Kill()
+			<-v.done
+		} else {
+			killPidfd(v.pidfd)
+		}
 		_ = os.RemoveAll(v.cfg.Dir)
 	})
 	return nil

@@ -16,8 +16,10 @@ import (
 
 // TestMicroVMSandboxThroughTheAPI: with the one parameter backend
 // "microvm", a sandbox of the usual image is a QEMU microVM: exec runs in
-// its root (the image's layers) with a kernel of its own, and delete
-// leaves no QEMU and no VM directory.
+// its root (the image's layers) with a kernel of its own, files go
+// through its agent, background processes survive a daemon restart
+// (which adopts the VM), pause and resume work, and delete leaves no QEMU
+// and no VM directory.
 func TestMicroVMSandboxThroughTheAPI(t *testing.T) {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skipf("no qemu-system-x86_64 (scripts/vm.sh installs it): %v", err)
@@ -61,28 +63,56 @@ func TestMicroVMSandboxThroughTheAPI(t *testing.T) {
 	if _, err := e.c.ReadFile(ctx, &warrenv1.ReadFileRequest{SandboxId: "vm1", Path: "/root/none"}); !client.IsNotFound(err) {
 		t.Fatalf("read of a missing file: %v, want not found", err)
 	}
-	// VMs do not survive a daemon restart yet: the restarted daemon stops
-	// the VM it finds and reports the sandbox gone, leaving no QEMU.
+	// A background process is the guest agent's: it runs on across a
+	// daemon restart, which adopts the VM (a port of its own on the
+	// running QEMU), and is fed and waited for through the new daemon.
 	e.create(&warrenv1.CreateRequest{Id: "vm3", Backend: "microvm"})
-	vm3 := filepath.Join(e.stateDir, "microvm", "vms", "vm3")
+	pi, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "vm3", Shell: "echo before; read x; echo after $x"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := e.stop(); err != nil {
 		t.Fatal(err)
 	}
 	e.start()
-	if sb, err := e.c.Get(ctx, "vm3"); err == nil && sb.GetState() == warrenv1.SandboxState_SANDBOX_STATE_RUNNING {
-		t.Fatalf("a microvm after a daemon restart: %v, want gone or stopped", sb.GetState())
+	if sb, err := e.c.Get(ctx, "vm3"); err != nil || sb.GetState() != warrenv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("a microvm after a daemon restart: %v %v, want running", sb.GetState(), err)
 	}
-	if qemuRunsFor(vm3) {
-		t.Fatal("the VM of a sandbox the restarted daemon did not adopt still runs")
+	if err := e.c.WriteStdin(ctx, &warrenv1.WriteStdinRequest{SandboxId: "vm3", ProcessId: pi.GetProcessId(), Data: []byte("x\n"), Close: true}); err != nil {
+		t.Fatal(err)
 	}
+	wr, err := e.c.WaitProcess(ctx, &warrenv1.WaitProcessRequest{SandboxId: "vm3", ProcessId: pi.GetProcessId()})
+	if err != nil || string(wr.GetStdout()) != "before\nafter x\n" || wr.GetExitCode() != 0 {
+		t.Fatalf("the background process across the restart: %+v %v", wr, err)
+	}
+	// Pause stops the VM (QMP), resume runs it on.
+	if _, err := e.c.Pause(ctx, "vm3", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Resume(ctx, "vm3"); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.sh("vm3", "echo resumed"); string(r.GetStdout()) != "resumed\n" {
+		t.Fatalf("exec after resume: %+v", r)
+	}
+	vm3 := filepath.Join(e.stateDir, "microvm", "vms", "vm3")
+	if err := e.c.Delete(ctx, "vm3"); err != nil {
+		t.Fatal(err)
+	}
+	vmGone(t, vm3)
 	if err := e.c.Delete(ctx, "vm1"); err != nil && !client.IsNotFound(err) {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(e.stateDir, "microvm", "vms", "vm1")
+	vmGone(t, filepath.Join(e.stateDir, "microvm", "vms", "vm1"))
+}
+
+// vmGone waits (bounded) until the VM directory dir and its QEMU are gone.
+func vmGone(t *testing.T, dir string) {
+	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		_, err := os.Stat(dir)
 		if os.IsNotExist(err) && !qemuRunsFor(dir) {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("after delete: VM directory %v, QEMU running %v", err, qemuRunsFor(dir))

@@ -1,0 +1,118 @@
+package microvm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/qmp"
+)
+
+// A VM pauses whole: QMP "stop" halts its vCPUs (the guest's processes,
+// its agent, its clock), "cont" runs them on.
+var (
+	_ backend.Pauser         = (*sandbox)(nil)
+	_ backend.MemoryReporter = (*sandbox)(nil)
+)
+
+// qmp runs one QMP command on a connection of its own: QEMU serves one
+// client at a time, and a connection per call leaves none held (a
+// restarted daemon finds the socket free).
+func (v *VM) qmp(ctx context.Context, cmd string, out any) error {
+	return v.qmpArgs(ctx, cmd, nil, out)
+}
+
+// qmpArgs is qmp with arguments.
+func (v *VM) qmpArgs(ctx context.Context, cmd string, args, out any) error {
+	c, err := qmp.Dial(ctx, filepath.Join(v.cfg.Dir, qmpSocket))
+	if err != nil {
+		return v.streamErr(ctx, err, "connect to QEMU's QMP socket")
+	}
+	defer c.Close()
+	if err := c.Run(ctx, cmd, args, out); err != nil {
+		if _, ok := err.(*qmp.Error); ok {
+			return errdefs.Wrap(errdefs.Internal, err, "QMP "+cmd)
+		}
+		return v.streamErr(ctx, err, "QMP "+cmd)
+	}
+	return nil
+}
+
+// Pause stops the VM's vCPUs. Reclaim gives nothing back yet: the
+// guest's memory is QEMU's anonymous memory, which only a balloon with
+// free page reporting returns to the node (docs/MICROVM.md); After is
+// Before.
+func (s *sandbox) Pause(ctx context.Context, reclaim bool) (backend.PauseStats, error) {
+	t0 := time.Now()
+	if err := s.vm.qmp(ctx, "stop", nil); err != nil {
+		return backend.PauseStats{}, err
+	}
+	s.paused.Store(true)
+	st := backend.PauseStats{Freeze: time.Since(t0)}
+	use, err := s.MemoryUse()
+	if err != nil {
+		// All or nothing: it runs on.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if s.vm.qmp(rctx, "cont", nil) == nil {
+			s.paused.Store(false)
+		}
+		return backend.PauseStats{}, err
+	}
+	st.Before, st.After = use, use
+	return st, nil
+}
+
+// Resume runs the VM's vCPUs on; "cont" on a running VM does nothing.
+// The memory limit is the guest cgroup's, which a pause leaves alone.
+func (s *sandbox) Resume(ctx context.Context, o backend.ResumeOptions) error {
+	if err := s.vm.qmp(ctx, "cont", nil); err != nil {
+		return err
+	}
+	s.paused.Store(false)
+	return nil
+}
+
+// MemoryUse is what the VM takes of the node: the QEMU process's
+// proportional set size (pages shared with other processes, QEMU's code
+// and libraries, counted by share), its anonymous part (the guest's
+// memory) and its file part, and what of it is on swap.
+func (s *sandbox) MemoryUse() (backend.MemoryUse, error) {
+	return processMemory(s.vm.Pid())
+}
+
+// processMemory reads a process's memory from /proc/PID/smaps_rollup.
+func processMemory(pid int) (backend.MemoryUse, error) {
+	var use backend.MemoryUse
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return use, errdefs.Wrap(errdefs.Unavailable, err, "read the VM's memory")
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			continue
+		}
+		switch k {
+		case "Pss":
+			use.Bytes = kb << 10
+		case "Pss_Anon", "Pss_Shmem":
+			use.Anon += kb << 10
+		case "Pss_File":
+			use.File = kb << 10
+		case "SwapPss":
+			use.Swap = kb << 10
+		}
+	}
+	return use, nil
+}

@@ -1,0 +1,95 @@
+package qmp
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestStopContOnQEMU: against a real QEMU, the client negotiates
+// capabilities, stops and continues the machine as query-status sees
+// it, and returns QEMU's own error for a command it does not know.
+func TestStopContOnQEMU(t *testing.T) {
+	qemu, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Skipf("no qemu-system-x86_64 (scripts/vm.sh installs it): %v", err)
+	}
+	sock := filepath.Join(t.TempDir(), "qmp.sock")
+	cmd := exec.Command(qemu, "-M", "none", "-nodefaults", "-display", "none", "-S", "-qmp", "unix:"+sock+",server=on,wait=off")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var c *Client
+	for {
+		if c, err = Dial(ctx, sock); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	defer c.Close()
+	status := func() Status {
+		t.Helper()
+		st, err := c.QueryStatus(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if st := status(); st.Running {
+		t.Fatalf("started with -S: %+v", st)
+	}
+	if err := c.Run(ctx, "cont", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(); !st.Running || st.Status != "running" {
+		t.Fatalf("after cont: %+v", st)
+	}
+	if err := c.Run(ctx, "stop", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(); st.Running || st.Status != "paused" {
+		t.Fatalf("after stop: %+v", st)
+	}
+	var qerr *Error
+	if err := c.Run(ctx, "no-such-command", nil, nil); !errors.As(err, &qerr) || qerr.Class != "CommandNotFound" {
+		t.Fatalf("unknown command: %v", err)
+	}
+}
+
+// TestDialEndsWithItsContext: a peer that accepts and never greets does
+// not hold Dial past its context.
+func TestDialEndsWithItsContext(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "mute.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			_, _ = io.Copy(io.Discard, c) // until the client closes
+			c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	if _, err := Dial(ctx, sock); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dial of a mute peer: %v", err)
+	}
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Fatalf("dial returned after %v", d)
+	}
+}
