@@ -254,10 +254,8 @@ func (n *node) knows(id string) *warrenv1.Sandbox {
 			return s
 		}
 	}
-	for _, m := range n.made {
-		if m.sb.GetId() == id {
-			return m.sb
-		}
+	if m, ok := n.made[id]; ok {
+		return m.sb
 	}
 	return nil
 }
@@ -267,7 +265,10 @@ func (n *node) knows(id string) *warrenv1.Sandbox {
 func (n *node) learn(sb *warrenv1.Sandbox) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.made = append(n.made, madeSandbox{sb, time.Now()})
+	if n.made == nil {
+		n.made = map[string]madeSandbox{}
+	}
+	n.made[sb.GetId()] = madeSandbox{sb, time.Now()}
 }
 
 // unlearn forgets a sandbox deleted through this gateway that it made
@@ -275,7 +276,7 @@ func (n *node) learn(sb *warrenv1.Sandbox) {
 func (n *node) unlearn(id string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.made = slices.DeleteFunc(n.made, func(m madeSandbox) bool { return m.sb.GetId() == id })
+	delete(n.made, id)
 }
 
 // lastKnown is what n ran at its last list, with what was made on it
@@ -287,8 +288,14 @@ func (n *node) lastKnown() []*warrenv1.Sandbox {
 		return n.known
 	}
 	out := slices.Clone(n.known)
-	for _, m := range n.made {
-		out = append(out, m.sb)
+	listed := make(map[string]bool, len(n.known))
+	for _, s := range n.known {
+		listed[s.GetId()] = true
+	}
+	for id, m := range n.made {
+		if !listed[id] {
+			out = append(out, m.sb)
+		}
 	}
 	return out
 }

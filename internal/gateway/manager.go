@@ -515,10 +515,18 @@ func (g *Gateway) Delete(ctx context.Context, req *warrenv1.DeleteRequest) (*war
 		if c, ok := g.recent.take(req.GetId()); ok {
 			g.placer.Release(c.node, c.req)
 		}
-		g.routes.del(req.GetId())
-		for _, n := range g.nodes.all() {
-			n.unlearn(req.GetId())
+		id := req.GetId()
+		var n *node
+		if len(id) == idLen {
+			n = g.nodes.tagged(id[:TagLen])
 		}
+		if name, ok := g.routes.get(id); n == nil && ok {
+			n = g.nodes.get(name)
+		}
+		if n != nil {
+			n.unlearn(id)
+		}
+		g.routes.del(id)
 	}
 	return res, err
 }

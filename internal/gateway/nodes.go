@@ -6,7 +6,7 @@ import (
 	"encoding/base32"
 	"errors"
 	"io"
-	"slices"
+	"maps"
 	"sync"
 	"syscall"
 	"time"
@@ -56,7 +56,7 @@ type node struct {
 	status   *warrenv1.NodeStatus
 	known    []*warrenv1.Sandbox // its sandboxes at the last List pulled
 	listedAt time.Time
-	made     []madeSandbox // made through this gateway since that List began
+	made     map[string]madeSandbox // by id: made through this gateway since that List began
 }
 
 type madeSandbox struct {
@@ -296,7 +296,7 @@ func (g *Gateway) relist(ctx context.Context, n *node) {
 	n.mu.Lock()
 	n.known, n.listedAt = res.Msg.GetSandboxes(), time.Now()
 	// What was made while the list was under way may be missing from it.
-	n.made = slices.DeleteFunc(n.made, func(m madeSandbox) bool { return m.at.Before(began) })
+	maps.DeleteFunc(n.made, func(_ string, m madeSandbox) bool { return m.at.Before(began) })
 	n.mu.Unlock()
 }
 
