@@ -446,9 +446,10 @@ type CreateRequest struct {
 	IdempotencyKey string `protobuf:"bytes,31,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// Set on a create sent again after a failure that left the earlier
 	// attempt's outcome unknown (a lost connection, a gateway restart): a
-	// gateway then looks on every node for the sandbox of the id or the
-	// idempotency key before placing it anew, so that the retry reaches
-	// the node of the first attempt whichever gateway it goes through.
+	// gateway then claims the id (or the idempotency key's) on every node
+	// before placing it anew (claim), so that the retry reaches the node of
+	// an earlier attempt, made or still being made, whichever gateway it
+	// goes through, and an earlier attempt arriving later is refused.
 	// Nodes ignore it.
 	Retry bool `protobuf:"varint,32,opt,name=retry,proto3" json:"retry,omitempty"`
 	// The lifetime does not count while the sandbox is PAUSED or
