@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -29,6 +30,9 @@ type benchFlags struct {
 	// daemonArgs are extra `warren serve` flags of the private daemon
 	// (e.g. --pprof, to profile it under a benchmark).
 	daemonArgs []string
+	// pprof serves this process's profiles (its clients, and the
+	// in-process gateway of `bench create --gateway`).
+	pprof string
 }
 
 func newBenchCommand() *cobra.Command {
@@ -54,6 +58,8 @@ result to stdout, as a table or (--json) one JSON object.`,
 	pf.BoolVar(&bf.quiet, "quiet", false, "no progress on stderr")
 	pf.StringVar(&bf.jsonFile, "json-file", "", "also write the report as JSON to this file")
 	pf.StringArrayVar(&bf.daemonArgs, "daemon-arg", nil, "extra `warren serve` flag of the private daemon (repeatable), e.g. --daemon-arg=--pprof=127.0.0.1:6060")
+	pf.StringVar(&bf.pprof, "pprof", "", "serve this process's profiles (its clients; the gateway of create --gateway) on this loopback address")
+	_ = pf.MarkHidden("pprof")
 	_ = pf.MarkHidden("daemon-bin")
 	_ = pf.MarkHidden("daemon-arg")
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
@@ -103,6 +109,11 @@ func runBenchOpts(cmd *cobra.Command, bf *benchFlags, opts func(*bench.Options),
 			err = errors.Join(err, fmt.Errorf("cleanup: %w", cerr))
 		}
 	}()
+	if bf.pprof != "" {
+		if _, err := servePprof(cmd.Context(), bf.pprof, slog.Default()); err != nil {
+			return err
+		}
+	}
 	rep, err := fn(cmd.Context(), env, nofile)
 	if err != nil {
 		if log := env.DaemonLog(); log != "" {

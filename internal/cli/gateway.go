@@ -90,6 +90,7 @@ type gatewayOptions struct {
 	noUI                     bool
 	cluster                  clusterOptions
 	pullInterval, downAfter  time.Duration
+	listInterval             time.Duration
 	overcommit               float64
 	logLevel, logFormat      string
 	stallTimeout             time.Duration
@@ -119,6 +120,7 @@ state a call depends on. docs/ARCHITECTURE.md, "The cluster".`,
 	f.BoolVar(&o.insecureNoAuth, "insecure-no-auth", false, "allow --listen without a token")
 	f.BoolVar(&o.noUI, "no-ui", false, "do not serve the web dashboard at /ui (docs/UI.md)")
 	f.DurationVar(&o.pullInterval, "pull-interval", time.Second, "how often each node's report is pulled")
+	f.DurationVar(&o.listInterval, "list-interval", 5*time.Second, "how often each node's sandbox list is pulled: what is reported lost when the node goes down (sandboxes made through this gateway since count too)")
 	f.DurationVar(&o.downAfter, "down-after", 3*time.Second, "a node that has not reported for this long is down: its sandboxes are listed lost and creates avoid it")
 	f.Float64Var(&o.overcommit, "overcommit", 4, "CPU and memory over-commit ratio of placement")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -187,7 +189,7 @@ func runGateway(cmd *cobra.Command, o gatewayOptions) error {
 			log.Warn("leaving the cluster", "err", cerr)
 		}
 	}()
-	gw = gateway.New(gateway.Options{Name: o.name, Members: pool, NodeToken: nodeToken, PullInterval: o.pullInterval,
+	gw = gateway.New(gateway.Options{Name: o.name, Members: pool, NodeToken: nodeToken, PullInterval: o.pullInterval, ListInterval: o.listInterval,
 		DownAfter: o.downAfter, Overcommit: o.overcommit, Logger: log})
 	close(ready)
 	defer gw.Close()

@@ -68,6 +68,9 @@ func ValidBatch(req *warrenv1.BatchCreateRequest) error {
 	if req.GetTemplate().GetId() != "" {
 		return errdefs.Invalidf("a batch create's template must not name an id: each sandbox gets its own")
 	}
+	if req.GetTemplate().GetClaim() != "" || req.GetTemplate().GetClaimStep() != warrenv1.ClaimStep_CLAIM_STEP_CREATE {
+		return errdefs.Invalidf("a batch create's template must not carry a claim")
+	}
 	if req.GetTemplate().GetIdempotencyKey() != "" {
 		return errdefs.Invalidf("a batch create's template must not carry an idempotency key: a key names one sandbox")
 	}

@@ -219,6 +219,7 @@ type Manager struct {
 
 	mu        sync.RWMutex
 	sandboxes map[string]*sandbox
+	holds     map[string]claimHold // claim.go
 	closed    bool
 
 	closing   chan struct{}
@@ -362,6 +363,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		idem:      newIdemCache(idemTTL, idemMaxBytes),
 		traj:      traj,
 		sandboxes: map[string]*sandbox{},
+		holds:     map[string]claimHold{},
 		closing:   make(chan struct{}),
 
 		idleReclaiming: make(chan struct{}, 1),

@@ -76,6 +76,9 @@ func (m *Manager) layerRecords(digests []string) ([]image.LayerRef, error) {
 // the sandbox and persists it as RUNNING.
 // On failure everything done is rolled back.
 func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *warrenv1.Sandbox, err error) {
+	if req.GetClaimStep() != warrenv1.ClaimStep_CLAIM_STEP_CREATE {
+		return m.claimStep(req) // a gateway's retry protocol: makes nothing
+	}
 	defer m.observe("Create", &err)
 	start := time.Now()
 	p, err := m.validateCreate(req)
@@ -160,6 +163,10 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		}
 		old := m.sandboxes[p.id]
 		if old == nil {
+			if err := m.heldLocked(p.id, req.GetClaim()); err != nil {
+				m.mu.Unlock()
+				return nil, err
+			}
 			break
 		}
 		m.mu.Unlock()

@@ -11,6 +11,7 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -243,7 +244,8 @@ func (g *Gateway) moved(ctx context.Context, id string, n *node, err error) *nod
 	return m
 }
 
-// knows returns the sandbox id as n last listed it, or nil.
+// knows returns the sandbox id as n last listed it (or as this gateway
+// made it there since), or nil.
 func (n *node) knows(id string) *warrenv1.Sandbox {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -252,7 +254,50 @@ func (n *node) knows(id string) *warrenv1.Sandbox {
 			return s
 		}
 	}
+	if m, ok := n.made[id]; ok {
+		return m.sb
+	}
 	return nil
+}
+
+// learn adds a sandbox this gateway just made on n to what it knows n
+// runs, so that it is reported lost if n goes down before its next list.
+func (n *node) learn(sb *warrenv1.Sandbox) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.made == nil {
+		n.made = map[string]madeSandbox{}
+	}
+	n.made[sb.GetId()] = madeSandbox{sb, time.Now()}
+}
+
+// unlearn forgets a sandbox deleted through this gateway that it made
+// on n since n's last list.
+func (n *node) unlearn(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	delete(n.made, id)
+}
+
+// lastKnown is what n ran at its last list, with what was made on it
+// through this gateway since.
+func (n *node) lastKnown() []*warrenv1.Sandbox {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.made) == 0 {
+		return n.known
+	}
+	out := slices.Clone(n.known)
+	listed := make(map[string]bool, len(n.known))
+	for _, s := range n.known {
+		listed[s.GetId()] = true
+	}
+	for id, m := range n.made {
+		if !listed[id] {
+			out = append(out, m.sb)
+		}
+	}
+	return out
 }
 
 // anyNode picks an up node for a call any node answers alike (the image

@@ -80,6 +80,16 @@ func (p *peer) Get(_ context.Context, r *connect.Request[warrenv1.GetRequest]) (
 	return nil, server.ToConnectError(errdefs.NotFoundf("sandbox %s not found", r.Msg.GetId()))
 }
 
+func (p *peer) Delete(_ context.Context, r *connect.Request[warrenv1.DeleteRequest]) (*connect.Response[warrenv1.DeleteResponse], error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sbs[r.Msg.GetId()] == nil {
+		return nil, server.ToConnectError(errdefs.NotFoundf("sandbox %s not found", r.Msg.GetId()))
+	}
+	delete(p.sbs, r.Msg.GetId())
+	return connect.NewResponse(&warrenv1.DeleteResponse{}), nil
+}
+
 func (p *peer) Exec(_ context.Context, r *connect.Request[warrenv1.ExecRequest]) (*connect.Response[warrenv1.ExecResult], error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -531,5 +541,44 @@ func TestCreateRefusedByAFullNodeIsPlacedElsewhere(t *testing.T) {
 	}
 	if !seen["n0"] {
 		t.Fatalf("n0 got no create after its report: %v", seen)
+	}
+}
+
+// A sandbox made through the gateway on a node that goes down before the
+// gateway lists that node again is reported LOST (List, Get) and calls
+// on it fail Unavailable naming the node; one deleted through the
+// gateway meanwhile is not reported.
+func TestMadeSandboxOfANodeDownBeforeItsListIsLost(t *testing.T) {
+	p := newPeer(t, "n0")
+	ms := &staticMembers{m: []membership.Member{{Name: p.name, Meta: membership.Meta{Role: membership.RoleNode, API: p.url, Tag: p.tag}}}}
+	g := New(Options{Name: "gw", Members: ms, PullInterval: 50 * time.Millisecond, DownAfter: 200 * time.Millisecond, ListInterval: time.Hour})
+	defer g.Close()
+	ctx := context.Background()
+	waitUp(t, g, 1)
+	kept, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := g.Create(ctx, &warrenv1.CreateRequest{Image: "img", Node: "n0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Delete(ctx, &warrenv1.DeleteRequest{Id: gone.GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	ms.drop("n0")
+	p.srv.Close()
+	g.Refresh()
+	res, err := g.List(ctx, &warrenv1.ListRequest{})
+	if err != nil || len(res.GetSandboxes()) != 1 || res.GetSandboxes()[0].GetId() != kept.GetId() ||
+		res.GetSandboxes()[0].GetState() != warrenv1.SandboxState_SANDBOX_STATE_LOST {
+		t.Fatalf("list with n0 down: %v %v, want %s LOST only", res.GetSandboxes(), err, kept.GetId())
+	}
+	if sb, err := g.Get(ctx, &warrenv1.GetRequest{Id: kept.GetId()}); err != nil || sb.GetState() != warrenv1.SandboxState_SANDBOX_STATE_LOST {
+		t.Fatalf("get: %v %v, want LOST", sb, err)
+	}
+	_, err = g.Exec(ctx, &warrenv1.ExecRequest{SandboxId: kept.GetId()})
+	if errdefs.CategoryOf(err) != errdefs.Unavailable || !strings.Contains(err.Error(), "n0") {
+		t.Fatalf("exec: %v, want Unavailable naming n0", err)
 	}
 }

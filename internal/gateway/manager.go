@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -117,10 +119,14 @@ func (g *Gateway) placeRequest(ctx context.Context, req *warrenv1.CreateRequest)
 }
 
 // Create places the sandbox (or takes the node the request names) and
-// creates it there.
+// creates it there. A retried create is first claimed on every node
+// (claimRetry), so that it makes one sandbox with the attempt before it.
 func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*warrenv1.Sandbox, error) {
 	if err := g.warming(); err != nil {
 		return nil, err
+	}
+	if req.GetClaim() != "" || req.GetClaimStep() != warrenv1.ClaimStep_CLAIM_STEP_CREATE {
+		return nil, errdefs.Invalidf("claim and claim_step are the gateway's: a client does not set them")
 	}
 	// The node validates the request: one place decides what is valid.
 	if name := req.GetNode(); name != "" {
@@ -131,23 +137,46 @@ func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*war
 		if !n.isUp() {
 			return nil, n.downErr("the create")
 		}
-		return call(ctx, n, n.sb.Create, req)
-	}
-	if req.GetRetry() {
-		n, err := g.madeBefore(ctx, req)
-		if err != nil {
-			return nil, err
+		sb, err := call(ctx, n, n.sb.Create, req)
+		if err == nil {
+			n.learn(sb)
 		}
-		if n != nil {
-			// The node answers with the sandbox the first attempt made
-			// (or makes it, if that one failed).
-			return call(ctx, n, n.sb.Create, req)
-		}
+		return sb, err
 	}
+	if !req.GetRetry() || req.GetId() == "" && req.GetIdempotencyKey() == "" {
+		return g.place(ctx, req)
+	}
+	req = proto.Clone(req).(*warrenv1.CreateRequest)
+	req.Claim = newClaim()
+	n, err := g.claimRetry(ctx, req)
+	var sb *warrenv1.Sandbox
+	switch {
+	case err != nil:
+	case n != nil:
+		// The node answers with the sandbox the earlier attempt made
+		// (or makes it, if that one failed).
+		if sb, err = call(ctx, n, n.sb.Create, req); err == nil {
+			n.learn(sb)
+		}
+	default:
+		sb, err = g.place(ctx, req)
+	}
+	if err != nil {
+		// The next retry must not find its own id held by this claim.
+		g.releaseClaim(req)
+		return nil, err
+	}
+	// The holds stay until they end (daemon.claimHoldTTL): an earlier
+	// attempt still on its way to another node is refused there.
+	return sb, nil
+}
+
+// place places req on a node and creates it there. A node that died
+// since its last report refuses the connection: the create never reached
+// it, so it is placed again elsewhere (the node is marked down at once
+// instead of after --down-after).
+func (g *Gateway) place(ctx context.Context, req *warrenv1.CreateRequest) (*warrenv1.Sandbox, error) {
 	r := g.placeRequest(ctx, req)
-	// A node that died since its last report refuses the connection: the
-	// create never reached it, so it is placed again elsewhere (the node
-	// is marked down at once instead of after --down-after).
 	for try := 0; ; try++ {
 		name, err := g.placer.Place(r)
 		if err != nil {
@@ -176,44 +205,54 @@ func (g *Gateway) Create(ctx context.Context, req *warrenv1.CreateRequest) (*war
 			}
 			return nil, n.err(err)
 		}
-		g.recent.add(res.Msg.GetId(), name, r)
-		if len(res.Msg.GetId()) != idLen || res.Msg.GetId()[:TagLen] != n.tag {
-			g.routes.put(res.Msg.GetId(), name)
+		sb := res.Msg
+		g.recent.add(sb.GetId(), name, r)
+		if len(sb.GetId()) != idLen || sb.GetId()[:TagLen] != n.tag {
+			g.routes.put(sb.GetId(), name)
 		}
-		return res.Msg, nil
+		n.learn(sb)
+		return sb, nil
 	}
 }
 
-// madeBefore finds the node of the sandbox an earlier attempt of a
-// create sent again may have made: by the request's id, or by the id its
-// idempotency key gives on each node (daemon.IDForKey), asking every up
-// node at once. Placement is not deterministic and the attempt may have
-// gone through another gateway, so only the nodes know. A down node that
-// last listed that sandbox makes the create fail Unavailable rather than
-// make a second one elsewhere.
-func (g *Gateway) madeBefore(ctx context.Context, req *warrenv1.CreateRequest) (*node, error) {
+// newClaim is a retried create's claim: random, so that two gateways
+// (or two retries through one) never share one.
+func newClaim() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// claimRetry asks every up node at once to hold the id of req, a retried
+// create carrying its claim (daemon/claim.go), and returns the node that
+// already has that sandbox (made, or being made by an earlier attempt),
+// or nil when every node held the id for the claim: the create may then
+// be placed anew, since an earlier attempt still on its way is refused
+// wherever it arrives. It fails Unavailable when a node could not answer
+// or holds the id for another claim (another retry of the same create),
+// or when a down node last listed the sandbox: placing it anew could
+// then make a second.
+func (g *Gateway) claimRetry(ctx context.Context, req *warrenv1.CreateRequest) (*node, error) {
 	idOn := func(n *node) string {
 		if req.GetId() != "" {
 			return req.GetId()
 		}
-		if req.GetIdempotencyKey() == "" || n.tag == "" {
+		if n.tag == "" {
 			return ""
 		}
 		return daemon.IDForKey(n.tag, req.GetIdempotencyKey())
 	}
-	ch := make(chan *node, 1)
+	hold := proto.Clone(req).(*warrenv1.CreateRequest)
+	hold.ClaimStep = warrenv1.ClaimStep_CLAIM_STEP_HOLD
 	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		unsure error
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		found *node
+		errs  []error
 	)
 	for _, n := range g.nodes.all() {
-		id := idOn(n)
-		if id == "" {
-			continue
-		}
 		if !n.isUp() {
-			if n.knows(id) != nil {
+			if id := idOn(n); id != "" && n.knows(id) != nil {
 				return nil, n.downErr("sandbox " + id + " of this create")
 			}
 			continue
@@ -221,31 +260,63 @@ func (g *Gateway) madeBefore(ctx context.Context, req *warrenv1.CreateRequest) (
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := n.sb.Get(ctx, connect.NewRequest(&warrenv1.GetRequest{Id: id}))
+			res, err := n.sb.Create(ctx, connect.NewRequest(hold))
+			mu.Lock()
+			defer mu.Unlock()
 			switch {
-			case err == nil:
-				select {
-				case ch <- n:
-				default:
-				}
-			case connect.CodeOf(err) != connect.CodeNotFound:
-				mu.Lock()
-				unsure = n.err(err)
-				mu.Unlock()
+			case err != nil:
+				errs = append(errs, n.err(err))
+			case res.Msg.GetId() != "":
+				found = n
 			}
 		}()
 	}
 	wg.Wait()
-	select {
-	case n := <-ch:
-		return n, nil
-	default:
+	if found != nil {
+		return found, nil
 	}
-	if unsure != nil {
-		// That node may have it: placing it elsewhere could make two.
-		return nil, errdefs.Wrap(errdefs.Unavailable, unsure, "look for the sandbox of an earlier attempt of this create")
+	for _, err := range errs {
+		if verdict(err) {
+			return nil, err // the node's verdict on the request (invalid, the id taken)
+		}
+	}
+	if len(errs) > 0 {
+		// That node may have it, or another retry holds it: placing it
+		// now could make two.
+		return nil, errdefs.Wrap(errdefs.Unavailable, errs[0], "claim the id of a retried create on every node")
 	}
 	return nil, nil
+}
+
+// verdict reports a node's answer on the request itself (invalid, the id
+// taken, ...), as opposed to its absence or a transient failure.
+func verdict(err error) bool {
+	cat := errdefs.CategoryOf(err).String()
+	var ce *connect.Error
+	if errors.As(err, &ce) && ce.Meta().Get(server.CategoryHeader) != "" {
+		cat = ce.Meta().Get(server.CategoryHeader)
+	}
+	switch cat {
+	case errdefs.Unavailable.String(), errdefs.Internal.String(), errdefs.Unknown.String(), "":
+		return false
+	}
+	return true
+}
+
+// releaseClaim drops the holds of a retried create that failed, in the
+// background: a node that misses it lets the hold end by itself.
+func (g *Gateway) releaseClaim(req *warrenv1.CreateRequest) {
+	rel := proto.Clone(req).(*warrenv1.CreateRequest)
+	rel.ClaimStep = warrenv1.ClaimStep_CLAIM_STEP_RELEASE
+	for _, n := range g.nodes.up() {
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), g.o.DownAfter)
+			defer cancel()
+			_, _ = n.sb.Create(ctx, connect.NewRequest(rel))
+		}()
+	}
 }
 
 // createRetries bounds the placements of one create on nodes that
@@ -324,10 +395,11 @@ func (g *Gateway) BatchCreate(ctx context.Context, req *warrenv1.BatchCreateRequ
 				return
 			}
 			resp.Sandboxes = append(resp.Sandboxes, res.GetSandboxes()...)
-			if t.GetNode() == "" {
-				for _, sb := range res.GetSandboxes() {
+			for _, sb := range res.GetSandboxes() {
+				if t.GetNode() == "" {
 					g.recent.add(sb.GetId(), name, r)
 				}
+				n.learn(sb)
 			}
 			for _, e := range res.GetErrors() {
 				resp.Errors = append(resp.Errors, fmt.Sprintf("node %s: %s", name, e))
@@ -386,10 +458,7 @@ func (g *Gateway) List(ctx context.Context, req *warrenv1.ListRequest) (*warrenv
 		errs []error
 	)
 	add := func(n *node) {
-		n.mu.Lock()
-		known := n.known
-		n.mu.Unlock()
-		for _, sb := range known {
+		for _, sb := range n.lastKnown() {
 			if ok, _ := listpage.After(sb, req.GetPageToken()); ok && labelsMatch(sb.GetLabels(), req.GetLabels()) {
 				all = append(all, lost(sb, n))
 			}
@@ -446,7 +515,18 @@ func (g *Gateway) Delete(ctx context.Context, req *warrenv1.DeleteRequest) (*war
 		if c, ok := g.recent.take(req.GetId()); ok {
 			g.placer.Release(c.node, c.req)
 		}
-		g.routes.del(req.GetId())
+		id := req.GetId()
+		var n *node
+		if len(id) == idLen {
+			n = g.nodes.tagged(id[:TagLen])
+		}
+		if name, ok := g.routes.get(id); n == nil && ok {
+			n = g.nodes.get(name)
+		}
+		if n != nil {
+			n.unlearn(id)
+		}
+		g.routes.del(id)
 	}
 	return res, err
 }
@@ -687,9 +767,7 @@ func (g *Gateway) byLabel(ctx context.Context, labels map[string]string, send fu
 		if n.isUp() {
 			continue
 		}
-		n.mu.Lock()
-		known := n.known
-		n.mu.Unlock()
+		known := n.lastKnown()
 		mu.Lock()
 		for _, sb := range known {
 			if labelsMatch(sb.GetLabels(), labels) {

@@ -6,6 +6,7 @@ import (
 	"encoding/base32"
 	"errors"
 	"io"
+	"maps"
 	"sync"
 	"syscall"
 	"time"
@@ -55,6 +56,12 @@ type node struct {
 	status   *warrenv1.NodeStatus
 	known    []*warrenv1.Sandbox // its sandboxes at the last List pulled
 	listedAt time.Time
+	made     map[string]madeSandbox // by id: made through this gateway since that List began
+}
+
+type madeSandbox struct {
+	sb *warrenv1.Sandbox
+	at time.Time
 }
 
 func newNode(name, tag, api, token string) (*node, error) {
@@ -174,7 +181,7 @@ func (g *Gateway) syncMembers() {
 			g.nodes.mu.Lock()
 			if old := g.nodes.byNm[m.Name]; old != nil {
 				old.mu.Lock()
-				nn.known, nn.listedAt = old.known, old.listedAt
+				nn.known, nn.listedAt, nn.made = old.known, old.listedAt, old.made
 				old.mu.Unlock()
 				if g.nodes.byTag[old.tag] == old {
 					delete(g.nodes.byTag, old.tag)
@@ -280,6 +287,7 @@ func (g *Gateway) pullNode(ctx context.Context, n *node) {
 func (g *Gateway) relist(ctx context.Context, n *node) {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	began := time.Now()
 	res, err := n.sb.List(cctx, connect.NewRequest(&warrenv1.ListRequest{}))
 	if err != nil {
 		g.log.Debug("list a node's sandboxes", "node", n.name, "err", err)
@@ -287,6 +295,8 @@ func (g *Gateway) relist(ctx context.Context, n *node) {
 	}
 	n.mu.Lock()
 	n.known, n.listedAt = res.Msg.GetSandboxes(), time.Now()
+	// What was made while the list was under way may be missing from it.
+	maps.DeleteFunc(n.made, func(_ string, m madeSandbox) bool { return m.at.Before(began) })
 	n.mu.Unlock()
 }
 

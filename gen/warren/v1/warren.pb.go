@@ -101,6 +101,64 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_warren_v1_warren_proto_rawDescGZIP(), []int{0}
 }
 
+// What a node does with a create's claim (CreateRequest.claim).
+type ClaimStep int32
+
+const (
+	// Create the sandbox; a hold on its id by another claim refuses it.
+	ClaimStep_CLAIM_STEP_CREATE ClaimStep = 0
+	// Make nothing: answer the sandbox of the id (made or being made) if
+	// the node has one; else hold the id for the claim for a while and
+	// answer a Sandbox without an id. While it is held, creates of that id
+	// without the claim are refused (Unavailable); another claim's hold is
+	// refused too.
+	ClaimStep_CLAIM_STEP_HOLD ClaimStep = 1
+	// Drop this claim's hold (the retry failed); answers a Sandbox without
+	// an id.
+	ClaimStep_CLAIM_STEP_RELEASE ClaimStep = 2
+)
+
+// Enum value maps for ClaimStep.
+var (
+	ClaimStep_name = map[int32]string{
+		0: "CLAIM_STEP_CREATE",
+		1: "CLAIM_STEP_HOLD",
+		2: "CLAIM_STEP_RELEASE",
+	}
+	ClaimStep_value = map[string]int32{
+		"CLAIM_STEP_CREATE":  0,
+		"CLAIM_STEP_HOLD":    1,
+		"CLAIM_STEP_RELEASE": 2,
+	}
+)
+
+func (x ClaimStep) Enum() *ClaimStep {
+	p := new(ClaimStep)
+	*p = x
+	return p
+}
+
+func (x ClaimStep) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ClaimStep) Descriptor() protoreflect.EnumDescriptor {
+	return file_warren_v1_warren_proto_enumTypes[1].Descriptor()
+}
+
+func (ClaimStep) Type() protoreflect.EnumType {
+	return &file_warren_v1_warren_proto_enumTypes[1]
+}
+
+func (x ClaimStep) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ClaimStep.Descriptor instead.
+func (ClaimStep) EnumDescriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{1}
+}
+
 type FileEventType int32
 
 const (
@@ -143,11 +201,11 @@ func (x FileEventType) String() string {
 }
 
 func (FileEventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_warren_v1_warren_proto_enumTypes[1].Descriptor()
+	return file_warren_v1_warren_proto_enumTypes[2].Descriptor()
 }
 
 func (FileEventType) Type() protoreflect.EnumType {
-	return &file_warren_v1_warren_proto_enumTypes[1]
+	return &file_warren_v1_warren_proto_enumTypes[2]
 }
 
 func (x FileEventType) Number() protoreflect.EnumNumber {
@@ -156,7 +214,7 @@ func (x FileEventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FileEventType.Descriptor instead.
 func (FileEventType) EnumDescriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{1}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
 }
 
 type RunStatus int32
@@ -215,11 +273,11 @@ func (x RunStatus) String() string {
 }
 
 func (RunStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_warren_v1_warren_proto_enumTypes[2].Descriptor()
+	return file_warren_v1_warren_proto_enumTypes[3].Descriptor()
 }
 
 func (RunStatus) Type() protoreflect.EnumType {
-	return &file_warren_v1_warren_proto_enumTypes[2]
+	return &file_warren_v1_warren_proto_enumTypes[3]
 }
 
 func (x RunStatus) Number() protoreflect.EnumNumber {
@@ -228,7 +286,7 @@ func (x RunStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunStatus.Descriptor instead.
 func (RunStatus) EnumDescriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{2}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{3}
 }
 
 type Resources struct {
@@ -388,9 +446,10 @@ type CreateRequest struct {
 	IdempotencyKey string `protobuf:"bytes,31,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// Set on a create sent again after a failure that left the earlier
 	// attempt's outcome unknown (a lost connection, a gateway restart): a
-	// gateway then looks on every node for the sandbox of the id or the
-	// idempotency key before placing it anew, so that the retry reaches
-	// the node of the first attempt whichever gateway it goes through.
+	// gateway then claims the id (or the idempotency key's) on every node
+	// before placing it anew (claim), so that the retry reaches the node of
+	// an earlier attempt, made or still being made, whichever gateway it
+	// goes through, and an earlier attempt arriving later is refused.
 	// Nodes ignore it.
 	Retry bool `protobuf:"varint,32,opt,name=retry,proto3" json:"retry,omitempty"`
 	// The lifetime does not count while the sandbox is PAUSED or
@@ -398,8 +457,15 @@ type CreateRequest struct {
 	// it had left when it stopped (E2B's pause; the E2B door sets it). Its
 	// forks inherit it.
 	KeepWhilePaused bool `protobuf:"varint,46,opt,name=keep_while_paused,json=keepWhilePaused,proto3" json:"keep_while_paused,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Set by a gateway, never by a client: its claim on a retried create's
+	// id (the request's, or the one its idempotency key gives), so that the
+	// retry and an earlier attempt still on its way to some node make one
+	// sandbox whichever gateways they pass. claim_step says what the node
+	// does with it (docs/ARCHITECTURE.md, "Retried creates").
+	Claim         string    `protobuf:"bytes,57,opt,name=claim,proto3" json:"claim,omitempty"`
+	ClaimStep     ClaimStep `protobuf:"varint,58,opt,name=claim_step,json=claimStep,proto3,enum=warren.v1.ClaimStep" json:"claim_step,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
@@ -591,6 +657,20 @@ func (x *CreateRequest) GetKeepWhilePaused() bool {
 		return x.KeepWhilePaused
 	}
 	return false
+}
+
+func (x *CreateRequest) GetClaim() string {
+	if x != nil {
+		return x.Claim
+	}
+	return ""
+}
+
+func (x *CreateRequest) GetClaimStep() ClaimStep {
+	if x != nil {
+		return x.ClaimStep
+	}
+	return ClaimStep_CLAIM_STEP_CREATE
 }
 
 // HarnessOptions are the limits of a harness sandbox.
@@ -8505,7 +8585,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xd0\a\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\x9b\b\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -8530,7 +8610,10 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\ranti_affinity\x18\x1e \x03(\tR\fantiAffinity\x12'\n" +
 	"\x0fidempotency_key\x18\x1f \x01(\tR\x0eidempotencyKey\x12\x14\n" +
 	"\x05retry\x18  \x01(\bR\x05retry\x12*\n" +
-	"\x11keep_while_paused\x18. \x01(\bR\x0fkeepWhilePaused\x1a6\n" +
+	"\x11keep_while_paused\x18. \x01(\bR\x0fkeepWhilePaused\x12\x14\n" +
+	"\x05claim\x189 \x01(\tR\x05claim\x123\n" +
+	"\n" +
+	"claim_step\x18: \x01(\x0e2\x14.warren.v1.ClaimStepR\tclaimStep\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -9251,7 +9334,11 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x16SANDBOX_STATE_DELETING\x10\x04\x12\x18\n" +
 	"\x14SANDBOX_STATE_PAUSED\x10\x05\x12\x1c\n" +
 	"\x18SANDBOX_STATE_HIBERNATED\x10\x06\x12\x16\n" +
-	"\x12SANDBOX_STATE_LOST\x10\a*\xba\x01\n" +
+	"\x12SANDBOX_STATE_LOST\x10\a*O\n" +
+	"\tClaimStep\x12\x15\n" +
+	"\x11CLAIM_STEP_CREATE\x10\x00\x12\x13\n" +
+	"\x0fCLAIM_STEP_HOLD\x10\x01\x12\x16\n" +
+	"\x12CLAIM_STEP_RELEASE\x10\x02*\xba\x01\n" +
 	"\rFileEventType\x12\x1f\n" +
 	"\x1bFILE_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16FILE_EVENT_TYPE_CREATE\x10\x01\x12\x19\n" +
@@ -9342,318 +9429,320 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 	return file_warren_v1_warren_proto_rawDescData
 }
 
-var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 125)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
-	(FileEventType)(0),                // 1: warren.v1.FileEventType
-	(RunStatus)(0),                    // 2: warren.v1.RunStatus
-	(*Resources)(nil),                 // 3: warren.v1.Resources
-	(*CreateRequest)(nil),             // 4: warren.v1.CreateRequest
-	(*HarnessOptions)(nil),            // 5: warren.v1.HarnessOptions
-	(*NetworkPolicy)(nil),             // 6: warren.v1.NetworkPolicy
-	(*NetworkRule)(nil),               // 7: warren.v1.NetworkRule
-	(*Rlimit)(nil),                    // 8: warren.v1.Rlimit
-	(*Sandbox)(nil),                   // 9: warren.v1.Sandbox
-	(*GetRequest)(nil),                // 10: warren.v1.GetRequest
-	(*ListRequest)(nil),               // 11: warren.v1.ListRequest
-	(*ListResponse)(nil),              // 12: warren.v1.ListResponse
-	(*DeleteRequest)(nil),             // 13: warren.v1.DeleteRequest
-	(*DeleteResponse)(nil),            // 14: warren.v1.DeleteResponse
-	(*ExtendTimeoutRequest)(nil),      // 15: warren.v1.ExtendTimeoutRequest
-	(*UpdateSandboxRequest)(nil),      // 16: warren.v1.UpdateSandboxRequest
-	(*ExecRequest)(nil),               // 17: warren.v1.ExecRequest
-	(*ExecResult)(nil),                // 18: warren.v1.ExecResult
-	(*ExecEvent)(nil),                 // 19: warren.v1.ExecEvent
-	(*ExecStarted)(nil),               // 20: warren.v1.ExecStarted
-	(*ProcessInfo)(nil),               // 21: warren.v1.ProcessInfo
-	(*ListProcessesRequest)(nil),      // 22: warren.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),     // 23: warren.v1.ListProcessesResponse
-	(*WaitProcessRequest)(nil),        // 24: warren.v1.WaitProcessRequest
-	(*SignalProcessRequest)(nil),      // 25: warren.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),     // 26: warren.v1.SignalProcessResponse
-	(*WriteStdinRequest)(nil),         // 27: warren.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),        // 28: warren.v1.WriteStdinResponse
-	(*AttachProcessRequest)(nil),      // 29: warren.v1.AttachProcessRequest
-	(*OutputChunk)(nil),               // 30: warren.v1.OutputChunk
-	(*ProcessEvent)(nil),              // 31: warren.v1.ProcessEvent
-	(*ResizeProcessRequest)(nil),      // 32: warren.v1.ResizeProcessRequest
-	(*ResizeProcessResponse)(nil),     // 33: warren.v1.ResizeProcessResponse
-	(*WriteFileRequest)(nil),          // 34: warren.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 35: warren.v1.WriteFileResponse
-	(*ReadFileRequest)(nil),           // 36: warren.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),          // 37: warren.v1.ReadFileResponse
-	(*FileInfo)(nil),                  // 38: warren.v1.FileInfo
-	(*ListFilesRequest)(nil),          // 39: warren.v1.ListFilesRequest
-	(*ListFilesResponse)(nil),         // 40: warren.v1.ListFilesResponse
-	(*StatFileRequest)(nil),           // 41: warren.v1.StatFileRequest
-	(*WatchDirRequest)(nil),           // 42: warren.v1.WatchDirRequest
-	(*FileEvent)(nil),                 // 43: warren.v1.FileEvent
-	(*WatchDirStarted)(nil),           // 44: warren.v1.WatchDirStarted
-	(*WatchDirEvent)(nil),             // 45: warren.v1.WatchDirEvent
-	(*SandboxStatsRequest)(nil),       // 46: warren.v1.SandboxStatsRequest
-	(*SandboxStatsResponse)(nil),      // 47: warren.v1.SandboxStatsResponse
-	(*MakeDirRequest)(nil),            // 48: warren.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 49: warren.v1.MakeDirResponse
-	(*RemoveFileRequest)(nil),         // 50: warren.v1.RemoveFileRequest
-	(*RemoveFileResponse)(nil),        // 51: warren.v1.RemoveFileResponse
-	(*Image)(nil),                     // 52: warren.v1.Image
-	(*ListImagesRequest)(nil),         // 53: warren.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),        // 54: warren.v1.ListImagesResponse
-	(*GetImageRequest)(nil),           // 55: warren.v1.GetImageRequest
-	(*ImportImageRequest)(nil),        // 56: warren.v1.ImportImageRequest
-	(*RemoveImageRequest)(nil),        // 57: warren.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),       // 58: warren.v1.RemoveImageResponse
-	(*PullImageRequest)(nil),          // 59: warren.v1.PullImageRequest
-	(*PullImageEvent)(nil),            // 60: warren.v1.PullImageEvent
-	(*Layer)(nil),                     // 61: warren.v1.Layer
-	(*BuildLayerRequest)(nil),         // 62: warren.v1.BuildLayerRequest
-	(*ListLayersRequest)(nil),         // 63: warren.v1.ListLayersRequest
-	(*ListLayersResponse)(nil),        // 64: warren.v1.ListLayersResponse
-	(*RemoveLayerRequest)(nil),        // 65: warren.v1.RemoveLayerRequest
-	(*RemoveLayerResponse)(nil),       // 66: warren.v1.RemoveLayerResponse
-	(*CommitSandboxRequest)(nil),      // 67: warren.v1.CommitSandboxRequest
-	(*ImageStatsRequest)(nil),         // 68: warren.v1.ImageStatsRequest
-	(*LayerStat)(nil),                 // 69: warren.v1.LayerStat
-	(*ImageStatsResponse)(nil),        // 70: warren.v1.ImageStatsResponse
-	(*VerifyImageRequest)(nil),        // 71: warren.v1.VerifyImageRequest
-	(*LayerVerification)(nil),         // 72: warren.v1.LayerVerification
-	(*VerifyImageResponse)(nil),       // 73: warren.v1.VerifyImageResponse
-	(*VersionRequest)(nil),            // 74: warren.v1.VersionRequest
-	(*VersionResponse)(nil),           // 75: warren.v1.VersionResponse
-	(*NodeGpu)(nil),                   // 76: warren.v1.NodeGpu
-	(*ListSandboxEventsRequest)(nil),  // 77: warren.v1.ListSandboxEventsRequest
-	(*ListSandboxEventsResponse)(nil), // 78: warren.v1.ListSandboxEventsResponse
-	(*SecurityEvent)(nil),             // 79: warren.v1.SecurityEvent
-	(*ReadTrajectoryRequest)(nil),     // 80: warren.v1.ReadTrajectoryRequest
-	(*ReadTrajectoryResponse)(nil),    // 81: warren.v1.ReadTrajectoryResponse
-	(*TrajectoryUpload)(nil),          // 82: warren.v1.TrajectoryUpload
-	(*TrajectoryEntry)(nil),           // 83: warren.v1.TrajectoryEntry
-	(*PauseRequest)(nil),              // 84: warren.v1.PauseRequest
-	(*Memory)(nil),                    // 85: warren.v1.Memory
-	(*PauseResponse)(nil),             // 86: warren.v1.PauseResponse
-	(*ResumeRequest)(nil),             // 87: warren.v1.ResumeRequest
-	(*ResumeResponse)(nil),            // 88: warren.v1.ResumeResponse
-	(*HibernateRequest)(nil),          // 89: warren.v1.HibernateRequest
-	(*RestoreRequest)(nil),            // 90: warren.v1.RestoreRequest
-	(*HibernateResponse)(nil),         // 91: warren.v1.HibernateResponse
-	(*ForkRequest)(nil),               // 92: warren.v1.ForkRequest
-	(*ForkResponse)(nil),              // 93: warren.v1.ForkResponse
-	(*HibernateByLabelRequest)(nil),   // 94: warren.v1.HibernateByLabelRequest
-	(*PauseByLabelRequest)(nil),       // 95: warren.v1.PauseByLabelRequest
-	(*ResumeByLabelRequest)(nil),      // 96: warren.v1.ResumeByLabelRequest
-	(*ByLabelEvent)(nil),              // 97: warren.v1.ByLabelEvent
-	(*RunRequest)(nil),                // 98: warren.v1.RunRequest
-	(*RunGpus)(nil),                   // 99: warren.v1.RunGpus
-	(*RunStep)(nil),                   // 100: warren.v1.RunStep
-	(*RunFile)(nil),                   // 101: warren.v1.RunFile
-	(*RunLimits)(nil),                 // 102: warren.v1.RunLimits
-	(*RunStepResult)(nil),             // 103: warren.v1.RunStepResult
-	(*RunFileResult)(nil),             // 104: warren.v1.RunFileResult
-	(*RunResult)(nil),                 // 105: warren.v1.RunResult
-	(*RunBatchRequest)(nil),           // 106: warren.v1.RunBatchRequest
-	(*RunJob)(nil),                    // 107: warren.v1.RunJob
-	(*RunBatchItem)(nil),              // 108: warren.v1.RunBatchItem
-	(*BatchCreateRequest)(nil),        // 109: warren.v1.BatchCreateRequest
-	(*BatchCreateResponse)(nil),       // 110: warren.v1.BatchCreateResponse
-	(*NodeStatusRequest)(nil),         // 111: warren.v1.NodeStatusRequest
-	(*NodeStatus)(nil),                // 112: warren.v1.NodeStatus
-	(*NodeStatusResponse)(nil),        // 113: warren.v1.NodeStatusResponse
-	nil,                               // 114: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 115: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 116: warren.v1.Sandbox.EnvEntry
-	nil,                               // 117: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 118: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 119: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 120: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 121: warren.v1.ForkRequest.LabelsEntry
-	nil,                               // 122: warren.v1.HibernateByLabelRequest.LabelsEntry
-	nil,                               // 123: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 124: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 125: warren.v1.RunStep.EnvEntry
-	nil,                               // 126: warren.v1.NodeStatus.QosEntry
-	nil,                               // 127: warren.v1.NodeStatus.LabelCountsEntry
+	(ClaimStep)(0),                    // 1: warren.v1.ClaimStep
+	(FileEventType)(0),                // 2: warren.v1.FileEventType
+	(RunStatus)(0),                    // 3: warren.v1.RunStatus
+	(*Resources)(nil),                 // 4: warren.v1.Resources
+	(*CreateRequest)(nil),             // 5: warren.v1.CreateRequest
+	(*HarnessOptions)(nil),            // 6: warren.v1.HarnessOptions
+	(*NetworkPolicy)(nil),             // 7: warren.v1.NetworkPolicy
+	(*NetworkRule)(nil),               // 8: warren.v1.NetworkRule
+	(*Rlimit)(nil),                    // 9: warren.v1.Rlimit
+	(*Sandbox)(nil),                   // 10: warren.v1.Sandbox
+	(*GetRequest)(nil),                // 11: warren.v1.GetRequest
+	(*ListRequest)(nil),               // 12: warren.v1.ListRequest
+	(*ListResponse)(nil),              // 13: warren.v1.ListResponse
+	(*DeleteRequest)(nil),             // 14: warren.v1.DeleteRequest
+	(*DeleteResponse)(nil),            // 15: warren.v1.DeleteResponse
+	(*ExtendTimeoutRequest)(nil),      // 16: warren.v1.ExtendTimeoutRequest
+	(*UpdateSandboxRequest)(nil),      // 17: warren.v1.UpdateSandboxRequest
+	(*ExecRequest)(nil),               // 18: warren.v1.ExecRequest
+	(*ExecResult)(nil),                // 19: warren.v1.ExecResult
+	(*ExecEvent)(nil),                 // 20: warren.v1.ExecEvent
+	(*ExecStarted)(nil),               // 21: warren.v1.ExecStarted
+	(*ProcessInfo)(nil),               // 22: warren.v1.ProcessInfo
+	(*ListProcessesRequest)(nil),      // 23: warren.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),     // 24: warren.v1.ListProcessesResponse
+	(*WaitProcessRequest)(nil),        // 25: warren.v1.WaitProcessRequest
+	(*SignalProcessRequest)(nil),      // 26: warren.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),     // 27: warren.v1.SignalProcessResponse
+	(*WriteStdinRequest)(nil),         // 28: warren.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 29: warren.v1.WriteStdinResponse
+	(*AttachProcessRequest)(nil),      // 30: warren.v1.AttachProcessRequest
+	(*OutputChunk)(nil),               // 31: warren.v1.OutputChunk
+	(*ProcessEvent)(nil),              // 32: warren.v1.ProcessEvent
+	(*ResizeProcessRequest)(nil),      // 33: warren.v1.ResizeProcessRequest
+	(*ResizeProcessResponse)(nil),     // 34: warren.v1.ResizeProcessResponse
+	(*WriteFileRequest)(nil),          // 35: warren.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 36: warren.v1.WriteFileResponse
+	(*ReadFileRequest)(nil),           // 37: warren.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),          // 38: warren.v1.ReadFileResponse
+	(*FileInfo)(nil),                  // 39: warren.v1.FileInfo
+	(*ListFilesRequest)(nil),          // 40: warren.v1.ListFilesRequest
+	(*ListFilesResponse)(nil),         // 41: warren.v1.ListFilesResponse
+	(*StatFileRequest)(nil),           // 42: warren.v1.StatFileRequest
+	(*WatchDirRequest)(nil),           // 43: warren.v1.WatchDirRequest
+	(*FileEvent)(nil),                 // 44: warren.v1.FileEvent
+	(*WatchDirStarted)(nil),           // 45: warren.v1.WatchDirStarted
+	(*WatchDirEvent)(nil),             // 46: warren.v1.WatchDirEvent
+	(*SandboxStatsRequest)(nil),       // 47: warren.v1.SandboxStatsRequest
+	(*SandboxStatsResponse)(nil),      // 48: warren.v1.SandboxStatsResponse
+	(*MakeDirRequest)(nil),            // 49: warren.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 50: warren.v1.MakeDirResponse
+	(*RemoveFileRequest)(nil),         // 51: warren.v1.RemoveFileRequest
+	(*RemoveFileResponse)(nil),        // 52: warren.v1.RemoveFileResponse
+	(*Image)(nil),                     // 53: warren.v1.Image
+	(*ListImagesRequest)(nil),         // 54: warren.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),        // 55: warren.v1.ListImagesResponse
+	(*GetImageRequest)(nil),           // 56: warren.v1.GetImageRequest
+	(*ImportImageRequest)(nil),        // 57: warren.v1.ImportImageRequest
+	(*RemoveImageRequest)(nil),        // 58: warren.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),       // 59: warren.v1.RemoveImageResponse
+	(*PullImageRequest)(nil),          // 60: warren.v1.PullImageRequest
+	(*PullImageEvent)(nil),            // 61: warren.v1.PullImageEvent
+	(*Layer)(nil),                     // 62: warren.v1.Layer
+	(*BuildLayerRequest)(nil),         // 63: warren.v1.BuildLayerRequest
+	(*ListLayersRequest)(nil),         // 64: warren.v1.ListLayersRequest
+	(*ListLayersResponse)(nil),        // 65: warren.v1.ListLayersResponse
+	(*RemoveLayerRequest)(nil),        // 66: warren.v1.RemoveLayerRequest
+	(*RemoveLayerResponse)(nil),       // 67: warren.v1.RemoveLayerResponse
+	(*CommitSandboxRequest)(nil),      // 68: warren.v1.CommitSandboxRequest
+	(*ImageStatsRequest)(nil),         // 69: warren.v1.ImageStatsRequest
+	(*LayerStat)(nil),                 // 70: warren.v1.LayerStat
+	(*ImageStatsResponse)(nil),        // 71: warren.v1.ImageStatsResponse
+	(*VerifyImageRequest)(nil),        // 72: warren.v1.VerifyImageRequest
+	(*LayerVerification)(nil),         // 73: warren.v1.LayerVerification
+	(*VerifyImageResponse)(nil),       // 74: warren.v1.VerifyImageResponse
+	(*VersionRequest)(nil),            // 75: warren.v1.VersionRequest
+	(*VersionResponse)(nil),           // 76: warren.v1.VersionResponse
+	(*NodeGpu)(nil),                   // 77: warren.v1.NodeGpu
+	(*ListSandboxEventsRequest)(nil),  // 78: warren.v1.ListSandboxEventsRequest
+	(*ListSandboxEventsResponse)(nil), // 79: warren.v1.ListSandboxEventsResponse
+	(*SecurityEvent)(nil),             // 80: warren.v1.SecurityEvent
+	(*ReadTrajectoryRequest)(nil),     // 81: warren.v1.ReadTrajectoryRequest
+	(*ReadTrajectoryResponse)(nil),    // 82: warren.v1.ReadTrajectoryResponse
+	(*TrajectoryUpload)(nil),          // 83: warren.v1.TrajectoryUpload
+	(*TrajectoryEntry)(nil),           // 84: warren.v1.TrajectoryEntry
+	(*PauseRequest)(nil),              // 85: warren.v1.PauseRequest
+	(*Memory)(nil),                    // 86: warren.v1.Memory
+	(*PauseResponse)(nil),             // 87: warren.v1.PauseResponse
+	(*ResumeRequest)(nil),             // 88: warren.v1.ResumeRequest
+	(*ResumeResponse)(nil),            // 89: warren.v1.ResumeResponse
+	(*HibernateRequest)(nil),          // 90: warren.v1.HibernateRequest
+	(*RestoreRequest)(nil),            // 91: warren.v1.RestoreRequest
+	(*HibernateResponse)(nil),         // 92: warren.v1.HibernateResponse
+	(*ForkRequest)(nil),               // 93: warren.v1.ForkRequest
+	(*ForkResponse)(nil),              // 94: warren.v1.ForkResponse
+	(*HibernateByLabelRequest)(nil),   // 95: warren.v1.HibernateByLabelRequest
+	(*PauseByLabelRequest)(nil),       // 96: warren.v1.PauseByLabelRequest
+	(*ResumeByLabelRequest)(nil),      // 97: warren.v1.ResumeByLabelRequest
+	(*ByLabelEvent)(nil),              // 98: warren.v1.ByLabelEvent
+	(*RunRequest)(nil),                // 99: warren.v1.RunRequest
+	(*RunGpus)(nil),                   // 100: warren.v1.RunGpus
+	(*RunStep)(nil),                   // 101: warren.v1.RunStep
+	(*RunFile)(nil),                   // 102: warren.v1.RunFile
+	(*RunLimits)(nil),                 // 103: warren.v1.RunLimits
+	(*RunStepResult)(nil),             // 104: warren.v1.RunStepResult
+	(*RunFileResult)(nil),             // 105: warren.v1.RunFileResult
+	(*RunResult)(nil),                 // 106: warren.v1.RunResult
+	(*RunBatchRequest)(nil),           // 107: warren.v1.RunBatchRequest
+	(*RunJob)(nil),                    // 108: warren.v1.RunJob
+	(*RunBatchItem)(nil),              // 109: warren.v1.RunBatchItem
+	(*BatchCreateRequest)(nil),        // 110: warren.v1.BatchCreateRequest
+	(*BatchCreateResponse)(nil),       // 111: warren.v1.BatchCreateResponse
+	(*NodeStatusRequest)(nil),         // 112: warren.v1.NodeStatusRequest
+	(*NodeStatus)(nil),                // 113: warren.v1.NodeStatus
+	(*NodeStatusResponse)(nil),        // 114: warren.v1.NodeStatusResponse
+	nil,                               // 115: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 116: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 117: warren.v1.Sandbox.EnvEntry
+	nil,                               // 118: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 119: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 120: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 121: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 122: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 123: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 124: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 125: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 126: warren.v1.RunStep.EnvEntry
+	nil,                               // 127: warren.v1.NodeStatus.QosEntry
+	nil,                               // 128: warren.v1.NodeStatus.LabelCountsEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
-	3,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	114, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	115, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
-	8,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
-	6,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
-	5,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
-	7,   // 6: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
-	0,   // 7: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
-	3,   // 8: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	116, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	117, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
-	8,   // 11: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
-	6,   // 12: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
-	5,   // 13: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
-	118, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
-	9,   // 15: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	119, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	6,   // 17: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	120, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
-	18,  // 19: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
-	20,  // 20: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
-	18,  // 21: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
-	21,  // 22: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
-	30,  // 23: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
-	30,  // 24: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
-	18,  // 25: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
-	38,  // 26: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
-	1,   // 27: warren.v1.FileEvent.type:type_name -> warren.v1.FileEventType
-	44,  // 28: warren.v1.WatchDirEvent.started:type_name -> warren.v1.WatchDirStarted
-	43,  // 29: warren.v1.WatchDirEvent.file:type_name -> warren.v1.FileEvent
-	52,  // 30: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
-	52,  // 31: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
-	61,  // 32: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
-	69,  // 33: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
-	72,  // 34: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
-	76,  // 35: warren.v1.VersionResponse.gpus:type_name -> warren.v1.NodeGpu
-	79,  // 36: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
-	83,  // 37: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
-	17,  // 38: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
-	34,  // 39: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
-	48,  // 40: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
-	50,  // 41: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
-	82,  // 42: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
-	18,  // 43: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
-	9,   // 44: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
-	85,  // 45: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
-	85,  // 46: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
-	9,   // 47: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
-	9,   // 48: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
-	85,  // 49: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
-	121, // 50: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
-	9,   // 51: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
-	9,   // 52: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
-	122, // 53: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
-	123, // 54: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	124, // 55: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
-	86,  // 56: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
-	88,  // 57: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
-	91,  // 58: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
-	100, // 59: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
-	99,  // 60: warren.v1.RunRequest.gpus:type_name -> warren.v1.RunGpus
-	125, // 61: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
-	101, // 62: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
-	102, // 63: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
-	2,   // 64: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
-	104, // 65: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
-	103, // 66: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
-	107, // 67: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
-	100, // 68: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
-	99,  // 69: warren.v1.RunJob.gpus:type_name -> warren.v1.RunGpus
-	105, // 70: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
-	4,   // 71: warren.v1.BatchCreateRequest.template:type_name -> warren.v1.CreateRequest
-	9,   // 72: warren.v1.BatchCreateResponse.sandboxes:type_name -> warren.v1.Sandbox
-	126, // 73: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
-	127, // 74: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
-	112, // 75: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
-	4,   // 76: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	10,  // 77: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	11,  // 78: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	13,  // 79: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	15,  // 80: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	16,  // 81: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	17,  // 82: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	17,  // 83: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	17,  // 84: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	22,  // 85: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	24,  // 86: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	25,  // 87: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	27,  // 88: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	29,  // 89: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	32,  // 90: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	34,  // 91: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	36,  // 92: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	39,  // 93: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	41,  // 94: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	48,  // 95: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	50,  // 96: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	42,  // 97: warren.v1.SandboxService.WatchDir:input_type -> warren.v1.WatchDirRequest
-	46,  // 98: warren.v1.SandboxService.SandboxStats:input_type -> warren.v1.SandboxStatsRequest
-	67,  // 99: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	77,  // 100: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	80,  // 101: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	84,  // 102: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	87,  // 103: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	95,  // 104: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	96,  // 105: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	89,  // 106: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
-	94,  // 107: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
-	92,  // 108: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
-	98,  // 109: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	106, // 110: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	90,  // 111: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
-	109, // 112: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
-	53,  // 113: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	55,  // 114: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	56,  // 115: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	57,  // 116: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	59,  // 117: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	62,  // 118: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	63,  // 119: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	65,  // 120: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	68,  // 121: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	71,  // 122: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	74,  // 123: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	111, // 124: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
-	9,   // 125: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	9,   // 126: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	12,  // 127: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	14,  // 128: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	9,   // 129: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	9,   // 130: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	18,  // 131: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	19,  // 132: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	21,  // 133: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	23,  // 134: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	18,  // 135: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	26,  // 136: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	28,  // 137: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	31,  // 138: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	33,  // 139: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	35,  // 140: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	37,  // 141: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	40,  // 142: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	38,  // 143: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	49,  // 144: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	51,  // 145: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	45,  // 146: warren.v1.SandboxService.WatchDir:output_type -> warren.v1.WatchDirEvent
-	47,  // 147: warren.v1.SandboxService.SandboxStats:output_type -> warren.v1.SandboxStatsResponse
-	61,  // 148: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	78,  // 149: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	81,  // 150: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	86,  // 151: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	88,  // 152: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	97,  // 153: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	97,  // 154: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	91,  // 155: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
-	97,  // 156: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
-	93,  // 157: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
-	105, // 158: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	108, // 159: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	88,  // 160: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
-	110, // 161: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
-	54,  // 162: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	52,  // 163: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	52,  // 164: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	58,  // 165: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	60,  // 166: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	61,  // 167: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	64,  // 168: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	66,  // 169: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	70,  // 170: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	73,  // 171: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	75,  // 172: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	113, // 173: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
-	125, // [125:174] is the sub-list for method output_type
-	76,  // [76:125] is the sub-list for method input_type
-	76,  // [76:76] is the sub-list for extension type_name
-	76,  // [76:76] is the sub-list for extension extendee
-	0,   // [0:76] is the sub-list for field type_name
+	4,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
+	115, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	116, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	9,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
+	7,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
+	6,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
+	1,   // 6: warren.v1.CreateRequest.claim_step:type_name -> warren.v1.ClaimStep
+	8,   // 7: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
+	0,   // 8: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
+	4,   // 9: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
+	117, // 10: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	118, // 11: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	9,   // 12: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
+	7,   // 13: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
+	6,   // 14: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
+	119, // 15: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	10,  // 16: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
+	120, // 17: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	7,   // 18: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
+	121, // 19: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	19,  // 20: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
+	21,  // 21: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
+	19,  // 22: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
+	22,  // 23: warren.v1.ListProcessesResponse.processes:type_name -> warren.v1.ProcessInfo
+	31,  // 24: warren.v1.ProcessEvent.stdout:type_name -> warren.v1.OutputChunk
+	31,  // 25: warren.v1.ProcessEvent.stderr:type_name -> warren.v1.OutputChunk
+	19,  // 26: warren.v1.ProcessEvent.exit:type_name -> warren.v1.ExecResult
+	39,  // 27: warren.v1.ListFilesResponse.files:type_name -> warren.v1.FileInfo
+	2,   // 28: warren.v1.FileEvent.type:type_name -> warren.v1.FileEventType
+	45,  // 29: warren.v1.WatchDirEvent.started:type_name -> warren.v1.WatchDirStarted
+	44,  // 30: warren.v1.WatchDirEvent.file:type_name -> warren.v1.FileEvent
+	53,  // 31: warren.v1.ListImagesResponse.images:type_name -> warren.v1.Image
+	53,  // 32: warren.v1.PullImageEvent.image:type_name -> warren.v1.Image
+	62,  // 33: warren.v1.ListLayersResponse.layers:type_name -> warren.v1.Layer
+	70,  // 34: warren.v1.ImageStatsResponse.layers:type_name -> warren.v1.LayerStat
+	73,  // 35: warren.v1.VerifyImageResponse.layers:type_name -> warren.v1.LayerVerification
+	77,  // 36: warren.v1.VersionResponse.gpus:type_name -> warren.v1.NodeGpu
+	80,  // 37: warren.v1.ListSandboxEventsResponse.events:type_name -> warren.v1.SecurityEvent
+	84,  // 38: warren.v1.ReadTrajectoryResponse.entries:type_name -> warren.v1.TrajectoryEntry
+	18,  // 39: warren.v1.TrajectoryEntry.exec:type_name -> warren.v1.ExecRequest
+	35,  // 40: warren.v1.TrajectoryEntry.write_file:type_name -> warren.v1.WriteFileRequest
+	49,  // 41: warren.v1.TrajectoryEntry.make_dir:type_name -> warren.v1.MakeDirRequest
+	51,  // 42: warren.v1.TrajectoryEntry.remove_file:type_name -> warren.v1.RemoveFileRequest
+	83,  // 43: warren.v1.TrajectoryEntry.upload:type_name -> warren.v1.TrajectoryUpload
+	19,  // 44: warren.v1.TrajectoryEntry.exec_result:type_name -> warren.v1.ExecResult
+	10,  // 45: warren.v1.PauseResponse.sandbox:type_name -> warren.v1.Sandbox
+	86,  // 46: warren.v1.PauseResponse.before:type_name -> warren.v1.Memory
+	86,  // 47: warren.v1.PauseResponse.after:type_name -> warren.v1.Memory
+	10,  // 48: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
+	10,  // 49: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
+	86,  // 50: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
+	122, // 51: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	10,  // 52: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
+	10,  // 53: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
+	123, // 54: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	124, // 55: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	125, // 56: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	87,  // 57: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
+	89,  // 58: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
+	92,  // 59: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
+	101, // 60: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
+	100, // 61: warren.v1.RunRequest.gpus:type_name -> warren.v1.RunGpus
+	126, // 62: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	102, // 63: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
+	103, // 64: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
+	3,   // 65: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
+	105, // 66: warren.v1.RunStepResult.files:type_name -> warren.v1.RunFileResult
+	104, // 67: warren.v1.RunResult.steps:type_name -> warren.v1.RunStepResult
+	108, // 68: warren.v1.RunBatchRequest.jobs:type_name -> warren.v1.RunJob
+	101, // 69: warren.v1.RunJob.steps:type_name -> warren.v1.RunStep
+	100, // 70: warren.v1.RunJob.gpus:type_name -> warren.v1.RunGpus
+	106, // 71: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
+	5,   // 72: warren.v1.BatchCreateRequest.template:type_name -> warren.v1.CreateRequest
+	10,  // 73: warren.v1.BatchCreateResponse.sandboxes:type_name -> warren.v1.Sandbox
+	127, // 74: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
+	128, // 75: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
+	113, // 76: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
+	5,   // 77: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	11,  // 78: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	12,  // 79: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	14,  // 80: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	16,  // 81: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	17,  // 82: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	18,  // 83: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	18,  // 84: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	18,  // 85: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	23,  // 86: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	25,  // 87: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	26,  // 88: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	28,  // 89: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	30,  // 90: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	33,  // 91: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	35,  // 92: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	37,  // 93: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	40,  // 94: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	42,  // 95: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	49,  // 96: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	51,  // 97: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	43,  // 98: warren.v1.SandboxService.WatchDir:input_type -> warren.v1.WatchDirRequest
+	47,  // 99: warren.v1.SandboxService.SandboxStats:input_type -> warren.v1.SandboxStatsRequest
+	68,  // 100: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	78,  // 101: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	81,  // 102: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	85,  // 103: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	88,  // 104: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	96,  // 105: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	97,  // 106: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	90,  // 107: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	95,  // 108: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	93,  // 109: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	99,  // 110: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	107, // 111: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	91,  // 112: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
+	110, // 113: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
+	54,  // 114: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	56,  // 115: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	57,  // 116: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	58,  // 117: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	60,  // 118: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	63,  // 119: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	64,  // 120: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	66,  // 121: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	69,  // 122: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	72,  // 123: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	75,  // 124: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	112, // 125: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
+	10,  // 126: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	10,  // 127: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	13,  // 128: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	15,  // 129: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	10,  // 130: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	10,  // 131: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	19,  // 132: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	20,  // 133: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	22,  // 134: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	24,  // 135: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	19,  // 136: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	27,  // 137: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	29,  // 138: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	32,  // 139: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	34,  // 140: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	36,  // 141: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	38,  // 142: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	41,  // 143: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	39,  // 144: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	50,  // 145: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	52,  // 146: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	46,  // 147: warren.v1.SandboxService.WatchDir:output_type -> warren.v1.WatchDirEvent
+	48,  // 148: warren.v1.SandboxService.SandboxStats:output_type -> warren.v1.SandboxStatsResponse
+	62,  // 149: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	79,  // 150: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	82,  // 151: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	87,  // 152: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	89,  // 153: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	98,  // 154: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	98,  // 155: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	92,  // 156: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	98,  // 157: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	94,  // 158: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	106, // 159: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	109, // 160: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	89,  // 161: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
+	111, // 162: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
+	55,  // 163: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	53,  // 164: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	53,  // 165: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	59,  // 166: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	61,  // 167: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	62,  // 168: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	65,  // 169: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	67,  // 170: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	71,  // 171: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	74,  // 172: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	76,  // 173: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	114, // 174: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
+	126, // [126:175] is the sub-list for method output_type
+	77,  // [77:126] is the sub-list for method input_type
+	77,  // [77:77] is the sub-list for extension type_name
+	77,  // [77:77] is the sub-list for extension extendee
+	0,   // [0:77] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -9693,7 +9782,7 @@ func file_warren_v1_warren_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   125,
 			NumExtensions: 0,
 			NumServices:   3,
