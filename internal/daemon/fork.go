@@ -329,6 +329,10 @@ func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sand
 			return nil, 0, err
 		}
 	}
+	if err := m.admitLocked(s, fi.GetResources()); err != nil {
+		m.mu.Unlock()
+		return nil, 0, err
+	}
 	id := m.newID()
 	for m.sandboxes[id] != nil {
 		id = m.newID()

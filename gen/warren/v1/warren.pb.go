@@ -398,8 +398,18 @@ type CreateRequest struct {
 	// it had left when it stopped (E2B's pause; the E2B door sets it). Its
 	// forks inherit it.
 	KeepWhilePaused bool `protobuf:"varint,46,opt,name=keep_while_paused,json=keepWhilePaused,proto3" json:"keep_while_paused,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The sandbox's CPU QoS class (docs/ARCHITECTURE.md, "CPU QoS"): "be"
+	// (best-effort, the default) runs it under SCHED_IDLE as a whole
+	// cgroup (cpu.idle), so it only gets CPU the other sandboxes leave;
+	// "ls" (latency-sensitive) gives it a higher CPU weight and, where the
+	// kernel has core scheduling (VersionResponse.core_scheduling), a core
+	// cookie of its own. Another value is invalid. Its forks inherit it.
+	Qos string `protobuf:"bytes,50,opt,name=qos,proto3" json:"qos,omitempty"`
+	// With qos "ls" only: the CPUs the sandbox is pinned to (a cpuset
+	// cgroup), each below the node's CPU count. Empty: not pinned.
+	QosCpus       []int32 `protobuf:"varint,51,rep,packed,name=qos_cpus,json=qosCpus,proto3" json:"qos_cpus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateRequest) Reset() {
@@ -591,6 +601,20 @@ func (x *CreateRequest) GetKeepWhilePaused() bool {
 		return x.KeepWhilePaused
 	}
 	return false
+}
+
+func (x *CreateRequest) GetQos() string {
+	if x != nil {
+		return x.Qos
+	}
+	return ""
+}
+
+func (x *CreateRequest) GetQosCpus() []int32 {
+	if x != nil {
+		return x.QosCpus
+	}
+	return nil
 }
 
 // HarnessOptions are the limits of a harness sandbox.
@@ -913,8 +937,10 @@ type Sandbox struct {
 	// CreateRequest.keep_while_paused: while PAUSED or HIBERNATED
 	// expires_at_unix_ms is 0 (never) and lifetime_left_ms is what Resume
 	// gives back.
-	KeepWhilePaused bool  `protobuf:"varint,61,opt,name=keep_while_paused,json=keepWhilePaused,proto3" json:"keep_while_paused,omitempty"`
-	LifetimeLeftMs  int64 `protobuf:"varint,62,opt,name=lifetime_left_ms,json=lifetimeLeftMs,proto3" json:"lifetime_left_ms,omitempty"`
+	KeepWhilePaused bool    `protobuf:"varint,61,opt,name=keep_while_paused,json=keepWhilePaused,proto3" json:"keep_while_paused,omitempty"`
+	LifetimeLeftMs  int64   `protobuf:"varint,62,opt,name=lifetime_left_ms,json=lifetimeLeftMs,proto3" json:"lifetime_left_ms,omitempty"`
+	Qos             string  `protobuf:"bytes,65,opt,name=qos,proto3" json:"qos,omitempty"`                                // "ls" or "be" (CreateRequest.qos)
+	QosCpus         []int32 `protobuf:"varint,66,rep,packed,name=qos_cpus,json=qosCpus,proto3" json:"qos_cpus,omitempty"` // CreateRequest.qos_cpus
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -1178,6 +1204,20 @@ func (x *Sandbox) GetLifetimeLeftMs() int64 {
 		return x.LifetimeLeftMs
 	}
 	return 0
+}
+
+func (x *Sandbox) GetQos() string {
+	if x != nil {
+		return x.Qos
+	}
+	return ""
+}
+
+func (x *Sandbox) GetQosCpus() []int32 {
+	if x != nil {
+		return x.QosCpus
+	}
+	return nil
 }
 
 type GetRequest struct {
@@ -1488,7 +1528,12 @@ type UpdateSandboxRequest struct {
 	RemoveLabels   []string               `protobuf:"bytes,7,rep,name=remove_labels,json=removeLabels,proto3" json:"remove_labels,omitempty"`
 	// A new network policy, applied at once: new connections follow it and
 	// established ones it forbids are cut. Unset: unchanged.
-	Network       *NetworkPolicy `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	Network *NetworkPolicy `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	// A new QoS class ("ls" or "be"), applied to the running processes at
+	// once; qos_cpus replaces the pinning with it (empty: none; "ls" only).
+	// Unset: unchanged.
+	Qos           *string `protobuf:"bytes,9,opt,name=qos,proto3,oneof" json:"qos,omitempty"`
+	QosCpus       []int32 `protobuf:"varint,10,rep,packed,name=qos_cpus,json=qosCpus,proto3" json:"qos_cpus,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1575,6 +1620,20 @@ func (x *UpdateSandboxRequest) GetRemoveLabels() []string {
 func (x *UpdateSandboxRequest) GetNetwork() *NetworkPolicy {
 	if x != nil {
 		return x.Network
+	}
+	return nil
+}
+
+func (x *UpdateSandboxRequest) GetQos() string {
+	if x != nil && x.Qos != nil {
+		return *x.Qos
+	}
+	return ""
+}
+
+func (x *UpdateSandboxRequest) GetQosCpus() []int32 {
+	if x != nil {
+		return x.QosCpus
 	}
 	return nil
 }
@@ -5507,10 +5566,15 @@ type VersionResponse struct {
 	Gpus []*NodeGpu `protobuf:"bytes,5,rep,name=gpus,proto3" json:"gpus,omitempty"`
 	// The node's name and the tag that starts the ids of its sandboxes
 	// ("" outside a cluster); "gateway" for a gateway.
-	Node          string `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
-	NodeTag       string `protobuf:"bytes,8,opt,name=node_tag,json=nodeTag,proto3" json:"node_tag,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Node    string `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
+	NodeTag string `protobuf:"bytes,8,opt,name=node_tag,json=nodeTag,proto3" json:"node_tag,omitempty"`
+	// The CPU QoS mechanisms the node has (CreateRequest.qos): cpu.idle
+	// for "be" sandboxes, and core scheduling (prctl PR_SCHED_CORE, which
+	// needs CONFIG_SCHED_CORE and SMT-aware hardware support) for "ls".
+	CpuIdle        bool `protobuf:"varint,9,opt,name=cpu_idle,json=cpuIdle,proto3" json:"cpu_idle,omitempty"`
+	CoreScheduling bool `protobuf:"varint,10,opt,name=core_scheduling,json=coreScheduling,proto3" json:"core_scheduling,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *VersionResponse) Reset() {
@@ -5590,6 +5654,20 @@ func (x *VersionResponse) GetNodeTag() string {
 		return x.NodeTag
 	}
 	return ""
+}
+
+func (x *VersionResponse) GetCpuIdle() bool {
+	if x != nil {
+		return x.CpuIdle
+	}
+	return false
+}
+
+func (x *VersionResponse) GetCoreScheduling() bool {
+	if x != nil {
+		return x.CoreScheduling
+	}
+	return false
 }
 
 type NodeGpu struct {
@@ -8290,6 +8368,12 @@ type NodeStatus struct {
 	Layers           []string               `protobuf:"bytes,12,rep,name=layers,proto3" json:"layers,omitempty"`                                                                                                         // digests of the layers mounted now
 	Qos              map[string]int32       `protobuf:"bytes,13,rep,name=qos,proto3" json:"qos,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`                                    // live sandboxes per QoS class
 	LabelCounts      map[string]int32       `protobuf:"bytes,14,rep,name=label_counts,json=labelCounts,proto3" json:"label_counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"` // live sandboxes per "key=value"
+	// The node's own admission (warren serve --cpu-overcommit,
+	// --memory-overcommit, --max-sandboxes): it refuses a create, fork or
+	// restore past them with RESOURCE_EXHAUSTED. 0: no ratio.
+	CpuOvercommit    float64   `protobuf:"fixed64,15,opt,name=cpu_overcommit,json=cpuOvercommit,proto3" json:"cpu_overcommit,omitempty"`
+	MemoryOvercommit float64   `protobuf:"fixed64,16,opt,name=memory_overcommit,json=memoryOvercommit,proto3" json:"memory_overcommit,omitempty"`
+	Free             *NodeFree `protobuf:"bytes,17,opt,name=free,proto3" json:"free,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -8422,6 +8506,90 @@ func (x *NodeStatus) GetLabelCounts() map[string]int32 {
 	return nil
 }
 
+func (x *NodeStatus) GetCpuOvercommit() float64 {
+	if x != nil {
+		return x.CpuOvercommit
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetMemoryOvercommit() float64 {
+	if x != nil {
+		return x.MemoryOvercommit
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetFree() *NodeFree {
+	if x != nil {
+		return x.Free
+	}
+	return nil
+}
+
+// NodeFree is what a node still admits: capacity times the over-commit
+// ratio, less what its resident sandboxes (not stopped or hibernated)
+// asked for. -1: no limit of that kind.
+type NodeFree struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CpuMillis     int64                  `protobuf:"varint,1,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`
+	MemoryBytes   int64                  `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	Sandboxes     int32                  `protobuf:"varint,3,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeFree) Reset() {
+	*x = NodeFree{}
+	mi := &file_warren_v1_warren_proto_msgTypes[110]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeFree) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeFree) ProtoMessage() {}
+
+func (x *NodeFree) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[110]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeFree.ProtoReflect.Descriptor instead.
+func (*NodeFree) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{110}
+}
+
+func (x *NodeFree) GetCpuMillis() int64 {
+	if x != nil {
+		return x.CpuMillis
+	}
+	return 0
+}
+
+func (x *NodeFree) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *NodeFree) GetSandboxes() int32 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
 type NodeStatusResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Nodes         []*NodeStatus          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
@@ -8431,7 +8599,7 @@ type NodeStatusResponse struct {
 
 func (x *NodeStatusResponse) Reset() {
 	*x = NodeStatusResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[110]
+	mi := &file_warren_v1_warren_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8443,7 +8611,7 @@ func (x *NodeStatusResponse) String() string {
 func (*NodeStatusResponse) ProtoMessage() {}
 
 func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[110]
+	mi := &file_warren_v1_warren_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8456,7 +8624,7 @@ func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*NodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{110}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *NodeStatusResponse) GetNodes() []*NodeStatus {
@@ -8477,7 +8645,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xd0\a\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xfd\a\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -8502,7 +8670,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\ranti_affinity\x18\x1e \x03(\tR\fantiAffinity\x12'\n" +
 	"\x0fidempotency_key\x18\x1f \x01(\tR\x0eidempotencyKey\x12\x14\n" +
 	"\x05retry\x18  \x01(\bR\x05retry\x12*\n" +
-	"\x11keep_while_paused\x18. \x01(\bR\x0fkeepWhilePaused\x1a6\n" +
+	"\x11keep_while_paused\x18. \x01(\bR\x0fkeepWhilePaused\x12\x10\n" +
+	"\x03qos\x182 \x01(\tR\x03qos\x12\x19\n" +
+	"\bqos_cpus\x183 \x03(\x05R\aqosCpus\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -8525,7 +8695,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xcb\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xf8\n" +
 	"\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
@@ -8564,7 +8734,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x04node\x18. \x01(\tR\x04node\x12'\n" +
 	"\x0fidempotency_key\x18/ \x01(\tR\x0eidempotencyKey\x12*\n" +
 	"\x11keep_while_paused\x18= \x01(\bR\x0fkeepWhilePaused\x12(\n" +
-	"\x10lifetime_left_ms\x18> \x01(\x03R\x0elifetimeLeftMs\x1a6\n" +
+	"\x10lifetime_left_ms\x18> \x01(\x03R\x0elifetimeLeftMs\x12\x10\n" +
+	"\x03qos\x18A \x01(\tR\x03qos\x12\x19\n" +
+	"\bqos_cpus\x18B \x03(\x05R\aqosCpus\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -8590,7 +8762,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0eDeleteResponse\"O\n" +
 	"\x14ExtendTimeoutRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
-	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\xe7\x03\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\xa1\x04\n" +
 	"\x14UpdateSandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
 	"\n" +
@@ -8601,14 +8773,18 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\n" +
 	"set_labels\x18\x06 \x03(\v2..warren.v1.UpdateSandboxRequest.SetLabelsEntryR\tsetLabels\x12#\n" +
 	"\rremove_labels\x18\a \x03(\tR\fremoveLabels\x122\n" +
-	"\anetwork\x18\b \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x1a<\n" +
+	"\anetwork\x18\b \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12\x15\n" +
+	"\x03qos\x18\t \x01(\tH\x04R\x03qos\x88\x01\x01\x12\x19\n" +
+	"\bqos_cpus\x18\n" +
+	" \x03(\x05R\aqosCpus\x1a<\n" +
 	"\x0eSetLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
 	"\v_cpu_millisB\x0f\n" +
 	"\r_memory_bytesB\v\n" +
 	"\t_pids_maxB\x12\n" +
-	"\x10_timeout_seconds\"\xde\x03\n" +
+	"\x10_timeout_secondsB\x06\n" +
+	"\x04_qos\"\xde\x03\n" +
 	"\vExecRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -8930,7 +9106,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05error\x18\x04 \x01(\tR\x05error\"K\n" +
 	"\x13VerifyImageResponse\x124\n" +
 	"\x06layers\x18\x01 \x03(\v2\x1c.warren.v1.LayerVerificationR\x06layers\"\x10\n" +
-	"\x0eVersionRequest\"\xd7\x01\n" +
+	"\x0eVersionRequest\"\x9b\x02\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1a\n" +
@@ -8939,7 +9115,10 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"cgroupMode\x12&\n" +
 	"\x04gpus\x18\x05 \x03(\v2\x12.warren.v1.NodeGpuR\x04gpus\x12\x12\n" +
 	"\x04node\x18\a \x01(\tR\x04node\x12\x19\n" +
-	"\bnode_tag\x18\b \x01(\tR\anodeTag\"v\n" +
+	"\bnode_tag\x18\b \x01(\tR\anodeTag\x12\x19\n" +
+	"\bcpu_idle\x18\t \x01(\bR\acpuIdle\x12'\n" +
+	"\x0fcore_scheduling\x18\n" +
+	" \x01(\bR\x0ecoreScheduling\"v\n" +
 	"\aNodeGpu\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x1c\n" +
@@ -9185,7 +9364,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x13BatchCreateResponse\x120\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x12.warren.v1.SandboxR\tsandboxes\x12\x16\n" +
 	"\x06errors\x18\x02 \x03(\tR\x06errors\"\x13\n" +
-	"\x11NodeStatusRequest\"\xda\x04\n" +
+	"\x11NodeStatusRequest\"\xd7\x05\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
@@ -9203,13 +9382,21 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x04load\x18\v \x01(\x01R\x04load\x12\x16\n" +
 	"\x06layers\x18\f \x03(\tR\x06layers\x120\n" +
 	"\x03qos\x18\r \x03(\v2\x1e.warren.v1.NodeStatus.QosEntryR\x03qos\x12I\n" +
-	"\flabel_counts\x18\x0e \x03(\v2&.warren.v1.NodeStatus.LabelCountsEntryR\vlabelCounts\x1a6\n" +
+	"\flabel_counts\x18\x0e \x03(\v2&.warren.v1.NodeStatus.LabelCountsEntryR\vlabelCounts\x12%\n" +
+	"\x0ecpu_overcommit\x18\x0f \x01(\x01R\rcpuOvercommit\x12+\n" +
+	"\x11memory_overcommit\x18\x10 \x01(\x01R\x10memoryOvercommit\x12'\n" +
+	"\x04free\x18\x11 \x01(\v2\x13.warren.v1.NodeFreeR\x04free\x1a6\n" +
 	"\bQosEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1a>\n" +
 	"\x10LabelCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"A\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"j\n" +
+	"\bNodeFree\x12\x1d\n" +
+	"\n" +
+	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
+	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1c\n" +
+	"\tsandboxes\x18\x03 \x01(\x05R\tsandboxes\"A\n" +
 	"\x12NodeStatusResponse\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.warren.v1.NodeStatusR\x05nodes*\xeb\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
@@ -9312,7 +9499,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 125)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 126)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(FileEventType)(0),                // 1: warren.v1.FileEventType
@@ -9427,42 +9614,43 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*BatchCreateResponse)(nil),       // 110: warren.v1.BatchCreateResponse
 	(*NodeStatusRequest)(nil),         // 111: warren.v1.NodeStatusRequest
 	(*NodeStatus)(nil),                // 112: warren.v1.NodeStatus
-	(*NodeStatusResponse)(nil),        // 113: warren.v1.NodeStatusResponse
-	nil,                               // 114: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 115: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 116: warren.v1.Sandbox.EnvEntry
-	nil,                               // 117: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 118: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 119: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 120: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 121: warren.v1.ForkRequest.LabelsEntry
-	nil,                               // 122: warren.v1.HibernateByLabelRequest.LabelsEntry
-	nil,                               // 123: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 124: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 125: warren.v1.RunStep.EnvEntry
-	nil,                               // 126: warren.v1.NodeStatus.QosEntry
-	nil,                               // 127: warren.v1.NodeStatus.LabelCountsEntry
+	(*NodeFree)(nil),                  // 113: warren.v1.NodeFree
+	(*NodeStatusResponse)(nil),        // 114: warren.v1.NodeStatusResponse
+	nil,                               // 115: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 116: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 117: warren.v1.Sandbox.EnvEntry
+	nil,                               // 118: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 119: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 120: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 121: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 122: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 123: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 124: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 125: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 126: warren.v1.RunStep.EnvEntry
+	nil,                               // 127: warren.v1.NodeStatus.QosEntry
+	nil,                               // 128: warren.v1.NodeStatus.LabelCountsEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	3,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	114, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	115, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	115, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	116, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	8,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	6,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	5,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
 	7,   // 6: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,   // 7: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	3,   // 8: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	116, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	117, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	117, // 9: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	118, // 10: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	8,   // 11: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	6,   // 12: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
 	5,   // 13: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
-	118, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	119, // 14: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	9,   // 15: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	119, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	120, // 16: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	6,   // 17: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	120, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	121, // 18: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	18,  // 19: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	20,  // 20: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	18,  // 21: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -9494,18 +9682,18 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	9,   // 47: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
 	9,   // 48: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
 	85,  // 49: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
-	121, // 50: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	122, // 50: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
 	9,   // 51: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
 	9,   // 52: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
-	122, // 53: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
-	123, // 54: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	124, // 55: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	123, // 53: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	124, // 54: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	125, // 55: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
 	86,  // 56: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
 	88,  // 57: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
 	91,  // 58: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
 	100, // 59: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
 	99,  // 60: warren.v1.RunRequest.gpus:type_name -> warren.v1.RunGpus
-	125, // 61: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	126, // 61: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
 	101, // 62: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
 	102, // 63: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
 	2,   // 64: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
@@ -9517,112 +9705,113 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	105, // 70: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
 	4,   // 71: warren.v1.BatchCreateRequest.template:type_name -> warren.v1.CreateRequest
 	9,   // 72: warren.v1.BatchCreateResponse.sandboxes:type_name -> warren.v1.Sandbox
-	126, // 73: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
-	127, // 74: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
-	112, // 75: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
-	4,   // 76: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	10,  // 77: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	11,  // 78: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	13,  // 79: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	15,  // 80: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	16,  // 81: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	17,  // 82: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	17,  // 83: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	17,  // 84: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	22,  // 85: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	24,  // 86: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	25,  // 87: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	27,  // 88: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	29,  // 89: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	32,  // 90: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	34,  // 91: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	36,  // 92: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	39,  // 93: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	41,  // 94: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	48,  // 95: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	50,  // 96: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	42,  // 97: warren.v1.SandboxService.WatchDir:input_type -> warren.v1.WatchDirRequest
-	46,  // 98: warren.v1.SandboxService.SandboxStats:input_type -> warren.v1.SandboxStatsRequest
-	67,  // 99: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	77,  // 100: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	80,  // 101: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	84,  // 102: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	87,  // 103: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	95,  // 104: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	96,  // 105: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	89,  // 106: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
-	94,  // 107: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
-	92,  // 108: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
-	98,  // 109: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	106, // 110: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	90,  // 111: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
-	109, // 112: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
-	53,  // 113: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	55,  // 114: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	56,  // 115: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	57,  // 116: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	59,  // 117: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	62,  // 118: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	63,  // 119: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	65,  // 120: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	68,  // 121: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	71,  // 122: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	74,  // 123: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	111, // 124: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
-	9,   // 125: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	9,   // 126: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	12,  // 127: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	14,  // 128: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	9,   // 129: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	9,   // 130: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	18,  // 131: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	19,  // 132: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	21,  // 133: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	23,  // 134: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	18,  // 135: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	26,  // 136: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	28,  // 137: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	31,  // 138: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	33,  // 139: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	35,  // 140: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	37,  // 141: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	40,  // 142: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	38,  // 143: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	49,  // 144: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	51,  // 145: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	45,  // 146: warren.v1.SandboxService.WatchDir:output_type -> warren.v1.WatchDirEvent
-	47,  // 147: warren.v1.SandboxService.SandboxStats:output_type -> warren.v1.SandboxStatsResponse
-	61,  // 148: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	78,  // 149: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	81,  // 150: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	86,  // 151: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	88,  // 152: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	97,  // 153: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	97,  // 154: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	91,  // 155: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
-	97,  // 156: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
-	93,  // 157: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
-	105, // 158: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	108, // 159: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	88,  // 160: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
-	110, // 161: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
-	54,  // 162: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	52,  // 163: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	52,  // 164: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	58,  // 165: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	60,  // 166: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	61,  // 167: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	64,  // 168: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	66,  // 169: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	70,  // 170: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	73,  // 171: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	75,  // 172: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	113, // 173: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
-	125, // [125:174] is the sub-list for method output_type
-	76,  // [76:125] is the sub-list for method input_type
-	76,  // [76:76] is the sub-list for extension type_name
-	76,  // [76:76] is the sub-list for extension extendee
-	0,   // [0:76] is the sub-list for field type_name
+	127, // 73: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
+	128, // 74: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
+	113, // 75: warren.v1.NodeStatus.free:type_name -> warren.v1.NodeFree
+	112, // 76: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
+	4,   // 77: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	10,  // 78: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	11,  // 79: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	13,  // 80: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	15,  // 81: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	16,  // 82: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	17,  // 83: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	17,  // 84: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	17,  // 85: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	22,  // 86: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	24,  // 87: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	25,  // 88: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	27,  // 89: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	29,  // 90: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	32,  // 91: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	34,  // 92: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	36,  // 93: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	39,  // 94: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	41,  // 95: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	48,  // 96: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	50,  // 97: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	42,  // 98: warren.v1.SandboxService.WatchDir:input_type -> warren.v1.WatchDirRequest
+	46,  // 99: warren.v1.SandboxService.SandboxStats:input_type -> warren.v1.SandboxStatsRequest
+	67,  // 100: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	77,  // 101: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	80,  // 102: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	84,  // 103: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	87,  // 104: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	95,  // 105: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	96,  // 106: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	89,  // 107: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	94,  // 108: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	92,  // 109: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	98,  // 110: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	106, // 111: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	90,  // 112: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
+	109, // 113: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
+	53,  // 114: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	55,  // 115: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	56,  // 116: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	57,  // 117: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	59,  // 118: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	62,  // 119: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	63,  // 120: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	65,  // 121: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	68,  // 122: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	71,  // 123: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	74,  // 124: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	111, // 125: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
+	9,   // 126: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	9,   // 127: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	12,  // 128: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	14,  // 129: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	9,   // 130: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	9,   // 131: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	18,  // 132: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	19,  // 133: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	21,  // 134: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	23,  // 135: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	18,  // 136: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	26,  // 137: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	28,  // 138: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	31,  // 139: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	33,  // 140: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	35,  // 141: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	37,  // 142: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	40,  // 143: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	38,  // 144: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	49,  // 145: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	51,  // 146: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	45,  // 147: warren.v1.SandboxService.WatchDir:output_type -> warren.v1.WatchDirEvent
+	47,  // 148: warren.v1.SandboxService.SandboxStats:output_type -> warren.v1.SandboxStatsResponse
+	61,  // 149: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	78,  // 150: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	81,  // 151: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	86,  // 152: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	88,  // 153: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	97,  // 154: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	97,  // 155: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	91,  // 156: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	97,  // 157: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	93,  // 158: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	105, // 159: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	108, // 160: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	88,  // 161: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
+	110, // 162: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
+	54,  // 163: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	52,  // 164: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	52,  // 165: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	58,  // 166: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	60,  // 167: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	61,  // 168: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	64,  // 169: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	66,  // 170: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	70,  // 171: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	73,  // 172: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	75,  // 173: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	114, // 174: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
+	126, // [126:175] is the sub-list for method output_type
+	77,  // [77:126] is the sub-list for method input_type
+	77,  // [77:77] is the sub-list for extension type_name
+	77,  // [77:77] is the sub-list for extension extendee
+	0,   // [0:77] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -9663,7 +9852,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   125,
+			NumMessages:   126,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
