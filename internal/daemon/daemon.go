@@ -75,9 +75,9 @@ type Config struct {
 	// CPUOvercommit and MemoryOvercommit are the node's admission ratios
 	// (Admission, qos.go); 0: no limit.
 	CPUOvercommit, MemoryOvercommit float64
-	Backends     map[string]backend.Backend // by name; "container" is the default backend
-	Images       *image.Store
-	Metrics      *metrics.Metrics // nil: no metrics
+	Backends                        map[string]backend.Backend // by name; "container" is the default backend
+	Images                          *image.Store
+	Metrics                         *metrics.Metrics // nil: no metrics
 	// DefaultTimeout is the sandbox lifetime when a request asks for none
 	// (default 1h); MaxTimeout caps requested lifetimes (default 24h).
 	DefaultTimeout     time.Duration
