@@ -65,23 +65,32 @@ func setQoS1(name string, q QoS) error {
 	var ws []limitWrite
 	if q.Idle {
 		// The kernel refuses cpu.shares on an idle group (EINVAL): the
-		// weight goes back to the default first, then the group idles.
-		ws = append(ws, limitWrite{path: filepath.Join(dir, "cpu.shares"), value: "1024"},
-			limitWrite{path: filepath.Join(dir, "cpu.idle"), value: "1"})
+		// weight goes back to the default first, then the group idles;
+		// an idle group only stays so.
+		if !idleNow(dir) {
+			ws = append(ws, limitWrite{path: filepath.Join(dir, "cpu.shares"), value: "1024"})
+		}
+		ws = append(ws, limitWrite{path: filepath.Join(dir, "cpu.idle"), value: "1"})
 	} else {
 		ws = append(ws, limitWrite{path: filepath.Join(dir, "cpu.idle"), value: "0"},
 			limitWrite{path: filepath.Join(dir, "cpu.shares"), value: shares})
 	}
 	if !HasIdle() {
-		ws = ws[1:] // an older kernel: only the weight
 		if q.Idle {
 			return errdefs.Unsupportedf("cgroup %s: the kernel's cpu controller has no cpu.idle (Linux 5.15) for a best-effort class", name)
 		}
+		ws = ws[1:] // an older kernel: only the weight
 	}
 	if err := apply(name, ws); err != nil {
 		return err
 	}
 	return pin1(name, q.CPUs)
+}
+
+// idleNow reports whether the group of cpu directory dir idles.
+func idleNow(dir string) bool {
+	n, err := readUint(filepath.Join(dir, "cpu.idle"))
+	return err == nil && n == 1
 }
 
 // sharesOf is v1 cpu.shares for a v2 weight (0: the default).
@@ -176,8 +185,10 @@ func (g *v2Group) SetQoS(q QoS) error {
 	}
 	var ws []limitWrite
 	if q.Idle {
-		ws = append(ws, limitWrite{path: filepath.Join(dir, "cpu.weight"), value: strconv.Itoa(DefaultWeight)},
-			limitWrite{path: filepath.Join(dir, "cpu.idle"), value: "1"})
+		if !idleNow(dir) {
+			ws = append(ws, limitWrite{path: filepath.Join(dir, "cpu.weight"), value: strconv.Itoa(DefaultWeight)})
+		}
+		ws = append(ws, limitWrite{path: filepath.Join(dir, "cpu.idle"), value: "1"})
 	} else {
 		ws = append(ws, limitWrite{path: filepath.Join(dir, "cpu.idle"), value: "0"},
 			limitWrite{path: filepath.Join(dir, "cpu.weight"), value: strconv.FormatUint(w, 10)})
@@ -189,10 +200,10 @@ func (g *v2Group) SetQoS(q QoS) error {
 		}
 	}
 	if !HasIdle() {
-		ws = ws[1:]
 		if q.Idle {
 			return errdefs.Unsupportedf("cgroup %s: the kernel's cpu controller has no cpu.idle (Linux 5.15) for a best-effort class", g.name)
 		}
+		ws = ws[1:]
 	}
 	if err := apply(g.name, ws); err != nil {
 		return err

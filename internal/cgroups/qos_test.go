@@ -38,6 +38,11 @@ func TestQoSClassesReadBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("be", true, 0, "")
+	// Idle again: the kernel refuses a weight on an idle group, which
+	// must not make a repeated class fail.
+	if err := g.SetQoS(QoS{Idle: true}); err != nil {
+		t.Fatalf("be twice: %v", err)
+	}
 	last := runtime.NumCPU() - 1
 	if err := g.SetQoS(QoS{Weight: 1000, CPUs: []int{last}}); err != nil {
 		t.Fatal(err)
