@@ -53,6 +53,10 @@ type QoSRow struct {
 	Summary            // step latency
 	P50Incr    float64 `json:"p50_increase_pct"`
 	P99Incr    float64 `json:"p99_increase_pct"`
+	// PairedP50Incr is the median over rounds of the round's p50 over the
+	// idle node's p50 in the same round: less of the node's other load,
+	// which changes between rounds, in it.
+	PairedP50Incr float64 `json:"paired_p50_increase_pct"`
 	// Load1 is the node's 1-minute load average at the scenario's last
 	// round (the node's other work shows here too).
 	Load1 float64 `json:"load1"`
@@ -115,11 +119,11 @@ func RunQoS(ctx context.Context, env *Env, cfg QoSConfig) (*QoSReport, error) {
 	}
 	env.logf("created LS sandbox %s and %d BE sandboxes of %d busy loops each", ls.GetId(), len(bes), cfg.BELoops)
 
-	reset := func(ids ...string) error {
+	resetTo := func(q cgroups.QoS, ids ...string) error {
 		for _, id := range ids {
 			g, err := cgroups.Load(env.cgroupParent, id)
 			if err == nil {
-				err = g.SetQoS(cgroups.QoS{})
+				err = g.SetQoS(q)
 			}
 			if err != nil {
 				return fmt.Errorf("reset the cgroup of %s: %w", id, err)
@@ -127,6 +131,7 @@ func RunQoS(ctx context.Context, env *Env, cfg QoSConfig) (*QoSReport, error) {
 		}
 		return nil
 	}
+	reset := func(ids ...string) error { return resetTo(cgroups.QoS{}, ids...) }
 	class := func(ctx context.Context, id, c string, cpus ...int32) error {
 		_, err := env.Client.Update(ctx, id, client.SandboxUpdate{QoS: &c, QoSCPUs: cpus})
 		return err
@@ -154,6 +159,12 @@ func RunQoS(ctx context.Context, env *Env, cfg QoSConfig) (*QoSReport, error) {
 			}
 			return reset(bes...)
 		}},
+		{name: "BE load, be at weight 1", mechanisms: "cpu.weight 1 (be; cpu.shares 10 on v1), not idle", beRunning: true, set: func(ctx context.Context) error {
+			if err := lsPlain(ctx); err != nil {
+				return err
+			}
+			return resetTo(cgroups.QoS{Weight: 1}, bes...)
+		}},
 		{name: "BE load, be = SCHED_IDLE", mechanisms: "cpu.idle (be)", beRunning: true, set: func(ctx context.Context) error {
 			for _, id := range bes {
 				if err := class(ctx, id, "be"); err != nil {
@@ -173,6 +184,7 @@ func RunQoS(ctx context.Context, env *Env, cfg QoSConfig) (*QoSReport, error) {
 	}
 
 	samples := make([][]time.Duration, len(scenarios))
+	roundP50 := make([][]float64, len(scenarios)) // per round
 	loads := make([]float64, len(scenarios))
 	paused := false
 	script := "BEGIN{for(i=0;i<" + strconv.Itoa(cfg.Iters) + ";i++)x+=i*i%7; if(x<0)print x}"
@@ -211,13 +223,16 @@ func RunQoS(ctx context.Context, env *Env, cfg QoSConfig) (*QoSReport, error) {
 			if _, err := move(); err != nil {
 				return nil, err
 			}
+			var round []time.Duration
 			for range cfg.Moves {
 				d, err := move()
 				if err != nil {
 					return nil, err
 				}
-				samples[i] = append(samples[i], d)
+				round = append(round, d)
 			}
+			samples[i] = append(samples[i], round...)
+			roundP50[i] = append(roundP50[i], Summarize(round).P50)
 			loads[i] = load1()
 			env.logf("round %d/%d: %s: p50 %.1f ms", r+1, cfg.Rounds, sc.name, Summarize(samples[i]).P50)
 		}
@@ -230,15 +245,22 @@ func RunQoS(ctx context.Context, env *Env, cfg QoSConfig) (*QoSReport, error) {
 	base := Summarize(samples[0])
 	for i, sc := range scenarios {
 		s := Summarize(samples[i])
+		ratios := make([]time.Duration, len(roundP50[i]))
+		for r, p := range roundP50[i] {
+			// Summarize works on durations: the ratio in ms units.
+			ratios[r] = time.Duration(p / roundP50[0][r] * float64(time.Millisecond))
+		}
 		rep.Results = append(rep.Results, QoSRow{Scenario: sc.name, Mechanisms: sc.mechanisms, Summary: s,
-			P50Incr: 100 * (s.P50/base.P50 - 1), P99Incr: 100 * (s.P99/base.P99 - 1), Load1: loads[i]})
+			P50Incr: 100 * (s.P50/base.P50 - 1), P99Incr: 100 * (s.P99/base.P99 - 1),
+			PairedP50Incr: 100 * (Summarize(ratios).P50 - 1), Load1: loads[i]})
 	}
 	rep.Notes = append(rep.Notes,
 		fmt.Sprintf("a step is one exec of awk running %d loop iterations in the LS sandbox, timed by the client over the API (the exec's own cost is in every scenario, the idle one too)", cfg.Iters),
 		fmt.Sprintf("%d BE sandboxes ran %d busy loops each (%d runnable threads on %d CPUs); in the idle scenario they are frozen (Pause)", cfg.BESandboxes, cfg.BELoops, cfg.BESandboxes*cfg.BELoops, runtime.NumCPU()),
 		"no QoS: the sandboxes' cgroups written back to the kernel's defaults (cpu.idle 0, the default weight), as a node without classes runs them",
 		"target (issue #17): <= 10% step-latency increase under BE load with every mechanism; the reference system measured 45.2% without QoS and 17.3% with SCHED_IDLE plus core scheduling",
-		"the node's load1 includes whatever else ran on it at the time")
+		"paired p50 +%: the median over rounds of each round's p50 over the idle node's in the same round",
+		fmt.Sprintf("the node's load1 includes the BE loops (%d runnable threads while they run) and whatever else ran on it at the time", cfg.BESandboxes*cfg.BELoops))
 	if !rep.CoreScheduling {
 		rep.Notes = append(rep.Notes, "this kernel has no core scheduling (PR_SCHED_CORE): the every-mechanism scenario runs without it")
 	}
@@ -255,10 +277,11 @@ func qosCreate(env *Env, class string) *warrenv1.CreateRequest {
 func (r *QoSReport) Table(w io.Writer) error {
 	fmt.Fprintf(w, "CPU QoS: LS step latency under BE load (daemon: %s; cgroups %s; %d CPUs; cpu.idle %v; core scheduling %v; %d rounds x %d moves of %d iterations)\n\n",
 		r.Daemon, r.Cgroups, r.CPUs, r.CPUIdle, r.CoreScheduling, r.Rounds, r.Moves, r.Iters)
-	t := newTable("SCENARIO", "MECHANISMS", "N", "P50 ms", "P99 ms", "P50 +%", "P99 +%", "LOAD1")
+	t := newTable("SCENARIO", "MECHANISMS", "N", "P50 ms", "P99 ms", "P50 +%", "P99 +%", "PAIRED P50 +%", "LOAD1")
 	for _, row := range r.Results {
 		t.add(row.Scenario, row.Mechanisms, strconv.Itoa(row.N), ms(row.P50), ms(row.P99),
 			strconv.FormatFloat(row.P50Incr, 'f', 1, 64), strconv.FormatFloat(row.P99Incr, 'f', 1, 64),
+			strconv.FormatFloat(row.PairedP50Incr, 'f', 1, 64),
 			strconv.FormatFloat(row.Load1, 'f', 2, 64))
 	}
 	if err := t.write(w); err != nil {

@@ -85,3 +85,21 @@ func TestQoSClassesAndAdmission(t *testing.T) {
 	}
 	e.create(&warrenv1.CreateRequest{Id: "fits", Resources: &warrenv1.Resources{CpuMillis: 100}})
 }
+
+// TestQoSFncallSandbox: an fncall sandbox (an environment taken from a
+// pool of best-effort ones) asked for class ls runs latency-sensitive:
+// its own cgroup, as it reads it, does not idle; one of the default class
+// does.
+func TestQoSFncallSandbox(t *testing.T) {
+	t.Parallel()
+	if !cgroups.HasIdle() {
+		t.Skip("no cpu.idle on this kernel")
+	}
+	e := newEnv(t, envOptions{})
+	const read = "cat /sys/fs/cgroup/cpu/cpu.idle 2>/dev/null || cat /sys/fs/cgroup/cpu.idle"
+	e.create(&warrenv1.CreateRequest{Id: "fnbe", Backend: "fncall"})
+	e.create(&warrenv1.CreateRequest{Id: "fnls", Backend: "fncall", Qos: "ls"})
+	if be, ls := strings.TrimSpace(e.shOK("fnbe", read)), strings.TrimSpace(e.shOK("fnls", read)); be != "1" || ls != "0" {
+		t.Fatalf("cpu.idle seen inside: be %q, ls %q", be, ls)
+	}
+}
