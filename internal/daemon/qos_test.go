@@ -167,3 +167,40 @@ func TestAdmissionRefusesPastLimits(t *testing.T) {
 	}
 	e.create(&warrenv1.CreateRequest{Id: "d", Resources: &warrenv1.Resources{CpuMillis: 1000, MemoryBytes: 256 << 20}})
 }
+
+// TestAdmissionOfRestoreAndFork: a hibernated sandbox takes no room, so
+// another fits in its place; its restore is then refused as exhausted
+// (and it stays hibernated, restorable), as is a fork of the running one;
+// once room is made the restore goes through with its class (ls) back on
+// its new cgroup.
+func TestAdmissionOfRestoreAndFork(t *testing.T) {
+	requireCRIU(t)
+	e := newEnv(t, func(c *Config) { c.MaxSandboxes = 1 })
+	ctx := ctxT(t)
+	e.create(&warrenv1.CreateRequest{Id: "hib", Qos: "ls", UserNamespace: proto.Bool(false)})
+	if _, err := e.m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: "hib"}); err != nil {
+		t.Fatal(err)
+	}
+	e.create(&warrenv1.CreateRequest{Id: "other", UserNamespace: proto.Bool(false)})
+	_, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "hib"})
+	wantCat(t, err, errdefs.Exhausted, "--max-sandboxes is 1")
+	// The source, hibernated for the checkpoint, keeps its room: the
+	// fork does not fit beside it.
+	_, err = e.m.Fork(ctx, &warrenv1.ForkRequest{Id: "other", Count: 1})
+	wantCat(t, err, errdefs.Exhausted, "--max-sandboxes is 1")
+	if sb, err := e.m.Get(ctx, &warrenv1.GetRequest{Id: "other"}); err != nil || sb.GetState() != stateRunning {
+		t.Fatalf("the source of a refused fork: %v %v, want RUNNING", sb.GetState(), err)
+	}
+	if sb, err := e.m.Get(ctx, &warrenv1.GetRequest{Id: "hib"}); err != nil || sb.GetState() != stateHibernated {
+		t.Fatalf("after a refused restore: %v %v", sb.GetState(), err)
+	}
+	if _, err := e.m.Delete(ctx, &warrenv1.DeleteRequest{Id: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Resume(ctx, &warrenv1.ResumeRequest{Id: "hib"}); err != nil {
+		t.Fatal(err)
+	}
+	if idle, w, _ := e.qosFiles("hib"); idle || w != container.LSWeight {
+		t.Fatalf("restored ls sandbox: idle %v weight %d", idle, w)
+	}
+}
