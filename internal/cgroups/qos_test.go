@@ -1,6 +1,8 @@
 package cgroups
 
 import (
+	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -85,4 +87,42 @@ func allowedCPUs(t *testing.T, pid int) string {
 		}
 	}
 	return ""
+}
+
+// TestQoSOldLayout: the classes on a group of the legacy v1 layout (pure
+// v1 hosts, and hybrid ones before the hybrid layout): cpu.idle and
+// cpu.shares in its cpu directory, and a pin's cpuset removed by Delete.
+func TestQoSOldLayout(t *testing.T) {
+	parent := testParent(t)
+	if Mode() == "v2" {
+		t.Skip("no v1 hierarchies")
+	}
+	if !HasIdle() {
+		t.Skip("no cpu.idle on this kernel")
+	}
+	for _, h := range legacySubsystems {
+		if err := os.MkdirAll(filepath.Join(Root, string(h), parent, "old"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := Load(parent, "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := g.(*v1Group); !ok {
+		t.Fatalf("old layout loaded as %T", g)
+	}
+	if err := g.SetQoS(QoS{Idle: true}); err != nil {
+		t.Fatal(err)
+	}
+	if idle, _, _, err := ReadQoS(g); err != nil || !idle {
+		t.Fatalf("be: idle %v %v", idle, err)
+	}
+	if err := g.SetQoS(QoS{Weight: 1000, CPUs: []int{0}}); err != nil {
+		t.Fatal(err)
+	}
+	if idle, w, cpus, err := ReadQoS(g); err != nil || idle || w != 1000 || cpus != "0" {
+		t.Fatalf("ls: idle %v weight %d cpus %q %v", idle, w, cpus, err)
+	}
+	deleteGroup(t, g, parent, "old")
 }
