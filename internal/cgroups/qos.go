@@ -2,13 +2,16 @@ package cgroups
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/containerd/cgroups/v3/cgroup1"
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/kfile"
@@ -33,25 +36,42 @@ type QoS struct {
 // DefaultWeight is the kernel's CPU weight of a group (v2 cpu.weight).
 const DefaultWeight = 100
 
-// HasIdle reports whether this host's cpu controller has cpu.idle.
+// HasIdle reports whether this host's cpu controller has cpu.idle (Linux
+// 5.15). Without it a best-effort group gets the lowest weight instead
+// (SetQoS).
 var HasIdle = sync.OnceValue(func() bool {
-	dir := Root
 	if !unified() {
-		dir = filepath.Join(Root, string(cgroup1.Cpu))
+		_, err := os.Stat(filepath.Join(Root, string(cgroup1.Cpu), "cpu.idle"))
+		return err == nil
 	}
-	_, err := os.Stat(filepath.Join(dir, "cpu.idle"))
-	if err != nil && unified() {
-		// The root of a v2 hierarchy has no cpu.idle: look one level down.
-		if ents, rerr := os.ReadDir(dir); rerr == nil {
-			for _, e := range ents {
-				if _, serr := os.Stat(filepath.Join(dir, e.Name(), "cpu.idle")); e.IsDir() && serr == nil {
-					return true
-				}
-			}
-		}
+	// The root of a v2 hierarchy has no cpu files, and a group has them
+	// only where the cpu controller is enabled: the kernel's version says.
+	b, err := kfile.Read(filepath.Join(Root, "cgroup.controllers"))
+	if err != nil || !slices.Contains(strings.Fields(string(b)), "cpu") {
+		return false
 	}
-	return err == nil
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return false
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	return major > 5 || major == 5 && minor >= 15
 })
+
+// lowestWeight is the weight of a best-effort group on a kernel without
+// cpu.idle: the closest a weight comes (cpu.shares 10 on v1).
+const lowestWeight = 1
+
+// degrade is q as this kernel can run it.
+func degrade(q QoS) QoS {
+	if q.Idle && !HasIdle() {
+		return QoS{Weight: lowestWeight, CPUs: q.CPUs}
+	}
+	return q
+}
 
 // SetQoS on v1 and hybrid hosts: cpu.idle and cpu.shares in the group's
 // cpu directory, cpuset.cpus in a cpuset directory of its own made on
@@ -60,6 +80,7 @@ func (g *v1Group) SetQoS(q QoS) error     { return setQoS1(g.name, q) }
 func (g *hybridGroup) SetQoS(q QoS) error { return setQoS1(g.name, q) }
 
 func setQoS1(name string, q QoS) error {
+	q = degrade(q)
 	dir := v1Dir(cgroup1.Cpu, name)
 	shares := strconv.FormatUint(sharesOf(q.Weight), 10)
 	var ws []limitWrite
@@ -76,10 +97,7 @@ func setQoS1(name string, q QoS) error {
 			limitWrite{path: filepath.Join(dir, "cpu.shares"), value: shares})
 	}
 	if !HasIdle() {
-		if q.Idle {
-			return errdefs.Unsupportedf("cgroup %s: the kernel's cpu controller has no cpu.idle (Linux 5.15) for a best-effort class", name)
-		}
-		ws = ws[1:] // an older kernel: only the weight
+		ws = ws[1:] // an older kernel: only the weight (degrade)
 	}
 	if err := apply(name, ws); err != nil {
 		return err
@@ -178,6 +196,7 @@ func cpuList(cpus []int) string {
 // directory. The cpuset controller is enabled for the parent's children
 // on first use (the parent's own parent must have it).
 func (g *v2Group) SetQoS(q QoS) error {
+	q = degrade(q)
 	dir := g.dir()
 	w := q.Weight
 	if w == 0 {
@@ -200,9 +219,6 @@ func (g *v2Group) SetQoS(q QoS) error {
 		}
 	}
 	if !HasIdle() {
-		if q.Idle {
-			return errdefs.Unsupportedf("cgroup %s: the kernel's cpu controller has no cpu.idle (Linux 5.15) for a best-effort class", g.name)
-		}
 		ws = ws[1:]
 	}
 	if err := apply(g.name, ws); err != nil {
@@ -232,9 +248,9 @@ func enable2(dir, ctl string) error {
 	return nil
 }
 
-// ReadQoS reads back the class files of a group (tests and `warren
-// sandbox get` diagnostics): whether it idles, its weight on the v2
-// scale, and its cpuset ("" where it has none of its own).
+// ReadQoS reads back the class files of a group: whether it idles (on a
+// kernel without cpu.idle: whether it has the lowest weight), its weight
+// on the v2 scale, and its cpuset ("" where it has none of its own).
 func ReadQoS(g Group) (idle bool, weight uint64, cpus string, err error) {
 	var cpu, set string
 	if unified() {
@@ -245,6 +261,9 @@ func ReadQoS(g Group) (idle bool, weight uint64, cpus string, err error) {
 		set = filepath.Join(Root, string(cgroup1.Cpuset), g.Name())
 	}
 	n, err := readUint(filepath.Join(cpu, "cpu.idle"))
+	if err != nil && !HasIdle() {
+		n, err = 0, nil // read from the weight below
+	}
 	if err != nil {
 		return false, 0, "", err
 	}
@@ -260,6 +279,10 @@ func ReadQoS(g Group) (idle bool, weight uint64, cpus string, err error) {
 	}
 	if b, rerr := kfile.Read(filepath.Join(set, "cpuset.cpus")); rerr == nil {
 		cpus = strings.TrimSpace(string(b))
+	}
+	if !HasIdle() {
+		// A best-effort group has the lowest weight (degrade).
+		return weight <= lowestWeight, weight, cpus, nil
 	}
 	return n == 1, weight, cpus, nil
 }

@@ -400,7 +400,8 @@ type CreateRequest struct {
 	KeepWhilePaused bool `protobuf:"varint,46,opt,name=keep_while_paused,json=keepWhilePaused,proto3" json:"keep_while_paused,omitempty"`
 	// The sandbox's CPU QoS class (docs/ARCHITECTURE.md, "CPU QoS"): "be"
 	// (best-effort, the default) runs it under SCHED_IDLE as a whole
-	// cgroup (cpu.idle), so it only gets CPU the other sandboxes leave;
+	// cgroup (cpu.idle; the lowest CPU weight on kernels before 5.15), so
+	// it only gets CPU the other sandboxes leave;
 	// "ls" (latency-sensitive) gives it a higher CPU weight and, where the
 	// kernel has core scheduling (VersionResponse.core_scheduling), a core
 	// cookie of its own. Another value is invalid. Its forks inherit it.
