@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"fmt"
 	"runtime"
 	"slices"
 
@@ -101,7 +100,7 @@ type usage struct {
 	n        int
 }
 
-// usageLocked sums the resident sandboxes but skip; m.mu held (read or
+// usageLocked sums the resident sandboxes other than skip; m.mu held (read or
 // write), each sandbox's mu taken in turn (m.mu before s.mu, as
 // everywhere).
 func (m *Manager) usageLocked(skip *sandbox) usage {
@@ -185,9 +184,4 @@ func (m *Manager) nodeFree() *warrenv1.NodeFree {
 		f.Sandboxes = int32(max(0, a.MaxSandboxes-u.n))
 	}
 	return f
-}
-
-// String is the admission for logs.
-func (a Admission) String() string {
-	return fmt.Sprintf("cpu-overcommit=%g memory-overcommit=%g max-sandboxes=%d", a.CPUOvercommit, a.MemoryOvercommit, a.MaxSandboxes)
 }
