@@ -100,6 +100,10 @@ type SandboxUpdate struct {
 	// once, established ones it forbids are cut. Nil: unchanged; a policy
 	// with mode "none" removes the sandbox's interface.
 	Network *warrenv1.NetworkPolicy
+	// QoS changes the CPU class ("ls" or "be"; docs/ARCHITECTURE.md, "CPU
+	// QoS") and QoSCPUs the pinning with it ("ls" only; none: unpinned).
+	QoS     *string
+	QoSCPUs []int32
 }
 
 // Update changes a running sandbox, all or nothing, and returns it as it
@@ -107,7 +111,7 @@ type SandboxUpdate struct {
 // the node cannot honour the change (nothing changed then).
 func (c *Client) Update(ctx context.Context, id string, u SandboxUpdate) (*warrenv1.Sandbox, error) {
 	req := &warrenv1.UpdateSandboxRequest{Id: id, CpuMillis: u.CPUMillis, MemoryBytes: u.MemoryBytes, PidsMax: u.PidsMax,
-		SetLabels: u.SetLabels, RemoveLabels: u.RemoveLabels, Network: u.Network}
+		SetLabels: u.SetLabels, RemoveLabels: u.RemoveLabels, Network: u.Network, Qos: u.QoS, QosCpus: u.QoSCPUs}
 	if u.Timeout != nil {
 		s := ceilSeconds(*u.Timeout)
 		req.TimeoutSeconds = &s

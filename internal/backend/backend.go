@@ -78,7 +78,32 @@ type Spec struct {
 	// the restore returns. A backend or node without it restores
 	// eagerly.
 	LazyPages bool
+	// QoS is the sandbox's CPU class (the zero value: best-effort). A
+	// backend that cannot honour a class refuses the create with
+	// Unsupported rather than ignoring it.
+	QoS QoS
 }
+
+// QoS classes (docs/ARCHITECTURE.md, "CPU QoS").
+const (
+	// QoSBestEffort runs the sandbox under SCHED_IDLE as a whole: it
+	// gets the CPU the others leave. The default.
+	QoSBestEffort = "be"
+	// QoSLatency gives the sandbox a higher CPU weight and, where the
+	// kernel has core scheduling, a physical core of its own while it
+	// runs.
+	QoSLatency = "ls"
+)
+
+// QoS is a sandbox's CPU class.
+type QoS struct {
+	Class string // QoSBestEffort ("" too) or QoSLatency
+	// CPUs pins a QoSLatency sandbox to these CPUs; nil: not pinned.
+	CPUs []int
+}
+
+// Latency reports whether q is the latency-sensitive class.
+func (q QoS) Latency() bool { return q.Class == QoSLatency }
 
 // Device is a character device node of a sandbox's /dev.
 type Device struct {
@@ -449,6 +474,9 @@ type Update struct {
 	// Network replaces the sandbox's network policy: new connections
 	// follow it at once, and established ones it forbids are cut.
 	Network *netpolicy.Policy
+	// QoS replaces the sandbox's CPU class (and pinning), for its
+	// running processes and those they start.
+	QoS *QoS
 }
 
 // Networked is implemented by sandboxes that can say their network

@@ -86,6 +86,8 @@ type Group interface {
 	PidsRefused() (uint64, error)
 	// SetLimits changes the limits l sets, all or none (limits.go).
 	SetLimits(l Limits) error
+	// SetQoS sets the group's CPU class (qos.go).
+	SetQoS(q QoS) error
 	// Delete removes the group; it must be empty.
 	Delete() error
 }
@@ -469,7 +471,8 @@ func v1Dirs(parent, name string) []string {
 	if hybrid() {
 		out = append(out, filepath.Join(Root, unifiedDir, parent, name))
 	}
-	return out
+	// A pinned group's cpuset (qos.go), in either layout.
+	return append(out, filepath.Join(Root, string(cgroup1.Cpuset), parent, name))
 }
 
 // RemoveParent removes parent's own directories, in every hierarchy of the
@@ -868,6 +871,7 @@ func (g *hybridGroup) Delete() error {
 	for _, n := range hybridSubsystems {
 		dirs = append(dirs, g.dir(n))
 	}
+	dirs = append(dirs, filepath.Join(Root, string(cgroup1.Cpuset), g.name)) // pinned (qos.go)
 	return classify(rmdirs(append(dirs, g.udir())), "delete cgroup "+g.name)
 }
 

@@ -65,7 +65,7 @@ result to stdout, as a table or (--json) one JSON object.`,
 	c.AddCommand(newBenchCreateCommand(&bf), newBenchExecCommand(&bf), newBenchDeleteCommand(&bf), newBenchDensityCommand(&bf),
 		newBenchLayersCommand(&bf), newBenchOndemandCommand(&bf), newBenchRestartCommand(&bf), newBenchHardeningCommand(&bf),
 		newBenchNetworkCommand(&bf), newBenchNetClientCommand(), newBenchHibernateCommand(&bf), newBenchTrajectoryCommand(&bf), newBenchFnCallCommand(&bf),
-		newBenchSchedCommand(&bf), newBenchE2BCommand(&bf), newBenchVMCommand(&bf))
+		newBenchSchedCommand(&bf), newBenchE2BCommand(&bf), newBenchVMCommand(&bf), newBenchQoSCommand(&bf))
 	return c
 }
 

@@ -171,6 +171,8 @@ func newCreateCommand() *cobra.Command {
 	f.BoolVar(&req.KeepEtc, "keep-etc", false, "keep the image's /etc/hosts, /etc/hostname and /etc/resolv.conf instead of the sandbox's own")
 	f.StringVar(&user, "user", "", "who commands run as when they name no user: name, uid or uid:gid (default: the image's user, else root)")
 	f.StringVar(&network, "network", "", networkFlagHelp+" (default: none)")
+	f.StringVar(&req.Qos, "qos", "", "CPU QoS class: ls (latency-sensitive: more CPU weight, a core of its own where the kernel has core scheduling) or be (best-effort, SCHED_IDLE; the default)")
+	f.Int32SliceVar(&req.QosCpus, "qos-cpus", nil, "with --qos ls: pin the sandbox to these CPUs, e.g. 1 or 0,1")
 	f.BoolVar(&harness, "harness", false, "make the sandbox a harness: it reaches the API at /dev/warren.sock ($WARREN_ADDR) and may create and drive its own sandboxes there, nothing else; deleting it deletes them")
 	f.Int32Var(&maxChildren, "max-children", 0, "with --harness: how many sandboxes it may have at once (default 32)")
 	f.StringVar(&group, "network-group", "", "a group of sandboxes on this node that reach each other (every port) whatever their --network, and that nothing else reaches; fixed at create")
@@ -325,6 +327,13 @@ func printSandbox(w io.Writer, s *warrenv1.Sandbox, now time.Time) {
 	}
 	if s.UserNamespace {
 		row("User ns", fmt.Sprintf("root inside is host id %d (65,536 ids from it)", s.UserIdBase))
+	}
+	if s.GetQos() != "" {
+		q := s.GetQos()
+		if len(s.GetQosCpus()) > 0 {
+			q += fmt.Sprintf(" (pinned to CPUs %v)", s.GetQosCpus())
+		}
+		row("QoS", q)
 	}
 	if s.AllowSetuid {
 		row("Setuid", "setuid binaries and file capabilities work (--allow-setuid: no no_new_privs)")

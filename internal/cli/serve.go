@@ -80,6 +80,8 @@ type serveOptions struct {
 	nodeTag                  string
 	clusterAPI               string
 	maxSandboxes             int
+	cpuOvercommit            float64
+	memoryOvercommit         float64
 	checkpointDir            string
 	nodeName                 string
 	e2bAddr, e2bKeyFile      string
@@ -146,7 +148,9 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	o.cluster.flags(f)
 	f.StringVar(&o.nodeTag, "node-tag", "", fmt.Sprintf("in a cluster, the %d characters of [a-z2-7] every id of this node's sandboxes starts with, by which gateways route (default: derived from --node-name)", gateway.TagLen))
 	f.StringVar(&o.clusterAPI, "cluster-api", "", "in a cluster, the address gateways reach this node's API at (default: http://<--listen>)")
-	f.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "most live sandboxes gateways place on this node (0: no cap)")
+	f.IntVar(&o.maxSandboxes, "max-sandboxes", 0, "most resident sandboxes (not stopped or hibernated) this node admits, and gateways place on it (0: no cap); a create, fork or restore past it is refused as exhausted")
+	f.Float64Var(&o.cpuOvercommit, "cpu-overcommit", 0, "admit sandboxes while the CPU they ask for (cpu_millis) stays within the node's cores times this ratio, e.g. 4 (0: no limit); past it a create, fork or restore is refused as exhausted")
+	f.Float64Var(&o.memoryOvercommit, "memory-overcommit", 0, "admit sandboxes while their memory limits (the default counted for those that set none) stay within the node's memory times this ratio, e.g. 1.5 (0: no limit)")
 	f.StringVar(&o.e2bAddr, "e2b-addr", "", "also serve the E2B-compatible API (lifecycle REST and envd, docs/E2B.md) on this TCP address, e.g. 127.0.0.1:3000; needs --e2b-api-key-file")
 	f.StringVar(&o.e2bKeyFile, "e2b-api-key-file", "", "file of the API keys the E2B API accepts (X-API-Key), one e2b_<hex> per line")
 	return c
@@ -298,6 +302,9 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	trajectoryBytes, err := parseBytes(o.trajectoryBytes)
 	if err != nil || trajectoryBytes < 4096 {
 		return usageError{fmt.Errorf("--trajectory-max-bytes %q: want a size of at least 4Ki", o.trajectoryBytes)}
+	}
+	if o.cpuOvercommit < 0 || o.memoryOvercommit < 0 || o.maxSandboxes < 0 {
+		return usageError{errors.New("--cpu-overcommit, --memory-overcommit and --max-sandboxes must not be negative")}
 	}
 	diskReserve, err := parseReserve(o.diskReserve, stateDir)
 	if err != nil {
@@ -462,6 +469,8 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		StateDir:           stateDir,
 		NodeTag:            nodeTag,
 		MaxSandboxes:       o.maxSandboxes,
+		CPUOvercommit:      o.cpuOvercommit,
+		MemoryOvercommit:   o.memoryOvercommit,
 		Backends:           backends,
 		Images:             images,
 		Metrics:            met,

@@ -18,11 +18,13 @@ func newUpdateCommand() *cobra.Command {
 		labels       []string
 		removeLabels []string
 		network      string
+		qos          string
+		qosCPUs      []int
 	)
 	c := &cobra.Command{
-		Use:   "update ID [--cpu CORES] [--memory SIZE] [--pids N] [--timeout DURATION] [--label k=v]... [--remove-label k]... [--network POLICY]",
+		Use:   "update ID [--cpu CORES] [--memory SIZE] [--pids N] [--timeout DURATION] [--label k=v]... [--remove-label k]... [--network POLICY] [--qos ls|be [--qos-cpus LIST]]",
 		Short: "Change a running sandbox's limits, lifetime or labels (all or nothing)",
-		Long: "Change a running sandbox's limits, lifetime or labels. Only the flags given change;\n" +
+		Long: "Change a running sandbox's limits, lifetime, labels, network or QoS class. Only the flags given change;\n" +
 			"--cpu 0 lifts the CPU quota, --memory 0 and --pids 0 restore the node defaults.\n" +
 			"Nothing changes when the node cannot honour the whole update.",
 		Args: exactArgs(1),
@@ -62,6 +64,14 @@ func newUpdateCommand() *cobra.Command {
 					return err
 				}
 			}
+			if f.Changed("qos") {
+				u.QoS = &qos
+				for _, c := range qosCPUs {
+					u.QoSCPUs = append(u.QoSCPUs, int32(c))
+				}
+			} else if f.Changed("qos-cpus") {
+				return usagef("--qos-cpus changes with --qos")
+			}
 			cl, err := NewClient(cmd)
 			if err != nil {
 				return err
@@ -85,6 +95,8 @@ func newUpdateCommand() *cobra.Command {
 	f.DurationVar(&timeout, "timeout", 0, "new lifetime from now, e.g. 30m (0: node default)")
 	f.StringArrayVar(&labels, "label", nil, "set label KEY=VALUE (repeatable)")
 	f.StringVar(&network, "network", "", networkFlagHelp+"; applies at once and cuts established connections the new policy forbids")
+	f.StringVar(&qos, "qos", "", "CPU QoS class, applied to the running processes at once: ls (latency-sensitive) or be (best-effort)")
+	f.IntSliceVar(&qosCPUs, "qos-cpus", nil, "with --qos ls: pin the sandbox to these CPUs, e.g. 1 or 0,1 (absent: unpinned)")
 	f.StringArrayVar(&removeLabels, "remove-label", nil, "remove label KEY (repeatable)")
 	return c
 }

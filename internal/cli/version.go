@@ -53,9 +53,21 @@ func newVersionCommand() *cobra.Command {
 			}
 			fmt.Fprintf(out, "Server: %s%s (backends: %s; cgroup %s)\n", srv.Version, commitSuffix(srv.Commit), strings.Join(srv.Backends, ", "), srv.CgroupMode)
 			fmt.Fprintf(out, "GPUs:   %s\n", gpuSummary(srv.Gpus))
+			fmt.Fprintf(out, "QoS:    %s\n", qosSummary(srv))
 			return nil
 		},
 	}
+}
+
+// qosSummary says which CPU QoS mechanisms the node has.
+func qosSummary(v *warrenv1.VersionResponse) string {
+	yes := func(b bool) string {
+		if b {
+			return "yes"
+		}
+		return "no"
+	}
+	return "cpu.idle for be: " + yes(v.GetCpuIdle()) + "; core scheduling for ls: " + yes(v.GetCoreScheduling())
 }
 
 // gpuSummary is one line: each GPU with its device and the jobs on it.

@@ -763,6 +763,11 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	}
 	s.st.UserNS = meta.UserNS
 	b.cpus.adopt(spec.ID, pid)
+	if pids, err := grp.Procs(); err != nil {
+		return nil, err
+	} else if err := applyQoS(grp, pids, spec.QoS); err != nil {
+		return nil, err
+	}
 	// New processes get pids past every one the agent has a record of
 	// (SetLastPID), as they would have had the sandbox run on. Without
 	// it the daemon still tells them apart (it lets go of a record whose

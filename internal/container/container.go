@@ -570,6 +570,11 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	if err != nil {
 		return fail(err)
 	}
+	// The class before the init runs a line of its own: its processes
+	// inherit the cpuset and core cookie.
+	if err := applyQoS(grp, []int{pid}, spec.QoS); err != nil {
+		return fail(err)
+	}
 	conf["views"] = views
 	ph.mark("config")
 	// The network is made from here, from the node's side, while the

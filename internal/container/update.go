@@ -14,9 +14,10 @@ import (
 
 var _ backend.Updater = (*sandbox)(nil)
 
-// Update changes the sandbox's network policy and cgroup limits, all or
-// none: the policy first (cgroups.Group.SetLimits restores what it wrote
-// when a write fails, and the old policy is put back then).
+// Update changes the sandbox's network policy, QoS class and cgroup
+// limits, all or none: the policy first, then the class
+// (cgroups.Group.SetLimits restores what it wrote when a write fails,
+// and the old class and policy are put back then).
 func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 	select {
 	case <-s.exited.Done():
@@ -35,6 +36,19 @@ func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 			if retErr != nil {
 				if err := undo(); err != nil {
 					retErr = errors.Join(retErr, fmt.Errorf("restore network policy: %w", err))
+				}
+			}
+		}()
+	}
+	if u.QoS != nil {
+		undo, err := s.setQoS(*u.QoS)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if retErr != nil {
+				if err := undo(); err != nil {
+					retErr = errors.Join(retErr, fmt.Errorf("restore QoS class: %w", err))
 				}
 			}
 		}()

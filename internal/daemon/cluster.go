@@ -80,19 +80,24 @@ func ValidBatch(req *warrenv1.BatchCreateRequest) error {
 	return nil
 }
 
-// NodeStatus reports this node's capacity, what its live sandboxes take,
-// its load and the layers it has mounted.
+// NodeStatus reports this node's capacity, what its live sandboxes take
+// and their QoS classes, what it still admits, its load and the layers
+// it has mounted.
 func (m *Manager) NodeStatus(ctx context.Context, _ *warrenv1.NodeStatusRequest) (_ *warrenv1.NodeStatusResponse, err error) {
 	defer m.observe("NodeStatus", &err)
 	st := &warrenv1.NodeStatus{
-		Name:         m.cfg.NodeName,
-		Tag:          m.cfg.NodeTag,
-		Up:           true,
-		CpuMillis:    int64(runtime.NumCPU()) * 1000,
-		MemoryBytes:  memTotal(),
-		MaxSandboxes: int32(m.cfg.MaxSandboxes),
-		Load:         loadPerCPU(),
-		LabelCounts:  map[string]int32{},
+		Name:             m.cfg.NodeName,
+		Tag:              m.cfg.NodeTag,
+		Up:               true,
+		CpuMillis:        int64(runtime.NumCPU()) * 1000,
+		MemoryBytes:      memTotal(),
+		MaxSandboxes:     int32(m.cfg.MaxSandboxes),
+		Load:             loadPerCPU(),
+		LabelCounts:      map[string]int32{},
+		Qos:              map[string]int32{},
+		CpuOvercommit:    m.cfg.CPUOvercommit,
+		MemoryOvercommit: m.cfg.MemoryOvercommit,
+		Free:             m.nodeFree(),
 	}
 	for _, s := range m.snapshot() {
 		s.mu.Lock()
@@ -104,6 +109,7 @@ func (m *Manager) NodeStatus(ctx context.Context, _ *warrenv1.NodeStatusRequest)
 			for k, v := range s.info.GetLabels() {
 				st.LabelCounts[k+"="+v]++
 			}
+			st.Qos[recordedQoS(s.info).Class]++
 		}
 		s.mu.Unlock()
 	}

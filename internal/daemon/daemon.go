@@ -69,12 +69,15 @@ type Config struct {
 	// routes a call by its id alone (docs/ARCHITECTURE.md, "The
 	// cluster"); empty outside a cluster.
 	NodeTag string
-	// MaxSandboxes is the most live sandboxes the node reports it takes
-	// (NodeStatus); 0: no cap of its own.
+	// MaxSandboxes is the most resident sandboxes (not stopped or
+	// hibernated) the node admits, and reports (NodeStatus); 0: no cap.
 	MaxSandboxes int
-	Backends     map[string]backend.Backend // by name; "container" is the default backend
-	Images       *image.Store
-	Metrics      *metrics.Metrics // nil: no metrics
+	// CPUOvercommit and MemoryOvercommit are the node's admission ratios
+	// (Admission, qos.go); 0: no limit.
+	CPUOvercommit, MemoryOvercommit float64
+	Backends                        map[string]backend.Backend // by name; "container" is the default backend
+	Images                          *image.Store
+	Metrics                         *metrics.Metrics // nil: no metrics
 	// DefaultTimeout is the sandbox lifetime when a request asks for none
 	// (default 1h); MaxTimeout caps requested lifetimes (default 24h).
 	DefaultTimeout     time.Duration
@@ -257,6 +260,9 @@ type sandbox struct {
 	deleting     chan struct{} // while DELETING: closed when the deletion ended
 	deleteErr    error
 	updating     bool // an UpdateSandbox is in progress
+	// admitted: a HIBERNATED sandbox being restored, counted as
+	// resident by admission from its admission on (qos.go).
+	admitted bool
 	// reach serializes the Adopt calls that reach a sandbox without a
 	// handle (readopt of a LOST one, and its deletion), so that one
 	// handle, not two, comes back.

@@ -230,7 +230,7 @@ func cgroupDirs(parent string) []string {
 		return []string{filepath.Join(cgroups.Root, parent)}
 	}
 	var out []string
-	for _, n := range []string{"cpu", "cpuacct", "memory", "pids", "freezer", "devices", "unified"} {
+	for _, n := range []string{"cpu", "cpuacct", "memory", "pids", "freezer", "devices", "unified", "cpuset"} {
 		out = append(out, filepath.Join(cgroups.Root, n, parent))
 	}
 	return out

@@ -192,14 +192,29 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 	out := &warrenv1.ForkResponse{}
 	switch prev {
 	case stateRunning, statePaused:
-		h, err := m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: s.id})
-		if err != nil {
-			return nil, err
+		// Hibernated for the checkpoint, the source still holds its room
+		// for admission (qos.go): the forks must fit beside it, or its
+		// resume would be refused.
+		s.mu.Lock()
+		s.admitted = true
+		s.mu.Unlock()
+		h, herr := m.Hibernate(ctx, &warrenv1.HibernateRequest{Id: s.id})
+		if herr != nil {
+			s.mu.Lock()
+			s.admitted = false
+			s.mu.Unlock()
+			return nil, herr
 		}
 		out.CheckpointUs = h.GetCheckpointUs()
-		// The source goes back to the state it was in, forks or not.
+		// The source goes back to the state it was in, forks or not. (err
+		// is the call's: a source that cannot be resumed fails it.)
 		defer func() {
 			bctx := context.WithoutCancel(ctx)
+			defer func() {
+				s.mu.Lock()
+				s.admitted = false
+				s.mu.Unlock()
+			}()
 			if _, rerr := m.Resume(bctx, &warrenv1.ResumeRequest{Id: s.id}); rerr != nil {
 				m.log.Error("resume the source of a fork", "sandbox", s.id, "err", rerr)
 				if err == nil {
@@ -341,6 +356,10 @@ func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sand
 			m.mu.Unlock()
 			return nil, 0, err
 		}
+	}
+	if err := m.admitLocked(s, fi.GetResources()); err != nil {
+		m.mu.Unlock()
+		return nil, 0, err
 	}
 	id := m.newID()
 	for m.sandboxes[id] != nil {

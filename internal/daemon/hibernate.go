@@ -397,10 +397,25 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 	digests, bases := s.imageLayers, s.bases
 	done := s.startPausingLocked()
 	s.mu.Unlock()
+	// Back in memory, it counts against the node's admission from now
+	// until it is RUNNING (resident then) or the restore failed.
+	m.mu.Lock()
+	err := m.admitLocked(s, info.GetResources())
+	if err == nil {
+		s.mu.Lock()
+		s.admitted = true
+		s.mu.Unlock()
+	}
+	m.mu.Unlock()
 	end := func() {
 		s.mu.Lock()
+		s.admitted = false
 		s.endPausingLocked(done)
 		s.mu.Unlock()
+	}
+	if err != nil {
+		end()
+		return nil, err
 	}
 	if m.sharedCheckpoints() {
 		// One node restores a checkpoint, and only its owner.
@@ -447,6 +462,7 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 	}
 
 	s.mu.Lock()
+	s.admitted = false
 	s.endPausingLocked(done)
 	if s.st != stateHibernated {
 		err := s.allowLocked(opResume)
@@ -512,6 +528,7 @@ func (m *Manager) restoreSpec(id string, info *warrenv1.Sandbox, layers []image.
 		AllowSetuid: info.GetAllowSetuid(),
 		UserNS:      info.GetUserNamespace(),
 		Restore:     m.checkpointDir(from),
+		QoS:         recordedQoS(info),
 	}, nil
 }
 

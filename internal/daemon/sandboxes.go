@@ -130,6 +130,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		IdempotencyKey:  req.GetIdempotencyKey(),
 		KeepWhilePaused: req.GetKeepWhilePaused(),
 	}
+	setQoSInfo(info, p.qos)
 	if hp != nil {
 		info.Harness = &warrenv1.HarnessOptions{MaxChildren: hp.maxChildren}
 	}
@@ -185,6 +186,10 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 			m.mu.Unlock()
 			return nil, err
 		}
+	}
+	if err := m.admitLocked(s, p.resources); err != nil {
+		m.mu.Unlock()
+		return nil, err
 	}
 	s.id, info.Id = p.id, p.id
 	if info.Hostname == "" {
@@ -291,6 +296,7 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 		Network:     p.network,
 		AllowSetuid: info.AllowSetuid,
 		UserNS:      info.UserNamespace,
+		QoS:         p.qos,
 	})
 	if err != nil {
 		return nil, withCategory(err, errdefs.Internal, "create sandbox "+p.id)

@@ -23,7 +23,7 @@ type updateParams struct {
 }
 
 func (u *updateParams) hasLimits() bool {
-	return u.limits.CPUMillis != nil || u.limits.MemoryBytes != nil || u.limits.PidsMax != nil || u.limits.Network != nil
+	return u.limits.CPUMillis != nil || u.limits.MemoryBytes != nil || u.limits.PidsMax != nil || u.limits.Network != nil || u.limits.QoS != nil
 }
 
 func (m *Manager) validateUpdate(req *warrenv1.UpdateSandboxRequest) (updateParams, error) {
@@ -55,6 +55,15 @@ func (m *Manager) validateUpdate(req *warrenv1.UpdateSandboxRequest) (updatePara
 			return u, err
 		}
 		u.limits.Network = &p
+	}
+	if req.Qos != nil {
+		q, err := qosOf(req.GetQos(), req.GetQosCpus())
+		if err != nil {
+			return u, err
+		}
+		u.limits.QoS = &q
+	} else if len(req.GetQosCpus()) > 0 {
+		return u, errdefs.Invalidf("qos_cpus without qos: the pinning changes with the class")
 	}
 	if req.TimeoutSeconds != nil {
 		d, err := m.lifetime(req.GetTimeoutSeconds())
@@ -127,6 +136,7 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 		return nil, err
 	}
 	old := proto.Clone(s.info.GetResources()).(*warrenv1.Resources)
+	oldQoS := recordedQoS(s.info)
 	oldNet, err := networkPolicy("network", s.info.GetNetwork())
 	if err != nil {
 		s.mu.Unlock()
@@ -151,7 +161,7 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 	if u.hasLimits() {
 		var ok bool
 		if up, ok = sb.(backend.Updater); !ok {
-			return nil, errdefs.Unsupportedf("backend %s cannot change the limits or network of a running sandbox", backendName)
+			return nil, errdefs.Unsupportedf("backend %s cannot change the limits, network or QoS class of a running sandbox", backendName)
 		}
 		if err := up.Update(ctx, u.limits); err != nil {
 			return nil, m.explain(opUpdate, s, err, "update sandbox "+s.id)
@@ -179,6 +189,9 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 	setIf(&res.MemoryBytes, u.limits.MemoryBytes)
 	setIf(&res.PidsMax, u.limits.PidsMax)
 	s.info.Resources, s.info.Labels = res, labels
+	if u.limits.QoS != nil {
+		setQoSInfo(s.info, *u.limits.QoS)
+	}
 	prevState := s.backendState
 	if resolv.done {
 		s.etcNS = resolv.to
@@ -198,6 +211,7 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 	if err := m.persist(s); err != nil {
 		s.info.Resources, s.info.Labels, s.info.ExpiresAtUnixMs = prevInfo.Resources, prevInfo.Labels, prevInfo.ExpiresAtUnixMs
 		s.info.Network, s.info.NetworkAddress, s.backendState = prevInfo.Network, prevInfo.NetworkAddress, prevState
+		s.info.Qos, s.info.QosCpus = prevInfo.Qos, prevInfo.QosCpus
 		s.etcNS = etcNS
 		s.mu.Unlock()
 		m.undoResolv(context.WithoutCancel(ctx), s.id, fs, resolv)
@@ -214,6 +228,9 @@ func (m *Manager) UpdateSandbox(ctx context.Context, req *warrenv1.UpdateSandbox
 			}
 			if u.limits.Network != nil {
 				back.Network = &oldNet
+			}
+			if u.limits.QoS != nil {
+				back.QoS = &oldQoS
 			}
 			if rerr := up.Update(context.WithoutCancel(ctx), back); rerr != nil {
 				m.log.Error("restore limits after a failed update", "sandbox", s.id, "err", rerr)

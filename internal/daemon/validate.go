@@ -13,6 +13,7 @@ import (
 	"time"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/image"
@@ -87,6 +88,7 @@ type createParams struct {
 	layers             []string // named layers (or digests), bottom first
 	rlimits            []rlimit.Limit
 	network            netpolicy.Policy
+	qos                backend.QoS
 }
 
 func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, error) {
@@ -186,6 +188,9 @@ func (m *Manager) validateCreate(req *warrenv1.CreateRequest) (createParams, err
 		return p, err
 	}
 	if p.network, err = networkPolicy("network", req.GetNetwork()); err != nil {
+		return p, err
+	}
+	if p.qos, err = qosOf(req.GetQos(), req.GetQosCpus()); err != nil {
 		return p, err
 	}
 	return p, nil

@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/coresched"
 	"github.com/warrenrl/warren/internal/mountinfo"
 )
 
@@ -18,7 +20,8 @@ var (
 	Commit  = ""
 )
 
-// Version reports the daemon's version, backends and cgroup mode.
+// Version reports the daemon's version, backends, cgroup mode and QoS
+// mechanisms.
 func (m *Manager) Version(ctx context.Context, req *warrenv1.VersionRequest) (_ *warrenv1.VersionResponse, err error) {
 	defer m.observe("Version", &err)
 	return &warrenv1.VersionResponse{
@@ -29,6 +32,9 @@ func (m *Manager) Version(ctx context.Context, req *warrenv1.VersionRequest) (_ 
 		Gpus:       m.nodeGPUs(),
 		Node:       m.cfg.NodeName,
 		NodeTag:    m.cfg.NodeTag,
+		// The QoS mechanisms of this kernel (qos.go): detected once.
+		CpuIdle:        cgroups.HasIdle(),
+		CoreScheduling: coresched.Available(),
 	}, nil
 }
 

@@ -200,6 +200,10 @@ func (s *sandbox) become(ctx context.Context, spec backend.Spec) error {
 	if !spec.Network.IsNone() {
 		u.Network = &spec.Network
 	}
+	if spec.QoS.Latency() {
+		// The pool makes best-effort environments (the default class).
+		u.QoS = &spec.QoS
+	}
 	if u != (backend.Update{}) {
 		if err := up.Update(ctx, u); err != nil {
 			return err

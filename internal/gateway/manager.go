@@ -106,6 +106,10 @@ func (g *Gateway) placeRequest(ctx context.Context, req *warrenv1.CreateRequest)
 		CPUMillis:   req.GetResources().GetCpuMillis(),
 		MemoryBytes: req.GetResources().GetMemoryBytes(),
 		Layers:      g.layersOf(ctx, req.GetImage()),
+		QoS:         req.GetQos(),
+	}
+	if r.QoS == "" {
+		r.QoS = "be" // the node's default class, which it reports so
 	}
 	if r.MemoryBytes == 0 {
 		r.MemoryBytes = defaultMemoryBytes

@@ -115,6 +115,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		// The VM has no network device: a policy that allows anything
 		// is refused, not dropped.
 		return nil, errdefs.Unsupportedf("microvm: network policy %s: VMs have no network yet (mode none only)", spec.Network)
+	case spec.QoS.Latency():
+		// QEMU runs in the daemon's cgroup, not one of the VM's own that
+		// a class could weigh: refused rather than ignored.
+		return nil, errdefs.Unsupportedf("microvm: QoS class ls is not implemented for VMs yet (their QEMU has no cgroup of its own); use the container backend or class be")
 	case len(spec.Layers) == 0:
 		return nil, errdefs.Invalidf("microvm: no layers")
 	}

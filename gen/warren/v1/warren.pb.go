@@ -462,8 +462,19 @@ type CreateRequest struct {
 	// retry and an earlier attempt still on its way to some node make one
 	// sandbox whichever gateways they pass. claim_step says what the node
 	// does with it (docs/ARCHITECTURE.md, "Retried creates").
-	Claim         string    `protobuf:"bytes,57,opt,name=claim,proto3" json:"claim,omitempty"`
-	ClaimStep     ClaimStep `protobuf:"varint,58,opt,name=claim_step,json=claimStep,proto3,enum=warren.v1.ClaimStep" json:"claim_step,omitempty"`
+	Claim     string    `protobuf:"bytes,57,opt,name=claim,proto3" json:"claim,omitempty"`
+	ClaimStep ClaimStep `protobuf:"varint,58,opt,name=claim_step,json=claimStep,proto3,enum=warren.v1.ClaimStep" json:"claim_step,omitempty"`
+	// The sandbox's CPU QoS class (docs/ARCHITECTURE.md, "CPU QoS"): "be"
+	// (best-effort, the default) runs it under SCHED_IDLE as a whole
+	// cgroup (cpu.idle; the lowest CPU weight on kernels before 5.15), so
+	// it only gets CPU the other sandboxes leave;
+	// "ls" (latency-sensitive) gives it a higher CPU weight and, where the
+	// kernel has core scheduling (VersionResponse.core_scheduling), a core
+	// cookie of its own. Another value is invalid. Its forks inherit it.
+	Qos string `protobuf:"bytes,50,opt,name=qos,proto3" json:"qos,omitempty"`
+	// With qos "ls" only: the CPUs the sandbox is pinned to (a cpuset
+	// cgroup), each below the node's CPU count. Empty: not pinned.
+	QosCpus       []int32 `protobuf:"varint,51,rep,packed,name=qos_cpus,json=qosCpus,proto3" json:"qos_cpus,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -671,6 +682,20 @@ func (x *CreateRequest) GetClaimStep() ClaimStep {
 		return x.ClaimStep
 	}
 	return ClaimStep_CLAIM_STEP_CREATE
+}
+
+func (x *CreateRequest) GetQos() string {
+	if x != nil {
+		return x.Qos
+	}
+	return ""
+}
+
+func (x *CreateRequest) GetQosCpus() []int32 {
+	if x != nil {
+		return x.QosCpus
+	}
+	return nil
 }
 
 // HarnessOptions are the limits of a harness sandbox.
@@ -993,8 +1018,10 @@ type Sandbox struct {
 	// CreateRequest.keep_while_paused: while PAUSED or HIBERNATED
 	// expires_at_unix_ms is 0 (never) and lifetime_left_ms is what Resume
 	// gives back.
-	KeepWhilePaused bool  `protobuf:"varint,61,opt,name=keep_while_paused,json=keepWhilePaused,proto3" json:"keep_while_paused,omitempty"`
-	LifetimeLeftMs  int64 `protobuf:"varint,62,opt,name=lifetime_left_ms,json=lifetimeLeftMs,proto3" json:"lifetime_left_ms,omitempty"`
+	KeepWhilePaused bool    `protobuf:"varint,61,opt,name=keep_while_paused,json=keepWhilePaused,proto3" json:"keep_while_paused,omitempty"`
+	LifetimeLeftMs  int64   `protobuf:"varint,62,opt,name=lifetime_left_ms,json=lifetimeLeftMs,proto3" json:"lifetime_left_ms,omitempty"`
+	Qos             string  `protobuf:"bytes,65,opt,name=qos,proto3" json:"qos,omitempty"`                                // "ls" or "be" (CreateRequest.qos)
+	QosCpus         []int32 `protobuf:"varint,66,rep,packed,name=qos_cpus,json=qosCpus,proto3" json:"qos_cpus,omitempty"` // CreateRequest.qos_cpus
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -1258,6 +1285,20 @@ func (x *Sandbox) GetLifetimeLeftMs() int64 {
 		return x.LifetimeLeftMs
 	}
 	return 0
+}
+
+func (x *Sandbox) GetQos() string {
+	if x != nil {
+		return x.Qos
+	}
+	return ""
+}
+
+func (x *Sandbox) GetQosCpus() []int32 {
+	if x != nil {
+		return x.QosCpus
+	}
+	return nil
 }
 
 type GetRequest struct {
@@ -1568,7 +1609,12 @@ type UpdateSandboxRequest struct {
 	RemoveLabels   []string               `protobuf:"bytes,7,rep,name=remove_labels,json=removeLabels,proto3" json:"remove_labels,omitempty"`
 	// A new network policy, applied at once: new connections follow it and
 	// established ones it forbids are cut. Unset: unchanged.
-	Network       *NetworkPolicy `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	Network *NetworkPolicy `protobuf:"bytes,8,opt,name=network,proto3" json:"network,omitempty"`
+	// A new QoS class ("ls" or "be"), applied to the running processes at
+	// once; qos_cpus replaces the pinning with it (empty: none; "ls" only).
+	// Unset: unchanged.
+	Qos           *string `protobuf:"bytes,9,opt,name=qos,proto3,oneof" json:"qos,omitempty"`
+	QosCpus       []int32 `protobuf:"varint,10,rep,packed,name=qos_cpus,json=qosCpus,proto3" json:"qos_cpus,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1655,6 +1701,20 @@ func (x *UpdateSandboxRequest) GetRemoveLabels() []string {
 func (x *UpdateSandboxRequest) GetNetwork() *NetworkPolicy {
 	if x != nil {
 		return x.Network
+	}
+	return nil
+}
+
+func (x *UpdateSandboxRequest) GetQos() string {
+	if x != nil && x.Qos != nil {
+		return *x.Qos
+	}
+	return ""
+}
+
+func (x *UpdateSandboxRequest) GetQosCpus() []int32 {
+	if x != nil {
+		return x.QosCpus
 	}
 	return nil
 }
@@ -5615,10 +5675,15 @@ type VersionResponse struct {
 	Gpus []*NodeGpu `protobuf:"bytes,5,rep,name=gpus,proto3" json:"gpus,omitempty"`
 	// The node's name and the tag that starts the ids of its sandboxes
 	// ("" outside a cluster); "gateway" for a gateway.
-	Node          string `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
-	NodeTag       string `protobuf:"bytes,8,opt,name=node_tag,json=nodeTag,proto3" json:"node_tag,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Node    string `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
+	NodeTag string `protobuf:"bytes,8,opt,name=node_tag,json=nodeTag,proto3" json:"node_tag,omitempty"`
+	// The CPU QoS mechanisms the node has (CreateRequest.qos): cpu.idle
+	// for "be" sandboxes, and core scheduling (prctl PR_SCHED_CORE, which
+	// needs CONFIG_SCHED_CORE and SMT-aware hardware support) for "ls".
+	CpuIdle        bool `protobuf:"varint,9,opt,name=cpu_idle,json=cpuIdle,proto3" json:"cpu_idle,omitempty"`
+	CoreScheduling bool `protobuf:"varint,10,opt,name=core_scheduling,json=coreScheduling,proto3" json:"core_scheduling,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *VersionResponse) Reset() {
@@ -5698,6 +5763,20 @@ func (x *VersionResponse) GetNodeTag() string {
 		return x.NodeTag
 	}
 	return ""
+}
+
+func (x *VersionResponse) GetCpuIdle() bool {
+	if x != nil {
+		return x.CpuIdle
+	}
+	return false
+}
+
+func (x *VersionResponse) GetCoreScheduling() bool {
+	if x != nil {
+		return x.CoreScheduling
+	}
+	return false
 }
 
 type NodeGpu struct {
@@ -8398,6 +8477,12 @@ type NodeStatus struct {
 	Layers           []string               `protobuf:"bytes,12,rep,name=layers,proto3" json:"layers,omitempty"`                                                                                                         // digests of the layers mounted now
 	Qos              map[string]int32       `protobuf:"bytes,13,rep,name=qos,proto3" json:"qos,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`                                    // live sandboxes per QoS class
 	LabelCounts      map[string]int32       `protobuf:"bytes,14,rep,name=label_counts,json=labelCounts,proto3" json:"label_counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"` // live sandboxes per "key=value"
+	// The node's own admission (warren serve --cpu-overcommit,
+	// --memory-overcommit, --max-sandboxes): it refuses a create, fork or
+	// restore past them with RESOURCE_EXHAUSTED. 0: no ratio.
+	CpuOvercommit    float64   `protobuf:"fixed64,15,opt,name=cpu_overcommit,json=cpuOvercommit,proto3" json:"cpu_overcommit,omitempty"`
+	MemoryOvercommit float64   `protobuf:"fixed64,16,opt,name=memory_overcommit,json=memoryOvercommit,proto3" json:"memory_overcommit,omitempty"`
+	Free             *NodeFree `protobuf:"bytes,17,opt,name=free,proto3" json:"free,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -8530,6 +8615,90 @@ func (x *NodeStatus) GetLabelCounts() map[string]int32 {
 	return nil
 }
 
+func (x *NodeStatus) GetCpuOvercommit() float64 {
+	if x != nil {
+		return x.CpuOvercommit
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetMemoryOvercommit() float64 {
+	if x != nil {
+		return x.MemoryOvercommit
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetFree() *NodeFree {
+	if x != nil {
+		return x.Free
+	}
+	return nil
+}
+
+// NodeFree is what a node still admits: capacity times the over-commit
+// ratio, less what its resident sandboxes (not stopped or hibernated)
+// asked for. -1: no limit of that kind.
+type NodeFree struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CpuMillis     int64                  `protobuf:"varint,1,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`
+	MemoryBytes   int64                  `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	Sandboxes     int32                  `protobuf:"varint,3,opt,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeFree) Reset() {
+	*x = NodeFree{}
+	mi := &file_warren_v1_warren_proto_msgTypes[110]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeFree) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeFree) ProtoMessage() {}
+
+func (x *NodeFree) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[110]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeFree.ProtoReflect.Descriptor instead.
+func (*NodeFree) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{110}
+}
+
+func (x *NodeFree) GetCpuMillis() int64 {
+	if x != nil {
+		return x.CpuMillis
+	}
+	return 0
+}
+
+func (x *NodeFree) GetMemoryBytes() int64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *NodeFree) GetSandboxes() int32 {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return 0
+}
+
 type NodeStatusResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Nodes         []*NodeStatus          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
@@ -8539,7 +8708,7 @@ type NodeStatusResponse struct {
 
 func (x *NodeStatusResponse) Reset() {
 	*x = NodeStatusResponse{}
-	mi := &file_warren_v1_warren_proto_msgTypes[110]
+	mi := &file_warren_v1_warren_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8551,7 +8720,7 @@ func (x *NodeStatusResponse) String() string {
 func (*NodeStatusResponse) ProtoMessage() {}
 
 func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warren_v1_warren_proto_msgTypes[110]
+	mi := &file_warren_v1_warren_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8564,7 +8733,7 @@ func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*NodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_warren_v1_warren_proto_rawDescGZIP(), []int{110}
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *NodeStatusResponse) GetNodes() []*NodeStatus {
@@ -8585,7 +8754,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x19\n" +
 	"\bpids_max\x18\x03 \x01(\x03R\apidsMax\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\x9b\b\n" +
+	"disk_bytes\x18\x04 \x01(\x03R\tdiskBytes\"\xc8\b\n" +
 	"\rCreateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -8613,7 +8782,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x11keep_while_paused\x18. \x01(\bR\x0fkeepWhilePaused\x12\x14\n" +
 	"\x05claim\x189 \x01(\tR\x05claim\x123\n" +
 	"\n" +
-	"claim_step\x18: \x01(\x0e2\x14.warren.v1.ClaimStepR\tclaimStep\x1a6\n" +
+	"claim_step\x18: \x01(\x0e2\x14.warren.v1.ClaimStepR\tclaimStep\x12\x10\n" +
+	"\x03qos\x182 \x01(\tR\x03qos\x12\x19\n" +
+	"\bqos_cpus\x183 \x03(\x05R\aqosCpus\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -8636,7 +8807,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xcb\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xf8\n" +
 	"\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
@@ -8675,7 +8846,9 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x04node\x18. \x01(\tR\x04node\x12'\n" +
 	"\x0fidempotency_key\x18/ \x01(\tR\x0eidempotencyKey\x12*\n" +
 	"\x11keep_while_paused\x18= \x01(\bR\x0fkeepWhilePaused\x12(\n" +
-	"\x10lifetime_left_ms\x18> \x01(\x03R\x0elifetimeLeftMs\x1a6\n" +
+	"\x10lifetime_left_ms\x18> \x01(\x03R\x0elifetimeLeftMs\x12\x10\n" +
+	"\x03qos\x18A \x01(\tR\x03qos\x12\x19\n" +
+	"\bqos_cpus\x18B \x03(\x05R\aqosCpus\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -8701,7 +8874,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x0eDeleteResponse\"O\n" +
 	"\x14ExtendTimeoutRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
-	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\xe7\x03\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\x03R\x0etimeoutSeconds\"\xa1\x04\n" +
 	"\x14UpdateSandboxRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
 	"\n" +
@@ -8712,14 +8885,18 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\n" +
 	"set_labels\x18\x06 \x03(\v2..warren.v1.UpdateSandboxRequest.SetLabelsEntryR\tsetLabels\x12#\n" +
 	"\rremove_labels\x18\a \x03(\tR\fremoveLabels\x122\n" +
-	"\anetwork\x18\b \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x1a<\n" +
+	"\anetwork\x18\b \x01(\v2\x18.warren.v1.NetworkPolicyR\anetwork\x12\x15\n" +
+	"\x03qos\x18\t \x01(\tH\x04R\x03qos\x88\x01\x01\x12\x19\n" +
+	"\bqos_cpus\x18\n" +
+	" \x03(\x05R\aqosCpus\x1a<\n" +
 	"\x0eSetLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
 	"\v_cpu_millisB\x0f\n" +
 	"\r_memory_bytesB\v\n" +
 	"\t_pids_maxB\x12\n" +
-	"\x10_timeout_seconds\"\xde\x03\n" +
+	"\x10_timeout_secondsB\x06\n" +
+	"\x04_qos\"\xde\x03\n" +
 	"\vExecRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
@@ -9044,7 +9221,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x05error\x18\x04 \x01(\tR\x05error\"K\n" +
 	"\x13VerifyImageResponse\x124\n" +
 	"\x06layers\x18\x01 \x03(\v2\x1c.warren.v1.LayerVerificationR\x06layers\"\x10\n" +
-	"\x0eVersionRequest\"\xd7\x01\n" +
+	"\x0eVersionRequest\"\x9b\x02\n" +
 	"\x0fVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12\x1a\n" +
@@ -9053,7 +9230,10 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"cgroupMode\x12&\n" +
 	"\x04gpus\x18\x05 \x03(\v2\x12.warren.v1.NodeGpuR\x04gpus\x12\x12\n" +
 	"\x04node\x18\a \x01(\tR\x04node\x12\x19\n" +
-	"\bnode_tag\x18\b \x01(\tR\anodeTag\"v\n" +
+	"\bnode_tag\x18\b \x01(\tR\anodeTag\x12\x19\n" +
+	"\bcpu_idle\x18\t \x01(\bR\acpuIdle\x12'\n" +
+	"\x0fcore_scheduling\x18\n" +
+	" \x01(\bR\x0ecoreScheduling\"v\n" +
 	"\aNodeGpu\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x1c\n" +
@@ -9299,7 +9479,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x13BatchCreateResponse\x120\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x12.warren.v1.SandboxR\tsandboxes\x12\x16\n" +
 	"\x06errors\x18\x02 \x03(\tR\x06errors\"\x13\n" +
-	"\x11NodeStatusRequest\"\xda\x04\n" +
+	"\x11NodeStatusRequest\"\xd7\x05\n" +
 	"\n" +
 	"NodeStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
@@ -9317,13 +9497,21 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x04load\x18\v \x01(\x01R\x04load\x12\x16\n" +
 	"\x06layers\x18\f \x03(\tR\x06layers\x120\n" +
 	"\x03qos\x18\r \x03(\v2\x1e.warren.v1.NodeStatus.QosEntryR\x03qos\x12I\n" +
-	"\flabel_counts\x18\x0e \x03(\v2&.warren.v1.NodeStatus.LabelCountsEntryR\vlabelCounts\x1a6\n" +
+	"\flabel_counts\x18\x0e \x03(\v2&.warren.v1.NodeStatus.LabelCountsEntryR\vlabelCounts\x12%\n" +
+	"\x0ecpu_overcommit\x18\x0f \x01(\x01R\rcpuOvercommit\x12+\n" +
+	"\x11memory_overcommit\x18\x10 \x01(\x01R\x10memoryOvercommit\x12'\n" +
+	"\x04free\x18\x11 \x01(\v2\x13.warren.v1.NodeFreeR\x04free\x1a6\n" +
 	"\bQosEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1a>\n" +
 	"\x10LabelCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"A\n" +
+	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\"j\n" +
+	"\bNodeFree\x12\x1d\n" +
+	"\n" +
+	"cpu_millis\x18\x01 \x01(\x03R\tcpuMillis\x12!\n" +
+	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1c\n" +
+	"\tsandboxes\x18\x03 \x01(\x05R\tsandboxes\"A\n" +
 	"\x12NodeStatusResponse\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.warren.v1.NodeStatusR\x05nodes*\xeb\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
@@ -9430,7 +9618,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 125)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 126)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(ClaimStep)(0),                    // 1: warren.v1.ClaimStep
@@ -9546,26 +9734,27 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*BatchCreateResponse)(nil),       // 111: warren.v1.BatchCreateResponse
 	(*NodeStatusRequest)(nil),         // 112: warren.v1.NodeStatusRequest
 	(*NodeStatus)(nil),                // 113: warren.v1.NodeStatus
-	(*NodeStatusResponse)(nil),        // 114: warren.v1.NodeStatusResponse
-	nil,                               // 115: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 116: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 117: warren.v1.Sandbox.EnvEntry
-	nil,                               // 118: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 119: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 120: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 121: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 122: warren.v1.ForkRequest.LabelsEntry
-	nil,                               // 123: warren.v1.HibernateByLabelRequest.LabelsEntry
-	nil,                               // 124: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 125: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 126: warren.v1.RunStep.EnvEntry
-	nil,                               // 127: warren.v1.NodeStatus.QosEntry
-	nil,                               // 128: warren.v1.NodeStatus.LabelCountsEntry
+	(*NodeFree)(nil),                  // 114: warren.v1.NodeFree
+	(*NodeStatusResponse)(nil),        // 115: warren.v1.NodeStatusResponse
+	nil,                               // 116: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 117: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 118: warren.v1.Sandbox.EnvEntry
+	nil,                               // 119: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 120: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 121: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 122: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 123: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 124: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 125: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 126: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 127: warren.v1.RunStep.EnvEntry
+	nil,                               // 128: warren.v1.NodeStatus.QosEntry
+	nil,                               // 129: warren.v1.NodeStatus.LabelCountsEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	4,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	115, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	116, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	116, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	117, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	9,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	7,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	6,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
@@ -9573,16 +9762,16 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	8,   // 7: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,   // 8: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	4,   // 9: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	117, // 10: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	118, // 11: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	118, // 10: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	119, // 11: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	9,   // 12: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	7,   // 13: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
 	6,   // 14: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
-	119, // 15: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	120, // 15: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	10,  // 16: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	120, // 17: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	121, // 17: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	7,   // 18: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	121, // 19: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	122, // 19: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	19,  // 20: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	21,  // 21: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	19,  // 22: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -9614,18 +9803,18 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	10,  // 48: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
 	10,  // 49: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
 	86,  // 50: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
-	122, // 51: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	123, // 51: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
 	10,  // 52: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
 	10,  // 53: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
-	123, // 54: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
-	124, // 55: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	125, // 56: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	124, // 54: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	125, // 55: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	126, // 56: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
 	87,  // 57: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
 	89,  // 58: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
 	92,  // 59: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
 	101, // 60: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
 	100, // 61: warren.v1.RunRequest.gpus:type_name -> warren.v1.RunGpus
-	126, // 62: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	127, // 62: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
 	102, // 63: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
 	103, // 64: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
 	3,   // 65: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
@@ -9637,112 +9826,113 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	106, // 71: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
 	5,   // 72: warren.v1.BatchCreateRequest.template:type_name -> warren.v1.CreateRequest
 	10,  // 73: warren.v1.BatchCreateResponse.sandboxes:type_name -> warren.v1.Sandbox
-	127, // 74: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
-	128, // 75: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
-	113, // 76: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
-	5,   // 77: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	11,  // 78: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	12,  // 79: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	14,  // 80: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	16,  // 81: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	17,  // 82: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	18,  // 83: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	18,  // 84: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	18,  // 85: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	23,  // 86: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	25,  // 87: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	26,  // 88: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	28,  // 89: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	30,  // 90: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	33,  // 91: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	35,  // 92: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	37,  // 93: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	40,  // 94: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	42,  // 95: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	49,  // 96: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	51,  // 97: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	43,  // 98: warren.v1.SandboxService.WatchDir:input_type -> warren.v1.WatchDirRequest
-	47,  // 99: warren.v1.SandboxService.SandboxStats:input_type -> warren.v1.SandboxStatsRequest
-	68,  // 100: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	78,  // 101: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	81,  // 102: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	85,  // 103: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	88,  // 104: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	96,  // 105: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	97,  // 106: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	90,  // 107: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
-	95,  // 108: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
-	93,  // 109: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
-	99,  // 110: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	107, // 111: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	91,  // 112: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
-	110, // 113: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
-	54,  // 114: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	56,  // 115: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	57,  // 116: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	58,  // 117: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	60,  // 118: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	63,  // 119: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	64,  // 120: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	66,  // 121: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	69,  // 122: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	72,  // 123: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	75,  // 124: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	112, // 125: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
-	10,  // 126: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	10,  // 127: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	13,  // 128: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	15,  // 129: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	10,  // 130: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	10,  // 131: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	19,  // 132: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	20,  // 133: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	22,  // 134: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	24,  // 135: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	19,  // 136: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	27,  // 137: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	29,  // 138: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	32,  // 139: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	34,  // 140: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	36,  // 141: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	38,  // 142: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	41,  // 143: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	39,  // 144: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	50,  // 145: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	52,  // 146: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	46,  // 147: warren.v1.SandboxService.WatchDir:output_type -> warren.v1.WatchDirEvent
-	48,  // 148: warren.v1.SandboxService.SandboxStats:output_type -> warren.v1.SandboxStatsResponse
-	62,  // 149: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	79,  // 150: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	82,  // 151: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	87,  // 152: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	89,  // 153: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	98,  // 154: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	98,  // 155: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	92,  // 156: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
-	98,  // 157: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
-	94,  // 158: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
-	106, // 159: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	109, // 160: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	89,  // 161: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
-	111, // 162: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
-	55,  // 163: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	53,  // 164: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	53,  // 165: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	59,  // 166: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	61,  // 167: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	62,  // 168: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	65,  // 169: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	67,  // 170: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	71,  // 171: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	74,  // 172: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	76,  // 173: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	114, // 174: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
-	126, // [126:175] is the sub-list for method output_type
-	77,  // [77:126] is the sub-list for method input_type
-	77,  // [77:77] is the sub-list for extension type_name
-	77,  // [77:77] is the sub-list for extension extendee
-	0,   // [0:77] is the sub-list for field type_name
+	128, // 74: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
+	129, // 75: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
+	114, // 76: warren.v1.NodeStatus.free:type_name -> warren.v1.NodeFree
+	113, // 77: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
+	5,   // 78: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	11,  // 79: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	12,  // 80: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	14,  // 81: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	16,  // 82: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	17,  // 83: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	18,  // 84: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	18,  // 85: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	18,  // 86: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	23,  // 87: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	25,  // 88: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	26,  // 89: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	28,  // 90: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	30,  // 91: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	33,  // 92: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	35,  // 93: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	37,  // 94: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	40,  // 95: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	42,  // 96: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	49,  // 97: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	51,  // 98: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	43,  // 99: warren.v1.SandboxService.WatchDir:input_type -> warren.v1.WatchDirRequest
+	47,  // 100: warren.v1.SandboxService.SandboxStats:input_type -> warren.v1.SandboxStatsRequest
+	68,  // 101: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	78,  // 102: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	81,  // 103: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	85,  // 104: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	88,  // 105: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	96,  // 106: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	97,  // 107: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	90,  // 108: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	95,  // 109: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	93,  // 110: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	99,  // 111: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	107, // 112: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	91,  // 113: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
+	110, // 114: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
+	54,  // 115: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	56,  // 116: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	57,  // 117: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	58,  // 118: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	60,  // 119: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	63,  // 120: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	64,  // 121: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	66,  // 122: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	69,  // 123: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	72,  // 124: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	75,  // 125: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	112, // 126: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
+	10,  // 127: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	10,  // 128: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	13,  // 129: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	15,  // 130: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	10,  // 131: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	10,  // 132: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	19,  // 133: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	20,  // 134: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	22,  // 135: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	24,  // 136: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	19,  // 137: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	27,  // 138: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	29,  // 139: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	32,  // 140: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	34,  // 141: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	36,  // 142: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	38,  // 143: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	41,  // 144: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	39,  // 145: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	50,  // 146: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	52,  // 147: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	46,  // 148: warren.v1.SandboxService.WatchDir:output_type -> warren.v1.WatchDirEvent
+	48,  // 149: warren.v1.SandboxService.SandboxStats:output_type -> warren.v1.SandboxStatsResponse
+	62,  // 150: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	79,  // 151: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	82,  // 152: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	87,  // 153: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	89,  // 154: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	98,  // 155: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	98,  // 156: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	92,  // 157: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	98,  // 158: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	94,  // 159: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	106, // 160: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	109, // 161: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	89,  // 162: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
+	111, // 163: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
+	55,  // 164: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	53,  // 165: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	53,  // 166: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	59,  // 167: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	61,  // 168: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	62,  // 169: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	65,  // 170: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	67,  // 171: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	71,  // 172: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	74,  // 173: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	76,  // 174: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	115, // 175: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
+	127, // [127:176] is the sub-list for method output_type
+	78,  // [78:127] is the sub-list for method input_type
+	78,  // [78:78] is the sub-list for extension type_name
+	78,  // [78:78] is the sub-list for extension extendee
+	0,   // [0:78] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -9783,7 +9973,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   125,
+			NumMessages:   126,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

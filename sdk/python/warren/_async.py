@@ -421,6 +421,8 @@ class AsyncWarren:
         harness: bool = False,
         max_children: int = 0,
         call_timeout: Optional[float] = None,
+        qos: Optional[str] = None,
+        qos_cpus: Optional[Sequence[int]] = None,
     ) -> "_StartContext[AsyncSandbox]":
         """Create a sandbox. Await it for an :class:`AsyncSandbox`, or use it
         as an async context manager, which deletes the sandbox on exit (also
@@ -489,6 +491,11 @@ class AsyncWarren:
             max_children: with ``harness``: how many children it may have at
                 once (0 = 32, at most 1024); past it :class:`ExhaustedError`.
             call_timeout: client deadline of this call (default ``create_timeout``).
+            qos: the CPU QoS class: ``"be"`` (best-effort, SCHED_IDLE: it
+                gets the CPU others leave; the default) or ``"ls"``
+                (latency-sensitive: more CPU weight, and a core of its own
+                where the node's kernel has core scheduling).
+            qos_cpus: with ``qos="ls"``: pin the sandbox to these CPUs.
         """
         net = _network_json(network)
         if resources is not None and (cpu_millis or memory_bytes or pids_max or disk_bytes):
@@ -521,6 +528,8 @@ class AsyncWarren:
                 network=net,
                 harness={"maxChildren": max_children} if max_children else {} if harness else None,
                 call_timeout=call_timeout if call_timeout is not None else self.create_timeout,
+                qos=qos,
+                qos_cpus=qos_cpus,
             )
 
         return _StartContext(start)
@@ -546,6 +555,8 @@ class AsyncWarren:
         network: Optional[Dict[str, Any]],
         call_timeout: float,
         harness: Optional[Dict[str, Any]] = None,
+        qos: Optional[str] = None,
+        qos_cpus: Optional[Sequence[int]] = None,
     ) -> "AsyncSandbox":
         if not image:
             raise ValueError("image is required")
@@ -573,6 +584,8 @@ class AsyncWarren:
             rlimits=rlimits,
             network=network,
             harness=harness,
+            qos=qos,
+            qos_cpus=qos_cpus,
         )
         body["id"] = sid
 
@@ -763,6 +776,8 @@ class AsyncWarren:
         remove_labels: Optional[Sequence[str]] = None,
         network: Optional[NetworkArg] = None,
         timeout: Optional[float] = None,
+        qos: Optional[str] = None,
+        qos_cpus: Optional[Sequence[int]] = None,
     ) -> SandboxInfo:
         """Change running sandbox ``id``, all or nothing, and return it as it
         is afterwards. Arguments left None stay as they are. Limits mean
@@ -773,7 +788,9 @@ class AsyncWarren:
         them (absent ones are ignored; a key in both is invalid);
         ``network`` replaces the network policy (as in :meth:`create`): new
         connections follow it at once and established TCP connections it
-        forbids are aborted.
+        forbids are aborted. ``qos`` changes the CPU QoS class (``"ls"`` or
+        ``"be"``, as in :meth:`create`) of the running processes at once,
+        and ``qos_cpus`` the pinning with it (None or empty: unpinned).
 
         Raises :class:`ConflictError` naming the state when the sandbox is
         not RUNNING, and :class:`InvalidError` when the node cannot honour
@@ -792,6 +809,12 @@ class AsyncWarren:
         net = _network_json(network)
         if net is not None:
             body["network"] = net
+        if qos is not None:
+            body["qos"] = qos
+            if qos_cpus:
+                body["qosCpus"] = [int(c) for c in qos_cpus]
+        elif qos_cpus:
+            raise ValueError("qos_cpus changes with qos")
         d = await self._rpc(_SBX + "UpdateSandbox", body, timeout=timeout, idempotent=True)
         return SandboxInfo._from_json(d)
 
@@ -1608,6 +1631,8 @@ def _template_json(
     rlimits: Sequence[Rlimit],
     network: Optional[Dict[str, Any]],
     harness: Optional[Dict[str, Any]],
+    qos: Optional[str] = None,
+    qos_cpus: Optional[Sequence[int]] = None,
 ) -> Dict[str, Any]:
     """The JSON of a CreateRequest without its id (create's and
     batch_create's template)."""
@@ -1643,6 +1668,10 @@ def _template_json(
         body["network"] = network
     if harness is not None:
         body["harness"] = harness
+    if qos:
+        body["qos"] = qos
+    if qos_cpus:
+        body["qosCpus"] = [int(c) for c in qos_cpus]
     return body
 
 
@@ -1770,9 +1799,11 @@ class AsyncSandbox:
         remove_labels: Optional[Sequence[str]] = None,
         network: Optional[NetworkArg] = None,
         timeout: Optional[float] = None,
+        qos: Optional[str] = None,
+        qos_cpus: Optional[Sequence[int]] = None,
     ) -> SandboxInfo:
-        """Change the running sandbox's limits, lifetime, labels or network,
-        all or nothing (see :meth:`AsyncWarren.update_sandbox`)."""
+        """Change the running sandbox's limits, lifetime, labels, network or
+        QoS class, all or nothing (see :meth:`AsyncWarren.update_sandbox`)."""
         self.info = await self.client.update_sandbox(
             self.id,
             cpu_millis=cpu_millis,
@@ -1783,6 +1814,8 @@ class AsyncSandbox:
             remove_labels=remove_labels,
             network=network,
             timeout=timeout,
+            qos=qos,
+            qos_cpus=qos_cpus,
         )
         return self.info
 

@@ -271,6 +271,8 @@ class Warren:
         harness: bool = False,
         max_children: int = 0,
         call_timeout: Optional[float] = None,
+        qos: Optional[str] = None,
+        qos_cpus: Optional[Sequence[int]] = None,
     ) -> "Sandbox":
         """Create a sandbox (see :meth:`AsyncWarren.create`). Use the result in
         a ``with`` block to delete it at the end."""
@@ -298,6 +300,8 @@ class Warren:
             harness=harness,
             max_children=max_children,
             call_timeout=call_timeout,
+            qos=qos,
+            qos_cpus=qos_cpus,
         )
         return Sandbox(self, self._run(_await(ctx)))
 
@@ -341,6 +345,8 @@ class Warren:
         remove_labels: Optional[Sequence[str]] = None,
         network: Optional[NetworkArg] = None,
         timeout: Optional[float] = None,
+        qos: Optional[str] = None,
+        qos_cpus: Optional[Sequence[int]] = None,
     ) -> SandboxInfo:
         """See :meth:`AsyncWarren.update_sandbox` (all or nothing)."""
         return self._run(
@@ -354,6 +360,8 @@ class Warren:
                 remove_labels=remove_labels,
                 network=network,
                 timeout=timeout,
+                qos=qos,
+                qos_cpus=qos_cpus,
             )
         )
 
@@ -676,6 +684,8 @@ class Sandbox:
         remove_labels: Optional[Sequence[str]] = None,
         network: Optional[NetworkArg] = None,
         timeout: Optional[float] = None,
+        qos: Optional[str] = None,
+        qos_cpus: Optional[Sequence[int]] = None,
     ) -> SandboxInfo:
         """See :meth:`AsyncSandbox.update` (all or nothing)."""
         return self._run(
@@ -688,6 +698,8 @@ class Sandbox:
                 remove_labels=remove_labels,
                 network=network,
                 timeout=timeout,
+                qos=qos,
+                qos_cpus=qos_cpus,
             )
         )
 

@@ -336,6 +336,11 @@ class SandboxInfo:
     parent: str = ""
     #: the node that runs it, in a cluster (``warren gateway``); "" otherwise
     node: str = ""
+    #: its CPU QoS class: ``"ls"`` (latency-sensitive) or ``"be"``
+    #: (best-effort); "" from daemons before classes
+    qos: str = ""
+    #: the CPUs an ``"ls"`` sandbox is pinned to (empty: not pinned)
+    qos_cpus: Tuple[int, ...] = ()
 
     @property
     def harness(self) -> bool:
@@ -395,6 +400,8 @@ class SandboxInfo:
             max_children=_int((d.get("harness") or {}).get("maxChildren")),
             parent=d.get("parent", ""),
             node=d.get("node", ""),
+            qos=d.get("qos", ""),
+            qos_cpus=tuple(int(c) for c in d.get("qosCpus") or ()),
         )
 
 
