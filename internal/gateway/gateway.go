@@ -67,6 +67,10 @@ type Gateway struct {
 
 	stop chan struct{}
 	wg   sync.WaitGroup
+	// spawnMu and closed keep background work from starting once Close
+	// waits for it (a WaitGroup must not grow while it is waited on).
+	spawnMu sync.Mutex
+	closed  bool
 }
 
 // New starts a gateway's background pulls; Close stops them.
@@ -125,6 +129,22 @@ func (g *Gateway) loop() {
 	}
 }
 
+// spawn runs fn in the background, for Close to wait for, unless the
+// gateway is closing (then it reports false and fn does not run).
+func (g *Gateway) spawn(fn func()) bool {
+	g.spawnMu.Lock()
+	defer g.spawnMu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		fn()
+	}()
+	return true
+}
+
 // Ready is closed once the gateway has a report from a node.
 func (g *Gateway) Ready() <-chan struct{} { return g.ready }
 
@@ -142,6 +162,9 @@ func (g *Gateway) warming() error {
 
 // Close stops the pulls.
 func (g *Gateway) Close() error {
+	g.spawnMu.Lock()
+	g.closed = true
+	g.spawnMu.Unlock()
 	close(g.stop)
 	g.wg.Wait()
 	for _, n := range g.nodes.all() {
@@ -346,9 +369,7 @@ func (g *Gateway) layersOf(ctx context.Context, image string) []string {
 	if stale && !e.refreshing {
 		e.refreshing = true
 		g.images.m[image] = e
-		g.wg.Add(1)
-		go func() {
-			defer g.wg.Done()
+		g.spawn(func() {
 			cctx, cancel := context.WithTimeout(context.Background(), g.o.DownAfter)
 			defer cancel()
 			if _, ok := g.fetchLayers(cctx, image); !ok {
@@ -357,7 +378,7 @@ func (g *Gateway) layersOf(ctx context.Context, image string) []string {
 				delete(g.images.m, image)
 				g.images.mu.Unlock()
 			}
-		}()
+		})
 	}
 	g.images.mu.Unlock()
 	if ok {

@@ -313,13 +313,11 @@ func (g *Gateway) releaseClaim(req *warrenv1.CreateRequest) {
 	rel := proto.Clone(req).(*warrenv1.CreateRequest)
 	rel.ClaimStep = warrenv1.ClaimStep_CLAIM_STEP_RELEASE
 	for _, n := range g.nodes.up() {
-		g.wg.Add(1)
-		go func() {
-			defer g.wg.Done()
+		g.spawn(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), g.o.DownAfter)
 			defer cancel()
 			_, _ = n.sb.Create(ctx, connect.NewRequest(rel))
-		}()
+		})
 	}
 }
 
