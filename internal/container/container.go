@@ -251,6 +251,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if err := checkMounts(spec.Mounts); err != nil {
 		return nil, err
 	}
+	if err := b.fdRoom(); err != nil {
+		return nil, err
+	}
 	if spec.Restore != "" {
 		if len(spec.Devices)+len(spec.Mounts) > 0 {
 			return nil, errdefs.Unsupportedf("sandbox %s: a restore with extra devices or mounts", spec.ID)
@@ -693,7 +696,7 @@ func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Gro
 	s := &sandbox{
 		b: b, id: id, grp: grp, st: state{Pid: pid, StartTime: st, Net: net},
 		agent: agent.NewClient(b.socket(id)),
-		root:  pinRoot(pid),
+		root:  -1, // pinned by Destroy: a descriptor per live sandbox counts at 10,000
 		disk:  fileExists(b.diskImage(id)),
 	}
 	s.exited, s.exit = context.WithCancel(context.Background())
@@ -711,6 +714,38 @@ func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Gro
 // attachStartTime is procStartTime; tests make it fail to check that a
 // failed attach leaves no zombie.
 var attachStartTime = procStartTime
+
+// pinForDelete pins the root overlay of a sandbox about to be killed
+// (pinRoot), so that its unmount's sync happens in the reaper, not in the
+// exit the delete waits for. Taken at delete, not at create: a descriptor
+// per live sandbox is half of what 10,000 sandboxes hold. Called with
+// destroyMu held, while the init lives.
+func (s *sandbox) pinForDelete() {
+	if s.root < 0 {
+		s.root = pinRoot(s.st.Pid)
+	}
+}
+
+// fdReserve is what Create leaves of the daemon's open-file limit to
+// everything but the sandboxes' own descriptors (a pidfd each): API
+// connections, exec pipes, files being served, a delete's pinned root.
+const fdReserve = 1024
+
+// fdRoom refuses a create, Exhausted, when one more sandbox would leave
+// the daemon fewer than fdReserve descriptors: past its limit, a create
+// fails deep inside with "too many open files", and so does everything
+// else the daemon does, deletes included. Counted, not read from
+// /proc/self/fd, which costs milliseconds at 10,000 sandboxes.
+func (b *Backend) fdRoom() error {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == unix.RLIM_INFINITY {
+		return nil
+	}
+	if n := uint64(b.mon.count()); n+1+fdReserve > rl.Cur {
+		return errdefs.New(errdefs.Exhausted, "the daemon's open-file limit (%d) is taken by its %d sandboxes (a descriptor each) and the %d it keeps for calls: raise warren serve's LimitNOFILE", rl.Cur, n, fdReserve)
+	}
+	return nil
+}
 
 // pinRoot opens the sandbox's root overlay (O_PATH), or returns -1. The
 // open file keeps the overlay mounted after the sandbox's mount namespace
@@ -1026,7 +1061,10 @@ func (s *sandbox) Destroy(ctx context.Context) error {
 	case <-s.exited.Done():
 	default:
 		if cur, err := procStartTime(s.st.Pid); err == nil && cur == s.st.StartTime {
+			s.pinForDelete()
 			_ = unix.Kill(s.st.Pid, unix.SIGKILL)
+		} else if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+			return errdefs.Wrap(errdefs.Exhausted, err, "sandbox "+s.id+": read its init's state")
 		}
 		// A paused sandbox: its init dies only once thawed.
 		s.thawForKill()

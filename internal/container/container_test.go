@@ -593,3 +593,50 @@ func TestAuditSandboxByLoginUID(t *testing.T) {
 		t.Errorf("AuditSandbox(%d) after destroy = %q", pid, id)
 	}
 }
+
+// TestCreateRefusedNearTheFileLimit: a create that would leave the daemon
+// fewer than fdReserve descriptors under its open-file limit is refused
+// Exhausted, naming the limit, before anything is made (past the limit
+// every call of the daemon, deletes included, would fail with "too many
+// open files"); a sandbox holds one descriptor while it lives, and
+// deleting it makes room again.
+func TestCreateRefusedNearTheFileLimit(t *testing.T) {
+	opts := testOptions(t, "fdl-")
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	// Room for one sandbox beside whatever else this process holds.
+	lim := old
+	lim.Cur = uint64(b.mon.count()) + fdReserve + 1
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
+	spec := func(id string) backend.Spec {
+		return backend.Spec{ID: id, Layers: backend.DirLayers(testutil.BusyboxRoot(t)), MemoryBytes: 64 << 20}
+	}
+	sb, err := b.Create(t.Context(), spec("fd1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Create(t.Context(), spec("fd2"))
+	if errdefs.CategoryOf(err) != errdefs.Exhausted || !strings.Contains(err.Error(), "open-file limit") {
+		t.Fatalf("a create past the descriptor room: %v, want exhausted naming the open-file limit", err)
+	}
+	if err := sb.Destroy(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := b.Create(t.Context(), spec("fd2"))
+	if err != nil {
+		t.Fatalf("a create once the first sandbox was deleted: %v", err)
+	}
+	if err := sb2.Destroy(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}

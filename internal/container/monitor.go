@@ -47,6 +47,13 @@ func (m *monitor) watch(pidfd, pid int, onExit func()) error {
 	return nil
 }
 
+// count is how many processes are watched (one pidfd each).
+func (m *monitor) count() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.cbs)
+}
+
 func (m *monitor) loop() {
 	events := make([]unix.EpollEvent, 64)
 	for {

@@ -63,9 +63,11 @@ func TestReaper(t *testing.T) {
 	}
 }
 
-// TestRootPinnedPastInitExit: the sandbox's root overlay outlives its
-// init, so that the unmount's sync of the upper filesystem happens in the
-// reaper rather than in the exit a delete waits for; the reaper lets it go.
+// TestRootPinnedPastInitExit: a live sandbox holds no descriptor of its
+// root; the delete pins it before the kill, so that the root overlay
+// outlives the init and the unmount's sync of the upper filesystem
+// happens in the reaper rather than in the exit a delete waits for; the
+// reaper lets it go.
 func TestRootPinnedPastInitExit(t *testing.T) {
 	opts := testOptions(t, "pin")
 	b, err := New(opts)
@@ -75,6 +77,13 @@ func TestRootPinnedPastInitExit(t *testing.T) {
 	defer b.Close()
 	sb, pid := runningSandbox(t, b, "pin1")
 	s := sb.(*sandbox)
+	if s.root >= 0 {
+		t.Fatal("a live sandbox holds a descriptor of its root")
+	}
+	// What Destroy does before its kill.
+	s.destroyMu.Lock()
+	s.pinForDelete()
+	s.destroyMu.Unlock()
 	if s.root < 0 {
 		t.Fatal("root not pinned")
 	}
