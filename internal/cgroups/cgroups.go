@@ -862,7 +862,10 @@ func (g *hybridGroup) Freeze() error                { return freeze2(g.name, g.u
 func (g *hybridGroup) Thaw() error                  { return thaw2(g.name, g.udir()) }
 func (g *hybridGroup) OOMKills() (uint64, error)    { return v1OOMKills(g.name) }
 func (g *hybridGroup) PidsRefused() (uint64, error) { return v1PidsRefused(g.name) }
-func (g *hybridGroup) Stats() (Stats, error)        { return v1Stats(g.name, cpuUsage2(g.udir())) }
+func (g *hybridGroup) Stats() (Stats, error) {
+	cpu, _ := g.CPUUsage()
+	return v1Stats(g.name, cpu)
+}
 
 // Delete removes the directories of the hybrid layout; Load would not
 // have found this layout for a group of the legacy one.
@@ -919,7 +922,7 @@ func (g *v2Group) Stats() (Stats, error) {
 		s.MemoryKernel = st[3] + st[4] + st[5] + st[6] + st[7]
 	}
 	s.MemorySwap, _ = readUint(filepath.Join(g.dir(), "memory.swap.current"))
-	s.CPUUsage = cpuUsage2(g.dir())
+	s.CPUUsage, _ = g.CPUUsage()
 	s.Pids, _ = readUint(filepath.Join(g.dir(), "pids.current"))
 	return s, nil
 }
@@ -948,9 +951,4 @@ func freeze2(name, dir string) error {
 func thaw2(name, dir string) error {
 	err := kfile.Write(filepath.Join(dir, "cgroup.freeze"), "0")
 	return classify(err, "thaw cgroup "+name)
-}
-
-func cpuUsage2(dir string) time.Duration {
-	usec, _ := readKey(filepath.Join(dir, "cpu.stat"), "usage_usec")
-	return time.Duration(usec) * time.Microsecond
 }

@@ -54,18 +54,7 @@ func TestSetLimitsOldLayout(t *testing.T) {
 	if Mode() == "v2" {
 		t.Skip("no v1 hierarchies")
 	}
-	for _, h := range legacySubsystems {
-		if err := os.MkdirAll(filepath.Join(Root, string(h), parent, "old"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	g, err := Load(parent, "old")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := g.(*v1Group); !ok {
-		t.Fatalf("old layout loaded as %T", g)
-	}
+	g := oldLayoutGroup(t, parent)
 	if err := g.SetLimits(Limits{CPUMillis: i64p(500), MemoryBytes: i64p(64 << 20), PidsMax: i64p(50)}); err != nil {
 		t.Fatal(err)
 	}
@@ -129,4 +118,23 @@ func TestSetLimitsAllOrNothing(t *testing.T) {
 	if err := g.Kill(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// oldLayoutGroup makes group parent/old in the legacy v1 layout (a
+// directory in every legacy hierarchy) and loads it.
+func oldLayoutGroup(t *testing.T, parent string) Group {
+	t.Helper()
+	for _, h := range legacySubsystems {
+		if err := os.MkdirAll(filepath.Join(Root, string(h), parent, "old"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := Load(parent, "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := g.(*v1Group); !ok {
+		t.Fatalf("old layout loaded as %T", g)
+	}
+	return g
 }

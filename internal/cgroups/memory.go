@@ -93,8 +93,8 @@ func v1Memory(dir string) (Memory, error) {
 // OOM-kills.
 func reclaimV1(name string) error {
 	dir := v1Dir(cgroup1.Memory, name)
-	if err := kfile.Write(filepath.Join(dir, "memory.force_empty"), "0"); err != nil {
-		return classify(err, "reclaim page cache of cgroup "+name)
+	if err := forceEmpty(name, dir); err != nil {
+		return err
 	}
 	if swap, err := SwapTotal(); err != nil || swap == 0 {
 		return nil

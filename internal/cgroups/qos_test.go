@@ -1,8 +1,6 @@
 package cgroups
 
 import (
-	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -100,18 +98,7 @@ func TestQoSOldLayout(t *testing.T) {
 	if !HasIdle() {
 		t.Skip("no cpu.idle on this kernel")
 	}
-	for _, h := range legacySubsystems {
-		if err := os.MkdirAll(filepath.Join(Root, string(h), parent, "old"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	g, err := Load(parent, "old")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := g.(*v1Group); !ok {
-		t.Fatalf("old layout loaded as %T", g)
-	}
+	g := oldLayoutGroup(t, parent)
 	if err := g.SetQoS(QoS{Idle: true}); err != nil {
 		t.Fatal(err)
 	}

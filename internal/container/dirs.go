@@ -41,20 +41,21 @@ func removeKnownUntil(stop <-chan struct{}, dir string, entries ...string) error
 			_ = unix.Unlink(filepath.Join(dir, name))
 		}
 	}
-	if err := unix.Rmdir(dir); err == nil || err == unix.ENOENT {
-		return nil
-	}
-	return inroot.RemoveTreeUntil(dir, stop)
+	return removeTreeUntil(dir, stop)
 }
 
 // removeTree removes dir and everything below it, however deep (a
 // sandbox can nest directories far past PATH_MAX and the descriptor
 // limit, where os.RemoveAll gave up on a 21,000-level tree); a missing
 // dir is no error. The error names the first entry it could not remove.
-func removeTree(dir string) error {
+func removeTree(dir string) error { return removeTreeUntil(dir, nil) }
+
+// removeTreeUntil is removeTree that stops once stop is closed
+// (inroot.ErrStopped), leaving the rest.
+func removeTreeUntil(dir string, stop <-chan struct{}) error {
 	if err := unix.Rmdir(dir); err == nil || err == unix.ENOENT {
 		return nil
 	}
 	// Not empty (or not a directory): the general walk.
-	return inroot.RemoveTree(dir)
+	return inroot.RemoveTreeUntil(dir, stop)
 }
