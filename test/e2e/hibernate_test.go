@@ -234,6 +234,31 @@ func TestRestoreOnAnotherNode(t *testing.T) {
 	}
 }
 
+// forkedOnSharedNodes starts nodes a and b sharing an image store and a
+// checkpoint directory ck, and on a a sandbox "src" with /root/f and two
+// forks of it, f1 and f2 (their base on ck). Parallel; skips without CRIU.
+func forkedOnSharedNodes(t *testing.T) (a, b *env, ck, f1, f2 string) {
+	t.Helper()
+	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
+		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+	}
+	t.Parallel()
+	shared := t.TempDir()
+	ck = filepath.Join(shared, "checkpoints")
+	args := func(node string) []string {
+		return []string{"--image-store", filepath.Join(shared, "images"), "--checkpoint-dir", ck, "--node-name", node}
+	}
+	a = newEnv(t, envOptions{serveArgs: args("a")})
+	b = newEnv(t, envOptions{serveArgs: args("b")})
+	a.create(&warrenv1.CreateRequest{Id: "src"})
+	a.shOK("src", "echo from-source > /root/f")
+	fr, err := a.c.Fork(ctxFor(t, 3*time.Minute), &warrenv1.ForkRequest{Id: "src", Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, b, ck, fr.GetSandboxes()[0].GetId(), fr.GetSandboxes()[1].GetId()
+}
+
 // TestRestoreForkOnAnotherNode: with a shared checkpoint directory, a
 // fork's base sits beside the checkpoints, so a fork hibernated on node a
 // restores on node b and sees the source's files through its base. The
@@ -241,26 +266,8 @@ func TestRestoreOnAnotherNode(t *testing.T) {
 // the other fork deleted on a, the moved fork still running on b) and
 // goes with the last of them.
 func TestRestoreForkOnAnotherNode(t *testing.T) {
-	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
-		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
-	}
-	t.Parallel()
-	shared := t.TempDir()
-	ck := filepath.Join(shared, "checkpoints")
-	args := func(node string) []string {
-		return []string{"--image-store", filepath.Join(shared, "images"), "--checkpoint-dir", ck, "--node-name", node}
-	}
-	a := newEnv(t, envOptions{serveArgs: args("a")})
-	b := newEnv(t, envOptions{serveArgs: args("b")})
+	a, b, ck, f1, f2 := forkedOnSharedNodes(t)
 	ctx := ctxFor(t, 3*time.Minute)
-
-	a.create(&warrenv1.CreateRequest{Id: "src"})
-	a.shOK("src", "echo from-source > /root/f")
-	fr, err := a.c.Fork(ctx, &warrenv1.ForkRequest{Id: "src", Count: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f1, f2 := fr.GetSandboxes()[0].GetId(), fr.GetSandboxes()[1].GetId()
 	a.shOK(f1, "echo own > /root/g")
 	bases, _ := filepath.Glob(filepath.Join(ck, ".bases", "src-*"))
 	if len(bases) != 2 { // the base and its list
@@ -303,26 +310,8 @@ func TestRestoreForkOnAnotherNode(t *testing.T) {
 // entries of sandboxes it still holds, and those naming other nodes (a
 // fork moved to node b, which renamed its entry), stay.
 func TestSharedBaseStaleEntrySwept(t *testing.T) {
-	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
-		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
-	}
-	t.Parallel()
-	shared := t.TempDir()
-	ck := filepath.Join(shared, "checkpoints")
-	args := func(node string) []string {
-		return []string{"--image-store", filepath.Join(shared, "images"), "--checkpoint-dir", ck, "--node-name", node}
-	}
-	a := newEnv(t, envOptions{serveArgs: args("a")})
-	b := newEnv(t, envOptions{serveArgs: args("b")})
+	a, b, ck, f1, f2 := forkedOnSharedNodes(t)
 	ctx := ctxFor(t, 3*time.Minute)
-
-	a.create(&warrenv1.CreateRequest{Id: "src"})
-	a.shOK("src", "echo from-source > /root/f")
-	fr, err := a.c.Fork(ctx, &warrenv1.ForkRequest{Id: "src", Count: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f1, f2 := fr.GetSandboxes()[0].GetId(), fr.GetSandboxes()[1].GetId()
 	bases, _ := filepath.Glob(filepath.Join(ck, ".bases", "src-*.refs"))
 	if len(bases) != 1 {
 		t.Fatalf("shared base lists after the fork: %v", bases)
