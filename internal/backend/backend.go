@@ -169,6 +169,21 @@ type CheckpointHolder interface {
 	ReleaseCheckpoint(dir string)
 }
 
+// NodeMemory is a Backend that reads the memory of all its sandboxes at
+// once (the container backend: its cgroup parent's hierarchical
+// counters), where summing each sandbox's Stats would read one set of
+// files per sandbox at every metrics scrape.
+type NodeMemory interface {
+	SandboxesMemory() (Stats, error)
+}
+
+// CPUReader is a sandbox whose CPU time so far is one cheap read, which
+// the daemon's periodic looks take first: a sandbox whose CPU time did
+// not move since the last look cannot have changed its other counters.
+type CPUReader interface {
+	CPUUsage() (time.Duration, error)
+}
+
 // MemoryReporter is implemented by sandboxes that can say how much
 // memory they are charged now (what a hibernation gives back).
 type MemoryReporter interface {

@@ -25,6 +25,10 @@ type DensityConfig struct {
 	// the kernel's kmem tracepoints on (after the measurements of the N),
 	// and reports the slab objects they keep by allocating call site.
 	KmemTrace int
+	// IdleWindow is how long the daemon's CPU is measured with the N
+	// sandboxes idle (default 30 s), after IdleSettle (default 64 s: the
+	// daemon's looks at idle sandboxes back off to one every 32 s).
+	IdleWindow, IdleSettle time.Duration
 }
 
 // DensityReport is the result of `warren bench density`. Memory is in
@@ -67,6 +71,16 @@ type DensityReport struct {
 	// only).
 	ReaperS          float64 `json:"reaper_s,omitempty"`
 	MemoryReturnedPc float64 `json:"memory_returned_pct"`
+
+	// The daemon's CPU time over IdleWindowS while the N sandboxes sat
+	// idle, in percent of one core (its guard's looks at every sandbox,
+	// timers, the runtime): the cost of an idle fleet to the node.
+	DaemonIdleCPUPct *float64 `json:"daemon_idle_cpu_pct,omitempty"`
+	// The sandboxes' own CPU time over the same window (the daemon's
+	// cgroup parent), percent of one core.
+	SandboxesIdleCPUPct *float64 `json:"sandboxes_idle_cpu_pct,omitempty"`
+	IdleWindowS         float64  `json:"idle_window_s,omitempty"`
+	IdleSettleS         float64  `json:"idle_settle_s,omitempty"`
 
 	DaemonFDsPeak   int    `json:"daemon_fds_peak"`
 	DaemonNofile    string `json:"daemon_nofile_soft"`
@@ -200,6 +214,7 @@ func RunDensity(ctx context.Context, env *Env, cfg DensityConfig, benchNofile ui
 
 	env.logf("density: measuring")
 	if env.DaemonPid > 0 {
+		rep.measureIdleCPU(env, cfg.IdleSettle, cfg.IdleWindow)
 		rep.DaemonFDsPeak = countFDs(env.DaemonPid)
 		if dAfter, err := readProcMem(env.DaemonPid); err == nil {
 			rep.DaemonKiBPerSandbox = ptr(float64(dAfter.Pss-dBefore.Pss) / n)
@@ -308,6 +323,70 @@ func RunDensity(ctx context.Context, env *Env, cfg DensityConfig, benchNofile ui
 	return rep, nil
 }
 
+// measureIdleCPU reads the daemon's CPU time (and the sandboxes', where
+// a private daemon's cgroup parent says where they are) across window.
+func (r *DensityReport) measureIdleCPU(env *Env, settle, window time.Duration) {
+	if window <= 0 {
+		window = 30 * time.Second
+	}
+	if settle > 0 {
+		env.logf("density: letting the sandboxes sit idle for %s", settle)
+		time.Sleep(settle)
+	}
+	r.IdleSettleS = settle.Seconds()
+	env.logf("density: measuring the daemon's CPU for %s with the sandboxes idle", window)
+	d0, err := procCPUTime(env.DaemonPid)
+	if err != nil {
+		r.Notes = append(r.Notes, "daemon idle CPU: "+err.Error())
+		return
+	}
+	s0 := cgroupCPUTime(env)
+	t0 := time.Now()
+	time.Sleep(window)
+	d1, err := procCPUTime(env.DaemonPid)
+	if err != nil {
+		r.Notes = append(r.Notes, "daemon idle CPU: "+err.Error())
+		return
+	}
+	s1 := cgroupCPUTime(env)
+	wall := time.Since(t0)
+	r.IdleWindowS = round(wall.Seconds(), 1)
+	r.DaemonIdleCPUPct = ptr(round(100*(d1-d0).Seconds()/wall.Seconds(), 2))
+	if s0 >= 0 && s1 >= s0 {
+		r.SandboxesIdleCPUPct = ptr(round(100*(s1-s0).Seconds()/wall.Seconds(), 2))
+	}
+}
+
+// cgroupCPUTime is the CPU time used below a private daemon's cgroup
+// parent (v1 cpuacct or v2 cpu.stat), -1 when not available.
+func cgroupCPUTime(env *Env) time.Duration {
+	if !env.Private || env.cgroupParent == "" {
+		return -1
+	}
+	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct", env.cgroupParent, "cpuacct.usage")); err == nil {
+		if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+			return time.Duration(v)
+		}
+	}
+	for _, p := range []string{
+		filepath.Join("/sys/fs/cgroup", env.cgroupParent, "cpu.stat"),
+		filepath.Join("/sys/fs/cgroup/unified", env.cgroupParent, "cpu.stat"),
+	} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "usage_usec "); ok {
+				if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+					return time.Duration(n) * time.Microsecond
+				}
+			}
+		}
+	}
+	return -1
+}
+
 // checkLimits notes the limits that matter for N sandboxes.
 func (r *DensityReport) checkLimits(env *Env, n int) {
 	if env.DaemonPid > 0 {
@@ -355,6 +434,12 @@ func (r *DensityReport) Table(w io.Writer) error {
 		}
 		return fmt.Sprintf("%.1f", *v)
 	}
+	f2 := func(v *float64) string {
+		if v == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", *v)
+	}
 	t.add("node memory per sandbox (MemAvailable delta, caches dropped)", fmt.Sprintf("%.1f KiB", r.NodeKiBPerSandbox))
 	t.add("accounted per sandbox (sum of the meminfo deltas below)", fmt.Sprintf("%.1f KiB", r.AccountedKiBPerSandbox))
 	t.add("daemon Pss growth per sandbox", f(r.DaemonKiBPerSandbox)+" KiB")
@@ -372,6 +457,12 @@ func (r *DensityReport) Table(w io.Writer) error {
 	t.add("create wall time", fmt.Sprintf("%.2f s (%.0f/s)", r.CreateS, r.CreatePerS))
 	t.add("create latency p50 / p99", fmt.Sprintf("%s / %s ms", ms(r.CreateP50), ms(r.CreateP99)))
 	t.add("create p50, first 10% / last 10%", fmt.Sprintf("%s / %s ms", ms(r.CreateFirstP50), ms(r.CreateLastP50)))
+	if r.DaemonIdleCPUPct != nil {
+		t.add(fmt.Sprintf("daemon CPU with the sandboxes idle (%.0f s, after %.0f s idle)", r.IdleWindowS, r.IdleSettleS), f2(r.DaemonIdleCPUPct)+"% of a core")
+	}
+	if r.SandboxesIdleCPUPct != nil {
+		t.add("the idle sandboxes' own CPU", f2(r.SandboxesIdleCPUPct)+"% of a core")
+	}
 	t.add("random 1% answering exec", fmt.Sprintf("%d ok, %d failed", r.Verified, r.VerifyFailed))
 	if r.KmemTraced > 0 {
 		var top []string

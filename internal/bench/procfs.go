@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -415,4 +416,30 @@ func waitMemcgsSettled() {
 		}
 		stable, prevCg, prevAv = 0, cg, av
 	}
+}
+
+// procCPUTime is a process's user and system CPU time, its ended threads
+// included (/proc/PID/stat utime and stime, in clock ticks of 10 ms:
+// USER_HZ is 100 on Linux whatever the kernel's HZ).
+func procCPUTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command, which may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	}
+	return time.Duration(u+s) * 10 * time.Millisecond, nil
 }

@@ -482,8 +482,8 @@ func v1Dirs(parent, name string) []string {
 // list hierarchy names by hand and missed the ones a host names apart,
 // such as a lone "cpu").
 func RemoveParent(parent string) error {
-	if parent == "" || filepath.IsAbs(parent) || slices.Contains(strings.Split(parent, "/"), "..") {
-		return errdefs.Invalidf("bad cgroup parent %q", parent)
+	if err := validParent(parent); err != nil {
+		return err
 	}
 	if unified() {
 		return rmdirs([]string{filepath.Join(Root, parent)})

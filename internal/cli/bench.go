@@ -312,7 +312,9 @@ func newBenchDensityCommand(bf *benchFlags) *cobra.Command {
 		Long: `Create N idle sandboxes (8 at a time), then report the node memory per
 sandbox (MemAvailable before minus after, both read after sync and
 drop_caches), the daemon's RSS and Pss growth, the agents' Pss, and the
-create time; check that a random 1% still answer exec, delete all and
+create time, the daemon's CPU while they sit idle (--idle-window, after
+--idle-settle);
+check that a random 1% still answer exec, delete all and
 report the delete time and how much memory came back. With --peers, N
 idle unshare+chroot and crun containers are measured the same way. With
 --kmem-trace M, M more sandboxes are created with the kernel's kmem
@@ -334,6 +336,8 @@ kernel functions that allocated them.`,
 	}
 	c.Flags().IntVar(&cfg.N, "n", 0, "number of sandboxes")
 	c.Flags().IntVar(&cfg.Concurrency, "concurrency", 8, "creates and deletes in flight")
+	c.Flags().DurationVar(&cfg.IdleWindow, "idle-window", 30*time.Second, "how long the daemon's CPU is measured with the sandboxes idle")
+	c.Flags().DurationVar(&cfg.IdleSettle, "idle-settle", 64*time.Second, "how long the sandboxes sit idle before that (the daemon's looks at idle sandboxes back off over ~60 s)")
 	c.Flags().IntVar(&cfg.KmemTrace, "kmem-trace", 0, "also create this many sandboxes with kmem tracing and attribute the slab they keep to kernel call sites (needs tracefs)")
 	_ = c.MarkFlagRequired("n")
 	return c

@@ -1049,6 +1049,20 @@ func (s *sandbox) Contained() (backend.Contained, error) {
 	return c, nil
 }
 
+var _ backend.CPUReader = (*sandbox)(nil)
+
+// CPUUsage reads the group's CPU time alone (backend.CPUReader).
+func (s *sandbox) CPUUsage() (time.Duration, error) { return s.grp.CPUUsage() }
+
+var _ backend.NodeMemory = (*Backend)(nil)
+
+// SandboxesMemory reads all the sandboxes' memory from their cgroup
+// parent (backend.NodeMemory).
+func (b *Backend) SandboxesMemory() (backend.Stats, error) {
+	st, err := cgroups.ParentMemory(b.opts.CgroupParent)
+	return backend.Stats(st), err
+}
+
 // Destroy kills the sandbox's init (which takes its whole pid namespace
 // with it), waits for it, and releases every resource.
 func (s *sandbox) Destroy(ctx context.Context) error {

@@ -293,6 +293,9 @@ type sandbox struct {
 	// adopted when it is resumed (its agent is frozen until then).
 	procsOnResume bool
 	seen          containSeen // the containment counters last read (events.go)
+	// touched: a call reached the sandbox since the guard last looked
+	// (live), so its next look is a full one whatever its backoff.
+	touched atomic.Bool
 	// exitsUnchecked: a background process exited since the guard last
 	// looked at the processes' output (events.go).
 	exitsUnchecked atomic.Bool
@@ -578,6 +581,7 @@ func (m *Manager) live(ctx context.Context, o op, id string) (*sandbox, view, er
 	if err := s.allowLocked(o); err != nil {
 		return nil, view{}, err
 	}
+	s.touched.Store(true)
 	return s, view{sb: s.sb, fs: s.fs, env: s.info.GetEnv(), workdir: s.info.GetWorkdir(), user: s.info.GetUser(), backend: s.backendName}, nil
 }
 

@@ -50,6 +50,10 @@ type containSeen struct {
 	diskFull   bool
 	inodesFull bool
 	cpu        cpuSeen // for the node's utilisation statistics (workload.go)
+	// The periodic looks' backoff (periodicLook): the next is due at
+	// next, backoff guard intervals after the last.
+	next    time.Time
+	backoff int
 }
 
 func openEvents(cfg Config) (*events.Log, error) {
@@ -149,6 +153,7 @@ func (m *Manager) guard() {
 			return
 		case <-t.C:
 		}
+		now := time.Now()
 		for _, s := range m.snapshot() {
 			s.mu.Lock()
 			sb, running := s.sb, s.st == stateRunning
@@ -156,13 +161,52 @@ func (m *Manager) guard() {
 			if !running || sb == nil {
 				continue
 			}
-			m.checkContained(s, sb, "", true)
+			m.periodicLook(s, sb, now)
 			if host, ok := sb.(backend.Background); ok && s.exitsUnchecked.Swap(false) {
 				m.outputCaps(s, host)
 			}
 		}
 		m.checkNodeDisk()
 	}
+}
+
+// maxLookBackoff bounds how far apart, in guard intervals, the looks at
+// an idle sandbox get (periodicLook).
+const maxLookBackoff = 16
+
+// periodicLook is the guard's look at one running sandbox. Looks at idle
+// sandboxes back off: one whose CPU time did not move since the last look
+// (backend.CPUReader, one small read) cannot have changed its other
+// counters (an OOM kill, a refused fork, its disk take its processes'
+// CPU), so nothing else is read, and its next look comes twice as late,
+// up to maxLookBackoff intervals. Any call on it (live sets touched) or
+// any CPU it used brings it back to every interval. At 10,000 idle
+// sandboxes that is one read per sandbox every half minute instead of
+// four every 2 s (docs/ARCHITECTURE.md, "Workload statistics"). What a
+// sandbox idle for long does on its own, without a call, is seen within
+// maxLookBackoff intervals.
+func (m *Manager) periodicLook(s *sandbox, sb backend.Sandbox, now time.Time) {
+	touched := s.touched.Swap(false)
+	s.seen.mu.Lock()
+	if !touched && now.Before(s.seen.next) {
+		s.seen.mu.Unlock()
+		return
+	}
+	if cr, ok := sb.(backend.CPUReader); ok && !touched && s.seen.known && s.seen.cpu.usage > 0 {
+		if usage, err := cr.CPUUsage(); err == nil && usage == s.seen.cpu.usage {
+			if cpus, ok := m.observeCPU(&s.seen.cpu, usage, now); ok {
+				m.idleCheck(s, sb, cpus, now)
+			}
+			s.seen.backoff = min(max(2*s.seen.backoff, 2), maxLookBackoff)
+			// Half an interval early: the ticks that follow fall after it.
+			s.seen.next = now.Add(time.Duration(s.seen.backoff)*m.cfg.GuardInterval - m.cfg.GuardInterval/2)
+			s.seen.mu.Unlock()
+			return
+		}
+	}
+	s.seen.backoff, s.seen.next = 1, time.Time{}
+	s.seen.mu.Unlock()
+	m.checkContained(s, sb, "", true)
 }
 
 // checkContained turns what rose since the last look at the sandbox's

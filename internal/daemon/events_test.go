@@ -202,3 +202,36 @@ func TestNodeDiskThresholds(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleLooksBackOff: the guard's looks at a sandbox whose CPU time
+// does not move back off to one every maxLookBackoff intervals (so an
+// idle fleet costs the daemon one small read per sandbox every half
+// minute), a call on it brings them back to every interval, and what it
+// then does on its own while backed off (forks refused at its pids limit,
+// from a process that waited out the backoff) still becomes an event.
+func TestIdleLooksBackOff(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.GuardInterval = 50 * time.Millisecond })
+	e.create(&warrenv1.CreateRequest{Id: "idle", Resources: &warrenv1.Resources{PidsMax: 10}})
+	s, err := e.m.lookup("idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	backoff := func() int {
+		s.seen.mu.Lock()
+		defer s.seen.mu.Unlock()
+		return s.seen.backoff
+	}
+	eventually(t, 20*time.Second, "the looks at the idle sandbox to back off", func() bool { return backoff() == maxLookBackoff })
+
+	// The call resets it; the process forks past the limit 3 s later,
+	// once the looks have backed off again (16 x 50 ms = 0.8 s).
+	if _, err := e.m.StartProcess(ctxT(t), &warrenv1.ExecRequest{SandboxId: "idle",
+		Shell: "sleep 3; for i in $(seq 20); do sleep 5 & done 2>/dev/null; kill $(jobs -p); exit 0"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "a full look after the call", func() bool { return backoff() < maxLookBackoff })
+	eventually(t, 20*time.Second, "the looks to back off again while the process sleeps", func() bool { return backoff() == maxLookBackoff })
+	eventually(t, 20*time.Second, "the refused forks' event", func() bool {
+		return eventOf(e.eventsOf("idle"), events.PidsLimit) != nil
+	})
+}

@@ -54,7 +54,13 @@ func (m *Manager) observeCPU(c *cpuSeen, usage time.Duration, now time.Time) (cp
 	if !c.at.IsZero() && usage >= c.usage {
 		if dt := now.Sub(c.at); dt > 0 {
 			cpus, ok = float64(usage-c.usage)/float64(dt), true
-			m.metrics.ObserveCPUUtilisation(cpus)
+			// One sample per guard interval the look covers: an idle
+			// sandbox's looks back off (periodicLook), and the
+			// histogram counts sandbox-intervals.
+			n := max(1, int((dt+m.cfg.GuardInterval/2)/m.cfg.GuardInterval))
+			for range min(n, 2*maxLookBackoff) {
+				m.metrics.ObserveCPUUtilisation(cpus)
+			}
 		}
 	}
 	c.at, c.usage = now, usage
@@ -72,7 +78,10 @@ func (m *Manager) idleCheck(s *sandbox, sb backend.Sandbox, cpus float64, now ti
 		return
 	}
 	c := &s.seen.cpu
-	if cpus >= idleCPU || ir.MemoryPressure() >= idlePressure {
+	// No CPU at all since the last look: idle, and nothing of it waits
+	// on memory (a task stalled in reclaim or on a refault runs some), so
+	// its pressure is not read: the looks at idle sandboxes read one file.
+	if cpus >= idleCPU || (cpus > 0 && ir.MemoryPressure() >= idlePressure) {
 		c.idleSince, c.reclaimed = time.Time{}, false
 		return
 	}
@@ -110,25 +119,40 @@ func (m *Manager) idleCheck(s *sandbox, sb backend.Sandbox, cpus float64, now ti
 }
 
 // memoryUse sums the memory of the running sandboxes (read at a scrape of
-// warren_sandbox_memory_bytes).
+// warren_sandbox_memory_bytes): one read of the whole backend where it
+// can (backend.NodeMemory), else one per sandbox.
 func (m *Manager) memoryUse() metrics.MemoryUse {
 	var u metrics.MemoryUse
-	for _, s := range m.snapshot() {
-		s.mu.Lock()
-		sb, running := s.sb, s.st == stateRunning || s.st == statePaused
-		s.mu.Unlock()
-		if !running || sb == nil {
-			continue
-		}
-		st, err := sb.Stats()
-		if err != nil {
-			continue
-		}
+	add := func(st backend.Stats) {
 		u.Anon += st.MemoryAnon
 		u.File += st.MemoryCache
 		u.Kernel += st.MemoryKernel
 		u.Swap += st.MemorySwap
+	}
+	whole := map[string]bool{} // backends read at once
+	for _, s := range m.snapshot() {
+		s.mu.Lock()
+		sb, running, name := s.sb, s.st == stateRunning || s.st == statePaused, s.backendName
+		s.mu.Unlock()
+		if !running || sb == nil {
+			continue
+		}
 		u.Sandboxes++
+		if _, ok := whole[name]; !ok {
+			nm, ok := m.cfg.Backends[name].(backend.NodeMemory)
+			whole[name] = ok
+			if ok {
+				if st, err := nm.SandboxesMemory(); err == nil {
+					add(st)
+				}
+			}
+		}
+		if whole[name] {
+			continue
+		}
+		if st, err := sb.Stats(); err == nil {
+			add(st)
+		}
 	}
 	return u
 }
