@@ -9,6 +9,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/backend/conformance"
+	"github.com/warrenrl/warren/internal/netpolicy"
 )
 
 // TestConformance runs the shared backend suite on microVMs. Not yet in
@@ -22,9 +23,16 @@ func TestConformance(t *testing.T) {
 	}
 	cfg := testConfig(t)
 	state := t.TempDir()
+	netOpts := testNetwork(t)
 	conformance.Run(t, conformance.Harness{
 		New: func(t *testing.T) backend.Backend {
-			b, err := New(Options{StateDir: state, QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent})
+			// Each backend its own node, as each daemon: the suite
+			// adopts and sweeps with fresh ones.
+			n, err := netpolicy.New(netOpts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := New(Options{StateDir: state, QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent, Network: n})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -46,7 +54,7 @@ func TestConformance(t *testing.T) {
 					out = append(out, "process "+strings.ReplaceAll(string(b), "\x00", " ")[:40])
 				}
 			}
-			return out
+			return append(out, networkResources(t, netOpts)...)
 		},
 		Kill: func(t *testing.T, sb backend.Sandbox) {
 			pid := sb.(*sandbox).vm.Pid()
