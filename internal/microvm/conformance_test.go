@@ -12,14 +12,12 @@ import (
 	"github.com/warrenrl/warren/internal/netpolicy"
 )
 
-// TestConformance runs the shared backend suite on microVMs. Not yet in
-// the default run: it takes minutes under TCG, and DiskLimit and
-// NetworkLeaks fail on what VMs refuse (disk limits, networks:
-// docs/MICROVM.md lists what passes). WARREN_MICROVM_CONFORMANCE=1 runs
-// it.
+// TestConformance runs the shared backend suite on microVMs (every
+// sub-test passes or skips: docs/MICROVM.md). Not in the default run: it
+// takes minutes under TCG. WARREN_MICROVM_CONFORMANCE=1 runs it.
 func TestConformance(t *testing.T) {
 	if os.Getenv("WARREN_MICROVM_CONFORMANCE") != "1" {
-		t.Skip("the microvm backend does not pass the whole suite yet (docs/MICROVM.md): WARREN_MICROVM_CONFORMANCE=1 runs it")
+		t.Skip("minutes under TCG: WARREN_MICROVM_CONFORMANCE=1 runs it")
 	}
 	cfg := testConfig(t)
 	state := t.TempDir()
