@@ -150,17 +150,18 @@ func defaultRoute(index uint32, gw netip.Addr) error {
 }
 
 // writeResolvConf gives a sandbox with a network the resolver a
-// container gets: the daemon's, at its gateway. It is written into the
+// container gets: the daemon's, at its gateway (warren.dns; absent with
+// keep_etc, where the image's file stays). It is written into the
 // sandbox's root (its writable layer), replacing what the image has (a
 // symlink included: it is removed, not followed out of the root).
 func writeResolvConf() error {
-	gw := cmdlineString("gw")
-	if gw == "" {
+	ns := cmdlineString("dns")
+	if ns == "" {
 		return nil
 	}
-	a, err := netip.ParseAddr(gw)
+	a, err := netip.ParseAddr(ns)
 	if err != nil {
-		return fmt.Errorf("warren.gw: %w", err)
+		return fmt.Errorf("warren.dns: %w", err)
 	}
 	etc := filepath.Join(RootDir, "etc")
 	if fi, err := os.Lstat(etc); err != nil || !fi.IsDir() {

@@ -188,7 +188,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		defer tap.Close()
 		cu.Add(func() error { return b.opts.Network.Detach(spec.ID, a) })
 		gw, addr := b.opts.Network.Addrs(a.Index)
-		cfg.Net = &Net{Tap: tap, Addr: addr, Gateway: gw}
+		cfg.Net = &Net{Tap: tap, Addr: addr, Gateway: gw, Resolv: len(spec.Etc) > 0}
 		st.Net = &a
 	}
 	v, err := Boot(ctx, cfg)

@@ -5,16 +5,21 @@ import (
 	"os"
 	"strings"
 
+	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 )
 
 // Net is a VM's network: its tap's descriptor (netpolicy.AttachTap),
 // passed to QEMU as fd 3, and the guest's end of the /31 with its
-// gateway (the node's end, also its nameserver).
+// gateway (the node's end, where the daemon's resolver answers).
 type Net struct {
 	Tap           *os.File
 	Addr, Gateway netip.Addr
+	// Resolv has the agent write the sandbox's resolv.conf naming the
+	// gateway: the sandbox gets Warren's /etc files (Spec.Etc; not
+	// with keep_etc), as a container's is written.
+	Resolv bool
 }
 
 // deviceArgs are QEMU's arguments and the kernel command line's
@@ -24,6 +29,9 @@ func deviceArgs(cfg Config) (args []string, cmdline string, _ error) {
 		// The guest's agent configures eth0 from the command line
 		// (address, route, resolv.conf): no DHCP to wait for.
 		cmdline += " warren.ip=" + n.Addr.String() + " warren.gw=" + n.Gateway.String()
+		if n.Resolv {
+			cmdline += " warren.dns=" + n.Gateway.String()
+		}
 		args = append(args, "-netdev", "tap,id=net0,fd=3",
 			"-device", "virtio-net-device,netdev=net0")
 	}
@@ -54,4 +62,29 @@ func deviceModules(cfg Config) []string {
 		out = append(out, "ext4")
 	}
 	return out
+}
+
+var (
+	_ backend.Networked = (*sandbox)(nil)
+	_ backend.Resolved  = (*sandbox)(nil)
+)
+
+// NetworkAddress is the VM's address on the node's sandbox subnet, ""
+// in mode none.
+func (s *sandbox) NetworkAddress() string {
+	if s.att == nil {
+		return ""
+	}
+	_, addr := s.net.Addrs(s.att.Index)
+	return addr.String()
+}
+
+// Nameserver is the VM's gateway, where Warren's resolver answers it;
+// invalid in mode none.
+func (s *sandbox) Nameserver() netip.Addr {
+	if s.att == nil {
+		return netip.Addr{}
+	}
+	gw, _ := s.net.Addrs(s.att.Index)
+	return gw
 }

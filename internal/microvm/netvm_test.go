@@ -15,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/testutil"
 )
@@ -95,7 +96,9 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	layers := []backend.Layer{{Digest: "sha256:busybox", Blob: cfg.Layers[0]}}
 
 	pol := netpolicy.Policy{Mode: netpolicy.Allowlist, Allow: []netpolicy.Rule{{Prefix: netip.PrefixFrom(allowed.Addr, 32)}}}
-	sb, err := b.Create(ctx, backend.Spec{ID: "vmnet-allow", Layers: layers, Network: pol})
+	// Warren's /etc files, as the daemon gives them (not with keep_etc).
+	etc := etcfiles.Files("vmnet-allow", etcfiles.None)
+	sb, err := b.Create(ctx, backend.Spec{ID: "vmnet-allow", Layers: layers, Network: pol, Etc: etc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +118,13 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	if got := reach(denied.Addr, pd); got != "" {
 		t.Errorf("denied host %s answered %q", denied.Addr, got)
 	}
-	gw, _ := n.Addrs(sb.(*sandbox).att.Index)
+	gw, addr := n.Addrs(sb.(*sandbox).att.Index)
+	if got := sb.(backend.Networked).NetworkAddress(); got != addr.String() {
+		t.Errorf("NetworkAddress %q, want %s", got, addr)
+	}
+	if got := sb.(backend.Resolved).Nameserver(); got != gw {
+		t.Errorf("Nameserver %s, want %s", got, gw)
+	}
 	if r, err := vm.Exec(ctx, []string{"cat", "/etc/resolv.conf"}, nil); err != nil || !strings.Contains(string(r.Stdout), "nameserver "+gw.String()) {
 		t.Errorf("resolv.conf: %q %v, want nameserver %s", r.Stdout, err, gw)
 	}
@@ -129,6 +138,12 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	sb, err = b.Create(ctx, backend.Spec{ID: "vmnet-kill", Layers: layers, Network: netpolicy.Policy{Mode: netpolicy.Open}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Without Warren's /etc files (keep_etc) the image's resolv.conf
+	// stays.
+	gw, _ = n.Addrs(sb.(*sandbox).att.Index)
+	if r, err := sb.(*sandbox).vm.Exec(ctx, []string{"sh", "-c", "cat /etc/resolv.conf 2>/dev/null; true"}, nil); err != nil || strings.Contains(string(r.Stdout), gw.String()) {
+		t.Errorf("resolv.conf with keep_etc: %q %v", r.Stdout, err)
 	}
 	tap := n.Ifname(sb.(*sandbox).att.Index)
 	if _, err := netlink.LinkByName(tap); err != nil {
