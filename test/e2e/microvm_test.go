@@ -18,8 +18,8 @@ import (
 // "microvm", a sandbox of the usual image is a QEMU microVM: exec runs in
 // its root (the image's layers) with a kernel of its own, a network
 // policy holds in it as in a container, files go
-// through its agent, background processes survive a daemon restart
-// (which adopts the VM), pause and resume work, and delete leaves no QEMU
+// through its agent, background processes and the network survive a
+// daemon restart (which adopts the VM), pause and resume work, and delete leaves no QEMU
 // and no VM directory.
 func TestMicroVMSandboxThroughTheAPI(t *testing.T) {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
@@ -79,7 +79,9 @@ func TestMicroVMSandboxThroughTheAPI(t *testing.T) {
 	// A background process is the guest agent's: it runs on across a
 	// daemon restart, which adopts the VM (a port of its own on the
 	// running QEMU), and is fed and waited for through the new daemon.
-	e.create(&warrenv1.CreateRequest{Id: "vm3", Backend: "microvm"})
+	// Its network too: the new daemon adopts the tap's attachment, and
+	// neither backend's sweep takes it (they share the node's networking).
+	e.create(&warrenv1.CreateRequest{Id: "vm3", Backend: "microvm", Network: policy("allowlist", rule(th.Addr.String()+"/32", 0, ""))})
 	pi, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "vm3", Shell: "echo before; read x; echo after $x"})
 	if err != nil {
 		t.Fatal(err)
@@ -97,6 +99,9 @@ func TestMicroVMSandboxThroughTheAPI(t *testing.T) {
 	wr, err := e.c.WaitProcess(ctx, &warrenv1.WaitProcessRequest{SandboxId: "vm3", ProcessId: pi.GetProcessId()})
 	if err != nil || string(wr.GetStdout()) != "before\nafter x\n" || wr.GetExitCode() != 0 {
 		t.Fatalf("the background process across the restart: %+v %v", wr, err)
+	}
+	if body, ok := e.fetch("vm3", th.Addr.String(), pAllowed); !ok || body != "hello vm\n" {
+		t.Errorf("a microvm's allowed host after a daemon restart: %q %v", body, ok)
 	}
 	// Pause stops the VM (QMP), resume runs it on.
 	if _, err := e.c.Pause(ctx, "vm3", false); err != nil {
