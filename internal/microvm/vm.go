@@ -72,7 +72,7 @@ type Config struct {
 	// Rlimits are the sandbox's processes' (the agent holds those it can
 	// itself, for them to inherit: guest.FormatRlimits).
 	Rlimits []guest.Rlimit
-	// Net, if set, gives the VM a network device on a tap (netvm.go).
+	// Net, if set, gives the VM a network device on a tap (devices.go).
 	Net *Net
 	// Disk, if set, is an ext4 image that holds the sandbox's writable
 	// layer instead of a tmpfs (disk.go).
@@ -125,7 +125,7 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	}
 	cmd := exec.Command(cfg.QEMU, args...)
 	if cfg.Net != nil {
-		cmd.ExtraFiles = []*os.File{cfg.Net.Tap} // fd 3: netArgs
+		cmd.ExtraFiles = []*os.File{cfg.Net.Tap} // fd 3: deviceArgs
 	}
 	console, err := os.Create(filepath.Join(cfg.Dir, "console.log"))
 	if err != nil {
