@@ -458,7 +458,9 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		if agent == "" {
 			agent = microvm.DefaultGuestAgent()
 		}
-		vb, err := microvm.New(microvm.Options{StateDir: filepath.Join(stateDir, "microvm"), GuestAgent: agent})
+		// VMs share the container backend's sandbox networking: one
+		// subnet, table and resolver per daemon.
+		vb, err := microvm.New(microvm.Options{StateDir: filepath.Join(stateDir, "microvm"), GuestAgent: agent, Network: ctr.Network()})
 		if err != nil {
 			log.Info("no microvm backend", "err", err)
 		} else {

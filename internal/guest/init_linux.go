@@ -49,9 +49,17 @@ func Main() error {
 	if err := loopbackUp(); err != nil {
 		return err
 	}
+	if err := networkUp(); err != nil {
+		return err
+	}
 	hasRoot := cmdlineInt("layers") > 0
 	if err := mountRoot(cmdlineInt("layers")); err != nil {
 		return err
+	}
+	if hasRoot {
+		if err := writeResolvConf(); err != nil {
+			return err
+		}
 	}
 	var ns *sandboxNS
 	if hasRoot {
@@ -292,7 +300,7 @@ func mountRoot(n int) error {
 			return err
 		}
 	}
-	if err := unix.Mount("tmpfs", "/rw", "tmpfs", 0, "mode=0755"); err != nil {
+	if err := mountUpper("/rw"); err != nil {
 		return err
 	}
 	for _, d := range []string{"/rw/upper", "/rw/work"} {

@@ -16,9 +16,11 @@ import (
 	"time"
 
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/guestkernel"
+	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/qmp"
 	"github.com/warrenrl/warren/internal/rlimit"
 )
@@ -41,6 +43,10 @@ type Options struct {
 	KernelDir  string // default: guestkernel.Dir
 	GuestAgent string // the static warren-guest binary
 	KVM        bool
+	// Network gives VMs with a network policy their taps and rules: the
+	// daemon's one node, shared with the container backend (nil: VMs
+	// have network mode none only).
+	Network *netpolicy.Node
 }
 
 // DefaultGuestAgent is where the guest agent is looked for when none is
@@ -107,14 +113,14 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		return nil, errdefs.Invalidf("bad sandbox id %q", spec.ID)
 	case spec.Restore != "":
 		return nil, errdefs.Unsupportedf("microvm: restoring a checkpoint is not implemented yet")
-	case spec.DiskBytes > 0:
-		return nil, errdefs.Unsupportedf("microvm: a disk limit is not implemented yet (the writable layer is guest memory)")
+	case spec.DiskBytes > 0 && spec.DiskBytes < minDiskBytes:
+		return nil, errdefs.Invalidf("microvm: disk limit %d bytes is below the minimum of %d", spec.DiskBytes, minDiskBytes)
 	case len(spec.Devices) > 0 || len(spec.Mounts) > 0:
 		return nil, errdefs.Unsupportedf("microvm: devices and host mounts are not passed into VMs")
-	case !spec.Network.IsNone():
-		// The VM has no network device: a policy that allows anything
-		// is refused, not dropped.
-		return nil, errdefs.Unsupportedf("microvm: network policy %s: VMs have no network yet (mode none only)", spec.Network)
+	case !spec.Network.IsNone() && b.opts.Network == nil:
+		// No node networking given: a policy that allows anything is
+		// refused, not dropped.
+		return nil, errdefs.Unsupportedf("microvm: network policy %s: this backend has no sandbox networking (mode none only)", spec.Network)
 	case spec.QoS.Latency():
 		// QEMU runs in the daemon's cgroup, not one of the VM's own that
 		// a class could weigh: refused rather than ignored.
@@ -158,22 +164,46 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		}
 		return nil, errdefs.Wrap(errdefs.Internal, err, "microvm: VM directory")
 	}
-	v, err := Boot(ctx, Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent,
+	var cu cleanup.Cleanup
+	defer func() { _ = cu.Clean() }()
+	cu.Add(func() error { return os.RemoveAll(b.vmDir(spec.ID)) })
+	cfg := Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent,
 		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: mem, CPUs: cpus, KVM: b.opts.KVM,
-		Hostname: hostname, CacheDir: b.opts.StateDir, SandboxMemory: spec.MemoryBytes, SandboxPids: spec.PidsMax, Rlimits: rl})
-	if err != nil {
-		_ = os.RemoveAll(b.vmDir(spec.ID))
+		Hostname: hostname, CacheDir: b.opts.StateDir, SandboxMemory: spec.MemoryBytes, SandboxPids: spec.PidsMax, Rlimits: rl}
+	st := vmState{Env: spec.Env, Cwd: spec.Workdir, Rlimits: rl}
+	if spec.DiskBytes > 0 {
+		cfg.Disk = diskImage(cfg.Dir)
+		if err := makeDisk(cfg.Disk, spec.DiskBytes); err != nil {
+			return nil, err
+		}
+		st.Disk = true
 	}
+	if !spec.Network.IsNone() {
+		a, tap, err := b.opts.Network.AttachTap(spec.ID, hostname, spec.Network)
+		if err != nil {
+			return nil, err
+		}
+		// QEMU holds the tap once started: ours goes after the boot
+		// either way.
+		defer tap.Close()
+		cu.Add(func() error { return b.opts.Network.Detach(spec.ID, a) })
+		gw, addr := b.opts.Network.Addrs(a.Index)
+		cfg.Net = &Net{Tap: tap, Addr: addr, Gateway: gw, Resolv: len(spec.Etc) > 0}
+		st.Net = &a
+	}
+	v, err := Boot(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return newSandbox(spec.ID, v, vmState{Env: spec.Env, Cwd: spec.Workdir, Rlimits: rl}), nil
+	cu.Release()
+	return b.newSandbox(spec.ID, v, st), nil
 }
 
-func newSandbox(id string, v *VM, st vmState) *sandbox {
+func (b *Backend) newSandbox(id string, v *VM, st vmState) *sandbox {
 	exited, cancel := context.WithCancel(context.Background())
 	go func() { <-v.done; cancel() }()
-	return &sandbox{id: id, vm: v, exited: exited, env: st.Env, cwd: st.Cwd, rlimits: st.Rlimits}
+	return &sandbox{id: id, vm: v, exited: exited, env: st.Env, cwd: st.Cwd, rlimits: st.Rlimits,
+		net: b.opts.Network, att: st.Net, disk: st.Disk}
 }
 
 // guestRlimits are the limits of a sandbox's processes as the agent sets
@@ -202,6 +232,10 @@ type vmState struct {
 	Env     []string       `json:"env,omitempty"`
 	Cwd     string         `json:"cwd,omitempty"`
 	Rlimits []guest.Rlimit `json:"rlimits,omitempty"`
+	// Net is the VM's network (its tap and rules), nil for none.
+	Net *netpolicy.Attachment `json:"net,omitempty"`
+	// Disk says the writable layer is on the VM's disk image.
+	Disk bool `json:"disk,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon (or handle) booted, through a port
@@ -216,20 +250,37 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 		return nil, errdefs.Wrap(errdefs.Internal, err, "microvm: sandbox state")
 	}
 	dir := b.vmDir(id)
+	if st.Net != nil {
+		if b.opts.Network == nil {
+			return nil, errdefs.Unavailablef("microvm: sandbox %s has a network and this backend no sandbox networking", id)
+		}
+		// Taken before anything can fail, so that a cleanup below frees
+		// it and no create meanwhile takes it.
+		if err := b.opts.Network.Adopt(id, *st.Net); err != nil {
+			return nil, err
+		}
+	}
+	gone := func() {
+		if st.Net != nil {
+			_ = b.opts.Network.Detach(id, *st.Net)
+		}
+	}
 	pids := qemuPids(dir, st.Pid)
 	if len(pids) == 0 {
 		_ = os.RemoveAll(dir)
+		gone()
 		return nil, errdefs.NotFoundf("microvm: sandbox %s: its VM is gone", id)
 	}
 	v, err := Attach(ctx, Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent, Dir: dir, KVM: b.opts.KVM}, pids[0])
 	if errors.Is(err, errdefs.ErrNotFound) {
 		b.stopOrphan(id, 0)
+		gone()
 		return nil, err
 	}
 	if err != nil {
 		return nil, err
 	}
-	sb := newSandbox(id, v, st)
+	sb := b.newSandbox(id, v, st)
 	var qs qmp.Status
 	if err := v.qmp(ctx, "query-status", &qs); err != nil {
 		v.Close()
@@ -248,6 +299,13 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 	for _, e := range ents {
 		if !keep[e.Name()] {
 			b.stopOrphan(e.Name(), 0)
+		}
+	}
+	// The orphans' taps went with their QEMU; their rules, and the taps
+	// of creates a crash interrupted, go here.
+	if b.opts.Network != nil {
+		if err := b.opts.Network.SweepTaps(keep); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "microvm sweep")
 		}
 	}
 	return nil
@@ -297,6 +355,11 @@ type sandbox struct {
 	// paused is set while the VM is stopped (Pause): calls that would
 	// wait on the agent are not made.
 	paused atomic.Bool
+	// net and att are the VM's network (nil: none), disk whether its
+	// writable layer is on a disk image (disk.go).
+	net  *netpolicy.Node
+	att  *netpolicy.Attachment
+	disk bool
 }
 
 var _ backend.OOMCounter = (*sandbox)(nil)
@@ -325,7 +388,7 @@ func (s *sandbox) OOMKills() (uint64, error) {
 func (s *sandbox) ID() string { return s.id }
 
 func (s *sandbox) State() []byte {
-	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits})
+	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits, Net: s.att, Disk: s.disk})
 	return b
 }
 
@@ -373,4 +436,12 @@ func (s *sandbox) Stats() (backend.Stats, error) {
 	return st, nil
 }
 
-func (s *sandbox) Destroy(ctx context.Context) error { return s.vm.Close() }
+// Destroy stops the VM (its tap goes with its QEMU), then removes its
+// network's rules and address.
+func (s *sandbox) Destroy(ctx context.Context) error {
+	err := s.vm.Close()
+	if s.att != nil {
+		err = errors.Join(err, s.net.Detach(s.id, *s.att))
+	}
+	return err
+}

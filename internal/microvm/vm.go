@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,6 +72,11 @@ type Config struct {
 	// Rlimits are the sandbox's processes' (the agent holds those it can
 	// itself, for them to inherit: guest.FormatRlimits).
 	Rlimits []guest.Rlimit
+	// Net, if set, gives the VM a network device on a tap (devices.go).
+	Net *Net
+	// Disk, if set, is an ext4 image that holds the sandbox's writable
+	// layer instead of a tmpfs (disk.go).
+	Disk string
 }
 
 // VM is a running microVM.
@@ -118,6 +124,9 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 		return nil, err
 	}
 	cmd := exec.Command(cfg.QEMU, args...)
+	if cfg.Net != nil {
+		cmd.ExtraFiles = []*os.File{cfg.Net.Tap} // fd 3: deviceArgs
+	}
 	console, err := os.Create(filepath.Join(cfg.Dir, "console.log"))
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create console log")
@@ -234,6 +243,12 @@ func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 			"-drive", fmt.Sprintf("file=%s,if=none,id=%s,format=raw,readonly=on,cache=writeback", l, id),
 			"-device", fmt.Sprintf("virtio-blk-device,drive=%s,serial=%s", id, id))
 	}
+	more, extra, err := deviceArgs(cfg)
+	if err != nil {
+		return nil, err
+	}
+	args = append(args, more...)
+	args[slices.Index(args, "-append")+1] += extra
 	args = append(args, "-m", strconv.Itoa(cfg.MemoryMB)+"M")
 	return args, nil
 }
@@ -381,7 +396,7 @@ func (v *VM) consoleTail() string {
 // modules it loads, with their order. Written once per content into the
 // cache directory (every VM of a node boots the same one).
 func buildInitramfs(cfg Config) (string, error) {
-	mods, err := cfg.Kernel.LoadOrder(guestModules...)
+	mods, err := cfg.Kernel.LoadOrder(slices.Concat(guestModules, deviceModules(cfg))...)
 	if err != nil {
 		return "", err
 	}

@@ -57,6 +57,7 @@ type member struct {
 	id, hostname string
 	policy       Policy
 	attached     bool // Attach or Adopt done (Reserve alone: not yet)
+	tap          bool // a VM's tap (AttachTap), not a veth
 }
 
 // New checks the options; it touches nothing on the node (a daemon whose
@@ -94,6 +95,8 @@ type Attachment struct {
 	// Hostname is the sandbox's hostname: group members resolve each
 	// other by it (and by id).
 	Hostname string `json:"hostname,omitempty"`
+	// Tap says the interface is a VM's tap (AttachTap), not a veth.
+	Tap bool `json:"tap,omitempty"`
 }
 
 // LogGroup is the NFLOG group the daemon's rules log refused packets to.
@@ -328,7 +331,14 @@ func (n *Node) Attach(id, hostname string, pid int, p Policy) (_ Attachment, ret
 
 // AttachNS is Attach to the network namespace ns (a restore's, which no
 // process holds yet). Like Attach it runs from the node's namespace.
-func (n *Node) AttachNS(id, hostname string, ns netns.NsHandle, p Policy) (_ Attachment, retErr error) {
+func (n *Node) AttachNS(id, hostname string, ns netns.NsHandle, p Policy) (Attachment, error) {
+	return n.attach(id, hostname, p, false, func(i int) error { return n.link(id, ns, i) })
+}
+
+// attach takes a /31 for sandbox id, adds its rules for policy p, then
+// has mk make the interface of that /31 (a veth, or a VM's tap: tap);
+// all or nothing.
+func (n *Node) attach(id, hostname string, p Policy, tap bool, mk func(i int) error) (_ Attachment, retErr error) {
 	if p.IsNone() {
 		return Attachment{}, errdefs.Invalidf("network: attach with mode none")
 	}
@@ -350,19 +360,24 @@ func (n *Node) AttachNS(id, hostname string, ns netns.NsHandle, p Policy) (_ Att
 		return Attachment{}, errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
 	}
 	cu.Add(func() error { return n.fw.remove(id, ifname, p, addr) })
-	if err := n.link(id, ns, i); err != nil {
+	if err := mk(i); err != nil {
 		return Attachment{}, err
 	}
 	cu.Release()
 	n.mark(i, id, hostname, p)
-	return Attachment{Index: i, Policy: p, Hostname: hostname}, nil
+	n.mu.Lock()
+	n.used[i].tap = tap
+	n.mu.Unlock()
+	return Attachment{Index: i, Policy: p, Hostname: hostname, Tap: tap}, nil
 }
 
 // mark records /31 i as sandbox id's, attached with policy p.
 func (n *Node) mark(i int, id, hostname string, p Policy) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.used[i] = &member{id: id, hostname: hostname, policy: p, attached: true}
+	old := n.used[i]
+	n.used[i] = &member{id: id, hostname: hostname, policy: p, attached: true,
+		tap: old != nil && old.id == id && old.tap}
 }
 
 // link makes the veth pair of /31 i with its sandbox end in network
@@ -641,19 +656,33 @@ func (n *Node) Adopt(id string, a Attachment) error {
 	if other, ok := n.used[a.Index]; ok && other.id != id {
 		return errdefs.Conflictf("sandbox %s: network index %d is sandbox %s's", id, a.Index, other.id)
 	}
-	n.used[a.Index] = &member{id: id, hostname: a.Hostname, policy: a.Policy, attached: true}
+	n.used[a.Index] = &member{id: id, hostname: a.Hostname, policy: a.Policy, attached: true, tap: a.Tap}
 	return nil
 }
 
 // Sweep removes the interfaces and rules of every sandbox not in keep:
 // those of sandboxes that died while no daemon ran, and of creates a
-// crash interrupted.
-func (n *Node) Sweep(keep map[string]bool) error {
+// crash interrupted. The daemon's backends share the node (the microvm
+// backend's taps beside the container backend's veths) and each sweeps
+// with the ids of its own sandboxes only: Sweep (veths) keeps every
+// attached or adopted tap whatever keep says, SweepTaps the veths.
+func (n *Node) Sweep(keep map[string]bool) error { return n.sweep(keep, false) }
+
+// SweepTaps is Sweep for the microvm backend: keep lists VMs, and the
+// attached veths of containers stay.
+func (n *Node) SweepTaps(keep map[string]bool) error { return n.sweep(keep, true) }
+
+func (n *Node) sweep(keep map[string]bool, taps bool) error {
 	n.mu.Lock()
 	owned := map[string]bool{}
 	kept := map[netip.Addr]bool{}
+	keepAll := map[string]bool{}
+	for id, k := range keep {
+		keepAll[id] = k
+	}
 	for i, m := range n.used {
-		if keep[m.id] {
+		if keep[m.id] || m.attached && m.tap != taps {
+			keepAll[m.id] = true
 			owned[n.Ifname(i)] = true
 			_, a := n.Addrs(i)
 			kept[a] = true
@@ -677,7 +706,7 @@ func (n *Node) Sweep(keep map[string]bool) error {
 			}
 		}
 	}
-	errs = append(errs, n.fw.sweep(keep, kept))
+	errs = append(errs, n.fw.sweep(keepAll, kept))
 	return errors.Join(errs...)
 }
 

@@ -1,0 +1,176 @@
+package microvm
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/etcfiles"
+	"github.com/warrenrl/warren/internal/netpolicy"
+	"github.com/warrenrl/warren/internal/testutil"
+)
+
+var subnetSeq atomic.Int32
+
+// testNetwork gives a test its own sandbox networking: a name (nftables
+// table, interface prefix) and a subnet no other test package takes at
+// the same time (the container tests use 10.100-149, others 10.200-249),
+// and removes whatever its sandboxes left when it ends.
+func testNetwork(t *testing.T) netpolicy.Options {
+	o := netpolicy.Options{
+		Name:   fmt.Sprintf("warren-test-microvm-%d-%d", os.Getpid(), subnetSeq.Add(1)),
+		Subnet: netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 150+os.Getpid()%50, subnetSeq.Load()%256)),
+	}
+	t.Cleanup(func() {
+		if n, err := netpolicy.New(o); err == nil {
+			_ = n.SweepTaps(nil)
+			_ = n.RemoveUnused()
+			_ = n.Close()
+		}
+	})
+	return o
+}
+
+// networkResources lists what a test's sandboxes' networks can leave on
+// the node: interfaces of its prefix (taps), rules and groups in its
+// table.
+func networkResources(t *testing.T, o netpolicy.Options) []string {
+	n, err := netpolicy.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	links, ids, err := n.Leftovers()
+	if err != nil {
+		t.Errorf("network leftovers: %v", err)
+	}
+	var out []string
+	for name, id := range links {
+		out = append(out, "interface "+name+" "+id)
+	}
+	for _, id := range ids {
+		out = append(out, "nft chains of "+id)
+	}
+	groups, _ := n.Groups()
+	for g, addrs := range groups {
+		out = append(out, fmt.Sprintf("nft group %s of %d", g, len(addrs)))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestVMNetworkAllowlistAndLeaks: a VM with an allowlist policy reaches
+// an allowed address (a test host on the node) through its virtio-net
+// device and tap, and not a denied one, under the rules a container's
+// veth gets; its resolver is its gateway. Nothing of its network stays
+// after Destroy; a VM whose QEMU was killed loses its tap at once (the
+// tap is QEMU's), and Destroy then removes its rules.
+func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
+	cfg := testConfig(t)
+	o := testNetwork(t)
+	n, err := netpolicy.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	b, err := New(Options{StateDir: t.TempDir(), QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent, Network: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed, denied := testutil.NewTestHost(t), testutil.NewTestHost(t)
+	pa := testutil.EchoServer(t, allowed.NS, allowed.Addr.String()+":0")
+	pd := testutil.EchoServer(t, denied.NS, denied.Addr.String()+":0")
+	base := networkResources(t, o)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	layers := []backend.Layer{{Digest: "sha256:busybox", Blob: cfg.Layers[0]}}
+
+	pol := netpolicy.Policy{Mode: netpolicy.Allowlist, Allow: []netpolicy.Rule{{Prefix: netip.PrefixFrom(allowed.Addr, 32)}}}
+	// Warren's /etc files, as the daemon gives them (not with keep_etc).
+	etc := etcfiles.Files("vmnet-allow", etcfiles.None)
+	sb, err := b.Create(ctx, backend.Spec{ID: "vmnet-allow", Layers: layers, Network: pol, Etc: etc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := sb.(*sandbox).vm
+	// nc echoes the server's answer; a denied connect gets none (the
+	// rules refuse it) within its timeout.
+	reach := func(a netip.Addr, port int) string {
+		r, err := vm.Exec(ctx, []string{"sh", "-c", fmt.Sprintf("echo ping | nc -w 5 %s %d", a, port)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(r.Stdout)
+	}
+	if got := reach(allowed.Addr, pa); got != "ping\n" {
+		t.Errorf("allowed host %s: got %q, want the echo", allowed.Addr, got)
+	}
+	if got := reach(denied.Addr, pd); got != "" {
+		t.Errorf("denied host %s answered %q", denied.Addr, got)
+	}
+	gw, addr := n.Addrs(sb.(*sandbox).att.Index)
+	if got := sb.(backend.Networked).NetworkAddress(); got != addr.String() {
+		t.Errorf("NetworkAddress %q, want %s", got, addr)
+	}
+	if got := sb.(backend.Resolved).Nameserver(); got != gw {
+		t.Errorf("Nameserver %s, want %s", got, gw)
+	}
+	if r, err := vm.Exec(ctx, []string{"cat", "/etc/resolv.conf"}, nil); err != nil || !strings.Contains(string(r.Stdout), "nameserver "+gw.String()) {
+		t.Errorf("resolv.conf: %q %v, want nameserver %s", r.Stdout, err, gw)
+	}
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := networkResources(t, o); !slices.Equal(got, base) {
+		t.Errorf("after Destroy: %v, want %v", got, base)
+	}
+
+	sb, err = b.Create(ctx, backend.Spec{ID: "vmnet-kill", Layers: layers, Network: netpolicy.Policy{Mode: netpolicy.Open}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without Warren's /etc files (keep_etc) the image's resolv.conf
+	// stays.
+	gw, _ = n.Addrs(sb.(*sandbox).att.Index)
+	if r, err := sb.(*sandbox).vm.Exec(ctx, []string{"sh", "-c", "cat /etc/resolv.conf 2>/dev/null; true"}, nil); err != nil || strings.Contains(string(r.Stdout), gw.String()) {
+		t.Errorf("resolv.conf with keep_etc: %q %v", r.Stdout, err)
+	}
+	tap := n.Ifname(sb.(*sandbox).att.Index)
+	if _, err := netlink.LinkByName(tap); err != nil {
+		t.Fatalf("tap %s: %v", tap, err)
+	}
+	if err := syscall.Kill(sb.(*sandbox).vm.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sb.Exited().Done():
+	case <-ctx.Done():
+		t.Fatal("Exited not done after QEMU was killed")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := netlink.LinkByName(tap); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("tap %s still there 30 s after its QEMU was killed", tap)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := networkResources(t, o); !slices.Equal(got, base) {
+		t.Errorf("after a killed QEMU and Destroy: %v, want %v", got, base)
+	}
+}
