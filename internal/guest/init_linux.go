@@ -233,6 +233,8 @@ func (s *server) serve(st net.Conn) {
 		dialPort(st, br, req.Port)
 	case "cgroup":
 		s.cgroupStats(st)
+	case "reclaim":
+		s.reclaim(st)
 	case "bg_start":
 		s.bgStart(st, req)
 	case "bg_list":

@@ -42,7 +42,7 @@ func TestPauseStopsTheGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("pause: %+v", st)
-	if st.Before.Bytes == 0 || st.Before.Anon == 0 || st.After != st.Before {
+	if st.Before.Bytes == 0 || st.Before.Anon == 0 || st.After.Bytes == 0 || st.After.Bytes > st.Before.Bytes+(8<<20) {
 		t.Errorf("pause stats: %+v", st)
 	}
 	// A call into the guest waits while it is paused.

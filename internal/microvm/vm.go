@@ -45,8 +45,9 @@ import (
 // modules): the virtio transport of -M microvm, the agent's port, the
 // layers' block devices and filesystems (crc32c_generic: the algorithm
 // libcrc32c asks the crypto API for, a soft dependency .modinfo does not
-// make a load-order one).
-var guestModules = []string{"virtio_mmio", "virtio_console", "virtio_blk", "crc32c_generic", "erofs", "overlay"}
+// make a load-order one), and the balloon whose free page reporting gives
+// the node back what the guest frees (balloon.go).
+var guestModules = []string{"virtio_mmio", "virtio_console", "virtio_blk", "crc32c_generic", "erofs", "overlay", "virtio_balloon"}
 
 // Config is one VM.
 type Config struct {
@@ -71,6 +72,9 @@ type Config struct {
 	// Rlimits are the sandbox's processes' (the agent holds those it can
 	// itself, for them to inherit: guest.FormatRlimits).
 	Rlimits []guest.Rlimit
+	// NoBalloon leaves out the virtio balloon and its free page
+	// reporting (balloon.go): the guest's freed memory stays with QEMU.
+	NoBalloon bool
 }
 
 // VM is a running microVM.
@@ -234,6 +238,7 @@ func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 			"-drive", fmt.Sprintf("file=%s,if=none,id=%s,format=raw,readonly=on,cache=writeback", l, id),
 			"-device", fmt.Sprintf("virtio-blk-device,drive=%s,serial=%s", id, id))
 	}
+	args = append(args, balloonArgs(cfg)...)
 	args = append(args, "-m", strconv.Itoa(cfg.MemoryMB)+"M")
 	return args, nil
 }
