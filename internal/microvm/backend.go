@@ -41,6 +41,10 @@ type Options struct {
 	KernelDir  string // default: guestkernel.Dir
 	GuestAgent string // the static warren-guest binary
 	KVM        bool
+	// PMEM maps the VMs' layers as persistent memory mounted with DAX
+	// (pmem.go): one copy of a layer on the node, the host's page cache,
+	// for every VM; a boot takes longer (pcie=on).
+	PMEM bool
 }
 
 // DefaultGuestAgent is where the guest agent is looked for when none is
@@ -159,7 +163,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		return nil, errdefs.Wrap(errdefs.Internal, err, "microvm: VM directory")
 	}
 	v, err := Boot(ctx, Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent,
-		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: mem, CPUs: cpus, KVM: b.opts.KVM,
+		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: mem, CPUs: cpus, KVM: b.opts.KVM, PMEM: b.opts.PMEM,
 		Hostname: hostname, CacheDir: b.opts.StateDir, SandboxMemory: spec.MemoryBytes, SandboxPids: spec.PidsMax, Rlimits: rl})
 	if err != nil {
 		_ = os.RemoveAll(b.vmDir(spec.ID))

@@ -75,6 +75,9 @@ type Config struct {
 	// NoBalloon leaves out the virtio balloon and its free page
 	// reporting (balloon.go): the guest's freed memory stays with QEMU.
 	NoBalloon bool
+	// PMEM maps the layers as persistent memory the guest mounts with DAX
+	// (pmem.go) instead of virtio block devices.
+	PMEM bool
 }
 
 // VM is a running microVM.
@@ -208,8 +211,19 @@ func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 		}
 		cmdline += " warren.hostname=" + cfg.Hostname
 	}
+	machine := "microvm"
+	var pmem []string
+	if cfg.PMEM && len(cfg.Layers) > 0 {
+		var extra string
+		var err error
+		if pmem, extra, err = pmemArgs(cfg); err != nil {
+			return nil, err
+		}
+		cmdline += extra
+		machine += ",pcie=on" // pmem.go says why
+	}
 	args := []string{
-		"-M", "microvm", "-accel", accel, "-cpu", "max",
+		"-M", machine, "-accel", accel, "-cpu", "max",
 		"-smp", strconv.Itoa(cfg.CPUs),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", cfg.Kernel.Vmlinux, "-initrd", initrd, "-append", cmdline,
@@ -232,13 +246,20 @@ func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 		// copy of what it read. virtio-pmem with DAX would spare that
 		// copy, but -M microvm in QEMU 7.2 gives memory devices no
 		// address (nd_pmem: "could not reserve region [mem
-		// 0x00000000-...]"); it works on q35 (docs/MICROVM.md).
+		// 0x00000000-...]"); it works on q35 (docs/MICROVM.md). Config.PMEM
+		// maps them as legacy persistent memory instead (pmem.go).
+		if pmem != nil {
+			continue
+		}
 		id := guest.LayerSerial(i)
 		args = append(args,
 			"-drive", fmt.Sprintf("file=%s,if=none,id=%s,format=raw,readonly=on,cache=writeback", l, id),
 			"-device", fmt.Sprintf("virtio-blk-device,drive=%s,serial=%s", id, id))
 	}
 	args = append(args, balloonArgs(cfg)...)
+	if pmem != nil {
+		return append(args, pmem...), nil
+	}
 	args = append(args, "-m", strconv.Itoa(cfg.MemoryMB)+"M")
 	return args, nil
 }
@@ -386,7 +407,7 @@ func (v *VM) consoleTail() string {
 // modules it loads, with their order. Written once per content into the
 // cache directory (every VM of a node boots the same one).
 func buildInitramfs(cfg Config) (string, error) {
-	mods, err := cfg.Kernel.LoadOrder(guestModules...)
+	mods, err := cfg.Kernel.LoadOrder(modulesFor(cfg)...)
 	if err != nil {
 		return "", err
 	}
