@@ -6,7 +6,8 @@
 // of its file), and one virtio-serial port to the agent carrying yamux
 // streams. KVM where the node has it, TCG where it does not (here).
 //
-// (Layers are virtio block devices for now: see qemuArgs.)
+// (Layers are virtio block devices by default, persistent memory with
+// DAX mapped from the layer files with Config.PMEM: pmem.go.)
 //
 // This is the first part of the backend: a VM boots, answers and runs
 // commands in its root; backend.Backend, limits, networking, files,
