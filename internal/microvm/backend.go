@@ -43,7 +43,7 @@ type Options struct {
 	KVM        bool
 	// PMEM maps the VMs' layers as persistent memory mounted with DAX
 	// (pmem.go): one copy of a layer on the node, the host's page cache,
-	// for every VM; a boot takes longer (pcie=on).
+	// for every VM; the machine gets pcie=on.
 	PMEM bool
 }
 
