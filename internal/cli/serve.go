@@ -69,6 +69,7 @@ type serveOptions struct {
 	userns                   bool
 	lazyPages                bool
 	microVM                  bool
+	microVMPmem              bool
 	guestAgent               string
 	usernsIDs                string
 	cpuAffinity              bool
@@ -132,6 +133,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.cpuAffinity, "cpu-affinity", true, "run a sandbox with a CPU quota on as many of the node's CPUs as its quota (rounded up), the least used ones, and show it that many (nproc, os.cpu_count, /proc/cpuinfo); false leaves every sandbox on all CPUs, seeing all")
 	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
 	f.BoolVar(&o.userns, "userns", true, "create sandboxes in a user namespace (root inside is an unprivileged host id) unless the request says otherwise (create --userns=false) or the image has files owned by ids above 65535; false makes sandboxes without one the default")
+	f.BoolVar(&o.microVMPmem, "microvm-pmem", false, "map microVMs' image layers as persistent memory the guest mounts with DAX (one copy of a layer on the node for every VM, -M microvm,pcie=on: docs/MICROVM.md) instead of virtio block devices")
 	f.BoolVar(&o.microVM, "microvm", true, "offer the microvm backend (QEMU microVMs; docs/MICROVM.md) where the node has QEMU, a guest kernel (scripts/vm.sh) and the guest agent")
 	f.StringVar(&o.guestAgent, "guest-agent", "", "the microVMs' guest agent (cmd/warren-guest, built static); default: warren-guest beside this binary")
 	f.BoolVar(&o.lazyPages, "lazy-pages", true, "restore the memory of resumed and forked sandboxes lazily (userfaultfd, where the kernel has it) unless the request says otherwise; false restores it before Resume and Fork return; docs/HIBERNATE.md")
@@ -460,7 +462,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		}
 		// VMs share the container backend's sandbox networking: one
 		// subnet, table and resolver per daemon.
-		vb, err := microvm.New(microvm.Options{StateDir: filepath.Join(stateDir, "microvm"), GuestAgent: agent, Network: ctr.Network()})
+		vb, err := microvm.New(microvm.Options{StateDir: filepath.Join(stateDir, "microvm"), GuestAgent: agent, Network: ctr.Network(), PMEM: o.microVMPmem})
 		if err != nil {
 			log.Info("no microvm backend", "err", err)
 		} else {

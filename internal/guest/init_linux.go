@@ -241,6 +241,8 @@ func (s *server) serve(st net.Conn) {
 		dialPort(st, br, req.Port)
 	case "cgroup":
 		s.cgroupStats(st)
+	case "reclaim":
+		s.reclaim(st)
 	case "bg_start":
 		s.bgStart(st, req)
 	case "bg_list":
@@ -281,8 +283,15 @@ func mountRoot(n int) error {
 		return nil
 	}
 	var lowers []string
+	pmem := pmemLayers()
 	for i := 0; i < n; i++ {
-		dev, err := findBlock(LayerSerial(i), 10*time.Second)
+		dev, opts, err := "", "", error(nil)
+		if i < len(pmem) {
+			dev, err = findPmem(pmem[i], 10*time.Second)
+			opts = "dax=always"
+		} else {
+			dev, err = findBlock(LayerSerial(i), 10*time.Second)
+		}
 		if err != nil {
 			return err
 		}
@@ -290,7 +299,7 @@ func mountRoot(n int) error {
 		if err := os.MkdirAll(dst, 0o755); err != nil {
 			return err
 		}
-		if err := unix.Mount(dev, dst, "erofs", unix.MS_RDONLY, ""); err != nil {
+		if err := unix.Mount(dev, dst, "erofs", unix.MS_RDONLY, opts); err != nil {
 			return fmt.Errorf("mount layer %d (%s): %w", i, dev, err)
 		}
 		lowers = append([]string{dst}, lowers...) // overlayfs wants the top first

@@ -47,6 +47,10 @@ type Options struct {
 	// daemon's one node, shared with the container backend (nil: VMs
 	// have network mode none only).
 	Network *netpolicy.Node
+	// PMEM maps the VMs' layers as persistent memory mounted with DAX
+	// (pmem.go): one copy of a layer on the node, the host's page cache,
+	// for every VM; the machine gets pcie=on.
+	PMEM bool
 }
 
 // DefaultGuestAgent is where the guest agent is looked for when none is
@@ -168,7 +172,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	defer func() { _ = cu.Clean() }()
 	cu.Add(func() error { return os.RemoveAll(b.vmDir(spec.ID)) })
 	cfg := Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent,
-		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: mem, CPUs: cpus, KVM: b.opts.KVM,
+		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: mem, CPUs: cpus, KVM: b.opts.KVM, PMEM: b.opts.PMEM,
 		Hostname: hostname, CacheDir: b.opts.StateDir, SandboxMemory: spec.MemoryBytes, SandboxPids: spec.PidsMax, Rlimits: rl}
 	st := vmState{Env: spec.Env, Cwd: spec.Workdir, Rlimits: rl}
 	if spec.DiskBytes > 0 {

@@ -42,7 +42,11 @@ func TestPauseStopsTheGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("pause: %+v", st)
-	if st.Before.Bytes == 0 || st.Before.Anon == 0 || st.After != st.Before {
+	// A reclaim does not grow the guest's memory (anonymous: the file
+	// part is QEMU's code, whose share moves with the node's other QEMUs;
+	// slack for TCG's code cache, which grows as the guest runs the
+	// reclaim).
+	if st.Before.Bytes == 0 || st.Before.Anon == 0 || st.After.Bytes == 0 || st.After.Anon > st.Before.Anon+(32<<20) {
 		t.Errorf("pause stats: %+v", st)
 	}
 	// A call into the guest waits while it is paused.

@@ -1,16 +1,14 @@
 // Package microvm runs sandboxes as QEMU microVMs (`-M microvm`): a
 // Debian kernel booted through its PVH entry point, an initramfs whose
 // PID 1 is Warren's guest agent (internal/guest), the image's EROFS
-// layers as read-only virtio-pmem devices the guest mounts with DAX
-// (so every VM on the node reads a layer from the host's one page cache
-// of its file), and one virtio-serial port to the agent carrying yamux
-// streams. KVM where the node has it, TCG where it does not (here).
-//
-// (Layers are virtio block devices for now: see qemuArgs.)
-//
-// This is the first part of the backend: a VM boots, answers and runs
-// commands in its root; backend.Backend, limits, networking, files,
-// snapshots and the conformance suite come next.
+// layers as read-only virtio block devices, or with Config.PMEM as
+// persistent memory the guest mounts with DAX (pmem.go: every VM on the
+// node then reads a layer from the host's one page cache of its file),
+// a network device on a tap of the node and a disk for the writable
+// layer where the sandbox has them (devices.go, disk.go), a balloon with
+// free page reporting (balloon.go), and one virtio-serial port to the
+// agent carrying yamux streams. KVM where the node has it, TCG where it
+// does not (here).
 package microvm
 
 import (
@@ -46,8 +44,9 @@ import (
 // modules): the virtio transport of -M microvm, the agent's port, the
 // layers' block devices and filesystems (crc32c_generic: the algorithm
 // libcrc32c asks the crypto API for, a soft dependency .modinfo does not
-// make a load-order one).
-var guestModules = []string{"virtio_mmio", "virtio_console", "virtio_blk", "crc32c_generic", "erofs", "overlay"}
+// make a load-order one), and the balloon whose free page reporting gives
+// the node back what the guest frees (balloon.go).
+var guestModules = []string{"virtio_mmio", "virtio_console", "virtio_blk", "crc32c_generic", "erofs", "overlay", "virtio_balloon"}
 
 // Config is one VM.
 type Config struct {
@@ -77,6 +76,12 @@ type Config struct {
 	// Disk, if set, is an ext4 image that holds the sandbox's writable
 	// layer instead of a tmpfs (disk.go).
 	Disk string
+	// NoBalloon leaves out the virtio balloon and its free page
+	// reporting (balloon.go): the guest's freed memory stays with QEMU.
+	NoBalloon bool
+	// PMEM maps the layers as persistent memory the guest mounts with DAX
+	// (pmem.go) instead of virtio block devices.
+	PMEM bool
 }
 
 // VM is a running microVM.
@@ -213,8 +218,19 @@ func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 		}
 		cmdline += " warren.hostname=" + cfg.Hostname
 	}
+	machine := "microvm"
+	var pmem []string
+	if cfg.PMEM && len(cfg.Layers) > 0 {
+		var extra string
+		var err error
+		if pmem, extra, err = pmemArgs(cfg); err != nil {
+			return nil, err
+		}
+		cmdline += extra
+		machine += ",pcie=on" // pmem.go says why
+	}
 	args := []string{
-		"-M", "microvm", "-accel", accel, "-cpu", "max",
+		"-M", machine, "-accel", accel, "-cpu", "max",
 		"-smp", strconv.Itoa(cfg.CPUs),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", cfg.Kernel.Vmlinux, "-initrd", initrd, "-append", cmdline,
@@ -237,7 +253,11 @@ func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 		// copy of what it read. virtio-pmem with DAX would spare that
 		// copy, but -M microvm in QEMU 7.2 gives memory devices no
 		// address (nd_pmem: "could not reserve region [mem
-		// 0x00000000-...]"); it works on q35 (docs/MICROVM.md).
+		// 0x00000000-...]"); it works on q35 (docs/MICROVM.md). Config.PMEM
+		// maps them as legacy persistent memory instead (pmem.go).
+		if pmem != nil {
+			continue
+		}
 		id := guest.LayerSerial(i)
 		args = append(args,
 			"-drive", fmt.Sprintf("file=%s,if=none,id=%s,format=raw,readonly=on,cache=writeback", l, id),
@@ -249,6 +269,10 @@ func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 	}
 	args = append(args, more...)
 	args[slices.Index(args, "-append")+1] += extra
+	args = append(args, balloonArgs(cfg)...)
+	if pmem != nil {
+		return append(args, pmem...), nil
+	}
 	args = append(args, "-m", strconv.Itoa(cfg.MemoryMB)+"M")
 	return args, nil
 }
@@ -396,7 +420,7 @@ func (v *VM) consoleTail() string {
 // modules it loads, with their order. Written once per content into the
 // cache directory (every VM of a node boots the same one).
 func buildInitramfs(cfg Config) (string, error) {
-	mods, err := cfg.Kernel.LoadOrder(slices.Concat(guestModules, deviceModules(cfg))...)
+	mods, err := cfg.Kernel.LoadOrder(slices.Concat(modulesFor(cfg), deviceModules(cfg))...)
 	if err != nil {
 		return "", err
 	}
