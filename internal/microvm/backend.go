@@ -105,8 +105,6 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	switch {
 	case !backend.ValidID(spec.ID):
 		return nil, errdefs.Invalidf("bad sandbox id %q", spec.ID)
-	case spec.Restore != "":
-		return nil, errdefs.Unsupportedf("microvm: restoring a checkpoint is not implemented yet")
 	case spec.DiskBytes > 0:
 		return nil, errdefs.Unsupportedf("microvm: a disk limit is not implemented yet (the writable layer is guest memory)")
 	case len(spec.Devices) > 0 || len(spec.Mounts) > 0:
@@ -133,6 +131,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 			return nil, errdefs.Invalidf("microvm: layer %q is a directory, not an EROFS blob: import the image into an EROFS store", l.Digest)
 		}
 		layers = append(layers, l.Blob)
+	}
+	if spec.Restore != "" {
+		return b.restore(ctx, spec, layers) // snapshot.go
 	}
 	// The VM holds the sandbox's memory limit and what the guest needs
 	// of its own (kernel, agent: guestOverheadMB); the limit itself is the
@@ -167,13 +168,17 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	if err != nil {
 		return nil, err
 	}
-	return newSandbox(spec.ID, v, vmState{Env: spec.Env, Cwd: spec.Workdir, Rlimits: rl}), nil
+	var digests []string
+	for i := len(spec.Layers) - 1; i >= 0; i-- {
+		digests = append(digests, spec.Layers[i].Digest)
+	}
+	return newSandbox(spec.ID, v, vmState{Env: spec.Env, Cwd: spec.Workdir, Rlimits: rl, Digests: digests}), nil
 }
 
 func newSandbox(id string, v *VM, st vmState) *sandbox {
 	exited, cancel := context.WithCancel(context.Background())
 	go func() { <-v.done; cancel() }()
-	return &sandbox{id: id, vm: v, exited: exited, env: st.Env, cwd: st.Cwd, rlimits: st.Rlimits}
+	return &sandbox{id: id, vm: v, exited: exited, env: st.Env, cwd: st.Cwd, rlimits: st.Rlimits, digests: st.Digests}
 }
 
 // guestRlimits are the limits of a sandbox's processes as the agent sets
@@ -202,6 +207,8 @@ type vmState struct {
 	Env     []string       `json:"env,omitempty"`
 	Cwd     string         `json:"cwd,omitempty"`
 	Rlimits []guest.Rlimit `json:"rlimits,omitempty"`
+	// Digests are the layers', bottom first (a checkpoint names them).
+	Digests []string `json:"digests,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon (or handle) booted, through a port
@@ -294,6 +301,8 @@ type sandbox struct {
 	cwd    string
 	// rlimits are every process's (the agent sets them: Request.Rlimits).
 	rlimits []guest.Rlimit
+	// digests are the layers', bottom first (Checkpoint names them).
+	digests []string
 	// paused is set while the VM is stopped (Pause): calls that would
 	// wait on the agent are not made.
 	paused atomic.Bool
@@ -325,7 +334,7 @@ func (s *sandbox) OOMKills() (uint64, error) {
 func (s *sandbox) ID() string { return s.id }
 
 func (s *sandbox) State() []byte {
-	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits})
+	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits, Digests: s.digests})
 	return b
 }
 
