@@ -244,3 +244,58 @@ func TestFailedCheckpointLeavesTheVMRunning(t *testing.T) {
 		t.Errorf("a failed checkpoint left %d files", len(ents))
 	}
 }
+
+// TestCheckpointOfAnAdoptedVM: a VM adopted by another handle (a daemon
+// restart: a hot-plugged agent port, a Config read back from QEMU's
+// command line) checkpoints through that handle, and the restore (which
+// has the same ports, the adoption's included) counts on.
+func TestCheckpointOfAnAdoptedVM(t *testing.T) {
+	b, spec, state := snapshotBackend(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	spec.ID = "snap-adopted"
+	first, err := b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Destroy(context.Background())
+	if _, err := first.(backend.Background).StartBackground(ctx, backend.ProcSpec{Argv: []string{"sh", "-c", counterScript}}, backend.BackgroundOpts{OutputCap: 1 << 16}); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, first, "echo before > /root/f")
+	n := countsPast(t, first, 2)
+	adopted, err := b.Adopt(ctx, spec.ID, first.State())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	if err := adopted.(backend.Checkpointer).Checkpoint(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	sv, err := readSaved(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sv.MemoryMB != 256 || sv.CPUs != 1 || sv.LayerCount != 1 || sv.SandboxMemory != 128<<20 || len(sv.Ports) != 1 {
+		t.Fatalf("the adopted VM's saved settings: %+v", sv)
+	}
+	_ = adopted.Destroy(ctx)
+	_ = first.Destroy(ctx)
+	s := spec
+	s.Restore = dir
+	sb, err := b.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	countsPast(t, sb, n)
+	if f := sh(t, sb, "cat /root/f"); f != "before\n" {
+		t.Fatalf("the file written before the checkpoint: %q", f)
+	}
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left := leftovers(state); len(left) > 0 {
+		t.Fatalf("after destroy: %v", left)
+	}
+}
