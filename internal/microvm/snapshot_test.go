@@ -16,8 +16,8 @@ import (
 )
 
 // counterScript counts in the guest, a number a tenth of a second, into
-// /tmp/count.
-const counterScript = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"
+// /tmp/count (renamed into place: a reader never sees it half written).
+const counterScript = "i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.1; done"
 
 // sh runs a shell command in sb to its end and returns its stdout.
 func sh(t *testing.T, sb backend.Sandbox, cmd string) string {
@@ -203,10 +203,11 @@ func TestCheckpointRestoreAndForkOfAVM(t *testing.T) {
 	}
 }
 
-// TestFailedCheckpointLeavesTheVMRunning: a checkpoint whose state file
-// cannot be written (its directory on a 1 MiB tmpfs) fails after the VM
-// was stopped, and the VM runs on as it was: its counter counts and its
-// agent answers on the same session.
+// TestFailedCheckpointLeavesTheVMRunning: a VM with a writable disk is
+// refused (unsupported: the checkpoint does not copy disks yet); a
+// checkpoint whose state file cannot be written (its directory on a 1 MiB
+// tmpfs) fails after the VM was stopped; either way the VM runs on as it
+// was: its counter counts and its agent answers on the same session.
 func TestFailedCheckpointLeavesTheVMRunning(t *testing.T) {
 	b, spec, _ := snapshotBackend(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -221,6 +222,23 @@ func TestFailedCheckpointLeavesTheVMRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := countsPast(t, sb, 1)
+	// A writable disk (what a disk limit's upper would be) is refused
+	// before anything is stopped.
+	scratch := filepath.Join(t.TempDir(), "scratch.img")
+	if err := os.WriteFile(scratch, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.(*sandbox).vm.qmpArgs(ctx, "human-monitor-command", map[string]any{"command-line": "drive_add 0 if=none,id=scratch,format=raw,file=" + scratch}, nil); err != nil {
+		t.Fatal(err)
+	}
+	err = sb.(backend.Checkpointer).Checkpoint(ctx, filepath.Join(t.TempDir(), "ckpt"))
+	if errdefs.CategoryOf(err) != errdefs.Unsupported || !strings.Contains(err.Error(), "writable disk") {
+		t.Fatalf("checkpoint of a VM with a writable disk: %v, want unsupported", err)
+	}
+	if err := sb.(*sandbox).vm.qmpArgs(ctx, "human-monitor-command", map[string]any{"command-line": "drive_del scratch"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	n = countsPast(t, sb, n)
 	small := t.TempDir()
 	if err := syscall.Mount("tmpfs", small, "tmpfs", 0, "size=1m"); err != nil {
 		t.Fatal(err)

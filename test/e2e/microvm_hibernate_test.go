@@ -35,7 +35,7 @@ func TestMicroVMHibernateRestoreFork(t *testing.T) {
 	vmDir := func(id string) string { return filepath.Join(e.stateDir, "microvm", "vms", id) }
 	e.create(&warrenv1.CreateRequest{Id: "vmh", Backend: "microvm", Resources: &warrenv1.Resources{MemoryBytes: 128 << 20}})
 	e.shOK("vmh", "echo before > /root/f")
-	pi, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "vmh", Shell: "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done"})
+	pi, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "vmh", Shell: "i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.1; done"})
 	if err != nil {
 		t.Fatal(err)
 	}
