@@ -87,9 +87,6 @@ var _ backend.Checkpointer = (*sandbox)(nil)
 // saved runs on, as it was.
 func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 	v := s.vm
-	if strings.ContainsAny(dir, ",") {
-		return errdefs.Invalidf("microvm: checkpoint directory %q has a ','", dir)
-	}
 	c, err := qmp.Dial(ctx, filepath.Join(v.cfg.Dir, qmpSocket))
 	if err != nil {
 		return v.streamErr(ctx, err, "connect to QEMU's QMP socket")
@@ -334,11 +331,10 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 		return nil, errdefs.Invalidf("microvm: the checkpoint's layers %v are not the restore's %v", sv.Layers, digests)
 	case sv.KVM != b.opts.KVM:
 		return nil, errdefs.Unsupportedf("microvm: the checkpoint was made under %s, this node runs VMs under %s", accelName(sv.KVM), accelName(b.opts.KVM))
-	case sv.Kernel != b.kernel.Release:
-		// The memory holds the kernel it booted; QEMU loads the node's
-		// into it before the stream overwrites it, so any kernel does,
-		// but a node without the same one is worth saying.
 	}
+	// The guest's memory holds the kernel it booted (sv.Kernel): QEMU
+	// loads this node's before the stream overwrites it, so any kernel
+	// does here, as does the initramfs (built for this node's agent).
 	if err := os.Mkdir(b.vmDir(spec.ID), 0o700); err != nil {
 		if os.IsExist(err) {
 			return nil, errdefs.AlreadyExistsf("microvm: sandbox %s exists", spec.ID)
