@@ -253,6 +253,8 @@ func (s *server) serve(st net.Conn) {
 		s.bgStdin(st, br, req)
 	case "bg_closein", "bg_signal", "bg_resize", "bg_forget":
 		s.bgCall(st, req)
+	case "restored":
+		restored(st, req.Restored)
 	case "fs":
 		if req.FS == nil {
 			fail(st, errdefs.Invalid, errors.New("fs: no call"))

@@ -73,6 +73,16 @@ type Request struct {
 	// Signal is "bg_signal"'s, Size "bg_resize"'s.
 	Signal *Signal  `json:"signal,omitempty"`
 	Size   *Winsize `json:"size,omitempty"`
+	// Restored is "restored"'s: the host restored the VM from a
+	// checkpoint (restore_linux.go).
+	Restored *Restored `json:"restored,omitempty"`
+}
+
+// Restored tells the agent of a VM restored from a checkpoint what it
+// cannot know: fresh randomness for the guest's generator, and the time.
+type Restored struct {
+	Seed     []byte `json:"seed"`
+	UnixNano int64  `json:"unix_nano"`
 }
 
 // Rlimit is one resource limit (Resource: RLIMIT_*).

@@ -115,8 +115,6 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	switch {
 	case !backend.ValidID(spec.ID):
 		return nil, errdefs.Invalidf("bad sandbox id %q", spec.ID)
-	case spec.Restore != "":
-		return nil, errdefs.Unsupportedf("microvm: restoring a checkpoint is not implemented yet")
 	case spec.DiskBytes > 0 && spec.DiskBytes < minDiskBytes:
 		return nil, errdefs.Invalidf("microvm: disk limit %d bytes is below the minimum of %d", spec.DiskBytes, minDiskBytes)
 	case len(spec.Devices) > 0 || len(spec.Mounts) > 0:
@@ -143,6 +141,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 			return nil, errdefs.Invalidf("microvm: layer %q is a directory, not an EROFS blob: import the image into an EROFS store", l.Digest)
 		}
 		layers = append(layers, l.Blob)
+	}
+	if spec.Restore != "" {
+		return b.restore(ctx, spec, layers) // snapshot.go
 	}
 	// The VM holds the sandbox's memory limit and what the guest needs
 	// of its own (kernel, agent: guestOverheadMB); the limit itself is the
@@ -199,6 +200,11 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	if err != nil {
 		return nil, err
 	}
+	var digests []string
+	for i := len(spec.Layers) - 1; i >= 0; i-- {
+		digests = append(digests, spec.Layers[i].Digest)
+	}
+	st.Digests = digests
 	cu.Release()
 	return b.newSandbox(spec.ID, v, st), nil
 }
@@ -207,7 +213,7 @@ func (b *Backend) newSandbox(id string, v *VM, st vmState) *sandbox {
 	exited, cancel := context.WithCancel(context.Background())
 	go func() { <-v.done; cancel() }()
 	return &sandbox{id: id, vm: v, exited: exited, env: st.Env, cwd: st.Cwd, rlimits: st.Rlimits,
-		net: b.opts.Network, att: st.Net, disk: st.Disk}
+		net: b.opts.Network, att: st.Net, disk: st.Disk, digests: st.Digests}
 }
 
 // guestRlimits are the limits of a sandbox's processes as the agent sets
@@ -240,6 +246,8 @@ type vmState struct {
 	Net *netpolicy.Attachment `json:"net,omitempty"`
 	// Disk says the writable layer is on the VM's disk image.
 	Disk bool `json:"disk,omitempty"`
+	// Digests are the layers', bottom first (a checkpoint names them).
+	Digests []string `json:"digests,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon (or handle) booted, through a port
@@ -356,6 +364,8 @@ type sandbox struct {
 	cwd    string
 	// rlimits are every process's (the agent sets them: Request.Rlimits).
 	rlimits []guest.Rlimit
+	// digests are the layers', bottom first (Checkpoint names them).
+	digests []string
 	// paused is set while the VM is stopped (Pause): calls that would
 	// wait on the agent are not made.
 	paused atomic.Bool
@@ -392,7 +402,7 @@ func (s *sandbox) OOMKills() (uint64, error) {
 func (s *sandbox) ID() string { return s.id }
 
 func (s *sandbox) State() []byte {
-	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits, Net: s.att, Disk: s.disk})
+	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits, Net: s.att, Disk: s.disk, Digests: s.digests})
 	return b
 }
 

@@ -113,6 +113,11 @@ func (c *Client) run(cmd string, args, out any) error {
 	if _, err := c.conn.Write(append(b, '\n')); err != nil {
 		return err
 	}
+	return c.answer(cmd, out)
+}
+
+// answer reads the answer to cmd, skipping events.
+func (c *Client) answer(cmd string, out any) error {
 	for {
 		line, err := c.readLine()
 		if err != nil {
