@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/testutil"
@@ -127,6 +129,15 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	}
 	if r, err := vm.Exec(ctx, []string{"cat", "/etc/resolv.conf"}, nil); err != nil || !strings.Contains(string(r.Stdout), "nameserver "+gw.String()) {
 		t.Errorf("resolv.conf: %q %v, want nameserver %s", r.Stdout, err, gw)
+	}
+	// A restore would not bring its network back: the checkpoint is
+	// refused, and the VM runs on with it.
+	err = sb.(backend.Checkpointer).Checkpoint(ctx, filepath.Join(t.TempDir(), "ckpt"))
+	if errdefs.CategoryOf(err) != errdefs.Unsupported || !strings.Contains(fmt.Sprint(err), "network") {
+		t.Errorf("checkpoint of a VM with a network: %v, want unsupported naming the network", err)
+	}
+	if got := reach(allowed.Addr, pa); got != "ping\n" {
+		t.Errorf("after the refused checkpoint, allowed host %s: got %q, want the echo", allowed.Addr, got)
 	}
 	if err := sb.Destroy(ctx); err != nil {
 		t.Fatal(err)

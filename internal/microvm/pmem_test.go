@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/warrenrl/warren/internal/erofs"
+	"github.com/warrenrl/warren/internal/errdefs"
 )
 
 // TestPmemLayersAreReadThroughDAX: with Config.PMEM a VM's layers are
@@ -73,5 +74,14 @@ func TestPmemLayersAreReadThroughDAX(t *testing.T) {
 	t.Logf("QEMU anon %d -> %d MiB, file %d -> %d MiB reading 64 MiB", before.Anon/mib, after.Anon/mib, before.File/mib, after.File/mib)
 	if int64(after.Anon)-int64(before.Anon) > 16*mib {
 		t.Fatalf("reading a 64 MiB file of a pmem layer grew QEMU's anonymous memory by %d MiB", (int64(after.Anon)-int64(before.Anon))/mib)
+	}
+	// Its checkpoint is refused (the stream would carry the layers), and
+	// the VM runs on.
+	sb := (&Backend{}).newSandbox("pmem", vm, vmState{})
+	if err := sb.Checkpoint(ctx, filepath.Join(t.TempDir(), "ckpt")); errdefs.CategoryOf(err) != errdefs.Unsupported || !strings.Contains(err.Error(), "pmem") {
+		t.Errorf("checkpoint of a VM with its layers on pmem: %v, want unsupported naming pmem", err)
+	}
+	if r, err := vm.Exec(ctx, []string{"echo", "on"}, nil); err != nil || string(r.Stdout) != "on\n" {
+		t.Errorf("after the refused checkpoint: %v %v", r, err)
 	}
 }
