@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -38,7 +39,14 @@ type Harness struct {
 	Resources func(t *testing.T) []string
 	// Kill kills a sandbox's init from the host, as a crash would.
 	Kill func(t *testing.T, sb backend.Sandbox)
+	// Patience bounds the waits for what a sandbox does on its own (a
+	// process group going after a cancel); default 5 s. A backend under
+	// emulation (a VM under TCG on a loaded node) needs more.
+	Patience time.Duration
 }
+
+// patience is Run's Harness.Patience, for waitFor.
+var patience atomic.Int64
 
 var seq struct {
 	sync.Mutex
@@ -155,6 +163,10 @@ func checkNoLeaks(t *testing.T, h Harness, baseline []string) {
 
 // Run runs the whole suite.
 func Run(t *testing.T, h Harness) {
+	if h.Patience <= 0 {
+		h.Patience = 5 * time.Second
+	}
+	patience.Store(int64(h.Patience))
 	b := h.New(t)
 
 	t.Run("Lifecycle", func(t *testing.T) {
@@ -548,13 +560,15 @@ func Run(t *testing.T, h Harness) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	for i := 0; i < 200; i++ {
+	limit := time.Duration(patience.Load())
+	for deadline := time.Now().Add(limit); ; time.Sleep(25 * time.Millisecond) {
 		if cond() {
 			return
 		}
-		time.Sleep(25 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", limit)
+		}
 	}
-	t.Fatal("condition not met within 5s")
 }
 
 // backgroundAcrossAdopt: a background process started through one handle
