@@ -71,6 +71,10 @@ type Config struct {
 	// Rlimits are the sandbox's processes' (the agent holds those it can
 	// itself, for them to inherit: guest.FormatRlimits).
 	Rlimits []guest.Rlimit
+	// Args, when set, are QEMU's whole command line (another machine:
+	// internal/fullvm), which must give the agent's port on Dir's
+	// AgentSocket and QMP on its QMPSocket; no initramfs is built.
+	Args []string
 }
 
 // VM is a running microVM.
@@ -107,15 +111,17 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create VM directory")
 	}
-	initrd, err := buildInitramfs(cfg)
-	if err != nil {
-		return nil, err
-	}
-	port := filepath.Join(cfg.Dir, "agent.sock")
+	port := filepath.Join(cfg.Dir, AgentSocket)
 	_ = os.Remove(port)
-	args, err := qemuArgs(cfg, initrd, port, filepath.Join(cfg.Dir, qmpSocket))
-	if err != nil {
-		return nil, err
+	args := cfg.Args
+	if args == nil {
+		initrd, err := buildInitramfs(cfg)
+		if err != nil {
+			return nil, err
+		}
+		if args, err = qemuArgs(cfg, initrd, port, filepath.Join(cfg.Dir, qmpSocket)); err != nil {
+			return nil, err
+		}
 	}
 	cmd := exec.Command(cfg.QEMU, args...)
 	console, err := os.Create(filepath.Join(cfg.Dir, "console.log"))
