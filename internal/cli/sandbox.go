@@ -49,6 +49,8 @@ func newSandboxCommand() *cobra.Command {
 		newRestoreCommand(),
 		newForkCommand(),
 		newResumeCommand(),
+		newScreenshotCommand(),
+		newInputCommand(),
 	)
 	return c
 }
