@@ -26,7 +26,7 @@ set -euo pipefail
 DIR=${WARREN_VM_DIR:-/opt/warren/vm}/images
 SUITE=${WARREN_FULLVM_SUITE:-bookworm}
 SIZE=${WARREN_FULLVM_DISK:-4G}
-ROOTFS_VERSION=1 # bump when the rootfs stage changes
+ROOTFS_VERSION=2 # bump when the rootfs stage changes
 IMAGE_VERSION=2  # bump when the image stage changes
 PACKAGES=systemd-sysv,udev,kmod,procps,linux-image-amd64,initramfs-tools,extlinux,syslinux-common
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,6 +36,13 @@ say() { echo "fullvm-image: $*" >&2; }
 die() { say "$*"; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, loop devices, mounts)"
 [ -x "$agent" ] || die "no guest agent at $agent (make build)"
+export DEBIAN_FRONTEND=noninteractive
+for p in debootstrap:debootstrap qemu-img:qemu-utils; do
+  command -v ${p%%:*} >/dev/null && continue
+  say "installing ${p#*:}"
+  apt-get install -y -qq --no-install-recommends ${p#*:} >/dev/null 2>&1 ||
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends ${p#*:} >/dev/null; }
+done
 for c in debootstrap qemu-img losetup mkfs.ext4 python3; do
   command -v $c >/dev/null || die "needs $c (apt-get install debootstrap qemu-utils e2fsprogs)"
 done
@@ -80,6 +87,17 @@ if [ ! -d "$rootfs" ]; then
     while read -r l; do case $l in I:\ Retrieving*|I:\ Validating*) ;; *) say "  $l" ;; esac; done; then
     die "debootstrap failed"
   fi
+  # An initrd of the drivers the root disk needs, not of most of the
+  # kernel's (36 MB): the boot loader reads it through the BIOS, and the
+  # initrd's udev probes what it holds, both slow under TCG.
+  echo MODULES=list >"$rootfs.tmp/etc/initramfs-tools/conf.d/warren"
+  printf '%s\n' virtio_pci virtio_blk ext4 >>"$rootfs.tmp/etc/initramfs-tools/modules"
+  for m in proc sys dev; do
+    mount --bind "/$m" "$rootfs.tmp/$m"; mounts+=("$rootfs.tmp/$m")
+  done
+  chroot "$rootfs.tmp" update-initramfs -u -k all >/dev/null
+  for ((i=${#mounts[@]}-1; i>=0; i--)); do umount "${mounts[i]}"; done
+  mounts=()
   mv "$rootfs.tmp" "$rootfs"
   say "rootfs done in $(( $(date +%s) - t0 )) s"
 else
@@ -164,7 +182,8 @@ EOF
   echo warren >"$mnt/etc/hostname"
   printf '127.0.0.1 localhost\n127.0.1.1 warren\n' >"$mnt/etc/hosts"
   echo "UUID=$uuid / ext4 errors=remount-ro 0 1" >"$mnt/etc/fstab"
-  cmdline="root=UUID=$uuid ro console=ttyS0,115200 console=tty0"
+  # quiet: every character on the serial console is an exit to QEMU.
+  cmdline="root=UUID=$uuid ro quiet console=ttyS0,115200 console=tty0"
   mkdir -p "$mnt/boot/extlinux"
   cat >"$mnt/boot/extlinux/extlinux.conf" <<EOF
 DEFAULT warren

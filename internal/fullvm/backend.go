@@ -137,10 +137,13 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, errdefs.Unsupportedf("fullvm: network policy %s: VMs have no network (mode none only)", spec.Network)
 	case spec.QoS.Latency():
 		return nil, errdefs.Unsupportedf("fullvm: QoS class ls is not implemented for VMs; use class be")
-	case len(spec.Rlimits) > 0:
-		// The agent is a service of the guest's systemd, not the
-		// holder of the sandbox's limits: refused, not dropped.
-		return nil, errdefs.Unsupportedf("fullvm: resource limits are not applied in a full VM's guest")
+	}
+	// Each command's limits ride on its call to the agent, which sets
+	// them in its trampoline before the command's exec (the agent, a
+	// systemd service, holds none of them itself).
+	rl, err := microvm.GuestRlimits(spec.Rlimits)
+	if err != nil {
+		return nil, err
 	}
 	image, err := b.Image()
 	if err != nil {
@@ -202,7 +205,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 			return nil, err
 		}
 	}
-	return &sandbox{Sandbox: microvm.NewSandbox(spec.ID, v, spec.Env, spec.Workdir), dir: dir}, nil
+	return &sandbox{Sandbox: microvm.NewSandbox(spec.ID, v, spec.Env, spec.Workdir, rl), dir: dir}, nil
 }
 
 // setHostname sets the guest's, as a container's is set.
@@ -265,9 +268,10 @@ const VNCSocket = "vnc.sock"
 
 // vmState is what microvm.Sandbox.State records (its JSON keys).
 type vmState struct {
-	Pid int      `json:"pid"`
-	Env []string `json:"env,omitempty"`
-	Cwd string   `json:"cwd,omitempty"`
+	Pid     int            `json:"pid"`
+	Env     []string       `json:"env,omitempty"`
+	Cwd     string         `json:"cwd,omitempty"`
+	Rlimits []guest.Rlimit `json:"rlimits,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon booted, through an agent port of
@@ -295,7 +299,7 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 	if err != nil {
 		return nil, err
 	}
-	sb := &sandbox{Sandbox: microvm.NewSandbox(id, v, st.Env, st.Cwd), dir: dir}
+	sb := &sandbox{Sandbox: microvm.NewSandbox(id, v, st.Env, st.Cwd, st.Rlimits), dir: dir}
 	c, err := qmp.Dial(ctx, filepath.Join(dir, microvm.QMPSocket))
 	if err != nil {
 		v.Close()

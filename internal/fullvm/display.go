@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
@@ -120,8 +121,7 @@ func ppmInt(r *bufio.Reader) (int, error) {
 // absMax is QEMU's range of an absolute pointer axis (INPUT_EVENT_ABS_MAX).
 const absMax = 0x7fff
 
-// SendInput is QMP's input-send-event, all events in one call, in
-// order: keys to the PS/2 keyboard, moves (absolute, scaled from the
+// SendInput is QMP's input-send-event, the events in order: keys to the PS/2 keyboard, moves (absolute, scaled from the
 // screen's pixels) and buttons to the virtio tablet. QEMU refuses an
 // unknown key or button: Invalid.
 func (s *sandbox) SendInput(ctx context.Context, events []backend.InputEvent) error {
@@ -162,16 +162,47 @@ func (s *sandbox) SendInput(ctx context.Context, events []backend.InputEvent) er
 			return errdefs.Invalidf("fullvm: input event %d: kind %q (key, button or move)", i, e.Kind)
 		}
 	}
-	err := s.qmp(ctx, "input-send-event", map[string]any{"events": qe})
-	var qerr *qmp.Error
-	if errors.As(err, &qerr) && qerr.Class == "GenericError" {
-		return errdefs.Wrap(errdefs.Invalid, err, "fullvm: input")
-	}
-	if err != nil {
-		return errdefs.Wrap(errdefs.Unavailable, err, "fullvm: input")
+	// The PS/2 keyboard holds 16 bytes of scancodes (a key event is one
+	// or two) and drops what comes while it is full, and QEMU queues a
+	// whole call's events at once: a call carries at most keyChunk of
+	// them, and the next waits for the guest to have read them (a guest
+	// under TCG on a loaded node reads them in milliseconds, not at
+	// once).
+	for len(qe) > 0 {
+		n := 0
+		for keys := 0; n < len(qe); n++ {
+			if qe[n]["type"] == "key" {
+				if keys == keyChunk {
+					break
+				}
+				keys++
+			}
+		}
+		err := s.qmp(ctx, "input-send-event", map[string]any{"events": qe[:n]})
+		var qerr *qmp.Error
+		if errors.As(err, &qerr) && qerr.Class == "GenericError" {
+			return errdefs.Wrap(errdefs.Invalid, err, "fullvm: input")
+		}
+		if err != nil {
+			return errdefs.Wrap(errdefs.Unavailable, err, "fullvm: input")
+		}
+		if qe = qe[n:]; len(qe) > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(keyPause):
+			}
+		}
 	}
 	return nil
 }
+
+// keyChunk key events fill at most the PS/2 keyboard's 16-byte queue;
+// keyPause lets the guest read them before the next.
+const (
+	keyChunk = 8
+	keyPause = 60 * time.Millisecond
+)
 
 // scale maps pixel p of n onto the axis's 0..absMax.
 func scale(p, n int) int {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/microvm"
+	"github.com/warrenrl/warren/internal/rlimit"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -73,7 +74,8 @@ func differ(a, b image.Image) int {
 
 // TestFullVMBootsToAgentAndScreen: the guarantee of issue #16's fullvm
 // test: a fullvm sandbox boots the image by its own boot loader to its
-// agent (a systemd service), runs commands in the Debian guest, shows a
+// agent (a systemd service), runs commands in the Debian guest under the
+// sandbox's resource limits, shows a
 // screen that is not blank, takes keys that change it, and its delete
 // leaves no QEMU process and no file.
 func TestFullVMBootsToAgentAndScreen(t *testing.T) {
@@ -86,7 +88,7 @@ func TestFullVMBootsToAgentAndScreen(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	t0 := time.Now()
-	sb, err := b.Create(ctx, backend.Spec{ID: "fv1"})
+	sb, err := b.Create(ctx, backend.Spec{ID: "fv1", Rlimits: []rlimit.Limit{{Name: "nofile", Soft: 1000, Hard: 2000}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +103,7 @@ func TestFullVMBootsToAgentAndScreen(t *testing.T) {
 	}()
 
 	p, err := sb.Start(ctx, backend.ProcSpec{Argv: []string{"sh", "-c",
-		`. /etc/os-release; echo $VERSION_CODENAME; hostname; echo $WARREN_T; cat /proc/1/comm`},
+		`. /etc/os-release; echo $VERSION_CODENAME; hostname; echo $WARREN_T; cat /proc/1/comm; ulimit -n; ulimit -Hn`},
 		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "WARREN_T=1"}, Stdout: true, Stderr: true})
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +112,7 @@ func TestFullVMBootsToAgentAndScreen(t *testing.T) {
 	errb, _ := io.ReadAll(p.Stderr())
 	st, err := p.Wait()
 	p.Close()
-	if err != nil || st.Code != 0 || string(out) != "bookworm\nfv1\n1\nsystemd\n" {
+	if err != nil || st.Code != 0 || string(out) != "bookworm\nfv1\n1\nsystemd\n1000\n2000\n" {
 		t.Fatalf("exec: %v exit %+v stdout %q stderr %q", err, st, out, errb)
 	}
 

@@ -1,5 +1,10 @@
 package microvm
 
+import (
+	"github.com/warrenrl/warren/internal/guest"
+	"github.com/warrenrl/warren/internal/rlimit"
+)
+
 // What other VM backends (internal/fullvm) share of this one: the agent's
 // host side, the VM's lifecycle and the sandbox built on them.
 
@@ -16,10 +21,14 @@ const (
 type Sandbox = sandbox
 
 // NewSandbox makes the sandbox of VM v; env and cwd are its processes'
-// defaults.
-func NewSandbox(id string, v *VM, env []string, cwd string) *Sandbox {
-	return newSandbox(id, v, vmState{Env: env, Cwd: cwd})
+// defaults, rl their limits (each call to the agent carries them).
+func NewSandbox(id string, v *VM, env []string, cwd string, rl []guest.Rlimit) *Sandbox {
+	return newSandbox(id, v, vmState{Env: env, Cwd: cwd, Rlimits: rl})
 }
+
+// GuestRlimits are the limits of a sandbox's processes as the agent sets
+// them; Invalid for a hard limit above the node's.
+func GuestRlimits(ls []rlimit.Limit) ([]guest.Rlimit, error) { return guestRlimits(ls) }
 
 // QEMUPids are the processes whose command line names dir's agent
 // socket (hint first if it is one): that VM's QEMU.
