@@ -189,6 +189,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	defer cancel()
 	v, err := microvm.Boot(bctx, microvm.Config{QEMU: b.opts.QEMU, Dir: dir, Args: args})
 	if err != nil {
+		if ctx.Err() == nil && bctx.Err() != nil {
+			return nil, errdefs.Wrap(errdefs.Unavailable, err, fmt.Sprintf("fullvm: the guest's agent did not answer within %v (a loaded node boots slowly under TCG)", bootTimeout))
+		}
 		return nil, err
 	}
 	defer func() {
