@@ -237,6 +237,12 @@ func (b *Backend) qemuArgs(dir, image, disk string, mem, cpus int) ([]string, er
 	if b.opts.KVM {
 		accel = "kvm"
 	}
+	// The firmware boots the disk, unless QEMU loads the kernel itself
+	// (its loader takes boot index 0).
+	bootIndex := ",bootindex=0"
+	if b.opts.DirectKernel {
+		bootIndex = ""
+	}
 	args := []string{
 		"-M", "q35", "-accel", accel, "-cpu", "max",
 		"-smp", strconv.Itoa(cpus), "-m", strconv.Itoa(mem) + "M",
@@ -248,7 +254,7 @@ func (b *Backend) qemuArgs(dir, image, disk string, mem, cpus int) ([]string, er
 		"-vnc", "unix:" + filepath.Join(dir, VNCSocket),
 		"-serial", "stdio",
 		"-drive", "file=" + disk + ",if=none,id=disk,format=qcow2,cache=writeback,discard=unmap",
-		"-device", "virtio-blk-pci,drive=disk,bootindex=0",
+		"-device", "virtio-blk-pci,drive=disk" + bootIndex,
 		"-device", "virtio-tablet-pci",
 		"-device", "virtio-serial-pci",
 		"-chardev", "socket,id=agent,path=" + filepath.Join(dir, microvm.AgentSocket) + ",server=on,wait=off",

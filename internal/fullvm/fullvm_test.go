@@ -103,7 +103,7 @@ func TestFullVMBootsToAgentAndScreen(t *testing.T) {
 	}()
 
 	p, err := sb.Start(ctx, backend.ProcSpec{Argv: []string{"sh", "-c",
-		`. /etc/os-release; echo $VERSION_CODENAME; hostname; echo $WARREN_T; cat /proc/1/comm; ulimit -n; ulimit -Hn`},
+		`. /etc/os-release; echo $VERSION_CODENAME; hostname; echo $WARREN_T; cat /proc/1/comm; ulimit -n; ulimit -Hn; grep -c BOOT_IMAGE= /proc/cmdline`},
 		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "WARREN_T=1"}, Stdout: true, Stderr: true})
 	if err != nil {
 		t.Fatal(err)
@@ -112,9 +112,12 @@ func TestFullVMBootsToAgentAndScreen(t *testing.T) {
 	errb, _ := io.ReadAll(p.Stderr())
 	st, err := p.Wait()
 	p.Close()
-	if err != nil || st.Code != 0 || string(out) != "bookworm\nfv1\n1\nsystemd\n1000\n2000\n" {
+	if err != nil || st.Code != 0 || string(out) != "bookworm\nfv1\n1\nsystemd\n1000\n2000\n1\n" {
 		t.Fatalf("exec: %v exit %+v stdout %q stderr %q", err, st, out, errb)
 	}
+
+	// (BOOT_IMAGE: extlinux put it on the kernel's command line, so the
+	// disk booted by its own boot loader.)
 
 	// The screen: the kernel's and systemd's messages, then a shell on
 	// tty1; not one colour.
@@ -185,5 +188,36 @@ func TestFullVMBootsToAgentAndScreen(t *testing.T) {
 	}
 	if len(left) > 0 {
 		t.Errorf("files left in the state directory: %s", strings.Join(left, " "))
+	}
+}
+
+// TestFullVMDirectKernelBoots: with DirectKernel the image's kernel and
+// initrd are booted with -kernel (no firmware disk boot, no boot loader)
+// and reach the same agent on the same disk.
+func TestFullVMDirectKernelBoots(t *testing.T) {
+	img := testImage(t)
+	state := t.TempDir()
+	b, err := New(Options{StateDir: state, ImageDir: img, DirectKernel: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	sb, err := b.Create(ctx, backend.Spec{ID: "fvk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Destroy(context.Background())
+	t.Logf("create with -kernel (boot to agent ready, hostname set): %v", time.Since(t0))
+	p, err := sb.Start(ctx, backend.ProcSpec{Argv: []string{"cat", "/proc/cmdline"}, Stdout: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(p.Stdout())
+	p.Wait()
+	p.Close()
+	if !strings.Contains(string(out), "root=UUID=") || strings.Contains(string(out), "BOOT_IMAGE") {
+		t.Fatalf("the guest's command line %q: not the image's as given with -kernel", out)
 	}
 }
