@@ -1,9 +1,11 @@
 // Command warren-guest is Warren's agent inside a microVM, run as its
-// init (internal/guest). Built static: CGO_ENABLED=0 go build.
+// init (internal/guest), or with --service as a service of a full guest
+// OS (the fullvm backend's image). Built static: CGO_ENABLED=0 go build.
 package main
 
 import (
 	"log"
+	"os"
 	"time"
 
 	"github.com/warrenrl/warren/internal/guest"
@@ -17,6 +19,9 @@ func main() {
 	if guest.IsSandboxInit() {
 		guest.SandboxInitMain()
 		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == guest.ServiceFlag {
+		log.Fatalf("warren-guest: %v", guest.ServiceMain())
 	}
 	err := guest.Main()
 	log.Printf("warren-guest: %v", err)

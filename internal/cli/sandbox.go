@@ -49,6 +49,8 @@ func newSandboxCommand() *cobra.Command {
 		newRestoreCommand(),
 		newForkCommand(),
 		newResumeCommand(),
+		newScreenshotCommand(),
+		newInputCommand(),
 	)
 	return c
 }
@@ -154,7 +156,7 @@ func newCreateCommand() *cobra.Command {
 	f.StringVar(&imageFlag, "image", "", "image name (required)")
 	f.StringArrayVar(&layers, "layer", nil, "named layer to stack on the image (repeatable; later ones higher)")
 	f.StringVar(&idFlag, "id", "", "sandbox id (default: generated)")
-	f.StringVar(&backend, "backend", "", "backend: container (the default) or fncall (taken ready-made from a pool; no hibernate or fork)")
+	f.StringVar(&backend, "backend", "", "backend: container (the default), fncall (taken ready-made from a pool; no hibernate or fork), microvm or fullvm (a Debian VM with a screen: docs/FULLVM.md)")
 	f.Float64Var(&cpu, "cpu", 0, "CPU quota in cores, e.g. 1.5 (default: no quota)")
 	f.StringVar(&memory, "memory", "", "memory limit, e.g. 512Mi, 2Gi (default: node default)")
 	f.StringVar(&disk, "disk", "", "disk limit of the writable layer, e.g. 1Gi (default: node default; at least 16Mi)")

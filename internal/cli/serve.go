@@ -23,6 +23,7 @@ import (
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/events"
 	"github.com/warrenrl/warren/internal/fncall"
+	"github.com/warrenrl/warren/internal/fullvm"
 	"github.com/warrenrl/warren/internal/gateway"
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/kaudit"
@@ -70,6 +71,8 @@ type serveOptions struct {
 	lazyPages                bool
 	microVM                  bool
 	microVMPmem              bool
+	fullVM                   bool
+	fullVMImage              string
 	guestAgent               string
 	usernsIDs                string
 	cpuAffinity              bool
@@ -135,6 +138,8 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.userns, "userns", true, "create sandboxes in a user namespace (root inside is an unprivileged host id) unless the request says otherwise (create --userns=false) or the image has files owned by ids above 65535; false makes sandboxes without one the default")
 	f.BoolVar(&o.microVMPmem, "microvm-pmem", false, "map microVMs' image layers as persistent memory the guest mounts with DAX (one copy of a layer on the node for every VM, -M microvm,pcie=on: docs/MICROVM.md) instead of virtio block devices")
 	f.BoolVar(&o.microVM, "microvm", true, "offer the microvm backend (QEMU microVMs; docs/MICROVM.md) where the node has QEMU, a guest kernel (scripts/vm.sh) and the guest agent")
+	f.BoolVar(&o.fullVM, "fullvm", true, "offer the fullvm backend (QEMU q35 VMs of a Debian disk image with a screen; docs/FULLVM.md) where the node has QEMU and qemu-img; a create fails Unsupported until scripts/fullvm-image.sh has built the image")
+	f.StringVar(&o.fullVMImage, "fullvm-image", fullvm.DefaultImageDir, "the fullvm backend's disk image directory (scripts/fullvm-image.sh)")
 	f.StringVar(&o.guestAgent, "guest-agent", "", "the microVMs' guest agent (cmd/warren-guest, built static); default: warren-guest beside this binary")
 	f.BoolVar(&o.lazyPages, "lazy-pages", true, "restore the memory of resumed and forked sandboxes lazily (userfaultfd, where the kernel has it) unless the request says otherwise; false restores it before Resume and Fork return; docs/HIBERNATE.md")
 	f.StringVar(&o.usernsIDs, "userns-ids", container.DefaultUserNSIDs.String(), "host ids START:COUNT that user-namespace sandboxes take 65,536 each of; give each daemon on a host its own")
@@ -467,6 +472,14 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 			log.Info("no microvm backend", "err", err)
 		} else {
 			backends[vb.Name()] = vb
+		}
+	}
+	if o.fullVM {
+		fb, err := fullvm.New(fullvm.Options{StateDir: filepath.Join(stateDir, "fullvm"), ImageDir: o.fullVMImage})
+		if err != nil {
+			log.Info("no fullvm backend", "err", err)
+		} else {
+			backends[fb.Name()] = fb
 		}
 	}
 	mgr, err := daemon.New(ctx, daemon.Config{

@@ -184,7 +184,7 @@ var ops = []string{
 	"ListImages", "GetImage", "ImportImage", "ImportImageTar", "RemoveImage", "Version",
 	"ImportOCI", "PullImage", "BuildLayer", "BuildLayerTar", "ListLayers", "RemoveLayer", "ImageStats", "VerifyImage",
 	"CommitSandbox", "ListSandboxEvents", "Pause", "Resume", "PauseByLabel", "ResumeByLabel", "ReadTrajectory", "Run", "RunBatch",
-	"Hibernate", "HibernateByLabel", "Fork", "Restore",
+	"Hibernate", "HibernateByLabel", "Fork", "Restore", "Screenshot", "SendInput",
 }
 
 // Manager owns the sandboxes of this node. It is safe for concurrent use.

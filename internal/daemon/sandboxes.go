@@ -335,6 +335,9 @@ func (m *Manager) Create(ctx context.Context, req *warrenv1.CreateRequest) (_ *w
 	s.sb, s.fs, s.backendState, s.release = sb, fs, sb.State(), release
 	s.etcNS = nameserverOf(sb, info.GetKeepEtc())
 	info.NetworkAddress = networkAddress(sb)
+	if d, ok := sb.(backend.Display); ok {
+		info.Vnc = d.VNC()
+	}
 	if im, ok := sb.(backend.IDMapped); ok {
 		base, _, mapped := im.IDMap()
 		info.UserNamespace, info.UserIdBase = mapped, base

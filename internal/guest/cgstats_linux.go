@@ -16,6 +16,10 @@ const sandboxCgroupDir = "/sys/fs/cgroup/sandbox"
 
 // cgroupStats answers the sandbox cgroup's counters.
 func (s *server) cgroupStats(st net.Conn) {
+	if s.whole {
+		s.guestStats(st)
+		return
+	}
 	if s.ns == nil {
 		fail(st, errdefs.Unsupported, errors.New("no sandbox cgroup in a VM without layers"))
 		return

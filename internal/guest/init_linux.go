@@ -210,6 +210,9 @@ type server struct {
 	// held are the sandbox's limits the agent holds, which its commands
 	// inherit (takeLimits).
 	held map[int]Rlimit
+	// whole: the agent is a service of a full OS (ServiceMain), whose
+	// whole guest is the sandbox.
+	whole bool
 }
 
 func (s *server) serve(st net.Conn) {

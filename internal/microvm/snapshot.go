@@ -103,6 +103,11 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 		// yet.
 		return errdefs.Unsupportedf("microvm: the VM has a network (network policy other than none), which a restore does not bring back yet: it cannot be hibernated or forked")
 	}
+	if v.cfg.Args != nil {
+		// Another machine (internal/fullvm): its disk is writable and
+		// its devices are not qemuArgs', which a restore remakes.
+		return errdefs.Unsupportedf("microvm: a VM of another machine (fullvm) cannot be checkpointed yet")
+	}
 	if v.cfg.PMEM {
 		// The layers are guest RAM blocks mapped from their files: the
 		// stream would carry every page the guest read of them, and the
@@ -279,6 +284,9 @@ func savedFromCmdline(pid int, sv *savedVM) error {
 		a, val := args[i], args[i+1]
 		switch a {
 		case "-M":
+			if !strings.HasPrefix(val, "microvm") {
+				return errdefs.Unsupportedf("microvm: a VM of another machine (%s: fullvm) cannot be checkpointed yet", val)
+			}
 			if strings.Contains(val, "pcie=on") {
 				// Layers on pmem: the memory layout is not read back.
 				return errdefs.Unsupportedf("microvm: a VM with its layers on pmem, adopted from an earlier daemon, cannot be checkpointed")

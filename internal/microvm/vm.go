@@ -82,6 +82,10 @@ type Config struct {
 	// PMEM maps the layers as persistent memory the guest mounts with DAX
 	// (pmem.go) instead of virtio block devices.
 	PMEM bool
+	// Args, when set, are QEMU's whole command line (another machine:
+	// internal/fullvm), which must give the agent's port on Dir's
+	// AgentSocket and QMP on its QMPSocket; no initramfs is built.
+	Args []string
 }
 
 // VM is a running microVM.
@@ -118,15 +122,17 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create VM directory")
 	}
-	initrd, err := buildInitramfs(cfg)
-	if err != nil {
-		return nil, err
-	}
-	port := filepath.Join(cfg.Dir, "agent.sock")
+	port := filepath.Join(cfg.Dir, AgentSocket)
 	_ = os.Remove(port)
-	args, err := qemuArgs(cfg, initrd, port, filepath.Join(cfg.Dir, qmpSocket))
-	if err != nil {
-		return nil, err
+	args := cfg.Args
+	if args == nil {
+		initrd, err := buildInitramfs(cfg)
+		if err != nil {
+			return nil, err
+		}
+		if args, err = qemuArgs(cfg, initrd, port, filepath.Join(cfg.Dir, qmpSocket)); err != nil {
+			return nil, err
+		}
 	}
 	cmd := exec.Command(cfg.QEMU, args...)
 	if cfg.Net != nil {

@@ -42,6 +42,8 @@ type Manager interface {
 	ListSandboxEvents(context.Context, *warrenv1.ListSandboxEventsRequest) (*warrenv1.ListSandboxEventsResponse, error)
 	ReadTrajectory(context.Context, *warrenv1.ReadTrajectoryRequest) (*warrenv1.ReadTrajectoryResponse, error)
 	Pause(context.Context, *warrenv1.PauseRequest) (*warrenv1.PauseResponse, error)
+	Screenshot(context.Context, *warrenv1.ScreenshotRequest) (*warrenv1.ScreenshotResponse, error)
+	SendInput(context.Context, *warrenv1.SendInputRequest) (*warrenv1.SendInputResponse, error)
 	Resume(context.Context, *warrenv1.ResumeRequest) (*warrenv1.ResumeResponse, error)
 	PauseByLabel(ctx context.Context, req *warrenv1.PauseByLabelRequest, send func(*warrenv1.ByLabelEvent) error) error
 	Hibernate(context.Context, *warrenv1.HibernateRequest) (*warrenv1.HibernateResponse, error)
@@ -213,6 +215,14 @@ const (
 
 func (s sandboxService) Pause(ctx context.Context, r *connect.Request[warrenv1.PauseRequest]) (*connect.Response[warrenv1.PauseResponse], error) {
 	return unary(ctx, r, s.m.Pause)
+}
+
+func (s sandboxService) Screenshot(ctx context.Context, r *connect.Request[warrenv1.ScreenshotRequest]) (*connect.Response[warrenv1.ScreenshotResponse], error) {
+	return unary(ctx, r, s.m.Screenshot)
+}
+
+func (s sandboxService) SendInput(ctx context.Context, r *connect.Request[warrenv1.SendInputRequest]) (*connect.Response[warrenv1.SendInputResponse], error) {
+	return unary(ctx, r, s.m.SendInput)
 }
 
 func (s sandboxService) Resume(ctx context.Context, r *connect.Request[warrenv1.ResumeRequest]) (*connect.Response[warrenv1.ResumeResponse], error) {

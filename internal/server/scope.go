@@ -61,6 +61,8 @@ var (
 		warrenv1connect.SandboxServiceUpdateSandboxProcedure: byID,
 		warrenv1connect.SandboxServicePauseProcedure:         byID,
 		warrenv1connect.SandboxServiceResumeProcedure:        byID,
+		warrenv1connect.SandboxServiceScreenshotProcedure:    byID,
+		warrenv1connect.SandboxServiceSendInputProcedure:     byID,
 		warrenv1connect.SandboxServiceHibernateProcedure:     byID,
 		// Forks of a child are the harness's children too, within its
 		// cap (daemon/fork.go).

@@ -1022,8 +1022,12 @@ type Sandbox struct {
 	LifetimeLeftMs  int64   `protobuf:"varint,62,opt,name=lifetime_left_ms,json=lifetimeLeftMs,proto3" json:"lifetime_left_ms,omitempty"`
 	Qos             string  `protobuf:"bytes,65,opt,name=qos,proto3" json:"qos,omitempty"`                                // "ls" or "be" (CreateRequest.qos)
 	QosCpus         []int32 `protobuf:"varint,66,rep,packed,name=qos_cpus,json=qosCpus,proto3" json:"qos_cpus,omitempty"` // CreateRequest.qos_cpus
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The VNC server of the sandbox's virtual display (backend "fullvm"):
+	// a unix socket path on its node (`socat` or `ssh -L` it to a VNC
+	// client). Empty for a backend without a display.
+	Vnc           string `protobuf:"bytes,67,opt,name=vnc,proto3" json:"vnc,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -1299,6 +1303,13 @@ func (x *Sandbox) GetQosCpus() []int32 {
 		return x.QosCpus
 	}
 	return nil
+}
+
+func (x *Sandbox) GetVnc() string {
+	if x != nil {
+		return x.Vnc
+	}
+	return ""
 }
 
 type GetRequest struct {
@@ -8743,6 +8754,301 @@ func (x *NodeStatusResponse) GetNodes() []*NodeStatus {
 	return nil
 }
 
+type ScreenshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScreenshotRequest) Reset() {
+	*x = ScreenshotRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[112]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScreenshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScreenshotRequest) ProtoMessage() {}
+
+func (x *ScreenshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[112]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScreenshotRequest.ProtoReflect.Descriptor instead.
+func (*ScreenshotRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{112}
+}
+
+func (x *ScreenshotRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ScreenshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Png           []byte                 `protobuf:"bytes,1,opt,name=png,proto3" json:"png,omitempty"`
+	Width         int32                  `protobuf:"varint,2,opt,name=width,proto3" json:"width,omitempty"`
+	Height        int32                  `protobuf:"varint,3,opt,name=height,proto3" json:"height,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScreenshotResponse) Reset() {
+	*x = ScreenshotResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[113]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScreenshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScreenshotResponse) ProtoMessage() {}
+
+func (x *ScreenshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[113]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScreenshotResponse.ProtoReflect.Descriptor instead.
+func (*ScreenshotResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{113}
+}
+
+func (x *ScreenshotResponse) GetPng() []byte {
+	if x != nil {
+		return x.Png
+	}
+	return nil
+}
+
+func (x *ScreenshotResponse) GetWidth() int32 {
+	if x != nil {
+		return x.Width
+	}
+	return 0
+}
+
+func (x *ScreenshotResponse) GetHeight() int32 {
+	if x != nil {
+		return x.Height
+	}
+	return 0
+}
+
+type SendInputRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Events []*SendInputEvent      `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	// Typed after the events: each character's key pressed and released
+	// (US layout: letters, digits, space, punctuation, "\n" is Enter, "\t"
+	// Tab; shift held where the character needs it). Invalid for another.
+	Text          string `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendInputRequest) Reset() {
+	*x = SendInputRequest{}
+	mi := &file_warren_v1_warren_proto_msgTypes[114]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendInputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendInputRequest) ProtoMessage() {}
+
+func (x *SendInputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[114]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendInputRequest.ProtoReflect.Descriptor instead.
+func (*SendInputRequest) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{114}
+}
+
+func (x *SendInputRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SendInputRequest) GetEvents() []*SendInputEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *SendInputRequest) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+// One keyboard or pointer event.
+type SendInputEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "key", "button" or "move".
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// kind key: QEMU's QKeyCode name ("a", "1", "ret", "spc", "shift",
+	// "ctrl", "alt", "esc", "tab", "backspace", "up", "f1"...).
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// kind button: "left", "right", "middle", "wheel-up", "wheel-down".
+	Button string `protobuf:"bytes,3,opt,name=button,proto3" json:"button,omitempty"`
+	// key and button: "press" (the default: down then up), "down" or "up".
+	Action string `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
+	// kind move: the pointer's position in pixels from the screen's top
+	// left (ScreenshotResponse's width and height).
+	X             int32 `protobuf:"varint,5,opt,name=x,proto3" json:"x,omitempty"`
+	Y             int32 `protobuf:"varint,6,opt,name=y,proto3" json:"y,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendInputEvent) Reset() {
+	*x = SendInputEvent{}
+	mi := &file_warren_v1_warren_proto_msgTypes[115]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendInputEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendInputEvent) ProtoMessage() {}
+
+func (x *SendInputEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[115]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendInputEvent.ProtoReflect.Descriptor instead.
+func (*SendInputEvent) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{115}
+}
+
+func (x *SendInputEvent) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *SendInputEvent) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SendInputEvent) GetButton() string {
+	if x != nil {
+		return x.Button
+	}
+	return ""
+}
+
+func (x *SendInputEvent) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *SendInputEvent) GetX() int32 {
+	if x != nil {
+		return x.X
+	}
+	return 0
+}
+
+func (x *SendInputEvent) GetY() int32 {
+	if x != nil {
+		return x.Y
+	}
+	return 0
+}
+
+type SendInputResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendInputResponse) Reset() {
+	*x = SendInputResponse{}
+	mi := &file_warren_v1_warren_proto_msgTypes[116]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendInputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendInputResponse) ProtoMessage() {}
+
+func (x *SendInputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warren_v1_warren_proto_msgTypes[116]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendInputResponse.ProtoReflect.Descriptor instead.
+func (*SendInputResponse) Descriptor() ([]byte, []int) {
+	return file_warren_v1_warren_proto_rawDescGZIP(), []int{116}
+}
+
 var File_warren_v1_warren_proto protoreflect.FileDescriptor
 
 const file_warren_v1_warren_proto_rawDesc = "" +
@@ -8807,8 +9113,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x06Rlimit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04soft\x18\x02 \x01(\x03R\x04soft\x12\x12\n" +
-	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\xf8\n" +
-	"\n" +
+	"\x04hard\x18\x03 \x01(\x03R\x04hard\"\x8a\v\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12\x18\n" +
@@ -8848,7 +9153,8 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x11keep_while_paused\x18= \x01(\bR\x0fkeepWhilePaused\x12(\n" +
 	"\x10lifetime_left_ms\x18> \x01(\x03R\x0elifetimeLeftMs\x12\x10\n" +
 	"\x03qos\x18A \x01(\tR\x03qos\x12\x19\n" +
-	"\bqos_cpus\x18B \x03(\x05R\aqosCpus\x1a6\n" +
+	"\bqos_cpus\x18B \x03(\x05R\aqosCpus\x12\x10\n" +
+	"\x03vnc\x18C \x01(\tR\x03vnc\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
@@ -9513,7 +9819,25 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x02 \x01(\x03R\vmemoryBytes\x12\x1c\n" +
 	"\tsandboxes\x18\x03 \x01(\x05R\tsandboxes\"A\n" +
 	"\x12NodeStatusResponse\x12+\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x15.warren.v1.NodeStatusR\x05nodes*\xeb\x01\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x15.warren.v1.NodeStatusR\x05nodes\"#\n" +
+	"\x11ScreenshotRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"T\n" +
+	"\x12ScreenshotResponse\x12\x10\n" +
+	"\x03png\x18\x01 \x01(\fR\x03png\x12\x14\n" +
+	"\x05width\x18\x02 \x01(\x05R\x05width\x12\x16\n" +
+	"\x06height\x18\x03 \x01(\x05R\x06height\"i\n" +
+	"\x10SendInputRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x121\n" +
+	"\x06events\x18\x02 \x03(\v2\x19.warren.v1.SendInputEventR\x06events\x12\x12\n" +
+	"\x04text\x18\x03 \x01(\tR\x04text\"\x82\x01\n" +
+	"\x0eSendInputEvent\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06button\x18\x03 \x01(\tR\x06button\x12\x16\n" +
+	"\x06action\x18\x04 \x01(\tR\x06action\x12\f\n" +
+	"\x01x\x18\x05 \x01(\x05R\x01x\x12\f\n" +
+	"\x01y\x18\x06 \x01(\x05R\x01y\"\x13\n" +
+	"\x11SendInputResponse*\xeb\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATE_CREATING\x10\x01\x12\x19\n" +
@@ -9543,7 +9867,7 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x17RUN_STATUS_MEMORY_LIMIT\x10\x05\x12\x1b\n" +
 	"\x17RUN_STATUS_OUTPUT_LIMIT\x10\x06\x12\x19\n" +
 	"\x15RUN_STATUS_FILE_ERROR\x10\a\x12\x1d\n" +
-	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xa8\x14\n" +
+	"\x19RUN_STATUS_INTERNAL_ERROR\x10\b2\xbb\x15\n" +
 	"\x0eSandboxService\x126\n" +
 	"\x06Create\x12\x18.warren.v1.CreateRequest\x1a\x12.warren.v1.Sandbox\x120\n" +
 	"\x03Get\x12\x15.warren.v1.GetRequest\x1a\x12.warren.v1.Sandbox\x127\n" +
@@ -9584,7 +9908,10 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x03Run\x12\x15.warren.v1.RunRequest\x1a\x14.warren.v1.RunResult\x12A\n" +
 	"\bRunBatch\x12\x1a.warren.v1.RunBatchRequest\x1a\x17.warren.v1.RunBatchItem0\x01\x12?\n" +
 	"\aRestore\x12\x19.warren.v1.RestoreRequest\x1a\x19.warren.v1.ResumeResponse\x12L\n" +
-	"\vBatchCreate\x12\x1d.warren.v1.BatchCreateRequest\x1a\x1e.warren.v1.BatchCreateResponse2\xd8\x05\n" +
+	"\vBatchCreate\x12\x1d.warren.v1.BatchCreateRequest\x1a\x1e.warren.v1.BatchCreateResponse\x12I\n" +
+	"\n" +
+	"Screenshot\x12\x1c.warren.v1.ScreenshotRequest\x1a\x1d.warren.v1.ScreenshotResponse\x12F\n" +
+	"\tSendInput\x12\x1b.warren.v1.SendInputRequest\x1a\x1c.warren.v1.SendInputResponse2\xd8\x05\n" +
 	"\fImageService\x12I\n" +
 	"\n" +
 	"ListImages\x12\x1c.warren.v1.ListImagesRequest\x1a\x1d.warren.v1.ListImagesResponse\x128\n" +
@@ -9618,7 +9945,7 @@ func file_warren_v1_warren_proto_rawDescGZIP() []byte {
 }
 
 var file_warren_v1_warren_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 126)
+var file_warren_v1_warren_proto_msgTypes = make([]protoimpl.MessageInfo, 131)
 var file_warren_v1_warren_proto_goTypes = []any{
 	(SandboxState)(0),                 // 0: warren.v1.SandboxState
 	(ClaimStep)(0),                    // 1: warren.v1.ClaimStep
@@ -9736,25 +10063,30 @@ var file_warren_v1_warren_proto_goTypes = []any{
 	(*NodeStatus)(nil),                // 113: warren.v1.NodeStatus
 	(*NodeFree)(nil),                  // 114: warren.v1.NodeFree
 	(*NodeStatusResponse)(nil),        // 115: warren.v1.NodeStatusResponse
-	nil,                               // 116: warren.v1.CreateRequest.EnvEntry
-	nil,                               // 117: warren.v1.CreateRequest.LabelsEntry
-	nil,                               // 118: warren.v1.Sandbox.EnvEntry
-	nil,                               // 119: warren.v1.Sandbox.LabelsEntry
-	nil,                               // 120: warren.v1.ListRequest.LabelsEntry
-	nil,                               // 121: warren.v1.UpdateSandboxRequest.SetLabelsEntry
-	nil,                               // 122: warren.v1.ExecRequest.EnvEntry
-	nil,                               // 123: warren.v1.ForkRequest.LabelsEntry
-	nil,                               // 124: warren.v1.HibernateByLabelRequest.LabelsEntry
-	nil,                               // 125: warren.v1.PauseByLabelRequest.LabelsEntry
-	nil,                               // 126: warren.v1.ResumeByLabelRequest.LabelsEntry
-	nil,                               // 127: warren.v1.RunStep.EnvEntry
-	nil,                               // 128: warren.v1.NodeStatus.QosEntry
-	nil,                               // 129: warren.v1.NodeStatus.LabelCountsEntry
+	(*ScreenshotRequest)(nil),         // 116: warren.v1.ScreenshotRequest
+	(*ScreenshotResponse)(nil),        // 117: warren.v1.ScreenshotResponse
+	(*SendInputRequest)(nil),          // 118: warren.v1.SendInputRequest
+	(*SendInputEvent)(nil),            // 119: warren.v1.SendInputEvent
+	(*SendInputResponse)(nil),         // 120: warren.v1.SendInputResponse
+	nil,                               // 121: warren.v1.CreateRequest.EnvEntry
+	nil,                               // 122: warren.v1.CreateRequest.LabelsEntry
+	nil,                               // 123: warren.v1.Sandbox.EnvEntry
+	nil,                               // 124: warren.v1.Sandbox.LabelsEntry
+	nil,                               // 125: warren.v1.ListRequest.LabelsEntry
+	nil,                               // 126: warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	nil,                               // 127: warren.v1.ExecRequest.EnvEntry
+	nil,                               // 128: warren.v1.ForkRequest.LabelsEntry
+	nil,                               // 129: warren.v1.HibernateByLabelRequest.LabelsEntry
+	nil,                               // 130: warren.v1.PauseByLabelRequest.LabelsEntry
+	nil,                               // 131: warren.v1.ResumeByLabelRequest.LabelsEntry
+	nil,                               // 132: warren.v1.RunStep.EnvEntry
+	nil,                               // 133: warren.v1.NodeStatus.QosEntry
+	nil,                               // 134: warren.v1.NodeStatus.LabelCountsEntry
 }
 var file_warren_v1_warren_proto_depIdxs = []int32{
 	4,   // 0: warren.v1.CreateRequest.resources:type_name -> warren.v1.Resources
-	116, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
-	117, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
+	121, // 1: warren.v1.CreateRequest.env:type_name -> warren.v1.CreateRequest.EnvEntry
+	122, // 2: warren.v1.CreateRequest.labels:type_name -> warren.v1.CreateRequest.LabelsEntry
 	9,   // 3: warren.v1.CreateRequest.rlimits:type_name -> warren.v1.Rlimit
 	7,   // 4: warren.v1.CreateRequest.network:type_name -> warren.v1.NetworkPolicy
 	6,   // 5: warren.v1.CreateRequest.harness:type_name -> warren.v1.HarnessOptions
@@ -9762,16 +10094,16 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	8,   // 7: warren.v1.NetworkPolicy.allow:type_name -> warren.v1.NetworkRule
 	0,   // 8: warren.v1.Sandbox.state:type_name -> warren.v1.SandboxState
 	4,   // 9: warren.v1.Sandbox.resources:type_name -> warren.v1.Resources
-	118, // 10: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
-	119, // 11: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
+	123, // 10: warren.v1.Sandbox.env:type_name -> warren.v1.Sandbox.EnvEntry
+	124, // 11: warren.v1.Sandbox.labels:type_name -> warren.v1.Sandbox.LabelsEntry
 	9,   // 12: warren.v1.Sandbox.rlimits:type_name -> warren.v1.Rlimit
 	7,   // 13: warren.v1.Sandbox.network:type_name -> warren.v1.NetworkPolicy
 	6,   // 14: warren.v1.Sandbox.harness:type_name -> warren.v1.HarnessOptions
-	120, // 15: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
+	125, // 15: warren.v1.ListRequest.labels:type_name -> warren.v1.ListRequest.LabelsEntry
 	10,  // 16: warren.v1.ListResponse.sandboxes:type_name -> warren.v1.Sandbox
-	121, // 17: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
+	126, // 17: warren.v1.UpdateSandboxRequest.set_labels:type_name -> warren.v1.UpdateSandboxRequest.SetLabelsEntry
 	7,   // 18: warren.v1.UpdateSandboxRequest.network:type_name -> warren.v1.NetworkPolicy
-	122, // 19: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
+	127, // 19: warren.v1.ExecRequest.env:type_name -> warren.v1.ExecRequest.EnvEntry
 	19,  // 20: warren.v1.ExecEvent.result:type_name -> warren.v1.ExecResult
 	21,  // 21: warren.v1.ExecEvent.started:type_name -> warren.v1.ExecStarted
 	19,  // 22: warren.v1.ProcessInfo.result:type_name -> warren.v1.ExecResult
@@ -9803,18 +10135,18 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	10,  // 48: warren.v1.ResumeResponse.sandbox:type_name -> warren.v1.Sandbox
 	10,  // 49: warren.v1.HibernateResponse.sandbox:type_name -> warren.v1.Sandbox
 	86,  // 50: warren.v1.HibernateResponse.before:type_name -> warren.v1.Memory
-	123, // 51: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
+	128, // 51: warren.v1.ForkRequest.labels:type_name -> warren.v1.ForkRequest.LabelsEntry
 	10,  // 52: warren.v1.ForkResponse.sandboxes:type_name -> warren.v1.Sandbox
 	10,  // 53: warren.v1.ForkResponse.source:type_name -> warren.v1.Sandbox
-	124, // 54: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
-	125, // 55: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
-	126, // 56: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
+	129, // 54: warren.v1.HibernateByLabelRequest.labels:type_name -> warren.v1.HibernateByLabelRequest.LabelsEntry
+	130, // 55: warren.v1.PauseByLabelRequest.labels:type_name -> warren.v1.PauseByLabelRequest.LabelsEntry
+	131, // 56: warren.v1.ResumeByLabelRequest.labels:type_name -> warren.v1.ResumeByLabelRequest.LabelsEntry
 	87,  // 57: warren.v1.ByLabelEvent.paused:type_name -> warren.v1.PauseResponse
 	89,  // 58: warren.v1.ByLabelEvent.resumed:type_name -> warren.v1.ResumeResponse
 	92,  // 59: warren.v1.ByLabelEvent.hibernated:type_name -> warren.v1.HibernateResponse
 	101, // 60: warren.v1.RunRequest.steps:type_name -> warren.v1.RunStep
 	100, // 61: warren.v1.RunRequest.gpus:type_name -> warren.v1.RunGpus
-	127, // 62: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
+	132, // 62: warren.v1.RunStep.env:type_name -> warren.v1.RunStep.EnvEntry
 	102, // 63: warren.v1.RunStep.files:type_name -> warren.v1.RunFile
 	103, // 64: warren.v1.RunStep.limits:type_name -> warren.v1.RunLimits
 	3,   // 65: warren.v1.RunStepResult.status:type_name -> warren.v1.RunStatus
@@ -9826,113 +10158,118 @@ var file_warren_v1_warren_proto_depIdxs = []int32{
 	106, // 71: warren.v1.RunBatchItem.result:type_name -> warren.v1.RunResult
 	5,   // 72: warren.v1.BatchCreateRequest.template:type_name -> warren.v1.CreateRequest
 	10,  // 73: warren.v1.BatchCreateResponse.sandboxes:type_name -> warren.v1.Sandbox
-	128, // 74: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
-	129, // 75: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
+	133, // 74: warren.v1.NodeStatus.qos:type_name -> warren.v1.NodeStatus.QosEntry
+	134, // 75: warren.v1.NodeStatus.label_counts:type_name -> warren.v1.NodeStatus.LabelCountsEntry
 	114, // 76: warren.v1.NodeStatus.free:type_name -> warren.v1.NodeFree
 	113, // 77: warren.v1.NodeStatusResponse.nodes:type_name -> warren.v1.NodeStatus
-	5,   // 78: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
-	11,  // 79: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
-	12,  // 80: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
-	14,  // 81: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
-	16,  // 82: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
-	17,  // 83: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
-	18,  // 84: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
-	18,  // 85: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
-	18,  // 86: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
-	23,  // 87: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
-	25,  // 88: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
-	26,  // 89: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
-	28,  // 90: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
-	30,  // 91: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
-	33,  // 92: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
-	35,  // 93: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
-	37,  // 94: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
-	40,  // 95: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
-	42,  // 96: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
-	49,  // 97: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
-	51,  // 98: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
-	43,  // 99: warren.v1.SandboxService.WatchDir:input_type -> warren.v1.WatchDirRequest
-	47,  // 100: warren.v1.SandboxService.SandboxStats:input_type -> warren.v1.SandboxStatsRequest
-	68,  // 101: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
-	78,  // 102: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
-	81,  // 103: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
-	85,  // 104: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
-	88,  // 105: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
-	96,  // 106: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
-	97,  // 107: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
-	90,  // 108: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
-	95,  // 109: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
-	93,  // 110: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
-	99,  // 111: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
-	107, // 112: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
-	91,  // 113: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
-	110, // 114: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
-	54,  // 115: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
-	56,  // 116: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
-	57,  // 117: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
-	58,  // 118: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
-	60,  // 119: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
-	63,  // 120: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
-	64,  // 121: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
-	66,  // 122: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
-	69,  // 123: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
-	72,  // 124: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
-	75,  // 125: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
-	112, // 126: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
-	10,  // 127: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
-	10,  // 128: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
-	13,  // 129: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
-	15,  // 130: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
-	10,  // 131: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
-	10,  // 132: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
-	19,  // 133: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
-	20,  // 134: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
-	22,  // 135: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
-	24,  // 136: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
-	19,  // 137: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
-	27,  // 138: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
-	29,  // 139: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
-	32,  // 140: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
-	34,  // 141: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
-	36,  // 142: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
-	38,  // 143: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
-	41,  // 144: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
-	39,  // 145: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
-	50,  // 146: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
-	52,  // 147: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
-	46,  // 148: warren.v1.SandboxService.WatchDir:output_type -> warren.v1.WatchDirEvent
-	48,  // 149: warren.v1.SandboxService.SandboxStats:output_type -> warren.v1.SandboxStatsResponse
-	62,  // 150: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
-	79,  // 151: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
-	82,  // 152: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
-	87,  // 153: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
-	89,  // 154: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
-	98,  // 155: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
-	98,  // 156: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
-	92,  // 157: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
-	98,  // 158: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
-	94,  // 159: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
-	106, // 160: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
-	109, // 161: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
-	89,  // 162: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
-	111, // 163: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
-	55,  // 164: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
-	53,  // 165: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
-	53,  // 166: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
-	59,  // 167: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
-	61,  // 168: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
-	62,  // 169: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
-	65,  // 170: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
-	67,  // 171: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
-	71,  // 172: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
-	74,  // 173: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
-	76,  // 174: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
-	115, // 175: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
-	127, // [127:176] is the sub-list for method output_type
-	78,  // [78:127] is the sub-list for method input_type
-	78,  // [78:78] is the sub-list for extension type_name
-	78,  // [78:78] is the sub-list for extension extendee
-	0,   // [0:78] is the sub-list for field type_name
+	119, // 78: warren.v1.SendInputRequest.events:type_name -> warren.v1.SendInputEvent
+	5,   // 79: warren.v1.SandboxService.Create:input_type -> warren.v1.CreateRequest
+	11,  // 80: warren.v1.SandboxService.Get:input_type -> warren.v1.GetRequest
+	12,  // 81: warren.v1.SandboxService.List:input_type -> warren.v1.ListRequest
+	14,  // 82: warren.v1.SandboxService.Delete:input_type -> warren.v1.DeleteRequest
+	16,  // 83: warren.v1.SandboxService.ExtendTimeout:input_type -> warren.v1.ExtendTimeoutRequest
+	17,  // 84: warren.v1.SandboxService.UpdateSandbox:input_type -> warren.v1.UpdateSandboxRequest
+	18,  // 85: warren.v1.SandboxService.Exec:input_type -> warren.v1.ExecRequest
+	18,  // 86: warren.v1.SandboxService.ExecStream:input_type -> warren.v1.ExecRequest
+	18,  // 87: warren.v1.SandboxService.StartProcess:input_type -> warren.v1.ExecRequest
+	23,  // 88: warren.v1.SandboxService.ListProcesses:input_type -> warren.v1.ListProcessesRequest
+	25,  // 89: warren.v1.SandboxService.WaitProcess:input_type -> warren.v1.WaitProcessRequest
+	26,  // 90: warren.v1.SandboxService.SignalProcess:input_type -> warren.v1.SignalProcessRequest
+	28,  // 91: warren.v1.SandboxService.WriteStdin:input_type -> warren.v1.WriteStdinRequest
+	30,  // 92: warren.v1.SandboxService.AttachProcess:input_type -> warren.v1.AttachProcessRequest
+	33,  // 93: warren.v1.SandboxService.ResizeProcess:input_type -> warren.v1.ResizeProcessRequest
+	35,  // 94: warren.v1.SandboxService.WriteFile:input_type -> warren.v1.WriteFileRequest
+	37,  // 95: warren.v1.SandboxService.ReadFile:input_type -> warren.v1.ReadFileRequest
+	40,  // 96: warren.v1.SandboxService.ListFiles:input_type -> warren.v1.ListFilesRequest
+	42,  // 97: warren.v1.SandboxService.StatFile:input_type -> warren.v1.StatFileRequest
+	49,  // 98: warren.v1.SandboxService.MakeDir:input_type -> warren.v1.MakeDirRequest
+	51,  // 99: warren.v1.SandboxService.RemoveFile:input_type -> warren.v1.RemoveFileRequest
+	43,  // 100: warren.v1.SandboxService.WatchDir:input_type -> warren.v1.WatchDirRequest
+	47,  // 101: warren.v1.SandboxService.SandboxStats:input_type -> warren.v1.SandboxStatsRequest
+	68,  // 102: warren.v1.SandboxService.CommitSandbox:input_type -> warren.v1.CommitSandboxRequest
+	78,  // 103: warren.v1.SandboxService.ListSandboxEvents:input_type -> warren.v1.ListSandboxEventsRequest
+	81,  // 104: warren.v1.SandboxService.ReadTrajectory:input_type -> warren.v1.ReadTrajectoryRequest
+	85,  // 105: warren.v1.SandboxService.Pause:input_type -> warren.v1.PauseRequest
+	88,  // 106: warren.v1.SandboxService.Resume:input_type -> warren.v1.ResumeRequest
+	96,  // 107: warren.v1.SandboxService.PauseByLabel:input_type -> warren.v1.PauseByLabelRequest
+	97,  // 108: warren.v1.SandboxService.ResumeByLabel:input_type -> warren.v1.ResumeByLabelRequest
+	90,  // 109: warren.v1.SandboxService.Hibernate:input_type -> warren.v1.HibernateRequest
+	95,  // 110: warren.v1.SandboxService.HibernateByLabel:input_type -> warren.v1.HibernateByLabelRequest
+	93,  // 111: warren.v1.SandboxService.Fork:input_type -> warren.v1.ForkRequest
+	99,  // 112: warren.v1.SandboxService.Run:input_type -> warren.v1.RunRequest
+	107, // 113: warren.v1.SandboxService.RunBatch:input_type -> warren.v1.RunBatchRequest
+	91,  // 114: warren.v1.SandboxService.Restore:input_type -> warren.v1.RestoreRequest
+	110, // 115: warren.v1.SandboxService.BatchCreate:input_type -> warren.v1.BatchCreateRequest
+	116, // 116: warren.v1.SandboxService.Screenshot:input_type -> warren.v1.ScreenshotRequest
+	118, // 117: warren.v1.SandboxService.SendInput:input_type -> warren.v1.SendInputRequest
+	54,  // 118: warren.v1.ImageService.ListImages:input_type -> warren.v1.ListImagesRequest
+	56,  // 119: warren.v1.ImageService.GetImage:input_type -> warren.v1.GetImageRequest
+	57,  // 120: warren.v1.ImageService.ImportImage:input_type -> warren.v1.ImportImageRequest
+	58,  // 121: warren.v1.ImageService.RemoveImage:input_type -> warren.v1.RemoveImageRequest
+	60,  // 122: warren.v1.ImageService.PullImage:input_type -> warren.v1.PullImageRequest
+	63,  // 123: warren.v1.ImageService.BuildLayer:input_type -> warren.v1.BuildLayerRequest
+	64,  // 124: warren.v1.ImageService.ListLayers:input_type -> warren.v1.ListLayersRequest
+	66,  // 125: warren.v1.ImageService.RemoveLayer:input_type -> warren.v1.RemoveLayerRequest
+	69,  // 126: warren.v1.ImageService.ImageStats:input_type -> warren.v1.ImageStatsRequest
+	72,  // 127: warren.v1.ImageService.VerifyImage:input_type -> warren.v1.VerifyImageRequest
+	75,  // 128: warren.v1.SystemService.Version:input_type -> warren.v1.VersionRequest
+	112, // 129: warren.v1.SystemService.NodeStatus:input_type -> warren.v1.NodeStatusRequest
+	10,  // 130: warren.v1.SandboxService.Create:output_type -> warren.v1.Sandbox
+	10,  // 131: warren.v1.SandboxService.Get:output_type -> warren.v1.Sandbox
+	13,  // 132: warren.v1.SandboxService.List:output_type -> warren.v1.ListResponse
+	15,  // 133: warren.v1.SandboxService.Delete:output_type -> warren.v1.DeleteResponse
+	10,  // 134: warren.v1.SandboxService.ExtendTimeout:output_type -> warren.v1.Sandbox
+	10,  // 135: warren.v1.SandboxService.UpdateSandbox:output_type -> warren.v1.Sandbox
+	19,  // 136: warren.v1.SandboxService.Exec:output_type -> warren.v1.ExecResult
+	20,  // 137: warren.v1.SandboxService.ExecStream:output_type -> warren.v1.ExecEvent
+	22,  // 138: warren.v1.SandboxService.StartProcess:output_type -> warren.v1.ProcessInfo
+	24,  // 139: warren.v1.SandboxService.ListProcesses:output_type -> warren.v1.ListProcessesResponse
+	19,  // 140: warren.v1.SandboxService.WaitProcess:output_type -> warren.v1.ExecResult
+	27,  // 141: warren.v1.SandboxService.SignalProcess:output_type -> warren.v1.SignalProcessResponse
+	29,  // 142: warren.v1.SandboxService.WriteStdin:output_type -> warren.v1.WriteStdinResponse
+	32,  // 143: warren.v1.SandboxService.AttachProcess:output_type -> warren.v1.ProcessEvent
+	34,  // 144: warren.v1.SandboxService.ResizeProcess:output_type -> warren.v1.ResizeProcessResponse
+	36,  // 145: warren.v1.SandboxService.WriteFile:output_type -> warren.v1.WriteFileResponse
+	38,  // 146: warren.v1.SandboxService.ReadFile:output_type -> warren.v1.ReadFileResponse
+	41,  // 147: warren.v1.SandboxService.ListFiles:output_type -> warren.v1.ListFilesResponse
+	39,  // 148: warren.v1.SandboxService.StatFile:output_type -> warren.v1.FileInfo
+	50,  // 149: warren.v1.SandboxService.MakeDir:output_type -> warren.v1.MakeDirResponse
+	52,  // 150: warren.v1.SandboxService.RemoveFile:output_type -> warren.v1.RemoveFileResponse
+	46,  // 151: warren.v1.SandboxService.WatchDir:output_type -> warren.v1.WatchDirEvent
+	48,  // 152: warren.v1.SandboxService.SandboxStats:output_type -> warren.v1.SandboxStatsResponse
+	62,  // 153: warren.v1.SandboxService.CommitSandbox:output_type -> warren.v1.Layer
+	79,  // 154: warren.v1.SandboxService.ListSandboxEvents:output_type -> warren.v1.ListSandboxEventsResponse
+	82,  // 155: warren.v1.SandboxService.ReadTrajectory:output_type -> warren.v1.ReadTrajectoryResponse
+	87,  // 156: warren.v1.SandboxService.Pause:output_type -> warren.v1.PauseResponse
+	89,  // 157: warren.v1.SandboxService.Resume:output_type -> warren.v1.ResumeResponse
+	98,  // 158: warren.v1.SandboxService.PauseByLabel:output_type -> warren.v1.ByLabelEvent
+	98,  // 159: warren.v1.SandboxService.ResumeByLabel:output_type -> warren.v1.ByLabelEvent
+	92,  // 160: warren.v1.SandboxService.Hibernate:output_type -> warren.v1.HibernateResponse
+	98,  // 161: warren.v1.SandboxService.HibernateByLabel:output_type -> warren.v1.ByLabelEvent
+	94,  // 162: warren.v1.SandboxService.Fork:output_type -> warren.v1.ForkResponse
+	106, // 163: warren.v1.SandboxService.Run:output_type -> warren.v1.RunResult
+	109, // 164: warren.v1.SandboxService.RunBatch:output_type -> warren.v1.RunBatchItem
+	89,  // 165: warren.v1.SandboxService.Restore:output_type -> warren.v1.ResumeResponse
+	111, // 166: warren.v1.SandboxService.BatchCreate:output_type -> warren.v1.BatchCreateResponse
+	117, // 167: warren.v1.SandboxService.Screenshot:output_type -> warren.v1.ScreenshotResponse
+	120, // 168: warren.v1.SandboxService.SendInput:output_type -> warren.v1.SendInputResponse
+	55,  // 169: warren.v1.ImageService.ListImages:output_type -> warren.v1.ListImagesResponse
+	53,  // 170: warren.v1.ImageService.GetImage:output_type -> warren.v1.Image
+	53,  // 171: warren.v1.ImageService.ImportImage:output_type -> warren.v1.Image
+	59,  // 172: warren.v1.ImageService.RemoveImage:output_type -> warren.v1.RemoveImageResponse
+	61,  // 173: warren.v1.ImageService.PullImage:output_type -> warren.v1.PullImageEvent
+	62,  // 174: warren.v1.ImageService.BuildLayer:output_type -> warren.v1.Layer
+	65,  // 175: warren.v1.ImageService.ListLayers:output_type -> warren.v1.ListLayersResponse
+	67,  // 176: warren.v1.ImageService.RemoveLayer:output_type -> warren.v1.RemoveLayerResponse
+	71,  // 177: warren.v1.ImageService.ImageStats:output_type -> warren.v1.ImageStatsResponse
+	74,  // 178: warren.v1.ImageService.VerifyImage:output_type -> warren.v1.VerifyImageResponse
+	76,  // 179: warren.v1.SystemService.Version:output_type -> warren.v1.VersionResponse
+	115, // 180: warren.v1.SystemService.NodeStatus:output_type -> warren.v1.NodeStatusResponse
+	130, // [130:181] is the sub-list for method output_type
+	79,  // [79:130] is the sub-list for method input_type
+	79,  // [79:79] is the sub-list for extension type_name
+	79,  // [79:79] is the sub-list for extension extendee
+	0,   // [0:79] is the sub-list for field type_name
 }
 
 func init() { file_warren_v1_warren_proto_init() }
@@ -9973,7 +10310,7 @@ func file_warren_v1_warren_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warren_v1_warren_proto_rawDesc), len(file_warren_v1_warren_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   126,
+			NumMessages:   131,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

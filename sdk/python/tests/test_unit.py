@@ -345,3 +345,15 @@ def test_sync_twin_has_the_async_methods() -> None:
                  "image_stats", "verify_image", "commit_sandbox"):
         assert name in public(warren.Warren)
     assert {"commit", "layers"} <= public(warren.Sandbox)
+
+
+def test_display_types() -> None:
+    """The fullvm backend's display: an InputEvent sends only what it sets
+    (proto3 JSON), a Screenshot decodes its base64 PNG, SandboxInfo has
+    the VNC socket."""
+    assert warren.InputEvent("key", key="a", action="down")._to_json() == {"kind": "key", "key": "a", "action": "down"}
+    assert warren.InputEvent("move", x=0, y=7)._to_json() == {"kind": "move", "y": 7}
+    shot = warren.Screenshot._from_json({"png": "iVBORw==", "width": 1280, "height": "800"})
+    assert shot.png == b"\x89PNG" and (shot.width, shot.height) == (1280, 800)
+    assert warren.SandboxInfo._from_json({"vnc": "/var/lib/warren/fullvm/vms/x/vnc.sock"}).vnc.endswith("vnc.sock")
+    assert warren.SandboxInfo._from_json({}).vnc == ""

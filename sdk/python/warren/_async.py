@@ -64,6 +64,8 @@ from ._types import (
     ProcessEvent,
     ProcessInfo,
     PauseResult,
+    Screenshot,
+    InputEvent,
     HibernateResult,
     PullEvent,
     Resources,
@@ -851,6 +853,26 @@ class AsyncWarren:
             body["reclaim"] = True
         d = await self._rpc(_SBX + "Pause", body, timeout=timeout, idempotent=False)
         return PauseResult._from_json(d)
+
+    async def screenshot(self, id: str, *, timeout: Optional[float] = None) -> Screenshot:
+        """Running sandbox ``id``'s screen now, as a PNG (backend
+        ``"fullvm"``; :class:`UnsupportedError` for one without a
+        display)."""
+        d = await self._rpc(_SBX + "Screenshot", {"id": id}, timeout=timeout)
+        return Screenshot._from_json(d)
+
+    async def send_input(
+        self, id: str, events: Sequence[InputEvent] = (), *, text: str = "", timeout: Optional[float] = None
+    ) -> None:
+        """Send keyboard and pointer ``events`` to running sandbox ``id``'s
+        screen, in order, then type ``text`` key by key (US layout, "\\n"
+        is Enter) (backend ``"fullvm"``). :class:`InvalidError` for an
+        unknown key or button, a position off the screen or a character
+        with no key. Not retried once sent (keys would be typed twice)."""
+        body: Dict[str, Any] = {"id": id, "events": [e._to_json() for e in events]}
+        if text:
+            body["text"] = text
+        await self._rpc(_SBX + "SendInput", body, timeout=timeout, idempotent=False)
 
     async def resume(self, id: str, *, lazy_pages: Optional[bool] = None, timeout: Optional[float] = None) -> ResumeResult:
         """Thaw paused sandbox ``id``, or restore hibernated sandbox ``id``
@@ -1751,6 +1773,16 @@ class AsyncSandbox:
         """Set the sandbox's deadline to now + ``seconds``."""
         self.info = await self.client.extend_timeout(self.id, seconds, timeout=timeout)
         return self.info
+
+    async def screenshot(self, *, timeout: Optional[float] = None) -> Screenshot:
+        """The sandbox's screen now (see :meth:`AsyncWarren.screenshot`)."""
+        return await self.client.screenshot(self.id, timeout=timeout)
+
+    async def send_input(
+        self, events: Sequence[InputEvent] = (), *, text: str = "", timeout: Optional[float] = None
+    ) -> None:
+        """Keys and pointer events to the sandbox's screen (see :meth:`AsyncWarren.send_input`)."""
+        await self.client.send_input(self.id, events, text=text, timeout=timeout)
 
     async def pause(self, *, reclaim: bool = False, timeout: Optional[float] = None) -> PauseResult:
         """Freeze the sandbox's processes where they are and, with

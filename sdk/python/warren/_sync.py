@@ -66,6 +66,8 @@ from ._types import (
     LayerVerification,
     ProcessEvent,
     PauseResult,
+    Screenshot,
+    InputEvent,
     HibernateResult,
     ProcessInfo,
     PullEvent,
@@ -376,6 +378,16 @@ class Warren:
     def pause(self, id: str, *, reclaim: bool = False, timeout: Optional[float] = None) -> PauseResult:
         """Freeze sandbox ``id`` in place (see :meth:`AsyncWarren.pause`)."""
         return self._run(self.aio.pause(id, reclaim=reclaim, timeout=timeout))
+
+    def screenshot(self, id: str, *, timeout: Optional[float] = None) -> Screenshot:
+        """Sandbox ``id``'s screen as a PNG (see :meth:`AsyncWarren.screenshot`)."""
+        return self._run(self.aio.screenshot(id, timeout=timeout))
+
+    def send_input(
+        self, id: str, events: Sequence[InputEvent] = (), *, text: str = "", timeout: Optional[float] = None
+    ) -> None:
+        """Keys and pointer events to sandbox ``id``'s screen (see :meth:`AsyncWarren.send_input`)."""
+        return self._run(self.aio.send_input(id, events, text=text, timeout=timeout))
 
     def resume(self, id: str, *, lazy_pages: Optional[bool] = None, timeout: Optional[float] = None) -> ResumeResult:
         """Thaw paused sandbox ``id``, or restore hibernated sandbox ``id``."""
@@ -702,6 +714,14 @@ class Sandbox:
                 qos_cpus=qos_cpus,
             )
         )
+
+    def screenshot(self, *, timeout: Optional[float] = None) -> Screenshot:
+        """The sandbox's screen as a PNG (see :meth:`AsyncWarren.screenshot`)."""
+        return self._run(self.aio.screenshot(timeout=timeout))
+
+    def send_input(self, events: Sequence[InputEvent] = (), *, text: str = "", timeout: Optional[float] = None) -> None:
+        """Keys and pointer events to the sandbox's screen (see :meth:`AsyncWarren.send_input`)."""
+        return self._run(self.aio.send_input(events, text=text, timeout=timeout))
 
     def pause(self, *, reclaim: bool = False, timeout: Optional[float] = None) -> PauseResult:
         """Freeze the sandbox in place (see :meth:`AsyncWarren.pause`)."""

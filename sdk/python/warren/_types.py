@@ -341,6 +341,9 @@ class SandboxInfo:
     qos: str = ""
     #: the CPUs an ``"ls"`` sandbox is pinned to (empty: not pinned)
     qos_cpus: Tuple[int, ...] = ()
+    #: the VNC server of its screen, a unix socket path on its node
+    #: (backend ``"fullvm"``); "" without a display
+    vnc: str = ""
 
     @property
     def harness(self) -> bool:
@@ -402,6 +405,7 @@ class SandboxInfo:
             node=d.get("node", ""),
             qos=d.get("qos", ""),
             qos_cpus=tuple(int(c) for c in d.get("qosCpus") or ()),
+            vnc=d.get("vnc", ""),
         )
 
 
@@ -1033,6 +1037,44 @@ class Memory:
     def _from_json(cls, d: Optional[Mapping[str, Any]]) -> "Memory":
         d = d or {}
         return cls(bytes=_int(d.get("bytes")), file=_int(d.get("file")), anon=_int(d.get("anon")), swap=_int(d.get("swap")))
+
+
+@dataclass(frozen=True)
+class Screenshot:
+    """A sandbox's screen (backend ``"fullvm"``): a PNG and its size."""
+
+    png: bytes
+    width: int = 0
+    height: int = 0
+
+    @classmethod
+    def _from_json(cls, d: Mapping[str, Any]) -> "Screenshot":
+        return cls(
+            png=base64.b64decode(d.get("png") or ""), width=_int(d.get("width")), height=_int(d.get("height"))
+        )
+
+
+@dataclass(frozen=True)
+class InputEvent:
+    """One keyboard or pointer event for :meth:`AsyncWarren.send_input`.
+
+    ``kind`` is ``"key"`` (``key``: QEMU's QKeyCode name, ``"a"``,
+    ``"ret"``, ``"shift"``, ``"f1"``...), ``"button"`` (``button``:
+    ``"left"``, ``"right"``, ``"middle"``, ``"wheel-up"``,
+    ``"wheel-down"``) or ``"move"`` (``x``, ``y``: pixels from the
+    screen's top left). ``action`` for keys and buttons: ``"press"`` (down
+    then up, the default), ``"down"`` or ``"up"``."""
+
+    kind: str
+    key: str = ""
+    button: str = ""
+    action: str = ""
+    x: int = 0
+    y: int = 0
+
+    def _to_json(self) -> Dict[str, Any]:
+        return {k: v for k, v in (("kind", self.kind), ("key", self.key), ("button", self.button),
+                                  ("action", self.action), ("x", self.x), ("y", self.y)) if v}
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,12 @@ const (
 	// SandboxServiceBatchCreateProcedure is the fully-qualified name of the SandboxService's
 	// BatchCreate RPC.
 	SandboxServiceBatchCreateProcedure = "/warren.v1.SandboxService/BatchCreate"
+	// SandboxServiceScreenshotProcedure is the fully-qualified name of the SandboxService's Screenshot
+	// RPC.
+	SandboxServiceScreenshotProcedure = "/warren.v1.SandboxService/Screenshot"
+	// SandboxServiceSendInputProcedure is the fully-qualified name of the SandboxService's SendInput
+	// RPC.
+	SandboxServiceSendInputProcedure = "/warren.v1.SandboxService/SendInput"
 	// ImageServiceListImagesProcedure is the fully-qualified name of the ImageService's ListImages RPC.
 	ImageServiceListImagesProcedure = "/warren.v1.ImageService/ListImages"
 	// ImageServiceGetImageProcedure is the fully-qualified name of the ImageService's GetImage RPC.
@@ -329,6 +335,15 @@ type SandboxServiceClient interface {
 	// each one that was not; the call fails as a whole only for an invalid
 	// request or when none could be placed.
 	BatchCreate(context.Context, *connect.Request[v1.BatchCreateRequest]) (*connect.Response[v1.BatchCreateResponse], error)
+	// Screenshot is the sandbox's screen now, as a PNG: sandboxes with a
+	// virtual display (backend "fullvm", docs/FULLVM.md). Unsupported for a
+	// backend without one, Conflict unless RUNNING or PAUSED.
+	Screenshot(context.Context, *connect.Request[v1.ScreenshotRequest]) (*connect.Response[v1.ScreenshotResponse], error)
+	// SendInput sends keyboard and pointer events to the sandbox's virtual
+	// display, in order (backend "fullvm"). Invalid for an unknown key or
+	// button or a position off the screen; Unsupported for a backend
+	// without a display; Conflict unless RUNNING.
+	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the warren.v1.SandboxService service. By default,
@@ -564,6 +579,18 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("BatchCreate")),
 			connect.WithClientOptions(opts...),
 		),
+		screenshot: connect.NewClient[v1.ScreenshotRequest, v1.ScreenshotResponse](
+			httpClient,
+			baseURL+SandboxServiceScreenshotProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Screenshot")),
+			connect.WithClientOptions(opts...),
+		),
+		sendInput: connect.NewClient[v1.SendInputRequest, v1.SendInputResponse](
+			httpClient,
+			baseURL+SandboxServiceSendInputProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SendInput")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -606,6 +633,8 @@ type sandboxServiceClient struct {
 	runBatch          *connect.Client[v1.RunBatchRequest, v1.RunBatchItem]
 	restore           *connect.Client[v1.RestoreRequest, v1.ResumeResponse]
 	batchCreate       *connect.Client[v1.BatchCreateRequest, v1.BatchCreateResponse]
+	screenshot        *connect.Client[v1.ScreenshotRequest, v1.ScreenshotResponse]
+	sendInput         *connect.Client[v1.SendInputRequest, v1.SendInputResponse]
 }
 
 // Create calls warren.v1.SandboxService.Create.
@@ -793,6 +822,16 @@ func (c *sandboxServiceClient) BatchCreate(ctx context.Context, req *connect.Req
 	return c.batchCreate.CallUnary(ctx, req)
 }
 
+// Screenshot calls warren.v1.SandboxService.Screenshot.
+func (c *sandboxServiceClient) Screenshot(ctx context.Context, req *connect.Request[v1.ScreenshotRequest]) (*connect.Response[v1.ScreenshotResponse], error) {
+	return c.screenshot.CallUnary(ctx, req)
+}
+
+// SendInput calls warren.v1.SandboxService.SendInput.
+func (c *sandboxServiceClient) SendInput(ctx context.Context, req *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error) {
+	return c.sendInput.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the warren.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	Create(context.Context, *connect.Request[v1.CreateRequest]) (*connect.Response[v1.Sandbox], error)
@@ -946,6 +985,15 @@ type SandboxServiceHandler interface {
 	// each one that was not; the call fails as a whole only for an invalid
 	// request or when none could be placed.
 	BatchCreate(context.Context, *connect.Request[v1.BatchCreateRequest]) (*connect.Response[v1.BatchCreateResponse], error)
+	// Screenshot is the sandbox's screen now, as a PNG: sandboxes with a
+	// virtual display (backend "fullvm", docs/FULLVM.md). Unsupported for a
+	// backend without one, Conflict unless RUNNING or PAUSED.
+	Screenshot(context.Context, *connect.Request[v1.ScreenshotRequest]) (*connect.Response[v1.ScreenshotResponse], error)
+	// SendInput sends keyboard and pointer events to the sandbox's virtual
+	// display, in order (backend "fullvm"). Invalid for an unknown key or
+	// button or a position off the screen; Unsupported for a backend
+	// without a display; Conflict unless RUNNING.
+	SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -1177,6 +1225,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("BatchCreate")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceScreenshotHandler := connect.NewUnaryHandler(
+		SandboxServiceScreenshotProcedure,
+		svc.Screenshot,
+		connect.WithSchema(sandboxServiceMethods.ByName("Screenshot")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSendInputHandler := connect.NewUnaryHandler(
+		SandboxServiceSendInputProcedure,
+		svc.SendInput,
+		connect.WithSchema(sandboxServiceMethods.ByName("SendInput")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warren.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateProcedure:
@@ -1253,6 +1313,10 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceRestoreHandler.ServeHTTP(w, r)
 		case SandboxServiceBatchCreateProcedure:
 			sandboxServiceBatchCreateHandler.ServeHTTP(w, r)
+		case SandboxServiceScreenshotProcedure:
+			sandboxServiceScreenshotHandler.ServeHTTP(w, r)
+		case SandboxServiceSendInputProcedure:
+			sandboxServiceSendInputHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -1408,6 +1472,14 @@ func (UnimplementedSandboxServiceHandler) Restore(context.Context, *connect.Requ
 
 func (UnimplementedSandboxServiceHandler) BatchCreate(context.Context, *connect.Request[v1.BatchCreateRequest]) (*connect.Response[v1.BatchCreateResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.BatchCreate is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Screenshot(context.Context, *connect.Request[v1.ScreenshotRequest]) (*connect.Response[v1.ScreenshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.Screenshot is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SendInput(context.Context, *connect.Request[v1.SendInputRequest]) (*connect.Response[v1.SendInputResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warren.v1.SandboxService.SendInput is not implemented"))
 }
 
 // ImageServiceClient is a client for the warren.v1.ImageService service.

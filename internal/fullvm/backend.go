@@ -1,0 +1,365 @@
+// Package fullvm runs sandboxes as full QEMU VMs (q35): a Debian disk
+// image that scripts/fullvm-image.sh builds (systemd, its own kernel and
+// boot loader), one copy-on-write qcow2 overlay per sandbox, Warren's
+// guest agent as a systemd service on a virtio-serial port, and a
+// virtual screen (VGA, with a VNC socket), keyboard and pointer that
+// the API reaches through QMP (backend.Display). The agent's host side,
+// the VM's lifecycle and the sandbox's calls are internal/microvm's;
+// this package gives them another machine. docs/FULLVM.md.
+package fullvm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/guest"
+	"github.com/warrenrl/warren/internal/microvm"
+	"github.com/warrenrl/warren/internal/qmp"
+)
+
+// Name is the backend's name in CreateRequest.backend.
+const Name = "fullvm"
+
+// DefaultImageDir is the image scripts/fullvm-image.sh names newest.
+const DefaultImageDir = "/opt/warren/vm/images/bookworm"
+
+// ImageScript builds the image; errors name it.
+const ImageScript = "scripts/fullvm-image.sh"
+
+// defaultMemoryMB is a VM's memory without a limit; guestOverheadMB is
+// added to a limit: Debian with systemd uses ~150 MiB of its own.
+const (
+	defaultMemoryMB = 1024
+	guestOverheadMB = 256
+)
+
+// bootTimeout bounds a boot to the agent's first answer: a full OS under
+// TCG on a loaded node takes a minute or more.
+const bootTimeout = 5 * time.Minute
+
+// Options configure the backend.
+type Options struct {
+	StateDir string // the backend's directory: vms/<id>/
+	QEMU     string // default: qemu-system-x86_64 on $PATH
+	QEMUImg  string // default: qemu-img on $PATH
+	// ImageDir holds disk.qcow2 (and vmlinuz, initrd.img, cmdline for
+	// DirectKernel); default DefaultImageDir. Resolved at each create,
+	// so a rebuilt image serves the next sandbox while the running ones
+	// keep theirs.
+	ImageDir string
+	KVM      bool
+	// DirectKernel boots the image's kernel with -kernel (skipping the
+	// firmware's and the boot loader's part of the boot) instead of by
+	// the image's own boot loader.
+	DirectKernel bool
+}
+
+// Backend runs sandboxes as full VMs (backend.Backend).
+type Backend struct{ opts Options }
+
+var (
+	_ backend.Backend     = (*Backend)(nil)
+	_ backend.LayerMounts = (*Backend)(nil)
+	_ backend.Sandbox     = (*sandbox)(nil)
+	_ backend.Display     = (*sandbox)(nil)
+	_ backend.Pauser      = (*sandbox)(nil)
+	_ backend.Files       = (*sandbox)(nil)
+)
+
+// New checks the node has QEMU and qemu-img; Unsupported otherwise. The
+// image is looked for at each create (Create says how to build it).
+func New(opts Options) (*Backend, error) {
+	for _, t := range []struct {
+		p    *string
+		name string
+	}{{&opts.QEMU, "qemu-system-x86_64"}, {&opts.QEMUImg, "qemu-img"}} {
+		if *t.p != "" {
+			continue
+		}
+		p, err := exec.LookPath(t.name)
+		if err != nil {
+			return nil, errdefs.Unsupportedf("fullvm: no %s (scripts/vm.sh installs QEMU, apt-get install qemu-utils)", t.name)
+		}
+		*t.p = p
+	}
+	if opts.ImageDir == "" {
+		opts.ImageDir = DefaultImageDir
+	}
+	if err := os.MkdirAll(filepath.Join(opts.StateDir, "vms"), 0o700); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "fullvm state directory")
+	}
+	return &Backend{opts: opts}, nil
+}
+
+func (b *Backend) Name() string { return Name }
+
+// MountLayers: the sandbox's root is the disk image, not the layers.
+func (b *Backend) MountLayers() bool { return false }
+
+func (b *Backend) vmDir(id string) string { return filepath.Join(b.opts.StateDir, "vms", id) }
+
+// Image is the resolved image directory, Unsupported naming the script
+// that builds it when there is none.
+func (b *Backend) Image() (string, error) {
+	dir, err := filepath.EvalSymlinks(b.opts.ImageDir)
+	if err == nil {
+		if _, err = os.Stat(filepath.Join(dir, "disk.qcow2")); err == nil {
+			return dir, nil
+		}
+	}
+	return "", errdefs.Unsupportedf("fullvm: no disk image at %s (%s builds it): %v", b.opts.ImageDir, ImageScript, err)
+}
+
+// Create boots a VM for spec from a new overlay of the image.
+func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sandbox, err error) {
+	switch {
+	case !backend.ValidID(spec.ID):
+		return nil, errdefs.Invalidf("bad sandbox id %q", spec.ID)
+	case spec.Restore != "":
+		return nil, errdefs.Unsupportedf("fullvm: restoring a checkpoint is not implemented")
+	case spec.DiskBytes > 0:
+		return nil, errdefs.Unsupportedf("fullvm: a disk limit is not implemented (the disk is the image's size)")
+	case len(spec.Devices) > 0 || len(spec.Mounts) > 0:
+		return nil, errdefs.Unsupportedf("fullvm: devices and host mounts are not passed into VMs")
+	case !spec.Network.IsNone():
+		return nil, errdefs.Unsupportedf("fullvm: network policy %s: VMs have no network (mode none only)", spec.Network)
+	case spec.QoS.Latency():
+		return nil, errdefs.Unsupportedf("fullvm: QoS class ls is not implemented for VMs; use class be")
+	}
+	// Each command's limits ride on its call to the agent, which sets
+	// them in its trampoline before the command's exec (the agent, a
+	// systemd service, holds none of them itself).
+	rl, err := microvm.GuestRlimits(spec.Rlimits)
+	if err != nil {
+		return nil, err
+	}
+	image, err := b.Image()
+	if err != nil {
+		return nil, err
+	}
+	mem := defaultMemoryMB
+	if spec.MemoryBytes > 0 {
+		mem = int(spec.MemoryBytes>>20) + guestOverheadMB
+	}
+	cpus := runtime.NumCPU()
+	if spec.CPUMillis > 0 {
+		cpus = int((spec.CPUMillis + 999) / 1000)
+	}
+	dir := b.vmDir(spec.ID)
+	if strings.ContainsAny(dir+image, ",=") {
+		return nil, errdefs.Invalidf("fullvm: path %q or %q has a character QEMU's option syntax takes (, or =)", dir, image)
+	}
+	// The directory is the claim on the id.
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if os.IsExist(err) {
+			return nil, errdefs.AlreadyExistsf("fullvm: sandbox %s exists", spec.ID)
+		}
+		return nil, errdefs.Wrap(errdefs.Internal, err, "fullvm: VM directory")
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	// The sandbox's disk: its writes in an overlay of its own, the image
+	// its read-only backing file (named by its resolved path, so a later
+	// build does not change it under the VM).
+	disk := filepath.Join(dir, "disk.qcow2")
+	if out, err := exec.CommandContext(ctx, b.opts.QEMUImg, "create", "-q", "-f", "qcow2", "-F", "qcow2",
+		"-b", filepath.Join(image, "disk.qcow2"), disk).CombinedOutput(); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, fmt.Errorf("%w: %s", err, strings.TrimSpace(string(out))), "fullvm: disk overlay")
+	}
+	args, err := b.qemuArgs(dir, image, disk, mem, cpus)
+	if err != nil {
+		return nil, err
+	}
+	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
+	defer cancel()
+	v, err := microvm.Boot(bctx, microvm.Config{QEMU: b.opts.QEMU, Dir: dir, Args: args})
+	if err != nil {
+		if ctx.Err() == nil && bctx.Err() != nil {
+			return nil, errdefs.Wrap(errdefs.Unavailable, err, fmt.Sprintf("fullvm: the guest's agent did not answer within %v (a loaded node boots slowly under TCG)", bootTimeout))
+		}
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			v.Close()
+		}
+	}()
+	if spec.Hostname != "" || spec.ID != "" {
+		h := spec.Hostname
+		if h == "" {
+			h = spec.ID // as a container's
+		}
+		if err := setHostname(bctx, v, h); err != nil {
+			return nil, err
+		}
+	}
+	return &sandbox{Sandbox: microvm.NewSandbox(spec.ID, v, spec.Env, spec.Workdir, rl), dir: dir}, nil
+}
+
+// setHostname sets the guest's, as a container's is set.
+func setHostname(ctx context.Context, v *microvm.VM, h string) error {
+	if strings.ContainsFunc(h, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_')
+	}) {
+		return errdefs.Invalidf("hostname %q: letters, digits, '.', '-' and '_' only", h)
+	}
+	r, err := v.Exec(ctx, []string{"/usr/bin/hostname", h}, nil)
+	if err != nil {
+		return err
+	}
+	if r.Exit.Code != 0 {
+		return errdefs.Internalf("fullvm: set hostname: %s", strings.TrimSpace(string(r.Stderr)))
+	}
+	return nil
+}
+
+// qemuArgs are a VM's command line: q35, the overlay as a virtio disk
+// the firmware boots, a VGA screen behind a VNC unix socket, a USB-less
+// absolute pointer (virtio-tablet) beside the PS/2 keyboard, the agent's
+// virtio-serial port and QMP.
+func (b *Backend) qemuArgs(dir, image, disk string, mem, cpus int) ([]string, error) {
+	accel := "tcg,thread=multi"
+	if b.opts.KVM {
+		accel = "kvm"
+	}
+	// The firmware boots the disk, unless QEMU loads the kernel itself
+	// (its loader takes boot index 0).
+	bootIndex := ",bootindex=0"
+	if b.opts.DirectKernel {
+		bootIndex = ""
+	}
+	args := []string{
+		"-M", "q35", "-accel", accel, "-cpu", "max",
+		"-smp", strconv.Itoa(cpus), "-m", strconv.Itoa(mem) + "M",
+		"-nodefaults", "-no-user-config", "-no-reboot",
+		"-device", "VGA",
+		// A unix socket, not a TCP port: reachable only by who may
+		// read the VM's directory (root), no port to allocate, no
+		// password to hand out; a client on another host tunnels it.
+		"-vnc", "unix:" + filepath.Join(dir, VNCSocket),
+		"-serial", "stdio",
+		"-drive", "file=" + disk + ",if=none,id=disk,format=qcow2,cache=writeback,discard=unmap",
+		"-device", "virtio-blk-pci,drive=disk" + bootIndex,
+		"-device", "virtio-tablet-pci",
+		"-device", "virtio-serial-pci",
+		"-chardev", "socket,id=agent,path=" + filepath.Join(dir, microvm.AgentSocket) + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name=" + guest.PortName,
+		"-qmp", "unix:" + filepath.Join(dir, microvm.QMPSocket) + ",server=on,wait=off",
+	}
+	if b.opts.DirectKernel {
+		cmdline, err := os.ReadFile(filepath.Join(image, "cmdline"))
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Unsupported, err, "fullvm: the image's kernel command line ("+ImageScript+")")
+		}
+		args = append(args, "-kernel", filepath.Join(image, "vmlinuz"), "-initrd", filepath.Join(image, "initrd.img"),
+			"-append", strings.TrimSpace(string(cmdline)))
+	}
+	return args, nil
+}
+
+// VNCSocket is the VM's VNC server in its directory.
+const VNCSocket = "vnc.sock"
+
+// vmState is what microvm.Sandbox.State records (its JSON keys).
+type vmState struct {
+	Pid     int            `json:"pid"`
+	Env     []string       `json:"env,omitempty"`
+	Cwd     string         `json:"cwd,omitempty"`
+	Rlimits []guest.Rlimit `json:"rlimits,omitempty"`
+}
+
+// Adopt reaches a VM an earlier daemon booted, through an agent port of
+// its own (microvm.Attach); a VM whose QEMU is gone is cleaned up and
+// NotFound.
+func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.Sandbox, error) {
+	if !backend.ValidID(id) {
+		return nil, errdefs.Invalidf("bad sandbox id %q", id)
+	}
+	var st vmState
+	if err := json.Unmarshal(state, &st); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "fullvm: sandbox state")
+	}
+	dir := b.vmDir(id)
+	pids := microvm.QEMUPids(dir, st.Pid)
+	if len(pids) == 0 {
+		_ = os.RemoveAll(dir)
+		return nil, errdefs.NotFoundf("fullvm: sandbox %s: its VM is gone", id)
+	}
+	v, err := microvm.Attach(ctx, microvm.Config{QEMU: b.opts.QEMU, Dir: dir}, pids[0])
+	if errors.Is(err, errdefs.ErrNotFound) {
+		b.stopOrphan(id)
+		return nil, err
+	}
+	if err != nil {
+		return nil, err
+	}
+	sb := &sandbox{Sandbox: microvm.NewSandbox(id, v, st.Env, st.Cwd, st.Rlimits), dir: dir}
+	c, err := qmp.Dial(ctx, filepath.Join(dir, microvm.QMPSocket))
+	if err != nil {
+		v.Close()
+		return nil, errdefs.Wrap(errdefs.Unavailable, err, "fullvm: QMP")
+	}
+	defer c.Close()
+	qs, err := c.QueryStatus(ctx)
+	if err != nil {
+		v.Close()
+		return nil, err
+	}
+	if !qs.Running {
+		// Paused by the earlier daemon: the sandbox says so.
+		sb.MarkPaused()
+	}
+	return sb, nil
+}
+
+// Sweep stops the VMs of ids not in keep and removes their directories.
+func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
+	ents, err := os.ReadDir(filepath.Join(b.opts.StateDir, "vms"))
+	if err != nil && !os.IsNotExist(err) {
+		return errdefs.Wrap(errdefs.Internal, err, "fullvm sweep")
+	}
+	for _, e := range ents {
+		if !keep[e.Name()] {
+			b.stopOrphan(e.Name())
+		}
+	}
+	return nil
+}
+
+// stopOrphan kills VM id's QEMU and removes its directory.
+func (b *Backend) stopOrphan(id string) {
+	dir := b.vmDir(id)
+	for _, p := range microvm.QEMUPids(dir, 0) {
+		_ = syscall.Kill(p, syscall.SIGKILL)
+		for i := 0; i < 500; i++ {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(p)); err != nil {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	_ = os.RemoveAll(dir)
+}
+
+// sandbox is one full VM: microvm's sandbox (exec, files, background
+// processes, ports, pause, stats through the agent and QEMU) and the
+// screen.
+type sandbox struct {
+	*microvm.Sandbox
+	dir string
+}

@@ -1,0 +1,60 @@
+package fullvm
+
+import (
+	"bufio"
+	"context"
+	"image/color"
+	"strings"
+	"testing"
+
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// TestReadPPM: a screendump's PPM (comments and all whitespace QEMU or
+// another writer may put in its header) decodes to its pixels; what is
+// not a P6 of maxval 255 is refused.
+func TestReadPPM(t *testing.T) {
+	data := "P6\n# a comment\n2 1\n255\n" + "\x01\x02\x03\xfa\xfb\xfc"
+	img, err := readPPM(bufio.NewReader(strings.NewReader(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := img.Bounds(); b.Dx() != 2 || b.Dy() != 1 {
+		t.Fatalf("bounds %v", b)
+	}
+	if c := img.At(1, 0); c != (color.NRGBA{0xfa, 0xfb, 0xfc, 0xff}) {
+		t.Fatalf("pixel (1,0) %v", c)
+	}
+	for _, bad := range []string{"P5\n2 1\n255\n\x00\x00", "P6\n2 1\n65535\n", "P6\n2 1\n255\n\x00", "P6 x"} {
+		if _, err := readPPM(bufio.NewReader(strings.NewReader(bad))); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// TestScale: the pointer's pixel maps onto QEMU's absolute axis, its
+// corners to 0 and the axis's end.
+func TestScale(t *testing.T) {
+	if scale(0, 1280) != 0 || scale(1279, 1280) != absMax || scale(640, 1281) != absMax/2 {
+		t.Fatalf("scale: %d %d %d", scale(0, 1280), scale(1279, 1280), scale(640, 1281))
+	}
+}
+
+// TestCreateWithoutImageNamesTheScript: a node without the image refuses
+// a fullvm create as Unsupported, saying which script builds it, and
+// leaves no VM directory.
+func TestCreateWithoutImageNamesTheScript(t *testing.T) {
+	state := t.TempDir()
+	b, err := New(Options{StateDir: state, QEMU: "/bin/true", QEMUImg: "/bin/true", ImageDir: t.TempDir() + "/none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Create(context.Background(), backend.Spec{ID: "x"})
+	if errdefs.CategoryOf(err) != errdefs.Unsupported || !strings.Contains(err.Error(), ImageScript) {
+		t.Fatalf("create without an image: %v, want unsupported naming %s", err, ImageScript)
+	}
+	if _, err := b.Create(context.Background(), backend.Spec{ID: "y", Rlimits: nil, DiskBytes: 1 << 30}); errdefs.CategoryOf(err) != errdefs.Unsupported {
+		t.Fatalf("create with a disk limit: %v, want unsupported", err)
+	}
+}

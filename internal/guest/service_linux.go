@@ -1,0 +1,83 @@
+package guest
+
+import (
+	"encoding/json"
+	"log"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ServiceFlag makes warren-guest run as a service of a full guest OS (the
+// fullvm backend's Debian image, under systemd) instead of as the VM's
+// init.
+const ServiceFlag = "--service"
+
+// ServiceMain runs the agent as a service of a booted OS: the OS mounted
+// /proc, /dev and the disks, loaded the modules and set the hostname, so
+// none of PID 1's setup is done (mounting a tmpfs over systemd's /run
+// would hide its sockets). There is no sandbox namespace either: the
+// whole VM is the sandbox, commands run in the guest's root as root with
+// every capability, the OS's own users and services beside them. The
+// agent is the reaper of its commands' orphans (a child subreaper), so
+// their exit statuses reach it as in the init role. It returns on a
+// failure; systemd starts it again.
+func ServiceMain() error {
+	log.SetFlags(0)
+	log.SetPrefix("warren-guest: ")
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return err
+	}
+	// udev loads virtio_console when it sees the device: late on a slow
+	// boot.
+	port, err := findPort(PortName, 5*time.Minute)
+	if err != nil {
+		return err
+	}
+	srv := &server{r: newReaper(), bg: newBGTable(), held: map[int]Rlimit{}, whole: true}
+	go srv.watchPorts(port)
+	return srv.servePort(port)
+}
+
+// guestStats answers the sandbox's counters when the sandbox is the whole
+// guest: the kernel's OOM kills, its processes, the memory in use (total
+// less available) and every CPU's busy time.
+func (s *server) guestStats(st net.Conn) {
+	var cs CgroupStats
+	b, _ := os.ReadFile("/proc/vmstat")
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			cs.OOMKills, _ = strconv.ParseUint(v, 10, 64)
+		}
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err == nil {
+			cs.Pids++
+		}
+	}
+	mem := map[string]uint64{}
+	b, _ = os.ReadFile("/proc/meminfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 {
+			mem[f[0]], _ = strconv.ParseUint(f[1], 10, 64)
+		}
+	}
+	cs.MemoryBytes = (mem["MemTotal:"] - mem["MemAvailable:"]) * 1024
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		line, _, _ := strings.Cut(string(b), "\n")
+		f := strings.Fields(line)
+		var ticks uint64
+		for i := 1; i < len(f) && i <= 3; i++ { // user, nice, system
+			n, _ := strconv.ParseUint(f[i], 10, 64)
+			ticks += n
+		}
+		cs.CPUUsec = ticks * 10000 // USER_HZ 100
+	}
+	out, _ := json.Marshal(cs)
+	_ = WriteFrame(st, KindExit, out)
+}

@@ -1,0 +1,127 @@
+package e2e
+
+import (
+	"bytes"
+	"image"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenrl/warren/client"
+	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/fullvm"
+	"github.com/warrenrl/warren/internal/testutil"
+)
+
+// TestFullVMScreenThroughTheAPI: with backend "fullvm", a sandbox is a
+// q35 VM of the Debian image booted by its own boot loader, whose agent
+// (a systemd service) runs exec; Screenshot gives a PNG of a screen that
+// is not blank, SendInput's text is typed into the shell on the screen
+// (the guest runs it), Sandbox.vnc names a VNC socket, and delete leaves
+// no QEMU and no VM directory.
+func TestFullVMScreenThroughTheAPI(t *testing.T) {
+	for _, c := range []string{"qemu-system-x86_64", "qemu-img", "debootstrap"} {
+		if _, err := exec.LookPath(c); err != nil {
+			t.Skipf("no %s: the fullvm image cannot be built or booted here", c)
+		}
+	}
+	// The image with this tree's agent, built as `make build` builds it
+	// (cached per agent: seconds once the rootfs is).
+	root := testutil.ModuleRoot()
+	agent := filepath.Join(t.TempDir(), "warren-guest")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", agent, "./cmd/warren-guest")
+	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the agent: %v\n%s", err, out)
+	}
+	if out, err := exec.Command(filepath.Join(root, fullvm.ImageScript), agent).CombinedOutput(); err != nil {
+		if bytes.Contains(out, []byte("debootstrap failed")) {
+			t.Skipf("debootstrap failed (no network to the mirror?):\n%s", out)
+		}
+		t.Fatalf("%s: %v\n%s", fullvm.ImageScript, err, out)
+	}
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, 8*time.Minute)
+	t0 := time.Now()
+	sb, err := e.c.Create(ctx, &warrenv1.CreateRequest{Id: "fv1", Image: imageName, Backend: "fullvm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("create to RUNNING: %v", time.Since(t0))
+	if _, err := os.Stat(sb.GetVnc()); err != nil || !strings.HasPrefix(sb.GetVnc(), e.stateDir) {
+		t.Fatalf("Sandbox.vnc %q: %v", sb.GetVnc(), err)
+	}
+	if r := e.sh("fv1", "cat /proc/1/comm; hostname"); string(r.GetStdout()) != "systemd\nfv1\n" {
+		t.Fatalf("exec in the full VM: %q %q", r.GetStdout(), r.GetStderr())
+	}
+	shot, err := e.c.Screenshot(ctx, "fv1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(shot.GetPng()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Bounds() != image.Rect(0, 0, int(shot.GetWidth()), int(shot.GetHeight())) || !notBlank(img) {
+		t.Fatalf("screenshot %dx%d (%v): blank or the wrong size", shot.GetWidth(), shot.GetHeight(), img.Bounds())
+	}
+	// Typed into tty1's shell (root logged in there by the image), run
+	// by it: its output is on the first console's screen (/dev/vcs1).
+	// The shell may not be up yet: typed again until it is.
+	var screen string
+	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); {
+		if err := e.c.SendInput(ctx, "fv1", nil, "echo typed-$((6*7))\n"); err != nil {
+			t.Fatal(err)
+		}
+		for poll := time.Now().Add(20 * time.Second); time.Now().Before(poll); time.Sleep(time.Second) {
+			screen = string(e.sh("fv1", "cat /dev/vcs1").GetStdout())
+			if strings.Contains(screen, "typed-42") {
+				break
+			}
+		}
+		if strings.Contains(screen, "typed-42") {
+			break
+		}
+	}
+	if !strings.Contains(screen, "typed-42") {
+		t.Fatalf("the typed command's output is not on the screen: %q", screen)
+	}
+	if err := e.c.SendInput(ctx, "fv1", nil, "é"); !client.IsInvalid(err) {
+		t.Fatalf("text with no US key: %v, want invalid", err)
+	}
+	if err := e.c.SendInput(ctx, "fv1", []*warrenv1.SendInputEvent{{Kind: "key", Key: "no-such-key"}}, ""); !client.IsInvalid(err) {
+		t.Fatalf("an unknown key: %v, want invalid", err)
+	}
+	e.create(&warrenv1.CreateRequest{Id: "ct1"})
+	if _, err := e.c.Screenshot(ctx, "ct1"); !client.IsUnsupported(err) {
+		t.Fatalf("a container's screenshot: %v, want unsupported", err)
+	}
+	if err := e.c.Delete(ctx, "fv1"); err != nil {
+		t.Fatal(err)
+	}
+	vms := filepath.Join(e.stateDir, "fullvm", "vms")
+	if ents, _ := os.ReadDir(vms); len(ents) > 0 {
+		t.Errorf("VM directories left: %v", ents)
+	}
+	if out, _ := exec.Command("pgrep", "-f", vms).Output(); len(out) > 0 {
+		t.Errorf("QEMU processes left: %s", out)
+	}
+}
+
+// notBlank: some pixel differs from the first.
+func notBlank(img image.Image) bool {
+	r := img.Bounds()
+	bg := img.At(r.Min.X, r.Min.Y)
+	for y := r.Min.Y; y < r.Max.Y; y++ {
+		for x := r.Min.X; x < r.Max.X; x++ {
+			if img.At(x, y) != bg {
+				return true
+			}
+		}
+	}
+	return false
+}
