@@ -337,7 +337,7 @@ type SandboxServiceClient interface {
 	BatchCreate(context.Context, *connect.Request[v1.BatchCreateRequest]) (*connect.Response[v1.BatchCreateResponse], error)
 	// Screenshot is the sandbox's screen now, as a PNG: sandboxes with a
 	// virtual display (backend "fullvm", docs/FULLVM.md). Unsupported for a
-	// backend without one, Conflict unless RUNNING or PAUSED.
+	// backend without one, Conflict unless RUNNING.
 	Screenshot(context.Context, *connect.Request[v1.ScreenshotRequest]) (*connect.Response[v1.ScreenshotResponse], error)
 	// SendInput sends keyboard and pointer events to the sandbox's virtual
 	// display, in order (backend "fullvm"). Invalid for an unknown key or
@@ -987,7 +987,7 @@ type SandboxServiceHandler interface {
 	BatchCreate(context.Context, *connect.Request[v1.BatchCreateRequest]) (*connect.Response[v1.BatchCreateResponse], error)
 	// Screenshot is the sandbox's screen now, as a PNG: sandboxes with a
 	// virtual display (backend "fullvm", docs/FULLVM.md). Unsupported for a
-	// backend without one, Conflict unless RUNNING or PAUSED.
+	// backend without one, Conflict unless RUNNING.
 	Screenshot(context.Context, *connect.Request[v1.ScreenshotRequest]) (*connect.Response[v1.ScreenshotResponse], error)
 	// SendInput sends keyboard and pointer events to the sandbox's virtual
 	// display, in order (backend "fullvm"). Invalid for an unknown key or
