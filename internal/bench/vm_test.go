@@ -53,6 +53,9 @@ func TestVMBenchRunsShort(t *testing.T) {
 	if !microvm.SandboxCheckpoints() && rep.SnapshotSkip != "snapshot: microvm has no Checkpointer on this build" {
 		t.Fatalf("snapshot skip: %q", rep.SnapshotSkip)
 	}
+	if microvm.SandboxCheckpoints() && (rep.CheckpointP50 <= 0 || rep.RestoreP50 <= 0 || rep.SnapshotSkip != "") {
+		t.Fatalf("snapshot and restore: checkpoint p50 %v ms, restore p50 %v ms, skip %q", rep.CheckpointP50, rep.RestoreP50, rep.SnapshotSkip)
+	}
 }
 
 // testWriter sends progress lines to the test's log.
