@@ -137,6 +137,11 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, errdefs.Unsupportedf("fullvm: network policy %s: VMs have no network (mode none only)", spec.Network)
 	case spec.QoS.Latency():
 		return nil, errdefs.Unsupportedf("fullvm: QoS class ls is not implemented for VMs; use class be")
+	case len(spec.Layers) == 0:
+		// The root is the fullvm disk image, not the layers; a create
+		// without an image's layers is refused all the same, as on every
+		// backend (the daemon always passes them).
+		return nil, errdefs.Invalidf("fullvm: no layers")
 	}
 	// Each command's limits ride on its call to the agent, which sets
 	// them in its trampoline before the command's exec (the agent, a

@@ -29,8 +29,8 @@ func TestConformance(t *testing.T) {
 			}
 			return b
 		},
-		// The root is the image's disk: layers are not used.
-		Layers: func(t *testing.T) []backend.Layer { return nil },
+		// The root is the image's disk: layers are passed, not used.
+		Layers: func(t *testing.T) []backend.Layer { return testLayers },
 		Resources: func(t *testing.T) []string {
 			var out []string
 			ents, _ := os.ReadDir(filepath.Join(state, "vms"))

@@ -88,7 +88,7 @@ func TestFullVMBootsToAgentAndScreen(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	t0 := time.Now()
-	sb, err := b.Create(ctx, backend.Spec{ID: "fv1", Rlimits: []rlimit.Limit{{Name: "nofile", Soft: 1000, Hard: 2000}}})
+	sb, err := b.Create(ctx, backend.Spec{ID: "fv1", Layers: testLayers, Rlimits: []rlimit.Limit{{Name: "nofile", Soft: 1000, Hard: 2000}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestFullVMDirectKernelBoots(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	t0 := time.Now()
-	sb, err := b.Create(ctx, backend.Spec{ID: "fvk"})
+	sb, err := b.Create(ctx, backend.Spec{ID: "fvk", Layers: testLayers})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,17 +44,24 @@ func TestScale(t *testing.T) {
 // TestCreateWithoutImageNamesTheScript: a node without the image refuses
 // a fullvm create as Unsupported, saying which script builds it, and
 // leaves no VM directory.
+// testLayers stand for an image's layers, which the daemon always passes
+// and a fullvm VM does not use (its root is the disk image).
+var testLayers = []backend.Layer{{Digest: "sha256:unused"}}
+
 func TestCreateWithoutImageNamesTheScript(t *testing.T) {
 	state := t.TempDir()
 	b, err := New(Options{StateDir: state, QEMU: "/bin/true", QEMUImg: "/bin/true", ImageDir: t.TempDir() + "/none"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = b.Create(context.Background(), backend.Spec{ID: "x"})
+	_, err = b.Create(context.Background(), backend.Spec{ID: "x", Layers: testLayers})
 	if errdefs.CategoryOf(err) != errdefs.Unsupported || !strings.Contains(err.Error(), ImageScript) {
 		t.Fatalf("create without an image: %v, want unsupported naming %s", err, ImageScript)
 	}
-	if _, err := b.Create(context.Background(), backend.Spec{ID: "y", Rlimits: nil, DiskBytes: 1 << 30}); errdefs.CategoryOf(err) != errdefs.Unsupported {
+	if _, err := b.Create(context.Background(), backend.Spec{ID: "y", Layers: testLayers, DiskBytes: 1 << 30}); errdefs.CategoryOf(err) != errdefs.Unsupported {
 		t.Fatalf("create with a disk limit: %v, want unsupported", err)
+	}
+	if _, err := b.Create(context.Background(), backend.Spec{ID: "z"}); errdefs.CategoryOf(err) != errdefs.Invalid {
+		t.Fatalf("create without layers: %v, want invalid", err)
 	}
 }
