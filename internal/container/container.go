@@ -501,10 +501,26 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	} else {
 		cloneflags |= syscall.CLONE_NEWNET
 	}
-	pid, pidfd, err := spawnInit(path, files, cloneflags)
+	pidfd := -1
+	// os.StartProcess rather than os/exec: no stdio goroutines or
+	// /dev/null opens per create. The clone hands us a pidfd (PidFD).
+	proc, err := os.StartProcess(path, []string{"warren-init"}, &os.ProcAttr{
+		Env:   []string{initEnv + "=1"},
+		Files: files,
+		Sys: &syscall.SysProcAttr{
+			Cloneflags: cloneflags,
+			// Its own session: signals to the daemon's terminal or process
+			// group never reach sandboxes.
+			Setsid: true,
+			PidFD:  &pidfd,
+		},
+	})
 	if err != nil {
 		return 0, -1, nil, errdefs.Wrap(errdefs.Internal, err, "start sandbox init")
 	}
+	pid := proc.Pid
+	// We reap it through the monitor, not os.
+	_ = proc.Release()
 	ph.mark("clone")
 	fail := func(err error) (int, int, *netpolicy.Attachment, error) {
 		return 0, -1, nil, err
