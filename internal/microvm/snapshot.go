@@ -8,10 +8,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/warrenrl/warren/internal/atomicfile"
@@ -424,23 +422,10 @@ func restoreVM(ctx context.Context, cfg Config, dir string, ports []savedPort) (
 	// Stopped once loaded (-S): the agent's port is hot-plugged before
 	// the guest runs on. The stream is descriptor 3 (ExtraFiles).
 	args = append(args, "-S", "-incoming", "fd:3")
-	cmd := exec.Command(cfg.QEMU, args...)
-	cmd.ExtraFiles = []*os.File{state}
-	console, err := os.Create(filepath.Join(cfg.Dir, "console.log"))
+	v, err := startQEMU(cfg, args, []*os.File{state})
 	if err != nil {
-		return nil, errdefs.Wrap(errdefs.Internal, err, "create console log")
+		return nil, err
 	}
-	defer console.Close()
-	cmd.Stdout, cmd.Stderr = console, console
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // as Boot's
-	if err := cmd.Start(); err != nil {
-		return nil, errdefs.Wrap(errdefs.Unavailable, err, "start qemu")
-	}
-	v := &VM{cfg: cfg, cmd: cmd, pid: cmd.Process.Pid, pidfd: -1, done: make(chan struct{})}
-	go func() {
-		v.err = cmd.Wait()
-		close(v.done)
-	}()
 	defer func() {
 		if err != nil {
 			v.Close()
@@ -456,17 +441,9 @@ func restoreVM(ctx context.Context, cfg Config, dir string, ports []savedPort) (
 	if err != nil {
 		return nil, err
 	}
-	conn, err := v.dial(ctx, sock)
+	ping, err := v.connect(ctx, sock, "the restored guest's agent")
 	if err != nil {
 		return nil, err
-	}
-	v.conn = conn
-	if v.sess, err = agentSession(conn); err != nil {
-		return nil, err
-	}
-	var ping guest.Ping
-	if err := v.call(ctx, guest.Request{Op: "ping"}, nil, &ping); err != nil {
-		return nil, fmt.Errorf("wait for the restored guest's agent: %w (console: %s)", err, v.consoleTail())
 	}
 	v.Ready = time.Since(t0)
 	v.GuestUptime = time.Duration(ping.UptimeMs * float64(time.Millisecond))

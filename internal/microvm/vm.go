@@ -134,20 +134,42 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 			return nil, err
 		}
 	}
-	cmd := exec.Command(cfg.QEMU, args...)
+	var extra []*os.File
 	if cfg.Net != nil {
-		cmd.ExtraFiles = []*os.File{cfg.Net.Tap} // fd 3: deviceArgs
+		extra = []*os.File{cfg.Net.Tap} // fd 3: deviceArgs
 	}
+	v, err := startQEMU(cfg, args, extra)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			v.Close()
+		}
+	}()
+	ping, err := v.connect(ctx, port, "the guest agent")
+	if err != nil {
+		return nil, err
+	}
+	v.Ready = time.Since(t0)
+	v.GuestUptime = time.Duration(ping.UptimeMs * float64(time.Millisecond))
+	return v, nil
+}
+
+// startQEMU starts QEMU with args (extra files from its fd 3 on), its
+// output to the VM's console log, in a session of its own: a signal to
+// the daemon's group is not the VM's. No parent-death signal (it follows
+// the thread that forked, which the Go runtime may end): a daemon that
+// dies leaves the VM, and the next one stops it (Backend.Adopt, Sweep).
+func startQEMU(cfg Config, args []string, extra []*os.File) (*VM, error) {
+	cmd := exec.Command(cfg.QEMU, args...)
+	cmd.ExtraFiles = extra
 	console, err := os.Create(filepath.Join(cfg.Dir, "console.log"))
 	if err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create console log")
 	}
 	defer console.Close()
 	cmd.Stdout, cmd.Stderr = console, console
-	// Its own session: a signal to the daemon's group is not the VM's.
-	// No parent-death signal (it follows the thread that forked, which
-	// the Go runtime may end): a daemon that dies leaves the VM, and the
-	// next one stops it (Backend.Adopt, Sweep).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, errdefs.Wrap(errdefs.Unavailable, err, "start qemu")
@@ -157,26 +179,25 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 		v.err = cmd.Wait()
 		close(v.done)
 	}()
-	defer func() {
-		if err != nil {
-			v.Close()
-		}
-	}()
-	conn, err := v.dial(ctx, port)
+	return v, nil
+}
+
+// connect reaches the agent on the port socket sock and waits for its
+// first answer (what names it in the error).
+func (v *VM) connect(ctx context.Context, sock, what string) (guest.Ping, error) {
+	var ping guest.Ping
+	conn, err := v.dial(ctx, sock)
 	if err != nil {
-		return nil, err
+		return ping, err
 	}
 	v.conn = conn
 	if v.sess, err = agentSession(conn); err != nil {
-		return nil, err
+		return ping, err
 	}
-	var ping guest.Ping
 	if err := v.call(ctx, guest.Request{Op: "ping"}, nil, &ping); err != nil {
-		return nil, fmt.Errorf("wait for the guest agent: %w (console: %s)", err, v.consoleTail())
+		return ping, fmt.Errorf("wait for %s: %w (console: %s)", what, err, v.consoleTail())
 	}
-	v.Ready = time.Since(t0)
-	v.GuestUptime = time.Duration(ping.UptimeMs * float64(time.Millisecond))
-	return v, nil
+	return ping, nil
 }
 
 // agentSession is the host's end of a session with the agent.
