@@ -136,8 +136,10 @@ func TestIdleReclaim(t *testing.T) {
 	eventually(t, time.Minute, "the page cache to be filled", func() bool {
 		return e.sh("idle", "cat /tmp/ready").GetExitCode() == 0 && e.sh("busy", "cat /tmp/ready").GetExitCode() == 0
 	})
-	if c := cache("busy"); c < 32<<20 {
-		t.Fatalf("busy sandbox's page cache %d, want >= 32 MiB", c)
+	// A reclaim takes it below 8 MiB; the node's own reclaim (kswapd,
+	// DAMON here) may take a few pages of any cgroup, so the bar is 24 MiB.
+	if c := cache("busy"); c < 24<<20 {
+		t.Fatalf("busy sandbox's page cache %d, want >= 24 MiB of its 32", c)
 	}
 	eventually(t, time.Minute, "the idle sandbox's page cache to be reclaimed", func() bool { return cache("idle") < 8<<20 })
 	// The counters move once the reclaim returned, after the cache went.
@@ -151,7 +153,7 @@ func TestIdleReclaim(t *testing.T) {
 	// Idle again since that exec, the same spell or a new one: reclaimed
 	// at most once more meanwhile; the busy one never.
 	time.Sleep(1500 * time.Millisecond)
-	if c := cache("busy"); c < 32<<20 {
-		t.Errorf("busy sandbox's page cache went down to %d", c)
+	if c := cache("busy"); c < 24<<20 {
+		t.Errorf("busy sandbox's page cache went down to %d (reclaimed)", c)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"runtime"
 	"strconv"
 	"strings"
@@ -103,13 +104,24 @@ func SandboxInitMain() {
 	_ = os.WriteFile(fmt.Sprintf("/proc/self/task/%d/comm", os.Getpid()), []byte("warren-init"), 0)
 	ready.Close()
 	runtime.GOMAXPROCS(1)
+	// SIGCHLD through the runtime, not pause(2): a Go process takes a
+	// signal on whichever thread the kernel picks, so a pause on another
+	// one slept through orphans that arrived after an ECHILD, and their
+	// zombies stayed (a killed command's background children, seen by ps).
+	chld := make(chan os.Signal, 1)
+	signal.Notify(chld, syscall.SIGCHLD)
 	for {
-		var ws syscall.WaitStatus
-		if _, err := syscall.Wait4(-1, &ws, 0, nil); err == syscall.ECHILD {
-			// No child yet (the agent's commands are its children,
-			// orphans of theirs become warren-init's): sleep on it.
-			_ = syscall.Pause()
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if err == syscall.EINTR {
+				continue
+			}
+			if pid <= 0 || err != nil {
+				break
+			}
 		}
+		<-chld
 	}
 }
 
