@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the microvm backend boots: QEMU (qemu-system-x86 from
-# Debian) and a guest kernel, Debian's linux-image package unpacked under
+# Debian, and qemu-utils' qemu-img, which the fullvm image is built and
+# forked with) and a guest kernel, Debian's linux-image package unpacked under
 # /opt/warren/vm/kernels/<release>/ (its modules and an uncompressed
 # vmlinux, which QEMU boots through its PVH entry point) without touching
 # the node's own /boot or its boot loader. internal/guestkernel finds it.
@@ -15,10 +16,13 @@ DIR=${WARREN_VM_DIR:-/opt/warren/vm}
 force=${1:-}
 [ "$(uname -m)" = x86_64 ] || { echo "vm: only x86_64 guests are built here" >&2; exit 0; }
 export DEBIAN_FRONTEND=noninteractive
-if ! command -v qemu-system-x86_64 >/dev/null; then
-  echo "vm: installing qemu-system-x86" >&2
-  apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null 2>&1 ||
-    { apt-get update -qq && apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null; }
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+command -v qemu-img >/dev/null || need+=(qemu-utils)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "vm: installing ${need[*]}" >&2
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&1 ||
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; }
 fi
 pkg=${WARREN_VM_KERNEL_PKG:-$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')}
 [ -n "$pkg" ] || { echo "vm: cannot tell which linux-image package linux-image-amd64 names (apt-get update?)" >&2; exit 1; }
