@@ -41,6 +41,7 @@ import (
 const (
 	stateFile  = "vm.state" // the migration stream
 	configFile = "vm.json"  // savedVM
+	diskFile   = "disk.img" // the writable disk's copy, if the VM has one
 	// savedVersion is configFile's format.
 	savedVersion = 1
 )
@@ -75,6 +76,9 @@ type savedVM struct {
 	// (Config.NoBalloon).
 	PMEM      bool `json:"pmem,omitempty"`
 	NoBalloon bool `json:"no_balloon,omitempty"`
+	// Disk says the VM's writable layer is on a disk of its own, whose
+	// copy is diskFile.
+	Disk bool `json:"disk,omitempty"`
 }
 
 // savedPort is a hot-plugged agent port: device portN on chardev agentN,
@@ -112,7 +116,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 		// restore write them into a read-only mapping. Not tried yet.
 		return errdefs.Unsupportedf("microvm: the VM has its layers on pmem (serve --microvm-pmem), which checkpoints do not handle yet: it cannot be hibernated or forked")
 	}
-	if err := refuseWritableDisks(ctx, c); err != nil {
+	if err := refuseWritableDisks(ctx, c, s.disk); err != nil {
 		return err
 	}
 	// Ports of adoptions whose host is gone go first, so that restores
@@ -126,7 +130,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 		Layers: s.digests, LayerCount: len(v.cfg.Layers), Hostname: v.cfg.Hostname,
 		SandboxMemory: v.cfg.SandboxMemory, SandboxPids: v.cfg.SandboxPids, Ports: ports,
 		Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits, Kernel: v.cfg.Kernel.Release,
-		PMEM: v.cfg.PMEM, NoBalloon: v.cfg.NoBalloon}
+		PMEM: v.cfg.PMEM, NoBalloon: v.cfg.NoBalloon, Disk: s.disk}
 	if saved.MemoryMB == 0 || saved.CPUs == 0 || saved.LayerCount == 0 {
 		// An adopted VM's Config is only its directory: read back from
 		// its QEMU's command line.
@@ -146,6 +150,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 		if err != nil {
 			_ = os.Remove(out)
 			_ = os.Remove(filepath.Join(dir, configFile))
+			_ = os.Remove(filepath.Join(dir, diskFile))
 		}
 	}()
 	st, err := c.QueryStatus(ctx)
@@ -173,6 +178,14 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 	}
 	if err := migrateTo(ctx, c, out); err != nil {
 		return err
+	}
+	if s.disk {
+		// The disk is quiet: the VM is stopped and the migration's end
+		// flushed and released QEMU's images. Should the copy fail, the
+		// "cont" above takes them back and the VM runs on.
+		if _, err := copyDisk(diskImage(v.cfg.Dir), filepath.Join(dir, diskFile)); err != nil {
+			return err
+		}
 	}
 	// Saved: the VM ends here (Exited is done once QEMU is gone); the
 	// caller's Destroy removes the rest.
@@ -223,10 +236,10 @@ func migrateTo(ctx context.Context, c *qmp.Client, out string) error {
 	}
 }
 
-// refuseWritableDisks: a writable disk (a disk limit's upper) is state
-// outside the migration stream, which the checkpoint would have to copy;
-// not done yet.
-func refuseWritableDisks(ctx context.Context, c *qmp.Client) error {
+// refuseWritableDisks: a writable disk is state outside the migration
+// stream. The VM's own (a disk limit's upper, hasDisk) is copied with the
+// checkpoint; any other (none is made by Warren) would be lost.
+func refuseWritableDisks(ctx context.Context, c *qmp.Client, hasDisk bool) error {
 	var blocks []struct {
 		Device   string `json:"device"`
 		Inserted *struct {
@@ -237,8 +250,8 @@ func refuseWritableDisks(ctx context.Context, c *qmp.Client) error {
 		return errdefs.Wrap(errdefs.Internal, err, "microvm: QMP query-block")
 	}
 	for _, b := range blocks {
-		if b.Inserted != nil && !b.Inserted.RO {
-			return errdefs.Unsupportedf("microvm: the VM has a writable disk (%s: a disk limit's upper layer), which checkpoints do not copy yet: it cannot be hibernated or forked", b.Device)
+		if b.Inserted != nil && !b.Inserted.RO && !(hasDisk && b.Device == guest.DiskSerial) {
+			return errdefs.Unsupportedf("microvm: the VM has a writable disk (%s) other than its writable layer's, which checkpoints do not copy: it cannot be hibernated or forked", b.Device)
 		}
 	}
 	return nil
@@ -342,6 +355,9 @@ func readSaved(dir string) (savedVM, error) {
 	if _, err := os.Stat(filepath.Join(dir, stateFile)); err != nil {
 		return sv, errdefs.Wrap(errdefs.Internal, err, "microvm: the checkpoint's state file")
 	}
+	if _, err := os.Stat(filepath.Join(dir, diskFile)); sv.Disk && err != nil {
+		return sv, errdefs.Wrap(errdefs.Internal, err, "microvm: the checkpoint's disk image")
+	}
 	return sv, nil
 }
 
@@ -379,12 +395,21 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: sv.MemoryMB, CPUs: sv.CPUs, KVM: sv.KVM,
 		Hostname: sv.Hostname, CacheDir: b.opts.StateDir, SandboxMemory: sv.SandboxMemory, SandboxPids: sv.SandboxPids, Rlimits: sv.Rlimits,
 		PMEM: sv.PMEM, NoBalloon: sv.NoBalloon}
+	if sv.Disk {
+		// Each restore its own copy: the checkpoint stays as it was for
+		// the next (a fork's).
+		cfg.Disk = diskImage(cfg.Dir)
+		if _, err := copyDisk(filepath.Join(spec.Restore, diskFile), cfg.Disk); err != nil {
+			_ = os.RemoveAll(cfg.Dir)
+			return nil, err
+		}
+	}
 	v, err := restoreVM(ctx, cfg, spec.Restore, sv.Ports)
 	if err != nil {
 		_ = os.RemoveAll(cfg.Dir)
 		return nil, err
 	}
-	sb := b.newSandbox(spec.ID, v, vmState{Env: sv.Env, Cwd: sv.Cwd, Rlimits: sv.Rlimits})
+	sb := b.newSandbox(spec.ID, v, vmState{Env: sv.Env, Cwd: sv.Cwd, Rlimits: sv.Rlimits, Disk: sv.Disk})
 	sb.digests = sv.Layers
 	return sb, nil
 }
