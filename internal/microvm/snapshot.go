@@ -72,8 +72,8 @@ type savedVM struct {
 	Rlimits []guest.Rlimit `json:"rlimits,omitempty"`
 	Kernel  string         `json:"kernel"` // the guest kernel's release, which the memory holds
 	// The machine's devices beyond the layers (the stream names them):
-	// layers on pmem (Config.PMEM: refused for now), no balloon
-	// (Config.NoBalloon).
+	// layers on pmem (Config.PMEM: mapped from the same files again,
+	// not in the stream: pmem.go), no balloon (Config.NoBalloon).
 	PMEM      bool `json:"pmem,omitempty"`
 	NoBalloon bool `json:"no_balloon,omitempty"`
 	// Disk says the VM's writable layer is on a disk of its own, whose
@@ -109,12 +109,6 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 		// Another machine (internal/fullvm): its disk is writable and
 		// its devices are not qemuArgs', which a restore remakes.
 		return errdefs.Unsupportedf("microvm: a VM of another machine (fullvm) cannot be checkpointed yet")
-	}
-	if v.cfg.PMEM {
-		// The layers are guest RAM blocks mapped from their files: the
-		// stream would carry every page the guest read of them, and the
-		// restore write them into a read-only mapping. Not tried yet.
-		return errdefs.Unsupportedf("microvm: the VM has its layers on pmem (serve --microvm-pmem), which checkpoints do not handle yet: it cannot be hibernated or forked")
 	}
 	if err := refuseWritableDisks(ctx, c, s.disk); err != nil {
 		return err
@@ -175,6 +169,11 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 				}
 			}
 		}()
+	}
+	if v.cfg.PMEM {
+		if err := ignoreShared(ctx, c); err != nil {
+			return err
+		}
 	}
 	if err := migrateTo(ctx, c, out); err != nil {
 		return err
@@ -382,6 +381,9 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 	case sv.KVM != b.opts.KVM:
 		return nil, errdefs.Unsupportedf("microvm: the checkpoint was made under %s, this node runs VMs under %s", accelName(sv.KVM), accelName(b.opts.KVM))
 	}
+	if err := layersPresent(spec, layers); err != nil {
+		return nil, err
+	}
 	// The guest's memory holds the kernel it booted (sv.Kernel): QEMU
 	// loads this node's before the stream overwrites it, so any kernel
 	// does here, as does the initramfs (built for this node's agent).
@@ -412,6 +414,19 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 	sb := b.newSandbox(spec.ID, v, vmState{Env: sv.Env, Cwd: sv.Cwd, Rlimits: sv.Rlimits, Disk: sv.Disk})
 	sb.digests = sv.Layers
 	return sb, nil
+}
+
+// layersPresent: the restored guest reads its layers where the checkpoint
+// did not keep them (its disks; on pmem, its memory maps them): a layer
+// gone from the store is named, NotFound.
+func layersPresent(spec backend.Spec, layers []string) error {
+	for i, l := range layers {
+		if _, err := os.Stat(l); err != nil {
+			d := spec.Layers[len(spec.Layers)-1-i].Digest
+			return errdefs.Wrap(errdefs.NotFound, err, fmt.Sprintf("microvm: the checkpoint's layer %s is gone from the store, and the restored VM reads it", d))
+		}
+	}
+	return nil
 }
 
 func accelName(kvm bool) string {
@@ -445,8 +460,9 @@ func restoreVM(ctx context.Context, cfg Config, dir string, ports []savedPort) (
 	}
 	defer state.Close()
 	// Stopped once loaded (-S): the agent's port is hot-plugged before
-	// the guest runs on. The stream is descriptor 3 (ExtraFiles).
-	args = append(args, "-S", "-incoming", "fd:3")
+	// the guest runs on. The stream is descriptor 3 (ExtraFiles), taken
+	// in once QMP has set the migration's capabilities (incoming).
+	args = append(args, "-S", "-incoming", "defer")
 	v, err := startQEMU(cfg, args, []*os.File{state})
 	if err != nil {
 		return nil, err
@@ -456,6 +472,9 @@ func restoreVM(ctx context.Context, cfg Config, dir string, ports []savedPort) (
 			v.Close()
 		}
 	}()
+	if err := v.incoming(ctx); err != nil {
+		return nil, err
+	}
 	if err := v.waitLoaded(ctx); err != nil {
 		return nil, err
 	}
@@ -474,6 +493,36 @@ func restoreVM(ctx context.Context, cfg Config, dir string, ports []savedPort) (
 	v.GuestUptime = time.Duration(ping.UptimeMs * float64(time.Millisecond))
 	v.restored(ctx)
 	return v, nil
+}
+
+// incoming has the restore's QEMU (-incoming defer) load its stream from
+// descriptor 3, with the capabilities the checkpoint's had.
+func (v *VM) incoming(ctx context.Context) error {
+	var c *qmp.Client
+	for {
+		// QMP listens once QEMU has made its machine.
+		var err error
+		if c, err = qmp.Dial(ctx, filepath.Join(v.cfg.Dir, qmpSocket)); err == nil {
+			break
+		}
+		select {
+		case <-v.done:
+			return errdefs.Internalf("microvm: QEMU exited before it took the checkpoint: %v (console: %s)", v.err, v.consoleTail())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	defer c.Close()
+	if v.cfg.PMEM {
+		if err := ignoreShared(ctx, c); err != nil {
+			return err
+		}
+	}
+	if err := c.Run(ctx, "migrate-incoming", map[string]any{"uri": "fd:3"}, nil); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "microvm: QMP migrate-incoming")
+	}
+	return nil
 }
 
 // waitLoaded waits until QEMU has loaded the incoming stream (it leaves
