@@ -9,11 +9,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/warrenrl/warren/internal/atomicfile"
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/qmp"
@@ -79,6 +81,9 @@ type savedVM struct {
 	// Disk says the VM's writable layer is on a disk of its own, whose
 	// copy is diskFile.
 	Disk bool `json:"disk,omitempty"`
+	// Net says the VM has a network device: a restore gives it a tap
+	// (of the restore's policy) and the guest its new address.
+	Net bool `json:"net,omitempty"`
 }
 
 // savedPort is a hot-plugged agent port: device portN on chardev agentN,
@@ -99,12 +104,6 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 		return v.streamErr(ctx, err, "connect to QEMU's QMP socket")
 	}
 	defer c.Close()
-	if s.att != nil {
-		// The restored guest would keep its address and the tap would
-		// have to be made again, a fork's with another address: not done
-		// yet.
-		return errdefs.Unsupportedf("microvm: the VM has a network (network policy other than none), which a restore does not bring back yet: it cannot be hibernated or forked")
-	}
 	if v.cfg.Args != nil {
 		// Another machine (internal/fullvm): its disk is writable and
 		// its devices are not qemuArgs', which a restore remakes.
@@ -124,7 +123,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 		Layers: s.digests, LayerCount: len(v.cfg.Layers), Hostname: v.cfg.Hostname,
 		SandboxMemory: v.cfg.SandboxMemory, SandboxPids: v.cfg.SandboxPids, Ports: ports,
 		Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits, Kernel: v.cfg.Kernel.Release,
-		PMEM: v.cfg.PMEM, NoBalloon: v.cfg.NoBalloon, Disk: s.disk}
+		PMEM: v.cfg.PMEM, NoBalloon: v.cfg.NoBalloon, Disk: s.disk, Net: s.att != nil}
 	if saved.MemoryMB == 0 || saved.CPUs == 0 || saved.LayerCount == 0 {
 		// An adopted VM's Config is only its directory: read back from
 		// its QEMU's command line.
@@ -384,6 +383,14 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 	if err := layersPresent(spec, layers); err != nil {
 		return nil, err
 	}
+	switch {
+	case sv.Net && spec.Network.IsNone():
+		return nil, errdefs.Invalidf("microvm: the checkpoint's VM has a network device, the restore's network policy is none")
+	case !sv.Net && !spec.Network.IsNone():
+		return nil, errdefs.Unsupportedf("microvm: the checkpoint's VM has no network device, which a restore cannot add (network policy %s)", spec.Network)
+	case sv.Net && b.opts.Network == nil:
+		return nil, errdefs.Unsupportedf("microvm: the checkpoint's VM has a network, and this backend no sandbox networking")
+	}
 	// The guest's memory holds the kernel it booted (sv.Kernel): QEMU
 	// loads this node's before the stream overwrites it, so any kernel
 	// does here, as does the initramfs (built for this node's agent).
@@ -393,6 +400,9 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 		}
 		return nil, errdefs.Wrap(errdefs.Internal, err, "microvm: VM directory")
 	}
+	var cu cleanup.Cleanup
+	defer func() { _ = cu.Clean() }()
+	cu.Add(func() error { return os.RemoveAll(b.vmDir(spec.ID)) })
 	cfg := Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent,
 		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: sv.MemoryMB, CPUs: sv.CPUs, KVM: sv.KVM,
 		Hostname: sv.Hostname, CacheDir: b.opts.StateDir, SandboxMemory: sv.SandboxMemory, SandboxPids: sv.SandboxPids, Rlimits: sv.Rlimits,
@@ -402,16 +412,29 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 		// the next (a fork's).
 		cfg.Disk = diskImage(cfg.Dir)
 		if _, err := copyDisk(filepath.Join(spec.Restore, diskFile), cfg.Disk); err != nil {
-			_ = os.RemoveAll(cfg.Dir)
 			return nil, err
 		}
 	}
+	st := vmState{Env: sv.Env, Cwd: sv.Cwd, Rlimits: sv.Rlimits, Disk: sv.Disk}
+	if sv.Net {
+		// A tap of its own, on the /31 the node gives it now (a fork's
+		// is another than its source's): the guest is told (restoreVM).
+		a, tap, err := b.opts.Network.AttachTap(spec.ID, sv.Hostname, spec.Network)
+		if err != nil {
+			return nil, err
+		}
+		defer tap.Close() // QEMU holds it once started
+		cu.Add(func() error { return b.opts.Network.Detach(spec.ID, a) })
+		gw, addr := b.opts.Network.Addrs(a.Index)
+		cfg.Net = &Net{Tap: tap, Addr: addr, Gateway: gw, Resolv: len(spec.Etc) > 0}
+		st.Net = &a
+	}
 	v, err := restoreVM(ctx, cfg, spec.Restore, sv.Ports)
 	if err != nil {
-		_ = os.RemoveAll(cfg.Dir)
 		return nil, err
 	}
-	sb := b.newSandbox(spec.ID, v, vmState{Env: sv.Env, Cwd: sv.Cwd, Rlimits: sv.Rlimits, Disk: sv.Disk})
+	cu.Release()
+	sb := b.newSandbox(spec.ID, v, st)
 	sb.digests = sv.Layers
 	return sb, nil
 }
@@ -460,10 +483,15 @@ func restoreVM(ctx context.Context, cfg Config, dir string, ports []savedPort) (
 	}
 	defer state.Close()
 	// Stopped once loaded (-S): the agent's port is hot-plugged before
-	// the guest runs on. The stream is descriptor 3 (ExtraFiles), taken
-	// in once QMP has set the migration's capabilities (incoming).
+	// the guest runs on. The stream is the descriptor after the tap's
+	// (3, deviceArgs), if any, taken in once QMP has set the migration's
+	// capabilities (incoming).
 	args = append(args, "-S", "-incoming", "defer")
-	v, err := startQEMU(cfg, args, []*os.File{state})
+	extra := []*os.File{state}
+	if cfg.Net != nil {
+		extra = []*os.File{cfg.Net.Tap, state}
+	}
+	v, err := startQEMU(cfg, args, extra)
 	if err != nil {
 		return nil, err
 	}
@@ -472,7 +500,7 @@ func restoreVM(ctx context.Context, cfg Config, dir string, ports []savedPort) (
 			v.Close()
 		}
 	}()
-	if err := v.incoming(ctx); err != nil {
+	if err := v.incoming(ctx, 2+len(extra)); err != nil {
 		return nil, err
 	}
 	if err := v.waitLoaded(ctx); err != nil {
@@ -492,12 +520,21 @@ func restoreVM(ctx context.Context, cfg Config, dir string, ports []savedPort) (
 	v.Ready = time.Since(t0)
 	v.GuestUptime = time.Duration(ping.UptimeMs * float64(time.Millisecond))
 	v.restored(ctx)
+	if n := cfg.Net; n != nil {
+		// The guest's eth0 has the checkpoint's address, and its
+		// neighbours the old tap: without this it reaches nothing.
+		var r struct{}
+		nw := &guest.Network{Addr: n.Addr.String(), Gateway: n.Gateway.String()}
+		if err := v.call(ctx, guest.Request{Op: "network", Network: nw}, nil, &r); err != nil {
+			return nil, fmt.Errorf("microvm: give the restored guest its address: %w", err)
+		}
+	}
 	return v, nil
 }
 
 // incoming has the restore's QEMU (-incoming defer) load its stream from
-// descriptor 3, with the capabilities the checkpoint's had.
-func (v *VM) incoming(ctx context.Context) error {
+// descriptor fd, with the capabilities the checkpoint's had.
+func (v *VM) incoming(ctx context.Context, fd int) error {
 	var c *qmp.Client
 	for {
 		// QMP listens once QEMU has made its machine.
@@ -519,7 +556,7 @@ func (v *VM) incoming(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := c.Run(ctx, "migrate-incoming", map[string]any{"uri": "fd:3"}, nil); err != nil {
+	if err := c.Run(ctx, "migrate-incoming", map[string]any{"uri": "fd:" + strconv.Itoa(fd)}, nil); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "microvm: QMP migrate-incoming")
 	}
 	return nil
