@@ -25,7 +25,7 @@ import (
 //
 // A checkpoint is QEMU's own migration stream of the stopped VM, written
 // to a file in the checkpoint directory (stateFile: the guest's memory,
-// its upper layer included, and every device's state), and what a new
+// its upper layer included unless on a disk, and every device's state), and what a new
 // QEMU needs to take it in (configFile: memory, vCPUs, the layers' order,
 // the ports hot-plugged by adoptions, the sandbox's settings). A restore
 // starts QEMU with the same machine and devices, on this VM's own
@@ -39,6 +39,12 @@ import (
 // random number generator (two forks of one checkpoint would otherwise
 // draw the same numbers) and sets its clock to the node's (the guest's
 // clock stood still while the VM was on disk).
+//
+// What lives outside the guest's RAM follows: a disk limit's image is
+// copied into the checkpoint and out again for each restore (disk.go:
+// copyDisk); layers on pmem are the store's files, mapped again and left
+// out of the stream (pmem.go: ignoreShared); a network is a new tap of
+// the restore's policy, whose /31 the agent is told ("network").
 
 const (
 	stateFile  = "vm.state" // the migration stream
