@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -92,13 +93,16 @@ type VMReport struct {
 	Memory        []VMMemory `json:"memory,omitempty"`
 	// Snapshot and restore, when microVM sandboxes implement
 	// backend.Checkpointer; SnapshotSkip says why not otherwise.
-	CheckpointP50 float64  `json:"checkpoint_ms_p50,omitempty"`
-	CheckpointP99 float64  `json:"checkpoint_ms_p99,omitempty"`
-	RestoreP50    float64  `json:"restore_ms_p50,omitempty"`
-	RestoreP99    float64  `json:"restore_ms_p99,omitempty"`
-	SnapshotSkip  string   `json:"snapshot_skip,omitempty"`
-	TargetMs      float64  `json:"ready_target_ms"`
-	Notes         []string `json:"notes,omitempty"`
+	CheckpointP50 float64 `json:"checkpoint_ms_p50,omitempty"`
+	CheckpointP99 float64 `json:"checkpoint_ms_p99,omitempty"`
+	RestoreP50    float64 `json:"restore_ms_p50,omitempty"`
+	RestoreP99    float64 `json:"restore_ms_p99,omitempty"`
+	SnapshotSkip  string  `json:"snapshot_skip,omitempty"`
+	// Snapshots are the same per configuration: the above's (no disk,
+	// virtio-blk layer), a disk limit's, layers on pmem.
+	Snapshots []VMSnapshot `json:"snapshots,omitempty"`
+	TargetMs  float64      `json:"ready_target_ms"`
+	Notes     []string     `json:"notes,omitempty"`
 }
 
 // vmSetup is what every phase boots from.
@@ -368,47 +372,117 @@ func processMemoryKiB(pid int) (kib, error) {
 	return u, nil
 }
 
+// VMSnapshot is checkpoint and restore times of one configuration, and
+// the checkpoint's size on disk (the state file; the disk image's copy's
+// allocated blocks).
+type VMSnapshot struct {
+	Config        string  `json:"config"`
+	CheckpointP50 float64 `json:"checkpoint_ms_p50"`
+	CheckpointP99 float64 `json:"checkpoint_ms_p99"`
+	RestoreP50    float64 `json:"restore_ms_p50"`
+	RestoreP99    float64 `json:"restore_ms_p99"`
+	StateMiB      float64 `json:"state_mib"`
+	DiskMiB       float64 `json:"disk_copy_mib,omitempty"`
+}
+
 // vmSnapshots checkpoints a microVM sandbox and restores it, min(N, 3)
-// rounds, through the backend (for when microVM sandboxes implement
-// backend.Checkpointer).
+// rounds, through the backend, in each configuration: no disk, a 256 MiB
+// disk limit with 16 MiB written to it, layers on pmem.
 func vmSnapshots(ctx context.Context, s *vmSetup, rep *VMReport) error {
-	b, err := microvm.New(microvm.Options{StateDir: filepath.Join(s.dir, "backend"), QEMU: s.qemu, GuestAgent: s.cfg.GuestAgent, KVM: s.cfg.KVM})
+	for _, c := range []struct {
+		name string
+		disk int64
+		pmem bool
+	}{{"virtio-blk layer, no disk", 0, false}, {"disk limit 256 MiB, 16 MiB written", 256 << 20, false}, {"pmem DAX layer", 0, true}} {
+		snap, err := vmSnapshot(ctx, s, c.name, c.disk, c.pmem)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		rep.Snapshots = append(rep.Snapshots, snap)
+	}
+	first := rep.Snapshots[0]
+	rep.CheckpointP50, rep.CheckpointP99 = first.CheckpointP50, first.CheckpointP99
+	rep.RestoreP50, rep.RestoreP99 = first.RestoreP50, first.RestoreP99
+	return nil
+}
+
+// vmSnapshot is vmSnapshots' for one configuration.
+func vmSnapshot(ctx context.Context, s *vmSetup, name string, disk int64, pmem bool) (VMSnapshot, error) {
+	snap := VMSnapshot{Config: name}
+	s.seq++
+	b, err := microvm.New(microvm.Options{StateDir: filepath.Join(s.dir, "backend"+strconv.Itoa(s.seq)), QEMU: s.qemu, GuestAgent: s.cfg.GuestAgent, KVM: s.cfg.KVM, PMEM: pmem})
 	if err != nil {
-		return err
+		return snap, err
 	}
 	layers := []backend.Layer{{Digest: "sha256:bench-vm", Blob: s.layer}}
 	var cp, rs []float64
 	for i := range min(s.cfg.N, 3) {
-		id := fmt.Sprintf("snap%d", i)
-		sb, err := b.Create(ctx, backend.Spec{ID: id, Layers: layers, MemoryBytes: 256 << 20})
+		id := fmt.Sprintf("snap%d-%d", s.seq, i)
+		sb, err := b.Create(ctx, backend.Spec{ID: id, Layers: layers, MemoryBytes: 256 << 20, DiskBytes: disk})
 		if err != nil {
-			return err
+			return snap, err
+		}
+		if disk > 0 {
+			if err := execIn(ctx, sb, "head -c 16777216 /dev/urandom > /root/f && sync"); err != nil {
+				_ = sb.Destroy(context.WithoutCancel(ctx))
+				return snap, err
+			}
 		}
 		dir := filepath.Join(s.dir, "checkpoints", id)
 		if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
-			return err
+			return snap, err
 		}
 		t0 := time.Now()
 		err = sb.(backend.Checkpointer).Checkpoint(ctx, dir)
 		cp = append(cp, float64(time.Since(t0).Microseconds())/1000)
 		_ = sb.Destroy(context.WithoutCancel(ctx))
 		if err != nil {
-			return err
+			return snap, err
 		}
+		snap.StateMiB = fileMiB(filepath.Join(dir, "vm.state"), false)
+		snap.DiskMiB = fileMiB(filepath.Join(dir, "disk.img"), true)
 		t0 = time.Now()
-		rsb, err := b.Create(ctx, backend.Spec{ID: id + "r", Layers: layers, MemoryBytes: 256 << 20, Restore: dir})
+		rsb, err := b.Create(ctx, backend.Spec{ID: id + "r", Layers: layers, MemoryBytes: 256 << 20, DiskBytes: disk, Restore: dir})
 		if err != nil {
-			return err
+			return snap, err
 		}
 		rs = append(rs, float64(time.Since(t0).Microseconds())/1000)
 		_ = rsb.Destroy(context.WithoutCancel(ctx))
-		s.logf("vm: snapshot %d: checkpoint %.0f ms, restore %.0f ms", i+1, cp[i], rs[i])
+		_ = os.RemoveAll(dir)
+		s.logf("vm: snapshot (%s) %d: checkpoint %.0f ms, restore %.0f ms, state %.0f MiB, disk copy %.0f MiB", name, i+1, cp[i], rs[i], snap.StateMiB, snap.DiskMiB)
 	}
 	slices.Sort(cp)
 	slices.Sort(rs)
-	rep.CheckpointP50, rep.CheckpointP99 = Percentile(cp, 50), Percentile(cp, 99)
-	rep.RestoreP50, rep.RestoreP99 = Percentile(rs, 50), Percentile(rs, 99)
-	return nil
+	snap.CheckpointP50, snap.CheckpointP99 = Percentile(cp, 50), Percentile(cp, 99)
+	snap.RestoreP50, snap.RestoreP99 = Percentile(rs, 50), Percentile(rs, 99)
+	return snap, nil
+}
+
+// fileMiB is path's size in MiB, or its allocated blocks' (a sparse
+// file's), 0 if there is none.
+func fileMiB(path string, blocks bool) float64 {
+	var st syscall.Stat_t
+	if syscall.Stat(path, &st) != nil {
+		return 0
+	}
+	if blocks {
+		return float64(st.Blocks*512) / (1 << 20)
+	}
+	return float64(st.Size) / (1 << 20)
+}
+
+// execIn runs a shell command in sb to its end, an error unless it exits 0.
+func execIn(ctx context.Context, sb backend.Sandbox, script string) error {
+	p, err := sb.Start(ctx, backend.ProcSpec{Argv: []string{"/bin/sh", "-c", script}, Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	st, err := p.Wait()
+	if err == nil && st.Code != 0 {
+		err = fmt.Errorf("%q exited %d", script, st.Code)
+	}
+	return err
 }
 
 // containerReady times container sandboxes of the busybox image through
@@ -496,7 +570,11 @@ func (r *VMReport) Table(w io.Writer) error {
 		fmt.Fprintf(tw, "peer: container sandbox, Create to first exec (API)\t%.0f\t%.0f\n", r.ContainerReadyP50, r.ContainerReadyP99)
 	}
 	fmt.Fprintf(tw, "target\t<= %.0f\t\n", r.TargetMs)
-	if r.CheckpointP50 > 0 {
+	for _, sn := range r.Snapshots {
+		fmt.Fprintf(tw, "snapshot (%s; state %.0f MiB, disk copy %.0f MiB): checkpoint\t%.0f\t%.0f\n", sn.Config, sn.StateMiB, sn.DiskMiB, sn.CheckpointP50, sn.CheckpointP99)
+		fmt.Fprintf(tw, "snapshot (%s): restore to running\t%.0f\t%.0f\n", sn.Config, sn.RestoreP50, sn.RestoreP99)
+	}
+	if len(r.Snapshots) == 0 && r.CheckpointP50 > 0 {
 		fmt.Fprintf(tw, "snapshot: checkpoint\t%.0f\t%.0f\n", r.CheckpointP50, r.CheckpointP99)
 		fmt.Fprintf(tw, "snapshot: restore to running\t%.0f\t%.0f\n", r.RestoreP50, r.RestoreP99)
 	}

@@ -57,6 +57,14 @@ func networkUp() error {
 	if err != nil || !gw.Is4() {
 		return fmt.Errorf("warren.gw %q: want IPv4", cmdlineString("gw"))
 	}
+	return configureEth0(addr, gw, false)
+}
+
+// configureEth0 gives eth0 addr on a /31, up, with a default route
+// through gw. again: eth0 was configured before (a VM restored on another
+// tap): it goes down first, which drops its routes and its neighbours
+// (the old gateway's MAC address is the old tap's).
+func configureEth0(addr, gw netip.Addr, again bool) error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
@@ -88,6 +96,15 @@ func networkUp() error {
 			return fmt.Errorf("%s of eth0: %w", what, err)
 		}
 		return nil
+	}
+	if again {
+		if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+			return fmt.Errorf("eth0 flags: %w", err)
+		}
+		ifr.SetUint16(ifr.Uint16() &^ unix.IFF_UP)
+		if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+			return fmt.Errorf("set eth0 down: %w", err)
+		}
 	}
 	if err := set(unix.SIOCSIFADDR, addr, "address"); err != nil {
 		return err

@@ -258,6 +258,8 @@ func (s *server) serve(st net.Conn) {
 		s.bgCall(st, req)
 	case "restored":
 		restored(st, req.Restored)
+	case "network":
+		renetwork(st, req.Network)
 	case "fs":
 		if req.FS == nil {
 			fail(st, errdefs.Invalid, errors.New("fs: no call"))

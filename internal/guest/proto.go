@@ -76,6 +76,16 @@ type Request struct {
 	// Restored is "restored"'s: the host restored the VM from a
 	// checkpoint (restore_linux.go).
 	Restored *Restored `json:"restored,omitempty"`
+	// Network is "network"'s: eth0's address and gateway for a VM
+	// restored on another tap (restore_linux.go).
+	Network *Network `json:"network,omitempty"`
+}
+
+// Network is a restored VM's new place on the node's sandbox subnet: the
+// /31's odd address and its gateway (IPv4).
+type Network struct {
+	Addr    string `json:"addr"`
+	Gateway string `json:"gateway"`
 }
 
 // Restored tells the agent of a VM restored from a checkpoint what it

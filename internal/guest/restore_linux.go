@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"unsafe"
 
@@ -65,4 +66,26 @@ func reseed(seed []byte) error {
 		return fmt.Errorf("reseed: RNDRESEEDCRNG: %w", e)
 	}
 	return nil
+}
+
+// renetwork is "network": the VM was restored on another tap, whose /31
+// may be another (a fork's always is): eth0 takes the new address and
+// gateway. Connections of the old address end.
+func renetwork(w io.Writer, n *Network) {
+	var addr, gw netip.Addr
+	var err error
+	if n != nil {
+		if addr, err = netip.ParseAddr(n.Addr); err == nil {
+			gw, err = netip.ParseAddr(n.Gateway)
+		}
+	}
+	if n == nil || err != nil || !addr.Is4() || !gw.Is4() {
+		fail(w, errdefs.Invalid, fmt.Errorf("network: an IPv4 address and gateway are needed (%v)", err))
+		return
+	}
+	if err := configureEth0(addr, gw, true); err != nil {
+		fail(w, errdefs.Internal, err)
+		return
+	}
+	_ = WriteFrame(w, KindExit, []byte("{}"))
 }

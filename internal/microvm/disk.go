@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,4 +68,73 @@ func (s *sandbox) DiskUsage(ctx context.Context) (backend.LayerUsage, error) {
 		return backend.LayerUsage{}, errdefs.Wrap(errdefs.Internal, err, "microvm: stat disk image")
 	}
 	return backend.LayerUsage{Bytes: uint64(st.Blocks) * 512, Inodes: 1}, nil
+}
+
+// copyDisk copies the disk image src to dst (created), keeping it sparse:
+// a reflink (FICLONE: one metadata operation, the blocks shared until
+// either side writes them) where the filesystem has them (btrfs, XFS),
+// else each data extent (SEEK_DATA/SEEK_HOLE) copied in the kernel
+// (copy_file_range) and the holes left holes: a 256 MiB image holding
+// 20 MiB copies 20 MiB. It says which it did.
+func copyDisk(src, dst string) (how string, err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return "", errdefs.Wrap(errdefs.Internal, err, "microvm: open the disk image to copy")
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", errdefs.Wrap(errdefs.Internal, err, "microvm: create the disk image's copy")
+	}
+	defer func() {
+		if cerr := out.Close(); err == nil && cerr != nil {
+			err = errdefs.Wrap(errdefs.Internal, cerr, "microvm: copy the disk image")
+		}
+		if err != nil {
+			_ = os.Remove(dst)
+		}
+	}()
+	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
+		return "reflink", nil
+	}
+	fi, err := in.Stat()
+	if err != nil {
+		return "", errdefs.Wrap(errdefs.Internal, err, "microvm: stat the disk image")
+	}
+	if err := copyExtents(in, out, fi.Size()); err != nil {
+		return "", errdefs.Wrap(errdefs.Internal, err, "microvm: copy the disk image")
+	}
+	if err := out.Truncate(fi.Size()); err != nil {
+		return "", errdefs.Wrap(errdefs.Internal, err, "microvm: size the disk image's copy")
+	}
+	return "sparse copy", nil
+}
+
+// copyExtents copies in's data extents (up to size) to the same offsets
+// of out.
+func copyExtents(in, out *os.File, size int64) error {
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+		if err == unix.ENXIO {
+			return nil // only a hole follows
+		}
+		if err != nil {
+			return fmt.Errorf("SEEK_DATA: %w", err)
+		}
+		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("SEEK_HOLE: %w", err)
+		}
+		for src, dst := data, data; src < hole; {
+			n, err := unix.CopyFileRange(int(in.Fd()), &src, int(out.Fd()), &dst, int(hole-src), 0)
+			if err != nil {
+				return fmt.Errorf("copy_file_range: %w", err)
+			}
+			if n == 0 {
+				return fmt.Errorf("copy_file_range: the image ended at %d", src)
+			}
+		}
+		off = hole
+	}
+	return nil
 }

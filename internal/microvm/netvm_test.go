@@ -16,7 +16,6 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/warrenrl/warren/internal/backend"
-	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/testutil"
@@ -75,7 +74,8 @@ func networkResources(t *testing.T, o netpolicy.Options) []string {
 // an allowed address (a test host on the node) through its virtio-net
 // device and tap, and not a denied one, under the rules a container's
 // veth gets; its resolver is its gateway. Nothing of its network stays
-// after Destroy; a VM whose QEMU was killed loses its tap at once (the
+// after Destroy (TestCheckpointOfAVMWithANetwork: nor after a restore's);
+// a VM whose QEMU was killed loses its tap at once (the
 // tap is QEMU's), and Destroy then removes its rules.
 func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	cfg := testConfig(t)
@@ -100,20 +100,22 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	pol := netpolicy.Policy{Mode: netpolicy.Allowlist, Allow: []netpolicy.Rule{{Prefix: netip.PrefixFrom(allowed.Addr, 32)}}}
 	// Warren's /etc files, as the daemon gives them (not with keep_etc).
 	etc := etcfiles.Files("vmnet-allow", etcfiles.None)
-	sb, err := b.Create(ctx, backend.Spec{ID: "vmnet-allow", Layers: layers, Network: pol, Etc: etc})
+	spec := backend.Spec{ID: "vmnet-allow", Layers: layers, Network: pol, Etc: etc}
+	sb, err := b.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	vm := sb.(*sandbox).vm
 	// nc echoes the server's answer; a denied connect gets none (the
 	// rules refuse it) within its timeout.
-	reach := func(a netip.Addr, port int) string {
+	reachFrom := func(vm *VM, a netip.Addr, port int) string {
 		r, err := vm.Exec(ctx, []string{"sh", "-c", fmt.Sprintf("echo ping | nc -w 5 %s %d", a, port)}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return string(r.Stdout)
 	}
+	reach := func(a netip.Addr, port int) string { return reachFrom(vm, a, port) }
 	if got := reach(allowed.Addr, pa); got != "ping\n" {
 		t.Errorf("allowed host %s: got %q, want the echo", allowed.Addr, got)
 	}
@@ -129,15 +131,6 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	}
 	if r, err := vm.Exec(ctx, []string{"cat", "/etc/resolv.conf"}, nil); err != nil || !strings.Contains(string(r.Stdout), "nameserver "+gw.String()) {
 		t.Errorf("resolv.conf: %q %v, want nameserver %s", r.Stdout, err, gw)
-	}
-	// A restore would not bring its network back: the checkpoint is
-	// refused, and the VM runs on with it.
-	err = sb.(backend.Checkpointer).Checkpoint(ctx, filepath.Join(t.TempDir(), "ckpt"))
-	if errdefs.CategoryOf(err) != errdefs.Unsupported || !strings.Contains(fmt.Sprint(err), "network") {
-		t.Errorf("checkpoint of a VM with a network: %v, want unsupported naming the network", err)
-	}
-	if got := reach(allowed.Addr, pa); got != "ping\n" {
-		t.Errorf("after the refused checkpoint, allowed host %s: got %q, want the echo", allowed.Addr, got)
 	}
 	if err := sb.Destroy(ctx); err != nil {
 		t.Fatal(err)
@@ -183,5 +176,95 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	}
 	if got := networkResources(t, o); !slices.Equal(got, base) {
 		t.Errorf("after a killed QEMU and Destroy: %v, want %v", got, base)
+	}
+}
+
+// TestCheckpointOfAVMWithANetwork: a VM with an allowlist policy
+// checkpoints; its restore and a fork each get a tap of their own under
+// the same policy, and their guests the address the node gave them (a
+// fork's differs from its source's): each reaches the allowed host and
+// not the denied one, its eth0 has its NetworkAddress. Their Destroy
+// leaves no tap and no rule.
+func TestCheckpointOfAVMWithANetwork(t *testing.T) {
+	cfg := testConfig(t)
+	o := testNetwork(t)
+	n, err := netpolicy.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	state := t.TempDir()
+	b, err := New(Options{StateDir: state, QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent, Network: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed, denied := testutil.NewTestHost(t), testutil.NewTestHost(t)
+	pa := testutil.EchoServer(t, allowed.NS, allowed.Addr.String()+":0")
+	pd := testutil.EchoServer(t, denied.NS, denied.Addr.String()+":0")
+	base := networkResources(t, o)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pol := netpolicy.Policy{Mode: netpolicy.Allowlist, Allow: []netpolicy.Rule{{Prefix: netip.PrefixFrom(allowed.Addr, 32)}}}
+	spec := backend.Spec{ID: "vmnet-ckpt", Layers: []backend.Layer{{Digest: "sha256:busybox", Blob: cfg.Layers[0]}},
+		Network: pol, Etc: etcfiles.Files("vmnet-ckpt", etcfiles.None)}
+	reach := func(sb backend.Sandbox, a netip.Addr, port int) string {
+		t.Helper()
+		return sh(t, sb, fmt.Sprintf("echo ping | nc -w 5 %s %d; true", a, port))
+	}
+	src, err := b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Destroy(context.Background())
+	if got := reach(src, allowed.Addr, pa); got != "ping\n" {
+		t.Fatalf("before the checkpoint, allowed host %s: %q", allowed.Addr, got)
+	}
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	if err := src.(backend.Checkpointer).Checkpoint(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restore := func(id string) backend.Sandbox {
+		t.Helper()
+		s := spec
+		s.ID, s.Restore = id, dir
+		sb, err := b.Create(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+		return sb
+	}
+	// The fork first: the restore's /31 is then not its source's either.
+	fork, again := restore("vmnet-ckpt-fork"), restore("vmnet-ckpt")
+	addrs := map[string]bool{}
+	for _, sb := range []backend.Sandbox{again, fork} {
+		addr := sb.(backend.Networked).NetworkAddress()
+		addrs[addr] = true
+		if got := sh(t, sb, "ip -4 -o addr show eth0"); !strings.Contains(got, " "+addr+"/31 ") {
+			t.Errorf("%s: eth0 %q, want %s/31", sb.ID(), got, addr)
+		}
+		if got := reach(sb, allowed.Addr, pa); got != "ping\n" {
+			t.Errorf("%s: allowed host %s: got %q, want the echo", sb.ID(), allowed.Addr, got)
+		}
+		if got := reach(sb, denied.Addr, pd); got != "" {
+			t.Errorf("%s: denied host %s answered %q", sb.ID(), denied.Addr, got)
+		}
+	}
+	if len(addrs) != 2 {
+		t.Errorf("the restore and the fork have one address: %v", addrs)
+	}
+	for _, sb := range []backend.Sandbox{again, fork} {
+		if err := sb.Destroy(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := networkResources(t, o); !slices.Equal(got, base) {
+		t.Errorf("after Destroy: %v, want %v", got, base)
+	}
+	if left := leftovers(state); len(left) > 0 {
+		t.Errorf("after Destroy: %v", left)
 	}
 }

@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -11,10 +12,11 @@ import (
 	"strings"
 
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/qmp"
 )
 
 // Layers on persistent memory with DAX (Config.PMEM): each layer file is
-// mapped read-only, privately, into the guest's physical memory (a NUMA
+// mapped read-only and shared into the guest's physical memory (a NUMA
 // node whose memory backend is the file: QEMU's virtio-pmem gets no
 // address on -M microvm in QEMU 7.2, which wires no memory devices), and
 // the kernel is told the range is persistent memory (memmap=SIZE!ADDR,
@@ -31,6 +33,12 @@ import (
 // their ranges into one device), then pmemTailMB of RAM, where QEMU
 // loads the initramfs (at the top of low memory, which must not be a
 // read-only layer).
+//
+// A checkpoint leaves the layers out (pmemShared): they are in the store
+// and read-only, so the restored QEMU maps the same files, and the
+// migration stream (which would carry every page of a layer the guest
+// read, and which a restore could not write into a read-only mapping)
+// holds only the VM's RAM.
 const (
 	pmemAlign  = 2 << 20
 	pmemTailMB = 64
@@ -73,7 +81,7 @@ func pmemArgs(cfg Config) (args []string, cmdline string, err error) {
 		}
 		id := fmt.Sprintf("pmem%d", i)
 		args = append(args,
-			"-object", fmt.Sprintf("memory-backend-file,id=%s,mem-path=%s,size=%d,share=off,readonly=on", id, img, size),
+			"-object", fmt.Sprintf("memory-backend-file,id=%s,mem-path=%s,size=%d,share=on,readonly=on", id, img, size),
 			"-numa", "node,memdev="+id)
 		memmap = append(memmap, fmt.Sprintf("memmap=%#x!%#x", size, addr))
 		addrs = append(addrs, strconv.FormatUint(addr, 16))
@@ -87,6 +95,19 @@ func pmemArgs(cfg Config) (args []string, cmdline string, err error) {
 		"-object", fmt.Sprintf("memory-backend-ram,id=tail,size=%dM", pmemTailMB), "-numa", "node,memdev=tail",
 		"-m", strconv.FormatUint(total>>20, 10)+"M")
 	return args, " " + strings.Join(memmap, " ") + " warren.pmem=" + strings.Join(addrs, ","), nil
+}
+
+// ignoreShared has QEMU's migration skip the RAM blocks of shared memory
+// backends: the layers', and only theirs (the VM's RAM is private). A
+// migration capability (QEMU 7.2 still calls it experimental, x-, and
+// has no property to set it at start) both ends need: the checkpoint's
+// QEMU and the restore's (restoreVM, before its incoming migration).
+func ignoreShared(ctx context.Context, c *qmp.Client) error {
+	caps := map[string]any{"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": true}}}
+	if err := c.Run(ctx, "migrate-set-capabilities", caps, nil); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "microvm: QMP migrate-set-capabilities x-ignore-shared (the layers on pmem stay out of the checkpoint)")
+	}
+	return nil
 }
 
 // pmemImage is layer as a file whose size is a multiple of 2 MiB (a

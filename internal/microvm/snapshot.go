@@ -9,11 +9,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/warrenrl/warren/internal/atomicfile"
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/qmp"
@@ -23,7 +25,7 @@ import (
 //
 // A checkpoint is QEMU's own migration stream of the stopped VM, written
 // to a file in the checkpoint directory (stateFile: the guest's memory,
-// its upper layer included, and every device's state), and what a new
+// its upper layer included unless on a disk, and every device's state), and what a new
 // QEMU needs to take it in (configFile: memory, vCPUs, the layers' order,
 // the ports hot-plugged by adoptions, the sandbox's settings). A restore
 // starts QEMU with the same machine and devices, on this VM's own
@@ -37,10 +39,17 @@ import (
 // random number generator (two forks of one checkpoint would otherwise
 // draw the same numbers) and sets its clock to the node's (the guest's
 // clock stood still while the VM was on disk).
+//
+// What lives outside the guest's RAM follows: a disk limit's image is
+// copied into the checkpoint and out again for each restore (disk.go:
+// copyDisk); layers on pmem are the store's files, mapped again and left
+// out of the stream (pmem.go: ignoreShared); a network is a new tap of
+// the restore's policy, whose /31 the agent is told ("network").
 
 const (
 	stateFile  = "vm.state" // the migration stream
 	configFile = "vm.json"  // savedVM
+	diskFile   = "disk.img" // the writable disk's copy, if the VM has one
 	// savedVersion is configFile's format.
 	savedVersion = 1
 )
@@ -71,10 +80,16 @@ type savedVM struct {
 	Rlimits []guest.Rlimit `json:"rlimits,omitempty"`
 	Kernel  string         `json:"kernel"` // the guest kernel's release, which the memory holds
 	// The machine's devices beyond the layers (the stream names them):
-	// layers on pmem (Config.PMEM: refused for now), no balloon
-	// (Config.NoBalloon).
+	// layers on pmem (Config.PMEM: mapped from the same files again,
+	// not in the stream: pmem.go), no balloon (Config.NoBalloon).
 	PMEM      bool `json:"pmem,omitempty"`
 	NoBalloon bool `json:"no_balloon,omitempty"`
+	// Disk says the VM's writable layer is on a disk of its own, whose
+	// copy is diskFile.
+	Disk bool `json:"disk,omitempty"`
+	// Net says the VM has a network device: a restore gives it a tap
+	// (of the restore's policy) and the guest its new address.
+	Net bool `json:"net,omitempty"`
 }
 
 // savedPort is a hot-plugged agent port: device portN on chardev agentN,
@@ -95,24 +110,12 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 		return v.streamErr(ctx, err, "connect to QEMU's QMP socket")
 	}
 	defer c.Close()
-	if s.att != nil {
-		// The restored guest would keep its address and the tap would
-		// have to be made again, a fork's with another address: not done
-		// yet.
-		return errdefs.Unsupportedf("microvm: the VM has a network (network policy other than none), which a restore does not bring back yet: it cannot be hibernated or forked")
-	}
 	if v.cfg.Args != nil {
 		// Another machine (internal/fullvm): its disk is writable and
 		// its devices are not qemuArgs', which a restore remakes.
 		return errdefs.Unsupportedf("microvm: a VM of another machine (fullvm) cannot be checkpointed yet")
 	}
-	if v.cfg.PMEM {
-		// The layers are guest RAM blocks mapped from their files: the
-		// stream would carry every page the guest read of them, and the
-		// restore write them into a read-only mapping. Not tried yet.
-		return errdefs.Unsupportedf("microvm: the VM has its layers on pmem (serve --microvm-pmem), which checkpoints do not handle yet: it cannot be hibernated or forked")
-	}
-	if err := refuseWritableDisks(ctx, c); err != nil {
+	if err := refuseWritableDisks(ctx, c, s.disk); err != nil {
 		return err
 	}
 	// Ports of adoptions whose host is gone go first, so that restores
@@ -126,7 +129,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 		Layers: s.digests, LayerCount: len(v.cfg.Layers), Hostname: v.cfg.Hostname,
 		SandboxMemory: v.cfg.SandboxMemory, SandboxPids: v.cfg.SandboxPids, Ports: ports,
 		Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits, Kernel: v.cfg.Kernel.Release,
-		PMEM: v.cfg.PMEM, NoBalloon: v.cfg.NoBalloon}
+		PMEM: v.cfg.PMEM, NoBalloon: v.cfg.NoBalloon, Disk: s.disk, Net: s.att != nil}
 	if saved.MemoryMB == 0 || saved.CPUs == 0 || saved.LayerCount == 0 {
 		// An adopted VM's Config is only its directory: read back from
 		// its QEMU's command line.
@@ -146,6 +149,7 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 		if err != nil {
 			_ = os.Remove(out)
 			_ = os.Remove(filepath.Join(dir, configFile))
+			_ = os.Remove(filepath.Join(dir, diskFile))
 		}
 	}()
 	st, err := c.QueryStatus(ctx)
@@ -171,8 +175,21 @@ func (s *sandbox) Checkpoint(ctx context.Context, dir string) (err error) {
 			}
 		}()
 	}
+	if v.cfg.PMEM {
+		if err := ignoreShared(ctx, c); err != nil {
+			return err
+		}
+	}
 	if err := migrateTo(ctx, c, out); err != nil {
 		return err
+	}
+	if s.disk {
+		// The disk is quiet: the VM is stopped and the migration's end
+		// flushed and released QEMU's images. Should the copy fail, the
+		// "cont" above takes them back and the VM runs on.
+		if _, err := copyDisk(diskImage(v.cfg.Dir), filepath.Join(dir, diskFile)); err != nil {
+			return err
+		}
 	}
 	// Saved: the VM ends here (Exited is done once QEMU is gone); the
 	// caller's Destroy removes the rest.
@@ -223,10 +240,10 @@ func migrateTo(ctx context.Context, c *qmp.Client, out string) error {
 	}
 }
 
-// refuseWritableDisks: a writable disk (a disk limit's upper) is state
-// outside the migration stream, which the checkpoint would have to copy;
-// not done yet.
-func refuseWritableDisks(ctx context.Context, c *qmp.Client) error {
+// refuseWritableDisks: a writable disk is state outside the migration
+// stream. The VM's own (a disk limit's upper, hasDisk) is copied with the
+// checkpoint; any other (none is made by Warren) would be lost.
+func refuseWritableDisks(ctx context.Context, c *qmp.Client, hasDisk bool) error {
 	var blocks []struct {
 		Device   string `json:"device"`
 		Inserted *struct {
@@ -237,8 +254,8 @@ func refuseWritableDisks(ctx context.Context, c *qmp.Client) error {
 		return errdefs.Wrap(errdefs.Internal, err, "microvm: QMP query-block")
 	}
 	for _, b := range blocks {
-		if b.Inserted != nil && !b.Inserted.RO {
-			return errdefs.Unsupportedf("microvm: the VM has a writable disk (%s: a disk limit's upper layer), which checkpoints do not copy yet: it cannot be hibernated or forked", b.Device)
+		if b.Inserted != nil && !b.Inserted.RO && !(hasDisk && b.Device == guest.DiskSerial) {
+			return errdefs.Unsupportedf("microvm: the VM has a writable disk (%s) other than its writable layer's, which checkpoints do not copy: it cannot be hibernated or forked", b.Device)
 		}
 	}
 	return nil
@@ -342,6 +359,9 @@ func readSaved(dir string) (savedVM, error) {
 	if _, err := os.Stat(filepath.Join(dir, stateFile)); err != nil {
 		return sv, errdefs.Wrap(errdefs.Internal, err, "microvm: the checkpoint's state file")
 	}
+	if _, err := os.Stat(filepath.Join(dir, diskFile)); sv.Disk && err != nil {
+		return sv, errdefs.Wrap(errdefs.Internal, err, "microvm: the checkpoint's disk image")
+	}
 	return sv, nil
 }
 
@@ -366,6 +386,17 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 	case sv.KVM != b.opts.KVM:
 		return nil, errdefs.Unsupportedf("microvm: the checkpoint was made under %s, this node runs VMs under %s", accelName(sv.KVM), accelName(b.opts.KVM))
 	}
+	if err := layersPresent(spec, layers); err != nil {
+		return nil, err
+	}
+	switch {
+	case sv.Net && spec.Network.IsNone():
+		return nil, errdefs.Invalidf("microvm: the checkpoint's VM has a network device, the restore's network policy is none")
+	case !sv.Net && !spec.Network.IsNone():
+		return nil, errdefs.Unsupportedf("microvm: the checkpoint's VM has no network device, which a restore cannot add (network policy %s)", spec.Network)
+	case sv.Net && b.opts.Network == nil:
+		return nil, errdefs.Unsupportedf("microvm: the checkpoint's VM has a network, and this backend no sandbox networking")
+	}
 	// The guest's memory holds the kernel it booted (sv.Kernel): QEMU
 	// loads this node's before the stream overwrites it, so any kernel
 	// does here, as does the initramfs (built for this node's agent).
@@ -375,18 +406,56 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 		}
 		return nil, errdefs.Wrap(errdefs.Internal, err, "microvm: VM directory")
 	}
+	var cu cleanup.Cleanup
+	defer func() { _ = cu.Clean() }()
+	cu.Add(func() error { return os.RemoveAll(b.vmDir(spec.ID)) })
 	cfg := Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent,
 		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: sv.MemoryMB, CPUs: sv.CPUs, KVM: sv.KVM,
 		Hostname: sv.Hostname, CacheDir: b.opts.StateDir, SandboxMemory: sv.SandboxMemory, SandboxPids: sv.SandboxPids, Rlimits: sv.Rlimits,
 		PMEM: sv.PMEM, NoBalloon: sv.NoBalloon}
+	if sv.Disk {
+		// Each restore its own copy: the checkpoint stays as it was for
+		// the next (a fork's).
+		cfg.Disk = diskImage(cfg.Dir)
+		if _, err := copyDisk(filepath.Join(spec.Restore, diskFile), cfg.Disk); err != nil {
+			return nil, err
+		}
+	}
+	st := vmState{Env: sv.Env, Cwd: sv.Cwd, Rlimits: sv.Rlimits, Disk: sv.Disk}
+	if sv.Net {
+		// A tap of its own, on the /31 the node gives it now (a fork's
+		// is another than its source's): the guest is told (restoreVM).
+		a, tap, err := b.opts.Network.AttachTap(spec.ID, sv.Hostname, spec.Network)
+		if err != nil {
+			return nil, err
+		}
+		defer tap.Close() // QEMU holds it once started
+		cu.Add(func() error { return b.opts.Network.Detach(spec.ID, a) })
+		gw, addr := b.opts.Network.Addrs(a.Index)
+		cfg.Net = &Net{Tap: tap, Addr: addr, Gateway: gw, Resolv: len(spec.Etc) > 0}
+		st.Net = &a
+	}
 	v, err := restoreVM(ctx, cfg, spec.Restore, sv.Ports)
 	if err != nil {
-		_ = os.RemoveAll(cfg.Dir)
 		return nil, err
 	}
-	sb := b.newSandbox(spec.ID, v, vmState{Env: sv.Env, Cwd: sv.Cwd, Rlimits: sv.Rlimits})
+	cu.Release()
+	sb := b.newSandbox(spec.ID, v, st)
 	sb.digests = sv.Layers
 	return sb, nil
+}
+
+// layersPresent: the restored guest reads its layers where the checkpoint
+// did not keep them (its disks; on pmem, its memory maps them): a layer
+// gone from the store is named, NotFound.
+func layersPresent(spec backend.Spec, layers []string) error {
+	for i, l := range layers {
+		if _, err := os.Stat(l); err != nil {
+			d := spec.Layers[len(spec.Layers)-1-i].Digest
+			return errdefs.Wrap(errdefs.NotFound, err, fmt.Sprintf("microvm: the checkpoint's layer %s is gone from the store, and the restored VM reads it", d))
+		}
+	}
+	return nil
 }
 
 func accelName(kvm bool) string {
@@ -420,9 +489,15 @@ func restoreVM(ctx context.Context, cfg Config, dir string, ports []savedPort) (
 	}
 	defer state.Close()
 	// Stopped once loaded (-S): the agent's port is hot-plugged before
-	// the guest runs on. The stream is descriptor 3 (ExtraFiles).
-	args = append(args, "-S", "-incoming", "fd:3")
-	v, err := startQEMU(cfg, args, []*os.File{state})
+	// the guest runs on. The stream is the descriptor after the tap's
+	// (3, deviceArgs), if any, taken in once QMP has set the migration's
+	// capabilities (incoming).
+	args = append(args, "-S", "-incoming", "defer")
+	extra := []*os.File{state}
+	if cfg.Net != nil {
+		extra = []*os.File{cfg.Net.Tap, state}
+	}
+	v, err := startQEMU(cfg, args, extra)
 	if err != nil {
 		return nil, err
 	}
@@ -431,6 +506,9 @@ func restoreVM(ctx context.Context, cfg Config, dir string, ports []savedPort) (
 			v.Close()
 		}
 	}()
+	if err := v.incoming(ctx, 2+len(extra)); err != nil {
+		return nil, err
+	}
 	if err := v.waitLoaded(ctx); err != nil {
 		return nil, err
 	}
@@ -448,7 +526,46 @@ func restoreVM(ctx context.Context, cfg Config, dir string, ports []savedPort) (
 	v.Ready = time.Since(t0)
 	v.GuestUptime = time.Duration(ping.UptimeMs * float64(time.Millisecond))
 	v.restored(ctx)
+	if n := cfg.Net; n != nil {
+		// The guest's eth0 has the checkpoint's address, and its
+		// neighbours the old tap: without this it reaches nothing.
+		var r struct{}
+		nw := &guest.Network{Addr: n.Addr.String(), Gateway: n.Gateway.String()}
+		if err := v.call(ctx, guest.Request{Op: "network", Network: nw}, nil, &r); err != nil {
+			return nil, fmt.Errorf("microvm: give the restored guest its address: %w", err)
+		}
+	}
 	return v, nil
+}
+
+// incoming has the restore's QEMU (-incoming defer) load its stream from
+// descriptor fd, with the capabilities the checkpoint's had.
+func (v *VM) incoming(ctx context.Context, fd int) error {
+	var c *qmp.Client
+	for {
+		// QMP listens once QEMU has made its machine.
+		var err error
+		if c, err = qmp.Dial(ctx, filepath.Join(v.cfg.Dir, qmpSocket)); err == nil {
+			break
+		}
+		select {
+		case <-v.done:
+			return errdefs.Internalf("microvm: QEMU exited before it took the checkpoint: %v (console: %s)", v.err, v.consoleTail())
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	defer c.Close()
+	if v.cfg.PMEM {
+		if err := ignoreShared(ctx, c); err != nil {
+			return err
+		}
+	}
+	if err := c.Run(ctx, "migrate-incoming", map[string]any{"uri": "fd:" + strconv.Itoa(fd)}, nil); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "microvm: QMP migrate-incoming")
+	}
+	return nil
 }
 
 // waitLoaded waits until QEMU has loaded the incoming stream (it leaves

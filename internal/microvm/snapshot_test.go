@@ -203,8 +203,9 @@ func TestCheckpointRestoreAndForkOfAVM(t *testing.T) {
 	}
 }
 
-// TestFailedCheckpointLeavesTheVMRunning: a VM with a writable disk is
-// refused (unsupported: the checkpoint does not copy disks yet); a
+// TestFailedCheckpointLeavesTheVMRunning: a VM with a writable disk other
+// than its writable layer's is refused (unsupported: the checkpoint copies
+// only that one); a
 // checkpoint whose state file cannot be written (its directory on a 1 MiB
 // tmpfs) fails after the VM was stopped; either way the VM runs on as it
 // was: its counter counts and its agent answers on the same session.
@@ -222,8 +223,8 @@ func TestFailedCheckpointLeavesTheVMRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := countsPast(t, sb, 1)
-	// A writable disk (what a disk limit's upper would be) is refused
-	// before anything is stopped.
+	// A writable disk that is not the VM's own is refused before
+	// anything is stopped.
 	scratch := filepath.Join(t.TempDir(), "scratch.img")
 	if err := os.WriteFile(scratch, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
