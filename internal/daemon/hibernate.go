@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -553,13 +554,19 @@ func (m *Manager) HibernateByLabel(ctx context.Context, req *warrenv1.HibernateB
 	})
 }
 
-// dirBytes is the disk space of the files under dir.
+// dirBytes is the disk space of the files under dir: their allocated
+// blocks, not their apparent sizes, as a VM's sparse disk copy (256 MiB
+// apparent, 16 written) takes only what was written.
 func dirBytes(dir string) int64 {
 	var n int64
 	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {
 			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+					n += st.Blocks * 512
+				} else {
+					n += fi.Size()
+				}
 			}
 		}
 		return nil
