@@ -2,7 +2,8 @@
 // Linux namespaces (mount, pid, uts, ipc, net, cgroup) around an OverlayFS
 // root, with one cgroup for its limits and a tiny agent as PID 1. There is
 // no helper process per sandbox on the host: the daemon watches each init
-// through a pidfd, and sandboxes keep running when the daemon dies.
+// through its cgroup's cgroup.events (or a pidfd: monitor.go), and
+// sandboxes keep running when the daemon dies.
 package container
 
 import (
@@ -722,8 +723,16 @@ func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Gro
 func (b *Backend) watchInit(s *sandbox, pidfd int, byGroup, child bool) error {
 	if events := cgroups.EventsFile(s.grp); byGroup && watchByGroup && events != "" && !b.lazyImagesOf(s.id) {
 		err := b.mon.watchGroup(events, s.st.Pid, child, s.exit)
-		unix.Close(pidfd)
-		return err
+		if err == nil {
+			unix.Close(pidfd)
+			return nil
+		}
+		// Out of inotify watches (fs.inotify.max_user_watches, shared
+		// by the node's root processes) or instances: a pidfd still
+		// works.
+		if b.opts.Warn != nil {
+			b.opts.Warn("watching a sandbox's cgroup.events failed; watching its init's pidfd", "sandbox", s.id, "err", err)
+		}
 	}
 	if err := b.mon.watch(pidfd, s.st.Pid, s.exit); err != nil {
 		unix.Close(pidfd)

@@ -58,16 +58,19 @@ func newMonitor() (*monitor, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Without inotify (fs.inotify.max_user_instances, 128 by default,
+	// is shared by the node's root processes) every watch is a pidfd.
 	ino, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
-		unix.Close(epfd)
-		return nil, err
-	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ino)}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, ino, &ev); err != nil {
-		unix.Close(ino)
-		unix.Close(epfd)
-		return nil, err
+		slog.Warn("sandbox exit monitor: no inotify instance; watching a pidfd per sandbox", "err", err)
+		ino = -1
+	} else {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ino)}
+		if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, ino, &ev); err != nil {
+			unix.Close(ino)
+			unix.Close(epfd)
+			return nil, err
+		}
 	}
 	m := &monitor{epfd: epfd, ino: ino, cbs: map[int32]watch{}, grps: map[int32]gwatch{}}
 	go m.loop()
@@ -77,7 +80,9 @@ func newMonitor() (*monitor, error) {
 // close stops the monitor; watches not yet fired never fire.
 func (m *monitor) close() {
 	unix.Close(m.epfd)
-	unix.Close(m.ino)
+	if m.ino >= 0 {
+		unix.Close(m.ino)
+	}
 }
 
 // watch calls onExit once when pid exits. It takes ownership of pidfd.
@@ -102,6 +107,9 @@ func (m *monitor) watch(pidfd, pid int, onExit func()) error {
 // onExit. The caller has checked that the init is alive and in the group;
 // a group that emptied before the watch began fires at once.
 func (m *monitor) watchGroup(events string, pid int, child bool, onExit func()) error {
+	if m.ino < 0 {
+		return errors.New("no inotify instance")
+	}
 	m.mu.Lock()
 	wd, err := unix.InotifyAddWatch(m.ino, events, unix.IN_MODIFY)
 	if err != nil {
@@ -125,6 +133,7 @@ func (m *monitor) count() int {
 
 func (m *monitor) loop() {
 	events := make([]unix.EpollEvent, 64)
+	buf := make([]byte, 64<<10) // ~4,000 events a read
 	for {
 		n, err := unix.EpollWait(m.epfd, events, -1)
 		if err != nil {
@@ -142,8 +151,8 @@ func (m *monitor) loop() {
 			continue
 		}
 		for _, ev := range events[:n] {
-			if ev.Fd == int32(m.ino) {
-				m.readInotify()
+			if m.ino >= 0 && ev.Fd == int32(m.ino) {
+				m.readInotify(buf)
 				continue
 			}
 			m.mu.Lock()
@@ -166,10 +175,9 @@ func (m *monitor) loop() {
 // (populated, frozen); IN_IGNORED once the group's directory is removed,
 // which only an empty group allows. An overflow (IN_Q_OVERFLOW, past
 // fs.inotify.max_queued_events) lost events: every group is looked at.
-func (m *monitor) readInotify() {
-	var buf [64 << 10]byte
+func (m *monitor) readInotify(buf []byte) {
 	for {
-		n, err := unix.Read(m.ino, buf[:])
+		n, err := unix.Read(m.ino, buf)
 		if err == unix.EINTR {
 			continue
 		}
