@@ -2,6 +2,7 @@ package container
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"sync"
@@ -18,8 +19,9 @@ import (
 // wait per sandbox.
 //
 // A sandbox with a cgroup2 directory (v2 hosts, and the unified hierarchy
-// of hybrid ones) is watched through its group's cgroup.events, one
-// inotify watch each on a single inotify descriptor: its init is gone
+// of hybrid ones) is watched instead through its group's cgroup.events,
+// one inotify watch each on the process's one inotify descriptor
+// (groupWatcher): its init is gone
 // once the group has no process left (`populated 0`), since the init is
 // its pid namespace's and every process of the group is in that
 // namespace. Others (pure v1 hosts; a lazily restored sandbox, whose
@@ -31,25 +33,12 @@ import (
 // extra descriptors, 14.7 ms with 10,000; docs/BENCHMARKS.md).
 type monitor struct {
 	epfd int
-	ino  int // the inotify descriptor, in the epoll set too
 	mu   sync.Mutex
-	cbs  map[int32]watch  // by pidfd
-	grps map[int32]gwatch // by inotify watch descriptor
-	// inotify watch descriptors are not reused while the instance lives
-	// (the kernel hands them out cyclically from 1), so a stale event
-	// cannot name a newer watch.
+	cbs  map[int32]watch // by pidfd
 }
 
 type watch struct {
 	pid    int // for the log only: the pidfd, not the pid, names the process
-	onExit func()
-}
-
-// gwatch is a sandbox watched through its group's cgroup.events.
-type gwatch struct {
-	events string // the cgroup.events file
-	pid    int    // the init
-	child  bool   // the init is this daemon's unreaped child: reap it by pid
 	onExit func()
 }
 
@@ -58,32 +47,13 @@ func newMonitor() (*monitor, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Without inotify (fs.inotify.max_user_instances, 128 by default,
-	// is shared by the node's root processes) every watch is a pidfd.
-	ino, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		slog.Warn("sandbox exit monitor: no inotify instance; watching a pidfd per sandbox", "err", err)
-		ino = -1
-	} else {
-		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ino)}
-		if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, ino, &ev); err != nil {
-			unix.Close(ino)
-			unix.Close(epfd)
-			return nil, err
-		}
-	}
-	m := &monitor{epfd: epfd, ino: ino, cbs: map[int32]watch{}, grps: map[int32]gwatch{}}
+	m := &monitor{epfd: epfd, cbs: map[int32]watch{}}
 	go m.loop()
 	return m, nil
 }
 
-// close stops the monitor; watches not yet fired never fire.
-func (m *monitor) close() {
-	unix.Close(m.epfd)
-	if m.ino >= 0 {
-		unix.Close(m.ino)
-	}
-}
+// close stops the monitor's pidfd watches.
+func (m *monitor) close() { unix.Close(m.epfd) }
 
 // watch calls onExit once when pid exits. It takes ownership of pidfd.
 func (m *monitor) watch(pidfd, pid int, onExit func()) error {
@@ -107,20 +77,11 @@ func (m *monitor) watch(pidfd, pid int, onExit func()) error {
 // onExit. The caller has checked that the init is alive and in the group;
 // a group that emptied before the watch began fires at once.
 func (m *monitor) watchGroup(events string, pid int, child bool, onExit func()) error {
-	if m.ino < 0 {
-		return errors.New("no inotify instance")
-	}
-	m.mu.Lock()
-	wd, err := unix.InotifyAddWatch(m.ino, events, unix.IN_MODIFY)
+	g, err := sharedGroupWatcher()
 	if err != nil {
-		m.mu.Unlock()
 		return err
 	}
-	m.grps[int32(wd)] = gwatch{events: events, pid: pid, child: child, onExit: onExit}
-	m.mu.Unlock()
-	// An emptying before the watch was added made no event we could see.
-	m.checkGroup(int32(wd), false)
-	return nil
+	return g.add(gwatch{events: events, pid: pid, child: child, onExit: onExit})
 }
 
 // count is how many processes are watched through a descriptor of their
@@ -133,15 +94,14 @@ func (m *monitor) count() int {
 
 func (m *monitor) loop() {
 	events := make([]unix.EpollEvent, 64)
-	buf := make([]byte, 64<<10) // ~4,000 events a read
 	for {
 		n, err := unix.EpollWait(m.epfd, events, -1)
 		if err != nil {
 			if err == unix.EINTR {
 				continue
 			}
-			if err == unix.EBADF {
-				return // closed
+			if err == unix.EBADF || err == unix.EINVAL {
+				return // closed (and its number perhaps taken by a file)
 			}
 			// Not expected; going on matters more than stopping: a
 			// monitor that ended silently would leave every later exit
@@ -151,10 +111,6 @@ func (m *monitor) loop() {
 			continue
 		}
 		for _, ev := range events[:n] {
-			if m.ino >= 0 && ev.Fd == int32(m.ino) {
-				m.readInotify(buf)
-				continue
-			}
 			m.mu.Lock()
 			w, ok := m.cbs[ev.Fd]
 			delete(m.cbs, ev.Fd)
@@ -170,92 +126,152 @@ func (m *monitor) loop() {
 	}
 }
 
-// readInotify drains the inotify descriptor and checks each group an
-// event names. IN_MODIFY comes for every change of cgroup.events
-// (populated, frozen); IN_IGNORED once the group's directory is removed,
-// which only an empty group allows. An overflow (IN_Q_OVERFLOW, past
-// fs.inotify.max_queued_events) lost events: every group is looked at.
-func (m *monitor) readInotify(buf []byte) {
-	for {
-		n, err := unix.Read(m.ino, buf)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil || n <= 0 {
-			if err != nil && err != unix.EAGAIN && err != unix.EBADF { // EBADF: closed
-				slog.Error("sandbox exit monitor: reading inotify failed", "err", err)
-			}
+// groupWatcher is the process's one inotify instance for every monitor's
+// group watches: fs.inotify.max_user_instances (128 by default) is shared
+// by all of the node's root processes, and an instance per backend ran
+// out in the daemon's tests, which make hundreds. It is read through the
+// runtime's poller (no thread of its own).
+type groupWatcher struct {
+	f   *os.File
+	ino int
+	mu  sync.Mutex
+	// By watch descriptor. Watch descriptors are not reused while the
+	// instance lives (the kernel hands them out cyclically from 1): a
+	// stale event cannot name a newer watch. A second watch of the same
+	// file (two backends in one process: tests) gets the same one.
+	grps map[int32][]gwatch
+}
+
+// gwatch is a sandbox watched through its group's cgroup.events.
+type gwatch struct {
+	events string // the cgroup.events file
+	pid    int    // the init
+	child  bool   // the init is this daemon's unreaped child: reap it by pid
+	onExit func()
+}
+
+var groupWatch struct {
+	once sync.Once
+	w    *groupWatcher
+	err  error
+}
+
+// sharedGroupWatcher starts the process's group watcher on first use.
+func sharedGroupWatcher() (*groupWatcher, error) {
+	groupWatch.once.Do(func() {
+		ino, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+		if err != nil {
+			groupWatch.err = fmt.Errorf("inotify_init1: %w", err)
 			return
+		}
+		g := &groupWatcher{f: os.NewFile(uintptr(ino), "inotify"), ino: ino, grps: map[int32][]gwatch{}}
+		groupWatch.w = g
+		go g.loop()
+	})
+	return groupWatch.w, groupWatch.err
+}
+
+func (g *groupWatcher) add(w gwatch) error {
+	g.mu.Lock()
+	wd, err := unix.InotifyAddWatch(g.ino, w.events, unix.IN_MODIFY)
+	if err != nil {
+		g.mu.Unlock()
+		return err
+	}
+	g.grps[int32(wd)] = append(g.grps[int32(wd)], w)
+	g.mu.Unlock()
+	// An emptying before the watch was added made no event we could see.
+	g.check(int32(wd), false)
+	return nil
+}
+
+// loop reads the inotify descriptor and checks each group an event names.
+// IN_MODIFY comes for every change of cgroup.events (populated, frozen);
+// IN_IGNORED once the group's directory is removed, which only an empty
+// group allows. An overflow (IN_Q_OVERFLOW, past
+// fs.inotify.max_queued_events) lost events: every group is looked at.
+func (g *groupWatcher) loop() {
+	buf := make([]byte, 64<<10) // ~4,000 events a read
+	for {
+		n, err := g.f.Read(buf)
+		if err != nil {
+			// Not expected (the descriptor is never closed); going on
+			// matters more than stopping, as in the monitor's loop.
+			slog.Error("sandbox exit monitor: reading inotify failed; retrying", "err", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
 		}
 		for off := 0; off+unix.SizeofInotifyEvent <= n; {
 			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
 			off += unix.SizeofInotifyEvent + int(ev.Len)
 			switch {
 			case ev.Mask&unix.IN_Q_OVERFLOW != 0:
-				m.checkAll()
+				g.checkAll()
 			case ev.Mask&unix.IN_IGNORED != 0:
-				m.checkGroup(ev.Wd, true)
+				g.check(ev.Wd, true)
 			default:
-				m.checkGroup(ev.Wd, false)
+				g.check(ev.Wd, false)
 			}
 		}
 	}
 }
 
-func (m *monitor) checkAll() {
-	m.mu.Lock()
-	wds := make([]int32, 0, len(m.grps))
-	for wd := range m.grps {
+func (g *groupWatcher) checkAll() {
+	g.mu.Lock()
+	wds := make([]int32, 0, len(g.grps))
+	for wd := range g.grps {
 		wds = append(wds, wd)
 	}
-	m.mu.Unlock()
+	g.mu.Unlock()
 	for _, wd := range wds {
-		m.checkGroup(wd, false)
+		g.check(wd, false)
 	}
 }
 
-// checkGroup fires the watch wd if its group is empty (or gone: removed
-// says the kernel dropped the watch with the directory).
-func (m *monitor) checkGroup(wd int32, removed bool) {
-	m.mu.Lock()
-	w, ok := m.grps[wd]
-	m.mu.Unlock()
+// check fires the watch wd if its group is empty (or gone: removed says
+// the kernel dropped the watch with the directory).
+func (g *groupWatcher) check(wd int32, removed bool) {
+	g.mu.Lock()
+	ws, ok := g.grps[wd]
+	g.mu.Unlock()
 	if !ok {
 		return
 	}
 	if !removed {
-		populated, err := cgroups.Populated(w.events)
+		populated, err := cgroups.Populated(ws[0].events)
 		switch {
 		case err == nil && populated:
 			return
 		case err != nil && !errors.Is(err, os.ErrNotExist):
 			// Not expected (the file is the kernel's); the next event
 			// or an overflow looks again.
-			slog.Warn("sandbox exit monitor: reading cgroup.events", "file", w.events, "err", err)
+			slog.Warn("sandbox exit monitor: reading cgroup.events", "file", ws[0].events, "err", err)
 			return
 		}
 	}
-	m.mu.Lock()
-	_, ok = m.grps[wd]
-	delete(m.grps, wd)
-	m.mu.Unlock()
+	g.mu.Lock()
+	ws, ok = g.grps[wd]
+	delete(g.grps, wd)
+	g.mu.Unlock()
 	if !ok {
 		return // fired meanwhile
 	}
 	if !removed {
-		_, _ = unix.InotifyRmWatch(m.ino, uint32(wd))
+		_, _ = unix.InotifyRmWatch(g.ino, uint32(wd))
 	}
-	if !w.child {
-		w.onExit()
-		return
+	for _, w := range ws {
+		if !w.child {
+			w.onExit()
+			continue
+		}
+		// The group empties as the init's exit passes the cgroup step,
+		// a little before the init can be waited for: wait for it off
+		// the loop.
+		go func() {
+			reapChild(w.pid)
+			w.onExit()
+		}()
 	}
-	// The group empties as the init's exit passes the cgroup step, a
-	// little before the init can be waited for: wait for it off the
-	// loop.
-	go func() {
-		reapChild(w.pid)
-		w.onExit()
-	}()
 }
 
 // reapChild waits for pid, this daemon's child, to exit and collects it.
