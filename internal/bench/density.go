@@ -393,7 +393,7 @@ func (r *DensityReport) checkLimits(env *Env, n int) {
 		soft, hard := nofileLimit(env.DaemonPid)
 		r.DaemonNofile = soft
 		if v, err := strconv.Atoi(soft); err == nil && v < n+1024 {
-			r.Notes = append(r.Notes, fmt.Sprintf("daemon RLIMIT_NOFILE %s (hard %s) is close to N=%d: it holds a pidfd per sandbox", soft, hard, n))
+			r.Notes = append(r.Notes, fmt.Sprintf("daemon RLIMIT_NOFILE %s (hard %s) is close to N=%d: on hosts without cgroup2 groups (pure v1) it holds a pidfd per sandbox", soft, hard, n))
 		}
 	}
 	if b, err := os.ReadFile("/proc/sys/kernel/pid_max"); err == nil {

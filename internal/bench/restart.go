@@ -89,9 +89,12 @@ func RunRestart(ctx context.Context, env *Env, cfg RestartConfig, nofile uint64)
 		fmt.Sprintf("exec: %d Exec(true) into random sandboxes, %d at a time, right after ready, pooled over the rounds", cfg.Execs, cfg.ExecConcurrency),
 		"procs_running_min: after the execs, ListProcesses of every sandbox; the fewest background processes found running in a round; daemon_fds_max: the restarted daemon's open fds then, the most of any round",
 		"empty state (peer): the same binary and flags on an empty state directory, started in each round; serving_vs_empty = serving p50 / its serving p50")
-	// The daemon holds 3 fds per sandbox with a background process (the
+	// The daemon held 3 fds per sandbox with a background process (the
 	// init's pidfd, its pinned root, the process's waiter connection):
-	// 9,615 in all at 3,200. 4 per sandbox leaves room for the calls.
+	// 9,615 in all at 3,200. The root is now pinned only by a delete, and
+	// the pidfd is gone where sandbox groups have a cgroup2 directory
+	// (container/monitor.go), not on pure v1 hosts. 4 per sandbox leaves
+	// room for the calls.
 	if need := uint64(4*cfg.N + 1024); nofile < need {
 		return nil, fmt.Errorf("RLIMIT_NOFILE is %d, the daemon needs about %d for %d sandboxes: raise the hard limit (ulimit -Hn) or lower --n", nofile, need, cfg.N)
 	}

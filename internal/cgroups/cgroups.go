@@ -952,3 +952,24 @@ func thaw2(name, dir string) error {
 	err := kfile.Write(filepath.Join(dir, "cgroup.freeze"), "0")
 	return classify(err, "thaw cgroup "+name)
 }
+
+// EventsFile is the cgroup.events file of g's cgroup2 directory (a v2
+// group's own, a hybrid group's unified one), which the kernel marks
+// modified (inotify IN_MODIFY) when the group's populated or frozen state
+// changes; "" for a v1 group, which has none.
+func EventsFile(g Group) string {
+	switch g := g.(type) {
+	case *v2Group:
+		return filepath.Join(g.dir(), "cgroup.events")
+	case *hybridGroup:
+		return filepath.Join(g.udir(), "cgroup.events")
+	}
+	return ""
+}
+
+// Populated reads whether the group of the cgroup.events file events, or
+// one below it, has a process.
+func Populated(events string) (bool, error) {
+	n, err := readKey(events, "populated")
+	return n != 0, err
+}

@@ -2,7 +2,8 @@
 // Linux namespaces (mount, pid, uts, ipc, net, cgroup) around an OverlayFS
 // root, with one cgroup for its limits and a tiny agent as PID 1. There is
 // no helper process per sandbox on the host: the daemon watches each init
-// through a pidfd, and sandboxes keep running when the daemon dies.
+// through its cgroup's cgroup.events (or a pidfd: monitor.go), and
+// sandboxes keep running when the daemon dies.
 package container
 
 import (
@@ -671,6 +672,7 @@ func killInit(pid int) {
 // /proc/<pid>/stat does it; errors other than the process being gone
 // (EMFILE, ENOMEM) are Unavailable, since the init may well be alive.
 func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Group, net *netpolicy.Attachment) (*sandbox, error) {
+	pidfdIn := pidfd
 	if pidfd < 0 {
 		var err error
 		if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
@@ -700,15 +702,56 @@ func (b *Backend) attach(id string, pid, pidfd int, want uint64, grp cgroups.Gro
 		disk:  fileExists(b.diskImage(id)),
 	}
 	s.exited, s.exit = context.WithCancel(context.Background())
-	if err := b.mon.watch(pidfd, pid, s.exit); err != nil {
+	// The clone's pidfd names our own child (a create); want names an
+	// adopted init; a restore's init (neither) keeps its pidfd watch:
+	// CRIU made it, and a lazy one shares its group with its server.
+	byGroup, child := pidfdIn >= 0 || want != 0, pidfdIn >= 0
+	if err := b.watchInit(s, pidfd, byGroup, child); err != nil {
 		s.exit()
-		unix.Close(pidfd)
-		if s.root >= 0 {
-			unix.Close(s.root)
-		}
 		return nil, errdefs.Wrap(errdefs.Internal, err, "watch sandbox init")
 	}
 	return s, nil
+}
+
+// watchInit has the monitor call s.exit once s's init is gone, through
+// its group's cgroup.events where it has one and nothing but the init's
+// pid namespace is in the group, so that a live sandbox holds no
+// descriptor of the daemon's (monitor); through pidfd otherwise. child
+// says the init is this daemon's own unreaped child (a create), not an
+// adopted one. It owns pidfd, and closes it unless the
+// watch keeps it.
+func (b *Backend) watchInit(s *sandbox, pidfd int, byGroup, child bool) error {
+	if events := cgroups.EventsFile(s.grp); byGroup && watchByGroup && events != "" && !b.lazyImagesOf(s.id) {
+		err := b.mon.watchGroup(events, s.st.Pid, child, s.exit)
+		if err == nil {
+			unix.Close(pidfd)
+			return nil
+		}
+		// Out of inotify watches (fs.inotify.max_user_watches, shared
+		// by the node's root processes) or instances: a pidfd still
+		// works.
+		if b.opts.Warn != nil {
+			b.opts.Warn("watching a sandbox's cgroup.events failed; watching its init's pidfd", "sandbox", s.id, "err", err)
+		}
+	}
+	if err := b.mon.watch(pidfd, s.st.Pid, s.exit); err != nil {
+		unix.Close(pidfd)
+		return err
+	}
+	return nil
+}
+
+// watchByGroup is false in tests that take the path of hosts without a
+// cgroup2 directory per sandbox (pure v1): a pidfd per sandbox.
+var watchByGroup = true
+
+// lazyImagesOf says whether sandbox id was restored lazily and its
+// lazy-pages server may still run (lazy.go): the server is in the
+// sandbox's group but not its pid namespace, so the group can outlive
+// the init.
+func (b *Backend) lazyImagesOf(id string) bool {
+	_, err := os.Stat(filepath.Join(b.stateDir(id), lazyImagesDir))
+	return err == nil
 }
 
 // attachStartTime is procStartTime; tests make it fail to check that a
@@ -727,7 +770,8 @@ func (s *sandbox) pinForDelete() {
 }
 
 // fdReserve is what Create leaves of the daemon's open-file limit to
-// everything but the sandboxes' own descriptors (a pidfd each): API
+// everything but the sandboxes' own descriptors (a pidfd each where the
+// monitor cannot watch their cgroup, watchInit): API
 // connections, exec pipes, files being served, a delete's pinned root.
 const fdReserve = 1024
 
@@ -741,6 +785,7 @@ func (b *Backend) fdRoom() error {
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == unix.RLIM_INFINITY {
 		return nil
 	}
+	// One more pidfd is an upper bound: most sandboxes take none.
 	if n := uint64(b.mon.count()); n+1+fdReserve > rl.Cur {
 		return errdefs.New(errdefs.Exhausted, "the daemon's open-file limit (%d) is taken by its %d sandboxes (a descriptor each) and the %d it keeps for calls: raise warren serve's LimitNOFILE", rl.Cur, n, fdReserve)
 	}

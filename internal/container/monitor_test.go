@@ -1,6 +1,7 @@
 package container
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -9,6 +10,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // TestMonitorReapsByPidfdNotPid: when a watched init that is not our
@@ -67,7 +71,7 @@ func watchUntilExit(t *testing.T, pidfd, pid int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unix.Close(m.epfd) })
+	t.Cleanup(m.close)
 	exited := make(chan struct{})
 	if err := m.watch(pidfd, pid, func() { close(exited) }); err != nil {
 		t.Fatal(err)
@@ -77,4 +81,101 @@ func watchUntilExit(t *testing.T, pidfd, pid int) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the monitor did not see the watched process exit")
 	}
+}
+
+// TestMonitorGroupExit: a process watched through its cgroup's
+// cgroup.events fires once its group is empty, not when the group is
+// frozen and thawed (which modifies the same file), and is reaped if it is
+// our child. Without watchGroup's re-read of the file, or with the wrong
+// key, this fails: it fires at the freeze, or never.
+func TestMonitorGroupExit(t *testing.T) {
+	grp, events := monitorTestGroup(t, "mg")
+	p, err := os.StartProcess("/bin/sleep", []string{"sleep", "100"}, &os.ProcAttr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Kill()
+	if err := grp.AddProc(p.Pid); err != nil {
+		t.Fatal(err)
+	}
+	m, err := newMonitor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.close()
+	exited := make(chan time.Time, 1)
+	if err := m.watchGroup(events, p.Pid, true, func() { exited <- time.Now() }); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.count(); n != 0 {
+		t.Errorf("the monitor holds %d pidfds for a group watch, want 0", n)
+	}
+	if err := grp.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	if err := grp.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+		t.Fatal("the watch fired on a freeze and thaw of a live group")
+	case <-time.After(200 * time.Millisecond):
+	}
+	killed := time.Now()
+	if err := p.Signal(unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-exited:
+		t.Logf("exit seen %v after the kill", at.Sub(killed))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the monitor did not see the group empty")
+	}
+	if _, err := unix.Wait4(p.Pid, nil, unix.WNOHANG, nil); err != unix.ECHILD {
+		t.Fatalf("child %d after the monitor saw its group empty: wait4 err %v, want ECHILD (reaped)", p.Pid, err)
+	}
+}
+
+// TestMonitorGroupEmptyAtWatch: a group that emptied before its watch was
+// added (an init that died between its start and attach) fires at once:
+// no event will ever come for it.
+func TestMonitorGroupEmptyAtWatch(t *testing.T) {
+	_, events := monitorTestGroup(t, "me")
+	m, err := newMonitor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.close()
+	exited := make(chan struct{})
+	if err := m.watchGroup(events, 0, false, func() { close(exited) }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watch of an empty group did not fire")
+	}
+}
+
+// monitorTestGroup makes a cgroup (below a parent of its own) and returns
+// it with its cgroup.events file; it skips on a host with no cgroup2
+// directory per group (pure v1), where the monitor watches pidfds.
+func monitorTestGroup(t *testing.T, name string) (cgroups.Group, string) {
+	t.Helper()
+	testutil.RequireRoot(t)
+	parent := fmt.Sprintf("warren-montest-%s%d", name, os.Getpid())
+	grp, err := cgroups.New(parent, name, cgroups.Resources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = grp.Kill(5 * time.Second)
+		_ = grp.Delete()
+		_ = cgroups.RemoveParent(parent)
+	})
+	events := cgroups.EventsFile(grp)
+	if events == "" {
+		t.Skip("no cgroup2 directory per group on this host (pure cgroup v1)")
+	}
+	return grp, events
 }
