@@ -1,0 +1,59 @@
+package guest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/warrenrl/warren/internal/errdefs"
+)
+
+// setLimits writes the sandbox cgroup's new limits, all or none: the
+// files written before a failed one get their values back.
+func (s *server) setLimits(st net.Conn, l *Limits) {
+	if s.whole || s.ns == nil {
+		fail(st, errdefs.Unsupported, errors.New("no sandbox cgroup in this guest"))
+		return
+	}
+	if l == nil {
+		fail(st, errdefs.Invalid, errors.New("limits: none given"))
+		return
+	}
+	var ws [][2]string // file, value
+	if l.MemoryBytes != nil {
+		ws = append(ws, [2]string{sandboxCgroupDir + "/memory.max", maxOr(*l.MemoryBytes)})
+	}
+	if l.PidsMax != nil {
+		ws = append(ws, [2]string{sandboxCgroupDir + "/pids.max", maxOr(*l.PidsMax)})
+	}
+	old := make([]string, len(ws))
+	for i, w := range ws {
+		b, err := os.ReadFile(w[0])
+		if err != nil {
+			fail(st, errdefs.Internal, err)
+			return
+		}
+		old[i] = strings.TrimSpace(string(b))
+	}
+	for i, w := range ws {
+		if err := os.WriteFile(w[0], []byte(w[1]), 0); err != nil {
+			for j := i - 1; j >= 0; j-- {
+				_ = os.WriteFile(ws[j][0], []byte(old[j]), 0)
+			}
+			fail(st, errdefs.Invalid, fmt.Errorf("%s=%s: %w", w[0], w[1], err))
+			return
+		}
+	}
+	_ = WriteFrame(st, KindExit, []byte("{}"))
+}
+
+// maxOr is a cgroup v2 limit: n, or "max" for 0 (no limit).
+func maxOr(n int64) string {
+	if n <= 0 {
+		return "max"
+	}
+	return strconv.FormatInt(n, 10)
+}
