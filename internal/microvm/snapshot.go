@@ -379,12 +379,24 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: sv.MemoryMB, CPUs: sv.CPUs, KVM: sv.KVM,
 		Hostname: sv.Hostname, CacheDir: b.opts.StateDir, SandboxMemory: sv.SandboxMemory, SandboxPids: sv.SandboxPids, Rlimits: sv.Rlimits,
 		PMEM: sv.PMEM, NoBalloon: sv.NoBalloon}
-	v, err := restoreVM(ctx, cfg, spec.Restore, sv.Ports)
-	if err != nil {
+	// A restored QEMU gets a cgroup of its own as a booted one does, for
+	// the restore's CPU quota and class (the memory is the checkpoint's).
+	if cfg.Cgroup, err = b.hostGroup(spec, sv.MemoryMB, sv.CPUs); err != nil {
 		_ = os.RemoveAll(cfg.Dir)
 		return nil, err
 	}
-	sb := b.newSandbox(spec.ID, v, vmState{Env: sv.Env, Cwd: sv.Cwd, Rlimits: sv.Rlimits})
+	v, err := restoreVM(ctx, cfg, spec.Restore, sv.Ports)
+	if err == nil {
+		if err = isolate(v.Pid(), spec.QoS); err != nil {
+			v.Close()
+		}
+	}
+	if err != nil {
+		_ = cfg.Cgroup.Delete() // gone already if QEMU ran
+		_ = os.RemoveAll(cfg.Dir)
+		return nil, err
+	}
+	sb := b.newSandbox(spec.ID, v, vmState{Env: sv.Env, Cwd: sv.Cwd, Rlimits: sv.Rlimits, Group: true, CPUMillis: spec.CPUMillis, MemoryMB: sv.MemoryMB})
 	sb.digests = sv.Layers
 	return sb, nil
 }
