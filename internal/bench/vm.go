@@ -18,6 +18,7 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/guestkernel"
 	"github.com/warrenrl/warren/internal/image"
@@ -372,7 +373,11 @@ func processMemoryKiB(pid int) (kib, error) {
 // rounds, through the backend (for when microVM sandboxes implement
 // backend.Checkpointer).
 func vmSnapshots(ctx context.Context, s *vmSetup, rep *VMReport) error {
-	b, err := microvm.New(microvm.Options{StateDir: filepath.Join(s.dir, "backend"), QEMU: s.qemu, GuestAgent: s.cfg.GuestAgent, KVM: s.cfg.KVM})
+	// A parent of its own: a daemon's sweep of "warren" would take the
+	// bench's VMs.
+	parent := fmt.Sprintf("warren-bench-vm-%d", os.Getpid())
+	defer func() { _ = cgroups.RemoveParent(parent) }()
+	b, err := microvm.New(microvm.Options{StateDir: filepath.Join(s.dir, "backend"), QEMU: s.qemu, GuestAgent: s.cfg.GuestAgent, KVM: s.cfg.KVM, CgroupParent: parent})
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,10 @@ func (s *server) setLimits(st net.Conn, l *Limits) {
 		fail(st, errdefs.Invalid, errors.New("limits: none given"))
 		return
 	}
+	if err := makeRoom(l.MemoryBytes); err != nil {
+		fail(st, errdefs.Invalid, err)
+		return
+	}
 	var ws [][2]string // file, value
 	if l.MemoryBytes != nil {
 		ws = append(ws, [2]string{sandboxCgroupDir + "/memory.max", maxOr(*l.MemoryBytes)})
@@ -56,4 +60,24 @@ func maxOr(n int64) string {
 		return "max"
 	}
 	return strconv.FormatInt(n, 10)
+}
+
+// makeRoom asks the sandbox's cgroup to give back what it uses above a
+// new memory limit before the limit is written: a lower memory.max does
+// not fail (the kernel reclaims, then OOM-kills), so a cgroup that still
+// uses more is refused with nothing changed, as the container backend
+// refuses it on a v2 node (cgroups.Group.SetLimits).
+func makeRoom(limit *int64) error {
+	if limit == nil || *limit <= 0 {
+		return nil
+	}
+	cur := single(sandboxCgroupDir + "/memory.current")
+	if cur <= uint64(*limit) {
+		return nil
+	}
+	_ = os.WriteFile(sandboxCgroupDir+"/memory.reclaim", []byte(strconv.FormatUint(cur-uint64(*limit), 10)), 0)
+	if cur = single(sandboxCgroupDir + "/memory.current"); cur > uint64(*limit) {
+		return fmt.Errorf("memory limit %d is below what the sandbox uses (%d bytes) and cannot give back: nothing changed", *limit, cur)
+	}
+	return nil
 }
