@@ -75,6 +75,12 @@ func makeRoom(limit *int64) error {
 	if cur <= uint64(*limit) {
 		return nil
 	}
+	// The guest has no swap: only page cache can go. Asking
+	// memory.reclaim for more than that kept a guest's agent in the
+	// kernel for minutes (conformance Update, a 100 MB holder).
+	if file := keyed(sandboxCgroupDir+"/memory.stat", "file"); cur-min(file, cur) > uint64(*limit) {
+		return fmt.Errorf("memory limit %d is below what the sandbox uses (%d bytes, %d of it page cache) and cannot give back: nothing changed", *limit, cur, file)
+	}
 	_ = os.WriteFile(sandboxCgroupDir+"/memory.reclaim", []byte(strconv.FormatUint(cur-uint64(*limit), 10)), 0)
 	if cur = single(sandboxCgroupDir + "/memory.current"); cur > uint64(*limit) {
 		return fmt.Errorf("memory limit %d is below what the sandbox uses (%d bytes) and cannot give back: nothing changed", *limit, cur)
