@@ -19,6 +19,7 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/guestkernel"
 	"github.com/warrenrl/warren/internal/image"
@@ -410,7 +411,11 @@ func vmSnapshots(ctx context.Context, s *vmSetup, rep *VMReport) error {
 func vmSnapshot(ctx context.Context, s *vmSetup, name string, disk int64, pmem bool) (VMSnapshot, error) {
 	snap := VMSnapshot{Config: name}
 	s.seq++
-	b, err := microvm.New(microvm.Options{StateDir: filepath.Join(s.dir, "backend"+strconv.Itoa(s.seq)), QEMU: s.qemu, GuestAgent: s.cfg.GuestAgent, KVM: s.cfg.KVM, PMEM: pmem})
+	// A parent of its own: a daemon's sweep of "warren" would take the
+	// bench's VMs.
+	parent := fmt.Sprintf("warren-bench-vm-%d-%d", os.Getpid(), s.seq)
+	defer func() { _ = cgroups.RemoveParent(parent) }()
+	b, err := microvm.New(microvm.Options{StateDir: filepath.Join(s.dir, "backend"+strconv.Itoa(s.seq)), QEMU: s.qemu, GuestAgent: s.cfg.GuestAgent, KVM: s.cfg.KVM, PMEM: pmem, CgroupParent: parent})
 	if err != nil {
 		return snap, err
 	}

@@ -44,6 +44,11 @@ type Resources struct {
 	CPUMillis   int64
 	MemoryBytes int64
 	PidsMax     int64
+	// AnyDevice leaves device access unconfined: a VM's QEMU opens
+	// /dev/kvm, /dev/net/tun and vhost nodes, which the sandboxes'
+	// whitelist (allowedDevices) refuses, while its guest reaches no
+	// device node of the node.
+	AnyDevice bool
 }
 
 // Group is one sandbox's control group.
@@ -212,7 +217,10 @@ func deviceRules() []specs.LinuxDeviceCgroup {
 }
 
 func spec(r Resources) *specs.LinuxResources {
-	out := &specs.LinuxResources{Devices: deviceRules()}
+	out := &specs.LinuxResources{}
+	if !r.AnyDevice {
+		out.Devices = deviceRules()
+	}
 	if r.MemoryBytes > 0 {
 		out.Memory = &specs.LinuxMemory{Limit: i64(r.MemoryBytes)}
 		if v1SwapAccounting() {
@@ -287,12 +295,14 @@ func newHybrid(parent, name string, r Resources) (Group, error) {
 		_ = unix.Rmdir(g.udir())
 		return nil, errNoHybrid
 	}
-	devices, err := sharedDevices(parent)
-	if err != nil {
-		_ = os.Remove(g.udir())
-		return nil, err
+	if !r.AnyDevice {
+		devices, err := sharedDevices(parent)
+		if err != nil {
+			_ = os.Remove(g.udir())
+			return nil, err
+		}
+		g.devices = devices
 	}
-	g.devices = devices
 	res := spec(r)
 	res.Devices = nil
 	if _, err := cgroup1.New(cgroup1.StaticPath(path), res, cgroup1.WithHierarchy(v1Hierarchy(hybridSubsystems))); err != nil {

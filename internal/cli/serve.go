@@ -467,7 +467,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		}
 		// VMs share the container backend's sandbox networking: one
 		// subnet, table and resolver per daemon.
-		vb, err := microvm.New(microvm.Options{StateDir: filepath.Join(stateDir, "microvm"), GuestAgent: agent, Network: ctr.Network(), PMEM: o.microVMPmem})
+		vb, err := microvm.New(microvm.Options{StateDir: filepath.Join(stateDir, "microvm"), GuestAgent: agent, Network: ctr.Network(), PMEM: o.microVMPmem, CgroupParent: o.cgroupParent})
 		if err != nil {
 			log.Info("no microvm backend", "err", err)
 		} else {
@@ -475,7 +475,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		}
 	}
 	if o.fullVM {
-		fb, err := fullvm.New(fullvm.Options{StateDir: filepath.Join(stateDir, "fullvm"), ImageDir: o.fullVMImage})
+		fb, err := fullvm.New(fullvm.Options{StateDir: filepath.Join(stateDir, "fullvm"), ImageDir: o.fullVMImage, CgroupParent: o.cgroupParent})
 		if err != nil {
 			log.Info("no fullvm backend", "err", err)
 		} else {

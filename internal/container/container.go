@@ -882,7 +882,11 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 		return err
 	}
 	for _, g := range groups {
-		ids[g] = true
+		// Not a sandbox id: a VM's QEMU group ("microvm:<id>"), which
+		// its own backend sweeps.
+		if backend.ValidID(g) {
+			ids[g] = true
+		}
 	}
 	var errs []error
 	for id := range ids {

@@ -27,6 +27,7 @@ import (
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/microvm"
 	"github.com/warrenrl/warren/internal/qmp"
+	"github.com/warrenrl/warren/internal/qos"
 )
 
 // Name is the backend's name in CreateRequest.backend.
@@ -64,6 +65,9 @@ type Options struct {
 	// firmware's and the boot loader's part of the boot) instead of by
 	// the image's own boot loader.
 	DirectKernel bool
+	// CgroupParent is the parent of the VMs' QEMU cgroups (the container
+	// backend's: microvm.NewHostGroup); default "warren".
+	CgroupParent string
 }
 
 // Backend runs sandboxes as full VMs (backend.Backend).
@@ -135,8 +139,8 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, errdefs.Unsupportedf("fullvm: devices and host mounts are not passed into VMs")
 	case !spec.Network.IsNone():
 		return nil, errdefs.Unsupportedf("fullvm: network policy %s: VMs have no network (mode none only)", spec.Network)
-	case spec.QoS.Latency():
-		return nil, errdefs.Unsupportedf("fullvm: QoS class ls is not implemented for VMs; use class be")
+	case qos.Check(spec.QoS) != nil:
+		return nil, qos.Check(spec.QoS)
 	case len(spec.Layers) == 0:
 		// The root is the fullvm disk image, not the layers; a create
 		// without an image's layers is refused all the same, as on every
@@ -190,9 +194,19 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if err != nil {
 		return nil, err
 	}
+	grp, err := microvm.NewHostGroup(microvm.HostGroup{Parent: b.opts.CgroupParent, Backend: Name, ID: spec.ID,
+		GuestMB: mem, CPUs: cpus, KVM: b.opts.KVM, CPUMillis: spec.CPUMillis, QoS: spec.QoS})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = grp.Delete() // gone already if QEMU ran
+		}
+	}()
 	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
 	defer cancel()
-	v, err := microvm.Boot(bctx, microvm.Config{QEMU: b.opts.QEMU, Dir: dir, Args: args})
+	v, err := microvm.Boot(bctx, microvm.Config{QEMU: b.opts.QEMU, Dir: dir, Args: args, Cgroup: grp})
 	if err != nil {
 		if ctx.Err() == nil && bctx.Err() != nil {
 			return nil, errdefs.Wrap(errdefs.Unavailable, err, fmt.Sprintf("fullvm: the guest's agent did not answer within %v (a loaded node boots slowly under TCG)", bootTimeout))
@@ -213,7 +227,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 			return nil, err
 		}
 	}
-	return &sandbox{Sandbox: microvm.NewSandbox(spec.ID, v, spec.Env, spec.Workdir, rl), dir: dir}, nil
+	if err := microvm.Isolate(v.Pid(), spec.QoS); err != nil {
+		return nil, err
+	}
+	return &sandbox{Sandbox: microvm.NewSandbox(spec.ID, v, spec.Env, spec.Workdir, rl, spec.CPUMillis), dir: dir}, nil
 }
 
 // setHostname sets the guest's, as a container's is set.
@@ -286,6 +303,9 @@ type vmState struct {
 	Env     []string       `json:"env,omitempty"`
 	Cwd     string         `json:"cwd,omitempty"`
 	Rlimits []guest.Rlimit `json:"rlimits,omitempty"`
+	// Group: QEMU runs in a host cgroup of its own with this CPU quota.
+	Group     bool  `json:"group,omitempty"`
+	CPUMillis int64 `json:"cpu_millis,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon booted, through an agent port of
@@ -303,9 +323,14 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 	pids := microvm.QEMUPids(dir, st.Pid)
 	if len(pids) == 0 {
 		_ = os.RemoveAll(dir)
+		_ = microvm.RemoveHostGroup(b.opts.CgroupParent, Name, id)
 		return nil, errdefs.NotFoundf("fullvm: sandbox %s: its VM is gone", id)
 	}
-	v, err := microvm.Attach(ctx, microvm.Config{QEMU: b.opts.QEMU, Dir: dir}, pids[0])
+	cfg := microvm.Config{QEMU: b.opts.QEMU, Dir: dir}
+	if st.Group {
+		cfg.Cgroup = microvm.LoadHostGroup(b.opts.CgroupParent, Name, id)
+	}
+	v, err := microvm.Attach(ctx, cfg, pids[0])
 	if errors.Is(err, errdefs.ErrNotFound) {
 		b.stopOrphan(id)
 		return nil, err
@@ -313,7 +338,7 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 	if err != nil {
 		return nil, err
 	}
-	sb := &sandbox{Sandbox: microvm.NewSandbox(id, v, st.Env, st.Cwd, st.Rlimits), dir: dir}
+	sb := &sandbox{Sandbox: microvm.NewSandbox(id, v, st.Env, st.Cwd, st.Rlimits, st.CPUMillis), dir: dir}
 	c, err := qmp.Dial(ctx, filepath.Join(dir, microvm.QMPSocket))
 	if err != nil {
 		v.Close()
@@ -343,7 +368,8 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 			b.stopOrphan(e.Name())
 		}
 	}
-	return nil
+	// The cgroups of QEMUs gone while no daemon ran.
+	return microvm.SweepHostGroups(b.opts.CgroupParent, Name, keep)
 }
 
 // stopOrphan kills VM id's QEMU and removes its directory.
@@ -359,6 +385,7 @@ func (b *Backend) stopOrphan(id string) {
 		}
 	}
 	_ = os.RemoveAll(dir)
+	_ = microvm.RemoveHostGroup(b.opts.CgroupParent, Name, id)
 }
 
 // sandbox is one full VM: microvm's sandbox (exec, files, background

@@ -9,6 +9,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/backend/conformance"
+	"github.com/warrenrl/warren/internal/cgroups"
 )
 
 // TestConformance runs the shared backend suite on full VMs. Not in the
@@ -22,8 +23,9 @@ func TestConformance(t *testing.T) {
 	img := testImage(t)
 	state := t.TempDir()
 	conformance.Run(t, conformance.Harness{
+		FixedCPUs: true,
 		New: func(t *testing.T) backend.Backend {
-			b, err := New(Options{StateDir: state, ImageDir: img})
+			b, err := New(Options{StateDir: state, CgroupParent: testCgroupParent, ImageDir: img})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -43,6 +45,10 @@ func TestConformance(t *testing.T) {
 				if err == nil && strings.Contains(string(b), state) {
 					out = append(out, "process "+strings.ReplaceAll(string(b), "\x00", " ")[:40])
 				}
+			}
+			groups, _ := cgroups.List(testCgroupParent)
+			for _, g := range groups {
+				out = append(out, "cgroup "+g)
 			}
 			return out
 		},

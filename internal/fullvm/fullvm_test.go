@@ -81,7 +81,7 @@ func differ(a, b image.Image) int {
 func TestFullVMBootsToAgentAndScreen(t *testing.T) {
 	img := testImage(t)
 	state := t.TempDir()
-	b, err := New(Options{StateDir: state, ImageDir: img})
+	b, err := New(Options{StateDir: state, CgroupParent: testCgroupParent, ImageDir: img})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestFullVMBootsToAgentAndScreen(t *testing.T) {
 func TestFullVMDirectKernelBoots(t *testing.T) {
 	img := testImage(t)
 	state := t.TempDir()
-	b, err := New(Options{StateDir: state, ImageDir: img, DirectKernel: true})
+	b, err := New(Options{StateDir: state, CgroupParent: testCgroupParent, ImageDir: img, DirectKernel: true})
 	if err != nil {
 		t.Fatal(err)
 	}

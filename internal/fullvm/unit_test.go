@@ -50,7 +50,7 @@ var testLayers = []backend.Layer{{Digest: "sha256:unused"}}
 
 func TestCreateWithoutImageNamesTheScript(t *testing.T) {
 	state := t.TempDir()
-	b, err := New(Options{StateDir: state, QEMU: "/bin/true", QEMUImg: "/bin/true", ImageDir: t.TempDir() + "/none"})
+	b, err := New(Options{StateDir: state, CgroupParent: testCgroupParent, QEMU: "/bin/true", QEMUImg: "/bin/true", ImageDir: t.TempDir() + "/none"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,8 @@ func (s *server) cgroupStats(st net.Conn) {
 	cs.CPUUsec = keyed(sandboxCgroupDir+"/cpu.stat", "usage_usec")
 	cs.Pids = single(sandboxCgroupDir + "/pids.current")
 	cs.MemoryBytes = single(sandboxCgroupDir + "/memory.current")
+	cs.MemoryMax = single(sandboxCgroupDir + "/memory.max") // "max" reads 0
+	cs.PidsMax = single(sandboxCgroupDir + "/pids.max")
 	b, _ := json.Marshal(cs)
 	_ = WriteFrame(st, KindExit, b)
 }

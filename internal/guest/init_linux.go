@@ -256,6 +256,8 @@ func (s *server) serve(st net.Conn) {
 		s.bgStdin(st, br, req)
 	case "bg_closein", "bg_signal", "bg_resize", "bg_forget":
 		s.bgCall(st, req)
+	case "limits":
+		s.setLimits(st, req.Limits)
 	case "restored":
 		restored(st, req.Restored)
 	case "network":

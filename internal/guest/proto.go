@@ -76,6 +76,9 @@ type Request struct {
 	// Restored is "restored"'s: the host restored the VM from a
 	// checkpoint (restore_linux.go).
 	Restored *Restored `json:"restored,omitempty"`
+	// Limits are "limits"'s: new limits of the sandbox's cgroup in the
+	// guest (limits_linux.go).
+	Limits *Limits `json:"limits,omitempty"`
 	// Network is "network"'s: eth0's address and gateway for a VM
 	// restored on another tap (restore_linux.go).
 	Network *Network `json:"network,omitempty"`
@@ -215,4 +218,15 @@ type CgroupStats struct {
 	Pids        uint64 `json:"pids"`      // pids.current
 	MemoryBytes uint64 `json:"memory"`    // memory.current
 	CPUUsec     uint64 `json:"cpu_usec"`  // cpu.stat usage_usec
+	// The limits (0: none): memory.max, pids.max.
+	MemoryMax uint64 `json:"memory_max,omitempty"`
+	PidsMax   uint64 `json:"pids_max,omitempty"`
+}
+
+// Limits change the sandbox cgroup's limits in the guest ("limits"): a
+// nil field is left as it is, 0 lifts the limit. The agent writes them
+// all or none; the 'x' frame is an empty object.
+type Limits struct {
+	MemoryBytes *int64 `json:"memory_bytes,omitempty"`
+	PidsMax     *int64 `json:"pids_max,omitempty"`
 }

@@ -68,6 +68,11 @@ func Attach(ctx context.Context, cfg Config, pid int) (_ *VM, err error) {
 		v.err = errors.New("the agent's session ended")
 		close(v.done)
 	}()
+	if cfg.Cgroup != nil {
+		if err := v.watchCgroup(); err != nil {
+			return nil, err
+		}
+	}
 	return v, nil
 }
 
@@ -151,6 +156,28 @@ func unplugStale(ctx context.Context, c *qmp.Client, dir string) {
 			}
 		}
 	}
+}
+
+// watchCgroup removes an attached VM's cgroup once its QEMU is gone, as
+// startQEMU's waiter does for a VM this daemon booted (QEMU is not its
+// child: its pidfd says when it exits).
+func (v *VM) watchCgroup() error {
+	fd, err := unix.Dup(v.pidfd)
+	if err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "microvm: watch the VM's QEMU")
+	}
+	v.cgDone = make(chan struct{})
+	go func() {
+		defer unix.Close(fd)
+		for {
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			if n, err := unix.Poll(fds, -1); n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
+				break
+			}
+		}
+		v.removeCgroup()
+	}()
+	return nil
 }
 
 // isQEMUOf reports whether process pid is the QEMU of the VM in dir (its

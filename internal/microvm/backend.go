@@ -16,12 +16,14 @@ import (
 	"time"
 
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/guestkernel"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/qmp"
+	"github.com/warrenrl/warren/internal/qos"
 	"github.com/warrenrl/warren/internal/rlimit"
 )
 
@@ -51,6 +53,10 @@ type Options struct {
 	// (pmem.go): one copy of a layer on the node, the host's page cache,
 	// for every VM; the machine gets pcie=on.
 	PMEM bool
+	// CgroupParent is the parent of the VMs' QEMU cgroups: the container
+	// backend's (the daemon's --cgroup-parent; default "warren"), whose
+	// sandboxes' groups they are siblings of (vmcg.go).
+	CgroupParent string
 }
 
 // DefaultGuestAgent is where the guest agent is looked for when none is
@@ -85,6 +91,9 @@ func New(opts Options) (*Backend, error) {
 			return nil, errdefs.Unsupportedf("microvm: no qemu-system-x86_64 (scripts/vm.sh installs it)")
 		}
 		opts.QEMU = p
+	}
+	if opts.CgroupParent == "" {
+		opts.CgroupParent = defaultCgroupParent
 	}
 	if opts.KernelDir == "" {
 		opts.KernelDir = guestkernel.Dir
@@ -123,10 +132,8 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		// No node networking given: a policy that allows anything is
 		// refused, not dropped.
 		return nil, errdefs.Unsupportedf("microvm: network policy %s: this backend has no sandbox networking (mode none only)", spec.Network)
-	case spec.QoS.Latency():
-		// QEMU runs in the daemon's cgroup, not one of the VM's own that
-		// a class could weigh: refused rather than ignored.
-		return nil, errdefs.Unsupportedf("microvm: QoS class ls is not implemented for VMs yet (their QEMU has no cgroup of its own); use the container backend or class be")
+	case qos.Check(spec.QoS) != nil:
+		return nil, qos.Check(spec.QoS)
 	case len(spec.Layers) == 0:
 		return nil, errdefs.Invalidf("microvm: no layers")
 	}
@@ -172,10 +179,16 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	var cu cleanup.Cleanup
 	defer func() { _ = cu.Clean() }()
 	cu.Add(func() error { return os.RemoveAll(b.vmDir(spec.ID)) })
+	grp, err := b.hostGroup(spec, mem, cpus)
+	if err != nil {
+		return nil, err
+	}
+	cu.Add(grp.Delete) // until QEMU is in it: then it goes with QEMU
 	cfg := Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent,
 		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: mem, CPUs: cpus, KVM: b.opts.KVM, PMEM: b.opts.PMEM,
-		Hostname: hostname, CacheDir: b.opts.StateDir, SandboxMemory: spec.MemoryBytes, SandboxPids: spec.PidsMax, Rlimits: rl}
-	st := vmState{Env: spec.Env, Cwd: spec.Workdir, Rlimits: rl}
+		Hostname: hostname, CacheDir: b.opts.StateDir, SandboxMemory: spec.MemoryBytes, SandboxPids: spec.PidsMax, Rlimits: rl,
+		Cgroup: grp}
+	st := vmState{Env: spec.Env, Cwd: spec.Workdir, Rlimits: rl, Group: true, CPUMillis: spec.CPUMillis, MemoryMB: mem}
 	if spec.DiskBytes > 0 {
 		cfg.Disk = diskImage(cfg.Dir)
 		if err := makeDisk(cfg.Disk, spec.DiskBytes); err != nil {
@@ -200,6 +213,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	if err != nil {
 		return nil, err
 	}
+	if err := isolate(v.Pid(), spec.QoS); err != nil {
+		v.Close()
+		return nil, err
+	}
 	var digests []string
 	for i := len(spec.Layers) - 1; i >= 0; i-- {
 		digests = append(digests, spec.Layers[i].Digest)
@@ -209,11 +226,28 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 	return b.newSandbox(spec.ID, v, st), nil
 }
 
+// hostGroup makes the host cgroup of a VM of spec with guestMB of memory
+// and cpus vCPUs (vmcg.go).
+func (b *Backend) hostGroup(spec backend.Spec, guestMB, cpus int) (cgroups.Group, error) {
+	return NewHostGroup(HostGroup{Parent: b.opts.CgroupParent, Backend: Name, ID: spec.ID,
+		GuestMB: guestMB, CPUs: cpus, KVM: b.opts.KVM, CPUMillis: spec.CPUMillis, QoS: spec.QoS})
+}
+
 func (b *Backend) newSandbox(id string, v *VM, st vmState) *sandbox {
 	exited, cancel := context.WithCancel(context.Background())
-	go func() { <-v.done; cancel() }()
+	go func() {
+		<-v.done
+		if v.cgDone != nil {
+			<-v.cgDone // its cgroup goes with it
+		}
+		cancel()
+	}()
+	if st.MemoryMB == 0 {
+		st.MemoryMB = v.cfg.MemoryMB
+	}
 	return &sandbox{id: id, vm: v, exited: exited, env: st.Env, cwd: st.Cwd, rlimits: st.Rlimits,
-		net: b.opts.Network, att: st.Net, disk: st.Disk, digests: st.Digests}
+		net: b.opts.Network, att: st.Net, disk: st.Disk, digests: st.Digests,
+		cpuMillis: st.CPUMillis, memoryMB: st.MemoryMB}
 }
 
 // guestRlimits are the limits of a sandbox's processes as the agent sets
@@ -248,6 +282,12 @@ type vmState struct {
 	Disk bool `json:"disk,omitempty"`
 	// Digests are the layers', bottom first (a checkpoint names them).
 	Digests []string `json:"digests,omitempty"`
+	// Group says QEMU runs in a host cgroup of its own (vmcg.go), whose
+	// CPU quota is CPUMillis; MemoryMB is the guest's memory (the most
+	// an update may give the sandbox: Update).
+	Group     bool  `json:"group,omitempty"`
+	CPUMillis int64 `json:"cpu_millis,omitempty"`
+	MemoryMB  int   `json:"memory_mb,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon (or handle) booted, through a port
@@ -280,12 +320,18 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 	pids := qemuPids(dir, st.Pid)
 	if len(pids) == 0 {
 		_ = os.RemoveAll(dir)
+		_ = RemoveHostGroup(b.opts.CgroupParent, Name, id)
 		gone()
 		return nil, errdefs.NotFoundf("microvm: sandbox %s: its VM is gone", id)
 	}
-	v, err := Attach(ctx, Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent, Dir: dir, KVM: b.opts.KVM}, pids[0])
+	cfg := Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent, Dir: dir, KVM: b.opts.KVM, MemoryMB: st.MemoryMB}
+	if st.Group {
+		cfg.Cgroup = LoadHostGroup(b.opts.CgroupParent, Name, id)
+	}
+	v, err := Attach(ctx, cfg, pids[0])
 	if errors.Is(err, errdefs.ErrNotFound) {
 		b.stopOrphan(id, 0)
+		_ = RemoveHostGroup(b.opts.CgroupParent, Name, id)
 		gone()
 		return nil, err
 	}
@@ -312,6 +358,11 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 		if !keep[e.Name()] {
 			b.stopOrphan(e.Name(), 0)
 		}
+	}
+	// The cgroups of QEMUs gone while no daemon ran, and of creates a
+	// crash interrupted.
+	if err := SweepHostGroups(b.opts.CgroupParent, Name, keep); err != nil {
+		return err
 	}
 	// The orphans' taps went with their QEMU; their rules, and the taps
 	// of creates a crash interrupted, go here.
@@ -374,6 +425,13 @@ type sandbox struct {
 	net  *netpolicy.Node
 	att  *netpolicy.Attachment
 	disk bool
+	// cpuMillis is the host cgroup's CPU quota (0: none), memoryMB the
+	// guest's memory (0: unknown); updates change the first (update.go).
+	cpuMillis int64
+	memoryMB  int
+	// whole: the guest is the sandbox (internal/fullvm), no cgroup of
+	// its own inside.
+	whole bool
 }
 
 var _ backend.OOMCounter = (*sandbox)(nil)
@@ -402,7 +460,8 @@ func (s *sandbox) OOMKills() (uint64, error) {
 func (s *sandbox) ID() string { return s.id }
 
 func (s *sandbox) State() []byte {
-	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits, Net: s.att, Disk: s.disk, Digests: s.digests})
+	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits, Net: s.att, Disk: s.disk, Digests: s.digests,
+		Group: s.vm.cfg.Cgroup != nil, CPUMillis: s.cpuMillis, MemoryMB: s.memoryMB})
 	return b
 }
 
@@ -418,18 +477,28 @@ func (s *sandbox) Start(ctx context.Context, p backend.ProcSpec) (backend.Proces
 
 func (s *sandbox) Exited() context.Context { return s.exited }
 
-// Stats are the VM's on the node, from its QEMU process: its memory
-// (MemoryUse: the guest memory it touched and its own) and CPU time; and
-// the sandbox's cgroup's in the guest: OOM kills and processes (not while
+// Stats are the VM's on the node: its memory, what its QEMU cgroup is
+// charged (the guest memory QEMU touched, its own, the page cache of
+// its disks: what the cgroup's limit holds it to), or without a cgroup
+// the QEMU process's proportional set size; its CPU time; and the
+// sandbox's cgroup's in the guest: OOM kills and processes (not while
 // paused: the agent answers nothing then).
 func (s *sandbox) Stats() (backend.Stats, error) {
 	pid := s.vm.Pid()
 	var st backend.Stats
-	use, err := processMemory(pid)
-	if err != nil {
-		return st, err
+	if g := s.vm.cfg.Cgroup; g != nil {
+		gs, err := g.Stats()
+		if err != nil {
+			return st, errdefs.Wrap(errdefs.Unavailable, err, "read the VM's cgroup")
+		}
+		st.MemoryBytes, st.MemoryCache = gs.MemoryBytes, gs.MemoryCache
+	} else {
+		use, err := processMemory(pid)
+		if err != nil {
+			return st, err
+		}
+		st.MemoryBytes, st.MemoryCache = use.Bytes, use.File
 	}
-	st.MemoryBytes, st.MemoryCache = use.Bytes, use.File
 	if !s.paused.Load() {
 		cs, err := s.cgroupStats()
 		if err != nil {

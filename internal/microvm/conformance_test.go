@@ -10,6 +10,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/backend/conformance"
+	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/netpolicy"
 )
 
@@ -28,6 +29,8 @@ func TestConformance(t *testing.T) {
 	conformance.Run(t, conformance.Harness{
 		// Guests under TCG on a node loaded by the rest of the tests.
 		Patience: time.Minute,
+		// vCPUs are fixed at boot: an update changes the host quota.
+		FixedCPUs: true,
 		New: func(t *testing.T) backend.Backend {
 			// Each backend its own node, as each daemon: the suite
 			// adopts and sweeps with fresh ones.
@@ -56,6 +59,10 @@ func TestConformance(t *testing.T) {
 				if err == nil && strings.Contains(string(b), state) {
 					out = append(out, "process "+strings.ReplaceAll(string(b), "\x00", " ")[:40])
 				}
+			}
+			groups, _ := cgroups.List(defaultCgroupParent)
+			for _, g := range groups {
+				out = append(out, "cgroup "+g)
 			}
 			return append(out, networkResources(t, netOpts)...)
 		},

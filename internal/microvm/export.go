@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/rlimit"
 )
@@ -22,8 +23,12 @@ type Sandbox = sandbox
 
 // NewSandbox makes the sandbox of VM v; env and cwd are its processes'
 // defaults, rl their limits (each call to the agent carries them).
-func NewSandbox(id string, v *VM, env []string, cwd string, rl []guest.Rlimit) *Sandbox {
-	return (&Backend{}).newSandbox(id, v, vmState{Env: env, Cwd: cwd, Rlimits: rl})
+// The whole guest is the sandbox: its memory and pids are the VM's, fixed
+// at boot; cpuMillis is its QEMU cgroup's CPU quota (Config.Cgroup).
+func NewSandbox(id string, v *VM, env []string, cwd string, rl []guest.Rlimit, cpuMillis int64) *Sandbox {
+	s := (&Backend{}).newSandbox(id, v, vmState{Env: env, Cwd: cwd, Rlimits: rl, CPUMillis: cpuMillis})
+	s.whole = true
+	return s
 }
 
 // GuestRlimits are the limits of a sandbox's processes as the agent sets
@@ -39,3 +44,7 @@ func (s *sandbox) MarkPaused() { s.paused.Store(true) }
 
 // VMPid is the VM's QEMU's.
 func (s *sandbox) VMPid() int { return s.vm.Pid() }
+
+// Isolate gives a latency-sensitive VM's QEMU a core-scheduling cookie of
+// its own where the kernel has core scheduling.
+func Isolate(pid int, q backend.QoS) error { return isolate(pid, q) }

@@ -435,11 +435,22 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 		cfg.Net = &Net{Tap: tap, Addr: addr, Gateway: gw, Resolv: len(spec.Etc) > 0}
 		st.Net = &a
 	}
+	// A restored QEMU gets a cgroup of its own as a booted one does, for
+	// the restore's CPU quota and class (the memory is the checkpoint's).
+	if cfg.Cgroup, err = b.hostGroup(spec, sv.MemoryMB, sv.CPUs); err != nil {
+		return nil, err
+	}
+	cu.Add(func() error { _ = cfg.Cgroup.Delete(); return nil }) // gone already if QEMU ran
 	v, err := restoreVM(ctx, cfg, spec.Restore, sv.Ports)
 	if err != nil {
 		return nil, err
 	}
+	if err := isolate(v.Pid(), spec.QoS); err != nil {
+		v.Close()
+		return nil, err
+	}
 	cu.Release()
+	st.Group, st.CPUMillis, st.MemoryMB = true, spec.CPUMillis, sv.MemoryMB
 	sb := b.newSandbox(spec.ID, v, st)
 	sb.digests = sv.Layers
 	return sb, nil

@@ -34,6 +34,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/guestkernel"
@@ -86,6 +87,9 @@ type Config struct {
 	// internal/fullvm), which must give the agent's port on Dir's
 	// AgentSocket and QMP on its QMPSocket; no initramfs is built.
 	Args []string
+	// Cgroup, if set, is the VM's host cgroup (NewHostGroup): QEMU joins
+	// it before it runs (startQEMU), and it is removed once QEMU is gone.
+	Cgroup cgroups.Group
 }
 
 // VM is a running microVM.
@@ -101,6 +105,10 @@ type VM struct {
 	done  chan struct{} // closed when QEMU exited
 	err   error         // its exit, once done
 	once  sync.Once
+	// cgDone is closed once QEMU is gone and its cgroup removed (cgErr
+	// the removal's error); nil without a cgroup.
+	cgDone chan struct{}
+	cgErr  error
 	// Ready is how long the boot took, to the agent's first answer.
 	Ready time.Duration
 	// GuestUptime is the guest kernel's uptime at its first answer.
@@ -161,8 +169,20 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 // the daemon's group is not the VM's. No parent-death signal (it follows
 // the thread that forked, which the Go runtime may end): a daemon that
 // dies leaves the VM, and the next one stops it (Backend.Adopt, Sweep).
+// With cfg.Cgroup, QEMU starts in it (cgroupShim).
 func startQEMU(cfg Config, args []string, extra []*os.File) (*VM, error) {
 	cmd := exec.Command(cfg.QEMU, args...)
+	var goAhead *os.File
+	if cfg.Cgroup != nil {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Internal, err, "start qemu")
+		}
+		defer r.Close()
+		defer w.Close()
+		cmd = exec.Command("/bin/sh", append([]string{"-c", cgroupShim, "qemu", cfg.QEMU}, args...)...)
+		cmd.Stdin, goAhead = r, w
+	}
 	cmd.ExtraFiles = extra
 	console, err := os.Create(filepath.Join(cfg.Dir, "console.log"))
 	if err != nil {
@@ -175,11 +195,48 @@ func startQEMU(cfg Config, args []string, extra []*os.File) (*VM, error) {
 		return nil, errdefs.Wrap(errdefs.Unavailable, err, "start qemu")
 	}
 	v := &VM{cfg: cfg, cmd: cmd, pid: cmd.Process.Pid, pidfd: -1, done: make(chan struct{})}
+	if cfg.Cgroup != nil {
+		v.cgDone = make(chan struct{})
+	}
 	go func() {
 		v.err = cmd.Wait()
+		v.removeCgroup()
 		close(v.done)
 	}()
+	if goAhead == nil {
+		return v, nil
+	}
+	if err := cfg.Cgroup.AddProc(v.pid); err != nil {
+		goAhead.Close() // the shim exits without running QEMU
+		<-v.done
+		return nil, err
+	}
+	if _, err := goAhead.Write([]byte("go\n")); err != nil {
+		_ = cmd.Process.Kill()
+		<-v.done
+		return nil, errdefs.Wrap(errdefs.Internal, err, "start qemu in its cgroup")
+	}
 	return v, nil
+}
+
+// cgroupShim is the shell that becomes QEMU once the host has put it in
+// the VM's cgroup: it waits for "go" on its standard input, then execs
+// QEMU in its place (the same pid), so that every page and thread QEMU
+// makes is the VM's cgroup's from its first instruction (v1 moves no
+// charge with a process, and the memory and cpu hierarchies are v1
+// here). A pipe closed without it ends the shell before QEMU runs.
+const cgroupShim = `read -r go && [ "$go" = go ] && exec "$@" </dev/null`
+
+// removeCgroup removes the VM's cgroup once QEMU is gone (a crash, or
+// Close): a group left behind would outlive its sandbox.
+func (v *VM) removeCgroup() {
+	if v.cfg.Cgroup == nil {
+		return
+	}
+	// QEMU forks nothing; Kill finds the group empty unless something
+	// joined it meanwhile.
+	v.cgErr = dropGroup(v.cfg.Cgroup)
+	close(v.cgDone)
 }
 
 // connect reaches the agent on the port socket sock and waits for its
@@ -429,8 +486,18 @@ func (v *VM) Close() error {
 		} else {
 			killPidfd(v.pidfd)
 		}
+		if v.cgDone != nil {
+			select {
+			case <-v.cgDone:
+			case <-time.After(20 * time.Second): // killPidfd's bound, twice
+				v.cgErr = errors.New("QEMU did not exit")
+			}
+		}
 		_ = os.RemoveAll(v.cfg.Dir)
 	})
+	if v.cgErr != nil {
+		return errdefs.Wrap(errdefs.Internal, v.cgErr, "remove the VM's cgroup")
+	}
 	return nil
 }
 

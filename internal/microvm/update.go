@@ -1,0 +1,109 @@
+package microvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/guest"
+	"github.com/warrenrl/warren/internal/qos"
+)
+
+var _ backend.Updater = (*sandbox)(nil)
+
+// MaxSandboxMemory is the most memory a sandbox in a VM of guestMB may be
+// given: the VM's memory less what the guest keeps for itself
+// (guestOverheadMB). Guest memory is fixed at boot.
+func MaxSandboxMemory(guestMB int) int64 {
+	return int64(max(guestMB-guestOverheadMB, 0)) << 20
+}
+
+// Update changes a running VM's limits, all or none: the QoS class and
+// CPU quota of its QEMU cgroup on the host, then the memory and pids
+// limits of the sandbox's cgroup in the guest (through the agent, which
+// writes them all or none); a failed guest step puts the host's back.
+// Everything is checked first: a memory limit beyond what the VM booted
+// with (MaxSandboxMemory) is Invalid, a network policy Unsupported (the
+// VM's tap keeps the rules it was made with), and nothing changes.
+func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
+	if err := s.checkUpdate(u); err != nil {
+		return err
+	}
+	grp := s.vm.cfg.Cgroup
+	if u.QoS != nil {
+		undo, err := qos.Replace(grp, func() []int { return []int{s.vm.Pid()} }, *u.QoS)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if retErr != nil {
+				if err := undo(); err != nil {
+					retErr = errors.Join(retErr, fmt.Errorf("restore QoS class: %w", err))
+				}
+			}
+		}()
+	}
+	if u.CPUMillis != nil {
+		old := s.cpuMillis
+		if err := grp.SetLimits(cgroups.Limits{CPUMillis: u.CPUMillis}); err != nil {
+			return err
+		}
+		defer func() {
+			if retErr != nil {
+				if err := grp.SetLimits(cgroups.Limits{CPUMillis: &old}); err != nil {
+					retErr = errors.Join(retErr, fmt.Errorf("restore CPU quota: %w", err))
+				}
+			}
+		}()
+	}
+	if u.MemoryBytes != nil || u.PidsMax != nil {
+		var r struct{}
+		if err := s.vm.call(ctx, guest.Request{Op: "limits", Limits: &guest.Limits{MemoryBytes: u.MemoryBytes, PidsMax: u.PidsMax}}, nil, &r); err != nil {
+			return errdefs.Wrap(errdefs.CategoryOf(err), err, "microvm: sandbox "+s.id+": limits in the guest")
+		}
+	}
+	if u.CPUMillis != nil {
+		s.cpuMillis = *u.CPUMillis
+	}
+	return nil
+}
+
+// checkUpdate refuses what Update cannot apply, before anything changes.
+func (s *sandbox) checkUpdate(u backend.Update) error {
+	select {
+	case <-s.exited.Done():
+		return errdefs.Conflictf("microvm: sandbox %s is not running", s.id)
+	default:
+	}
+	if u.Network != nil {
+		return errdefs.Unsupportedf("microvm: the network policy of a running VM cannot change (its tap keeps the rules it was made with); make a new sandbox")
+	}
+	if u.QoS != nil {
+		if err := qos.Check(*u.QoS); err != nil {
+			return err
+		}
+	}
+	if (u.QoS != nil || u.CPUMillis != nil) && s.vm.cfg.Cgroup == nil {
+		return errdefs.Unsupportedf("microvm: sandbox %s's QEMU has no cgroup of its own (booted by an earlier version): its CPU quota and class cannot change", s.id)
+	}
+	if s.whole && (u.MemoryBytes != nil || u.PidsMax != nil) {
+		return errdefs.Unsupportedf("sandbox %s: the whole VM is the sandbox: its memory and processes are bounded by the VM it booted", s.id)
+	}
+	if u.MemoryBytes != nil {
+		most := MaxSandboxMemory(s.memoryMB)
+		switch {
+		case s.memoryMB == 0:
+			return errdefs.Unsupportedf("microvm: sandbox %s's VM memory is unknown (booted by an earlier version): its memory limit cannot change", s.id)
+		case *u.MemoryBytes == 0 || *u.MemoryBytes > most:
+			return errdefs.Invalidf("microvm: memory limit %d bytes: the VM booted with %d MiB, which holds a sandbox of at most %d bytes (%d MiB); make a new sandbox for more",
+				*u.MemoryBytes, s.memoryMB, most, most>>20)
+		}
+	}
+	if (u.MemoryBytes != nil || u.PidsMax != nil) && s.paused.Load() {
+		return errdefs.Conflictf("microvm: sandbox %s is paused: its guest's limits change once it is resumed", s.id)
+	}
+	return nil
+}
