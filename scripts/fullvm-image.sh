@@ -26,9 +26,9 @@ set -euo pipefail
 DIR=${WARREN_VM_DIR:-/opt/warren/vm}/images
 SUITE=${WARREN_FULLVM_SUITE:-bookworm}
 SIZE=${WARREN_FULLVM_DISK:-4G}
-ROOTFS_VERSION=2 # bump when the rootfs stage changes
+ROOTFS_VERSION=3 # bump when the rootfs stage changes
 IMAGE_VERSION=2  # bump when the image stage changes
-PACKAGES=systemd-sysv,udev,kmod,procps,linux-image-amd64,initramfs-tools,extlinux,syslinux-common
+PACKAGES=systemd-sysv,udev,kmod,procps,iproute2,busybox,linux-image-amd64,initramfs-tools,extlinux,syslinux-common
 here=$(cd "$(dirname "$0")/.." && pwd)
 agent=${1:-$here/bin/warren-guest}
 
@@ -87,6 +87,11 @@ if [ ! -d "$rootfs" ]; then
     while read -r l; do case $l in I:\ Retrieving*|I:\ Validating*) ;; *) say "  $l" ;; esac; done; then
     die "debootstrap failed"
   fi
+  # A TCP listener and a web server for agents' (and the conformance
+  # suite's) port tests, from busybox: Debian's netcat and web servers
+  # are packages of their own, and busybox's other applets stay unlinked
+  # so Debian's commands are the ones on PATH.
+  for a in nc httpd; do ln -s /bin/busybox "$rootfs.tmp/usr/local/bin/$a"; done
   # An initrd of the drivers the root disk needs, not of most of the
   # kernel's (36 MB): the boot loader reads it through the BIOS, and the
   # initrd's udev probes what it holds, both slow under TCG.

@@ -147,6 +147,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		// backend (the daemon always passes them).
 		return nil, errdefs.Invalidf("fullvm: no layers")
 	}
+	if err := layersExist(spec.Layers); err != nil {
+		return nil, err
+	}
 	// Each command's limits ride on its call to the agent, which sets
 	// them in its trampoline before the command's exec (the agent, a
 	// systemd service, holds none of them itself).
@@ -394,4 +397,20 @@ func (b *Backend) stopOrphan(id string) {
 type sandbox struct {
 	*microvm.Sandbox
 	dir string
+}
+
+// layersExist refuses layers that are not there: unused by the VM, they
+// still name the image the sandbox was asked for, and a missing one means
+// the caller's image is broken, as on every backend.
+func layersExist(layers []backend.Layer) error {
+	for _, l := range layers {
+		p := l.Blob
+		if p == "" {
+			p = l.Dir
+		}
+		if _, err := os.Stat(p); err != nil {
+			return errdefs.Wrap(errdefs.Invalid, err, "fullvm: layer "+l.Digest)
+		}
+	}
+	return nil
 }

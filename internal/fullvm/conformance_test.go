@@ -6,6 +6,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/backend/conformance"
@@ -33,6 +34,11 @@ func TestConformance(t *testing.T) {
 		},
 		// The root is the image's disk: layers are passed, not used.
 		Layers: func(t *testing.T) []backend.Layer { return testLayers },
+		// The whole VM is the sandbox: PID 1 is the image's systemd.
+		Init:         "systemd",
+		WholeMachine: true,
+		// TCG on a loaded node, as microvm's.
+		Patience: time.Minute,
 		Resources: func(t *testing.T) []string {
 			var out []string
 			ents, _ := os.ReadDir(filepath.Join(state, "vms"))

@@ -41,13 +41,14 @@ func TestScale(t *testing.T) {
 	}
 }
 
+// testLayers stand for an image's layers, which the daemon always passes
+// and a fullvm VM does not use (its root is the disk image): a directory
+// that is there, as a missing one is refused.
+var testLayers = []backend.Layer{{Digest: "sha256:unused", Dir: "/"}}
+
 // TestCreateWithoutImageNamesTheScript: a node without the image refuses
 // a fullvm create as Unsupported, saying which script builds it, and
 // leaves no VM directory.
-// testLayers stand for an image's layers, which the daemon always passes
-// and a fullvm VM does not use (its root is the disk image).
-var testLayers = []backend.Layer{{Digest: "sha256:unused"}}
-
 func TestCreateWithoutImageNamesTheScript(t *testing.T) {
 	state := t.TempDir()
 	b, err := New(Options{StateDir: state, CgroupParent: testCgroupParent, QEMU: "/bin/true", QEMUImg: "/bin/true", ImageDir: t.TempDir() + "/none"})

@@ -38,6 +38,10 @@ func ServiceMain() error {
 	if err != nil {
 		return err
 	}
+	// systemd's service limits are the hard ones the commands' would be
+	// set under (its nproc of ~1,000 in a small VM): raised to the most
+	// here, as the init role does, so a command's trampoline only lowers.
+	raiseLimits(nil)
 	srv := &server{r: newReaper(), bg: newBGTable(), held: map[int]Rlimit{}, whole: true}
 	go srv.watchPorts(port)
 	return srv.servePort(port)
