@@ -25,13 +25,7 @@ import (
 func TestAdoptReachesTheRunningVM(t *testing.T) {
 	cfg := testConfig(t)
 	state := t.TempDir()
-	newBackend := func() *Backend {
-		b, err := New(Options{StateDir: state, QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	newBackend := backendAt(t, cfg, state)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	sb, err := newBackend().Create(ctx, backend.Spec{ID: "adopt1", Layers: []backend.Layer{{Digest: "sha256:busybox", Blob: cfg.Layers[0]}},

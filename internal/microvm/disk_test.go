@@ -136,24 +136,11 @@ func TestCheckpointCopiesTheVMsDisk(t *testing.T) {
 		}
 		return dir
 	}
-	restore := func(id, dir string) backend.Sandbox {
-		t.Helper()
-		s := spec
-		s.ID, s.Restore = id, dir
-		t0 := time.Now()
-		sb, err := b.Create(ctx, s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("restore %s: %v", id, time.Since(t0))
-		t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
-		return sb
-	}
 	dir := checkpoint(src, marker("before"))
 	if left := leftovers(state); len(left) > 0 {
 		t.Fatalf("after the checkpoint and destroy: %v", left)
 	}
-	again, fork := restore("snapdisk", dir), restore("snapdisk-fork", dir)
+	again, fork := restoreAs(ctx, t, b, spec, "snapdisk", dir), restoreAs(ctx, t, b, spec, "snapdisk-fork", dir)
 	for _, sb := range []backend.Sandbox{again, fork} {
 		if f, s := sh(t, sb, "cat /root/f /root/g"), sh(t, sb, "md5sum /root/big"); f != marker("before")+"\nunsynced\n" || s != sum {
 			t.Fatalf("%s: the files written before the checkpoint: %q, %q (want %q)", sb.ID(), f, s, sum)
@@ -183,7 +170,7 @@ func TestCheckpointCopiesTheVMsDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Checkpoint -> restore -> checkpoint -> restore.
-	third := restore("snapdisk", checkpoint(again, marker("again")))
+	third := restoreAs(ctx, t, b, spec, "snapdisk", checkpoint(again, marker("again")))
 	if f, s := sh(t, third, "cat /root/f"), sh(t, third, "md5sum /root/big"); f != marker("again")+"\n" || s != sum {
 		t.Fatalf("the second restore's files: %q, %q", f, s)
 	}

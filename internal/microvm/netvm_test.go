@@ -226,19 +226,8 @@ func TestCheckpointOfAVMWithANetwork(t *testing.T) {
 	if err := src.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	restore := func(id string) backend.Sandbox {
-		t.Helper()
-		s := spec
-		s.ID, s.Restore = id, dir
-		sb, err := b.Create(ctx, s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
-		return sb
-	}
 	// The fork first: the restore's /31 is then not its source's either.
-	fork, again := restore("vmnet-ckpt-fork"), restore("vmnet-ckpt")
+	fork, again := restoreAs(ctx, t, b, spec, "vmnet-ckpt-fork", dir), restoreAs(ctx, t, b, spec, "vmnet-ckpt", dir)
 	addrs := map[string]bool{}
 	for _, sb := range []backend.Sandbox{again, fork} {
 		addr := sb.(backend.Networked).NetworkAddress()

@@ -143,24 +143,11 @@ func TestCheckpointRestoreAndForkOfAVM(t *testing.T) {
 		t.Fatalf("after the checkpoint and destroy: %v", left)
 	}
 
-	restore := func(id string) backend.Sandbox {
-		t.Helper()
-		s := spec
-		s.ID, s.Restore = id, dir
-		t0 := time.Now()
-		sb, err := b.Create(ctx, s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("restore %s: %v", id, time.Since(t0))
-		t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
-		return sb
-	}
 	// On disk for 5 s at least: the guest's clock, which stood still
 	// meanwhile, must be set again.
 	time.Sleep(time.Until(t0.Add(5 * time.Second)))
-	again := restore("snap")
-	fork := restore("snap-fork")
+	again := restoreAs(ctx, t, b, spec, "snap", dir)
+	fork := restoreAs(ctx, t, b, spec, "snap-fork", dir)
 	for _, sb := range []backend.Sandbox{again, fork} {
 		if c := count(t, sb); c < before {
 			t.Fatalf("%s: the counter restarted: %d after %d", sb.ID(), c, before)

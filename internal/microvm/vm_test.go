@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/erofs"
 	"github.com/warrenrl/warren/internal/guestkernel"
 	"github.com/warrenrl/warren/internal/testutil"
@@ -72,5 +73,32 @@ func TestBootRunsCommandsInTheLayers(t *testing.T) {
 	}
 	if err := exec.Command("kill", "-0", "--", strconv.Itoa(pid)).Run(); err == nil {
 		t.Errorf("qemu %d still runs after Close", pid)
+	}
+}
+
+// restoreAs creates sandbox id from the checkpoint in dir with spec's
+// other fields, logs how long that took, and deletes it at the test's end.
+func restoreAs(ctx context.Context, t *testing.T, b backend.Backend, spec backend.Spec, id, dir string) backend.Sandbox {
+	t.Helper()
+	spec.ID, spec.Restore = id, dir
+	t0 := time.Now()
+	sb, err := b.Create(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restore %s: %v", id, time.Since(t0))
+	t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+	return sb
+}
+
+// backendAt returns a function making backends on one state directory:
+// each call a daemon's start.
+func backendAt(t *testing.T, cfg Config, state string) func() *Backend {
+	return func() *Backend {
+		b, err := New(Options{StateDir: state, QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
 	}
 }

@@ -199,13 +199,7 @@ func TestVMHostCgroupLimitsAndUpdate(t *testing.T) {
 func TestVMCgroupGoesWithQEMUAndSweep(t *testing.T) {
 	cfg := testConfig(t)
 	state := t.TempDir()
-	newBackend := func() *Backend {
-		b, err := New(Options{StateDir: state, QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	newBackend := backendAt(t, cfg, state)
 	b := newBackend()
 	ctx := context.Background()
 	spec := func(id string) backend.Spec {
