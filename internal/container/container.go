@@ -98,6 +98,7 @@ type Backend struct {
 	cpus     *cpuPool        // which CPUs sandboxes with a quota run on
 	pool     *dirPool        // ready-made state directories
 	netns    *nsPool         // ready-made network namespaces (netnspool.go)
+	stage    *os.File        // the mount namespace sandboxes' roots go on (stage.go)
 	net      *netpolicy.Node // sandboxes' interfaces and rules
 	ids      *idPool         // user-namespace id ranges
 	// seccomp and seccompAudit are the compiled filters every init stage
@@ -170,6 +171,9 @@ func New(opts Options) (*Backend, error) {
 	// binds of this one empty filesystem.
 	if err := mountSharedEmpty(b.emptyDir()); err != nil {
 		return nil, err
+	}
+	if b.stage, err = newStage(b.emptyDir()); err != nil {
+		return nil, errdefs.Wrap(errdefs.Internal, err, "stage")
 	}
 	if err := os.MkdirAll(b.rootMount(), 0o755); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "create root mount point")
@@ -502,6 +506,12 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 	} else {
 		cloneflags |= syscall.CLONE_NEWNET
 	}
+	// The stage (stage.go), last: an init that is not ours has none.
+	stageFD := -1
+	if b.opts.InitBinary == "" && b.stage != nil {
+		stageFD = len(files)
+		files = append(files, b.stage)
+	}
 	pidfd := -1
 	// os.StartProcess rather than os/exec: no stdio goroutines or
 	// /dev/null opens per create. The clone hands us a pidfd (PidFD).
@@ -560,6 +570,9 @@ func (b *Backend) startInit(ctx context.Context, spec backend.Spec, overlay map[
 		"agent_socket": b.socket(spec.ID)}
 	if spec.AllowSetuid {
 		conf["no_new_privs"] = "0"
+	}
+	if stageFD >= 0 {
+		conf["stage"] = strconv.Itoa(stageFD)
 	}
 	if netns != nil {
 		conf["netns"] = "7"

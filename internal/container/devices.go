@@ -6,7 +6,6 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -138,17 +137,14 @@ func bindMounts(initPid int, ms []backend.Mount) error {
 			return errdefs.Wrap(errdefs.Internal, err, "mount_setattr "+m.Source)
 		}
 	}
-	ns, err := unix.Open("/proc/"+strconv.Itoa(initPid)+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	sm, err := openSandboxMounts(initPid)
 	if err != nil {
 		return errdefs.Wrap(errdefs.NotFound, err, "sandbox mount namespace")
 	}
-	defer unix.Close(ns)
+	defer sm.close()
 	return throwawayThread(func() error {
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			return errdefs.Wrap(errdefs.Internal, err, "unshare CLONE_FS")
-		}
-		if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
-			return errdefs.Wrap(errdefs.Internal, err, "enter sandbox mount namespace")
+		if err := sm.enter(); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "bind mounts")
 		}
 		unix.Umask(0o022)
 		for i, m := range ms {

@@ -31,17 +31,12 @@ func nodeUnmount(pid int, path string) error {
 	go func() {
 		runtime.LockOSThread()
 		done <- func() error {
-			ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			sm, err := openSandboxMounts(pid)
 			if err != nil {
 				return err
 			}
-			defer unix.Close(ns)
-			// setns into a mount namespace refuses a thread sharing
-			// its filesystem context (Go's threads do).
-			if err := unix.Unshare(unix.CLONE_FS); err != nil {
-				return err
-			}
-			if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
+			defer sm.close()
+			if err := sm.enter(); err != nil {
 				return err
 			}
 			return unix.Unmount(path, unix.MNT_DETACH)

@@ -2,7 +2,6 @@ package container
 
 import (
 	"runtime"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 
@@ -46,17 +45,14 @@ func rebind(initPid int, targets []string, srcs []string) error {
 			return errdefs.Wrap(errdefs.Internal, err, "mount_setattr "+src)
 		}
 	}
-	ns, err := unix.Open("/proc/"+strconv.Itoa(initPid)+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	sm, err := openSandboxMounts(initPid)
 	if err != nil {
 		return errdefs.Wrap(errdefs.NotFound, err, "sandbox mount namespace")
 	}
-	defer unix.Close(ns)
+	defer sm.close()
 	return throwawayThread(func() error {
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			return errdefs.Wrap(errdefs.Internal, err, "unshare CLONE_FS")
-		}
-		if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
-			return errdefs.Wrap(errdefs.Internal, err, "enter sandbox mount namespace")
+		if err := sm.enter(); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "rebind views")
 		}
 		for i, dst := range targets {
 			// Our bind is the only mount a sandbox can have there (it

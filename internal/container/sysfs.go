@@ -115,6 +115,9 @@ func (b *Backend) Close() error {
 	if b.netns != nil {
 		b.netns.close()
 	}
+	if b.stage != nil {
+		b.stage.Close()
+	}
 	if b.net != nil {
 		// Drops the nftables table only when no sandbox has rules in it.
 		_ = b.net.RemoveUnused()

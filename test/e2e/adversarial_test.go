@@ -8,6 +8,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -576,5 +577,60 @@ func TestAdversarialSeccompDenialIsAnEvent(t *testing.T) {
 	}
 	if evs, err := e.c.SandboxEvents(ctx, "calm"); err != nil || len(evs) != 0 {
 		t.Errorf("the neighbour's events: %v %v", evs, err)
+	}
+}
+
+// TestAdversarialChrootEscapeFindsAnEmptyStage: a sandbox's root keeps
+// CAP_SYS_CHROOT (as Docker's default set does), so it can try to leave
+// its chroot the classic way. Its root is not a pivot_root but a chroot
+// into a mount on top of the daemon's stage (init_linux.c,
+// root_on_stage). The climb must end at the sandbox's own root (".." at
+// the stage's root crosses back into the mount that covers it: what
+// happens here) or on that empty, read-only stage: never the node's root
+// or another sandbox's. Both modes: as root of the node's user namespace
+// (capabilities bounded) and as root of its own.
+func TestAdversarialChrootEscapeFindsAnEmptyStage(t *testing.T) {
+	helper := testutil.StaticBinary(t, "./test/e2e/testdata/chrootescape")
+	prog, err := os.ReadFile(helper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, envOptions{})
+	ctx := ctxFor(t, time.Minute)
+	for _, userns := range []bool{false, true} {
+		id := fmt.Sprintf("esc-%v", userns)
+		e.create(&warrenv1.CreateRequest{Id: id, UserNamespace: &userns})
+		for _, f := range []struct {
+			path string
+			body []byte
+			mode uint32
+		}{{"/chrootescape", prog, 0o755}, {"/marker", []byte("inside\n"), 0o644}} {
+			if err := e.c.WriteFile(ctx, &warrenv1.WriteFileRequest{SandboxId: id, Path: f.path, Content: f.body, Mode: f.mode}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res := e.sh(id, "/chrootescape")
+		var r struct {
+			Escaped  bool     `json:"escaped"`
+			Err      string   `json:"err"`
+			Entries  []string `json:"entries"`
+			Marker   bool     `json:"marker"`
+			WriteErr string   `json:"write_err"`
+		}
+		if err := json.Unmarshal(res.Stdout, &r); err != nil {
+			t.Fatalf("userns=%v: %v: %s %s", userns, err, res.Stdout, res.Stderr)
+		}
+		t.Logf("userns=%v: %+v", userns, r)
+		if !r.Escaped {
+			// Refused outright is contained too (a user namespace's root
+			// may lack the capability over its root).
+			continue
+		}
+		if r.Marker {
+			continue // the climb stopped at the sandbox's own root
+		}
+		if len(r.Entries) != 0 || r.WriteErr == "" {
+			t.Errorf("userns=%v: out of its chroot, the sandbox found %v (write: %q), want an empty read-only stage", userns, r.Entries, r.WriteErr)
+		}
 	}
 }
