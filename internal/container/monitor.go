@@ -33,6 +33,8 @@ import (
 // extra descriptors, 14.7 ms with 10,000; docs/BENCHMARKS.md).
 type monitor struct {
 	epfd int
+	stop int           // eventfd in the epoll set: close() ends the loop
+	done chan struct{} // closed when the loop has ended
 	mu   sync.Mutex
 	cbs  map[int32]watch // by pidfd
 }
@@ -47,13 +49,38 @@ func newMonitor() (*monitor, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &monitor{epfd: epfd, cbs: map[int32]watch{}}
+	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, err
+	}
+	// The pidfd watches are keyed by descriptor; the eventfd's is -1.
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: -1}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, stop, &ev); err != nil {
+		unix.Close(epfd)
+		unix.Close(stop)
+		return nil, err
+	}
+	m := &monitor{epfd: epfd, stop: stop, done: make(chan struct{}), cbs: map[int32]watch{}}
 	go m.loop()
 	return m, nil
 }
 
-// close stops the monitor's pidfd watches.
-func (m *monitor) close() { unix.Close(m.epfd) }
+// close stops the monitor's pidfd watches without calling them: its loop
+// ends, and its descriptors (the epoll set, the pidfds it owns) close. A
+// closed epoll descriptor alone would not wake an epoll_wait already
+// blocked on it: the goroutine and its thread stayed for good, one per
+// closed backend. The sandboxes live on; a next backend adopts them.
+func (m *monitor) close() {
+	select {
+	case <-m.done: // closed already: its descriptors are, too
+		return
+	default:
+	}
+	var one = [8]byte{1}
+	_, _ = unix.Write(m.stop, one[:])
+	<-m.done
+}
 
 // watch calls onExit once when pid exits. It takes ownership of pidfd.
 func (m *monitor) watch(pidfd, pid int, onExit func()) error {
@@ -93,6 +120,17 @@ func (m *monitor) count() int {
 }
 
 func (m *monitor) loop() {
+	defer func() {
+		m.mu.Lock()
+		for fd := range m.cbs {
+			unix.Close(int(fd))
+		}
+		m.cbs = map[int32]watch{}
+		m.mu.Unlock()
+		unix.Close(m.epfd)
+		unix.Close(m.stop)
+		close(m.done)
+	}()
 	events := make([]unix.EpollEvent, 64)
 	for {
 		n, err := unix.EpollWait(m.epfd, events, -1)
@@ -111,6 +149,9 @@ func (m *monitor) loop() {
 			continue
 		}
 		for _, ev := range events[:n] {
+			if ev.Fd == -1 {
+				return // close()
+			}
 			m.mu.Lock()
 			w, ok := m.cbs[ev.Fd]
 			delete(m.cbs, ev.Fd)

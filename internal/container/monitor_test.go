@@ -179,3 +179,50 @@ func monitorTestGroup(t *testing.T, name string) (cgroups.Group, string) {
 	}
 	return grp, events
 }
+
+// TestMonitorCloseEndsItsLoop: close ends the monitor's goroutine (closing
+// the epoll descriptor alone leaves a blocked epoll_wait asleep for good)
+// and closes the pidfds it owned, without calling their watches: the
+// processes live on.
+func TestMonitorCloseEndsItsLoop(t *testing.T) {
+	m, err := newMonitor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command("sleep", "30")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { child.Process.Kill(); child.Wait() }()
+	pidfd, err := unix.PidfdOpen(child.Process.Pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	called := make(chan struct{}, 1)
+	if err := m.watch(pidfd, child.Process.Pid, func() { called <- struct{}{} }); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() { m.close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("close did not end the monitor's loop")
+	}
+	select {
+	case <-m.done:
+	default:
+		t.Fatal("the loop's done channel is open after close")
+	}
+	if n := m.count(); n != 0 {
+		t.Errorf("%d watches left after close", n)
+	}
+	select {
+	case <-called:
+		t.Error("close called a watch: the process had not exited")
+	default:
+	}
+	if err := unix.Kill(child.Process.Pid, 0); err != nil {
+		t.Errorf("the watched process: %v", err)
+	}
+}

@@ -118,6 +118,9 @@ func (b *Backend) Close() error {
 	if b.stage != nil {
 		b.stage.Close()
 	}
+	if b.mon != nil {
+		b.mon.close()
+	}
 	if b.net != nil {
 		// Drops the nftables table only when no sandbox has rules in it.
 		_ = b.net.RemoveUnused()
