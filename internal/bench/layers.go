@@ -189,7 +189,9 @@ func RunLayers(ctx context.Context, env *Env, cfg LayersConfig) (*LayersReport, 
 		"warren: the same content as two named layers (EROFS blobs built once), mounted once per node and shared read-only by all sandboxes; only what the tool calls write reaches the upper directories",
 		"wall_s: first create to last tool call done, concurrency sandboxes in flight; bytes: /proc/diskstats sectors written x 512 on the state directory's device, sync + drop_caches before each phase and a sync at its end (sync_s, not in wall_s) so the phase's dirty pages are counted; peak: the highest 100 ms sample",
 		"layer build: a one-time cost per content version, amortised over every run and every sandbox that uses the layers; *_with_build count it against this single run",
-		"load1 is the host's 1-minute load average at the end of each phase (2 cores here means CPU contention above 2): the tool calls are CPU-bound, so other work on the host stretches the Warren phase most")
+		"load1 is the host's 1-minute load average at the end of each phase (2 cores here means CPU contention above 2): the tool calls are CPU-bound, so other work on the host stretches the Warren phase most",
+		"tool call times: with more than one sandbox in flight, Warren's sandboxes run their calls at the same time (nothing else to wait for), the baseline's beside other sandboxes' uploads: compare per-call times at --concurrency 1",
+		"list tree: a sandbox's first walk of its tree builds its overlay's dentries and inodes; the baseline's extraction went through the overlay and built them already, so \"list tree again\" is the like-for-like walk")
 	if env.diskDir != "" {
 		rep.Notes = append(rep.Notes, "the state directory is on a scratch ext4 of its own (sparse file, loop device with direct I/O, the host disk's read_ahead_kb): its counters hold this benchmark's writes only")
 	} else {

@@ -44,6 +44,11 @@ var toolCalls = []toolCall{
 	{Name: "read manifest", Kind: "read", Path: "/workspace/build/manifest.txt"},
 	{Name: "write notes", Kind: "write", Path: repoDir + "/NOTES.md", Content: []byte("fixed the TODOs of pkg02/file0001.go; tests pass\n")},
 	{Name: "status", Kind: "exec", Shell: "ls /workspace/build; cat /workspace/build/toolchain.sum"},
+	// The first walk of a sandbox's tree builds its overlay's dentries
+	// and inodes for every file (~3 us each here); the baseline's archive
+	// extraction, which goes through the overlay, has built them before
+	// its first "list tree". A second walk compares the two warm.
+	{Name: "list tree again", Kind: "exec", Shell: "find . -type f | wc -l"},
 }
 
 // toolCallShell returns the shell command of an exec tool call as run
