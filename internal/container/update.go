@@ -8,6 +8,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/netpolicy"
 )
@@ -17,7 +18,9 @@ var _ backend.Updater = (*sandbox)(nil)
 // Update changes the sandbox's network policy, QoS class and cgroup
 // limits, all or none: the policy first, then the class
 // (cgroups.Group.SetLimits restores what it wrote when a write fails,
-// and the old class and policy are put back then).
+// and the old class and policy are put back then, one cleanup stack).
+// Once the limits are in, a new CPU quota moves the sandbox's CPUs; a
+// failure there is reported with everything else kept.
 func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 	select {
 	case <-s.exited.Done():
@@ -27,39 +30,44 @@ func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	var cu cleanup.Cleanup
+	defer func() {
+		if err := cu.Clean(); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+	}()
 	if u.Network != nil {
 		undo, err := s.setNetwork(*u.Network)
 		if err != nil {
 			return err
 		}
-		defer func() {
-			if retErr != nil {
-				if err := undo(); err != nil {
-					retErr = errors.Join(retErr, fmt.Errorf("restore network policy: %w", err))
-				}
-			}
-		}()
+		cu.Add(func() error { return wrapIf(undo(), "restore network policy") })
 	}
 	if u.QoS != nil {
 		undo, err := s.setQoS(*u.QoS)
 		if err != nil {
 			return err
 		}
-		defer func() {
-			if retErr != nil {
-				if err := undo(); err != nil {
-					retErr = errors.Join(retErr, fmt.Errorf("restore QoS class: %w", err))
-				}
-			}
-		}()
+		cu.Add(func() error { return wrapIf(undo(), "restore QoS class") })
 	}
 	if err := s.grp.SetLimits(cgroups.Limits{CPUMillis: u.CPUMillis, MemoryBytes: u.MemoryBytes, PidsMax: u.PidsMax}); err != nil {
 		return err
 	}
+	// The limits are in: from here on, a failure keeps the new policy
+	// and class (the error says what did not change).
+	cu.Release()
 	if u.CPUMillis != nil && !s.b.opts.NoCPUAffinity {
 		if err := s.replaceCPUs(*u.CPUMillis); err != nil {
 			return errdefs.Wrap(errdefs.CategoryOf(err), err, "sandbox "+s.id+": limits changed, but not the CPUs it runs on")
 		}
+	}
+	return nil
+}
+
+// wrapIf wraps a failed undo's error with what it was undoing.
+func wrapIf(err error, what string) error {
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }
