@@ -150,3 +150,90 @@ func TestMicroVMHibernateRestoreFork(t *testing.T) {
 		}
 	}
 }
+
+// TestMicroVMHibernateWithDiskAndNetwork: through the daemon, a VM with a
+// disk limit and a network policy is hibernated, survives a daemon
+// restart on disk, and resumes with the file it wrote on its disk and its
+// network (the allowed host answers, the other does not); a fork of it
+// gets its own copy of the disk and its own address, under the same
+// policy; deleting them all leaves no QEMU, VM directory or checkpoint
+// (and the harness's baseline: no tap).
+func TestMicroVMHibernateWithDiskAndNetwork(t *testing.T) {
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skipf("no qemu-system-x86_64 (scripts/vm.sh installs it): %v", err)
+	}
+	if _, err := guestkernel.Find(guestkernel.Dir); err != nil {
+		t.Skipf("%v", err)
+	}
+	agent := testutil.StaticBinary(t, "./cmd/warren-guest")
+	e := newEnv(t, envOptions{serveArgs: []string{"--guest-agent", agent}})
+	ctx := ctxFor(t, 5*time.Minute)
+	th, other := testutil.NewTestHost(t), testutil.NewTestHost(t)
+	pAllowed := httpHost(t, th.NS, th.Addr.String()+":0", "vm")
+	pOther := httpHost(t, other.NS, other.Addr.String()+":0", "other")
+	reaches := func(id string) {
+		t.Helper()
+		if body, ok := e.fetch(id, th.Addr.String(), pAllowed); !ok || body != "hello vm\n" {
+			t.Errorf("%s: the allowed host: %q %v", id, body, ok)
+		}
+		if _, ok := e.fetch(id, other.Addr.String(), pOther); ok {
+			t.Errorf("%s: reached a host not on its allowlist", id)
+		}
+	}
+	e.create(&warrenv1.CreateRequest{Id: "vmdn", Backend: "microvm",
+		Resources: &warrenv1.Resources{MemoryBytes: 128 << 20, DiskBytes: 64 << 20},
+		Network:   policy("allowlist", rule(th.Addr.String()+"/32", 0, ""))})
+	// 8 MiB on the VM's disk: more than its tmpfs would take unnoticed,
+	// and a digest to compare after the restore.
+	sum := e.shOK("vmdn", "head -c 8388608 /dev/urandom > /root/blob && md5sum < /root/blob")
+	reaches("vmdn")
+	if _, err := e.c.Hibernate(ctx, "vmdn"); err != nil {
+		t.Fatal(err)
+	}
+	vmGone(t, filepath.Join(e.stateDir, "microvm", "vms", "vmdn"))
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	if r, err := e.c.Resume(ctx, "vmdn"); err != nil || !r.GetRestored() {
+		t.Fatalf("resume of the hibernated VM: %v %v", r, err)
+	}
+	if got := e.shOK("vmdn", "md5sum < /root/blob"); got != sum {
+		t.Fatalf("the file on the VM's disk after the restore: %q, want %q", got, sum)
+	}
+	if df := e.shOK("vmdn", "df -k /root | tail -1"); !strings.Contains(df, "/") {
+		t.Fatalf("df: %q", df)
+	}
+	reaches("vmdn")
+
+	fr, err := e.c.Fork(ctx, &warrenv1.ForkRequest{Id: "vmdn", Count: 1})
+	if err != nil || len(fr.GetSandboxes()) != 1 {
+		t.Fatalf("fork: %v %v", fr, err)
+	}
+	fork := fr.GetSandboxes()[0].GetId()
+	reaches(fork)
+	e.shOK(fork, "echo fork > /root/blob")
+	if got := e.shOK("vmdn", "md5sum < /root/blob"); got != sum {
+		t.Fatalf("the source's file after the fork wrote its own: %q: the disks are shared", got)
+	}
+	srcAddr := e.shOK("vmdn", "ip -4 -o addr show eth0 2>/dev/null || ifconfig eth0")
+	forkAddr := e.shOK(fork, "ip -4 -o addr show eth0 2>/dev/null || ifconfig eth0")
+	if srcAddr == forkAddr {
+		t.Fatalf("the fork has the source's address: %q", forkAddr)
+	}
+	for _, id := range []string{"vmdn", fork} {
+		if err := e.c.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		vmGone(t, filepath.Join(e.stateDir, "microvm", "vms", id))
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ents, _ := os.ReadDir(filepath.Join(e.stateDir, "checkpoints"))
+		if len(ents) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("checkpoints left after delete: %v", ents)
+		}
+	}
+}
