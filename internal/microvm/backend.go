@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -422,9 +423,12 @@ type sandbox struct {
 	paused atomic.Bool
 	// net and att are the VM's network (nil: none), disk whether its
 	// writable layer is on a disk image (disk.go).
-	net  *netpolicy.Node
-	att  *netpolicy.Attachment
-	disk bool
+	// netMu guards att's policy, which Update changes (the pointer and
+	// the index stay).
+	net   *netpolicy.Node
+	netMu sync.Mutex
+	att   *netpolicy.Attachment
+	disk  bool
 	// cpuMillis is the host cgroup's CPU quota (0: none), memoryMB the
 	// guest's memory (0: unknown); updates change the first (update.go).
 	cpuMillis int64
@@ -460,6 +464,8 @@ func (s *sandbox) OOMKills() (uint64, error) {
 func (s *sandbox) ID() string { return s.id }
 
 func (s *sandbox) State() []byte {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
 	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits, Net: s.att, Disk: s.disk, Digests: s.digests,
 		Group: s.vm.cfg.Cgroup != nil, CPUMillis: s.cpuMillis, MemoryMB: s.memoryMB})
 	return b

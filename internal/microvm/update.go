@@ -9,6 +9,7 @@ import (
 	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
+	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/qos"
 )
 
@@ -21,16 +22,30 @@ func MaxSandboxMemory(guestMB int) int64 {
 	return int64(max(guestMB-guestOverheadMB, 0)) << 20
 }
 
-// Update changes a running VM's limits, all or none: the QoS class and
-// CPU quota of its QEMU cgroup on the host, then the memory and pids
-// limits of the sandbox's cgroup in the guest (through the agent, which
-// writes them all or none); a failed guest step puts the host's back.
+// Update changes a running VM's network policy and limits, all or none:
+// the rules of its tap (netpolicy.SetTapPolicy), the QoS class and CPU
+// quota of its QEMU cgroup on the host, then the memory and pids limits
+// of the sandbox's cgroup in the guest (through the agent, which writes
+// them all or none); a failed later step puts the earlier ones back.
 // Everything is checked first: a memory limit beyond what the VM booted
-// with (MaxSandboxMemory) is Invalid, a network policy Unsupported (the
-// VM's tap keeps the rules it was made with), and nothing changes.
+// with (MaxSandboxMemory) is Invalid, gaining or losing the network
+// device Unsupported (checkNetwork), and nothing changes.
 func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 	if err := s.checkUpdate(u); err != nil {
 		return err
+	}
+	if u.Network != nil && s.att != nil {
+		undo, err := s.setNetwork(*u.Network)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if retErr != nil {
+				if err := undo(); err != nil {
+					retErr = errors.Join(retErr, fmt.Errorf("restore network policy: %w", err))
+				}
+			}
+		}()
 	}
 	grp := s.vm.cfg.Cgroup
 	if u.QoS != nil {
@@ -79,7 +94,9 @@ func (s *sandbox) checkUpdate(u backend.Update) error {
 	default:
 	}
 	if u.Network != nil {
-		return errdefs.Unsupportedf("microvm: the network policy of a running VM cannot change (its tap keeps the rules it was made with); make a new sandbox")
+		if err := s.checkNetwork(*u.Network); err != nil {
+			return err
+		}
 	}
 	if u.QoS != nil {
 		if err := qos.Check(*u.QoS); err != nil {
@@ -106,4 +123,46 @@ func (s *sandbox) checkUpdate(u backend.Update) error {
 		return errdefs.Conflictf("microvm: sandbox %s is paused: its guest's limits change once it is resumed", s.id)
 	}
 	return nil
+}
+
+// checkNetwork refuses a policy change a running VM cannot take: its
+// network device is fixed at boot (microvm's virtio-mmio has no hotplug),
+// so a VM without one keeps none and one with one keeps an interface; the
+// group is fixed at create, as a container's.
+func (s *sandbox) checkNetwork(p netpolicy.Policy) error {
+	switch {
+	case s.att == nil && p.IsNone():
+		return nil
+	case s.att == nil:
+		return errdefs.Unsupportedf("microvm: sandbox %s booted without a network device, which a running VM cannot gain; make a new sandbox with network policy %s", s.id, p)
+	case p.IsNone():
+		return errdefs.Unsupportedf("microvm: sandbox %s's network device cannot be taken from the running VM; an allowlist with no rule cuts it off instead", s.id)
+	case p.Group != "" && p.Group != s.att.Policy.Group:
+		return errdefs.Invalidf("network.group: sandbox %s's group is fixed at create", s.id)
+	}
+	return nil
+}
+
+// setNetwork changes the rules of the VM's tap to p (checkNetwork passed)
+// and returns what puts the old ones back.
+func (s *sandbox) setNetwork(p netpolicy.Policy) (undo func() error, err error) {
+	s.netMu.Lock()
+	defer s.netMu.Unlock()
+	if p.Group == "" {
+		p.Group = s.att.Policy.Group
+	}
+	old := s.att.Policy
+	if err := s.net.SetTapPolicy(s.id, *s.att, p); err != nil {
+		return nil, err
+	}
+	s.att.Policy = p
+	return func() error {
+		s.netMu.Lock()
+		defer s.netMu.Unlock()
+		if err := s.net.SetTapPolicy(s.id, *s.att, old); err != nil {
+			return err
+		}
+		s.att.Policy = old
+		return nil
+	}, nil
 }

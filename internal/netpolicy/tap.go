@@ -76,3 +76,20 @@ func (n *Node) tap(id string, i int) (_ *os.File, retErr error) {
 	}
 	return f, nil
 }
+
+// SetTapPolicy moves VM sandbox id, attached through a tap (AttachTap),
+// to policy p: its rules change in one nftables transaction, as
+// SetPolicy's do. Unlike SetPolicy it aborts no connection: the VM's
+// sockets are in its guest's kernel, out of the node's sock_diag (which,
+// asked in QEMU's network namespace, would name the node's own sockets).
+// A connection p forbids has its packets dropped both ways from now on.
+func (n *Node) SetTapPolicy(id string, a Attachment, p Policy) error {
+	if p.IsNone() {
+		return errdefs.Invalidf("network: set policy none: detach instead")
+	}
+	if err := n.fw.set(id, p); err != nil {
+		return errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
+	}
+	n.mark(a.Index, id, a.Hostname, p)
+	return nil
+}

@@ -149,3 +149,63 @@ func qemuRunsFor(dir string) bool {
 	}
 	return false
 }
+
+// TestMicroVMNetworkUpdate: a running VM's network policy changes
+// through the daemon's Update, as a container's does: the host it may
+// reach moves from one test host to the other, the change outlives a
+// daemon restart (the adopted VM keeps its new rules), and what a VM
+// cannot do (lose its network device, or gain one) is Unsupported and
+// changes nothing.
+func TestMicroVMNetworkUpdate(t *testing.T) {
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skipf("no qemu-system-x86_64 (scripts/vm.sh installs it): %v", err)
+	}
+	if _, err := guestkernel.Find(guestkernel.Dir); err != nil {
+		t.Skipf("%v", err)
+	}
+	agent := testutil.StaticBinary(t, "./cmd/warren-guest")
+	e := newEnv(t, envOptions{serveArgs: []string{"--guest-agent", agent}})
+	ctx := ctxFor(t, 3*time.Minute)
+	a, b := testutil.NewTestHost(t), testutil.NewTestHost(t)
+	pa := httpHost(t, a.NS, a.Addr.String()+":0", "a")
+	pb := httpHost(t, b.NS, b.Addr.String()+":0", "b")
+	reaches := func(when string, wantA, wantB bool) {
+		t.Helper()
+		if _, ok := e.fetch("vmn", a.Addr.String(), pa); ok != wantA {
+			t.Errorf("%s: host a reachable %v, want %v", when, ok, wantA)
+		}
+		if _, ok := e.fetch("vmn", b.Addr.String(), pb); ok != wantB {
+			t.Errorf("%s: host b reachable %v, want %v", when, ok, wantB)
+		}
+	}
+	e.create(&warrenv1.CreateRequest{Id: "vmn", Backend: "microvm", Network: policy("allowlist", rule(a.Addr.String()+"/32", 0, ""))})
+	reaches("at create", true, false)
+	if _, err := e.c.Update(ctx, "vmn", client.SandboxUpdate{Network: policy("allowlist", rule(b.Addr.String()+"/32", 0, ""))}); err != nil {
+		t.Fatal(err)
+	}
+	reaches("after the update", false, true)
+	if _, err := e.c.Update(ctx, "vmn", client.SandboxUpdate{Network: policy("none")}); !client.IsUnsupported(err) {
+		t.Fatalf("update to none: %v, want unsupported", err)
+	}
+	reaches("after a refused update", false, true)
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	reaches("after a daemon restart", false, true)
+	if _, err := e.c.Update(ctx, "vmn", client.SandboxUpdate{Network: policy("open")}); err != nil {
+		t.Fatal(err)
+	}
+	reaches("open", true, true)
+
+	e.create(&warrenv1.CreateRequest{Id: "vmoff", Backend: "microvm"})
+	if _, err := e.c.Update(ctx, "vmoff", client.SandboxUpdate{Network: policy("open")}); !client.IsUnsupported(err) {
+		t.Fatalf("a VM without a network device given one: %v, want unsupported", err)
+	}
+	for _, id := range []string{"vmn", "vmoff"} {
+		if err := e.c.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		vmGone(t, filepath.Join(e.stateDir, "microvm", "vms", id))
+	}
+}
