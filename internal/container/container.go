@@ -930,7 +930,9 @@ func (b *Backend) teardownGroup(id string, grp cgroups.Group, root int, net *net
 		grp, _ = cgroups.Load(b.opts.CgroupParent, id)
 	}
 	if grp != nil {
+		events := cgroups.EventsFile(grp)
 		errs = append(errs, grp.Kill(10*time.Second), grp.Delete())
+		groupRemoved(events)
 	}
 	errs = append(errs, unmount(b.rootfs(id)))
 	if root >= 0 && fileExists(b.diskImage(id)) {
