@@ -159,11 +159,13 @@ func (s *server) startProc(req Request, stdin, stdout, stderr bool, pty *Winsize
 		closeAll(p.inW, p.outR, p.errR, p.pty, execErr)
 		return nil, errdefs.Exhausted, err
 	}
-	if s.ns != nil {
+	if s.cg != nil {
 		// Straight into the sandbox's cgroup (clone3 CLONE_INTO_CGROUP):
 		// its limits hold from the first instruction.
 		cmd.SysProcAttr.UseCgroupFD = true
-		cmd.SysProcAttr.CgroupFD = int(s.ns.cgroup.Fd())
+		cmd.SysProcAttr.CgroupFD = int(s.cg.Fd())
+	}
+	if s.ns != nil {
 		err = s.ns.startIn(func() (err error) { p.done, err = s.r.start(cmd); return err })
 	} else {
 		p.done, err = s.r.start(cmd)
