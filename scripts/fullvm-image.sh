@@ -27,7 +27,7 @@ DIR=${WARREN_VM_DIR:-/opt/warren/vm}/images
 SUITE=${WARREN_FULLVM_SUITE:-bookworm}
 SIZE=${WARREN_FULLVM_DISK:-4G}
 ROOTFS_VERSION=3 # bump when the rootfs stage changes
-IMAGE_VERSION=2  # bump when the image stage changes
+IMAGE_VERSION=3  # bump when the image stage changes
 PACKAGES=systemd-sysv,udev,kmod,procps,iproute2,busybox,linux-image-amd64,initramfs-tools,extlinux,syslinux-common
 here=$(cd "$(dirname "$0")/.." && pwd)
 agent=${1:-$here/bin/warren-guest}
@@ -164,6 +164,10 @@ ExecStart=/usr/local/sbin/warren-guest --service
 Restart=always
 RestartSec=1
 OOMScoreAdjust=-1000
+# The unit's cgroup is the agent's to divide: it moves itself into a leaf
+# and starts the commands in a sibling with the sandbox's memory and pids
+# limits (internal/guest/servicecg_linux.go).
+Delegate=yes
 
 [Install]
 WantedBy=sysinit.target

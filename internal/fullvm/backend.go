@@ -150,9 +150,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if err := layersExist(spec.Layers); err != nil {
 		return nil, err
 	}
-	// Each command's limits ride on its call to the agent, which sets
-	// them in its trampoline before the command's exec (the agent, a
-	// systemd service, holds none of them itself).
+	// Each command's resource limits ride on its call to the agent,
+	// which sets them in its trampoline before the command's exec (the
+	// agent, a systemd service, holds none of them itself); the memory
+	// and pids limits are a cgroup's in the guest (guestLimits).
 	rl, err := microvm.GuestRlimits(spec.Rlimits)
 	if err != nil {
 		return nil, err
@@ -233,7 +234,28 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if err := microvm.Isolate(v.Pid(), spec.QoS); err != nil {
 		return nil, err
 	}
-	return &sandbox{Sandbox: microvm.NewSandbox(spec.ID, v, spec.Env, spec.Workdir, rl, spec.CPUMillis), dir: dir}, nil
+	sb := &sandbox{Sandbox: microvm.NewSandbox(spec.ID, v, microvm.SandboxOpts{Kind: Name, Env: spec.Env, Cwd: spec.Workdir,
+		Rlimits: rl, CPUMillis: spec.CPUMillis, MemoryMB: mem, OverheadMB: guestOverheadMB}), dir: dir}
+	if err := guestLimits(bctx, sb, spec); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+// guestLimits gives the guest's cgroup of the sandbox's commands its
+// memory and pids limits, before the sandbox's first command. After the boot, not
+// with it: the boot loader's kernel command line is the image's, and a
+// running guest keeps them (the agent keeps them across its own restart,
+// an adopting daemon needs to send nothing).
+func guestLimits(ctx context.Context, sb *sandbox, spec backend.Spec) error {
+	if spec.MemoryBytes <= 0 && spec.PidsMax <= 0 {
+		return nil
+	}
+	err := sb.SetGuestLimits(ctx, spec.MemoryBytes, spec.PidsMax)
+	if errors.Is(err, errdefs.ErrUnsupported) {
+		return errdefs.Wrap(errdefs.Unsupported, err, "fullvm: the image's agent cannot hold the sandbox's limits (an image from before they were: "+ImageScript+" builds a new one)")
+	}
+	return err
 }
 
 // setHostname sets the guest's, as a container's is set.
@@ -309,6 +331,9 @@ type vmState struct {
 	// Group: QEMU runs in a host cgroup of its own with this CPU quota.
 	Group     bool  `json:"group,omitempty"`
 	CPUMillis int64 `json:"cpu_millis,omitempty"`
+	// MemoryMB is the guest's (0 from an earlier version: its memory
+	// limit cannot change).
+	MemoryMB int `json:"memory_mb,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon booted, through an agent port of
@@ -341,7 +366,8 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 	if err != nil {
 		return nil, err
 	}
-	sb := &sandbox{Sandbox: microvm.NewSandbox(id, v, st.Env, st.Cwd, st.Rlimits, st.CPUMillis), dir: dir}
+	sb := &sandbox{Sandbox: microvm.NewSandbox(id, v, microvm.SandboxOpts{Kind: Name, Env: st.Env, Cwd: st.Cwd,
+		Rlimits: st.Rlimits, CPUMillis: st.CPUMillis, MemoryMB: st.MemoryMB, OverheadMB: guestOverheadMB}), dir: dir}
 	c, err := qmp.Dial(ctx, filepath.Join(dir, microvm.QMPSocket))
 	if err != nil {
 		v.Close()

@@ -2,7 +2,6 @@ package guest
 
 import (
 	"encoding/json"
-	"errors"
 	"net"
 	"os"
 	"strconv"
@@ -11,26 +10,34 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 )
 
-// sandboxCgroupDir is the sandbox's cgroup in the guest (sandboxCgroup).
+// sandboxCgroupDir is the sandbox's cgroup in a microVM's guest
+// (sandboxCgroup); a full OS's is under the agent's unit (serviceCgroup).
 const sandboxCgroupDir = "/sys/fs/cgroup/sandbox"
 
-// cgroupStats answers the sandbox cgroup's counters.
+// cgroupStats answers the sandbox cgroup's counters. In a full OS (whole)
+// they are the commands' cgroup's but for OOM kills, which are the whole
+// guest's (its OS is the sandbox's too; they include the cgroup's), and
+// a guest without the cgroup answers for the whole guest (guestStats).
 func (s *server) cgroupStats(st net.Conn) {
-	if s.whole {
+	if s.cg == nil && s.whole {
 		s.guestStats(st)
 		return
 	}
-	if s.ns == nil {
-		fail(st, errdefs.Unsupported, errors.New("no sandbox cgroup in a VM without layers"))
+	if s.cg == nil {
+		fail(st, errdefs.Unsupported, s.cgErr)
 		return
 	}
+	dir := s.cgDir
 	var cs CgroupStats
-	cs.OOMKills = keyed(sandboxCgroupDir+"/memory.events", "oom_kill")
-	cs.CPUUsec = keyed(sandboxCgroupDir+"/cpu.stat", "usage_usec")
-	cs.Pids = single(sandboxCgroupDir + "/pids.current")
-	cs.MemoryBytes = single(sandboxCgroupDir + "/memory.current")
-	cs.MemoryMax = single(sandboxCgroupDir + "/memory.max") // "max" reads 0
-	cs.PidsMax = single(sandboxCgroupDir + "/pids.max")
+	cs.OOMKills = keyed(dir+"/memory.events", "oom_kill")
+	if s.whole {
+		cs.OOMKills = guestOOMKills()
+	}
+	cs.CPUUsec = keyed(dir+"/cpu.stat", "usage_usec")
+	cs.Pids = single(dir + "/pids.current")
+	cs.MemoryBytes = single(dir + "/memory.current")
+	cs.MemoryMax = single(dir + "/memory.max") // "max" reads 0
+	cs.PidsMax = single(dir + "/pids.max")
 	b, _ := json.Marshal(cs)
 	_ = WriteFrame(st, KindExit, b)
 }

@@ -159,11 +159,13 @@ func (s *server) startProc(req Request, stdin, stdout, stderr bool, pty *Winsize
 		closeAll(p.inW, p.outR, p.errR, p.pty, execErr)
 		return nil, errdefs.Exhausted, err
 	}
-	if s.ns != nil {
+	if s.cg != nil {
 		// Straight into the sandbox's cgroup (clone3 CLONE_INTO_CGROUP):
 		// its limits hold from the first instruction.
 		cmd.SysProcAttr.UseCgroupFD = true
-		cmd.SysProcAttr.CgroupFD = int(s.ns.cgroup.Fd())
+		cmd.SysProcAttr.CgroupFD = int(s.cg.Fd())
+	}
+	if s.ns != nil {
 		err = s.ns.startIn(func() (err error) { p.done, err = s.r.start(cmd); return err })
 	} else {
 		p.done, err = s.r.start(cmd)
@@ -293,16 +295,7 @@ func (s *server) execOne(st net.Conn, br *bufio.Reader, req Request) {
 	pump := func(f *os.File, kind byte) {
 		defer wg.Done()
 		defer f.Close()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := f.Read(buf)
-			if n > 0 {
-				_ = send(kind, buf[:n])
-			}
-			if err != nil {
-				return
-			}
-		}
+		pumpOut(f, func(b []byte) { _ = send(kind, b) })
 	}
 	var outs []*os.File
 	for _, o := range []struct {
@@ -337,6 +330,58 @@ func waitDrained(wg *sync.WaitGroup, outs []*os.File) {
 			_ = f.SetReadDeadline(time.Now())
 		}
 		<-drained
+	}
+}
+
+// pumpOut passes what f gives to out until its end, or until
+// waitDrained's deadline; then what is in the pipe already, written
+// before the process's exit, goes too. A deadline fails the next read
+// without looking at the pipe: a shell's "sh: 1: " and "Cannot fork"
+// (two writes) lost the second while the first one's frame was on its
+// way to a TCG guest's host (conformance PidsLimit, fullvm).
+func pumpOut(f *os.File, out func([]byte)) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			out(buf[:n])
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			drainReady(f, buf, out)
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// drainReady passes on what f (a non-blocking pipe or terminal) holds
+// now, no more: a child that outlives the process and writes on would
+// keep a loop that read until empty going.
+func drainReady(f *os.File, buf []byte, out func([]byte)) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	left := -1
+	for left != 0 {
+		n := 0
+		// Control, not Read: a read through the runtime checks the
+		// deadline first.
+		_ = rc.Control(func(fd uintptr) {
+			if left < 0 { // FIONREAD
+				if left, err = unix.IoctlGetInt(int(fd), unix.TIOCINQ); err != nil || left <= 0 {
+					return
+				}
+			}
+			n, err = unix.Read(int(fd), buf[:min(len(buf), left)])
+		})
+		if n <= 0 || err != nil {
+			return
+		}
+		out(buf[:n])
+		left -= n
 	}
 }
 

@@ -62,12 +62,13 @@ func Main() error {
 		}
 	}
 	var ns *sandboxNS
+	var cg *os.File
 	if hasRoot {
 		var err error
 		if ns, err = startSandboxInit(); err != nil {
 			return err
 		}
-		if ns.cgroup, err = sandboxCgroup(int64(cmdlineInt("memory")), int64(cmdlineInt("pids"))); err != nil {
+		if cg, err = sandboxCgroup(int64(cmdlineInt("memory")), int64(cmdlineInt("pids"))); err != nil {
 			return err
 		}
 	}
@@ -80,6 +81,11 @@ func Main() error {
 		return err
 	}
 	srv := &server{r: newReaper(), ns: ns, bg: newBGTable(), held: held}
+	if cg != nil {
+		srv.cg, srv.cgDir = cg, sandboxCgroupDir
+	} else {
+		srv.cgErr = errors.New("no sandbox cgroup in a VM without layers")
+	}
 	go srv.watchPorts(port)
 	return srv.servePort(port)
 }
@@ -213,6 +219,12 @@ type server struct {
 	// whole: the agent is a service of a full OS (ServiceMain), whose
 	// whole guest is the sandbox.
 	whole bool
+	// cg is the cgroup the commands start in (CLONE_INTO_CGROUP), whose
+	// memory and pids limits are the sandbox's, and cgDir its directory;
+	// nil and "" where there is none, cgErr saying why.
+	cg    *os.File
+	cgDir string
+	cgErr error
 }
 
 func (s *server) serve(st net.Conn) {

@@ -14,24 +14,25 @@ import (
 // setLimits writes the sandbox cgroup's new limits, all or none: the
 // files written before a failed one get their values back.
 func (s *server) setLimits(st net.Conn, l *Limits) {
-	if s.whole || s.ns == nil {
-		fail(st, errdefs.Unsupported, errors.New("no sandbox cgroup in this guest"))
+	if s.cg == nil {
+		fail(st, errdefs.Unsupported, s.cgErr)
 		return
 	}
 	if l == nil {
 		fail(st, errdefs.Invalid, errors.New("limits: none given"))
 		return
 	}
-	if err := makeRoom(l.MemoryBytes); err != nil {
+	dir := s.cgDir
+	if err := makeRoom(dir, l.MemoryBytes); err != nil {
 		fail(st, errdefs.Invalid, err)
 		return
 	}
 	var ws [][2]string // file, value
 	if l.MemoryBytes != nil {
-		ws = append(ws, [2]string{sandboxCgroupDir + "/memory.max", maxOr(*l.MemoryBytes)})
+		ws = append(ws, [2]string{dir + "/memory.max", maxOr(*l.MemoryBytes)})
 	}
 	if l.PidsMax != nil {
-		ws = append(ws, [2]string{sandboxCgroupDir + "/pids.max", maxOr(*l.PidsMax)})
+		ws = append(ws, [2]string{dir + "/pids.max", maxOr(*l.PidsMax)})
 	}
 	old := make([]string, len(ws))
 	for i, w := range ws {
@@ -51,6 +52,11 @@ func (s *server) setLimits(st net.Conn, l *Limits) {
 			return
 		}
 	}
+	if s.whole {
+		// A restarted agent's cgroup is a new one (systemd removes
+		// the unit's when its process ends): it takes these again.
+		saveLimits(dir)
+	}
 	_ = WriteFrame(st, KindExit, []byte("{}"))
 }
 
@@ -62,27 +68,27 @@ func maxOr(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
-// makeRoom asks the sandbox's cgroup to give back what it uses above a
-// new memory limit before the limit is written: a lower memory.max does
-// not fail (the kernel reclaims, then OOM-kills), so a cgroup that still
+// makeRoom asks the sandbox's cgroup (dir) to give back what it uses
+// above a new memory limit before the limit is written: a lower
+// memory.max does not fail (the kernel reclaims, then OOM-kills), so a cgroup that still
 // uses more is refused with nothing changed, as the container backend
 // refuses it on a v2 node (cgroups.Group.SetLimits).
-func makeRoom(limit *int64) error {
+func makeRoom(dir string, limit *int64) error {
 	if limit == nil || *limit <= 0 {
 		return nil
 	}
-	cur := single(sandboxCgroupDir + "/memory.current")
+	cur := single(dir + "/memory.current")
 	if cur <= uint64(*limit) {
 		return nil
 	}
 	// The guest has no swap: only page cache can go. Asking
 	// memory.reclaim for more than that kept a guest's agent in the
 	// kernel for minutes (conformance Update, a 100 MB holder).
-	if file := keyed(sandboxCgroupDir+"/memory.stat", "file"); cur-min(file, cur) > uint64(*limit) {
+	if file := keyed(dir+"/memory.stat", "file"); cur-min(file, cur) > uint64(*limit) {
 		return fmt.Errorf("memory limit %d is below what the sandbox uses (%d bytes, %d of it page cache) and cannot give back: nothing changed", *limit, cur, file)
 	}
-	_ = os.WriteFile(sandboxCgroupDir+"/memory.reclaim", []byte(strconv.FormatUint(cur-uint64(*limit), 10)), 0)
-	if cur = single(sandboxCgroupDir + "/memory.current"); cur > uint64(*limit) {
+	_ = os.WriteFile(dir+"/memory.reclaim", []byte(strconv.FormatUint(cur-uint64(*limit), 10)), 0)
+	if cur = single(dir + "/memory.current"); cur > uint64(*limit) {
 		return fmt.Errorf("memory limit %d is below what the sandbox uses (%d bytes) and cannot give back: nothing changed", *limit, cur)
 	}
 	return nil

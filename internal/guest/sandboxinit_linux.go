@@ -38,7 +38,6 @@ func IsSandboxInit() bool {
 // sandboxNS is warren-init's namespaces, opened once.
 type sandboxNS struct {
 	pid, mnt *os.File
-	cgroup   *os.File // the sandbox's cgroup directory (sandboxCgroup)
 }
 
 // startSandboxInit starts warren-init in new pid and mount namespaces

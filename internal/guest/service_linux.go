@@ -22,10 +22,12 @@ const ServiceFlag = "--service"
 // none of PID 1's setup is done (mounting a tmpfs over systemd's /run
 // would hide its sockets). There is no sandbox namespace either: the
 // whole VM is the sandbox, commands run in the guest's root as root with
-// every capability, the OS's own users and services beside them. The
-// agent is the reaper of its commands' orphans (a child subreaper), so
-// their exit statuses reach it as in the init role. It returns on a
-// failure; systemd starts it again.
+// every capability, the OS's own users and services beside them, in a
+// cgroup of their own with the sandbox's memory and pids limits
+// (serviceCgroup) that the agent stays out of. The agent is the reaper
+// of its commands' orphans (a child subreaper), so their exit statuses
+// reach it as in the init role. It returns on a failure; systemd starts
+// it again.
 func ServiceMain() error {
 	log.SetFlags(0)
 	log.SetPrefix("warren-guest: ")
@@ -43,6 +45,14 @@ func ServiceMain() error {
 	// here, as the init role does, so a command's trampoline only lowers.
 	raiseLimits(nil)
 	srv := &server{r: newReaper(), bg: newBGTable(), held: map[int]Rlimit{}, whole: true}
+	// The unit says -1000 too (OOMScoreAdjust): said here, the agent
+	// started by hand is as safe from the OOM killer.
+	_ = os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
+	if srv.cg, srv.cgDir, srv.cgErr = serviceCgroup(); srv.cgErr != nil {
+		// Commands run unlimited beside the agent, and a limit the host
+		// asks for is refused with this reason.
+		log.Printf("no cgroup for the commands: %v", srv.cgErr)
+	}
 	go srv.watchPorts(port)
 	return srv.servePort(port)
 }
@@ -52,12 +62,7 @@ func ServiceMain() error {
 // less available) and every CPU's busy time.
 func (s *server) guestStats(st net.Conn) {
 	var cs CgroupStats
-	b, _ := os.ReadFile("/proc/vmstat")
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-			cs.OOMKills, _ = strconv.ParseUint(v, 10, 64)
-		}
-	}
+	cs.OOMKills = guestOOMKills()
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		if _, err := strconv.Atoi(e.Name()); err == nil {
@@ -65,7 +70,7 @@ func (s *server) guestStats(st net.Conn) {
 		}
 	}
 	mem := map[string]uint64{}
-	b, _ = os.ReadFile("/proc/meminfo")
+	b, _ := os.ReadFile("/proc/meminfo")
 	for _, line := range strings.Split(string(b), "\n") {
 		if f := strings.Fields(line); len(f) >= 2 {
 			mem[f[0]], _ = strconv.ParseUint(f[1], 10, 64)
@@ -85,3 +90,7 @@ func (s *server) guestStats(st net.Conn) {
 	out, _ := json.Marshal(cs)
 	_ = WriteFrame(st, KindExit, out)
 }
+
+// guestOOMKills is the guest kernel's count of OOM kills, a cgroup's
+// limit's and the whole guest's alike.
+func guestOOMKills() uint64 { return keyed("/proc/vmstat", "oom_kill") }

@@ -433,9 +433,11 @@ type sandbox struct {
 	// guest's memory (0: unknown); updates change the first (update.go).
 	cpuMillis int64
 	memoryMB  int
-	// whole: the guest is the sandbox (internal/fullvm), no cgroup of
-	// its own inside.
-	whole bool
+	// kind names the backend in errors ("" is microvm); overheadMB is
+	// what of memoryMB the guest keeps for itself (0: guestOverheadMB),
+	// more for a full OS (internal/fullvm, NewSandbox).
+	kind       string
+	overheadMB int
 }
 
 var _ backend.OOMCounter = (*sandbox)(nil)

@@ -1,7 +1,10 @@
 package microvm
 
 import (
+	"context"
+
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/rlimit"
 )
@@ -21,14 +24,40 @@ const (
 // optional interfaces).
 type Sandbox = sandbox
 
-// NewSandbox makes the sandbox of VM v; env and cwd are its processes'
-// defaults, rl their limits (each call to the agent carries them).
-// The whole guest is the sandbox: its memory and pids are the VM's, fixed
-// at boot; cpuMillis is its QEMU cgroup's CPU quota (Config.Cgroup).
-func NewSandbox(id string, v *VM, env []string, cwd string, rl []guest.Rlimit, cpuMillis int64) *Sandbox {
-	s := (&Backend{}).newSandbox(id, v, vmState{Env: env, Cwd: cwd, Rlimits: rl, CPUMillis: cpuMillis})
-	s.whole = true
+// SandboxOpts are what NewSandbox's sandbox is made of besides its VM.
+type SandboxOpts struct {
+	Kind string // the backend, in errors
+	// Env and Cwd are its processes' defaults, Rlimits their limits
+	// (each call to the agent carries them).
+	Env     []string
+	Cwd     string
+	Rlimits []guest.Rlimit
+	// CPUMillis is its QEMU cgroup's CPU quota (Config.Cgroup).
+	CPUMillis int64
+	// MemoryMB is the guest's memory (0: unknown, and memory updates are
+	// refused), OverheadMB what of it the guest's OS keeps: a memory
+	// limit may be raised up to the rest.
+	MemoryMB, OverheadMB int
+}
+
+// NewSandbox makes the sandbox of VM v, whose guest agent runs as a
+// service of a full OS (internal/fullvm): its commands' memory and pids
+// limits are a cgroup's in the guest ("limits": SetGuestLimits, Update).
+func NewSandbox(id string, v *VM, o SandboxOpts) *Sandbox {
+	s := (&Backend{}).newSandbox(id, v, vmState{Env: o.Env, Cwd: o.Cwd, Rlimits: o.Rlimits, CPUMillis: o.CPUMillis, MemoryMB: o.MemoryMB})
+	s.kind, s.overheadMB = o.Kind, o.OverheadMB
 	return s
+}
+
+// SetGuestLimits sets the memory and pids limits of the guest's commands
+// (0: none), as at a create: the agent of a full OS gets them after its
+// boot, having no kernel command line of Warren's to read them from.
+func (s *sandbox) SetGuestLimits(ctx context.Context, memory, pids int64) error {
+	var r struct{}
+	if err := s.vm.call(ctx, guest.Request{Op: "limits", Limits: &guest.Limits{MemoryBytes: &memory, PidsMax: &pids}}, nil, &r); err != nil {
+		return errdefs.Wrap(errdefs.CategoryOf(err), err, s.name()+": sandbox "+s.id+": limits in the guest")
+	}
+	return nil
 }
 
 // GuestRlimits are the limits of a sandbox's processes as the agent sets

@@ -77,7 +77,7 @@ func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 	if u.MemoryBytes != nil || u.PidsMax != nil {
 		var r struct{}
 		if err := s.vm.call(ctx, guest.Request{Op: "limits", Limits: &guest.Limits{MemoryBytes: u.MemoryBytes, PidsMax: u.PidsMax}}, nil, &r); err != nil {
-			return errdefs.Wrap(errdefs.CategoryOf(err), err, "microvm: sandbox "+s.id+": limits in the guest")
+			return errdefs.Wrap(errdefs.CategoryOf(err), err, s.name()+": sandbox "+s.id+": limits in the guest")
 		}
 	}
 	if u.CPUMillis != nil {
@@ -86,11 +86,28 @@ func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 	return nil
 }
 
+// maxMemory is the most memory the sandbox may be given: its VM's less
+// what the guest keeps for itself.
+func (s *sandbox) maxMemory() int64 {
+	if s.overheadMB > 0 {
+		return int64(max(s.memoryMB-s.overheadMB, 0)) << 20
+	}
+	return MaxSandboxMemory(s.memoryMB)
+}
+
+// name is the sandbox's backend, for errors.
+func (s *sandbox) name() string {
+	if s.kind != "" {
+		return s.kind
+	}
+	return Name
+}
+
 // checkUpdate refuses what Update cannot apply, before anything changes.
 func (s *sandbox) checkUpdate(u backend.Update) error {
 	select {
 	case <-s.exited.Done():
-		return errdefs.Conflictf("microvm: sandbox %s is not running", s.id)
+		return errdefs.Conflictf("%s: sandbox %s is not running", s.name(), s.id)
 	default:
 	}
 	if u.Network != nil {
@@ -104,23 +121,20 @@ func (s *sandbox) checkUpdate(u backend.Update) error {
 		}
 	}
 	if (u.QoS != nil || u.CPUMillis != nil) && s.vm.cfg.Cgroup == nil {
-		return errdefs.Unsupportedf("microvm: sandbox %s's QEMU has no cgroup of its own (booted by an earlier version): its CPU quota and class cannot change", s.id)
-	}
-	if s.whole && (u.MemoryBytes != nil || u.PidsMax != nil) {
-		return errdefs.Unsupportedf("sandbox %s: the whole VM is the sandbox: its memory and processes are bounded by the VM it booted", s.id)
+		return errdefs.Unsupportedf("%s: sandbox %s's QEMU has no cgroup of its own (booted by an earlier version): its CPU quota and class cannot change", s.name(), s.id)
 	}
 	if u.MemoryBytes != nil {
-		most := MaxSandboxMemory(s.memoryMB)
+		most := s.maxMemory()
 		switch {
 		case s.memoryMB == 0:
-			return errdefs.Unsupportedf("microvm: sandbox %s's VM memory is unknown (booted by an earlier version): its memory limit cannot change", s.id)
+			return errdefs.Unsupportedf("%s: sandbox %s's VM memory is unknown (booted by an earlier version): its memory limit cannot change", s.name(), s.id)
 		case *u.MemoryBytes == 0 || *u.MemoryBytes > most:
-			return errdefs.Invalidf("microvm: memory limit %d bytes: the VM booted with %d MiB, which holds a sandbox of at most %d bytes (%d MiB); make a new sandbox for more",
-				*u.MemoryBytes, s.memoryMB, most, most>>20)
+			return errdefs.Invalidf("%s: memory limit %d bytes: the VM booted with %d MiB, which holds a sandbox of at most %d bytes (%d MiB); make a new sandbox for more",
+				s.name(), *u.MemoryBytes, s.memoryMB, most, most>>20)
 		}
 	}
 	if (u.MemoryBytes != nil || u.PidsMax != nil) && s.paused.Load() {
-		return errdefs.Conflictf("microvm: sandbox %s is paused: its guest's limits change once it is resumed", s.id)
+		return errdefs.Conflictf("%s: sandbox %s is paused: its guest's limits change once it is resumed", s.name(), s.id)
 	}
 	return nil
 }
@@ -134,9 +148,9 @@ func (s *sandbox) checkNetwork(p netpolicy.Policy) error {
 	case s.att == nil && p.IsNone():
 		return nil
 	case s.att == nil:
-		return errdefs.Unsupportedf("microvm: sandbox %s booted without a network device, which a running VM cannot gain; make a new sandbox with network policy %s", s.id, p)
+		return errdefs.Unsupportedf("%s: sandbox %s booted without a network device, which a running VM cannot gain; make a new sandbox with network policy %s", s.name(), s.id, p)
 	case p.IsNone():
-		return errdefs.Unsupportedf("microvm: sandbox %s's network device cannot be taken from the running VM; an allowlist with no rule cuts it off instead", s.id)
+		return errdefs.Unsupportedf("%s: sandbox %s's network device cannot be taken from the running VM; an allowlist with no rule cuts it off instead", s.name(), s.id)
 	case p.Group != "" && p.Group != s.att.Policy.Group:
 		return errdefs.Invalidf("network.group: sandbox %s's group is fixed at create", s.id)
 	}
