@@ -133,7 +133,7 @@ func TestStatuses(t *testing.T) {
 				t.Errorf("errno %v what %q", r.Errno, r.What)
 			}
 		}},
-		{"fork_bomb", lim(sh("b() { b | b & }; b; sleep 30"), func(l *backend.StepLimits) { l.Wall = 2 * time.Second; l.Procs = 32 }),
+		{"fork_bomb", lim(sh("b() { b | b & }; b; exec sleep 30"), func(l *backend.StepLimits) { l.Wall = 2 * time.Second; l.Procs = 32 }),
 			backend.StatusTimeLimit, nil},
 	}
 	for _, c := range cases {
