@@ -70,13 +70,28 @@ a=$(pgrep -x warren-guest); sed -n 's/^0:://p' /proc/$a/cgroup; cat /proc/$a/oom
 	// the new agent's cgroup takes the limits again. The earlier session
 	// dies with the agent; a daemon adopting the VM reaches the new one
 	// through a port of its own, tried until the agent that answers is
-	// not the old one.
+	// not the old one. A call on an agent that dies under it never ends
+	// (the guest closing its port does not close the host's socket, so
+	// the session lives on): it is given up after 30 s.
 	agentPid := func(sb backend.Sandbox) (string, error) {
-		r, err := conformance.TryExec(sb, backend.ProcSpec{Argv: []string{"pgrep", "-x", "warren-guest"}}, "")
-		if err == nil && r.Status.Code != 0 {
-			err = errors.New(r.Stderr)
+		type res struct {
+			r   conformance.Result
+			err error
 		}
-		return strings.TrimSpace(r.Stdout), err
+		c := make(chan res, 1)
+		go func() {
+			r, err := conformance.TryExec(sb, backend.ProcSpec{Argv: []string{"pgrep", "-x", "warren-guest"}}, "")
+			if err == nil && r.Status.Code != 0 {
+				err = errors.New(r.Stderr)
+			}
+			c <- res{r, err}
+		}()
+		select {
+		case x := <-c:
+			return strings.TrimSpace(x.r.Stdout), x.err
+		case <-time.After(30 * time.Second):
+			return "", errors.New("no answer in 30 s")
+		}
 	}
 	old, err := agentPid(sb)
 	if err != nil {
