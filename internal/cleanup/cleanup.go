@@ -4,7 +4,10 @@
 // exactly what was done, in reverse order.
 package cleanup
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Cleanup holds undo functions. The zero value is ready to use.
 type Cleanup struct {
@@ -13,6 +16,17 @@ type Cleanup struct {
 
 // Add pushes an undo function.
 func (c *Cleanup) Add(f func() error) { c.fns = append(c.fns, f) }
+
+// AddAs pushes an undo function whose error says what it was undoing
+// ("what: err").
+func (c *Cleanup) AddAs(what string, f func() error) {
+	c.Add(func() error {
+		if err := f(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	})
+}
 
 // Clean runs the undo functions in reverse order and forgets them. It is a
 // no-op after Release. It returns the joined errors of the undo functions.

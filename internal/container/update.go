@@ -3,7 +3,6 @@ package container
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
 
 	"github.com/warrenrl/warren/internal/backend"
@@ -41,14 +40,14 @@ func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 		if err != nil {
 			return err
 		}
-		cu.Add(func() error { return wrapIf(undo(), "restore network policy") })
+		cu.AddAs("restore network policy", undo)
 	}
 	if u.QoS != nil {
 		undo, err := s.setQoS(*u.QoS)
 		if err != nil {
 			return err
 		}
-		cu.Add(func() error { return wrapIf(undo(), "restore QoS class") })
+		cu.AddAs("restore QoS class", undo)
 	}
 	if err := s.grp.SetLimits(cgroups.Limits{CPUMillis: u.CPUMillis, MemoryBytes: u.MemoryBytes, PidsMax: u.PidsMax}); err != nil {
 		return err
@@ -60,14 +59,6 @@ func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 		if err := s.replaceCPUs(*u.CPUMillis); err != nil {
 			return errdefs.Wrap(errdefs.CategoryOf(err), err, "sandbox "+s.id+": limits changed, but not the CPUs it runs on")
 		}
-	}
-	return nil
-}
-
-// wrapIf wraps a failed undo's error with what it was undoing.
-func wrapIf(err error, what string) error {
-	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/warrenrl/warren/internal/backend"
-	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/rlimit"
 )
@@ -53,11 +52,7 @@ func NewSandbox(id string, v *VM, o SandboxOpts) *Sandbox {
 // (0: none), as at a create: the agent of a full OS gets them after its
 // boot, having no kernel command line of Warren's to read them from.
 func (s *sandbox) SetGuestLimits(ctx context.Context, memory, pids int64) error {
-	var r struct{}
-	if err := s.vm.call(ctx, guest.Request{Op: "limits", Limits: &guest.Limits{MemoryBytes: &memory, PidsMax: &pids}}, nil, &r); err != nil {
-		return errdefs.Wrap(errdefs.CategoryOf(err), err, s.name()+": sandbox "+s.id+": limits in the guest")
-	}
-	return nil
+	return s.guestLimits(ctx, &memory, &pids)
 }
 
 // GuestRlimits are the limits of a sandbox's processes as the agent sets

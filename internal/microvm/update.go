@@ -3,10 +3,10 @@ package microvm
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/netpolicy"
@@ -18,8 +18,20 @@ var _ backend.Updater = (*sandbox)(nil)
 // MaxSandboxMemory is the most memory a sandbox in a VM of guestMB may be
 // given: the VM's memory less what the guest keeps for itself
 // (guestOverheadMB). Guest memory is fixed at boot.
-func MaxSandboxMemory(guestMB int) int64 {
-	return int64(max(guestMB-guestOverheadMB, 0)) << 20
+func MaxSandboxMemory(guestMB int) int64 { return sandboxMemory(guestMB, guestOverheadMB) }
+
+func sandboxMemory(guestMB, overheadMB int) int64 {
+	return int64(max(guestMB-overheadMB, 0)) << 20
+}
+
+// guestLimits sets the memory and pids limits of the sandbox's cgroup in
+// the guest (nil: unchanged, 0: none) through the agent, all or none.
+func (s *sandbox) guestLimits(ctx context.Context, memory, pids *int64) error {
+	var r struct{}
+	if err := s.vm.call(ctx, guest.Request{Op: "limits", Limits: &guest.Limits{MemoryBytes: memory, PidsMax: pids}}, nil, &r); err != nil {
+		return errdefs.Wrap(errdefs.CategoryOf(err), err, s.name()+": sandbox "+s.id+": limits in the guest")
+	}
+	return nil
 }
 
 // Update changes a running VM's network policy and limits, all or none:
@@ -34,18 +46,18 @@ func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 	if err := s.checkUpdate(u); err != nil {
 		return err
 	}
+	var cu cleanup.Cleanup
+	defer func() {
+		if err := cu.Clean(); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+	}()
 	if u.Network != nil && s.att != nil {
 		undo, err := s.setNetwork(*u.Network)
 		if err != nil {
 			return err
 		}
-		defer func() {
-			if retErr != nil {
-				if err := undo(); err != nil {
-					retErr = errors.Join(retErr, fmt.Errorf("restore network policy: %w", err))
-				}
-			}
-		}()
+		cu.AddAs("restore network policy", undo)
 	}
 	grp := s.vm.cfg.Cgroup
 	if u.QoS != nil {
@@ -53,33 +65,21 @@ func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 		if err != nil {
 			return err
 		}
-		defer func() {
-			if retErr != nil {
-				if err := undo(); err != nil {
-					retErr = errors.Join(retErr, fmt.Errorf("restore QoS class: %w", err))
-				}
-			}
-		}()
+		cu.AddAs("restore QoS class", undo)
 	}
 	if u.CPUMillis != nil {
 		old := s.cpuMillis
 		if err := grp.SetLimits(cgroups.Limits{CPUMillis: u.CPUMillis}); err != nil {
 			return err
 		}
-		defer func() {
-			if retErr != nil {
-				if err := grp.SetLimits(cgroups.Limits{CPUMillis: &old}); err != nil {
-					retErr = errors.Join(retErr, fmt.Errorf("restore CPU quota: %w", err))
-				}
-			}
-		}()
+		cu.AddAs("restore CPU quota", func() error { return grp.SetLimits(cgroups.Limits{CPUMillis: &old}) })
 	}
 	if u.MemoryBytes != nil || u.PidsMax != nil {
-		var r struct{}
-		if err := s.vm.call(ctx, guest.Request{Op: "limits", Limits: &guest.Limits{MemoryBytes: u.MemoryBytes, PidsMax: u.PidsMax}}, nil, &r); err != nil {
-			return errdefs.Wrap(errdefs.CategoryOf(err), err, s.name()+": sandbox "+s.id+": limits in the guest")
+		if err := s.guestLimits(ctx, u.MemoryBytes, u.PidsMax); err != nil {
+			return err
 		}
 	}
+	cu.Release()
 	if u.CPUMillis != nil {
 		s.cpuMillis = *u.CPUMillis
 	}
@@ -90,7 +90,7 @@ func (s *sandbox) Update(ctx context.Context, u backend.Update) (retErr error) {
 // what the guest keeps for itself.
 func (s *sandbox) maxMemory() int64 {
 	if s.overheadMB > 0 {
-		return int64(max(s.memoryMB-s.overheadMB, 0)) << 20
+		return sandboxMemory(s.memoryMB, s.overheadMB)
 	}
 	return MaxSandboxMemory(s.memoryMB)
 }

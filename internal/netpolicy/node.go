@@ -473,13 +473,9 @@ func ipnet(a netip.Addr, bits int) *net.IPNet {
 // namespace is pid's) in one nftables transaction, then cuts its TCP
 // connections that p forbids (Cut).
 func (n *Node) SetPolicy(id string, pid int, a Attachment, p Policy) error {
-	if p.IsNone() {
-		return errdefs.Invalidf("network: set policy none: detach instead")
+	if err := n.SetTapPolicy(id, a, p); err != nil {
+		return err
 	}
-	if err := n.fw.set(id, p); err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "sandbox "+id+": network rules")
-	}
-	n.mark(a.Index, id, a.Hostname, p)
 	if p.Mode == Open {
 		// Forbids nothing Cut would look at: spare the scan (~1.5 ms here,
 		// the kernel walks every TCP socket of the node for it).

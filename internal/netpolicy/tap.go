@@ -78,8 +78,8 @@ func (n *Node) tap(id string, i int) (_ *os.File, retErr error) {
 }
 
 // SetTapPolicy moves VM sandbox id, attached through a tap (AttachTap),
-// to policy p: its rules change in one nftables transaction, as
-// SetPolicy's do. Unlike SetPolicy it aborts no connection: the VM's
+// to policy p: its rules change in one nftables transaction (SetPolicy's
+// first step). Unlike SetPolicy it aborts no connection: the VM's
 // sockets are in its guest's kernel, out of the node's sock_diag (which,
 // asked in QEMU's network namespace, would name the node's own sockets).
 // A connection p forbids has its packets dropped both ways from now on.
