@@ -1112,7 +1112,7 @@ static void __attribute__((noreturn)) init_main(void)
 	char *views = (char *)conf("views", len);
 	if (views)
 		bind_views(views);
-	if (sys_tree_ro && setattr_ro("sys", 0x8000 /* AT_RECURSIVE */) < 0)
+	if (sys_tree_ro && setattr_ro("sys", AT_RECURSIVE_FLAG) < 0)
 		die("mount_setattr", "sys tree");
 
 	if (stage) {

@@ -138,10 +138,8 @@ func (m *monitor) loop() {
 			if err == unix.EINTR {
 				continue
 			}
-			if err == unix.EBADF || err == unix.EINVAL {
-				return // closed (and its number perhaps taken by a file)
-			}
-			// Not expected; going on matters more than stopping: a
+			// Not expected (only this loop closes the epoll set, once
+			// close() asked through the eventfd); going on matters more than stopping: a
 			// monitor that ended silently would leave every later exit
 			// unnoticed.
 			slog.Error("sandbox exit monitor: epoll_wait failed; retrying", "err", err)

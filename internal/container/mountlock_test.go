@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,24 +24,19 @@ import (
 // it, with EINVAL, whoever asks. setns into the user namespace too is
 // refused to a multithreaded process, and adds nothing: the kernel checks
 // the lock before any capability. The thread is never given back to the
-// runtime (it ends with the goroutine): it is in the sandbox's namespace.
+// runtime (throwawayThread): it is in the sandbox's namespace.
 func nodeUnmount(pid int, path string) error {
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		done <- func() error {
-			sm, err := openSandboxMounts(pid)
-			if err != nil {
-				return err
-			}
-			defer sm.close()
-			if err := sm.enter(); err != nil {
-				return err
-			}
-			return unix.Unmount(path, unix.MNT_DETACH)
-		}()
-	}()
-	return <-done
+	sm, err := openSandboxMounts(pid)
+	if err != nil {
+		return err
+	}
+	defer sm.close()
+	return throwawayThread(func() error {
+		if err := sm.enter(); err != nil {
+			return err
+		}
+		return unix.Unmount(path, unix.MNT_DETACH)
+	})
 }
 
 // holdsSysAdmin tells whether pid holds CAP_SYS_ADMIN (in its user

@@ -25,21 +25,9 @@ func newStage(emptyDir string) (*os.File, error) {
 		if err != nil {
 			return err
 		}
-		if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
-			f.Close()
-			return fmt.Errorf("make mounts private: %w", err)
-		}
-		if err := unix.Chdir(emptyDir); err != nil {
+		if err := stageRoot(emptyDir); err != nil {
 			f.Close()
 			return err
-		}
-		if err := unix.PivotRoot(".", "."); err != nil {
-			f.Close()
-			return fmt.Errorf("pivot_root: %w", err)
-		}
-		if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-			f.Close()
-			return fmt.Errorf("detach the node's root: %w", err)
 		}
 		ns = f
 		return nil
@@ -48,6 +36,24 @@ func newStage(emptyDir string) (*os.File, error) {
 		return nil, fmt.Errorf("make the sandboxes' stage mount namespace: %w", err)
 	}
 	return ns, nil
+}
+
+// stageRoot leaves the calling thread's new mount namespace with the
+// empty tmpfs at emptyDir as its only mount, at its root.
+func stageRoot(emptyDir string) error {
+	if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	if err := unix.Chdir(emptyDir); err != nil {
+		return err
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach the node's root: %w", err)
+	}
+	return nil
 }
 
 // sandboxMounts is a sandbox's mount namespace and its root, opened from

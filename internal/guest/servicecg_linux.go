@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -108,7 +109,7 @@ func loadLimits(dir string) error {
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		f, v, ok := strings.Cut(line, " ")
-		if !ok || !isLimitFile(f) {
+		if !ok || !slices.Contains(limitFiles, f) {
 			continue
 		}
 		if err := os.WriteFile(filepath.Join(dir, f), []byte(v), 0); err != nil {
@@ -116,13 +117,4 @@ func loadLimits(dir string) error {
 		}
 	}
 	return nil
-}
-
-func isLimitFile(f string) bool {
-	for _, l := range limitFiles {
-		if f == l {
-			return true
-		}
-	}
-	return false
 }

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
-	"github.com/warrenrl/warren/internal/guestkernel"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -23,16 +21,9 @@ import (
 // other and from it; delete of a hibernated VM removes its checkpoint,
 // and nothing of the VMs is left.
 func TestMicroVMHibernateRestoreFork(t *testing.T) {
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skipf("no qemu-system-x86_64 (scripts/vm.sh installs it): %v", err)
-	}
-	if _, err := guestkernel.Find(guestkernel.Dir); err != nil {
-		t.Skipf("%v", err)
-	}
-	agent := testutil.StaticBinary(t, "./cmd/warren-guest")
-	e := newEnv(t, envOptions{serveArgs: []string{"--guest-agent", agent}})
+	needMicroVM(t)
+	e := microVMEnv(t)
 	ctx := ctxFor(t, 5*time.Minute)
-	vmDir := func(id string) string { return filepath.Join(e.stateDir, "microvm", "vms", id) }
 	e.create(&warrenv1.CreateRequest{Id: "vmh", Backend: "microvm", Resources: &warrenv1.Resources{MemoryBytes: 128 << 20}})
 	e.shOK("vmh", "echo before > /root/f")
 	pi, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "vmh", Shell: "i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/count; sleep 0.1; done"})
@@ -76,7 +67,7 @@ func TestMicroVMHibernateRestoreFork(t *testing.T) {
 	if h.GetSandbox().GetState() != warrenv1.SandboxState_SANDBOX_STATE_HIBERNATED || h.GetBytes() == 0 || h.GetBefore().GetBytes() == 0 {
 		t.Fatalf("hibernated: %v", h)
 	}
-	vmGone(t, vmDir("vmh"))
+	vmGone(t, e.vmDir("vmh"))
 
 	if err := e.stop(); err != nil {
 		t.Fatal(err)
@@ -138,17 +129,9 @@ func TestMicroVMHibernateRestoreFork(t *testing.T) {
 		if err := e.c.Delete(ctx, id); err != nil {
 			t.Fatal(err)
 		}
-		vmGone(t, vmDir(id))
+		vmGone(t, e.vmDir(id))
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		ents, _ := os.ReadDir(filepath.Join(e.stateDir, "checkpoints"))
-		if len(ents) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("checkpoints left after delete: %v", ents)
-		}
-	}
+	e.checkpointsGone(10 * time.Second)
 }
 
 // TestMicroVMHibernateWithDiskAndNetwork: through the daemon, a VM with a
@@ -159,14 +142,8 @@ func TestMicroVMHibernateRestoreFork(t *testing.T) {
 // policy; deleting them all leaves no QEMU, VM directory or checkpoint
 // (and the harness's baseline: no tap).
 func TestMicroVMHibernateWithDiskAndNetwork(t *testing.T) {
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skipf("no qemu-system-x86_64 (scripts/vm.sh installs it): %v", err)
-	}
-	if _, err := guestkernel.Find(guestkernel.Dir); err != nil {
-		t.Skipf("%v", err)
-	}
-	agent := testutil.StaticBinary(t, "./cmd/warren-guest")
-	e := newEnv(t, envOptions{serveArgs: []string{"--guest-agent", agent}})
+	needMicroVM(t)
+	e := microVMEnv(t)
 	ctx := ctxFor(t, 5*time.Minute)
 	th, other := testutil.NewTestHost(t), testutil.NewTestHost(t)
 	pAllowed := httpHost(t, th.NS, th.Addr.String()+":0", "vm")
@@ -190,7 +167,7 @@ func TestMicroVMHibernateWithDiskAndNetwork(t *testing.T) {
 	if _, err := e.c.Hibernate(ctx, "vmdn"); err != nil {
 		t.Fatal(err)
 	}
-	vmGone(t, filepath.Join(e.stateDir, "microvm", "vms", "vmdn"))
+	vmGone(t, e.vmDir("vmdn"))
 	if err := e.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -225,15 +202,7 @@ func TestMicroVMHibernateWithDiskAndNetwork(t *testing.T) {
 		if err := e.c.Delete(ctx, id); err != nil {
 			t.Fatal(err)
 		}
-		vmGone(t, filepath.Join(e.stateDir, "microvm", "vms", id))
+		vmGone(t, e.vmDir(id))
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		ents, _ := os.ReadDir(filepath.Join(e.stateDir, "checkpoints"))
-		if len(ents) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("checkpoints left after delete: %v", ents)
-		}
-	}
+	e.checkpointsGone(10 * time.Second)
 }

@@ -22,15 +22,9 @@ import (
 // daemon restart (which adopts the VM), pause and resume work, and delete leaves no QEMU
 // and no VM directory.
 func TestMicroVMSandboxThroughTheAPI(t *testing.T) {
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skipf("no qemu-system-x86_64 (scripts/vm.sh installs it): %v", err)
-	}
-	if _, err := guestkernel.Find(guestkernel.Dir); err != nil {
-		t.Skipf("%v", err)
-	}
+	needMicroVM(t)
 	t.Parallel()
-	agent := testutil.StaticBinary(t, "./cmd/warren-guest")
-	e := newEnv(t, envOptions{serveArgs: []string{"--guest-agent", agent}})
+	e := microVMEnv(t)
 	ctx := ctxFor(t, 3*time.Minute)
 	sb := e.create(&warrenv1.CreateRequest{Id: "vm1", Backend: "microvm"})
 	if sb.GetBackend() != "microvm" {
@@ -61,7 +55,7 @@ func TestMicroVMSandboxThroughTheAPI(t *testing.T) {
 	if err := e.c.Delete(ctx, "vm2"); err != nil {
 		t.Fatal(err)
 	}
-	vmGone(t, filepath.Join(e.stateDir, "microvm", "vms", "vm2"))
+	vmGone(t, e.vmDir("vm2"))
 	// Files go through the guest agent, with the container's path rules.
 	if err := e.c.WriteFile(ctx, &warrenv1.WriteFileRequest{SandboxId: "vm1", Path: "/root/dir/f", Content: []byte("from the host"), MakeParents: true}); err != nil {
 		t.Fatal(err)
@@ -113,7 +107,7 @@ func TestMicroVMSandboxThroughTheAPI(t *testing.T) {
 	if r := e.sh("vm3", "echo resumed"); string(r.GetStdout()) != "resumed\n" {
 		t.Fatalf("exec after resume: %+v", r)
 	}
-	vm3 := filepath.Join(e.stateDir, "microvm", "vms", "vm3")
+	vm3 := e.vmDir("vm3")
 	if err := e.c.Delete(ctx, "vm3"); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +115,7 @@ func TestMicroVMSandboxThroughTheAPI(t *testing.T) {
 	if err := e.c.Delete(ctx, "vm1"); err != nil && !client.IsNotFound(err) {
 		t.Fatal(err)
 	}
-	vmGone(t, filepath.Join(e.stateDir, "microvm", "vms", "vm1"))
+	vmGone(t, e.vmDir("vm1"))
 }
 
 // vmGone waits (bounded) until the VM directory dir and its QEMU are gone.
@@ -157,14 +151,8 @@ func qemuRunsFor(dir string) bool {
 // cannot do (lose its network device, or gain one) is Unsupported and
 // changes nothing.
 func TestMicroVMNetworkUpdate(t *testing.T) {
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skipf("no qemu-system-x86_64 (scripts/vm.sh installs it): %v", err)
-	}
-	if _, err := guestkernel.Find(guestkernel.Dir); err != nil {
-		t.Skipf("%v", err)
-	}
-	agent := testutil.StaticBinary(t, "./cmd/warren-guest")
-	e := newEnv(t, envOptions{serveArgs: []string{"--guest-agent", agent}})
+	needMicroVM(t)
+	e := microVMEnv(t)
 	ctx := ctxFor(t, 3*time.Minute)
 	a, b := testutil.NewTestHost(t), testutil.NewTestHost(t)
 	pa := httpHost(t, a.NS, a.Addr.String()+":0", "a")
@@ -206,6 +194,42 @@ func TestMicroVMNetworkUpdate(t *testing.T) {
 		if err := e.c.Delete(ctx, id); err != nil {
 			t.Fatal(err)
 		}
-		vmGone(t, filepath.Join(e.stateDir, "microvm", "vms", id))
+		vmGone(t, e.vmDir(id))
+	}
+}
+
+// needMicroVM skips a test where the node cannot boot microVMs: no QEMU
+// (scripts/vm.sh installs it) or no guest kernel.
+func needMicroVM(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skipf("no qemu-system-x86_64 (scripts/vm.sh installs it): %v", err)
+	}
+	if _, err := guestkernel.Find(guestkernel.Dir); err != nil {
+		t.Skipf("%v", err)
+	}
+}
+
+// microVMEnv is a daemon with this tree's guest agent for its microVMs.
+func microVMEnv(t *testing.T) *env {
+	t.Helper()
+	agent := testutil.StaticBinary(t, "./cmd/warren-guest")
+	return newEnv(t, envOptions{serveArgs: []string{"--guest-agent", agent}})
+}
+
+// vmDir is where the daemon keeps microVM id's files while it runs.
+func (e *env) vmDir(id string) string { return filepath.Join(e.stateDir, "microvm", "vms", id) }
+
+// checkpointsGone waits until the daemon's checkpoint directory is empty.
+func (e *env) checkpointsGone(within time.Duration) {
+	e.t.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
+		ents, _ := os.ReadDir(filepath.Join(e.stateDir, "checkpoints"))
+		if len(ents) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("checkpoints left after delete: %v", ents)
+		}
 	}
 }
