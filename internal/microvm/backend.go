@@ -198,7 +198,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		st.Disk = true
 	}
 	if !spec.Network.IsNone() {
-		a, tap, err := b.opts.Network.AttachTap(spec.ID, hostname, spec.Network)
+		a, tap, err := b.opts.Network.AttachTap(Name, spec.ID, hostname, spec.Network)
 		if err != nil {
 			return nil, err
 		}
@@ -307,6 +307,9 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 		if b.opts.Network == nil {
 			return nil, errdefs.Unavailablef("microvm: sandbox %s has a network and this backend no sandbox networking", id)
 		}
+		if st.Net.Owner == "" {
+			st.Net.Owner = Name // a record from before taps had owners
+		}
 		// Taken before anything can fail, so that a cleanup below frees
 		// it and no create meanwhile takes it.
 		if err := b.opts.Network.Adopt(id, *st.Net); err != nil {
@@ -368,7 +371,7 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 	// The orphans' taps went with their QEMU; their rules, and the taps
 	// of creates a crash interrupted, go here.
 	if b.opts.Network != nil {
-		if err := b.opts.Network.SweepTaps(keep); err != nil {
+		if err := b.opts.Network.SweepTaps(Name, keep); err != nil {
 			return errdefs.Wrap(errdefs.Internal, err, "microvm sweep")
 		}
 	}

@@ -34,7 +34,7 @@ func testNetwork(t *testing.T) netpolicy.Options {
 	}
 	t.Cleanup(func() {
 		if n, err := netpolicy.New(o); err == nil {
-			_ = n.SweepTaps(nil)
+			_ = n.SweepTaps(Name, nil)
 			_ = n.RemoveUnused()
 			_ = n.Close()
 		}

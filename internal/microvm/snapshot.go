@@ -425,7 +425,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 	if sv.Net {
 		// A tap of its own, on the /31 the node gives it now (a fork's
 		// is another than its source's): the guest is told (restoreVM).
-		a, tap, err := b.opts.Network.AttachTap(spec.ID, sv.Hostname, spec.Network)
+		a, tap, err := b.opts.Network.AttachTap(Name, spec.ID, sv.Hostname, spec.Network)
 		if err != nil {
 			return nil, err
 		}

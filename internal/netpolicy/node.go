@@ -56,8 +56,9 @@ type Node struct {
 type member struct {
 	id, hostname string
 	policy       Policy
-	attached     bool // Attach or Adopt done (Reserve alone: not yet)
-	tap          bool // a VM's tap (AttachTap), not a veth
+	attached     bool   // Attach or Adopt done (Reserve alone: not yet)
+	tap          bool   // a VM's tap (AttachTap), not a veth
+	owner        string // the backend whose VM's tap it is (AttachTap)
 }
 
 // New checks the options; it touches nothing on the node (a daemon whose
@@ -97,6 +98,11 @@ type Attachment struct {
 	Hostname string `json:"hostname,omitempty"`
 	// Tap says the interface is a VM's tap (AttachTap), not a veth.
 	Tap bool `json:"tap,omitempty"`
+	// Owner names the backend whose VM the tap is (AttachTap): two
+	// backends attach taps (microvm, fullvm), and each sweeps its own
+	// (SweepTaps). Empty in records from before, all the microvm
+	// backend's.
+	Owner string `json:"owner,omitempty"`
 }
 
 // LogGroup is the NFLOG group the daemon's rules log refused packets to.
@@ -332,13 +338,13 @@ func (n *Node) Attach(id, hostname string, pid int, p Policy) (_ Attachment, ret
 // AttachNS is Attach to the network namespace ns (a restore's, which no
 // process holds yet). Like Attach it runs from the node's namespace.
 func (n *Node) AttachNS(id, hostname string, ns netns.NsHandle, p Policy) (Attachment, error) {
-	return n.attach(id, hostname, p, false, func(i int) error { return n.link(id, ns, i) })
+	return n.attach(id, hostname, p, false, "", func(i int) error { return n.link(id, ns, i) })
 }
 
 // attach takes a /31 for sandbox id, adds its rules for policy p, then
 // has mk make the interface of that /31 (a veth, or a VM's tap: tap);
 // all or nothing.
-func (n *Node) attach(id, hostname string, p Policy, tap bool, mk func(i int) error) (_ Attachment, retErr error) {
+func (n *Node) attach(id, hostname string, p Policy, tap bool, owner string, mk func(i int) error) (_ Attachment, retErr error) {
 	if p.IsNone() {
 		return Attachment{}, errdefs.Invalidf("network: attach with mode none")
 	}
@@ -366,9 +372,9 @@ func (n *Node) attach(id, hostname string, p Policy, tap bool, mk func(i int) er
 	cu.Release()
 	n.mark(i, id, hostname, p)
 	n.mu.Lock()
-	n.used[i].tap = tap
+	n.used[i].tap, n.used[i].owner = tap, owner
 	n.mu.Unlock()
-	return Attachment{Index: i, Policy: p, Hostname: hostname, Tap: tap}, nil
+	return Attachment{Index: i, Policy: p, Hostname: hostname, Tap: tap, Owner: owner}, nil
 }
 
 // mark records /31 i as sandbox id's, attached with policy p.
@@ -376,8 +382,11 @@ func (n *Node) mark(i int, id, hostname string, p Policy) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	old := n.used[i]
-	n.used[i] = &member{id: id, hostname: hostname, policy: p, attached: true,
-		tap: old != nil && old.id == id && old.tap}
+	m := &member{id: id, hostname: hostname, policy: p, attached: true}
+	if old != nil && old.id == id {
+		m.tap, m.owner = old.tap, old.owner
+	}
+	n.used[i] = m
 }
 
 // link makes the veth pair of /31 i with its sandbox end in network
@@ -652,23 +661,27 @@ func (n *Node) Adopt(id string, a Attachment) error {
 	if other, ok := n.used[a.Index]; ok && other.id != id {
 		return errdefs.Conflictf("sandbox %s: network index %d is sandbox %s's", id, a.Index, other.id)
 	}
-	n.used[a.Index] = &member{id: id, hostname: a.Hostname, policy: a.Policy, attached: true, tap: a.Tap}
+	n.used[a.Index] = &member{id: id, hostname: a.Hostname, policy: a.Policy, attached: true, tap: a.Tap, owner: a.Owner}
 	return nil
 }
 
 // Sweep removes the interfaces and rules of every sandbox not in keep:
 // those of sandboxes that died while no daemon ran, and of creates a
-// crash interrupted. The daemon's backends share the node (the microvm
-// backend's taps beside the container backend's veths) and each sweeps
+// crash interrupted. The daemon's backends share the node (the VM
+// backends' taps beside the container backend's veths) and each sweeps
 // with the ids of its own sandboxes only: Sweep (veths) keeps every
-// attached or adopted tap whatever keep says, SweepTaps the veths.
-func (n *Node) Sweep(keep map[string]bool) error { return n.sweep(keep, false) }
+// attached or adopted tap whatever keep says, SweepTaps the veths and
+// the other VM backend's taps.
+func (n *Node) Sweep(keep map[string]bool) error { return n.sweep(keep, false, "") }
 
-// SweepTaps is Sweep for the microvm backend: keep lists VMs, and the
-// attached veths of containers stay.
-func (n *Node) SweepTaps(keep map[string]bool) error { return n.sweep(keep, true) }
+// SweepTaps is Sweep for VM backend owner (AttachTap): keep lists its
+// VMs, and the attached veths of containers and taps of other owners
+// stay.
+func (n *Node) SweepTaps(owner string, keep map[string]bool) error {
+	return n.sweep(keep, true, owner)
+}
 
-func (n *Node) sweep(keep map[string]bool, taps bool) error {
+func (n *Node) sweep(keep map[string]bool, taps bool, owner string) error {
 	n.mu.Lock()
 	owned := map[string]bool{}
 	kept := map[netip.Addr]bool{}
@@ -677,7 +690,7 @@ func (n *Node) sweep(keep map[string]bool, taps bool) error {
 		keepAll[id] = k
 	}
 	for i, m := range n.used {
-		if keep[m.id] || m.attached && m.tap != taps {
+		if keep[m.id] || m.attached && (m.tap != taps || m.owner != owner) {
 			keepAll[m.id] = true
 			owned[n.Ifname(i)] = true
 			_, a := n.Addrs(i)

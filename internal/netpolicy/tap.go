@@ -23,9 +23,10 @@ import (
 // tap is the only descriptor of the tap, which is not persistent: QEMU
 // is given it (-netdev tap,fd=N) and the caller closes its own copy once
 // QEMU started, so the tap goes when QEMU goes, killed or crashed; its
-// rules stay until Detach or Sweep.
-func (n *Node) AttachTap(id, hostname string, p Policy) (a Attachment, tap *os.File, err error) {
-	a, err = n.attach(id, hostname, p, true, func(i int) error {
+// rules stay until Detach or Sweep. owner names the VM backend
+// (Attachment.Owner, SweepTaps).
+func (n *Node) AttachTap(owner, id, hostname string, p Policy) (a Attachment, tap *os.File, err error) {
+	a, err = n.attach(id, hostname, p, true, owner, func(i int) error {
 		tap, err = n.tap(id, i)
 		return err
 	})
