@@ -475,7 +475,9 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		}
 	}
 	if o.fullVM {
-		fb, err := fullvm.New(fullvm.Options{StateDir: filepath.Join(stateDir, "fullvm"), ImageDir: o.fullVMImage, CgroupParent: o.cgroupParent})
+		// Full VMs too: their taps beside the microVMs' (each backend
+		// sweeps its own: netpolicy.Node.SweepTaps).
+		fb, err := fullvm.New(fullvm.Options{StateDir: filepath.Join(stateDir, "fullvm"), ImageDir: o.fullVMImage, Network: ctr.Network(), CgroupParent: o.cgroupParent})
 		if err != nil {
 			log.Info("no fullvm backend", "err", err)
 		} else {

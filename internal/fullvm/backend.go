@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,9 +24,11 @@ import (
 	"time"
 
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/microvm"
+	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/qmp"
 	"github.com/warrenrl/warren/internal/qos"
 )
@@ -68,6 +71,10 @@ type Options struct {
 	// CgroupParent is the parent of the VMs' QEMU cgroups (the container
 	// backend's: microvm.NewHostGroup); default "warren".
 	CgroupParent string
+	// Network gives VMs with a network policy their taps and rules (the
+	// container backend's node, as the microvm backend's); nil: mode
+	// none only.
+	Network *netpolicy.Node
 }
 
 // Backend runs sandboxes as full VMs (backend.Backend).
@@ -137,8 +144,8 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, errdefs.Unsupportedf("fullvm: a disk limit is not implemented (the disk is the image's size)")
 	case len(spec.Devices) > 0 || len(spec.Mounts) > 0:
 		return nil, errdefs.Unsupportedf("fullvm: devices and host mounts are not passed into VMs")
-	case !spec.Network.IsNone():
-		return nil, errdefs.Unsupportedf("fullvm: network policy %s: VMs have no network (mode none only)", spec.Network)
+	case !spec.Network.IsNone() && b.opts.Network == nil:
+		return nil, errdefs.Unsupportedf("fullvm: network policy %s: this backend has no sandbox networking (mode none only)", spec.Network)
 	case qos.Check(spec.QoS) != nil:
 		return nil, qos.Check(spec.QoS)
 	case len(spec.Layers) == 0:
@@ -170,6 +177,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if spec.CPUMillis > 0 {
 		cpus = int((spec.CPUMillis + 999) / 1000)
 	}
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = spec.ID // as a container's
+	}
 	dir := b.vmDir(spec.ID)
 	if strings.ContainsAny(dir+image, ",=") {
 		return nil, errdefs.Invalidf("fullvm: path %q or %q has a character QEMU's option syntax takes (, or =)", dir, image)
@@ -181,11 +192,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		}
 		return nil, errdefs.Wrap(errdefs.Internal, err, "fullvm: VM directory")
 	}
-	defer func() {
-		if err != nil {
-			_ = os.RemoveAll(dir)
-		}
-	}()
+	var cu cleanup.Cleanup
+	defer func() { _ = cu.Clean() }()
+	cu.Add(func() error { return os.RemoveAll(dir) })
 	// The sandbox's disk: its writes in an overlay of its own, the image
 	// its read-only backing file (named by its resolved path, so a later
 	// build does not change it under the VM).
@@ -198,48 +207,97 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if err != nil {
 		return nil, err
 	}
+	cfg := microvm.Config{QEMU: b.opts.QEMU, Dir: dir}
+	var att *netpolicy.Attachment
+	if !spec.Network.IsNone() {
+		a, n, err := b.attach(spec.ID, hostname, spec.Network, &cu)
+		if err != nil {
+			return nil, err
+		}
+		// QEMU holds the tap once started: ours goes after the boot
+		// either way.
+		defer n.Tap.Close()
+		cfg.Net, att = n, &a
+		args = append(args, netArgs(n)...)
+	}
+	cfg.Args = args
 	grp, err := microvm.NewHostGroup(microvm.HostGroup{Parent: b.opts.CgroupParent, Backend: Name, ID: spec.ID,
 		GuestMB: mem, CPUs: cpus, KVM: b.opts.KVM, CPUMillis: spec.CPUMillis, QoS: spec.QoS})
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			_ = grp.Delete() // gone already if QEMU ran
-		}
-	}()
+	cu.Add(grp.Delete) // gone already if QEMU ran
+	cfg.Cgroup = grp
 	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
 	defer cancel()
-	v, err := microvm.Boot(bctx, microvm.Config{QEMU: b.opts.QEMU, Dir: dir, Args: args, Cgroup: grp})
+	v, err := microvm.Boot(bctx, cfg)
 	if err != nil {
 		if ctx.Err() == nil && bctx.Err() != nil {
 			return nil, errdefs.Wrap(errdefs.Unavailable, err, fmt.Sprintf("fullvm: the guest's agent did not answer within %v (a loaded node boots slowly under TCG)", bootTimeout))
 		}
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			v.Close()
-		}
-	}()
-	if spec.Hostname != "" || spec.ID != "" {
-		h := spec.Hostname
-		if h == "" {
-			h = spec.ID // as a container's
-		}
-		if err := setHostname(bctx, v, h); err != nil {
-			return nil, err
-		}
+	cu.Add(v.Close)
+	if err := setHostname(bctx, v, hostname); err != nil {
+		return nil, err
 	}
 	if err := microvm.Isolate(v.Pid(), spec.QoS); err != nil {
 		return nil, err
 	}
 	sb := &sandbox{Sandbox: microvm.NewSandbox(spec.ID, v, microvm.SandboxOpts{Kind: Name, Env: spec.Env, Cwd: spec.Workdir,
-		Rlimits: rl, CPUMillis: spec.CPUMillis, MemoryMB: mem, OverheadMB: guestOverheadMB}), dir: dir}
+		Rlimits: rl, CPUMillis: spec.CPUMillis, MemoryMB: mem, OverheadMB: guestOverheadMB,
+		Network: b.opts.Network, Net: att}), dir: dir}
+	if cfg.Net != nil {
+		if err := guestNetwork(bctx, sb, cfg.Net, len(spec.Etc) > 0); err != nil {
+			return nil, err
+		}
+	}
 	if err := guestLimits(bctx, sb, spec); err != nil {
 		return nil, err
 	}
+	cu.Release()
 	return sb, nil
+}
+
+// attach gives sandbox id a tap on the node's sandbox subnet with policy
+// p's rules (netpolicy.Node.AttachTap), detached again by cu's rollback.
+func (b *Backend) attach(id, hostname string, p netpolicy.Policy, cu *cleanup.Cleanup) (netpolicy.Attachment, *microvm.Net, error) {
+	a, tap, err := b.opts.Network.AttachTap(Name, id, hostname, p)
+	if err != nil {
+		return a, nil, err
+	}
+	cu.Add(func() error { return b.opts.Network.Detach(id, a) })
+	gw, addr := b.opts.Network.Addrs(a.Index)
+	return a, &microvm.Net{Tap: tap, Addr: addr, Gateway: gw}, nil
+}
+
+// netArgs are QEMU's arguments for n: a virtio-net PCI device on the tap
+// (fd 3: microvm.Boot passes it), with a MAC address of its own the
+// agent finds the interface by (guestMAC).
+func netArgs(n *microvm.Net) []string {
+	return []string{"-netdev", "tap,id=net0,fd=3", "-device", "virtio-net-pci,netdev=net0,mac=" + guestMAC(n.Addr)}
+}
+
+// guestMAC is the VM's interface's hardware address: QEMU's prefix
+// (52:54:00) and the low three bytes of its address, unique on the node's
+// subnet (a /16 at most, so two bytes would do).
+func guestMAC(addr netip.Addr) string {
+	a := addr.As4()
+	return fmt.Sprintf("52:54:00:%02x:%02x:%02x", a[1], a[2], a[3])
+}
+
+// guestNetwork gives the guest its address and route (and with resolv
+// its resolv.conf naming Warren's resolver, as a container's /etc files
+// are written), after the boot: the boot loader's kernel command line is
+// the image's, so the agent cannot read them from it as microvm's does.
+// The guest kernel keeps them: a restarted agent or an adopting daemon
+// needs to send nothing.
+func guestNetwork(ctx context.Context, sb *sandbox, n *microvm.Net, resolv bool) error {
+	err := sb.SetGuestNetwork(ctx, guestMAC(n.Addr), resolv)
+	if err != nil {
+		return fmt.Errorf("%w (an image whose agent predates fullvm networking fails so: %s builds a new one)", err, ImageScript)
+	}
+	return nil
 }
 
 // guestLimits gives the guest's cgroup of the sandbox's commands its
@@ -334,6 +392,8 @@ type vmState struct {
 	// MemoryMB is the guest's (0 from an earlier version: its memory
 	// limit cannot change).
 	MemoryMB int `json:"memory_mb,omitempty"`
+	// Net is the VM's network (its tap and rules), nil for none.
+	Net *netpolicy.Attachment `json:"net,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon booted, through an agent port of
@@ -348,10 +408,26 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 		return nil, errdefs.Wrap(errdefs.Internal, err, "fullvm: sandbox state")
 	}
 	dir := b.vmDir(id)
+	if st.Net != nil {
+		if b.opts.Network == nil {
+			return nil, errdefs.Unavailablef("fullvm: sandbox %s has a network and this backend no sandbox networking", id)
+		}
+		// Taken before anything can fail, so that a cleanup below frees
+		// it and no create meanwhile takes it.
+		if err := b.opts.Network.Adopt(id, *st.Net); err != nil {
+			return nil, err
+		}
+	}
+	gone := func() {
+		if st.Net != nil {
+			_ = b.opts.Network.Detach(id, *st.Net)
+		}
+	}
 	pids := microvm.QEMUPids(dir, st.Pid)
 	if len(pids) == 0 {
 		_ = os.RemoveAll(dir)
 		_ = microvm.RemoveHostGroup(b.opts.CgroupParent, Name, id)
+		gone()
 		return nil, errdefs.NotFoundf("fullvm: sandbox %s: its VM is gone", id)
 	}
 	cfg := microvm.Config{QEMU: b.opts.QEMU, Dir: dir}
@@ -361,13 +437,15 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 	v, err := microvm.Attach(ctx, cfg, pids[0])
 	if errors.Is(err, errdefs.ErrNotFound) {
 		b.stopOrphan(id)
+		gone()
 		return nil, err
 	}
 	if err != nil {
 		return nil, err
 	}
 	sb := &sandbox{Sandbox: microvm.NewSandbox(id, v, microvm.SandboxOpts{Kind: Name, Env: st.Env, Cwd: st.Cwd,
-		Rlimits: st.Rlimits, CPUMillis: st.CPUMillis, MemoryMB: st.MemoryMB, OverheadMB: guestOverheadMB}), dir: dir}
+		Rlimits: st.Rlimits, CPUMillis: st.CPUMillis, MemoryMB: st.MemoryMB, OverheadMB: guestOverheadMB,
+		Network: b.opts.Network, Net: st.Net}), dir: dir}
 	c, err := qmp.Dial(ctx, filepath.Join(dir, microvm.QMPSocket))
 	if err != nil {
 		v.Close()
@@ -398,7 +476,17 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 		}
 	}
 	// The cgroups of QEMUs gone while no daemon ran.
-	return microvm.SweepHostGroups(b.opts.CgroupParent, Name, keep)
+	if err := microvm.SweepHostGroups(b.opts.CgroupParent, Name, keep); err != nil {
+		return err
+	}
+	// The orphans' taps went with their QEMU; their rules, and the taps
+	// of creates a crash interrupted, go here.
+	if b.opts.Network != nil {
+		if err := b.opts.Network.SweepTaps(Name, keep); err != nil {
+			return errdefs.Wrap(errdefs.Internal, err, "fullvm sweep")
+		}
+	}
+	return nil
 }
 
 // stopOrphan kills VM id's QEMU and removes its directory.

@@ -18,7 +18,7 @@ import (
 // and exempt from the OOM killer, the commands are not. Update changes
 // the limits up to the VM's memory less the OS's (Invalid beyond, naming
 // the most), and the limits hold after the agent's restart by systemd
-// and a daemon's adoption.
+// and a daemon's adoption (restartAgent).
 func TestFullVMCommandsCgroupHoldsTheLimits(t *testing.T) {
 	img := testImage(t)
 	state := t.TempDir()
@@ -65,14 +65,21 @@ a=$(pgrep -x warren-guest); sed -n 's/^0:://p' /proc/$a/cgroup; cat /proc/$a/oom
 	}
 	check(sb, "50331648", "50")
 
-	// systemd restarts the agent (from a timer's unit: the restart ends
-	// the agent's unit's processes, this command's caller among them):
-	// the new agent's cgroup takes the limits again. The earlier session
-	// dies with the agent; a daemon adopting the VM reaches the new one
-	// through a port of its own, tried until the agent that answers is
-	// not the old one. A call on an agent that dies under it never ends
-	// (the guest closing its port does not close the host's socket, so
-	// the session lives on): it is given up after 30 s.
+	sb2 := restartAgent(t, ctx, sb, opts)
+	defer sb2.Destroy(context.Background())
+	check(sb2, "50331648", "50")
+}
+
+// restartAgent has systemd restart the guest's agent (from a timer's
+// unit: the restart ends the agent's unit's processes, this command's
+// caller among them) and returns the sandbox as a daemon adopting the VM
+// then has it. The earlier session dies with the agent; the adopting
+// backend reaches the new one through a port of its own, tried until the
+// agent that answers is not the old one. A call on an agent that dies
+// under it never ends (the guest closing its port does not close the
+// host's socket, so the session lives on): it is given up after 30 s.
+func restartAgent(t *testing.T, ctx context.Context, sb backend.Sandbox, opts Options) backend.Sandbox {
+	t.Helper()
 	agentPid := func(sb backend.Sandbox) (string, error) {
 		type res struct {
 			r   conformance.Result
@@ -100,23 +107,21 @@ a=$(pgrep -x warren-guest); sed -n 's/^0:://p' /proc/$a/cgroup; cat /proc/$a/oom
 	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"systemd-run", "--on-active=2", "systemctl", "restart", "warren-guest"}}, ""); r.Status.Code != 0 {
 		t.Fatalf("systemd-run: %+v", r)
 	}
-	var sb2 backend.Sandbox
 	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(3 * time.Second) {
 		b2, err := New(opts)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if sb2, err = b2.Adopt(ctx, "fvcg", sb.State()); err != nil {
+		sb2, err := b2.Adopt(ctx, sb.ID(), sb.State())
+		if err != nil {
 			t.Fatal(err)
 		}
 		pid, err := agentPid(sb2)
 		if err == nil && pid != old {
-			break
+			return sb2
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no restarted agent (pid %s) answered an adopting daemon: %q %v", old, pid, err)
 		}
 	}
-	defer sb2.Destroy(context.Background())
-	check(sb2, "50331648", "50")
 }

@@ -1,6 +1,8 @@
 package fullvm
 
 import (
+	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,7 +13,27 @@ import (
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/backend/conformance"
 	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/netpolicy"
 )
+
+// testNetwork gives the test its own sandbox networking: a name (nftables
+// table, interface prefix) and a subnet of 10.250-254 (the other test
+// packages take 10.100-249), and removes whatever its sandboxes left
+// when it ends.
+func testNetwork(t *testing.T) netpolicy.Options {
+	o := netpolicy.Options{
+		Name:   fmt.Sprintf("warren-test-fullvm-%d", os.Getpid()),
+		Subnet: netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 250+os.Getpid()%5, os.Getpid()%256)),
+	}
+	t.Cleanup(func() {
+		if n, err := netpolicy.New(o); err == nil {
+			_ = n.SweepTaps(Name, nil)
+			_ = n.RemoveUnused()
+			_ = n.Close()
+		}
+	})
+	return o
+}
 
 // TestConformance runs the shared backend suite on full VMs. Not in the
 // default run: each sub-test boots a Debian VM (about a minute under TCG
@@ -23,10 +45,17 @@ func TestConformance(t *testing.T) {
 	}
 	img := testImage(t)
 	state := t.TempDir()
+	netOpts := testNetwork(t)
 	conformance.Run(t, conformance.Harness{
 		FixedCPUs: true,
 		New: func(t *testing.T) backend.Backend {
-			b, err := New(Options{StateDir: state, CgroupParent: testCgroupParent, ImageDir: img})
+			// Each backend its own node, as each daemon: the suite
+			// adopts and sweeps with fresh ones.
+			n, err := netpolicy.New(netOpts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := New(Options{StateDir: state, CgroupParent: testCgroupParent, ImageDir: img, Network: n})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -56,7 +85,7 @@ func TestConformance(t *testing.T) {
 			for _, g := range groups {
 				out = append(out, "cgroup "+g)
 			}
-			return out
+			return append(out, conformance.NetworkResources(t, netOpts)...)
 		},
 		Kill: func(t *testing.T, sb backend.Sandbox) {
 			if err := syscall.Kill(sb.(*sandbox).VMPid(), syscall.SIGKILL); err != nil {

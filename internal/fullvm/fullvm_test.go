@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,7 +50,20 @@ func testImage(t *testing.T) string {
 		t.Fatalf("%s: %v\n%s", ImageScript, err, out)
 	}
 	t.Logf("%s", bytes.TrimSpace(out))
-	return DefaultImageDir
+	return builtImage(t, out)
+}
+
+// builtImage is the directory of the image the script says it built (or
+// found cached), resolved from its last line ("<dir>/bookworm ->
+// bookworm-<key> (...)"): not the shared name, which another test's build
+// on the node may point elsewhere before this test's VM boots.
+func builtImage(t *testing.T, out []byte) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m) -> (\S+) \(`).FindAllSubmatch(out, -1)
+	if len(m) == 0 {
+		t.Fatalf("%s named no image:\n%s", ImageScript, out)
+	}
+	return filepath.Join(filepath.Dir(DefaultImageDir), string(m[len(m)-1][1]))
 }
 
 // differ counts the pixels where a and b differ, or b differs from its

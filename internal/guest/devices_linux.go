@@ -1,12 +1,15 @@
 package guest
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -57,20 +60,20 @@ func networkUp() error {
 	if err != nil || !gw.Is4() {
 		return fmt.Errorf("warren.gw %q: want IPv4", cmdlineString("gw"))
 	}
-	return configureEth0(addr, gw, false)
+	return configureLink("eth0", addr, gw, false)
 }
 
-// configureEth0 gives eth0 addr on a /31, up, with a default route
-// through gw. again: eth0 was configured before (a VM restored on another
-// tap): it goes down first, which drops its routes and its neighbours
-// (the old gateway's MAC address is the old tap's).
-func configureEth0(addr, gw netip.Addr, again bool) error {
+// configureLink gives interface name (eth0) addr on a /31, up, with a
+// default route through gw. again: it was configured before (a VM
+// restored on another tap): it goes down first, which drops its routes
+// and its neighbours (the old gateway's MAC address is the old tap's).
+func configureLink(name string, addr, gw netip.Addr, again bool) error {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
 	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("eth0")
+	ifr, err := unix.NewIfreq(name)
 	if err != nil {
 		return err
 	}
@@ -82,28 +85,28 @@ func configureEth0(addr, gw netip.Addr, again bool) error {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("no eth0 after 10s: %w", err)
+			return fmt.Errorf("no %s after 10s: %w", name, err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	index := ifr.Uint32()
 	set := func(req uint, a netip.Addr, what string) error {
-		ifr, _ := unix.NewIfreq("eth0")
+		ifr, _ := unix.NewIfreq(name)
 		if err := ifr.SetInet4Addr(a.AsSlice()); err != nil {
 			return err
 		}
 		if err := unix.IoctlIfreq(fd, req, ifr); err != nil {
-			return fmt.Errorf("%s of eth0: %w", what, err)
+			return fmt.Errorf("%s of %s: %w", what, name, err)
 		}
 		return nil
 	}
 	if again {
 		if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-			return fmt.Errorf("eth0 flags: %w", err)
+			return fmt.Errorf("%s flags: %w", name, err)
 		}
 		ifr.SetUint16(ifr.Uint16() &^ unix.IFF_UP)
 		if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-			return fmt.Errorf("set eth0 down: %w", err)
+			return fmt.Errorf("set %s down: %w", name, err)
 		}
 	}
 	if err := set(unix.SIOCSIFADDR, addr, "address"); err != nil {
@@ -113,11 +116,11 @@ func configureEth0(addr, gw netip.Addr, again bool) error {
 		return err
 	}
 	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("eth0 flags: %w", err)
+		return fmt.Errorf("%s flags: %w", name, err)
 	}
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
 	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("set eth0 up: %w", err)
+		return fmt.Errorf("set %s up: %w", name, err)
 	}
 	return defaultRoute(index, gw)
 }
@@ -180,7 +183,12 @@ func writeResolvConf() error {
 	if err != nil {
 		return fmt.Errorf("warren.dns: %w", err)
 	}
-	etc := filepath.Join(RootDir, "etc")
+	return writeResolv(RootDir, a)
+}
+
+// writeResolv writes root's /etc/resolv.conf naming nameserver a.
+func writeResolv(root string, a netip.Addr) error {
+	etc := filepath.Join(root, "etc")
 	if fi, err := os.Lstat(etc); err != nil || !fi.IsDir() {
 		// An image whose /etc is missing or not a directory keeps
 		// its own (as the container backend does).
@@ -191,4 +199,53 @@ func writeResolvConf() error {
 		return err
 	}
 	return os.WriteFile(p, etcfiles.ResolvConf(a), 0o644)
+}
+
+// linkWait bounds the wait for a full OS's interface (linkOfMAC): its
+// udev loads the driver and names the interface during the boot, which
+// the agent may answer before; a loaded node under TCG boots in minutes.
+const linkWait = 2 * time.Minute
+
+// linkOfMAC is the name of the interface whose hardware address is mac,
+// once the OS's udev is done with it: udev renames a new interface
+// (eth0 to enp0s2) and the kernel refuses to rename one that is up, so an
+// interface configured before would keep the kernel's name and udev
+// would log a failure. udev's database entry for it (/run/udev/data/n
+// and its index, what systemd-networkd waits for too) says it is done;
+// without udev running (no /run/udev/control) the name stands.
+func linkOfMAC(mac string, within time.Duration) (string, error) {
+	hw, err := net.ParseMAC(mac)
+	if err != nil {
+		return "", fmt.Errorf("network: MAC address %q: %w", mac, err)
+	}
+	deadline := time.Now().Add(within)
+	for ; ; time.Sleep(20 * time.Millisecond) {
+		ifs, err := net.Interfaces()
+		if err != nil {
+			return "", fmt.Errorf("network: list interfaces: %w", err)
+		}
+		for _, ifc := range ifs {
+			if !bytes.Equal(ifc.HardwareAddr, hw) {
+				continue
+			}
+			if udevDone(ifc.Index) {
+				// The name udev gave it, read again by index.
+				if now, err := net.InterfaceByIndex(ifc.Index); err == nil {
+					return now.Name, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("network: no interface with MAC address %s named by udev within %v", mac, within)
+		}
+	}
+}
+
+// udevDone says udev has processed interface index, or runs not at all.
+func udevDone(index int) bool {
+	if _, err := os.Stat("/run/udev/control"); err != nil {
+		return true
+	}
+	_, err := os.Stat("/run/udev/data/n" + strconv.Itoa(index))
+	return err == nil
 }

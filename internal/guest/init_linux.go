@@ -273,7 +273,11 @@ func (s *server) serve(st net.Conn) {
 	case "restored":
 		restored(st, req.Restored)
 	case "network":
-		renetwork(st, req.Network)
+		root := "/"
+		if s.ns != nil {
+			root = RootDir
+		}
+		renetwork(st, req.Network, root)
 	case "fs":
 		if req.FS == nil {
 			fail(st, errdefs.Invalid, errors.New("fs: no call"))

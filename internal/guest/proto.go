@@ -80,15 +80,22 @@ type Request struct {
 	// guest (limits_linux.go).
 	Limits *Limits `json:"limits,omitempty"`
 	// Network is "network"'s: eth0's address and gateway for a VM
-	// restored on another tap (restore_linux.go).
+	// restored on another tap, or a full OS's network after its boot
+	// (restore_linux.go).
 	Network *Network `json:"network,omitempty"`
 }
 
-// Network is a restored VM's new place on the node's sandbox subnet: the
-// /31's odd address and its gateway (IPv4).
+// Network is a VM's place on the node's sandbox subnet: the /31's odd
+// address and its gateway (IPv4).
 type Network struct {
 	Addr    string `json:"addr"`
 	Gateway string `json:"gateway"`
+	// MAC names the interface by its hardware address where the guest
+	// OS names it (a full OS's udev: enp0s2, not eth0); "" is eth0.
+	MAC string `json:"mac,omitempty"`
+	// Nameserver, if set, is written into the sandbox's
+	// /etc/resolv.conf: the resolver at the gateway.
+	Nameserver string `json:"nameserver,omitempty"`
 }
 
 // Restored tells the agent of a VM restored from a checkpoint what it

@@ -70,22 +70,40 @@ func reseed(seed []byte) error {
 
 // renetwork is "network": the VM was restored on another tap, whose /31
 // may be another (a fork's always is): eth0 takes the new address and
-// gateway. Connections of the old address end.
-func renetwork(w io.Writer, n *Network) {
-	var addr, gw netip.Addr
+// gateway. Connections of the old address end. A full OS's agent gets
+// its network so after the boot (its kernel command line is the image's):
+// the interface named by n.MAC, and the resolver in root's resolv.conf.
+func renetwork(w io.Writer, n *Network, root string) {
+	var addr, gw, ns netip.Addr
 	var err error
 	if n != nil {
 		if addr, err = netip.ParseAddr(n.Addr); err == nil {
 			gw, err = netip.ParseAddr(n.Gateway)
+		}
+		if err == nil && n.Nameserver != "" {
+			ns, err = netip.ParseAddr(n.Nameserver)
 		}
 	}
 	if n == nil || err != nil || !addr.Is4() || !gw.Is4() {
 		fail(w, errdefs.Invalid, fmt.Errorf("network: an IPv4 address and gateway are needed (%v)", err))
 		return
 	}
-	if err := configureEth0(addr, gw, true); err != nil {
+	name := "eth0"
+	if n.MAC != "" {
+		if name, err = linkOfMAC(n.MAC, linkWait); err != nil {
+			fail(w, errdefs.Unavailable, err)
+			return
+		}
+	}
+	if err := configureLink(name, addr, gw, true); err != nil {
 		fail(w, errdefs.Internal, err)
 		return
+	}
+	if ns.IsValid() {
+		if err := writeResolv(root, ns); err != nil {
+			fail(w, errdefs.Internal, fmt.Errorf("network: resolv.conf: %w", err))
+			return
+		}
 	}
 	_ = WriteFrame(w, KindExit, []byte("{}"))
 }

@@ -64,7 +64,7 @@ func TestConformance(t *testing.T) {
 			for _, g := range groups {
 				out = append(out, "cgroup "+g)
 			}
-			return append(out, networkResources(t, netOpts)...)
+			return append(out, conformance.NetworkResources(t, netOpts)...)
 		},
 		Kill: func(t *testing.T, sb backend.Sandbox) {
 			pid := sb.(*sandbox).vm.Pid()

@@ -4,7 +4,9 @@ import (
 	"context"
 
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/guest"
+	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/rlimit"
 )
 
@@ -37,13 +39,18 @@ type SandboxOpts struct {
 	// refused), OverheadMB what of it the guest's OS keeps: a memory
 	// limit may be raised up to the rest.
 	MemoryMB, OverheadMB int
+	// Network and Net are its network (netpolicy.Node.AttachTap), nil
+	// for none: Update changes its tap's rules, Destroy detaches it.
+	Network *netpolicy.Node
+	Net     *netpolicy.Attachment
 }
 
 // NewSandbox makes the sandbox of VM v, whose guest agent runs as a
 // service of a full OS (internal/fullvm): its commands' memory and pids
 // limits are a cgroup's in the guest ("limits": SetGuestLimits, Update).
 func NewSandbox(id string, v *VM, o SandboxOpts) *Sandbox {
-	s := (&Backend{}).newSandbox(id, v, vmState{Env: o.Env, Cwd: o.Cwd, Rlimits: o.Rlimits, CPUMillis: o.CPUMillis, MemoryMB: o.MemoryMB})
+	b := &Backend{opts: Options{Network: o.Network}}
+	s := b.newSandbox(id, v, vmState{Env: o.Env, Cwd: o.Cwd, Rlimits: o.Rlimits, CPUMillis: o.CPUMillis, MemoryMB: o.MemoryMB, Net: o.Net})
 	s.kind, s.overheadMB = o.Kind, o.OverheadMB
 	return s
 }
@@ -53,6 +60,26 @@ func NewSandbox(id string, v *VM, o SandboxOpts) *Sandbox {
 // boot, having no kernel command line of Warren's to read them from.
 func (s *sandbox) SetGuestLimits(ctx context.Context, memory, pids int64) error {
 	return s.guestLimits(ctx, &memory, &pids)
+}
+
+// SetGuestNetwork gives the guest's interface of MAC address mac its
+// address and gateway on the sandbox's /31, and with resolv the
+// sandbox's resolv.conf naming the gateway's resolver: the agent of a
+// full OS gets them after its boot, as its limits (SetGuestLimits).
+func (s *sandbox) SetGuestNetwork(ctx context.Context, mac string, resolv bool) error {
+	if s.att == nil {
+		return nil
+	}
+	gw, addr := s.net.Addrs(s.att.Index)
+	n := &guest.Network{Addr: addr.String(), Gateway: gw.String(), MAC: mac}
+	if resolv {
+		n.Nameserver = gw.String()
+	}
+	var r struct{}
+	if err := s.vm.call(ctx, guest.Request{Op: "network", Network: n}, nil, &r); err != nil {
+		return errdefs.Wrap(errdefs.CategoryOf(err), err, s.name()+": sandbox "+s.id+": network in the guest")
+	}
+	return nil
 }
 
 // GuestRlimits are the limits of a sandbox's processes as the agent sets

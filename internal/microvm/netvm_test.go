@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/backend/conformance"
 	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/netpolicy"
 	"github.com/warrenrl/warren/internal/testutil"
@@ -42,34 +43,6 @@ func testNetwork(t *testing.T) netpolicy.Options {
 	return o
 }
 
-// networkResources lists what a test's sandboxes' networks can leave on
-// the node: interfaces of its prefix (taps), rules and groups in its
-// table.
-func networkResources(t *testing.T, o netpolicy.Options) []string {
-	n, err := netpolicy.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	links, ids, err := n.Leftovers()
-	if err != nil {
-		t.Errorf("network leftovers: %v", err)
-	}
-	var out []string
-	for name, id := range links {
-		out = append(out, "interface "+name+" "+id)
-	}
-	for _, id := range ids {
-		out = append(out, "nft chains of "+id)
-	}
-	groups, _ := n.Groups()
-	for g, addrs := range groups {
-		out = append(out, fmt.Sprintf("nft group %s of %d", g, len(addrs)))
-	}
-	slices.Sort(out)
-	return out
-}
-
 // TestVMNetworkAllowlistAndLeaks: a VM with an allowlist policy reaches
 // an allowed address (a test host on the node) through its virtio-net
 // device and tap, and not a denied one, under the rules a container's
@@ -92,7 +65,7 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	allowed, denied := testutil.NewTestHost(t), testutil.NewTestHost(t)
 	pa := testutil.EchoServer(t, allowed.NS, allowed.Addr.String()+":0")
 	pd := testutil.EchoServer(t, denied.NS, denied.Addr.String()+":0")
-	base := networkResources(t, o)
+	base := conformance.NetworkResources(t, o)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	layers := []backend.Layer{{Digest: "sha256:busybox", Blob: cfg.Layers[0]}}
@@ -135,7 +108,7 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	if err := sb.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := networkResources(t, o); !slices.Equal(got, base) {
+	if got := conformance.NetworkResources(t, o); !slices.Equal(got, base) {
 		t.Errorf("after Destroy: %v, want %v", got, base)
 	}
 
@@ -174,7 +147,7 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	if err := sb.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := networkResources(t, o); !slices.Equal(got, base) {
+	if got := conformance.NetworkResources(t, o); !slices.Equal(got, base) {
 		t.Errorf("after a killed QEMU and Destroy: %v, want %v", got, base)
 	}
 }
@@ -201,7 +174,7 @@ func TestCheckpointOfAVMWithANetwork(t *testing.T) {
 	allowed, denied := testutil.NewTestHost(t), testutil.NewTestHost(t)
 	pa := testutil.EchoServer(t, allowed.NS, allowed.Addr.String()+":0")
 	pd := testutil.EchoServer(t, denied.NS, denied.Addr.String()+":0")
-	base := networkResources(t, o)
+	base := conformance.NetworkResources(t, o)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	pol := netpolicy.Policy{Mode: netpolicy.Allowlist, Allow: []netpolicy.Rule{{Prefix: netip.PrefixFrom(allowed.Addr, 32)}}}
@@ -250,7 +223,7 @@ func TestCheckpointOfAVMWithANetwork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := networkResources(t, o); !slices.Equal(got, base) {
+	if got := conformance.NetworkResources(t, o); !slices.Equal(got, base) {
 		t.Errorf("after Destroy: %v, want %v", got, base)
 	}
 	if left := leftovers(state); len(left) > 0 {
