@@ -1,11 +1,13 @@
 // Package fullvm runs sandboxes as full QEMU VMs (q35): a Debian disk
 // image that scripts/fullvm-image.sh builds (systemd, its own kernel and
 // boot loader), one copy-on-write qcow2 overlay per sandbox, Warren's
-// guest agent as a systemd service on a virtio-serial port, and a
-// virtual screen (VGA, with a VNC socket), keyboard and pointer that
-// the API reaches through QMP (backend.Display). The agent's host side,
-// the VM's lifecycle and the sandbox's calls are internal/microvm's;
-// this package gives them another machine. docs/FULLVM.md.
+// guest agent as a systemd service on a virtio-serial port, a network
+// device on a tap of the node where the sandbox has a network policy
+// (netpolicy, as a microVM's), and a virtual screen (VGA, with a VNC
+// socket), keyboard and pointer that the API reaches through QMP
+// (backend.Display). The agent's host side, the VM's lifecycle and the
+// sandbox's calls are internal/microvm's; this package gives them
+// another machine. docs/FULLVM.md.
 package fullvm
 
 import (
@@ -295,7 +297,7 @@ func guestMAC(addr netip.Addr) string {
 func guestNetwork(ctx context.Context, sb *sandbox, n *microvm.Net, resolv bool) error {
 	err := sb.SetGuestNetwork(ctx, guestMAC(n.Addr), resolv)
 	if err != nil {
-		return fmt.Errorf("%w (an image whose agent predates fullvm networking fails so: %s builds a new one)", err, ImageScript)
+		return fmt.Errorf("%w (the agent of an image from before fullvm networking looks for eth0 and fails so: %s builds a new one)", err, ImageScript)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/fullvm"
+	"github.com/warrenrl/warren/internal/guestkernel"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -24,27 +26,7 @@ import (
 // (the guest runs it), Sandbox.vnc names a VNC socket, and delete leaves
 // no QEMU and no VM directory.
 func TestFullVMScreenThroughTheAPI(t *testing.T) {
-	for _, c := range []string{"qemu-system-x86_64", "qemu-img", "debootstrap"} {
-		if _, err := exec.LookPath(c); err != nil {
-			t.Skipf("no %s: the fullvm image cannot be built or booted here", c)
-		}
-	}
-	// The image with this tree's agent, built as `make build` builds it
-	// (cached per agent: seconds once the rootfs is).
-	root := testutil.ModuleRoot()
-	agent := filepath.Join(t.TempDir(), "warren-guest")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", agent, "./cmd/warren-guest")
-	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the agent: %v\n%s", err, out)
-	}
-	if out, err := exec.Command(filepath.Join(root, fullvm.ImageScript), agent).CombinedOutput(); err != nil {
-		if bytes.Contains(out, []byte("debootstrap failed")) {
-			t.Skipf("debootstrap failed (no network to the mirror?):\n%s", out)
-		}
-		t.Fatalf("%s: %v\n%s", fullvm.ImageScript, err, out)
-	}
-	e := newEnv(t, envOptions{})
+	e := newEnv(t, envOptions{serveArgs: []string{"--fullvm-image", fullVMImage(t)}})
 	ctx := ctxFor(t, 8*time.Minute)
 	t0 := time.Now()
 	sb, err := e.c.Create(ctx, &warrenv1.CreateRequest{Id: "fv1", Image: imageName, Backend: "fullvm"})
@@ -124,4 +106,101 @@ func notBlank(img image.Image) bool {
 		}
 	}
 	return false
+}
+
+// fullVMImage builds the fullvm image with this tree's agent, as `make
+// build` builds it (cached per agent: seconds once the rootfs is), and
+// returns its directory: not the shared name the script points at it,
+// which another build on the node may move before the daemon boots a VM.
+// It skips where the node cannot build or boot one.
+func fullVMImage(t *testing.T) string {
+	t.Helper()
+	for _, c := range []string{"qemu-system-x86_64", "qemu-img", "debootstrap"} {
+		if _, err := exec.LookPath(c); err != nil {
+			t.Skipf("no %s: the fullvm image cannot be built or booted here", c)
+		}
+	}
+	root := testutil.ModuleRoot()
+	agent := filepath.Join(t.TempDir(), "warren-guest")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", agent, "./cmd/warren-guest")
+	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the agent: %v\n%s", err, out)
+	}
+	out, err := exec.Command(filepath.Join(root, fullvm.ImageScript), agent).CombinedOutput()
+	if err != nil {
+		if bytes.Contains(out, []byte("debootstrap failed")) {
+			t.Skipf("debootstrap failed (no network to the mirror?):\n%s", out)
+		}
+		t.Fatalf("%s: %v\n%s", fullvm.ImageScript, err, out)
+	}
+	// Its last line: "<dir>/bookworm -> bookworm-<key> (...)".
+	m := regexp.MustCompile(`(?m) -> (\S+) \(`).FindAllSubmatch(out, -1)
+	if len(m) == 0 {
+		t.Fatalf("%s named no image:\n%s", fullvm.ImageScript, out)
+	}
+	return filepath.Join(filepath.Dir(fullvm.DefaultImageDir), string(m[len(m)-1][1]))
+}
+
+// TestFullVMNetworkPolicyThroughTheAPI: a fullvm sandbox created with an
+// allowlist reaches the allowed test host and not the other, through its
+// VM's virtio-net device on a tap of the node; its gateway and resolver
+// are the node's end; Update moves it to the other host, and the rules
+// survive a daemon restart (the microvm backend's sweep, whose taps share
+// the node, leaves the full VM's alone); a VM cannot lose its network
+// device (Unsupported, nothing changes). Delete leaves no QEMU, VM
+// directory, tap, network namespace or nftables rule of it.
+func TestFullVMNetworkPolicyThroughTheAPI(t *testing.T) {
+	img := fullVMImage(t)
+	// The microvm backend too (where the node boots microVMs), as a
+	// daemon runs them: its sweep at the restart must keep the full VM's
+	// tap.
+	args := []string{"--fullvm-image", img}
+	if _, err := guestkernel.Find(guestkernel.Dir); err == nil {
+		args = append(args, "--guest-agent", testutil.StaticBinary(t, "./cmd/warren-guest"))
+	}
+	e := newEnv(t, envOptions{serveArgs: args})
+	ctx := ctxFor(t, 10*time.Minute)
+	a, b := testutil.NewTestHost(t), testutil.NewTestHost(t)
+	pa := httpHost(t, a.NS, a.Addr.String()+":0", "a")
+	pb := httpHost(t, b.NS, b.Addr.String()+":0", "b")
+	reaches := func(when string, wantA, wantB bool) {
+		t.Helper()
+		if _, ok := e.fetch("fvn", a.Addr.String(), pa); ok != wantA {
+			t.Errorf("%s: host a reachable %v, want %v", when, ok, wantA)
+		}
+		if _, ok := e.fetch("fvn", b.Addr.String(), pb); ok != wantB {
+			t.Errorf("%s: host b reachable %v, want %v", when, ok, wantB)
+		}
+	}
+	t0 := time.Now()
+	sb := e.create(&warrenv1.CreateRequest{Id: "fvn", Image: imageName, Backend: "fullvm",
+		Network: policy("allowlist", rule(a.Addr.String()+"/32", 0, ""))})
+	t.Logf("create to RUNNING: %v", time.Since(t0))
+	gw := e.gateway("fvn")
+	if gw == "" || sb.GetNetworkAddress() == "" {
+		t.Fatalf("gateway %q, network address %q", gw, sb.GetNetworkAddress())
+	}
+	if got := e.shOK("fvn", "grep ^nameserver /etc/resolv.conf"); got != "nameserver "+gw+"\n" {
+		t.Errorf("resolv.conf: %q, want the gateway %s", got, gw)
+	}
+	reaches("at create", true, false)
+	if _, err := e.c.Update(ctx, "fvn", client.SandboxUpdate{Network: policy("allowlist", rule(b.Addr.String()+"/32", 0, ""))}); err != nil {
+		t.Fatal(err)
+	}
+	reaches("after the update", false, true)
+	if _, err := e.c.Update(ctx, "fvn", client.SandboxUpdate{Network: policy("none")}); !client.IsUnsupported(err) {
+		t.Fatalf("update to none: %v, want unsupported", err)
+	}
+	reaches("after a refused update", false, true)
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	reaches("after a daemon restart", false, true)
+	if err := e.c.Delete(ctx, "fvn"); err != nil {
+		t.Fatal(err)
+	}
+	vmGone(t, filepath.Join(e.stateDir, "fullvm", "vms", "fvn"))
+	e.expectNoResources("fvn", "after delete")
 }
