@@ -297,7 +297,7 @@ func guestMAC(addr netip.Addr) string {
 func guestNetwork(ctx context.Context, sb *sandbox, n *microvm.Net, resolv bool) error {
 	err := sb.SetGuestNetwork(ctx, guestMAC(n.Addr), resolv)
 	if err != nil {
-		return fmt.Errorf("%w (the agent of an image from before fullvm networking looks for eth0 and fails so: %s builds a new one)", err, ImageScript)
+		return fmt.Errorf("%w (the agent of an image from before fullvm networking configures eth0, which udev renames: %s builds a new one)", err, ImageScript)
 	}
 	return nil
 }

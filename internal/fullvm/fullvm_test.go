@@ -54,16 +54,17 @@ func testImage(t *testing.T) string {
 }
 
 // builtImage is the directory of the image the script says it built (or
-// found cached), resolved from its last line ("<dir>/bookworm ->
-// bookworm-<key> (...)"): not the shared name, which another test's build
+// found cached), from its last line ("<dir>/bookworm -> bookworm-<key>
+// (...)"; <dir> is $WARREN_VM_DIR/images): not the shared name, which another test's build
 // on the node may point elsewhere before this test's VM boots.
 func builtImage(t *testing.T, out []byte) string {
 	t.Helper()
-	m := regexp.MustCompile(`(?m) -> (\S+) \(`).FindAllSubmatch(out, -1)
+	m := regexp.MustCompile(`(?m)(\S+) -> (\S+) \(`).FindAllSubmatch(out, -1)
 	if len(m) == 0 {
 		t.Fatalf("%s named no image:\n%s", ImageScript, out)
 	}
-	return filepath.Join(filepath.Dir(DefaultImageDir), string(m[len(m)-1][1]))
+	last := m[len(m)-1]
+	return filepath.Join(filepath.Dir(string(last[1])), string(last[2]))
 }
 
 // differ counts the pixels where a and b differ, or b differs from its

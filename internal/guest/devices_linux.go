@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log"
 	"net"
 	"net/netip"
 	"os"
@@ -199,6 +200,25 @@ func writeResolv(root string, a netip.Addr) error {
 		return err
 	}
 	return os.WriteFile(p, etcfiles.ResolvConf(a), 0o644)
+}
+
+// configureMAC is configureLink for the interface of hardware address
+// mac, as a full OS's udev names it (linkOfMAC), configured again under
+// its new name should udev rename it meanwhile (ENODEV: the old name is
+// gone; once up, it keeps its name).
+func configureMAC(mac string, addr, gw netip.Addr) error {
+	deadline := time.Now().Add(linkWait)
+	for {
+		name, err := linkOfMAC(mac, time.Until(deadline))
+		if err != nil {
+			return err
+		}
+		err = configureLink(name, addr, gw, true)
+		if !errors.Is(err, unix.ENODEV) || time.Now().After(deadline) {
+			return err
+		}
+		log.Printf("network: %s renamed while being configured: again", name)
+	}
 }
 
 // linkWait bounds the wait for a full OS's interface (linkOfMAC): its

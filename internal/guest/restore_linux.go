@@ -88,14 +88,12 @@ func renetwork(w io.Writer, n *Network, root string) {
 		fail(w, errdefs.Invalid, fmt.Errorf("network: an IPv4 address and gateway are needed (%v)", err))
 		return
 	}
-	name := "eth0"
 	if n.MAC != "" {
-		if name, err = linkOfMAC(n.MAC, linkWait); err != nil {
-			fail(w, errdefs.Unavailable, err)
-			return
-		}
+		err = configureMAC(n.MAC, addr, gw)
+	} else {
+		err = configureLink("eth0", addr, gw, true)
 	}
-	if err := configureLink(name, addr, gw, true); err != nil {
+	if err != nil {
 		fail(w, errdefs.Internal, err)
 		return
 	}

@@ -134,12 +134,14 @@ func fullVMImage(t *testing.T) string {
 		}
 		t.Fatalf("%s: %v\n%s", fullvm.ImageScript, err, out)
 	}
-	// Its last line: "<dir>/bookworm -> bookworm-<key> (...)".
-	m := regexp.MustCompile(`(?m) -> (\S+) \(`).FindAllSubmatch(out, -1)
+	// Its last line: "<dir>/bookworm -> bookworm-<key> (...)", <dir>
+	// $WARREN_VM_DIR/images.
+	m := regexp.MustCompile(`(?m)(\S+) -> (\S+) \(`).FindAllSubmatch(out, -1)
 	if len(m) == 0 {
 		t.Fatalf("%s named no image:\n%s", fullvm.ImageScript, out)
 	}
-	return filepath.Join(filepath.Dir(fullvm.DefaultImageDir), string(m[len(m)-1][1]))
+	last := m[len(m)-1]
+	return filepath.Join(filepath.Dir(string(last[1])), string(last[2]))
 }
 
 // TestFullVMNetworkPolicyThroughTheAPI: a fullvm sandbox created with an
