@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"context"
 	"image/color"
+	"net"
+	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/netpolicy"
 )
 
 // TestReadPPM: a screendump's PPM (comments and all whitespace QEMU or
@@ -64,5 +67,26 @@ func TestCreateWithoutImageNamesTheScript(t *testing.T) {
 	}
 	if _, err := b.Create(context.Background(), backend.Spec{ID: "z"}); errdefs.CategoryOf(err) != errdefs.Invalid {
 		t.Fatalf("create without layers: %v, want invalid", err)
+	}
+	// Without the node's sandbox networking a policy that allows
+	// anything is refused, not dropped.
+	open := netpolicy.Policy{Mode: netpolicy.Open}
+	if _, err := b.Create(context.Background(), backend.Spec{ID: "n", Layers: testLayers, Network: open}); errdefs.CategoryOf(err) != errdefs.Unsupported || !strings.Contains(err.Error(), "no sandbox networking") {
+		t.Fatalf("create with a network and no node networking: %v, want unsupported", err)
+	}
+}
+
+// TestGuestMAC: each /31 of a subnet of up to a /16 gives its VM's
+// interface a MAC address of its own, a unicast one of QEMU's prefix.
+func TestGuestMAC(t *testing.T) {
+	seen := map[string]bool{}
+	for i := 0; i < 1<<16; i += 2 {
+		a := netip.AddrFrom4([4]byte{10, 234, byte(i >> 8), byte(i + 1)})
+		m := guestMAC(a)
+		hw, err := net.ParseMAC(m)
+		if err != nil || len(hw) != 6 || !strings.HasPrefix(m, "52:54:00:") || seen[m] {
+			t.Fatalf("guestMAC(%s) = %q (%v): want a new 52:54:00 address", a, m, err)
+		}
+		seen[m] = true
 	}
 }
