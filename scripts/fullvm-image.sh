@@ -5,6 +5,7 @@
 # uses as the backing file of its own overlay. docs/FULLVM.md.
 #
 #   scripts/fullvm-image.sh [path/to/warren-guest]
+#   scripts/fullvm-image.sh --gc     only remove old images (below)
 #
 # The agent defaults to bin/warren-guest (make build). Two stages, each
 # cached under $WARREN_VM_DIR/images (default /opt/warren/vm/images) by
@@ -15,8 +16,11 @@
 #                           (key: the rootfs's and the agent's)
 # and <suite> -> <suite>-<key> names the newest, which the daemon boots.
 # Each stage is made under a .tmp name and renamed when complete: a failed
-# build leaves nothing half-made. Older images stay (a sandbox's overlay
-# may still use one); remove them by hand.
+# build leaves nothing half-made. After each build (and with --gc) the
+# suite's older images and trees go, except those a process holds a file
+# of open: a VM's QEMU holds its image's disk.qcow2 (its overlay's
+# backing file) for its life, and a fullvm create holds .gc-lock shared
+# from reading the <suite> link until its QEMU has the file open.
 #
 # Environment: WARREN_VM_DIR, WARREN_FULLVM_SUITE (bookworm),
 # WARREN_FULLVM_MIRROR (default: the node's apt sources' Debian mirror),
@@ -30,32 +34,36 @@ ROOTFS_VERSION=3 # bump when the rootfs stage changes
 IMAGE_VERSION=3  # bump when the image stage changes
 PACKAGES=systemd-sysv,udev,kmod,procps,iproute2,busybox,linux-image-amd64,initramfs-tools,extlinux,syslinux-common
 here=$(cd "$(dirname "$0")/.." && pwd)
+gc_only=
+[ "${1:-}" != --gc ] || { gc_only=1; shift; }
 agent=${1:-$here/bin/warren-guest}
 
 say() { echo "fullvm-image: $*" >&2; }
 die() { say "$*"; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, loop devices, mounts)"
-[ -x "$agent" ] || die "no guest agent at $agent (make build)"
-export DEBIAN_FRONTEND=noninteractive
-for p in debootstrap:debootstrap qemu-img:qemu-utils; do
-  command -v ${p%%:*} >/dev/null && continue
-  say "installing ${p#*:}"
-  apt-get install -y -qq --no-install-recommends ${p#*:} >/dev/null 2>&1 ||
-    { apt-get update -qq && apt-get install -y -qq --no-install-recommends ${p#*:} >/dev/null; }
-done
-for c in debootstrap qemu-img losetup mkfs.ext4 python3; do
-  command -v $c >/dev/null || die "needs $c (apt-get install debootstrap qemu-utils e2fsprogs)"
-done
+[ -n "$gc_only" ] || [ -x "$agent" ] || die "no guest agent at $agent (make build)"
+if [ -z "$gc_only" ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  for p in debootstrap:debootstrap qemu-img:qemu-utils; do
+    command -v ${p%%:*} >/dev/null && continue
+    say "installing ${p#*:}"
+    apt-get install -y -qq --no-install-recommends ${p#*:} >/dev/null 2>&1 ||
+      { apt-get update -qq && apt-get install -y -qq --no-install-recommends ${p#*:} >/dev/null; }
+  done
+  for c in debootstrap qemu-img losetup mkfs.ext4 python3; do
+    command -v $c >/dev/null || die "needs $c (apt-get install debootstrap qemu-utils e2fsprogs)"
+  done
 
-mirror=${WARREN_FULLVM_MIRROR:-}
-if [ -z "$mirror" ]; then
-  # The first Debian archive the node's apt uses (deb822 or one-line
-  # sources), not the security one.
-  mirror=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {for (i=2;i<=NF;i++) print $i}' |
-    grep -v security | head -1 || true)
-  [ -n "$mirror" ] || mirror=$(awk '$1=="deb" {for (i=2;i<=NF;i++) if ($i ~ /^https?:/) {print $i; exit}}' \
-    /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | grep -v security | head -1 || true)
-  [ -n "$mirror" ] || die "no Debian mirror in the node's apt sources: set WARREN_FULLVM_MIRROR"
+  mirror=${WARREN_FULLVM_MIRROR:-}
+  if [ -z "$mirror" ]; then
+    # The first Debian archive the node's apt uses (deb822 or one-line
+    # sources), not the security one.
+    mirror=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {for (i=2;i<=NF;i++) print $i}' |
+      grep -v security | head -1 || true)
+    [ -n "$mirror" ] || mirror=$(awk '$1=="deb" {for (i=2;i<=NF;i++) if ($i ~ /^https?:/) {print $i; exit}}' \
+      /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | grep -v security | head -1 || true)
+    [ -n "$mirror" ] || die "no Debian mirror in the node's apt sources: set WARREN_FULLVM_MIRROR"
+  fi
 fi
 
 mkdir -p "$DIR"
@@ -64,6 +72,34 @@ flock 9 # one build at a time per machine
 
 rkey=$(printf '%s\n' "$ROOTFS_VERSION" "$SUITE" "$PACKAGES" | sha256sum | cut -c1-12)
 rootfs=$DIR/rootfs-$SUITE-$rkey
+
+# gc removes the suite's images other than the newest and its trees other
+# than this script's, unless a process has a file under one open. Under
+# both locks: the build's (no stage is being made) and .gc-lock, which
+# creates hold shared while they go from the link to an open file.
+gc() {
+  local cur open d name
+  exec 8>"$DIR/.gc-lock"
+  flock 8
+  cur=$(readlink "$DIR/$SUITE" 2>/dev/null || true)
+  open=$(find /proc/[0-9]*/fd -lname "$DIR/*" -printf '%l\n' 2>/dev/null | sort -u || true)
+  for d in "$DIR/$SUITE"-* "$DIR/rootfs-$SUITE"-*; do
+    [ -d "$d" ] && [ ! -L "$d" ] || continue
+    name=$(basename "$d")
+    case $name in "$cur" | "$(basename "$rootfs")" | *.tmp) continue ;; esac
+    if grep -qF "$d/" <<<"$open"; then
+      say "keeping $name: in use ($(grep -cF "$d/" <<<"$open") open files)"
+      continue
+    fi
+    rm -rf "$d"
+    say "removed $name"
+  done
+  exec 8>&-
+}
+if [ -n "$gc_only" ]; then
+  gc
+  exit 0
+fi
 asha=$(sha256sum "$agent" | cut -d' ' -f1)
 ikey=$(printf '%s\n' "$IMAGE_VERSION" "$rkey" "$asha" "$SIZE" | sha256sum | cut -c1-12)
 image=$DIR/$SUITE-$ikey
@@ -235,3 +271,4 @@ fi
 ln -sfn "$(basename "$image")" "$DIR/$SUITE.tmp"
 mv -T "$DIR/$SUITE.tmp" "$DIR/$SUITE"
 say "$DIR/$SUITE -> $(basename "$image") ($(du -sh "$image/disk.qcow2" | cut -f1), total $(( $(date +%s) - t0 )) s)"
+gc

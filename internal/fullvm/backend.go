@@ -126,6 +126,35 @@ func (b *Backend) Image() (string, error) {
 	return "", errdefs.Unsupportedf("fullvm: no disk image at %s (%s builds it): %v", b.opts.ImageDir, ImageScript, err)
 }
 
+// GCLock is the file in the images' directory (the parent of
+// Options.ImageDir) that ImageScript takes exclusively while it removes
+// old images.
+const GCLock = ".gc-lock"
+
+// holdImages takes GCLock shared until the func it returns is called: a
+// create holds it from resolving the image until its QEMU has the image's
+// disk open (the script spares images with open files), so an image a
+// rebuild has just replaced is not removed under a VM about to boot it.
+// Without the lock (a read-only directory) the create goes on: the script
+// is then not the one that manages these images.
+func (b *Backend) holdImages() (release func()) {
+	f, err := os.OpenFile(filepath.Join(filepath.Dir(b.opts.ImageDir), GCLock), os.O_RDONLY|os.O_CREATE|syscall.O_CLOEXEC, 0o644)
+	if err != nil {
+		return func() {}
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return func() {}
+	}
+	return func() { f.Close() }
+}
+
 // Create boots a VM for spec from a new overlay of the image.
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sandbox, err error) {
 	switch {
@@ -158,6 +187,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if err != nil {
 		return nil, err
 	}
+	defer b.holdImages()()
 	image, err := b.Image()
 	if err != nil {
 		return nil, err
