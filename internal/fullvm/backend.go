@@ -335,9 +335,12 @@ func (b *Backend) qemuArgs(dir, image, disk string, mem, cpus int) ([]string, er
 		"-device", "virtio-tablet-pci",
 		"-device", "virtio-serial-pci",
 		"-chardev", "socket,id=agent,path=" + filepath.Join(dir, microvm.AgentSocket) + ",server=on,wait=off",
-		"-device", "virtserialport,chardev=agent,name=" + guest.PortName,
+		"-device", "virtserialport,id=" + microvm.BootPortID + ",chardev=agent,name=" + guest.PortName,
 		"-qmp", "unix:" + filepath.Join(dir, microvm.QMPSocket) + ",server=on,wait=off",
 	}
+	// QEMU says on it when the agent's port closes (systemd restarts the
+	// agent): the backend's session then follows the next agent.
+	args = append(args, microvm.EventArgs(dir)...)
 	if b.opts.DirectKernel {
 		cmdline, err := os.ReadFile(filepath.Join(image, "cmdline"))
 		if err != nil {

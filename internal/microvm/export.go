@@ -72,3 +72,6 @@ func (s *sandbox) VMPid() int { return s.vm.Pid() }
 // Isolate gives a latency-sensitive VM's QEMU a core-scheduling cookie of
 // its own where the kernel has core scheduling.
 func Isolate(pid int, q backend.QoS) error { return isolate(pid, q) }
+
+// AgentLosses is how often the VM's agent went while it ran (VM.AgentLosses).
+func (s *sandbox) AgentLosses() int64 { return s.vm.AgentLosses() }
