@@ -31,7 +31,7 @@ DIR=${WARREN_VM_DIR:-/opt/warren/vm}/images
 SUITE=${WARREN_FULLVM_SUITE:-bookworm}
 SIZE=${WARREN_FULLVM_DISK:-4G}
 ROOTFS_VERSION=3 # bump when the rootfs stage changes
-IMAGE_VERSION=3  # bump when the image stage changes
+IMAGE_VERSION=4  # bump when the image stage changes
 PACKAGES=systemd-sysv,udev,kmod,procps,iproute2,busybox,linux-image-amd64,initramfs-tools,extlinux,syslinux-common
 here=$(cd "$(dirname "$0")/.." && pwd)
 gc_only=
@@ -188,6 +188,28 @@ import sys,uuid; f=open(sys.argv[1],"rb"); f.seek(1024+0x68); print(uuid.UUID(by
   cp -a "$rootfs"/. "$mnt"/
   rm -f "$mnt"/var/cache/apt/archives/*.deb # debootstrap's downloads
   install -m 0755 "$agent" "$mnt/usr/local/sbin/warren-guest"
+  # PID 1 before systemd (init= below): with a disk limit the VM has a
+  # disk whose serial is "upper", and the root becomes an overlay of the
+  # image's root (read-only) under that disk's ext4, so that the
+  # sandbox's writes fill that disk and nothing else (ENOSPC in the guest
+  # past the limit); without one, systemd starts on the image's root as
+  # it is. A failure here ends PID 1: the VM stops, the create fails with
+  # the console's tail, and no sandbox runs without its limit.
+  cat >"$mnt/usr/local/sbin/warren-root" <<'EOF'
+#!/bin/sh
+dev=
+for d in /sys/block/vd*; do
+  [ "$(cat "$d/serial" 2>/dev/null)" = upper ] && dev=/dev/${d##*/}
+done
+[ -n "$dev" ] || exec /sbin/init "$@"
+set -e
+mkdir -p /run/warren-upper
+mount -t ext4 -o discard "$dev" /run/warren-upper
+mkdir -p /run/warren-upper/upper /run/warren-upper/work
+mount -t overlay overlay -o lowerdir=/,upperdir=/run/warren-upper/upper,workdir=/run/warren-upper/work /mnt
+exec switch_root /mnt /sbin/init "$@"
+EOF
+  chmod 0755 "$mnt/usr/local/sbin/warren-root"
   cat >"$mnt/etc/systemd/system/warren-guest.service" <<'EOF'
 [Unit]
 Description=Warren guest agent (serves the host on the virtio-serial port "warren")
@@ -226,9 +248,13 @@ EOF
   done
   echo warren >"$mnt/etc/hostname"
   printf '127.0.0.1 localhost\n127.0.1.1 warren\n' >"$mnt/etc/hosts"
-  echo "UUID=$uuid / ext4 errors=remount-ro 0 1" >"$mnt/etc/fstab"
+  # "defaults": systemd remounts / with these options, and an overlay
+  # root (warren-root) takes no ext4 option; ext4's own errors behaviour
+  # is in its superblock.
+  echo "UUID=$uuid / ext4 defaults 0 1" >"$mnt/etc/fstab"
+  tune2fs -e remount-ro "$part" >/dev/null
   # quiet: every character on the serial console is an exit to QEMU.
-  cmdline="root=UUID=$uuid ro quiet console=ttyS0,115200 console=tty0"
+  cmdline="root=UUID=$uuid ro quiet console=ttyS0,115200 console=tty0 init=/usr/local/sbin/warren-root"
   mkdir -p "$mnt/boot/extlinux"
   cat >"$mnt/boot/extlinux/extlinux.conf" <<EOF
 DEFAULT warren
@@ -249,6 +275,9 @@ EOF
   cp "$mnt/boot/initrd.img-$kver" "$image.tmp/initrd.img"
   echo "$cmdline" >"$image.tmp/cmdline"
   echo "$asha" >"$image.tmp/agent.sha256"
+  # What the image can do that earlier ones could not (internal/fullvm
+  # checks before it asks for it).
+  echo disk-limit >"$image.tmp/features"
   for ((i=${#mounts[@]}-1; i>=0; i--)); do umount "${mounts[i]}"; done
   mounts=()
   losetup -d "$loop"; loop=

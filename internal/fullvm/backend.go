@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -162,8 +163,8 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, errdefs.Invalidf("bad sandbox id %q", spec.ID)
 	case spec.Restore != "":
 		return nil, errdefs.Unsupportedf("fullvm: restoring a checkpoint is not implemented")
-	case spec.DiskBytes > 0:
-		return nil, errdefs.Unsupportedf("fullvm: a disk limit is not implemented (the disk is the image's size)")
+	case spec.DiskBytes > 0 && spec.DiskBytes < microvm.MinDiskBytes:
+		return nil, errdefs.Invalidf("fullvm: disk limit %d bytes is below the minimum of %d", spec.DiskBytes, microvm.MinDiskBytes)
 	case len(spec.Devices) > 0 || len(spec.Mounts) > 0:
 		return nil, errdefs.Unsupportedf("fullvm: devices and host mounts are not passed into VMs")
 	case !spec.Network.IsNone():
@@ -191,6 +192,9 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	image, err := b.Image()
 	if err != nil {
 		return nil, err
+	}
+	if spec.DiskBytes > 0 && !hasFeature(image, "disk-limit") {
+		return nil, errdefs.Unsupportedf("fullvm: the image at %s predates disk limits (%s builds a new one)", image, ImageScript)
 	}
 	mem := defaultMemoryMB
 	if spec.MemoryBytes > 0 {
@@ -227,6 +231,16 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	args, err := b.qemuArgs(dir, image, disk, mem, cpus)
 	if err != nil {
 		return nil, err
+	}
+	if spec.DiskBytes > 0 {
+		// The writable layer's disk: the image's warren-root makes the
+		// root an overlay with its upper on it (scripts/fullvm-image.sh).
+		upper := microvm.DiskImage(dir)
+		if err := microvm.MakeDisk(upper, spec.DiskBytes); err != nil {
+			return nil, err
+		}
+		args = append(args, "-drive", "file="+upper+",if=none,id=upper,format=raw,cache=writeback,discard=unmap",
+			"-device", "virtio-blk-pci,drive=upper,serial="+guest.DiskSerial)
 	}
 	grp, err := microvm.NewHostGroup(microvm.HostGroup{Parent: b.opts.CgroupParent, Backend: Name, ID: spec.ID,
 		GuestMB: mem, CPUs: cpus, KVM: b.opts.KVM, CPUMillis: spec.CPUMillis, QoS: spec.QoS})
@@ -265,7 +279,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, err
 	}
 	sb := &sandbox{Sandbox: microvm.NewSandbox(spec.ID, v, microvm.SandboxOpts{Kind: Name, Env: spec.Env, Cwd: spec.Workdir,
-		Rlimits: rl, CPUMillis: spec.CPUMillis, MemoryMB: mem, OverheadMB: guestOverheadMB}), dir: dir}
+		Rlimits: rl, CPUMillis: spec.CPUMillis, MemoryMB: mem, OverheadMB: guestOverheadMB, Disk: spec.DiskBytes > 0}), dir: dir}
 	if err := guestLimits(bctx, sb, spec); err != nil {
 		return nil, err
 	}
@@ -367,6 +381,8 @@ type vmState struct {
 	// MemoryMB is the guest's (0 from an earlier version: its memory
 	// limit cannot change).
 	MemoryMB int `json:"memory_mb,omitempty"`
+	// Disk: its writable layer is on a disk image of the limit's size.
+	Disk bool `json:"disk,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon booted, through an agent port of
@@ -400,7 +416,7 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 		return nil, err
 	}
 	sb := &sandbox{Sandbox: microvm.NewSandbox(id, v, microvm.SandboxOpts{Kind: Name, Env: st.Env, Cwd: st.Cwd,
-		Rlimits: st.Rlimits, CPUMillis: st.CPUMillis, MemoryMB: st.MemoryMB, OverheadMB: guestOverheadMB}), dir: dir}
+		Rlimits: st.Rlimits, CPUMillis: st.CPUMillis, MemoryMB: st.MemoryMB, OverheadMB: guestOverheadMB, Disk: st.Disk}), dir: dir}
 	c, err := qmp.Dial(ctx, filepath.Join(dir, microvm.QMPSocket))
 	if err != nil {
 		v.Close()
@@ -456,6 +472,13 @@ func (b *Backend) stopOrphan(id string) {
 type sandbox struct {
 	*microvm.Sandbox
 	dir string
+}
+
+// hasFeature reports whether the image in dir says it can do f (its
+// features file: scripts/fullvm-image.sh).
+func hasFeature(dir, f string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "features"))
+	return err == nil && slices.Contains(strings.Fields(string(b)), f)
 }
 
 // layersExist refuses layers that are not there: unused by the VM, they

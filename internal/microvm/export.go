@@ -37,13 +37,16 @@ type SandboxOpts struct {
 	// refused), OverheadMB what of it the guest's OS keeps: a memory
 	// limit may be raised up to the rest.
 	MemoryMB, OverheadMB int
+	// Disk says its writable layer is on the disk image in the VM's
+	// directory (DiskImage): DiskUsage reads it.
+	Disk bool
 }
 
 // NewSandbox makes the sandbox of VM v, whose guest agent runs as a
 // service of a full OS (internal/fullvm): its commands' memory and pids
 // limits are a cgroup's in the guest ("limits": SetGuestLimits, Update).
 func NewSandbox(id string, v *VM, o SandboxOpts) *Sandbox {
-	s := (&Backend{}).newSandbox(id, v, vmState{Env: o.Env, Cwd: o.Cwd, Rlimits: o.Rlimits, CPUMillis: o.CPUMillis, MemoryMB: o.MemoryMB})
+	s := (&Backend{}).newSandbox(id, v, vmState{Env: o.Env, Cwd: o.Cwd, Rlimits: o.Rlimits, CPUMillis: o.CPUMillis, MemoryMB: o.MemoryMB, Disk: o.Disk})
 	s.kind, s.overheadMB = o.Kind, o.OverheadMB
 	return s
 }
@@ -54,6 +57,15 @@ func NewSandbox(id string, v *VM, o SandboxOpts) *Sandbox {
 func (s *sandbox) SetGuestLimits(ctx context.Context, memory, pids int64) error {
 	return s.guestLimits(ctx, &memory, &pids)
 }
+
+// MinDiskBytes is the smallest disk limit.
+const MinDiskBytes = minDiskBytes
+
+// DiskImage is the disk image of the VM whose directory is dir.
+func DiskImage(dir string) string { return diskImage(dir) }
+
+// MakeDisk creates the disk image img, size bytes, sparse, as ext4.
+func MakeDisk(img string, size int64) error { return makeDisk(img, size) }
 
 // GuestRlimits are the limits of a sandbox's processes as the agent sets
 // them; Invalid for a hard limit above the node's.
