@@ -5,6 +5,7 @@
 # uses as the backing file of its own overlay. docs/FULLVM.md.
 #
 #   scripts/fullvm-image.sh [path/to/warren-guest]
+#   scripts/fullvm-image.sh --gc     only remove old images (below)
 #
 # The agent defaults to bin/warren-guest (make build). Two stages, each
 # cached under $WARREN_VM_DIR/images (default /opt/warren/vm/images) by
@@ -15,8 +16,11 @@
 #                           (key: the rootfs's and the agent's)
 # and <suite> -> <suite>-<key> names the newest, which the daemon boots.
 # Each stage is made under a .tmp name and renamed when complete: a failed
-# build leaves nothing half-made. Older images stay (a sandbox's overlay
-# may still use one); remove them by hand.
+# build leaves nothing half-made. After each build (and with --gc) the
+# suite's older images and trees go, except those a process holds a file
+# of open: a VM's QEMU holds its image's disk.qcow2 (its overlay's
+# backing file) for its life, and a fullvm create holds .gc-lock shared
+# from reading the <suite> link until its QEMU has the file open.
 #
 # Environment: WARREN_VM_DIR, WARREN_FULLVM_SUITE (bookworm),
 # WARREN_FULLVM_MIRROR (default: the node's apt sources' Debian mirror),
@@ -27,35 +31,39 @@ DIR=${WARREN_VM_DIR:-/opt/warren/vm}/images
 SUITE=${WARREN_FULLVM_SUITE:-bookworm}
 SIZE=${WARREN_FULLVM_DISK:-4G}
 ROOTFS_VERSION=3 # bump when the rootfs stage changes
-IMAGE_VERSION=3  # bump when the image stage changes
+IMAGE_VERSION=5  # bump when the image stage changes
 PACKAGES=systemd-sysv,udev,kmod,procps,iproute2,busybox,linux-image-amd64,initramfs-tools,extlinux,syslinux-common
 here=$(cd "$(dirname "$0")/.." && pwd)
+gc_only=
+[ "${1:-}" != --gc ] || { gc_only=1; shift; }
 agent=${1:-$here/bin/warren-guest}
 
 say() { echo "fullvm-image: $*" >&2; }
 die() { say "$*"; exit 1; }
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, loop devices, mounts)"
-[ -x "$agent" ] || die "no guest agent at $agent (make build)"
-export DEBIAN_FRONTEND=noninteractive
-for p in debootstrap:debootstrap qemu-img:qemu-utils; do
-  command -v ${p%%:*} >/dev/null && continue
-  say "installing ${p#*:}"
-  apt-get install -y -qq --no-install-recommends ${p#*:} >/dev/null 2>&1 ||
-    { apt-get update -qq && apt-get install -y -qq --no-install-recommends ${p#*:} >/dev/null; }
-done
-for c in debootstrap qemu-img losetup mkfs.ext4 python3; do
-  command -v $c >/dev/null || die "needs $c (apt-get install debootstrap qemu-utils e2fsprogs)"
-done
+[ -n "$gc_only" ] || [ -x "$agent" ] || die "no guest agent at $agent (make build)"
+if [ -z "$gc_only" ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  for p in debootstrap:debootstrap qemu-img:qemu-utils; do
+    command -v ${p%%:*} >/dev/null && continue
+    say "installing ${p#*:}"
+    apt-get install -y -qq --no-install-recommends ${p#*:} >/dev/null 2>&1 ||
+      { apt-get update -qq && apt-get install -y -qq --no-install-recommends ${p#*:} >/dev/null; }
+  done
+  for c in debootstrap qemu-img losetup mkfs.ext4 python3; do
+    command -v $c >/dev/null || die "needs $c (apt-get install debootstrap qemu-utils e2fsprogs)"
+  done
 
-mirror=${WARREN_FULLVM_MIRROR:-}
-if [ -z "$mirror" ]; then
-  # The first Debian archive the node's apt uses (deb822 or one-line
-  # sources), not the security one.
-  mirror=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {for (i=2;i<=NF;i++) print $i}' |
-    grep -v security | head -1 || true)
-  [ -n "$mirror" ] || mirror=$(awk '$1=="deb" {for (i=2;i<=NF;i++) if ($i ~ /^https?:/) {print $i; exit}}' \
-    /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | grep -v security | head -1 || true)
-  [ -n "$mirror" ] || die "no Debian mirror in the node's apt sources: set WARREN_FULLVM_MIRROR"
+  mirror=${WARREN_FULLVM_MIRROR:-}
+  if [ -z "$mirror" ]; then
+    # The first Debian archive the node's apt uses (deb822 or one-line
+    # sources), not the security one.
+    mirror=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {for (i=2;i<=NF;i++) print $i}' |
+      grep -v security | head -1 || true)
+    [ -n "$mirror" ] || mirror=$(awk '$1=="deb" {for (i=2;i<=NF;i++) if ($i ~ /^https?:/) {print $i; exit}}' \
+      /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | grep -v security | head -1 || true)
+    [ -n "$mirror" ] || die "no Debian mirror in the node's apt sources: set WARREN_FULLVM_MIRROR"
+  fi
 fi
 
 mkdir -p "$DIR"
@@ -64,6 +72,34 @@ flock 9 # one build at a time per machine
 
 rkey=$(printf '%s\n' "$ROOTFS_VERSION" "$SUITE" "$PACKAGES" | sha256sum | cut -c1-12)
 rootfs=$DIR/rootfs-$SUITE-$rkey
+
+# gc removes the suite's images other than the newest and its trees other
+# than this script's, unless a process has a file under one open. Under
+# both locks: the build's (no stage is being made) and .gc-lock, which
+# creates hold shared while they go from the link to an open file.
+gc() {
+  local cur open d name
+  exec 8>"$DIR/.gc-lock"
+  flock 8
+  cur=$(readlink "$DIR/$SUITE" 2>/dev/null || true)
+  open=$(find /proc/[0-9]*/fd -lname "$DIR/*" -printf '%l\n' 2>/dev/null | sort -u || true)
+  for d in "$DIR/$SUITE"-* "$DIR/rootfs-$SUITE"-*; do
+    [ -d "$d" ] && [ ! -L "$d" ] || continue
+    name=$(basename "$d")
+    case $name in "$cur" | "$(basename "$rootfs")" | *.tmp) continue ;; esac
+    if grep -qF "$d/" <<<"$open"; then
+      say "keeping $name: in use ($(grep -cF "$d/" <<<"$open") open files)"
+      continue
+    fi
+    rm -rf "$d"
+    say "removed $name"
+  done
+  exec 8>&-
+}
+if [ -n "$gc_only" ]; then
+  gc
+  exit 0
+fi
 asha=$(sha256sum "$agent" | cut -d' ' -f1)
 ikey=$(printf '%s\n' "$IMAGE_VERSION" "$rkey" "$asha" "$SIZE" | sha256sum | cut -c1-12)
 image=$DIR/$SUITE-$ikey
@@ -152,6 +188,28 @@ import sys,uuid; f=open(sys.argv[1],"rb"); f.seek(1024+0x68); print(uuid.UUID(by
   cp -a "$rootfs"/. "$mnt"/
   rm -f "$mnt"/var/cache/apt/archives/*.deb # debootstrap's downloads
   install -m 0755 "$agent" "$mnt/usr/local/sbin/warren-guest"
+  # PID 1 before systemd (init= below): with a disk limit the VM has a
+  # disk whose serial is "upper", and the root becomes an overlay of the
+  # image's root (read-only) under that disk's ext4, so that the
+  # sandbox's writes fill that disk and nothing else (ENOSPC in the guest
+  # past the limit); without one, systemd starts on the image's root as
+  # it is. A failure here ends PID 1: the VM stops, the create fails with
+  # the console's tail, and no sandbox runs without its limit.
+  cat >"$mnt/usr/local/sbin/warren-root" <<'EOF'
+#!/bin/sh
+dev=
+for d in /sys/block/vd*; do
+  [ "$(cat "$d/serial" 2>/dev/null)" = upper ] && dev=/dev/${d##*/}
+done
+[ -n "$dev" ] || exec /sbin/init "$@"
+set -e
+mkdir -p /run/warren-upper
+mount -t ext4 -o discard "$dev" /run/warren-upper
+mkdir -p /run/warren-upper/upper /run/warren-upper/work
+mount -t overlay overlay -o lowerdir=/,upperdir=/run/warren-upper/upper,workdir=/run/warren-upper/work /mnt
+exec switch_root /mnt /sbin/init "$@"
+EOF
+  chmod 0755 "$mnt/usr/local/sbin/warren-root"
   cat >"$mnt/etc/systemd/system/warren-guest.service" <<'EOF'
 [Unit]
 Description=Warren guest agent (serves the host on the virtio-serial port "warren")
@@ -190,9 +248,13 @@ EOF
   done
   echo warren >"$mnt/etc/hostname"
   printf '127.0.0.1 localhost\n127.0.1.1 warren\n' >"$mnt/etc/hosts"
-  echo "UUID=$uuid / ext4 errors=remount-ro 0 1" >"$mnt/etc/fstab"
+  # "defaults": systemd remounts / with these options, and an overlay
+  # root (warren-root) takes no ext4 option; ext4's own errors behaviour
+  # is in its superblock.
+  echo "UUID=$uuid / ext4 defaults 0 1" >"$mnt/etc/fstab"
+  tune2fs -e remount-ro "$part" >/dev/null
   # quiet: every character on the serial console is an exit to QEMU.
-  cmdline="root=UUID=$uuid ro quiet console=ttyS0,115200 console=tty0"
+  cmdline="root=UUID=$uuid ro quiet console=ttyS0,115200 console=tty0 init=/usr/local/sbin/warren-root"
   mkdir -p "$mnt/boot/extlinux"
   cat >"$mnt/boot/extlinux/extlinux.conf" <<EOF
 DEFAULT warren
@@ -213,6 +275,10 @@ EOF
   cp "$mnt/boot/initrd.img-$kver" "$image.tmp/initrd.img"
   echo "$cmdline" >"$image.tmp/cmdline"
   echo "$asha" >"$image.tmp/agent.sha256"
+  # What the image can do that earlier ones could not (internal/fullvm
+  # checks before it asks for it): network, its agent configures the
+  # interface udev named, found by its MAC (the op "network").
+  printf '%s\n' disk-limit network >"$image.tmp/features"
   for ((i=${#mounts[@]}-1; i>=0; i--)); do umount "${mounts[i]}"; done
   mounts=()
   losetup -d "$loop"; loop=
@@ -235,3 +301,4 @@ fi
 ln -sfn "$(basename "$image")" "$DIR/$SUITE.tmp"
 mv -T "$DIR/$SUITE.tmp" "$DIR/$SUITE"
 say "$DIR/$SUITE -> $(basename "$image") ($(du -sh "$image/disk.qcow2" | cut -f1), total $(( $(date +%s) - t0 )) s)"
+gc

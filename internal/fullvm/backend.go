@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -135,6 +136,35 @@ func (b *Backend) Image() (string, error) {
 	return "", errdefs.Unsupportedf("fullvm: no disk image at %s (%s builds it): %v", b.opts.ImageDir, ImageScript, err)
 }
 
+// GCLock is the file in the images' directory (the parent of
+// Options.ImageDir) that ImageScript takes exclusively while it removes
+// old images.
+const GCLock = ".gc-lock"
+
+// holdImages takes GCLock shared until the func it returns is called: a
+// create holds it from resolving the image until its QEMU has the image's
+// disk open (the script spares images with open files), so an image a
+// rebuild has just replaced is not removed under a VM about to boot it.
+// Without the lock (a read-only directory) the create goes on: the script
+// is then not the one that manages these images.
+func (b *Backend) holdImages() (release func()) {
+	f, err := os.OpenFile(filepath.Join(filepath.Dir(b.opts.ImageDir), GCLock), os.O_RDONLY|os.O_CREATE|syscall.O_CLOEXEC, 0o644)
+	if err != nil {
+		return func() {}
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return func() {}
+	}
+	return func() { f.Close() }
+}
+
 // Create boots a VM for spec from a new overlay of the image.
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sandbox, err error) {
 	switch {
@@ -142,8 +172,8 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, errdefs.Invalidf("bad sandbox id %q", spec.ID)
 	case spec.Restore != "":
 		return nil, errdefs.Unsupportedf("fullvm: restoring a checkpoint is not implemented")
-	case spec.DiskBytes > 0:
-		return nil, errdefs.Unsupportedf("fullvm: a disk limit is not implemented (the disk is the image's size)")
+	case spec.DiskBytes > 0 && spec.DiskBytes < microvm.MinDiskBytes:
+		return nil, errdefs.Invalidf("fullvm: disk limit %d bytes is below the minimum of %d", spec.DiskBytes, microvm.MinDiskBytes)
 	case len(spec.Devices) > 0 || len(spec.Mounts) > 0:
 		return nil, errdefs.Unsupportedf("fullvm: devices and host mounts are not passed into VMs")
 	case !spec.Network.IsNone() && b.opts.Network == nil:
@@ -167,9 +197,16 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if err != nil {
 		return nil, err
 	}
+	defer b.holdImages()()
 	image, err := b.Image()
 	if err != nil {
 		return nil, err
+	}
+	if spec.DiskBytes > 0 && !hasFeature(image, "disk-limit") {
+		return nil, errdefs.Unsupportedf("fullvm: the image at %s predates disk limits (%s builds a new one)", image, ImageScript)
+	}
+	if !spec.Network.IsNone() && !hasFeature(image, "network") {
+		return nil, errdefs.Unsupportedf("fullvm: the image at %s predates sandbox networking (%s builds a new one)", image, ImageScript)
 	}
 	mem := defaultMemoryMB
 	if spec.MemoryBytes > 0 {
@@ -209,6 +246,16 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if err != nil {
 		return nil, err
 	}
+	if spec.DiskBytes > 0 {
+		// The writable layer's disk: the image's warren-root makes the
+		// root an overlay with its upper on it (scripts/fullvm-image.sh).
+		upper := microvm.DiskImage(dir)
+		if err := microvm.MakeDisk(upper, spec.DiskBytes); err != nil {
+			return nil, err
+		}
+		args = append(args, "-drive", "file="+upper+",if=none,id=upper,format=raw,cache=writeback,discard=unmap",
+			"-device", "virtio-blk-pci,drive=upper,serial="+guest.DiskSerial)
+	}
 	cfg := microvm.Config{QEMU: b.opts.QEMU, Dir: dir}
 	var att *netpolicy.Attachment
 	if !spec.Network.IsNone() {
@@ -247,7 +294,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		return nil, err
 	}
 	sb := &sandbox{Sandbox: microvm.NewSandbox(spec.ID, v, microvm.SandboxOpts{Kind: Name, Env: spec.Env, Cwd: spec.Workdir,
-		Rlimits: rl, CPUMillis: spec.CPUMillis, MemoryMB: mem, OverheadMB: guestOverheadMB,
+		Rlimits: rl, CPUMillis: spec.CPUMillis, MemoryMB: mem, OverheadMB: guestOverheadMB, Disk: spec.DiskBytes > 0,
 		Network: b.opts.Network, Net: att}), dir: dir}
 	if cfg.Net != nil {
 		if err := guestNetwork(bctx, sb, cfg.Net, len(spec.Etc) > 0); err != nil {
@@ -293,13 +340,10 @@ func guestMAC(addr netip.Addr) string {
 // are written), after the boot: the boot loader's kernel command line is
 // the image's, so the agent cannot read them from it as microvm's does.
 // The guest kernel keeps them: a restarted agent or an adopting daemon
-// needs to send nothing.
+// needs to send nothing. (An image whose agent cannot is refused before
+// the boot: its features file does not say "network".)
 func guestNetwork(ctx context.Context, sb *sandbox, n *microvm.Net, resolv bool) error {
-	err := sb.SetGuestNetwork(ctx, guestMAC(n.Addr), resolv)
-	if err != nil {
-		return fmt.Errorf("%w (the agent of an image from before fullvm networking configures eth0, which udev renames: %s builds a new one)", err, ImageScript)
-	}
-	return nil
+	return sb.SetGuestNetwork(ctx, guestMAC(n.Addr), resolv)
 }
 
 // guestLimits gives the guest's cgroup of the sandbox's commands its
@@ -365,9 +409,12 @@ func (b *Backend) qemuArgs(dir, image, disk string, mem, cpus int) ([]string, er
 		"-device", "virtio-tablet-pci",
 		"-device", "virtio-serial-pci",
 		"-chardev", "socket,id=agent,path=" + filepath.Join(dir, microvm.AgentSocket) + ",server=on,wait=off",
-		"-device", "virtserialport,chardev=agent,name=" + guest.PortName,
+		"-device", "virtserialport,id=" + microvm.BootPortID + ",chardev=agent,name=" + guest.PortName,
 		"-qmp", "unix:" + filepath.Join(dir, microvm.QMPSocket) + ",server=on,wait=off",
 	}
+	// QEMU says on it when the agent's port closes (systemd restarts the
+	// agent): the backend's session then follows the next agent.
+	args = append(args, microvm.EventArgs(dir)...)
 	if b.opts.DirectKernel {
 		cmdline, err := os.ReadFile(filepath.Join(image, "cmdline"))
 		if err != nil {
@@ -396,6 +443,8 @@ type vmState struct {
 	MemoryMB int `json:"memory_mb,omitempty"`
 	// Net is the VM's network (its tap and rules), nil for none.
 	Net *netpolicy.Attachment `json:"net,omitempty"`
+	// Disk: its writable layer is on a disk image of the limit's size.
+	Disk bool `json:"disk,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon booted, through an agent port of
@@ -446,7 +495,7 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 		return nil, err
 	}
 	sb := &sandbox{Sandbox: microvm.NewSandbox(id, v, microvm.SandboxOpts{Kind: Name, Env: st.Env, Cwd: st.Cwd,
-		Rlimits: st.Rlimits, CPUMillis: st.CPUMillis, MemoryMB: st.MemoryMB, OverheadMB: guestOverheadMB,
+		Rlimits: st.Rlimits, CPUMillis: st.CPUMillis, MemoryMB: st.MemoryMB, OverheadMB: guestOverheadMB, Disk: st.Disk,
 		Network: b.opts.Network, Net: st.Net}), dir: dir}
 	c, err := qmp.Dial(ctx, filepath.Join(dir, microvm.QMPSocket))
 	if err != nil {
@@ -513,6 +562,13 @@ func (b *Backend) stopOrphan(id string) {
 type sandbox struct {
 	*microvm.Sandbox
 	dir string
+}
+
+// hasFeature reports whether the image in dir says it can do f (its
+// features file: scripts/fullvm-image.sh).
+func hasFeature(dir, f string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "features"))
+	return err == nil && slices.Contains(strings.Fields(string(b)), f)
 }
 
 // layersExist refuses layers that are not there: unused by the VM, they

@@ -18,7 +18,7 @@ import (
 // and exempt from the OOM killer, the commands are not. Update changes
 // the limits up to the VM's memory less the OS's (Invalid beyond, naming
 // the most), and the limits hold after the agent's restart by systemd
-// and a daemon's adoption (restartAgent).
+// and a daemon's adoption.
 func TestFullVMCommandsCgroupHoldsTheLimits(t *testing.T) {
 	img := testImage(t)
 	state := t.TempDir()
@@ -65,21 +65,15 @@ a=$(pgrep -x warren-guest); sed -n 's/^0:://p' /proc/$a/cgroup; cat /proc/$a/oom
 	}
 	check(sb, "50331648", "50")
 
-	sb2 := restartAgent(t, ctx, sb, opts)
-	defer sb2.Destroy(context.Background())
-	check(sb2, "50331648", "50")
-}
-
-// restartAgent has systemd restart the guest's agent (from a timer's
-// unit: the restart ends the agent's unit's processes, this command's
-// caller among them) and returns the sandbox as a daemon adopting the VM
-// then has it. The earlier session dies with the agent; the adopting
-// backend reaches the new one through a port of its own, tried until the
-// agent that answers is not the old one. A call on an agent that dies
-// under it never ends (the guest closing its port does not close the
-// host's socket, so the session lives on): it is given up after 30 s.
-func restartAgent(t *testing.T, ctx context.Context, sb backend.Sandbox, opts Options) backend.Sandbox {
-	t.Helper()
+	// systemd restarts the agent (from a timer's unit: the restart ends
+	// the agent's unit's processes, this command's caller among them):
+	// the new agent's cgroup takes the limits again. A process in flight
+	// when the agent goes ends at once with the reason (Unavailable),
+	// and the same handle reaches the next agent (QEMU's VSERPORT_CHANGE
+	// ends the session and the VM connects again: microvm/liveness.go);
+	// so does a daemon adopting the VM, through a port of its own. Calls
+	// are given up after 30 s: before the events monitor a call on an
+	// agent that died under it never ended.
 	agentPid := func(sb backend.Sandbox) (string, error) {
 		type res struct {
 			r   conformance.Result
@@ -104,24 +98,53 @@ func restartAgent(t *testing.T, ctx context.Context, sb backend.Sandbox, opts Op
 	if err != nil {
 		t.Fatal(err)
 	}
+	long, err := sb.Start(ctx, backend.ProcSpec{Argv: []string{"sleep", "600"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Close()
 	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"systemd-run", "--on-active=2", "systemctl", "restart", "warren-guest"}}, ""); r.Status.Code != 0 {
 		t.Fatalf("systemd-run: %+v", r)
 	}
+	waited := make(chan error, 1)
+	go func() { _, err := long.Wait(); waited <- err }()
+	select {
+	case err := <-waited:
+		if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "guest agent exited") {
+			t.Fatalf("a process in flight when the agent went: %v, want unavailable saying the agent exited", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("a process in flight when the agent went never ended")
+	}
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(3 * time.Second) {
+		pid, err := agentPid(sb)
+		if err == nil && pid != old {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the same handle never reached the restarted agent (old pid %s): %q %v", old, pid, err)
+		}
+	}
+	if n := sb.(*sandbox).AgentLosses(); n != 1 {
+		t.Errorf("AgentLosses %d, want 1", n)
+	}
+	var sb2 backend.Sandbox
 	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(3 * time.Second) {
 		b2, err := New(opts)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sb2, err := b2.Adopt(ctx, sb.ID(), sb.State())
-		if err != nil {
+		if sb2, err = b2.Adopt(ctx, "fvcg", sb.State()); err != nil {
 			t.Fatal(err)
 		}
 		pid, err := agentPid(sb2)
 		if err == nil && pid != old {
-			return sb2
+			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no restarted agent (pid %s) answered an adopting daemon: %q %v", old, pid, err)
 		}
 	}
+	defer sb2.Destroy(context.Background())
+	check(sb2, "50331648", "50")
 }

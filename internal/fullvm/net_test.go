@@ -2,6 +2,7 @@ package fullvm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -104,7 +105,6 @@ ip -4 route show default | cut -d' ' -f1-5; grep ^nameserver /etc/resolv.conf`
 	reaches(sb, "after the update", false, true)
 
 	sb2 := restartAgent(t, ctx, sb, opts)
-	defer sb2.Destroy(context.Background())
 	if now := network(sb2); now != got {
 		t.Errorf("the guest's network after the agent's restart and an adoption:\n%s\nwas\n%s", now, got)
 	}
@@ -115,4 +115,55 @@ ip -4 route show default | cut -d' ' -f1-5; grep ^nameserver /etc/resolv.conf`
 	if got := conformance.NetworkResources(t, o); !slices.Equal(got, base) {
 		t.Errorf("after Destroy: %v, want %v", got, base)
 	}
+}
+
+// restartAgent has systemd restart the guest's agent (from a timer's
+// unit: the restart ends the agent's unit's processes, this command's
+// caller among them), waits until the same handle reaches the next agent
+// (microvm/liveness.go), and returns the sandbox as a daemon adopting the
+// VM then has it. Each call is given up after 30 s.
+func restartAgent(t *testing.T, ctx context.Context, sb backend.Sandbox, opts Options) backend.Sandbox {
+	t.Helper()
+	agentPid := func() (string, error) {
+		c := make(chan string, 1)
+		go func() {
+			r, err := conformance.TryExec(sb, backend.ProcSpec{Argv: []string{"pgrep", "-x", "warren-guest"}}, "")
+			if err != nil || r.Status.Code != 0 {
+				c <- ""
+				return
+			}
+			c <- strings.TrimSpace(r.Stdout)
+		}()
+		select {
+		case pid := <-c:
+			return pid, nil
+		case <-time.After(30 * time.Second):
+			return "", errors.New("no answer in 30 s")
+		}
+	}
+	old, err := agentPid()
+	if err != nil || old == "" {
+		t.Fatalf("the agent's pid: %q %v", old, err)
+	}
+	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"systemd-run", "--on-active=2", "systemctl", "restart", "warren-guest"}}, ""); r.Status.Code != 0 {
+		t.Fatalf("systemd-run: %+v", r)
+	}
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(3 * time.Second) {
+		pid, err := agentPid()
+		if err == nil && pid != "" && pid != old {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no restarted agent answered (old pid %s): %q %v", old, pid, err)
+		}
+	}
+	b2, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := b2.Adopt(ctx, sb.ID(), sb.State())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb2
 }

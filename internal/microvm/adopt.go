@@ -38,7 +38,7 @@ func Attach(ctx context.Context, cfg Config, pid int) (_ *VM, err error) {
 		unix.Close(pidfd)
 		return nil, errdefs.NotFoundf("microvm: process %d is not the VM's QEMU", pid)
 	}
-	v := &VM{cfg: cfg, pid: pid, pidfd: pidfd, done: make(chan struct{})}
+	v := &VM{cfg: cfg, pid: pid, pidfd: pidfd, done: make(chan struct{}), closed: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			if v.sess != nil {
@@ -47,7 +47,7 @@ func Attach(ctx context.Context, cfg Config, pid int) (_ *VM, err error) {
 			unix.Close(pidfd)
 		}
 	}()
-	sock, err := v.hotplugPort(ctx)
+	sock, portID, err := v.hotplugPort(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -61,27 +61,22 @@ func Attach(ctx context.Context, cfg Config, pid int) (_ *VM, err error) {
 		conn.Close()
 		return nil, err
 	}
-	// The session ends when QEMU does (its socket closes) or the guest
-	// stops serving the port.
-	go func() {
-		<-v.sess.CloseChan()
-		v.err = errors.New("the agent's session ended")
-		close(v.done)
-	}()
-	if cfg.Cgroup != nil {
-		if err := v.watchCgroup(); err != nil {
-			return nil, err
-		}
+	// The VM is done when its QEMU is (a session may end and be made
+	// again: watchAgent).
+	if err := v.watchQEMU(); err != nil {
+		return nil, err
 	}
+	v.watchAgent(sock, portID)
 	return v, nil
 }
 
 // hotplugPort adds a chardev socket and a virtio-serial port on it, named
-// by the first free N, and returns the socket's path.
-func (v *VM) hotplugPort(ctx context.Context) (string, error) {
+// by the first free N, and returns the socket's path and the port's
+// device id.
+func (v *VM) hotplugPort(ctx context.Context) (sock, portID string, err error) {
 	c, err := qmp.Dial(ctx, filepath.Join(v.cfg.Dir, qmpSocket))
 	if err != nil {
-		return "", errdefs.Wrap(errdefs.Unavailable, err, "connect to QEMU's QMP socket")
+		return "", "", errdefs.Wrap(errdefs.Unavailable, err, "connect to QEMU's QMP socket")
 	}
 	defer c.Close()
 	unplugStale(ctx, c, v.cfg.Dir)
@@ -102,16 +97,17 @@ func (v *VM) hotplugPort(ctx context.Context) (string, error) {
 			continue
 		}
 		if err != nil {
-			return "", errdefs.Wrap(errdefs.Unavailable, err, "add an agent socket to the VM")
+			return "", "", errdefs.Wrap(errdefs.Unavailable, err, "add an agent socket to the VM")
 		}
-		if err := c.Run(ctx, "device_add", map[string]any{"driver": "virtserialport", "id": "port" + fmt.Sprint(n),
+		portID := "port" + fmt.Sprint(n)
+		if err := c.Run(ctx, "device_add", map[string]any{"driver": "virtserialport", "id": portID,
 			"chardev": id, "name": fmt.Sprintf("%s.%d", guest.PortName, n)}, nil); err != nil {
 			_ = c.Run(ctx, "chardev-remove", map[string]any{"id": id}, nil)
-			return "", errdefs.Wrap(errdefs.Unavailable, err, "add an agent port to the VM")
+			return "", "", errdefs.Wrap(errdefs.Unavailable, err, "add an agent port to the VM")
 		}
-		return sock, nil
+		return sock, portID, nil
 	}
-	return "", errdefs.Exhaustedf("microvm: the VM has 64 agent ports: too many daemon restarts")
+	return "", "", errdefs.Exhaustedf("microvm: the VM has 64 agent ports: too many daemon restarts")
 }
 
 // staleAfter is how old a port without a host must be to be unplugged.
@@ -156,28 +152,6 @@ func unplugStale(ctx context.Context, c *qmp.Client, dir string) {
 			}
 		}
 	}
-}
-
-// watchCgroup removes an attached VM's cgroup once its QEMU is gone, as
-// startQEMU's waiter does for a VM this daemon booted (QEMU is not its
-// child: its pidfd says when it exits).
-func (v *VM) watchCgroup() error {
-	fd, err := unix.Dup(v.pidfd)
-	if err != nil {
-		return errdefs.Wrap(errdefs.Internal, err, "microvm: watch the VM's QEMU")
-	}
-	v.cgDone = make(chan struct{})
-	go func() {
-		defer unix.Close(fd)
-		for {
-			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			if n, err := unix.Poll(fds, -1); n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
-				break
-			}
-		}
-		v.removeCgroup()
-	}()
-	return nil
 }
 
 // isQEMUOf reports whether process pid is the QEMU of the VM in dir (its

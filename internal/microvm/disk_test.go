@@ -136,6 +136,23 @@ func TestCheckpointCopiesTheVMsDisk(t *testing.T) {
 		}
 		return dir
 	}
+	// The migration succeeds and the disk's copy fails (a file is in
+	// its place): the VM runs on with its disk writable again (the
+	// migration's end released QEMU's images and "cont" takes them
+	// back), and the checkpoint leaves nothing behind.
+	bad := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bad, diskFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.(backend.Checkpointer).Checkpoint(ctx, bad); err == nil || !strings.Contains(err.Error(), "disk image's copy") {
+		t.Fatalf("a checkpoint whose disk copy failed: %v, want the copy's error", err)
+	}
+	if ents, _ := os.ReadDir(bad); len(ents) != 0 {
+		t.Fatalf("the failed checkpoint left %d files", len(ents))
+	}
+	if out := sh(t, src, "echo "+marker("during")+" > /root/h && sync && cat /root/h && rm /root/h && sync"); out != marker("during")+"\n" {
+		t.Fatalf("after a failed checkpoint the VM's disk: %q", out)
+	}
 	dir := checkpoint(src, marker("before"))
 	if left := leftovers(state); len(left) > 0 {
 		t.Fatalf("after the checkpoint and destroy: %v", left)

@@ -43,6 +43,9 @@ type SandboxOpts struct {
 	// for none: Update changes its tap's rules, Destroy detaches it.
 	Network *netpolicy.Node
 	Net     *netpolicy.Attachment
+	// Disk says its writable layer is on the disk image in the VM's
+	// directory (DiskImage): DiskUsage reads it.
+	Disk bool
 }
 
 // NewSandbox makes the sandbox of VM v, whose guest agent runs as a
@@ -50,7 +53,8 @@ type SandboxOpts struct {
 // limits are a cgroup's in the guest ("limits": SetGuestLimits, Update).
 func NewSandbox(id string, v *VM, o SandboxOpts) *Sandbox {
 	b := &Backend{opts: Options{Network: o.Network}}
-	s := b.newSandbox(id, v, vmState{Env: o.Env, Cwd: o.Cwd, Rlimits: o.Rlimits, CPUMillis: o.CPUMillis, MemoryMB: o.MemoryMB, Net: o.Net})
+	s := b.newSandbox(id, v, vmState{Env: o.Env, Cwd: o.Cwd, Rlimits: o.Rlimits, CPUMillis: o.CPUMillis, MemoryMB: o.MemoryMB,
+		Net: o.Net, Disk: o.Disk})
 	s.kind, s.overheadMB = o.Kind, o.OverheadMB
 	return s
 }
@@ -82,6 +86,15 @@ func (s *sandbox) SetGuestNetwork(ctx context.Context, mac string, resolv bool) 
 	return nil
 }
 
+// MinDiskBytes is the smallest disk limit.
+const MinDiskBytes = minDiskBytes
+
+// DiskImage is the disk image of the VM whose directory is dir.
+func DiskImage(dir string) string { return diskImage(dir) }
+
+// MakeDisk creates the disk image img, size bytes, sparse, as ext4.
+func MakeDisk(img string, size int64) error { return makeDisk(img, size) }
+
 // GuestRlimits are the limits of a sandbox's processes as the agent sets
 // them; Invalid for a hard limit above the node's.
 func GuestRlimits(ls []rlimit.Limit) ([]guest.Rlimit, error) { return guestRlimits(ls) }
@@ -99,3 +112,6 @@ func (s *sandbox) VMPid() int { return s.vm.Pid() }
 // Isolate gives a latency-sensitive VM's QEMU a core-scheduling cookie of
 // its own where the kernel has core scheduling.
 func Isolate(pid int, q backend.QoS) error { return isolate(pid, q) }
+
+// AgentLosses is how often the VM's agent went while it ran (VM.AgentLosses).
+func (s *sandbox) AgentLosses() int64 { return s.vm.AgentLosses() }

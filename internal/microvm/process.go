@@ -29,6 +29,8 @@ type process struct {
 	stdin   *stdinWriter
 	pty     bool
 	done    chan struct{}
+	vm      *VM
+	lost    int64 // the VM's AgentLosses at the start
 	status  backend.ExitStatus
 	err     error
 	closeMu sync.Once
@@ -47,6 +49,7 @@ func (v *VM) start(ctx context.Context, p backend.ProcSpec, rl []guest.Rlimit) (
 	}
 	req := guest.Request{Op: "exec", Argv: p.Argv, Env: p.Env, Dir: p.Cwd, UID: p.UID, GID: p.GID,
 		Stdin: p.Stdin, Stdout: p.Stdout, Stderr: p.Stderr, PTY: p.PTY, Rows: p.Rows, Cols: p.Cols, Rlimits: rl}
+	lost := v.losses.Load()
 	st, stop, err := v.open(ctx, req)
 	if err != nil {
 		return nil, err
@@ -80,7 +83,7 @@ func (v *VM) start(ctx context.Context, p backend.ProcSpec, rl []guest.Rlimit) (
 		return nil, ctx.Err()
 	}
 	_ = st.SetDeadline(time.Time{})
-	pr := &process{st: st, pid: s.Pid, pty: p.PTY, done: make(chan struct{})}
+	pr := &process{st: st, pid: s.Pid, pty: p.PTY, done: make(chan struct{}), vm: v, lost: lost}
 	var outW, errW *io.PipeWriter
 	if p.Stdout {
 		pr.stdout, outW = io.Pipe()
@@ -112,7 +115,7 @@ func (p *process) demux(br *bufio.Reader, outW, errW *io.PipeWriter, vmDone <-ch
 			case <-vmDone:
 				err = errdefs.Unavailablef("the VM stopped")
 			default:
-				err = errdefs.Wrap(errdefs.Unavailable, err, "follow a process in the VM")
+				err = p.vm.lostErr(err, p.lost, "follow a process in the VM")
 			}
 			p.err = err
 			end(nil)

@@ -526,11 +526,11 @@ func restoreVM(ctx context.Context, cfg Config, dir string, ports []savedPort) (
 	if err := v.qmp(ctx, "cont", nil); err != nil {
 		return nil, err
 	}
-	sock, err := v.hotplugPort(ctx)
+	sock, portID, err := v.hotplugPort(ctx)
 	if err != nil {
 		return nil, err
 	}
-	ping, err := v.connect(ctx, sock, "the restored guest's agent")
+	ping, err := v.connect(ctx, sock, portID, "the restored guest's agent")
 	if err != nil {
 		return nil, err
 	}

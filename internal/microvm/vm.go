@@ -28,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -100,11 +101,16 @@ type VM struct {
 	// pidfd holds an attached VM's QEMU, which is not this process's
 	// child (-1 for one it booted).
 	pidfd int
-	sess  *yamux.Session
-	conn  net.Conn
-	done  chan struct{} // closed when QEMU exited
-	err   error         // its exit, once done
-	once  sync.Once
+	// smu guards sess and conn, which a lost agent's reconnect replaces
+	// (liveness.go); losses counts those.
+	smu    sync.Mutex
+	sess   *yamux.Session
+	conn   net.Conn
+	losses atomic.Int64
+	done   chan struct{} // closed when QEMU exited
+	closed chan struct{} // closed by Close
+	err    error         // its exit, once done
+	once   sync.Once
 	// cgDone is closed once QEMU is gone and its cgroup removed (cgErr
 	// the removal's error); nil without a cgroup.
 	cgDone chan struct{}
@@ -155,7 +161,7 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 			v.Close()
 		}
 	}()
-	ping, err := v.connect(ctx, port, "the guest agent")
+	ping, err := v.connect(ctx, port, BootPortID, "the guest agent")
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +200,7 @@ func startQEMU(cfg Config, args []string, extra []*os.File) (*VM, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, errdefs.Wrap(errdefs.Unavailable, err, "start qemu")
 	}
-	v := &VM{cfg: cfg, cmd: cmd, pid: cmd.Process.Pid, pidfd: -1, done: make(chan struct{})}
+	v := &VM{cfg: cfg, cmd: cmd, pid: cmd.Process.Pid, pidfd: -1, done: make(chan struct{}), closed: make(chan struct{})}
 	if cfg.Cgroup != nil {
 		v.cgDone = make(chan struct{})
 	}
@@ -239,9 +245,10 @@ func (v *VM) removeCgroup() {
 	close(v.cgDone)
 }
 
-// connect reaches the agent on the port socket sock and waits for its
-// first answer (what names it in the error).
-func (v *VM) connect(ctx context.Context, sock, what string) (guest.Ping, error) {
+// connect reaches the agent on the port socket sock (of the port whose
+// device id is portID) and waits for its first answer (what names it in
+// the error); then it follows the port (watchAgent).
+func (v *VM) connect(ctx context.Context, sock, portID, what string) (guest.Ping, error) {
 	var ping guest.Ping
 	conn, err := v.dial(ctx, sock)
 	if err != nil {
@@ -254,6 +261,7 @@ func (v *VM) connect(ctx context.Context, sock, what string) (guest.Ping, error)
 	if err := v.call(ctx, guest.Request{Op: "ping"}, nil, &ping); err != nil {
 		return ping, fmt.Errorf("wait for %s: %w (console: %s)", what, err, v.consoleTail())
 	}
+	v.watchAgent(sock, portID)
 	return ping, nil
 }
 
@@ -321,9 +329,10 @@ func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 		"-serial", "stdio",
 		"-device", "virtio-serial-device",
 		"-chardev", "socket,id=agent,path=" + port + ",server=on,wait=off",
-		"-device", "virtserialport,chardev=agent,name=" + guest.PortName,
+		"-device", "virtserialport,id=" + BootPortID + ",chardev=agent,name=" + guest.PortName,
 		"-qmp", "unix:" + qmpPath + ",server=on,wait=off",
 	}
+	args = append(args, EventArgs(cfg.Dir)...)
 	for i, l := range cfg.Layers {
 		if _, err := os.Stat(l); err != nil {
 			return nil, errdefs.Wrap(errdefs.NotFound, err, "layer")
@@ -383,7 +392,7 @@ func (v *VM) dial(ctx context.Context, port string) (net.Conn, error) {
 // and sends req. stop disarms the deadline (false if ctx ended first);
 // the caller closes the stream.
 func (v *VM) open(ctx context.Context, req guest.Request) (st *yamux.Stream, stop func() bool, err error) {
-	if st, err = v.sess.OpenStream(); err != nil {
+	if st, err = v.session().OpenStream(); err != nil {
 		return nil, nil, errdefs.Wrap(errdefs.Unavailable, err, "open a stream to the guest agent")
 	}
 	// A yamux Close ends only the writing half: a deadline is what
@@ -404,6 +413,7 @@ func (v *VM) open(ctx context.Context, req guest.Request) (st *yamux.Stream, sto
 // call sends req on a new stream and reads its frames: output to out (if
 // any), the final 'x' frame into res.
 func (v *VM) call(ctx context.Context, req guest.Request, out func(kind byte, b []byte), res any) error {
+	lost := v.losses.Load()
 	st, stop, err := v.open(ctx, req)
 	if err != nil {
 		return err
@@ -432,7 +442,7 @@ func (v *VM) call(ctx context.Context, req guest.Request, out func(kind byte, b 
 				return errdefs.Unavailablef("the VM ended: %v (console: %s)", v.err, v.consoleTail())
 			default:
 			}
-			return errdefs.Wrap(errdefs.Unavailable, err, "read from the guest agent")
+			return v.lostErr(err, lost, "read from the guest agent")
 		}
 		switch kind {
 		case guest.KindStdout, guest.KindStderr:
@@ -477,8 +487,9 @@ func (v *VM) Pid() int { return v.pid }
 // shutdown yet) and removes its directory.
 func (v *VM) Close() error {
 	v.once.Do(func() {
-		if v.sess != nil {
-			v.sess.Close()
+		close(v.closed)
+		if s := v.session(); s != nil {
+			s.Close()
 		}
 		if v.cmd != nil {
 			_ = v.cmd.Process.Kill()

@@ -174,3 +174,30 @@ func (c *Client) QueryStatus(ctx context.Context) (Status, error) {
 	err := c.Run(ctx, "query-status", nil, &st)
 	return st, err
 }
+
+// Event is an asynchronous message of QEMU's.
+type Event struct {
+	Event string          `json:"event"`
+	Data  json.RawMessage `json:"data"`
+}
+
+// NextEvent waits for QEMU's next event (a connection that runs no
+// command meanwhile: a monitor of its own for events, since QEMU serves
+// one client per monitor). The error is ctx's or the connection's end.
+func (c *Client) NextEvent(ctx context.Context) (Event, error) {
+	stop := c.arm(ctx)
+	defer stop()
+	for {
+		line, err := c.readLine()
+		if err != nil {
+			return Event{}, c.ctxErr(ctx, err)
+		}
+		var ev Event
+		if err := json.Unmarshal(line, &ev); err != nil {
+			return Event{}, fmt.Errorf("qmp: bad event: %w", err)
+		}
+		if ev.Event != "" {
+			return ev, nil
+		}
+	}
+}

@@ -19,8 +19,11 @@ func TestStopContOnQEMU(t *testing.T) {
 	if err != nil {
 		t.Skipf("no qemu-system-x86_64 (scripts/vm.sh installs it): %v", err)
 	}
-	sock := filepath.Join(t.TempDir(), "qmp.sock")
-	cmd := exec.Command(qemu, "-M", "none", "-nodefaults", "-display", "none", "-S", "-qmp", "unix:"+sock+",server=on,wait=off")
+	dir := t.TempDir()
+	sock, evSock := filepath.Join(dir, "qmp.sock"), filepath.Join(dir, "ev.sock")
+	// A second monitor, for events only (microvm's liveness.go).
+	cmd := exec.Command(qemu, "-M", "none", "-nodefaults", "-display", "none", "-S", "-qmp", "unix:"+sock+",server=on,wait=off",
+		"-chardev", "socket,id=ev,path="+evSock+",server=on,wait=off", "-mon", "chardev=ev,mode=control")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -38,6 +41,11 @@ func TestStopContOnQEMU(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	defer c.Close()
+	ev, err := Dial(ctx, evSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ev.Close()
 	status := func() Status {
 		t.Helper()
 		st, err := c.QueryStatus(ctx)
@@ -54,6 +62,16 @@ func TestStopContOnQEMU(t *testing.T) {
 	}
 	if st := status(); !st.Running || st.Status != "running" {
 		t.Fatalf("after cont: %+v", st)
+	}
+	// The other monitor hears of it; a wait for another event ends with
+	// its context.
+	if e, err := ev.NextEvent(ctx); err != nil || e.Event != "RESUME" {
+		t.Fatalf("the events monitor after cont: %+v %v", e, err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancelShort()
+	if e, err := ev.NextEvent(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("no event due: %+v %v, want the context's end", e, err)
 	}
 	if err := c.Run(ctx, "stop", nil, nil); err != nil {
 		t.Fatal(err)
