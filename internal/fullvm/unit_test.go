@@ -6,6 +6,8 @@ import (
 	"image/color"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -73,6 +75,31 @@ func TestCreateWithoutImageNamesTheScript(t *testing.T) {
 	open := netpolicy.Policy{Mode: netpolicy.Open}
 	if _, err := b.Create(context.Background(), backend.Spec{ID: "n", Layers: testLayers, Network: open}); errdefs.CategoryOf(err) != errdefs.Unsupported || !strings.Contains(err.Error(), "no sandbox networking") {
 		t.Fatalf("create with a network and no node networking: %v, want unsupported", err)
+	}
+	// An image whose features file does not say "network" (its agent
+	// would configure eth0, which udev renames) is refused before a
+	// boot.
+	img := t.TempDir()
+	for f, body := range map[string]string{"disk.qcow2": "", "features": "disk-limit\n"} {
+		if err := os.WriteFile(filepath.Join(img, f), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := netpolicy.New(netpolicy.Options{Name: "warren-test-fullvm-unit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	old, err := New(Options{StateDir: state, CgroupParent: testCgroupParent, QEMU: "/bin/true", QEMUImg: "/bin/true", ImageDir: img, Network: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = old.Create(context.Background(), backend.Spec{ID: "old", Layers: testLayers, Network: open})
+	if errdefs.CategoryOf(err) != errdefs.Unsupported || !strings.Contains(err.Error(), ImageScript) {
+		t.Fatalf("create with a network on an image from before: %v, want unsupported naming %s", err, ImageScript)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(state, "vms")); len(ents) > 0 {
+		t.Fatalf("VM directories left: %v", ents)
 	}
 }
 
