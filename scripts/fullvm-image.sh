@@ -254,7 +254,12 @@ EOF
   echo "UUID=$uuid / ext4 defaults 0 1" >"$mnt/etc/fstab"
   tune2fs -e remount-ro "$part" >/dev/null
   # quiet: every character on the serial console is an exit to QEMU.
-  cmdline="root=UUID=$uuid ro quiet console=ttyS0,115200 console=tty0 init=/usr/local/sbin/warren-root"
+  # net.ifnames=0: a sandbox's network interface keeps the kernel's name,
+  # eth0, as in a microVM. With udev's predictable names it would rename
+  # it (enp0s5) seconds after the agent may have configured it, late in a
+  # TCG boot, and fail ("already up, cannot rename") when it lost that
+  # race: the name would be either.
+  cmdline="root=UUID=$uuid ro quiet console=ttyS0,115200 console=tty0 net.ifnames=0 init=/usr/local/sbin/warren-root"
   mkdir -p "$mnt/boot/extlinux"
   cat >"$mnt/boot/extlinux/extlinux.conf" <<EOF
 DEFAULT warren
@@ -277,7 +282,7 @@ EOF
   echo "$asha" >"$image.tmp/agent.sha256"
   # What the image can do that earlier ones could not (internal/fullvm
   # checks before it asks for it): network, its agent configures the
-  # interface udev named, found by its MAC (the op "network").
+  # interface of the MAC address the host gave it (the op "network").
   printf '%s\n' disk-limit network >"$image.tmp/features"
   for ((i=${#mounts[@]}-1; i>=0; i--)); do umount "${mounts[i]}"; done
   mounts=()

@@ -19,8 +19,8 @@ import (
 
 // TestFullVMNetworkAllowlistUpdateAndAgentRestart: a full VM with an
 // allowlist policy gets a virtio-net device on a tap of the node, which
-// the guest's agent configures after the boot (the interface udev named,
-// found by its MAC address: not eth0) with the sandbox's address, a
+// the guest's agent configures after the boot (the interface of the MAC
+// address the host gave it, eth0) with the sandbox's address, a
 // default route through its gateway and a resolv.conf naming the
 // gateway's resolver. It reaches the allowed test host and not the
 // other; Update moves it to the other; the agent's restart by systemd
@@ -93,6 +93,11 @@ ip -4 route show default | cut -d' ' -f1-5; grep ^nameserver /etc/resolv.conf`
 	if len(l) != 4 || !strings.HasSuffix(l[0], " "+addr+"/31") || l[1] != mac ||
 		l[2] != "default via "+gw.String()+" dev "+strings.Fields(l[0])[0] || l[3] != "nameserver "+gw.String() {
 		t.Fatalf("the guest's network:\n%s\nwant %s/31 on the interface of MAC %s, the default route through %s, nameserver %s", got, addr, mac, gw, gw)
+	}
+	// The kernel's name, as in a microVM (the image boots with
+	// net.ifnames=0: no rename by udev racing the agent).
+	if !strings.HasPrefix(l[0], "eth0 ") {
+		t.Errorf("the guest's interface is not eth0: %s", l[0])
 	}
 	t.Logf("the guest's interface: %s", l[0])
 	reaches(sb, "at create", true, false)

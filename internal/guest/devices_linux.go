@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -227,18 +228,23 @@ func configureMAC(mac string, addr, gw netip.Addr) error {
 const linkWait = 2 * time.Minute
 
 // linkOfMAC is the name of the interface whose hardware address is mac,
-// once the OS's udev is done with it: udev renames a new interface
-// (eth0 to enp0s2) and the kernel refuses to rename one that is up, so an
-// interface configured before would keep the kernel's name and udev
-// would log a failure. udev's database entry for it (/run/udev/data/n
-// and its index, what systemd-networkd waits for too) says it is done;
-// without udev running (no /run/udev/control) the name stands.
+// once the OS's udev is done naming it. udev may rename a new interface
+// (eth0 to enp0s5: ID_NET_NAME in its database entry, /run/udev/data/n
+// and its index), and the kernel refuses to rename one that is up; the
+// entry is written before the rename (ID_RENAMING=1, systemd 252), so
+// done is the entry there naming the interface as it is called now.
+// (The fullvm image boots with net.ifnames=0, so udev keeps eth0; this
+// holds on an image that does not.) Without udev running (no
+// /run/udev/control) the kernel's name stands; after renameWait the
+// interface is configured under whatever name it has (a rename that
+// never comes must not cost the sandbox its network).
 func linkOfMAC(mac string, within time.Duration) (string, error) {
 	hw, err := net.ParseMAC(mac)
 	if err != nil {
 		return "", fmt.Errorf("network: MAC address %q: %w", mac, err)
 	}
 	deadline := time.Now().Add(within)
+	var seen time.Time
 	for ; ; time.Sleep(20 * time.Millisecond) {
 		ifs, err := net.Interfaces()
 		if err != nil {
@@ -248,24 +254,42 @@ func linkOfMAC(mac string, within time.Duration) (string, error) {
 			if !bytes.Equal(ifc.HardwareAddr, hw) {
 				continue
 			}
-			if udevDone(ifc.Index) {
-				// The name udev gave it, read again by index.
-				if now, err := net.InterfaceByIndex(ifc.Index); err == nil {
-					return now.Name, nil
-				}
+			if seen.IsZero() {
+				seen = time.Now()
+			}
+			if udevNamed(ifc.Index, ifc.Name) {
+				return ifc.Name, nil
+			}
+			if time.Since(seen) > renameWait {
+				log.Printf("network: udev has not named %s (MAC %s) in %v: configured under that name", ifc.Name, mac, renameWait)
+				return ifc.Name, nil
 			}
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("network: no interface with MAC address %s named by udev within %v", mac, within)
+			return "", fmt.Errorf("network: no interface with MAC address %s within %v", mac, within)
 		}
 	}
 }
 
-// udevDone says udev has processed interface index, or runs not at all.
-func udevDone(index int) bool {
+// renameWait bounds the wait for udev's name once the interface is
+// there: udev renames within seconds of the driver binding it (under
+// 15 s of a TCG boot here).
+const renameWait = 30 * time.Second
+
+// udevNamed says udev is done naming interface index, now called name,
+// or runs not at all.
+func udevNamed(index int, name string) bool {
 	if _, err := os.Stat("/run/udev/control"); err != nil {
 		return true
 	}
-	_, err := os.Stat("/run/udev/data/n" + strconv.Itoa(index))
-	return err == nil
+	b, err := os.ReadFile("/run/udev/data/n" + strconv.Itoa(index))
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if want, ok := strings.CutPrefix(l, "E:ID_NET_NAME="); ok {
+			return want == name
+		}
+	}
+	return true // nothing to rename it to
 }
