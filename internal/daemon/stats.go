@@ -44,16 +44,17 @@ func (m *Manager) SandboxStats(ctx context.Context, req *warrenv1.SandboxStatsRe
 	if out.MemoryLimitBytes == 0 {
 		out.MemoryLimitBytes = uint64(memTotal())
 	}
-	out.DiskBytes, out.DiskUsedBytes = diskOf(v.sb)
+	out.DiskBytes, out.DiskUsedBytes = diskOf(ctx, v.sb, res.GetDiskBytes())
 	return out, nil
 }
 
 // diskOf is the size and use of the filesystem of the sandbox's writable
 // layer: its own disk (a disk limit), else what statfs of its root says,
 // which on an overlay is the filesystem of its upper layer (the node's,
-// shared). 0, 0 where neither can be read (a VM backend without a
-// host-visible root).
-func diskOf(sb backend.Sandbox) (total, used uint64) {
+// shared). A VM (no host-visible root) with a disk limit: the limit, and
+// what its disk image holds on the node (the guest gives deleted blocks
+// back). 0, 0 where none of these can be read (a VM without a limit).
+func diskOf(ctx context.Context, sb backend.Sandbox, limit int64) (total, used uint64) {
 	if c, ok := sb.(backend.Containment); ok {
 		if ct, err := c.Contained(); err == nil && ct.Disk != nil {
 			return ct.Disk.Bytes, ct.Disk.Bytes - ct.Disk.FreeBytes
@@ -61,6 +62,11 @@ func diskOf(sb backend.Sandbox) (total, used uint64) {
 	}
 	root := sb.Root()
 	if root == "" {
+		if du, ok := sb.(backend.DiskUser); ok && limit > 0 {
+			if u, err := du.DiskUsage(ctx); err == nil {
+				return uint64(limit), min(u.Bytes, uint64(limit))
+			}
+		}
 		return 0, 0
 	}
 	var fs unix.Statfs_t

@@ -162,7 +162,10 @@ func TestMicroVMHibernateWithDiskAndNetwork(t *testing.T) {
 		Network:   policy("allowlist", rule(th.Addr.String()+"/32", 0, ""))})
 	// 8 MiB on the VM's disk: more than its tmpfs would take unnoticed,
 	// and a digest to compare after the restore.
-	sum := e.shOK("vmdn", "head -c 8388608 /dev/urandom > /root/blob && md5sum < /root/blob")
+	sum := e.shOK("vmdn", "head -c 8388608 /dev/urandom > /root/blob && md5sum < /root/blob && sync")
+	if st, err := e.c.SandboxStats(ctx, "vmdn"); err != nil || st.GetDiskBytes() != 64<<20 || st.GetDiskUsedBytes() < 8<<20 {
+		t.Fatalf("stats of a VM with a 64 MiB disk holding 8 MiB: disk %d of %d (%v)", st.GetDiskUsedBytes(), st.GetDiskBytes(), err)
+	}
 	reaches("vmdn")
 	if _, err := e.c.Hibernate(ctx, "vmdn"); err != nil {
 		t.Fatal(err)

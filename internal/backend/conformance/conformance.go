@@ -59,6 +59,10 @@ type Harness struct {
 	// /proc/sys, seeing other processes) is the machine's own business,
 	// and the boundary the suite checks is the host's (network, leaks).
 	WholeMachine bool
+	// Concurrent is how many sandboxes ConcurrentCreate makes at once
+	// (default 16): fewer for a backend whose sandbox is a whole OS
+	// booting (a full VM's boot is tens of CPU-seconds under TCG).
+	Concurrent int
 }
 
 // patience is Run's Harness.Patience, for waitFor.
@@ -562,8 +566,12 @@ func Run(t *testing.T, h Harness) {
 	t.Run("ConcurrentCreate", func(t *testing.T) {
 		base := h.Resources(t)
 		var wg sync.WaitGroup
-		errs := make(chan error, 16)
-		for i := 0; i < 16; i++ {
+		n := h.Concurrent
+		if n == 0 {
+			n = 16
+		}
+		errs := make(chan error, n)
+		for i := 0; i < n; i++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
