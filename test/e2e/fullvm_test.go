@@ -163,21 +163,10 @@ func TestFullVMNetworkPolicyThroughTheAPI(t *testing.T) {
 	}
 	e := newEnv(t, envOptions{serveArgs: args})
 	ctx := ctxFor(t, 10*time.Minute)
-	a, b := testutil.NewTestHost(t), testutil.NewTestHost(t)
-	pa := httpHost(t, a.NS, a.Addr.String()+":0", "a")
-	pb := httpHost(t, b.NS, b.Addr.String()+":0", "b")
-	reaches := func(when string, wantA, wantB bool) {
-		t.Helper()
-		if _, ok := e.fetch("fvn", a.Addr.String(), pa); ok != wantA {
-			t.Errorf("%s: host a reachable %v, want %v", when, ok, wantA)
-		}
-		if _, ok := e.fetch("fvn", b.Addr.String(), pb); ok != wantB {
-			t.Errorf("%s: host b reachable %v, want %v", when, ok, wantB)
-		}
-	}
+	h := newTwoHosts(t)
 	t0 := time.Now()
 	sb := e.create(&warrenv1.CreateRequest{Id: "fvn", Image: imageName, Backend: "fullvm",
-		Network: policy("allowlist", rule(a.Addr.String()+"/32", 0, ""))})
+		Network: policy("allowlist", rule(h.a.Addr.String()+"/32", 0, ""))})
 	t.Logf("create to RUNNING: %v", time.Since(t0))
 	gw := e.gateway("fvn")
 	if gw == "" || sb.GetNetworkAddress() == "" {
@@ -186,20 +175,7 @@ func TestFullVMNetworkPolicyThroughTheAPI(t *testing.T) {
 	if got := e.shOK("fvn", "grep ^nameserver /etc/resolv.conf"); got != "nameserver "+gw+"\n" {
 		t.Errorf("resolv.conf: %q, want the gateway %s", got, gw)
 	}
-	reaches("at create", true, false)
-	if _, err := e.c.Update(ctx, "fvn", client.SandboxUpdate{Network: policy("allowlist", rule(b.Addr.String()+"/32", 0, ""))}); err != nil {
-		t.Fatal(err)
-	}
-	reaches("after the update", false, true)
-	if _, err := e.c.Update(ctx, "fvn", client.SandboxUpdate{Network: policy("none")}); !client.IsUnsupported(err) {
-		t.Fatalf("update to none: %v, want unsupported", err)
-	}
-	reaches("after a refused update", false, true)
-	if err := e.stop(); err != nil {
-		t.Fatal(err)
-	}
-	e.start()
-	reaches("after a daemon restart", false, true)
+	h.policyMoves(ctx, t, e, "fvn")
 	if err := e.c.Delete(ctx, "fvn"); err != nil {
 		t.Fatal(err)
 	}

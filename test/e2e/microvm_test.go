@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -144,6 +145,51 @@ func qemuRunsFor(dir string) bool {
 	return false
 }
 
+// twoHosts are two test hosts, each serving HTTP, that a VM's network
+// policy lets it reach or not.
+type twoHosts struct {
+	a, b   *testutil.TestHost
+	pa, pb int
+}
+
+func newTwoHosts(t *testing.T) twoHosts {
+	a, b := testutil.NewTestHost(t), testutil.NewTestHost(t)
+	return twoHosts{a: a, b: b, pa: httpHost(t, a.NS, a.Addr.String()+":0", "a"), pb: httpHost(t, b.NS, b.Addr.String()+":0", "b")}
+}
+
+// reaches checks which of the hosts sandbox id reaches.
+func (h twoHosts) reaches(t *testing.T, e *env, id, when string, wantA, wantB bool) {
+	t.Helper()
+	if _, ok := e.fetch(id, h.a.Addr.String(), h.pa); ok != wantA {
+		t.Errorf("%s: host a reachable %v, want %v", when, ok, wantA)
+	}
+	if _, ok := e.fetch(id, h.b.Addr.String(), h.pb); ok != wantB {
+		t.Errorf("%s: host b reachable %v, want %v", when, ok, wantB)
+	}
+}
+
+// policyMoves: VM id, made with an allowlist of host a, reaches a only;
+// an Update moves it to b; an update to none (losing the VM's network
+// device) is Unsupported and changes nothing; the rules outlive a daemon
+// restart.
+func (h twoHosts) policyMoves(ctx context.Context, t *testing.T, e *env, id string) {
+	t.Helper()
+	h.reaches(t, e, id, "at create", true, false)
+	if _, err := e.c.Update(ctx, id, client.SandboxUpdate{Network: policy("allowlist", rule(h.b.Addr.String()+"/32", 0, ""))}); err != nil {
+		t.Fatal(err)
+	}
+	h.reaches(t, e, id, "after the update", false, true)
+	if _, err := e.c.Update(ctx, id, client.SandboxUpdate{Network: policy("none")}); !client.IsUnsupported(err) {
+		t.Fatalf("update to none: %v, want unsupported", err)
+	}
+	h.reaches(t, e, id, "after a refused update", false, true)
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	h.reaches(t, e, id, "after a daemon restart", false, true)
+}
+
 // TestMicroVMNetworkUpdate: a running VM's network policy changes
 // through the daemon's Update, as a container's does: the host it may
 // reach moves from one test host to the other, the change outlives a
@@ -154,37 +200,13 @@ func TestMicroVMNetworkUpdate(t *testing.T) {
 	needMicroVM(t)
 	e := microVMEnv(t)
 	ctx := ctxFor(t, 3*time.Minute)
-	a, b := testutil.NewTestHost(t), testutil.NewTestHost(t)
-	pa := httpHost(t, a.NS, a.Addr.String()+":0", "a")
-	pb := httpHost(t, b.NS, b.Addr.String()+":0", "b")
-	reaches := func(when string, wantA, wantB bool) {
-		t.Helper()
-		if _, ok := e.fetch("vmn", a.Addr.String(), pa); ok != wantA {
-			t.Errorf("%s: host a reachable %v, want %v", when, ok, wantA)
-		}
-		if _, ok := e.fetch("vmn", b.Addr.String(), pb); ok != wantB {
-			t.Errorf("%s: host b reachable %v, want %v", when, ok, wantB)
-		}
-	}
-	e.create(&warrenv1.CreateRequest{Id: "vmn", Backend: "microvm", Network: policy("allowlist", rule(a.Addr.String()+"/32", 0, ""))})
-	reaches("at create", true, false)
-	if _, err := e.c.Update(ctx, "vmn", client.SandboxUpdate{Network: policy("allowlist", rule(b.Addr.String()+"/32", 0, ""))}); err != nil {
-		t.Fatal(err)
-	}
-	reaches("after the update", false, true)
-	if _, err := e.c.Update(ctx, "vmn", client.SandboxUpdate{Network: policy("none")}); !client.IsUnsupported(err) {
-		t.Fatalf("update to none: %v, want unsupported", err)
-	}
-	reaches("after a refused update", false, true)
-	if err := e.stop(); err != nil {
-		t.Fatal(err)
-	}
-	e.start()
-	reaches("after a daemon restart", false, true)
+	h := newTwoHosts(t)
+	e.create(&warrenv1.CreateRequest{Id: "vmn", Backend: "microvm", Network: policy("allowlist", rule(h.a.Addr.String()+"/32", 0, ""))})
+	h.policyMoves(ctx, t, e, "vmn")
 	if _, err := e.c.Update(ctx, "vmn", client.SandboxUpdate{Network: policy("open")}); err != nil {
 		t.Fatal(err)
 	}
-	reaches("open", true, true)
+	h.reaches(t, e, "vmn", "open", true, true)
 
 	e.create(&warrenv1.CreateRequest{Id: "vmoff", Backend: "microvm"})
 	if _, err := e.c.Update(ctx, "vmoff", client.SandboxUpdate{Network: policy("open")}); !client.IsUnsupported(err) {
