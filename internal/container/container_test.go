@@ -103,23 +103,7 @@ func resources(t *testing.T, opts Options) []string {
 			out = append(out, "loop "+strings.TrimSpace(string(b)))
 		}
 	}
-	if n, err := netpolicy.New(netpolicy.Options{Name: opts.CgroupParent, Subnet: opts.NetworkSubnet}); err == nil {
-		links, ids, err := n.Leftovers()
-		if err != nil {
-			t.Errorf("network leftovers: %v", err)
-		}
-		for name, id := range links {
-			out = append(out, "veth "+name+" "+id)
-		}
-		for _, id := range ids {
-			out = append(out, "nft chains of "+id)
-		}
-		groups, _ := n.Groups()
-		for g, addrs := range groups {
-			out = append(out, fmt.Sprintf("nft group %s of %d", g, len(addrs)))
-		}
-		_ = n.Close()
-	}
+	out = append(out, conformance.NetworkResources(t, netpolicy.Options{Name: opts.CgroupParent, Subnet: opts.NetworkSubnet})...)
 	disks, _ := os.ReadDir(filepath.Join(opts.StateDir, "disks"))
 	for _, e := range disks {
 		out = append(out, "disk "+e.Name())

@@ -21,18 +21,8 @@ import (
 // packages take 10.100-249), and removes whatever its sandboxes left
 // when it ends.
 func testNetwork(t *testing.T) netpolicy.Options {
-	o := netpolicy.Options{
-		Name:   fmt.Sprintf("warren-test-fullvm-%d", os.Getpid()),
-		Subnet: netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 250+os.Getpid()%5, os.Getpid()%256)),
-	}
-	t.Cleanup(func() {
-		if n, err := netpolicy.New(o); err == nil {
-			_ = n.SweepTaps(Name, nil)
-			_ = n.RemoveUnused()
-			_ = n.Close()
-		}
-	})
-	return o
+	return conformance.NodeNetwork(t, fmt.Sprintf("warren-test-fullvm-%d", os.Getpid()),
+		netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 250+os.Getpid()%5, os.Getpid()%256)), Name)
 }
 
 // TestConformance runs the shared backend suite on full VMs. Not in the

@@ -29,18 +29,9 @@ var subnetSeq atomic.Int32
 // the same time (the container tests use 10.100-149, others 10.200-249),
 // and removes whatever its sandboxes left when it ends.
 func testNetwork(t *testing.T) netpolicy.Options {
-	o := netpolicy.Options{
-		Name:   fmt.Sprintf("warren-test-microvm-%d-%d", os.Getpid(), subnetSeq.Add(1)),
-		Subnet: netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 150+os.Getpid()%50, subnetSeq.Load()%256)),
-	}
-	t.Cleanup(func() {
-		if n, err := netpolicy.New(o); err == nil {
-			_ = n.SweepTaps(Name, nil)
-			_ = n.RemoveUnused()
-			_ = n.Close()
-		}
-	})
-	return o
+	seq := subnetSeq.Add(1)
+	return conformance.NodeNetwork(t, fmt.Sprintf("warren-test-microvm-%d-%d", os.Getpid(), seq),
+		netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 150+os.Getpid()%50, seq%256)), Name)
 }
 
 // TestVMNetworkAllowlistAndLeaks: a VM with an allowlist policy reaches

@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -34,4 +35,20 @@ func NetworkResources(t *testing.T, o netpolicy.Options) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// NodeNetwork is a test's own sandbox networking on the node: name (its
+// nftables table and interface prefix) and subnet, which no other test
+// package may use at the same time. Whatever the sandboxes of VM backend
+// owner (its taps) and of containers left is removed when the test ends.
+func NodeNetwork(t *testing.T, name string, subnet netip.Prefix, owner string) netpolicy.Options {
+	o := netpolicy.Options{Name: name, Subnet: subnet}
+	t.Cleanup(func() {
+		if n, err := netpolicy.New(o); err == nil {
+			_ = n.SweepTaps(owner, nil)
+			_ = n.RemoveUnused()
+			_ = n.Close()
+		}
+	})
+	return o
 }
