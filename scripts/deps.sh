@@ -64,6 +64,12 @@ fi
 # without them its tests skip, naming what is missing.
 "$(dirname "$0")/vm.sh" ||
   echo "deps: QEMU or the guest kernel not installed (see above); microVMs cannot boot" >&2
+# vhost-device-vsock, microVMs' vsock device where the kernel has no
+# vhost-vsock (scripts/vsock.sh, built with cargo). Optional: without it
+# --vm-transport vsock is refused and its tests skip, quoting the reason kept
+# in <prefix>.error.
+"$(dirname "$0")/vsock.sh" ||
+  echo "deps: vhost-device-vsock not installed (see above); microVMs reach their agent over virtio-serial only" >&2
 # kubernetes-validate (PyPI, in a private virtualenv) checks the manifests
 # under deploy/kubernetes against the Kubernetes schemas.
 "$(dirname "$0")/kubernetes-validate.sh"

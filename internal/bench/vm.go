@@ -45,6 +45,9 @@ type VMConfig struct {
 	KVM bool
 	// Exe is the warren binary of the container peer's private daemon.
 	Exe string
+	// Vsock also boots with the agent on vsock (the node's device:
+	// microvm.PickVsock), virtio-blk layer.
+	Vsock bool
 }
 
 // VMMemory is host memory per idle VM in one configuration.
@@ -77,6 +80,15 @@ type VMReport struct {
 	// PmemReadyMs: the same with the layers on pmem (DAX).
 	PmemReadyP50 float64 `json:"pmem_ready_ms_p50,omitempty"`
 	PmemReadyP99 float64 `json:"pmem_ready_ms_p99,omitempty"`
+	// VsockReadyMs: the same with the agent on vsock (VsockDevice:
+	// "kernel" or the vhost-user backend's path), and the backend
+	// process's Pss per VM (0 for the kernel's device); VsockSkip says
+	// why not measured.
+	VsockReadyP50     float64 `json:"vsock_ready_ms_p50,omitempty"`
+	VsockReadyP99     float64 `json:"vsock_ready_ms_p99,omitempty"`
+	VsockDevice       string  `json:"vsock_device,omitempty"`
+	VsockBackendPssKi float64 `json:"vsock_backend_pss_kib,omitempty"`
+	VsockSkip         string  `json:"vsock_skip,omitempty"`
 	// FloorMs: the same QEMU and kernel with an init that powers off at
 	// once: boot to /init and out, the least a VM can take here.
 	FloorP50       float64 `json:"floor_ms_p50,omitempty"`
@@ -115,14 +127,21 @@ type vmSetup struct {
 	layer  string
 	logf   func(string, ...any)
 	seq    int
+	// vsock, when set, is the device the next boots use.
+	vsock *microvm.Vsock
 }
 
 // boot boots one VM of the bench's image.
 func (s *vmSetup) boot(ctx context.Context, pmem, noBalloon bool) (*microvm.VM, error) {
 	s.seq++
+	id := "vm" + strconv.Itoa(s.seq)
+	var vs *microvm.Vsock
+	if s.vsock != nil {
+		vs = s.vsock.ForVM(id)
+	}
 	return microvm.Boot(ctx, microvm.Config{QEMU: s.qemu, Kernel: s.kernel, GuestAgent: s.cfg.GuestAgent,
-		Dir: filepath.Join(s.dir, "vms", "vm"+strconv.Itoa(s.seq)), CacheDir: s.dir, Layers: []string{s.layer},
-		MemoryMB: 256 + 128, SandboxMemory: 256 << 20, KVM: s.cfg.KVM, PMEM: pmem, NoBalloon: noBalloon})
+		Dir: filepath.Join(s.dir, "vms", id), CacheDir: s.dir, Layers: []string{s.layer},
+		MemoryMB: 256 + 128, SandboxMemory: 256 << 20, KVM: s.cfg.KVM, PMEM: pmem, NoBalloon: noBalloon, Vsock: vs})
 }
 
 // RunVM boots microVMs one after another (virtio-blk layers, then pmem),
@@ -204,6 +223,12 @@ func RunVM(ctx context.Context, cfg VMConfig, progress io.Writer) (*VMReport, er
 		rep.PmemReadyP50, rep.PmemReadyP99 = Percentile(ready, 50), Percentile(ready, 99)
 	}
 
+	if cfg.Vsock {
+		if err := vsockBoots(ctx, s, rep); err != nil {
+			return nil, fmt.Errorf("vsock boots: %w", err)
+		}
+	}
+
 	if cfg.Idle > 0 {
 		confs := []struct {
 			name            string
@@ -254,6 +279,47 @@ func RunVM(ctx context.Context, cfg VMConfig, progress io.Writer) (*VMReport, er
 		rep.ContainerReadyP50, rep.ContainerReadyP99 = Percentile(ctr, 50), Percentile(ctr, 99)
 	}
 	return rep, nil
+}
+
+// vsockBoots times boots with the agent on the node's vsock device, and
+// what a vhost-user backend process holds of the node per VM.
+func vsockBoots(ctx context.Context, s *vmSetup, rep *VMReport) error {
+	d, err := microvm.PickVsock("")
+	if err != nil {
+		rep.VsockSkip = err.Error()
+		return nil
+	}
+	rep.VsockDevice = "kernel"
+	if !d.Kernel {
+		rep.VsockDevice = d.Backend
+	}
+	s.vsock = &d
+	defer func() { s.vsock = nil }()
+	var ready, pss []float64
+	for i := range s.cfg.N {
+		v, err := s.boot(ctx, false, false)
+		if err != nil {
+			return err
+		}
+		ready = append(ready, float64(v.Ready.Microseconds())/1000)
+		if pid := v.VsockBackendPid(); pid > 0 {
+			if use, err := microvm.ProcessMemory(pid); err == nil {
+				pss = append(pss, float64(use.Bytes)/1024)
+			}
+		}
+		v.Close()
+		s.logf("vm: boot %d/%d (vsock): ready in %.0f ms", i+1, s.cfg.N, ready[len(ready)-1])
+	}
+	slices.Sort(ready)
+	rep.VsockReadyP50, rep.VsockReadyP99 = Percentile(ready, 50), Percentile(ready, 99)
+	if len(pss) > 0 {
+		var sum float64
+		for _, p := range pss {
+			sum += p
+		}
+		rep.VsockBackendPssKi = sum / float64(len(pss))
+	}
+	return nil
 }
 
 // writeRandomFile writes n incompressible bytes (a file the guest must
@@ -567,6 +633,12 @@ func (r *VMReport) Table(w io.Writer) error {
 	if r.PmemReadyP50 > 0 {
 		fmt.Fprintf(tw, "warren: start to agent ready (pmem DAX layer)\t%.0f\t%.0f\n", r.PmemReadyP50, r.PmemReadyP99)
 	}
+	if r.VsockReadyP50 > 0 {
+		fmt.Fprintf(tw, "warren: start to agent ready (agent on vsock, %s)\t%.0f\t%.0f\n", r.VsockDevice, r.VsockReadyP50, r.VsockReadyP99)
+		if r.VsockBackendPssKi > 0 {
+			fmt.Fprintf(tw, "  vhost-user backend Pss per VM, KiB\t%.0f\t\n", r.VsockBackendPssKi)
+		}
+	}
 	if r.FloorP50 > 0 {
 		fmt.Fprintf(tw, "floor: QEMU + kernel to /init, powered off\t%.0f\t%.0f\n", r.FloorP50, r.FloorP99)
 		fmt.Fprintf(tw, "ratio (ready / floor)\t%.2fx\t\n", r.ReadyOverFloor)
@@ -591,6 +663,9 @@ func (r *VMReport) Table(w io.Writer) error {
 	}
 	if r.SnapshotSkip != "" {
 		fmt.Fprintf(tw, "# %s\n", r.SnapshotSkip)
+	}
+	if r.VsockSkip != "" {
+		fmt.Fprintf(tw, "# vsock: %s\n", r.VsockSkip)
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(tw, "# %s\n", n)

@@ -34,13 +34,18 @@ func TestVMBenchRunsShort(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	rep, err := RunVM(ctx, VMConfig{N: 1, Idle: 1, Pmem: true, LayerMiB: 4,
+	rep, err := RunVM(ctx, VMConfig{N: 1, Idle: 1, Pmem: true, LayerMiB: 4, Vsock: true,
 		GuestAgent: testutil.StaticBinary(t, "./cmd/warren-guest")}, testWriter{t})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rep.ReadyP50 <= 0 || rep.PmemReadyP50 <= 0 || rep.GuestUptimeP50 <= 0 {
 		t.Fatalf("boot times: %+v", rep)
+	}
+	if _, err := microvm.PickVsock(""); err == nil && (rep.VsockReadyP50 <= 0 || rep.VsockDevice == "") {
+		t.Fatalf("vsock boots: %+v", rep)
+	} else if err != nil && rep.VsockSkip == "" {
+		t.Fatalf("no vsock on the node (%v) and no skip in the report", err)
 	}
 	if len(rep.Memory) != 3 {
 		t.Fatalf("memory configurations: %+v", rep.Memory)

@@ -772,6 +772,7 @@ issue's comparison is --n 10 --idle 16.`,
 	f.BoolVar(&cfg.Pmem, "pmem", true, "also measure layers on persistent memory with DAX")
 	f.IntVar(&cfg.LayerMiB, "layer-mib", 32, "size of the file in the image each idle VM reads once")
 	f.BoolVar(&cfg.KVM, "kvm", false, "boot with KVM (TCG otherwise)")
+	f.BoolVar(&cfg.Vsock, "vsock", true, "also boot with the agent on vsock (the kernel's vhost-vsock, else vhost-device-vsock: scripts/vsock.sh; a named skip without either)")
 	f.StringVar(&cfg.GuestAgent, "guest-agent", "", "the guest agent (default: warren-guest beside this binary)")
 	return c
 }

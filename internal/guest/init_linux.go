@@ -76,15 +76,18 @@ func Main() error {
 	if err := dropBoundingCaps(); err != nil {
 		return err
 	}
-	port, err := findPort(PortName, 10*time.Second)
-	if err != nil {
-		return err
-	}
 	srv := &server{r: newReaper(), ns: ns, bg: newBGTable(), held: held}
 	if cg != nil {
 		srv.cg, srv.cgDir = cg, sandboxCgroupDir
 	} else {
 		srv.cgErr = errors.New("no sandbox cgroup in a VM without layers")
+	}
+	if cmdlineString("transport") == TransportVsock {
+		return srv.serveVsock()
+	}
+	port, err := findPort(PortName, 10*time.Second)
+	if err != nil {
+		return err
 	}
 	go srv.watchPorts(port)
 	return srv.servePort(port)

@@ -98,31 +98,38 @@ func ueventsOrTicks() <-chan struct{} {
 // servePort serves the host's sessions on one port, one after another,
 // until the port goes (hot-unplugged).
 func (s *server) servePort(dev string) error {
-	cfg := yamux.DefaultConfig()
-	cfg.LogOutput = io.Discard
-	cfg.EnableKeepAlive = false // the host sees the VM go by its process
 	for {
 		conn, err := waitHost(dev)
 		if err != nil {
 			return err
 		}
-		sess, err := yamux.Server(conn, cfg)
-		if err != nil {
-			conn.Close()
+		if err := s.serveSession(conn); err != nil {
 			return err
 		}
-		for {
-			st, err := sess.Accept()
-			if err != nil {
-				break
-			}
-			go s.serve(st)
-		}
-		// The host went: its streams end (their processes are killed,
-		// background ones stay), and so does this port's file, which
-		// wakes writes stuck without a host.
-		sess.Close()
 	}
+}
+
+// serveSession serves one host's session on conn until the host goes:
+// its streams end (their processes are killed, background ones stay),
+// and so does conn, which wakes writes stuck without a host.
+func (s *server) serveSession(conn io.ReadWriteCloser) error {
+	cfg := yamux.DefaultConfig()
+	cfg.LogOutput = io.Discard
+	cfg.EnableKeepAlive = false // the host sees the VM go by its process
+	sess, err := yamux.Server(conn, cfg)
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	for {
+		st, err := sess.Accept()
+		if err != nil {
+			break
+		}
+		go s.serve(st)
+	}
+	sess.Close()
+	return nil
 }
 
 // waitHost opens a port and waits until a host is connected and has sent

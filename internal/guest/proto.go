@@ -34,6 +34,16 @@ import "github.com/warrenrl/warren/internal/sandboxfs"
 // PortName is the virtio-serial port the host and the agent talk over.
 const PortName = "warren"
 
+// TransportVsock on the kernel command line (warren.transport=vsock) has
+// the agent serve AF_VSOCK port VsockPort instead of the virtio-serial
+// port PortName.
+const (
+	TransportVsock = "vsock"
+	VsockPort      = 0x5741 // "WA"
+	// VsockReady is what the agent writes to the console once it listens.
+	VsockReady = "vsock: listening"
+)
+
 // Request is a call from the host.
 type Request struct {
 	Op   string   `json:"op"` // "ping", "exec", "fs"

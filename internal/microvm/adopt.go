@@ -47,6 +47,24 @@ func Attach(ctx context.Context, cfg Config, pid int) (_ *VM, err error) {
 			unix.Close(pidfd)
 		}
 	}()
+	if cfg.Vsock != nil {
+		// A vsock agent takes any number of connections: no port to add.
+		// A connection needs the guest to run, though: a paused VM's is
+		// made by the first call after its resume (VM.agent).
+		if err := v.watchQEMU(); err != nil {
+			return nil, err
+		}
+		running, err := v.running(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if running {
+			if _, err := v.agent(ctx); err != nil {
+				return nil, err
+			}
+		}
+		return v, nil
+	}
 	sock, portID, err := v.hotplugPort(ctx)
 	if err != nil {
 		return nil, err
@@ -155,10 +173,11 @@ func unplugStale(ctx context.Context, c *qmp.Client, dir string) {
 }
 
 // isQEMUOf reports whether process pid is the QEMU of the VM in dir (its
-// command line names the agent socket there).
+// command line names the QMP socket there: every VM has one, whatever
+// its agent's transport).
 func isQEMUOf(pid int, dir string) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return err == nil && strings.Contains(string(b), filepath.Join(dir, "agent.sock"))
+	return err == nil && strings.Contains(string(b), "unix:"+filepath.Join(dir, qmpSocket)+",")
 }
 
 // killPidfd kills the process of pidfd and waits (bounded) until it is

@@ -23,7 +23,6 @@ import (
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/guestkernel"
 	"github.com/warrenrl/warren/internal/netpolicy"
-	"github.com/warrenrl/warren/internal/qmp"
 	"github.com/warrenrl/warren/internal/qos"
 	"github.com/warrenrl/warren/internal/rlimit"
 )
@@ -58,6 +57,12 @@ type Options struct {
 	// backend's (the daemon's --cgroup-parent; default "warren"), whose
 	// sandboxes' groups they are siblings of (vmcg.go).
 	CgroupParent string
+	// Transport is how the host reaches the guest agent: TransportSerial
+	// (the default: a virtio-serial port) or TransportVsock (vsock.go:
+	// the kernel's vhost-vsock where the node has it, else the vhost-user
+	// backend VsockBackend, default vhost-device-vsock on $PATH).
+	Transport    string
+	VsockBackend string
 }
 
 // DefaultGuestAgent is where the guest agent is looked for when none is
@@ -75,6 +80,9 @@ func DefaultGuestAgent() string {
 type Backend struct {
 	opts   Options
 	kernel guestkernel.Kernel
+	// vsock is the node's vsock device for the VMs, nil for
+	// virtio-serial.
+	vsock *Vsock
 }
 
 var (
@@ -106,10 +114,22 @@ func New(opts Options) (*Backend, error) {
 	if fi, err := os.Stat(opts.GuestAgent); err != nil || fi.IsDir() {
 		return nil, errdefs.Unsupportedf("microvm: no guest agent at %q (make build puts warren-guest beside warren)", opts.GuestAgent)
 	}
+	b := &Backend{opts: opts, kernel: k}
+	switch opts.Transport {
+	case "", TransportSerial:
+	case TransportVsock:
+		d, err := PickVsock(opts.VsockBackend)
+		if err != nil {
+			return nil, err
+		}
+		b.vsock = &d
+	default:
+		return nil, errdefs.Invalidf("microvm: transport %q: want %s or %s", opts.Transport, TransportSerial, TransportVsock)
+	}
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "vms"), 0o700); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "microvm state directory")
 	}
-	return &Backend{opts: opts, kernel: k}, nil
+	return b, nil
 }
 
 func (b *Backend) Name() string { return Name }
@@ -189,7 +209,10 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		Dir: b.vmDir(spec.ID), Layers: layers, MemoryMB: mem, CPUs: cpus, KVM: b.opts.KVM, PMEM: b.opts.PMEM,
 		Hostname: hostname, CacheDir: b.opts.StateDir, SandboxMemory: spec.MemoryBytes, SandboxPids: spec.PidsMax, Rlimits: rl,
 		Cgroup: grp}
-	st := vmState{Env: spec.Env, Cwd: spec.Workdir, Rlimits: rl, Group: true, CPUMillis: spec.CPUMillis, MemoryMB: mem}
+	if b.vsock != nil {
+		cfg.Vsock = b.vsock.forVM(spec.ID)
+	}
+	st := vmState{Env: spec.Env, Cwd: spec.Workdir, Rlimits: rl, Group: true, CPUMillis: spec.CPUMillis, MemoryMB: mem, Vsock: cfg.Vsock}
 	if spec.DiskBytes > 0 {
 		cfg.Disk = diskImage(cfg.Dir)
 		if err := makeDisk(cfg.Disk, spec.DiskBytes); err != nil {
@@ -289,6 +312,8 @@ type vmState struct {
 	Group     bool  `json:"group,omitempty"`
 	CPUMillis int64 `json:"cpu_millis,omitempty"`
 	MemoryMB  int   `json:"memory_mb,omitempty"`
+	// Vsock is the agent's vsock device, nil for the virtio-serial port.
+	Vsock *Vsock `json:"vsock,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon (or handle) booted, through a port
@@ -328,7 +353,7 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 		gone()
 		return nil, errdefs.NotFoundf("microvm: sandbox %s: its VM is gone", id)
 	}
-	cfg := Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent, Dir: dir, KVM: b.opts.KVM, MemoryMB: st.MemoryMB}
+	cfg := Config{QEMU: b.opts.QEMU, Kernel: b.kernel, GuestAgent: b.opts.GuestAgent, Dir: dir, KVM: b.opts.KVM, MemoryMB: st.MemoryMB, Vsock: st.Vsock}
 	if st.Group {
 		cfg.Cgroup = LoadHostGroup(b.opts.CgroupParent, Name, id)
 	}
@@ -343,12 +368,12 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 		return nil, err
 	}
 	sb := b.newSandbox(id, v, st)
-	var qs qmp.Status
-	if err := v.qmp(ctx, "query-status", &qs); err != nil {
+	running, err := v.running(ctx)
+	if err != nil {
 		v.Close()
 		return nil, err
 	}
-	sb.paused.Store(!qs.Running)
+	sb.paused.Store(!running)
 	return sb, nil
 }
 
@@ -382,6 +407,9 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 // command line, pid a hint) and removes the directory.
 func (b *Backend) stopOrphan(id string, pid int) {
 	dir := b.vmDir(id)
+	if g := LoadHostGroup(b.opts.CgroupParent, Name, id); g != nil {
+		_ = g.Thaw() // a frozen QEMU (a paused vsock VM) would not die
+	}
 	for _, p := range qemuPids(dir, pid) {
 		_ = syscall.Kill(p, syscall.SIGKILL)
 		for i := 0; i < 200; i++ {
@@ -391,6 +419,7 @@ func (b *Backend) stopOrphan(id string, pid int) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	killVsockBackend(dir)
 	_ = os.RemoveAll(dir)
 }
 
@@ -472,7 +501,7 @@ func (s *sandbox) State() []byte {
 	s.netMu.Lock()
 	defer s.netMu.Unlock()
 	b, _ := json.Marshal(vmState{Pid: s.vm.Pid(), Dir: s.vm.cfg.Dir, Env: s.env, Cwd: s.cwd, Rlimits: s.rlimits, Net: s.att, Disk: s.disk, Digests: s.digests,
-		Group: s.vm.cfg.Cgroup != nil, CPUMillis: s.cpuMillis, MemoryMB: s.memoryMB})
+		Group: s.vm.cfg.Cgroup != nil, CPUMillis: s.cpuMillis, MemoryMB: s.memoryMB, Vsock: s.vm.cfg.Vsock})
 	return b
 }
 

@@ -38,7 +38,8 @@ func TestConformance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, err := New(Options{StateDir: state, QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent, Network: n})
+			b, err := New(Options{StateDir: state, QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent, Network: n,
+				Transport: os.Getenv("WARREN_MICROVM_TRANSPORT")})
 			if err != nil {
 				t.Fatal(err)
 			}

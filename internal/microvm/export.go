@@ -13,6 +13,24 @@ import (
 // What other VM backends (internal/fullvm) share of this one: the agent's
 // host side, the VM's lifecycle and the sandbox built on them.
 
+// ForVM is the device for VM id (the kernel's needs a CID of its own).
+func (d Vsock) ForVM(id string) *Vsock { return d.forVM(id) }
+
+// VsockBackendPid is the pid of the VM's vhost-user vsock backend, 0 if
+// it has none.
+func (v *VM) VsockBackendPid() int {
+	if !v.cfg.vhostUser() {
+		return 0
+	}
+	if pids := vsockBackendPids(v.cfg.Dir); len(pids) > 0 {
+		return pids[0]
+	}
+	return 0
+}
+
+// ProcessMemory is a process's memory (smaps_rollup).
+func ProcessMemory(pid int) (backend.MemoryUse, error) { return processMemory(pid) }
+
 // AgentSocket and QMPSocket are the sockets QEMU makes in a VM's
 // directory: the agent's virtio-serial port and QMP.
 const (

@@ -106,7 +106,7 @@ func (v *VM) reconnect(ctx context.Context, sock string) {
 	// QEMU takes the next client once this one is gone.
 	v.conn.Close()
 	v.sess.Close()
-	conn, err := v.dial(ctx, sock)
+	conn, err := v.dialAgent(ctx, sock)
 	if err != nil {
 		return // QEMU is gone, or the VM closed: calls fail as they do then
 	}
@@ -122,7 +122,7 @@ func (v *VM) reconnect(ctx context.Context, sock string) {
 // where the agent went during it (losses was n at its start).
 func (v *VM) lostErr(err error, n int64, what string) error {
 	if v.losses.Load() != n {
-		return errdefs.Wrap(errdefs.Unavailable, err, what+": the guest agent exited meanwhile (its port closed); what it ran for the call is lost")
+		return errdefs.Wrap(errdefs.Unavailable, err, what+": the guest agent exited meanwhile (its connection closed); what it ran for the call is lost")
 	}
 	return errdefs.Wrap(errdefs.Unavailable, err, what)
 }
@@ -147,7 +147,7 @@ func (v *VM) watchQEMU() error {
 			}
 		}
 		v.err = errors.New("QEMU exited")
-		v.removeCgroup()
+		v.ended()
 		close(v.done)
 	}()
 	return nil

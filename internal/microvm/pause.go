@@ -69,7 +69,7 @@ func (s *sandbox) Pause(ctx context.Context, reclaim bool) (backend.PauseStats, 
 		}
 	}
 	t0 := time.Now()
-	if err := s.vm.qmp(ctx, "stop", nil); err != nil {
+	if err := s.vm.stop(ctx); err != nil {
 		return backend.PauseStats{}, err
 	}
 	s.paused.Store(true)
@@ -79,7 +79,7 @@ func (s *sandbox) Pause(ctx context.Context, reclaim bool) (backend.PauseStats, 
 		// All or nothing: it runs on.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		if s.vm.qmp(rctx, "cont", nil) == nil {
+		if s.vm.cont(rctx) == nil {
 			s.paused.Store(false)
 		}
 		return backend.PauseStats{}, err
@@ -94,11 +94,56 @@ func (s *sandbox) Pause(ctx context.Context, reclaim bool) (backend.PauseStats, 
 // Resume runs the VM's vCPUs on; "cont" on a running VM does nothing.
 // The memory limit is the guest cgroup's, which a pause leaves alone.
 func (s *sandbox) Resume(ctx context.Context, o backend.ResumeOptions) error {
-	if err := s.vm.qmp(ctx, "cont", nil); err != nil {
+	if err := s.vm.cont(ctx); err != nil {
 		return err
 	}
 	s.paused.Store(false)
 	return nil
+}
+
+// stop halts the VM: QMP "stop", or for a VM on a vhost-user vsock, a
+// freeze of its cgroup (QEMU and the backend). QEMU's stop also stops
+// the vhost-user device, and vhost-device-vsock 0.3.0 loses the device
+// for good if a host connection opens or closes meanwhile (measured:
+// every session then hangs after "cont", the guest sending from CID 0);
+// a frozen VM keeps its device running, and the host's connection events
+// wait in the kernel until the thaw. The guest's clock runs on through a
+// freeze (it does not through a stop).
+func (v *VM) stop(ctx context.Context) error {
+	if !v.cfg.vhostUser() {
+		return v.qmp(ctx, "stop", nil)
+	}
+	if v.cfg.Cgroup == nil {
+		return errdefs.Unsupportedf("microvm: a vsock VM without a host cgroup cannot be paused")
+	}
+	return v.cfg.Cgroup.Freeze()
+}
+
+// cont runs a stopped VM on.
+func (v *VM) cont(ctx context.Context) error {
+	if !v.cfg.vhostUser() {
+		return v.qmp(ctx, "cont", nil)
+	}
+	if v.cfg.Cgroup == nil {
+		return nil
+	}
+	return v.cfg.Cgroup.Thaw()
+}
+
+// running reports whether the VM runs (not stopped: stop). A frozen
+// QEMU does not answer QMP.
+func (v *VM) running(ctx context.Context) (bool, error) {
+	if v.cfg.vhostUser() && v.cfg.Cgroup != nil {
+		frozen, err := v.cfg.Cgroup.Frozen()
+		if err != nil || frozen {
+			return false, err
+		}
+	}
+	var qs qmp.Status
+	if err := v.qmp(ctx, "query-status", &qs); err != nil {
+		return false, err
+	}
+	return qs.Running, nil
 }
 
 // MemoryUse is what the VM takes of the node: the QEMU process's

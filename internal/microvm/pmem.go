@@ -50,10 +50,14 @@ var pmemModules = []string{"nd_pmem", "nd_e820"}
 
 // modulesFor are the modules cfg's guest loads.
 func modulesFor(cfg Config) []string {
+	mods := append([]string(nil), guestModules...)
 	if cfg.PMEM && len(cfg.Layers) > 0 {
-		return append(append([]string(nil), guestModules...), pmemModules...)
+		mods = append(mods, pmemModules...)
 	}
-	return guestModules
+	if cfg.Vsock != nil {
+		mods = append(mods, vsockModules...)
+	}
+	return mods
 }
 
 // pmemArgs are QEMU's memory arguments and the kernel's for cfg's layers
@@ -64,7 +68,7 @@ func pmemArgs(cfg Config) (args []string, cmdline string, err error) {
 	}
 	mainMB := cfg.MemoryMB - pmemTailMB
 	args = []string{
-		"-object", fmt.Sprintf("memory-backend-ram,id=ram0,size=%dM", mainMB),
+		"-object", ramObject(cfg, "ram0", fmt.Sprintf("%dM", mainMB)),
 		"-numa", "node,memdev=ram0",
 	}
 	addr := uint64(mainMB) << 20
@@ -76,7 +80,7 @@ func pmemArgs(cfg Config) (args []string, cmdline string, err error) {
 		}
 		if i > 0 {
 			id := fmt.Sprintf("gap%d", i)
-			args = append(args, "-object", fmt.Sprintf("memory-backend-ram,id=%s,size=%d", id, pmemAlign), "-numa", "node,memdev="+id)
+			args = append(args, "-object", ramObject(cfg, id, strconv.FormatUint(pmemAlign, 10)), "-numa", "node,memdev="+id)
 			addr += pmemAlign
 		}
 		id := fmt.Sprintf("pmem%d", i)
@@ -92,7 +96,7 @@ func pmemArgs(cfg Config) (args []string, cmdline string, err error) {
 		return nil, "", errdefs.Invalidf("microvm: the VM's memory and its layers on pmem take %d MiB, more than the 3 GiB -M microvm keeps below 4 GiB", total>>20)
 	}
 	args = append(args,
-		"-object", fmt.Sprintf("memory-backend-ram,id=tail,size=%dM", pmemTailMB), "-numa", "node,memdev=tail",
+		"-object", ramObject(cfg, "tail", fmt.Sprintf("%dM", pmemTailMB)), "-numa", "node,memdev=tail",
 		"-m", strconv.FormatUint(total>>20, 10)+"M")
 	return args, " " + strings.Join(memmap, " ") + " warren.pmem=" + strings.Join(addrs, ","), nil
 }

@@ -91,6 +91,9 @@ type Config struct {
 	// Cgroup, if set, is the VM's host cgroup (NewHostGroup): QEMU joins
 	// it before it runs (startQEMU), and it is removed once QEMU is gone.
 	Cgroup cgroups.Group
+	// Vsock, if set, carries the agent's sessions over vsock instead of
+	// the virtio-serial port (vsock.go).
+	Vsock *Vsock
 }
 
 // VM is a running microVM.
@@ -105,12 +108,15 @@ type VM struct {
 	// (liveness.go); losses counts those.
 	smu    sync.Mutex
 	sess   *yamux.Session
-	conn   net.Conn
+	conn   io.Closer
 	losses atomic.Int64
-	done   chan struct{} // closed when QEMU exited
-	closed chan struct{} // closed by Close
-	err    error         // its exit, once done
-	once   sync.Once
+	// vsockUp is set once the guest agent listened on vsock
+	// (vsockListening).
+	vsockUp atomic.Bool
+	done    chan struct{} // closed when QEMU exited
+	closed  chan struct{} // closed by Close
+	err     error         // its exit, once done
+	once    sync.Once
 	// cgDone is closed once QEMU is gone and its cgroup removed (cgErr
 	// the removal's error); nil without a cgroup.
 	cgDone chan struct{}
@@ -152,8 +158,16 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	if cfg.Net != nil {
 		extra = []*os.File{cfg.Net.Tap} // fd 3: deviceArgs
 	}
+	if cfg.vhostUser() {
+		if err := startVsockBackend(ctx, cfg); err != nil {
+			return nil, err
+		}
+	}
 	v, err := startQEMU(cfg, args, extra)
 	if err != nil {
+		if cfg.vhostUser() {
+			killVsockBackend(cfg.Dir)
+		}
 		return nil, err
 	}
 	defer func() {
@@ -206,7 +220,7 @@ func startQEMU(cfg Config, args []string, extra []*os.File) (*VM, error) {
 	}
 	go func() {
 		v.err = cmd.Wait()
-		v.removeCgroup()
+		v.ended()
 		close(v.done)
 	}()
 	if goAhead == nil {
@@ -233,8 +247,17 @@ func startQEMU(cfg Config, args []string, extra []*os.File) (*VM, error) {
 // here). A pipe closed without it ends the shell before QEMU runs.
 const cgroupShim = `read -r go && [ "$go" = go ] && exec "$@" </dev/null`
 
-// removeCgroup removes the VM's cgroup once QEMU is gone (a crash, or
-// Close): a group left behind would outlive its sandbox.
+// ended releases what QEMU leaves once it is gone (a crash, or Close):
+// the vsock backend that served it, and its cgroup. Either left behind
+// would outlive its sandbox.
+func (v *VM) ended() {
+	if v.cfg.vhostUser() {
+		killVsockBackend(v.cfg.Dir)
+	}
+	v.removeCgroup()
+}
+
+// removeCgroup removes the VM's cgroup.
 func (v *VM) removeCgroup() {
 	if v.cfg.Cgroup == nil {
 		return
@@ -250,7 +273,7 @@ func (v *VM) removeCgroup() {
 // the error); then it follows the port (watchAgent).
 func (v *VM) connect(ctx context.Context, sock, portID, what string) (guest.Ping, error) {
 	var ping guest.Ping
-	conn, err := v.dial(ctx, sock)
+	conn, err := v.dialAgent(ctx, sock)
 	if err != nil {
 		return ping, err
 	}
@@ -261,12 +284,25 @@ func (v *VM) connect(ctx context.Context, sock, portID, what string) (guest.Ping
 	if err := v.call(ctx, guest.Request{Op: "ping"}, nil, &ping); err != nil {
 		return ping, fmt.Errorf("wait for %s: %w (console: %s)", what, err, v.consoleTail())
 	}
-	v.watchAgent(sock, portID)
+	if v.cfg.Vsock != nil {
+		v.watchVsock()
+	} else {
+		v.watchAgent(sock, portID)
+	}
 	return ping, nil
 }
 
+// dialAgent connects to the agent: over vsock, or to its port's socket
+// sock.
+func (v *VM) dialAgent(ctx context.Context, sock string) (io.ReadWriteCloser, error) {
+	if v.cfg.Vsock != nil {
+		return v.dialVsock(ctx)
+	}
+	return v.dial(ctx, sock)
+}
+
 // agentSession is the host's end of a session with the agent.
-func agentSession(conn net.Conn) (*yamux.Session, error) {
+func agentSession(conn io.ReadWriteCloser) (*yamux.Session, error) {
 	ycfg := yamux.DefaultConfig()
 	ycfg.LogOutput = io.Discard
 	ycfg.EnableKeepAlive = false
@@ -321,17 +357,27 @@ func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 		cmdline += extra
 		machine += ",pcie=on" // pmem.go says why
 	}
+	if cfg.vhostUser() && pmem == nil {
+		machine += ",memory-backend=ram"
+	}
 	args := []string{
 		"-M", machine, "-accel", accel, "-cpu", "max",
 		"-smp", strconv.Itoa(cfg.CPUs),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", cfg.Kernel.Vmlinux, "-initrd", initrd, "-append", cmdline,
 		"-serial", "stdio",
-		"-device", "virtio-serial-device",
-		"-chardev", "socket,id=agent,path=" + port + ",server=on,wait=off",
-		"-device", "virtserialport,id=" + BootPortID + ",chardev=agent,name=" + guest.PortName,
-		"-qmp", "unix:" + qmpPath + ",server=on,wait=off",
 	}
+	if cfg.Vsock != nil {
+		more, extra := vsockArgs(cfg)
+		args = append(args, more...)
+		args[slices.Index(args, "-append")+1] += extra
+	} else {
+		args = append(args,
+			"-device", "virtio-serial-device",
+			"-chardev", "socket,id=agent,path="+port+",server=on,wait=off",
+			"-device", "virtserialport,id="+BootPortID+",chardev=agent,name="+guest.PortName)
+	}
+	args = append(args, "-qmp", "unix:"+qmpPath+",server=on,wait=off")
 	args = append(args, EventArgs(cfg.Dir)...)
 	for i, l := range cfg.Layers {
 		if _, err := os.Stat(l); err != nil {
@@ -366,6 +412,9 @@ func qemuArgs(cfg Config, initrd, port, qmpPath string) ([]string, error) {
 	if pmem != nil {
 		return append(args, pmem...), nil
 	}
+	if cfg.vhostUser() {
+		args = append(args, "-object", ramObject(cfg, "ram", strconv.Itoa(cfg.MemoryMB)+"M"))
+	}
 	args = append(args, "-m", strconv.Itoa(cfg.MemoryMB)+"M")
 	return args, nil
 }
@@ -392,7 +441,11 @@ func (v *VM) dial(ctx context.Context, port string) (net.Conn, error) {
 // and sends req. stop disarms the deadline (false if ctx ended first);
 // the caller closes the stream.
 func (v *VM) open(ctx context.Context, req guest.Request) (st *yamux.Stream, stop func() bool, err error) {
-	if st, err = v.session().OpenStream(); err != nil {
+	sess, err := v.agent(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if st, err = sess.OpenStream(); err != nil {
 		return nil, nil, errdefs.Wrap(errdefs.Unavailable, err, "open a stream to the guest agent")
 	}
 	// A yamux Close ends only the writing half: a deadline is what
@@ -488,6 +541,10 @@ func (v *VM) Pid() int { return v.pid }
 func (v *VM) Close() error {
 	v.once.Do(func() {
 		close(v.closed)
+		if v.cfg.vhostUser() && v.cfg.Cgroup != nil {
+			// A frozen QEMU (a paused vsock VM: stop) would not die.
+			_ = v.cfg.Cgroup.Thaw()
+		}
 		if s := v.session(); s != nil {
 			s.Close()
 		}
@@ -496,6 +553,9 @@ func (v *VM) Close() error {
 			<-v.done
 		} else {
 			killPidfd(v.pidfd)
+		}
+		if v.cfg.vhostUser() {
+			killVsockBackend(v.cfg.Dir) // (an attached VM's watcher may not have yet)
 		}
 		if v.cgDone != nil {
 			select {

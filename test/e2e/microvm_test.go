@@ -12,6 +12,7 @@ import (
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/guestkernel"
+	"github.com/warrenrl/warren/internal/microvm"
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
@@ -254,4 +255,82 @@ func (e *env) checkpointsGone(within time.Duration) {
 			e.t.Fatalf("checkpoints left after delete: %v", ents)
 		}
 	}
+}
+
+// TestMicroVMOverVsockThroughTheAPI: a daemon started with --vm-transport
+// vsock reaches its microVMs' agents over vsock (the kernel's vhost-vsock,
+// else a vhost-device-vsock process per VM): exec, files, a network
+// policy, a background process across a daemon restart (the new daemon
+// connects beside nothing to hot-plug), pause and resume (a freeze of the
+// VM's cgroup), hibernate refused with the reason and the VM running on,
+// and delete leaving no QEMU, backend or VM directory.
+func TestMicroVMOverVsockThroughTheAPI(t *testing.T) {
+	needMicroVM(t)
+	if _, err := microvm.PickVsock(""); err != nil {
+		t.Skipf("%v", err)
+	}
+	t.Parallel()
+	agent := testutil.StaticBinary(t, "./cmd/warren-guest")
+	e := newEnv(t, envOptions{serveArgs: []string{"--guest-agent", agent, "--vm-transport", "vsock"}})
+	ctx := ctxFor(t, 3*time.Minute)
+	th := testutil.NewTestHost(t)
+	port := httpHost(t, th.NS, th.Addr.String()+":0", "vsock")
+	e.create(&warrenv1.CreateRequest{Id: "vs1", Backend: "microvm", Network: policy("allowlist", rule(th.Addr.String()+"/32", 0, ""))})
+	if b, _ := os.ReadFile(filepath.Join(e.vmDir("vs1"), "vsock.log")); b == nil && !microvm.KernelVsock() {
+		t.Fatalf("no vhost-user backend's log in the VM's directory")
+	}
+	if r := e.sh("vs1", "ls /sys/class/virtio-ports | wc -l; grep -c AF_VSOCK /proc/net/protocols"); string(r.GetStdout()) != "0\n1\n" {
+		t.Fatalf("the guest's transport: %+v", r)
+	}
+	if err := e.c.WriteFile(ctx, &warrenv1.WriteFileRequest{SandboxId: "vs1", Path: "/root/f", Content: []byte("via vsock")}); err != nil {
+		t.Fatal(err)
+	}
+	if body, ok := e.fetch("vs1", th.Addr.String(), port); !ok || body != "hello vsock\n" {
+		t.Errorf("the allowed host from a vsock VM: %q %v", body, ok)
+	}
+	pi, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "vs1", Shell: "cat /root/f; read x; echo; echo after $x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	if err := e.c.WriteStdin(ctx, &warrenv1.WriteStdinRequest{SandboxId: "vs1", ProcessId: pi.GetProcessId(), Data: []byte("x\n"), Close: true}); err != nil {
+		t.Fatal(err)
+	}
+	wr, err := e.c.WaitProcess(ctx, &warrenv1.WaitProcessRequest{SandboxId: "vs1", ProcessId: pi.GetProcessId()})
+	if err != nil || string(wr.GetStdout()) != "via vsock\nafter x\n" || wr.GetExitCode() != 0 {
+		t.Fatalf("the background process across the restart: %+v %v", wr, err)
+	}
+	if ports, _ := filepath.Glob(filepath.Join(e.vmDir("vs1"), "a*.sock")); len(ports) != 0 {
+		t.Fatalf("the restarted daemon hot-plugged agent ports: %v", ports)
+	}
+	if _, err := e.c.Pause(ctx, "vs1", false); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon goes and comes back while the VM is paused: its
+	// connection closes meanwhile, which the paused VM takes after the
+	// resume.
+	if err := e.stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	if _, err := e.c.Resume(ctx, "vs1"); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.sh("vs1", "cat /root/f"); string(r.GetStdout()) != "via vsock" {
+		t.Fatalf("exec after a pause across a restart: %+v", r)
+	}
+	if _, err := e.c.Hibernate(ctx, "vs1"); !client.IsUnsupported(err) || !strings.Contains(err.Error(), "vsock") {
+		t.Fatalf("hibernate of a vsock VM: %v, want unsupported naming vsock", err)
+	}
+	if r := e.sh("vs1", "echo on"); string(r.GetStdout()) != "on\n" {
+		t.Fatalf("exec after a refused hibernate: %+v", r)
+	}
+	dir := e.vmDir("vs1")
+	if err := e.c.Delete(ctx, "vs1"); err != nil {
+		t.Fatal(err)
+	}
+	vmGone(t, dir)
 }
