@@ -446,6 +446,11 @@ func (v *VM) open(ctx context.Context, req guest.Request) (st *yamux.Stream, sto
 		return nil, nil, err
 	}
 	if st, err = sess.OpenStream(); err != nil {
+		select {
+		case <-v.done:
+			return nil, nil, errdefs.Unavailablef("the VM ended: %v (console: %s)", v.err, v.consoleTail())
+		default:
+		}
 		return nil, nil, errdefs.Wrap(errdefs.Unavailable, err, "open a stream to the guest agent")
 	}
 	// A yamux Close ends only the writing half: a deadline is what

@@ -267,6 +267,9 @@ func (v *VM) dialVsock(ctx context.Context) (io.ReadWriteCloser, error) {
 			return c, nil
 		}
 		last = err
+		if !v.cfg.Vsock.Kernel && len(vsockBackendPids(v.cfg.Dir)) == 0 {
+			return nil, fmt.Errorf("%w (last try: %v)", errBackendGone, err)
+		}
 		select {
 		case <-v.done:
 			return nil, errdefs.Unavailablef("qemu exited before the agent listened on vsock: %v (last try: %v; console: %s)", v.err, last, v.consoleTail())
@@ -396,7 +399,12 @@ func (v *VM) agent(ctx context.Context) (*yamux.Session, error) {
 }
 
 // watchVsock reconnects a vsock VM's session when it ends while QEMU
-// runs (the guest agent restarted: the guest reset its connections).
+// runs (the guest agent restarted: the guest reset its connections). The
+// dial is made outside smu: it waits for the guest, and calls meanwhile
+// fail at once on the ended session instead of waiting behind it. A VM
+// whose vhost-user backend died is unreachable for good (QEMU 7.2's
+// vhost-user-vsock does not reconnect): it is stopped, saying why on its
+// console, so that its sandbox ends instead of hanging every call.
 func (v *VM) watchVsock() {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
@@ -417,10 +425,40 @@ func (v *VM) watchVsock() {
 			if ctx.Err() != nil {
 				return
 			}
-			v.reconnect(ctx, "")
-			if v.session() == s {
-				return // could not connect: the VM is going
+			v.losses.Add(1)
+			conn, err := v.dialVsock(ctx)
+			if errors.Is(err, errBackendGone) {
+				v.stopUnreachable("the vsock backend (vhost-device-vsock) exited: the guest agent cannot be reached")
+				return
 			}
+			if err != nil {
+				return // QEMU is gone, or the VM closed
+			}
+			sess, err := agentSession(conn)
+			if err != nil {
+				conn.Close()
+				return
+			}
+			v.smu.Lock()
+			v.conn, v.sess = conn, sess
+			v.smu.Unlock()
 		}
 	}()
+}
+
+// errBackendGone: the VM's vhost-user backend is not running.
+var errBackendGone = errors.New("the vsock backend is gone")
+
+// stopUnreachable kills the VM's QEMU, first writing why to its console
+// (errors about the VM's end quote the console's tail).
+func (v *VM) stopUnreachable(why string) {
+	if f, err := os.OpenFile(filepath.Join(v.cfg.Dir, "console.log"), os.O_WRONLY|os.O_APPEND, 0); err == nil {
+		fmt.Fprintf(f, "\nwarren: %s; the VM is stopped\n", why)
+		f.Close()
+	}
+	if v.cmd != nil {
+		_ = v.cmd.Process.Kill()
+	} else {
+		_ = unix.PidfdSendSignal(v.pidfd, unix.SIGKILL, nil, 0)
+	}
 }

@@ -271,3 +271,54 @@ func TestVsockArgs(t *testing.T) {
 		t.Errorf("kernel vsock CIDs %d and %d: want distinct, >= 3", a, b)
 	}
 }
+
+// TestVsockBackendDeathEndsTheVM: a vhost-user backend that dies leaves
+// its VM unreachable for good (QEMU 7.2 does not reconnect the device):
+// the VM is stopped, saying why on its console, its sandbox ends, calls
+// fail instead of hanging, and nothing is left after Destroy.
+func TestVsockBackendDeathEndsTheVM(t *testing.T) {
+	cfg, dev := vsockConfig(t)
+	if dev.Kernel {
+		t.Skip("the node's vsock is the kernel's: no backend process to lose")
+	}
+	state := t.TempDir()
+	b, err := New(Options{StateDir: state, QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent, Transport: TransportVsock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb, err := b.Create(ctx, backend.Spec{ID: "vsdead", Layers: []backend.Layer{{Digest: "sha256:busybox", Blob: cfg.Layers[0]}}, Env: []string{"PATH=/bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+	dir := filepath.Join(state, "vms", "vsdead")
+	pids := vsockBackendPids(dir)
+	if len(pids) != 1 {
+		t.Fatalf("backends of the VM: %v", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sb.Exited().Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the VM runs on without its vsock backend")
+	}
+	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+	defer ccancel()
+	_, err = sb.Start(cctx, backend.ProcSpec{Argv: []string{"true"}})
+	if err == nil || cctx.Err() != nil || !strings.Contains(err.Error(), "vsock backend") {
+		t.Fatalf("a call to the VM after its backend died: %v (context: %v), want a prompt failure naming the backend", err, cctx.Err())
+	}
+	t.Logf("a call after the backend died: %v", err)
+	console, _ := os.ReadFile(filepath.Join(dir, "console.log"))
+	if !strings.Contains(string(console), "vsock backend (vhost-device-vsock) exited") {
+		t.Fatalf("the console does not say why the VM stopped:\n%s", console)
+	}
+	if err := sb.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	assertNoVsockLeft(t, state, "vsdead")
+}
