@@ -31,7 +31,7 @@ DIR=${WARREN_VM_DIR:-/opt/warren/vm}/images
 SUITE=${WARREN_FULLVM_SUITE:-bookworm}
 SIZE=${WARREN_FULLVM_DISK:-4G}
 ROOTFS_VERSION=3 # bump when the rootfs stage changes
-IMAGE_VERSION=5  # bump when the image stage changes
+IMAGE_VERSION=6  # bump when the image stage changes
 PACKAGES=systemd-sysv,udev,kmod,procps,iproute2,busybox,linux-image-amd64,initramfs-tools,extlinux,syslinux-common
 here=$(cd "$(dirname "$0")/.." && pwd)
 gc_only=
@@ -282,8 +282,10 @@ EOF
   echo "$asha" >"$image.tmp/agent.sha256"
   # What the image can do that earlier ones could not (internal/fullvm
   # checks before it asks for it): network, its agent configures the
-  # interface of the MAC address the host gave it (the op "network").
-  printf '%s\n' disk-limit network >"$image.tmp/features"
+  # interface of the MAC address the host gave it (the op "network");
+  # vsock, its agent serves a vsock device when the VM has one instead of
+  # the virtio-serial port (serve --vm-transport vsock).
+  printf '%s\n' disk-limit network vsock >"$image.tmp/features"
   for ((i=${#mounts[@]}-1; i>=0; i--)); do umount "${mounts[i]}"; done
   mounts=()
   losetup -d "$loop"; loop=

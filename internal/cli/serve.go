@@ -137,7 +137,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.cpuAffinity, "cpu-affinity", true, "run a sandbox with a CPU quota on as many of the node's CPUs as its quota (rounded up), the least used ones, and show it that many (nproc, os.cpu_count, /proc/cpuinfo); false leaves every sandbox on all CPUs, seeing all")
 	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
 	f.BoolVar(&o.userns, "userns", true, "create sandboxes in a user namespace (root inside is an unprivileged host id) unless the request says otherwise (create --userns=false) or the image has files owned by ids above 65535; false makes sandboxes without one the default")
-	f.StringVar(&o.vmTransport, "vm-transport", microvm.TransportSerial, "how the daemon reaches a microVM's guest agent: serial (a virtio-serial port; VMs can be checkpointed) or vsock (AF_VSOCK through the kernel's /dev/vhost-vsock where the node has it, else a vhost-device-vsock process per VM, scripts/vsock.sh; no checkpoints: docs/MICROVM.md)")
+	f.StringVar(&o.vmTransport, "vm-transport", microvm.TransportSerial, "how the daemon reaches a VM's guest agent (microvm and fullvm): serial (a virtio-serial port; microVMs can be checkpointed) or vsock (AF_VSOCK through the kernel's /dev/vhost-vsock where the node has it, else a vhost-device-vsock process per VM, scripts/vsock.sh; no checkpoints: docs/MICROVM.md)")
 	f.BoolVar(&o.microVMPmem, "microvm-pmem", false, "map microVMs' image layers as persistent memory the guest mounts with DAX (one copy of a layer on the node for every VM, -M microvm,pcie=on: docs/MICROVM.md) instead of virtio block devices")
 	f.BoolVar(&o.microVM, "microvm", true, "offer the microvm backend (QEMU microVMs; docs/MICROVM.md) where the node has QEMU, a guest kernel (scripts/vm.sh) and the guest agent")
 	f.BoolVar(&o.fullVM, "fullvm", true, "offer the fullvm backend (QEMU q35 VMs of a Debian disk image with a screen; docs/FULLVM.md) where the node has QEMU and qemu-img; a create fails Unsupported until scripts/fullvm-image.sh has built the image")
@@ -479,7 +479,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if o.fullVM {
 		// Full VMs too: their taps beside the microVMs' (each backend
 		// sweeps its own: netpolicy.Node.SweepTaps).
-		fb, err := fullvm.New(fullvm.Options{StateDir: filepath.Join(stateDir, "fullvm"), ImageDir: o.fullVMImage, Network: ctr.Network(), CgroupParent: o.cgroupParent})
+		fb, err := fullvm.New(fullvm.Options{StateDir: filepath.Join(stateDir, "fullvm"), ImageDir: o.fullVMImage, Network: ctr.Network(), CgroupParent: o.cgroupParent, Transport: o.vmTransport})
 		if err != nil {
 			log.Info("no fullvm backend", "err", err)
 		} else {

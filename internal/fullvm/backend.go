@@ -32,7 +32,6 @@ import (
 	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/microvm"
 	"github.com/warrenrl/warren/internal/netpolicy"
-	"github.com/warrenrl/warren/internal/qmp"
 	"github.com/warrenrl/warren/internal/qos"
 )
 
@@ -78,10 +77,21 @@ type Options struct {
 	// container backend's node, as the microvm backend's); nil: mode
 	// none only.
 	Network *netpolicy.Node
+	// Transport is how the host reaches the guest agent, as microvm's
+	// (microvm.Options.Transport): microvm.TransportSerial (default) or
+	// microvm.TransportVsock, whose device microvm.PickVsock picks
+	// (VsockBackend: the vhost-user backend's executable).
+	Transport    string
+	VsockBackend string
 }
 
 // Backend runs sandboxes as full VMs (backend.Backend).
-type Backend struct{ opts Options }
+type Backend struct {
+	opts Options
+	// vsock is the node's vsock device for the VMs, nil for
+	// virtio-serial.
+	vsock *microvm.Vsock
+}
 
 var (
 	_ backend.Backend     = (*Backend)(nil)
@@ -111,10 +121,22 @@ func New(opts Options) (*Backend, error) {
 	if opts.ImageDir == "" {
 		opts.ImageDir = DefaultImageDir
 	}
+	b := &Backend{opts: opts}
+	switch opts.Transport {
+	case "", microvm.TransportSerial:
+	case microvm.TransportVsock:
+		d, err := microvm.PickVsock(opts.VsockBackend)
+		if err != nil {
+			return nil, errdefs.Wrap(errdefs.Unsupported, err, "fullvm")
+		}
+		b.vsock = &d
+	default:
+		return nil, errdefs.Invalidf("fullvm: transport %q: want %s or %s", opts.Transport, microvm.TransportSerial, microvm.TransportVsock)
+	}
 	if err := os.MkdirAll(filepath.Join(opts.StateDir, "vms"), 0o700); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, err, "fullvm state directory")
 	}
-	return &Backend{opts: opts}, nil
+	return b, nil
 }
 
 func (b *Backend) Name() string { return Name }
@@ -208,6 +230,13 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	if !spec.Network.IsNone() && !hasFeature(image, "network") {
 		return nil, errdefs.Unsupportedf("fullvm: the image at %s predates sandbox networking (%s builds a new one)", image, ImageScript)
 	}
+	var vs *microvm.Vsock
+	if b.vsock != nil {
+		if !hasFeature(image, "vsock") {
+			return nil, errdefs.Unsupportedf("fullvm: the image at %s predates the agent on vsock (%s builds a new one)", image, ImageScript)
+		}
+		vs = b.vsock.ForVM(spec.ID)
+	}
 	mem := defaultMemoryMB
 	if spec.MemoryBytes > 0 {
 		mem = int(spec.MemoryBytes>>20) + guestOverheadMB
@@ -242,7 +271,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		"-b", filepath.Join(image, "disk.qcow2"), disk).CombinedOutput(); err != nil {
 		return nil, errdefs.Wrap(errdefs.Internal, fmt.Errorf("%w: %s", err, strings.TrimSpace(string(out))), "fullvm: disk overlay")
 	}
-	args, err := b.qemuArgs(dir, image, disk, mem, cpus)
+	args, err := b.qemuArgs(dir, image, disk, mem, cpus, vs)
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +285,7 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 		args = append(args, "-drive", "file="+upper+",if=none,id=upper,format=raw,cache=writeback,discard=unmap",
 			"-device", "virtio-blk-pci,drive=upper,serial="+guest.DiskSerial)
 	}
-	cfg := microvm.Config{QEMU: b.opts.QEMU, Dir: dir}
+	cfg := microvm.Config{QEMU: b.opts.QEMU, Dir: dir, Vsock: vs}
 	var att *netpolicy.Attachment
 	if !spec.Network.IsNone() {
 		a, n, err := b.attach(spec.ID, hostname, spec.Network, &cu)
@@ -382,8 +411,8 @@ func setHostname(ctx context.Context, v *microvm.VM, h string) error {
 // qemuArgs are a VM's command line: q35, the overlay as a virtio disk
 // the firmware boots, a VGA screen behind a VNC unix socket, a USB-less
 // absolute pointer (virtio-tablet) beside the PS/2 keyboard, the agent's
-// virtio-serial port and QMP.
-func (b *Backend) qemuArgs(dir, image, disk string, mem, cpus int) ([]string, error) {
+// virtio-serial port (or with vs its vsock device) and QMP.
+func (b *Backend) qemuArgs(dir, image, disk string, mem, cpus int, vs *microvm.Vsock) ([]string, error) {
 	accel := "tcg,thread=multi"
 	if b.opts.KVM {
 		accel = "kvm"
@@ -394,8 +423,13 @@ func (b *Backend) qemuArgs(dir, image, disk string, mem, cpus int) ([]string, er
 	if b.opts.DirectKernel {
 		bootIndex = ""
 	}
+	machine := "q35"
+	if vs.VhostUser() {
+		// The backend maps the guest's memory (microvm's vsock.go).
+		machine += ",memory-backend=ram"
+	}
 	args := []string{
-		"-M", "q35", "-accel", accel, "-cpu", "max",
+		"-M", machine, "-accel", accel, "-cpu", "max",
 		"-smp", strconv.Itoa(cpus), "-m", strconv.Itoa(mem) + "M",
 		"-nodefaults", "-no-user-config", "-no-reboot",
 		"-device", "VGA",
@@ -407,10 +441,18 @@ func (b *Backend) qemuArgs(dir, image, disk string, mem, cpus int) ([]string, er
 		"-drive", "file=" + disk + ",if=none,id=disk,format=qcow2,cache=writeback,discard=unmap",
 		"-device", "virtio-blk-pci,drive=disk" + bootIndex,
 		"-device", "virtio-tablet-pci",
-		"-device", "virtio-serial-pci",
-		"-chardev", "socket,id=agent,path=" + filepath.Join(dir, microvm.AgentSocket) + ",server=on,wait=off",
-		"-device", "virtserialport,id=" + microvm.BootPortID + ",chardev=agent,name=" + guest.PortName,
 		"-qmp", "unix:" + filepath.Join(dir, microvm.QMPSocket) + ",server=on,wait=off",
+	}
+	if vs != nil {
+		args = append(args, microvm.VsockDeviceArgs(dir, vs, true)...)
+		if vs.VhostUser() {
+			args = append(args, "-object", microvm.MemfdRAM("ram", strconv.Itoa(mem)+"M"))
+		}
+	} else {
+		args = append(args,
+			"-device", "virtio-serial-pci",
+			"-chardev", "socket,id=agent,path="+filepath.Join(dir, microvm.AgentSocket)+",server=on,wait=off",
+			"-device", "virtserialport,id="+microvm.BootPortID+",chardev=agent,name="+guest.PortName)
 	}
 	// QEMU says on it when the agent's port closes (systemd restarts the
 	// agent): the backend's session then follows the next agent.
@@ -445,6 +487,8 @@ type vmState struct {
 	Net *netpolicy.Attachment `json:"net,omitempty"`
 	// Disk: its writable layer is on a disk image of the limit's size.
 	Disk bool `json:"disk,omitempty"`
+	// Vsock is the agent's vsock device, nil for the virtio-serial port.
+	Vsock *microvm.Vsock `json:"vsock,omitempty"`
 }
 
 // Adopt reaches a VM an earlier daemon booted, through an agent port of
@@ -481,7 +525,7 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 		gone()
 		return nil, errdefs.NotFoundf("fullvm: sandbox %s: its VM is gone", id)
 	}
-	cfg := microvm.Config{QEMU: b.opts.QEMU, Dir: dir}
+	cfg := microvm.Config{QEMU: b.opts.QEMU, Dir: dir, Vsock: st.Vsock}
 	if st.Group {
 		cfg.Cgroup = microvm.LoadHostGroup(b.opts.CgroupParent, Name, id)
 	}
@@ -497,18 +541,14 @@ func (b *Backend) Adopt(ctx context.Context, id string, state []byte) (backend.S
 	sb := &sandbox{Sandbox: microvm.NewSandbox(id, v, microvm.SandboxOpts{Kind: Name, Env: st.Env, Cwd: st.Cwd,
 		Rlimits: st.Rlimits, CPUMillis: st.CPUMillis, MemoryMB: st.MemoryMB, OverheadMB: guestOverheadMB, Disk: st.Disk,
 		Network: b.opts.Network, Net: st.Net}), dir: dir}
-	c, err := qmp.Dial(ctx, filepath.Join(dir, microvm.QMPSocket))
-	if err != nil {
-		v.Close()
-		return nil, errdefs.Wrap(errdefs.Unavailable, err, "fullvm: QMP")
-	}
-	defer c.Close()
-	qs, err := c.QueryStatus(ctx)
+	// (A paused vsock VM is frozen and its QMP silent: Running reads
+	// the freezer.)
+	running, err := v.Running(ctx)
 	if err != nil {
 		v.Close()
 		return nil, err
 	}
-	if !qs.Running {
+	if !running {
 		// Paused by the earlier daemon: the sandbox says so.
 		sb.MarkPaused()
 	}
@@ -543,6 +583,9 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 // stopOrphan kills VM id's QEMU and removes its directory.
 func (b *Backend) stopOrphan(id string) {
 	dir := b.vmDir(id)
+	if g := microvm.LoadHostGroup(b.opts.CgroupParent, Name, id); g != nil {
+		_ = g.Thaw() // a frozen QEMU (a paused vsock VM) would not die
+	}
 	for _, p := range microvm.QEMUPids(dir, 0) {
 		_ = syscall.Kill(p, syscall.SIGKILL)
 		for i := 0; i < 500; i++ {
@@ -552,6 +595,7 @@ func (b *Backend) stopOrphan(id string) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	microvm.KillVsockBackend(dir)
 	_ = os.RemoveAll(dir)
 	_ = microvm.RemoveHostGroup(b.opts.CgroupParent, Name, id)
 }

@@ -83,7 +83,7 @@ func Main() error {
 		srv.cgErr = errors.New("no sandbox cgroup in a VM without layers")
 	}
 	if cmdlineString("transport") == TransportVsock {
-		return srv.serveVsock()
+		return srv.serveVsock("")
 	}
 	port, err := findPort(PortName, 10*time.Second)
 	if err != nil {

@@ -2,6 +2,7 @@ package guest
 
 import (
 	"encoding/json"
+	"fmt"
 	"log"
 	"net"
 	"os"
@@ -16,6 +17,10 @@ import (
 // fullvm backend's Debian image, under systemd) instead of as the VM's
 // init.
 const ServiceFlag = "--service"
+
+// serviceConsole is the full VM's serial console, which the host reads
+// (its console.log) for the agent's VsockReady.
+const serviceConsole = "/dev/ttyS0"
 
 // ServiceMain runs the agent as a service of a booted OS: the OS mounted
 // /proc, /dev and the disks, loaded the modules and set the hostname, so
@@ -34,12 +39,6 @@ func ServiceMain() error {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return err
 	}
-	// udev loads virtio_console when it sees the device: late on a slow
-	// boot.
-	port, err := findPort(PortName, 5*time.Minute)
-	if err != nil {
-		return err
-	}
 	// systemd's service limits are the hard ones the commands' would be
 	// set under (its nproc of ~1,000 in a small VM): raised to the most
 	// here, as the init role does, so a command's trampoline only lowers.
@@ -53,8 +52,36 @@ func ServiceMain() error {
 		// asks for is refused with this reason.
 		log.Printf("no cgroup for the commands: %v", srv.cgErr)
 	}
+	// A VM has one transport: the virtio-serial port or a vsock device.
+	// udev loads their drivers when it sees the devices: late on a slow
+	// boot.
+	port, err := findTransport(5 * time.Minute)
+	if err != nil {
+		return err
+	}
+	if port == "" {
+		return srv.serveVsock(serviceConsole)
+	}
 	go srv.watchPorts(port)
 	return srv.servePort(port)
+}
+
+// findTransport waits for the agent's virtio-serial port (its device
+// path) or a vsock device ("").
+func findTransport(wait time.Duration) (string, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		if port, err := findPort(PortName, 0); err == nil {
+			return port, nil
+		}
+		if hasVsockDevice() {
+			return "", nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no virtio-serial port %q and no vsock device after %v", PortName, wait)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // guestStats answers the sandbox's counters when the sandbox is the whole

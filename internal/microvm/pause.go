@@ -130,8 +130,10 @@ func (v *VM) cont(ctx context.Context) error {
 	return v.cfg.Cgroup.Thaw()
 }
 
-// running reports whether the VM runs (not stopped: stop). A frozen
+// Running reports whether the VM runs (not stopped: stop). A frozen
 // QEMU does not answer QMP.
+func (v *VM) Running(ctx context.Context) (bool, error) { return v.running(ctx) }
+
 func (v *VM) running(ctx context.Context) (bool, error) {
 	if v.cfg.vhostUser() && v.cfg.Cgroup != nil {
 		frozen, err := v.cfg.Cgroup.Frozen()

@@ -32,7 +32,7 @@ import (
 // device served by a user-space backend process per VM (rust-vmm's
 // vhost-device-vsock), whose "hybrid vsock" unix socket the host
 // connects to with a "CONNECT <port>" line. A vhost-user backend maps
-// the guest's memory, which is then a shared memfd (memoryArgs).
+// the guest's memory, which is then a shared memfd (ramObject).
 //
 // Checkpoints of vsock VMs are refused (Checkpoint): QEMU 7.2 does not
 // migrate a vhost-user-vsock device, and the kernel device's migration is
@@ -116,26 +116,46 @@ func (d Vsock) forVM(id string) *Vsock {
 
 // vsockArgs are QEMU's options for the device, and the kernel's.
 func vsockArgs(cfg Config) (args []string, cmdline string) {
-	cmdline = " warren.transport=" + guest.TransportVsock
-	if cfg.Vsock.Kernel {
-		return []string{"-device", fmt.Sprintf("vhost-vsock-device,id=vsock,guest-cid=%d", cfg.Vsock.CID)}, cmdline
+	return VsockDeviceArgs(cfg.Dir, cfg.Vsock, false), " warren.transport=" + guest.TransportVsock
+}
+
+// VsockDeviceArgs are QEMU's options for the vsock device d of the VM in
+// dir: on virtio-mmio (-M microvm), or with pci on the PCI bus (q35:
+// internal/fullvm).
+func VsockDeviceArgs(dir string, d *Vsock, pci bool) []string {
+	bus := "device"
+	if pci {
+		bus = "pci"
+	}
+	if d.Kernel {
+		return []string{"-device", fmt.Sprintf("vhost-vsock-%s,id=vsock,guest-cid=%d", bus, d.CID)}
 	}
 	return []string{
-		"-chardev", "socket,id=vhu,path=" + filepath.Join(cfg.Dir, vhostUserSocket),
-		"-device", "vhost-user-vsock-device,id=vsock,chardev=vhu",
-	}, cmdline
+		"-chardev", "socket,id=vhu,path=" + filepath.Join(dir, vhostUserSocket),
+		"-device", "vhost-user-vsock-" + bus + ",id=vsock,chardev=vhu",
+	}
+}
+
+// VhostUser says d is a vhost-user device (a backend process, the
+// guest's RAM a shared memfd: MemfdRAM).
+func (d *Vsock) VhostUser() bool { return d != nil && !d.Kernel }
+
+// MemfdRAM is the QEMU object of a guest memory block id of size that a
+// vhost-user backend can map (a shared memfd).
+func MemfdRAM(id, size string) string {
+	return fmt.Sprintf("memory-backend-memfd,id=%s,size=%s,share=on", id, size)
 }
 
 // vhostUser says the VM's vsock is a vhost-user device, whose backend
 // maps the guest's memory.
-func (cfg Config) vhostUser() bool { return cfg.Vsock != nil && !cfg.Vsock.Kernel }
+func (cfg Config) vhostUser() bool { return cfg.Vsock.VhostUser() }
 
 // ramObject is the QEMU object of the guest memory block id of size (a
 // QEMU size: "256M"): private, or a shared memfd that a vhost-user
 // backend can map.
 func ramObject(cfg Config, id, size string) string {
 	if cfg.vhostUser() {
-		return fmt.Sprintf("memory-backend-memfd,id=%s,size=%s,share=on", id, size)
+		return MemfdRAM(id, size)
 	}
 	return fmt.Sprintf("memory-backend-ram,id=%s,size=%s", id, size)
 }
