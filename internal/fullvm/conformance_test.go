@@ -28,7 +28,8 @@ func testNetwork(t *testing.T) netpolicy.Options {
 // TestConformance runs the shared backend suite on full VMs. Not in the
 // default run: each sub-test boots a Debian VM (about a minute under TCG
 // here), and what VMs refuse fails (docs/FULLVM.md lists what passes).
-// WARREN_FULLVM_CONFORMANCE=1 runs it.
+// WARREN_FULLVM_CONFORMANCE=1 runs it; WARREN_FULLVM_TRANSPORT=vsock
+// over vsock.
 func TestConformance(t *testing.T) {
 	if os.Getenv("WARREN_FULLVM_CONFORMANCE") != "1" {
 		t.Skip("minutes per sub-test under TCG, and the fullvm backend does not pass the whole suite (docs/FULLVM.md): WARREN_FULLVM_CONFORMANCE=1 runs it")
@@ -45,7 +46,8 @@ func TestConformance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, err := New(Options{StateDir: state, CgroupParent: testCgroupParent, ImageDir: img, Network: n})
+			b, err := New(Options{StateDir: state, CgroupParent: testCgroupParent, ImageDir: img, Network: n,
+				Transport: os.Getenv("WARREN_FULLVM_TRANSPORT")})
 			if err != nil {
 				t.Fatal(err)
 			}
