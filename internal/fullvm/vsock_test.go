@@ -2,6 +2,7 @@ package fullvm
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,13 +13,15 @@ import (
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/backend/conformance"
 	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/microvm"
 )
 
 // TestFullVMOverVsock: with transport vsock a full VM has a vsock device
 // and no virtio-serial port, and the image's agent (a systemd service)
 // serves it once udev has loaded its driver; commands run; a second
-// backend adopts beside the live first without a port to hot-plug; the
+// backend adopts beside the live first without a port to hot-plug; both
+// follow the agent across its restart by systemd; the
 // VM pauses (a freeze of its cgroup, with a vhost-user device) across an
 // adoption and resumes; Destroy leaves no QEMU, backend, cgroup or file.
 func TestFullVMOverVsock(t *testing.T) {
@@ -62,6 +65,48 @@ func TestFullVMOverVsock(t *testing.T) {
 	}
 	if ports, _ := filepath.Glob(filepath.Join(state, "vms", "fvs1", "a*.sock")); len(ports) != 0 {
 		t.Fatalf("an adoption over vsock hot-plugged ports: %v", ports)
+	}
+	// systemd restarts the agent: the guest resets its connections, a
+	// process in flight ends Unavailable, and both handles reach the next
+	// agent on connections of their own.
+	pidOf := func(sb backend.Sandbox) string {
+		r, err := conformance.TryExec(sb, backend.ProcSpec{Argv: []string{"pgrep", "-x", "warren-guest"}, Env: env}, "")
+		if err != nil {
+			return ""
+		}
+		return strings.TrimSpace(r.Stdout)
+	}
+	old := pidOf(sb)
+	long, err := sb.Start(ctx, backend.ProcSpec{Argv: []string{"sleep", "600"}, Env: env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Close()
+	if r := conformance.Exec(t, sb, backend.ProcSpec{Argv: []string{"systemd-run", "--on-active=2", "systemctl", "restart", "warren-guest"}, Env: env}, ""); r.Status.Code != 0 {
+		t.Fatalf("systemd-run: %+v", r)
+	}
+	waited := make(chan error, 1)
+	go func() { _, err := long.Wait(); waited <- err }()
+	select {
+	case err := <-waited:
+		if !errors.Is(err, errdefs.ErrUnavailable) {
+			t.Fatalf("a process in flight when the agent went: %v, want unavailable", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("a process in flight when the agent went never ended")
+	}
+	for _, h := range []backend.Sandbox{sb, sb2} {
+		for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(2 * time.Second) {
+			if pid := pidOf(h); pid != "" && pid != old {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("a handle never reached the restarted agent (old pid %s)", old)
+			}
+		}
+	}
+	if n := sb.(*sandbox).AgentLosses(); n < 1 {
+		t.Errorf("AgentLosses %d after the agent's restart", n)
 	}
 	if _, err := sb2.(backend.Pauser).Pause(ctx, false); err != nil {
 		t.Fatal(err)
