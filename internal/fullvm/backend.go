@@ -582,21 +582,7 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 
 // stopOrphan kills VM id's QEMU and removes its directory.
 func (b *Backend) stopOrphan(id string) {
-	dir := b.vmDir(id)
-	if g := microvm.LoadHostGroup(b.opts.CgroupParent, Name, id); g != nil {
-		_ = g.Thaw() // a frozen QEMU (a paused vsock VM) would not die
-	}
-	for _, p := range microvm.QEMUPids(dir, 0) {
-		_ = syscall.Kill(p, syscall.SIGKILL)
-		for i := 0; i < 500; i++ {
-			if _, err := os.Stat("/proc/" + strconv.Itoa(p)); err != nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	microvm.KillVsockBackend(dir)
-	_ = os.RemoveAll(dir)
+	microvm.StopVM(b.vmDir(id), 0, microvm.LoadHostGroup(b.opts.CgroupParent, Name, id), 5*time.Second)
 	_ = microvm.RemoveHostGroup(b.opts.CgroupParent, Name, id)
 }
 

@@ -177,7 +177,13 @@ func unplugStale(ctx context.Context, c *qmp.Client, dir string) {
 // its agent's transport).
 func isQEMUOf(pid int, dir string) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return err == nil && strings.Contains(string(b), "unix:"+filepath.Join(dir, qmpSocket)+",")
+	return err == nil && qemuOf(dir)(string(b))
+}
+
+// qemuOf says whether a command line is the QEMU of the VM in dir.
+func qemuOf(dir string) func(cmdline string) bool {
+	qmp := "unix:" + filepath.Join(dir, qmpSocket) + ","
+	return func(cmdline string) bool { return strings.Contains(cmdline, qmp) }
 }
 
 // killPidfd kills the process of pidfd and waits (bounded) until it is

@@ -406,33 +406,54 @@ func (b *Backend) Sweep(ctx context.Context, keep map[string]bool) error {
 // stopOrphan kills the QEMU of VM id (found by its directory in the
 // command line, pid a hint) and removes the directory.
 func (b *Backend) stopOrphan(id string, pid int) {
-	dir := b.vmDir(id)
-	if g := LoadHostGroup(b.opts.CgroupParent, Name, id); g != nil {
-		_ = g.Thaw() // a frozen QEMU (a paused vsock VM) would not die
+	StopVM(b.vmDir(id), pid, LoadHostGroup(b.opts.CgroupParent, Name, id), 2*time.Second)
+}
+
+// StopVM stops the VM in dir that no handle holds (an orphan, a sweep):
+// its QEMU (pid a hint) and vsock backend are killed, each waited for up
+// to wait, and the directory removed. grp, its host cgroup if it has one,
+// is thawed first: a frozen QEMU (a paused vsock VM) would not die.
+func StopVM(dir string, pid int, grp cgroups.Group, wait time.Duration) {
+	if grp != nil {
+		_ = grp.Thaw()
 	}
 	for _, p := range qemuPids(dir, pid) {
-		_ = syscall.Kill(p, syscall.SIGKILL)
-		for i := 0; i < 200; i++ {
-			if _, err := os.Stat("/proc/" + strconv.Itoa(p)); err != nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		killAndWait(p, wait)
 	}
 	killVsockBackend(dir)
 	_ = os.RemoveAll(dir)
 }
 
-// qemuPids are the processes whose command line names dir's agent
-// socket: that VM's QEMU.
+// killAndWait kills pid and waits up to wait for it to be gone.
+func killAndWait(pid int, wait time.Duration) {
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for deadline := time.Now().Add(wait); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+			return
+		}
+	}
+}
+
+// qemuPids are the processes whose command line names dir's QMP socket:
+// that VM's QEMU.
 func qemuPids(dir string, hint int) []int {
 	if hint > 0 && isQEMUOf(hint, dir) {
 		return []int{hint}
 	}
+	return pidsWhose(qemuOf(dir))
+}
+
+// pidsWhose are the processes whose command line (its arguments joined
+// by NULs) match says yes to.
+func pidsWhose(match func(cmdline string) bool) []int {
 	var out []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
-		if pid, err := strconv.Atoi(e.Name()); err == nil && isQEMUOf(pid, dir) {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && match(string(b)) {
 			out = append(out, pid)
 		}
 	}

@@ -28,10 +28,6 @@ func (v *VM) VsockBackendPid() int {
 	return 0
 }
 
-// KillVsockBackend kills the vhost-user vsock backend of the VM in dir,
-// if it has one (a sweep of a VM without a handle).
-func KillVsockBackend(dir string) { killVsockBackend(dir) }
-
 // ProcessMemory is a process's memory (smaps_rollup).
 func ProcessMemory(pid int) (backend.MemoryUse, error) { return processMemory(pid) }
 

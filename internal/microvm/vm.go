@@ -191,18 +191,11 @@ func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 // dies leaves the VM, and the next one stops it (Backend.Adopt, Sweep).
 // With cfg.Cgroup, QEMU starts in it (cgroupShim).
 func startQEMU(cfg Config, args []string, extra []*os.File) (*VM, error) {
-	cmd := exec.Command(cfg.QEMU, args...)
-	var goAhead *os.File
-	if cfg.Cgroup != nil {
-		r, w, err := os.Pipe()
-		if err != nil {
-			return nil, errdefs.Wrap(errdefs.Internal, err, "start qemu")
-		}
-		defer r.Close()
-		defer w.Close()
-		cmd = exec.Command("/bin/sh", append([]string{"-c", cgroupShim, "qemu", cfg.QEMU}, args...)...)
-		cmd.Stdin, goAhead = r, w
+	cmd, goAhead, err := groupCommand(cfg.Cgroup, "qemu", cfg.QEMU, args)
+	if err != nil {
+		return nil, err
 	}
+	defer goAhead.close()
 	cmd.ExtraFiles = extra
 	console, err := os.Create(filepath.Join(cfg.Dir, "console.log"))
 	if err != nil {
@@ -223,20 +216,61 @@ func startQEMU(cfg Config, args []string, extra []*os.File) (*VM, error) {
 		v.ended()
 		close(v.done)
 	}()
-	if goAhead == nil {
-		return v, nil
-	}
-	if err := cfg.Cgroup.AddProc(v.pid); err != nil {
-		goAhead.Close() // the shim exits without running QEMU
+	if err := goAhead.run(cmd); err != nil {
 		<-v.done
 		return nil, err
 	}
-	if _, err := goAhead.Write([]byte("go\n")); err != nil {
-		_ = cmd.Process.Kill()
-		<-v.done
-		return nil, errdefs.Wrap(errdefs.Internal, err, "start qemu in its cgroup")
-	}
 	return v, nil
+}
+
+// shimPipe is the write end of a command's cgroupShim's standard input
+// (nil for a command started without a cgroup: groupCommand).
+type shimPipe struct {
+	r, w *os.File
+	grp  cgroups.Group
+	name string
+}
+
+// groupCommand is bin with args, to be started in grp (nil: none): then
+// it is cgroupShim running it, which waits for the go-ahead's run, so that
+// the process is in grp before bin runs. name names it in errors and as
+// the shim's $0. The caller closes the go-ahead once cmd started.
+func groupCommand(grp cgroups.Group, name, bin string, args []string) (*exec.Cmd, *shimPipe, error) {
+	if grp == nil {
+		return exec.Command(bin, args...), nil, nil
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, nil, errdefs.Wrap(errdefs.Internal, err, "start "+name)
+	}
+	cmd := exec.Command("/bin/sh", append([]string{"-c", cgroupShim, name, bin}, args...)...)
+	cmd.Stdin = r
+	return cmd, &shimPipe{r: r, w: w, grp: grp, name: name}, nil
+}
+
+// run puts the started cmd in the group and lets bin run; on an error the
+// command ends without running it (the caller waits for that).
+func (p *shimPipe) run(cmd *exec.Cmd) error {
+	if p == nil {
+		return nil
+	}
+	if err := p.grp.AddProc(cmd.Process.Pid); err != nil {
+		p.w.Close() // the shim exits without running bin
+		return err
+	}
+	if _, err := p.w.Write([]byte("go\n")); err != nil {
+		_ = cmd.Process.Kill()
+		return errdefs.Wrap(errdefs.Internal, err, "start "+p.name+" in its cgroup")
+	}
+	return nil
+}
+
+// close closes the pipe's ends (twice is harmless).
+func (p *shimPipe) close() {
+	if p != nil {
+		p.r.Close()
+		p.w.Close()
+	}
 }
 
 // cgroupShim is the shell that becomes QEMU once the host has put it in

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -171,18 +170,11 @@ func startVsockBackend(ctx context.Context, cfg Config) error {
 	_ = os.Remove(sock)
 	_ = os.Remove(filepath.Join(cfg.Dir, hybridSocket))
 	args := []string{"--guest-cid", "3", "--socket", sock, "--uds-path", filepath.Join(cfg.Dir, hybridSocket)}
-	cmd := exec.Command(cfg.Vsock.Backend, args...)
-	var goAhead *os.File
-	if cfg.Cgroup != nil {
-		r, w, err := os.Pipe()
-		if err != nil {
-			return errdefs.Wrap(errdefs.Internal, err, "start the vsock backend")
-		}
-		defer r.Close()
-		defer w.Close()
-		cmd = exec.Command("/bin/sh", append([]string{"-c", cgroupShim, "vsock", cfg.Vsock.Backend}, args...)...)
-		cmd.Stdin, goAhead = r, w
+	cmd, goAhead, err := groupCommand(cfg.Cgroup, "vsock", cfg.Vsock.Backend, args)
+	if err != nil {
+		return err
 	}
+	defer goAhead.close()
 	logf, err := os.Create(filepath.Join(cfg.Dir, "vsock.log"))
 	if err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "create the vsock backend's log")
@@ -196,17 +188,9 @@ func startVsockBackend(ctx context.Context, cfg Config) error {
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
-	if goAhead != nil {
-		if err := cfg.Cgroup.AddProc(cmd.Process.Pid); err != nil {
-			goAhead.Close()
-			<-exited
-			return err
-		}
-		if _, err := goAhead.Write([]byte("go\n")); err != nil {
-			_ = cmd.Process.Kill()
-			<-exited
-			return errdefs.Wrap(errdefs.Internal, err, "start the vsock backend in its cgroup")
-		}
+	if err := goAhead.run(cmd); err != nil {
+		<-exited
+		return err
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if _, err := os.Stat(sock); err == nil {
@@ -232,34 +216,16 @@ func startVsockBackend(ctx context.Context, cfg Config) error {
 // their socket in their command line (a VM booted by an earlier daemon's
 // has no handle here).
 func vsockBackendPids(dir string) []int {
-	sock := filepath.Join(dir, vhostUserSocket)
-	var out []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || !strings.Contains(string(b), "--socket\x00"+sock+"\x00") {
-			continue // (QEMU names the socket too, in its own syntax)
-		}
-		out = append(out, pid)
-	}
-	return out
+	// (QEMU names the socket too, in its own syntax.)
+	arg := "--socket\x00" + filepath.Join(dir, vhostUserSocket) + "\x00"
+	return pidsWhose(func(cmdline string) bool { return strings.Contains(cmdline, arg) })
 }
 
 // killVsockBackend kills the vhost-user backend of the VM in dir and
 // waits for it to go.
 func killVsockBackend(dir string) {
 	for _, pid := range vsockBackendPids(dir) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		for i := 0; i < 200; i++ {
-			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		killAndWait(pid, 2*time.Second)
 	}
 }
 
