@@ -93,6 +93,10 @@ type DensityReport struct {
 	MemcgsBefore  int64 `json:"memcgs_before"`
 	MemcgsCreated int64 `json:"memcgs_created"`
 	MemcgsDeleted int64 `json:"memcgs_deleted"`
+	// The same after the delete, before caches are dropped: a deleted
+	// sandbox's memory cgroup that page cache still pins counts here
+	// (cgroups.LeftoverCacheMax).
+	MemcgsDeletedCached int64 `json:"memcgs_deleted_cached"`
 
 	// Kernel slab of one new empty memory cgroup, before the sandboxes
 	// were created and while they exist (see memcgCostKiB).
@@ -303,6 +307,7 @@ func RunDensity(ctx context.Context, env *Env, cfg DensityConfig, benchNofile ui
 	if s, ok := env.waitTrashEmpty(2 * time.Minute); ok {
 		rep.ReaperS = round(s, 2)
 	}
+	rep.MemcgsDeletedCached = memcgCount()
 	deleted, err := settledMemAvailable()
 	if err != nil {
 		return nil, err
@@ -478,6 +483,7 @@ func (r *DensityReport) Table(w io.Writer) error {
 	t.add("memory returned after delete", fmt.Sprintf("%.1f%% (%.0f KiB not back)", r.MemoryReturnedPc, r.NodeKiBNotBack))
 	t.add("daemon fds at peak / RLIMIT_NOFILE", fmt.Sprintf("%d / %s", r.DaemonFDsPeak, r.DaemonNofile))
 	t.add("memory cgroups on the node: before / with N / after delete", fmt.Sprintf("%d / %d / %d", r.MemcgsBefore, r.MemcgsCreated, r.MemcgsDeleted))
+	t.add("  after delete, before caches were dropped (dying ones)", fmt.Sprintf("%d", r.MemcgsDeletedCached))
 	t.add("slab of one new memory cgroup, before / at N", f(r.MemcgCostBeforeKiB)+" / "+f(r.MemcgCostAtNKiB)+" KiB")
 	if err := t.write(w); err != nil {
 		return err

@@ -93,7 +93,9 @@ type Group interface {
 	SetLimits(l Limits) error
 	// SetQoS sets the group's CPU class (qos.go).
 	SetQoS(q QoS) error
-	// Delete removes the group; it must be empty.
+	// Delete removes the group; it must be empty. Page cache still
+	// charged to it is reclaimed first when there is little of it
+	// (LeftoverCacheMax), so that the kernel frees the group at once.
 	Delete() error
 }
 
@@ -765,6 +767,7 @@ func v1Stats(name string, cpu time.Duration) (Stats, error) {
 // group may have been half created (or by an older version).
 func (g *v1Group) Delete() error {
 	parent, name := splitName(g.name)
+	reclaimLeftoversV1(g.dir(cgroup1.Memory))
 	return classify(removeDirs(parent, name), "delete cgroup "+g.name)
 }
 
@@ -880,6 +883,7 @@ func (g *hybridGroup) Stats() (Stats, error) {
 // Delete removes the directories of the hybrid layout; Load would not
 // have found this layout for a group of the legacy one.
 func (g *hybridGroup) Delete() error {
+	reclaimLeftoversV1(g.dir(cgroup1.Memory))
 	dirs := make([]string, 0, len(hybridSubsystems)+1)
 	for _, n := range hybridSubsystems {
 		dirs = append(dirs, g.dir(n))
@@ -937,6 +941,7 @@ func (g *v2Group) Stats() (Stats, error) {
 	return s, nil
 }
 func (g *v2Group) Delete() error {
+	reclaimLeftoversV2(g.dir())
 	var err error
 	for i := 0; i < 50; i++ {
 		if err = g.m.Delete(); err == nil || errors.Is(err, os.ErrNotExist) {

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -665,8 +666,8 @@ func uncachedFile(t *testing.T, size int) string {
 	for i := range buf {
 		buf[i] = byte(i)
 	}
-	for range size >> 20 {
-		if _, err := f.Write(buf); err != nil {
+	for left := size; left > 0; left -= len(buf) {
+		if _, err := f.Write(buf[:min(left, len(buf))]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -954,4 +955,82 @@ func testReclaimAnonV1(t *testing.T) {
 		t.Fatal(err)
 	}
 	deleteGroup(t, g, parent, "sb1")
+}
+
+// residentPages counts the pages of file in the page cache (mincore on a
+// mapping, which reads nothing).
+func residentPages(t *testing.T, file string) int {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	vec := make([]byte, (len(mem)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&mem[0])), uintptr(len(mem)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatal(e)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
+}
+
+// TestDeleteReclaimsLeftovers: a group whose tasks are gone but which
+// still has a little page cache charged (a file one of its tasks read)
+// gives it back on Delete, so that the kernel frees the memory cgroup
+// rather than keeping it, dying, for as long as those pages stay cached;
+// a group with more than LeftoverCacheMax charged keeps its pages (other
+// sandboxes may be reading them: a shared layer's). The file is on disk
+// (/var/tmp): tmpfs pages cannot be reclaimed without swap.
+func TestDeleteReclaimsLeftovers(t *testing.T) {
+	parent := testParent(t)
+	for _, c := range []struct {
+		name    string
+		size    int
+		evicted bool
+	}{
+		{"small", 256 << 10, true},
+		{"large", LeftoverCacheMax + 4<<20, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g, err := New(parent, c.name, Resources{MemoryBytes: 256 << 20, PidsMax: 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			file := uncachedFile(t, c.size)
+			pages := c.size / os.Getpagesize()
+			if n := residentPages(t, file); n != 0 {
+				t.Fatalf("%d pages of the new file already cached", n)
+			}
+			// Read by a task of the group, which then exits: its pages
+			// stay cached, charged to the group.
+			runIn(t, g, "cat "+file+" >/dev/null")
+			if n := residentPages(t, file); n != pages {
+				t.Fatalf("%d of the file's %d pages cached after the group's task read it", n, pages)
+			}
+			if m, err := g.Memory(); err != nil || m.File < uint64(c.size) {
+				t.Fatalf("the group's page cache: %+v %v, want at least the file's %d bytes", m, err, c.size)
+			}
+			deleteGroup(t, g, parent, c.name)
+			n := residentPages(t, file)
+			t.Logf("%d of %d pages cached after Delete", n, pages)
+			if c.evicted && n != 0 {
+				t.Errorf("Delete left %d of the file's %d pages charged to the removed group (a dying memory cgroup)", n, pages)
+			}
+			if !c.evicted && n != pages {
+				t.Errorf("Delete of a group with %d bytes of page cache (over LeftoverCacheMax) evicted %d of its %d pages", c.size, pages-n, pages)
+			}
+		})
+	}
 }

@@ -291,3 +291,35 @@ func validParent(parent string) error {
 	}
 	return nil
 }
+
+// LeftoverCacheMax is the most page cache a group whose tasks are gone
+// may still have charged for Delete to reclaim it before removing the
+// group. The kernel frees a memory cgroup only once nothing is charged to
+// it: until then the removed group lives on, unseen ("dying"), and keeps
+// its kernel structures, of which the largest, its shrinker map, grows
+// with every superblock the node has ever had at once (~640 KiB each
+// here after a 10,000-sandbox run, docs/BENCHMARKS.md). A deleted
+// sandbox leaves little charged: blocks of the node's filesystems its
+// writes brought into the cache (~90 KiB), which kept 34 of 40 deleted
+// idle sandboxes' groups alive here, and pages of image layers it was
+// the first to read, which other sandboxes may be using. Reclaiming a
+// few of those is cheaper than the group; more than this stays cached
+// (other sandboxes' reads) and the group with it, until the node's own
+// reclaim takes them.
+const LeftoverCacheMax = 1 << 20
+
+// reclaimLeftoversV1 reclaims a v1 memory group's page cache when that
+// is at most LeftoverCacheMax; memory.stat's "cache" is the group's own.
+func reclaimLeftoversV1(dir string) {
+	if cache, err := readKey(filepath.Join(dir, "memory.stat"), "cache"); err == nil && cache > 0 && cache <= LeftoverCacheMax {
+		_ = kfile.Write(filepath.Join(dir, "memory.force_empty"), "0")
+	}
+}
+
+// reclaimLeftoversV2 is reclaimLeftoversV1 on v2 (memory.reclaim answers
+// EAGAIN for what it could not take: that stays, as on v1).
+func reclaimLeftoversV2(dir string) {
+	if file, err := readKey(filepath.Join(dir, "memory.stat"), "file"); err == nil && file > 0 && file <= LeftoverCacheMax {
+		_ = kfile.Write(filepath.Join(dir, "memory.reclaim"), strconv.FormatUint(file, 10))
+	}
+}
