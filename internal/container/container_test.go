@@ -4,13 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,8 +23,6 @@ import (
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
-var subnetSeq atomic.Int32
-
 // testOptions gives a test its own directories and cgroup parent, and
 // removes every sandbox, the shared sysfs and the cgroups when it ends.
 func testOptions(t *testing.T, name string) Options {
@@ -37,7 +33,7 @@ func testOptions(t *testing.T, name string) Options {
 		RunDir:       filepath.Join(dir, "run"),
 		CgroupParent: fmt.Sprintf("warren-test-%s%d", name, os.Getpid()),
 		// Its own: tests of other packages may run at the same time.
-		NetworkSubnet: netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 100+os.Getpid()%50, subnetSeq.Add(1)%256)),
+		NetworkSubnet: testutil.Subnet(t),
 	}
 	t.Cleanup(func() {
 		// Fillers of backends the test never closed, before the

@@ -4,13 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,8 +24,6 @@ import (
 	"github.com/warrenrl/warren/internal/testutil"
 )
 
-var subnetSeq atomic.Int32
-
 // TestConformance: fncall sandboxes (backend "fncall" on Create) pass the
 // suite every backend passes. The harness drains the pools before it
 // counts the node's resources: their spare environments are a cache, and
@@ -39,7 +35,7 @@ func TestConformance(t *testing.T) {
 		StateDir:      filepath.Join(dir, "state"),
 		RunDir:        filepath.Join(dir, "run"),
 		CgroupParent:  fmt.Sprintf("warren-test-fnsb%d", os.Getpid()),
-		NetworkSubnet: netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 200+os.Getpid()%50, subnetSeq.Add(1)%256)),
+		NetworkSubnet: testutil.Subnet(t),
 	}
 	records := filepath.Join(dir, "state", "fncall")
 	var (

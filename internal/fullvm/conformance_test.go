@@ -2,7 +2,6 @@ package fullvm
 
 import (
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,15 +13,14 @@ import (
 	"github.com/warrenrl/warren/internal/backend/conformance"
 	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/netpolicy"
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // testNetwork gives the test its own sandbox networking: a name (nftables
-// table, interface prefix) and a subnet of 10.250-254 (the other test
-// packages take 10.100-249), and removes whatever its sandboxes left
-// when it ends.
+// table, interface prefix) and a subnet no other process takes
+// (testutil.Subnet), and removes whatever its sandboxes left when it ends.
 func testNetwork(t *testing.T) netpolicy.Options {
-	return conformance.NodeNetwork(t, fmt.Sprintf("warren-test-fullvm-%d", os.Getpid()),
-		netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 250+os.Getpid()%5, os.Getpid()%256)), Name)
+	return conformance.NodeNetwork(t, fmt.Sprintf("warren-test-fullvm-%d", os.Getpid()), testutil.Subnet(t), Name)
 }
 
 // TestConformance runs the shared backend suite on full VMs. Not in the

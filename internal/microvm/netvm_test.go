@@ -25,13 +25,11 @@ import (
 var subnetSeq atomic.Int32
 
 // testNetwork gives a test its own sandbox networking: a name (nftables
-// table, interface prefix) and a subnet no other test package takes at
-// the same time (the container tests use 10.100-149, others 10.200-249),
-// and removes whatever its sandboxes left when it ends.
+// table, interface prefix) and a subnet no other process takes
+// (testutil.Subnet), and removes whatever its sandboxes left when it ends.
 func testNetwork(t *testing.T) netpolicy.Options {
 	seq := subnetSeq.Add(1)
-	return conformance.NodeNetwork(t, fmt.Sprintf("warren-test-microvm-%d-%d", os.Getpid(), seq),
-		netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 150+os.Getpid()%50, seq%256)), Name)
+	return conformance.NodeNetwork(t, fmt.Sprintf("warren-test-microvm-%d-%d", os.Getpid(), seq), testutil.Subnet(t), Name)
 }
 
 // TestVMNetworkAllowlistAndLeaks: a VM with an allowlist policy reaches

@@ -35,8 +35,7 @@ func newTestNode(t *testing.T) *Node {
 	testutil.RequireRoot(t)
 	k := int(seq.Add(1))
 	name := fmt.Sprintf("warren-nptest-%d-%d", os.Getpid(), k)
-	sub := netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 200+os.Getpid()%50, k))
-	n, err := New(Options{Name: name, Subnet: sub})
+	n, err := New(Options{Name: name, Subnet: testutil.Subnet(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,7 +466,7 @@ func benchPolicies() []Policy {
 func benchNode(b *testing.B) (*Node, int) {
 	b.Helper()
 	testutil.RequireRoot(b)
-	n, err := New(Options{Name: fmt.Sprintf("warren-npbench-%d", os.Getpid()), Subnet: netip.MustParsePrefix(fmt.Sprintf("10.%d.250.0/24", 200+os.Getpid()%50))})
+	n, err := New(Options{Name: fmt.Sprintf("warren-npbench-%d", os.Getpid()), Subnet: testutil.Subnet(b)})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -10,15 +10,11 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"runtime"
-	"sync/atomic"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
-
-var seq atomic.Int32
 
 // Host is a network namespace with a veth to the node's namespace: the
 // node's end has Gateway, the host's end Addr, of a /30 of its own. Its
@@ -33,10 +29,11 @@ type Host struct {
 
 // NewHost makes a test host; Close removes it.
 func NewHost() (_ *Host, retErr error) {
-	k := int(seq.Add(1))
-	// The pid spreads processes (test binaries of several packages) over
-	// the range.
-	base := netip.AddrFrom4([4]byte{198, 18 + byte(k/64%2), byte(os.Getpid() % 256), byte(4 * (k % 64))})
+	// A /30 of a block this process claimed (claim.go).
+	base, err := hostBase()
+	if err != nil {
+		return nil, err
+	}
 	gw, addr := base.Next(), base.Next().Next()
 	ns, err := NewNetns()
 	if err != nil {
@@ -47,7 +44,9 @@ func NewHost() (_ *Host, retErr error) {
 			ns.Close()
 		}
 	}()
-	name := fmt.Sprintf("wth%d-%d", os.Getpid()%10000, k)
+	// Named for its /30, which no other process has.
+	b := base.As4()
+	name := fmt.Sprintf("wth%02x%02x%02x", b[1], b[2], b[3])
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}
 	if err := netlink.LinkAdd(veth); err != nil {
 		return nil, fmt.Errorf("test host veth: %w", err)

@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"net"
+	"net/netip"
 	"testing"
 
 	"github.com/vishvananda/netns"
@@ -66,4 +67,16 @@ func EchoServer(t testing.TB, ns netns.NsHandle, addr string) int {
 	ln := Listen(t, ns, addr)
 	go testnet.Echo(ln)
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Subnet is a /24 for a test's sandboxes (a daemon's or a
+// netpolicy.Node's subnet) that no other process on the node uses
+// (testnet.Subnet), held until the test binary ends.
+func Subnet(t testing.TB) netip.Prefix {
+	t.Helper()
+	p, err := testnet.Subnet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -124,7 +124,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		environ:  o.environ,
 		netns:    o.netns,
 	}
-	e.subnet = netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 150+os.Getpid()%50, envSeq.Load()%256))
+	e.subnet = testutil.Subnet(t)
 	if e.net, err = netpolicy.New(netpolicy.Options{Name: e.parent, Subnet: e.subnet}); err != nil {
 		t.Fatal(err)
 	}
