@@ -323,3 +323,19 @@ func reclaimLeftoversV2(dir string) {
 		_ = kfile.Write(filepath.Join(dir, "memory.reclaim"), strconv.FormatUint(file, 10))
 	}
 }
+
+// MemoryCgroups is the number of memory cgroups the kernel holds on the
+// node, removed ones still charged ("dying", LeftoverCacheMax) included:
+// the memory controller's num_cgroups in /proc/cgroups, in any layout.
+func MemoryCgroups() (int64, error) {
+	b, err := kfile.Read("/proc/cgroups")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 3 && f[0] == "memory" {
+			return strconv.ParseInt(f[2], 10, 64)
+		}
+	}
+	return 0, errors.New("/proc/cgroups lists no memory controller")
+}

@@ -29,6 +29,7 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
+	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/connset"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/events"
@@ -331,6 +332,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		cfg.Logger.Warn("sandbox records from an earlier boot", "copied", sv.Records, "old_file", sv.Kept, "unreadable", sv.Err)
 	}
 	cfg.Metrics.InitOps(ops...)
+	cfg.Metrics.NodeMemoryCgroupsFunc(cgroups.MemoryCgroups)
 	for name, b := range cfg.Backends {
 		if bl, ok := b.(backend.Backlogged); ok {
 			cfg.Metrics.BacklogFunc(name, bl.Backlog)

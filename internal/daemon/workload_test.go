@@ -30,7 +30,8 @@ func (e *env) gathered(name string) *dto.MetricFamily {
 // daemon's periodic looks record running sandboxes' CPU use (a busy one
 // near a whole CPU, an idle one near none) in
 // warren_sandbox_cpu_utilisation; a deleted sandbox's lifetime goes to
-// warren_sandbox_lifetime_seconds{reason}.
+// warren_sandbox_lifetime_seconds{reason}; warren_node_memory_cgroups
+// counts the node's memory cgroups.
 func TestWorkloadStatistics(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.GuardInterval = 200 * time.Millisecond })
 	ctx := ctxT(t)
@@ -70,6 +71,10 @@ func TestWorkloadStatistics(t *testing.T) {
 	// A busy sandbox beside the idle one: the histogram gets
 	// observations near 1 CPU and near 0.
 	e.create(&warrenv1.CreateRequest{Id: "busy"})
+	// The node's memory cgroups: the root's and these two at least.
+	if f := e.gathered("warren_node_memory_cgroups"); f == nil || f.GetMetric()[0].GetGauge().GetValue() < 3 {
+		t.Errorf("warren_node_memory_cgroups with two sandboxes running: %v, want >= 3", f)
+	}
 	if _, err := e.m.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "busy", Argv: []string{"sh", "-c", "while :; do :; done"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -261,6 +261,26 @@ func (m *Metrics) DeleteFailuresFunc(backend string, f func() uint64) {
 	}, func() float64 { return float64(f()) }))
 }
 
+// NodeMemoryCgroupsFunc registers warren_node_memory_cgroups: the memory
+// cgroups the kernel holds on the node, removed ones it keeps while pages
+// are charged to them included, so that an operator sees them pile up
+// (each costs kernel memory; docs/ARCHITECTURE.md, "cgroup").
+func (m *Metrics) NodeMemoryCgroupsFunc(f func() (int64, error)) {
+	if m == nil {
+		return
+	}
+	m.replace(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "warren_node_memory_cgroups",
+		Help: "Memory cgroups the kernel holds on the node (/proc/cgroups), removed ones still charged with pages (dying) included; -1 if unreadable.",
+	}, func() float64 {
+		n, err := f()
+		if err != nil {
+			return -1
+		}
+		return float64(n)
+	}))
+}
+
 // replace registers c, replacing the collector of a daemon made before on
 // the same registry (tests).
 func (m *Metrics) replace(c prometheus.Collector) {
