@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -224,5 +225,116 @@ func TestMonitorCloseEndsItsLoop(t *testing.T) {
 	}
 	if err := unix.Kill(child.Process.Pid, 0); err != nil {
 		t.Errorf("the watched process: %v", err)
+	}
+}
+
+// TestHelperInotifyWithoutWatches is not a test: run by
+// limitedInotify in a user namespace of its own, it allows that
+// namespace no inotify watch, opens an inotify instance (whose watches
+// count against that namespace's limit, whoever adds them) and sends it
+// back over its fd 3.
+func TestHelperInotifyWithoutWatches(t *testing.T) {
+	if os.Getenv("WARREN_TEST_INOTIFY_HELPER") != "1" {
+		t.Skip("helper process of TestWatchFallsBackToPidfdWithoutInotifyWatches")
+	}
+	if err := os.WriteFile("/proc/sys/user/max_inotify_watches", []byte("0"), 0); err != nil {
+		t.Fatal(err)
+	}
+	ino, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Sendmsg(3, []byte{0}, unix.UnixRights(ino), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// limitedInotify returns an inotify descriptor whose watches count
+// against a user namespace that allows none: adding one fails with
+// ENOSPC, as on a node whose root processes used up
+// fs.inotify.max_user_watches, without touching that node-wide limit
+// (the other test packages running meanwhile share it).
+func limitedInotify(t *testing.T) int {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, theirs := os.NewFile(uintptr(fds[0]), "helper-sock"), os.NewFile(uintptr(fds[1]), "helper-sock")
+	defer ours.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperInotifyWithoutWatches$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "WARREN_TEST_INOTIFY_HELPER=1")
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}},
+	}
+	out, err := cmd.CombinedOutput()
+	theirs.Close()
+	if err != nil {
+		t.Fatalf("inotify helper in a user namespace: %v\n%s", err, out)
+	}
+	oob := make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(int(ours.Fd()), make([]byte, 1), oob, unix.MSG_DONTWAIT)
+	if err != nil {
+		t.Fatalf("receive the helper's inotify descriptor: %v\n%s", err, out)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("the helper's message: %v %v", msgs, err)
+	}
+	rights, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(rights) != 1 {
+		t.Fatalf("the helper's descriptor: %v %v", rights, err)
+	}
+	t.Cleanup(func() { unix.Close(rights[0]) })
+	return rights[0]
+}
+
+// TestWatchFallsBackToPidfdWithoutInotifyWatches: when the kernel
+// refuses the inotify watch of a new sandbox's cgroup.events (the node's
+// root processes are out of watches), the daemon warns and watches the
+// sandbox's init through a pidfd instead, and sees it exit.
+func TestWatchFallsBackToPidfdWithoutInotifyWatches(t *testing.T) {
+	testutil.RequireRoot(t)
+	ino := limitedInotify(t)
+	// The shared group watcher is made on first use: make it, then put
+	// one over the limited instance in its place for this test.
+	if _, err := sharedGroupWatcher(); err != nil {
+		t.Fatal(err)
+	}
+	real := groupWatch.w
+	groupWatch.w = &groupWatcher{f: os.NewFile(uintptr(ino), "inotify"), ino: ino, grps: map[int32][]gwatch{}, byPath: map[string]int32{}}
+	t.Cleanup(func() { groupWatch.w = real })
+	opts := testOptions(t, "inof-")
+	var warnings strings.Builder
+	opts.Warn = func(msg string, args ...any) { fmt.Fprintln(&warnings, msg, args) }
+	b, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	before := b.mon.count()
+	sb, pid := runningSandbox(t, b, "inof")
+	if cgroups.EventsFile(sb.(*sandbox).grp) == "" {
+		t.Skip("no cgroup2 directory per group on this host (pure cgroup v1): every sandbox is watched through a pidfd")
+	}
+	if !strings.Contains(warnings.String(), "watching its init's pidfd") || !strings.Contains(warnings.String(), "no space left") {
+		t.Errorf("warnings: %q, want the fallback to a pidfd, naming ENOSPC", warnings.String())
+	}
+	if n := b.mon.count(); n != before+1 {
+		t.Fatalf("the monitor holds %d pidfds (%d before the create), want one more: the sandbox's init", n, before)
+	}
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sb.(*sandbox).exited.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the daemon did not see the sandbox's init exit through its pidfd")
+	}
+	if n := b.mon.count(); n != before {
+		t.Errorf("the monitor holds %d pidfds after the exit, want %d", n, before)
 	}
 }
