@@ -18,7 +18,17 @@ func Write(path, data string) error {
 	if err != nil {
 		return &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	_, err = unix.Write(fd, []byte(data))
+	// A write that makes the kernel reclaim (memory.limit_in_bytes,
+	// memory.force_empty, memory.reclaim) gives up with EINTR when a
+	// signal arrives meanwhile, and Go's runtime signals its threads
+	// (preemption, SIGCHLD) often enough that reclaim steps failed now and
+	// then: it is the same write again. os.File retries EINTR; this did not.
+	for {
+		_, err = unix.Write(fd, []byte(data))
+		if err != unix.EINTR {
+			break
+		}
+	}
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr
 	}
