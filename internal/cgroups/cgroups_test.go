@@ -644,10 +644,16 @@ func TestPidsRefused(t *testing.T) {
 	if n, err := g.PidsRefused(); err != nil || n == 0 {
 		t.Fatalf("after forking past the limit: %d %v", n, err)
 	}
-	waitFor(t, "pids.current 0", 10*time.Second, func() bool {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		s, err := g.Stats()
-		return err == nil && s.Pids == 0
-	})
+		if err == nil && s.Pids == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			procs, perr := g.Procs()
+			t.Fatalf("pids.current %d (%v) 10 s after the forks ended; the group's processes: %v %v", s.Pids, err, procs, perr)
+		}
+	}
 	deleteGroup(t, g, parent, "forks")
 }
 
@@ -696,7 +702,7 @@ func TestFreezeReclaimThaw(t *testing.T) {
 	script := "cat " + big + " >/dev/null; i=0; while :; do i=$((i+1)); echo $i >" + counter + ".tmp; mv " + counter + ".tmp " + counter + "; sleep 0.01; done"
 	_, start, _ := gated(t, g, script, nil)
 	// 32 MiB of anonymous memory, touched, held.
-	anon, _ := child(t, "python3", "-c", "import sys,time; b=bytearray(32<<20); [b.__setitem__(i,1) for i in range(0,len(b),4096)]; print('ok',flush=True); time.sleep(600)")
+	anon, _ := child(t, "sh", "-c", anonHolder(t, 32, true))
 	if err := g.AddProc(anon.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
@@ -801,9 +807,16 @@ func TestReclaimV2PushesToSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer deleteGroup(t, g, parent, "sb1")
+	// The holder sleeps: killed first (never run before on a v2 node,
+	// where it left the group busy: TestCgroupV2InAVM).
+	defer func() {
+		if err := g.Kill(5 * time.Second); err != nil {
+			t.Error(err)
+		}
+		deleteGroup(t, g, parent, "sb1")
+	}()
 	var out strings.Builder
-	_, start, _ := gated(t, g, "exec python3 -c \"import time; b=bytearray(48<<20); [b.__setitem__(i,1) for i in range(0,len(b),4096)]; print('held',flush=True); time.sleep(600)\"", &out)
+	_, start, _ := gated(t, g, anonHolder(t, 48, true), &out)
 	start()
 	waitFor(t, "the memory to be held", 20*time.Second, func() bool { m, _ := g.Memory(); return m.Anon >= 48<<20 })
 	swapMax := filepath.Join(Root, g.Name(), "memory.swap.max")
@@ -854,7 +867,7 @@ func TestMemoryLimitBoundsSwap(t *testing.T) {
 		t.Fatalf("%s %s, want %s", filepath.Base(swapFile), sw, want(64<<20))
 	}
 	var out strings.Builder
-	cmd, start, done := gated(t, g, "exec python3 -c \"b=bytearray(160<<20); [b.__setitem__(i,1) for i in range(0,len(b),4096)]; print('held',flush=True)\"", &out)
+	cmd, start, done := gated(t, g, anonHolder(t, 160, false), &out)
 	start()
 	select {
 	case <-done:
@@ -916,7 +929,7 @@ func testReclaimAnonV1(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out strings.Builder
-	_, start, _ := gated(t, g, "exec python3 -c \"import time; b=bytearray(48<<20); [b.__setitem__(i,1) for i in range(0,len(b),4096)]; print('held',flush=True); time.sleep(600)\"", &out)
+	_, start, _ := gated(t, g, anonHolder(t, 48, true), &out)
 	start()
 	waitFor(t, "the memory to be held", 20*time.Second, func() bool { m, _ := g.Memory(); return m.Anon >= 48<<20 })
 	pids, _ := g.Procs()
@@ -1032,5 +1045,39 @@ func TestDeleteReclaimsLeftovers(t *testing.T) {
 				t.Errorf("Delete of a group with %d bytes of page cache (over LeftoverCacheMax) evicted %d of its %d pages", c.size, pages-n, pages)
 			}
 		})
+	}
+}
+
+// anonHolder is a shell command that execs this test binary as a process
+// holding mib MiB of anonymous memory, every page touched, which says
+// "held" once it does and then sleeps (hold) or exits. No python3: the
+// tests also run in a VM whose root is busybox (TestCgroupV2InAVM).
+func anonHolder(t *testing.T, mib int, hold bool) string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("WARREN_TEST_HOLD_MIB=%d WARREN_TEST_HOLD_SLEEP=%v exec %s -test.run='^TestHelperHoldAnon$' -test.count=1", mib, hold, exe)
+}
+
+// TestHelperHoldAnon is not a test: anonHolder's process. Its memory is
+// a mapping of its own, not the Go heap (which the race detector would
+// shadow, several times over).
+func TestHelperHoldAnon(t *testing.T) {
+	mib, _ := strconv.Atoi(os.Getenv("WARREN_TEST_HOLD_MIB"))
+	if mib == 0 {
+		t.Skip("helper process of the memory tests (anonHolder)")
+	}
+	mem, err := unix.Mmap(-1, 0, mib<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(mem); i += os.Getpagesize() {
+		mem[i] = 1
+	}
+	fmt.Println("held")
+	if os.Getenv("WARREN_TEST_HOLD_SLEEP") == "true" {
+		time.Sleep(10 * time.Minute)
 	}
 }

@@ -233,8 +233,19 @@ func (g *v2Group) SetQoS(q QoS) error {
 			return err
 		}
 	}
-	// Empty: the parent's effective CPUs, every one it has.
-	if err := kfile.Write(cpusFile, cpuList(q.CPUs)); err != nil {
+	// Unpinned: every CPU the parent has, written out. The kernel
+	// refuses an empty list for a group with tasks (ENOSPC), and a write
+	// of no bytes never reached its parser: an unpinned group stayed
+	// pinned (found by TestCgroupV2InAVM).
+	cpus := cpuList(q.CPUs)
+	if cpus == "" {
+		b, err := kfile.Read(filepath.Join(filepath.Dir(dir), "cpuset.cpus.effective"))
+		if err != nil {
+			return classify(err, "read the CPUs of cgroup "+filepath.Dir(g.name))
+		}
+		cpus = strings.TrimSpace(string(b))
+	}
+	if err := kfile.Write(cpusFile, cpus); err != nil {
 		return errdefs.Wrap(errdefs.Invalid, err, "pin cgroup "+g.name+" to CPUs "+cpuList(q.CPUs))
 	}
 	return nil
