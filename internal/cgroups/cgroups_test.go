@@ -903,7 +903,7 @@ func withSwap(t *testing.T) {
 		t.Skipf("no mkswap (util-linux) to make a swap file: %v", err)
 	}
 	f := filepath.Join(t.TempDir(), "swap")
-	if out, err := exec.Command("sh", "-c", "dd if=/dev/zero of="+f+" bs=1M count=512 status=none && chmod 600 "+f+" && mkswap "+f).CombinedOutput(); err != nil {
+	if out, err := exec.Command("sh", "-c", "dd if=/dev/zero of="+f+" bs=1M count=128 status=none && chmod 600 "+f+" && mkswap "+f).CombinedOutput(); err != nil {
 		t.Fatalf("make a swap file: %v: %s", err, out)
 	}
 	if out, err := exec.Command("swapon", f).CombinedOutput(); err != nil {

@@ -100,8 +100,9 @@ func TestSetLimitsAllOrNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A 64 MiB shell variable, then a long sleep.
-	_, start, _ := gated(t, g, "v=$(head -c 67108864 /dev/zero | tr '\\0' a); sleep 100", nil)
+	// 64 MiB held (a shell variable as big took 26 s to fill under the
+	// group's half a CPU in a TCG guest: TestCgroupV2InAVM).
+	_, start, _ := gated(t, g, anonHolder(t, 64, true), nil)
 	start()
 	waitFor(t, "the group to hold 64 MiB", 30*time.Second, func() bool {
 		st, err := g.Stats()
