@@ -38,6 +38,13 @@ const Name = "microvm"
 // guest's kernel allocations. The guest touches only what it uses.
 const guestOverheadMB = 128
 
+// bootTimeout bounds a boot to the agent's first answer (~2.5 s here, a
+// minute on a very loaded node): a guest that never gets there (one
+// stuck in a soft lockup in its kernel's boot under TCG held a CI run's
+// create for 16 minutes) fails the create, naming its console, and its
+// QEMU goes.
+const bootTimeout = 3 * time.Minute
+
 // Options configure the backend.
 type Options struct {
 	StateDir   string // the backend's directory: vms/<id>/ and initramfs images
@@ -233,8 +240,13 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		cfg.Net = &Net{Tap: tap, Addr: addr, Gateway: gw, Resolv: len(spec.Etc) > 0}
 		st.Net = &a
 	}
-	v, err := Boot(ctx, cfg)
+	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
+	defer cancel()
+	v, err := Boot(bctx, cfg)
 	if err != nil {
+		if ctx.Err() == nil && bctx.Err() != nil {
+			return nil, errdefs.Wrap(errdefs.Unavailable, err, fmt.Sprintf("microvm: the guest's agent did not answer within %v", bootTimeout))
+		}
 		return nil, err
 	}
 	if err := isolate(v.Pid(), spec.QoS); err != nil {
