@@ -43,7 +43,7 @@ const guestOverheadMB = 128
 // stuck in a soft lockup in its kernel's boot under TCG held a CI run's
 // create for 16 minutes) fails the create, naming its console, and its
 // QEMU goes.
-const bootTimeout = 3 * time.Minute
+var bootTimeout = 3 * time.Minute
 
 // Options configure the backend.
 type Options struct {
