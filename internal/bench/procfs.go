@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenrl/warren/internal/cgroups"
 	"github.com/warrenrl/warren/internal/mountinfo"
 )
 
@@ -371,16 +372,8 @@ func memcgCount() int64 {
 			return live + dying
 		}
 	}
-	b, err := os.ReadFile("/proc/cgroups")
-	if err != nil {
-		return -1
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 3 && f[0] == "memory" {
-			if v, err := strconv.ParseInt(f[2], 10, 64); err == nil {
-				return v
-			}
-		}
+	if n, err := cgroups.MemoryCgroups(); err == nil {
+		return n
 	}
 	return -1
 }

@@ -767,7 +767,7 @@ func v1Stats(name string, cpu time.Duration) (Stats, error) {
 // group may have been half created (or by an older version).
 func (g *v1Group) Delete() error {
 	parent, name := splitName(g.name)
-	reclaimLeftoversV1(g.dir(cgroup1.Memory))
+	reclaimLeftoversV1(g.name, g.dir(cgroup1.Memory))
 	return classify(removeDirs(parent, name), "delete cgroup "+g.name)
 }
 
@@ -883,7 +883,7 @@ func (g *hybridGroup) Stats() (Stats, error) {
 // Delete removes the directories of the hybrid layout; Load would not
 // have found this layout for a group of the legacy one.
 func (g *hybridGroup) Delete() error {
-	reclaimLeftoversV1(g.dir(cgroup1.Memory))
+	reclaimLeftoversV1(g.name, g.dir(cgroup1.Memory))
 	dirs := make([]string, 0, len(hybridSubsystems)+1)
 	for _, n := range hybridSubsystems {
 		dirs = append(dirs, g.dir(n))

@@ -308,11 +308,12 @@ func validParent(parent string) error {
 // reclaim takes them.
 const LeftoverCacheMax = 1 << 20
 
-// reclaimLeftoversV1 reclaims a v1 memory group's page cache when that
-// is at most LeftoverCacheMax; memory.stat's "cache" is the group's own.
-func reclaimLeftoversV1(dir string) {
+// reclaimLeftoversV1 reclaims group name's page cache (its v1 memory
+// directory dir) when that is at most LeftoverCacheMax; memory.stat's
+// "cache" is the group's own.
+func reclaimLeftoversV1(name, dir string) {
 	if cache, err := readKey(filepath.Join(dir, "memory.stat"), "cache"); err == nil && cache > 0 && cache <= LeftoverCacheMax {
-		_ = kfile.Write(filepath.Join(dir, "memory.force_empty"), "0")
+		_ = forceEmpty(name, dir)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/cgroups"
+	"github.com/warrenrl/warren/internal/guest"
 	"github.com/warrenrl/warren/internal/guestkernel"
 	"github.com/warrenrl/warren/internal/initramfs"
 	"github.com/warrenrl/warren/internal/microvm"
@@ -121,20 +122,8 @@ func vmSetup() error {
 			return fmt.Errorf("mount %s: %w", mt.dst, err)
 		}
 	}
-	order, err := os.ReadFile("/lib/modules/order")
-	if err != nil {
+	if err := guest.LoadModules(guest.ModuleOrder); err != nil {
 		return err
-	}
-	for _, p := range strings.Fields(string(order)) {
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		err = unix.FinitModule(int(f.Fd()), "", 0)
-		f.Close()
-		if err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("load module %s: %w", p, err)
-		}
 	}
 	// /var/tmp on a disk: the tests' page cache must be reclaimable,
 	// which tmpfs pages are not without swap.
@@ -211,13 +200,7 @@ func TestCgroupV2InAVM(t *testing.T) {
 			add(w.Add(initramfs.Entry{Name: "bin/" + a, Mode: os.ModeSymlink | 0o777, Data: []byte("busybox")}))
 		}
 	}
-	var order []string
-	for _, p := range mods {
-		name := "lib/modules/" + filepath.Base(p)
-		add(w.AddFile(name, p, 0o644))
-		order = append(order, "/"+name)
-	}
-	add(w.Add(initramfs.Entry{Name: "lib/modules/order", Data: []byte(strings.Join(order, "\n")), Mode: 0o644}))
+	add(microvm.AddModules(w, mods))
 	initrd := filepath.Join(dir, "initramfs.cpio")
 	f, err := os.Create(initrd)
 	if err != nil {

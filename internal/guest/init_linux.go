@@ -38,7 +38,7 @@ func Main() error {
 	if cmdlineInt("poweroff") == 1 {
 		return unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
 	}
-	if err := loadModules("/lib/modules/order"); err != nil {
+	if err := LoadModules(ModuleOrder); err != nil {
 		return err
 	}
 	if h := cmdlineString("hostname"); h != "" {
@@ -111,9 +111,10 @@ func mountBase() error {
 	return nil
 }
 
-// loadModules loads the modules listed in order (one path per line,
-// dependencies first), as the host resolved them.
-func loadModules(order string) error {
+// LoadModules loads the modules listed in order (one path per line,
+// dependencies first), as the host resolved them (microvm.AddModules).
+// Also the init of the cgroups package's v2 VM (TestCgroupV2InAVM).
+func LoadModules(order string) error {
 	b, err := os.ReadFile(order)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil

@@ -34,6 +34,10 @@ import "github.com/warrenrl/warren/internal/sandboxfs"
 // PortName is the virtio-serial port the host and the agent talk over.
 const PortName = "warren"
 
+// ModuleOrder is the initramfs's list of the kernel modules the init
+// loads, one path per line, dependencies first (LoadModules).
+const ModuleOrder = "/lib/modules/order"
+
 // TransportVsock on the kernel command line (warren.transport=vsock) has
 // the agent serve AF_VSOCK port VsockPort instead of the virtio-serial
 // port PortName.

@@ -623,6 +623,21 @@ func (v *VM) consoleTail() string {
 	return s
 }
 
+// AddModules puts module files mods (in load order: guestkernel's
+// LoadOrder) in initramfs w under /lib/modules, with the list the guest
+// loads them by (guest.ModuleOrder, guest.LoadModules).
+func AddModules(w *initramfs.Writer, mods []string) error {
+	var order []string
+	for _, m := range mods {
+		name := "lib/modules/" + filepath.Base(m)
+		if err := w.AddFile(name, m, 0o644); err != nil {
+			return err
+		}
+		order = append(order, "/"+name)
+	}
+	return w.Add(initramfs.Entry{Name: guest.ModuleOrder, Data: []byte(strings.Join(order, "\n") + "\n"), Mode: 0o644})
+}
+
 // buildInitramfs writes the VM's initramfs: the agent as /init and the
 // modules it loads, with their order. Written once per content into the
 // cache directory (every VM of a node boots the same one).
@@ -652,15 +667,7 @@ func buildInitramfs(cfg Config) (string, error) {
 	if err := w.AddFile("init", cfg.GuestAgent, 0o755); err != nil {
 		return "", err
 	}
-	var order []string
-	for _, m := range mods {
-		name := "lib/modules/" + filepath.Base(m)
-		if err := w.AddFile(name, m, 0o644); err != nil {
-			return "", err
-		}
-		order = append(order, "/"+name)
-	}
-	if err := w.Add(initramfs.Entry{Name: "lib/modules/order", Data: []byte(strings.Join(order, "\n") + "\n"), Mode: 0o644}); err != nil {
+	if err := AddModules(w, mods); err != nil {
 		return "", err
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(out), ".initramfs-*")
