@@ -205,11 +205,17 @@ func sharedGroupWatcher() (*groupWatcher, error) {
 			groupWatch.err = fmt.Errorf("inotify_init1: %w", err)
 			return
 		}
-		g := &groupWatcher{f: os.NewFile(uintptr(ino), "inotify"), ino: ino, grps: map[int32][]gwatch{}, byPath: map[string]int32{}}
+		g := newGroupWatcher(ino)
 		groupWatch.w = g
 		go g.loop()
 	})
 	return groupWatch.w, groupWatch.err
+}
+
+// newGroupWatcher is a group watcher over inotify descriptor ino; its
+// loop is the caller's to start.
+func newGroupWatcher(ino int) *groupWatcher {
+	return &groupWatcher{f: os.NewFile(uintptr(ino), "inotify"), ino: ino, grps: map[int32][]gwatch{}, byPath: map[string]int32{}}
 }
 
 func (g *groupWatcher) add(w gwatch) error {

@@ -305,7 +305,7 @@ func TestWatchFallsBackToPidfdWithoutInotifyWatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	real := groupWatch.w
-	groupWatch.w = &groupWatcher{f: os.NewFile(uintptr(ino), "inotify"), ino: ino, grps: map[int32][]gwatch{}, byPath: map[string]int32{}}
+	groupWatch.w = newGroupWatcher(ino)
 	t.Cleanup(func() { groupWatch.w = real })
 	opts := testOptions(t, "inof-")
 	var warnings strings.Builder
