@@ -367,7 +367,7 @@ func Run(t *testing.T, h Harness) {
 
 	t.Run("MemoryLimit", func(t *testing.T) {
 		sb := create(t, b, h, func(s *backend.Spec) { s.MemoryBytes = 32 << 20 })
-		r := sh(t, sb, "x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo survived")
+		r := sh(t, sb, alloc100MB+" && echo survived")
 		if r.Status.Signal != syscall.SIGKILL && r.Status.Code == 0 {
 			t.Fatalf("allocation beyond the memory limit was not killed: %+v", r)
 		}
@@ -447,13 +447,12 @@ func Run(t *testing.T, h Harness) {
 		if r := sh(t, sb, "for i in $(seq 1 40); do sleep 30 & done 2>&1; echo forked; kill $(jobs -p)"); strings.Contains(r.Stdout+r.Stderr, "fork:") || !strings.Contains(r.Stdout, "forked") {
 			t.Fatalf("40 processes after raising pids.max to 128: %+v", r)
 		}
-		hold := "x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo survived"
-		if r := sh(t, sb, hold); r.Stdout != "survived\n" {
+		if r := sh(t, sb, alloc100MB+" && echo survived"); r.Stdout != "survived\n" {
 			t.Fatalf("100 MB after raising the memory limit to 256 MiB: %+v", r)
 		}
 		// A limit below what the sandbox holds changes nothing, not even
 		// the fields before it.
-		p, err := sb.Start(ctx, backend.ProcSpec{Argv: []string{"sh", "-c", "x=$(head -c 100000000 /dev/zero | tr '\\0' a); echo held; sleep 600"}, Stdout: true})
+		p, err := sb.Start(ctx, backend.ProcSpec{Argv: []string{"sh", "-c", hold100MB}, Stdout: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -595,6 +594,17 @@ func Run(t *testing.T, h Harness) {
 		checkNoLeaks(t, h, base)
 	})
 }
+
+// alloc100MB touches 100 MB of anonymous memory in one process and
+// frees it: dd's one 100 MB block, filled by a read of /dev/zero. A
+// shell variable of that size (x=$(head -c ... | tr ...)) grows in small
+// steps and took most of a minute in a TCG guest.
+const alloc100MB = "dd if=/dev/zero of=/dev/null bs=100000000 count=1 2>/dev/null"
+
+// hold100MB holds 100 MB until killed and says "held" once it does: dd
+// fills its block, then blocks writing it to a pipe nobody drains after
+// its first byte.
+const hold100MB = "dd if=/dev/zero bs=100000000 count=1 2>/dev/null | { head -c 1 >/dev/null; echo held; exec sleep 600; }"
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
