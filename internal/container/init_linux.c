@@ -831,9 +831,11 @@ static int agent_bound(long res)
 /* Applies the config's rlimits: "NUM:SOFT:HARD" entries, ','-separated,
  * decimal (RLIM_INFINITY as 2^64-1; internal/rlimit writes them). PID 1
  * takes them with setrlimit and every sandbox process inherits them,
- * except the agent-bound ones: those are checked here as the kernel would
- * check them (no CAP_SYS_RESOURCE: a hard limit cannot rise), so that a
- * refused one fails the create rather than every exec, and passed on. */
+ * except the agent-bound ones, which are passed on. Each is checked here
+ * as the kernel would check it without CAP_SYS_RESOURCE (a hard limit
+ * cannot rise), which PID 1 still has: no sandbox gets a hard limit above
+ * the daemon's own (memlock's is 8 MiB under systemd's defaults), and a
+ * refused one fails the create rather than every exec. */
 static void apply_rlimits(const char *spec)
 {
 	static const char *names[] = {"cpu", "fsize", "data", "stack", "core", "rss", "nproc", "nofile",
@@ -855,14 +857,15 @@ static void apply_rlimits(const char *spec)
 			die("config", "rlimits");
 		}
 		const char *arg = names[res];
+		if (getrlimit(res, &cur) < 0)
+			die("getrlimit", arg);
+		if (r.rlim_cur > r.rlim_max || r.rlim_max > cur.rlim_max) {
+			errno = r.rlim_cur > r.rlim_max ? EINVAL : EPERM;
+			die("setrlimit", arg);
+		}
 		if (!agent_bound(res)) {
 			if (setrlimit(res, &r) < 0)
 				die("setrlimit", arg);
-		} else if (getrlimit(res, &cur) < 0) {
-			die("getrlimit", arg);
-		} else if (r.rlim_cur > r.rlim_max || r.rlim_max > cur.rlim_max) {
-			errno = r.rlim_cur > r.rlim_max ? EINVAL : EPERM;
-			die("setrlimit", arg);
 		} else {
 			int n = snprintf(child + clen, sizeof child - clen, "%s%.*s", clen ? "," : "", (int)(end - p), p);
 			if (n < 0 || (size_t)n >= sizeof child - clen) {

@@ -425,7 +425,11 @@ func (n *Node) link(id string, ns netns.NsHandle, i int) (retErr error) {
 	if err := netlink.LinkSetUp(host); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "set "+name+" up")
 	}
-	h, err := netlink.NewHandleAt(ns)
+	// Route messages only: the library's default also opens an XFRM and
+	// a netfilter socket, two more per create, and a node whose
+	// xfrm_user is a module not loaded refuses the first
+	// (EPROTONOSUPPORT; the v2 VM's kernel, TestContainerOnCgroupV2InAVM).
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "netlink in sandbox network namespace")
 	}
