@@ -51,8 +51,9 @@ const (
 	guestOverheadMB = 256
 )
 
-// bootTimeout bounds a boot to the agent's first answer: a full OS under
-// TCG on a loaded node takes a minute or more.
+// bootTimeout bounds a boot to the agent's first answer (microvm's
+// BootWithin): a full OS under TCG on a loaded node takes a minute or
+// more.
 const bootTimeout = 5 * time.Minute
 
 // Options configure the backend.
@@ -306,16 +307,14 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (_ backend.Sand
 	}
 	cu.Add(grp.Delete) // gone already if QEMU ran
 	cfg.Cgroup = grp
-	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
-	defer cancel()
-	v, err := microvm.Boot(bctx, cfg)
+	v, err := microvm.BootWithin(ctx, cfg, bootTimeout, "fullvm (a loaded node boots a full OS slowly under TCG)")
 	if err != nil {
-		if ctx.Err() == nil && bctx.Err() != nil {
-			return nil, errdefs.Wrap(errdefs.Unavailable, err, fmt.Sprintf("fullvm: the guest's agent did not answer within %v (a loaded node boots slowly under TCG)", bootTimeout))
-		}
 		return nil, err
 	}
 	cu.Add(v.Close)
+	// The guest's setup after the boot: hostname, network, limits.
+	bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
 	if err := setHostname(bctx, v, hostname); err != nil {
 		return nil, err
 	}

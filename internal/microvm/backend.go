@@ -39,10 +39,7 @@ const Name = "microvm"
 const guestOverheadMB = 128
 
 // bootTimeout bounds a boot to the agent's first answer (~2.5 s here, a
-// minute on a very loaded node): a guest that never gets there (one
-// stuck in a soft lockup in its kernel's boot under TCG held a CI run's
-// create for 16 minutes) fails the create, naming its console, and its
-// QEMU goes.
+// minute on a very loaded node; BootWithin).
 var bootTimeout = 3 * time.Minute
 
 // Options configure the backend.
@@ -240,13 +237,8 @@ func (b *Backend) Create(ctx context.Context, spec backend.Spec) (backend.Sandbo
 		cfg.Net = &Net{Tap: tap, Addr: addr, Gateway: gw, Resolv: len(spec.Etc) > 0}
 		st.Net = &a
 	}
-	bctx, cancel := context.WithTimeout(ctx, bootTimeout)
-	defer cancel()
-	v, err := Boot(bctx, cfg)
+	v, err := BootWithin(ctx, cfg, bootTimeout, "microvm")
 	if err != nil {
-		if ctx.Err() == nil && bctx.Err() != nil {
-			return nil, errdefs.Wrap(errdefs.Unavailable, err, fmt.Sprintf("microvm: the guest's agent did not answer within %v", bootTimeout))
-		}
 		return nil, err
 	}
 	if err := isolate(v.Pid(), spec.QoS); err != nil {

@@ -127,6 +127,21 @@ type VM struct {
 	GuestUptime time.Duration
 }
 
+// BootWithin is Boot bounded by d: a guest whose agent has not answered
+// by then (one stuck in a soft lockup in its kernel's boot under TCG held
+// a CI run's create for 16 minutes) fails Unavailable, the error naming
+// the bound, what (the backend) and the console's tail, and its QEMU
+// goes. The VM outlives the bound once booted.
+func BootWithin(ctx context.Context, cfg Config, d time.Duration, what string) (*VM, error) {
+	bctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	v, err := Boot(bctx, cfg)
+	if err != nil && ctx.Err() == nil && bctx.Err() != nil {
+		return nil, errdefs.Wrap(errdefs.Unavailable, err, fmt.Sprintf("%s: the guest's agent did not answer within %v", what, d))
+	}
+	return v, err
+}
+
 // Boot starts a VM and waits until its agent answers.
 func Boot(ctx context.Context, cfg Config) (_ *VM, err error) {
 	t0 := time.Now()
