@@ -137,8 +137,12 @@ func TestVsockTransport(t *testing.T) {
 	}
 	for _, s := range []backend.Sandbox{sb, sb2} {
 		vm := s.(*sandbox).vm
-		vm.sess.Close()
-		vm.conn.Close()
+		// Under the lock: the session watcher may be reconnecting.
+		vm.smu.Lock()
+		sess, conn := vm.sess, vm.conn
+		vm.smu.Unlock()
+		sess.Close()
+		conn.Close()
 	}
 	actx, acancel := context.WithTimeout(ctx, 20*time.Second)
 	sb3, err := newBackend().Adopt(actx, "vs1", sb.State())
