@@ -26,9 +26,16 @@ import (
 // when complete, so what a crash leaves is either a whole entry (kept by
 // the next daemon) or a temporary one (removed). Entries are the node's
 // cache, like mounted layers: they outlive a daemon stop.
+//
+// One pool owns a directory at a time (a flock on it, held until close):
+// a second backend on the same state directory, as the tests' adoption
+// makes, gets no pool. Two used to share one: the second's start removed
+// the first's half-built entry while the first still filled it, through
+// the rename, so the first handed out an entry without its upper/.
 type dirPool struct {
 	dir  string
 	size int
+	lock *os.File
 
 	mu    sync.Mutex
 	ready []string // complete entries, full paths
@@ -42,13 +49,26 @@ type dirPool struct {
 // makes an entry in ~0.2-0.6 ms here).
 const poolSize = 64
 
+// newDirPool returns nil, and no error, when another pool owns dir.
 func newDirPool(dir string, size int) (*dirPool, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	p := &dirPool{dir: dir, size: size, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	lock, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	p := &dirPool{dir: dir, size: size, lock: lock, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
+		lock.Close()
 		return nil, err
 	}
 	for _, e := range ents {
@@ -180,6 +200,7 @@ func (p *dirPool) close() {
 		close(p.stop)
 	}
 	<-p.done
+	p.lock.Close()
 	livePools.Delete(p)
 }
 
