@@ -62,7 +62,19 @@ func (c *Client) put(ctx context.Context, target string, r io.Reader) (*http.Res
 // stream. The caller must close it. A failure in the middle of the stream
 // surfaces as a read error.
 func (c *Client) Download(ctx context.Context, sandboxID, path string) (io.ReadCloser, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.archiveURL(sandboxID, path), nil)
+	return c.download(ctx, c.archiveURL(sandboxID, path))
+}
+
+// DownloadSparse is Download with files that have holes written as PAX
+// sparse entries (format 1.0, as GNU tar writes them): only their data
+// crosses the wire. GNU tar, bsdtar, Go's archive/tar and Python's
+// tarfile read them; busybox tar does not.
+func (c *Client) DownloadSparse(ctx context.Context, sandboxID, path string) (io.ReadCloser, error) {
+	return c.download(ctx, c.archiveURL(sandboxID, path)+"&sparse=1")
+}
+
+func (c *Client) download(ctx context.Context, target string) (io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
 		return nil, transportError(err)
 	}
@@ -179,7 +191,8 @@ func (c *Client) DownloadTo(ctx context.Context, sandboxID, remotePath, localPat
 	if err != nil {
 		return nil, localError(err)
 	}
-	rc, err := c.Download(ctx, sandboxID, remotePath)
+	// Sparse: holes stay holes on the wire too, not only on this disk.
+	rc, err := c.DownloadSparse(ctx, sandboxID, remotePath)
 	if err != nil {
 		return nil, err
 	}

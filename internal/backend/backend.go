@@ -260,7 +260,7 @@ type FileSystem interface {
 	Stat(ctx context.Context, p string) (sandboxfs.FileInfo, error)
 	Mkdir(ctx context.Context, p string, mode os.FileMode, parents bool) error
 	Remove(ctx context.Context, p string, recursive bool) error
-	TarOut(ctx context.Context, p string, w io.Writer) error
+	TarOut(ctx context.Context, p string, w io.Writer, o sandboxfs.TarOptions) error
 	TarIn(ctx context.Context, p string, r io.Reader) error
 }
 

@@ -18,6 +18,7 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/sandboxfs"
 	"github.com/warrenrl/warren/internal/server"
 	"github.com/warrenrl/warren/internal/tarx"
 )
@@ -109,7 +110,7 @@ func (f *fakeManager) StatFile(_ context.Context, r *warrenv1.StatFileRequest) (
 	return &warrenv1.FileInfo{Name: fi.Name(), Path: r.Path, IsDir: fi.IsDir(), IsSymlink: fi.Mode()&os.ModeSymlink != 0, LinkTarget: target}, nil
 }
 
-func (f *fakeManager) TarOut(ctx context.Context, _, p string, w io.Writer) error {
+func (f *fakeManager) TarOut(ctx context.Context, _, p string, w io.Writer, _ sandboxfs.TarOptions) error {
 	return tarx.Create(ctx, f.root, w, p)
 }
 

@@ -201,13 +201,13 @@ func (m *Manager) RemoveFile(ctx context.Context, req *warrenv1.RemoveFileReques
 }
 
 // TarOut writes the tree at path of the sandbox to w as a tar stream.
-func (m *Manager) TarOut(ctx context.Context, id, path string, w io.Writer) (err error) {
+func (m *Manager) TarOut(ctx context.Context, id, path string, w io.Writer, o sandboxfs.TarOptions) (err error) {
 	defer m.observe("TarOut", &err)
 	fs, err := m.fsOf(ctx, id)
 	if err != nil {
 		return err
 	}
-	return withCategory(fs.TarOut(ctx, path, w), errdefs.Internal, "archive "+path)
+	return withCategory(fs.TarOut(ctx, path, w, o), errdefs.Internal, "archive "+path)
 }
 
 // TarIn extracts the tar stream r under path of the sandbox, recorded as

@@ -7,6 +7,7 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/sandboxfs"
 )
 
 func TestFiles(t *testing.T) {
@@ -82,7 +83,7 @@ func TestFiles(t *testing.T) {
 
 	// Tar out and in.
 	var tarball bytes.Buffer
-	if err := e.m.TarOut(ctx, id, "/work/a", &tarball); err != nil {
+	if err := e.m.TarOut(ctx, id, "/work/a", &tarball, sandboxfs.TarOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.m.TarIn(ctx, id, "/copy", bytes.NewReader(tarball.Bytes())); err != nil {

@@ -34,6 +34,7 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/etcfiles"
 	"github.com/warrenrl/warren/internal/image"
+	"github.com/warrenrl/warren/internal/sandboxfs"
 	"github.com/warrenrl/warren/internal/tarx"
 )
 
@@ -195,7 +196,7 @@ func (e *env) sandboxTree(id string) map[string]treeEntry {
 			continue
 		}
 		var buf bytes.Buffer
-		if err := e.m.TarOut(ctx, id, "/"+name, &buf); err != nil {
+		if err := e.m.TarOut(ctx, id, "/"+name, &buf, sandboxfs.TarOptions{}); err != nil {
 			e.t.Fatalf("tar out %s:/%s: %v", id, name, err)
 		}
 		tr := tar.NewReader(&buf)

@@ -19,6 +19,7 @@ import (
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/backend"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/sandboxfs"
 	"github.com/warrenrl/warren/internal/store"
 )
 
@@ -188,7 +189,7 @@ func TestCallsRefusedWhenPausedOrHibernated(t *testing.T) {
 			_, err := e.m.RemoveFile(ctx, &warrenv1.RemoveFileRequest{SandboxId: "nap", Path: "/tmp/x"})
 			return err
 		},
-		"tar out": func() error { return e.m.TarOut(ctx, "nap", "/etc", io.Discard) },
+		"tar out": func() error { return e.m.TarOut(ctx, "nap", "/etc", io.Discard, sandboxfs.TarOptions{}) },
 		"tar in":  func() error { return e.m.TarIn(ctx, "nap", "/tmp", bytes.NewReader(nil)) },
 		"commit": func() error {
 			_, err := e.m.CommitSandbox(ctx, &warrenv1.CommitSandboxRequest{SandboxId: "nap", Name: "nap-layer"})

@@ -15,6 +15,7 @@ import (
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/metrics"
+	"github.com/warrenrl/warren/internal/sandboxfs"
 	"github.com/warrenrl/warren/internal/server"
 	"github.com/warrenrl/warren/internal/store"
 )
@@ -752,7 +753,7 @@ func TestImages(t *testing.T) {
 	// A tarball, through TarOut of a sandbox and ImportImageTar.
 	e.create(&warrenv1.CreateRequest{Id: "user", Image: "bb2"})
 	var tarball bytes.Buffer
-	if err := e.m.TarOut(ctx, "user", "/", &tarball); err != nil {
+	if err := e.m.TarOut(ctx, "user", "/", &tarball, sandboxfs.TarOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	tarImg, err := e.m.ImportImageTar(ctx, "fromtar", bytes.NewReader(tarball.Bytes()))

@@ -24,6 +24,7 @@ import (
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/listpage"
 	"github.com/warrenrl/warren/internal/placement"
+	"github.com/warrenrl/warren/internal/sandboxfs"
 	"github.com/warrenrl/warren/internal/server"
 )
 
@@ -852,12 +853,16 @@ func (g *Gateway) placeJob(ctx context.Context, image string) (*node, func(), er
 // TarOut and the other plain-HTTP calls go through the node's own
 // endpoints with the Go client. A download the owner answers NotFound
 // before any data follows the sandbox where it moved, as bySandbox does.
-func (g *Gateway) TarOut(ctx context.Context, id, path string, w io.Writer) error {
+func (g *Gateway) TarOut(ctx context.Context, id, path string, w io.Writer, o sandboxfs.TarOptions) error {
 	n, err := g.owner(ctx, id)
 	if err != nil {
 		return err
 	}
-	rc, err := n.c.Download(ctx, id, path)
+	download := n.c.Download
+	if o.Sparse {
+		download = n.c.DownloadSparse
+	}
+	rc, err := download(ctx, id, path)
 	if err != nil {
 		err = clientErr(n, err)
 		m := g.moved(ctx, id, n, err)
@@ -865,7 +870,12 @@ func (g *Gateway) TarOut(ctx context.Context, id, path string, w io.Writer) erro
 			return err
 		}
 		n = m
-		if rc, err = n.c.Download(ctx, id, path); err != nil {
+		if o.Sparse {
+			download = n.c.DownloadSparse
+		} else {
+			download = n.c.Download
+		}
+		if rc, err = download(ctx, id, path); err != nil {
 			return clientErr(n, err)
 		}
 	}

@@ -57,7 +57,7 @@ func serveFS(st net.Conn, br *bufio.Reader, c *FSCall, root string) {
 			_, err = out.Write(data)
 		}
 	case "TarOut":
-		err = fs.TarOut(ctx, c.Path, out)
+		err = fs.TarOut(ctx, c.Path, out, c.Tar)
 	case "List":
 		res.Infos, res.Token, err = fs.List(ctx, c.Path, c.PageSize, c.Token)
 	case "Stat":

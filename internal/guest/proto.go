@@ -172,6 +172,9 @@ type FSCall struct {
 	Recursive bool   `json:"recursive,omitempty"`
 	PageSize  int    `json:"page_size,omitempty"`
 	Token     string `json:"token,omitempty"`
+	// Tar: TarOut's options (an older agent ignores them: the archive
+	// is then plain, which every reader reads).
+	Tar sandboxfs.TarOptions `json:"tar,omitempty"`
 }
 
 // FSResult is a file call's answer; Category and Error are set when it

@@ -157,8 +157,8 @@ func (f vmFiles) Remove(ctx context.Context, p string, recursive bool) error {
 	return err
 }
 
-func (f vmFiles) TarOut(ctx context.Context, p string, w io.Writer) error {
-	_, err := f.fs(ctx, guest.FSCall{Method: "TarOut", Path: p}, nil, w)
+func (f vmFiles) TarOut(ctx context.Context, p string, w io.Writer, o sandboxfs.TarOptions) error {
+	_, err := f.fs(ctx, guest.FSCall{Method: "TarOut", Path: p, Tar: o}, nil, w)
 	return err
 }
 

@@ -86,8 +86,8 @@ func TestPseudoFSRefused(t *testing.T) {
 	pd("remove /proc", fs.Remove(ctx, "/proc", true))
 	pd("remove /proc/self/environ", fs.Remove(ctx, "/proc/self/environ", false))
 	pd("remove cgroup.procs", fs.Remove(ctx, "/cg/cgroup.procs", false))
-	pd("tar out /proc/self", fs.TarOut(ctx, "/proc/self", io.Discard))
-	pd("tar out a /sys file", fs.TarOut(ctx, "/sys/kernel/mm/transparent_hugepage/enabled", io.Discard))
+	pd("tar out /proc/self", fs.TarOut(ctx, "/proc/self", io.Discard, TarOptions{}))
+	pd("tar out a /sys file", fs.TarOut(ctx, "/sys/kernel/mm/transparent_hugepage/enabled", io.Discard, TarOptions{}))
 	var tb bytes.Buffer
 	tw := tar.NewWriter(&tb)
 	tw.WriteHeader(&tar.Header{Name: "x/", Typeflag: tar.TypeDir, Mode: 0o755})
@@ -103,7 +103,7 @@ func TestPseudoFSRefused(t *testing.T) {
 	if ents, err := listAll(fs, "/", 0); err != nil || len(ents) == 0 {
 		t.Fatalf("list /: %v", err)
 	}
-	if err := fs.TarOut(ctx, "/etc", io.Discard); err != nil {
+	if err := fs.TarOut(ctx, "/etc", io.Discard, TarOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := fs.Stat(ctx, "/me"); err != nil {

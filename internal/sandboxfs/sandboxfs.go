@@ -484,12 +484,21 @@ func (f *FS) checkRoot() error {
 	return nil
 }
 
+// TarOptions changes what TarOut writes.
+type TarOptions struct {
+	// Sparse writes files with holes as PAX sparse entries
+	// (tarx.CreateOptions): what the daemon does when the client asks
+	// for it (the archive API's sparse=1; the SDKs' download-to-disk
+	// calls ask), not by default, since busybox tar cannot read them.
+	Sparse bool `json:"sparse,omitempty"`
+}
+
 // TarOut writes the tree at p (or the single file) to w as a tar stream
 // with names relative to p (see tarx.Create). Symlinks inside the tree are
 // archived, not followed. A tree or file on a pseudo-filesystem is
 // PermissionDenied; tarx.Create does not leave the filesystem it starts
 // on, so a check of the start is enough.
-func (f *FS) TarOut(ctx context.Context, p string, w io.Writer) error {
+func (f *FS) TarOut(ctx context.Context, p string, w io.Writer, o TarOptions) error {
 	if err := f.checkRoot(); err != nil {
 		return err
 	}
@@ -507,11 +516,11 @@ func (f *FS) TarOut(ctx context.Context, p string, w io.Writer) error {
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		// Archive the very directory checked: nothing the sandbox renames
 		// after the check redirects the walk.
-		return tarx.CreateMapped(ctx, "/proc/self/fd/"+strconv.Itoa(fd), w, "/", f.mapID())
+		return tarx.CreateWith(ctx, "/proc/self/fd/"+strconv.Itoa(fd), w, "/", tarx.CreateOptions{MapID: f.mapID(), Sparse: o.Sparse})
 	}
 	// A single file is resolved again by name (tarx takes a directory as
 	// its root); a swap between check and open stays inside the sandbox.
-	return tarx.CreateMapped(ctx, f.root, w, cp, f.mapID())
+	return tarx.CreateWith(ctx, f.root, w, cp, tarx.CreateOptions{MapID: f.mapID(), Sparse: o.Sparse})
 }
 
 // TarIn extracts the tar stream r (plain or gzip) into the directory p,

@@ -131,7 +131,7 @@ func TestEscapingSymlinksResolveInside(t *testing.T) {
 	_, _, err = fs.List(ctx, "/hostdir", 0, "")
 	wantCat(t, err, errdefs.NotFound, "")
 	var buf bytes.Buffer
-	wantCat(t, fs.TarOut(ctx, "/hostdir", &buf), errdefs.NotFound, "")
+	wantCat(t, fs.TarOut(ctx, "/hostdir", &buf, TarOptions{}), errdefs.NotFound, "")
 	// A dangling symlink is created through, inside the root.
 	if err := fs.WriteFile(ctx, "/dangling", strings.NewReader("new"), 0o600, false, false); err != nil {
 		t.Fatal(err)
@@ -377,7 +377,7 @@ func TestTarRoundTrip(t *testing.T) {
 	fs.WriteFile(ctx, "/proj/README", strings.NewReader("readme"), 0, false, false)
 	os.Symlink("src/main.py", filepath.Join(root, "proj/run"))
 	var buf bytes.Buffer
-	if err := fs.TarOut(ctx, "/proj", &buf); err != nil {
+	if err := fs.TarOut(ctx, "/proj", &buf, TarOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := fs.TarIn(ctx, "/copy/of/proj", bytes.NewReader(buf.Bytes())); err != nil {
@@ -393,7 +393,7 @@ func TestTarRoundTrip(t *testing.T) {
 		t.Fatalf("mode %v", fi.Mode)
 	}
 	var again bytes.Buffer
-	if err := fs.TarOut(ctx, "/copy/of/proj", &again); err != nil {
+	if err := fs.TarOut(ctx, "/copy/of/proj", &again, TarOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(buf.Bytes(), again.Bytes()) {
@@ -401,7 +401,7 @@ func TestTarRoundTrip(t *testing.T) {
 	}
 	// A single file.
 	buf.Reset()
-	if err := fs.TarOut(ctx, "/proj/README", &buf); err != nil {
+	if err := fs.TarOut(ctx, "/proj/README", &buf, TarOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := fs.TarIn(ctx, "/single", &buf); err != nil {
@@ -410,7 +410,7 @@ func TestTarRoundTrip(t *testing.T) {
 	if got := readAll(t, fs, "/single/README"); got != "readme" {
 		t.Fatalf("single: %q", got)
 	}
-	wantCat(t, fs.TarOut(ctx, "/nope", io.Discard), errdefs.NotFound, "no such file: /nope")
+	wantCat(t, fs.TarOut(ctx, "/nope", io.Discard, TarOptions{}), errdefs.NotFound, "no such file: /nope")
 }
 
 func TestTarInSafety(t *testing.T) {
@@ -521,7 +521,7 @@ func TestConcurrentSwapCannotEscape(t *testing.T) {
 		fs.Remove(ctx, "/swap/victim", true)
 		fs.TarIn(ctx, "/swap", bytes.NewReader(tarBuf.Bytes()))
 		fs.ReadFile(ctx, "/swap/victim", 0, 0)
-		fs.TarOut(ctx, "/swap", io.Discard)
+		fs.TarOut(ctx, "/swap", io.Discard, TarOptions{})
 	}
 	close(stop)
 	<-done

@@ -10,6 +10,7 @@ import (
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/sandboxfs"
 )
 
 // fakeManager is an in-memory Manager: sandboxes are a map, Exec echoes
@@ -175,7 +176,7 @@ func (f *fakeManager) SandboxStats(context.Context, *warrenv1.SandboxStatsReques
 
 // TarOut writes one-entry tar of the stored file; path "/fail-mid" fails
 // after writing some bytes.
-func (f *fakeManager) TarOut(_ context.Context, id, path string, w io.Writer) error {
+func (f *fakeManager) TarOut(_ context.Context, id, path string, w io.Writer, _ sandboxfs.TarOptions) error {
 	if path == "/fail-mid" {
 		if _, err := w.Write(bytes.Repeat([]byte{'x'}, 4096)); err != nil {
 			return err

@@ -20,6 +20,7 @@ import (
 
 	"github.com/warrenrl/warren/gen/warren/v1/warrenv1connect"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/sandboxfs"
 )
 
 // Default request size limits.
@@ -208,8 +209,19 @@ func (h *httpAPI) getArchive(w http.ResponseWriter, r *http.Request) {
 		writeHTTPError(w, errdefs.Invalidf("query parameter path is required"))
 		return
 	}
+	var o sandboxfs.TarOptions
+	switch s := r.URL.Query().Get("sparse"); s {
+	case "", "0", "false":
+	case "1", "true":
+		// Holes as PAX sparse entries: for clients whose tar reader
+		// knows them (the SDKs' download-to-disk calls).
+		o.Sparse = true
+	default:
+		writeHTTPError(w, errdefs.Invalidf("query parameter sparse: %q is not 0, 1, false or true", s))
+		return
+	}
 	lw := &lazyWriter{w: w, out: newStallWriter(w, h.o.StallTimeout), ctype: "application/x-tar"}
-	err := h.m.TarOut(r.Context(), id, path, lw)
+	err := h.m.TarOut(r.Context(), id, path, lw, o)
 	if err == nil {
 		lw.start()
 		err = lw.out.Flush()

@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/sandboxfs"
 )
 
 // Manager is what the server needs from the daemon: one method per RPC with
@@ -54,7 +55,7 @@ type Manager interface {
 	Run(context.Context, *warrenv1.RunRequest) (*warrenv1.RunResult, error)
 	RunBatch(ctx context.Context, req *warrenv1.RunBatchRequest, send func(*warrenv1.RunBatchItem) error) error
 	BatchCreate(context.Context, *warrenv1.BatchCreateRequest) (*warrenv1.BatchCreateResponse, error)
-	TarOut(ctx context.Context, id, path string, w io.Writer) error
+	TarOut(ctx context.Context, id, path string, w io.Writer, o sandboxfs.TarOptions) error
 	TarIn(ctx context.Context, id, path string, r io.Reader) error
 
 	ListImages(context.Context, *warrenv1.ListImagesRequest) (*warrenv1.ListImagesResponse, error)

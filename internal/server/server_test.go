@@ -273,6 +273,22 @@ func TestArchiveEndpoints(t *testing.T) {
 	if !client.IsNotFound(err) {
 		t.Fatalf("missing download: %v", err)
 	}
+	// sparse=1 reaches the manager; any other value but 0/false is
+	// refused before it.
+	rc, err = c.DownloadSparse(ctx, "sb", "/dir/hello.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Close()
+	resp, err := unixClient(ts.sock, false).Get("http://warren/v1/sandboxes/sb/archive?path=/dir/hello.txt&sparse=yes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "query parameter sparse") {
+		t.Fatalf("sparse=yes: %d %s", resp.StatusCode, body)
+	}
 	_, err = c.Download(ctx, "sb", "")
 	if !client.IsInvalid(err) {
 		t.Fatalf("download without path: %v", err)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+
+	"github.com/warrenrl/warren/internal/sandboxfs"
 )
 
 // stallManager is the fake with an endless archive ("/endless": writes
@@ -27,9 +29,9 @@ type stallManager struct {
 	slow    time.Duration
 }
 
-func (m *stallManager) TarOut(ctx context.Context, id, path string, w io.Writer) error {
+func (m *stallManager) TarOut(ctx context.Context, id, path string, w io.Writer, o sandboxfs.TarOptions) error {
 	if path != "/endless" {
-		return m.fakeManager.TarOut(ctx, id, path, w)
+		return m.fakeManager.TarOut(ctx, id, path, w, o)
 	}
 	chunk := bytes.Repeat([]byte{'x'}, 32<<10)
 	for {

@@ -36,9 +36,27 @@ func Create(ctx context.Context, root string, w io.Writer, dir string) error {
 	return CreateMapped(ctx, root, w, dir, nil)
 }
 
-// CreateMapped is Create with owners passed through mapID (nil: as they
-// are): a sandbox in a user namespace shows host ids as its own.
+// CreateOptions changes what Create writes.
+type CreateOptions struct {
+	// MapID maps owners (nil: as they are): a sandbox in a user
+	// namespace shows host ids as its own.
+	MapID func(uint32) uint32
+	// Sparse writes a regular file with holes as a PAX sparse entry
+	// (format 1.0, as GNU tar writes it: the real name and size in
+	// GNU.sparse.* records, the map of data segments at the start of the
+	// data, then only the data), so a 6 GB file of holes is a few
+	// blocks on the wire. GNU tar, bsdtar, Go's archive/tar and Python's
+	// tarfile read it; busybox tar does not, hence not the default.
+	Sparse bool
+}
+
+// CreateMapped is Create with owners passed through mapID.
 func CreateMapped(ctx context.Context, root string, w io.Writer, dir string, mapID func(uint32) uint32) error {
+	return CreateWith(ctx, root, w, dir, CreateOptions{MapID: mapID})
+}
+
+// CreateWith is Create with options.
+func CreateWith(ctx context.Context, root string, w io.Writer, dir string, o CreateOptions) error {
 	rootfd, err := inroot.OpenRoot(root)
 	if err != nil {
 		return errdefs.Wrap(inroot.Category(err), err, "opening archive root")
@@ -53,7 +71,7 @@ func CreateMapped(ctx context.Context, root string, w io.Writer, dir string, map
 		return errdefs.Wrap(cat, err, "opening archive source")
 	}
 	defer unix.Close(fd)
-	c := &creator{ctx: ctx, tw: tar.NewWriter(w), links: map[devIno]string{}, buf: make([]byte, copyBuf), mapID: mapID}
+	c := &creator{ctx: ctx, tw: tar.NewWriter(w), w: w, links: map[devIno]string{}, buf: make([]byte, copyBuf), mapID: o.MapID, sparse: o.Sparse}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return errdefs.Wrap(errdefs.Internal, err, "stat archive source")
@@ -84,8 +102,11 @@ type creator struct {
 	dev   uint64
 	ctx   context.Context
 	tw    *tar.Writer
+	w     io.Writer           // under tw: sparse entries are written raw
 	mapID func(uint32) uint32 // nil: owners as they are
-	links map[devIno]string
+	// sparse: files with holes as PAX sparse entries (CreateOptions).
+	sparse bool
+	links  map[devIno]string
 	// linkBytes is the length of the names in links: past maxLinkBytes
 	// further hardlinks are archived as copies, so that many linked files
 	// deep in a tree (each name 40 KB at depth 20,000) cannot grow the
@@ -291,6 +312,7 @@ func (c *creator) entry(dirfd int, base, name string, st unix.Stat_t) error {
 	}
 	hdr := c.header(name, st)
 	var f *os.File
+	var segs []segment // non-nil: a sparse entry of these data segments
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
 		// Open first and describe what we opened: the tree may be live.
@@ -335,6 +357,10 @@ func (c *creator) entry(dirfd int, base, name string, st unix.Stat_t) error {
 		}
 		hdr.Typeflag = tar.TypeReg
 		hdr.Size = st.Size
+		if c.sparse && st.Blocks*512 < st.Size {
+			// Fewer blocks than bytes: it may have holes.
+			segs = dataSegments(fd, st.Size)
+		}
 	case unix.S_IFLNK:
 		var target string
 		var err error
@@ -370,18 +396,22 @@ func (c *creator) entry(dirfd int, base, name string, st unix.Stat_t) error {
 	if err := c.addXattrs(hdr, src); err != nil {
 		return err
 	}
+	if segs != nil {
+		return c.sparseFile(f, hdr, segs)
+	}
 	if err := c.tw.WriteHeader(hdr); err != nil {
 		return c.writeErr(err)
 	}
 	if f == nil || hdr.Size == 0 {
 		return nil
 	}
-	return c.copyFile(f, hdr)
+	return c.copyRange(c.tw, f, hdr.Name, 0, hdr.Size)
 }
 
-func (c *creator) copyFile(f *os.File, hdr *tar.Header) error {
-	remaining := hdr.Size
-	var off int64
+// copyRange writes n bytes of f from off, the part past f's end (it
+// shrank since its header was written) as zeros.
+func (c *creator) copyRange(w io.Writer, f *os.File, name string, off, n int64) error {
+	remaining := n
 	for remaining > 0 {
 		if err := ctxErr(c.ctx); err != nil {
 			return err
@@ -390,19 +420,19 @@ func (c *creator) copyFile(f *os.File, hdr *tar.Header) error {
 		if int64(len(chunk)) > remaining {
 			chunk = chunk[:remaining]
 		}
-		n, err := f.ReadAt(chunk, off)
-		if n == 0 && err == io.EOF {
+		got, err := f.ReadAt(chunk, off)
+		if got == 0 && err == io.EOF {
 			// The file shrank: pad with zeros to the announced size.
 			clear(chunk)
-			n = len(chunk)
+			got = len(chunk)
 		} else if err != nil && err != io.EOF {
-			return errdefs.Wrap(inroot.Category(err), err, "reading "+shortName(hdr.Name))
+			return errdefs.Wrap(inroot.Category(err), err, "reading "+shortName(name))
 		}
-		if _, werr := c.tw.Write(chunk[:n]); werr != nil {
+		if _, werr := w.Write(chunk[:got]); werr != nil {
 			return c.writeErr(werr)
 		}
-		off += int64(n)
-		remaining -= int64(n)
+		off += int64(got)
+		remaining -= int64(got)
 	}
 	return nil
 }

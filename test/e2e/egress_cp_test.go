@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"archive/tar"
+	"context"
 	"io"
 	"os"
 	"os/exec"
@@ -254,7 +255,11 @@ func TestEgressDownloadToSDK(t *testing.T) {
 	wantCategory(t, err, client.CategoryInvalid, "download through a planted symlink")
 	checkUntouched(t, target)
 
-	// Case 4.
+	// Case 4. Holes stay holes on the wire too (DownloadTo asks for a
+	// sparse archive): 6 GB of them are a few blocks.
+	if n, err := archiveLen(ctx, e.c, "agent", "/o4"); err != nil || n > 64<<10 {
+		t.Errorf("sparse archive of 6 GB of holes: %d bytes, %v", n, err)
+	}
 	_, err = e.c.DownloadTo(ctx, "agent", "/o4", filepath.Join(dl, "o4"), nil)
 	wantCategory(t, err, client.CategoryExhausted, "download 6 GB of sparse files with the default budget")
 	if _, err := os.Lstat(filepath.Join(dl, "o4")); !os.IsNotExist(err) {
@@ -277,4 +282,14 @@ func TestEgressDownloadToSDK(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(dl, "report.txt")); string(b) != "pwned\n" {
 		t.Errorf("report.txt = %q", b)
 	}
+}
+
+// archiveLen is the length of the sparse archive of path in sandbox id.
+func archiveLen(ctx context.Context, c *client.Client, id, path string) (int64, error) {
+	rc, err := c.DownloadSparse(ctx, id, path)
+	if err != nil {
+		return 0, err
+	}
+	defer rc.Close()
+	return io.Copy(io.Discard, rc)
 }

@@ -72,6 +72,12 @@ func TestMicroVMSandboxThroughTheAPI(t *testing.T) {
 	if _, err := e.c.ReadFile(ctx, &warrenv1.ReadFileRequest{SandboxId: "vm1", Path: "/root/none"}); !client.IsNotFound(err) {
 		t.Fatalf("read of a missing file: %v, want not found", err)
 	}
+	// The guest agent writes a sparse archive when asked: a 1 GiB file
+	// of holes crosses as its few bytes of data.
+	e.sh("vm1", "truncate -s 1G /root/holes && echo end >> /root/holes")
+	if n, err := archiveLen(ctx, e.c, "vm1", "/root/holes"); err != nil || n > 64<<10 {
+		t.Errorf("sparse archive of a 1 GiB file of holes from the VM: %d bytes, %v", n, err)
+	}
 	// A background process is the guest agent's: it runs on across a
 	// daemon restart, which adopts the VM (a port of its own on the
 	// running QEMU), and is fed and waited for through the new daemon.

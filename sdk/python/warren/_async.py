@@ -2385,16 +2385,20 @@ class AsyncSandbox:
 
     async def _get_archive(
         self, remote_path: str, handle: Callable[[aiohttp.ClientResponse], Awaitable[T]], timeout: Optional[float],
-        *, idempotent: bool = True,
+        *, idempotent: bool = True, sparse: bool = False,
     ) -> T:
         """GET the archive of ``remote_path``; ``handle`` consumes the body
-        (called again on a retry). A local file system error from the
-        handler is raised as the OSError it is (not retried)."""
+        (called again on a retry). ``sparse``: files with holes come as PAX
+        sparse entries, which tarfile reads. A local file system error from
+        the handler is raised as the OSError it is (not retried)."""
+        params = {"path": remote_path}
+        if sparse:
+            params["sparse"] = "1"
         try:
             out = await self.client._t.http(
                 "GET",
                 self._archive_path(),
-                params={"path": remote_path},
+                params=params,
                 handle=handle,
                 timeout=timeout if timeout is not None else self.client.transfer_timeout,
                 idempotent=idempotent,
@@ -2532,7 +2536,8 @@ class AsyncSandbox:
         async def handle(resp: aiohttp.ClientResponse) -> DownloadStats:
             return await _archive.run_fed(resp, lambda pipe: _archive.extract(pipe, local_dir, **opts))
 
-        return await self._get_archive(remote_path, handle, timeout)
+        # Holes stay holes on the wire too: only a sparse file's data comes.
+        return await self._get_archive(remote_path, handle, timeout, sparse=True)
 
 
 # ---------------------------------------------------------------------------
