@@ -371,6 +371,13 @@ func TestClusterGatewayRoutesAndSurvivesNodeLoss(t *testing.T) {
 	if !bytes.Contains(data, []byte("uploaded")) {
 		t.Fatalf("archive download lacks the uploaded file")
 	}
+	// The gateway passes sparse=1 on: 1 GiB of holes is a few blocks.
+	if _, err := a.Exec(ctx, &warrenv1.ExecRequest{SandboxId: sbs[2].GetId(), Shell: "truncate -s 1G /tmp/holes"}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := archiveLen(ctx, a, sbs[2].GetId(), "/tmp/holes"); err != nil || n > 64<<10 {
+		t.Fatalf("sparse archive through the gateway: %d bytes, %v", n, err)
+	}
 
 	// List: every sandbox, paged, the same through both gateways.
 	for _, c := range []*client.Client{a, b} {
