@@ -3,10 +3,8 @@ package fullvm
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
 	"os"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,8 +13,6 @@ import (
 	"github.com/warrenrl/warren/internal/backend/conformance"
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/etcfiles"
-	"github.com/warrenrl/warren/internal/netpolicy"
-	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // TestFullVMLimitsDiskAndNetwork: one full VM with every per-sandbox
@@ -49,31 +45,19 @@ import (
 //   - Destroy (of the adopted sandbox) leaves no VM directory, tap or rule.
 func TestFullVMLimitsDiskAndNetwork(t *testing.T) {
 	img := testImage(t)
-	o := testNetwork(t)
-	n, err := netpolicy.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	lab := conformance.NewNetLab(t, testNetwork(t))
 	state := t.TempDir()
-	opts := Options{StateDir: state, CgroupParent: testCgroupParent, ImageDir: img, Network: n}
+	opts := Options{StateDir: state, CgroupParent: testCgroupParent, ImageDir: img, Network: lab.Node}
 	b, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, other := testutil.NewTestHost(t), testutil.NewTestHost(t)
-	pa := testutil.EchoServer(t, a.NS, a.Addr.String()+":0")
-	po := testutil.EchoServer(t, other.NS, other.Addr.String()+":0")
-	base := conformance.NetworkResources(t, o)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	only := func(h netip.Addr) netpolicy.Policy {
-		return netpolicy.Policy{Mode: netpolicy.Allowlist, Allow: []netpolicy.Rule{{Prefix: netip.PrefixFrom(h, 32)}}}
-	}
 	t0 := time.Now()
 	// Warren's /etc files, as the daemon gives them (not with keep_etc).
 	sb, err := b.Create(ctx, backend.Spec{ID: "fvlim", Layers: testLayers, MemoryBytes: 64 << 20, PidsMax: 100, DiskBytes: 64 << 20,
-		Network: only(a.Addr), Etc: etcfiles.Files("fvlim", etcfiles.None)})
+		Network: conformance.Only(lab.A.Addr), Etc: etcfiles.Files("fvlim", etcfiles.None)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,21 +87,6 @@ a=$(pgrep -x warren-guest); sed -n 's/^0:://p' /proc/$a/cgroup; cat /proc/$a/oom
 	// default route; its resolver.
 	const lookNetwork = `set -- $(ip -4 -o addr show scope global); echo $2 $4; cat /sys/class/net/$2/address
 ip -4 route show default | cut -d' ' -f1-5; grep ^nameserver /etc/resolv.conf`
-	// nc echoes the server's answer; a refused connect gets none (the
-	// rules drop it) within its timeout.
-	reaches := func(sb backend.Sandbox, when string, wantA, wantOther bool) {
-		t.Helper()
-		for _, h := range []struct {
-			addr netip.Addr
-			port int
-			want bool
-		}{{a.Addr, pa, wantA}, {other.Addr, po, wantOther}} {
-			got := sh(sb, fmt.Sprintf("echo ping | nc -w 5 %s %d; true", h.addr, h.port)).Stdout == "ping\n"
-			if got != h.want {
-				t.Errorf("%s: %s reachable %v, want %v", when, h.addr, got, h.want)
-			}
-		}
-	}
 	var network string
 
 	ok := t.Run("Disk", func(t *testing.T) {
@@ -169,12 +138,12 @@ ip -4 route show default | cut -d' ' -f1-5; grep ^nameserver /etc/resolv.conf`
 			t.Errorf("the guest's interface is not eth0: %s", l[0])
 		}
 		t.Logf("the guest's interface: %s", l[0])
-		reaches(sb, "at create", true, false)
-		p := only(other.Addr)
+		lab.Reaches(t, sb, "at create", true, false)
+		p := conformance.Only(lab.Other.Addr)
 		if err := sb.(backend.Updater).Update(ctx, backend.Update{Network: &p}); err != nil {
 			t.Fatal(err)
 		}
-		reaches(sb, "after the update", false, true)
+		lab.Reaches(t, sb, "after the update", false, true)
 	})
 	if !ok {
 		return
@@ -209,7 +178,7 @@ ip -4 route show default | cut -d' ' -f1-5; grep ^nameserver /etc/resolv.conf`
 				t.Errorf("the guest's network after the agent's restart:\n%s\nwas\n%s", now, network)
 			}
 		}
-		reaches(sb2, "after the agent's restart and an adoption", false, true)
+		lab.Reaches(t, sb2, "after the agent's restart and an adoption", false, true)
 		if use, err := sb2.(backend.DiskUser).DiskUsage(ctx); err != nil || use.Bytes == 0 {
 			t.Fatalf("DiskUsage after an adoption: %+v %v", use, err)
 		}
@@ -223,9 +192,7 @@ ip -4 route show default | cut -d' ' -f1-5; grep ^nameserver /etc/resolv.conf`
 	if ents, _ := os.ReadDir(state + "/vms"); len(ents) != 0 {
 		t.Errorf("after Destroy the state directory holds %d VM directories", len(ents))
 	}
-	if got := conformance.NetworkResources(t, o); !slices.Equal(got, base) {
-		t.Errorf("after Destroy: %v, want %v", got, base)
-	}
+	lab.NoLeaks(t, "after Destroy")
 }
 
 // restartAgent has systemd restart the guest's agent (from a timer's

@@ -3,10 +3,8 @@ package microvm
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -41,49 +39,25 @@ func testNetwork(t *testing.T) netpolicy.Options {
 // tap is QEMU's), and Destroy then removes its rules.
 func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	cfg := testConfig(t)
-	o := testNetwork(t)
-	n, err := netpolicy.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	lab := conformance.NewNetLab(t, testNetwork(t))
+	n := lab.Node
 	b, err := New(Options{StateDir: t.TempDir(), QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent, Network: n})
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed, denied := testutil.NewTestHost(t), testutil.NewTestHost(t)
-	pa := testutil.EchoServer(t, allowed.NS, allowed.Addr.String()+":0")
-	pd := testutil.EchoServer(t, denied.NS, denied.Addr.String()+":0")
-	base := conformance.NetworkResources(t, o)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	layers := []backend.Layer{{Digest: "sha256:busybox", Blob: cfg.Layers[0]}}
 
-	pol := netpolicy.Policy{Mode: netpolicy.Allowlist, Allow: []netpolicy.Rule{{Prefix: netip.PrefixFrom(allowed.Addr, 32)}}}
 	// Warren's /etc files, as the daemon gives them (not with keep_etc).
 	etc := etcfiles.Files("vmnet-allow", etcfiles.None)
-	spec := backend.Spec{ID: "vmnet-allow", Layers: layers, Network: pol, Etc: etc}
+	spec := backend.Spec{ID: "vmnet-allow", Layers: layers, Network: conformance.Only(lab.A.Addr), Etc: etc}
 	sb, err := b.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	vm := sb.(*sandbox).vm
-	// nc echoes the server's answer; a denied connect gets none (the
-	// rules refuse it) within its timeout.
-	reachFrom := func(vm *VM, a netip.Addr, port int) string {
-		r, err := vm.Exec(ctx, []string{"sh", "-c", fmt.Sprintf("echo ping | nc -w 5 %s %d", a, port)}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(r.Stdout)
-	}
-	reach := func(a netip.Addr, port int) string { return reachFrom(vm, a, port) }
-	if got := reach(allowed.Addr, pa); got != "ping\n" {
-		t.Errorf("allowed host %s: got %q, want the echo", allowed.Addr, got)
-	}
-	if got := reach(denied.Addr, pd); got != "" {
-		t.Errorf("denied host %s answered %q", denied.Addr, got)
-	}
+	lab.Reaches(t, sb, "at create", true, false)
 	gw, addr := n.Addrs(sb.(*sandbox).att.Index)
 	if got := sb.(backend.Networked).NetworkAddress(); got != addr.String() {
 		t.Errorf("NetworkAddress %q, want %s", got, addr)
@@ -97,9 +71,7 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	if err := sb.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := conformance.NetworkResources(t, o); !slices.Equal(got, base) {
-		t.Errorf("after Destroy: %v, want %v", got, base)
-	}
+	lab.NoLeaks(t, "after Destroy")
 
 	sb, err = b.Create(ctx, backend.Spec{ID: "vmnet-kill", Layers: layers, Network: netpolicy.Policy{Mode: netpolicy.Open}})
 	if err != nil {
@@ -136,9 +108,7 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 	if err := sb.Destroy(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := conformance.NetworkResources(t, o); !slices.Equal(got, base) {
-		t.Errorf("after a killed QEMU and Destroy: %v, want %v", got, base)
-	}
+	lab.NoLeaks(t, "after a killed QEMU and Destroy")
 }
 
 // TestCheckpointOfAVMWithANetwork: a VM with an allowlist policy
@@ -149,38 +119,22 @@ func TestVMNetworkAllowlistAndLeaks(t *testing.T) {
 // leaves no tap and no rule.
 func TestCheckpointOfAVMWithANetwork(t *testing.T) {
 	cfg := testConfig(t)
-	o := testNetwork(t)
-	n, err := netpolicy.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	lab := conformance.NewNetLab(t, testNetwork(t))
 	state := t.TempDir()
-	b, err := New(Options{StateDir: state, QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent, Network: n})
+	b, err := New(Options{StateDir: state, QEMU: cfg.QEMU, GuestAgent: cfg.GuestAgent, Network: lab.Node})
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed, denied := testutil.NewTestHost(t), testutil.NewTestHost(t)
-	pa := testutil.EchoServer(t, allowed.NS, allowed.Addr.String()+":0")
-	pd := testutil.EchoServer(t, denied.NS, denied.Addr.String()+":0")
-	base := conformance.NetworkResources(t, o)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	pol := netpolicy.Policy{Mode: netpolicy.Allowlist, Allow: []netpolicy.Rule{{Prefix: netip.PrefixFrom(allowed.Addr, 32)}}}
 	spec := backend.Spec{ID: "vmnet-ckpt", Layers: []backend.Layer{{Digest: "sha256:busybox", Blob: cfg.Layers[0]}},
-		Network: pol, Etc: etcfiles.Files("vmnet-ckpt", etcfiles.None)}
-	reach := func(sb backend.Sandbox, a netip.Addr, port int) string {
-		t.Helper()
-		return sh(t, sb, fmt.Sprintf("echo ping | nc -w 5 %s %d; true", a, port))
-	}
+		Network: conformance.Only(lab.A.Addr), Etc: etcfiles.Files("vmnet-ckpt", etcfiles.None)}
 	src, err := b.Create(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer src.Destroy(context.Background())
-	if got := reach(src, allowed.Addr, pa); got != "ping\n" {
-		t.Fatalf("before the checkpoint, allowed host %s: %q", allowed.Addr, got)
-	}
+	lab.Reaches(t, src, "before the checkpoint", true, false)
 	dir := filepath.Join(t.TempDir(), "ckpt")
 	if err := src.(backend.Checkpointer).Checkpoint(ctx, dir); err != nil {
 		t.Fatal(err)
@@ -197,12 +151,7 @@ func TestCheckpointOfAVMWithANetwork(t *testing.T) {
 		if got := sh(t, sb, "ip -4 -o addr show eth0"); !strings.Contains(got, " "+addr+"/31 ") {
 			t.Errorf("%s: eth0 %q, want %s/31", sb.ID(), got, addr)
 		}
-		if got := reach(sb, allowed.Addr, pa); got != "ping\n" {
-			t.Errorf("%s: allowed host %s: got %q, want the echo", sb.ID(), allowed.Addr, got)
-		}
-		if got := reach(sb, denied.Addr, pd); got != "" {
-			t.Errorf("%s: denied host %s answered %q", sb.ID(), denied.Addr, got)
-		}
+		lab.Reaches(t, sb, "restored", true, false)
 	}
 	if len(addrs) != 2 {
 		t.Errorf("the restore and the fork have one address: %v", addrs)
@@ -212,9 +161,7 @@ func TestCheckpointOfAVMWithANetwork(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := conformance.NetworkResources(t, o); !slices.Equal(got, base) {
-		t.Errorf("after Destroy: %v, want %v", got, base)
-	}
+	lab.NoLeaks(t, "after Destroy")
 	if left := leftovers(state); len(left) > 0 {
 		t.Errorf("after Destroy: %v", left)
 	}
