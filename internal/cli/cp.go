@@ -1,12 +1,10 @@
 package cli
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -171,44 +169,25 @@ func upload(cmd *cobra.Command, cl *client.Client, src string, dst copyArg) erro
 		if dstIsDir {
 			target = path.Join(dst.path, filepath.Base(abs))
 		}
-		go func() { pw.CloseWithError(tarx.Create(ctx, "/", pw, abs)) }()
+		// Sparse: a file's holes stay holes on the wire; the daemon's
+		// extraction keeps them holes in the sandbox.
+		go func() { pw.CloseWithError(tarx.CreateWith(ctx, "/", pw, abs, tarx.CreateOptions{Sparse: true})) }()
 	} else {
 		name := filepath.Base(abs)
 		target = dst.path
 		if !dstIsDir {
 			target, name = path.Dir(dst.path), path.Base(dst.path)
 		}
-		go func() { pw.CloseWithError(tarFile(pw, abs, fi, name)) }()
+		if !fi.Mode().IsRegular() {
+			return fmt.Errorf("%s: not a regular file or directory", abs)
+		}
+		go func() {
+			pw.CloseWithError(tarx.CreateWith(ctx, "/", pw, abs, tarx.CreateOptions{Sparse: true, Name: name}))
+		}()
 	}
 	err = cl.Upload(ctx, dst.id, target, pr)
 	pr.CloseWithError(errors.New("upload ended"))
 	return err
-}
-
-// tarFile writes a tar stream holding the one file at p under name.
-func tarFile(w io.Writer, p string, fi fs.FileInfo, name string) error {
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("%s: not a regular file or directory", p)
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	hdr, err := tar.FileInfoHeader(fi, "")
-	if err != nil {
-		return err
-	}
-	hdr.Name, hdr.Uname, hdr.Gname = name, "", ""
-	hdr.Format = tar.FormatPAX
-	tw := tar.NewWriter(w)
-	if err := tw.WriteHeader(hdr); err != nil {
-		return err
-	}
-	if _, err := io.CopyN(tw, f, hdr.Size); err != nil {
-		return fmt.Errorf("read %s: %w", p, err)
-	}
-	return tw.Close()
 }
 
 func download(cmd *cobra.Command, cl *client.Client, src copyArg, dst string, opts *client.DownloadOptions) error {

@@ -48,6 +48,9 @@ type CreateOptions struct {
 	// blocks on the wire. GNU tar, bsdtar, Go's archive/tar and Python's
 	// tarfile read it; busybox tar does not, hence not the default.
 	Sparse bool
+	// Name is the entry's name when dir is a single non-directory
+	// (default: its base name), as cp names a copy.
+	Name string
 }
 
 // CreateMapped is Create with owners passed through mapID.
@@ -82,7 +85,11 @@ func CreateWith(ctx context.Context, root string, w io.Writer, dir string, o Cre
 	} else {
 		// A single non-directory (a symlink in the final component was
 		// followed): archive what the descriptor refers to.
-		err = c.entry(fd, "", path.Base(inroot.Clean(dir)), st)
+		name := o.Name
+		if name == "" {
+			name = path.Base(inroot.Clean(dir))
+		}
+		err = c.entry(fd, "", name, st)
 	}
 	if err != nil {
 		return err

@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/holes"
 	"github.com/warrenrl/warren/internal/tarx/inroot"
 )
 
@@ -538,20 +539,21 @@ func (x *extractor) file(tr *tar.Reader, hdr *tar.Header, dirfd int, base string
 	f := os.NewFile(uintptr(fd), base)
 	defer f.Close()
 	x.st.Files++
+	// All-zero blocks are skipped, so a sparse file (an entry of a PAX or
+	// GNU sparse archive, which the reader expands, or zeros written out)
+	// takes on the sandbox's disk what it took where it was made.
 	buf := make([]byte, copyBuf)
 	var written int64
 	for {
 		if err := ctxErr(x.ctx); err != nil {
 			return err
 		}
-		n, rerr := tr.Read(buf)
-		if n > 0 {
-			if _, werr := f.Write(buf[:n]); werr != nil {
-				return fsErr(hdr.Name, "write", werr)
-			}
-			written += int64(n)
-			x.st.Bytes += int64(n)
+		n, rerr := holes.Fill(tr, buf)
+		if err := holes.WriteAt(fd, buf[:n], written); err != nil {
+			return fsErr(hdr.Name, "write", err)
 		}
+		written += int64(n)
+		x.st.Bytes += int64(n)
 		if rerr == io.EOF {
 			break
 		}
@@ -561,6 +563,9 @@ func (x *extractor) file(tr *tar.Reader, hdr *tar.Header, dirfd int, base string
 	}
 	if written != hdr.Size && hdr.Typeflag != tar.TypeGNUSparse {
 		return errdefs.Invalidf("archive entry %q: truncated archive (%d of %d bytes)", hdr.Name, written, hdr.Size)
+	}
+	if err := unix.Ftruncate(fd, written); err != nil {
+		return fsErr(hdr.Name, "truncate", err)
 	}
 	return x.meta(hdr, fd, dirfd, base, false)
 }

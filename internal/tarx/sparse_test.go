@@ -209,3 +209,57 @@ func TestSparseSegments(t *testing.T) {
 		t.Errorf("leading-hole: %v", s)
 	}
 }
+
+// TestExtractKeepsHoles: Extract skips all-zero blocks, so a sparse
+// archive's files, and zeros that a plain archive spells out, land as
+// holes: what a sandbox's disk limit counts is the data.
+func TestExtractKeepsHoles(t *testing.T) {
+	dir, want := sparseTree(t)
+	zeros := filepath.Join(dir, "zeros-inside")
+	b := make([]byte, 3<<20)
+	copy(b, "head")
+	copy(b[len(b)-4:], "tail")
+	if err := os.WriteFile(zeros, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want["zeros-inside"] = 3 << 20
+	for _, sparse := range []bool{true, false} {
+		var buf bytes.Buffer
+		src := "/"
+		if !sparse {
+			src = "/zeros-inside" // a plain archive of the whole tree would be 9 GiB
+		}
+		if err := CreateWith(context.Background(), dir, &buf, src, CreateOptions{Sparse: sparse}); err != nil {
+			t.Fatal(err)
+		}
+		out := t.TempDir()
+		if _, err := Extract(context.Background(), out, &buf, Options{}); err != nil {
+			t.Fatal(err)
+		}
+		for f, size := range want {
+			if !sparse && f != "zeros-inside" {
+				continue
+			}
+			p := filepath.Join(out, f)
+			fi, err := os.Stat(p)
+			if err != nil || fi.Size() != size {
+				t.Fatalf("sparse %v: %s: %v %v, want %d bytes", sparse, f, fi, err, size)
+			}
+			was := allocated(t, filepath.Join(dir, f))
+			if f == "zeros-inside" {
+				was = 0 // written out at its source; two blocks of data
+			}
+			if got := allocated(t, p); got > was+8<<10 {
+				t.Errorf("sparse %v: %s takes %d bytes of disk, want at most %d", sparse, f, got, was+8<<10)
+			}
+			if size < 1<<30 {
+				g, err := os.Open(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sameContent(t, f, g, filepath.Join(dir, f))
+				g.Close()
+			}
+		}
+	}
+}

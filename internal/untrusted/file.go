@@ -2,7 +2,6 @@ package untrusted
 
 import (
 	"archive/tar"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,17 +12,10 @@ import (
 
 	"github.com/warrenrl/warren/internal/cleanup"
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/holes"
 )
 
-const (
-	copyBuf = 256 << 10
-	// holeBlock is the unit of hole detection: the page and ext4 block
-	// size, so a seeked-over block is a block the filesystem never
-	// allocates.
-	holeBlock = 4 << 10
-)
-
-var zeros [holeBlock]byte
+const copyBuf = 256 << 10
 
 // content writes the current entry's data to fd, seeking over all-zero
 // blocks and ftruncating to the final size, so holes stay holes.
@@ -33,8 +25,8 @@ func (x *extractor) content(s *stream, hdr *tar.Header, fd int) error {
 		if err := ctxErr(s.ctx); err != nil {
 			return err
 		}
-		n, rerr := fill(s.tr, x.buf)
-		if err := writeBlocks(fd, x.buf[:n], off); err != nil {
+		n, rerr := holes.Fill(s.tr, x.buf)
+		if err := holes.WriteAt(fd, x.buf[:n], off); err != nil {
 			return fsErr(hdr.Name, "write", err)
 		}
 		off += int64(n)
@@ -50,58 +42,6 @@ func (x *extractor) content(s *stream, hdr *tar.Header, fd int) error {
 	}
 	if err := unix.Ftruncate(fd, off); err != nil {
 		return fsErr(hdr.Name, "truncate", err)
-	}
-	return nil
-}
-
-// fill reads into buf until it is full or r fails (io.EOF included).
-func fill(r io.Reader, buf []byte) (int, error) {
-	n := 0
-	for n < len(buf) {
-		m, err := r.Read(buf[n:])
-		n += m
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
-}
-
-// writeBlocks writes the non-zero runs of whole blocks of buf at off.
-func writeBlocks(fd int, buf []byte, off int64) error {
-	run := -1 // start of the pending non-zero run
-	for i := 0; i <= len(buf); i += holeBlock {
-		zero := i == len(buf)
-		if !zero {
-			blk := buf[i:min(i+holeBlock, len(buf))]
-			zero = bytes.Equal(blk, zeros[:len(blk)])
-		}
-		if !zero && run < 0 {
-			run = i
-		}
-		if zero && run >= 0 {
-			if err := pwriteAll(fd, buf[run:min(i, len(buf))], off+int64(run)); err != nil {
-				return err
-			}
-			run = -1
-		}
-	}
-	if run >= 0 {
-		return pwriteAll(fd, buf[run:], off+int64(run))
-	}
-	return nil
-}
-
-func pwriteAll(fd int, b []byte, off int64) error {
-	for len(b) > 0 {
-		n, err := unix.Pwrite(fd, b, off)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		b, off = b[n:], off+int64(n)
 	}
 	return nil
 }
