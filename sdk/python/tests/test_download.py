@@ -197,8 +197,8 @@ async def test_read_file_cap_on_2g_sparse_file(w: warren.AsyncWarren, tmp_path: 
 
 
 async def test_download_tar_cap_and_streaming(w: warren.AsyncWarren, tmp_path: Any) -> None:
-    """download_tar holds at most max_bytes (sparse files travel expanded);
-    download_tar_to streams to disk."""
+    """download_tar holds at most max_bytes (sparse files travel expanded
+    unless sparse=True); download_tar_to streams to disk."""
     base = os.fspath(tmp_path)
     async with w.create(IMAGE) as sb:
         await sb.exec("mkdir /t && truncate -s 300M /t/zeros && echo hi > /t/hi", check=True)
@@ -218,6 +218,17 @@ async def test_download_tar_cap_and_streaming(w: warren.AsyncWarren, tmp_path: A
         assert not os.path.lexists(out)
         buf = io.BytesIO()
         assert await sb.download_tar_to("/t/hi", buf) == len(buf.getvalue())
+
+        # Asked for, the 300 MiB of holes are a few blocks, and tarfile
+        # reads the file whole.
+        data = await sb.download_tar("/t", sparse=True)
+        assert len(data) < 64 << 10, len(data)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+            m = tf.getmember("zeros")
+            assert m.size == 300 << 20
+            f = tf.extractfile(m)
+            assert f is not None and f.read(1 << 20) == bytes(1 << 20)
+        assert await sb.download_tar_to("/t", out, sparse=True) < 64 << 10
 
 
 async def test_iter_files_pages(w: warren.AsyncWarren) -> None:

@@ -2408,13 +2408,17 @@ class AsyncSandbox:
         return out  # type: ignore[return-value]
 
     async def download_tar(
-        self, remote_path: str, *, max_bytes: Optional[int] = READ_MAX_BYTES, timeout: Optional[float] = None
+        self, remote_path: str, *, max_bytes: Optional[int] = READ_MAX_BYTES, sparse: bool = False,
+        timeout: Optional[float] = None,
     ) -> bytes:
         """``remote_path`` (a directory tree or one file) as tar bytes in
         memory. A directory's entries are named relative to it. A stream
-        longer than ``max_bytes`` (default 256 MiB: sparse files travel
-        expanded) raises :class:`ExhaustedError` and is cut; stream big
-        trees with :meth:`download_tar_to` or :meth:`download`."""
+        longer than ``max_bytes`` (default 256 MiB) raises
+        :class:`ExhaustedError` and is cut; stream big trees with
+        :meth:`download_tar_to` or :meth:`download`. Files with holes travel
+        expanded unless ``sparse``: then as PAX sparse entries (only their
+        data), which tarfile, GNU tar and bsdtar read and busybox tar does
+        not."""
         what = f"download_tar of {remote_path} from sandbox {self.id}"
 
         async def handle(resp: aiohttp.ClientResponse) -> bytes:
@@ -2425,17 +2429,20 @@ class AsyncSandbox:
                 buf += chunk
             return bytes(buf)
 
-        return await self._get_archive(remote_path, handle, timeout)
+        return await self._get_archive(remote_path, handle, timeout, sparse=sparse)
 
     async def download_tar_to(
-        self, remote_path: str, dest: Sink, *, max_bytes: Optional[int] = None, timeout: Optional[float] = None
+        self, remote_path: str, dest: Sink, *, max_bytes: Optional[int] = None, sparse: bool = False,
+        timeout: Optional[float] = None,
     ) -> int:
         """Stream the tar of ``remote_path`` into ``dest`` (a local path,
         created or truncated; or a binary file object, written from its
         position) and return its length. Nothing is extracted. ``max_bytes``
-        (default: none) cuts the stream with :class:`ExhaustedError`. A
-        broken stream is retried from the start when ``dest`` is a path or a
-        seekable file; a path this call created is removed on failure."""
+        (default: none) cuts the stream with :class:`ExhaustedError`.
+        ``sparse``: files with holes as PAX sparse entries (see
+        :meth:`download_tar`). A broken stream is retried from the start
+        when ``dest`` is a path or a seekable file; a path this call created
+        is removed on failure."""
         what = f"download_tar_to of {remote_path} from sandbox {self.id}"
         local = isinstance(dest, (str, os.PathLike))
         fobj: Any = dest
@@ -2470,7 +2477,7 @@ class AsyncSandbox:
 
         ok = False
         try:
-            n = await self._get_archive(remote_path, handle, timeout, idempotent=seekable)
+            n = await self._get_archive(remote_path, handle, timeout, idempotent=seekable, sparse=sparse)
             ok = True
             return n
         finally:

@@ -975,14 +975,18 @@ class Sandbox:
         self._run(self.aio.upload_tar(tar, remote_dir, timeout=timeout))
 
     def download_tar(
-        self, remote_path: str, *, max_bytes: Optional[int] = READ_MAX_BYTES, timeout: Optional[float] = None
+        self, remote_path: str, *, max_bytes: Optional[int] = READ_MAX_BYTES, sparse: bool = False,
+        timeout: Optional[float] = None,
     ) -> bytes:
-        return self._run(self.aio.download_tar(remote_path, max_bytes=max_bytes, timeout=timeout))
+        return self._run(self.aio.download_tar(remote_path, max_bytes=max_bytes, sparse=sparse, timeout=timeout))
 
     def download_tar_to(
-        self, remote_path: str, dest: Sink, *, max_bytes: Optional[int] = None, timeout: Optional[float] = None
+        self, remote_path: str, dest: Sink, *, max_bytes: Optional[int] = None, sparse: bool = False,
+        timeout: Optional[float] = None,
     ) -> int:
-        return self._run(self.aio.download_tar_to(remote_path, dest, max_bytes=max_bytes, timeout=timeout))
+        return self._run(
+            self.aio.download_tar_to(remote_path, dest, max_bytes=max_bytes, sparse=sparse, timeout=timeout)
+        )
 
     def download(
         self,
