@@ -7,12 +7,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // treeDigest hashes paths, modes, mtimes and contents below dir.
@@ -114,17 +115,9 @@ func TestGenerateSynth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := tar.NewReader(zr)
 	files, total := 0, int64(0)
 	seen := map[string]bool{}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for h := range testutil.TarEntries(t, zr) {
 		seen[h.Name] = true
 		if h.Typeflag == tar.TypeReg {
 			files++

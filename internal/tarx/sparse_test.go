@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // sparseTree makes files with holes in every place a hole can be, a file
@@ -91,16 +93,8 @@ func TestSparseArchive(t *testing.T) {
 	t.Logf("archive: %d bytes sparse", buf.Len())
 
 	// Go's reader.
-	tr := tar.NewReader(bytes.NewReader(buf.Bytes()))
 	seen := map[string]bool{}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for h, tr := range testutil.TarEntries(t, bytes.NewReader(buf.Bytes())) {
 		if h.Typeflag != tar.TypeReg {
 			continue
 		}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenrl/warren/internal/errdefs"
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 type ent struct {
@@ -647,16 +648,8 @@ func TestRoundTrip(t *testing.T) {
 }
 
 func listing(t *testing.T, data []byte) string {
-	tr := tar.NewReader(bytes.NewReader(data))
 	var sb strings.Builder
-	for {
-		hdr, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for hdr := range testutil.TarEntries(t, bytes.NewReader(data)) {
 		kind := map[byte]string{tar.TypeReg: "f", tar.TypeDir: "d", tar.TypeSymlink: "l", tar.TypeLink: "h", tar.TypeFifo: "p"}[hdr.Typeflag]
 		fmt.Fprintf(&sb, "%s %s", hdr.Name, kind)
 		if hdr.Linkname != "" {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"archive/tar"
 	"context"
 	"fmt"
 	"io"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // setxattrC is planted in the sandbox: busybox has no setfattr, and an
@@ -77,16 +77,8 @@ func plantAttacks(t *testing.T, e *env, id, target string) {
 		t.Fatal(err)
 	}
 	defer rc.Close()
-	tr := tar.NewReader(rc)
 	found := false
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for h := range testutil.TarEntries(t, rc) {
 		if _, ok := h.PAXRecords["SCHILY.xattr.system.posix_acl_default"]; ok && strings.Trim(h.Name, "/") == "shared" {
 			found = true
 		}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // TestLifecycle drives one daemon through the whole sandbox API.
@@ -637,16 +638,8 @@ func TestLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer rc.Close()
-		tr := tar.NewReader(rc)
 		seen := map[string]string{}
-		for {
-			h, err := tr.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+		for h, tr := range testutil.TarEntries(t, rc) {
 			switch h.Typeflag {
 			case tar.TypeReg:
 				b, err := io.ReadAll(tr)
@@ -685,7 +678,7 @@ func TestLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer rc2.Close()
-		tr = tar.NewReader(rc2)
+		tr := tar.NewReader(rc2)
 		h, err := tr.Next()
 		if err != nil {
 			t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/warrenrl/warren/client"
 	warrenv1 "github.com/warrenrl/warren/gen/warren/v1"
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // usernsIDs gives each env of this process its own host id range, as
@@ -119,15 +120,7 @@ func TestUserNamespaceRootIsUnprivilegedOnTheHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	owners := map[string]string{}
-	tr := tar.NewReader(rc)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for h := range testutil.TarEntries(t, rc) {
 		owners[h.Name] = fmt.Sprintf("%d:%d", h.Uid, h.Gid)
 	}
 	rc.Close()
