@@ -207,7 +207,10 @@ func (m *Manager) TarOut(ctx context.Context, id, path string, w io.Writer, o sa
 	if err != nil {
 		return err
 	}
-	return withCategory(fs.TarOut(ctx, path, w, o), errdefs.Internal, "archive "+path)
+	cw := &countingWriter{w: w}
+	err = fs.TarOut(ctx, path, cw, o)
+	m.metrics.Archive("out", cw.n)
+	return withCategory(err, errdefs.Internal, "archive "+path)
 }
 
 // TarIn extracts the tar stream r under path of the sandbox, recorded as
@@ -241,9 +244,21 @@ func (m *Manager) TarInStep(ctx context.Context, id, path, session string, seq u
 		err = fs.TarIn(ctx, path, cr)
 		// What the extraction left unread is part of the request too.
 		_, _ = io.Copy(io.Discard, cr)
+		m.metrics.Archive("in", cr.n)
 		return nil, false, trajectory.UploadLate(path, cr.n, h.Sum(nil)), withCategory(err, errdefs.Internal, "extract into "+path)
 	})
 	return out.seq, out.replayed, err
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 type countingReader struct {

@@ -92,6 +92,11 @@ func TestFiles(t *testing.T) {
 	if res := e.sh(id, "cat /copy/b.txt"); string(res.GetStdout()) != "hello world" {
 		t.Fatalf("tar round trip: %q %q", res.GetStdout(), res.GetStderr())
 	}
+	for _, dir := range []string{"out", "in"} {
+		if v := metricValue(t, e.metrics.ArchiveBytes.WithLabelValues(dir)); v != float64(tarball.Len()) {
+			t.Errorf("warren_archive_bytes_total{direction=%q} = %v, want the archive's %d bytes", dir, v, tarball.Len())
+		}
+	}
 
 	// Errors.
 	_, err = e.m.ReadFile(ctx, &warrenv1.ReadFileRequest{SandboxId: id, Path: "/nope"})

@@ -66,6 +66,10 @@ type Metrics struct {
 	// TrajectoryMismatches is warren_trajectory_mismatches_total: replayed
 	// calls refused because their request differed from the recorded one.
 	TrajectoryMismatches prometheus.Counter
+	// ArchiveBytes is warren_archive_bytes_total{direction}: tar bytes
+	// of the sandboxes' archive calls, out (downloads) and in (uploads),
+	// as they crossed the daemon's API (a sparse archive's holes do not).
+	ArchiveBytes *prometheus.CounterVec
 	// DNSQueries is warren_dns_queries_total{result}: queries Warren's
 	// resolver answered, by result (internal/resolver); DNSSeconds,
 	// warren_dns_resolve_seconds, how long each took to answer (an
@@ -187,6 +191,12 @@ func New(ops ...string) *Metrics {
 	for _, mode := range []string{"live", "replayed", "unrecorded"} {
 		m.TrajectoryCalls.WithLabelValues(mode)
 	}
+	m.ArchiveBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "warren_archive_bytes_total",
+		Help: "Tar bytes of the sandboxes' archive calls as they crossed the API, by direction: out (downloads), in (uploads).",
+	}, []string{"direction"})
+	m.ArchiveBytes.WithLabelValues("out")
+	m.ArchiveBytes.WithLabelValues("in")
 	m.DNSQueries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "warren_dns_queries_total",
 		Help: "Queries of sandboxes to Warren's resolver, by result: forwarded, group, empty (AAAA), refused (not on the allowlist), failed (SERVFAIL), bad.",
@@ -212,7 +222,7 @@ func New(ops ...string) *Metrics {
 	m.Registry.MustRegister(m.work.collectors()...)
 	m.Registry.MustRegister(
 		m.Sandboxes, m.CreateSeconds, m.CreatePhaseSeconds, m.ExecSeconds, m.Errors, m.Deleted, m.SecurityEvents,
-		m.TrajectoryCalls, m.TrajectoryMismatches,
+		m.TrajectoryCalls, m.TrajectoryMismatches, m.ArchiveBytes,
 		m.DNSQueries, m.DNSSeconds,
 		m.PauseSeconds, m.ResumeSeconds, m.ReclaimedBytes, m.HibernateSeconds, m.RestoreSeconds, m.CheckpointBytes,
 		collectors.NewGoCollector(),
@@ -436,6 +446,14 @@ func (m *Metrics) TrajectoryCall(mode string) {
 		return
 	}
 	m.TrajectoryCalls.WithLabelValues(mode).Inc()
+}
+
+// Archive counts n tar bytes of an archive call in direction (out, in).
+func (m *Metrics) Archive(direction string, n int64) {
+	if m == nil || n <= 0 {
+		return
+	}
+	m.ArchiveBytes.WithLabelValues(direction).Add(float64(n))
 }
 
 // TrajectoryMismatch counts one replayed call refused for a mismatch.
