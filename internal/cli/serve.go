@@ -72,6 +72,7 @@ type serveOptions struct {
 	microVM                  bool
 	microVMPmem              bool
 	vmTransport              string
+	vmAccel                  string
 	fullVM                   bool
 	fullVMImage              string
 	guestAgent               string
@@ -138,6 +139,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.BoolVar(&o.seccomp, "seccomp", true, "run every sandbox process under Warren's system-call filter (docs/SECURITY.md); false only to measure its cost or for a workload that needs a refused call")
 	f.BoolVar(&o.userns, "userns", true, "create sandboxes in a user namespace (root inside is an unprivileged host id) unless the request says otherwise (create --userns=false) or the image has files owned by ids above 65535; false makes sandboxes without one the default")
 	f.StringVar(&o.vmTransport, "vm-transport", microvm.TransportSerial, "how the daemon reaches a VM's guest agent (microvm and fullvm): serial (a virtio-serial port; microVMs can be checkpointed) or vsock (AF_VSOCK through the kernel's /dev/vhost-vsock where the node has it, else a vhost-device-vsock process per VM, scripts/vsock.sh; no checkpoints: docs/MICROVM.md)")
+	f.StringVar(&o.vmAccel, "vm-accel", microvm.AccelAuto, "how microVMs and full VMs run: auto (KVM where /dev/kvm is KVM that boots stock guest kernels, not PVM's; else TCG), kvm or tcg (emulation: 10-50x slower, no /dev/kvm needed)")
 	f.BoolVar(&o.microVMPmem, "microvm-pmem", false, "map microVMs' image layers as persistent memory the guest mounts with DAX (one copy of a layer on the node for every VM, -M microvm,pcie=on: docs/MICROVM.md) instead of virtio block devices")
 	f.BoolVar(&o.microVM, "microvm", true, "offer the microvm backend (QEMU microVMs; docs/MICROVM.md) where the node has QEMU, a guest kernel (scripts/vm.sh) and the guest agent")
 	f.BoolVar(&o.fullVM, "fullvm", true, "offer the fullvm backend (QEMU q35 VMs of a Debian disk image with a screen; docs/FULLVM.md) where the node has QEMU and qemu-img; a create fails Unsupported until scripts/fullvm-image.sh has built the image")
@@ -226,6 +228,11 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		return err
 	}
 	slog.SetDefault(log)
+	// Flags first: a bad value is refused before anything starts.
+	kvm, kvmWhy, err := microvm.ResolveAccel(o.vmAccel)
+	if err != nil {
+		return err
+	}
 	clustered := o.cluster.enabled()
 	nodeTag := ""
 	if clustered {
@@ -462,6 +469,9 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		return fmt.Errorf("fncall backend: %w", err)
 	}
 	backends := map[string]backend.Backend{ctr.Name(): ctr, fnb.Name(): fnb}
+	if o.microVM || o.fullVM {
+		log.Info("VMs run under "+map[bool]string{true: "KVM", false: "TCG"}[kvm], "why", kvmWhy)
+	}
 	if o.microVM {
 		agent := o.guestAgent
 		if agent == "" {
@@ -469,7 +479,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		}
 		// VMs share the container backend's sandbox networking: one
 		// subnet, table and resolver per daemon.
-		vb, err := microvm.New(microvm.Options{StateDir: filepath.Join(stateDir, "microvm"), GuestAgent: agent, Network: ctr.Network(), PMEM: o.microVMPmem, CgroupParent: o.cgroupParent, Transport: o.vmTransport})
+		vb, err := microvm.New(microvm.Options{StateDir: filepath.Join(stateDir, "microvm"), GuestAgent: agent, Network: ctr.Network(), PMEM: o.microVMPmem, CgroupParent: o.cgroupParent, Transport: o.vmTransport, KVM: kvm})
 		if err != nil {
 			log.Info("no microvm backend", "err", err)
 		} else {
@@ -479,7 +489,7 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 	if o.fullVM {
 		// Full VMs too: their taps beside the microVMs' (each backend
 		// sweeps its own: netpolicy.Node.SweepTaps).
-		fb, err := fullvm.New(fullvm.Options{StateDir: filepath.Join(stateDir, "fullvm"), ImageDir: o.fullVMImage, Network: ctr.Network(), CgroupParent: o.cgroupParent, Transport: o.vmTransport})
+		fb, err := fullvm.New(fullvm.Options{StateDir: filepath.Join(stateDir, "fullvm"), ImageDir: o.fullVMImage, Network: ctr.Network(), CgroupParent: o.cgroupParent, Transport: o.vmTransport, KVM: kvm})
 		if err != nil {
 			log.Info("no fullvm backend", "err", err)
 		} else {

@@ -340,3 +340,31 @@ func TestMicroVMOverVsockThroughTheAPI(t *testing.T) {
 	}
 	vmGone(t, dir)
 }
+
+// TestVMAccelFlag: --vm-accel takes auto, kvm or tcg; anything else is
+// refused before the daemon makes anything, and a daemon says which
+// accelerator its VMs get and why (here TCG: /dev/kvm is PVM's or absent).
+func TestVMAccelFlag(t *testing.T) {
+	t.Parallel()
+	testutil.RequireRoot(t)
+	bin := testutil.StaticBinary(t, "./cmd/warren")
+	dir := t.TempDir()
+	_, stderr, code := runCLI(t, bin, nil, nil, "serve",
+		"--state-dir", filepath.Join(dir, "state"), "--run-dir", filepath.Join(dir, "run"),
+		"--socket", filepath.Join(dir, "s.sock"), "--cgroup-parent", "warren-e2e-accel", "--vm-accel", "hvf")
+	if code == 0 || !strings.Contains(stderr, `--vm-accel "hvf": auto, kvm or tcg`) {
+		t.Errorf("serve --vm-accel hvf: exit %d %q", code, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "state")); err == nil {
+		t.Errorf("a daemon that refused to start created its state directory")
+	}
+	e := newEnv(t, envOptions{})
+	kvm, why, err := microvm.ResolveAccel(microvm.AccelAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[bool]string{true: "VMs run under KVM", false: "VMs run under TCG"}[kvm]
+	if log := e.logTail(200); !strings.Contains(log, want) || !strings.Contains(log, why) {
+		t.Errorf("the daemon's log lacks %q (%s):\n%s", want, why, log)
+	}
+}
