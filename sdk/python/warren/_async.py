@@ -1284,7 +1284,7 @@ class AsyncWarren:
     ) -> RunResult:
         """Run one job in a fresh, isolated environment of ``image`` (the
         ``fncall`` backend: a pooled environment, reset between jobs) and
-        return every step's :class:`StepResult`. Give ``command`` (an argv
+        return every step's :class:`JobStepResult`. Give ``command`` (an argv
         list, or a string for ``sh -c``) with :class:`Step` options as
         keywords, or ``steps``. A program's failure is a step's status;
         exceptions mean the request was invalid or Warren failed.

@@ -1282,7 +1282,7 @@ class RunFileResult:
 
 
 @dataclass(frozen=True)
-class StepResult:
+class JobStepResult:
     """How one step of a job ended. ``status`` is ``accepted``,
     ``non_zero_exit``, ``signalled``, ``time_limit``, ``memory_limit``,
     ``output_limit``, ``file_error`` or ``internal_error``: a program's
@@ -1312,7 +1312,7 @@ class StepResult:
         raise KeyError(name)
 
     @classmethod
-    def _from_json(cls, d: Mapping[str, Any]) -> "StepResult":
+    def _from_json(cls, d: Mapping[str, Any]) -> "JobStepResult":
         st = str(d.get("status", "RUN_STATUS_UNSPECIFIED"))
         return cls(
             status=st.replace("RUN_STATUS_", "").lower(),
@@ -1338,7 +1338,7 @@ class RunResult:
     """The steps a job ran, in order (a failed step without
     ``continue_on_failure`` is the last)."""
 
-    steps: Tuple[StepResult, ...]
+    steps: Tuple[JobStepResult, ...]
     wall_us: int = 0
 
     @property
@@ -1346,9 +1346,9 @@ class RunResult:
         return bool(self.steps) and all(s.ok for s in self.steps)
 
     @property
-    def last(self) -> StepResult:
+    def last(self) -> JobStepResult:
         return self.steps[-1]
 
     @classmethod
     def _from_json(cls, d: Mapping[str, Any]) -> "RunResult":
-        return cls(steps=tuple(StepResult._from_json(s) for s in d.get("steps") or []), wall_us=_int(d.get("wallUs")))
+        return cls(steps=tuple(JobStepResult._from_json(s) for s in d.get("steps") or []), wall_us=_int(d.get("wallUs")))
