@@ -249,9 +249,9 @@ func TestHelperInotifyWithoutWatches(t *testing.T) {
 	}
 }
 
-// limitedInotify returns an inotify descriptor whose watches count
-// against a user namespace that allows none: adding one fails with
-// ENOSPC, as on a node whose root processes used up
+// limitedInotify returns an inotify descriptor (the caller's to close)
+// whose watches count against a user namespace that allows none: adding
+// one fails with ENOSPC, as on a node whose root processes used up
 // fs.inotify.max_user_watches, without touching that node-wide limit
 // (the other test packages running meanwhile share it).
 func limitedInotify(t *testing.T) int {
@@ -288,7 +288,10 @@ func limitedInotify(t *testing.T) int {
 	if err != nil || len(rights) != 1 {
 		t.Fatalf("the helper's descriptor: %v %v", rights, err)
 	}
-	t.Cleanup(func() { unix.Close(rights[0]) })
+	// The caller owns it: a group watcher wraps it in an *os.File, whose
+	// finalizer would close the number again after a cleanup here had
+	// (a later test's daemon stage, given that number, lost it at a GC:
+	// "setns stage mount namespace: Invalid argument").
 	return rights[0]
 }
 
@@ -305,8 +308,12 @@ func TestWatchFallsBackToPidfdWithoutInotifyWatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	real := groupWatch.w
-	groupWatch.w = newGroupWatcher(ino)
-	t.Cleanup(func() { groupWatch.w = real })
+	w := newGroupWatcher(ino)
+	groupWatch.w = w
+	t.Cleanup(func() {
+		groupWatch.w = real
+		w.f.Close() // once, through the File that owns it
+	})
 	opts := testOptions(t, "inof-")
 	var warnings strings.Builder
 	opts.Warn = func(msg string, args ...any) { fmt.Fprintln(&warnings, msg, args) }
