@@ -43,6 +43,9 @@ func (e *Error) Error() string { return fmt.Sprintf("qmp: %s: %s", e.Class, e.De
 // must not grow the reader without bound).
 const maxLine = 4 << 20
 
+// maxEarlyEvents bounds the events Dial skips before the greeting.
+const maxEarlyEvents = 64
+
 // Dial connects to the QMP socket at path and negotiates capabilities.
 func Dial(ctx context.Context, path string) (*Client, error) {
 	var d net.Dialer
@@ -54,11 +57,22 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	stop := c.arm(ctx)
 	defer stop()
 	var greeting struct {
-		QMP *json.RawMessage `json:"QMP"`
+		QMP   *json.RawMessage `json:"QMP"`
+		Event string           `json:"event"`
 	}
-	line, err := c.readLine()
-	if err == nil {
-		err = json.Unmarshal(line, &greeting)
+	// Events can come before the greeting: a connection that replaces
+	// one to the same monitor is accepted before QEMU resets the
+	// monitor's negotiated state, and an event in that window goes to it
+	// (VSERPORT_CHANGE, seen in CI). They are skipped, a few at most.
+	var line []byte
+	for skipped := 0; ; skipped++ {
+		greeting.QMP, greeting.Event = nil, ""
+		if line, err = c.readLine(); err == nil {
+			err = json.Unmarshal(line, &greeting)
+		}
+		if err != nil || greeting.QMP != nil || greeting.Event == "" || skipped == maxEarlyEvents {
+			break
+		}
 	}
 	if err == nil && greeting.QMP == nil {
 		err = fmt.Errorf("qmp: no greeting: %.200s", line)

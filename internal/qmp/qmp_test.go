@@ -1,12 +1,14 @@
 package qmp
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
 	"net"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -109,5 +111,46 @@ func TestDialEndsWithItsContext(t *testing.T) {
 	}
 	if d := time.Since(t0); d > 10*time.Second {
 		t.Fatalf("dial returned after %v", d)
+	}
+}
+
+// TestDialSkipsEventsBeforeTheGreeting: a connection that replaces one
+// to the same monitor can get an event before the greeting (QEMU has not
+// reset the monitor's negotiated state yet): Dial skips it; a line that
+// is neither is still no greeting.
+func TestDialSkipsEventsBeforeTheGreeting(t *testing.T) {
+	serve := func(first string) string {
+		sock := filepath.Join(t.TempDir(), "qmp.sock")
+		l, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			io.WriteString(c, first)
+			io.WriteString(c, `{"QMP": {"version": {}, "capabilities": []}}`+"\n")
+			r := bufio.NewReader(c)
+			if _, err := r.ReadString('\n'); err == nil { // qmp_capabilities
+				io.WriteString(c, `{"return": {}}`+"\n")
+			}
+			_, _ = io.Copy(io.Discard, r)
+		}()
+		return sock
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ev := `{"timestamp": {"seconds": 1, "microseconds": 2}, "event": "VSERPORT_CHANGE", "data": {"open": true, "id": "agentport"}}` + "\n"
+	c, err := Dial(ctx, serve(ev+ev))
+	if err != nil {
+		t.Fatalf("dial with two events before the greeting: %v", err)
+	}
+	c.Close()
+	if _, err := Dial(ctx, serve(`{"return": {}}`+"\n")); err == nil || !strings.Contains(err.Error(), "no greeting") {
+		t.Fatalf("dial with an answer before the greeting: %v, want no greeting", err)
 	}
 }
