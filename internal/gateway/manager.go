@@ -858,11 +858,13 @@ func (g *Gateway) TarOut(ctx context.Context, id, path string, w io.Writer, o sa
 	if err != nil {
 		return err
 	}
-	download := n.c.Download
-	if o.Sparse {
-		download = n.c.DownloadSparse
+	download := func(c *client.Client) (io.ReadCloser, error) {
+		if o.Sparse {
+			return c.DownloadSparse(ctx, id, path)
+		}
+		return c.Download(ctx, id, path)
 	}
-	rc, err := download(ctx, id, path)
+	rc, err := download(n.c)
 	if err != nil {
 		err = clientErr(n, err)
 		m := g.moved(ctx, id, n, err)
@@ -870,12 +872,7 @@ func (g *Gateway) TarOut(ctx context.Context, id, path string, w io.Writer, o sa
 			return err
 		}
 		n = m
-		if o.Sparse {
-			download = n.c.DownloadSparse
-		} else {
-			download = n.c.Download
-		}
-		if rc, err = download(ctx, id, path); err != nil {
+		if rc, err = download(n.c); err != nil {
 			return clientErr(n, err)
 		}
 	}
