@@ -4,7 +4,8 @@
 # a fresh venv under a temporary directory; pytest then runs from outside the
 # source tree so it imports the installed package. The daemon binary comes
 # from `make build` (built here when bin/warren is missing); the tests start
-# their own private daemon with it. Run as root. Extra arguments go to pytest.
+# their own private daemon with it; mypy checks the SDK's types first (whole
+# runs). Run as root. Extra arguments go to pytest.
 #
 #   PYTHON=python3.9 ./scripts/test-python.sh -k retry
 set -euo pipefail
@@ -30,6 +31,11 @@ trap 'rm -rf "$tmp"' EXIT
 "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check "$root/sdk/python[test]"
 
 cd "$tmp"
+# The SDK's types, as its users' type checkers see them (strict: pyproject's
+# [tool.mypy]); the whole run only, not a -k selection.
+if [ "$#" -eq 0 ]; then
+  "$tmp/venv/bin/python" -m mypy --config-file "$root/sdk/python/pyproject.toml" "$root/sdk/python/warren"
+fi
 set +e
 "$tmp/venv/bin/python" -m pytest -p no:cacheprovider -rfEs "$root/sdk/python/tests" "$@"
 rc=$?

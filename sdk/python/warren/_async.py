@@ -21,6 +21,7 @@ from typing import (
     IO,
     TYPE_CHECKING,
     Any,
+    AsyncGenerator,
     AsyncIterator,
     Awaitable,
     BinaryIO,
@@ -45,6 +46,7 @@ import aiohttp
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._sync import Sandbox
+    from .rollout import Rollout
 
 from . import _archive
 from ._retry import RetryPolicy
@@ -1711,9 +1713,9 @@ class AsyncSandbox:
         self.client = client
         self.info = info
         #: the rollout session numbering this handle's calls (warren.rollout)
-        self._rollout: Optional[Any] = None
+        self._rollout: Optional[Rollout] = None
 
-    def _step(self, body: Dict[str, Any], method: Optional[str] = None, payload: bytes = b"") -> Optional[Dict[str, Any]]:
+    def _step(self, body: Dict[str, Any], method: Optional[str] = None, payload: bytes = b"") -> Optional[Mapping[str, Any]]:
         """Number a mutating call as the next step of the active rollout
         session, if any. Called before the call's first await, so that
         calls started in one order (asyncio.gather too) get the same
@@ -1953,6 +1955,7 @@ class AsyncSandbox:
         body["idempotencyKey"] = idempotency_key or uuid.uuid4().hex
         hit = self._step(body, "exec", _raw(stdin))
         if hit is not None:
+            assert self._rollout is not None  # a hit comes from it
             r = self._rollout._exec_result(hit)
         else:
             d = await self.client._rpc(_SBX + "Exec", body, timeout=self.client._exec_deadline(t), idempotent=True)
@@ -2220,6 +2223,7 @@ class AsyncSandbox:
                 body["makeParents"] = True
             hit = self._step(body, "write_file", chunk)
             if hit is not None:
+                assert self._rollout is not None  # a hit comes from it
                 self._rollout._outcome(hit)
                 continue
             # A numbered append is safe to retry: the log replays it.
@@ -2315,6 +2319,7 @@ class AsyncSandbox:
         hit = self._step(body, "make_dir")
         try:
             if hit is not None:
+                assert self._rollout is not None  # a hit comes from it
                 self._rollout._outcome(hit)
                 return
             d = await self.client._rpc(_SBX + "MakeDir", body, timeout=timeout, idempotent=True)
@@ -2334,6 +2339,7 @@ class AsyncSandbox:
         hit = self._step(body, "remove_file")
         try:
             if hit is not None:
+                assert self._rollout is not None  # a hit comes from it
                 self._rollout._outcome(hit)
                 return
             d = await self.client._rpc(_SBX + "RemoveFile", body, timeout=timeout, idempotent=True)
@@ -2582,7 +2588,7 @@ class _EventStream:
         self._done = True
         gen, self._gen = self._gen, None
         if gen is not None:
-            await gen.aclose()  # type: ignore[attr-defined]
+            await gen.aclose()
 
     async def wait(self) -> ExecResult:
         """Consume the rest of the stream and return the result."""
@@ -2615,7 +2621,7 @@ class ExecStream(_EventStream):
         self._body = body
         self._deadline = deadline
         self._command = command
-        self._gen: Optional[AsyncIterator[Dict[str, Any]]] = None
+        self._gen: Optional[AsyncGenerator[Dict[str, Any], None]] = None
         self._done = False
         self._stdout = bytearray()
         self._stderr = bytearray()
@@ -2704,7 +2710,7 @@ class ImagePull:
         self._body = body
         self._timeout = timeout
         self._progress = progress
-        self._gen: Optional[AsyncIterator[Dict[str, Any]]] = None
+        self._gen: Optional[AsyncGenerator[Dict[str, Any], None]] = None
         self._got_message = False  # the current stream attempt yielded a message
         self._deadline: Optional[float] = None
         self._done = False
@@ -2805,7 +2811,7 @@ class ImagePull:
         self._done = True
         gen, self._gen = self._gen, None
         if gen is not None:
-            await gen.aclose()  # type: ignore[attr-defined]
+            await gen.aclose()
 
     async def wait(self) -> Image:
         """Consume the rest of the events and return the image."""
@@ -2936,7 +2942,7 @@ class ProcessAttach(_EventStream):
         self.process = proc
         self._body = body
         self._timeout = timeout
-        self._gen: Optional[AsyncIterator[Dict[str, Any]]] = None
+        self._gen: Optional[AsyncGenerator[Dict[str, Any], None]] = None
         self._done = False
         #: The exit (an ExecResult without output), once the stream ended.
         self.result: Optional[ExecResult] = None
@@ -2978,7 +2984,7 @@ class DirWatch:
         self.sandbox = sandbox
         self._body = body
         self._timeout = timeout
-        self._gen: Optional[AsyncIterator[Dict[str, Any]]] = None
+        self._gen: Optional[AsyncGenerator[Dict[str, Any], None]] = None
         self._done = False
         #: The watched directory as the daemon resolved it, once started.
         self.path: Optional[str] = None
@@ -2998,7 +3004,7 @@ class DirWatch:
     async def _next(self) -> Optional[Dict[str, Any]]:
         assert self._gen is not None
         try:
-            return await self._gen.__anext__()  # type: ignore[no-any-return]
+            return await self._gen.__anext__()
         except StopAsyncIteration:
             self._done = True
             return None
@@ -3024,7 +3030,7 @@ class DirWatch:
         self._done = True
         gen, self._gen = self._gen, None
         if gen is not None:
-            await gen.aclose()  # type: ignore[attr-defined]
+            await gen.aclose()
 
     async def wait(self) -> None:
         """Consume events until the watch ends."""

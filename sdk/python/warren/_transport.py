@@ -28,7 +28,7 @@ import os
 import struct
 import urllib.parse
 from types import SimpleNamespace
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Mapping, Optional, Tuple, TypeVar, Union
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Dict, Mapping, Optional, Tuple, TypeVar, Union
 
 import aiohttp
 
@@ -356,7 +356,7 @@ class Transport:
         timeout: float,
         idempotent: bool,
         retry: Optional[RetryPolicy] = None,
-    ) -> AsyncIterator[Dict[str, Any]]:
+    ) -> AsyncGenerator[Dict[str, Any], None]:
         """Call a server-streaming RPC and yield its messages.
 
         The deadline covers the whole stream. A failure before the first

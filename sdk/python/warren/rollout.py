@@ -183,7 +183,7 @@ def _is_default(x: Any) -> bool:
     if x is None or t is bool:
         return x is not True
     if t is int or t is float:
-        return x == 0
+        return bool(x == 0)
     return not x
 
 
