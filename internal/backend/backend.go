@@ -386,6 +386,15 @@ type DiskUser interface {
 	DiskUsage(ctx context.Context) (LayerUsage, error)
 }
 
+// MemoryRestorer is a sandbox made by a Restore that says how its
+// memory came back.
+type MemoryRestorer interface {
+	// MemoryRestore: lazy is whether the memory comes back lazily;
+	// eagerWhy, when Spec.LazyPages asked for that and it does not, why
+	// (a node without userfaultfd, a setting, the backend).
+	MemoryRestore() (lazy bool, eagerWhy string)
+}
+
 // LayerUsage is what a writable layer takes of the node's disk.
 type LayerUsage struct {
 	Bytes  uint64 // allocated blocks

@@ -41,10 +41,14 @@ func checkpointRows(ctx context.Context, env *Env, cfg HibernateConfig, id strin
 			ckpt = append(ckpt, time.Duration(h.GetCheckpointUs())*time.Microsecond)
 			art = append(art, mibF(h.GetBytes()))
 			t1 := time.Now()
-			if _, err := env.Client.ResumeLazy(ctx, id, lazy); err != nil {
+			res, err := env.Client.ResumeLazy(ctx, id, lazy)
+			if err != nil {
 				return nil, nil, fmt.Errorf("restore (lazy %v): %w", lazy, err)
 			}
 			restore[lazy] = append(restore[lazy], time.Since(t1))
+			if why := res.GetEagerReason(); why != "" && !slices.Contains(notes, eagerNote(why)) {
+				notes = append(notes, eagerNote(why))
+			}
 			if err := sh("true"); err != nil {
 				return nil, nil, fmt.Errorf("exec after restore: %w", err)
 			}
@@ -90,9 +94,12 @@ func checkpointRows(ctx context.Context, env *Env, cfg HibernateConfig, id strin
 	}
 	if cfg.Forks > 0 {
 		for _, lazy := range []bool{false, true} {
-			row, each, filled, err := forkRound(ctx, env, cfg, id, lazy)
+			row, each, filled, why, err := forkRound(ctx, env, cfg, id, lazy)
 			if err != nil {
 				return nil, nil, err
+			}
+			if why != "" && !slices.Contains(notes, eagerNote(why)) {
+				notes = append(notes, eagerNote(why))
 			}
 			rows = append(rows, row, each)
 			if filled != nil {
@@ -184,21 +191,27 @@ func lastLine(b []byte) string {
 	return lines[len(lines)-1]
 }
 
+// eagerNote says that the rows named lazy were not: the daemon's reason.
+func eagerNote(why string) string {
+	return "the '(lazy)' rows restored the memory whole, as the daemon said: " + why
+}
+
 // forkRound hibernates the sandbox and forks it cfg.Forks times, eagerly
-// or lazily, then deletes the forks and resumes it.
-func forkRound(ctx context.Context, env *Env, cfg HibernateConfig, id string, lazy bool) (row, each HibernateRow, filled *HibernateRow, err error) {
+// or lazily, then deletes the forks and resumes it; eagerWhy is the
+// daemon's reason where lazily was asked and it restored eagerly.
+func forkRound(ctx context.Context, env *Env, cfg HibernateConfig, id string, lazy bool) (row, each HibernateRow, filled *HibernateRow, eagerWhy string, err error) {
 	name := fmt.Sprintf("fork of %d", cfg.Forks)
 	if lazy {
 		name += " (lazy)"
 	}
 	env.logf("hibernate: %s", name)
 	if _, err := env.Client.Hibernate(ctx, id); err != nil {
-		return row, each, nil, fmt.Errorf("hibernate before the fork: %w", err)
+		return row, each, nil, "", fmt.Errorf("hibernate before the fork: %w", err)
 	}
 	t0 := time.Now()
 	f, err := env.Client.Fork(ctx, &warrenv1.ForkRequest{Id: id, Count: int32(cfg.Forks), Labels: env.Labels, LazyPages: &lazy})
 	if err != nil {
-		return row, each, nil, fmt.Errorf("%s: %w", name, err)
+		return row, each, nil, "", fmt.Errorf("%s: %w", name, err)
 	}
 	total := time.Since(t0)
 	var ids []string
@@ -207,7 +220,7 @@ func forkRound(ctx context.Context, env *Env, cfg HibernateConfig, id string, la
 	}
 	if lazy {
 		if err := env.waitLazyFilled(ctx, ids); err != nil {
-			return row, each, nil, err
+			return row, each, nil, "", err
 		}
 		filled = &HibernateRow{Case: "  lazy: until all forks' memory is back", System: "warren", Summary: Summarize([]time.Duration{time.Since(t0)})}
 	}
@@ -219,11 +232,11 @@ func forkRound(ctx context.Context, env *Env, cfg HibernateConfig, id string, la
 		_ = env.Client.Delete(context.WithoutCancel(ctx), sid)
 	}
 	if _, err := env.Client.ResumeLazy(ctx, id, false); err != nil {
-		return row, each, nil, fmt.Errorf("restore after the fork: %w", err)
+		return row, each, nil, "", fmt.Errorf("restore after the fork: %w", err)
 	}
 	row = HibernateRow{Case: name, System: "warren", Summary: Summarize([]time.Duration{total}), TargetMs: 2000}
 	each = HibernateRow{Case: "  each fork's restore", System: "warren", Summary: Summarize(per)}
-	return row, each, filled, nil
+	return row, each, filled, f.GetEagerReason(), nil
 }
 
 // waitLazyFilled polls until no CRIU lazy-pages server reads the images

@@ -281,8 +281,15 @@ func pauseLine(id string, r *warrenv1.PauseResponse) string {
 
 func resumeLine(id string, r *warrenv1.ResumeResponse) string {
 	if r.GetRestored() {
-		return fmt.Sprintf("%s restored in %v after %v hibernated", id,
-			time.Duration(r.GetRestoreUs())*time.Microsecond, time.Duration(r.GetPausedMs())*time.Millisecond)
+		mem := "memory whole"
+		switch {
+		case r.GetLazyPages():
+			mem = "memory lazily"
+		case r.GetEagerReason() != "":
+			mem = "memory whole: " + r.GetEagerReason()
+		}
+		return fmt.Sprintf("%s restored in %v after %v hibernated (%s)", id,
+			time.Duration(r.GetRestoreUs())*time.Microsecond, time.Duration(r.GetPausedMs())*time.Millisecond, mem)
 	}
 	return fmt.Sprintf("%s resumed (thaw %v) after %v paused", id,
 		time.Duration(r.GetThawUs())*time.Microsecond, time.Duration(r.GetPausedMs())*time.Millisecond)

@@ -538,13 +538,22 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	var lazy *lazyServer
 	// Where the kernel has no userfaultfd the memory comes back eagerly;
 	// for a sandbox in a user namespace also where its tasks may not
-	// open one (uffdForUserNS).
-	if spec.LazyPages && uffdAvailable() == nil && (meta.UserNS == nil || uffdForUserNS() == nil) {
-		// Started first: it probes the kernel while the rest is made.
-		if lazy, err = startLazyPages(filepath.Join(dir, ckptImages), st, run); err != nil {
-			return nil, err
+	// open one (uffdForUserNS). The reason goes back to the client.
+	var eagerWhy string
+	if spec.LazyPages {
+		why := uffdAvailable()
+		if why == nil && meta.UserNS != nil {
+			why = uffdForUserNS()
 		}
-		cu.Add(lazy.discard)
+		if why != nil {
+			eagerWhy = why.Error()
+		} else {
+			// Started first: it probes the kernel while the rest is made.
+			if lazy, err = startLazyPages(filepath.Join(dir, ckptImages), st, run); err != nil {
+				return nil, err
+			}
+			cu.Add(lazy.discard)
+		}
 	}
 	// The dumped /dev and the masked files are binds of the sandbox's
 	// /dev directory, named by keys (devBinds): they are bound from this
@@ -762,6 +771,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 		return nil, err
 	}
 	s.st.UserNS = meta.UserNS
+	s.restoredLazy, s.eagerWhy = lazy != nil, eagerWhy
 	b.cpus.adopt(spec.ID, pid)
 	if pids, err := grp.Procs(); err != nil {
 		return nil, err

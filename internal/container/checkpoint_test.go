@@ -158,6 +158,9 @@ func checkpointRoundTrip(t *testing.T, userns bool) {
 		t.Fatal(err)
 	}
 	defer rs.Destroy(context.Background())
+	if lazy, why := rs.(backend.MemoryRestorer).MemoryRestore(); lazy || why != "" {
+		t.Errorf("a restore not asked to be lazy: MemoryRestore (%v, %q), want (false, \"\")", lazy, why)
+	}
 	loadedKdat(filepath.Join(opts.RunDir, "sb", "ck1", "restore.log"))
 	if n := waitCounter(t, rs, at); n > at+20 {
 		t.Errorf("counter restarted or jumped: %d after %d", n, at)

@@ -990,6 +990,10 @@ type sandbox struct {
 	// (lazy.go).
 	lazyMu sync.Mutex
 	lazy   *lazyServer
+	// How a restore brought the memory back (MemoryRestore); set before
+	// the sandbox is handed out, then read only.
+	restoredLazy bool
+	eagerWhy     string
 
 	destroyMu sync.Mutex
 	destroyed bool

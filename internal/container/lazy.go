@@ -177,6 +177,10 @@ var uffdOnce = sync.OnceValue(func() error {
 
 func uffdAvailable() error { return uffdOnce() }
 
+// unprivUffdKnob is the kernel's setting for userfaultfds of unprivileged
+// tasks (handling kernel-mode faults too, which CRIU's need).
+const unprivUffdKnob = "/proc/sys/vm/unprivileged_userfaultfd"
+
 // uffdForUserNS: the tasks of a sandbox in a user namespace may open a
 // userfaultfd for their lazy restore. CRIU opens it from the restored
 // tasks themselves, whose credentials are the sandbox's, and the kernel
@@ -186,7 +190,7 @@ func uffdAvailable() error { return uffdOnce() }
 // still cannot call userfaultfd (seccomp). Read at each restore: the
 // setting may change while the daemon runs.
 func uffdForUserNS() error {
-	b, err := os.ReadFile("/proc/sys/vm/unprivileged_userfaultfd")
+	b, err := os.ReadFile(unprivUffdKnob)
 	if err != nil {
 		return errdefs.Wrap(errdefs.Unsupported, err, "read vm.unprivileged_userfaultfd")
 	}
@@ -447,4 +451,32 @@ func (s *sandbox) lazyPid() int {
 		return c[0]
 	}
 	return s.lazy.pid
+}
+
+// MemoryRestore says how a restore brought the sandbox's memory back
+// (backend.MemoryRestorer): lazily, or eagerly and why where lazily was
+// asked. A sandbox that was created, not restored, says (false, "").
+func (s *sandbox) MemoryRestore() (bool, string) { return s.restoredLazy, s.eagerWhy }
+
+// UserNSLazyRestore is nil where sandboxes in a user namespace restore
+// their memory lazily on this node, else why not (the daemon says so
+// when it starts).
+func UserNSLazyRestore() error {
+	if err := uffdAvailable(); err != nil {
+		return err
+	}
+	return uffdForUserNS()
+}
+
+// AllowUnprivilegedUserfaultfd sets vm.unprivileged_userfaultfd=1 (warren
+// serve --unprivileged-userfaultfd), for the node's operator who chose
+// lazy restores of user-namespace sandboxes over the kernel's default.
+// Sandboxes still cannot make a userfaultfd: their seccomp filter refuses
+// the call (internal/seccomp), and CRIU's restored tasks open theirs
+// before that filter is restored.
+func AllowUnprivilegedUserfaultfd() error {
+	if err := os.WriteFile(unprivUffdKnob, []byte("1"), 0); err != nil {
+		return errdefs.Wrap(errdefs.Unsupported, err, "set vm.unprivileged_userfaultfd=1")
+	}
+	return nil
 }

@@ -104,6 +104,9 @@ func TestLazyRestoreMemoryIntact(t *testing.T) {
 		if s.lazy == nil {
 			t.Fatalf("%s: restored without a lazy-pages server", id)
 		}
+		if lazy, why := s.MemoryRestore(); !lazy || why != "" {
+			t.Errorf("%s: MemoryRestore (%v, %q), want lazy", id, lazy, why)
+		}
 		sbs, servers = append(sbs, s), append(servers, pid)
 	}
 	// The source's checkpoint goes at once (as a resumed sandbox's does,

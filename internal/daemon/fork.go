@@ -308,9 +308,13 @@ func (m *Manager) Fork(ctx context.Context, req *warrenv1.ForkRequest) (_ *warre
 		}
 		return nil, ferr
 	}
-	for _, r := range results {
+	for i, r := range results {
 		r.f.mu.Lock()
 		out.Sandboxes = append(out.Sandboxes, cloneSandbox(r.f.info))
+		if i == 0 {
+			// One checkpoint, one node, one backend: every fork alike.
+			out.LazyPages, out.EagerReason = memoryRestore(r.f.sb, lazy)
+		}
 		r.f.mu.Unlock()
 		out.RestoreUs = append(out.RestoreUs, r.took.Microseconds())
 	}

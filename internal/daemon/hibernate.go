@@ -488,6 +488,7 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 	}
 	s.procsOnResume = false
 	out := &warrenv1.ResumeResponse{Sandbox: cloneSandbox(s.info), RestoreUs: took.Microseconds(), PausedMs: hibernated.Milliseconds(), Restored: true}
+	out.LazyPages, out.EagerReason = memoryRestore(sb, lazy)
 	s.mu.Unlock()
 	if old != nil {
 		old()
@@ -498,6 +499,18 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 	m.metrics.ObserveRestore(time.Since(start))
 	m.log.Debug("sandbox restored", "sandbox", s.id, "restore", took, "hibernated", hibernated)
 	return out, nil
+}
+
+// memoryRestore is how a restore brought sb's memory back: lazily, or
+// eagerly and, where lazily was asked, why (backend.MemoryRestorer).
+func memoryRestore(sb backend.Sandbox, asked bool) (lazy bool, eagerWhy string) {
+	if r, ok := sb.(backend.MemoryRestorer); ok {
+		return r.MemoryRestore()
+	}
+	if asked {
+		return false, "the backend restores memory whole"
+	}
+	return false, ""
 }
 
 // restoreSpec is the backend spec that restores sandbox id, whose record

@@ -495,9 +495,16 @@ type sandbox struct {
 	// more for a full OS (internal/fullvm, NewSandbox).
 	kind       string
 	overheadMB int
+	// eagerWhy is set on a restore that was asked to be lazy
+	// (MemoryRestore).
+	eagerWhy string
 }
 
 var _ backend.OOMCounter = (*sandbox)(nil)
+
+// MemoryRestore (backend.MemoryRestorer): a VM's memory comes back
+// whole, read from its checkpoint's migration stream before it runs.
+func (s *sandbox) MemoryRestore() (bool, string) { return false, s.eagerWhy }
 
 // statsTimeout bounds a counters call to the agent.
 const statsTimeout = 10 * time.Second

@@ -458,6 +458,9 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec, layers []strin
 	st.Group, st.CPUMillis, st.MemoryMB = true, spec.CPUMillis, sv.MemoryMB
 	sb := b.newSandbox(spec.ID, v, st)
 	sb.digests = sv.Layers
+	if spec.LazyPages {
+		sb.eagerWhy = "a VM's memory comes back whole from its checkpoint's migration stream"
+	}
 	return sb, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,27 +33,115 @@ func TestLazyForkSurvivesSourceDeleteAndDaemonKill(t *testing.T) {
 
 // TestLazyForkSurvivesSourceDeleteAndDaemonKillUserNS: the same for
 // sandboxes in a user namespace (the default), on a node whose operator
-// allowed their tasks a userfaultfd (vm.unprivileged_userfaultfd=1,
-// which the test sets for its run and puts back).
+// allowed their tasks a userfaultfd: the daemon, started with
+// --unprivileged-userfaultfd on a node where it was 0, sets
+// vm.unprivileged_userfaultfd=1 (the test puts the setting back).
 func TestLazyForkSurvivesSourceDeleteAndDaemonKillUserNS(t *testing.T) {
 	t.Parallel()
-	const knob = "/proc/sys/vm/unprivileged_userfaultfd"
-	old, err := os.ReadFile(knob)
-	if err != nil {
-		t.Skipf("the kernel has no %s: %v", knob, err)
+	holdUffdKnob(t, "0")
+	testLazyFork(t, true, "--unprivileged-userfaultfd")
+	if v := readUffdKnob(t); v != "1" {
+		t.Errorf("after warren serve --unprivileged-userfaultfd, vm.unprivileged_userfaultfd is %s", v)
 	}
-	if err := os.WriteFile(knob, []byte("1"), 0); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.WriteFile(knob, old, 0) })
-	testLazyFork(t, true)
 }
 
-func testLazyFork(t *testing.T, userns bool) {
+// TestUserNSRestoreSaysWhyEager: on a node with the kernel's default
+// vm.unprivileged_userfaultfd=0, a sandbox in a user namespace restores
+// its memory eagerly, and Resume and Fork say so and why; one without a
+// user namespace restores lazily on the same node; a restore asked to be
+// eager gives no reason.
+func TestUserNSRestoreSaysWhyEager(t *testing.T) {
+	t.Parallel()
 	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
 		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
 	}
+	holdUffdKnob(t, "0")
 	e := newEnv(t, envOptions{serveArgs: []string{"--lazy-pages"}})
+	ctx := ctxFor(t, 3*time.Minute)
+	const why = "vm.unprivileged_userfaultfd is 0"
+	for _, userns := range []bool{true, false} {
+		id := map[bool]string{true: "uns", false: "nouns"}[userns]
+		e.create(&warrenv1.CreateRequest{Id: id, UserNamespace: proto.Bool(userns)})
+		if _, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: id, Shell: "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.c.Hibernate(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		r, err := e.c.Resume(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if userns && (r.GetLazyPages() || !strings.Contains(r.GetEagerReason(), why)) {
+			t.Errorf("resume of a user-namespace sandbox: lazy %v, reason %q; want eager, saying %q", r.GetLazyPages(), r.GetEagerReason(), why)
+		}
+		if !userns && (!r.GetLazyPages() || r.GetEagerReason() != "") {
+			t.Errorf("resume of a sandbox without a user namespace: lazy %v, reason %q; want lazy", r.GetLazyPages(), r.GetEagerReason())
+		}
+		e.shOK(id, "test -s /tmp/n")
+		f, err := e.c.Fork(ctx, &warrenv1.ForkRequest{Id: id, Count: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.GetLazyPages() != r.GetLazyPages() || f.GetEagerReason() != r.GetEagerReason() {
+			t.Errorf("fork of %s: lazy %v, reason %q; its resume said %v, %q", id, f.GetLazyPages(), f.GetEagerReason(), r.GetLazyPages(), r.GetEagerReason())
+		}
+		e.shOK(f.GetSandboxes()[0].GetId(), "test -s /tmp/n")
+	}
+	// Eager because asked: nothing to explain.
+	if _, err := e.c.Hibernate(ctx, "uns"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.c.ResumeLazy(ctx, "uns", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.GetLazyPages() || r.GetEagerReason() != "" {
+		t.Errorf("resume asked to be eager: lazy %v, reason %q", r.GetLazyPages(), r.GetEagerReason())
+	}
+	if !strings.Contains(e.logTail(1<<20), "sandboxes in a user namespace restore their memory eagerly") {
+		t.Error("the daemon did not say at its start that user-namespace sandboxes restore eagerly on this node")
+	}
+}
+
+// uffdKnobMu serialises the tests that set the node's
+// vm.unprivileged_userfaultfd.
+var uffdKnobMu sync.Mutex
+
+const uffdKnob = "/proc/sys/vm/unprivileged_userfaultfd"
+
+// holdUffdKnob sets vm.unprivileged_userfaultfd to v for the test's run,
+// the only test to change it meanwhile, and puts it back after.
+func holdUffdKnob(t *testing.T, v string) {
+	t.Helper()
+	old, err := os.ReadFile(uffdKnob)
+	if err != nil {
+		t.Skipf("the kernel has no %s: %v", uffdKnob, err)
+	}
+	uffdKnobMu.Lock()
+	t.Cleanup(func() {
+		_ = os.WriteFile(uffdKnob, old, 0)
+		uffdKnobMu.Unlock()
+	})
+	if err := os.WriteFile(uffdKnob, []byte(v), 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readUffdKnob(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(uffdKnob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func testLazyFork(t *testing.T, userns bool, serveArgs ...string) {
+	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
+		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
+	}
+	e := newEnv(t, envOptions{serveArgs: append([]string{"--lazy-pages"}, serveArgs...)})
 	ctx := ctxFor(t, 4*time.Minute)
 	e.create(&warrenv1.CreateRequest{Id: "lz", UserNamespace: proto.Bool(userns), Resources: &warrenv1.Resources{MemoryBytes: 1 << 30}})
 	if _, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "lz", Shell: lazyHolder}); err != nil {
@@ -71,6 +160,9 @@ func testLazyFork(t *testing.T, userns bool) {
 	f, err := e.c.Fork(ctx, &warrenv1.ForkRequest{Id: "lz", Count: 2})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !f.GetLazyPages() || f.GetEagerReason() != "" {
+		t.Errorf("fork: lazy %v, reason %q; want lazy", f.GetLazyPages(), f.GetEagerReason())
 	}
 	var forks []string
 	for _, sb := range f.GetSandboxes() {

@@ -6811,8 +6811,15 @@ type ResumeResponse struct {
 	PausedMs int64                  `protobuf:"varint,3,opt,name=paused_ms,json=pausedMs,proto3" json:"paused_ms,omitempty"` // how long it was paused (or hibernated)
 	// Resume of a HIBERNATED sandbox: how long CRIU's restore took (its
 	// processes run again from then on); thaw_us is 0.
-	RestoreUs     int64 `protobuf:"varint,4,opt,name=restore_us,json=restoreUs,proto3" json:"restore_us,omitempty"`
-	Restored      bool  `protobuf:"varint,5,opt,name=restored,proto3" json:"restored,omitempty"` // it was HIBERNATED
+	RestoreUs int64 `protobuf:"varint,4,opt,name=restore_us,json=restoreUs,proto3" json:"restore_us,omitempty"`
+	Restored  bool  `protobuf:"varint,5,opt,name=restored,proto3" json:"restored,omitempty"` // it was HIBERNATED
+	// A restore: its memory comes back lazily (through userfaultfd, as
+	// its processes touch it) rather than whole before the call returned.
+	LazyPages bool `protobuf:"varint,6,opt,name=lazy_pages,json=lazyPages,proto3" json:"lazy_pages,omitempty"`
+	// A restore that was to be lazy (lazy_pages asked, or the node's
+	// default) and was not: why (the node's kernel, its settings, the
+	// backend), so that a client can tell a slow restore's cause.
+	EagerReason   string `protobuf:"bytes,7,opt,name=eager_reason,json=eagerReason,proto3" json:"eager_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6880,6 +6887,20 @@ func (x *ResumeResponse) GetRestored() bool {
 		return x.Restored
 	}
 	return false
+}
+
+func (x *ResumeResponse) GetLazyPages() bool {
+	if x != nil {
+		return x.LazyPages
+	}
+	return false
+}
+
+func (x *ResumeResponse) GetEagerReason() string {
+	if x != nil {
+		return x.EagerReason
+	}
+	return ""
 }
 
 type HibernateRequest struct {
@@ -7129,6 +7150,8 @@ type ForkResponse struct {
 	CheckpointUs  int64                  `protobuf:"varint,3,opt,name=checkpoint_us,json=checkpointUs,proto3" json:"checkpoint_us,omitempty"` // the source's checkpoint (0 if it was HIBERNATED)
 	RestoreUs     []int64                `protobuf:"varint,4,rep,packed,name=restore_us,json=restoreUs,proto3" json:"restore_us,omitempty"`   // each fork's restore
 	TotalUs       int64                  `protobuf:"varint,5,opt,name=total_us,json=totalUs,proto3" json:"total_us,omitempty"`
+	LazyPages     bool                   `protobuf:"varint,6,opt,name=lazy_pages,json=lazyPages,proto3" json:"lazy_pages,omitempty"`      // as ResumeResponse.lazy_pages, for the forks
+	EagerReason   string                 `protobuf:"bytes,7,opt,name=eager_reason,json=eagerReason,proto3" json:"eager_reason,omitempty"` // as ResumeResponse.eager_reason
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -7196,6 +7219,20 @@ func (x *ForkResponse) GetTotalUs() int64 {
 		return x.TotalUs
 	}
 	return 0
+}
+
+func (x *ForkResponse) GetLazyPages() bool {
+	if x != nil {
+		return x.LazyPages
+	}
+	return false
+}
+
+func (x *ForkResponse) GetEagerReason() string {
+	if x != nil {
+		return x.EagerReason
+	}
+	return ""
 }
 
 type HibernateByLabelRequest struct {
@@ -9636,14 +9673,17 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
 	"\n" +
 	"lazy_pages\x18\x02 \x01(\bH\x00R\tlazyPages\x88\x01\x01B\r\n" +
-	"\v_lazy_pages\"\xaf\x01\n" +
+	"\v_lazy_pages\"\xf1\x01\n" +
 	"\x0eResumeResponse\x12,\n" +
 	"\asandbox\x18\x01 \x01(\v2\x12.warren.v1.SandboxR\asandbox\x12\x17\n" +
 	"\athaw_us\x18\x02 \x01(\x03R\x06thawUs\x12\x1b\n" +
 	"\tpaused_ms\x18\x03 \x01(\x03R\bpausedMs\x12\x1d\n" +
 	"\n" +
 	"restore_us\x18\x04 \x01(\x03R\trestoreUs\x12\x1a\n" +
-	"\brestored\x18\x05 \x01(\bR\brestored\"\"\n" +
+	"\brestored\x18\x05 \x01(\bR\brestored\x12\x1d\n" +
+	"\n" +
+	"lazy_pages\x18\x06 \x01(\bR\tlazyPages\x12!\n" +
+	"\feager_reason\x18\a \x01(\tR\veagerReason\"\"\n" +
 	"\x10HibernateRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\" \n" +
 	"\x0eRestoreRequest\x12\x0e\n" +
@@ -9664,14 +9704,17 @@ const file_warren_v1_warren_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
-	"\v_lazy_pages\"\xcb\x01\n" +
+	"\v_lazy_pages\"\x8d\x02\n" +
 	"\fForkResponse\x120\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x12.warren.v1.SandboxR\tsandboxes\x12*\n" +
 	"\x06source\x18\x02 \x01(\v2\x12.warren.v1.SandboxR\x06source\x12#\n" +
 	"\rcheckpoint_us\x18\x03 \x01(\x03R\fcheckpointUs\x12\x1d\n" +
 	"\n" +
 	"restore_us\x18\x04 \x03(\x03R\trestoreUs\x12\x19\n" +
-	"\btotal_us\x18\x05 \x01(\x03R\atotalUs\"\xbe\x01\n" +
+	"\btotal_us\x18\x05 \x01(\x03R\atotalUs\x12\x1d\n" +
+	"\n" +
+	"lazy_pages\x18\x06 \x01(\bR\tlazyPages\x12!\n" +
+	"\feager_reason\x18\a \x01(\tR\veagerReason\"\xbe\x01\n" +
 	"\x17HibernateByLabelRequest\x12F\n" +
 	"\x06labels\x18\x01 \x03(\v2..warren.v1.HibernateByLabelRequest.LabelsEntryR\x06labels\x12 \n" +
 	"\vparallelism\x18\x02 \x01(\x05R\vparallelism\x1a9\n" +

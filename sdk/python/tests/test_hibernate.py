@@ -38,6 +38,12 @@ async def test_hibernate_restore(w: warren.AsyncWarren, lazy: Optional[bool]) ->
             await sb.exec("true")
         back = await sb.resume(lazy_pages=lazy)
         assert back.restored and back.restore_us > 0 and back.sandbox.state == warren.SandboxState.RUNNING
+        if lazy is None:
+            # The node's default is lazy: lazily, or a reason why not (the
+            # node's vm.unprivileged_userfaultfd, for a user namespace).
+            assert back.lazy_pages != bool(back.eager_reason), back
+        else:
+            assert back.lazy_pages == lazy and back.eager_reason == "", back
         assert (await sb.exec("cat /root/f")).stdout == b"before\n"
         r1 = int((await sb.exec("cat /tmp/count")).stdout)
         r2 = int((await sb.exec("sleep 0.3; cat /tmp/count")).stdout)

@@ -1119,6 +1119,11 @@ class ResumeResult:
     #: ``restore_us`` is how long that took (``thaw_us`` is 0).
     restored: bool = False
     restore_us: int = 0
+    #: A restore: its memory comes back lazily, as its processes touch it.
+    lazy_pages: bool = False
+    #: A restore that was to be lazy and was not: why (the node's kernel or
+    #: its ``vm.unprivileged_userfaultfd``, the backend).
+    eager_reason: str = ""
 
     @classmethod
     def _from_json(cls, d: Mapping[str, Any]) -> "ResumeResult":
@@ -1128,6 +1133,8 @@ class ResumeResult:
             paused_ms=_int(d.get("pausedMs")),
             restored=bool(d.get("restored", False)),
             restore_us=_int(d.get("restoreUs")),
+            lazy_pages=bool(d.get("lazyPages", False)),
+            eager_reason=str(d.get("eagerReason") or ""),
         )
 
 
