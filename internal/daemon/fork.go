@@ -446,7 +446,8 @@ func (m *Manager) forkOne(ctx context.Context, src *sandbox, info *warrenv1.Sand
 	if s.procsClaimed.CompareAndSwap(false, true) {
 		m.spawn(func() { m.adoptProcessesOf(s) })
 	}
-	m.metrics.ObserveRestore(took)
+	restoredLazily, _ := memoryRestore(sb, lazy)
+	m.metrics.ObserveRestore(took, restoredLazily)
 	return s, took, nil
 }
 

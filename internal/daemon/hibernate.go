@@ -496,7 +496,7 @@ func (m *Manager) restoreHibernated(ctx context.Context, s *sandbox, start time.
 	m.dropCheckpoint(s)
 	m.watch(s, sb)
 	m.adoptProcesses(s, sb)
-	m.metrics.ObserveRestore(time.Since(start))
+	m.metrics.ObserveRestore(time.Since(start), out.GetLazyPages())
 	m.log.Debug("sandbox restored", "sandbox", s.id, "restore", took, "hibernated", hibernated)
 	return out, nil
 }

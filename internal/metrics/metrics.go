@@ -82,10 +82,12 @@ type Metrics struct {
 	PauseSeconds  *prometheus.HistogramVec
 	ResumeSeconds prometheus.Histogram // warren_sandbox_resume_seconds
 	// HibernateSeconds: CRIU's checkpoint; RestoreSeconds: a whole
-	// restore in the daemon; CheckpointBytes: checkpoints written.
-	HibernateSeconds prometheus.Histogram // warren_sandbox_hibernate_seconds
-	RestoreSeconds   prometheus.Histogram // warren_sandbox_restore_seconds
-	CheckpointBytes  prometheus.Counter   // warren_checkpoint_bytes_total
+	// restore in the daemon, by how the memory came back ("lazy" or
+	// "eager": a node where user-namespace sandboxes restore eagerly
+	// shows in the second); CheckpointBytes: checkpoints written.
+	HibernateSeconds prometheus.Histogram     // warren_sandbox_hibernate_seconds
+	RestoreSeconds   *prometheus.HistogramVec // warren_sandbox_restore_seconds{memory}
+	CheckpointBytes  prometheus.Counter       // warren_checkpoint_bytes_total
 	// ReclaimedBytes is warren_sandbox_reclaimed_bytes_total: memory
 	// paused sandboxes gave back.
 	ReclaimedBytes prometheus.Counter
@@ -162,12 +164,12 @@ func New(ops ...string) *Metrics {
 		Buckets:                     prometheus.ExponentialBucketsRange(0.001, 60, 40),
 		NativeHistogramBucketFactor: 1.1,
 	})
-	m.RestoreSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+	m.RestoreSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:                        "warren_sandbox_restore_seconds",
-		Help:                        "Latency of successful resumes of hibernated sandboxes in the daemon.",
+		Help:                        "Latency of successful restores from checkpoints (resumes of hibernated sandboxes, forks) in the daemon, by how the memory came back: lazy or eager.",
 		Buckets:                     prometheus.ExponentialBucketsRange(0.001, 60, 40),
 		NativeHistogramBucketFactor: 1.1,
-	})
+	}, []string{"memory"})
 	m.CheckpointBytes = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "warren_checkpoint_bytes_total",
 		Help: "Bytes of checkpoints written by hibernations.",
@@ -423,12 +425,13 @@ func (m *Metrics) ObserveHibernate(d time.Duration, bytes int64) {
 	m.CheckpointBytes.Add(float64(bytes))
 }
 
-// ObserveRestore records a successful restore of a hibernated sandbox.
-func (m *Metrics) ObserveRestore(d time.Duration) {
+// ObserveRestore records a successful restore from a checkpoint, its
+// memory lazily or not.
+func (m *Metrics) ObserveRestore(d time.Duration, lazy bool) {
 	if m == nil {
 		return
 	}
-	m.RestoreSeconds.Observe(d.Seconds())
+	m.RestoreSeconds.WithLabelValues(map[bool]string{true: "lazy", false: "eager"}[lazy]).Observe(d.Seconds())
 }
 
 // SandboxEnded counts a sandbox that ended for reason.

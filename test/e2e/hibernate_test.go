@@ -88,7 +88,9 @@ func TestHibernateAcrossKill9AndFork(t *testing.T) {
 		t.Fatalf("the source after the fork: %v %v", sb.GetState(), err)
 	}
 	m, _ := e.scrape(t)
-	if n, _ := m.get("warren_sandbox_restore_seconds_count"); n < 4 {
+	lazy, _ := m.get(`warren_sandbox_restore_seconds_count{memory="lazy"}`)
+	eager, _ := m.get(`warren_sandbox_restore_seconds_count{memory="eager"}`)
+	if n := lazy + eager; n < 4 {
 		t.Errorf("restores counted %v, want 4 (resume, 2 forks, the source put back)", n)
 	}
 	for _, id := range append(forks, "hb") {

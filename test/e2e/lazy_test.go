@@ -99,6 +99,16 @@ func TestUserNSRestoreSaysWhyEager(t *testing.T) {
 	if r.GetLazyPages() || r.GetEagerReason() != "" {
 		t.Errorf("resume asked to be eager: lazy %v, reason %q", r.GetLazyPages(), r.GetEagerReason())
 	}
+	// The node's restores by how the memory came back: for each
+	// sandbox its resume, its fork, and its own restore after the fork
+	// (a running source is put back as it was); eager, the user-
+	// namespace sandbox's three and the resume asked to be eager.
+	m, _ := e.scrape(t)
+	for memory, want := range map[string]float64{"eager": 4, "lazy": 3} {
+		if n, _ := m.get(`warren_sandbox_restore_seconds_count{memory="` + memory + `"}`); n != want {
+			t.Errorf("warren_sandbox_restore_seconds_count{memory=%q} = %v, want %v", memory, n, want)
+		}
+	}
 	if !strings.Contains(e.logTail(1<<20), "sandboxes in a user namespace restore their memory eagerly") {
 		t.Error("the daemon did not say at its start that user-namespace sandboxes restore eagerly on this node")
 	}
