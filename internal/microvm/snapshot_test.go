@@ -147,7 +147,9 @@ func TestCheckpointRestoreAndForkOfAVM(t *testing.T) {
 	// meanwhile, must be set again.
 	time.Sleep(time.Until(t0.Add(5 * time.Second)))
 	again := restoreAs(ctx, t, b, spec, "snap", dir)
-	fork := restoreAs(ctx, t, b, spec, "snap-fork", dir)
+	lazy := spec
+	lazy.LazyPages = true // eager all the same, and said why
+	fork := restoreAs(ctx, t, b, lazy, "snap-fork", dir)
 	for _, sb := range []backend.Sandbox{again, fork} {
 		if c := count(t, sb); c < before {
 			t.Fatalf("%s: the counter restarted: %d after %d", sb.ID(), c, before)

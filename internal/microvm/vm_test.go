@@ -88,6 +88,10 @@ func restoreAs(ctx context.Context, t *testing.T, b backend.Backend, spec backen
 	}
 	t.Logf("restore %s: %v", id, time.Since(t0))
 	t.Cleanup(func() { _ = sb.Destroy(context.Background()) })
+	// A VM's memory comes back whole, and says so where lazy was asked.
+	if lazy, why := sb.(backend.MemoryRestorer).MemoryRestore(); lazy || (why != "") != spec.LazyPages {
+		t.Errorf("restore %s asked lazy %v: MemoryRestore (%v, %q)", id, spec.LazyPages, lazy, why)
+	}
 	return sb
 }
 
