@@ -36,6 +36,7 @@ import (
 	"github.com/warrenrl/warren/internal/image"
 	"github.com/warrenrl/warren/internal/sandboxfs"
 	"github.com/warrenrl/warren/internal/tarx"
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // writeTree creates files under dir: path -> content; a content of "/"
@@ -199,22 +200,14 @@ func (e *env) sandboxTree(id string) map[string]treeEntry {
 		if err := e.m.TarOut(ctx, id, "/"+name, &buf, sandboxfs.TarOptions{}); err != nil {
 			e.t.Fatalf("tar out %s:/%s: %v", id, name, err)
 		}
-		tr := tar.NewReader(&buf)
-		for {
-			h, err := tr.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				e.t.Fatal(err)
-			}
+		for h, data := range testutil.TarEntries(e.t, &buf) {
 			// A directory's entries are relative to it; a file is its
 			// base name.
 			p := name
 			if fi.GetIsDir() && h.Name != "./" {
 				p = name + "/" + h.Name
 			}
-			body, _ := io.ReadAll(tr)
+			body, _ := io.ReadAll(data)
 			sum := sha256.Sum256(body)
 			var xs []string
 			for k, v := range h.PAXRecords {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/warrenrl/warren/internal/errdefs"
 	"github.com/warrenrl/warren/internal/layermount"
+	"github.com/warrenrl/warren/internal/testutil"
 )
 
 // requireMkfs returns the mkfs.erofs the tests use ($WARREN_MKFS_EROFS or
@@ -506,16 +507,8 @@ func TestCanonicalTarRoundTrip(t *testing.T) {
 	if err := c.writeTar(&buf); err != nil {
 		t.Fatal(err)
 	}
-	tr := tar.NewReader(bytes.NewReader(buf.Bytes()))
 	seen := map[string]*tar.Header{}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatalf("reading the canonical tar: %v", err)
-		}
+	for h := range testutil.TarEntries(t, bytes.NewReader(buf.Bytes())) {
 		if _, dup := seen[h.Name]; dup {
 			t.Fatalf("%s twice", h.Name)
 		}

@@ -232,16 +232,8 @@ func flatten(t *testing.T, img v1.Image) map[string]fileState {
 	t.Helper()
 	rc := mutate.Extract(img)
 	defer rc.Close()
-	tr := tar.NewReader(rc)
 	out := map[string]fileState{}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for h, data := range testutil.TarEntries(t, rc) {
 		p := strings.TrimSuffix(strings.TrimPrefix(filepath.Clean("/"+h.Name), "/"), "/")
 		if p == "" {
 			continue
@@ -264,7 +256,7 @@ func flatten(t *testing.T, img v1.Image) map[string]fileState {
 			target := strings.TrimPrefix(filepath.Clean("/"+h.Linkname), "/")
 			st = out[target]
 		default:
-			b, err := io.ReadAll(tr)
+			b, err := io.ReadAll(data)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -722,15 +722,7 @@ func TestCreateStaysOnOneFilesystem(t *testing.T) {
 		t.Fatal(err)
 	}
 	var names []string
-	tr := tar.NewReader(&buf)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for h := range testutil.TarEntries(t, &buf) {
 		names = append(names, h.Name)
 	}
 	got := strings.Join(names, " ")
