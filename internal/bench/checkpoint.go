@@ -25,6 +25,12 @@ import (
 func checkpointRows(ctx context.Context, env *Env, cfg HibernateConfig, id string, sh func(string) error) ([]HibernateRow, []string, error) {
 	var rows []HibernateRow
 	var notes []string
+	// noteEager says, once, that rows named lazy restored eagerly.
+	noteEager := func(why string) {
+		if n := eagerNote(why); why != "" && !slices.Contains(notes, n) {
+			notes = append(notes, n)
+		}
+	}
 	if cfg.CheckpointRounds > 0 {
 		env.logf("hibernate: checkpoint and restore, %d rounds (eager and lazy memory alternating)", cfg.CheckpointRounds)
 		var hib, ckpt []time.Duration
@@ -46,9 +52,7 @@ func checkpointRows(ctx context.Context, env *Env, cfg HibernateConfig, id strin
 				return nil, nil, fmt.Errorf("restore (lazy %v): %w", lazy, err)
 			}
 			restore[lazy] = append(restore[lazy], time.Since(t1))
-			if why := res.GetEagerReason(); why != "" && !slices.Contains(notes, eagerNote(why)) {
-				notes = append(notes, eagerNote(why))
-			}
+			noteEager(res.GetEagerReason())
 			if err := sh("true"); err != nil {
 				return nil, nil, fmt.Errorf("exec after restore: %w", err)
 			}
@@ -98,9 +102,7 @@ func checkpointRows(ctx context.Context, env *Env, cfg HibernateConfig, id strin
 			if err != nil {
 				return nil, nil, err
 			}
-			if why != "" && !slices.Contains(notes, eagerNote(why)) {
-				notes = append(notes, eagerNote(why))
-			}
+			noteEager(why)
 			rows = append(rows, row, each)
 			if filled != nil {
 				rows = append(rows, *filled)

@@ -541,11 +541,7 @@ func (b *Backend) restore(ctx context.Context, spec backend.Spec) (_ backend.San
 	// open one (uffdForUserNS). The reason goes back to the client.
 	var eagerWhy string
 	if spec.LazyPages {
-		why := uffdAvailable()
-		if why == nil && meta.UserNS != nil {
-			why = uffdForUserNS()
-		}
-		if why != nil {
+		if why := lazyRestore(meta.UserNS != nil); why != nil {
 			eagerWhy = why.Error()
 		} else {
 			// Started first: it probes the kernel while the rest is made.

@@ -458,15 +458,22 @@ func (s *sandbox) lazyPid() int {
 // asked. A sandbox that was created, not restored, says (false, "").
 func (s *sandbox) MemoryRestore() (bool, string) { return s.restoredLazy, s.eagerWhy }
 
-// UserNSLazyRestore is nil where sandboxes in a user namespace restore
-// their memory lazily on this node, else why not (the daemon says so
-// when it starts).
-func UserNSLazyRestore() error {
+// lazyRestore is nil where a sandbox (in a user namespace or not)
+// restores its memory lazily on this node, else why not.
+func lazyRestore(userNS bool) error {
 	if err := uffdAvailable(); err != nil {
 		return err
 	}
-	return uffdForUserNS()
+	if userNS {
+		return uffdForUserNS()
+	}
+	return nil
 }
+
+// UserNSLazyRestore is nil where sandboxes in a user namespace restore
+// their memory lazily on this node, else why not (the daemon says so
+// when it starts).
+func UserNSLazyRestore() error { return lazyRestore(true) }
 
 // AllowUnprivilegedUserfaultfd sets vm.unprivileged_userfaultfd=1 (warren
 // serve --unprivileged-userfaultfd), for the node's operator who chose
