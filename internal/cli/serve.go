@@ -147,7 +147,7 @@ gracefully; sandboxes keep running and the next daemon adopts them.`,
 	f.StringVar(&o.fullVMImage, "fullvm-image", fullvm.DefaultImageDir, "the fullvm backend's disk image directory (scripts/fullvm-image.sh)")
 	f.StringVar(&o.guestAgent, "guest-agent", "", "the microVMs' guest agent (cmd/warren-guest, built static); default: warren-guest beside this binary")
 	f.BoolVar(&o.lazyPages, "lazy-pages", true, "restore the memory of resumed and forked sandboxes lazily (userfaultfd, where the kernel has it) unless the request says otherwise; false restores it before Resume and Fork return; docs/HIBERNATE.md")
-	f.BoolVar(&o.unprivUserfaultfd, "unprivileged-userfaultfd", false, "set the node's vm.unprivileged_userfaultfd=1 at start, which sandboxes in a user namespace need to restore lazily (their seccomp filter still refuses them userfaultfd; every other unprivileged process on the node may then have one: docs/DEPLOY.md); false leaves the setting as it is")
+	f.BoolVar(&o.unprivUserfaultfd, "unprivileged-userfaultfd", true, "set the node's vm.unprivileged_userfaultfd=1 at start, which sandboxes in a user namespace need to restore lazily (their seccomp filter still refuses them userfaultfd; every other unprivileged process on the node may then have one: docs/SECURITY.md); false leaves the kernel's setting as it is, and such sandboxes restore eagerly where it is 0")
 	f.StringVar(&o.usernsIDs, "userns-ids", container.DefaultUserNSIDs.String(), "host ids START:COUNT that user-namespace sandboxes take 65,536 each of; give each daemon on a host its own")
 	f.StringArrayVar(&o.gpuDevices, "gpu-device", nil, "a GPU device node fncall jobs can be given (repeatable): /dev/nvidia<N> is a GPU, any other (nvidiactl, nvidia-uvm, nvidia-uvm-tools, nvidia-modeset) every GPU job gets (default: the node's /dev/nvidia*)")
 	f.StringArrayVar(&o.gpuLibs, "gpu-lib", nil, "a file of the GPU driver bound read-only into GPU jobs (repeatable): libraries at /usr/local/nvidia/lib64, tools at /usr/local/nvidia/bin (default: "+strings.Join(fncall.DefaultGPULibs, ", ")+", found through ldconfig's cache and the usual directories)")
@@ -471,11 +471,23 @@ func runServe(cmd *cobra.Command, o serveOptions) (err error) {
 		return fmt.Errorf("fncall backend: %w", err)
 	}
 	backends := map[string]backend.Backend{ctr.Name(): ctr, fnb.Name(): fnb}
-	if o.unprivUserfaultfd {
-		if err := container.AllowUnprivilegedUserfaultfd(); err != nil {
+	uffdAsked := cmd.Flags().Changed("unprivileged-userfaultfd")
+	if o.unprivUserfaultfd && !o.seccomp && !uffdAsked {
+		// The filter is what keeps the setting from sandboxes.
+		log.Info("left vm.unprivileged_userfaultfd as it is: without the seccomp filter (--seccomp=false) sandboxes could make userfaultfds themselves")
+	} else if o.unprivUserfaultfd {
+		was, err := container.AllowUnprivilegedUserfaultfd()
+		switch {
+		case err != nil && uffdAsked:
 			return err
+		case err != nil:
+			// The default, on a node that will not have it (a read-only
+			// /proc/sys in a container, say): restores are eager, and
+			// the message below and every Resume and Fork say why.
+			log.Warn("could not allow unprivileged userfaultfds", "err", err)
+		case was != "":
+			log.Info("set vm.unprivileged_userfaultfd=1 (was " + was + "): sandboxes in a user namespace restore lazily; their seccomp filter still refuses them userfaultfd (--unprivileged-userfaultfd=false keeps the kernel's setting)")
 		}
-		log.Info("set vm.unprivileged_userfaultfd=1: sandboxes in a user namespace restore lazily (--unprivileged-userfaultfd)")
 	}
 	if err := container.UserNSLazyRestore(); err != nil && o.lazyPages {
 		log.Info("sandboxes in a user namespace restore their memory eagerly (slower resumes and forks; docs/DEPLOY.md)", "why", err)

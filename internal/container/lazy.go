@@ -185,10 +185,10 @@ const unprivUffdKnob = "/proc/sys/vm/unprivileged_userfaultfd"
 // userfaultfd for their lazy restore. CRIU opens it from the restored
 // tasks themselves, whose credentials are the sandbox's, and the kernel
 // lets an unprivileged task have one that takes kernel faults only with
-// vm.unprivileged_userfaultfd=1 (CRIU 4.1 does not use /dev/userfaultfd).
-// The node's operator opts in (docs/HIBERNATE.md); sandboxes themselves
-// still cannot call userfaultfd (seccomp). Read at each restore: the
-// setting may change while the daemon runs.
+// vm.unprivileged_userfaultfd=1 (CRIU 4.2 does not use /dev/userfaultfd).
+// warren serve sets it unless told not to (AllowUnprivilegedUserfaultfd);
+// sandboxes themselves still cannot call userfaultfd (seccomp). Read at
+// each restore: the setting may change while the daemon runs.
 func uffdForUserNS() error {
 	b, err := os.ReadFile(unprivUffdKnob)
 	if err != nil {
@@ -475,15 +475,24 @@ func lazyRestore(userNS bool) error {
 // when it starts).
 func UserNSLazyRestore() error { return lazyRestore(true) }
 
-// AllowUnprivilegedUserfaultfd sets vm.unprivileged_userfaultfd=1 (warren
-// serve --unprivileged-userfaultfd), for the node's operator who chose
-// lazy restores of user-namespace sandboxes over the kernel's default.
-// Sandboxes still cannot make a userfaultfd: their seccomp filter refuses
-// the call (internal/seccomp), and CRIU's restored tasks open theirs
-// before that filter is restored.
-func AllowUnprivilegedUserfaultfd() error {
-	if err := os.WriteFile(unprivUffdKnob, []byte("1"), 0); err != nil {
-		return errdefs.Wrap(errdefs.Unsupported, err, "set vm.unprivileged_userfaultfd=1")
+// AllowUnprivilegedUserfaultfd sets vm.unprivileged_userfaultfd=1 unless
+// it is already, and says what it was ("" when it was 1): warren serve
+// does at start (--unprivileged-userfaultfd, on by default), so that
+// sandboxes in a user namespace restore lazily. Sandboxes gain nothing
+// from it: their seccomp filter refuses userfaultfd (internal/seccomp),
+// and CRIU's restored tasks open theirs before that filter is restored.
+// What it widens is every other unprivileged process on the node
+// (docs/SECURITY.md, "userfaultfd").
+func AllowUnprivilegedUserfaultfd() (was string, err error) {
+	b, err := os.ReadFile(unprivUffdKnob)
+	if err != nil {
+		return "", errdefs.Wrap(errdefs.Unsupported, err, "read vm.unprivileged_userfaultfd")
 	}
-	return nil
+	if v := strings.TrimSpace(string(b)); v != "1" {
+		if err := os.WriteFile(unprivUffdKnob, []byte("1"), 0); err != nil {
+			return "", errdefs.Wrap(errdefs.Unsupported, err, "set vm.unprivileged_userfaultfd=1")
+		}
+		return v, nil
+	}
+	return "", nil
 }

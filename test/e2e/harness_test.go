@@ -68,9 +68,25 @@ type env struct {
 	net    *netpolicy.Node
 }
 
+// withUffdDefault: o's flags of warren serve, with
+// --unprivileged-userfaultfd=false unless o keeps the default or names
+// the flag itself.
+func withUffdDefault(o envOptions) []string {
+	args := slices.Clone(o.serveArgs)
+	if o.nodeUffd || slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--unprivileged-userfaultfd") }) {
+		return args
+	}
+	return append(args, "--unprivileged-userfaultfd=false")
+}
+
 type envOptions struct {
 	// serveArgs are added to `warren serve`.
 	serveArgs []string
+	// nodeUffd leaves `warren serve` its default of setting the node's
+	// vm.unprivileged_userfaultfd=1 at start. Other daemons of the suite
+	// run with --unprivileged-userfaultfd=false: tests that hold the
+	// setting (holdUffdKnob) must see it as they set it.
+	nodeUffd bool
 	// beforeStart runs once the directories are chosen and before the
 	// daemon first starts (e.g. to mount a small tmpfs on stateDir).
 	beforeStart func(e *env)
@@ -119,7 +135,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		sock:     filepath.Join(root, "warren.sock"),
 		parent:   fmt.Sprintf("warren-e2e-%d-%d", os.Getpid(), envSeq.Add(1)),
 		logPath:  filepath.Join(root, "daemon.log"),
-		extra:    o.serveArgs,
+		extra:    withUffdDefault(o),
 		files:    o.inherit,
 		environ:  o.environ,
 		netns:    o.netns,

@@ -28,25 +28,29 @@ while :; do if [ -e /tmp/go ]; then rm /tmp/go; echo "$x" | md5sum > /tmp/s2.t; 
 // directory) once deleted.
 func TestLazyForkSurvivesSourceDeleteAndDaemonKill(t *testing.T) {
 	t.Parallel()
-	testLazyFork(t, false)
+	testLazyFork(t, false, false)
 }
 
 // TestLazyForkSurvivesSourceDeleteAndDaemonKillUserNS: the same for
-// sandboxes in a user namespace (the default), on a node whose operator
-// allowed their tasks a userfaultfd: the daemon, started with
-// --unprivileged-userfaultfd on a node where it was 0, sets
-// vm.unprivileged_userfaultfd=1 (the test puts the setting back).
+// sandboxes in a user namespace (the default), under warren serve's
+// default, which on a node where vm.unprivileged_userfaultfd was 0 (the
+// kernel's) sets it to 1 so that their tasks may have a userfaultfd (the
+// test puts the setting back).
 func TestLazyForkSurvivesSourceDeleteAndDaemonKillUserNS(t *testing.T) {
 	t.Parallel()
 	holdUffdKnob(t, "0")
-	testLazyFork(t, true, "--unprivileged-userfaultfd")
+	e := testLazyFork(t, true, true)
 	if v := readUffdKnob(t); v != "1" {
-		t.Errorf("after warren serve --unprivileged-userfaultfd, vm.unprivileged_userfaultfd is %s", v)
+		t.Errorf("after warren serve, vm.unprivileged_userfaultfd is %s, want 1 (its default)", v)
+	}
+	if !strings.Contains(e.logTail(1<<20), "set vm.unprivileged_userfaultfd=1 (was 0)") {
+		t.Error("the daemon did not say that it set vm.unprivileged_userfaultfd=1")
 	}
 }
 
-// TestUserNSRestoreSaysWhyEager: on a node with the kernel's default
-// vm.unprivileged_userfaultfd=0, a sandbox in a user namespace restores
+// TestUserNSRestoreSaysWhyEager: on a node that keeps the kernel's
+// default vm.unprivileged_userfaultfd=0 (warren serve
+// --unprivileged-userfaultfd=false), a sandbox in a user namespace restores
 // its memory eagerly, and Resume and Fork say so and why; one without a
 // user namespace restores lazily on the same node; a restore asked to be
 // eager gives no reason.
@@ -147,11 +151,13 @@ func readUffdKnob(t *testing.T) string {
 	return strings.TrimSpace(string(b))
 }
 
-func testLazyFork(t *testing.T, userns bool, serveArgs ...string) {
+// testLazyFork runs the test on a daemon of its own; nodeUffd: as
+// envOptions.nodeUffd.
+func testLazyFork(t *testing.T, userns, nodeUffd bool) *env {
 	if _, err := os.Stat("/opt/warren/criu/bin/criu"); err != nil {
 		t.Skipf("no CRIU >= 4.2 at /opt/warren/criu (scripts/criu.sh installs it): %v", err)
 	}
-	e := newEnv(t, envOptions{serveArgs: append([]string{"--lazy-pages"}, serveArgs...)})
+	e := newEnv(t, envOptions{serveArgs: []string{"--lazy-pages"}, nodeUffd: nodeUffd})
 	ctx := ctxFor(t, 4*time.Minute)
 	e.create(&warrenv1.CreateRequest{Id: "lz", UserNamespace: proto.Bool(userns), Resources: &warrenv1.Resources{MemoryBytes: 1 << 30}})
 	if _, err := e.c.StartProcess(ctx, &warrenv1.ExecRequest{SandboxId: "lz", Shell: lazyHolder}); err != nil {
@@ -224,6 +230,7 @@ func testLazyFork(t *testing.T, userns bool, serveArgs ...string) {
 		}
 	}
 	e.expectBaseline("lazily forked sandboxes deleted")
+	return e
 }
 
 // lazyServersUnder lists the pids of CRIU lazy-pages processes reading
