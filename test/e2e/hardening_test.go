@@ -139,7 +139,19 @@ func TestAttacksOnTheKernelAreRefused(t *testing.T) {
 		t.Errorf("hostname after sethostname: %q", out)
 	}
 
-	off := newEnv(t, envOptions{serveArgs: []string{"--seccomp=false"}})
+	// Without the filter the daemon leaves the node's userfaultfd
+	// setting alone (the filter is what keeps it from sandboxes); the
+	// test then sets it as warren serve would have.
+	if err := os.WriteFile(uffdKnob, []byte("0"), 0); err != nil {
+		t.Fatal(err)
+	}
+	off := newEnv(t, envOptions{serveArgs: []string{"--seccomp=false"}, nodeUffd: true})
+	if v := readUffdKnob(t); v != "0" || !strings.Contains(off.logTail(1<<20), "left vm.unprivileged_userfaultfd as it is") {
+		t.Errorf("warren serve --seccomp=false: vm.unprivileged_userfaultfd %s, want it left at 0 and the log to say so", v)
+	}
+	if err := os.WriteFile(uffdKnob, []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
 	attackImage(t, off)
 	plain := off.create(&warrenv1.CreateRequest{Image: img, Id: "plain"})
 	if out := off.shOK(plain.Id, "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status"); out != "NoNewPrivs:\t1\nSeccomp:\t0\n" {
