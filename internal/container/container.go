@@ -958,6 +958,8 @@ func fileExists(p string) bool {
 // a tree only when that leaves a directory not empty.
 func (b *Backend) removeDirs(id string, root int) error {
 	return errors.Join(
+		// Links beside the checkpoints (linkBeside) are not in the tree.
+		removeLinksBeside(filepath.Join(b.stateDir(id), lazyImagesDir)),
 		removeKnown(b.runDir(id), "agent.sock"),
 		b.trash.discard(b.stateDir(id), root),
 		removeKnown(b.devDir(id), devEntries...))

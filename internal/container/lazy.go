@@ -77,14 +77,20 @@ func startLazyPages(images, stateDir, workDir string) (_ *lazyServer, retErr err
 		return nil, err
 	}
 	linked := filepath.Join(stateDir, lazyImagesDir)
-	if err := linkImages(images, linked); err != nil {
-		return nil, fsErr(err, "link the checkpoint's images for lazy restore")
+	_ = removeLinks(linked) // what a crashed attempt left
+	err := linkImages(images, linked)
+	if errors.Is(err, unix.EXDEV) {
+		_ = os.RemoveAll(linked) // the directory made for them
+		err = linkBeside(images, linked)
 	}
 	defer func() {
 		if retErr != nil {
-			_ = os.RemoveAll(linked)
+			_ = removeLinks(linked)
 		}
 	}()
+	if err != nil {
+		return nil, fsErr(err, "link the checkpoint's images for lazy restore")
+	}
 	// The server says it listens by writing to its status descriptor.
 	rd, wr, err := os.Pipe()
 	if err != nil {
@@ -137,17 +143,16 @@ func (l *lazyServer) listening() error {
 // discard stops the server of a failed restore and removes its links.
 func (l *lazyServer) discard() error {
 	l.stop()
-	return os.RemoveAll(l.linked)
+	return removeLinks(l.linked)
 }
 
-// linkImages hard-links the files of dir src into a new dir dst (the
-// same filesystem: both are under the state directory).
+// linkImages hard-links the files of dir src into a new dir dst, on the
+// same filesystem (EXDEV otherwise).
 func linkImages(src, dst string) error {
 	ents, err := os.ReadDir(src)
 	if err != nil {
 		return err
 	}
-	_ = os.RemoveAll(dst) // what a crashed attempt left
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return err
 	}
@@ -160,6 +165,68 @@ func linkImages(src, dst string) error {
 		}
 	}
 	return nil
+}
+
+// lazyLinksDir holds, beside the checkpoints, the links of images that
+// are on another filesystem than the sandboxes' state (a checkpoint
+// directory nodes share, --checkpoint-dir): hard links cannot cross
+// filesystems, so they are made there, and the state directory's
+// lazy-images is a symlink to them. The server's command line names the
+// symlink, by which a restarted daemon finds it (adoptLazy).
+const lazyLinksDir = ".lazy"
+
+// lazyLinksMaxAge: links beside the checkpoints older than this are a
+// node's that went before its server was done (no server fills memory
+// for that long), and go at the next lazy restore of any node.
+const lazyLinksMaxAge = 24 * time.Hour
+
+// linkBeside links images (<checkpoints>/<id>/images) into a new
+// directory of <checkpoints>/.lazy and makes linked a symlink to it.
+func linkBeside(images, linked string) error {
+	dir := filepath.Join(filepath.Dir(filepath.Dir(images)), lazyLinksDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	sweepLinksBeside(dir, time.Now().Add(-lazyLinksMaxAge))
+	t, err := os.MkdirTemp(dir, filepath.Base(filepath.Dir(linked))+"-")
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(t); err != nil { // linkImages makes it
+		return err
+	}
+	if err := os.Symlink(t, linked); err != nil {
+		return err
+	}
+	return linkImages(images, t)
+}
+
+// sweepLinksBeside removes the link directories in dir made before cut.
+func sweepLinksBeside(dir string, cut time.Time) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && fi.ModTime().Before(cut) {
+			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// removeLinks removes the links a lazy-pages server read: the directory,
+// or the symlink and the directory beside the checkpoints it names.
+func removeLinks(linked string) error {
+	if t, err := os.Readlink(linked); err == nil {
+		return errors.Join(os.RemoveAll(t), os.Remove(linked))
+	}
+	return os.RemoveAll(linked)
+}
+
+// removeLinksBeside removes linked's links beside the checkpoints, if it
+// is a symlink to them (a sandbox deleted while its server filled).
+func removeLinksBeside(linked string) error {
+	if _, err := os.Readlink(linked); err != nil {
+		return nil
+	}
+	return removeLinks(linked)
 }
 
 var uffdOnce = sync.OnceValue(func() error {
@@ -400,7 +467,7 @@ func (s *sandbox) watchLazy(l *lazyServer) {
 			_ = s.grp.Kill(10 * time.Second)
 		}
 	}
-	_ = os.RemoveAll(l.linked)
+	_ = removeLinks(l.linked)
 }
 
 // lazyFilled waits, up to wait, until the sandbox's memory is all back

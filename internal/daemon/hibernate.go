@@ -352,6 +352,12 @@ func (m *Manager) recoverHibernated(recs []store.Record) []store.Record {
 	}
 	for _, e := range ents {
 		id := e.Name()
+		if strings.HasPrefix(id, ".") {
+			// Not a sandbox's: bases, moved sandboxes, the container
+			// backend's image links (.lazy). Sandbox ids never start
+			// with a dot.
+			continue
+		}
 		if r, ok := have[id]; ok && r.State() == stateHibernated {
 			continue
 		}
