@@ -28,10 +28,12 @@ type HibernateConfig struct {
 	// UserNS measures a sandbox in a user namespace (the daemon's
 	// default) instead of one without.
 	UserNS bool
+	// ReplaySteps of a trajectory log recorded before the checkpoints and
+	// replayed Replays times after them (0: no replay case).
+	ReplaySteps, Replays int
 }
 
-// HibernateReport is the result of `warren bench hibernate`. Later parts
-// of the hibernation work (checkpoint, restore, fork, replay) add rows.
+// HibernateReport is the result of `warren bench hibernate`.
 type HibernateReport struct {
 	Benchmark string         `json:"benchmark"`
 	Daemon    string         `json:"daemon"`
@@ -205,6 +207,16 @@ func RunHibernate(ctx context.Context, env *Env, cfg HibernateConfig) (*Hibernat
 	if grp != nil {
 		rep.Results = append(rep.Results, reclaimRow("raw cgroup", rawRec, rawBefore, rawAfter))
 	}
+	// The log is recorded before the checkpoints and replayed after
+	// them, as a rollout resumed from a hibernated sandbox would.
+	lg := replayLog{env: env, id: id, session: "bench-replay", steps: cfg.ReplaySteps}
+	var recorded time.Duration
+	if cfg.ReplaySteps > 0 {
+		env.logf("hibernate: recording a %d-step trajectory log", cfg.ReplaySteps)
+		if recorded, err = lg.record(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.CheckpointRounds > 0 || cfg.Forks > 0 {
 		rows, notes, err := checkpointRows(ctx, env, cfg, id, sh)
 		if err != nil {
@@ -213,12 +225,46 @@ func RunHibernate(ctx context.Context, env *Env, cfg HibernateConfig) (*Hibernat
 		rep.Results = append(rep.Results, rows...)
 		rep.Notes = append(rep.Notes, notes...)
 	}
+	if cfg.ReplaySteps > 0 {
+		rows, err := replayRows(ctx, lg, cfg.Replays, recorded)
+		if err != nil {
+			return nil, err
+		}
+		rep.Results = append(rep.Results, rows...)
+		rep.Notes = append(rep.Notes, fmt.Sprintf("replay: a %d-step log of execs (each appends a line to a file) recorded before the checkpoints and the same calls made again after them: through the Go SDK's rollout (one read of the session's log, then each call answered from it), and each sent to the daemon, which answers from the log; the file has each line once after (nothing ran again)", cfg.ReplaySteps))
+	}
 	rep.Notes = append(rep.Notes,
 		"warren: Pause and Resume through the Go client, request to reply; freeze+thaw is the two calls back to back",
 		"raw cgroup: the sandbox's own cgroup frozen, waited on until frozen and thawed (and reclaimed) by writing its files from the benchmark: the kernel's floor, without daemon or API",
 		"pause with reclaim: the page cache is refilled (cat of the file) before every round, after one round not counted; before/after are the cgroup's whole charge",
 		fmt.Sprintf("cgroups %s; node swap %d bytes: %s", rep.Cgroups, swap, swapNote(swap)))
 	return rep, nil
+}
+
+// replayRows replays lg n times each way, then checks that nothing ran.
+func replayRows(ctx context.Context, lg replayLog, n int, recorded time.Duration) ([]HibernateRow, error) {
+	lg.env.logf("hibernate: replaying the log, %d times each way", n)
+	var ro, srv []time.Duration
+	for range n {
+		took, err := lg.replayRollout(ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		ro = append(ro, took)
+		if took, err = lg.replayServer(ctx); err != nil {
+			return nil, err
+		}
+		srv = append(srv, took)
+	}
+	if err := lg.ranOnce(ctx); err != nil {
+		return nil, err
+	}
+	steps := strconv.Itoa(lg.steps)
+	return []HibernateRow{
+		{Case: "record " + steps + " steps (live)", System: "warren", Summary: Summarize([]time.Duration{recorded})},
+		{Case: "replay of the " + steps + "-step log", System: "Go rollout", Summary: Summarize(ro), TargetMs: 100},
+		{Case: "replay of the " + steps + "-step log", System: "daemon", Summary: Summarize(srv)},
+	}, nil
 }
 
 func swapNote(swap uint64) string {

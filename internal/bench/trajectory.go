@@ -73,61 +73,36 @@ func RunTrajectory(ctx context.Context, env *Env, cfg TrajectoryConfig) (*Trajec
 		_ = env.Client.Delete(dctx, logged.GetId())
 		_ = env.Client.Delete(dctx, unlogged.GetId())
 	}()
-	step := func(i int) *warrenv1.ExecRequest {
-		return &warrenv1.ExecRequest{SandboxId: logged.GetId(), SessionId: "bench", Seq: uint64(i + 1),
-			Shell: "echo step-" + strconv.Itoa(i) + " >> /tmp/trajectory"}
-	}
+	lg := replayLog{env: env, id: logged.GetId(), session: "bench", steps: cfg.Steps}
 	env.logf("trajectory: recording %d steps", cfg.Steps)
-	t0 := time.Now()
-	for i := range cfg.Steps {
-		if _, err := env.Client.Exec(ctx, step(i)); err != nil {
-			return nil, fmt.Errorf("record step %d: %w", i+1, err)
-		}
+	took, err := lg.record(ctx)
+	if err != nil {
+		return nil, err
 	}
-	rep.RecordMs = msOf(time.Since(t0))
+	rep.RecordMs = msOf(took)
 	var calls []float64
 	for r := range cfg.Replays {
 		env.logf("trajectory: replay %d of %d", r+1, cfg.Replays)
-		t0 := time.Now()
-		ro, err := env.Client.NewRollout(ctx, logged.GetId(), "bench")
+		took, err := lg.replayRollout(ctx, &calls)
 		if err != nil {
 			return nil, err
 		}
-		for i := range cfg.Steps {
-			c0 := time.Now()
-			res, err := ro.Exec(ctx, step(i))
-			if err != nil {
-				return nil, fmt.Errorf("replay step %d: %w", i+1, err)
-			}
-			if !res.GetReplayed() {
-				return nil, fmt.Errorf("replay step %d ran live", i+1)
-			}
-			calls = append(calls, msOf(time.Since(c0)))
-		}
-		rep.ReplayTotalMs = append(rep.ReplayTotalMs, round(msOf(time.Since(t0)), 2))
+		rep.ReplayTotalMs = append(rep.ReplayTotalMs, round(msOf(took), 2))
 	}
 	slices.Sort(calls)
 	rep.ReplayCallP50, rep.ReplayCallP99 = round(Percentile(calls, 50), 4), round(Percentile(calls, 99), 4)
 	rep.ReplayMedian = Percentile(slices.Sorted(slices.Values(rep.ReplayTotalMs)), 50)
 	for r := range cfg.Replays {
 		env.logf("trajectory: server replay %d of %d", r+1, cfg.Replays)
-		t0 := time.Now()
-		for i := range cfg.Steps {
-			res, err := env.Client.Exec(ctx, step(i))
-			if err != nil {
-				return nil, fmt.Errorf("server replay step %d: %w", i+1, err)
-			}
-			if !res.GetReplayed() {
-				return nil, fmt.Errorf("server replay step %d ran live", i+1)
-			}
+		took, err := lg.replayServer(ctx)
+		if err != nil {
+			return nil, err
 		}
-		rep.ServerReplayTotalMs = append(rep.ServerReplayTotalMs, round(msOf(time.Since(t0)), 2))
+		rep.ServerReplayTotalMs = append(rep.ServerReplayTotalMs, round(msOf(took), 2))
 	}
 	rep.ServerReplayMedian = Percentile(slices.Sorted(slices.Values(rep.ServerReplayTotalMs)), 50)
-	// Every line once: the replays ran nothing.
-	res, err := env.Client.Exec(ctx, &warrenv1.ExecRequest{SandboxId: logged.GetId(), Shell: "wc -l < /tmp/trajectory"})
-	if err != nil || string(res.GetStdout()) != strconv.Itoa(cfg.Steps)+"\n" {
-		return nil, fmt.Errorf("after replays the file has %q lines, want %d (%v)", res.GetStdout(), cfg.Steps, err)
+	if err := lg.ranOnce(ctx); err != nil {
+		return nil, err
 	}
 	page, err := env.Client.ReadTrajectory(ctx, &warrenv1.ReadTrajectoryRequest{SandboxId: logged.GetId(), PageSize: 1})
 	if err != nil {
@@ -151,6 +126,82 @@ func RunTrajectory(ctx context.Context, env *Env, cfg TrajectoryConfig) (*Trajec
 	}
 	rep.ExecLogged = ComparePaired(s[0], s[1], 0)
 	return rep, nil
+}
+
+// replayLog is a rollout's log for the replay cases (bench trajectory,
+// bench hibernate): steps Exec calls of one session on sandbox id, each
+// appending a line to /tmp/trajectory, which is not idempotent: a replay
+// that ran anything would show in the file.
+type replayLog struct {
+	env         *Env
+	id, session string
+	steps       int
+}
+
+func (l replayLog) step(i int) *warrenv1.ExecRequest {
+	return &warrenv1.ExecRequest{SandboxId: l.id, SessionId: l.session, Seq: uint64(i + 1),
+		Shell: "echo step-" + strconv.Itoa(i) + " >> /tmp/trajectory"}
+}
+
+// record runs the steps live (recorded).
+func (l replayLog) record(ctx context.Context) (time.Duration, error) {
+	t0 := time.Now()
+	for i := range l.steps {
+		if _, err := l.env.Client.Exec(ctx, l.step(i)); err != nil {
+			return 0, fmt.Errorf("record step %d: %w", i+1, err)
+		}
+	}
+	return time.Since(t0), nil
+}
+
+// replayRollout makes the same calls again through client.Rollout (one
+// read of the session's log, then each call answered from it), adding
+// each call's time to calls.
+func (l replayLog) replayRollout(ctx context.Context, calls *[]float64) (time.Duration, error) {
+	t0 := time.Now()
+	ro, err := l.env.Client.NewRollout(ctx, l.id, l.session)
+	if err != nil {
+		return 0, err
+	}
+	for i := range l.steps {
+		c0 := time.Now()
+		res, err := ro.Exec(ctx, l.step(i))
+		if err != nil {
+			return 0, fmt.Errorf("replay step %d: %w", i+1, err)
+		}
+		if !res.GetReplayed() {
+			return 0, fmt.Errorf("replay step %d ran live", i+1)
+		}
+		if calls != nil {
+			*calls = append(*calls, msOf(time.Since(c0)))
+		}
+	}
+	return time.Since(t0), nil
+}
+
+// replayServer sends each call to the daemon, which answers it from the
+// log (one API round trip per step).
+func (l replayLog) replayServer(ctx context.Context) (time.Duration, error) {
+	t0 := time.Now()
+	for i := range l.steps {
+		res, err := l.env.Client.Exec(ctx, l.step(i))
+		if err != nil {
+			return 0, fmt.Errorf("server replay step %d: %w", i+1, err)
+		}
+		if !res.GetReplayed() {
+			return 0, fmt.Errorf("server replay step %d ran live", i+1)
+		}
+	}
+	return time.Since(t0), nil
+}
+
+// ranOnce: the file has each step's line once (the replays ran nothing).
+func (l replayLog) ranOnce(ctx context.Context) error {
+	res, err := l.env.Client.Exec(ctx, &warrenv1.ExecRequest{SandboxId: l.id, Shell: "wc -l < /tmp/trajectory"})
+	if err != nil || string(res.GetStdout()) != strconv.Itoa(l.steps)+"\n" {
+		return fmt.Errorf("after replays the file has %q lines, want %d (%v)", res.GetStdout(), l.steps, err)
+	}
+	return nil
 }
 
 // Table prints the trajectory report.

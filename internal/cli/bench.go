@@ -271,7 +271,7 @@ func newBenchDeleteCommand(bf *benchFlags) *cobra.Command {
 func newBenchHibernateCommand(bf *benchFlags) *cobra.Command {
 	cfg := bench.HibernateConfig{}
 	c := &cobra.Command{
-		Use:   "hibernate [--rounds 100] [--reclaim-rounds 20] [--anon-mib 256] [--cache-mib 256] [--checkpoint-rounds 5] [--forks 16]",
+		Use:   "hibernate [--rounds 100] [--reclaim-rounds 20] [--anon-mib 256] [--cache-mib 256] [--checkpoint-rounds 5] [--forks 16] [--replay-steps 1000]",
 		Short: "Pause, hibernate, restore and fork: latencies, memory freed, checkpoint size; against the raw cgroup and bare CRIU",
 		Long: `Create one sandbox holding --anon-mib of anonymous memory and --cache-mib of
 page cache, then time Pause (freeze only) and Resume through the API, and
@@ -279,7 +279,10 @@ Pause with reclaim with the memory it gave back (the page cache is refilled
 before every round). Then Hibernate (a CRIU checkpoint to disk) and
 Resume (restore) --checkpoint-rounds times, with the checkpoint's size and
 the time to the first exec after a restore, and a Fork of --forks copies
-of the hibernated sandbox. With --peers, the same cgroup is frozen, thawed
+of the hibernated sandbox. A --replay-steps log of execs (each appends a
+line to a file) is recorded before the checkpoints and replayed after
+them, as a resumed rollout would: through the Go SDK's rollout, and with
+each call a round trip to the daemon. With --peers, the same cgroup is frozen, thawed
 and reclaimed by writing its files directly, in alternating rounds (needs
 the private daemon), and bare CRIU dumps and restores a plain process
 holding the same anonymous memory: the floors.`,
@@ -287,6 +290,9 @@ holding the same anonymous memory: the floors.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.Rounds < 1 || cfg.ReclaimRounds < 1 || cfg.AnonMiB < 1 || cfg.CacheMiB < 1 {
 				return errors.New("--rounds, --reclaim-rounds, --anon-mib and --cache-mib must be positive")
+			}
+			if cfg.ReplaySteps < 0 || cfg.Replays < 1 {
+				return errors.New("--replay-steps must not be negative and --replays must be positive")
 			}
 			cfg.Peers = bf.peers
 			return runBench(cmd, bf, func(ctx context.Context, env *bench.Env, _ uint64) (bench.Report, error) {
@@ -301,6 +307,8 @@ holding the same anonymous memory: the floors.`,
 	c.Flags().IntVar(&cfg.CheckpointRounds, "checkpoint-rounds", 5, "hibernate and restore rounds (0: none; needs CRIU, scripts/criu.sh)")
 	c.Flags().BoolVar(&cfg.UserNS, "userns", false, "measure a sandbox in a user namespace (the daemon's default) instead of one without")
 	c.Flags().IntVar(&cfg.Forks, "forks", 16, "copies the fork case makes of the hibernated sandbox (0: no fork case)")
+	c.Flags().IntVar(&cfg.ReplaySteps, "replay-steps", 1000, "steps of the trajectory log replayed after the checkpoints (0: no replay case)")
+	c.Flags().IntVar(&cfg.Replays, "replays", 5, "times the whole log is replayed, each way")
 	return c
 }
 
