@@ -187,14 +187,10 @@ func linkBeside(images, linked string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	sweepLinksBeside(dir, time.Now().Add(-lazyLinksMaxAge))
-	t, err := os.MkdirTemp(dir, filepath.Base(filepath.Dir(linked))+"-")
-	if err != nil {
-		return err
-	}
-	if err := os.Remove(t); err != nil { // linkImages makes it
-		return err
-	}
+	now := time.Now()
+	sweepLinksBeside(dir, now.Add(-lazyLinksMaxAge))
+	// <id>-<n>, as bases are named: ids are unique on a shared directory.
+	t := filepath.Join(dir, filepath.Base(filepath.Dir(linked))+"-"+strconv.FormatInt(now.UnixNano(), 36))
 	if err := os.Symlink(t, linked); err != nil {
 		return err
 	}
